@@ -1,0 +1,166 @@
+//! The compiled gateway configuration: the contract between the operator (or the standalone
+//! manifest loader) and the gateway. Gateways only ever read this type; the custom resources
+//! are compiled into it in one place (`compile`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The tier ids of the spec. Tier resources may add limits for each, but the set is fixed.
+pub const TIER_IDS: [&str; 4] = ["free", "pay_as_you_go", "high_volume", "enterprise"];
+
+/// The scopes a key can be restricted to; a key without scopes may use every surface.
+/// `messages`: POST /v1/messages and count_tokens; `chat`: POST /v1/chat/completions;
+/// `models`: GET /v1/models; `account`: GET /v1/account and /v1/usage.
+pub const SCOPES: [&str; 4] = ["messages", "chat", "models", "account"];
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GatewayConfig {
+    /// Content hash of everything below, so pods can report which config they run.
+    pub version: String,
+    /// Limits by tier id (`free`, `pay_as_you_go`, `high_volume`, `enterprise`).
+    pub tiers: BTreeMap<String, TierConfig>,
+    /// Virtual models by id (`svc/opus`, ...).
+    pub models: BTreeMap<String, ModelConfig>,
+    /// Per-key grants from ApiKey resources, by key id.
+    pub keys: BTreeMap<String, KeyGrant>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Limits {
+    pub requests_per_minute: u32,
+    pub input_tokens_per_minute: u64,
+    pub concurrent_streams: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TierConfig {
+    pub limits: Limits,
+    /// Confirmed lifetime top-up (US cents) from which the promotion sweep moves a key into
+    /// this tier. `None` for tiers that are only granted by hand (enterprise).
+    pub promotion_at_lifetime_cents: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ModelConfig {
+    pub display_name: String,
+    pub context_window: u32,
+    pub max_output_tokens: u32,
+    pub capabilities: Capabilities,
+    /// What the client pays, whichever upstream serves the turn.
+    pub pricing: Pricing,
+    pub route: Route,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Capabilities {
+    pub thinking: bool,
+    pub vision: bool,
+    pub tools: bool,
+}
+
+/// Prices in micro-dollars (1e-6 USD) per million tokens: integers, so money never touches a
+/// float on the request path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Pricing {
+    pub input_micros_per_mtok: u64,
+    pub output_micros_per_mtok: u64,
+    pub cache_write_micros_per_mtok: u64,
+    pub cache_read_micros_per_mtok: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub enum Route {
+    /// Served by these upstreams, in order of preference, weighted among equals.
+    Upstreams(Vec<Upstream>),
+    /// Served by one of these other virtual models, chosen per request.
+    Auto { candidates: Vec<String> },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Upstream {
+    pub name: String,
+    pub provider: ProviderKind,
+    /// The upstream's own model name; internal, never shown to API clients.
+    pub model: String,
+    pub base_url: Option<String>,
+    pub api_key: Option<Secret>,
+    pub weight: u32,
+    pub timeouts: Timeouts,
+    /// Delay between streamed chunks of the `simulated` provider.
+    pub chunk_delay_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProviderKind {
+    Anthropic,
+    Openai,
+    Simulated,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Timeouts {
+    pub connect_ms: u64,
+    pub first_byte_ms: u64,
+    pub idle_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect_ms: 5_000,
+            first_byte_ms: 60_000,
+            idle_ms: 60_000,
+        }
+    }
+}
+
+/// What an ApiKey resource grants the key it names.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KeyGrant {
+    /// Tier override; `enterprise` with `limits` for custom limits.
+    pub tier: Option<String>,
+    pub limits: Option<Limits>,
+    /// Scopes the key is restricted to; `None` leaves the key's own scopes.
+    pub scopes: Option<Vec<String>>,
+    pub suspended: bool,
+    /// Standalone only: create the key from this secret if it does not exist yet.
+    pub seed: Option<KeySeed>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KeySeed {
+    pub account: String,
+    pub secret: Secret,
+}
+
+/// A secret value: serialized as is (the compiled config is itself kept in a Secret), never
+/// printed by `Debug`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
