@@ -1,0 +1,7 @@
+//! Prints the CRDs; its output is committed at `charts/gateway/crds/crds.yaml` and checked by
+//! the `crd_drift` test.
+
+fn main() -> Result<(), serde_yaml::Error> {
+    print!("{}", crds::resources::crd_yaml()?);
+    Ok(())
+}

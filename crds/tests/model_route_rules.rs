@@ -1,0 +1,237 @@
+mod common;
+
+use crds::resources::{AutoSpec, Provider};
+
+use common::{assert_rejected, compiles, rejections, route, standalone};
+
+#[test]
+fn model_id_without_svc_prefix_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/kimi").spec.model = "kimi".into();
+    assert_rejected(&m, "ModelRoute svc-kimi:", "must be svc/ followed by");
+}
+
+#[test]
+fn model_id_declared_twice_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/kimi").spec.model = "svc/haiku".into();
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "model svc/haiku is already declared by ModelRoute svc-haiku",
+    );
+}
+
+#[test]
+fn max_output_tokens_above_context_window_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/haiku").spec.max_output_tokens = Some(300_000);
+    assert_rejected(
+        &m,
+        "ModelRoute svc-haiku:",
+        "contextWindow (200000) must be at least maxOutputTokens (300000)",
+    );
+}
+
+#[test]
+fn zero_max_output_tokens_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/haiku").spec.max_output_tokens = Some(0);
+    assert_rejected(
+        &m,
+        "ModelRoute svc-haiku:",
+        "maxOutputTokens must be at least 1",
+    );
+}
+
+#[test]
+fn upstream_route_without_limits_or_pricing_is_rejected() {
+    let mut m = standalone();
+    let spec = &mut route(&mut m, "svc/haiku").spec;
+    spec.context_window = None;
+    spec.max_output_tokens = None;
+    spec.pricing = None;
+    for field in ["contextWindow", "maxOutputTokens", "pricing"] {
+        assert_rejected(&m, "ModelRoute svc-haiku:", &format!("{field} is required"));
+    }
+}
+
+#[test]
+fn price_with_more_than_six_decimals_is_rejected() {
+    let mut m = standalone();
+    let pricing = route(&mut m, "svc/opus").spec.pricing.as_mut().unwrap();
+    pricing.cache_read_usd_per_m_tok = "1.5000001".into();
+    assert_rejected(
+        &m,
+        "ModelRoute svc-opus:",
+        "pricing.cacheReadUsdPerMTok \"1.5000001\" has more than 6 decimal places",
+    );
+}
+
+#[test]
+fn negative_or_malformed_price_is_rejected() {
+    let mut m = standalone();
+    let pricing = route(&mut m, "svc/opus").spec.pricing.as_mut().unwrap();
+    pricing.input_usd_per_m_tok = "-15".into();
+    pricing.output_usd_per_m_tok = "75 USD".into();
+    for field in ["inputUsdPerMTok", "outputUsdPerMTok"] {
+        assert_rejected(&m, "ModelRoute svc-opus:", &format!("pricing.{field}"));
+    }
+}
+
+#[test]
+fn route_with_both_upstreams_and_auto_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/kimi").spec.auto = Some(AutoSpec {
+        candidates: vec!["svc/haiku".into()],
+    });
+    assert_rejected(&m, "ModelRoute svc-kimi:", "sets both upstreams and auto");
+}
+
+#[test]
+fn route_with_neither_upstreams_nor_auto_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/kimi").spec.upstreams.clear();
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "sets neither upstreams nor auto",
+    );
+}
+
+#[test]
+fn auto_route_to_unknown_candidate_is_rejected() {
+    let mut m = standalone();
+    let auto = route(&mut m, "svc/auto").spec.auto.as_mut().unwrap();
+    auto.candidates.push("svc/gpt".into());
+    assert_rejected(
+        &m,
+        "ModelRoute svc-auto:",
+        "auto candidate svc/gpt is not declared by any ModelRoute",
+    );
+}
+
+#[test]
+fn auto_route_to_auto_candidate_is_rejected() {
+    let mut m = standalone();
+    let auto = route(&mut m, "svc/auto").spec.auto.as_mut().unwrap();
+    auto.candidates.push("svc/auto".into());
+    assert_rejected(
+        &m,
+        "ModelRoute svc-auto:",
+        "auto candidate svc/auto is itself an auto route",
+    );
+}
+
+#[test]
+fn auto_route_without_candidates_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/auto")
+        .spec
+        .auto
+        .as_mut()
+        .unwrap()
+        .candidates
+        .clear();
+    assert_rejected(&m, "ModelRoute svc-auto:", "must name at least one model");
+}
+
+#[test]
+fn auto_route_with_its_own_limits_capabilities_or_pricing_is_rejected() {
+    let mut m = standalone();
+    let opus_pricing = route(&mut m, "svc/opus").spec.pricing.clone();
+    let spec = &mut route(&mut m, "svc/auto").spec;
+    spec.context_window = Some(1000);
+    spec.max_output_tokens = Some(100);
+    spec.capabilities.vision = true;
+    spec.pricing = opus_pricing;
+    for field in [
+        "contextWindow",
+        "maxOutputTokens",
+        "capabilities.vision",
+        "pricing",
+    ] {
+        assert_rejected(
+            &m,
+            "ModelRoute svc-auto:",
+            &format!("{field} is not allowed"),
+        );
+    }
+}
+
+#[test]
+fn auto_route_with_thinking_needs_a_thinking_candidate() {
+    let mut m = standalone();
+    let spec = &mut route(&mut m, "svc/auto").spec;
+    spec.capabilities.thinking = true;
+    spec.auto.as_mut().unwrap().candidates = vec!["svc/haiku".into()];
+    assert_rejected(
+        &m,
+        "ModelRoute svc-auto:",
+        "needs at least one candidate with thinking",
+    );
+
+    route(&mut m, "svc/auto")
+        .spec
+        .auto
+        .as_mut()
+        .unwrap()
+        .candidates = vec!["svc/haiku".into(), "svc/opus".into()];
+    assert!(compiles(&m).models["svc/auto"].capabilities.thinking);
+}
+
+#[test]
+fn remote_upstream_without_base_url_is_rejected() {
+    for (provider, name) in [
+        (Provider::Anthropic, "anthropic"),
+        (Provider::Openai, "openai"),
+    ] {
+        let mut m = standalone();
+        let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+        upstream.provider = provider;
+        upstream.base_url = None;
+        assert_rejected(
+            &m,
+            "ModelRoute svc-kimi:",
+            &format!("upstreams[0] (simulated): baseUrl is required for the {name} provider"),
+        );
+    }
+}
+
+#[test]
+fn upstream_names_used_twice_in_a_route_are_rejected() {
+    let mut m = standalone();
+    let upstreams = &mut route(&mut m, "svc/kimi").spec.upstreams;
+    upstreams.push(upstreams[0].clone());
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "upstreams[1] (simulated): name is used twice",
+    );
+}
+
+#[test]
+fn zero_upstream_weight_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/kimi").spec.upstreams[0].weight = 0;
+    assert_rejected(&m, "ModelRoute svc-kimi:", "weight must be at least 1");
+}
+
+#[test]
+fn every_error_is_reported_not_only_the_first() {
+    let mut m = standalone();
+    route(&mut m, "svc/kimi").spec.model = "kimi".into();
+    route(&mut m, "svc/opus").spec.max_output_tokens = Some(0);
+    m.tiers.clear();
+    let errors = rejections(&m);
+    assert!(errors.iter().any(|e| e.starts_with("ModelRoute svc-kimi:")));
+    assert!(errors.iter().any(|e| e.starts_with("ModelRoute svc-opus:")));
+    assert_eq!(
+        errors
+            .iter()
+            .filter(|e| e.starts_with("no Tier declares"))
+            .count(),
+        4,
+        "{errors:#?}"
+    );
+}

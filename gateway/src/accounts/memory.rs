@@ -1,0 +1,83 @@
+//! The in-process account store of standalone mode.
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use time::OffsetDateTime;
+
+use super::{Account, AccountStatus, Accounts, KeyRecord, StoreError};
+use crate::auth::KeyHash;
+use crate::ids;
+
+#[derive(Default)]
+pub struct MemoryAccounts {
+    accounts: DashMap<String, Account>,
+    names: DashMap<String, String>,
+    keys: DashMap<String, KeyRecord>,
+    by_hash: DashMap<KeyHash, String>,
+}
+
+#[async_trait]
+impl Accounts for MemoryAccounts {
+    async fn create_account(&self, name: &str) -> Result<Account, StoreError> {
+        let account = Account {
+            id: ids::account(),
+            name: name.to_owned(),
+            status: AccountStatus::Active,
+            created_at: OffsetDateTime::now_utc(),
+        };
+        self.names.insert(name.to_owned(), account.id.clone());
+        self.accounts.insert(account.id.clone(), account.clone());
+        Ok(account)
+    }
+
+    async fn account(&self, id: &str) -> Result<Option<Account>, StoreError> {
+        Ok(self.accounts.get(id).map(|a| a.clone()))
+    }
+
+    async fn account_by_name(&self, name: &str) -> Result<Option<Account>, StoreError> {
+        let Some(id) = self.names.get(name).map(|id| id.clone()) else {
+            return Ok(None);
+        };
+        self.account(&id).await
+    }
+
+    async fn set_status(
+        &self,
+        id: &str,
+        status: AccountStatus,
+    ) -> Result<Option<Account>, StoreError> {
+        Ok(self.accounts.get_mut(id).map(|mut a| {
+            a.status = status;
+            a.clone()
+        }))
+    }
+
+    async fn insert_key(&self, key: KeyRecord) -> Result<(), StoreError> {
+        self.by_hash.insert(key.hash, key.id.clone());
+        self.keys.insert(key.id.clone(), key);
+        Ok(())
+    }
+
+    async fn key_by_hash(
+        &self,
+        hash: &KeyHash,
+    ) -> Result<Option<(KeyRecord, Account)>, StoreError> {
+        let Some(id) = self.by_hash.get(hash).map(|id| id.clone()) else {
+            return Ok(None);
+        };
+        let Some(key) = self.keys.get(&id).map(|k| k.clone()) else {
+            return Ok(None);
+        };
+        Ok(self
+            .accounts
+            .get(&key.account_id)
+            .map(|a| (key, a.clone())))
+    }
+
+    async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+        Ok(self.keys.get_mut(id).map(|mut k| {
+            k.revoked = true;
+            k.clone()
+        }))
+    }
+}

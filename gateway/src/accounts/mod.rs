@@ -1,0 +1,80 @@
+//! Accounts and their API keys. The store is a trait: in process for standalone, Postgres in
+//! cluster mode; handlers never know which.
+
+mod memory;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use thiserror::Error;
+use time::OffsetDateTime;
+
+pub use memory::MemoryAccounts;
+
+use crate::auth::KeyHash;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[expect(dead_code, reason = "constructed by the Postgres store (cluster mode)")]
+    #[error("account store unavailable: {0}")]
+    Unavailable(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccountStatus {
+    Active,
+    Suspended,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Account {
+    pub id: String,
+    pub name: String,
+    pub status: AccountStatus,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyKind {
+    /// For the /v1 API.
+    Api,
+    /// For the service's command-line tool; refused on /v1.
+    Cli,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyRecord {
+    pub id: String,
+    pub account_id: String,
+    pub name: String,
+    /// The first characters of the secret, safe to show.
+    pub prefix: String,
+    pub kind: KeyKind,
+    /// Empty: every surface.
+    pub scopes: Vec<String>,
+    pub tier: String,
+    pub revoked: bool,
+    #[serde(skip)]
+    pub hash: KeyHash,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+#[async_trait]
+pub trait Accounts: Send + Sync {
+    async fn create_account(&self, name: &str) -> Result<Account, StoreError>;
+    async fn account(&self, id: &str) -> Result<Option<Account>, StoreError>;
+    async fn account_by_name(&self, name: &str) -> Result<Option<Account>, StoreError>;
+    async fn set_status(
+        &self,
+        id: &str,
+        status: AccountStatus,
+    ) -> Result<Option<Account>, StoreError>;
+    async fn insert_key(&self, key: KeyRecord) -> Result<(), StoreError>;
+    /// The key with this hash and its account, revoked keys included.
+    async fn key_by_hash(&self, hash: &KeyHash)
+        -> Result<Option<(KeyRecord, Account)>, StoreError>;
+    async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
+}

@@ -1,0 +1,248 @@
+//! The internal admin API, on its own listener (loopback in standalone) behind a bearer
+//! admin token: accounts, keys, top-up confirmation, suspension, and message lookup.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use crds::config::{SCOPES, TIER_IDS};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+
+use crate::accounts::{Account, AccountStatus, KeyKind};
+use crate::api::body::JsonBody;
+use crate::api::{method_not_allowed, not_found};
+use crate::auth::{self, KeySpec};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The spec's top-up bounds: packs from $10, custom amounts up to $10,000.
+pub const MIN_TOP_UP_CENTS: u64 = 1_000;
+pub const MAX_TOP_UP_CENTS: u64 = 1_000_000;
+
+#[derive(Clone)]
+struct Admin {
+    state: AppState,
+    token: Arc<str>,
+}
+
+pub fn router(state: AppState, token: &str) -> Router {
+    let admin = Admin {
+        state,
+        token: token.into(),
+    };
+    Router::new()
+        .route("/admin/accounts", post(create_account))
+        .route("/admin/accounts/{id}", get(account))
+        .route("/admin/accounts/{id}/suspend", post(suspend))
+        .route("/admin/accounts/{id}/resume", post(resume))
+        .route("/admin/accounts/{id}/topups", post(top_up))
+        .route("/admin/keys", post(create_key))
+        .route("/admin/keys/{id}", delete(revoke_key))
+        .route("/admin/messages/{id}", get(message))
+        .route_layer(from_fn_with_state(admin.clone(), require_token))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(admin)
+}
+
+async fn require_token(State(admin): State<Admin>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(presented.as_bytes().ct_eq(admin.token.as_bytes())) {
+        next.run(req).await
+    } else {
+        ApiError::from(auth::AuthError::Invalid).into_response()
+    }
+}
+
+async fn account_json(state: &AppState, account: &Account) -> Result<Value, ApiError> {
+    let balance = state.ledger.balance(&account.id).await?;
+    Ok(json!({
+        "id": account.id,
+        "name": account.name,
+        "status": account.status,
+        "created_at": account.created_at.unix_timestamp(),
+        "balance": balance.balance,
+        "reserved": balance.reserved,
+        "lifetime_top_up_cents": balance.lifetime_top_up_cents,
+    }))
+}
+
+async fn existing_account(state: &AppState, id: &str) -> Result<Account, ApiError> {
+    state
+        .accounts
+        .account(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("account `{id}` does not exist")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewAccount {
+    name: String,
+    #[serde(default)]
+    credits: u64,
+}
+
+async fn create_account(
+    State(admin): State<Admin>,
+    JsonBody(body): JsonBody<NewAccount>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let state = &admin.state;
+    if body.name.trim().is_empty() {
+        return Err(ApiError::invalid("name: must not be empty"));
+    }
+    let account = state.accounts.create_account(&body.name).await?;
+    state.ledger.grant(&account.id, body.credits).await?;
+    Ok((StatusCode::CREATED, Json(account_json(state, &account).await?)))
+}
+
+async fn account(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let account = existing_account(&admin.state, &id).await?;
+    Ok(Json(account_json(&admin.state, &account).await?))
+}
+
+async fn set_status(admin: &Admin, id: &str, status: AccountStatus) -> Result<Json<Value>, ApiError> {
+    let account = admin
+        .state
+        .accounts
+        .set_status(id, status)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("account `{id}` does not exist")))?;
+    Ok(Json(account_json(&admin.state, &account).await?))
+}
+
+async fn suspend(State(admin): State<Admin>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    set_status(&admin, &id, AccountStatus::Suspended).await
+}
+
+async fn resume(State(admin): State<Admin>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    set_status(&admin, &id, AccountStatus::Active).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTopUp {
+    usd_cents: u64,
+    reference: String,
+}
+
+async fn top_up(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<NewTopUp>,
+) -> Result<Json<Value>, ApiError> {
+    let state = &admin.state;
+    if !(MIN_TOP_UP_CENTS..=MAX_TOP_UP_CENTS).contains(&body.usd_cents) {
+        return Err(ApiError::invalid(
+            "usd_cents: a top-up is from $10 (1000) to $10,000 (1000000)",
+        ));
+    }
+    if body.reference.trim().is_empty() {
+        return Err(ApiError::invalid("reference: must not be empty"));
+    }
+    let account = existing_account(state, &id).await?;
+    let credits = body.usd_cents.saturating_mul(state.credits_per_usd) / 100;
+    let top_up = state
+        .ledger
+        .top_up(&account.id, &body.reference, body.usd_cents, credits)
+        .await?;
+    Ok(Json(json!({
+        "reference": top_up.reference,
+        "usd_cents": top_up.usd_cents,
+        "credits": top_up.credits,
+        "status": top_up.status,
+        "account": account_json(state, &account).await?,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewKey {
+    account_id: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default = "api_kind")]
+    kind: KeyKind,
+    #[serde(default)]
+    scopes: Vec<String>,
+    #[serde(default)]
+    tier: Option<String>,
+}
+
+fn api_kind() -> KeyKind {
+    KeyKind::Api
+}
+
+async fn create_key(
+    State(admin): State<Admin>,
+    JsonBody(body): JsonBody<NewKey>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let state = &admin.state;
+    let account = existing_account(state, &body.account_id).await?;
+    if let Some(bad) = body.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
+        return Err(ApiError::invalid(format!(
+            "scopes: unknown scope `{bad}`; known: {}",
+            SCOPES.join(", ")
+        )));
+    }
+    let tier = body.tier.unwrap_or_else(|| "free".to_owned());
+    if !TIER_IDS.contains(&tier.as_str()) {
+        return Err(ApiError::invalid(format!(
+            "tier: unknown tier `{tier}`; known: {}",
+            TIER_IDS.join(", ")
+        )));
+    }
+    let minted = auth::mint(KeySpec {
+        id: None,
+        account_id: account.id,
+        name: body.name.unwrap_or_else(|| "key".to_owned()),
+        kind: body.kind,
+        scopes: body.scopes,
+        tier,
+        secret: None,
+    });
+    state.accounts.insert_key(minted.record.clone()).await?;
+    let mut json = json!(minted.record);
+    json["key"] = json!(minted.secret);
+    Ok((StatusCode::CREATED, Json(json)))
+}
+
+async fn revoke_key(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    admin
+        .state
+        .accounts
+        .revoke_key(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("key `{id}` does not exist")))?;
+    Ok(Json(json!({ "id": id, "revoked": true })))
+}
+
+async fn message(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let record = admin
+        .state
+        .ledger
+        .message(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("message `{id}` is not in the ledger")))?;
+    Ok(Json(json!(record)))
+}

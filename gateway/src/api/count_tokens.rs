@@ -1,0 +1,46 @@
+//! `POST /v1/messages/count_tokens`: the input token count of a request, free of charge but
+//! counted against the key's requests per minute.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::json;
+
+use super::body::JsonBody;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::limits::AdmissionRequest;
+use crate::state::AppState;
+use crate::validate;
+use crate::wire::anthropic::{CountTokensRequest, MessagesRequest};
+
+pub async fn count(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    JsonBody(body): JsonBody<CountTokensRequest>,
+) -> Result<Response, ApiError> {
+    let request = MessagesRequest::from(body);
+    let model = state.catalog().model(&request.model).ok_or_else(|| {
+        ApiError::invalid(format!("model: unknown model `{}`", request.model))
+    })?;
+    validate::request(&request, &model.id, &model.config, true)?;
+    let input_tokens = state
+        .tokens
+        .count_request(&request)?;
+    let admission = state
+        .limiter
+        .admit(
+            &principal.key.id,
+            &principal.limits,
+            AdmissionRequest {
+                input_tokens: 0,
+                stream: false,
+            },
+        )
+        .await?;
+    let mut response = Json(json!({ "input_tokens": input_tokens })).into_response();
+    response.extensions_mut().insert(admission.snapshot);
+    Ok(response)
+}

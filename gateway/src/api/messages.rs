@@ -1,0 +1,117 @@
+//! `POST /v1/messages`: the Messages API, as one JSON message or as SSE events.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures::{Stream, StreamExt};
+
+use super::body::JsonBody;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::ids;
+use crate::providers::ProviderEvent;
+use crate::state::AppState;
+use crate::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
+use crate::wire::anthropic::{
+    MessageDeltaBody, MessageResponse, MessagesRequest, StreamEvent, TokenUsage, Usage,
+};
+
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    JsonBody(request): JsonBody<MessagesRequest>,
+) -> Result<Response, ApiError> {
+    let stream = request.stream;
+    let turn = turn::start(
+        &state,
+        &principal,
+        TurnRequest {
+            id: ids::message(),
+            endpoint: Endpoint::Messages,
+            request,
+            open_max_tokens: false,
+        },
+    )
+    .await?;
+    let snapshot = turn.snapshot;
+    let mut response = if stream {
+        Sse::new(events(turn)).into_response()
+    } else {
+        let (id, model) = (turn.id.clone(), turn.model.clone());
+        let done = turn.collect().await?;
+        Json(MessageResponse {
+            id,
+            kind: "message",
+            role: "assistant",
+            content: done.content,
+            model,
+            stop_reason: Some(done.stop_reason),
+            stop_sequence: done.stop_sequence,
+            usage: done.usage,
+        })
+        .into_response()
+    };
+    response.extensions_mut().insert(snapshot);
+    Ok(response)
+}
+
+fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
+    let Turn {
+        id,
+        model,
+        input_tokens,
+        mut events,
+        ..
+    } = turn;
+    async_stream::stream! {
+        yield sse(&StreamEvent::MessageStart {
+            message: MessageResponse {
+                id,
+                kind: "message",
+                role: "assistant",
+                content: Vec::new(),
+                model,
+                stop_reason: None,
+                stop_sequence: None,
+                usage: Usage {
+                    tokens: TokenUsage { input_tokens, ..TokenUsage::default() },
+                    credits_consumed: 0,
+                },
+            },
+        });
+        yield sse(&StreamEvent::Ping);
+        while let Some(event) = events.next().await {
+            match event {
+                TurnEvent::Provider(ProviderEvent::BlockStart { index, block }) => {
+                    yield sse(&StreamEvent::ContentBlockStart { index, content_block: block });
+                }
+                TurnEvent::Provider(ProviderEvent::BlockDelta { index, delta }) => {
+                    yield sse(&StreamEvent::ContentBlockDelta { index, delta });
+                }
+                TurnEvent::Provider(ProviderEvent::BlockStop { index }) => {
+                    yield sse(&StreamEvent::ContentBlockStop { index });
+                }
+                TurnEvent::Provider(ProviderEvent::Finish { .. }) => {}
+                TurnEvent::Finished { stop_reason, stop_sequence, usage } => {
+                    yield sse(&StreamEvent::MessageDelta {
+                        delta: MessageDeltaBody { stop_reason: Some(stop_reason), stop_sequence },
+                        usage,
+                    });
+                    yield sse(&StreamEvent::MessageStop);
+                }
+                TurnEvent::Failed(error) => {
+                    yield Ok(Event::default().event("error").data(error.envelope_json()));
+                }
+            }
+        }
+    }
+}
+
+fn sse(event: &StreamEvent) -> Result<Event, Infallible> {
+    let data = serde_json::to_string(event).unwrap_or_default();
+    Ok(Event::default().event(event.name()).data(data))
+}

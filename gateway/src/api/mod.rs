@@ -1,0 +1,52 @@
+//! The public `/v1` API: routes, and the layers every request passes (body cap, auth,
+//! rate-limit headers, panic guard). Every non-2xx leaves as the spec's error envelope.
+
+mod account;
+pub mod body;
+mod chat;
+mod count_tokens;
+mod messages;
+mod models;
+mod usage;
+
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::from_fn_with_state;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::{auth, limits};
+
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/messages", post(messages::create))
+        .route("/messages/count_tokens", post(count_tokens::count))
+        .route("/chat/completions", post(chat::create))
+        .route("/models", get(models::list))
+        .route("/models/{*id}", get(models::get))
+        .route("/account", get(account::get))
+        .route("/usage", get(usage::get))
+        .route_layer(from_fn_with_state(state.clone(), limits::headers_layer))
+        .route_layer(from_fn_with_state(state.clone(), auth::layer));
+    Router::new()
+        .nest("/v1", v1)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        .layer(CatchPanicLayer::custom(|_| {
+            tracing::error!("handler panicked");
+            ApiError::internal().into_response()
+        }))
+        .with_state(state)
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::not_found("no such path")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}

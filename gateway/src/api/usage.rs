@@ -1,0 +1,129 @@
+//! `GET /v1/usage`: the account's usage from the ledger, by UTC day and/or model.
+//! Query: `start_date`, `end_date` (YYYY-MM-DD, inclusive; default the last 30 days),
+//! `group_by` (`day`, `model` or `day,model`, the default).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::Uri;
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use time::macros::format_description;
+use time::{Date, Duration, OffsetDateTime};
+
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::ledger::UsageTotals;
+use crate::state::AppState;
+
+const DEFAULT_DAYS: i64 = 30;
+const MAX_DAYS: i64 = 366;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    start_date: Option<String>,
+    end_date: Option<String>,
+    group_by: Option<String>,
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    uri: Uri,
+) -> Result<Json<Value>, ApiError> {
+    let Query(params) = Query::<Params>::try_from_uri(&uri)
+        .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+    let today = OffsetDateTime::now_utc().date();
+    let end = date("end_date", params.end_date.as_deref())?.unwrap_or(today);
+    let start = date("start_date", params.start_date.as_deref())?
+        .unwrap_or(end - Duration::days(DEFAULT_DAYS - 1));
+    if start > end {
+        return Err(ApiError::invalid("start_date: must not be after end_date"));
+    }
+    if (end - start).whole_days() >= MAX_DAYS {
+        return Err(ApiError::invalid(format!(
+            "start_date: the range is at most {MAX_DAYS} days"
+        )));
+    }
+    let (by_day, by_model) = group_by(params.group_by.as_deref())?;
+    let rows = state
+        .ledger
+        .usage(&principal.account.id, start, end)
+        .await?;
+
+    let mut groups: BTreeMap<(Option<Date>, Option<String>), UsageTotals> = BTreeMap::new();
+    let mut totals = UsageTotals::default();
+    for row in &rows {
+        let key = (
+            by_day.then_some(row.date),
+            by_model.then(|| row.model.clone()),
+        );
+        groups.entry(key).or_default().add(&row.totals);
+        totals.add(&row.totals);
+    }
+    let data: Vec<Value> = groups
+        .into_iter()
+        .map(|((day, model), t)| {
+            let mut entry = Map::new();
+            if let Some(day) = day {
+                entry.insert("date".into(), json!(format_date(day)));
+            }
+            if let Some(model) = model {
+                entry.insert("model".into(), json!(model));
+            }
+            if let Value::Object(counters) = json!(t) {
+                entry.extend(counters);
+            }
+            Value::Object(entry)
+        })
+        .collect();
+    let group_by: Vec<&str> = [(by_day, "day"), (by_model, "model")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+    Ok(Json(json!({
+        "object": "usage",
+        "start_date": format_date(start),
+        "end_date": format_date(end),
+        "group_by": group_by,
+        "data": data,
+        "totals": totals,
+    })))
+}
+
+fn date(field: &str, value: Option<&str>) -> Result<Option<Date>, ApiError> {
+    value
+        .map(|v| {
+            Date::parse(v, format_description!("[year]-[month]-[day]")).map_err(|_| {
+                ApiError::invalid(format!("{field}: expected a date as YYYY-MM-DD"))
+            })
+        })
+        .transpose()
+}
+
+fn format_date(d: Date) -> String {
+    d.format(format_description!("[year]-[month]-[day]"))
+        .unwrap_or_default()
+}
+
+fn group_by(value: Option<&str>) -> Result<(bool, bool), ApiError> {
+    let Some(value) = value else {
+        return Ok((true, true));
+    };
+    let (mut day, mut model) = (false, false);
+    for part in value.split(',').map(str::trim) {
+        match part {
+            "day" => day = true,
+            "model" => model = true,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "group_by: unknown grouping `{other}`; use day, model or day,model"
+                )))
+            }
+        }
+    }
+    Ok((day, model))
+}

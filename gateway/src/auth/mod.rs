@@ -1,0 +1,221 @@
+//! Who is calling: the API key from `Authorization: Bearer` (the spec) or `x-api-key` (what
+//! the Anthropic SDKs send), looked up by its SHA-256 hash. Keys are 238-bit random secrets,
+//! so a fast hash is the right tool (a password hash would only slow every request); the stored
+//! hash is compared in constant time, and the secret itself is never stored or logged.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use crds::config::Limits;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use thiserror::Error;
+use time::OffsetDateTime;
+
+use crate::accounts::{Account, AccountStatus, KeyKind, KeyRecord, StoreError};
+use crate::error::ApiError;
+use crate::ids;
+use crate::state::AppState;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyHash([u8; 32]);
+
+impl KeyHash {
+    pub fn of(secret: &str) -> Self {
+        Self(Sha256::digest(secret.as_bytes()).into())
+    }
+}
+
+impl ConstantTimeEq for KeyHash {
+    fn ct_eq(&self, other: &Self) -> subtle::Choice {
+        self.0.ct_eq(&other.0)
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum AuthError {
+    #[error("missing API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`")]
+    Missing,
+    #[error("malformed Authorization header: expected `Bearer <key>`")]
+    Malformed,
+    #[error("invalid API key")]
+    Invalid,
+    #[error("this key is a CLI key and cannot be used on the /v1 API; mint an API key at /developers/keys")]
+    CliKey,
+    #[error("the account of this key is suspended")]
+    Suspended,
+    #[error("this key is not allowed the `{0}` scope")]
+    Scope(&'static str),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An authenticated caller, with the grants of the compiled config applied.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    pub key: KeyRecord,
+    pub account: Account,
+    pub tier: String,
+    pub limits: Limits,
+}
+
+/// A freshly minted key: the record to store and the secret to show once.
+pub struct MintedKey {
+    pub record: KeyRecord,
+    pub secret: String,
+}
+
+pub struct KeySpec {
+    pub id: Option<String>,
+    pub account_id: String,
+    pub name: String,
+    pub kind: KeyKind,
+    pub scopes: Vec<String>,
+    pub tier: String,
+    /// A given secret (the dev key, a seeded key); random when absent.
+    pub secret: Option<String>,
+}
+
+pub fn mint(spec: KeySpec) -> MintedKey {
+    let secret = spec.secret.unwrap_or_else(ids::key_secret);
+    // Never more than a quarter of the secret, so short hand-picked dev keys stay secret.
+    let prefix: String = secret.chars().take(12.min(secret.len() / 4)).collect();
+    MintedKey {
+        record: KeyRecord {
+            id: spec.id.unwrap_or_else(ids::key),
+            account_id: spec.account_id,
+            name: spec.name,
+            prefix,
+            kind: spec.kind,
+            scopes: spec.scopes,
+            tier: spec.tier,
+            revoked: false,
+            hash: KeyHash::of(&secret),
+            created_at: OffsetDateTime::now_utc(),
+        },
+        secret,
+    }
+}
+
+/// Tower middleware for `/v1/*`: authenticates, checks the key may use this surface, and
+/// hands the [`Principal`] to the handlers as a request extension.
+pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let scope = scope_of(req.uri().path());
+    match authenticate(&state, req.headers(), scope).await {
+        Ok(principal) => {
+            req.extensions_mut().insert(Arc::new(principal));
+            next.run(req).await
+        }
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+async fn authenticate(
+    state: &AppState,
+    headers: &HeaderMap,
+    scope: &'static str,
+) -> Result<Principal, AuthError> {
+    let secret = presented_key(headers)?;
+    let hash = KeyHash::of(secret);
+    let (key, account) = state
+        .accounts
+        .key_by_hash(&hash)
+        .await?
+        .ok_or(AuthError::Invalid)?;
+    if !bool::from(key.hash.ct_eq(&hash)) || key.revoked {
+        return Err(AuthError::Invalid);
+    }
+    if key.kind == KeyKind::Cli {
+        return Err(AuthError::CliKey);
+    }
+    let catalog = state.catalog();
+    let grant = catalog.grant(&key.id);
+    if account.status == AccountStatus::Suspended || grant.is_some_and(|g| g.suspended) {
+        return Err(AuthError::Suspended);
+    }
+    let scopes = grant
+        .and_then(|g| g.scopes.as_ref())
+        .unwrap_or(&key.scopes);
+    if !scopes.is_empty() && !scopes.iter().any(|s| s == scope) {
+        return Err(AuthError::Scope(scope));
+    }
+    let tier = grant
+        .and_then(|g| g.tier.clone())
+        .unwrap_or_else(|| key.tier.clone());
+    let limits = grant
+        .and_then(|g| g.limits)
+        .or_else(|| catalog.tier_limits(&tier))
+        .or_else(|| catalog.tier_limits("free"))
+        .ok_or(AuthError::Invalid)?;
+    Ok(Principal {
+        key,
+        account,
+        tier,
+        limits,
+    })
+}
+
+fn presented_key(headers: &HeaderMap) -> Result<&str, AuthError> {
+    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
+        let value = value.to_str().map_err(|_| AuthError::Malformed)?;
+        let (scheme, token) = value.split_once(' ').ok_or(AuthError::Malformed)?;
+        let token = token.trim();
+        if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+            return Err(AuthError::Malformed);
+        }
+        return Ok(token);
+    }
+    match headers.get("x-api-key") {
+        Some(value) => match value.to_str().map(str::trim) {
+            Ok(token) if !token.is_empty() => Ok(token),
+            _ => Err(AuthError::Malformed),
+        },
+        None => Err(AuthError::Missing),
+    }
+}
+
+/// The scope a `/v1` path needs (see `crds::config::SCOPES`).
+fn scope_of(path: &str) -> &'static str {
+    let path = path.strip_prefix("/v1").unwrap_or(path);
+    if path.starts_with("/chat") {
+        "chat"
+    } else if path.starts_with("/models") {
+        "models"
+    } else if path.starts_with("/account") || path.starts_with("/usage") {
+        "account"
+    } else {
+        "messages"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_follow_the_surface() {
+        assert_eq!(scope_of("/v1/messages/count_tokens"), "messages");
+        assert_eq!(scope_of("/v1/chat/completions"), "chat");
+        assert_eq!(scope_of("/v1/models/svc/opus"), "models");
+        assert_eq!(scope_of("/v1/usage"), "account");
+    }
+
+    #[test]
+    fn minted_keys_show_only_a_prefix_and_store_only_a_hash() {
+        let minted = mint(KeySpec {
+            id: None,
+            account_id: "acct_1".into(),
+            name: "k".into(),
+            kind: KeyKind::Api,
+            scopes: vec![],
+            tier: "free".into(),
+            secret: None,
+        });
+        assert!(minted.secret.starts_with("sk-svc-"));
+        assert_eq!(minted.record.prefix.len(), 12);
+        assert_eq!(minted.record.hash, KeyHash::of(&minted.secret));
+    }
+}

@@ -1,0 +1,57 @@
+//! Command line and environment: each flag has a `GATEWAY_*` variable; secrets (the admin
+//! token, the dev key) are never echoed by `--help` from the environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use crds::config::TIER_IDS;
+
+#[derive(Debug, Parser)]
+#[command(name = "gateway", version, about = "LLM API gateway")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One process, no external services: in-process limits and credits, config from a folder
+    /// of manifests, every model on the built-in simulated provider unless routed elsewhere.
+    Standalone(StandaloneArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StandaloneArgs {
+    /// Address of the public API.
+    #[arg(long, env = "GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Address of the admin API; keep it on loopback or a private network.
+    #[arg(long, env = "GATEWAY_ADMIN_LISTEN", default_value = "127.0.0.1:8081")]
+    pub admin_listen: SocketAddr,
+    /// Bearer token of the admin API; random (and printed) when absent.
+    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Folder of Tier, ModelRoute, ApiKey and Secret manifests.
+    #[arg(long, env = "GATEWAY_MANIFESTS", default_value = "deploy/standalone")]
+    pub manifests: PathBuf,
+    /// The development API key to create; random (and printed) when absent.
+    #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true)]
+    pub dev_key: Option<String>,
+    /// Tier of the development key.
+    #[arg(long, env = "GATEWAY_DEV_TIER", default_value = "pay_as_you_go",
+          value_parser = clap::builder::PossibleValuesParser::new(TIER_IDS))]
+    pub dev_tier: String,
+    /// apiCredits of the development account.
+    #[arg(long, env = "GATEWAY_DEV_CREDITS", default_value_t = 10_000_000)]
+    pub dev_credits: u64,
+    /// Delay between streamed chunks of every simulated upstream, overriding the manifests.
+    #[arg(long, env = "GATEWAY_SIMULATED_CHUNK_DELAY_MS")]
+    pub simulated_chunk_delay_ms: Option<u64>,
+    /// Seconds open streams may take to finish after SIGTERM.
+    #[arg(long, env = "GATEWAY_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
+    pub shutdown_grace_secs: u64,
+    /// Credits granted per US dollar of top-up (1 credit = $0.00001 by default).
+    #[arg(long, env = "GATEWAY_CREDITS_PER_USD", default_value_t = 100_000)]
+    pub credits_per_usd: u64,
+}

@@ -1,0 +1,233 @@
+//! The error envelope of the spec, and the one place where every typed error of the gateway
+//! becomes a status, an `error.type` and a message. Internal detail (store errors, upstream
+//! bodies) is logged here and never put in a response.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::accounts::StoreError;
+use crate::auth::AuthError;
+use crate::ledger::LedgerError;
+use crate::limits::LimitError;
+use crate::providers::ProviderError;
+use crate::tokens::TokenError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    InvalidRequestError,
+    AuthenticationError,
+    InsufficientQuota,
+    PermissionError,
+    NotFoundError,
+    RequestTooLarge,
+    RateLimitError,
+    ApiError,
+    OverloadedError,
+}
+
+/// An error as the client sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: ErrorType,
+    pub message: String,
+    pub retry_after_secs: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub struct Envelope<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: Body<'a>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(rename = "type")]
+    kind: ErrorType,
+    message: &'a str,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: ErrorType, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+            retry_after_secs: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            ErrorType::InvalidRequestError,
+            message,
+        )
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, ErrorType::NotFoundError, message)
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            ErrorType::InvalidRequestError,
+            "method not allowed on this path",
+        )
+    }
+
+    pub fn too_large(limit_bytes: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorType::RequestTooLarge,
+            format!("request body exceeds the {limit_bytes} byte limit"),
+        )
+    }
+
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorType::ApiError,
+            "internal error; retry with backoff",
+        )
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorType::ApiError, message)
+    }
+
+    pub fn envelope(&self) -> Envelope<'_> {
+        Envelope {
+            kind: "error",
+            error: Body {
+                kind: self.kind,
+                message: &self.message,
+            },
+        }
+    }
+
+    /// The envelope as JSON text, for SSE `error` events.
+    pub fn envelope_json(&self) -> String {
+        serde_json::to_string(&self.envelope()).unwrap_or_default()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.envelope())).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Missing | AuthError::Malformed | AuthError::Invalid => Self::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorType::AuthenticationError,
+                e.to_string(),
+            ),
+            AuthError::CliKey | AuthError::Suspended | AuthError::Scope(_) => Self::new(
+                StatusCode::FORBIDDEN,
+                ErrorType::PermissionError,
+                e.to_string(),
+            ),
+            AuthError::Store(inner) => inner.into(),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        tracing::error!(error = %e, "account store failed");
+        Self::unavailable("account service temporarily unavailable; retry with backoff")
+    }
+}
+
+impl From<LimitError> for ApiError {
+    fn from(e: LimitError) -> Self {
+        match e {
+            LimitError::Exceeded {
+                retry_after_secs, ..
+            } => Self {
+                retry_after_secs: Some(retry_after_secs),
+                ..Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ErrorType::RateLimitError,
+                    e.to_string(),
+                )
+            },
+            LimitError::NeverAdmissible { .. } => Self::invalid(e.to_string()),
+            LimitError::Unavailable(detail) => {
+                tracing::error!(error = %detail, "rate limiter unavailable");
+                Self::unavailable("rate limiter temporarily unavailable; retry with backoff")
+            }
+        }
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(e: LedgerError) -> Self {
+        match e {
+            LedgerError::InsufficientCredits { .. } => Self::new(
+                StatusCode::PAYMENT_REQUIRED,
+                ErrorType::InsufficientQuota,
+                e.to_string(),
+            ),
+            LedgerError::ReferenceConflict => Self::invalid(format!("reference: {e}")),
+            LedgerError::UnknownAccount | LedgerError::UnknownMessage => {
+                tracing::error!(error = %e, "ledger inconsistency");
+                Self::internal()
+            }
+            LedgerError::Unavailable(detail) => {
+                tracing::error!(error = %detail, "ledger unavailable");
+                Self::unavailable("billing temporarily unavailable; retry with backoff")
+            }
+        }
+    }
+}
+
+impl From<ProviderError> for ApiError {
+    fn from(e: ProviderError) -> Self {
+        tracing::warn!(error = %e, "upstream call failed");
+        match e {
+            ProviderError::Rejected(message) => Self::invalid(message),
+            ProviderError::Upstream => Self::new(
+                StatusCode::BAD_GATEWAY,
+                ErrorType::ApiError,
+                "the upstream model returned an error; retry with backoff",
+            ),
+            ProviderError::Timeout => Self::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                ErrorType::ApiError,
+                "the upstream model timed out; retry with backoff or lower max_tokens",
+            ),
+            ProviderError::Overloaded => Self::new(
+                StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+                ErrorType::OverloadedError,
+                "the model is overloaded; retry with backoff",
+            ),
+            ProviderError::Unavailable => {
+                Self::unavailable("the model is temporarily unavailable; retry with backoff")
+            }
+            ProviderError::ShuttingDown => Self::unavailable(
+                "the server is shutting down; retry the request, another instance will serve it",
+            ),
+        }
+    }
+}
+
+impl From<TokenError> for ApiError {
+    fn from(e: TokenError) -> Self {
+        Self::invalid(e.to_string())
+    }
+}

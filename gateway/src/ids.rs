@@ -1,0 +1,36 @@
+//! Ids and secrets: a type prefix and random base62, like the public APIs' ids.
+
+use rand::distr::{Alphanumeric, SampleString};
+
+fn random(len: usize) -> String {
+    Alphanumeric.sample_string(&mut rand::rng(), len)
+}
+
+pub fn message() -> String {
+    format!("msg_{}", random(24))
+}
+
+pub fn chat_completion() -> String {
+    format!("chatcmpl_{}", random(24))
+}
+
+pub fn tool_use() -> String {
+    format!("toolu_{}", random(24))
+}
+
+pub fn account() -> String {
+    format!("acct_{}", random(16))
+}
+
+pub fn key() -> String {
+    format!("key_{}", random(16))
+}
+
+/// A new API key secret: 40 random base62 characters, about 238 bits.
+pub fn key_secret() -> String {
+    format!("sk-svc-{}", random(40))
+}
+
+pub fn admin_token() -> String {
+    random(32)
+}

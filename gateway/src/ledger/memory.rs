@@ -1,0 +1,180 @@
+//! The in-process ledger of standalone mode. Each account's balance sits in its own map
+//! entry, so reserve and settle are atomic per account with no global lock. Settled message
+//! rows are kept for lookups up to a bound (oldest dropped first); usage aggregates are kept.
+
+use async_trait::async_trait;
+use crossbeam_queue::ArrayQueue;
+use dashmap::DashMap;
+use time::{Date, OffsetDateTime};
+
+use super::{
+    Balance, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation, Settlement, TopUp,
+    UsageRow, UsageTotals,
+};
+
+const KEPT_MESSAGES: usize = 100_000;
+
+pub struct MemoryLedger {
+    balances: DashMap<String, Balance>,
+    messages: DashMap<String, MessageRecord>,
+    settled_order: ArrayQueue<String>,
+    top_ups: DashMap<String, TopUp>,
+    usage: DashMap<(String, Date, String), UsageTotals>,
+}
+
+impl Default for MemoryLedger {
+    fn default() -> Self {
+        Self {
+            balances: DashMap::new(),
+            messages: DashMap::new(),
+            settled_order: ArrayQueue::new(KEPT_MESSAGES),
+            top_ups: DashMap::new(),
+            usage: DashMap::new(),
+        }
+    }
+}
+
+impl MemoryLedger {
+    fn remember_settled(&self, id: String) {
+        if let Some(oldest) = self.settled_order.force_push(id) {
+            self.messages.remove(&oldest);
+        }
+    }
+}
+
+#[async_trait]
+impl Ledger for MemoryLedger {
+    async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
+        let mut balance = self.balances.entry(account_id.to_owned()).or_default();
+        balance.balance += credits;
+        Ok(*balance)
+    }
+
+    async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError> {
+        Ok(self
+            .balances
+            .get(account_id)
+            .map(|b| *b)
+            .unwrap_or_default())
+    }
+
+    async fn top_up(
+        &self,
+        account_id: &str,
+        reference: &str,
+        usd_cents: u64,
+        credits: u64,
+    ) -> Result<TopUp, LedgerError> {
+        let entry = self.top_ups.entry(reference.to_owned());
+        let top_up = match entry {
+            dashmap::Entry::Occupied(existing) => {
+                let existing = existing.get().clone();
+                if existing.account_id != account_id {
+                    return Err(LedgerError::ReferenceConflict);
+                }
+                return Ok(existing);
+            }
+            dashmap::Entry::Vacant(slot) => slot
+                .insert(TopUp {
+                    reference: reference.to_owned(),
+                    account_id: account_id.to_owned(),
+                    usd_cents,
+                    credits,
+                    status: "confirmed",
+                    confirmed_at: OffsetDateTime::now_utc(),
+                })
+                .clone(),
+        };
+        let mut balance = self.balances.entry(account_id.to_owned()).or_default();
+        balance.balance += credits;
+        balance.lifetime_top_up_cents += usd_cents;
+        Ok(top_up)
+    }
+
+    async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {
+        let mut balance = self
+            .balances
+            .get_mut(&r.record.account_id)
+            .ok_or(LedgerError::InsufficientCredits {
+                needed: r.min,
+                available: 0,
+            })?;
+        let available = balance.balance.saturating_sub(balance.reserved);
+        if available < r.min {
+            return Err(LedgerError::InsufficientCredits {
+                needed: r.max,
+                available,
+            });
+        }
+        let amount = r.max.min(available);
+        balance.reserved += amount;
+        drop(balance);
+        let mut record = r.record;
+        record.reserved = amount;
+        record.status = MessageStatus::Reserved;
+        self.messages.insert(record.id.clone(), record);
+        Ok(amount)
+    }
+
+    async fn settle(&self, s: Settlement) -> Result<u64, LedgerError> {
+        let mut record = self
+            .messages
+            .get_mut(&s.message_id)
+            .ok_or(LedgerError::UnknownMessage)?;
+        if record.status != MessageStatus::Reserved {
+            return Ok(record.billed);
+        }
+        let billed = if s.status == MessageStatus::Failed {
+            0
+        } else {
+            s.cost.min(record.reserved)
+        };
+        {
+            let mut balance = self
+                .balances
+                .get_mut(&record.account_id)
+                .ok_or(LedgerError::UnknownAccount)?;
+            balance.reserved = balance.reserved.saturating_sub(record.reserved);
+            balance.balance = balance.balance.saturating_sub(billed);
+        }
+        record.status = s.status;
+        record.billed = billed;
+        record.usage = s.usage;
+        record.stop_reason = s.stop_reason;
+        record.latency_ms = Some(s.latency_ms);
+        if s.status != MessageStatus::Failed {
+            let day = record.created_at.date();
+            self.usage
+                .entry((record.account_id.clone(), day, record.model.clone()))
+                .or_default()
+                .add(&UsageTotals::of_turn(&s.usage, billed));
+        }
+        drop(record);
+        self.remember_settled(s.message_id);
+        Ok(billed)
+    }
+
+    async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {
+        Ok(self.messages.get(id).map(|m| m.clone()))
+    }
+
+    async fn usage(
+        &self,
+        account_id: &str,
+        from: Date,
+        to: Date,
+    ) -> Result<Vec<UsageRow>, LedgerError> {
+        let mut rows: Vec<UsageRow> = self
+            .usage
+            .iter()
+            .filter(|e| e.key().0 == account_id && e.key().1 >= from && e.key().1 <= to)
+            .map(|e| UsageRow {
+                date: e.key().1,
+                model: e.key().2.clone(),
+                totals: *e.value(),
+            })
+            .collect();
+        rows.sort_by(|a, b| (a.date, &a.model).cmp(&(b.date, &b.model)));
+        Ok(rows)
+    }
+}

@@ -1,0 +1,174 @@
+//! Credits and the message ledger: the apiCredits balance of each account, reservations held
+//! while a turn runs, what each message was billed, top-ups, and usage by day and model.
+//! A trait with an in-process implementation (standalone) and a Postgres one (cluster).
+
+mod memory;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use thiserror::Error;
+use time::{Date, OffsetDateTime};
+
+pub use memory::MemoryLedger;
+
+use crate::wire::anthropic::{StopReason, TokenUsage};
+
+#[derive(Debug, Error)]
+pub enum LedgerError {
+    #[error("your apiCredits balance is too low for this turn: it may cost up to {needed} credits and {available} are available; top up at /developers/billing")]
+    InsufficientCredits { needed: u64, available: u64 },
+    #[error("unknown account")]
+    UnknownAccount,
+    #[error("unknown message")]
+    UnknownMessage,
+    #[error("payment reference is already used by another account")]
+    ReferenceConflict,
+    #[expect(dead_code, reason = "constructed by the Postgres ledger (cluster mode)")]
+    #[error("ledger unavailable: {0}")]
+    Unavailable(String),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Balance {
+    /// Credits owned, reservations included.
+    pub balance: u64,
+    /// Credits held by turns in flight.
+    pub reserved: u64,
+    pub lifetime_top_up_cents: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageStatus {
+    /// Credits held; the turn is running.
+    Reserved,
+    Completed,
+    /// The client went away; billed for what was generated.
+    ClientDisconnected,
+    /// Ended by the server (shutdown); billed for what was generated.
+    Interrupted,
+    /// Failed upstream or in the gateway; nothing billed.
+    Failed,
+}
+
+/// One ledger row: everything support needs to answer "what happened to msg_...".
+#[derive(Clone, Debug, Serialize)]
+pub struct MessageRecord {
+    pub id: String,
+    pub account_id: String,
+    pub key_id: String,
+    /// The virtual model the client asked for.
+    pub model: String,
+    /// The model that served it (differs for svc/auto).
+    pub served_model: String,
+    pub provider: String,
+    pub upstream: String,
+    pub upstream_model: String,
+    pub endpoint: &'static str,
+    pub stream: bool,
+    pub status: MessageStatus,
+    pub reserved: u64,
+    pub billed: u64,
+    pub usage: TokenUsage,
+    pub stop_reason: Option<StopReason>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    pub latency_ms: Option<u64>,
+}
+
+/// What is known of a turn when its credits are reserved.
+pub struct NewReservation {
+    pub record: MessageRecord,
+    /// The least the turn can run with; below it the answer is 402.
+    pub min: u64,
+    /// The most the turn can cost.
+    pub max: u64,
+}
+
+pub struct Settlement {
+    pub message_id: String,
+    pub status: MessageStatus,
+    /// What the usage costs; the ledger bills at most what was reserved.
+    pub cost: u64,
+    pub usage: TokenUsage,
+    pub stop_reason: Option<StopReason>,
+    pub latency_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TopUp {
+    pub reference: String,
+    pub account_id: String,
+    pub usd_cents: u64,
+    pub credits: u64,
+    pub status: &'static str,
+    #[serde(with = "time::serde::rfc3339")]
+    pub confirmed_at: OffsetDateTime,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct UsageTotals {
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_creation_input_tokens: u64,
+    pub cache_read_input_tokens: u64,
+    pub credits: u64,
+}
+
+impl UsageTotals {
+    pub fn add(&mut self, other: &UsageTotals) {
+        self.requests += other.requests;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_creation_input_tokens += other.cache_creation_input_tokens;
+        self.cache_read_input_tokens += other.cache_read_input_tokens;
+        self.credits += other.credits;
+    }
+
+    fn of_turn(usage: &TokenUsage, credits: u64) -> Self {
+        Self {
+            requests: 1,
+            input_tokens: usage.input_tokens.into(),
+            output_tokens: usage.output_tokens.into(),
+            cache_creation_input_tokens: usage.cache_creation_input_tokens.into(),
+            cache_read_input_tokens: usage.cache_read_input_tokens.into(),
+            credits,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsageRow {
+    pub date: Date,
+    pub model: String,
+    pub totals: UsageTotals,
+}
+
+#[async_trait]
+pub trait Ledger: Send + Sync {
+    /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
+    async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
+    async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError>;
+    /// Confirms a top-up once per payment reference; a replay returns the first confirmation.
+    async fn top_up(
+        &self,
+        account_id: &str,
+        reference: &str,
+        usd_cents: u64,
+        credits: u64,
+    ) -> Result<TopUp, LedgerError>;
+    /// Holds between `min` and `max` credits, as much as the balance allows; returns the amount.
+    async fn reserve(&self, reservation: NewReservation) -> Result<u64, LedgerError>;
+    /// Bills a reserved turn and releases the rest; once only: a replay returns the first
+    /// settlement's billed amount and changes nothing.
+    async fn settle(&self, settlement: Settlement) -> Result<u64, LedgerError>;
+    async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError>;
+    /// Usage of an account by UTC day and model, both dates inclusive.
+    async fn usage(
+        &self,
+        account_id: &str,
+        from: Date,
+        to: Date,
+    ) -> Result<Vec<UsageRow>, LedgerError>;
+}

@@ -1,0 +1,75 @@
+//! The X-RateLimit-* headers on every authenticated `/v1` response, errors included.
+//!
+//! The spec's four (tier and the request window) plus, for the dimensions whose headers it
+//! leaves open: `X-RateLimit-{Limit,Remaining,Reset}-Tokens` for input tokens per minute and
+//! `X-RateLimit-{Limit,Remaining}-Streams` for concurrent streams.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::Snapshot;
+use crate::auth::Principal;
+use crate::state::AppState;
+
+pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let principal = req.extensions().get::<Arc<Principal>>().cloned();
+    let mut response = next.run(req).await;
+    let Some(principal) = principal else {
+        return response;
+    };
+    let snapshot = match response.extensions().get::<Snapshot>() {
+        Some(s) => *s,
+        None => match state.limiter.snapshot(&principal.key.id).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no rate-limit snapshot for headers");
+                return response;
+            }
+        },
+    };
+    write(response.headers_mut(), &principal, &snapshot);
+    response
+}
+
+fn write(headers: &mut HeaderMap, principal: &Principal, s: &Snapshot) {
+    let limits = &principal.limits;
+    let mut set = |name: &'static str, value: HeaderValue| {
+        headers.insert(HeaderName::from_static(name), value);
+    };
+    if let Ok(tier) = HeaderValue::from_str(&principal.tier) {
+        set("x-ratelimit-tier", tier);
+    }
+    set(
+        "x-ratelimit-limit-requests",
+        limits.requests_per_minute.into(),
+    );
+    set(
+        "x-ratelimit-remaining-requests",
+        limits.requests_per_minute.saturating_sub(s.requests).into(),
+    );
+    set("x-ratelimit-reset-requests", s.reset_secs.into());
+    set(
+        "x-ratelimit-limit-tokens",
+        limits.input_tokens_per_minute.into(),
+    );
+    set(
+        "x-ratelimit-remaining-tokens",
+        limits
+            .input_tokens_per_minute
+            .saturating_sub(s.input_tokens)
+            .into(),
+    );
+    set("x-ratelimit-reset-tokens", s.reset_secs.into());
+    set(
+        "x-ratelimit-limit-streams",
+        limits.concurrent_streams.into(),
+    );
+    set(
+        "x-ratelimit-remaining-streams",
+        limits.concurrent_streams.saturating_sub(s.streams).into(),
+    );
+}

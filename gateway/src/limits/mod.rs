@@ -1,0 +1,154 @@
+//! Per-key rate limits: requests per minute, input tokens per minute and concurrent streams.
+//!
+//! Both counters use fixed windows aligned to the wall-clock minute: the spec's headers speak
+//! of "the current minute window" and its reset, a fixed window gives every pod the same
+//! answer from one counter, and its worst case (twice the cap across a window edge) is the
+//! documented trade-off. Streams are counted while open and released when they end.
+
+mod headers;
+mod memory;
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use crds::config::Limits;
+use thiserror::Error;
+
+pub use headers::layer as headers_layer;
+pub use memory::MemoryLimiter;
+
+pub const WINDOW_SECS: u64 = 60;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dimension {
+    Requests,
+    InputTokens,
+    Streams,
+}
+
+impl fmt::Display for Dimension {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Requests => "requests per minute",
+            Self::InputTokens => "input tokens per minute",
+            Self::Streams => "concurrent streams",
+        })
+    }
+}
+
+/// A key's usage in the current window, from which the headers are derived.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub requests: u32,
+    pub input_tokens: u64,
+    pub streams: u32,
+    pub reset_secs: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AdmissionRequest {
+    /// Counted against RPM (model and count_tokens calls; not GETs).
+    pub input_tokens: u64,
+    pub stream: bool,
+}
+
+/// A held stream slot; given back through [`Limiter::finish`].
+#[derive(Debug)]
+pub struct StreamLease;
+
+#[derive(Debug)]
+pub struct Admission {
+    pub snapshot: Snapshot,
+    pub lease: Option<StreamLease>,
+}
+
+#[derive(Debug, Error)]
+pub enum LimitError {
+    #[error("{dimension} exceeded for this key (limit {limit}); retry after {retry_after_secs} seconds")]
+    Exceeded {
+        dimension: Dimension,
+        limit: u64,
+        retry_after_secs: u64,
+        snapshot: Snapshot,
+    },
+    #[error("this request's {tokens} input tokens exceed this key's limit of {limit} input tokens per minute, so it can never be admitted; shorten it or move to a higher tier")]
+    NeverAdmissible { tokens: u64, limit: u64 },
+    #[expect(dead_code, reason = "constructed by the Redis limiter (cluster mode)")]
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+#[async_trait]
+pub trait Limiter: Send + Sync {
+    /// Admits one request or rejects it, all dimensions at once: a rejection changes nothing.
+    async fn admit(
+        &self,
+        key_id: &str,
+        limits: &Limits,
+        request: AdmissionRequest,
+    ) -> Result<Admission, LimitError>;
+
+    async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError>;
+
+    /// Ends an admitted request: gives the stream slot back and corrects the window's token
+    /// count from the admission estimate to the actual input tokens.
+    async fn finish(
+        &self,
+        key_id: &str,
+        lease: Option<StreamLease>,
+        estimated_tokens: u64,
+        actual_tokens: u64,
+    ) -> Result<(), LimitError>;
+}
+
+/// The current window's number and the seconds until it ends.
+pub fn current_window() -> (u64, u64) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    (now / WINDOW_SECS, WINDOW_SECS - now % WINDOW_SECS)
+}
+
+/// The admission decision on a window's counts, shared by every implementation.
+pub fn decide(
+    limits: &Limits,
+    snapshot: &Snapshot,
+    request: &AdmissionRequest,
+) -> Result<(), LimitError> {
+    if request.input_tokens > limits.input_tokens_per_minute {
+        return Err(LimitError::NeverAdmissible {
+            tokens: request.input_tokens,
+            limit: limits.input_tokens_per_minute,
+        });
+    }
+    let exceeded = |dimension, limit: u64, retry_after_secs| LimitError::Exceeded {
+        dimension,
+        limit,
+        retry_after_secs,
+        snapshot: *snapshot,
+    };
+    if snapshot.requests >= limits.requests_per_minute {
+        return Err(exceeded(
+            Dimension::Requests,
+            limits.requests_per_minute.into(),
+            snapshot.reset_secs,
+        ));
+    }
+    if snapshot.input_tokens + request.input_tokens > limits.input_tokens_per_minute {
+        return Err(exceeded(
+            Dimension::InputTokens,
+            limits.input_tokens_per_minute,
+            snapshot.reset_secs,
+        ));
+    }
+    if request.stream && snapshot.streams >= limits.concurrent_streams {
+        return Err(exceeded(
+            Dimension::Streams,
+            limits.concurrent_streams.into(),
+            1,
+        ));
+    }
+    Ok(())
+}

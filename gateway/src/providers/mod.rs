@@ -1,0 +1,91 @@
+//! Upstream model providers. Each adapter turns a canonical request into a stream of
+//! canonical events; everything else (billing, limits, wire formats) is done around them.
+//! The `simulated` provider answers without any upstream account; the `anthropic` and
+//! `openai` adapters are not built yet, and a route to them answers 503.
+
+mod simulated;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use crds::config::{ProviderKind, Upstream};
+use futures::Stream;
+use thiserror::Error;
+
+pub use simulated::Simulated;
+
+use crate::wire::anthropic::{Delta, MessagesRequest, OutputBlock, StopReason, TokenUsage};
+
+/// What a provider streams back, in the Messages API's block structure.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProviderEvent {
+    BlockStart {
+        index: usize,
+        block: OutputBlock,
+    },
+    BlockDelta {
+        index: usize,
+        delta: Delta,
+    },
+    BlockStop {
+        index: usize,
+    },
+    Finish {
+        stop_reason: StopReason,
+        stop_sequence: Option<String>,
+        usage: TokenUsage,
+    },
+}
+
+#[derive(Debug, Error)]
+#[expect(dead_code, reason = "Rejected, Timeout and Overloaded are built by the anthropic and openai adapters")]
+pub enum ProviderError {
+    /// The upstream refused the request's content; the message is ours, not the upstream's.
+    #[error("{0}")]
+    Rejected(String),
+    #[error("upstream returned an error")]
+    Upstream,
+    #[error("upstream timed out")]
+    Timeout,
+    #[error("upstream overloaded")]
+    Overloaded,
+    #[error("no upstream available")]
+    Unavailable,
+    #[error("server shutting down")]
+    ShuttingDown,
+}
+
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<ProviderEvent, ProviderError>> + Send>>;
+
+pub struct ProviderCall {
+    pub request: Arc<MessagesRequest>,
+    pub upstream: Upstream,
+    /// The virtual model serving the turn (never the upstream's name).
+    pub served_model: String,
+    /// The gateway's own count of the input, for providers that do not report one.
+    pub input_tokens: u32,
+}
+
+#[async_trait]
+pub trait Provider: Send + Sync {
+    async fn start(&self, call: ProviderCall) -> Result<EventStream, ProviderError>;
+}
+
+/// The adapters by provider kind, built once at start-up.
+pub struct Providers {
+    simulated: Arc<dyn Provider>,
+}
+
+impl Providers {
+    pub fn new(simulated: Arc<dyn Provider>) -> Self {
+        Self { simulated }
+    }
+
+    pub fn get(&self, kind: ProviderKind) -> Option<Arc<dyn Provider>> {
+        match kind {
+            ProviderKind::Simulated => Some(self.simulated.clone()),
+            ProviderKind::Anthropic | ProviderKind::Openai => None,
+        }
+    }
+}

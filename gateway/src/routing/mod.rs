@@ -1,0 +1,126 @@
+//! The virtual models and where their turns go: the compiled config's ModelRoutes, svc/auto's
+//! choice among its candidates, and the choice among a model's upstreams.
+
+pub mod pricing;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crds::config::{GatewayConfig, KeyGrant, Limits, ModelConfig, Route, TierConfig, Upstream};
+use rand::Rng;
+
+pub use pricing::Price;
+
+pub struct Model {
+    pub id: String,
+    pub config: ModelConfig,
+    pub price: Price,
+}
+
+impl Model {
+    fn upstreams(&self) -> &[Upstream] {
+        match &self.config.route {
+            Route::Upstreams(upstreams) => upstreams,
+            Route::Auto { .. } => &[],
+        }
+    }
+
+    /// An upstream for one turn, drawn by weight.
+    pub fn pick_upstream(&self) -> Option<&Upstream> {
+        let upstreams = self.upstreams();
+        let total: u64 = upstreams.iter().map(|u| u64::from(u.weight)).sum();
+        if total == 0 {
+            return upstreams.first();
+        }
+        let mut draw = rand::rng().random_range(0..total);
+        upstreams.iter().find(|u| {
+            let w = u64::from(u.weight);
+            if draw < w {
+                true
+            } else {
+                draw -= w;
+                false
+            }
+        })
+    }
+}
+
+/// What a request asks of the model that serves it.
+#[derive(Clone, Copy, Debug)]
+pub struct Needs {
+    pub input_tokens: u32,
+    pub max_tokens: u32,
+    pub vision: bool,
+    pub tools: bool,
+    pub thinking: bool,
+}
+
+pub struct Catalog {
+    pub version: String,
+    models: BTreeMap<String, Arc<Model>>,
+    tiers: BTreeMap<String, TierConfig>,
+    grants: BTreeMap<String, KeyGrant>,
+}
+
+impl Catalog {
+    pub fn new(config: GatewayConfig, credits_per_usd: u64) -> Self {
+        let models = config
+            .models
+            .into_iter()
+            .map(|(id, config)| {
+                let price = Price::new(config.pricing, credits_per_usd);
+                (id.clone(), Arc::new(Model { id, config, price }))
+            })
+            .collect();
+        Self {
+            version: config.version,
+            models,
+            tiers: config.tiers,
+            grants: config.keys,
+        }
+    }
+
+    pub fn model(&self, id: &str) -> Option<&Arc<Model>> {
+        self.models.get(id)
+    }
+
+    pub fn models(&self) -> impl Iterator<Item = &Arc<Model>> {
+        self.models.values()
+    }
+
+    pub fn tier_limits(&self, tier: &str) -> Option<Limits> {
+        self.tiers.get(tier).map(|t| t.limits)
+    }
+
+    pub fn grant(&self, key_id: &str) -> Option<&KeyGrant> {
+        self.grants.get(key_id)
+    }
+
+    pub fn grants(&self) -> impl Iterator<Item = (&String, &KeyGrant)> {
+        self.grants.iter()
+    }
+
+    /// The model that serves a turn: the requested one, or for an auto route the cheapest
+    /// candidate (by this turn's ceiling) that has the capabilities and room it needs.
+    pub fn serving_model(&self, requested: &Arc<Model>, needs: &Needs) -> Option<Arc<Model>> {
+        let Route::Auto { candidates } = &requested.config.route else {
+            return Some(requested.clone());
+        };
+        candidates
+            .iter()
+            .filter_map(|id| self.models.get(id))
+            .filter(|m| fits(&m.config, needs))
+            .min_by_key(|m| m.price.ceiling(needs.input_tokens, needs.max_tokens))
+            .cloned()
+    }
+}
+
+fn fits(model: &ModelConfig, needs: &Needs) -> bool {
+    let caps = model.capabilities;
+    (caps.vision || !needs.vision)
+        && (caps.tools || !needs.tools)
+        && (caps.thinking || !needs.thinking)
+        && needs.max_tokens <= model.max_output_tokens
+        && u64::from(needs.input_tokens) + u64::from(needs.max_tokens)
+            <= u64::from(model.context_window)
+}

@@ -1,0 +1,125 @@
+//! Credits from token counts. Prices are integer micro-dollars per million tokens and the
+//! exchange rate is integer credits per dollar, so a turn's charge is one exact integer
+//! division, rounded up once per turn (never per token).
+
+use crds::config::Pricing;
+
+use crate::wire::anthropic::TokenUsage;
+
+/// micro-dollars per dollar times tokens per million.
+const SCALE: u128 = 1_000_000 * 1_000_000;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Price {
+    pricing: Pricing,
+    credits_per_usd: u64,
+}
+
+impl Price {
+    pub fn new(pricing: Pricing, credits_per_usd: u64) -> Self {
+        Self {
+            pricing,
+            credits_per_usd,
+        }
+    }
+
+    pub fn credits(&self, usage: &TokenUsage) -> u64 {
+        let p = &self.pricing;
+        let weighted = u128::from(usage.input_tokens) * u128::from(p.input_micros_per_mtok)
+            + u128::from(usage.output_tokens) * u128::from(p.output_micros_per_mtok)
+            + u128::from(usage.cache_creation_input_tokens)
+                * u128::from(p.cache_write_micros_per_mtok)
+            + u128::from(usage.cache_read_input_tokens) * u128::from(p.cache_read_micros_per_mtok);
+        let credits = (weighted * u128::from(self.credits_per_usd)).div_ceil(SCALE);
+        u64::try_from(credits).unwrap_or(u64::MAX)
+    }
+
+    /// The most a turn can cost: every input token at the dearer of the input and cache-write
+    /// prices (the upstream decides what it caches) and every allowed output token.
+    pub fn ceiling(&self, input_tokens: u32, max_tokens: u32) -> u64 {
+        let p = &self.pricing;
+        let input_price = p.input_micros_per_mtok.max(p.cache_write_micros_per_mtok);
+        Price::new(
+            Pricing {
+                input_micros_per_mtok: input_price,
+                ..self.pricing
+            },
+            self.credits_per_usd,
+        )
+        .credits(&TokenUsage {
+            input_tokens,
+            output_tokens: max_tokens,
+            ..TokenUsage::default()
+        })
+    }
+
+    /// The largest `max_tokens` whose ceiling fits in `credits`, capped at `cap`.
+    pub fn affordable_output(&self, credits: u64, input_tokens: u32, cap: u32) -> u32 {
+        let p = &self.pricing;
+        if p.output_micros_per_mtok == 0 || self.credits_per_usd == 0 {
+            return cap;
+        }
+        let input_price = p.input_micros_per_mtok.max(p.cache_write_micros_per_mtok);
+        let budget = u128::from(credits) * SCALE;
+        let input_cost = u128::from(input_tokens)
+            * u128::from(input_price)
+            * u128::from(self.credits_per_usd);
+        let per_output = u128::from(p.output_micros_per_mtok) * u128::from(self.credits_per_usd);
+        let tokens = budget.saturating_sub(input_cost) / per_output;
+        u32::try_from(tokens).unwrap_or(u32::MAX).min(cap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sonnet() -> Price {
+        Price::new(
+            Pricing {
+                input_micros_per_mtok: 3_000_000,
+                output_micros_per_mtok: 15_000_000,
+                cache_write_micros_per_mtok: 3_750_000,
+                cache_read_micros_per_mtok: 300_000,
+            },
+            100_000,
+        )
+    }
+
+    #[test]
+    fn a_turn_is_rounded_up_once_to_a_whole_credit() {
+        // 1,000 input at $3/M = $0.003 = 300 credits; 100 output at $15/M = 150 credits.
+        let usage = TokenUsage {
+            input_tokens: 1_000,
+            output_tokens: 100,
+            ..TokenUsage::default()
+        };
+        assert_eq!(sonnet().credits(&usage), 450);
+        let one = TokenUsage {
+            input_tokens: 1,
+            ..TokenUsage::default()
+        };
+        assert_eq!(sonnet().credits(&one), 1);
+    }
+
+    #[test]
+    fn the_ceiling_covers_any_split_of_input_between_fresh_and_cache_write() {
+        let price = sonnet();
+        let ceiling = price.ceiling(1_000, 100);
+        let all_cache_write = TokenUsage {
+            cache_creation_input_tokens: 1_000,
+            output_tokens: 100,
+            ..TokenUsage::default()
+        };
+        assert!(price.credits(&all_cache_write) <= ceiling);
+    }
+
+    #[test]
+    fn affordable_output_is_the_largest_max_tokens_within_the_credits() {
+        let price = sonnet();
+        let tokens = price.affordable_output(1_000, 1_000, u32::MAX);
+        assert!(price.ceiling(1_000, tokens) <= 1_000);
+        assert!(price.ceiling(1_000, tokens + 1) > 1_000);
+        assert_eq!(price.affordable_output(1_000_000, 10, 64), 64);
+    }
+}

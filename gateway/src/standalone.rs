@@ -1,0 +1,129 @@
+//! `gateway standalone`: in-process stores, config from a manifest folder, a dev account and
+//! key, both listeners.
+
+use std::sync::Arc;
+
+use crds::config::{GatewayConfig, ProviderKind, Route};
+use thiserror::Error;
+
+use crate::accounts::{KeyKind, MemoryAccounts, StoreError};
+use crate::auth::{self, KeySpec};
+use crate::config::StandaloneArgs;
+use crate::ledger::{LedgerError, MemoryLedger};
+use crate::limits::MemoryLimiter;
+use crate::providers::{Providers, Simulated};
+use crate::routing::Catalog;
+use crate::serve::{self, ServeError};
+use crate::state::{AppState, Services, Shutdown};
+use crate::tokens::Tokenizer;
+use crate::ids;
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("manifests: {0}")]
+    Manifests(#[from] crds::manifests::ManifestError),
+    #[error("the manifests define no `{0}` tier")]
+    MissingTier(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+pub async fn run(args: StandaloneArgs) -> Result<(), StartError> {
+    let mut config = crds::manifests::load_dir(&args.manifests)?;
+    if let Some(delay) = args.simulated_chunk_delay_ms {
+        override_simulated_delay(&mut config, delay);
+    }
+    if !config.tiers.contains_key(&args.dev_tier) {
+        return Err(StartError::MissingTier(args.dev_tier));
+    }
+    let tokens = Tokenizer::default();
+    let state = AppState::new(Services {
+        catalog: Catalog::new(config, args.credits_per_usd),
+        tokens,
+        accounts: Arc::new(MemoryAccounts::default()),
+        ledger: Arc::new(MemoryLedger::default()),
+        limiter: Arc::new(MemoryLimiter::default()),
+        providers: Providers::new(Arc::new(Simulated::new(tokens))),
+        shutdown: Shutdown::default(),
+        credits_per_usd: args.credits_per_usd,
+    });
+    seed_granted_keys(&state).await?;
+    let dev_key = seed_dev_key(&state, &args).await?;
+    let admin_token = args.admin_token.clone().unwrap_or_else(ids::admin_token);
+    serve::run(
+        state,
+        serve::Listen {
+            api: args.listen,
+            admin: args.admin_listen,
+            admin_token,
+            dev_key,
+            grace: std::time::Duration::from_secs(args.shutdown_grace_secs),
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn override_simulated_delay(config: &mut GatewayConfig, delay: u64) {
+    for model in config.models.values_mut() {
+        if let Route::Upstreams(upstreams) = &mut model.route {
+            upstreams
+                .iter_mut()
+                .filter(|u| u.provider == ProviderKind::Simulated)
+                .for_each(|u| u.chunk_delay_ms = delay);
+        }
+    }
+}
+
+/// Creates the keys that ApiKey manifests seed from a Secret, with their accounts.
+async fn seed_granted_keys(state: &AppState) -> Result<(), StartError> {
+    let seeds: Vec<(String, String, crds::config::KeySeed)> = state
+        .catalog()
+        .grants()
+        .filter_map(|(id, g)| {
+            let tier = g.tier.clone().unwrap_or_else(|| "free".to_owned());
+            g.seed.clone().map(|seed| (id.clone(), tier, seed))
+        })
+        .collect();
+    for (key_id, tier, seed) in seeds {
+        let account = match state.accounts.account_by_name(&seed.account).await? {
+            Some(account) => account,
+            None => {
+                let account = state.accounts.create_account(&seed.account).await?;
+                state.ledger.grant(&account.id, 0).await?;
+                account
+            }
+        };
+        let minted = auth::mint(KeySpec {
+            id: Some(key_id.clone()),
+            account_id: account.id,
+            name: key_id,
+            kind: KeyKind::Api,
+            scopes: Vec::new(),
+            tier,
+            secret: Some(seed.secret.expose().to_owned()),
+        });
+        state.accounts.insert_key(minted.record).await?;
+    }
+    Ok(())
+}
+
+async fn seed_dev_key(state: &AppState, args: &StandaloneArgs) -> Result<String, StartError> {
+    let account = state.accounts.create_account("dev").await?;
+    state.ledger.grant(&account.id, args.dev_credits).await?;
+    let minted = auth::mint(KeySpec {
+        id: None,
+        account_id: account.id,
+        name: "dev".to_owned(),
+        kind: KeyKind::Api,
+        scopes: Vec::new(),
+        tier: args.dev_tier.clone(),
+        secret: args.dev_key.clone(),
+    });
+    state.accounts.insert_key(minted.record).await?;
+    Ok(minted.secret)
+}

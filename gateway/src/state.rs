@@ -1,0 +1,55 @@
+//! The one `AppState` every handler gets: the stores and services, chosen once at start-up.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::accounts::Accounts;
+use crate::ledger::Ledger;
+use crate::limits::Limiter;
+use crate::providers::Providers;
+use crate::routing::Catalog;
+use crate::tokens::Tokenizer;
+
+pub struct Services {
+    pub catalog: Catalog,
+    pub tokens: Tokenizer,
+    pub accounts: Arc<dyn Accounts>,
+    pub ledger: Arc<dyn Ledger>,
+    pub limiter: Arc<dyn Limiter>,
+    pub providers: Providers,
+    pub shutdown: Shutdown,
+    pub credits_per_usd: u64,
+}
+
+#[derive(Clone)]
+pub struct AppState(Arc<Services>);
+
+impl AppState {
+    pub fn new(services: Services) -> Self {
+        Self(Arc::new(services))
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.0.catalog
+    }
+}
+
+impl Deref for AppState {
+    type Target = Services;
+    fn deref(&self) -> &Services {
+        &self.0
+    }
+}
+
+/// Shutdown in two steps: `draining` when SIGTERM arrives (stop accepting), `expired` when
+/// the grace period is over (open turns end with an error event). `tasks` tracks the
+/// settlements that run after a client went away, so none is lost at exit.
+#[derive(Clone, Default)]
+pub struct Shutdown {
+    pub draining: CancellationToken,
+    pub expired: CancellationToken,
+    pub tasks: TaskTracker,
+}

@@ -1,0 +1,467 @@
+//! One model turn, whichever endpoint asked for it: resolve and validate, count input tokens,
+//! admit against the key's limits, reserve the turn's maximum cost, call the provider, and
+//! settle exactly once: on the final event, on a failure, on shutdown, or (when the client
+//! goes away and the stream is dropped) from the drop guard, billing what was generated.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::{Stream, StreamExt};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::ledger::{MessageRecord, MessageStatus, NewReservation, Settlement};
+use crate::limits::{AdmissionRequest, Snapshot, StreamLease};
+use crate::providers::{EventStream, ProviderCall, ProviderError, ProviderEvent};
+use crate::routing::{Model, Needs, Price};
+use crate::state::AppState;
+use crate::validate;
+use crate::wire::anthropic::{
+    Delta, InputBlock, MessagesRequest, OutputBlock, StopReason, TokenUsage, Usage,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Messages,
+    ChatCompletions,
+}
+
+impl Endpoint {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Messages => "messages",
+            Self::ChatCompletions => "chat_completions",
+        }
+    }
+}
+
+pub struct TurnRequest {
+    pub id: String,
+    pub endpoint: Endpoint,
+    pub request: MessagesRequest,
+    /// The client left max_tokens out (chat completions): the turn may produce as many tokens
+    /// as the model's limits and the balance allow, and never fails only for want of a cap.
+    pub open_max_tokens: bool,
+}
+
+pub enum TurnEvent {
+    Provider(ProviderEvent),
+    Finished {
+        stop_reason: StopReason,
+        stop_sequence: Option<String>,
+        usage: Usage,
+    },
+    Failed(ApiError),
+}
+
+pub struct Turn {
+    pub id: String,
+    /// The virtual model id the client asked for; the only model name it ever sees.
+    pub model: String,
+    pub input_tokens: u32,
+    pub snapshot: Snapshot,
+    pub events: Pin<Box<dyn Stream<Item = TurnEvent> + Send>>,
+}
+
+/// A whole turn gathered for a non-streaming response.
+pub struct Collected {
+    pub content: Vec<OutputBlock>,
+    pub stop_reason: StopReason,
+    pub stop_sequence: Option<String>,
+    pub usage: Usage,
+}
+
+pub async fn start(
+    state: &AppState,
+    principal: &Principal,
+    turn: TurnRequest,
+) -> Result<Turn, ApiError> {
+    let TurnRequest {
+        id,
+        endpoint,
+        mut request,
+        open_max_tokens,
+    } = turn;
+    let requested = resolve_model(state, &request.model)?;
+    validate::request(
+        &request,
+        &requested.id,
+        &requested.config,
+        open_max_tokens,
+    )?;
+    let input_tokens = state
+        .tokens
+        .count_request(&request)?;
+    let context = requested.config.context_window;
+    if input_tokens >= context {
+        return Err(ApiError::invalid(format!(
+            "messages: the input is {input_tokens} tokens, past the context window of {context} tokens of {}",
+            requested.id
+        )));
+    }
+    if open_max_tokens {
+        request.max_tokens = requested.config.max_output_tokens.min(context - input_tokens);
+    } else if input_tokens + request.max_tokens > context {
+        return Err(ApiError::invalid(format!(
+            "max_tokens: input ({input_tokens} tokens) plus max_tokens ({}) exceeds the context window of {context} tokens of {}",
+            request.max_tokens, requested.id
+        )));
+    }
+    let served = state
+        .catalog()
+        .serving_model(&requested, &needs(&request, input_tokens))
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "model: no model behind {} can serve this request",
+                requested.id
+            ))
+        })?;
+
+    let admission = state
+        .limiter
+        .admit(
+            &principal.key.id,
+            &principal.limits,
+            AdmissionRequest {
+                input_tokens: input_tokens.into(),
+                stream: request.stream,
+            },
+        )
+        .await?;
+    let mut meter = Meter {
+        state: state.clone(),
+        key_id: principal.key.id.clone(),
+        lease: admission.lease,
+        message_id: id.clone(),
+        price: served.price,
+        estimated_input: input_tokens,
+        usage: TokenUsage {
+            input_tokens,
+            ..TokenUsage::default()
+        },
+        generated: String::new(),
+        started: Instant::now(),
+        reserved: false,
+    };
+
+    let Some(upstream) = served.pick_upstream().cloned() else {
+        meter.release().await;
+        return Err(ProviderError::Unavailable.into());
+    };
+    let ceiling = served.price.ceiling(input_tokens, request.max_tokens);
+    let floor = if open_max_tokens {
+        served.price.ceiling(input_tokens, 1)
+    } else {
+        ceiling
+    };
+    let record = MessageRecord {
+        id: id.clone(),
+        account_id: principal.account.id.clone(),
+        key_id: principal.key.id.clone(),
+        model: requested.id.clone(),
+        served_model: served.id.clone(),
+        provider: format!("{:?}", upstream.provider).to_lowercase(),
+        upstream: upstream.name.clone(),
+        upstream_model: upstream.model.clone(),
+        endpoint: endpoint.name(),
+        stream: request.stream,
+        status: MessageStatus::Reserved,
+        reserved: 0,
+        billed: 0,
+        usage: TokenUsage::default(),
+        stop_reason: None,
+        created_at: OffsetDateTime::now_utc(),
+        latency_ms: None,
+    };
+    let reserved = match state
+        .ledger
+        .reserve(NewReservation {
+            record,
+            min: floor,
+            max: ceiling,
+        })
+        .await
+    {
+        Ok(amount) => amount,
+        Err(e) => {
+            meter.release().await;
+            return Err(e.into());
+        }
+    };
+    meter.reserved = true;
+    if open_max_tokens {
+        request.max_tokens = served
+            .price
+            .affordable_output(reserved, input_tokens, request.max_tokens)
+            .max(1);
+    }
+
+    let Some(provider) = state.providers.get(upstream.provider) else {
+        meter.settle(MessageStatus::Failed, None).await;
+        return Err(ProviderError::Unavailable.into());
+    };
+    let call = ProviderCall {
+        request: Arc::new(request),
+        upstream,
+        served_model: served.id.clone(),
+        input_tokens,
+    };
+    let upstream_events = match provider.start(call).await {
+        Ok(events) => events,
+        Err(e) => {
+            meter.settle(MessageStatus::Failed, None).await;
+            return Err(e.into());
+        }
+    };
+    Ok(Turn {
+        id,
+        model: requested.id.clone(),
+        input_tokens,
+        snapshot: admission.snapshot,
+        events: Box::pin(metered(state.clone(), upstream_events, meter)),
+    })
+}
+
+fn resolve_model(state: &AppState, id: &str) -> Result<Arc<Model>, ApiError> {
+    state.catalog().model(id).cloned().ok_or_else(|| {
+        ApiError::invalid(format!(
+            "model: unknown model `{id}`; GET /v1/models lists the available ones"
+        ))
+    })
+}
+
+fn needs(request: &MessagesRequest, input_tokens: u32) -> Needs {
+    let vision = request.messages.iter().any(|m| {
+        m.blocks()
+            .any(|b| matches!(b, InputBlock::Image { .. }))
+    });
+    Needs {
+        input_tokens,
+        max_tokens: request.max_tokens,
+        vision,
+        tools: !request.tools.is_empty(),
+        thinking: request.thinking_budget().is_some(),
+    }
+}
+
+/// Passes the provider's events through, settles on the last one, and ends the turn with an
+/// error event when the shutdown grace period runs out.
+fn metered(
+    state: AppState,
+    mut upstream: EventStream,
+    mut meter: Meter,
+) -> impl Stream<Item = TurnEvent> + Send {
+    async_stream::stream! {
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = state.shutdown.expired.cancelled() => {
+                    meter.settle(MessageStatus::Interrupted, None).await;
+                    yield TurnEvent::Failed(ProviderError::ShuttingDown.into());
+                    return;
+                }
+                next = upstream.next() => next,
+            };
+            match next {
+                Some(Ok(ProviderEvent::Finish { stop_reason, stop_sequence, usage })) => {
+                    let credits = meter.settle(MessageStatus::Completed, Some((usage, stop_reason))).await;
+                    yield TurnEvent::Finished {
+                        stop_reason,
+                        stop_sequence,
+                        usage: Usage { tokens: usage, credits_consumed: credits },
+                    };
+                    return;
+                }
+                Some(Ok(event)) => {
+                    meter.observe(&event);
+                    yield TurnEvent::Provider(event);
+                }
+                Some(Err(e)) => {
+                    meter.settle(MessageStatus::Failed, None).await;
+                    yield TurnEvent::Failed(e.into());
+                    return;
+                }
+                None => {
+                    meter.settle(MessageStatus::Failed, None).await;
+                    yield TurnEvent::Failed(ProviderError::Upstream.into());
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// What a turn holds (a stream slot, a reservation) and has generated so far, so that it is
+/// given back and billed exactly once, however the turn ends.
+struct Meter {
+    state: AppState,
+    key_id: String,
+    lease: Option<StreamLease>,
+    message_id: String,
+    price: Price,
+    estimated_input: u32,
+    usage: TokenUsage,
+    /// Streamed output so far, counted only if the turn ends before the provider's usage.
+    generated: String,
+    started: Instant,
+    reserved: bool,
+}
+
+impl Meter {
+    fn observe(&mut self, event: &ProviderEvent) {
+        if let ProviderEvent::BlockDelta { delta, .. } = event {
+            match delta {
+                Delta::TextDelta { text } => self.generated.push_str(text),
+                Delta::InputJsonDelta { partial_json } => self.generated.push_str(partial_json),
+                Delta::ThinkingDelta { thinking } => self.generated.push_str(thinking),
+                Delta::SignatureDelta { .. } => {}
+            }
+        }
+    }
+
+    /// Gives back the admission when the turn ends before anything was reserved.
+    async fn release(&mut self) {
+        let lease = self.lease.take();
+        let (key, estimate) = (self.key_id.clone(), self.estimated_input.into());
+        if let Err(e) = self.state.limiter.finish(&key, lease, estimate, 0).await {
+            tracing::warn!(error = %e, "could not release an admission");
+        }
+    }
+
+    /// Settles the reservation and the admission; returns the credits billed.
+    async fn settle(
+        &mut self,
+        status: MessageStatus,
+        outcome: Option<(TokenUsage, StopReason)>,
+    ) -> u64 {
+        let (usage, stop_reason) = match outcome {
+            Some((usage, reason)) => (usage, Some(reason)),
+            None => (self.partial_usage(), None),
+        };
+        let lease = self.lease.take();
+        let (key, estimate) = (self.key_id.clone(), u64::from(self.estimated_input));
+        if let Err(e) = self
+            .state
+            .limiter
+            .finish(&key, lease, estimate, usage.input_tokens.into())
+            .await
+        {
+            tracing::warn!(error = %e, "could not finish an admission");
+        }
+        if !std::mem::take(&mut self.reserved) {
+            return 0;
+        }
+        let settlement = Settlement {
+            message_id: self.message_id.clone(),
+            status,
+            cost: self.price.credits(&usage),
+            usage,
+            stop_reason,
+            latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        };
+        match self.state.ledger.settle(settlement).await {
+            Ok(billed) => billed,
+            Err(e) => {
+                tracing::error!(error = %e, message_id = %self.message_id, "settle failed; the reservation stays held");
+                0
+            }
+        }
+    }
+
+    fn partial_usage(&self) -> TokenUsage {
+        TokenUsage {
+            output_tokens: self.state.tokens.count(&self.generated),
+            ..self.usage
+        }
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        if !self.reserved && self.lease.is_none() {
+            return;
+        }
+        let mut rest = Meter {
+            state: self.state.clone(),
+            key_id: std::mem::take(&mut self.key_id),
+            lease: self.lease.take(),
+            message_id: std::mem::take(&mut self.message_id),
+            price: self.price,
+            estimated_input: self.estimated_input,
+            usage: self.usage,
+            generated: std::mem::take(&mut self.generated),
+            started: self.started,
+            reserved: std::mem::take(&mut self.reserved),
+        };
+        let tasks = self.state.shutdown.tasks.clone();
+        tasks.spawn(async move {
+            rest.settle(MessageStatus::ClientDisconnected, None).await;
+        });
+    }
+}
+
+impl Turn {
+    /// Gathers the whole turn, for non-streaming responses.
+    pub async fn collect(mut self) -> Result<Collected, ApiError> {
+        let mut content: Vec<OutputBlock> = Vec::new();
+        let mut partial_json: Vec<String> = Vec::new();
+        while let Some(event) = self.events.next().await {
+            match event {
+                TurnEvent::Provider(ProviderEvent::BlockStart { block, .. }) => {
+                    content.push(block);
+                    partial_json.push(String::new());
+                }
+                TurnEvent::Provider(ProviderEvent::BlockDelta { index, delta }) => {
+                    if let (Some(block), Some(json)) =
+                        (content.get_mut(index), partial_json.get_mut(index))
+                    {
+                        apply_delta(block, json, delta);
+                    }
+                }
+                TurnEvent::Provider(ProviderEvent::BlockStop { index }) => {
+                    if let (Some(OutputBlock::ToolUse { input, .. }), Some(json)) =
+                        (content.get_mut(index), partial_json.get(index))
+                    {
+                        if !json.is_empty() {
+                            *input = serde_json::from_str(json).unwrap_or(Value::Null);
+                        }
+                    }
+                }
+                TurnEvent::Provider(ProviderEvent::Finish { .. }) => {}
+                TurnEvent::Finished {
+                    stop_reason,
+                    stop_sequence,
+                    usage,
+                } => {
+                    return Ok(Collected {
+                        content,
+                        stop_reason,
+                        stop_sequence,
+                        usage,
+                    })
+                }
+                TurnEvent::Failed(e) => return Err(e),
+            }
+        }
+        Err(ApiError::internal())
+    }
+}
+
+fn apply_delta(block: &mut OutputBlock, json: &mut String, delta: Delta) {
+    match (block, delta) {
+        (OutputBlock::Text { text }, Delta::TextDelta { text: more }) => text.push_str(&more),
+        (OutputBlock::ToolUse { .. }, Delta::InputJsonDelta { partial_json }) => {
+            json.push_str(&partial_json)
+        }
+        (OutputBlock::Thinking { thinking, .. }, Delta::ThinkingDelta { thinking: more }) => {
+            thinking.push_str(&more)
+        }
+        (OutputBlock::Thinking { signature, .. }, Delta::SignatureDelta { signature: s }) => {
+            signature.push_str(&s)
+        }
+        _ => {}
+    }
+}

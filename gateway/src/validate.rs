@@ -1,0 +1,207 @@
+//! The spec's request rules that need no token count: shape of the conversation, sampling
+//! ranges, stop sequences, max_tokens against the model, and what the model can take. Each
+//! error names the offending field. Context-window checks follow the token count (`turn`).
+
+use crds::config::ModelConfig;
+
+use crate::error::ApiError;
+use crate::wire::anthropic::{InputBlock, MessagesRequest, Role, Thinking, ToolChoice};
+
+pub const MAX_STOP_SEQUENCES: usize = 4;
+pub const MIN_THINKING_BUDGET: u32 = 1_024;
+const MAX_TOOL_NAME: usize = 64;
+const MAX_USER_ID: usize = 256;
+
+/// `open_max_tokens`: the client left max_tokens out (chat completions), so it is not checked.
+pub fn request(
+    req: &MessagesRequest,
+    model_id: &str,
+    model: &ModelConfig,
+    open_max_tokens: bool,
+) -> Result<(), ApiError> {
+    if !open_max_tokens {
+        max_tokens(req.max_tokens, model_id, model)?;
+    }
+    messages(req, model_id, model)?;
+    sampling(req)?;
+    tools(req, model_id, model)?;
+    thinking(req, model_id, model, open_max_tokens)?;
+    if let Some(user_id) = req.metadata.as_ref().and_then(|m| m.user_id.as_ref()) {
+        if user_id.len() > MAX_USER_ID {
+            return Err(ApiError::invalid(format!(
+                "metadata.user_id: at most {MAX_USER_ID} characters"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn max_tokens(value: u32, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
+    if value == 0 {
+        return Err(ApiError::invalid("max_tokens: must be a positive integer"));
+    }
+    if value > model.max_output_tokens {
+        return Err(ApiError::invalid(format!(
+            "max_tokens: {value} is above the maximum of {} for {model_id}",
+            model.max_output_tokens
+        )));
+    }
+    Ok(())
+}
+
+fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
+    let Some(last) = req.messages.last() else {
+        return Err(ApiError::invalid("messages: at least one message is required"));
+    };
+    if req.messages[0].role != Role::User {
+        return Err(ApiError::invalid(
+            "messages[0].role: the first message must have role `user`",
+        ));
+    }
+    if last.role != Role::User {
+        return Err(ApiError::invalid(
+            "messages: the last message must have role `user`",
+        ));
+    }
+    for (i, pair) in req.messages.windows(2).enumerate() {
+        if pair[0].role == pair[1].role {
+            return Err(ApiError::invalid(format!(
+                "messages[{}].role: messages must alternate between `user` and `assistant`",
+                i + 1
+            )));
+        }
+    }
+    let mut previous_tool_uses: Vec<&str> = Vec::new();
+    for (i, message) in req.messages.iter().enumerate() {
+        let empty = match &message.content {
+            crate::wire::one_or_many::StringOr::String(s) => s.is_empty(),
+            crate::wire::one_or_many::StringOr::Many(blocks) => blocks.is_empty(),
+        };
+        if empty {
+            return Err(ApiError::invalid(format!(
+                "messages[{i}].content: must not be empty"
+            )));
+        }
+        let mut tool_uses = Vec::new();
+        for (j, block) in message.blocks().enumerate() {
+            let path = format!("messages[{i}].content[{j}]");
+            match (block, message.role) {
+                (InputBlock::Image { .. }, _) if !model.capabilities.vision => {
+                    return Err(ApiError::invalid(format!(
+                        "{path}: {model_id} does not accept images"
+                    )));
+                }
+                (InputBlock::ToolUse { id, .. }, Role::Assistant) => tool_uses.push(id.as_str()),
+                (InputBlock::ToolUse { .. }, Role::User) => {
+                    return Err(ApiError::invalid(format!(
+                        "{path}: tool_use blocks belong in assistant messages"
+                    )));
+                }
+                (InputBlock::ToolResult { .. }, Role::Assistant) => {
+                    return Err(ApiError::invalid(format!(
+                        "{path}: tool_result blocks belong in user messages"
+                    )));
+                }
+                (InputBlock::ToolResult { tool_use_id, .. }, Role::User)
+                    if !previous_tool_uses.contains(&tool_use_id.as_str()) =>
+                {
+                    return Err(ApiError::invalid(format!(
+                        "{path}.tool_use_id: no tool_use block with id `{tool_use_id}` in the previous assistant message"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        previous_tool_uses = tool_uses;
+    }
+    Ok(())
+}
+
+fn sampling(req: &MessagesRequest) -> Result<(), ApiError> {
+    for (name, value) in [("temperature", req.temperature), ("top_p", req.top_p)] {
+        if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+            return Err(ApiError::invalid(format!(
+                "{name}: must be between 0 and 1"
+            )));
+        }
+    }
+    if req.stop_sequences.len() > MAX_STOP_SEQUENCES {
+        return Err(ApiError::invalid(format!(
+            "stop_sequences: at most {MAX_STOP_SEQUENCES} are allowed, got {}",
+            req.stop_sequences.len()
+        )));
+    }
+    if let Some(i) = req
+        .stop_sequences
+        .iter()
+        .position(|s| s.trim().is_empty())
+    {
+        return Err(ApiError::invalid(format!(
+            "stop_sequences[{i}]: must contain non-whitespace text"
+        )));
+    }
+    Ok(())
+}
+
+fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
+    if !req.tools.is_empty() && !model.capabilities.tools {
+        return Err(ApiError::invalid(format!(
+            "tools: {model_id} does not support tools"
+        )));
+    }
+    for (i, tool) in req.tools.iter().enumerate() {
+        let valid = !tool.name.is_empty()
+            && tool.name.len() <= MAX_TOOL_NAME
+            && tool
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            return Err(ApiError::invalid(format!(
+                "tools[{i}].name: 1 to {MAX_TOOL_NAME} letters, digits, `_` or `-`"
+            )));
+        }
+        if req.tools[..i].iter().any(|t| t.name == tool.name) {
+            return Err(ApiError::invalid(format!(
+                "tools[{i}].name: `{}` is defined twice",
+                tool.name
+            )));
+        }
+    }
+    match &req.tool_choice {
+        Some(ToolChoice::Any { .. } | ToolChoice::Tool { .. }) if req.tools.is_empty() => Err(
+            ApiError::invalid("tool_choice: forcing a tool call requires `tools`"),
+        ),
+        Some(ToolChoice::Tool { name, .. }) if !req.tools.iter().any(|t| &t.name == name) => Err(
+            ApiError::invalid(format!("tool_choice.name: no tool named `{name}` in `tools`")),
+        ),
+        _ => Ok(()),
+    }
+}
+
+fn thinking(
+    req: &MessagesRequest,
+    model_id: &str,
+    model: &ModelConfig,
+    open_max_tokens: bool,
+) -> Result<(), ApiError> {
+    let Some(Thinking::Enabled { budget_tokens }) = req.thinking else {
+        return Ok(());
+    };
+    if !model.capabilities.thinking {
+        return Err(ApiError::invalid(format!(
+            "thinking: extended thinking is not available on {model_id}; use svc/opus"
+        )));
+    }
+    if budget_tokens < MIN_THINKING_BUDGET {
+        return Err(ApiError::invalid(format!(
+            "thinking.budget_tokens: must be at least {MIN_THINKING_BUDGET}"
+        )));
+    }
+    if !open_max_tokens && budget_tokens >= req.max_tokens {
+        return Err(ApiError::invalid(
+            "thinking.budget_tokens: must be less than max_tokens",
+        ));
+    }
+    Ok(())
+}

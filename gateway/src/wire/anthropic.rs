@@ -1,0 +1,347 @@
+//! The Messages API wire format (`/v1/messages`), which is also the gateway's canonical
+//! request shape: the chat-completions endpoint translates into it, providers consume it.
+//!
+//! Unknown fields are ignored rather than rejected, so requests written for the public
+//! Messages API (which grows fields over time) keep working; see the README's field policy.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+use super::one_or_many::StringOr;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct MessagesRequest {
+    pub model: String,
+    pub max_tokens: u32,
+    pub messages: Vec<InputMessage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<StringOr<TextBlock>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub stop_sequences: Vec<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub stream: bool,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub tools: Vec<Tool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<Thinking>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+impl MessagesRequest {
+    /// The text of the system prompt, blocks joined by newlines.
+    pub fn system_text(&self) -> Option<String> {
+        self.system.as_ref().map(|s| match s {
+            StringOr::String(text) => text.clone(),
+            StringOr::Many(blocks) => blocks
+                .iter()
+                .map(|b| b.text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        })
+    }
+
+    pub fn thinking_budget(&self) -> Option<u32> {
+        match self.thinking {
+            Some(Thinking::Enabled { budget_tokens }) => Some(budget_tokens),
+            _ => None,
+        }
+    }
+}
+
+/// The body of `/v1/messages/count_tokens`: the message request without `max_tokens`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CountTokensRequest {
+    pub model: String,
+    pub messages: Vec<InputMessage>,
+    #[serde(default)]
+    pub system: Option<StringOr<TextBlock>>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub tools: Vec<Tool>,
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    #[serde(default)]
+    pub thinking: Option<Thinking>,
+}
+
+impl From<CountTokensRequest> for MessagesRequest {
+    fn from(r: CountTokensRequest) -> Self {
+        Self {
+            model: r.model,
+            max_tokens: 1,
+            messages: r.messages,
+            system: r.system,
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            stop_sequences: Vec::new(),
+            stream: false,
+            tools: r.tools,
+            tool_choice: r.tool_choice,
+            thinking: r.thinking,
+            metadata: None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct InputMessage {
+    pub role: Role,
+    pub content: StringOr<InputBlock>,
+}
+
+impl InputMessage {
+    pub fn blocks(&self) -> impl Iterator<Item = &InputBlock> {
+        self.content.many()
+    }
+
+    /// Plain text of the message: string content, or its text blocks joined.
+    pub fn text(&self) -> String {
+        match &self.content {
+            StringOr::String(s) => s.clone(),
+            StringOr::Many(blocks) => blocks
+                .iter()
+                .filter_map(|b| match b {
+                    InputBlock::Text { text, .. } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct TextBlock {
+    #[serde(rename = "type")]
+    pub kind: TextType,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<Value>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TextType {
+    Text,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum InputBlock {
+    Text {
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_control: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        citations: Option<Value>,
+    },
+    Image {
+        source: ImageSource,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_control: Option<Value>,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_control: Option<Value>,
+    },
+    ToolResult {
+        tool_use_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content: Option<StringOr<InputBlock>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        is_error: Option<bool>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_control: Option<Value>,
+    },
+    Thinking {
+        thinking: String,
+        #[serde(default)]
+        signature: String,
+    },
+    RedactedThinking {
+        data: String,
+    },
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ImageSource {
+    Base64 { media_type: String, data: String },
+    Url { url: String },
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Tool {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub input_schema: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<Value>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToolChoice {
+    Auto {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disable_parallel_tool_use: Option<bool>,
+    },
+    Any {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disable_parallel_tool_use: Option<bool>,
+    },
+    Tool {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disable_parallel_tool_use: Option<bool>,
+    },
+    None,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Thinking {
+    Enabled { budget_tokens: u32 },
+    Disabled,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Metadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+}
+
+// ---- responses ----
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MessageResponse {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub role: &'static str,
+    pub content: Vec<OutputBlock>,
+    pub model: String,
+    pub stop_reason: Option<StopReason>,
+    pub stop_sequence: Option<String>,
+    pub usage: Usage,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputBlock {
+    Text { text: String },
+    ToolUse { id: String, name: String, input: Value },
+    Thinking { thinking: String, signature: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    EndTurn,
+    MaxTokens,
+    StopSequence,
+    ToolUse,
+}
+
+/// Token counts of a turn, as the Messages API reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TokenUsage {
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub cache_creation_input_tokens: u32,
+    pub cache_read_input_tokens: u32,
+}
+
+/// The usage object of a response: token counts plus the service's `credits_consumed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    #[serde(flatten)]
+    pub tokens: TokenUsage,
+    pub credits_consumed: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Delta {
+    TextDelta { text: String },
+    InputJsonDelta { partial_json: String },
+    ThinkingDelta { thinking: String },
+    SignatureDelta { signature: String },
+}
+
+/// Server-sent events of a streamed message; the SSE event name is the `type` field.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StreamEvent {
+    MessageStart {
+        message: MessageResponse,
+    },
+    ContentBlockStart {
+        index: usize,
+        content_block: OutputBlock,
+    },
+    Ping,
+    ContentBlockDelta {
+        index: usize,
+        delta: Delta,
+    },
+    ContentBlockStop {
+        index: usize,
+    },
+    MessageDelta {
+        delta: MessageDeltaBody,
+        usage: Usage,
+    },
+    MessageStop,
+}
+
+impl StreamEvent {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::MessageStart { .. } => "message_start",
+            Self::ContentBlockStart { .. } => "content_block_start",
+            Self::Ping => "ping",
+            Self::ContentBlockDelta { .. } => "content_block_delta",
+            Self::ContentBlockStop { .. } => "content_block_stop",
+            Self::MessageDelta { .. } => "message_delta",
+            Self::MessageStop => "message_stop",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MessageDeltaBody {
+    pub stop_reason: Option<StopReason>,
+    pub stop_sequence: Option<String>,
+}
+
+/// Lets clients send `null` where a list or flag is optional.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
