@@ -62,8 +62,11 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
         api::router(state.clone()),
     )
     .with_graceful_shutdown(shutdown.draining.clone().cancelled_owned());
-    let admin = axum::serve(admin_listener, admin::router(state.clone(), &listen.admin_token))
-        .with_graceful_shutdown(shutdown.draining.clone().cancelled_owned());
+    let admin = axum::serve(
+        admin_listener,
+        admin::router(state.clone(), &listen.admin_token),
+    )
+    .with_graceful_shutdown(shutdown.draining.clone().cancelled_owned());
     let servers = async { tokio::try_join!(api.into_future(), admin.into_future()) };
     let hard_stop = async {
         shutdown.expired.cancelled().await;
@@ -91,7 +94,10 @@ async fn watch_signals(shutdown: crate::state::Shutdown, grace: Duration) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    tracing::info!(grace_secs = grace.as_secs(), "shutting down: draining open requests");
+    tracing::info!(
+        grace_secs = grace.as_secs(),
+        "shutting down: draining open requests"
+    );
     shutdown.draining.cancel();
     tokio::time::sleep(grace).await;
     shutdown.expired.cancel();

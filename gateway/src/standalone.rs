@@ -9,6 +9,7 @@ use thiserror::Error;
 use crate::accounts::{KeyKind, MemoryAccounts, StoreError};
 use crate::auth::{self, KeySpec};
 use crate::config::StandaloneArgs;
+use crate::ids;
 use crate::ledger::{LedgerError, MemoryLedger};
 use crate::limits::MemoryLimiter;
 use crate::providers::{Providers, Simulated};
@@ -16,7 +17,6 @@ use crate::routing::Catalog;
 use crate::serve::{self, ServeError};
 use crate::state::{AppState, Services, Shutdown};
 use crate::tokens::Tokenizer;
-use crate::ids;
 
 #[derive(Debug, Error)]
 pub enum StartError {

@@ -86,15 +86,8 @@ pub async fn start(
         open_max_tokens,
     } = turn;
     let requested = resolve_model(state, &request.model)?;
-    validate::request(
-        &request,
-        &requested.id,
-        &requested.config,
-        open_max_tokens,
-    )?;
-    let input_tokens = state
-        .tokens
-        .count_request(&request)?;
+    validate::request(&request, &requested.id, &requested.config, open_max_tokens)?;
+    let input_tokens = state.tokens.count_request(&request)?;
     let context = requested.config.context_window;
     if input_tokens >= context {
         return Err(ApiError::invalid(format!(
@@ -102,9 +95,7 @@ pub async fn start(
             requested.id
         )));
     }
-    if open_max_tokens {
-        request.max_tokens = requested.config.max_output_tokens.min(context - input_tokens);
-    } else if input_tokens + request.max_tokens > context {
+    if !open_max_tokens && input_tokens + request.max_tokens > context {
         return Err(ApiError::invalid(format!(
             "max_tokens: input ({input_tokens} tokens) plus max_tokens ({}) exceeds the context window of {context} tokens of {}",
             request.max_tokens, requested.id
@@ -112,13 +103,17 @@ pub async fn start(
     }
     let served = state
         .catalog()
-        .serving_model(&requested, &needs(&request, input_tokens))
+        .serving_model(&requested, &needs(&request, input_tokens, open_max_tokens))
         .ok_or_else(|| {
             ApiError::invalid(format!(
                 "model: no model behind {} can serve this request",
                 requested.id
             ))
         })?;
+    if open_max_tokens {
+        let room = served.config.context_window.saturating_sub(input_tokens);
+        request.max_tokens = served.config.max_output_tokens.min(room);
+    }
 
     let admission = state
         .limiter
@@ -151,9 +146,12 @@ pub async fn start(
         meter.release().await;
         return Err(ProviderError::Unavailable.into());
     };
-    let ceiling = served.price.ceiling(input_tokens, request.max_tokens);
+    let caching = request.asks_for_cache();
+    let ceiling = served
+        .price
+        .ceiling(input_tokens, request.max_tokens, caching);
     let floor = if open_max_tokens {
-        served.price.ceiling(input_tokens, 1)
+        served.price.ceiling(input_tokens, 1, caching)
     } else {
         ceiling
     };
@@ -195,7 +193,7 @@ pub async fn start(
     if open_max_tokens {
         request.max_tokens = served
             .price
-            .affordable_output(reserved, input_tokens, request.max_tokens)
+            .affordable_output(reserved, input_tokens, request.max_tokens, caching)
             .max(1);
     }
 
@@ -233,14 +231,19 @@ fn resolve_model(state: &AppState, id: &str) -> Result<Arc<Model>, ApiError> {
     })
 }
 
-fn needs(request: &MessagesRequest, input_tokens: u32) -> Needs {
-    let vision = request.messages.iter().any(|m| {
-        m.blocks()
-            .any(|b| matches!(b, InputBlock::Image { .. }))
-    });
+/// An open max_tokens needs room for one output token; the cap then follows the serving model.
+fn needs(request: &MessagesRequest, input_tokens: u32, open_max_tokens: bool) -> Needs {
+    let vision = request
+        .messages
+        .iter()
+        .any(|m| m.blocks().any(|b| matches!(b, InputBlock::Image { .. })));
     Needs {
         input_tokens,
-        max_tokens: request.max_tokens,
+        max_tokens: if open_max_tokens {
+            1
+        } else {
+            request.max_tokens
+        },
         vision,
         tools: !request.tools.is_empty(),
         thinking: request.thinking_budget().is_some(),
@@ -314,10 +317,10 @@ impl Meter {
     fn observe(&mut self, event: &ProviderEvent) {
         if let ProviderEvent::BlockDelta { delta, .. } = event {
             match delta {
-                Delta::TextDelta { text } => self.generated.push_str(text),
-                Delta::InputJsonDelta { partial_json } => self.generated.push_str(partial_json),
-                Delta::ThinkingDelta { thinking } => self.generated.push_str(thinking),
-                Delta::SignatureDelta { .. } => {}
+                Delta::Text { text } => self.generated.push_str(text),
+                Delta::InputJson { partial_json } => self.generated.push_str(partial_json),
+                Delta::Thinking { thinking } => self.generated.push_str(thinking),
+                Delta::Signature { .. } => {}
             }
         }
     }
@@ -452,14 +455,14 @@ impl Turn {
 
 fn apply_delta(block: &mut OutputBlock, json: &mut String, delta: Delta) {
     match (block, delta) {
-        (OutputBlock::Text { text }, Delta::TextDelta { text: more }) => text.push_str(&more),
-        (OutputBlock::ToolUse { .. }, Delta::InputJsonDelta { partial_json }) => {
+        (OutputBlock::Text { text }, Delta::Text { text: more }) => text.push_str(&more),
+        (OutputBlock::ToolUse { .. }, Delta::InputJson { partial_json }) => {
             json.push_str(&partial_json)
         }
-        (OutputBlock::Thinking { thinking, .. }, Delta::ThinkingDelta { thinking: more }) => {
+        (OutputBlock::Thinking { thinking, .. }, Delta::Thinking { thinking: more }) => {
             thinking.push_str(&more)
         }
-        (OutputBlock::Thinking { signature, .. }, Delta::SignatureDelta { signature: s }) => {
+        (OutputBlock::Thinking { signature, .. }, Delta::Signature { signature: s }) => {
             signature.push_str(&s)
         }
         _ => {}

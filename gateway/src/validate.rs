@@ -51,7 +51,9 @@ fn max_tokens(value: u32, model_id: &str, model: &ModelConfig) -> Result<(), Api
 
 fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
     let Some(last) = req.messages.last() else {
-        return Err(ApiError::invalid("messages: at least one message is required"));
+        return Err(ApiError::invalid(
+            "messages: at least one message is required",
+        ));
     };
     if req.messages[0].role != Role::User {
         return Err(ApiError::invalid(
@@ -131,11 +133,7 @@ fn sampling(req: &MessagesRequest) -> Result<(), ApiError> {
             req.stop_sequences.len()
         )));
     }
-    if let Some(i) = req
-        .stop_sequences
-        .iter()
-        .position(|s| s.trim().is_empty())
-    {
+    if let Some(i) = req.stop_sequences.iter().position(|s| s.trim().is_empty()) {
         return Err(ApiError::invalid(format!(
             "stop_sequences[{i}]: must contain non-whitespace text"
         )));
@@ -172,9 +170,11 @@ fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(
         Some(ToolChoice::Any { .. } | ToolChoice::Tool { .. }) if req.tools.is_empty() => Err(
             ApiError::invalid("tool_choice: forcing a tool call requires `tools`"),
         ),
-        Some(ToolChoice::Tool { name, .. }) if !req.tools.iter().any(|t| &t.name == name) => Err(
-            ApiError::invalid(format!("tool_choice.name: no tool named `{name}` in `tools`")),
-        ),
+        Some(ToolChoice::Tool { name, .. }) if !req.tools.iter().any(|t| &t.name == name) => {
+            Err(ApiError::invalid(format!(
+                "tool_choice.name: no tool named `{name}` in `tools`"
+            )))
+        }
         _ => Ok(()),
     }
 }

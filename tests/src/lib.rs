@@ -1,0 +1,78 @@
+//! Harness for the end-to-end tests: every test starts the real `gateway` binary (standalone
+//! mode, ports chosen by the OS), talks HTTP to it over loopback and kills it on drop.
+//!
+//! - [`Gateway`] / [`GatewayBuilder`]: the process, its ready line, `/v1` and admin helpers.
+//! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
+//! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
+//! - [`leak`]: the rule that no response names an upstream provider.
+//! - [`bodies`]: request bodies used across the tests.
+//!
+//! Every response read through this harness (bodies, SSE payloads, header values) is checked
+//! by [`leak::assert_no_provider_names`].
+
+pub mod bodies;
+pub mod gateway;
+pub mod leak;
+pub mod response;
+pub mod sse;
+
+pub use bodies::*;
+pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
+pub use response::{RateLimit, Resp};
+pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Polls `check` every `every` until it returns `Some`, for at most `within`; panics with
+/// `what` when time runs out. Tests use this instead of fixed sleeps.
+pub async fn poll_until<T, F, Fut>(what: &str, within: Duration, every: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// True when `message` contains a number of seconds ("retry after 12 seconds", "in 1 second",
+/// "12s").
+pub fn mentions_seconds(message: &str) -> bool {
+    let is_number = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_digit());
+    let words: Vec<&str> = message
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let number_then_seconds = words
+        .windows(2)
+        .any(|w| is_number(w[0]) && w[1].starts_with("sec"));
+    let compact = words
+        .iter()
+        .any(|w| w.len() > 1 && w.ends_with('s') && is_number(&w[..w.len() - 1]));
+    number_then_seconds || compact
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mentions_seconds;
+
+    #[test]
+    fn seconds_are_recognised_in_rate_limit_messages() {
+        assert!(mentions_seconds(
+            "requests per minute exceeded (limit 5); retry after 12 seconds"
+        ));
+        assert!(mentions_seconds("retry after 1 second"));
+        assert!(mentions_seconds("retry in 3s."));
+        assert!(!mentions_seconds("requests per minute exceeded (limit 5)"));
+        assert!(!mentions_seconds("limit 5 streams"));
+    }
+}

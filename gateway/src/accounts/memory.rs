@@ -68,10 +68,7 @@ impl Accounts for MemoryAccounts {
         let Some(key) = self.keys.get(&id).map(|k| k.clone()) else {
             return Ok(None);
         };
-        Ok(self
-            .accounts
-            .get(&key.account_id)
-            .map(|a| (key, a.clone())))
+        Ok(self.accounts.get(&key.account_id).map(|a| (key, a.clone())))
     }
 
     async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {

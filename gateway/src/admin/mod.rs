@@ -104,7 +104,10 @@ async fn create_account(
     }
     let account = state.accounts.create_account(&body.name).await?;
     state.ledger.grant(&account.id, body.credits).await?;
-    Ok((StatusCode::CREATED, Json(account_json(state, &account).await?)))
+    Ok((
+        StatusCode::CREATED,
+        Json(account_json(state, &account).await?),
+    ))
 }
 
 async fn account(
@@ -115,7 +118,11 @@ async fn account(
     Ok(Json(account_json(&admin.state, &account).await?))
 }
 
-async fn set_status(admin: &Admin, id: &str, status: AccountStatus) -> Result<Json<Value>, ApiError> {
+async fn set_status(
+    admin: &Admin,
+    id: &str,
+    status: AccountStatus,
+) -> Result<Json<Value>, ApiError> {
     let account = admin
         .state
         .accounts
@@ -125,11 +132,17 @@ async fn set_status(admin: &Admin, id: &str, status: AccountStatus) -> Result<Js
     Ok(Json(account_json(&admin.state, &account).await?))
 }
 
-async fn suspend(State(admin): State<Admin>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn suspend(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     set_status(&admin, &id, AccountStatus::Suspended).await
 }
 
-async fn resume(State(admin): State<Admin>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn resume(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     set_status(&admin, &id, AccountStatus::Active).await
 }
 

@@ -28,9 +28,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             })
             .unwrap_or(false);
         if !json {
-            return Err(ApiError::invalid(
-                "Content-Type must be application/json",
-            ));
+            return Err(ApiError::invalid("Content-Type must be application/json"));
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {

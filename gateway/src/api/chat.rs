@@ -69,7 +69,9 @@ pub async fn create(
 /// The canonical request, and whether max_tokens was left open.
 fn to_messages(chat: ChatRequest) -> Result<(MessagesRequest, bool), ApiError> {
     if chat.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n: only 1 choice per request is supported"));
+        return Err(ApiError::invalid(
+            "n: only 1 choice per request is supported",
+        ));
     }
     if chat.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
         return Err(ApiError::invalid("temperature: must be between 0 and 2"));
@@ -356,10 +358,10 @@ fn chunks(turn: Turn, include_usage: bool) -> impl Stream<Item = Result<Event, I
                         ..ChunkDelta::default()
                     }, None);
                 }
-                TurnEvent::Provider(ProviderEvent::BlockDelta { delta: Delta::TextDelta { text }, .. }) => {
+                TurnEvent::Provider(ProviderEvent::BlockDelta { delta: Delta::Text { text }, .. }) => {
                     yield chunk(ChunkDelta { content: Some(text), ..ChunkDelta::default() }, None);
                 }
-                TurnEvent::Provider(ProviderEvent::BlockDelta { index, delta: Delta::InputJsonDelta { partial_json } }) => {
+                TurnEvent::Provider(ProviderEvent::BlockDelta { index, delta: Delta::InputJson { partial_json } }) => {
                     if let Some(&ordinal) = tool_index.get(&index) {
                         yield chunk(ChunkDelta {
                             tool_calls: vec![ToolCallDelta {

@@ -22,13 +22,12 @@ pub async fn count(
     JsonBody(body): JsonBody<CountTokensRequest>,
 ) -> Result<Response, ApiError> {
     let request = MessagesRequest::from(body);
-    let model = state.catalog().model(&request.model).ok_or_else(|| {
-        ApiError::invalid(format!("model: unknown model `{}`", request.model))
-    })?;
+    let model = state
+        .catalog()
+        .model(&request.model)
+        .ok_or_else(|| ApiError::invalid(format!("model: unknown model `{}`", request.model)))?;
     validate::request(&request, &model.id, &model.config, true)?;
-    let input_tokens = state
-        .tokens
-        .count_request(&request)?;
+    let input_tokens = state.tokens.count_request(&request)?;
     let admission = state
         .limiter
         .admit(

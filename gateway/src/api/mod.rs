@@ -1,5 +1,6 @@
 //! The public `/v1` API: routes, and the layers every request passes (body cap, auth,
-//! rate-limit headers, panic guard). Every non-2xx leaves as the spec's error envelope.
+//! rate-limit headers, panic guard). Every non-2xx leaves as the spec's error envelope; under
+//! `/v1` even unknown paths and wrong methods need a key, like every `/v1/*` request.
 
 mod account;
 pub mod body;
@@ -29,8 +30,10 @@ pub fn router(state: AppState) -> Router {
         .route("/models/{*id}", get(models::get))
         .route("/account", get(account::get))
         .route("/usage", get(usage::get))
-        .route_layer(from_fn_with_state(state.clone(), limits::headers_layer))
-        .route_layer(from_fn_with_state(state.clone(), auth::layer));
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(from_fn_with_state(state.clone(), auth::layer))
+        .layer(from_fn_with_state(state.clone(), limits::headers_layer));
     Router::new()
         .nest("/v1", v1)
         .fallback(not_found)

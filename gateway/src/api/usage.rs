@@ -97,9 +97,8 @@ pub async fn get(
 fn date(field: &str, value: Option<&str>) -> Result<Option<Date>, ApiError> {
     value
         .map(|v| {
-            Date::parse(v, format_description!("[year]-[month]-[day]")).map_err(|_| {
-                ApiError::invalid(format!("{field}: expected a date as YYYY-MM-DD"))
-            })
+            Date::parse(v, format_description!("[year]-[month]-[day]"))
+                .map_err(|_| ApiError::invalid(format!("{field}: expected a date as YYYY-MM-DD")))
         })
         .transpose()
 }

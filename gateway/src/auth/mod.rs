@@ -60,6 +60,9 @@ pub struct Principal {
     pub account: Account,
     pub tier: String,
     pub limits: Limits,
+    /// Effective scopes; empty allows every surface.
+    pub scopes: Vec<String>,
+    pub suspended: bool,
 }
 
 /// A freshly minted key: the record to store and the secret to show once.
@@ -81,8 +84,8 @@ pub struct KeySpec {
 
 pub fn mint(spec: KeySpec) -> MintedKey {
     let secret = spec.secret.unwrap_or_else(ids::key_secret);
-    // Never more than a quarter of the secret, so short hand-picked dev keys stay secret.
-    let prefix: String = secret.chars().take(12.min(secret.len() / 4)).collect();
+    // Never more than a third of the secret, so short hand-picked dev keys stay secret.
+    let prefix: String = secret.chars().take(12.min(secret.len() / 3)).collect();
     MintedKey {
         record: KeyRecord {
             id: spec.id.unwrap_or_else(ids::key),
@@ -100,24 +103,26 @@ pub fn mint(spec: KeySpec) -> MintedKey {
     }
 }
 
-/// Tower middleware for `/v1/*`: authenticates, checks the key may use this surface, and
-/// hands the [`Principal`] to the handlers as a request extension.
+/// Tower middleware for `/v1/*`: identifies the key (401), checks it may use this surface
+/// (403), and hands the [`Principal`] to the handlers. The principal also rides on the
+/// response, so the rate-limit headers reach every authenticated answer, refusals included.
 pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let scope = scope_of(req.uri().path());
-    match authenticate(&state, req.headers(), scope).await {
-        Ok(principal) => {
-            req.extensions_mut().insert(Arc::new(principal));
+    let principal = match identify(&state, req.headers()).await {
+        Ok(principal) => Arc::new(principal),
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let mut response = match permit(&principal, scope_of(req.uri().path())) {
+        Ok(()) => {
+            req.extensions_mut().insert(principal.clone());
             next.run(req).await
         }
         Err(e) => ApiError::from(e).into_response(),
-    }
+    };
+    response.extensions_mut().insert(principal);
+    response
 }
 
-async fn authenticate(
-    state: &AppState,
-    headers: &HeaderMap,
-    scope: &'static str,
-) -> Result<Principal, AuthError> {
+async fn identify(state: &AppState, headers: &HeaderMap) -> Result<Principal, AuthError> {
     let secret = presented_key(headers)?;
     let hash = KeyHash::of(secret);
     let (key, account) = state
@@ -128,20 +133,13 @@ async fn authenticate(
     if !bool::from(key.hash.ct_eq(&hash)) || key.revoked {
         return Err(AuthError::Invalid);
     }
-    if key.kind == KeyKind::Cli {
-        return Err(AuthError::CliKey);
-    }
     let catalog = state.catalog();
     let grant = catalog.grant(&key.id);
-    if account.status == AccountStatus::Suspended || grant.is_some_and(|g| g.suspended) {
-        return Err(AuthError::Suspended);
-    }
+    let suspended =
+        account.status == AccountStatus::Suspended || grant.is_some_and(|g| g.suspended);
     let scopes = grant
-        .and_then(|g| g.scopes.as_ref())
-        .unwrap_or(&key.scopes);
-    if !scopes.is_empty() && !scopes.iter().any(|s| s == scope) {
-        return Err(AuthError::Scope(scope));
-    }
+        .and_then(|g| g.scopes.clone())
+        .unwrap_or_else(|| key.scopes.clone());
     let tier = grant
         .and_then(|g| g.tier.clone())
         .unwrap_or_else(|| key.tier.clone());
@@ -155,7 +153,23 @@ async fn authenticate(
         account,
         tier,
         limits,
+        scopes,
+        suspended,
     })
+}
+
+fn permit(principal: &Principal, scope: &'static str) -> Result<(), AuthError> {
+    if principal.key.kind == KeyKind::Cli {
+        return Err(AuthError::CliKey);
+    }
+    if principal.suspended {
+        return Err(AuthError::Suspended);
+    }
+    let scopes = &principal.scopes;
+    if !scopes.is_empty() && !scopes.iter().any(|s| s == scope) {
+        return Err(AuthError::Scope(scope));
+    }
+    Ok(())
 }
 
 fn presented_key(headers: &HeaderMap) -> Result<&str, AuthError> {

@@ -97,7 +97,11 @@ impl ApiError {
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorType::ApiError, message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorType::ApiError,
+            message,
+        )
     }
 
     pub fn envelope(&self) -> Envelope<'_> {

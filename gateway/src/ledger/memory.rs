@@ -92,13 +92,12 @@ impl Ledger for MemoryLedger {
     }
 
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {
-        let mut balance = self
-            .balances
-            .get_mut(&r.record.account_id)
-            .ok_or(LedgerError::InsufficientCredits {
+        let mut balance = self.balances.get_mut(&r.record.account_id).ok_or(
+            LedgerError::InsufficientCredits {
                 needed: r.min,
                 available: 0,
-            })?;
+            },
+        )?;
         let available = balance.balance.saturating_sub(balance.reserved);
         if available < r.min {
             return Err(LedgerError::InsufficientCredits {

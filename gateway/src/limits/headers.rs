@@ -16,9 +16,8 @@ use crate::auth::Principal;
 use crate::state::AppState;
 
 pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let principal = req.extensions().get::<Arc<Principal>>().cloned();
     let mut response = next.run(req).await;
-    let Some(principal) = principal else {
+    let Some(principal) = response.extensions().get::<Arc<Principal>>().cloned() else {
         return response;
     };
     let snapshot = match response.extensions().get::<Snapshot>() {

@@ -6,8 +6,7 @@ use crds::config::Limits;
 use dashmap::DashMap;
 
 use super::{
-    current_window, decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot,
-    StreamLease,
+    current_window, decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease,
 };
 
 #[derive(Default)]

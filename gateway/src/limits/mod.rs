@@ -65,7 +65,9 @@ pub struct Admission {
 
 #[derive(Debug, Error)]
 pub enum LimitError {
-    #[error("{dimension} exceeded for this key (limit {limit}); retry after {retry_after_secs} seconds")]
+    #[error(
+        "{dimension} exceeded for this key (limit {limit}); retry after {retry_after_secs} seconds"
+    )]
     Exceeded {
         dimension: Dimension,
         limit: u64,

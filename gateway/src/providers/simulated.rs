@@ -125,7 +125,7 @@ impl Script {
         for chunk in kept.chunks(TOKENS_PER_CHUNK) {
             self.events.push(ProviderEvent::BlockDelta {
                 index,
-                delta: Delta::ThinkingDelta {
+                delta: Delta::Thinking {
                     thinking: chunk.concat(),
                 },
             });
@@ -134,7 +134,7 @@ impl Script {
             .encode(Sha256::digest(kept.concat().as_bytes()));
         self.events.push(ProviderEvent::BlockDelta {
             index,
-            delta: Delta::SignatureDelta { signature },
+            delta: Delta::Signature { signature },
         });
         self.events.push(ProviderEvent::BlockStop { index });
         self.spend(allowed as u32);
@@ -157,7 +157,7 @@ impl Script {
         for chunk in pieces[..allowed].chunks(TOKENS_PER_CHUNK) {
             self.events.push(ProviderEvent::BlockDelta {
                 index,
-                delta: Delta::TextDelta {
+                delta: Delta::Text {
                     text: chunk.concat(),
                 },
             });
@@ -194,7 +194,7 @@ impl Script {
         for chunk in pieces.chunks(TOKENS_PER_CHUNK) {
             self.events.push(ProviderEvent::BlockDelta {
                 index,
-                delta: Delta::InputJsonDelta {
+                delta: Delta::InputJson {
                     partial_json: chunk.concat(),
                 },
             });

@@ -110,7 +110,7 @@ impl Catalog {
             .iter()
             .filter_map(|id| self.models.get(id))
             .filter(|m| fits(&m.config, needs))
-            .min_by_key(|m| m.price.ceiling(needs.input_tokens, needs.max_tokens))
+            .min_by_key(|m| m.price.ceiling(needs.input_tokens, needs.max_tokens, false))
             .cloned()
     }
 }

@@ -34,11 +34,21 @@ impl Price {
         u64::try_from(credits).unwrap_or(u64::MAX)
     }
 
-    /// The most a turn can cost: every input token at the dearer of the input and cache-write
-    /// prices (the upstream decides what it caches) and every allowed output token.
-    pub fn ceiling(&self, input_tokens: u32, max_tokens: u32) -> u64 {
+    /// Input price of the ceiling: a request that asks for prompt caching may have any part of
+    /// its input written to the cache, which costs more than plain input.
+    fn ceiling_input_price(&self, caching: bool) -> u64 {
         let p = &self.pricing;
-        let input_price = p.input_micros_per_mtok.max(p.cache_write_micros_per_mtok);
+        if caching {
+            p.input_micros_per_mtok.max(p.cache_write_micros_per_mtok)
+        } else {
+            p.input_micros_per_mtok
+        }
+    }
+
+    /// The most a turn can cost: every input token (at the cache-write price when the request
+    /// asks for caching) and every allowed output token.
+    pub fn ceiling(&self, input_tokens: u32, max_tokens: u32, caching: bool) -> u64 {
+        let input_price = self.ceiling_input_price(caching);
         Price::new(
             Pricing {
                 input_micros_per_mtok: input_price,
@@ -54,16 +64,21 @@ impl Price {
     }
 
     /// The largest `max_tokens` whose ceiling fits in `credits`, capped at `cap`.
-    pub fn affordable_output(&self, credits: u64, input_tokens: u32, cap: u32) -> u32 {
+    pub fn affordable_output(
+        &self,
+        credits: u64,
+        input_tokens: u32,
+        cap: u32,
+        caching: bool,
+    ) -> u32 {
         let p = &self.pricing;
         if p.output_micros_per_mtok == 0 || self.credits_per_usd == 0 {
             return cap;
         }
-        let input_price = p.input_micros_per_mtok.max(p.cache_write_micros_per_mtok);
+        let input_price = self.ceiling_input_price(caching);
         let budget = u128::from(credits) * SCALE;
-        let input_cost = u128::from(input_tokens)
-            * u128::from(input_price)
-            * u128::from(self.credits_per_usd);
+        let input_cost =
+            u128::from(input_tokens) * u128::from(input_price) * u128::from(self.credits_per_usd);
         let per_output = u128::from(p.output_micros_per_mtok) * u128::from(self.credits_per_usd);
         let tokens = budget.saturating_sub(input_cost) / per_output;
         u32::try_from(tokens).unwrap_or(u32::MAX).min(cap)
@@ -103,9 +118,22 @@ mod tests {
     }
 
     #[test]
-    fn the_ceiling_covers_any_split_of_input_between_fresh_and_cache_write() {
+    fn without_caching_the_ceiling_is_the_list_price_of_input_and_max_tokens() {
+        let usage = TokenUsage {
+            input_tokens: 1_000,
+            output_tokens: 100,
+            ..TokenUsage::default()
+        };
+        assert_eq!(
+            sonnet().ceiling(1_000, 100, false),
+            sonnet().credits(&usage)
+        );
+    }
+
+    #[test]
+    fn with_caching_the_ceiling_covers_any_split_of_input_between_fresh_and_cache_write() {
         let price = sonnet();
-        let ceiling = price.ceiling(1_000, 100);
+        let ceiling = price.ceiling(1_000, 100, true);
         let all_cache_write = TokenUsage {
             cache_creation_input_tokens: 1_000,
             output_tokens: 100,
@@ -117,9 +145,11 @@ mod tests {
     #[test]
     fn affordable_output_is_the_largest_max_tokens_within_the_credits() {
         let price = sonnet();
-        let tokens = price.affordable_output(1_000, 1_000, u32::MAX);
-        assert!(price.ceiling(1_000, tokens) <= 1_000);
-        assert!(price.ceiling(1_000, tokens + 1) > 1_000);
-        assert_eq!(price.affordable_output(1_000_000, 10, 64), 64);
+        for caching in [false, true] {
+            let tokens = price.affordable_output(1_000, 1_000, u32::MAX, caching);
+            assert!(price.ceiling(1_000, tokens, caching) <= 1_000);
+            assert!(price.ceiling(1_000, tokens + 1, caching) > 1_000);
+        }
+        assert_eq!(price.affordable_output(1_000_000, 10, 64, false), 64);
     }
 }

@@ -49,6 +49,22 @@ impl MessagesRequest {
         })
     }
 
+    /// Whether any block or tool carries `cache_control`: only then may the upstream write
+    /// part of the prompt to its cache (and bill the dearer cache-write price).
+    pub fn asks_for_cache(&self) -> bool {
+        let system = self
+            .system
+            .as_ref()
+            .is_some_and(|s| s.many().any(|b| b.cache_control.is_some()));
+        let tools = self.tools.iter().any(|t| t.cache_control.is_some());
+        let blocks = self
+            .messages
+            .iter()
+            .flat_map(InputMessage::blocks)
+            .any(InputBlock::has_cache_control);
+        system || tools || blocks
+    }
+
     pub fn thinking_budget(&self) -> Option<u32> {
         match self.thinking {
             Some(Thinking::Enabled { budget_tokens }) => Some(budget_tokens),
@@ -183,6 +199,18 @@ pub enum InputBlock {
     },
 }
 
+impl InputBlock {
+    fn has_cache_control(&self) -> bool {
+        match self {
+            Self::Text { cache_control, .. }
+            | Self::Image { cache_control, .. }
+            | Self::ToolUse { cache_control, .. }
+            | Self::ToolResult { cache_control, .. } => cache_control.is_some(),
+            Self::Thinking { .. } | Self::RedactedThinking { .. } => false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ImageSource {
@@ -251,9 +279,18 @@ pub struct MessageResponse {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputBlock {
-    Text { text: String },
-    ToolUse { id: String, name: String, input: Value },
-    Thinking { thinking: String, signature: String },
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -283,12 +320,16 @@ pub struct Usage {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type")]
 pub enum Delta {
-    TextDelta { text: String },
-    InputJsonDelta { partial_json: String },
-    ThinkingDelta { thinking: String },
-    SignatureDelta { signature: String },
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: String },
 }
 
 /// Server-sent events of a streamed message; the SSE event name is the `type` field.

@@ -1,0 +1,558 @@
+//! The gateway process: spawn, wait for the ready line, talk to it, kill it on drop.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+
+use crate::response::Resp;
+use crate::sse::SseStream;
+
+/// Admin token every test gateway is started with.
+pub const ADMIN_TOKEN: &str = "e2e-admin-token-5f1c2a9b7d";
+/// Dev key every test gateway is started with (its account holds `--dev-credits`).
+pub const DEV_KEY: &str = "sk-svc-e2e-dev-0123456789abcdef0123456789abcdef";
+/// The enterprise key seeded by the standalone example manifests.
+pub const ENTERPRISE_KEY: &str = "sk-svc-example-enterprise-0000000000000000";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How much of the gateway's stderr is kept for failure messages.
+const LOG_TAIL_BYTES: usize = 64 * 1024;
+
+static NAMES: AtomicU64 = AtomicU64::new(0);
+
+/// A name no other account or key of this test process uses.
+pub fn unique_name(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NAMES.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The workspace root (the parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// `$GATEWAY_BIN`, else `$CARGO_TARGET_DIR/debug/gateway`, else `<workspace>/target/debug/gateway`.
+pub fn gateway_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("GATEWAY_BIN") {
+        return PathBuf::from(bin);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join("debug").join("gateway")
+}
+
+/// Options for one gateway process; everything else is the contract's default.
+#[derive(Clone, Debug, Default)]
+pub struct GatewayBuilder {
+    args: Vec<String>,
+}
+
+impl GatewayBuilder {
+    /// `--dev-tier`: the tier of the dev key.
+    pub fn dev_tier(self, tier: &str) -> Self {
+        self.arg("--dev-tier").arg(tier)
+    }
+
+    /// `--dev-credits`: the starting balance of the dev key's account.
+    pub fn dev_credits(self, credits: u64) -> Self {
+        self.arg("--dev-credits").arg(&credits.to_string())
+    }
+
+    /// `--simulated-chunk-delay-ms`: delay between streamed chunks of the simulated upstreams.
+    pub fn chunk_delay_ms(self, ms: u64) -> Self {
+        self.arg("--simulated-chunk-delay-ms").arg(&ms.to_string())
+    }
+
+    /// `--shutdown-grace-secs`: how long open streams may run on after SIGTERM.
+    pub fn shutdown_grace_secs(self, secs: u64) -> Self {
+        self.arg("--shutdown-grace-secs").arg(&secs.to_string())
+    }
+
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    /// Spawns the gateway and waits (at most 30 s) for its ready line.
+    pub async fn start(self) -> Gateway {
+        Gateway::spawn(self.args).await
+    }
+}
+
+/// Tail of a child's output, shared with the task that drains it.
+#[derive(Clone, Default)]
+struct LogTail(Arc<Mutex<String>>);
+
+impl LogTail {
+    fn push_line(&self, line: &str) {
+        let mut buf = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        buf.push_str(line);
+        buf.push('\n');
+        if buf.len() > LOG_TAIL_BYTES {
+            let mut cut = buf.len() - LOG_TAIL_BYTES;
+            while !buf.is_char_boundary(cut) {
+                cut += 1;
+            }
+            buf.drain(..cut);
+        }
+    }
+
+    fn text(&self) -> String {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Reads `reader` line by line until EOF into `tail`; the first line starting with `ready `
+/// goes to `ready` as well. Draining never stops, so the gateway never blocks on a full pipe.
+fn drain(
+    reader: impl AsyncRead + Unpin + Send + 'static,
+    tail: LogTail,
+    mut ready: Option<oneshot::Sender<String>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(reader).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            tail.push_line(&line);
+            if line.trim_start().starts_with("ready ") {
+                if let Some(tx) = ready.take() {
+                    let _ = tx.send(line);
+                }
+            }
+        }
+    })
+}
+
+/// A running gateway process, killed when dropped.
+pub struct Gateway {
+    /// Base URL of the public API, e.g. `http://127.0.0.1:39123`.
+    pub api: String,
+    /// Base URL of the admin listener.
+    pub admin: String,
+    /// The dev key from the ready line.
+    pub key: String,
+    /// The admin token from the ready line.
+    pub admin_token: String,
+    child: Child,
+    stdout: LogTail,
+    stderr: LogTail,
+    http: reqwest::Client,
+}
+
+impl Gateway {
+    /// A gateway with the contract's defaults (dev key on pay_as_you_go with $100 of credits).
+    pub async fn start() -> Gateway {
+        Gateway::builder().start().await
+    }
+
+    pub fn builder() -> GatewayBuilder {
+        GatewayBuilder::default()
+    }
+
+    async fn spawn(extra: Vec<String>) -> Gateway {
+        let bin = gateway_bin();
+        let root = workspace_root();
+        let manifests = root.join("deploy").join("standalone");
+        let mut cmd = Command::new(&bin);
+        cmd.arg("standalone")
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--admin-token", ADMIN_TOKEN, "--dev-key", DEV_KEY])
+            .arg("--manifests")
+            .arg(&manifests)
+            .args(&extra)
+            .current_dir(&root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; it makes the kernel kill the gateway when the
+        // thread that spawned it dies, so a test process killed by a timeout leaks nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot start {} ({e}); build it with `cargo build -p gateway`",
+                bin.display()
+            )
+        });
+
+        let stdout = LogTail::default();
+        let stderr = LogTail::default();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let out_task = drain(
+            child.stdout.take().expect("piped stdout"),
+            stdout.clone(),
+            Some(ready_tx),
+        );
+        let err_task = drain(
+            child.stderr.take().expect("piped stderr"),
+            stderr.clone(),
+            None,
+        );
+
+        let ready = tokio::time::timeout(READY_TIMEOUT, ready_rx).await;
+        let line = match ready {
+            Ok(Ok(line)) => line,
+            Ok(Err(_)) | Err(_) => {
+                let status = match tokio::time::timeout(Duration::from_secs(2), child.wait()).await
+                {
+                    Ok(status) => format!("exited with {status:?}"),
+                    Err(_) => {
+                        let _ = child.start_kill();
+                        "still running after 30 s without a ready line".to_string()
+                    }
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(2), out_task).await;
+                let _ = tokio::time::timeout(Duration::from_secs(2), err_task).await;
+                panic!(
+                    "gateway {} {status}\nargs: {extra:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                    bin.display(),
+                    stdout.text(),
+                    stderr.text()
+                );
+            }
+        };
+
+        let field = |name: &str| -> String {
+            line.split_whitespace()
+                .find_map(|part| part.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("ready line lacks {name}=: {line:?}"))
+                .to_string()
+        };
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("reqwest client");
+        Gateway {
+            api: field("api").trim_end_matches('/').to_string(),
+            admin: field("admin").trim_end_matches('/').to_string(),
+            key: field("key"),
+            admin_token: field("admin_token"),
+            child,
+            stdout,
+            stderr,
+            http,
+        }
+    }
+
+    /// The shared HTTP client (no proxy, loopback only).
+    pub fn client(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// The gateway's stdout and stderr so far (tail), for failure messages.
+    pub fn logs(&self) -> String {
+        format!(
+            "--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout.text(),
+            self.stderr.text()
+        )
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("gateway still running") as i32
+    }
+
+    /// Sends SIGTERM to the gateway.
+    pub fn send_sigterm(&self) {
+        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+        let rc = unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        assert_eq!(
+            rc,
+            0,
+            "kill(SIGTERM) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// Waits for the process to exit; panics (with the logs) after `within`.
+    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(status) => status.expect("wait for gateway"),
+            Err(_) => panic!("gateway did not exit within {within:?}\n{}", self.logs()),
+        }
+    }
+
+    // ----- /v1 -----
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.api, path)
+    }
+
+    /// A request to the public API with `Authorization: Bearer key`.
+    pub fn request(&self, method: Method, path: &str, key: Option<&str>) -> RequestBuilder {
+        let rb = self.http.request(method, self.url(path));
+        match key {
+            Some(key) => rb.bearer_auth(key),
+            None => rb,
+        }
+    }
+
+    /// Sends a request and reads the whole response (checked for provider names).
+    pub async fn send(&self, rb: RequestBuilder) -> Resp {
+        let response = rb
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request failed: {e}\n{}", self.logs()));
+        Resp::read(response).await
+    }
+
+    pub async fn post_json(&self, path: &str, key: &str, body: &Value) -> Resp {
+        self.send(self.request(Method::POST, path, Some(key)).json(body))
+            .await
+    }
+
+    /// `POST /v1/messages`.
+    pub async fn post_messages(&self, key: &str, body: &Value) -> Resp {
+        self.post_json("/v1/messages", key, body).await
+    }
+
+    /// `POST /v1/messages/count_tokens`.
+    pub async fn count_tokens(&self, key: &str, body: &Value) -> Resp {
+        self.post_json("/v1/messages/count_tokens", key, body).await
+    }
+
+    /// `POST /v1/chat/completions`.
+    pub async fn chat(&self, key: &str, body: &Value) -> Resp {
+        self.post_json("/v1/chat/completions", key, body).await
+    }
+
+    pub async fn get(&self, path: &str, key: &str) -> Resp {
+        self.send(self.request(Method::GET, path, Some(key))).await
+    }
+
+    /// `POST path` with a streaming body; the response is read event by event.
+    pub async fn stream(&self, path: &str, key: &str, body: &Value) -> SseStream {
+        let rb = self.request(Method::POST, path, Some(key)).json(body);
+        let response = rb
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request failed: {e}\n{}", self.logs()));
+        SseStream::new(response)
+    }
+
+    /// `GET /v1/account` of `key`, expecting 200.
+    pub async fn account(&self, key: &str) -> Value {
+        self.get("/v1/account", key).await.expect_ok()
+    }
+
+    /// `credits.balance` from `GET /v1/account`.
+    pub async fn balance(&self, key: &str) -> i64 {
+        let account = self.account(key).await;
+        account["credits"]["balance"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("GET /v1/account has no integer credits.balance: {account}"))
+    }
+
+    /// If the key's current RPM or TPM window resets within `margin_secs`, waits for the next
+    /// one, so that a burst of requests lands in a single fixed window. A reset of 0 means no
+    /// window is open. GETs do not count against the limits.
+    pub async fn wait_for_roomy_window(&self, key: &str, margin_secs: u64) {
+        for _ in 0..3 {
+            let limits = self.get("/v1/models", key).await.rate_limit();
+            let soonest = [limits.reset_requests, limits.reset_tokens]
+                .into_iter()
+                .filter(|&reset| reset > 0)
+                .min();
+            match soonest {
+                Some(reset) if reset < margin_secs => {
+                    tokio::time::sleep(Duration::from_millis(reset * 1000 + 1100)).await;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    // ----- admin -----
+
+    pub fn admin_request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http
+            .request(method, format!("{}{}", self.admin, path))
+            .bearer_auth(&self.admin_token)
+    }
+
+    /// Sends an admin request; admin answers are internal, so not checked for provider names.
+    pub async fn admin_send(&self, rb: RequestBuilder) -> Resp {
+        let response = rb
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("admin request failed: {e}\n{}", self.logs()));
+        Resp::read_unchecked(response).await
+    }
+
+    pub async fn admin_post(&self, path: &str, body: &Value) -> Resp {
+        self.admin_send(self.admin_request(Method::POST, path).json(body))
+            .await
+    }
+
+    pub async fn admin_get(&self, path: &str) -> Resp {
+        self.admin_send(self.admin_request(Method::GET, path)).await
+    }
+
+    /// `GET` on the admin listener, `None` when it cannot be reached (e.g. during shutdown).
+    pub async fn try_admin_get(&self, path: &str) -> Option<Resp> {
+        let response = self.admin_request(Method::GET, path).send().await.ok()?;
+        Some(Resp::read_unchecked(response).await)
+    }
+
+    /// `POST /admin/accounts`, expecting 201; returns the account.
+    pub async fn create_account(&self, credits: u64) -> Value {
+        let body = json!({ "name": unique_name("e2e-account"), "credits": credits });
+        let resp = self.admin_post("/admin/accounts", &body).await;
+        resp.expect_status(201);
+        resp.json()
+    }
+
+    /// `POST /admin/keys`, expecting 201.
+    pub async fn mint_key(&self, account_id: &str, spec: &KeySpec) -> ApiKey {
+        let mut body = json!({
+            "account_id": account_id,
+            "name": unique_name("e2e-key"),
+            "kind": spec.kind,
+        });
+        if let Some(scopes) = &spec.scopes {
+            body["scopes"] = json!(scopes);
+        }
+        if let Some(tier) = &spec.tier {
+            body["tier"] = json!(tier);
+        }
+        let resp = self.admin_post("/admin/keys", &body).await;
+        resp.expect_status(201);
+        let key = resp.json();
+        ApiKey {
+            id: key["id"].as_str().expect("key id").to_string(),
+            secret: key["key"].as_str().expect("key secret").to_string(),
+            account_id: account_id.to_string(),
+        }
+    }
+
+    /// A fresh account holding `credits` and one key on it.
+    pub async fn new_key(&self, credits: u64, spec: &KeySpec) -> ApiKey {
+        let account = self.create_account(credits).await;
+        let id = account["id"].as_str().expect("account id").to_string();
+        self.mint_key(&id, spec).await
+    }
+
+    /// `POST /admin/accounts/{id}/topups`.
+    pub async fn top_up(&self, account_id: &str, usd_cents: u64, reference: &str) -> Resp {
+        let body = json!({ "usd_cents": usd_cents, "reference": reference });
+        self.admin_post(&format!("/admin/accounts/{account_id}/topups"), &body)
+            .await
+    }
+
+    pub async fn suspend(&self, account_id: &str) {
+        self.admin_post(&format!("/admin/accounts/{account_id}/suspend"), &json!({}))
+            .await
+            .expect_ok();
+    }
+
+    pub async fn resume(&self, account_id: &str) {
+        self.admin_post(&format!("/admin/accounts/{account_id}/resume"), &json!({}))
+            .await
+            .expect_ok();
+    }
+
+    /// `DELETE /admin/keys/{id}`.
+    pub async fn revoke(&self, key_id: &str) {
+        let resp = self
+            .admin_send(self.admin_request(Method::DELETE, &format!("/admin/keys/{key_id}")))
+            .await;
+        let body = resp.expect_ok();
+        assert_eq!(body["revoked"], json!(true), "revocation answer: {body}");
+    }
+
+    /// `GET /admin/accounts/{id}`.
+    pub async fn admin_account(&self, account_id: &str) -> Value {
+        self.admin_get(&format!("/admin/accounts/{account_id}"))
+            .await
+            .expect_ok()
+    }
+
+    /// `GET /admin/messages/{id}`: the ledger row of a message.
+    pub async fn message_record(&self, message_id: &str) -> Value {
+        self.admin_get(&format!("/admin/messages/{message_id}"))
+            .await
+            .expect_ok()
+    }
+
+    /// Polls the admin account until nothing is reserved any more (every turn settled).
+    pub async fn wait_settled(&self, account_id: &str) -> Value {
+        crate::poll_until(
+            "the account's reservations to be settled",
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || async {
+                let account = self.admin_account(account_id).await;
+                (account["reserved"].as_i64() == Some(0)).then_some(account)
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// What kind of key to mint.
+#[derive(Clone, Debug)]
+pub struct KeySpec {
+    pub kind: &'static str,
+    pub scopes: Option<Vec<String>>,
+    pub tier: Option<String>,
+}
+
+impl KeySpec {
+    /// An API key on the given tier.
+    pub fn tier(tier: &str) -> KeySpec {
+        KeySpec {
+            kind: "api",
+            scopes: None,
+            tier: Some(tier.to_string()),
+        }
+    }
+
+    /// A CLI key (not allowed on `/v1/*`).
+    pub fn cli() -> KeySpec {
+        KeySpec {
+            kind: "cli",
+            scopes: None,
+            tier: Some("pay_as_you_go".to_string()),
+        }
+    }
+
+    pub fn with_scopes(mut self, scopes: &[&str]) -> KeySpec {
+        self.scopes = Some(scopes.iter().map(|s| s.to_string()).collect());
+        self
+    }
+}
+
+/// A minted key.
+#[derive(Clone, Debug)]
+pub struct ApiKey {
+    pub id: String,
+    pub secret: String,
+    pub account_id: String,
+}

@@ -1,0 +1,553 @@
+//! The spec's Errors table: every status the gateway itself produces, each in the envelope
+//! `{"type":"error","error":{"type","message"}}`, and every 400 naming the offending field.
+
+use std::time::Duration;
+
+use e2e::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const MIB: usize = 1024 * 1024;
+
+fn valid() -> Value {
+    message("svc/haiku", "hello there", 64)
+}
+
+/// `valid()` with `field` set to `value` (or removed when `value` is None).
+fn with(field: &str, value: Option<Value>) -> Value {
+    let mut body = valid();
+    match value {
+        Some(value) => body[field] = value,
+        None => {
+            body.as_object_mut().unwrap().remove(field);
+        }
+    }
+    body
+}
+
+async fn expect_400(gw: &Gateway, body: &Value, fields: &[&str]) -> String {
+    let resp = gw.post_messages(&gw.key, body).await;
+    resp.expect_invalid(fields)
+}
+
+// ----- 400 invalid_request_error -----
+
+#[tokio::test]
+async fn an_unknown_model_in_the_body_is_400_naming_model() {
+    let gw = Gateway::start().await;
+    expect_400(&gw, &with("model", Some(json!("svc/nope"))), &["model"]).await;
+    expect_400(
+        &gw,
+        &with("model", Some(json!("claude-3-haiku"))),
+        &["model"],
+    )
+    .await;
+    expect_400(&gw, &with("model", None), &["model"]).await;
+}
+
+#[tokio::test]
+async fn max_tokens_missing_zero_or_negative_is_400_naming_max_tokens() {
+    let gw = Gateway::start().await;
+    expect_400(&gw, &with("max_tokens", None), &["max_tokens"]).await;
+    expect_400(&gw, &with("max_tokens", Some(json!(0))), &["max_tokens"]).await;
+    expect_400(&gw, &with("max_tokens", Some(json!(-5))), &["max_tokens"]).await;
+}
+
+#[tokio::test]
+async fn max_tokens_above_the_models_max_output_tokens_is_400() {
+    let gw = Gateway::start().await;
+    for (model, _, max_output) in MODEL_LIMITS {
+        let body = message(model, "hello", max_output + 1);
+        let msg = expect_400(&gw, &body, &["max_tokens"]).await;
+        assert!(!msg.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn an_empty_messages_array_is_400_naming_messages() {
+    let gw = Gateway::start().await;
+    expect_400(&gw, &with("messages", Some(json!([]))), &["messages"]).await;
+    expect_400(&gw, &with("messages", None), &["messages"]).await;
+}
+
+#[tokio::test]
+async fn messages_that_do_not_alternate_are_400() {
+    let gw = Gateway::start().await;
+    let body = with(
+        "messages",
+        Some(json!([
+            {"role": "user", "content": "one"},
+            {"role": "user", "content": "two"}
+        ])),
+    );
+    expect_400(&gw, &body, &["messages", "role", "alternat"]).await;
+    let body = with(
+        "messages",
+        Some(json!([
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "two"},
+            {"role": "assistant", "content": "three"},
+            {"role": "user", "content": "four"}
+        ])),
+    );
+    expect_400(&gw, &body, &["messages", "role", "alternat"]).await;
+}
+
+#[tokio::test]
+async fn messages_must_start_and_end_with_a_user_turn() {
+    let gw = Gateway::start().await;
+    let ends_with_assistant = with(
+        "messages",
+        Some(json!([
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "two"}
+        ])),
+    );
+    expect_400(&gw, &ends_with_assistant, &["messages", "role", "user"]).await;
+    let only_assistant = with(
+        "messages",
+        Some(json!([{"role": "assistant", "content": "hi"}])),
+    );
+    expect_400(&gw, &only_assistant, &["messages", "role", "user"]).await;
+}
+
+#[tokio::test]
+async fn a_message_role_other_than_user_or_assistant_is_400() {
+    let gw = Gateway::start().await;
+    for role in ["system", "tool", "bot", ""] {
+        let body = with("messages", Some(json!([{"role": role, "content": "hi"}])));
+        expect_400(&gw, &body, &["role", "messages"]).await;
+    }
+    let body = with("messages", Some(json!([{"content": "no role"}])));
+    expect_400(&gw, &body, &["role", "messages"]).await;
+}
+
+#[tokio::test]
+async fn more_than_four_stop_sequences_is_400_naming_stop_sequences() {
+    let gw = Gateway::start().await;
+    let body = with("stop_sequences", Some(json!(["a", "b", "c", "d", "e"])));
+    expect_400(&gw, &body, &["stop_sequences"]).await;
+}
+
+#[tokio::test]
+async fn temperature_and_top_p_outside_zero_to_one_are_400() {
+    let gw = Gateway::start().await;
+    for value in [json!(1.01), json!(-0.1), json!(2), json!(100)] {
+        expect_400(
+            &gw,
+            &with("temperature", Some(value.clone())),
+            &["temperature"],
+        )
+        .await;
+        expect_400(&gw, &with("top_p", Some(value)), &["top_p"]).await;
+    }
+}
+
+#[tokio::test]
+async fn thinking_on_a_model_other_than_opus_is_400_naming_thinking() {
+    let gw = Gateway::start().await;
+    for model in ["svc/sonnet", "svc/haiku", "svc/kimi"] {
+        let mut body = message(model, "think about it", 4096);
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+        expect_400(&gw, &body, &["thinking"]).await;
+    }
+}
+
+#[tokio::test]
+async fn input_past_the_models_context_window_is_400() {
+    let gw = Gateway::start().await;
+    // svc/kimi has a context window of 131,072 tokens; this is ~140,000.
+    let body = message("svc/kimi", &words(140_000), 16);
+    expect_400(&gw, &body, &["context", "messages", "token"]).await;
+}
+
+#[tokio::test]
+async fn malformed_json_is_400_invalid_request_error() {
+    let gw = Gateway::start().await;
+    for raw in [
+        "{",
+        "{\"model\": \"svc/haiku\",}",
+        "not json",
+        "",
+        "[1, 2",
+        "\u{0}",
+    ] {
+        let rb = gw
+            .request(Method::POST, "/v1/messages", Some(&gw.key))
+            .header("content-type", "application/json")
+            .body(raw.to_string());
+        gw.send(rb).await.expect_error(400, "invalid_request_error");
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_an_object_is_400() {
+    let gw = Gateway::start().await;
+    for body in [
+        json!([]),
+        json!("text"),
+        json!(42),
+        json!(null),
+        json!(true),
+    ] {
+        gw.post_messages(&gw.key, &body)
+            .await
+            .expect_error(400, "invalid_request_error");
+    }
+}
+
+#[tokio::test]
+async fn wrong_json_types_are_400_naming_the_field() {
+    let gw = Gateway::start().await;
+    let cases = [
+        ("model", json!(5)),
+        ("max_tokens", json!("ten")),
+        ("max_tokens", json!(10.5)),
+        ("messages", json!("hello")),
+        ("messages", json!({"role": "user"})),
+        ("system", json!(12)),
+        ("temperature", json!("hot")),
+        ("top_p", json!([0.5])),
+        ("stop_sequences", json!("STOP")),
+        ("stop_sequences", json!([1, 2])),
+        ("stream", json!("yes")),
+        ("tools", json!("get_weather")),
+        ("metadata", json!("user-1")),
+    ];
+    for (field, value) in cases {
+        expect_400(&gw, &with(field, Some(value)), &[field]).await;
+    }
+    let bad_content = with("messages", Some(json!([{"role": "user", "content": 42}])));
+    expect_400(&gw, &bad_content, &["content", "messages"]).await;
+}
+
+#[tokio::test]
+async fn a_body_without_a_json_content_type_is_400() {
+    let gw = Gateway::start().await;
+    let raw = serde_json::to_string(&valid()).unwrap();
+    let text_plain = gw
+        .request(Method::POST, "/v1/messages", Some(&gw.key))
+        .header("content-type", "text/plain")
+        .body(raw.clone());
+    gw.send(text_plain)
+        .await
+        .expect_error(400, "invalid_request_error");
+    let missing = gw
+        .request(Method::POST, "/v1/messages", Some(&gw.key))
+        .body(raw);
+    gw.send(missing)
+        .await
+        .expect_error(400, "invalid_request_error");
+}
+
+#[tokio::test]
+async fn count_tokens_and_chat_completions_validate_too() {
+    let gw = Gateway::start().await;
+    gw.count_tokens(&gw.key, &count_body("svc/nope", "hi"))
+        .await
+        .expect_invalid(&["model"]);
+    gw.count_tokens(&gw.key, &json!({"model": "svc/haiku"}))
+        .await
+        .expect_invalid(&["messages"]);
+    gw.chat(&gw.key, &chat_body("svc/nope", "hi", Some(16)))
+        .await
+        .expect_invalid(&["model"]);
+    gw.chat(&gw.key, &json!({"model": "svc/haiku", "messages": "hi"}))
+        .await
+        .expect_invalid(&["messages"]);
+    gw.chat(&gw.key, &chat_body("svc/haiku", "hi", Some(8193)))
+        .await
+        .expect_invalid(&["max_tokens"]);
+}
+
+// ----- 401 authentication_error -----
+
+#[tokio::test]
+async fn a_request_without_an_api_key_is_401() {
+    let gw = Gateway::start().await;
+    let rb = gw
+        .request(Method::POST, "/v1/messages", None)
+        .json(&valid());
+    gw.send(rb).await.expect_error(401, "authentication_error");
+    for path in ["/v1/models", "/v1/account", "/v1/usage"] {
+        let rb = gw.request(Method::GET, path, None);
+        gw.send(rb).await.expect_error(401, "authentication_error");
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_authorization_header_is_401() {
+    let gw = Gateway::start().await;
+    let values = [
+        "Basic dXNlcjpwYXNz".to_string(),
+        "Bearer".to_string(),
+        "Bearer ".to_string(),
+        gw.key.clone(),
+        format!("Token {}", gw.key),
+        format!("Bearer {} extra", gw.key),
+    ];
+    for value in values {
+        let rb = gw
+            .request(Method::POST, "/v1/messages", None)
+            .header("authorization", value.as_str())
+            .json(&valid());
+        let msg = gw.send(rb).await.expect_error(401, "authentication_error");
+        assert!(!msg.contains(&gw.key), "401 message echoes the key: {msg}");
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_key_is_401() {
+    let gw = Gateway::start().await;
+    for key in [
+        "sk-svc-0000000000000000000000000000000000000000",
+        "nonsense",
+        "sk-svc-",
+    ] {
+        gw.post_messages(key, &valid())
+            .await
+            .expect_error(401, "authentication_error");
+        let rb = gw
+            .request(Method::POST, "/v1/messages", None)
+            .header("x-api-key", key)
+            .json(&valid());
+        gw.send(rb).await.expect_error(401, "authentication_error");
+    }
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_401_within_seconds() {
+    let gw = Gateway::start().await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    gw.get("/v1/models", &key.secret).await.expect_ok();
+    gw.revoke(&key.id).await;
+    poll_until(
+        "the revoked key to be refused",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { (gw.get("/v1/models", &key.secret).await.status == 401).then_some(()) },
+    )
+    .await;
+    gw.post_messages(&key.secret, &valid())
+        .await
+        .expect_error(401, "authentication_error");
+}
+
+// ----- 402 insufficient_quota -----
+
+#[tokio::test]
+async fn an_account_short_of_credits_gets_402_insufficient_quota() {
+    let gw = Gateway::start().await;
+    for credits in [0, 1] {
+        let key = gw.new_key(credits, &KeySpec::tier("pay_as_you_go")).await;
+        gw.post_messages(&key.secret, &valid())
+            .await
+            .expect_error(402, "insufficient_quota");
+        gw.chat(&key.secret, &chat_body("svc/haiku", "hi", Some(64)))
+            .await
+            .expect_error(402, "insufficient_quota");
+    }
+}
+
+// ----- 403 permission_error -----
+
+#[tokio::test]
+async fn a_cli_key_on_v1_is_403_permission_error() {
+    let gw = Gateway::start().await;
+    let key = gw.new_key(1_000_000, &KeySpec::cli()).await;
+    gw.post_messages(&key.secret, &valid())
+        .await
+        .expect_error(403, "permission_error");
+    gw.get("/v1/models", &key.secret)
+        .await
+        .expect_error(403, "permission_error");
+}
+
+#[tokio::test]
+async fn a_suspended_account_is_403_permission_error() {
+    let gw = Gateway::start().await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    gw.post_messages(&key.secret, &valid()).await.expect_ok();
+    gw.suspend(&key.account_id).await;
+    poll_until(
+        "the suspension to apply",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { (gw.get("/v1/models", &key.secret).await.status == 403).then_some(()) },
+    )
+    .await;
+    gw.post_messages(&key.secret, &valid())
+        .await
+        .expect_error(403, "permission_error");
+    gw.resume(&key.account_id).await;
+    poll_until(
+        "the resumption to apply",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { (gw.get("/v1/models", &key.secret).await.status == 200).then_some(()) },
+    )
+    .await;
+    gw.post_messages(&key.secret, &valid()).await.expect_ok();
+}
+
+#[tokio::test]
+async fn a_key_scoped_to_chat_is_403_on_messages_but_allowed_on_chat() {
+    let gw = Gateway::start().await;
+    let key = gw
+        .new_key(
+            1_000_000,
+            &KeySpec::tier("pay_as_you_go").with_scopes(&["chat"]),
+        )
+        .await;
+    gw.post_messages(&key.secret, &valid())
+        .await
+        .expect_error(403, "permission_error");
+    gw.count_tokens(&key.secret, &count_body("svc/haiku", "hi"))
+        .await
+        .expect_error(403, "permission_error");
+    gw.chat(&key.secret, &chat_body("svc/haiku", "hi", Some(16)))
+        .await
+        .expect_ok();
+}
+
+// ----- 404 not_found_error -----
+
+#[tokio::test]
+async fn an_unknown_path_is_404_not_found_error() {
+    let gw = Gateway::start().await;
+    for path in ["/v1/nope", "/v1/messages/nope", "/v2/messages"] {
+        gw.get(path, &gw.key)
+            .await
+            .expect_error(404, "not_found_error");
+    }
+    let rb = gw.request(Method::GET, "/nope", None);
+    gw.send(rb).await.expect_error(404, "not_found_error");
+    gw.post_json("/v1/completions", &gw.key, &valid())
+        .await
+        .expect_error(404, "not_found_error");
+}
+
+#[tokio::test]
+async fn an_unknown_model_id_is_404_on_the_models_endpoint() {
+    let gw = Gateway::start().await;
+    let msg = gw
+        .get("/v1/models/svc/nope", &gw.key)
+        .await
+        .expect_error(404, "not_found_error");
+    assert!(
+        msg.contains("svc/nope") || msg.contains("model"),
+        "404 message: {msg}"
+    );
+    gw.get("/v1/models/nope", &gw.key)
+        .await
+        .expect_error(404, "not_found_error");
+}
+
+// ----- 405 -----
+
+#[tokio::test]
+async fn a_wrong_method_is_405_in_the_envelope() {
+    let gw = Gateway::start().await;
+    gw.get("/v1/messages", &gw.key)
+        .await
+        .expect_error(405, "invalid_request_error");
+    gw.get("/v1/chat/completions", &gw.key)
+        .await
+        .expect_error(405, "invalid_request_error");
+    gw.post_json("/v1/models", &gw.key, &json!({}))
+        .await
+        .expect_error(405, "invalid_request_error");
+    let rb = gw.request(Method::DELETE, "/v1/messages", Some(&gw.key));
+    gw.send(rb).await.expect_error(405, "invalid_request_error");
+}
+
+// ----- 413 request_too_large -----
+
+/// A valid `/v1/messages` body padded with JSON whitespace to exactly `len` bytes.
+pub fn padded_body(len: usize) -> Vec<u8> {
+    let head =
+        br#"{"model":"svc/haiku","max_tokens":16,"messages":[{"role":"user","content":"hi"}]"#;
+    let mut body = Vec::with_capacity(len);
+    body.extend_from_slice(head);
+    body.resize(len - 1, b' ');
+    body.push(b'}');
+    body
+}
+
+#[tokio::test]
+async fn a_body_over_16_mib_is_413_request_too_large() {
+    let gw = Gateway::start().await;
+    for path in [
+        "/v1/messages",
+        "/v1/chat/completions",
+        "/v1/messages/count_tokens",
+    ] {
+        let rb = gw
+            .request(Method::POST, path, Some(&gw.key))
+            .header("content-type", "application/json")
+            .body(padded_body(16 * MIB + 1));
+        gw.send(rb).await.expect_error(413, "request_too_large");
+    }
+    let rb = gw
+        .request(Method::POST, "/v1/messages", Some(&gw.key))
+        .header("content-type", "application/json")
+        .body(padded_body(17 * MIB));
+    gw.send(rb).await.expect_error(413, "request_too_large");
+}
+
+#[tokio::test]
+async fn a_chunked_body_over_16_mib_without_content_length_is_413() {
+    let gw = Gateway::start().await;
+    let body = padded_body(16 * MIB + 1);
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.chunks(256 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let rb = gw
+        .request(Method::POST, "/v1/messages", Some(&gw.key))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)));
+    gw.send(rb).await.expect_error(413, "request_too_large");
+}
+
+// ----- 429 rate_limit_error -----
+
+#[tokio::test]
+async fn a_rate_limited_request_is_429_with_retry_after() {
+    let gw = Gateway::builder().dev_tier("free").start().await;
+    gw.wait_for_roomy_window(&gw.key, 5).await;
+    for _ in 0..5 {
+        gw.count_tokens(&gw.key, &count_body("svc/haiku", "hi"))
+            .await
+            .expect_ok();
+    }
+    let resp = gw.post_messages(&gw.key, &valid()).await;
+    let msg = resp.expect_error(429, "rate_limit_error");
+    let retry_after = resp.retry_after();
+    assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
+    assert!(msg.contains("requests per minute"), "429 message: {msg}");
+    assert!(
+        mentions_seconds(&msg),
+        "429 message names no delay in seconds: {msg}"
+    );
+}
+
+// ----- /v1/usage parameters -----
+
+#[tokio::test]
+async fn a_malformed_usage_query_is_400_naming_the_parameter() {
+    let gw = Gateway::start().await;
+    for (query, field) in [
+        ("start_date=yesterday", "start_date"),
+        ("end_date=2026-13-40", "end_date"),
+        ("group_by=week", "group_by"),
+    ] {
+        gw.get(&format!("/v1/usage?{query}"), &gw.key)
+            .await
+            .expect_invalid(&[field]);
+    }
+    gw.get(
+        "/v1/usage?start_date=2026-05-09&end_date=2026-05-01",
+        &gw.key,
+    )
+    .await
+    .expect_invalid(&["start_date", "end_date"]);
+}
