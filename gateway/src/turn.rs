@@ -274,7 +274,7 @@ fn metered(
                     yield TurnEvent::Finished {
                         stop_reason,
                         stop_sequence,
-                        usage: Usage { tokens: usage, credits_consumed: credits },
+                        usage: Usage { tokens: usage, credits_consumed: Some(credits) },
                     };
                     return;
                 }

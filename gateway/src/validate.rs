@@ -185,14 +185,19 @@ fn thinking(
     model: &ModelConfig,
     open_max_tokens: bool,
 ) -> Result<(), ApiError> {
-    let Some(Thinking::Enabled { budget_tokens }) = req.thinking else {
-        return Ok(());
+    let budget_tokens = match req.thinking {
+        None | Some(Thinking::Disabled) => return Ok(()),
+        Some(Thinking::Adaptive) => None,
+        Some(Thinking::Enabled { budget_tokens }) => Some(budget_tokens),
     };
     if !model.capabilities.thinking {
         return Err(ApiError::invalid(format!(
             "thinking: extended thinking is not available on {model_id}; use svc/opus"
         )));
     }
+    let Some(budget_tokens) = budget_tokens else {
+        return Ok(());
+    };
     if budget_tokens < MIN_THINKING_BUDGET {
         return Err(ApiError::invalid(format!(
             "thinking.budget_tokens: must be at least {MIN_THINKING_BUDGET}"

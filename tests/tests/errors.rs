@@ -147,9 +147,14 @@ async fn temperature_and_top_p_outside_zero_to_one_are_400() {
 async fn thinking_on_a_model_other_than_opus_is_400_naming_thinking() {
     let gw = Gateway::start().await;
     for model in ["svc/sonnet", "svc/haiku", "svc/kimi"] {
-        let mut body = message(model, "think about it", 4096);
-        body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
-        expect_400(&gw, &body, &["thinking"]).await;
+        for thinking in [
+            json!({"type": "enabled", "budget_tokens": 1024}),
+            json!({"type": "adaptive"}),
+        ] {
+            let mut body = message(model, "think about it", 4096);
+            body["thinking"] = thinking;
+            expect_400(&gw, &body, &["thinking"]).await;
+        }
     }
 }
 

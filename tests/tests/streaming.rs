@@ -235,6 +235,30 @@ fn thinking_request(stream: bool) -> Value {
 }
 
 #[tokio::test]
+async fn adaptive_thinking_on_opus_gives_a_thinking_block_before_the_text() {
+    let gw = Gateway::start().await;
+    let mut body = message("svc/opus", "decide how long to think", 4_096);
+    body["thinking"] = json!({"type": "adaptive"});
+    let reply = gw.post_messages(&gw.key, &body).await.expect_ok();
+    assert_eq!(reply["content"][0]["type"], "thinking", "{reply}");
+    assert_eq!(reply["content"][1]["type"], "text", "{reply}");
+}
+
+#[tokio::test]
+async fn credits_consumed_is_reported_once_known_in_message_delta_and_not_in_message_start() {
+    let gw = Gateway::start().await;
+    let stream = stream_message(&gw, &gw.key, &message_stream("svc/haiku", "bill me", 64)).await;
+    assert!(
+        stream.message["usage"].get("credits_consumed").is_none(),
+        "message_start usage must not carry a credits_consumed it cannot know yet: {}",
+        stream.message
+    );
+    assert!(stream.usage["credits_consumed"]
+        .as_u64()
+        .is_some_and(|c| c > 0));
+}
+
+#[tokio::test]
 async fn thinking_on_opus_streams_a_signed_thinking_block_before_the_text() {
     let gw = Gateway::start().await;
     let stream = stream_message(&gw, &gw.key, &thinking_request(true)).await;

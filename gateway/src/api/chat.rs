@@ -275,7 +275,7 @@ fn chat_usage(usage: &Usage) -> ChatUsage {
         prompt_tokens_details: PromptTokensDetails {
             cached_tokens: t.cache_read_input_tokens,
         },
-        credits_consumed: usage.credits_consumed,
+        credits_consumed: usage.credits_consumed.unwrap_or_default(),
     }
 }
 

@@ -79,7 +79,7 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
                 stop_sequence: None,
                 usage: Usage {
                     tokens: TokenUsage { input_tokens, ..TokenUsage::default() },
-                    credits_consumed: 0,
+                    credits_consumed: None,
                 },
             },
         });

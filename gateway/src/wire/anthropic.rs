@@ -65,10 +65,13 @@ impl MessagesRequest {
         system || tools || blocks
     }
 
+    /// The most tokens thinking may take, when thinking is on; adaptive thinking decides for
+    /// itself within max_tokens, and is given half of it.
     pub fn thinking_budget(&self) -> Option<u32> {
         match self.thinking {
             Some(Thinking::Enabled { budget_tokens }) => Some(budget_tokens),
-            _ => None,
+            Some(Thinking::Adaptive) => Some(self.max_tokens / 2),
+            Some(Thinking::Disabled) | None => None,
         }
     }
 }
@@ -252,6 +255,7 @@ pub enum ToolChoice {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Thinking {
     Enabled { budget_tokens: u32 },
+    Adaptive,
     Disabled,
 }
 
@@ -311,12 +315,15 @@ pub struct TokenUsage {
     pub cache_read_input_tokens: u32,
 }
 
-/// The usage object of a response: token counts plus the service's `credits_consumed`.
+/// The usage object of a response: token counts plus the service's `credits_consumed`, which
+/// is absent only from `message_start`, where it is not known yet (SDKs that accumulate a
+/// stream would otherwise keep a 0 from it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
     #[serde(flatten)]
     pub tokens: TokenUsage,
-    pub credits_consumed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credits_consumed: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
