@@ -387,6 +387,14 @@ impl Drop for Meter {
         if !self.reserved && self.lease.is_none() {
             return;
         }
+        // Once the process is exiting (the settlement tracker is closed, the runtime going away)
+        // nothing more can run: the reservation stays held, as after a crash, for the ledger's
+        // recovery to release.
+        let runtime = tokio::runtime::Handle::try_current();
+        let (Ok(runtime), false) = (runtime, self.state.shutdown.tasks.is_closed()) else {
+            tracing::error!(message_id = %self.message_id, "turn dropped while exiting; not settled");
+            return;
+        };
         let mut rest = Meter {
             state: self.state.clone(),
             key_id: std::mem::take(&mut self.key_id),
@@ -400,9 +408,12 @@ impl Drop for Meter {
             reserved: std::mem::take(&mut self.reserved),
         };
         let tasks = self.state.shutdown.tasks.clone();
-        tasks.spawn(async move {
-            rest.settle(MessageStatus::ClientDisconnected, None).await;
-        });
+        tasks.spawn_on(
+            async move {
+                rest.settle(MessageStatus::ClientDisconnected, None).await;
+            },
+            &runtime,
+        );
     }
 }
 
