@@ -34,3 +34,7 @@ pub fn key_secret() -> String {
 pub fn admin_token() -> String {
     random(32)
 }
+
+pub fn lease() -> String {
+    random(16)
+}

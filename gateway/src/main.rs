@@ -1,30 +1,12 @@
 //! The `gateway` binary.
 
-mod accounts;
-mod admin;
-mod api;
-mod auth;
-mod config;
-mod error;
-mod ids;
-mod ledger;
-mod limits;
-mod providers;
-mod routing;
-mod serve;
-mod standalone;
-mod state;
-mod tokens;
-mod turn;
-mod validate;
-mod wire;
-
 use std::process::ExitCode;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use config::{Cli, Command};
+use gateway::config::{Cli, Command};
+use gateway::startup;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -35,7 +17,8 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Standalone(args) => standalone::run(args).await,
+        Command::Standalone(args) => startup::standalone(args).await,
+        Command::Serve(args) => startup::cluster(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -250,14 +250,21 @@ fn needs(request: &MessagesRequest, input_tokens: u32, open_max_tokens: bool) ->
     }
 }
 
-/// Passes the provider's events through, settles on the last one, and ends the turn with an
-/// error event when the shutdown grace period runs out.
+/// Passes the provider's events through, settles on the last one, renews the stream slot's
+/// lease while it runs, and ends the turn with an error event when the shutdown grace period
+/// runs out.
 fn metered(
     state: AppState,
     mut upstream: EventStream,
     mut meter: Meter,
 ) -> impl Stream<Item = TurnEvent> + Send {
+    let renewal = state
+        .limiter
+        .lease_renewal()
+        .filter(|_| meter.lease.is_some())
+        .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
     async_stream::stream! {
+        let mut renewal = renewal;
         loop {
             let next = tokio::select! {
                 biased;
@@ -265,6 +272,10 @@ fn metered(
                     meter.settle(MessageStatus::Interrupted, None).await;
                     yield TurnEvent::Failed(ProviderError::ShuttingDown.into());
                     return;
+                }
+                _ = tick(&mut renewal) => {
+                    meter.renew().await;
+                    continue;
                 }
                 next = upstream.next() => next,
             };
@@ -297,6 +308,16 @@ fn metered(
     }
 }
 
+/// The next renewal tick; never, for limiters whose leases do not expire.
+async fn tick(renewal: &mut Option<tokio::time::Interval>) {
+    match renewal {
+        Some(interval) => {
+            interval.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// What a turn holds (a stream slot, a reservation) and has generated so far, so that it is
 /// given back and billed exactly once, however the turn ends.
 struct Meter {
@@ -321,6 +342,14 @@ impl Meter {
                 Delta::InputJson { partial_json } => self.generated.push_str(partial_json),
                 Delta::Thinking { thinking } => self.generated.push_str(thinking),
                 Delta::Signature { .. } => {}
+            }
+        }
+    }
+
+    async fn renew(&self) {
+        if let Some(lease) = &self.lease {
+            if let Err(e) = self.state.limiter.renew(&self.key_id, lease).await {
+                tracing::warn!(error = %e, "could not renew a stream lease");
             }
         }
     }

@@ -14,7 +14,6 @@ use crate::auth::KeyHash;
 
 #[derive(Debug, Error)]
 pub enum StoreError {
-    #[expect(dead_code, reason = "constructed by the Postgres store (cluster mode)")]
     #[error("account store unavailable: {0}")]
     Unavailable(String),
 }

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use crds::config::TIER_IDS;
 
+use crate::limits::OutagePolicy;
+
 #[derive(Debug, Parser)]
 #[command(name = "gateway", version, about = "LLM API gateway")]
 pub struct Cli {
@@ -18,11 +20,42 @@ pub struct Cli {
 pub enum Command {
     /// One process, no external services: in-process limits and credits, config from a folder
     /// of manifests, every model on the built-in simulated provider unless routed elsewhere.
-    Standalone(StandaloneArgs),
+    Standalone(CommonArgs),
+    /// Cluster mode: rate limits and stream slots shared with every other pod through Redis.
+    /// Accounts, keys and credits stay in process until the Postgres ledger lands: every pod
+    /// seeds the same dev key and manifest keys, with credits of its own.
+    Serve(ServeArgs),
 }
 
 #[derive(Debug, Args)]
-pub struct StandaloneArgs {
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// `redis://host:port[/db]`, or `redis-cluster://host:port` for Redis Cluster.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: String,
+    /// Bound on every Redis call.
+    #[arg(long, env = "GATEWAY_REDIS_TIMEOUT_MS", default_value_t = 250)]
+    pub redis_timeout_ms: u64,
+    /// While Redis is unreachable: refuse with 503, or limit each pod locally.
+    #[arg(
+        long,
+        env = "GATEWAY_REDIS_OUTAGE",
+        value_enum,
+        default_value = "fail-closed"
+    )]
+    pub redis_outage: OutagePolicy,
+    /// Gateway pods sharing the limits; failing open, each pod takes this share of them.
+    #[arg(long, env = "GATEWAY_PODS", default_value_t = 1)]
+    pub pods: u32,
+    /// Lifetime of a stream slot's lease, renewed every third of it while the stream runs.
+    #[arg(long, env = "GATEWAY_STREAM_LEASE_SECS", default_value_t = 10)]
+    pub stream_lease_secs: u64,
+}
+
+/// The flags both modes share.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
     /// Address of the public API.
     #[arg(long, env = "GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -33,7 +66,12 @@ pub struct StandaloneArgs {
     #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
     /// Folder of Tier, ModelRoute, ApiKey and Secret manifests.
-    #[arg(long, env = "GATEWAY_MANIFESTS", default_value = "deploy/standalone")]
+    #[arg(
+        long,
+        alias = "config",
+        env = "GATEWAY_MANIFESTS",
+        default_value = "deploy/standalone"
+    )]
     pub manifests: PathBuf,
     /// The development API key to create; random (and printed) when absent.
     #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true)]

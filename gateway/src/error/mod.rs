@@ -172,7 +172,8 @@ impl From<LimitError> for ApiError {
             },
             LimitError::NeverAdmissible { .. } => Self::invalid(e.to_string()),
             LimitError::Unavailable(detail) => {
-                tracing::error!(error = %detail, "rate limiter unavailable");
+                // The outage itself is logged once, when the limiter switches policy.
+                tracing::debug!(error = %detail, "rate limiter unavailable");
                 Self::unavailable("rate limiter temporarily unavailable; retry with backoff")
             }
         }

@@ -23,10 +23,6 @@ pub enum LedgerError {
     UnknownMessage,
     #[error("payment reference is already used by another account")]
     ReferenceConflict,
-    #[expect(
-        dead_code,
-        reason = "constructed by the Postgres ledger (cluster mode)"
-    )]
     #[error("ledger unavailable: {0}")]
     Unavailable(String),
 }

@@ -25,7 +25,7 @@ pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> R
         None => match state.limiter.snapshot(&principal.key.id).await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "no rate-limit snapshot for headers");
+                tracing::debug!(error = %e, "no rate-limit snapshot for headers");
                 return response;
             }
         },

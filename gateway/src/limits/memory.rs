@@ -58,7 +58,7 @@ impl Limiter for MemoryLimiter {
         window.input_tokens += request.input_tokens;
         let lease = request.stream.then(|| {
             window.streams += 1;
-            StreamLease
+            StreamLease::Local
         });
         Ok(Admission {
             snapshot: window.snapshot(reset_secs),

@@ -5,18 +5,22 @@
 //! answer from one counter, and its worst case (twice the cap across a window edge) is the
 //! documented trade-off. Streams are counted while open and released when they end.
 
+mod failover;
 mod headers;
 mod memory;
+mod redis;
 
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use crds::config::Limits;
 use thiserror::Error;
 
+pub use failover::{Failover, OutagePolicy};
 pub use headers::layer as headers_layer;
 pub use memory::MemoryLimiter;
+pub use redis::RedisLimiter;
 
 pub const WINDOW_SECS: u64 = 60;
 
@@ -54,8 +58,13 @@ pub struct AdmissionRequest {
 }
 
 /// A held stream slot; given back through [`Limiter::finish`].
-#[derive(Debug)]
-pub struct StreamLease;
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamLease {
+    /// Counted in this process.
+    Local,
+    /// A lease shared by all pods, with its id; it expires unless renewed.
+    Shared(String),
+}
 
 #[derive(Debug)]
 pub struct Admission {
@@ -76,7 +85,6 @@ pub enum LimitError {
     },
     #[error("this request's {tokens} input tokens exceed this key's limit of {limit} input tokens per minute, so it can never be admitted; shorten it or move to a higher tier")]
     NeverAdmissible { tokens: u64, limit: u64 },
-    #[expect(dead_code, reason = "constructed by the Redis limiter (cluster mode)")]
     #[error("{0}")]
     Unavailable(String),
 }
@@ -92,6 +100,15 @@ pub trait Limiter: Send + Sync {
     ) -> Result<Admission, LimitError>;
 
     async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError>;
+
+    /// How often an open stream must renew its lease; `None` when leases do not expire.
+    fn lease_renewal(&self) -> Option<Duration> {
+        None
+    }
+
+    async fn renew(&self, _key_id: &str, _lease: &StreamLease) -> Result<(), LimitError> {
+        Ok(())
+    }
 
     /// Ends an admitted request: gives the stream slot back and corrects the window's token
     /// count from the admission estimate to the actual input tokens.

@@ -39,10 +39,6 @@ pub enum ProviderEvent {
 }
 
 #[derive(Debug, Error)]
-#[expect(
-    dead_code,
-    reason = "Rejected, Timeout and Overloaded are built by the anthropic and openai adapters"
-)]
 pub enum ProviderError {
     /// The upstream refused the request's content; the message is ours, not the upstream's.
     #[error("{0}")]

@@ -1,17 +1,18 @@
-//! `gateway standalone`: in-process stores, config from a manifest folder, a dev account and
-//! key, both listeners.
+//! Start-up of both modes: config from a manifest folder, the stores chosen for the mode, the
+//! seeded keys and the dev account, then both listeners.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 
 use crate::accounts::{KeyKind, MemoryAccounts, StoreError};
 use crate::auth::{self, KeySpec};
-use crate::config::StandaloneArgs;
+use crate::config::{CommonArgs, ServeArgs};
 use crate::ids;
 use crate::ledger::{LedgerError, MemoryLedger};
-use crate::limits::MemoryLimiter;
+use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
 use crate::providers::{Providers, Simulated};
 use crate::routing::Catalog;
 use crate::serve::{self, ServeError};
@@ -30,9 +31,31 @@ pub enum StartError {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error(transparent)]
+    Limiter(#[from] LimitError),
 }
 
-pub async fn run(args: StandaloneArgs) -> Result<(), StartError> {
+/// The dev key's id, the same in every process, so that pods share its limits.
+const DEV_KEY_ID: &str = "key_dev";
+
+/// `gateway standalone`: everything in process.
+pub async fn standalone(args: CommonArgs) -> Result<(), StartError> {
+    run(args, Arc::new(MemoryLimiter::default())).await
+}
+
+/// `gateway serve`: limits shared through Redis under the chosen outage policy.
+pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
+    let redis = RedisLimiter::connect(
+        &args.redis_url,
+        Duration::from_millis(args.redis_timeout_ms),
+        Duration::from_secs(args.stream_lease_secs.max(1)),
+    )
+    .await?;
+    let limiter = Failover::new(redis, args.redis_outage, args.pods);
+    run(args.common, Arc::new(limiter)).await
+}
+
+async fn run(args: CommonArgs, limiter: Arc<dyn Limiter>) -> Result<(), StartError> {
     let mut config = crds::manifests::load_dir(&args.manifests)?;
     if let Some(delay) = args.simulated_chunk_delay_ms {
         override_simulated_delay(&mut config, delay);
@@ -46,7 +69,7 @@ pub async fn run(args: StandaloneArgs) -> Result<(), StartError> {
         tokens,
         accounts: Arc::new(MemoryAccounts::default()),
         ledger: Arc::new(MemoryLedger::default()),
-        limiter: Arc::new(MemoryLimiter::default()),
+        limiter,
         providers: Providers::new(Arc::new(Simulated::new(tokens))),
         shutdown: Shutdown::default(),
         credits_per_usd: args.credits_per_usd,
@@ -61,7 +84,7 @@ pub async fn run(args: StandaloneArgs) -> Result<(), StartError> {
             admin: args.admin_listen,
             admin_token,
             dev_key,
-            grace: std::time::Duration::from_secs(args.shutdown_grace_secs),
+            grace: Duration::from_secs(args.shutdown_grace_secs),
         },
     )
     .await?;
@@ -112,11 +135,11 @@ async fn seed_granted_keys(state: &AppState) -> Result<(), StartError> {
     Ok(())
 }
 
-async fn seed_dev_key(state: &AppState, args: &StandaloneArgs) -> Result<String, StartError> {
+async fn seed_dev_key(state: &AppState, args: &CommonArgs) -> Result<String, StartError> {
     let account = state.accounts.create_account("dev").await?;
     state.ledger.grant(&account.id, args.dev_credits).await?;
     let minted = auth::mint(KeySpec {
-        id: None,
+        id: Some(DEV_KEY_ID.to_owned()),
         account_id: account.id,
         name: "dev".to_owned(),
         kind: KeyKind::Api,

@@ -1,0 +1,21 @@
+//! The gateway: the `/v1` API, auth, rate limits, credits, providers. The `gateway` binary
+//! (`main.rs`) only parses the command line; benchmarks use the modules directly.
+
+pub mod accounts;
+pub mod admin;
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod ids;
+pub mod ledger;
+pub mod limits;
+pub mod providers;
+pub mod routing;
+pub mod serve;
+pub mod startup;
+pub mod state;
+pub mod tokens;
+pub mod turn;
+pub mod validate;
+pub mod wire;

@@ -1,0 +1,179 @@
+//! What the gateway does while Redis is away, chosen at start-up: fail closed (503, the
+//! default: no request runs unmetered) or fail open to per-pod local limits, each pod taking
+//! its share of the key's limits (divided by the known pod count, rounded up). Each switch is
+//! logged once. While Redis is down, requests do not each wait out the timeout: one call per
+//! second probes Redis, the others follow the policy at once; recovery is by itself, on the
+//! first probe Redis answers.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use clap::ValueEnum;
+use crds::config::Limits;
+
+use super::{
+    Admission, AdmissionRequest, LimitError, Limiter, MemoryLimiter, RedisLimiter, Snapshot,
+    StreamLease,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutagePolicy {
+    FailClosed,
+    FailOpen,
+}
+
+const PROBE_EVERY_MS: u64 = 1_000;
+
+pub struct Failover {
+    shared: RedisLimiter,
+    local: MemoryLimiter,
+    policy: OutagePolicy,
+    pods: u32,
+    down: AtomicBool,
+    /// While down: when Redis may next be tried (ms since the epoch).
+    next_probe_ms: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Failover {
+    pub fn new(shared: RedisLimiter, policy: OutagePolicy, pods: u32) -> Self {
+        Self {
+            shared,
+            local: MemoryLimiter::default(),
+            policy,
+            pods: pods.max(1),
+            down: AtomicBool::new(false),
+            next_probe_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether to call Redis now: always while it is up; once per probe interval while down.
+    fn try_shared(&self) -> bool {
+        if !self.down.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = now_ms();
+        let due = self.next_probe_ms.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .next_probe_ms
+                .compare_exchange(
+                    due,
+                    now + PROBE_EVERY_MS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    fn skipped<T>() -> Result<T, LimitError> {
+        Err(LimitError::Unavailable(
+            "redis down; waiting for the next probe".into(),
+        ))
+    }
+
+    fn observe<T>(&self, result: &Result<T, LimitError>) {
+        match result {
+            Err(LimitError::Unavailable(detail)) => {
+                self.next_probe_ms
+                    .store(now_ms() + PROBE_EVERY_MS, Ordering::Relaxed);
+                if !self.down.swap(true, Ordering::Relaxed) {
+                    tracing::error!(error = %detail, policy = ?self.policy, "redis unavailable; rate limiting switches to the outage policy");
+                }
+            }
+            _ => {
+                if self.down.swap(false, Ordering::Relaxed) {
+                    tracing::info!("redis reachable again; rate limits are shared again");
+                }
+            }
+        }
+    }
+
+    fn share(&self, limits: &Limits) -> Limits {
+        Limits {
+            requests_per_minute: limits.requests_per_minute.div_ceil(self.pods),
+            input_tokens_per_minute: limits
+                .input_tokens_per_minute
+                .div_ceil(u64::from(self.pods)),
+            concurrent_streams: limits.concurrent_streams.div_ceil(self.pods),
+        }
+    }
+
+    fn failing_open(&self, result: &Result<impl Sized, LimitError>) -> bool {
+        self.policy == OutagePolicy::FailOpen && matches!(result, Err(LimitError::Unavailable(_)))
+    }
+}
+
+#[async_trait]
+impl Limiter for Failover {
+    async fn admit(
+        &self,
+        key_id: &str,
+        limits: &Limits,
+        request: AdmissionRequest,
+    ) -> Result<Admission, LimitError> {
+        let result = if self.try_shared() {
+            let result = self.shared.admit(key_id, limits, request).await;
+            self.observe(&result);
+            result
+        } else {
+            Self::skipped()
+        };
+        if self.failing_open(&result) {
+            return self.local.admit(key_id, &self.share(limits), request).await;
+        }
+        result
+    }
+
+    async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError> {
+        // Headers never probe: a snapshot while down would only add the timeout to a refusal.
+        let result = if self.down.load(Ordering::Relaxed) {
+            Self::skipped()
+        } else {
+            let result = self.shared.snapshot(key_id).await;
+            self.observe(&result);
+            result
+        };
+        if self.failing_open(&result) {
+            return self.local.snapshot(key_id).await;
+        }
+        result
+    }
+
+    fn lease_renewal(&self) -> Option<Duration> {
+        self.shared.lease_renewal()
+    }
+
+    async fn renew(&self, key_id: &str, lease: &StreamLease) -> Result<(), LimitError> {
+        self.shared.renew(key_id, lease).await
+    }
+
+    async fn finish(
+        &self,
+        key_id: &str,
+        lease: Option<StreamLease>,
+        estimated_tokens: u64,
+        actual_tokens: u64,
+    ) -> Result<(), LimitError> {
+        // Stream slots go back where they were taken; while Redis is down, non-stream token
+        // corrections stay local too rather than each waiting out the timeout.
+        let local = matches!(lease, Some(StreamLease::Local))
+            || (lease.is_none() && self.down.load(Ordering::Relaxed));
+        if local {
+            self.local
+                .finish(key_id, lease, estimated_tokens, actual_tokens)
+                .await
+        } else {
+            self.shared
+                .finish(key_id, lease, estimated_tokens, actual_tokens)
+                .await
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The limiter shared by all gateway pods, in Redis. Every decision is one Lua script call,
+//! so two pods admitting the same key at once cannot both take the last slot.
+//!
+//! Per key id K: a hash `rl:{K}:w` with the current window (`win`, from Redis' own clock, so
+//! pods with skewed clocks still agree), its request count `req` and input tokens `tok`; and a
+//! sorted set `rl:{K}:s` of stream leases scored by expiry in ms. A stream renews its lease
+//! while it runs; a lease whose pod died expires and frees the slot. The `{K}` hash tag keeps
+//! both keys in one slot, so the scripts work on Redis Cluster.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use crds::config::Limits;
+use fred::prelude::{Builder, Client, ClientLike, Config, ReconnectPolicy};
+use fred::types::scripts::Script;
+
+use super::{decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
+use crate::ids;
+
+/// Reads the window and live leases; admits when the rules of `limits::decide` allow.
+/// Returns the counts before admission, whether it admitted, and the seconds left.
+const ADMIT: &str = r#"
+local t = redis.call('TIME')
+local secs = tonumber(t[1])
+local now = secs * 1000 + math.floor(tonumber(t[2]) / 1000)
+local win = math.floor(secs / 60)
+local w = redis.call('HMGET', KEYS[1], 'win', 'req', 'tok')
+local req, tok = 0, 0
+if tonumber(w[1]) == win then
+  req = tonumber(w[2]) or 0
+  tok = tonumber(w[3]) or 0
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local streams = redis.call('ZCARD', KEYS[2])
+local rpm, tpm, slots = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local input, stream, lease_ms = tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[7])
+local admitted = req < rpm and tok + input <= tpm and (not stream or streams < slots)
+if admitted then
+  redis.call('HSET', KEYS[1], 'win', win, 'req', req + 1, 'tok', tok + input)
+  redis.call('EXPIRE', KEYS[1], 120)
+  if stream then
+    redis.call('ZADD', KEYS[2], now + lease_ms, ARGV[6])
+    redis.call('PEXPIRE', KEYS[2], lease_ms * 2)
+  end
+end
+return {req, tok, streams, 60 - secs % 60, admitted and 1 or 0}
+"#;
+
+const SNAPSHOT: &str = r#"
+local t = redis.call('TIME')
+local secs = tonumber(t[1])
+local now = secs * 1000 + math.floor(tonumber(t[2]) / 1000)
+local w = redis.call('HMGET', KEYS[1], 'win', 'req', 'tok')
+local req, tok = 0, 0
+if tonumber(w[1]) == math.floor(secs / 60) then
+  req = tonumber(w[2]) or 0
+  tok = tonumber(w[3]) or 0
+end
+return {req, tok, redis.call('ZCOUNT', KEYS[2], now, '+inf'), 60 - secs % 60}
+"#;
+
+/// Frees the lease (if any) and moves the window's tokens by ARGV[2] (actual - estimate).
+const FINISH: &str = r#"
+if ARGV[1] ~= '' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+end
+local delta = tonumber(ARGV[2])
+if delta ~= 0 then
+  local secs = tonumber(redis.call('TIME')[1])
+  local w = redis.call('HMGET', KEYS[1], 'win', 'tok')
+  if tonumber(w[1]) == math.floor(secs / 60) then
+    redis.call('HSET', KEYS[1], 'tok', math.max(0, (tonumber(w[2]) or 0) + delta))
+  end
+end
+return 0
+"#;
+
+const RENEW: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
+return 0
+"#;
+
+pub struct RedisLimiter {
+    client: Client,
+    admit: Script,
+    snapshot: Script,
+    finish: Script,
+    renew: Script,
+    lease: Duration,
+}
+
+fn unavailable(e: fred::error::Error) -> LimitError {
+    LimitError::Unavailable(format!("redis: {e}"))
+}
+
+fn lease_key(key_id: &str) -> String {
+    format!("rl:{{{key_id}}}:s")
+}
+
+/// The window hash and the lease set of a key, in the scripts' KEYS order.
+fn keys(key_id: &str) -> Vec<String> {
+    vec![format!("rl:{{{key_id}}}:w"), lease_key(key_id)]
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RedisLimiter {
+    /// Connects to `redis://...` (or `redis-cluster://...`). Every command is bounded by
+    /// `timeout`; a lost connection is re-established in the background, so an outage ends by
+    /// itself when Redis returns. Start-up does not wait for Redis: until it answers, calls
+    /// fail with `Unavailable` and the outage policy decides.
+    pub async fn connect(
+        url: &str,
+        timeout: Duration,
+        lease: Duration,
+    ) -> Result<Self, LimitError> {
+        let config = Config::from_url(url).map_err(unavailable)?;
+        let client = Builder::from_config(config)
+            .with_connection_config(|c| {
+                c.connection_timeout = timeout;
+                c.internal_command_timeout = timeout;
+                c.max_command_attempts = 1;
+            })
+            .with_performance_config(|p| p.default_command_timeout = timeout)
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .build()
+            .map_err(unavailable)?;
+        client.connect();
+        if tokio::time::timeout(timeout * 4, client.wait_for_connect())
+            .await
+            .is_err()
+        {
+            tracing::warn!("redis not reachable at start-up; retrying in the background");
+        }
+        Ok(Self {
+            client,
+            admit: Script::from_lua(ADMIT),
+            snapshot: Script::from_lua(SNAPSHOT),
+            finish: Script::from_lua(FINISH),
+            renew: Script::from_lua(RENEW),
+            lease,
+        })
+    }
+}
+
+#[async_trait]
+impl Limiter for RedisLimiter {
+    async fn admit(
+        &self,
+        key_id: &str,
+        limits: &Limits,
+        request: AdmissionRequest,
+    ) -> Result<Admission, LimitError> {
+        let lease_id = if request.stream {
+            ids::lease()
+        } else {
+            String::new()
+        };
+        let (requests, input_tokens, streams, reset_secs, admitted): (u32, u64, u32, u64, u8) =
+            self.admit
+                .evalsha_with_reload(
+                    &self.client,
+                    keys(key_id),
+                    vec![
+                        limits.requests_per_minute.to_string(),
+                        limits.input_tokens_per_minute.to_string(),
+                        limits.concurrent_streams.to_string(),
+                        request.input_tokens.to_string(),
+                        u8::from(request.stream).to_string(),
+                        lease_id.clone(),
+                        millis(self.lease).to_string(),
+                    ],
+                )
+                .await
+                .map_err(unavailable)?;
+        let before = Snapshot {
+            requests,
+            input_tokens,
+            streams,
+            reset_secs,
+        };
+        if admitted == 0 {
+            // The script applies the rules of `decide` to these very counts, so `decide`
+            // names the dimension that refused.
+            return Err(decide(limits, &before, &request)
+                .err()
+                .unwrap_or(LimitError::Exceeded {
+                    dimension: super::Dimension::Requests,
+                    limit: limits.requests_per_minute.into(),
+                    retry_after_secs: reset_secs,
+                    snapshot: before,
+                }));
+        }
+        Ok(Admission {
+            snapshot: Snapshot {
+                requests: requests + 1,
+                input_tokens: input_tokens + request.input_tokens,
+                streams: streams + u32::from(request.stream),
+                reset_secs,
+            },
+            lease: request.stream.then_some(StreamLease::Shared(lease_id)),
+        })
+    }
+
+    async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError> {
+        let (requests, input_tokens, streams, reset_secs): (u32, u64, u32, u64) = self
+            .snapshot
+            .evalsha_with_reload(&self.client, keys(key_id), Vec::<String>::new())
+            .await
+            .map_err(unavailable)?;
+        Ok(Snapshot {
+            requests,
+            input_tokens,
+            streams,
+            reset_secs,
+        })
+    }
+
+    fn lease_renewal(&self) -> Option<Duration> {
+        Some(self.lease / 3)
+    }
+
+    async fn renew(&self, key_id: &str, lease: &StreamLease) -> Result<(), LimitError> {
+        let StreamLease::Shared(id) = lease else {
+            return Ok(());
+        };
+        self.renew
+            .evalsha_with_reload::<i64, _, _>(
+                &self.client,
+                vec![lease_key(key_id)],
+                vec![id.clone(), millis(self.lease).to_string()],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn finish(
+        &self,
+        key_id: &str,
+        lease: Option<StreamLease>,
+        estimated_tokens: u64,
+        actual_tokens: u64,
+    ) -> Result<(), LimitError> {
+        let lease_id = match lease {
+            Some(StreamLease::Shared(id)) => id,
+            _ => String::new(),
+        };
+        let delta = i128::from(actual_tokens) - i128::from(estimated_tokens);
+        self.finish
+            .evalsha_with_reload::<i64, _, _>(
+                &self.client,
+                keys(key_id),
+                vec![lease_id, delta.to_string()],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+}
