@@ -96,16 +96,6 @@ impl Failover {
         }
     }
 
-    fn share(&self, limits: &Limits) -> Limits {
-        Limits {
-            requests_per_minute: limits.requests_per_minute.div_ceil(self.pods),
-            input_tokens_per_minute: limits
-                .input_tokens_per_minute
-                .div_ceil(u64::from(self.pods)),
-            concurrent_streams: limits.concurrent_streams.div_ceil(self.pods),
-        }
-    }
-
     fn failing_open(&self, result: &Result<impl Sized, LimitError>) -> bool {
         self.policy == OutagePolicy::FailOpen && matches!(result, Err(LimitError::Unavailable(_)))
     }
@@ -127,7 +117,10 @@ impl Limiter for Failover {
             Self::skipped()
         };
         if self.failing_open(&result) {
-            return self.local.admit(key_id, &self.share(limits), request).await;
+            return self
+                .local
+                .admit(key_id, &share(limits, self.pods), request)
+                .await;
         }
         result
     }
@@ -175,5 +168,33 @@ impl Limiter for Failover {
                 .finish(key_id, lease, estimated_tokens, actual_tokens)
                 .await
         }
+    }
+}
+
+/// One pod's part of a key's limits while failing open: rounded up, so a key never loses all
+/// of a dimension (a free key's single stream stays available on every pod).
+fn share(limits: &Limits, pods: u32) -> Limits {
+    Limits {
+        requests_per_minute: limits.requests_per_minute.div_ceil(pods),
+        input_tokens_per_minute: limits.input_tokens_per_minute.div_ceil(u64::from(pods)),
+        concurrent_streams: limits.concurrent_streams.div_ceil(pods),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_open_each_pod_takes_its_share_of_the_limits_rounded_up() {
+        let free = Limits {
+            requests_per_minute: 5,
+            input_tokens_per_minute: 20_000,
+            concurrent_streams: 1,
+        };
+        let part = share(&free, 2);
+        assert_eq!(part.requests_per_minute, 3);
+        assert_eq!(part.input_tokens_per_minute, 10_000);
+        assert_eq!(part.concurrent_streams, 1);
     }
 }
