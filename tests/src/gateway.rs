@@ -1,6 +1,9 @@
 //! The gateway process: spawn, wait for the ready line, talk to it, kill it on drop.
+//!
+//! `gateway standalone` by default; [`GatewayBuilder::serve`] starts `gateway serve` (cluster
+//! mode: limits in Redis) instead, with the same flags plus the Redis ones.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,13 +59,66 @@ pub fn gateway_bin() -> PathBuf {
     target.join("debug").join("gateway")
 }
 
+/// Which subcommand the gateway runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// `gateway standalone`: everything in-process.
+    #[default]
+    Standalone,
+    /// `gateway serve`: rate limits shared through Redis (`--redis-url`).
+    Serve,
+}
+
+impl Mode {
+    fn subcommand(self) -> &'static str {
+        match self {
+            Mode::Standalone => "standalone",
+            Mode::Serve => "serve",
+        }
+    }
+}
+
 /// Options for one gateway process; everything else is the contract's default.
 #[derive(Clone, Debug, Default)]
 pub struct GatewayBuilder {
     args: Vec<String>,
+    mode: Mode,
+    manifests: Option<PathBuf>,
 }
 
 impl GatewayBuilder {
+    /// `gateway serve --redis-url URL`: cluster mode against that Redis.
+    pub fn serve(mut self, redis_url: &str) -> Self {
+        self.mode = Mode::Serve;
+        self.arg("--redis-url").arg(redis_url)
+    }
+
+    /// `--manifests DIR` instead of `deploy/standalone`.
+    pub fn manifests(mut self, dir: &Path) -> Self {
+        self.manifests = Some(dir.to_path_buf());
+        self
+    }
+
+    /// `--redis-timeout-ms` (serve): the limit on every Redis call.
+    pub fn redis_timeout_ms(self, ms: u64) -> Self {
+        self.arg("--redis-timeout-ms").arg(&ms.to_string())
+    }
+
+    /// `--redis-outage fail-closed|fail-open` (serve).
+    pub fn redis_outage(self, policy: &str) -> Self {
+        self.arg("--redis-outage").arg(policy)
+    }
+
+    /// `--pods` (serve): the pod count local limits are divided by when failing open.
+    pub fn pods(self, pods: u32) -> Self {
+        self.arg("--pods").arg(&pods.to_string())
+    }
+
+    /// `--stream-lease-secs` (serve): how long a stream slot outlives its pod.
+    pub fn stream_lease_secs(self, secs: u64) -> Self {
+        self.arg("--stream-lease-secs").arg(&secs.to_string())
+    }
+
     /// `--dev-tier`: the tier of the dev key.
     pub fn dev_tier(self, tier: &str) -> Self {
         self.arg("--dev-tier").arg(tier)
@@ -90,13 +146,16 @@ impl GatewayBuilder {
 
     /// Spawns the gateway and waits (at most 30 s) for its ready line.
     pub async fn start(self) -> Gateway {
-        Gateway::spawn(self.args).await
+        let manifests = self
+            .manifests
+            .unwrap_or_else(|| workspace_root().join("deploy").join("standalone"));
+        Gateway::spawn(self.mode, &manifests, self.args).await
     }
 }
 
 /// Tail of a child's output, shared with the task that drains it.
 #[derive(Clone, Default)]
-struct LogTail(Arc<Mutex<String>>);
+pub(crate) struct LogTail(Arc<Mutex<String>>);
 
 impl LogTail {
     fn push_line(&self, line: &str) {
@@ -112,14 +171,14 @@ impl LogTail {
         }
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
 /// Reads `reader` line by line until EOF into `tail`; the first line starting with `ready `
 /// goes to `ready` as well. Draining never stops, so the gateway never blocks on a full pipe.
-fn drain(
+pub(crate) fn drain(
     reader: impl AsyncRead + Unpin + Send + 'static,
     tail: LogTail,
     mut ready: Option<oneshot::Sender<String>>,
@@ -163,16 +222,15 @@ impl Gateway {
         GatewayBuilder::default()
     }
 
-    async fn spawn(extra: Vec<String>) -> Gateway {
+    async fn spawn(mode: Mode, manifests: &Path, extra: Vec<String>) -> Gateway {
         let bin = gateway_bin();
         let root = workspace_root();
-        let manifests = root.join("deploy").join("standalone");
         let mut cmd = Command::new(&bin);
-        cmd.arg("standalone")
+        cmd.arg(mode.subcommand())
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(["--admin-token", ADMIN_TOKEN, "--dev-key", DEV_KEY])
             .arg("--manifests")
-            .arg(&manifests)
+            .arg(manifests)
             .args(&extra)
             .current_dir(&root)
             .stdin(Stdio::null())
@@ -223,8 +281,9 @@ impl Gateway {
                 let _ = tokio::time::timeout(Duration::from_secs(2), out_task).await;
                 let _ = tokio::time::timeout(Duration::from_secs(2), err_task).await;
                 panic!(
-                    "gateway {} {status}\nargs: {extra:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                    "gateway {} {} {status}\nargs: {extra:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
                     bin.display(),
+                    mode.subcommand(),
                     stdout.text(),
                     stderr.text()
                 );
@@ -269,8 +328,26 @@ impl Gateway {
         )
     }
 
+    /// The gateway's stderr so far (tail): its log lines.
+    pub fn stderr(&self) -> String {
+        self.stderr.text()
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id().expect("gateway still running") as i32
+    }
+
+    /// SIGKILL (no shutdown, no grace: a crashed pod), then reaps the process.
+    pub async fn kill_9(&mut self) {
+        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+        let rc = unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        assert_eq!(
+            rc,
+            0,
+            "kill(SIGKILL) failed: {}",
+            std::io::Error::last_os_error()
+        );
+        self.wait_exit(Duration::from_secs(10)).await;
     }
 
     /// Sends SIGTERM to the gateway.

@@ -1,7 +1,10 @@
 //! Harness for the end-to-end tests: every test starts the real `gateway` binary (standalone
 //! mode, ports chosen by the OS), talks HTTP to it over loopback and kills it on drop.
 //!
-//! - [`Gateway`] / [`GatewayBuilder`]: the process, its ready line, `/v1` and admin helpers.
+//! - [`Gateway`] / [`GatewayBuilder`]: the process, its ready line, `/v1` and admin helpers;
+//!   `standalone` by default, `serve` (cluster mode) with [`GatewayBuilder::serve`].
+//! - [`RedisServer`]: a throwaway `redis-server` (start, stop, restart, freeze) for cluster mode.
+//! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
 //! - [`leak`]: the rule that no response names an upstream provider.
@@ -11,13 +14,17 @@
 //! by [`leak::assert_no_provider_names`].
 
 pub mod bodies;
+pub mod cluster;
 pub mod gateway;
 pub mod leak;
+pub mod redis;
 pub mod response;
 pub mod sse;
 
 pub use bodies::*;
+pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
+pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
 

@@ -110,6 +110,28 @@ impl Resp {
         message
     }
 
+    /// Expects a 429 `rate_limit_error` whose message names `dimension` ("requests per minute",
+    /// "input tokens", "concurrent streams") and a delay in seconds, with `Retry-After` in
+    /// 1..=60 and every rate-limit header; returns `Retry-After`.
+    pub fn expect_rate_limited(&self, dimension: &str) -> u64 {
+        let msg = self.expect_error(429, "rate_limit_error");
+        assert!(
+            msg.contains(dimension),
+            "429 message does not name {dimension:?}: {msg}"
+        );
+        assert!(
+            crate::mentions_seconds(&msg),
+            "429 message names no delay in seconds: {msg}"
+        );
+        let retry_after = self.retry_after();
+        assert!(
+            (1..=60).contains(&retry_after),
+            "Retry-After {retry_after} not in 1..=60 on {self}"
+        );
+        self.rate_limit();
+        retry_after
+    }
+
     /// The X-RateLimit-* headers; panics when one is missing.
     pub fn rate_limit(&self) -> RateLimit {
         RateLimit::from_headers(&self.headers).unwrap_or_else(|e| panic!("{e} on {self}"))

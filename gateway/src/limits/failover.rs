@@ -140,6 +140,14 @@ impl Limiter for Failover {
         result
     }
 
+    fn effective(&self, limits: &Limits) -> Limits {
+        if self.policy == OutagePolicy::FailOpen && self.down.load(Ordering::Relaxed) {
+            share(limits, self.pods)
+        } else {
+            *limits
+        }
+    }
+
     fn lease_renewal(&self) -> Option<Duration> {
         self.shared.lease_renewal()
     }

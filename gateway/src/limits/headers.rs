@@ -2,7 +2,8 @@
 //!
 //! The spec's four (tier and the request window) plus, for the dimensions whose headers it
 //! leaves open: `X-RateLimit-{Limit,Remaining,Reset}-Tokens` for input tokens per minute and
-//! `X-RateLimit-{Limit,Remaining}-Streams` for concurrent streams.
+//! `X-RateLimit-{Limit,Remaining}-Streams` for concurrent streams. When the limiter cannot be
+//! read (Redis away under fail-closed) the answer goes without them rather than with guesses.
 
 use std::sync::Arc;
 
@@ -10,6 +11,8 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
+
+use crds::config::Limits;
 
 use super::Snapshot;
 use crate::auth::Principal;
@@ -30,16 +33,16 @@ pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> R
             }
         },
     };
-    write(response.headers_mut(), &principal, &snapshot);
+    let limits = state.limiter.effective(&principal.limits);
+    write(response.headers_mut(), &principal.tier, &limits, &snapshot);
     response
 }
 
-fn write(headers: &mut HeaderMap, principal: &Principal, s: &Snapshot) {
-    let limits = &principal.limits;
+fn write(headers: &mut HeaderMap, tier: &str, limits: &Limits, s: &Snapshot) {
     let mut set = |name: &'static str, value: HeaderValue| {
         headers.insert(HeaderName::from_static(name), value);
     };
-    if let Ok(tier) = HeaderValue::from_str(&principal.tier) {
+    if let Ok(tier) = HeaderValue::from_str(tier) {
         set("x-ratelimit-tier", tier);
     }
     set(

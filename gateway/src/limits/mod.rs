@@ -101,6 +101,12 @@ pub trait Limiter: Send + Sync {
 
     async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError>;
 
+    /// The limits this limiter enforces right now for a key granted `limits` (a pod failing
+    /// open enforces only its share), which the headers must report.
+    fn effective(&self, limits: &Limits) -> Limits {
+        *limits
+    }
+
     /// How often an open stream must renew its lease; `None` when leases do not expire.
     fn lease_renewal(&self) -> Option<Duration> {
         None

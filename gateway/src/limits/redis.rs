@@ -7,7 +7,8 @@
 //! while it runs; a lease whose pod died expires and frees the slot. The `{K}` hash tag keeps
 //! both keys in one slot, so the scripts work on Redis Cluster.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use crds::config::Limits;
@@ -18,11 +19,16 @@ use super::{decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, 
 use crate::ids;
 
 /// Reads the window and live leases; admits when the rules of `limits::decide` allow.
-/// Returns the counts before admission, whether it admitted, and the seconds left.
+/// Returns the counts before admission, 1 if it admitted (0 refused, 2 past its deadline: the
+/// caller already gave up on it, so it must count nothing), the seconds left, and Redis' time.
 const ADMIT: &str = r#"
 local t = redis.call('TIME')
 local secs = tonumber(t[1])
 local now = secs * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[8])
+if deadline > 0 and now > deadline then
+  return {0, 0, 0, 0, 2, now}
+end
 local win = math.floor(secs / 60)
 local w = redis.call('HMGET', KEYS[1], 'win', 'req', 'tok')
 local req, tok = 0, 0
@@ -43,7 +49,7 @@ if admitted then
     redis.call('PEXPIRE', KEYS[2], lease_ms * 2)
   end
 end
-return {req, tok, streams, 60 - secs % 60, admitted and 1 or 0}
+return {req, tok, streams, 60 - secs % 60, admitted and 1 or 0, now}
 "#;
 
 const SNAPSHOT: &str = r#"
@@ -85,6 +91,10 @@ return 0
 
 pub struct RedisLimiter {
     client: Client,
+    timeout: Duration,
+    /// Redis' clock minus ours (ms), learnt from each admission, so a call's deadline can be
+    /// given in Redis' time; `None` until the first answer.
+    clock_offset_ms: AtomicI64,
     admit: Script,
     snapshot: Script,
     finish: Script,
@@ -109,11 +119,24 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+const STARTUP_WAIT: Duration = Duration::from_secs(5);
+
+/// No offset learnt yet.
+const UNKNOWN_OFFSET: i64 = i64::MIN;
+
 impl RedisLimiter {
     /// Connects to `redis://...` (or `redis-cluster://...`). Every command is bounded by
     /// `timeout`; a lost connection is re-established in the background, so an outage ends by
-    /// itself when Redis returns. Start-up does not wait for Redis: until it answers, calls
-    /// fail with `Unavailable` and the outage policy decides.
+    /// itself when Redis returns. Start-up waits a few seconds for the first connection, then
+    /// goes on without it: until Redis answers, calls fail with `Unavailable` and the outage
+    /// policy decides.
     pub async fn connect(
         url: &str,
         timeout: Duration,
@@ -131,7 +154,8 @@ impl RedisLimiter {
             .build()
             .map_err(unavailable)?;
         client.connect();
-        if tokio::time::timeout(timeout * 4, client.wait_for_connect())
+        let startup_wait = (timeout * 4).max(STARTUP_WAIT);
+        if tokio::time::timeout(startup_wait, client.wait_for_connect())
             .await
             .is_err()
         {
@@ -139,6 +163,8 @@ impl RedisLimiter {
         }
         Ok(Self {
             client,
+            timeout,
+            clock_offset_ms: AtomicI64::new(UNKNOWN_OFFSET),
             admit: Script::from_lua(ADMIT),
             snapshot: Script::from_lua(SNAPSHOT),
             finish: Script::from_lua(FINISH),
@@ -161,23 +187,48 @@ impl Limiter for RedisLimiter {
         } else {
             String::new()
         };
-        let (requests, input_tokens, streams, reset_secs, admitted): (u32, u64, u32, u64, u8) =
-            self.admit
-                .evalsha_with_reload(
-                    &self.client,
-                    keys(key_id),
-                    vec![
-                        limits.requests_per_minute.to_string(),
-                        limits.input_tokens_per_minute.to_string(),
-                        limits.concurrent_streams.to_string(),
-                        request.input_tokens.to_string(),
-                        u8::from(request.stream).to_string(),
-                        lease_id.clone(),
-                        millis(self.lease).to_string(),
-                    ],
-                )
-                .await
-                .map_err(unavailable)?;
+        // A call that times out here may still run in Redis later (a stalled server): its
+        // deadline, in Redis' clock, makes it count nothing then. The offset estimate errs late
+        // by at most one network trip, which only widens the deadline.
+        let sent = now_ms();
+        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
+        let deadline = if offset == UNKNOWN_OFFSET {
+            0
+        } else {
+            sent + offset + i64::try_from(millis(self.timeout)).unwrap_or(i64::MAX)
+        };
+        let (requests, input_tokens, streams, reset_secs, admitted, redis_now): (
+            u32,
+            u64,
+            u32,
+            u64,
+            u8,
+            i64,
+        ) = self
+            .admit
+            .evalsha_with_reload(
+                &self.client,
+                keys(key_id),
+                vec![
+                    limits.requests_per_minute.to_string(),
+                    limits.input_tokens_per_minute.to_string(),
+                    limits.concurrent_streams.to_string(),
+                    request.input_tokens.to_string(),
+                    u8::from(request.stream).to_string(),
+                    lease_id.clone(),
+                    millis(self.lease).to_string(),
+                    deadline.to_string(),
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        self.clock_offset_ms
+            .store(redis_now - sent, Ordering::Relaxed);
+        if admitted == 2 {
+            return Err(LimitError::Unavailable(
+                "admission reached redis after its deadline".into(),
+            ));
+        }
         let before = Snapshot {
             requests,
             input_tokens,

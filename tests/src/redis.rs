@@ -1,0 +1,395 @@
+//! A throwaway `redis-server` for the cluster-mode tests: one process per test on a free
+//! loopback port, no persistence, its working files in a temporary folder; killed on drop.
+//!
+//! [`RedisServer::stop`] and [`RedisServer::restart`] (same port) simulate an outage and its
+//! end; [`RedisServer::freeze`] / [`RedisServer::thaw`] (SIGSTOP / SIGCONT) simulate a Redis
+//! that accepts connections but never answers, which only a client-side timeout survives.
+//! [`RedisServer::command`] is a minimal RESP client for looking at the keys the gateway
+//! writes.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+use crate::gateway::{drain, unique_name, LogTail};
+
+/// How long `redis-server` may take to answer PING after it was started.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long `redis-server` may take to exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running (or stopped, between [`stop`](Self::stop) and [`restart`](Self::restart))
+/// `redis-server`.
+pub struct RedisServer {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    log: LogTail,
+    frozen: bool,
+}
+
+/// One RESP reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<String>),
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    /// Integer replies, and bulk strings holding an integer.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Reply::Integer(n) => Some(*n),
+            Reply::Bulk(Some(s)) | Reply::Simple(s) => s.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// A flat array of bulk strings (`KEYS`, `HGETALL`, `ZRANGE`), `None` for other replies.
+    pub fn strings(&self) -> Option<Vec<String>> {
+        match self {
+            Reply::Array(items) => items
+                .iter()
+                .map(|item| match item {
+                    Reply::Bulk(Some(s)) | Reply::Simple(s) => Some(s.clone()),
+                    Reply::Integer(n) => Some(n.to_string()),
+                    _ => None,
+                })
+                .collect(),
+            _ => None,
+        }
+    }
+}
+
+impl RedisServer {
+    /// Starts `redis-server` on a free loopback port and waits until it answers PING.
+    pub async fn start() -> RedisServer {
+        let dir = std::env::temp_dir().join(unique_name("e2e-redis"));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let mut last_error = String::new();
+        // A port that was free when asked may be taken before redis binds it: try a few.
+        for _ in 0..5 {
+            let port = free_port();
+            let mut server = RedisServer {
+                port,
+                dir: dir.clone(),
+                child: None,
+                log: LogTail::default(),
+                frozen: false,
+            };
+            match server.spawn().await {
+                Ok(()) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("redis-server did not start: {last_error}");
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The server's log so far (tail), for failure messages.
+    pub fn logs(&self) -> String {
+        self.log.text()
+    }
+
+    /// SIGTERM, then waits for the process to exit (the port is closed afterwards).
+    pub async fn stop(&mut self) {
+        let mut child = self.child.take().expect("redis-server is running");
+        if self.frozen {
+            signal(&child, libc::SIGCONT);
+            self.frozen = false;
+        }
+        signal(&child, libc::SIGTERM);
+        match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
+            Ok(status) => {
+                status.expect("wait for redis-server");
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                panic!(
+                    "redis-server did not exit within {STOP_TIMEOUT:?} of SIGTERM\n{}",
+                    self.logs()
+                );
+            }
+        }
+    }
+
+    /// Starts redis-server again on the same port (empty: nothing is persisted).
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart of a running redis-server");
+        // The old listening socket is gone, but give the kernel a few tries to agree.
+        let mut last_error = String::new();
+        for _ in 0..10 {
+            match self.spawn().await {
+                Ok(()) => return,
+                Err(e) => last_error = e,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!(
+            "redis-server did not restart on port {}: {last_error}",
+            self.port
+        );
+    }
+
+    /// SIGSTOP: connections stay open and requests are accepted by the kernel, but nothing is
+    /// answered until [`thaw`](Self::thaw).
+    pub fn freeze(&mut self) {
+        signal(
+            self.child.as_ref().expect("redis-server is running"),
+            libc::SIGSTOP,
+        );
+        self.frozen = true;
+    }
+
+    /// SIGCONT after [`freeze`](Self::freeze).
+    pub fn thaw(&mut self) {
+        signal(
+            self.child.as_ref().expect("redis-server is running"),
+            libc::SIGCONT,
+        );
+        self.frozen = false;
+    }
+
+    /// Sends one command over a fresh connection and reads its reply.
+    pub async fn command(&self, args: &[&str]) -> Result<Reply, String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .map_err(|e| format!("connect to redis: {e}"))?;
+        let mut request = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg.as_bytes());
+            request.extend_from_slice(b"\r\n");
+        }
+        stream
+            .write_all(&request)
+            .await
+            .map_err(|e| format!("write to redis: {e}"))?;
+        let mut reader = BufReader::new(stream);
+        tokio::time::timeout(Duration::from_secs(5), read_reply(&mut reader))
+            .await
+            .map_err(|_| format!("redis did not answer {args:?} within 5 s"))?
+    }
+
+    /// [`command`](Self::command), panicking on a transport error or an error reply.
+    pub async fn cmd(&self, args: &[&str]) -> Reply {
+        match self.command(args).await {
+            Ok(Reply::Error(e)) => panic!("redis {args:?} failed: {e}"),
+            Ok(reply) => reply,
+            Err(e) => panic!("redis {args:?}: {e}\n{}", self.logs()),
+        }
+    }
+
+    /// `HGETALL key` as (field, value) pairs.
+    pub async fn hgetall(&self, key: &str) -> Vec<(String, String)> {
+        let flat = self
+            .cmd(&["HGETALL", key])
+            .await
+            .strings()
+            .expect("HGETALL answers an array of strings");
+        flat.chunks(2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect()
+    }
+
+    async fn spawn(&mut self) -> Result<(), String> {
+        let port = self.port.to_string();
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port, "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--protected-mode", "yes"])
+            .args(["--logfile", "", "--loglevel", "notice"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; the server dies with the test thread that
+        // started it, so a test killed by a timeout leaks no redis-server.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| {
+            format!("cannot run redis-server ({e}); install it (Debian: apt-get install redis-server, or scripts/test does)")
+        })?;
+        drain(
+            child.stdout.take().expect("piped stdout"),
+            self.log.clone(),
+            None,
+        );
+        drain(
+            child.stderr.take().expect("piped stderr"),
+            self.log.clone(),
+            None,
+        );
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                return Err(format!(
+                    "redis-server on port {} exited with {status}\n{}",
+                    self.port,
+                    self.logs()
+                ));
+            }
+            if let Ok(Reply::Simple(pong)) = self.command(&["PING"]).await {
+                if pong == "PONG" {
+                    self.child = Some(child);
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                let _ = child.start_kill();
+                return Err(format!(
+                    "redis-server on port {} did not answer PING within {READY_TIMEOUT:?}\n{}",
+                    self.port,
+                    self.logs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedisServer({})", self.url())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            // SIGKILL also ends a stopped (frozen) process.
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    let pid = child.id().expect("child not yet reaped") as i32;
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({sig}): {}", std::io::Error::last_os_error());
+}
+
+/// Reads one RESP2 reply.
+async fn read_reply(reader: &mut BufReader<TcpStream>) -> Result<Reply, String> {
+    let mut line = String::new();
+    let mut stack: Vec<(Vec<Reply>, usize)> = Vec::new();
+    loop {
+        line.clear();
+        let n = reader
+            .read_line(&mut line)
+            .await
+            .map_err(|e| format!("read from redis: {e}"))?;
+        if n == 0 {
+            return Err("redis closed the connection".into());
+        }
+        let body = line.trim_end_matches(['\r', '\n']);
+        let (kind, rest) = body.split_at(1.min(body.len()));
+        let number = || {
+            rest.parse::<i64>()
+                .map_err(|_| format!("bad RESP line {body:?}"))
+        };
+        let mut reply = match kind {
+            "+" => Reply::Simple(rest.to_string()),
+            "-" => Reply::Error(rest.to_string()),
+            ":" => Reply::Integer(number()?),
+            "$" => {
+                let len = number()?;
+                if len < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut buf = vec![0u8; len as usize + 2];
+                    reader
+                        .read_exact(&mut buf)
+                        .await
+                        .map_err(|e| format!("read from redis: {e}"))?;
+                    buf.truncate(len as usize);
+                    Reply::Bulk(Some(String::from_utf8_lossy(&buf).into_owned()))
+                }
+            }
+            "*" => {
+                let len = number()?;
+                if len > 0 {
+                    stack.push((Vec::with_capacity(len as usize), len as usize));
+                    continue;
+                }
+                Reply::Array(Vec::new())
+            }
+            _ => return Err(format!("bad RESP line {body:?}")),
+        };
+        // Fold finished replies into their arrays.
+        loop {
+            match stack.last_mut() {
+                None => return Ok(reply),
+                Some((items, want)) => {
+                    items.push(reply);
+                    if items.len() < *want {
+                        break;
+                    }
+                    let (items, _) = stack.pop().expect("non-empty stack");
+                    reply = Reply::Array(items);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn replies_are_parsed_from_a_real_server() {
+        let redis = RedisServer::start().await;
+        assert_eq!(
+            redis.cmd(&["SET", "a", "1"]).await,
+            Reply::Simple("OK".into())
+        );
+        assert_eq!(redis.cmd(&["INCR", "a"]).await.as_i64(), Some(2));
+        assert_eq!(redis.cmd(&["GET", "missing"]).await, Reply::Bulk(None));
+        redis.cmd(&["HSET", "h", "x", "1", "y", "two"]).await;
+        let mut pairs = redis.hgetall("h").await;
+        pairs.sort();
+        assert_eq!(
+            pairs,
+            vec![("x".into(), "1".into()), ("y".into(), "two".into())]
+        );
+        assert!(matches!(
+            redis.cmd(&["ZRANGE", "nope", "0", "-1"]).await,
+            Reply::Array(ref v) if v.is_empty()
+        ));
+    }
+}
