@@ -652,7 +652,8 @@ async fn stopping_redis_makes_fail_open_pods_serve_within_their_share_of_the_lim
 #[tokio::test]
 async fn a_request_refused_with_503_while_redis_is_frozen_is_not_counted_once_redis_returns() {
     // The admission call times out and the client gets a 503; Redis still holds the call and
-    // runs it when it wakes up. A refused request must not use up the key's minute.
+    // runs it when it wakes up, a second later (a stall, not a blip: the gateway's deadline
+    // is exact to half a round trip). A refused request must not use up the key's minute.
     let mut cluster = Cluster::start(1, |b| b.redis_timeout_ms(200)).await;
     let gw = &cluster.pods[0];
     gw.wait_for_roomy_window(ENTERPRISE.secret, 10).await;
@@ -661,6 +662,7 @@ async fn a_request_refused_with_503_while_redis_is_frozen_is_not_counted_once_re
         .count_tokens(ENTERPRISE.secret, &count_body("svc/haiku", "hi"))
         .await;
     resp.expect_error(503, "api_error");
+    tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.redis.thaw();
     // Recovery: the next probe (at most a second later) finds Redis again.
     poll_until(

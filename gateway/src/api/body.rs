@@ -1,22 +1,29 @@
 //! The JSON body extractor of every POST: content type, the 16 MiB cap (413), and serde
 //! errors that name the field path (`messages[1].content[0].type: unknown variant ...`).
 
-use axum::body::Bytes;
+use std::time::Duration;
+
+use axum::body::{Body, BodyDataStream};
 use axum::extract::{FromRequest, Request};
-use axum::http::header::CONTENT_TYPE;
-use axum::http::StatusCode;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// How much of an oversized body is read and dropped before the 413, and for how long: a
+/// client still uploading when the server closes gets a connection reset instead of the 413,
+/// so the gateway keeps reading (within these bounds) until the client can read its answer.
+const DRAIN_BYTES: usize = 4 * MAX_BODY_BYTES;
+const DRAIN_TIME: Duration = Duration::from_secs(5);
 
 pub struct JsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
         let json = req
             .headers()
             .get(CONTENT_TYPE)
@@ -30,15 +37,45 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         if !json {
             return Err(ApiError::invalid("Content-Type must be application/json"));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(MAX_BODY_BYTES)
-            } else {
-                ApiError::invalid("could not read the request body")
-            }
-        })?;
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let bytes = read_capped(req.into_body(), declared).await?;
         parse(&bytes).map(JsonBody)
     }
+}
+
+async fn read_capped(body: Body, declared: Option<usize>) -> Result<Vec<u8>, ApiError> {
+    let mut stream = body.into_data_stream();
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+        drain(stream).await;
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0));
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|_| ApiError::invalid("could not read the request body"))?;
+        if bytes.len() + chunk.len() > MAX_BODY_BYTES {
+            drain(stream).await;
+            return Err(ApiError::too_large(MAX_BODY_BYTES));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+async fn drain(mut stream: BodyDataStream) {
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        let mut read = 0;
+        while let Some(Ok(chunk)) = stream.next().await {
+            read += chunk.len();
+            if read > DRAIN_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {

@@ -188,8 +188,8 @@ impl Limiter for RedisLimiter {
             String::new()
         };
         // A call that times out here may still run in Redis later (a stalled server): its
-        // deadline, in Redis' clock, makes it count nothing then. The offset estimate errs late
-        // by at most one network trip, which only widens the deadline.
+        // deadline, in Redis' clock, makes it count nothing then. The clock offset is taken at
+        // the middle of the last round trip, so it is exact to half a round trip.
         let sent = now_ms();
         let offset = self.clock_offset_ms.load(Ordering::Relaxed);
         let deadline = if offset == UNKNOWN_OFFSET {
@@ -222,8 +222,9 @@ impl Limiter for RedisLimiter {
             )
             .await
             .map_err(unavailable)?;
+        let midpoint = sent + (now_ms() - sent) / 2;
         self.clock_offset_ms
-            .store(redis_now - sent, Ordering::Relaxed);
+            .store(redis_now - midpoint, Ordering::Relaxed);
         if admitted == 2 {
             return Err(LimitError::Unavailable(
                 "admission reached redis after its deadline".into(),
