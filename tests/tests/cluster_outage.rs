@@ -272,13 +272,35 @@ async fn wait_for_new_log_line(cluster: &Cluster, line: &str, before: &[usize], 
     .await;
 }
 
-#[tokio::test]
-async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and_they_recover_by_themselves(
-) {
-    let mut cluster = Cluster::start_each(&[&|b| b.dev_tier("enterprise"), &|b| {
-        b.dev_tier("enterprise").redis_outage("fail-closed")
-    }])
-    .await;
+/// How a test takes Redis away: stopped (connections refused) or frozen with SIGSTOP (the
+/// socket stays open and nothing answers, so only the client's timeout helps).
+#[derive(Clone, Copy)]
+enum Outage {
+    Stop,
+    Freeze,
+}
+
+impl Outage {
+    async fn begin(self, redis: &mut RedisServer) {
+        match self {
+            Self::Stop => redis.stop().await,
+            Self::Freeze => redis.freeze(),
+        }
+    }
+
+    async fn end(self, redis: &mut RedisServer) {
+        match self {
+            Self::Stop => redis.restart().await,
+            Self::Freeze => redis.thaw(),
+        }
+    }
+}
+
+/// Runs load on two fail-closed pods through an outage and checks the rules every outage
+/// must keep: 503 within the timeout (never 500, never a hang), recovery by itself, one log
+/// line per switch, nothing billed for refused requests. Returns the `GET /v1/account`
+/// answers (status, time, body) each pod gave during the outage.
+async fn fail_closed_through(mut cluster: Cluster, outage: Outage) -> Vec<(u16, Duration, String)> {
     let before = settled_balances(&cluster.pods).await;
     let unavailable_before = log_counts(&cluster, UNAVAILABLE);
     let reachable_before = log_counts(&cluster, REACHABLE);
@@ -297,7 +319,7 @@ async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and
             )
             .await;
 
-            redis.stop().await;
+            outage.begin(redis).await;
             load.phase.store(OUTAGE, Ordering::SeqCst);
             wait_for(
                 "503s on each pod while Redis is away",
@@ -313,7 +335,7 @@ async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and
                 account_during_outage.push((resp.status, started.elapsed(), resp.to_string()));
             }
 
-            redis.restart().await;
+            outage.end(redis).await;
             load.phase.store(AFTER, Ordering::SeqCst);
             wait_for(
                 "each pod to admit again after Redis returned",
@@ -327,6 +349,33 @@ async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and
     }
     let samples = load.samples();
     assert_fail_closed(&samples, &cluster.logs());
+    wait_for_new_log_line(
+        &cluster,
+        UNAVAILABLE,
+        &unavailable_before,
+        Duration::from_secs(2),
+    )
+    .await;
+    wait_for_new_log_line(
+        &cluster,
+        REACHABLE,
+        &reachable_before,
+        Duration::from_secs(2),
+    )
+    .await;
+    let after = settled_balances(&cluster.pods).await;
+    assert_only_admitted_turns_billed(&before, &after, &samples);
+    account_during_outage
+}
+
+#[tokio::test]
+async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and_they_recover_by_themselves(
+) {
+    let cluster = Cluster::start_each(&[&|b| b.dev_tier("enterprise"), &|b| {
+        b.dev_tier("enterprise").redis_outage("fail-closed")
+    }])
+    .await;
+    let account_during_outage = fail_closed_through(cluster, Outage::Stop).await;
     for (pod, (status, elapsed, resp)) in account_during_outage.iter().enumerate() {
         eprintln!("GET /v1/account on pod {pod} while Redis was away: {resp} after {elapsed:?}");
         assert!(
@@ -335,86 +384,12 @@ async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and
         );
         assert!(*elapsed < MAX_LATENCY, "GET /v1/account took {elapsed:?}");
     }
-    wait_for_new_log_line(
-        &cluster,
-        UNAVAILABLE,
-        &unavailable_before,
-        Duration::from_secs(2),
-    )
-    .await;
-    wait_for_new_log_line(
-        &cluster,
-        REACHABLE,
-        &reachable_before,
-        Duration::from_secs(2),
-    )
-    .await;
-
-    let after = settled_balances(&cluster.pods).await;
-    assert_only_admitted_turns_billed(&before, &after, &samples);
 }
 
 #[tokio::test]
 async fn a_frozen_redis_makes_fail_closed_pods_answer_503_within_the_timeout_instead_of_hanging() {
-    // SIGSTOP: the socket stays open and nothing answers, so only the client's timeout helps.
-    let mut cluster = Cluster::start(2, |b| b.dev_tier("enterprise").redis_timeout_ms(300)).await;
-    let before = settled_balances(&cluster.pods).await;
-    let unavailable_before = log_counts(&cluster, UNAVAILABLE);
-    let reachable_before = log_counts(&cluster, REACHABLE);
-    let load = Load::new();
-    {
-        let Cluster { pods, redis, .. } = &mut cluster;
-        let pods: &[Gateway] = pods;
-        under_load(pods, &load, async {
-            let logs = || summary(&load.samples());
-            wait_for(
-                "a few answers on each pod before the freeze",
-                Duration::from_secs(10),
-                logs,
-                || (0..2).all(|p| load.count(p, BEFORE, 200) >= 3),
-            )
-            .await;
-
-            redis.freeze();
-            load.phase.store(OUTAGE, Ordering::SeqCst);
-            wait_for(
-                "503s on each pod while Redis is frozen",
-                Duration::from_secs(10),
-                logs,
-                || (0..2).all(|p| load.count(p, OUTAGE, 503) >= 5),
-            )
-            .await;
-
-            redis.thaw();
-            load.phase.store(AFTER, Ordering::SeqCst);
-            wait_for(
-                "each pod to admit again after Redis thawed",
-                Duration::from_secs(20),
-                logs,
-                || (0..2).all(|p| load.count(p, AFTER, 200) >= 3),
-            )
-            .await;
-        })
-        .await;
-    }
-    let samples = load.samples();
-    assert_fail_closed(&samples, &cluster.logs());
-    wait_for_new_log_line(
-        &cluster,
-        UNAVAILABLE,
-        &unavailable_before,
-        Duration::from_secs(2),
-    )
-    .await;
-    wait_for_new_log_line(
-        &cluster,
-        REACHABLE,
-        &reachable_before,
-        Duration::from_secs(2),
-    )
-    .await;
-    let after = settled_balances(&cluster.pods).await;
-    assert_only_admitted_turns_billed(&before, &after, &samples);
+    let cluster = Cluster::start(2, |b| b.dev_tier("enterprise").redis_timeout_ms(300)).await;
+    fail_closed_through(cluster, Outage::Freeze).await;
 }
 
 /// Sends `count_tokens` on `gw` until the first 429; returns how many were admitted.
