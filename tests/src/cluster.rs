@@ -145,19 +145,8 @@ impl Cluster {
         pods: usize,
         configure: impl Fn(GatewayBuilder) -> GatewayBuilder,
     ) -> Cluster {
-        let redis = RedisServer::start().await;
-        let manifests = ManifestDir::cluster();
-        let builders: Vec<GatewayBuilder> = (0..pods)
-            .map(|_| configure(pod_builder(&redis, &manifests)))
-            .collect();
-        let pods = futures::future::join_all(builders.into_iter().map(GatewayBuilder::start)).await;
-        let cluster = Cluster {
-            pods,
-            redis,
-            manifests,
-        };
-        cluster.wait_admitting().await;
-        cluster
+        let configure: &dyn Fn(GatewayBuilder) -> GatewayBuilder = &configure;
+        Self::start_each(&vec![configure; pods]).await
     }
 
     /// A redis-server and one gateway per builder (each already configured by the caller on

@@ -4,7 +4,7 @@
 //! mode: limits in Redis) instead, with the same flags plus the Redis ones.
 
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -232,19 +232,8 @@ impl Gateway {
             .arg("--manifests")
             .arg(manifests)
             .args(&extra)
-            .current_dir(&root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe; it makes the kernel kill the gateway when the
-        // thread that spawned it dies, so a test process killed by a timeout leaks nothing.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+            .current_dir(&root);
+        crate::tie_to_test(&mut cmd);
         let mut child = cmd.spawn().unwrap_or_else(|e| {
             panic!(
                 "cannot start {} ({e}); build it with `cargo build -p gateway`",

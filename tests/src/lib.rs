@@ -28,6 +28,23 @@ pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
 
+/// Makes a server process a child of the test: output piped for the test to read, killed when
+/// its handle drops, and (through PR_SET_PDEATHSIG) killed by the kernel when the thread that
+/// started it dies, so a test killed by a timeout leaks no process.
+pub(crate) fn tie_to_test(cmd: &mut tokio::process::Command) {
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 

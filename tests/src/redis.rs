@@ -9,7 +9,6 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -219,19 +218,8 @@ impl RedisServer {
             .args(["--logfile", "", "--loglevel", "notice"])
             .arg("--dir")
             .arg(&self.dir)
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe; the server dies with the test thread that
-        // started it, so a test killed by a timeout leaks no redis-server.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+            .current_dir(&self.dir);
+        crate::tie_to_test(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| {
             format!("cannot run redis-server ({e}); install it (Debian: apt-get install redis-server, or scripts/test does)")
         })?;

@@ -272,6 +272,12 @@ async fn wait_for_new_log_line(cluster: &Cluster, line: &str, before: &[usize], 
     .await;
 }
 
+/// Waits until every pod has logged one more switch each way: Redis lost, Redis back.
+async fn wait_for_both_switch_lines(cluster: &Cluster, unavailable: &[usize], reachable: &[usize]) {
+    wait_for_new_log_line(cluster, UNAVAILABLE, unavailable, Duration::from_secs(2)).await;
+    wait_for_new_log_line(cluster, REACHABLE, reachable, Duration::from_secs(2)).await;
+}
+
 /// How a test takes Redis away: stopped (connections refused) or frozen with SIGSTOP (the
 /// socket stays open and nothing answers, so only the client's timeout helps).
 #[derive(Clone, Copy)]
@@ -349,20 +355,7 @@ async fn fail_closed_through(mut cluster: Cluster, outage: Outage) -> Vec<(u16, 
     }
     let samples = load.samples();
     assert_fail_closed(&samples, &cluster.logs());
-    wait_for_new_log_line(
-        &cluster,
-        UNAVAILABLE,
-        &unavailable_before,
-        Duration::from_secs(2),
-    )
-    .await;
-    wait_for_new_log_line(
-        &cluster,
-        REACHABLE,
-        &reachable_before,
-        Duration::from_secs(2),
-    )
-    .await;
+    wait_for_both_switch_lines(&cluster, &unavailable_before, &reachable_before).await;
     let after = settled_balances(&cluster.pods).await;
     assert_only_admitted_turns_billed(&before, &after, &samples);
     account_during_outage
@@ -544,20 +537,7 @@ async fn stopping_redis_makes_fail_open_pods_serve_within_their_share_of_the_lim
         [FREE.rpm.div_ceil(2); 2],
         "free-key messages admitted per fail-open pod (5 RPM / 2 pods, rounded up)"
     );
-    wait_for_new_log_line(
-        &cluster,
-        UNAVAILABLE,
-        &unavailable_before,
-        Duration::from_secs(2),
-    )
-    .await;
-    wait_for_new_log_line(
-        &cluster,
-        REACHABLE,
-        &reachable_before,
-        Duration::from_secs(2),
-    )
-    .await;
+    wait_for_both_switch_lines(&cluster, &unavailable_before, &reachable_before).await;
 
     // Nothing billed for the 429s: each pod's free account paid for its 200s only.
     for (pod, gw) in cluster.pods.iter().enumerate() {

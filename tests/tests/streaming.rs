@@ -177,15 +177,20 @@ async fn tool_use_streams_input_json_deltas_that_assemble_to_the_full_input() {
         .await
         .expect_ok();
     assert_eq!(json_reply["stop_reason"], "tool_use");
-    let block = json_reply["content"]
+    let block = tool_use_block(&json_reply);
+    assert_eq!(block["input"], input);
+    assert_eq!(block["name"], "get_weather");
+}
+
+/// The first tool_use block of a JSON reply.
+fn tool_use_block(reply: &Value) -> Value {
+    reply["content"]
         .as_array()
         .unwrap()
         .iter()
         .find(|b| b["type"] == "tool_use")
         .cloned()
-        .expect("tool_use block");
-    assert_eq!(block["input"], input);
-    assert_eq!(block["name"], "get_weather");
+        .expect("tool_use block")
 }
 
 #[tokio::test]
@@ -196,13 +201,7 @@ async fn tool_choice_auto_calls_a_named_tool_and_answers_a_tool_result_in_text()
     body["tool_choice"] = json!({"type": "auto"});
     let first = gw.post_messages(&gw.key, &body).await.expect_ok();
     assert_eq!(first["stop_reason"], "tool_use");
-    let call = first["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["type"] == "tool_use")
-        .cloned()
-        .expect("tool_use block");
+    let call = tool_use_block(&first);
 
     body["messages"] = json!([
         {"role": "user", "content": "please call get_weather for Paris"},
