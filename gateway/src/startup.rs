@@ -13,7 +13,8 @@ use crate::config::{CommonArgs, ServeArgs};
 use crate::ids;
 use crate::ledger::{LedgerError, MemoryLedger};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
-use crate::providers::{Providers, Simulated};
+use crate::providers::Providers;
+use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
 use crate::serve::{self, ServeError};
 use crate::state::{AppState, Services, Shutdown};
@@ -70,7 +71,13 @@ async fn run(args: CommonArgs, limiter: Arc<dyn Limiter>) -> Result<(), StartErr
         accounts: Arc::new(MemoryAccounts::default()),
         ledger: Arc::new(MemoryLedger::default()),
         limiter,
-        providers: Providers::new(Arc::new(Simulated::new(tokens))),
+        providers: Providers::new(
+            tokens,
+            BreakerPolicy {
+                failures: args.breaker_failures.max(1),
+                cooldown: Duration::from_millis(args.breaker_cooldown_ms),
+            },
+        ),
         shutdown: Shutdown::default(),
         credits_per_usd: args.credits_per_usd,
     });

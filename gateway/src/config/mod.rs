@@ -92,4 +92,10 @@ pub struct CommonArgs {
     /// Credits granted per US dollar of top-up (1 credit = $0.00001 by default).
     #[arg(long, env = "GATEWAY_CREDITS_PER_USD", default_value_t = 100_000)]
     pub credits_per_usd: u64,
+    /// Consecutive failed attempts that take an upstream out of rotation.
+    #[arg(long, env = "GATEWAY_BREAKER_FAILURES", default_value_t = 5)]
+    pub breaker_failures: u32,
+    /// How long an upstream stays out before one turn probes it.
+    #[arg(long, env = "GATEWAY_BREAKER_COOLDOWN_MS", default_value_t = 30_000)]
+    pub breaker_cooldown_ms: u64,
 }
