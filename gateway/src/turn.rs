@@ -480,7 +480,9 @@ impl Turn {
                         }
                     }
                 }
-                TurnEvent::Provider(ProviderEvent::Started { .. } | ProviderEvent::Finish { .. }) => {}
+                TurnEvent::Provider(
+                    ProviderEvent::Started { .. } | ProviderEvent::Finish { .. },
+                ) => {}
                 TurnEvent::Finished {
                     stop_reason,
                     stop_sequence,

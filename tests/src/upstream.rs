@@ -354,7 +354,12 @@ enum Tail {
     Overloaded,
 }
 
-fn async_stream_body(events: Vec<String>, tail: Tail, delay: Duration, shared: Arc<Shared>) -> Body {
+fn async_stream_body(
+    events: Vec<String>,
+    tail: Tail,
+    delay: Duration,
+    shared: Arc<Shared>,
+) -> Body {
     let stream = futures::stream::unfold(
         (
             events.into_iter().enumerate(),
@@ -369,7 +374,10 @@ fn async_stream_body(events: Vec<String>, tail: Tail, delay: Duration, shared: A
                 if i > 0 && !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                return Some((Ok::<_, Infallible>(Bytes::from(event)), (events, tail, watch)));
+                return Some((
+                    Ok::<_, Infallible>(Bytes::from(event)),
+                    (events, tail, watch),
+                ));
             }
             match tail? {
                 Tail::End => {
@@ -381,7 +389,9 @@ fn async_stream_body(events: Vec<String>, tail: Tail, delay: Duration, shared: A
                     None
                 }
                 Tail::Malformed => Some((
-                    Ok(Bytes::from("data: {\"choices\": [{\"delta\": {\"content\"\n\n")),
+                    Ok(Bytes::from(
+                        "data: {\"choices\": [{\"delta\": {\"content\"\n\n",
+                    )),
                     (events, Some(Tail::End), watch),
                 )),
                 Tail::Overloaded => {
@@ -483,7 +493,10 @@ fn anthropic_events(reply: &Reply, model: &str) -> Vec<String> {
                     .map(|p| json!({"type": "thinking_delta", "thinking": p}))
                     .collect();
                 deltas.push(json!({"type": "signature_delta", "signature": signature}));
-                (json!({"type": "thinking", "thinking": "", "signature": ""}), deltas)
+                (
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    deltas,
+                )
             }
         };
         out.push(sse(
@@ -569,9 +582,11 @@ fn openai_events(reply: &Reply, model: &str, include_usage: bool) -> Vec<String>
     let mut tool_index = 0;
     for block in &reply.blocks {
         match block {
-            MockBlock::Text(text) => {
-                out.extend(pieces(text, 6).into_iter().map(|p| delta(json!({"content": p}))))
-            }
+            MockBlock::Text(text) => out.extend(
+                pieces(text, 6)
+                    .into_iter()
+                    .map(|p| delta(json!({"content": p}))),
+            ),
             MockBlock::Thinking { thinking, .. } => out.extend(
                 pieces(thinking, 8)
                     .into_iter()

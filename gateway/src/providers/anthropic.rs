@@ -151,8 +151,7 @@ impl Stream {
                     },
                     out,
                 );
-                self.blocks
-                    .delta(index, Delta::Thinking { thinking }, out);
+                self.blocks.delta(index, Delta::Thinking { thinking }, out);
                 self.blocks.delta(
                     index,
                     Delta::Signature {

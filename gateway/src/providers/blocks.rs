@@ -84,7 +84,10 @@ impl Blocks {
             })
             .collect();
         open.sort_unstable();
-        out.extend(open.into_iter().map(|index| ProviderEvent::BlockStop { index }));
+        out.extend(
+            open.into_iter()
+                .map(|index| ProviderEvent::BlockStop { index }),
+        );
     }
 
     fn open(&mut self, key: usize) -> usize {
@@ -104,8 +107,20 @@ mod tests {
     fn an_empty_text_block_before_a_tool_call_is_left_out_and_indexes_stay_dense() {
         let mut blocks = Blocks::default();
         let mut out = Vec::new();
-        blocks.start(0, OutputBlock::Text { text: String::new() }, &mut out);
-        blocks.delta(0, Delta::Text { text: String::new() }, &mut out);
+        blocks.start(
+            0,
+            OutputBlock::Text {
+                text: String::new(),
+            },
+            &mut out,
+        );
+        blocks.delta(
+            0,
+            Delta::Text {
+                text: String::new(),
+            },
+            &mut out,
+        );
         blocks.stop(0, &mut out);
         let tool = OutputBlock::ToolUse {
             id: "toolu_1".into(),
@@ -117,7 +132,10 @@ mod tests {
         assert_eq!(
             out,
             vec![
-                ProviderEvent::BlockStart { index: 0, block: tool },
+                ProviderEvent::BlockStart {
+                    index: 0,
+                    block: tool
+                },
                 ProviderEvent::BlockStop { index: 0 },
             ]
         );

@@ -124,7 +124,10 @@ pub async fn open<D: Decoder>(
 /// Statuses: a rejection of the request's content is the client's to fix (400); everything
 /// else is the upstream's or our configuration's, and may fall back.
 pub fn status_error(status: StatusCode) -> ProviderError {
-    tracing::warn!(status = status.as_u16(), "upstream answered with an error status");
+    tracing::warn!(
+        status = status.as_u16(),
+        "upstream answered with an error status"
+    );
     match status.as_u16() {
         400 | 413 | 422 => ProviderError::Rejected(
             "the model rejected the request's content; check the messages, tools and images \
@@ -256,7 +259,12 @@ mod tests {
 
     #[tokio::test]
     async fn events_split_across_chunks_are_joined() {
-        let got = events(&["event: a\nda", "ta: {\"x\"", ":1}\n\n: comment\n\ndata: [DONE]\n\n"]).await;
+        let got = events(&[
+            "event: a\nda",
+            "ta: {\"x\"",
+            ":1}\n\n: comment\n\ndata: [DONE]\n\n",
+        ])
+        .await;
         assert_eq!(
             got,
             vec![

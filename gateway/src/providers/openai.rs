@@ -25,8 +25,8 @@ use super::http::{self, Clients, Decoder, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::tokens::Tokenizer;
 use crate::wire::anthropic::{
-    Delta, ImageSource, InputBlock, InputMessage, MessagesRequest, OutputBlock, Role,
-    StopReason, TokenUsage, ToolChoice,
+    Delta, ImageSource, InputBlock, InputMessage, MessagesRequest, OutputBlock, Role, StopReason,
+    TokenUsage, ToolChoice,
 };
 use crate::wire::one_or_many::StringOr;
 
@@ -343,7 +343,10 @@ impl Stream {
         let key = match self.tools.get(&call.index) {
             Some(&key) if self.open == Some((Open::Tool(call.index), key)) => key,
             Some(_) => {
-                tracing::debug!(index = call.index, "late fragment of a closed tool call dropped");
+                tracing::debug!(
+                    index = call.index,
+                    "late fragment of a closed tool call dropped"
+                );
                 return;
             }
             None => {
@@ -427,7 +430,8 @@ impl Decoder for Stream {
                     signature: String::new(),
                 };
                 let key = self.switch_to(Open::Thinking, block, &mut out);
-                self.blocks.delta(key, Delta::Thinking { thinking }, &mut out);
+                self.blocks
+                    .delta(key, Delta::Thinking { thinking }, &mut out);
             }
             if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                 self.generated.push_str(&text);

@@ -18,7 +18,10 @@ pub struct Attempt<'a> {
     pub input_tokens: u32,
 }
 
-pub async fn start(providers: &Providers, attempt: Attempt<'_>) -> Result<EventStream, ProviderError> {
+pub async fn start(
+    providers: &Providers,
+    attempt: Attempt<'_>,
+) -> Result<EventStream, ProviderError> {
     let breakers = providers.breakers();
     let mut last = ProviderError::Unavailable;
     for upstream in attempt.plan {
