@@ -17,7 +17,8 @@ use crate::db::{Database, DbError};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
-use crate::providers::{Providers, Simulated};
+use crate::providers::Providers;
+use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
 use crate::serve::{self, ServeError};
 use crate::state::{AppState, Services, Shutdown};
@@ -155,7 +156,13 @@ async fn run(
         accounts: stores.accounts,
         ledger: stores.ledger,
         limiter: stores.limiter,
-        providers: Providers::new(Arc::new(Simulated::new(tokens))),
+        providers: Providers::new(
+            tokens,
+            BreakerPolicy {
+                failures: args.breaker_failures.max(1),
+                cooldown: Duration::from_millis(args.breaker_cooldown_ms),
+            },
+        ),
         shutdown: Shutdown::default(),
         credits_per_usd: args.credits_per_usd,
         payment_webhook_secret: args.payment_webhook_secret.clone(),

@@ -15,8 +15,8 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::ledger::{MessageRecord, MessageStatus, NewReservation, Settlement};
 use crate::limits::{AdmissionRequest, Snapshot, StreamLease};
-use crate::providers::{EventStream, ProviderCall, ProviderError, ProviderEvent};
-use crate::routing::{Model, Needs, Price};
+use crate::providers::{EventStream, ProviderError, ProviderEvent};
+use crate::routing::{fallback, Model, Needs, Price};
 use crate::state::AppState;
 use crate::validate;
 use crate::wire::anthropic::{
@@ -61,7 +61,9 @@ pub struct Turn {
     pub id: String,
     /// The virtual model id the client asked for; the only model name it ever sees.
     pub model: String,
-    pub input_tokens: u32,
+    /// The prompt side of the usage as known when the turn starts: the upstream's own counts
+    /// (cache tokens included) when it reports them up front, else the gateway's count.
+    pub prompt: TokenUsage,
     pub snapshot: Snapshot,
     pub events: Pin<Box<dyn Stream<Item = TurnEvent> + Send>>,
 }
@@ -142,7 +144,8 @@ pub async fn start(
         reserved: false,
     };
 
-    let Some(upstream) = served.pick_upstream().cloned() else {
+    let plan = served.plan();
+    let Some(upstream) = plan.first() else {
         meter.release().await;
         return Err(ProviderError::Unavailable.into());
     };
@@ -197,29 +200,33 @@ pub async fn start(
             .max(1);
     }
 
-    let Some(provider) = state.providers.get(upstream.provider) else {
-        meter.settle(MessageStatus::Failed, None).await;
-        return Err(ProviderError::Unavailable.into());
-    };
-    let call = ProviderCall {
+    let attempt = fallback::Attempt {
+        model: &served.id,
+        plan: &plan,
         request: Arc::new(request),
-        upstream,
-        served_model: served.id.clone(),
         input_tokens,
     };
-    let upstream_events = match provider.start(call).await {
-        Ok(events) => events,
+    let mut upstream_events = match fallback::start(&state.providers, attempt).await {
+        Ok(events) => events.peekable(),
         Err(e) => {
             meter.settle(MessageStatus::Failed, None).await;
             return Err(e.into());
         }
     };
+    let mut prompt = meter.usage;
+    if let Some(Ok(ProviderEvent::Started { usage })) =
+        std::pin::Pin::new(&mut upstream_events).peek().await
+    {
+        prompt = *usage;
+        upstream_events.next().await;
+    }
+    meter.usage = prompt;
     Ok(Turn {
         id,
         model: requested.id.clone(),
-        input_tokens,
+        prompt,
         snapshot: admission.snapshot,
-        events: Box::pin(metered(state.clone(), upstream_events, meter)),
+        events: Box::pin(metered(state.clone(), Box::pin(upstream_events), meter)),
     })
 }
 
@@ -473,7 +480,9 @@ impl Turn {
                         }
                     }
                 }
-                TurnEvent::Provider(ProviderEvent::Finish { .. }) => {}
+                TurnEvent::Provider(
+                    ProviderEvent::Started { .. } | ProviderEvent::Finish { .. },
+                ) => {}
                 TurnEvent::Finished {
                     stop_reason,
                     stop_sequence,

@@ -9,8 +9,16 @@
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-/// Substrings that betray the upstream: provider kinds and the simulated upstream's model names.
-pub const FORBIDDEN: [&str; 4] = ["simulated", "anthropic", "openai", "sim-"];
+/// Substrings that betray the upstream: provider kinds, the simulated upstream's model names,
+/// and the mock upstream's model name and API key.
+pub const FORBIDDEN: [&str; 6] = [
+    "simulated",
+    "anthropic",
+    "openai",
+    "sim-",
+    crate::upstream::UPSTREAM_MODEL,
+    "upstream-secret-key",
+];
 
 /// Keys whose string values (any value for a tool call's `input`) are model-generated content,
 /// in the Anthropic and OpenAI wire formats.

@@ -9,6 +9,8 @@
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
 //! - [`leak`]: the rule that no response names an upstream provider.
 //! - [`bodies`]: request bodies used across the tests.
+//! - [`upstream`]: a mock upstream speaking the Anthropic and OpenAI wire formats, scripted
+//!   per test, and manifest folders that route every model to it.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
@@ -20,6 +22,7 @@ pub mod leak;
 pub mod redis;
 pub mod response;
 pub mod sse;
+pub mod upstream;
 
 pub use bodies::*;
 pub use cluster::{Cluster, ManifestDir, SeededKey};
@@ -27,6 +30,7 @@ pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY
 pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
+pub use upstream::{Fault, MockUpstream, MockUsage, Reply, RoutedManifests, UpstreamDef};
 
 /// Makes a server process a child of the test: output piped for the test to read, killed when
 /// its handle drops, and (through PR_SET_PDEATHSIG) killed by the kernel when the thread that

@@ -17,7 +17,7 @@ use crate::providers::ProviderEvent;
 use crate::state::AppState;
 use crate::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
 use crate::wire::anthropic::{
-    MessageDeltaBody, MessageResponse, MessagesRequest, StreamEvent, TokenUsage, Usage,
+    MessageDeltaBody, MessageResponse, MessagesRequest, StreamEvent, Usage,
 };
 
 pub async fn create(
@@ -63,7 +63,7 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
     let Turn {
         id,
         model,
-        input_tokens,
+        prompt,
         mut events,
         ..
     } = turn;
@@ -77,10 +77,7 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
                 model,
                 stop_reason: None,
                 stop_sequence: None,
-                usage: Usage {
-                    tokens: TokenUsage { input_tokens, ..TokenUsage::default() },
-                    credits_consumed: None,
-                },
+                usage: Usage { tokens: prompt, credits_consumed: None },
             },
         });
         yield sse(&StreamEvent::Ping);
@@ -95,7 +92,7 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
                 TurnEvent::Provider(ProviderEvent::BlockStop { index }) => {
                     yield sse(&StreamEvent::ContentBlockStop { index });
                 }
-                TurnEvent::Provider(ProviderEvent::Finish { .. }) => {}
+                TurnEvent::Provider(ProviderEvent::Started { .. } | ProviderEvent::Finish { .. }) => {}
                 TurnEvent::Finished { stop_reason, stop_sequence, usage } => {
                     yield sse(&StreamEvent::MessageDelta {
                         delta: MessageDeltaBody { stop_reason: Some(stop_reason), stop_sequence },

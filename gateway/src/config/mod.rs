@@ -210,4 +210,10 @@ pub struct CommonArgs {
     /// without it the webhook is off.
     #[arg(long, env = "GATEWAY_PAYMENT_WEBHOOK_SECRET", hide_env_values = true)]
     pub payment_webhook_secret: Option<String>,
+    /// Consecutive failed attempts that take an upstream out of rotation.
+    #[arg(long, env = "GATEWAY_BREAKER_FAILURES", default_value_t = 5)]
+    pub breaker_failures: u32,
+    /// How long an upstream stays out before one turn probes it.
+    #[arg(long, env = "GATEWAY_BREAKER_COOLDOWN_MS", default_value_t = 30_000)]
+    pub breaker_cooldown_ms: u64,
 }

@@ -1,8 +1,13 @@
 //! Upstream model providers. Each adapter turns a canonical request into a stream of
 //! canonical events; everything else (billing, limits, wire formats) is done around them.
-//! The `simulated` provider answers without any upstream account; the `anthropic` and
-//! `openai` adapters are not built yet, and a route to them answers 503.
+//! The `simulated` provider answers without any upstream account; `anthropic` speaks the
+//! Messages API and `openai` any OpenAI-compatible chat-completions upstream. Which upstream
+//! serves a turn, and what happens when it fails, is `routing::fallback`'s business.
 
+mod anthropic;
+mod blocks;
+mod http;
+mod openai;
 mod simulated;
 
 use std::pin::Pin;
@@ -13,13 +18,22 @@ use crds::config::{ProviderKind, Upstream};
 use futures::Stream;
 use thiserror::Error;
 
+pub use anthropic::Anthropic;
+pub use openai::OpenAi;
 pub use simulated::Simulated;
 
+use crate::routing::breaker::{BreakerPolicy, Breakers};
+use crate::tokens::Tokenizer;
 use crate::wire::anthropic::{Delta, MessagesRequest, OutputBlock, StopReason, TokenUsage};
 
 /// What a provider streams back, in the Messages API's block structure.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProviderEvent {
+    /// The prompt side of the usage, from upstreams that report it before any content (cache
+    /// reads and writes included); only ever the first event.
+    Started {
+        usage: TokenUsage,
+    },
     BlockStart {
         index: usize,
         block: OutputBlock,
@@ -71,20 +85,33 @@ pub trait Provider: Send + Sync {
     async fn start(&self, call: ProviderCall) -> Result<EventStream, ProviderError>;
 }
 
-/// The adapters by provider kind, built once at start-up.
+/// The adapters by provider kind, built once at start-up, and the health of every upstream.
 pub struct Providers {
-    simulated: Arc<dyn Provider>,
+    simulated: Simulated,
+    anthropic: Anthropic,
+    openai: OpenAi,
+    breakers: Breakers,
 }
 
 impl Providers {
-    pub fn new(simulated: Arc<dyn Provider>) -> Self {
-        Self { simulated }
+    pub fn new(tokens: Tokenizer, breaker: BreakerPolicy) -> Self {
+        Self {
+            simulated: Simulated::new(tokens),
+            anthropic: Anthropic::default(),
+            openai: OpenAi::new(tokens),
+            breakers: Breakers::new(breaker),
+        }
     }
 
-    pub fn get(&self, kind: ProviderKind) -> Option<Arc<dyn Provider>> {
+    pub fn adapter(&self, kind: ProviderKind) -> &dyn Provider {
         match kind {
-            ProviderKind::Simulated => Some(self.simulated.clone()),
-            ProviderKind::Anthropic | ProviderKind::Openai => None,
+            ProviderKind::Simulated => &self.simulated,
+            ProviderKind::Anthropic => &self.anthropic,
+            ProviderKind::Openai => &self.openai,
         }
+    }
+
+    pub fn breakers(&self) -> &Breakers {
+        &self.breakers
     }
 }

@@ -1,6 +1,8 @@
 //! The virtual models and where their turns go: the compiled config's ModelRoutes, svc/auto's
 //! choice among its candidates, and the choice among a model's upstreams.
 
+pub mod breaker;
+pub mod fallback;
 pub mod pricing;
 
 use std::collections::BTreeMap;
@@ -25,23 +27,34 @@ impl Model {
         }
     }
 
-    /// An upstream for one turn, drawn by weight.
-    pub fn pick_upstream(&self) -> Option<&Upstream> {
+    /// The upstreams one turn tries, in order: the first drawn by weight, then the others
+    /// in the route's order of preference, as fallbacks.
+    pub fn plan(&self) -> Vec<Upstream> {
         let upstreams = self.upstreams();
         let total: u64 = upstreams.iter().map(|u| u64::from(u.weight)).sum();
-        if total == 0 {
-            return upstreams.first();
+        let first = if total == 0 {
+            0
+        } else {
+            let mut draw = rand::rng().random_range(0..total);
+            upstreams
+                .iter()
+                .position(|u| {
+                    let w = u64::from(u.weight);
+                    if draw < w {
+                        true
+                    } else {
+                        draw -= w;
+                        false
+                    }
+                })
+                .unwrap_or(0)
+        };
+        let mut plan = upstreams.to_vec();
+        if first < plan.len() {
+            let chosen = plan.remove(first);
+            plan.insert(0, chosen);
         }
-        let mut draw = rand::rng().random_range(0..total);
-        upstreams.iter().find(|u| {
-            let w = u64::from(u.weight);
-            if draw < w {
-                true
-            } else {
-                draw -= w;
-                false
-            }
-        })
+        plan
     }
 }
 

@@ -1,0 +1,270 @@
+//! The `anthropic` adapter: the Messages API (`POST {base_url}/v1/messages`, `x-api-key`,
+//! `anthropic-version`). The canonical request is already this format, so the request goes
+//! out as the client shaped it, with the upstream's model name and `stream: true`; the stream
+//! comes back event by event through [`Blocks`], which keeps indexes dense and drops empty
+//! text blocks and redacted thinking.
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::blocks::Blocks;
+use super::http::{self, Clients, Decoder, SseEvent};
+use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
+use crate::wire::anthropic::{Delta, OutputBlock, StopReason, TokenUsage};
+
+const API_VERSION: &str = "2023-06-01";
+
+#[derive(Default)]
+pub struct Anthropic {
+    clients: Clients,
+}
+
+#[async_trait]
+impl Provider for Anthropic {
+    async fn start(&self, call: ProviderCall) -> Result<EventStream, ProviderError> {
+        let upstream = &call.upstream;
+        let base = upstream.base_url.as_deref().ok_or_else(|| {
+            tracing::error!(upstream = %upstream.name, "anthropic upstream without a base URL");
+            ProviderError::Unavailable
+        })?;
+        let mut body = serde_json::to_value(call.request.as_ref())
+            .map_err(|e| http::malformed("request", e))?;
+        if let Value::Object(fields) = &mut body {
+            fields.insert("model".into(), Value::from(upstream.model.clone()));
+            fields.insert("stream".into(), Value::Bool(true));
+            // Empty lists are left out rather than sent: the API rejects some of them.
+            fields.retain(|_, v| !matches!(v, Value::Array(items) if items.is_empty()));
+        }
+        let mut request = self
+            .clients
+            .get(&upstream.timeouts)?
+            .post(format!("{}/v1/messages", base.trim_end_matches('/')))
+            .header("anthropic-version", API_VERSION)
+            .header("accept", "text/event-stream")
+            .json(&body);
+        if let Some(key) = &upstream.api_key {
+            request = request.header("x-api-key", key.expose());
+        }
+        http::open(request, upstream.timeouts, Stream::default()).await
+    }
+}
+
+/// The state of one upstream stream: blocks, and usage gathered from `message_start` and
+/// `message_delta`.
+#[derive(Default)]
+struct Stream {
+    blocks: Blocks,
+    usage: TokenUsage,
+    stop_reason: Option<StopReason>,
+    stop_sequence: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Event {
+    MessageStart {
+        message: StartMessage,
+    },
+    ContentBlockStart {
+        index: usize,
+        content_block: Value,
+    },
+    ContentBlockDelta {
+        index: usize,
+        delta: Value,
+    },
+    ContentBlockStop {
+        index: usize,
+    },
+    MessageDelta {
+        delta: MessageDelta,
+        #[serde(default)]
+        usage: Option<WireUsage>,
+    },
+    MessageStop,
+    Ping,
+    Error {
+        error: WireError,
+    },
+}
+
+#[derive(Deserialize)]
+struct StartMessage {
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct MessageDelta {
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    stop_sequence: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    input_tokens: Option<u32>,
+    output_tokens: Option<u32>,
+    cache_creation_input_tokens: Option<u32>,
+    cache_read_input_tokens: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+impl Stream {
+    fn merge_usage(&mut self, usage: WireUsage) {
+        let u = &mut self.usage;
+        u.input_tokens = usage.input_tokens.unwrap_or(u.input_tokens);
+        u.output_tokens = usage.output_tokens.unwrap_or(u.output_tokens);
+        u.cache_creation_input_tokens = usage
+            .cache_creation_input_tokens
+            .unwrap_or(u.cache_creation_input_tokens);
+        u.cache_read_input_tokens = usage
+            .cache_read_input_tokens
+            .unwrap_or(u.cache_read_input_tokens);
+    }
+
+    fn block_start(&mut self, index: usize, block: Value, out: &mut Vec<ProviderEvent>) {
+        let text = |key: &str| block.get(key).and_then(Value::as_str).unwrap_or_default();
+        let block = match block.get("type").and_then(Value::as_str) {
+            Some("text") => OutputBlock::Text {
+                text: text("text").to_owned(),
+            },
+            Some("tool_use") => OutputBlock::ToolUse {
+                id: text("id").to_owned(),
+                name: text("name").to_owned(),
+                input: Value::Object(serde_json::Map::new()),
+            },
+            Some("thinking") => {
+                let (thinking, signature) = (text("thinking").to_owned(), text("signature"));
+                self.blocks.start(
+                    index,
+                    OutputBlock::Thinking {
+                        thinking: String::new(),
+                        signature: String::new(),
+                    },
+                    out,
+                );
+                self.blocks.delta(index, Delta::Thinking { thinking }, out);
+                self.blocks.delta(
+                    index,
+                    Delta::Signature {
+                        signature: signature.to_owned(),
+                    },
+                    out,
+                );
+                return;
+            }
+            _ => {
+                self.blocks.skip(index);
+                return;
+            }
+        };
+        self.blocks.start(index, block, out);
+    }
+
+    fn block_delta(&mut self, index: usize, delta: Value, out: &mut Vec<ProviderEvent>) {
+        let text = |key: &str| {
+            delta
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let delta = match delta.get("type").and_then(Value::as_str) {
+            Some("text_delta") => Delta::Text { text: text("text") },
+            Some("input_json_delta") => Delta::InputJson {
+                partial_json: text("partial_json"),
+            },
+            Some("thinking_delta") => Delta::Thinking {
+                thinking: text("thinking"),
+            },
+            Some("signature_delta") => Delta::Signature {
+                signature: text("signature"),
+            },
+            _ => return,
+        };
+        self.blocks.delta(index, delta, out);
+    }
+}
+
+impl Decoder for Stream {
+    fn event(&mut self, event: SseEvent) -> Result<Vec<ProviderEvent>, ProviderError> {
+        let parsed: Event = match serde_json::from_str(&event.data) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                // Event types added to the API later are skipped; broken JSON is an error.
+                let value: Value = serde_json::from_str(&event.data)
+                    .map_err(|_| http::malformed("anthropic event", e))?;
+                tracing::debug!(kind = ?value.get("type"), "skipped an unknown upstream event");
+                return Ok(Vec::new());
+            }
+        };
+        let mut out = Vec::new();
+        match parsed {
+            Event::MessageStart { message } => {
+                if let Some(usage) = message.usage {
+                    self.merge_usage(usage);
+                }
+                out.push(ProviderEvent::Started {
+                    usage: TokenUsage {
+                        output_tokens: 0,
+                        ..self.usage
+                    },
+                });
+            }
+            Event::ContentBlockStart {
+                index,
+                content_block,
+            } => self.block_start(index, content_block, &mut out),
+            Event::ContentBlockDelta { index, delta } => self.block_delta(index, delta, &mut out),
+            Event::ContentBlockStop { index } => self.blocks.stop(index, &mut out),
+            Event::MessageDelta { delta, usage } => {
+                if let Some(usage) = usage {
+                    self.merge_usage(usage);
+                }
+                self.stop_reason = delta.stop_reason.as_deref().map(stop_reason);
+                self.stop_sequence = delta.stop_sequence;
+            }
+            Event::MessageStop => {
+                self.blocks.stop_all(&mut out);
+                out.push(ProviderEvent::Finish {
+                    stop_reason: self.stop_reason.unwrap_or(StopReason::EndTurn),
+                    stop_sequence: self.stop_sequence.take(),
+                    usage: self.usage,
+                });
+            }
+            Event::Ping => {}
+            Event::Error { error } => {
+                tracing::warn!(kind = %error.kind, "upstream stream carried an error");
+                return Err(match error.kind.as_str() {
+                    "overloaded_error" | "rate_limit_error" => ProviderError::Overloaded,
+                    "timeout_error" => ProviderError::Timeout,
+                    _ => ProviderError::Upstream,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn end(&mut self) -> Result<Vec<ProviderEvent>, ProviderError> {
+        Ok(Vec::new())
+    }
+}
+
+/// Stop reasons this API may add (`pause_turn`, `refusal`) end the turn as far as clients of
+/// the public API know.
+fn stop_reason(reason: &str) -> StopReason {
+    match reason {
+        "max_tokens" => StopReason::MaxTokens,
+        "stop_sequence" => StopReason::StopSequence,
+        "tool_use" => StopReason::ToolUse,
+        _ => StopReason::EndTurn,
+    }
+}

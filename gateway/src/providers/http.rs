@@ -1,0 +1,289 @@
+//! What both HTTP adapters share: pooled reqwest clients, the three timeouts, the mapping of
+//! upstream statuses and transport failures onto `ProviderError`, and the SSE reader that
+//! turns a response body into events one at a time.
+//!
+//! Adapters always ask the upstream for a stream, whatever the client asked for: a stream
+//! tells a slow first byte from a long answer, bills a cut turn by what was generated, and a
+//! non-streaming client response is gathered by the turn from the same events.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use futures::{Stream, StreamExt};
+use reqwest::StatusCode;
+
+use super::{EventStream, ProviderError, ProviderEvent};
+use crds::config::Timeouts;
+
+/// One pooled client per connect timeout: reqwest sets that timeout per client.
+#[derive(Default)]
+pub struct Clients {
+    by_connect_ms: DashMap<u64, reqwest::Client>,
+}
+
+impl Clients {
+    pub fn get(&self, timeouts: &Timeouts) -> Result<reqwest::Client, ProviderError> {
+        if let Some(client) = self.by_connect_ms.get(&timeouts.connect_ms) {
+            return Ok(client.clone());
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(timeouts.connect_ms))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| {
+                tracing::error!(error = %e, "cannot build the upstream HTTP client");
+                ProviderError::Unavailable
+            })?;
+        self.by_connect_ms
+            .insert(timeouts.connect_ms, client.clone());
+        Ok(client)
+    }
+}
+
+/// Turns one upstream SSE event into canonical events; `end` is called when the body ends.
+pub trait Decoder: Send + 'static {
+    fn event(&mut self, event: SseEvent) -> Result<Vec<ProviderEvent>, ProviderError>;
+    fn end(&mut self) -> Result<Vec<ProviderEvent>, ProviderError>;
+}
+
+/// Sends the request and waits, within the first-byte timeout, for the first canonical event,
+/// so that every failure before anything reached the client can still fall back. The rest of
+/// the body is read lazily, each chunk within the idle timeout; dropping the stream drops the
+/// connection, which cancels the upstream call.
+pub async fn open<D: Decoder>(
+    request: reqwest::RequestBuilder,
+    timeouts: Timeouts,
+    mut decoder: D,
+) -> Result<EventStream, ProviderError> {
+    let first_byte = Duration::from_millis(timeouts.first_byte_ms);
+    let idle = Duration::from_millis(timeouts.idle_ms);
+    let opening = async {
+        let response = request.send().await.map_err(transport_error)?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(status_error(status));
+        }
+        let mut body = SseReader::new(response.bytes_stream());
+        let mut ready = VecDeque::new();
+        while ready.is_empty() {
+            match body.next().await? {
+                Some(event) => ready.extend(decoder.event(event)?),
+                None => {
+                    ready.extend(decoder.end()?);
+                    break;
+                }
+            }
+        }
+        Ok((body, ready))
+    };
+    let (mut body, ready) = tokio::time::timeout(first_byte, opening)
+        .await
+        .map_err(|_| ProviderError::Timeout)??;
+    Ok(Box::pin(async_stream::stream! {
+        let mut finished = false;
+        for event in ready {
+            finished |= matches!(event, ProviderEvent::Finish { .. });
+            yield Ok(event);
+        }
+        while !finished {
+            let next = match tokio::time::timeout(idle, body.next()).await {
+                Ok(next) => next,
+                Err(_) => Err(ProviderError::Timeout),
+            };
+            let events = match next {
+                Ok(Some(event)) => decoder.event(event),
+                Ok(None) => decoder.end().and_then(|events| {
+                    if events.iter().any(|e| matches!(e, ProviderEvent::Finish { .. })) {
+                        Ok(events)
+                    } else {
+                        tracing::warn!("upstream stream ended before its last event");
+                        Err(ProviderError::Upstream)
+                    }
+                }),
+                Err(e) => Err(e),
+            };
+            match events {
+                Ok(events) => {
+                    for event in events {
+                        finished |= matches!(event, ProviderEvent::Finish { .. });
+                        yield Ok(event);
+                    }
+                }
+                Err(e) => {
+                    yield Err(e);
+                    return;
+                }
+            }
+        }
+    }))
+}
+
+/// Statuses: a rejection of the request's content is the client's to fix (400); everything
+/// else is the upstream's or our configuration's, and may fall back.
+pub fn status_error(status: StatusCode) -> ProviderError {
+    tracing::warn!(
+        status = status.as_u16(),
+        "upstream answered with an error status"
+    );
+    match status.as_u16() {
+        400 | 413 | 422 => ProviderError::Rejected(
+            "the model rejected the request's content; check the messages, tools and images \
+             against the API reference"
+                .to_owned(),
+        ),
+        408 | 504 => ProviderError::Timeout,
+        429 | 529 => ProviderError::Overloaded,
+        _ => ProviderError::Upstream,
+    }
+}
+
+fn transport_error(e: reqwest::Error) -> ProviderError {
+    tracing::warn!(error = %e, "upstream request failed");
+    if e.is_timeout() {
+        ProviderError::Timeout
+    } else if e.is_connect() {
+        ProviderError::Unavailable
+    } else {
+        ProviderError::Upstream
+    }
+}
+
+/// A malformed chunk from the upstream: logged here, never shown to the client.
+pub fn malformed(what: &str, e: impl std::fmt::Display) -> ProviderError {
+    tracing::warn!(error = %e, what, "malformed upstream event");
+    ProviderError::Upstream
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct SseEvent {
+    pub name: Option<String>,
+    pub data: String,
+}
+
+/// Server-sent events from a byte stream, split at blank lines as they arrive.
+pub struct SseReader<S> {
+    bytes: S,
+    buffer: Vec<u8>,
+}
+
+impl<S> SseReader<S>
+where
+    S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+{
+    pub fn new(bytes: S) -> Self {
+        Self {
+            bytes,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// The next event with data; `None` at the end of the body.
+    pub async fn next(&mut self) -> Result<Option<SseEvent>, ProviderError> {
+        loop {
+            if let Some(event) = self.take_event()? {
+                if !event.data.is_empty() {
+                    return Ok(Some(event));
+                }
+                continue;
+            }
+            match self.bytes.next().await {
+                Some(Ok(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Some(Err(e)) => return Err(transport_error(e)),
+                None => {
+                    if self.buffer.iter().all(u8::is_ascii_whitespace) {
+                        return Ok(None);
+                    }
+                    self.buffer.extend_from_slice(b"\n\n");
+                }
+            }
+        }
+    }
+
+    fn take_event(&mut self) -> Result<Option<SseEvent>, ProviderError> {
+        let Some((end, gap)) = find_blank_line(&self.buffer) else {
+            return Ok(None);
+        };
+        let raw: Vec<u8> = self.buffer.drain(..end + gap).collect();
+        let text = std::str::from_utf8(&raw[..end]).map_err(|e| malformed("sse", e))?;
+        let mut event = SseEvent::default();
+        for line in text.lines() {
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => event.name = Some(value.to_owned()),
+                "data" => {
+                    if !event.data.is_empty() {
+                        event.data.push('\n');
+                    }
+                    event.data.push_str(value);
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(event))
+    }
+}
+
+/// Where the first event ends, and the length of the blank line that ends it.
+fn find_blank_line(buffer: &[u8]) -> Option<(usize, usize)> {
+    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buffer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn events(chunks: &[&str]) -> Vec<SseEvent> {
+        let chunks: Vec<Result<Bytes, reqwest::Error>> = chunks
+            .iter()
+            .map(|c| Ok(Bytes::from(c.to_string())))
+            .collect();
+        let mut reader = SseReader::new(futures::stream::iter(chunks));
+        let mut out = Vec::new();
+        while let Some(event) = reader.next().await.expect("well-formed") {
+            out.push(event);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn events_split_across_chunks_are_joined() {
+        let got = events(&[
+            "event: a\nda",
+            "ta: {\"x\"",
+            ":1}\n\n: comment\n\ndata: [DONE]\n\n",
+        ])
+        .await;
+        assert_eq!(
+            got,
+            vec![
+                SseEvent {
+                    name: Some("a".into()),
+                    data: "{\"x\":1}".into()
+                },
+                SseEvent {
+                    name: None,
+                    data: "[DONE]".into()
+                },
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn crlf_separated_events_and_a_last_event_without_blank_line_are_read() {
+        let got = events(&["data: 1\r\n\r\ndata: 2"]).await;
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].data, "2");
+    }
+}

@@ -1,0 +1,140 @@
+//! One circuit breaker per upstream of a model: after `failures` consecutive failed attempts
+//! the upstream is out for `cooldown`; then the next turn that reaches it is its probe (one at
+//! a time), and the probe's outcome closes the breaker or opens it for another cooldown.
+
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+#[derive(Clone, Copy, Debug)]
+pub struct BreakerPolicy {
+    pub failures: u32,
+    pub cooldown: Duration,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            cooldown: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    consecutive_failures: u32,
+    open_until: Option<Instant>,
+    probe_started: Option<Instant>,
+}
+
+pub struct Breakers {
+    policy: BreakerPolicy,
+    states: DashMap<String, State>,
+}
+
+impl Breakers {
+    pub fn new(policy: BreakerPolicy) -> Self {
+        Self {
+            policy,
+            states: DashMap::new(),
+        }
+    }
+
+    /// Whether a turn may try this upstream now; when it is the probe, it is marked as such.
+    pub fn admit(&self, key: &str) -> bool {
+        let Some(mut state) = self.states.get_mut(key) else {
+            return true;
+        };
+        let Some(open_until) = state.open_until else {
+            return true;
+        };
+        let now = Instant::now();
+        if now < open_until {
+            return false;
+        }
+        // A probe whose turn vanished (cancelled before an outcome) stops blocking after a
+        // cooldown of its own.
+        let probing = state
+            .probe_started
+            .is_some_and(|at| now < at + self.policy.cooldown);
+        if probing {
+            return false;
+        }
+        state.probe_started = Some(now);
+        true
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        if let Some(mut state) = self.states.get_mut(key) {
+            if state.open_until.is_some() {
+                tracing::info!(upstream = key, "upstream probe succeeded; back in rotation");
+            }
+            *state = State::default();
+        }
+    }
+
+    pub fn failed(&self, key: &str) {
+        let mut state = self.states.entry(key.to_owned()).or_default();
+        state.consecutive_failures += 1;
+        let probe_failed = state.probe_started.take().is_some();
+        if probe_failed || state.consecutive_failures >= self.policy.failures {
+            if state.open_until.is_none() || probe_failed {
+                tracing::warn!(
+                    upstream = key,
+                    cooldown_ms = self.policy.cooldown.as_millis() as u64,
+                    "upstream taken out of rotation"
+                );
+            }
+            state.open_until = Some(Instant::now() + self.policy.cooldown);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breakers(cooldown_ms: u64) -> Breakers {
+        Breakers::new(BreakerPolicy {
+            failures: 2,
+            cooldown: Duration::from_millis(cooldown_ms),
+        })
+    }
+
+    #[test]
+    fn consecutive_failures_open_the_breaker_and_a_success_resets_the_count() {
+        let b = breakers(60_000);
+        b.failed("u");
+        b.succeeded("u");
+        b.failed("u");
+        assert!(b.admit("u"));
+        b.failed("u");
+        assert!(!b.admit("u"));
+    }
+
+    #[test]
+    fn after_the_cooldown_one_probe_goes_through_and_its_failure_reopens() {
+        let b = breakers(0);
+        b.failed("u");
+        b.failed("u");
+        assert!(b.admit("u"), "the probe");
+        b.failed("u");
+        assert!(b.admit("u"), "cooldown of 0: the next probe");
+        b.succeeded("u");
+        assert!(b.admit("u"));
+        assert!(b.admit("u"), "closed again: everyone goes through");
+    }
+
+    #[test]
+    fn only_one_probe_runs_at_a_time() {
+        let b = Breakers::new(BreakerPolicy {
+            failures: 1,
+            cooldown: Duration::from_millis(20),
+        });
+        b.failed("u");
+        std::thread::sleep(Duration::from_millis(25));
+        assert!(b.admit("u"));
+        assert!(!b.admit("u"));
+    }
+}

@@ -1,0 +1,751 @@
+//! A mock upstream on loopback that speaks both wire formats the gateway's adapters call: the
+//! Anthropic Messages API (`POST /v1/messages`) and OpenAI chat completions
+//! (`POST /v1/chat/completions`), JSON or SSE as the request's `stream` asks.
+//!
+//! Each test scripts it with a queue of [`Reply`]s, taken one per request in arrival order
+//! (an empty queue answers a short text): normal replies, tool calls, thinking, usage with
+//! cache tokens, any error status, a slow first byte, a stall mid-stream, a malformed chunk.
+//! It records every request (path, headers, body) and counts streams the caller abandoned.
+//!
+//! Its error bodies and model names deliberately name the provider (`anthropic`, `openai`,
+//! [`UPSTREAM_MODEL`]) so the leak checks of the harness catch the gateway forwarding them.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::gateway::{unique_name, workspace_root};
+
+/// The upstream model name every generated route uses; it must never reach a client.
+pub const UPSTREAM_MODEL: &str = "upstream-model-zq7";
+
+#[derive(Clone, Debug)]
+pub enum MockBlock {
+    Text(String),
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
+    /// Thinking with its signature (the OpenAI format streams it as `reasoning_content`,
+    /// without the signature).
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MockUsage {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// Answer with this status and a provider-style error body.
+    Status(u16),
+    /// Hold the whole response back this long.
+    FirstByteDelay(Duration),
+    /// Send this many SSE events, then nothing more (the connection stays open).
+    StallAfter(usize),
+    /// Send this many SSE events, then one whose data is not JSON.
+    MalformedAfter(usize),
+    /// Send this many SSE events, then an Anthropic `error` event (overloaded).
+    OverloadedAfter(usize),
+}
+
+/// One scripted answer.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub blocks: Vec<MockBlock>,
+    pub max_tokens_hit: bool,
+    pub usage: MockUsage,
+    pub fault: Option<Fault>,
+    /// Pause before each SSE event after the first.
+    pub chunk_delay: Duration,
+}
+
+impl Reply {
+    pub fn text(text: &str) -> Reply {
+        Reply {
+            blocks: vec![MockBlock::Text(text.to_owned())],
+            max_tokens_hit: false,
+            usage: MockUsage {
+                input: 21,
+                output: 9,
+                ..MockUsage::default()
+            },
+            fault: None,
+            chunk_delay: Duration::ZERO,
+        }
+    }
+
+    /// A reply that ends in a call of `name` with `input`.
+    pub fn tool_call(name: &str, input: Value) -> Reply {
+        Reply {
+            blocks: Vec::new(),
+            ..Reply::text("")
+        }
+        .then_tool(name, input)
+    }
+
+    pub fn status(status: u16) -> Reply {
+        Reply::text("unused").fault(Fault::Status(status))
+    }
+
+    pub fn then_text(mut self, text: &str) -> Reply {
+        self.blocks.push(MockBlock::Text(text.to_owned()));
+        self
+    }
+
+    pub fn then_tool(mut self, name: &str, input: Value) -> Reply {
+        let id = format!("toolu_mock_{}", self.blocks.len());
+        self.blocks.push(MockBlock::ToolUse {
+            id,
+            name: name.to_owned(),
+            input,
+        });
+        self
+    }
+
+    pub fn thinking_first(mut self, thinking: &str, signature: &str) -> Reply {
+        self.blocks.insert(
+            0,
+            MockBlock::Thinking {
+                thinking: thinking.to_owned(),
+                signature: signature.to_owned(),
+            },
+        );
+        self
+    }
+
+    pub fn usage(mut self, usage: MockUsage) -> Reply {
+        self.usage = usage;
+        self
+    }
+
+    pub fn max_tokens_hit(mut self) -> Reply {
+        self.max_tokens_hit = true;
+        self
+    }
+
+    pub fn fault(mut self, fault: Fault) -> Reply {
+        self.fault = Some(fault);
+        self
+    }
+
+    pub fn chunk_delay(mut self, delay: Duration) -> Reply {
+        self.chunk_delay = delay;
+        self
+    }
+
+    fn calls_tool(&self) -> bool {
+        self.blocks
+            .iter()
+            .any(|b| matches!(b, MockBlock::ToolUse { .. }))
+    }
+}
+
+/// A request the mock received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<VecDeque<Reply>>,
+    received: Mutex<Vec<Received>>,
+    /// Streams dropped by the caller before their last event.
+    abandoned: AtomicUsize,
+}
+
+/// The running mock, stopped when dropped.
+pub struct MockUpstream {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockUpstream {
+    pub async fn start() -> MockUpstream {
+        let shared = Arc::new(Shared::default());
+        let app = Router::new()
+            .route("/v1/messages", post(answer))
+            .route("/v1/chat/completions", post(answer))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for the mock upstream");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        MockUpstream { url, shared, task }
+    }
+
+    /// Queues replies for the next requests, in order.
+    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
+        lock(&self.shared.queue).extend(replies);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.shared.received).clone()
+    }
+
+    pub fn request_count(&self) -> usize {
+        lock(&self.shared.received).len()
+    }
+
+    pub fn last_body(&self) -> Value {
+        self.received()
+            .last()
+            .map(|r| r.body.clone())
+            .expect("the mock upstream received a request")
+    }
+
+    pub fn abandoned(&self) -> usize {
+        self.shared.abandoned.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    Anthropic,
+    OpenAi,
+}
+
+async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let path = request.uri().path().to_owned();
+    let headers = request.headers().clone();
+    let bytes = axum::body::to_bytes(request.into_body(), usize::MAX)
+        .await
+        .unwrap_or_default();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    lock(&shared.received).push(Received {
+        path: path.clone(),
+        headers,
+        body: body.clone(),
+    });
+    let reply = lock(&shared.queue)
+        .pop_front()
+        .unwrap_or_else(|| Reply::text("Hello from upstream."));
+    let wire = if path.ends_with("/messages") {
+        Wire::Anthropic
+    } else {
+        Wire::OpenAi
+    };
+    let model = body["model"].as_str().unwrap_or(UPSTREAM_MODEL).to_owned();
+    match reply.fault {
+        Some(Fault::Status(status)) => return error_response(wire, status),
+        Some(Fault::FirstByteDelay(delay)) => tokio::time::sleep(delay).await,
+        _ => {}
+    }
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    if !stream {
+        let json = match wire {
+            Wire::Anthropic => anthropic_json(&reply, &model),
+            Wire::OpenAi => openai_json(&reply, &model),
+        };
+        return axum::Json(json).into_response();
+    }
+    let include_usage = body["stream_options"]["include_usage"].as_bool() == Some(true);
+    let events = match wire {
+        Wire::Anthropic => anthropic_events(&reply, &model),
+        Wire::OpenAi => openai_events(&reply, &model, include_usage),
+    };
+    sse_response(events, &reply, shared)
+}
+
+fn error_response(wire: Wire, status: u16) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let message = format!("anthropic/openai upstream {UPSTREAM_MODEL} says no ({status})");
+    let body = match wire {
+        Wire::Anthropic => {
+            let kind = match status {
+                400 => "invalid_request_error",
+                401 => "authentication_error",
+                429 => "rate_limit_error",
+                529 => "overloaded_error",
+                _ => "api_error",
+            };
+            json!({"type": "error", "error": {"type": kind, "message": message}})
+        }
+        Wire::OpenAi => {
+            json!({"error": {"message": message, "type": "server_error", "code": status}})
+        }
+    };
+    let mut response = (code, axum::Json(body)).into_response();
+    response.headers_mut().insert(
+        "x-upstream-provider",
+        axum::http::HeaderValue::from_static("anthropic-openai"),
+    );
+    response
+}
+
+/// Counts the stream as abandoned when it is dropped before its end.
+struct Watch {
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl Watch {
+    fn complete(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn sse_response(events: Vec<String>, reply: &Reply, shared: Arc<Shared>) -> Response {
+    let (sent, tail) = match reply.fault {
+        Some(Fault::StallAfter(n)) => (n, Tail::Stall),
+        Some(Fault::MalformedAfter(n)) => (n, Tail::Malformed),
+        Some(Fault::OverloadedAfter(n)) => (n, Tail::Overloaded),
+        _ => (events.len(), Tail::End),
+    };
+    let delay = reply.chunk_delay;
+    let body = async_stream_body(events.into_iter().take(sent).collect(), tail, delay, shared);
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(body)
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+#[derive(Clone, Copy)]
+enum Tail {
+    End,
+    Stall,
+    Malformed,
+    Overloaded,
+}
+
+fn async_stream_body(
+    events: Vec<String>,
+    tail: Tail,
+    delay: Duration,
+    shared: Arc<Shared>,
+) -> Body {
+    let stream = futures::stream::unfold(
+        (
+            events.into_iter().enumerate(),
+            Some(tail),
+            Watch {
+                shared,
+                done: false,
+            },
+        ),
+        move |(mut events, tail, mut watch)| async move {
+            if let Some((i, event)) = events.next() {
+                if i > 0 && !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                return Some((
+                    Ok::<_, Infallible>(Bytes::from(event)),
+                    (events, tail, watch),
+                ));
+            }
+            match tail? {
+                Tail::End => {
+                    watch.complete();
+                    None
+                }
+                Tail::Stall => {
+                    futures::future::pending::<()>().await;
+                    None
+                }
+                Tail::Malformed => Some((
+                    Ok(Bytes::from(
+                        "data: {\"choices\": [{\"delta\": {\"content\"\n\n",
+                    )),
+                    (events, Some(Tail::End), watch),
+                )),
+                Tail::Overloaded => {
+                    let error = json!({"type": "error", "error": {"type": "overloaded_error",
+                        "message": format!("anthropic {UPSTREAM_MODEL} overloaded")}});
+                    Some((
+                        Ok(Bytes::from(format!("event: error\ndata: {error}\n\n"))),
+                        (events, Some(Tail::End), watch),
+                    ))
+                }
+            }
+        },
+    );
+    Body::from_stream(stream.boxed())
+}
+
+/// Splits text into pieces of a few characters, on char boundaries, as upstreams stream it.
+fn pieces(text: &str, size: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+fn sse(name: Option<&str>, data: &Value) -> String {
+    match name {
+        Some(name) => format!("event: {name}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    }
+}
+
+fn stop_reason(reply: &Reply) -> &'static str {
+    if reply.max_tokens_hit {
+        "max_tokens"
+    } else if reply.calls_tool() {
+        "tool_use"
+    } else {
+        "end_turn"
+    }
+}
+
+fn anthropic_usage(u: &MockUsage) -> Value {
+    json!({"input_tokens": u.input, "output_tokens": u.output,
+        "cache_creation_input_tokens": u.cache_write, "cache_read_input_tokens": u.cache_read})
+}
+
+fn anthropic_json(reply: &Reply, model: &str) -> Value {
+    let content: Vec<Value> = reply
+        .blocks
+        .iter()
+        .map(|b| match b {
+            MockBlock::Text(text) => json!({"type": "text", "text": text}),
+            MockBlock::ToolUse { id, name, input } => {
+                json!({"type": "tool_use", "id": id, "name": name, "input": input})
+            }
+            MockBlock::Thinking {
+                thinking,
+                signature,
+            } => json!({"type": "thinking", "thinking": thinking, "signature": signature}),
+        })
+        .collect();
+    json!({"id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+        "content": content, "stop_reason": stop_reason(reply), "stop_sequence": null,
+        "usage": anthropic_usage(&reply.usage)})
+}
+
+fn anthropic_events(reply: &Reply, model: &str) -> Vec<String> {
+    let mut start_usage = anthropic_usage(&reply.usage);
+    start_usage["output_tokens"] = json!(1);
+    let mut out = vec![
+        sse(
+            Some("message_start"),
+            &json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message",
+                "role": "assistant", "model": model, "content": [], "stop_reason": null,
+                "stop_sequence": null, "usage": start_usage}}),
+        ),
+        sse(Some("ping"), &json!({"type": "ping"})),
+    ];
+    for (index, block) in reply.blocks.iter().enumerate() {
+        let (start, deltas): (Value, Vec<Value>) = match block {
+            MockBlock::Text(text) => (
+                json!({"type": "text", "text": ""}),
+                pieces(text, 6)
+                    .into_iter()
+                    .map(|p| json!({"type": "text_delta", "text": p}))
+                    .collect(),
+            ),
+            MockBlock::ToolUse { id, name, input } => (
+                json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                pieces(&input.to_string(), 5)
+                    .into_iter()
+                    .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
+                    .collect(),
+            ),
+            MockBlock::Thinking {
+                thinking,
+                signature,
+            } => {
+                let mut deltas: Vec<Value> = pieces(thinking, 8)
+                    .into_iter()
+                    .map(|p| json!({"type": "thinking_delta", "thinking": p}))
+                    .collect();
+                deltas.push(json!({"type": "signature_delta", "signature": signature}));
+                (
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    deltas,
+                )
+            }
+        };
+        out.push(sse(
+            Some("content_block_start"),
+            &json!({"type": "content_block_start", "index": index, "content_block": start}),
+        ));
+        for delta in deltas {
+            out.push(sse(
+                Some("content_block_delta"),
+                &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            ));
+        }
+        out.push(sse(
+            Some("content_block_stop"),
+            &json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    out.push(sse(
+        Some("message_delta"),
+        &json!({"type": "message_delta",
+            "delta": {"stop_reason": stop_reason(reply), "stop_sequence": null},
+            "usage": {"output_tokens": reply.usage.output}}),
+    ));
+    out.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
+    out
+}
+
+fn finish_reason(reply: &Reply) -> &'static str {
+    if reply.max_tokens_hit {
+        "length"
+    } else if reply.calls_tool() {
+        "tool_calls"
+    } else {
+        "stop"
+    }
+}
+
+fn openai_usage(u: &MockUsage) -> Value {
+    let prompt = u.input + u.cache_read;
+    json!({"prompt_tokens": prompt, "completion_tokens": u.output,
+        "total_tokens": prompt + u.output,
+        "prompt_tokens_details": {"cached_tokens": u.cache_read}})
+}
+
+fn openai_json(reply: &Reply, model: &str) -> Value {
+    let text: String = reply
+        .blocks
+        .iter()
+        .filter_map(|b| match b {
+            MockBlock::Text(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect();
+    let calls: Vec<Value> = reply
+        .blocks
+        .iter()
+        .filter_map(|b| match b {
+            MockBlock::ToolUse { id, name, input } => Some(json!({"id": id, "type": "function",
+                "function": {"name": name, "arguments": input.to_string()}})),
+            _ => None,
+        })
+        .collect();
+    let mut message = json!({"role": "assistant", "content": text});
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    json!({"id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(reply)}],
+        "usage": openai_usage(&reply.usage)})
+}
+
+fn openai_events(reply: &Reply, model: &str, include_usage: bool) -> Vec<String> {
+    let chunk = |choices: Value| {
+        sse(
+            None,
+            &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+                "model": model, "choices": choices}),
+        )
+    };
+    let delta = |delta: Value| chunk(json!([{"index": 0, "delta": delta, "finish_reason": null}]));
+    // Real upstreams open with an empty content string: the source of empty text blocks.
+    let mut out = vec![delta(json!({"role": "assistant", "content": ""}))];
+    let mut tool_index = 0;
+    for block in &reply.blocks {
+        match block {
+            MockBlock::Text(text) => out.extend(
+                pieces(text, 6)
+                    .into_iter()
+                    .map(|p| delta(json!({"content": p}))),
+            ),
+            MockBlock::Thinking { thinking, .. } => out.extend(
+                pieces(thinking, 8)
+                    .into_iter()
+                    .map(|p| delta(json!({"reasoning_content": p}))),
+            ),
+            MockBlock::ToolUse { id, name, input } => {
+                out.push(delta(json!({"tool_calls": [{"index": tool_index, "id": id,
+                    "type": "function", "function": {"name": name, "arguments": ""}}]})));
+                out.extend(pieces(&input.to_string(), 5).into_iter().map(|p| {
+                    delta(json!({"tool_calls": [{"index": tool_index,
+                        "function": {"arguments": p}}]}))
+                }));
+                tool_index += 1;
+            }
+        }
+    }
+    out.push(chunk(
+        json!([{"index": 0, "delta": {}, "finish_reason": finish_reason(reply)}]),
+    ));
+    if include_usage {
+        out.push(sse(
+            None,
+            &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+                "model": model, "choices": [], "usage": openai_usage(&reply.usage)}),
+        ));
+    }
+    out.push("data: [DONE]\n\n".to_owned());
+    out
+}
+
+/// One upstream of a generated ModelRoute.
+#[derive(Clone, Debug)]
+pub struct UpstreamDef {
+    pub name: String,
+    /// `anthropic` or `openai`.
+    pub provider: &'static str,
+    pub base_url: String,
+    pub weight: u32,
+    pub first_byte_ms: u64,
+    pub idle_ms: u64,
+}
+
+impl UpstreamDef {
+    pub fn anthropic(mock: &MockUpstream) -> UpstreamDef {
+        UpstreamDef {
+            name: "primary".to_owned(),
+            provider: "anthropic",
+            base_url: mock.url.clone(),
+            weight: 1,
+            first_byte_ms: 10_000,
+            idle_ms: 10_000,
+        }
+    }
+
+    pub fn openai(mock: &MockUpstream) -> UpstreamDef {
+        UpstreamDef {
+            provider: "openai",
+            base_url: format!("{}/v1", mock.url),
+            ..UpstreamDef::anthropic(mock)
+        }
+    }
+
+    /// An upstream nothing listens on: every connection is refused.
+    pub fn refused(provider: &'static str) -> UpstreamDef {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        UpstreamDef {
+            name: "refused".to_owned(),
+            provider,
+            base_url: format!("http://127.0.0.1:{port}"),
+            weight: 1,
+            first_byte_ms: 10_000,
+            idle_ms: 10_000,
+        }
+    }
+
+    pub fn named(mut self, name: &str) -> UpstreamDef {
+        self.name = name.to_owned();
+        self
+    }
+
+    pub fn weight(mut self, weight: u32) -> UpstreamDef {
+        self.weight = weight;
+        self
+    }
+
+    pub fn timeouts(mut self, first_byte_ms: u64, idle_ms: u64) -> UpstreamDef {
+        self.first_byte_ms = first_byte_ms;
+        self.idle_ms = idle_ms;
+        self
+    }
+}
+
+/// A manifest folder: the standalone tiers and keys, and every virtual model routed to
+/// `upstreams` (svc/auto keeps choosing among the others). Removed on drop.
+pub struct RoutedManifests {
+    pub path: std::path::PathBuf,
+}
+
+impl RoutedManifests {
+    pub fn new(upstreams: &[UpstreamDef]) -> RoutedManifests {
+        let path = std::env::temp_dir().join(unique_name("e2e-upstream-manifests"));
+        std::fs::create_dir_all(&path).expect("create the manifest folder");
+        let standalone = workspace_root().join("deploy").join("standalone");
+        for file in ["tiers.yaml", "apikeys.yaml"] {
+            std::fs::copy(standalone.join(file), path.join(file)).expect("copy a manifest");
+        }
+        let routes = std::fs::read_to_string(standalone.join("models.yaml"))
+            .expect("read the standalone models");
+        std::fs::write(path.join("models.yaml"), reroute(&routes, upstreams))
+            .expect("write models.yaml");
+        std::fs::write(path.join("secrets.yaml"), SECRET).expect("write secrets.yaml");
+        RoutedManifests { path }
+    }
+}
+
+impl Drop for RoutedManifests {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// The upstream API key routes refer to; the mock records what the gateway sent.
+pub const UPSTREAM_API_KEY: &str = "upstream-secret-key-8812";
+
+const SECRET: &str = "apiVersion: v1
+kind: Secret
+metadata:
+  name: mock-upstream-key
+type: Opaque
+stringData:
+  apiKey: upstream-secret-key-8812
+";
+
+/// Replaces every `upstreams:` list of the standalone routes with `upstreams`.
+fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
+    let mut list = String::from("  upstreams:\n");
+    for u in upstreams {
+        list.push_str(&format!(
+            "    - name: {}\n      provider: {}\n      model: {UPSTREAM_MODEL}\n      baseUrl: {}\n      weight: {}\n      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n      timeouts:\n        connectMs: 2000\n        firstByteMs: {}\n        idleMs: {}\n",
+            u.name, u.provider, u.base_url, u.weight, u.first_byte_ms, u.idle_ms
+        ));
+    }
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in routes.lines() {
+        if line == "  upstreams:" {
+            out.push_str(&list);
+            skipping = true;
+            continue;
+        }
+        if skipping && line.starts_with("    ") {
+            continue;
+        }
+        skipping = false;
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,411 @@
+//! Real upstreams behind both endpoints: every model routed to the mock upstream through the
+//! `anthropic` or the `openai` adapter, each endpoint in JSON and in SSE; tool calls streamed
+//! whole, tool results and images in the upstream's format, thinking with its signature, cache
+//! tokens in usage, and no provider name, upstream model or upstream key in any response.
+
+use e2e::sse::{assemble_chat_stream, assemble_message_stream};
+use e2e::upstream::{UPSTREAM_API_KEY, UPSTREAM_MODEL};
+use e2e::*;
+use serde_json::{json, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Adapter {
+    Anthropic,
+    OpenAi,
+}
+
+const ADAPTERS: [Adapter; 2] = [Adapter::Anthropic, Adapter::OpenAi];
+
+/// A gateway whose every model is served by one mock upstream through `adapter`.
+struct Rig {
+    mock: MockUpstream,
+    gw: Gateway,
+    _manifests: RoutedManifests,
+}
+
+impl Rig {
+    async fn start(adapter: Adapter) -> Rig {
+        let mock = MockUpstream::start().await;
+        let upstream = match adapter {
+            Adapter::Anthropic => UpstreamDef::anthropic(&mock),
+            Adapter::OpenAi => UpstreamDef::openai(&mock),
+        };
+        let manifests = RoutedManifests::new(&[upstream]);
+        let gw = Gateway::builder().manifests(&manifests.path).start().await;
+        Rig {
+            mock,
+            gw,
+            _manifests: manifests,
+        }
+    }
+
+    async fn message_stream(&self, body: &Value) -> MessageStream {
+        let stream = self.gw.stream("/v1/messages", &self.gw.key, body).await;
+        stream.expect_sse();
+        assemble_message_stream(&stream.collect().await)
+    }
+
+    async fn chat_stream(&self, body: &Value) -> ChatStream {
+        let stream = self
+            .gw
+            .stream("/v1/chat/completions", &self.gw.key, body)
+            .await;
+        stream.expect_sse();
+        assemble_chat_stream(&stream.collect().await)
+    }
+}
+
+fn with_tools(mut body: Value, tools: Value) -> Value {
+    body["tools"] = tools;
+    body
+}
+
+fn chat_tool() -> Value {
+    let tool = weather_tool();
+    json!([{"type": "function", "function": {"name": tool["name"],
+        "description": tool["description"], "parameters": tool["input_schema"]}}])
+}
+
+#[tokio::test]
+async fn both_endpoints_answer_through_each_adapter_in_json_and_in_streams() {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        let reply = "Paris is the capital of France.";
+        rig.mock.push((0..4).map(|_| Reply::text(reply)));
+
+        let json = rig
+            .gw
+            .post_messages(
+                &rig.gw.key,
+                &message("svc/sonnet", "Capital of France?", 100),
+            )
+            .await
+            .expect_ok();
+        assert_eq!(response_text(&json), reply, "{adapter:?}");
+        assert_eq!(json["model"], "svc/sonnet");
+        assert_eq!(json["stop_reason"], "end_turn");
+        assert_eq!(
+            json["usage"]["output_tokens"], 9,
+            "the upstream's count: {json}"
+        );
+
+        let stream = rig
+            .message_stream(&message_stream("svc/sonnet", "Capital of France?", 100))
+            .await;
+        assert_eq!(stream.text(), reply, "{adapter:?}");
+        assert_eq!(stream.delta["stop_reason"], "end_turn");
+        assert_eq!(stream.blocks.len(), 1, "{adapter:?}: {:?}", stream.blocks);
+
+        let chat = rig
+            .gw
+            .chat(
+                &rig.gw.key,
+                &chat_body("svc/sonnet", "Capital of France?", Some(100)),
+            )
+            .await
+            .expect_ok();
+        assert_eq!(chat["choices"][0]["message"]["content"], reply);
+        assert_eq!(chat["choices"][0]["finish_reason"], "stop");
+        assert_eq!(chat["usage"]["completion_tokens"], 9);
+
+        let chunks = rig
+            .chat_stream(&chat_stream_body(
+                "svc/sonnet",
+                "Capital of France?",
+                Some(100),
+            ))
+            .await;
+        assert_eq!(chunks.content, reply, "{adapter:?}");
+        assert_eq!(chunks.finish_reason.as_deref(), Some("stop"));
+
+        let received = rig.mock.received();
+        assert_eq!(received.len(), 4);
+        for request in &received {
+            assert_eq!(
+                request.body["model"], UPSTREAM_MODEL,
+                "the upstream's own model name"
+            );
+            assert_eq!(request.body["stream"], true, "adapters always stream");
+            match adapter {
+                Adapter::Anthropic => {
+                    assert_eq!(request.path, "/v1/messages");
+                    assert_eq!(request.headers["x-api-key"], UPSTREAM_API_KEY);
+                    assert!(request.headers.contains_key("anthropic-version"));
+                }
+                Adapter::OpenAi => {
+                    assert_eq!(request.path, "/v1/chat/completions");
+                    assert_eq!(
+                        request.headers["authorization"],
+                        format!("Bearer {UPSTREAM_API_KEY}").as_str()
+                    );
+                    assert_eq!(request.body["stream_options"]["include_usage"], true);
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_tool_call_arrives_whole_with_stop_reason_tool_use_and_no_empty_text_block() {
+    let input = json!({"location": "Paris, \"FR\"", "days": 3, "metric": true, "tags": ["a", "b"]});
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        rig.mock
+            .push((0..3).map(|_| Reply::tool_call("get_weather", input.clone())));
+
+        let body = with_tools(
+            message_stream("svc/sonnet", "Weather in Paris?", 200),
+            json!([weather_tool()]),
+        );
+        let stream = rig.message_stream(&body).await;
+        assert_eq!(stream.blocks.len(), 1, "{adapter:?}: {:?}", stream.blocks);
+        let block = &stream.blocks[0];
+        assert_eq!(block.kind(), "tool_use", "{adapter:?}");
+        assert_eq!(block.start["name"], "get_weather");
+        assert_eq!(block.start["input"], json!({}));
+        let assembled: Value = serde_json::from_str(&block.partial_json).expect("whole JSON");
+        assert_eq!(assembled, input, "{adapter:?}");
+        assert_eq!(stream.delta["stop_reason"], "tool_use", "{adapter:?}");
+
+        let body = with_tools(
+            message("svc/sonnet", "Weather in Paris?", 200),
+            json!([weather_tool()]),
+        );
+        let json = rig.gw.post_messages(&rig.gw.key, &body).await.expect_ok();
+        assert_eq!(
+            json["content"][0]["type"], "tool_use",
+            "{adapter:?}: {json}"
+        );
+        assert_eq!(json["content"][0]["input"], input);
+        assert_eq!(json["stop_reason"], "tool_use");
+
+        let mut chat = chat_stream_body("svc/sonnet", "Weather in Paris?", Some(200));
+        chat["tools"] = chat_tool();
+        let chunks = rig.chat_stream(&chat).await;
+        assert_eq!(chunks.tool_calls.len(), 1, "{adapter:?}");
+        let (id, name, arguments) = &chunks.tool_calls[0];
+        assert!(!id.is_empty());
+        assert_eq!(name, "get_weather");
+        assert_eq!(serde_json::from_str::<Value>(arguments).unwrap(), input);
+        assert_eq!(chunks.finish_reason.as_deref(), Some("tool_calls"));
+    }
+}
+
+#[tokio::test]
+async fn a_tool_result_round_trip_reaches_the_upstream_in_its_own_format() {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        rig.mock.push([
+            Reply::tool_call("get_weather", json!({"location": "Oslo"})),
+            Reply::text("It is sunny in Oslo."),
+        ]);
+        let first = rig
+            .gw
+            .post_messages(
+                &rig.gw.key,
+                &with_tools(
+                    message("svc/haiku", "Weather in Oslo?", 200),
+                    json!([weather_tool()]),
+                ),
+            )
+            .await
+            .expect_ok();
+        let call = first["content"][0].clone();
+        let id = call["id"].as_str().expect("tool_use id").to_owned();
+        let second = json!({
+            "model": "svc/haiku",
+            "max_tokens": 200,
+            "system": "You are terse.",
+            "tools": [weather_tool()],
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": first["content"]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": id, "content": "sunny, 21C"},
+                    {"type": "text", "text": "Summarize."}
+                ]}
+            ]
+        });
+        let answer = rig.gw.post_messages(&rig.gw.key, &second).await.expect_ok();
+        assert_eq!(response_text(&answer), "It is sunny in Oslo.");
+
+        let sent = rig.mock.last_body();
+        match adapter {
+            Adapter::Anthropic => {
+                assert_eq!(sent["system"], "You are terse.");
+                assert_eq!(sent["messages"][1]["content"][0]["type"], "tool_use");
+                assert_eq!(
+                    sent["messages"][2]["content"][0]["tool_use_id"],
+                    id.as_str()
+                );
+            }
+            Adapter::OpenAi => {
+                let messages = sent["messages"].as_array().unwrap();
+                let roles: Vec<&str> = messages
+                    .iter()
+                    .map(|m| m["role"].as_str().unwrap())
+                    .collect();
+                assert_eq!(
+                    roles,
+                    ["system", "user", "assistant", "tool", "user"],
+                    "{sent}"
+                );
+                let calls = &messages[2]["tool_calls"];
+                assert_eq!(calls[0]["id"], id.as_str());
+                assert_eq!(calls[0]["function"]["name"], "get_weather");
+                let args: Value =
+                    serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap())
+                        .unwrap();
+                assert_eq!(args, json!({"location": "Oslo"}));
+                assert_eq!(messages[3]["tool_call_id"], id.as_str());
+                assert_eq!(messages[3]["content"], "sunny, 21C");
+                assert_eq!(sent["tools"][0]["function"]["name"], "get_weather");
+            }
+        }
+    }
+}
+
+/// A 1x1 transparent PNG.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
+
+#[tokio::test]
+async fn images_reach_the_upstream_in_its_own_format() {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        rig.mock.push([Reply::text("A transparent pixel.")]);
+        let body = json!({
+            "model": "svc/sonnet",
+            "max_tokens": 100,
+            "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+                {"type": "text", "text": "What is this?"}
+            ]}]
+        });
+        let answer = rig.gw.post_messages(&rig.gw.key, &body).await.expect_ok();
+        assert_eq!(response_text(&answer), "A transparent pixel.");
+        let sent = rig.mock.last_body();
+        let part = &sent["messages"][0]["content"][0];
+        match adapter {
+            Adapter::Anthropic => {
+                assert_eq!(part["type"], "image");
+                assert_eq!(part["source"]["data"], PNG);
+            }
+            Adapter::OpenAi => {
+                assert_eq!(part["type"], "image_url");
+                assert_eq!(
+                    part["image_url"]["url"],
+                    format!("data:image/png;base64,{PNG}").as_str()
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn thinking_on_opus_streams_before_the_answer_with_the_upstreams_signature() {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        rig.mock
+            .push([Reply::text("42.").thinking_first("Six times seven.", "sig-abc123")]);
+        let mut body = message_stream("svc/opus", "What is 6*7?", 2000);
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+        let stream = rig.message_stream(&body).await;
+        assert_eq!(stream.blocks.len(), 2, "{adapter:?}: {:?}", stream.blocks);
+        assert_eq!(stream.blocks[0].kind(), "thinking");
+        assert_eq!(stream.blocks[0].thinking, "Six times seven.");
+        assert_eq!(stream.text(), "42.");
+        match adapter {
+            Adapter::Anthropic => {
+                assert_eq!(stream.blocks[0].signature, "sig-abc123");
+                assert_eq!(rig.mock.last_body()["thinking"]["budget_tokens"], 1024);
+            }
+            // Chat completions carry no signature for reasoning.
+            Adapter::OpenAi => assert_eq!(stream.blocks[0].signature, ""),
+        }
+    }
+}
+
+#[tokio::test]
+async fn cache_reads_and_writes_are_reported_in_usage_and_billed() {
+    let usage = MockUsage {
+        input: 40,
+        output: 9,
+        cache_read: 1000,
+        cache_write: 300,
+    };
+    // A prompt the gateway counts above the upstream's 1,340 tokens, with a cache breakpoint,
+    // so the reservation covers the turn.
+    let mut body = message_stream("svc/sonnet", "hi", 100);
+    body["system"] = json!([{"type": "text", "text": words(1400),
+        "cache_control": {"type": "ephemeral"}}]);
+    // Anthropic: both counts, in message_start and in message_delta.
+    let rig = Rig::start(Adapter::Anthropic).await;
+    rig.mock.push([Reply::text("cached").usage(usage)]);
+    let stream = rig.message_stream(&body).await;
+    for place in [&stream.message["usage"], &stream.usage] {
+        assert_eq!(place["input_tokens"], 40, "{place}");
+        assert_eq!(place["cache_read_input_tokens"], 1000, "{place}");
+        assert_eq!(place["cache_creation_input_tokens"], 300, "{place}");
+    }
+    assert_eq!(stream.usage["output_tokens"], 9);
+    // Sonnet: $3 in, $15 out, $3.75 cache write, $0.30 cache read per MTok; 100,000 credits
+    // per USD: (40*3 + 9*15 + 300*3.75 + 1000*0.30) / 10 = 168.
+    assert_eq!(stream.credits(), 168);
+
+    // OpenAI-compatible: cached prompt tokens are cache reads, out of input_tokens.
+    let rig = Rig::start(Adapter::OpenAi).await;
+    rig.mock.push([Reply::text("cached").usage(usage)]);
+    body["stream"] = json!(false);
+    let json = rig.gw.post_messages(&rig.gw.key, &body).await.expect_ok();
+    assert_eq!(json["usage"]["input_tokens"], 40, "{json}");
+    assert_eq!(json["usage"]["cache_read_input_tokens"], 1000);
+    assert_eq!(json["usage"]["cache_creation_input_tokens"], 0);
+}
+
+#[tokio::test]
+async fn no_response_names_the_provider_the_upstream_model_or_its_key() {
+    // Every response read through the harness is checked (bodies, SSE data, headers); this
+    // test drives each path that carries upstream data, including upstream error bodies that
+    // name the provider and the model.
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        rig.mock.push([
+            Reply::text("fine"),
+            Reply::text("fine"),
+            Reply::status(400),
+            Reply::status(500),
+            Reply::text("fine").fault(Fault::MalformedAfter(3)),
+        ]);
+        rig.gw
+            .post_messages(&rig.gw.key, &message("svc/kimi", "hi", 50))
+            .await
+            .expect_ok();
+        rig.message_stream(&message_stream("svc/kimi", "hi", 50))
+            .await;
+        let rejected = rig
+            .gw
+            .post_messages(&rig.gw.key, &message("svc/kimi", "hi", 50))
+            .await;
+        rejected.expect_error(400, "invalid_request_error");
+        let failed = rig
+            .gw
+            .chat(&rig.gw.key, &chat_body("svc/kimi", "hi", Some(50)))
+            .await;
+        failed.expect_error(502, "api_error");
+        let broken = rig
+            .gw
+            .stream(
+                "/v1/messages",
+                &rig.gw.key,
+                &message_stream("svc/kimi", "hi", 50),
+            )
+            .await;
+        let events = broken.collect().await;
+        assert_eq!(
+            events.last().map(|e| e.name().to_owned()).as_deref(),
+            Some("error")
+        );
+        let models = rig.gw.get("/v1/models", &rig.gw.key).await.expect_ok();
+        assert_eq!(models["data"].as_array().map(Vec::len), Some(5));
+    }
+}
