@@ -93,6 +93,11 @@ impl GatewayBuilder {
         self.arg("--redis-url").arg(redis_url)
     }
 
+    /// `--database-url URL --migrate` (serve): accounts, keys and credits in that Postgres.
+    pub fn database(self, url: &str) -> Self {
+        self.arg("--database-url").arg(url).arg("--migrate")
+    }
+
     /// `--manifests DIR` instead of `deploy/standalone`.
     pub fn manifests(mut self, dir: &Path) -> Self {
         self.manifests = Some(dir.to_path_buf());

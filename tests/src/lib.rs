@@ -4,6 +4,7 @@
 //! - [`Gateway`] / [`GatewayBuilder`]: the process, its ready line, `/v1` and admin helpers;
 //!   `standalone` by default, `serve` (cluster mode) with [`GatewayBuilder::serve`].
 //! - [`RedisServer`]: a throwaway `redis-server` (start, stop, restart, freeze) for cluster mode.
+//! - [`PostgresServer`]: a throwaway Postgres (start, stop, restart, SQL, the operator CLI).
 //! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
@@ -19,6 +20,7 @@ pub mod bodies;
 pub mod cluster;
 pub mod gateway;
 pub mod leak;
+pub mod postgres;
 pub mod redis;
 pub mod response;
 pub mod sse;
@@ -27,6 +29,7 @@ pub mod upstream;
 pub use bodies::*;
 pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
+pub use postgres::PostgresServer;
 pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};

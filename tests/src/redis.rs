@@ -279,12 +279,12 @@ impl Drop for RedisServer {
 }
 
 /// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local addr").port()
 }
 
-fn signal(child: &Child, sig: libc::c_int) {
+pub(crate) fn signal(child: &Child, sig: libc::c_int) {
     let pid = child.id().expect("child not yet reaped") as i32;
     // SAFETY: kill(2) on a child we spawned and have not reaped.
     let rc = unsafe { libc::kill(pid, sig) };

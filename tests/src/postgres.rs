@@ -1,0 +1,252 @@
+//! A throwaway Postgres for the ledger tests: `initdb` into a temporary folder, `postgres` on
+//! a free loopback port with its socket in that folder, trust authentication, no fsync; killed
+//! on drop and its folder removed. As root, the server runs as the `postgres` user (or
+//! `nobody`), since Postgres refuses to run as root.
+//!
+//! [`PostgresServer::stop`] / [`PostgresServer::restart`] (same port, same data) simulate an
+//! outage and its end. [`PostgresServer::query`] runs SQL through `psql` for assertions, and
+//! [`PostgresServer::gateway_cli`] runs the gateway's operator commands against the database.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+use crate::gateway::{drain, gateway_bin, unique_name, workspace_root, LogTail};
+use crate::redis::{free_port, signal};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub struct PostgresServer {
+    pub port: u16,
+    dir: PathBuf,
+    bin: PathBuf,
+    user: Option<(u32, u32)>,
+    child: Option<Child>,
+    log: LogTail,
+}
+
+/// The folder of `initdb` and `postgres`: on PATH, else Debian's /usr/lib/postgresql/*/bin
+/// (the newest).
+fn bin_dir() -> PathBuf {
+    if let Some(path) = std::env::var_os("PATH") {
+        if let Some(dir) = std::env::split_paths(&path).find(|d| d.join("initdb").is_file()) {
+            return dir;
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+                .filter(|bin| bin.join("initdb").is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!("initdb not found; install Postgres (Debian: apt-get install postgresql, or scripts/test does)")
+    })
+}
+
+/// The unprivileged user to run as when we are root.
+fn server_user() -> Option<(u32, u32)> {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        return None;
+    }
+    for name in [c"postgres", c"nobody"] {
+        // SAFETY: a valid NUL-terminated name; the result is read before any other getpw call.
+        let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+        if !pw.is_null() {
+            // SAFETY: non-null pointer returned by getpwnam.
+            let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+            return Some((uid, gid));
+        }
+    }
+    panic!("running as root, but neither a postgres nor a nobody user exists")
+}
+
+fn chown(path: &Path, user: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+    }
+}
+
+impl PostgresServer {
+    /// Creates a cluster in a fresh folder and starts it on a free port.
+    pub async fn start() -> PostgresServer {
+        let dir = std::env::temp_dir().join(unique_name("e2e-postgres"));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let user = server_user();
+        chown(&dir, user);
+        let bin = bin_dir();
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .args(["-N", "-U", "postgres", "--auth=trust", "-E", "UTF8", "-D"])
+            .arg(dir.join("data"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some((uid, gid)) = user {
+            initdb.uid(uid).gid(gid);
+        }
+        let out = initdb.output().await.expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let mut server = PostgresServer {
+                port: free_port(),
+                dir: dir.clone(),
+                bin: bin.clone(),
+                user,
+                child: None,
+                log: LogTail::default(),
+            };
+            match server.spawn().await {
+                Ok(()) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("postgres did not start: {last_error}");
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn logs(&self) -> String {
+        self.log.text()
+    }
+
+    async fn spawn(&mut self) -> Result<(), String> {
+        let mut cmd = Command::new(self.bin.join("postgres"));
+        cmd.arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-p", &self.port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", self.dir.display()))
+            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+            .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
+            .current_dir(&self.dir);
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid).gid(gid);
+        }
+        crate::tie_to_test(&mut cmd);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run postgres: {e}"))?;
+        drain(child.stdout.take().expect("piped stdout"), self.log.clone(), None);
+        drain(child.stderr.take().expect("piped stderr"), self.log.clone(), None);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("postgres exited with {status}\n{}", self.logs()));
+            }
+            if self.try_query("SELECT 1").await.is_ok() {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.start_kill();
+                return Err(format!("postgres not ready within {READY_TIMEOUT:?}\n{}", self.logs()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Fast shutdown (SIGINT); the port is closed afterwards, the data kept.
+    pub async fn stop(&mut self) {
+        let mut child = self.child.take().expect("postgres is running");
+        signal(&child, libc::SIGINT);
+        if tokio::time::timeout(STOP_TIMEOUT, child.wait()).await.is_err() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            panic!("postgres did not stop within {STOP_TIMEOUT:?}\n{}", self.logs());
+        }
+    }
+
+    /// Starts again on the same port with the same data.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart of a running postgres");
+        let mut last_error = String::new();
+        for _ in 0..10 {
+            match self.spawn().await {
+                Ok(()) => return,
+                Err(e) => last_error = e,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("postgres did not restart on port {}: {last_error}", self.port);
+    }
+
+    async fn try_query(&self, sql: &str) -> Result<String, String> {
+        let psql = if self.bin.join("psql").is_file() {
+            self.bin.join("psql")
+        } else {
+            PathBuf::from("psql")
+        };
+        let out = Command::new(psql)
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", "postgres"])
+            .args(["-c", sql])
+            .output()
+            .await
+            .map_err(|e| format!("cannot run psql: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Runs `sql` and returns psql's unaligned output (`|` between columns, a line per row).
+    pub async fn query(&self, sql: &str) -> String {
+        self.try_query(sql)
+            .await
+            .unwrap_or_else(|e| panic!("psql {sql:?}: {e}\n{}", self.logs()))
+    }
+
+    /// One integer from `sql`.
+    pub async fn query_i64(&self, sql: &str) -> i64 {
+        let text = self.query(sql).await;
+        text.parse()
+            .unwrap_or_else(|_| panic!("{sql:?} returned {text:?}, not an integer"))
+    }
+
+    /// `gateway <args> --database-url URL`; its stdout parsed as JSON, or its stderr as the error.
+    pub async fn gateway_cli(&self, args: &[&str]) -> Result<Value, String> {
+        let out = Command::new(gateway_bin())
+            .args(args)
+            .args(["--database-url", &self.url()])
+            .current_dir(workspace_root())
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("cannot run the gateway binary: {e}"));
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!("gateway {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+        })
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        // SIGQUIT: immediate shutdown, the server's own processes included.
+        if let Some(child) = &self.child {
+            signal(child, libc::SIGQUIT);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,93 @@
+//! Credits in Postgres under concurrency: 200 simultaneous turns against a balance that covers
+//! 50 never overdraw, and every credit a client was told it consumed is exactly one ledger
+//! debit and one credit off the balance, with one gateway process and with two.
+
+use e2e::{message, Cluster, Gateway, KeySpec, PostgresServer};
+use futures::future::join_all;
+
+const TURNS: usize = 200;
+const FUNDED_TURNS: u64 = 50;
+
+/// A roomy Redis timeout: the race is about credits, and 200 admissions at once on a busy
+/// test machine may take longer than the default bound.
+async fn cluster(pods: usize, pg: &PostgresServer) -> Cluster {
+    Cluster::start(pods, |b| b.database(&pg.url()).redis_timeout_ms(5_000)).await
+}
+
+/// Sends 200 turns at once, spread over `pods`, against an account funded for 50 reservations,
+/// and checks the books.
+async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) {
+    let gw = &pods[0];
+    let body = message("svc/haiku", "count to three", 64);
+    // What one turn of this body reserves, measured on a separate account.
+    let probe = gw.new_key(10_000_000, &KeySpec::tier("high_volume")).await;
+    let first = gw.post_messages(&probe.secret, &body).await.expect_ok();
+    let record = gw
+        .message_record(first["id"].as_str().expect("message id"))
+        .await;
+    let reservation = record["reserved"].as_u64().expect("reserved");
+    assert!(reservation > 0, "{record}");
+
+    let start = FUNDED_TURNS * reservation;
+    let key = gw.new_key(start, &KeySpec::tier("high_volume")).await;
+    let answers = join_all(
+        (0..TURNS).map(|i| pods[i % pods.len()].post_messages(&key.secret, &body)),
+    )
+    .await;
+
+    let mut accepted = 0u64;
+    let mut consumed = 0u64;
+    for resp in &answers {
+        if resp.status == 200 {
+            accepted += 1;
+            consumed += resp.json()["usage"]["credits_consumed"]
+                .as_u64()
+                .expect("credits_consumed");
+        } else {
+            resp.expect_error(402, "insufficient_quota");
+        }
+    }
+    let account = gw.wait_settled(&key.account_id).await;
+    let balance = account["balance"].as_i64().expect("balance");
+    let id = &key.account_id;
+    let debits = pg
+        .query_i64(&format!(
+            "SELECT coalesce(sum(billed), 0) FROM messages WHERE account_id = '{id}'"
+        ))
+        .await;
+    let billed_turns = pg
+        .query_i64(&format!(
+            "SELECT count(*) FROM messages WHERE account_id = '{id}' AND status = 'completed'"
+        ))
+        .await;
+    let stored = pg
+        .query(&format!(
+            "SELECT balance, reserved FROM accounts WHERE id = '{id}'"
+        ))
+        .await;
+
+    assert!(balance >= 0, "balance went negative: {account}");
+    assert!(
+        accepted >= FUNDED_TURNS,
+        "only {accepted} of {TURNS} turns were accepted, though the balance covered {FUNDED_TURNS}"
+    );
+    assert!(accepted < TURNS as u64, "every turn was accepted: the balance was not enforced");
+    assert_eq!(consumed as i64, start as i64 - balance, "clients' credits_consumed vs the balance decrease");
+    assert_eq!(consumed as i64, debits, "clients' credits_consumed vs the ledger's debits");
+    assert_eq!(accepted as i64, billed_turns, "accepted turns vs completed ledger rows");
+    assert_eq!(stored, format!("{balance}|0"), "the stored balance holds nothing reserved");
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_turns_on_a_balance_for_fifty_never_overdraw_and_balance_the_books() {
+    let pg = PostgresServer::start().await;
+    let cluster = cluster(1, &pg).await;
+    two_hundred_turns_against_fifty(&cluster.pods, &pg).await;
+}
+
+#[tokio::test]
+async fn the_books_balance_across_two_gateway_processes_sharing_the_account() {
+    let pg = PostgresServer::start().await;
+    let cluster = cluster(2, &pg).await;
+    two_hundred_turns_against_fifty(&cluster.pods, &pg).await;
+}

@@ -1,0 +1,113 @@
+//! Reservations orphaned by a dead gateway process. Policy: when a process stops sending its
+//! heartbeat for `--reaper-stale-secs`, any live process releases its reservations; the turns
+//! end `abandoned` and are billed nothing (what the client received is unknown, and the
+//! gateway never overcharges). A settle or a top-up replayed afterwards changes nothing.
+
+use std::time::Duration;
+
+use e2e::{message, message_stream, poll_until, Cluster, KeySpec, PostgresServer};
+use gateway::db::Database;
+use gateway::ledger::{Ledger, MessageStatus, PostgresLedger, Settlement};
+use gateway::wire::anthropic::TokenUsage;
+
+const CREDITS: u64 = 5_000_000;
+
+fn ledger(pg: &PostgresServer) -> PostgresLedger {
+    let db = Database::connect(&pg.url(), 2, Duration::from_secs(5)).expect("database url");
+    PostgresLedger::new(db)
+}
+
+fn replayed_settlement(message_id: &str) -> Settlement {
+    Settlement {
+        message_id: message_id.to_string(),
+        status: MessageStatus::Completed,
+        cost: 1_000,
+        usage: TokenUsage {
+            input_tokens: 10,
+            output_tokens: 10,
+            ..TokenUsage::default()
+        },
+        stop_reason: None,
+        latency_ms: 1,
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() {
+    let pg = PostgresServer::start().await;
+    let mut cluster = Cluster::start(2, |b| {
+        b.database(&pg.url())
+            .chunk_delay_ms(300)
+            .arg("--reaper-stale-secs")
+            .arg("2")
+    })
+    .await;
+    let key = cluster.pods[0]
+        .new_key(CREDITS, &KeySpec::tier("pay_as_you_go"))
+        .await;
+    let body = message_stream("svc/sonnet", "tell me a long story", 500);
+    let mut stream = cluster.pods[0].stream("/v1/messages", &key.secret, &body).await;
+    let start = stream.next_event().await.expect("message_start");
+    let message_id = start.json()["message"]["id"]
+        .as_str()
+        .expect("message id")
+        .to_string();
+    stream.next_event().await.expect("a second event");
+    let held = cluster.pods[1].admin_account(&key.account_id).await;
+    assert!(held["reserved"].as_u64() > Some(0), "nothing reserved mid-stream: {held}");
+
+    cluster.pods[0].kill_9().await;
+    drop(stream);
+
+    let survivor = &cluster.pods[1];
+    let account = poll_until(
+        "the reaper to release the dead pod's reservation",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let account = survivor.admin_account(&key.account_id).await;
+            (account["reserved"].as_u64() == Some(0)).then_some(account)
+        },
+    )
+    .await;
+    assert_eq!(account["balance"].as_u64(), Some(CREDITS), "{account}");
+    let record = survivor.message_record(&message_id).await;
+    assert_eq!(record["status"], "abandoned", "{record}");
+    assert_eq!(record["billed"], 0, "{record}");
+
+    let ledger = ledger(&pg);
+    let billed = ledger
+        .settle(replayed_settlement(&message_id))
+        .await
+        .expect("replayed settle");
+    assert_eq!(billed, 0, "a settle after the reaper bills nothing");
+    let after = survivor.admin_account(&key.account_id).await;
+    assert_eq!(after["balance"].as_u64(), Some(CREDITS), "{after}");
+    assert_eq!(after["reserved"].as_u64(), Some(0), "{after}");
+}
+
+#[tokio::test]
+async fn a_replayed_settle_returns_the_first_billing_and_changes_nothing() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
+    let gw = &cluster.pods[0];
+    let key = gw.new_key(CREDITS, &KeySpec::tier("pay_as_you_go")).await;
+    let answer = gw
+        .post_messages(&key.secret, &message("svc/haiku", "hello", 64))
+        .await
+        .expect_ok();
+    let consumed = answer["usage"]["credits_consumed"].as_u64().expect("credits");
+    let message_id = answer["id"].as_str().expect("id");
+    let before = gw.wait_settled(&key.account_id).await;
+
+    let billed = ledger(&pg)
+        .settle(replayed_settlement(message_id))
+        .await
+        .expect("replayed settle");
+
+    assert_eq!(billed, consumed);
+    let after = gw.admin_account(&key.account_id).await;
+    assert_eq!(after, before, "a replayed settle moved money");
+    let record = gw.message_record(message_id).await;
+    assert_eq!(record["billed"].as_u64(), Some(consumed), "{record}");
+}
