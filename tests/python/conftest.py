@@ -10,6 +10,9 @@ root so that its default `--manifests deploy/standalone` resolves, and its stder
 `target/pytest-gateway.stderr.log`. The fixture waits (at most
 30 s) for the `ready api=... admin=...` line on stdout and terminates the process at the end.
 
+`run_gateway` starts further gateways with flags of their own (the upstream adapter tests route
+every model to a mock upstream with `--manifests`).
+
 Tests that need limits of their own (a free key, an account without credits, a CLI key) mint
 fresh accounts and keys through the admin API with `mint_key`, so no test shares a rate-limit
 window or a balance with another one.
@@ -18,6 +21,7 @@ window or a balance with another one.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -80,8 +84,10 @@ def _pump_lines(stream, lines: queue.Queue[str | None]) -> None:
     lines.put(None)
 
 
-@pytest.fixture(scope="session")
-def gateway() -> Iterator[Gateway]:
+@contextlib.contextmanager
+def run_gateway(extra_args: list[str], stderr_path: Path = STDERR_LOG) -> Iterator[Gateway]:
+    """Starts `gateway standalone` with the test admin token and dev key plus `extra_args`,
+    waits for its ready line, and stops it (SIGTERM, expecting exit 0) at the end."""
     binary = _gateway_binary()
     args = [
         str(binary),
@@ -94,12 +100,11 @@ def gateway() -> Iterator[Gateway]:
         ADMIN_TOKEN,
         "--dev-key",
         DEV_KEY,
-        "--simulated-chunk-delay-ms",
-        "2",
+        *extra_args,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    STDERR_LOG.parent.mkdir(parents=True, exist_ok=True)
-    with open(STDERR_LOG, "wb") as stderr_log:
+    stderr_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(stderr_path, "wb") as stderr_log:
         proc = subprocess.Popen(
             args, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr_log
         )
@@ -107,7 +112,7 @@ def gateway() -> Iterator[Gateway]:
     threading.Thread(target=_pump_lines, args=(proc.stdout, lines), daemon=True).start()
 
     def stderr_tail() -> str:
-        return STDERR_LOG.read_text(errors="replace")[-4000:]
+        return stderr_path.read_text(errors="replace")[-4000:]
 
     deadline = time.monotonic() + READY_TIMEOUT_S
     ready = None
@@ -145,6 +150,12 @@ def gateway() -> Iterator[Gateway]:
                 proc.wait(timeout=5)
     # The contract: on SIGTERM the gateway drains and exits 0.
     assert proc.returncode == 0, f"gateway exited with {proc.returncode} after SIGTERM\n{stderr_tail()}"
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    with run_gateway(["--simulated-chunk-delay-ms", "2"]) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="session")

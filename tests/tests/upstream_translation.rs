@@ -409,3 +409,44 @@ async fn no_response_names_the_provider_the_upstream_model_or_its_key() {
         assert_eq!(models["data"].as_array().map(Vec::len), Some(5));
     }
 }
+
+#[tokio::test]
+async fn claude_codes_mid_conversation_system_messages_are_folded_for_the_upstream() {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        rig.mock.push([Reply::text("ok")]);
+        let body = json!({
+            "model": "svc/sonnet",
+            "max_tokens": 100,
+            "system": "You are a coding agent.",
+            "messages": [
+                {"role": "user", "content": "list files"},
+                {"role": "assistant", "content": "Which folder?"},
+                {"role": "system", "content": "The working directory is /src."},
+                {"role": "user", "content": "this one"}
+            ]
+        });
+        rig.gw.post_messages(&rig.gw.key, &body).await.expect_ok();
+        let sent = rig.mock.last_body();
+        let messages = sent["messages"].as_array().unwrap();
+        let roles: Vec<&str> = messages
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        let folded = match adapter {
+            Adapter::Anthropic => {
+                assert_eq!(roles, ["user", "assistant", "user"], "{sent}");
+                messages[2]["content"][0]["text"].clone()
+            }
+            Adapter::OpenAi => {
+                assert_eq!(roles, ["system", "user", "assistant", "user"], "{sent}");
+                messages[3]["content"][0]["text"].clone()
+            }
+        };
+        let folded = folded.as_str().unwrap_or_default();
+        assert!(
+            folded.contains("The working directory is /src."),
+            "{adapter:?}: {sent}"
+        );
+    }
+}

@@ -21,7 +21,8 @@ pub async fn count(
     Extension(principal): Extension<Arc<Principal>>,
     JsonBody(body): JsonBody<CountTokensRequest>,
 ) -> Result<Response, ApiError> {
-    let request = MessagesRequest::from(body);
+    let mut request = MessagesRequest::from(body);
+    request.fold_system_messages();
     let model = state
         .catalog()
         .model(&request.model)

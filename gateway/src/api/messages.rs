@@ -23,8 +23,9 @@ use crate::wire::anthropic::{
 pub async fn create(
     State(state): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
-    JsonBody(request): JsonBody<MessagesRequest>,
+    JsonBody(mut request): JsonBody<MessagesRequest>,
 ) -> Result<Response, ApiError> {
+    request.fold_system_messages();
     let stream = request.stream;
     let turn = turn::start(
         &state,

@@ -86,6 +86,7 @@ fn chat_request(req: &MessagesRequest, model: &str) -> Value {
         match message.role {
             Role::User => user_messages(message, &mut messages),
             Role::Assistant => messages.push(assistant_message(message)),
+            Role::System => messages.push(json!({"role": "system", "content": message.text()})),
         }
     }
     let mut body = Map::new();

@@ -76,6 +76,80 @@ impl MessagesRequest {
     }
 }
 
+impl MessagesRequest {
+    /// Folds `system` messages inside the conversation into what every upstream accepts:
+    /// leading ones join the system prompt; later ones become a `<system-reminder>` text block
+    /// at the start of the next user turn (or at the end of the last one).
+    pub fn fold_system_messages(&mut self) {
+        if !self.messages.iter().any(|m| m.role == Role::System) {
+            return;
+        }
+        let mut kept: Vec<InputMessage> = Vec::new();
+        let mut carried: Vec<InputBlock> = Vec::new();
+        for mut message in std::mem::take(&mut self.messages) {
+            match message.role {
+                Role::System if kept.is_empty() => self.append_system(message.text()),
+                Role::System => carried.push(InputBlock::Text {
+                    text: format!("<system-reminder>\n{}\n</system-reminder>", message.text()),
+                    cache_control: None,
+                    citations: None,
+                }),
+                Role::User if !carried.is_empty() => {
+                    let mut blocks = std::mem::take(&mut carried);
+                    blocks.extend(message.content.into_blocks());
+                    message.content = StringOr::Many(blocks);
+                    kept.push(message);
+                }
+                Role::User | Role::Assistant => kept.push(message),
+            }
+        }
+        if !carried.is_empty() {
+            match kept.last_mut() {
+                Some(last) if last.role == Role::User => {
+                    let mut blocks =
+                        std::mem::replace(&mut last.content, StringOr::Many(Vec::new()))
+                            .into_blocks();
+                    blocks.extend(carried);
+                    last.content = StringOr::Many(blocks);
+                }
+                _ => kept.push(InputMessage {
+                    role: Role::User,
+                    content: StringOr::Many(carried),
+                }),
+            }
+        }
+        self.messages = kept;
+    }
+
+    fn append_system(&mut self, text: String) {
+        self.system = Some(match self.system.take() {
+            None => StringOr::String(text),
+            Some(StringOr::String(prompt)) => StringOr::String(format!("{prompt}\n\n{text}")),
+            Some(StringOr::Many(mut blocks)) => {
+                blocks.push(TextBlock {
+                    kind: TextType::Text,
+                    text,
+                    cache_control: None,
+                });
+                StringOr::Many(blocks)
+            }
+        });
+    }
+}
+
+impl StringOr<InputBlock> {
+    fn into_blocks(self) -> Vec<InputBlock> {
+        match self {
+            Self::String(text) => vec![InputBlock::Text {
+                text,
+                cache_control: None,
+                citations: None,
+            }],
+            Self::Many(blocks) => blocks,
+        }
+    }
+}
+
 /// The body of `/v1/messages/count_tokens`: the message request without `max_tokens`.
 #[derive(Clone, Debug, Deserialize)]
 pub struct CountTokensRequest {
@@ -116,6 +190,9 @@ impl From<CountTokensRequest> for MessagesRequest {
 pub enum Role {
     User,
     Assistant,
+    /// A system message inside the conversation (a Messages API beta Claude Code sends);
+    /// folded away by [`MessagesRequest::fold_system_messages`] before anything else runs.
+    System,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -392,4 +469,58 @@ where
     T: Default + Deserialize<'de>,
 {
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(messages: Value) -> MessagesRequest {
+        serde_json::from_value(json!({"model": "svc/opus", "max_tokens": 10,
+            "system": "Be brief.", "messages": messages}))
+        .expect("a valid request")
+    }
+
+    #[test]
+    fn leading_system_messages_join_the_system_prompt() {
+        let mut req = request(json!([
+            {"role": "system", "content": "Use metric units."},
+            {"role": "user", "content": "hi"}
+        ]));
+        req.fold_system_messages();
+        assert_eq!(
+            req.system_text().as_deref(),
+            Some("Be brief.\n\nUse metric units.")
+        );
+        assert_eq!(req.messages.len(), 1);
+    }
+
+    #[test]
+    fn a_mid_conversation_system_message_opens_the_next_user_turn() {
+        let mut req = request(json!([
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "system", "content": "The user is on mobile."},
+            {"role": "user", "content": "weather?"}
+        ]));
+        req.fold_system_messages();
+        let roles: Vec<Role> = req.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
+        assert_eq!(
+            req.messages[2].text(),
+            "<system-reminder>\nThe user is on mobile.\n</system-reminder>\nweather?"
+        );
+    }
+
+    #[test]
+    fn a_trailing_system_message_joins_the_last_user_turn() {
+        let mut req = request(json!([
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "Answer in French."}
+        ]));
+        req.fold_system_messages();
+        assert_eq!(req.messages.len(), 1);
+        assert!(req.messages[0].text().ends_with("</system-reminder>"));
+    }
 }
