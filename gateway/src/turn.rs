@@ -10,6 +10,7 @@ use std::time::Instant;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 use time::OffsetDateTime;
+use tracing::Instrument;
 
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -18,6 +19,7 @@ use crate::limits::{AdmissionRequest, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderCall, ProviderError, ProviderEvent};
 use crate::routing::{Model, Needs, Price};
 use crate::state::AppState;
+use crate::telemetry::TurnTelemetry;
 use crate::validate;
 use crate::wire::anthropic::{
     Delta, InputBlock, MessagesRequest, OutputBlock, StopReason, TokenUsage, Usage,
@@ -86,8 +88,10 @@ pub async fn start(
         open_max_tokens,
     } = turn;
     let requested = resolve_model(state, &request.model)?;
+    let telemetry = TurnTelemetry::begin(&id, &requested.id, request.max_tokens, request.stream);
     validate::request(&request, &requested.id, &requested.config, open_max_tokens)?;
     let input_tokens = state.tokens.count_request(&request)?;
+    telemetry.input_tokens(input_tokens);
     let context = requested.config.context_window;
     if input_tokens >= context {
         return Err(ApiError::invalid(format!(
@@ -125,7 +129,9 @@ pub async fn start(
                 stream: request.stream,
             },
         )
-        .await?;
+        .instrument(telemetry.step("admission"))
+        .await;
+    let admission = telemetry.admission(admission)?;
     let mut meter = Meter {
         state: state.clone(),
         key_id: principal.key.id.clone(),
@@ -140,6 +146,7 @@ pub async fn start(
         generated: String::new(),
         started: Instant::now(),
         reserved: false,
+        telemetry,
     };
 
     let Some(upstream) = served.pick_upstream().cloned() else {
@@ -181,6 +188,7 @@ pub async fn start(
             min: floor,
             max: ceiling,
         })
+        .instrument(meter.telemetry.step("reservation"))
         .await
     {
         Ok(amount) => amount,
@@ -190,6 +198,7 @@ pub async fn start(
         }
     };
     meter.reserved = true;
+    meter.telemetry.reserved(reserved);
     if open_max_tokens {
         request.max_tokens = served
             .price
@@ -201,15 +210,19 @@ pub async fn start(
         meter.settle(MessageStatus::Failed, None).await;
         return Err(ProviderError::Unavailable.into());
     };
+    let upstream_span = meter
+        .telemetry
+        .calling(&served.id, &upstream.name, request.stream);
     let call = ProviderCall {
         request: Arc::new(request),
         upstream,
         served_model: served.id.clone(),
         input_tokens,
     };
-    let upstream_events = match provider.start(call).await {
+    let upstream_events = match provider.start(call).instrument(upstream_span).await {
         Ok(events) => events,
         Err(e) => {
+            meter.telemetry.upstream_failed(&e);
             meter.settle(MessageStatus::Failed, None).await;
             return Err(e.into());
         }
@@ -294,11 +307,13 @@ fn metered(
                     yield TurnEvent::Provider(event);
                 }
                 Some(Err(e)) => {
+                    meter.telemetry.upstream_failed(&e);
                     meter.settle(MessageStatus::Failed, None).await;
                     yield TurnEvent::Failed(e.into());
                     return;
                 }
                 None => {
+                    meter.telemetry.upstream_failed(&ProviderError::Upstream);
                     meter.settle(MessageStatus::Failed, None).await;
                     yield TurnEvent::Failed(ProviderError::Upstream.into());
                     return;
@@ -332,10 +347,12 @@ struct Meter {
     generated: String,
     started: Instant,
     reserved: bool,
+    telemetry: TurnTelemetry,
 }
 
 impl Meter {
     fn observe(&mut self, event: &ProviderEvent) {
+        self.telemetry.upstream_event();
         if let ProviderEvent::BlockDelta { delta, .. } = event {
             match delta {
                 Delta::Text { text } => self.generated.push_str(text),
@@ -394,13 +411,21 @@ impl Meter {
             stop_reason,
             latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         };
-        match self.state.ledger.settle(settlement).await {
+        let settled = self
+            .state
+            .ledger
+            .settle(settlement)
+            .instrument(self.telemetry.step("settle"))
+            .await;
+        let billed = match settled {
             Ok(billed) => billed,
             Err(e) => {
                 tracing::error!(error = %e, message_id = %self.message_id, "settle failed; the reservation stays held");
                 0
             }
-        }
+        };
+        self.telemetry.settled(status, &usage, billed, stop_reason);
+        billed
     }
 
     fn partial_usage(&self) -> TokenUsage {
@@ -435,6 +460,7 @@ impl Drop for Meter {
             generated: std::mem::take(&mut self.generated),
             started: self.started,
             reserved: std::mem::take(&mut self.reserved),
+            telemetry: std::mem::take(&mut self.telemetry),
         };
         let tasks = self.state.shutdown.tasks.clone();
         tasks.spawn_on(

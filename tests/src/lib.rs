@@ -9,6 +9,7 @@
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
 //! - [`leak`]: the rule that no response names an upstream provider.
 //! - [`bodies`]: request bodies used across the tests.
+//! - [`Scrape`]: the samples of a `/metrics` scrape.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
@@ -19,6 +20,7 @@ pub mod gateway;
 pub mod leak;
 pub mod redis;
 pub mod response;
+pub mod scrape;
 pub mod sse;
 
 pub use bodies::*;
@@ -26,6 +28,7 @@ pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
 pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
+pub use scrape::Scrape;
 pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
 
 /// Makes a server process a child of the test: output piped for the test to read, killed when
