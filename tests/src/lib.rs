@@ -10,6 +10,7 @@
 //! - [`leak`]: the rule that no response names an upstream provider.
 //! - [`bodies`]: request bodies used across the tests.
 //! - [`Scrape`]: the samples of a `/metrics` scrape.
+//! - [`otlp`]: an OTLP/HTTP (json) trace receiver the gateway exports its spans to.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
@@ -18,6 +19,7 @@ pub mod bodies;
 pub mod cluster;
 pub mod gateway;
 pub mod leak;
+pub mod otlp;
 pub mod redis;
 pub mod response;
 pub mod scrape;
@@ -26,6 +28,7 @@ pub mod sse;
 pub use bodies::*;
 pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
+pub use otlp::OtlpReceiver;
 pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use scrape::Scrape;
