@@ -43,3 +43,8 @@ pub fn instance() -> String {
 pub fn lease() -> String {
     random(16)
 }
+
+/// The `request-id` of an answer that created no message.
+pub fn request() -> String {
+    format!("req_{}", random(24))
+}

@@ -18,6 +18,7 @@ pub mod routing;
 pub mod serve;
 pub mod startup;
 pub mod state;
+pub mod telemetry;
 pub mod tokens;
 pub mod turn;
 pub mod validate;

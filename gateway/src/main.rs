@@ -3,20 +3,21 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use gateway::config::{Cli, Command};
-use gateway::{cli, startup};
+use gateway::{cli, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let result: Result<(), Box<dyn std::error::Error>> = match Cli::parse().command {
+    let cli = Cli::parse();
+    let telemetry = match telemetry::init(cli.log_format) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("gateway: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Standalone(args) => startup::standalone(args).await.map_err(Into::into),
         Command::Serve(args) => startup::cluster(args).await.map_err(Into::into),
         Command::Migrate(args) => cli::migrate(args).await.map_err(Into::into),
@@ -24,6 +25,7 @@ async fn main() -> ExitCode {
         Command::Accounts(command) => cli::accounts(command).await.map_err(Into::into),
         Command::Messages(command) => cli::messages(command).await.map_err(Into::into),
     };
+    telemetry.shutdown().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

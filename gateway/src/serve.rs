@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::state::AppState;
-use crate::{admin, api};
+use crate::{admin, api, telemetry};
 
 /// How long connections may linger after the grace period before the process exits anyway.
 const HARD_STOP_AFTER_GRACE: Duration = Duration::from_secs(5);
@@ -53,6 +53,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     );
     tracing::info!(%api_addr, %admin_addr, config_version = %state.catalog().version, "gateway listening; base URL http://{api_addr}");
 
+    telemetry::metrics::config_version(&state.catalog().version);
     let shutdown = state.shutdown.clone();
     tokio::spawn(watch_signals(shutdown.clone(), listen.grace));
     let api = axum::serve(

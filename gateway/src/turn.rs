@@ -10,14 +10,18 @@ use std::time::Instant;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 use time::OffsetDateTime;
+use tracing::Instrument;
+
+use crds::config::Upstream;
 
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::ledger::{MessageRecord, MessageStatus, NewReservation, Settlement};
+use crate::ledger::{MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement};
 use crate::limits::{AdmissionRequest, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderError, ProviderEvent};
 use crate::routing::{fallback, Model, Needs, Price};
 use crate::state::AppState;
+use crate::telemetry::TurnTelemetry;
 use crate::validate;
 use crate::wire::anthropic::{
     Delta, InputBlock, MessagesRequest, OutputBlock, StopReason, TokenUsage, Usage,
@@ -88,8 +92,10 @@ pub async fn start(
         open_max_tokens,
     } = turn;
     let requested = resolve_model(state, &request.model)?;
+    let telemetry = TurnTelemetry::begin(&id, &requested.id, request.max_tokens, request.stream);
     validate::request(&request, &requested.id, &requested.config, open_max_tokens)?;
     let input_tokens = state.tokens.count_request(&request)?;
+    telemetry.input_tokens(input_tokens);
     let context = requested.config.context_window;
     if input_tokens >= context {
         return Err(ApiError::invalid(format!(
@@ -127,7 +133,9 @@ pub async fn start(
                 stream: request.stream,
             },
         )
-        .await?;
+        .instrument(telemetry.step("admission"))
+        .await;
+    let admission = telemetry.admission(admission)?;
     let mut meter = Meter {
         state: state.clone(),
         key_id: principal.key.id.clone(),
@@ -142,6 +150,8 @@ pub async fn start(
         generated: String::new(),
         started: Instant::now(),
         reserved: false,
+        served_by: None,
+        telemetry,
     };
 
     let plan = served.plan();
@@ -164,7 +174,7 @@ pub async fn start(
         key_id: principal.key.id.clone(),
         model: requested.id.clone(),
         served_model: served.id.clone(),
-        provider: format!("{:?}", upstream.provider).to_lowercase(),
+        provider: provider_name(upstream),
         upstream: upstream.name.clone(),
         upstream_model: upstream.model.clone(),
         endpoint: endpoint.name(),
@@ -184,6 +194,7 @@ pub async fn start(
             min: floor,
             max: ceiling,
         })
+        .instrument(meter.telemetry.step("reservation"))
         .await
     {
         Ok(amount) => amount,
@@ -193,6 +204,7 @@ pub async fn start(
         }
     };
     meter.reserved = true;
+    meter.telemetry.reserved(reserved);
     if open_max_tokens {
         request.max_tokens = served
             .price
@@ -200,15 +212,30 @@ pub async fn start(
             .max(1);
     }
 
+    let upstream_span = meter.telemetry.calling(request.stream);
     let attempt = fallback::Attempt {
         model: &served.id,
         plan: &plan,
         request: Arc::new(request),
         input_tokens,
     };
-    let mut upstream_events = match fallback::start(&state.providers, attempt).await {
-        Ok(events) => events.peekable(),
+    let mut upstream_events = match fallback::start(&state.providers, attempt)
+        .instrument(upstream_span)
+        .await
+    {
+        Ok((events, upstream)) => {
+            meter
+                .telemetry
+                .upstream_selected(&served.id, &upstream.name);
+            meter.served_by = Some(ServedBy {
+                provider: provider_name(upstream),
+                upstream: upstream.name.clone(),
+                upstream_model: upstream.model.clone(),
+            });
+            events.peekable()
+        }
         Err(e) => {
+            meter.telemetry.upstream_failed(&e);
             meter.settle(MessageStatus::Failed, None).await;
             return Err(e.into());
         }
@@ -228,6 +255,11 @@ pub async fn start(
         snapshot: admission.snapshot,
         events: Box::pin(metered(state.clone(), Box::pin(upstream_events), meter)),
     })
+}
+
+/// The provider kind as the ledger names it (internal only, never sent to clients).
+fn provider_name(upstream: &Upstream) -> String {
+    format!("{:?}", upstream.provider).to_lowercase()
 }
 
 fn resolve_model(state: &AppState, id: &str) -> Result<Arc<Model>, ApiError> {
@@ -301,11 +333,13 @@ fn metered(
                     yield TurnEvent::Provider(event);
                 }
                 Some(Err(e)) => {
+                    meter.telemetry.upstream_failed(&e);
                     meter.settle(MessageStatus::Failed, None).await;
                     yield TurnEvent::Failed(e.into());
                     return;
                 }
                 None => {
+                    meter.telemetry.upstream_failed(&ProviderError::Upstream);
                     meter.settle(MessageStatus::Failed, None).await;
                     yield TurnEvent::Failed(ProviderError::Upstream.into());
                     return;
@@ -339,10 +373,14 @@ struct Meter {
     generated: String,
     started: Instant,
     reserved: bool,
+    /// The upstream that answered, for the ledger row (fallback may have moved past the first).
+    served_by: Option<ServedBy>,
+    telemetry: TurnTelemetry,
 }
 
 impl Meter {
     fn observe(&mut self, event: &ProviderEvent) {
+        self.telemetry.upstream_event();
         if let ProviderEvent::BlockDelta { delta, .. } = event {
             match delta {
                 Delta::Text { text } => self.generated.push_str(text),
@@ -395,19 +433,28 @@ impl Meter {
         }
         let settlement = Settlement {
             message_id: self.message_id.clone(),
+            served_by: self.served_by.take(),
             status,
             cost: self.price.credits(&usage),
             usage,
             stop_reason,
             latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         };
-        match self.state.ledger.settle(settlement).await {
+        let settled = self
+            .state
+            .ledger
+            .settle(settlement)
+            .instrument(self.telemetry.step("settle"))
+            .await;
+        let billed = match settled {
             Ok(billed) => billed,
             Err(e) => {
                 tracing::error!(error = %e, message_id = %self.message_id, "settle failed; the reservation stays held");
                 0
             }
-        }
+        };
+        self.telemetry.settled(status, &usage, billed, stop_reason);
+        billed
     }
 
     fn partial_usage(&self) -> TokenUsage {
@@ -442,6 +489,8 @@ impl Drop for Meter {
             generated: std::mem::take(&mut self.generated),
             started: self.started,
             reserved: std::mem::take(&mut self.reserved),
+            served_by: self.served_by.take(),
+            telemetry: std::mem::take(&mut self.telemetry),
         };
         let tasks = self.state.shutdown.tasks.clone();
         tasks.spawn_on(

@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
 use crate::response::Resp;
+use crate::scrape::Scrape;
 use crate::sse::SseStream;
 
 /// Admin token every test gateway is started with.
@@ -82,6 +83,7 @@ impl Mode {
 #[derive(Clone, Debug, Default)]
 pub struct GatewayBuilder {
     args: Vec<String>,
+    envs: Vec<(String, String)>,
     mode: Mode,
     manifests: Option<PathBuf>,
 }
@@ -144,6 +146,12 @@ impl GatewayBuilder {
         self.arg("--shutdown-grace-secs").arg(&secs.to_string())
     }
 
+    /// An environment variable of the process (e.g. the `OTEL_*` exporter settings).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.envs.push((name.to_string(), value.to_string()));
+        self
+    }
+
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_string());
         self
@@ -154,7 +162,7 @@ impl GatewayBuilder {
         let manifests = self
             .manifests
             .unwrap_or_else(|| workspace_root().join("deploy").join("standalone"));
-        Gateway::spawn(self.mode, &manifests, self.args).await
+        Gateway::spawn(self.mode, &manifests, self.args, self.envs).await
     }
 }
 
@@ -227,7 +235,12 @@ impl Gateway {
         GatewayBuilder::default()
     }
 
-    async fn spawn(mode: Mode, manifests: &Path, extra: Vec<String>) -> Gateway {
+    async fn spawn(
+        mode: Mode,
+        manifests: &Path,
+        extra: Vec<String>,
+        envs: Vec<(String, String)>,
+    ) -> Gateway {
         let bin = gateway_bin();
         let root = workspace_root();
         let mut cmd = Command::new(&bin);
@@ -237,6 +250,7 @@ impl Gateway {
             .arg("--manifests")
             .arg(manifests)
             .args(&extra)
+            .envs(envs)
             .current_dir(&root);
         crate::tie_to_test(&mut cmd);
         let mut child = cmd.spawn().unwrap_or_else(|e| {
@@ -410,6 +424,19 @@ impl Gateway {
 
     pub async fn get(&self, path: &str, key: &str) -> Resp {
         self.send(self.request(Method::GET, path, Some(key))).await
+    }
+
+    /// A scrape of the admin listener's `/metrics` (no token: probes and scrapers have none).
+    pub async fn metrics(&self) -> Scrape {
+        let resp = self.admin_unauthenticated("/metrics").await;
+        resp.expect_status(200);
+        Scrape::parse(&resp.text)
+    }
+
+    /// `GET path` on the admin listener without the admin token.
+    pub async fn admin_unauthenticated(&self, path: &str) -> Resp {
+        let rb = self.http.get(format!("{}{path}", self.admin));
+        self.admin_send(rb).await
     }
 
     /// `POST path` with a streaming body; the response is read event by event.

@@ -12,6 +12,8 @@
 //! - [`bodies`]: request bodies used across the tests.
 //! - [`upstream`]: a mock upstream speaking the Anthropic and OpenAI wire formats, scripted
 //!   per test, and manifest folders that route every model to it.
+//! - [`Scrape`]: the samples of a `/metrics` scrape.
+//! - [`otlp`]: an OTLP/HTTP (json) trace receiver the gateway exports its spans to.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
@@ -20,18 +22,22 @@ pub mod bodies;
 pub mod cluster;
 pub mod gateway;
 pub mod leak;
+pub mod otlp;
 pub mod postgres;
 pub mod redis;
 pub mod response;
+pub mod scrape;
 pub mod sse;
 pub mod upstream;
 
 pub use bodies::*;
 pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
+pub use otlp::OtlpReceiver;
 pub use postgres::PostgresServer;
 pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
+pub use scrape::Scrape;
 pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
 pub use upstream::{Fault, MockUpstream, MockUsage, Reply, RoutedManifests, UpstreamDef};
 

@@ -21,6 +21,7 @@ use crate::auth::{self, KeySpec};
 use crate::error::ApiError;
 use crate::payments;
 use crate::state::AppState;
+use crate::telemetry;
 
 #[derive(Clone)]
 struct Admin {
@@ -43,9 +44,51 @@ pub fn router(state: AppState, token: &str) -> Router {
         .route("/admin/keys/{id}", delete(revoke_key))
         .route("/admin/messages/{id}", get(message))
         .route_layer(from_fn_with_state(admin.clone(), require_token))
+        // Probes and the scrape need no token: the admin port is never exposed outside.
+        .route("/metrics", get(metrics))
+        .route("/livez", get(live))
+        .route("/readyz", get(ready))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(admin)
+}
+
+async fn metrics() -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            telemetry::metrics::CONTENT_TYPE,
+        )],
+        telemetry::metrics::render(),
+    )
+        .into_response()
+}
+
+async fn live() -> StatusCode {
+    StatusCode::OK
+}
+
+/// Ready when the config is loaded (it is, once this listener runs), the process is not
+/// draining, and the shared stores answer.
+async fn ready(State(admin): State<Admin>) -> Response {
+    let draining = admin.state.shutdown.draining.is_cancelled();
+    let redis = admin.state.limiter.reachable().await;
+    if let Err(e) = &redis {
+        tracing::debug!(error = %e, "readiness: limiter store unreachable");
+    }
+    let ok = !draining && redis.is_ok();
+    let body = json!({
+        "status": if ok { "ready" } else { "not_ready" },
+        "config_version": admin.state.catalog().version,
+        "draining": draining,
+        "limits_store": if redis.is_ok() { "ok" } else { "unreachable" },
+    });
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
 }
 
 async fn require_token(State(admin): State<Admin>, req: Request, next: Next) -> Response {

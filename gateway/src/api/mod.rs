@@ -19,7 +19,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, limits, payments};
+use crate::{auth, limits, payments, telemetry};
 
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
@@ -44,6 +44,7 @@ pub fn router(state: AppState) -> Router {
             tracing::error!("handler panicked");
             ApiError::internal().into_response()
         }))
+        .layer(axum::middleware::from_fn(telemetry::request::layer))
         .with_state(state)
 }
 

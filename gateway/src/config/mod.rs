@@ -8,12 +8,23 @@ use clap::{Args, Parser, Subcommand};
 use crds::config::{SCOPES, TIER_IDS};
 
 use crate::limits::OutagePolicy;
+use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(name = "gateway", version, about = "LLM API gateway")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as text or as one JSON object per line; neither ever holds a key, a prompt
+    /// or a completion.
+    #[arg(
+        long,
+        global = true,
+        env = "GATEWAY_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]

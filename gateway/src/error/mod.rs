@@ -12,6 +12,7 @@ use crate::ledger::LedgerError;
 use crate::limits::LimitError;
 use crate::payments::PaymentError;
 use crate::providers::ProviderError;
+use crate::telemetry::metrics;
 use crate::tokens::TokenError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -171,15 +172,21 @@ impl From<LimitError> for ApiError {
     fn from(e: LimitError) -> Self {
         match e {
             LimitError::Exceeded {
-                retry_after_secs, ..
-            } => Self {
-                retry_after_secs: Some(retry_after_secs),
-                ..Self::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    ErrorType::RateLimitError,
-                    e.to_string(),
-                )
-            },
+                retry_after_secs,
+                dimension,
+                ..
+            } => {
+                // Every 429 passes here, whichever endpoint admitted it.
+                metrics::rate_limited(dimension.label());
+                Self {
+                    retry_after_secs: Some(retry_after_secs),
+                    ..Self::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        ErrorType::RateLimitError,
+                        e.to_string(),
+                    )
+                }
+            }
             LimitError::NeverAdmissible { .. } => Self::invalid(e.to_string()),
             LimitError::Unavailable(detail) => {
                 // The outage itself is logged once, when the limiter switches policy.

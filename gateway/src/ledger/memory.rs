@@ -151,6 +151,11 @@ impl Ledger for MemoryLedger {
             balance.reserved = balance.reserved.saturating_sub(record.reserved);
             balance.balance = balance.balance.saturating_sub(billed);
         }
+        if let Some(served_by) = s.served_by {
+            record.provider = served_by.provider;
+            record.upstream = served_by.upstream;
+            record.upstream_model = served_by.upstream_model;
+        }
         record.status = s.status;
         record.billed = billed;
         record.usage = s.usage;

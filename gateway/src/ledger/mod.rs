@@ -56,6 +56,20 @@ pub enum MessageStatus {
     Abandoned,
 }
 
+impl MessageStatus {
+    /// The status as the ledger and the API name it (`snake_case`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reserved => "reserved",
+            Self::Completed => "completed",
+            Self::ClientDisconnected => "client_disconnected",
+            Self::Interrupted => "interrupted",
+            Self::Failed => "failed",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
 /// One ledger row: everything support needs to answer "what happened to msg_...".
 #[derive(Clone, Debug, Serialize)]
 pub struct MessageRecord {
@@ -90,8 +104,19 @@ pub struct NewReservation {
     pub max: u64,
 }
 
+/// The upstream that served a turn, when fallback moved it past the one recorded at
+/// reservation time.
+#[derive(Clone, Debug)]
+pub struct ServedBy {
+    pub provider: String,
+    pub upstream: String,
+    pub upstream_model: String,
+}
+
 pub struct Settlement {
     pub message_id: String,
+    /// `None`: the upstream recorded at reservation (or none was reached).
+    pub served_by: Option<ServedBy>,
     pub status: MessageStatus,
     /// What the usage costs; the ledger bills at most what was reserved.
     pub cost: u64,

@@ -368,7 +368,10 @@ impl Ledger for PostgresLedger {
                              billed = CASE WHEN $2 = 'failed' THEN 0 ELSE least($3, reserved) END,
                              input_tokens = $4, output_tokens = $5,
                              cache_creation_input_tokens = $6, cache_read_input_tokens = $7,
-                             stop_reason = $8, latency_ms = $9, settled_at = now()
+                             stop_reason = $8, latency_ms = $9, settled_at = now(),
+                             provider = coalesce($10, provider),
+                             upstream = coalesce($11, upstream),
+                             upstream_model = coalesce($12, upstream_model)
                          WHERE id = $1 AND status = 'reserved'
                          RETURNING account_id, reserved, billed
                      ), debited AS (
@@ -388,6 +391,9 @@ impl Ledger for PostgresLedger {
                 .bind(i64::from(s.usage.cache_read_input_tokens))
                 .bind(s.stop_reason.map(|r| name_of(&r)))
                 .bind(to_db(s.latency_ms))
+                .bind(s.served_by.as_ref().map(|b| b.provider.as_str()))
+                .bind(s.served_by.as_ref().map(|b| b.upstream.as_str()))
+                .bind(s.served_by.as_ref().map(|b| b.upstream_model.as_str()))
                 .fetch_optional(self.db.pool()),
             )
             .await?;

@@ -140,6 +140,10 @@ impl Limiter for Failover {
         result
     }
 
+    async fn reachable(&self) -> Result<(), LimitError> {
+        self.shared.reachable().await
+    }
+
     fn effective(&self, limits: &Limits) -> Limits {
         if self.policy == OutagePolicy::FailOpen && self.down.load(Ordering::Relaxed) {
             share(limits, self.pods)

@@ -31,6 +31,17 @@ pub enum Dimension {
     Streams,
 }
 
+impl Dimension {
+    /// The dimension as a metric label or span attribute value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::InputTokens => "input_tokens",
+            Self::Streams => "streams",
+        }
+    }
+}
+
 impl fmt::Display for Dimension {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -100,6 +111,12 @@ pub trait Limiter: Send + Sync {
     ) -> Result<Admission, LimitError>;
 
     async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError>;
+
+    /// Whether the shared store behind the limits answers now (readiness); in-process
+    /// limiters always do.
+    async fn reachable(&self) -> Result<(), LimitError> {
+        Ok(())
+    }
 
     /// The limits this limiter enforces right now for a key granted `limits` (a pod failing
     /// open enforces only its share), which the headers must report.

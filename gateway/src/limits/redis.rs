@@ -7,8 +7,9 @@
 //! while it runs; a lease whose pod died expires and frees the slot. The `{K}` hash tag keeps
 //! both keys in one slot, so the scripts work on Redis Cluster.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use crds::config::Limits;
@@ -17,6 +18,7 @@ use fred::types::scripts::Script;
 
 use super::{decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
 use crate::ids;
+use crate::telemetry::metrics;
 
 /// Reads the window and live leases; admits when the rules of `limits::decide` allow.
 /// Returns the counts before admission, 1 if it admitted (0 refused, 2 past its deadline: the
@@ -104,6 +106,17 @@ pub struct RedisLimiter {
 
 fn unavailable(e: fred::error::Error) -> LimitError {
     LimitError::Unavailable(format!("redis: {e}"))
+}
+
+/// Runs one Redis call, recording its latency and outcome in the store metrics.
+async fn timed<T>(
+    op: &'static str,
+    call: impl Future<Output = Result<T, fred::error::Error>>,
+) -> Result<T, LimitError> {
+    let started = Instant::now();
+    let result = call.await;
+    metrics::store_call("redis", op, started.elapsed(), result.is_ok());
+    result.map_err(unavailable)
 }
 
 fn lease_key(key_id: &str) -> String {
@@ -204,9 +217,9 @@ impl Limiter for RedisLimiter {
             u64,
             u8,
             i64,
-        ) = self
-            .admit
-            .evalsha_with_reload(
+        ) = timed(
+            "admit",
+            self.admit.evalsha_with_reload(
                 &self.client,
                 keys(key_id),
                 vec![
@@ -219,9 +232,9 @@ impl Limiter for RedisLimiter {
                     millis(self.lease).to_string(),
                     deadline.to_string(),
                 ],
-            )
-            .await
-            .map_err(unavailable)?;
+            ),
+        )
+        .await?;
         let midpoint = sent + (now_ms() - sent) / 2;
         self.clock_offset_ms
             .store(redis_now - midpoint, Ordering::Relaxed);
@@ -260,11 +273,12 @@ impl Limiter for RedisLimiter {
     }
 
     async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError> {
-        let (requests, input_tokens, streams, reset_secs): (u32, u64, u32, u64) = self
-            .snapshot
-            .evalsha_with_reload(&self.client, keys(key_id), Vec::<String>::new())
-            .await
-            .map_err(unavailable)?;
+        let (requests, input_tokens, streams, reset_secs): (u32, u64, u32, u64) = timed(
+            "snapshot",
+            self.snapshot
+                .evalsha_with_reload(&self.client, keys(key_id), Vec::<String>::new()),
+        )
+        .await?;
         Ok(Snapshot {
             requests,
             input_tokens,
@@ -281,14 +295,15 @@ impl Limiter for RedisLimiter {
         let StreamLease::Shared(id) = lease else {
             return Ok(());
         };
-        self.renew
-            .evalsha_with_reload::<i64, _, _>(
+        timed(
+            "renew",
+            self.renew.evalsha_with_reload::<i64, _, _>(
                 &self.client,
                 vec![lease_key(key_id)],
                 vec![id.clone(), millis(self.lease).to_string()],
-            )
-            .await
-            .map_err(unavailable)?;
+            ),
+        )
+        .await?;
         Ok(())
     }
 
@@ -304,14 +319,19 @@ impl Limiter for RedisLimiter {
             _ => String::new(),
         };
         let delta = i128::from(actual_tokens) - i128::from(estimated_tokens);
-        self.finish
-            .evalsha_with_reload::<i64, _, _>(
+        timed(
+            "finish",
+            self.finish.evalsha_with_reload::<i64, _, _>(
                 &self.client,
                 keys(key_id),
                 vec![lease_id, delta.to_string()],
-            )
-            .await
-            .map_err(unavailable)?;
+            ),
+        )
+        .await?;
         Ok(())
+    }
+
+    async fn reachable(&self) -> Result<(), LimitError> {
+        timed("ping", self.client.ping::<()>(None)).await
     }
 }

@@ -69,6 +69,20 @@ pub enum ProviderError {
     ShuttingDown,
 }
 
+impl ProviderError {
+    /// A fixed word for metrics and spans.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Rejected(_) => "rejected",
+            Self::Upstream => "error",
+            Self::Timeout => "timeout",
+            Self::Overloaded => "overloaded",
+            Self::Unavailable => "unavailable",
+            Self::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<ProviderEvent, ProviderError>> + Send>>;
 
 pub struct ProviderCall {

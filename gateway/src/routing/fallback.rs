@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crds::config::Upstream;
 
 use crate::providers::{EventStream, ProviderCall, ProviderError, Providers};
+use crate::telemetry;
 use crate::wire::anthropic::MessagesRequest;
 
 pub struct Attempt<'a> {
@@ -18,10 +19,11 @@ pub struct Attempt<'a> {
     pub input_tokens: u32,
 }
 
-pub async fn start(
+/// Returns the events of the first upstream that answered, and that upstream.
+pub async fn start<'a>(
     providers: &Providers,
-    attempt: Attempt<'_>,
-) -> Result<EventStream, ProviderError> {
+    attempt: Attempt<'a>,
+) -> Result<(EventStream, &'a Upstream), ProviderError> {
     let breakers = providers.breakers();
     let mut last = ProviderError::Unavailable;
     for upstream in attempt.plan {
@@ -38,7 +40,7 @@ pub async fn start(
         match providers.adapter(upstream.provider).start(call).await {
             Ok(events) => {
                 breakers.succeeded(&key);
-                return Ok(events);
+                return Ok((events, upstream));
             }
             Err(ProviderError::Rejected(message)) => {
                 breakers.succeeded(&key);
@@ -46,6 +48,7 @@ pub async fn start(
             }
             Err(e) => {
                 tracing::warn!(upstream = %key, error = %e, "upstream attempt failed; trying the next");
+                telemetry::metrics::upstream_error(&upstream.name, e.kind());
                 breakers.failed(&key);
                 last = e;
             }

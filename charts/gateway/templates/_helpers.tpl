@@ -1,0 +1,125 @@
+{{- define "gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gateway.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gateway.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: svc-gateway
+{{- end -}}
+
+{{/* Selector labels of one component: gateway, operator, redis, postgres, migrate. */}}
+{{- define "gateway.selector" -}}
+app.kubernetes.io/name: {{ .component }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- end -}}
+
+{{- define "gateway.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{- define "gateway.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "gateway.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{- define "gateway.storesSecret" -}}
+{{- printf "%s-stores" (include "gateway.fullname" .) -}}
+{{- end -}}
+
+{{/* Whether the chart writes a store's URL into its own Secret: an in-cluster store, or a URL
+given in values; otherwise the URL is in an existing Secret. */}}
+{{- define "gateway.redisOwned" -}}
+{{- if or .Values.redis.inCluster.enabled .Values.redis.url -}}true{{- end -}}
+{{- end -}}
+
+{{- define "gateway.postgresOwned" -}}
+{{- if or .Values.postgres.inCluster.enabled .Values.postgres.url -}}true{{- end -}}
+{{- end -}}
+
+{{- define "gateway.redisSecretRef" -}}
+{{- if include "gateway.redisOwned" . -}}
+name: {{ include "gateway.storesSecret" . }}
+key: redis-url
+{{- else -}}
+name: {{ required "redis: set existingSecret, url or inCluster.enabled" .Values.redis.existingSecret }}
+key: {{ .Values.redis.existingSecretKey }}
+{{- end -}}
+{{- end -}}
+
+{{- define "gateway.postgresSecretRef" -}}
+{{- if include "gateway.postgresOwned" . -}}
+name: {{ include "gateway.storesSecret" . }}
+key: database-url
+{{- else -}}
+name: {{ .Values.postgres.existingSecret }}
+key: {{ .Values.postgres.existingSecretKey }}
+{{- end -}}
+{{- end -}}
+
+{{/* Postgres is optional until the ledger needs it: on when any source is given. */}}
+{{- define "gateway.hasPostgres" -}}
+{{- if or (include "gateway.postgresOwned" .) .Values.postgres.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{- define "gateway.adminTokenSecret" -}}
+{{- default (printf "%s-admin" (include "gateway.fullname" .)) .Values.gateway.adminTokenSecret -}}
+{{- end -}}
+
+{{- define "gateway.databaseEnv" -}}
+{{- if include "gateway.hasPostgres" . }}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      {{- include "gateway.postgresSecretRef" . | nindent 6 }}
+{{- end }}
+{{- end -}}
+
+{{/* The stores' URLs, as every gateway container gets them. */}}
+{{- define "gateway.storeEnv" -}}
+- name: REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      {{- include "gateway.redisSecretRef" . | nindent 6 }}
+{{- include "gateway.databaseEnv" . }}
+{{- end -}}
+
+{{- define "gateway.migrateContainer" -}}
+name: migrate
+image: {{ include "gateway.image" (dict "image" .Values.gateway.image "root" .) }}
+imagePullPolicy: {{ .Values.gateway.image.pullPolicy }}
+args: ["migrate"]
+env:
+  {{- include "gateway.databaseEnv" . | indent 2 }}
+securityContext:
+  {{- include "gateway.containerSecurityContext" . | nindent 2 }}
+resources:
+  {{- toYaml .Values.gateway.resources | nindent 2 }}
+{{- end -}}

@@ -1,0 +1,334 @@
+//! The Prometheus metrics of one gateway process, served on the admin listener's `/metrics`.
+//! One process-wide registry, so that any module records with a one-line call and nothing has
+//! to thread a handle through the request path. Label values are bounded sets (endpoints,
+//! virtual model ids, upstream names from the config, fixed kinds): never a key, an account or
+//! a message id.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// What `/metrics` answers with: the OpenMetrics text format, which Prometheus reads.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    endpoint: &'static str,
+    model: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    model: String,
+    r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DimensionLabels {
+    dimension: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamErrorLabels {
+    upstream: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    store: &'static str,
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConfigLabels {
+    version: String,
+}
+
+/// A circuit breaker's state, as the gauge's value: 0 closed, 1 half-open, 2 open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CircuitState {
+    Closed = 0,
+    HalfOpen = 1,
+    Open = 2,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Gateway overhead is sub-millisecond to tens of milliseconds: 0.25 ms .. ~4 s.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
+}
+
+/// Time to first token spans a cached reply to a long thinking pause: 10 ms .. ~80 s.
+fn ttft_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 14))
+}
+
+/// Store calls are bounded by their timeouts (250 ms by default): 0.1 ms .. ~1.6 s.
+fn store_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 15))
+}
+
+struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    added_latency: Histograms<ModelLabels>,
+    time_to_first_token: Histograms<ModelLabels>,
+    tokens: Family<TokenLabels, Counter>,
+    credits: Family<ModelLabels, Counter>,
+    rate_limited: Family<DimensionLabels, Counter>,
+    streams_in_flight: Gauge,
+    upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    circuit_state: Family<UpstreamLabels, Gauge>,
+    store_latency: Histograms<StoreLabels>,
+    store_errors: Family<StoreLabels, Counter>,
+    config: Family<ConfigLabels, Gauge>,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut m = Self {
+            registry: Registry::default(),
+            requests: Family::default(),
+            added_latency: Family::new_with_constructor(latency_histogram),
+            time_to_first_token: Family::new_with_constructor(ttft_histogram),
+            tokens: Family::default(),
+            credits: Family::default(),
+            rate_limited: Family::default(),
+            streams_in_flight: Gauge::default(),
+            upstream_errors: Family::default(),
+            circuit_state: Family::default(),
+            store_latency: Family::new_with_constructor(store_histogram),
+            store_errors: Family::default(),
+            config: Family::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "gateway_requests",
+            "Requests answered, by endpoint, virtual model and HTTP status",
+            m.requests.clone(),
+        );
+        r.register(
+            "gateway_added_latency_seconds",
+            "Time the gateway spends on a model request before calling the upstream",
+            m.added_latency.clone(),
+        );
+        r.register(
+            "gateway_time_to_first_token_seconds",
+            "From the request's arrival to the first event of the upstream",
+            m.time_to_first_token.clone(),
+        );
+        r.register(
+            "gateway_tokens",
+            "Tokens billed, by virtual model and type (input, output, cache_read, cache_creation)",
+            m.tokens.clone(),
+        );
+        r.register(
+            "gateway_credits_billed",
+            "Credits billed, by virtual model",
+            m.credits.clone(),
+        );
+        r.register(
+            "gateway_rate_limited",
+            "Requests refused with 429, by the dimension that refused",
+            m.rate_limited.clone(),
+        );
+        r.register(
+            "gateway_streams_in_flight",
+            "Streaming turns open in this process",
+            m.streams_in_flight.clone(),
+        );
+        r.register(
+            "gateway_upstream_errors",
+            "Failed upstream calls, by upstream and kind",
+            m.upstream_errors.clone(),
+        );
+        r.register(
+            "gateway_upstream_circuit_state",
+            "Circuit breaker state per upstream: 0 closed, 1 half-open, 2 open",
+            m.circuit_state.clone(),
+        );
+        r.register(
+            "gateway_store_call_duration_seconds",
+            "Latency of calls to Redis and Postgres, by store and operation",
+            m.store_latency.clone(),
+        );
+        r.register(
+            "gateway_store_call_errors",
+            "Failed or timed-out calls to Redis and Postgres, by store and operation",
+            m.store_errors.clone(),
+        );
+        r.register(
+            "gateway_config_info",
+            "The version of the compiled configuration in use (value 1)",
+            m.config.clone(),
+        );
+        m
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The exposition text of every metric.
+pub fn render() -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &METRICS.registry);
+    out
+}
+
+pub fn request(endpoint: &'static str, model: &str, status: u16) {
+    METRICS
+        .requests
+        .get_or_create(&RequestLabels {
+            endpoint,
+            model: model.to_owned(),
+            status,
+        })
+        .inc();
+}
+
+pub fn added_latency(model: &str, elapsed: Duration) {
+    METRICS
+        .added_latency
+        .get_or_create(&model_labels(model))
+        .observe(elapsed.as_secs_f64());
+}
+
+pub fn time_to_first_token(model: &str, elapsed: Duration) {
+    METRICS
+        .time_to_first_token
+        .get_or_create(&model_labels(model))
+        .observe(elapsed.as_secs_f64());
+}
+
+/// Adds a turn's billed tokens of one type (`input`, `output`, `cache_read`, `cache_creation`).
+pub fn tokens(model: &str, kind: &'static str, count: u64) {
+    if count > 0 {
+        METRICS
+            .tokens
+            .get_or_create(&TokenLabels {
+                model: model.to_owned(),
+                r#type: kind,
+            })
+            .inc_by(count);
+    }
+}
+
+pub fn credits(model: &str, billed: u64) {
+    METRICS
+        .credits
+        .get_or_create(&model_labels(model))
+        .inc_by(billed);
+}
+
+/// A 429, by dimension: `requests`, `input_tokens` or `streams`.
+pub fn rate_limited(dimension: &'static str) {
+    METRICS
+        .rate_limited
+        .get_or_create(&DimensionLabels { dimension })
+        .inc();
+}
+
+/// Counts an open stream until the returned guard is dropped.
+pub fn stream_opened() -> StreamGauge {
+    METRICS.streams_in_flight.inc();
+    StreamGauge(())
+}
+
+pub struct StreamGauge(());
+
+impl Drop for StreamGauge {
+    fn drop(&mut self) {
+        METRICS.streams_in_flight.dec();
+    }
+}
+
+/// A failed upstream call; `kind` is a fixed word (`timeout`, `overloaded`, `error`, ...).
+pub fn upstream_error(upstream: &str, kind: &'static str) {
+    METRICS
+        .upstream_errors
+        .get_or_create(&UpstreamErrorLabels {
+            upstream: upstream.to_owned(),
+            kind,
+        })
+        .inc();
+}
+
+/// For the provider adapters' circuit breakers: the state each upstream is in now.
+pub fn circuit_state(upstream: &str, state: CircuitState) {
+    METRICS
+        .circuit_state
+        .get_or_create(&UpstreamLabels {
+            upstream: upstream.to_owned(),
+        })
+        .set(state as i64);
+}
+
+/// One call to an external store (`redis`, `postgres`): its latency, and whether it failed.
+pub fn store_call(store: &'static str, op: &'static str, elapsed: Duration, ok: bool) {
+    let labels = StoreLabels { store, op };
+    METRICS
+        .store_latency
+        .get_or_create(&labels)
+        .observe(elapsed.as_secs_f64());
+    if !ok {
+        METRICS.store_errors.get_or_create(&labels).inc();
+    }
+}
+
+/// The configuration now in use; the previous version's series is removed.
+pub fn config_version(version: &str) {
+    METRICS.config.clear();
+    METRICS
+        .config
+        .get_or_create(&ConfigLabels {
+            version: version.to_owned(),
+        })
+        .set(1);
+}
+
+fn model_labels(model: &str) -> ModelLabels {
+    ModelLabels {
+        model: model.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_follow_prometheus_conventions() {
+        request("/v1/messages", "svc/sonnet", 200);
+        store_call("redis", "admit", Duration::from_millis(2), false);
+        config_version("v1");
+        config_version("v2");
+        let text = render();
+        assert!(text.contains(
+            r#"gateway_requests_total{endpoint="/v1/messages",model="svc/sonnet",status="200"} 1"#
+        ));
+        assert!(text.contains(r#"gateway_store_call_errors_total{store="redis",op="admit"} 1"#));
+        assert!(text.contains(r#"gateway_config_info{version="v2"} 1"#));
+        assert!(!text.contains(r#"version="v1""#));
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,13 @@
+//! Observability: Prometheus metrics (served on the admin listener), tracing spans exported
+//! over OTLP (one per request, keyed by the message id the client sees), trace-context
+//! propagation, and the process's log output.
+
+pub mod init;
+pub mod metrics;
+pub mod propagation;
+pub mod request;
+pub mod turn;
+
+pub use init::{init, LogFormat, Telemetry};
+pub use propagation::upstream_headers;
+pub use turn::TurnTelemetry;

