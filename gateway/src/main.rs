@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use gateway::config::{Cli, Command};
-use gateway::{startup, telemetry};
+use gateway::{cli, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -17,9 +17,13 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match cli.command {
-        Command::Standalone(args) => startup::standalone(args).await,
-        Command::Serve(args) => startup::cluster(args).await,
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
+        Command::Standalone(args) => startup::standalone(args).await.map_err(Into::into),
+        Command::Serve(args) => startup::cluster(args).await.map_err(Into::into),
+        Command::Migrate(args) => cli::migrate(args).await.map_err(Into::into),
+        Command::Keys(command) => cli::keys(command).await.map_err(Into::into),
+        Command::Accounts(command) => cli::accounts(command).await.map_err(Into::into),
+        Command::Messages(command) => cli::messages(command).await.map_err(Into::into),
     };
     telemetry.shutdown().await;
     match result {

@@ -19,12 +19,9 @@ use crate::api::body::JsonBody;
 use crate::api::{method_not_allowed, not_found};
 use crate::auth::{self, KeySpec};
 use crate::error::ApiError;
+use crate::payments;
 use crate::state::AppState;
 use crate::telemetry;
-
-/// The spec's top-up bounds: packs from $10, custom amounts up to $10,000.
-pub const MIN_TOP_UP_CENTS: u64 = 1_000;
-pub const MAX_TOP_UP_CENTS: u64 = 1_000_000;
 
 #[derive(Clone)]
 struct Admin {
@@ -75,16 +72,24 @@ async fn live() -> StatusCode {
 /// draining, and the shared stores answer.
 async fn ready(State(admin): State<Admin>) -> Response {
     let draining = admin.state.shutdown.draining.is_cancelled();
-    let redis = admin.state.limiter.reachable().await;
-    if let Err(e) = &redis {
-        tracing::debug!(error = %e, "readiness: limiter store unreachable");
+    let (limits, ledger) = tokio::join!(
+        admin.state.limiter.reachable(),
+        admin.state.ledger.reachable()
+    );
+    if let Err(e) = &limits {
+        tracing::debug!(error = %e, "readiness: limits store unreachable");
     }
-    let ok = !draining && redis.is_ok();
+    if let Err(e) = &ledger {
+        tracing::debug!(error = %e, "readiness: ledger store unreachable");
+    }
+    let ok = !draining && limits.is_ok() && ledger.is_ok();
+    let answer = |up: bool| if up { "ok" } else { "unreachable" };
     let body = json!({
         "status": if ok { "ready" } else { "not_ready" },
         "config_version": admin.state.catalog().version,
         "draining": draining,
-        "limits_store": if redis.is_ok() { "ok" } else { "unreachable" },
+        "limits_store": answer(limits.is_ok()),
+        "ledger_store": answer(ledger.is_ok()),
     });
     let status = if ok {
         StatusCode::OK
@@ -202,20 +207,20 @@ async fn top_up(
     JsonBody(body): JsonBody<NewTopUp>,
 ) -> Result<Json<Value>, ApiError> {
     let state = &admin.state;
-    if !(MIN_TOP_UP_CENTS..=MAX_TOP_UP_CENTS).contains(&body.usd_cents) {
-        return Err(ApiError::invalid(
-            "usd_cents: a top-up is from $10 (1000) to $10,000 (1000000)",
-        ));
-    }
-    if body.reference.trim().is_empty() {
-        return Err(ApiError::invalid("reference: must not be empty"));
-    }
     let account = existing_account(state, &id).await?;
-    let credits = body.usd_cents.saturating_mul(state.credits_per_usd) / 100;
-    let top_up = state
-        .ledger
-        .top_up(&account.id, &body.reference, body.usd_cents, credits)
-        .await?;
+    let request = payments::TopUpRequest {
+        account_id: &account.id,
+        reference: &body.reference,
+        usd_cents: body.usd_cents,
+    };
+    let top_up = payments::confirm(
+        state.accounts.as_ref(),
+        state.ledger.as_ref(),
+        state.credits_per_usd,
+        request,
+    )
+    .await?
+    .top_up;
     Ok(Json(json!({
         "reference": top_up.reference,
         "usd_cents": top_up.usd_cents,

@@ -186,6 +186,7 @@ impl TurnTelemetry {
             MessageStatus::ClientDisconnected => "client_disconnected",
             MessageStatus::Interrupted => "interrupted",
             MessageStatus::Failed => "failed",
+            MessageStatus::Abandoned => "abandoned",
         };
         let model = &self.model;
         metrics::tokens(model, "input", usage.input_tokens.into());
