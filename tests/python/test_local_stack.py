@@ -78,6 +78,8 @@ def test_two_pods_behind_the_balancer_share_limits_and_ctrl_c_stops_all() -> Non
             assert ready.status_code == 200 and ready.json()["ledger_store"] == "ok", ready.text
             metrics = httpx.get(f"{admin}/metrics", timeout=10).text
             assert 'gateway_requests_total{endpoint="/v1/messages",model="svc/haiku",status="200"} 2' in metrics
+            # Credits are reserved and settled in Postgres: its calls are timed.
+            assert 'gateway_store_call_duration_seconds_count{store="postgres",op="query"}' in metrics
     finally:
         os.killpg(proc.pid, signal.SIGINT) if proc.poll() is None else None
         rest, _ = proc.communicate(timeout=30)
