@@ -1,5 +1,5 @@
-"""deploy/local/run: one command brings up Redis, two `gateway serve` pods and a round-robin
-balancer; requests through the balancer reach both pods and share one key's limits; Ctrl-C
+"""deploy/local/run: one command brings up Redis, Postgres (migrated), two `gateway serve` pods
+and a round-robin balancer; requests through the balancer reach both pods and share one key's limits; Ctrl-C
 stops every process of the stack and removes its state."""
 
 from __future__ import annotations
@@ -74,10 +74,16 @@ def test_two_pods_behind_the_balancer_share_limits_and_ctrl_c_stops_all() -> Non
         # One window shared through Redis: the count goes down across both pods.
         assert remaining == sorted(remaining, reverse=True) and len(set(remaining)) == 4, remaining
         for admin in admins.groups():
+            ready = httpx.get(f"{admin}/readyz", timeout=10)
+            assert ready.status_code == 200 and ready.json()["ledger_store"] == "ok", ready.text
             metrics = httpx.get(f"{admin}/metrics", timeout=10).text
             assert 'gateway_requests_total{endpoint="/v1/messages",model="svc/haiku",status="200"} 2' in metrics
+            # Credits are reserved and settled in Postgres: its calls are timed.
+            assert 'gateway_store_call_duration_seconds_count{store="postgres",op="query"}' in metrics
     finally:
         os.killpg(proc.pid, signal.SIGINT) if proc.poll() is None else None
         rest, _ = proc.communicate(timeout=30)
     assert "local stack stopped" in rest, rest
+    # With the ledger's --database-url the stack runs Postgres and the migrations too.
+    assert "==> postgres on 127.0.0.1:" in banner, banner
     assert not Path(state.group(1)).exists()

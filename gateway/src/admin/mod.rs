@@ -72,16 +72,24 @@ async fn live() -> StatusCode {
 /// draining, and the shared stores answer.
 async fn ready(State(admin): State<Admin>) -> Response {
     let draining = admin.state.shutdown.draining.is_cancelled();
-    let redis = admin.state.limiter.reachable().await;
-    if let Err(e) = &redis {
-        tracing::debug!(error = %e, "readiness: limiter store unreachable");
+    let (limits, ledger) = tokio::join!(
+        admin.state.limiter.reachable(),
+        admin.state.ledger.reachable()
+    );
+    if let Err(e) = &limits {
+        tracing::debug!(error = %e, "readiness: limits store unreachable");
     }
-    let ok = !draining && redis.is_ok();
+    if let Err(e) = &ledger {
+        tracing::debug!(error = %e, "readiness: ledger store unreachable");
+    }
+    let ok = !draining && limits.is_ok() && ledger.is_ok();
+    let answer = |up: bool| if up { "ok" } else { "unreachable" };
     let body = json!({
         "status": if ok { "ready" } else { "not_ready" },
         "config_version": admin.state.catalog().version,
         "draining": draining,
-        "limits_store": if redis.is_ok() { "ok" } else { "unreachable" },
+        "limits_store": answer(limits.is_ok()),
+        "ledger_store": answer(ledger.is_ok()),
     });
     let status = if ok {
         StatusCode::OK

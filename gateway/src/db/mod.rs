@@ -4,11 +4,13 @@
 
 use std::future::Future;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use thiserror::Error;
+
+use crate::telemetry::metrics;
 
 #[derive(Debug, Error)]
 pub enum DbError {
@@ -62,15 +64,24 @@ impl Database {
         &self.pool
     }
 
-    /// Runs one database call within the timeout.
+    /// Runs one database call within the timeout, recording its latency and outcome in the
+    /// store metrics (every call passes here, so they are all counted as `op="query"`).
     pub async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, DbError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => Ok(result?),
+        let started = Instant::now();
+        let result = match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result.map_err(DbError::from),
             Err(_) => Err(DbError::Timeout(self.timeout)),
-        }
+        };
+        // A refused constraint is an answer, not a failed call.
+        let ok = match &result {
+            Ok(_) => true,
+            Err(e) => e.constraint().is_some(),
+        };
+        metrics::store_call("postgres", "query", started.elapsed(), ok);
+        result
     }
 }
 

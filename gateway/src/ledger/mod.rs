@@ -184,6 +184,11 @@ pub struct UsageRow {
 
 #[async_trait]
 pub trait Ledger: Send + Sync {
+    /// Whether the store behind the ledger answers now (readiness); in-process ones always do.
+    async fn reachable(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
     /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
     async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError>;

@@ -206,6 +206,13 @@ fn midnight(day: Date) -> OffsetDateTime {
 
 #[async_trait]
 impl Ledger for PostgresLedger {
+    async fn reachable(&self) -> Result<(), LedgerError> {
+        self.db
+            .bounded(sqlx::query("SELECT 1").execute(self.db.pool()))
+            .await?;
+        Ok(())
+    }
+
     async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
         let row = self
             .db

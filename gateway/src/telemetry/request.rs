@@ -21,7 +21,7 @@ use super::{metrics, propagation};
 use crate::auth::Principal;
 use crate::ids;
 
-pub static REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
 
 /// What a model turn tells the request around it: its message id and virtual model.
 pub(super) struct RequestContext {
@@ -73,7 +73,7 @@ pub async fn layer(req: Request, next: Next) -> Response {
     };
     metrics::request(endpoint, model, status.as_u16());
     if let Ok(value) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert(REQUEST_ID.clone(), value);
+        response.headers_mut().insert(REQUEST_ID, value);
     }
     response
 }
