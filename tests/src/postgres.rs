@@ -145,8 +145,16 @@ impl PostgresServer {
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot run postgres: {e}"))?;
-        drain(child.stdout.take().expect("piped stdout"), self.log.clone(), None);
-        drain(child.stderr.take().expect("piped stderr"), self.log.clone(), None);
+        drain(
+            child.stdout.take().expect("piped stdout"),
+            self.log.clone(),
+            None,
+        );
+        drain(
+            child.stderr.take().expect("piped stderr"),
+            self.log.clone(),
+            None,
+        );
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Ok(Some(status)) = child.try_wait() {
@@ -158,7 +166,10 @@ impl PostgresServer {
             }
             if Instant::now() > deadline {
                 let _ = child.start_kill();
-                return Err(format!("postgres not ready within {READY_TIMEOUT:?}\n{}", self.logs()));
+                return Err(format!(
+                    "postgres not ready within {READY_TIMEOUT:?}\n{}",
+                    self.logs()
+                ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -168,10 +179,16 @@ impl PostgresServer {
     pub async fn stop(&mut self) {
         let mut child = self.child.take().expect("postgres is running");
         signal(&child, libc::SIGINT);
-        if tokio::time::timeout(STOP_TIMEOUT, child.wait()).await.is_err() {
+        if tokio::time::timeout(STOP_TIMEOUT, child.wait())
+            .await
+            .is_err()
+        {
             let _ = child.start_kill();
             let _ = child.wait().await;
-            panic!("postgres did not stop within {STOP_TIMEOUT:?}\n{}", self.logs());
+            panic!(
+                "postgres did not stop within {STOP_TIMEOUT:?}\n{}",
+                self.logs()
+            );
         }
     }
 
@@ -186,7 +203,10 @@ impl PostgresServer {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        panic!("postgres did not restart on port {}: {last_error}", self.port);
+        panic!(
+            "postgres did not restart on port {}: {last_error}",
+            self.port
+        );
     }
 
     async fn try_query(&self, sql: &str) -> Result<String, String> {
@@ -197,7 +217,14 @@ impl PostgresServer {
         };
         let out = Command::new(psql)
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", "postgres"])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
             .args(["-c", sql])
             .output()
             .await
@@ -236,7 +263,10 @@ impl PostgresServer {
             return Err(String::from_utf8_lossy(&out.stderr).into_owned());
         }
         serde_json::from_slice(&out.stdout).map_err(|e| {
-            format!("gateway {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+            format!(
+                "gateway {args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
         })
     }
 }

@@ -14,19 +14,35 @@ async fn keys_created_by_the_cli_work_until_the_cli_revokes_them() {
     pg.gateway_cli(&["migrate"]).await.expect("migrate again");
     let created = pg
         .gateway_cli(&[
-            "keys", "create", "--account", "cli-acme", "--tier", "pay_as_you_go",
-            "--credits", "2000000", "--scopes", "messages,account",
+            "keys",
+            "create",
+            "--account",
+            "cli-acme",
+            "--tier",
+            "pay_as_you_go",
+            "--credits",
+            "2000000",
+            "--scopes",
+            "messages,account",
         ])
         .await
         .expect("keys create");
     let secret = created["key"].as_str().expect("the secret, shown once");
     let key_id = created["id"].as_str().expect("key id");
-    assert_eq!(created["scopes"], serde_json::json!(["messages", "account"]));
+    assert_eq!(
+        created["scopes"],
+        serde_json::json!(["messages", "account"])
+    );
     let stored = pg
-        .query(&format!("SELECT encode(hash, 'hex') FROM api_keys WHERE id = '{key_id}'"))
+        .query(&format!(
+            "SELECT encode(hash, 'hex') FROM api_keys WHERE id = '{key_id}'"
+        ))
         .await;
     assert_eq!(stored.len(), 64, "a SHA-256 hash is stored");
-    assert!(!pg.query("SELECT string_agg(prefix || name, ',') FROM api_keys").await.contains(secret));
+    assert!(!pg
+        .query("SELECT string_agg(prefix || name, ',') FROM api_keys")
+        .await
+        .contains(secret));
 
     let answer = gw
         .post_messages(secret, &message("svc/haiku", "hello", 32))
@@ -44,7 +60,9 @@ async fn keys_created_by_the_cli_work_until_the_cli_revokes_them() {
     assert_eq!(row["billed"], answer["usage"]["credits_consumed"], "{row}");
     assert_eq!(row["key_id"], key_id, "{row}");
 
-    pg.gateway_cli(&["keys", "revoke", key_id]).await.expect("keys revoke");
+    pg.gateway_cli(&["keys", "revoke", key_id])
+        .await
+        .expect("keys revoke");
     poll_until(
         "the revocation to reach the gateway",
         Duration::from_secs(15),
@@ -64,8 +82,16 @@ async fn a_cli_top_up_is_idempotent_by_reference_and_counts_toward_lifetime() {
     let topup = |usd: &'static str, reference: &'static str| {
         let pg = &pg;
         async move {
-            pg.gateway_cli(&["accounts", "topup", "cli-topup", "--usd", usd, "--reference", reference])
-                .await
+            pg.gateway_cli(&[
+                "accounts",
+                "topup",
+                "cli-topup",
+                "--usd",
+                usd,
+                "--reference",
+                reference,
+            ])
+            .await
         }
     };
 
@@ -76,9 +102,13 @@ async fn a_cli_top_up_is_idempotent_by_reference_and_counts_toward_lifetime() {
     assert_eq!(again["replayed"], true, "{again}");
     assert_eq!(again["balance"], 2_550_000, "{again}");
 
-    let refused = topup("5", "ref-cli-2").await.expect_err("$5 is below the minimum");
+    let refused = topup("5", "ref-cli-2")
+        .await
+        .expect_err("$5 is below the minimum");
     assert!(refused.contains("usd_cents"), "{refused}");
-    let conflict = topup("30", "ref-cli-1").await.expect_err("same reference, other amount");
+    let conflict = topup("30", "ref-cli-1")
+        .await
+        .expect_err("same reference, other amount");
     assert!(conflict.contains("reference"), "{conflict}");
 
     let money = pg

@@ -30,10 +30,8 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
 
     let start = FUNDED_TURNS * reservation;
     let key = gw.new_key(start, &KeySpec::tier("high_volume")).await;
-    let answers = join_all(
-        (0..TURNS).map(|i| pods[i % pods.len()].post_messages(&key.secret, &body)),
-    )
-    .await;
+    let answers =
+        join_all((0..TURNS).map(|i| pods[i % pods.len()].post_messages(&key.secret, &body))).await;
 
     let mut accepted = 0u64;
     let mut consumed = 0u64;
@@ -71,15 +69,33 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
         accepted >= FUNDED_TURNS,
         "only {accepted} of {TURNS} turns were accepted, though the balance covered {FUNDED_TURNS}"
     );
-    assert!(accepted < TURNS as u64, "every turn was accepted: the balance was not enforced");
-    assert_eq!(consumed as i64, start as i64 - balance, "clients' credits_consumed vs the balance decrease");
-    assert_eq!(consumed as i64, debits, "clients' credits_consumed vs the ledger's debits");
-    assert_eq!(accepted as i64, billed_turns, "accepted turns vs completed ledger rows");
-    assert_eq!(stored, format!("{balance}|0"), "the stored balance holds nothing reserved");
+    assert!(
+        accepted < TURNS as u64,
+        "every turn was accepted: the balance was not enforced"
+    );
+    assert_eq!(
+        consumed as i64,
+        start as i64 - balance,
+        "clients' credits_consumed vs the balance decrease"
+    );
+    assert_eq!(
+        consumed as i64, debits,
+        "clients' credits_consumed vs the ledger's debits"
+    );
+    assert_eq!(
+        accepted as i64, billed_turns,
+        "accepted turns vs completed ledger rows"
+    );
+    assert_eq!(
+        stored,
+        format!("{balance}|0"),
+        "the stored balance holds nothing reserved"
+    );
 }
 
 #[tokio::test]
-async fn two_hundred_concurrent_turns_on_a_balance_for_fifty_never_overdraw_and_balance_the_books() {
+async fn two_hundred_concurrent_turns_on_a_balance_for_fifty_never_overdraw_and_balance_the_books()
+{
     let pg = PostgresServer::start().await;
     let cluster = cluster(1, &pg).await;
     two_hundred_turns_against_fifty(&cluster.pods, &pg).await;

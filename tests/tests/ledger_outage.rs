@@ -10,7 +10,9 @@ use e2e::{count_body, message, poll_until, Cluster, KeySpec, PostgresServer};
 async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_after() {
     let mut pg = PostgresServer::start().await;
     let cluster = Cluster::start(1, |b| {
-        b.database(&pg.url()).arg("--database-timeout-ms").arg("1000")
+        b.database(&pg.url())
+            .arg("--database-timeout-ms")
+            .arg("1000")
     })
     .await;
     let gw = &cluster.pods[0];

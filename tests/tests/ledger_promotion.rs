@@ -33,15 +33,27 @@ async fn key(accounts: &dyn Accounts, account_id: &str, name: &str, tier: &str) 
         secret: None,
     });
     let id = minted.record.id.clone();
-    accounts.insert_key(minted.record).await.expect("insert key");
+    accounts
+        .insert_key(minted.record)
+        .await
+        .expect("insert key");
     id
 }
 
 /// Accounts with lifetime top-ups of $0, $10 and $600, keys on several tiers; two sweeps.
 async fn sweep_twice(accounts: &dyn Accounts, ledger: &dyn Ledger) {
-    let none = accounts.create_account("promo-none").await.expect("account");
-    let some = accounts.create_account("promo-some").await.expect("account");
-    let lots = accounts.create_account("promo-lots").await.expect("account");
+    let none = accounts
+        .create_account("promo-none")
+        .await
+        .expect("account");
+    let some = accounts
+        .create_account("promo-some")
+        .await
+        .expect("account");
+    let lots = accounts
+        .create_account("promo-lots")
+        .await
+        .expect("account");
     for (account, cents, reference) in [(&some, 1_000, "promo-1"), (&lots, 60_000, "promo-2")] {
         ledger
             .top_up(&account.id, reference, cents, cents * 1_000)
@@ -82,7 +94,10 @@ async fn sweep_twice(accounts: &dyn Accounts, ledger: &dyn Ledger) {
     for untouched in [&unpaid, &already_higher, &enterprise] {
         assert!(promoted.iter().all(|p| &p.key_id != untouched));
     }
-    let again = accounts.promote_tiers(&rules()).await.expect("second sweep");
+    let again = accounts
+        .promote_tiers(&rules())
+        .await
+        .expect("second sweep");
     assert_eq!(again, Vec::new(), "a second sweep changed something");
 }
 

@@ -46,7 +46,9 @@ async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() 
         .new_key(CREDITS, &KeySpec::tier("pay_as_you_go"))
         .await;
     let body = message_stream("svc/sonnet", "tell me a long story", 500);
-    let mut stream = cluster.pods[0].stream("/v1/messages", &key.secret, &body).await;
+    let mut stream = cluster.pods[0]
+        .stream("/v1/messages", &key.secret, &body)
+        .await;
     let start = stream.next_event().await.expect("message_start");
     let message_id = start.json()["message"]["id"]
         .as_str()
@@ -54,7 +56,10 @@ async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() 
         .to_string();
     stream.next_event().await.expect("a second event");
     let held = cluster.pods[1].admin_account(&key.account_id).await;
-    assert!(held["reserved"].as_u64() > Some(0), "nothing reserved mid-stream: {held}");
+    assert!(
+        held["reserved"].as_u64() > Some(0),
+        "nothing reserved mid-stream: {held}"
+    );
 
     cluster.pods[0].kill_9().await;
     drop(stream);
@@ -96,7 +101,9 @@ async fn a_replayed_settle_returns_the_first_billing_and_changes_nothing() {
         .post_messages(&key.secret, &message("svc/haiku", "hello", 64))
         .await
         .expect_ok();
-    let consumed = answer["usage"]["credits_consumed"].as_u64().expect("credits");
+    let consumed = answer["usage"]["credits_consumed"]
+        .as_u64()
+        .expect("credits");
     let message_id = answer["id"].as_str().expect("id");
     let before = gw.wait_settled(&key.account_id).await;
 

@@ -47,7 +47,10 @@ async fn deliver(gw: &Gateway, body: &[u8], signature: &str) -> Resp {
 
 async fn money(gw: &Gateway, account_id: &str) -> (Value, Value) {
     let account = gw.admin_account(account_id).await;
-    (account["balance"].clone(), account["lifetime_top_up_cents"].clone())
+    (
+        account["balance"].clone(),
+        account["lifetime_top_up_cents"].clone(),
+    )
 }
 
 #[tokio::test]
@@ -61,14 +64,20 @@ async fn a_signed_delivery_confirms_a_top_up_once_and_its_replay_is_refused() {
 
     let confirmed = deliver(gw, &body, &signature).await.expect_ok();
     assert_eq!(confirmed["credits"], 2_500_000, "{confirmed}");
-    assert_eq!(money(gw, &key.account_id).await, (json!(2_500_000), json!(2_500)));
+    assert_eq!(
+        money(gw, &key.account_id).await,
+        (json!(2_500_000), json!(2_500))
+    );
 
     let replay = deliver(gw, &body, &signature).await;
     let message = replay.expect_error(409, "invalid_request_error");
     assert!(message.contains("already confirmed"), "{message}");
     let fresh = deliver(gw, &body, &sign(SECRET, now(), &body)).await;
     fresh.expect_error(409, "invalid_request_error");
-    assert_eq!(money(gw, &key.account_id).await, (json!(2_500_000), json!(2_500)));
+    assert_eq!(
+        money(gw, &key.account_id).await,
+        (json!(2_500_000), json!(2_500))
+    );
     let stored = pg
         .query("SELECT status, usd_cents, credits FROM top_ups WHERE reference = 'pay_e2e_1'")
         .await;
