@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 use crds::config::Limits;
 use gateway::limits::{AdmissionRequest, Limiter, RedisLimiter};
 
+mod support;
+use support::{env_u64, ms, percentile};
+
 const KEYS: usize = 1_000;
 const WARMUP: Duration = Duration::from_secs(1);
 const TIMEOUT: Duration = Duration::from_millis(250);
@@ -42,28 +45,6 @@ const REQUEST: AdmissionRequest = AdmissionRequest {
     input_tokens: 100,
     stream: false,
 };
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a whole number, not {v:?}")),
-        Err(_) => default,
-    }
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
-}
 
 struct Run {
     name: String,
