@@ -39,7 +39,9 @@ pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use scrape::Scrape;
 pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
-pub use upstream::{Fault, MockUpstream, MockUsage, Reply, RoutedManifests, UpstreamDef};
+pub use upstream::{
+    Fault, MockUpstream, MockUsage, Reply, RoutedManifests, Unscripted, UpstreamDef,
+};
 
 /// Makes a server process a child of the test: output piped for the test to read, killed when
 /// its handle drops, and (through PR_SET_PDEATHSIG) killed by the kernel when the thread that

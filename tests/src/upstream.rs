@@ -168,8 +168,61 @@ pub struct Received {
     pub body: Value,
 }
 
-#[derive(Default)]
+/// What a request gets when the queue is empty.
+#[derive(Clone, Debug)]
+pub enum Unscripted {
+    Always(Reply),
+    /// An agent's tool loop, whatever side requests the client makes in between: a request
+    /// that offers `tool` and carries no tool result yet gets a call of it with `input`; any
+    /// other request gets `answer`.
+    Agent {
+        tool: String,
+        input: Value,
+        answer: String,
+    },
+}
+
+impl Unscripted {
+    fn reply(&self, body: &Value) -> Reply {
+        match self {
+            Unscripted::Always(reply) => reply.clone(),
+            Unscripted::Agent {
+                tool,
+                input,
+                answer,
+            } => {
+                let has_result = carries_tool_result(body);
+                let offers_tool = body["tools"].as_array().is_some_and(|tools| {
+                    tools.iter().any(|t| {
+                        t["name"] == tool.as_str() || t["function"]["name"] == tool.as_str()
+                    })
+                });
+                if offers_tool && !has_result {
+                    Reply::tool_call(tool, input.clone())
+                } else {
+                    Reply::text(answer)
+                }
+            }
+        }
+    }
+}
+
+/// Whether a request (either wire format) carries a tool result anywhere in its conversation.
+pub fn carries_tool_result(body: &Value) -> bool {
+    body["messages"].as_array().is_some_and(|messages| {
+        messages.iter().any(|m| {
+            m["role"] == "tool"
+                || m["content"]
+                    .as_array()
+                    .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"))
+        })
+    })
+}
+
 struct Shared {
+    unscripted: Unscripted,
+    /// Whether requests are kept for `received` (off for benchmarks).
+    record: bool,
     queue: Mutex<VecDeque<Reply>>,
     received: Mutex<Vec<Received>>,
     /// Streams dropped by the caller before their last event.
@@ -185,15 +238,28 @@ pub struct MockUpstream {
 }
 
 impl MockUpstream {
+    /// A mock on a free loopback port that records requests and answers a short text when
+    /// nothing is queued.
     pub async fn start() -> MockUpstream {
-        let shared = Arc::new(Shared::default());
+        let unscripted = Unscripted::Always(Reply::text("Hello from upstream."));
+        MockUpstream::serve("127.0.0.1:0", unscripted, true).await
+    }
+
+    pub async fn serve(addr: &str, unscripted: Unscripted, record: bool) -> MockUpstream {
+        let shared = Arc::new(Shared {
+            unscripted,
+            record,
+            queue: Mutex::default(),
+            received: Mutex::default(),
+            abandoned: AtomicUsize::new(0),
+        });
         let app = Router::new()
             .route("/v1/messages", post(answer))
             .route("/v1/chat/completions", post(answer))
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .expect("bind a loopback port for the mock upstream");
+            .expect("bind the mock upstream's address");
         let url = format!("http://{}", listener.local_addr().expect("local addr"));
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -249,14 +315,16 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         .await
         .unwrap_or_default();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    lock(&shared.received).push(Received {
-        path: path.clone(),
-        headers,
-        body: body.clone(),
-    });
+    if shared.record {
+        lock(&shared.received).push(Received {
+            path: path.clone(),
+            headers,
+            body: body.clone(),
+        });
+    }
     let reply = lock(&shared.queue)
         .pop_front()
-        .unwrap_or_else(|| Reply::text("Hello from upstream."));
+        .unwrap_or_else(|| shared.unscripted.reply(&body));
     let wire = if path.ends_with("/messages") {
         Wire::Anthropic
     } else {
@@ -691,18 +759,23 @@ pub struct RoutedManifests {
 impl RoutedManifests {
     pub fn new(upstreams: &[UpstreamDef]) -> RoutedManifests {
         let path = std::env::temp_dir().join(unique_name("e2e-upstream-manifests"));
-        std::fs::create_dir_all(&path).expect("create the manifest folder");
-        let standalone = workspace_root().join("deploy").join("standalone");
-        for file in ["tiers.yaml", "apikeys.yaml"] {
-            std::fs::copy(standalone.join(file), path.join(file)).expect("copy a manifest");
-        }
-        let routes = std::fs::read_to_string(standalone.join("models.yaml"))
-            .expect("read the standalone models");
-        std::fs::write(path.join("models.yaml"), reroute(&routes, upstreams))
-            .expect("write models.yaml");
-        std::fs::write(path.join("secrets.yaml"), SECRET).expect("write secrets.yaml");
+        write_routed_manifests(&path, upstreams);
         RoutedManifests { path }
     }
+}
+
+/// Writes the folder [`RoutedManifests`] describes into `path`, which is kept.
+pub fn write_routed_manifests(path: &std::path::Path, upstreams: &[UpstreamDef]) {
+    std::fs::create_dir_all(path).expect("create the manifest folder");
+    let standalone = workspace_root().join("deploy").join("standalone");
+    for file in ["tiers.yaml", "apikeys.yaml"] {
+        std::fs::copy(standalone.join(file), path.join(file)).expect("copy a manifest");
+    }
+    let routes = std::fs::read_to_string(standalone.join("models.yaml"))
+        .expect("read the standalone models");
+    std::fs::write(path.join("models.yaml"), reroute(&routes, upstreams))
+        .expect("write models.yaml");
+    std::fs::write(path.join("secrets.yaml"), SECRET).expect("write secrets.yaml");
 }
 
 impl Drop for RoutedManifests {

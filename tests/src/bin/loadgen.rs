@@ -35,6 +35,7 @@ usage: loadgen --mode json|stream|hold [options]
   --duration SECS        json/stream: measured duration (default 10)
   --warmup SECS          json/stream: unmeasured warm-up before it (default 1)
   --max-requests N       json/stream: hard cap on requests sent, warm-up included (default 10000000)
+  --rate N               json/stream: paced total requests/s over all connections (default: back to back)
   --timeout SECS         per-request timeout (default 30)
   --streams N            hold: concurrent streams to open (default 1000)
   --pid PID              hold: gateway process whose VmRSS is read
@@ -67,6 +68,8 @@ struct Args {
     duration: Duration,
     warmup: Duration,
     max_requests: u64,
+    /// Paced total requests per second; `None`: each connection sends back to back.
+    rate: Option<f64>,
     timeout: Duration,
     streams: usize,
     pid: Option<u32>,
@@ -87,6 +90,7 @@ fn parse_args() -> Result<Args> {
         duration: Duration::from_secs(10),
         warmup: Duration::from_secs(1),
         max_requests: 10_000_000,
+        rate: None,
         timeout: Duration::from_secs(30),
         streams: 1000,
         pid: None,
@@ -131,6 +135,11 @@ fn parse_args() -> Result<Args> {
             "--duration" => args.duration = secs(&value)?,
             "--warmup" => args.warmup = secs(&value)?,
             "--max-requests" => args.max_requests = value.parse()?,
+            "--rate" => {
+                let rate: f64 = value.parse()?;
+                ensure!(rate > 0.0 && rate.is_finite(), "--rate must be positive");
+                args.rate = Some(rate);
+            }
             "--timeout" => args.timeout = secs(&value)?,
             "--streams" => args.streams = value.parse()?,
             "--pid" => args.pid = Some(value.parse()?),
@@ -254,19 +263,39 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// One connection: requests back to back until the deadline or the global request cap.
+/// When one connection sends: from `measure_from` its requests count, at `deadline` it stops;
+/// paced, its first send is at `pace.0` and the next ones every `pace.1`.
+#[derive(Clone, Copy)]
+struct Schedule {
+    pace: Option<(Instant, Duration)>,
+    measure_from: Instant,
+    deadline: Instant,
+}
+
+/// One connection: requests back to back (or paced) until the deadline or the global cap.
 async fn connection(
     client: Client,
     target: Arc<Target>,
     stream: bool,
     issued: Arc<AtomicU64>,
     max_requests: u64,
-    measure_from: Instant,
-    deadline: Instant,
+    schedule: Schedule,
 ) -> Stats {
+    let Schedule {
+        pace,
+        measure_from,
+        deadline,
+    } = schedule;
     let mut stats = Stats::default();
     let mut seen: Vec<u8> = Vec::with_capacity(4096);
+    let mut next = pace.map(|(first, _)| first);
     while Instant::now() < deadline && issued.fetch_add(1, Ordering::Relaxed) < max_requests {
+        // Paced: each send is scheduled; a late one goes at once and its latency is measured
+        // from when it was sent.
+        if let (Some(at), Some((_, every))) = (next.as_mut(), pace) {
+            tokio::time::sleep_until((*at).into()).await;
+            *at += every;
+        }
         let start = Instant::now();
         let measured = start >= measure_from;
         let mut response = match target.request(&client).send().await {
@@ -426,7 +455,15 @@ async fn run_load(args: &Args) -> Result<()> {
     let measure_from = started + args.warmup;
     let deadline = measure_from + args.duration;
     let mut tasks = Vec::with_capacity(args.connections);
-    for _ in 0..args.connections {
+    // Paced: connection i sends every connections/rate seconds, offset by i/rate.
+    let every = args
+        .rate
+        .map(|rate| Duration::from_secs_f64(args.connections as f64 / rate));
+    for i in 0..args.connections {
+        let pace = every.map(|every| {
+            let offset = every.mul_f64(i as f64 / args.connections as f64);
+            (started + offset, every)
+        });
         // One client per connection: each worker keeps exactly one keep-alive connection.
         tasks.push(tokio::spawn(connection(
             build_client()?,
@@ -434,8 +471,11 @@ async fn run_load(args: &Args) -> Result<()> {
             stream,
             issued.clone(),
             args.max_requests,
-            measure_from,
-            deadline,
+            Schedule {
+                pace,
+                measure_from,
+                deadline,
+            },
         )));
     }
     let mut stats = Stats::default();
