@@ -1,14 +1,17 @@
-//! Start-up of both modes: config from a manifest folder, the stores chosen for the mode, the
-//! seeded keys and the dev account, then both listeners.
+//! Start-up of both modes: config from a manifest folder (or, in a cluster, the Secret the
+//! operator publishes), the stores chosen for the mode, the seeded keys and the dev account,
+//! then both listeners.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 
 use crate::accounts::{KeyKind, MemoryAccounts, StoreError};
 use crate::auth::{self, KeySpec};
+use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs};
 use crate::ids;
 use crate::ledger::{LedgerError, MemoryLedger};
@@ -23,6 +26,10 @@ use crate::tokens::Tokenizer;
 pub enum StartError {
     #[error("manifests: {0}")]
     Manifests(#[from] crds::manifests::ManifestError),
+    #[error("published config: {0}")]
+    Published(#[from] PublishedError),
+    #[error("the config Secret's watch ended before a config arrived")]
+    NoPublishedConfig,
     #[error("the manifests define no `{0}` tier")]
     MissingTier(String),
     #[error(transparent)]
@@ -40,7 +47,8 @@ const DEV_KEY_ID: &str = "key_dev";
 
 /// `gateway standalone`: everything in process.
 pub async fn standalone(args: CommonArgs) -> Result<(), StartError> {
-    run(args, Arc::new(MemoryLimiter::default())).await
+    let config = crds::manifests::load_dir(&args.manifests)?;
+    run(args, Arc::new(MemoryLimiter::default()), config, None).await
 }
 
 /// `gateway serve`: limits shared through Redis under the chosen outage policy.
@@ -52,20 +60,41 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     )
     .await?;
     let limiter = Failover::new(redis, args.redis_outage, args.pods);
-    run(args.common, Arc::new(limiter)).await
+    let (config, published) = match args.config_secret {
+        Some(secret) => {
+            let mut published = Published::connect(secret).await?;
+            let config = published
+                .first()
+                .await
+                .ok_or(StartError::NoPublishedConfig)?;
+            (config, Some(published))
+        }
+        None => (crds::manifests::load_dir(&args.common.manifests)?, None),
+    };
+    run(args.common, Arc::new(limiter), config, published).await
 }
 
-async fn run(args: CommonArgs, limiter: Arc<dyn Limiter>) -> Result<(), StartError> {
-    let mut config = crds::manifests::load_dir(&args.manifests)?;
-    if let Some(delay) = args.simulated_chunk_delay_ms {
-        override_simulated_delay(&mut config, delay);
-    }
+async fn run(
+    args: CommonArgs,
+    limiter: Arc<dyn Limiter>,
+    config: GatewayConfig,
+    published: Option<Published>,
+) -> Result<(), StartError> {
     if !config.tiers.contains_key(&args.dev_tier) {
         return Err(StartError::MissingTier(args.dev_tier));
     }
+    let delay = args.simulated_chunk_delay_ms;
+    let credits_per_usd = args.credits_per_usd;
+    let catalog = move |mut config: GatewayConfig| {
+        if let Some(delay) = delay {
+            override_simulated_delay(&mut config, delay);
+        }
+        Catalog::new(config, credits_per_usd)
+    };
+    let version = config.version.clone();
     let tokens = Tokenizer::default();
     let state = AppState::new(Services {
-        catalog: Catalog::new(config, args.credits_per_usd),
+        catalog: ArcSwap::from_pointee(catalog(config)),
         tokens,
         accounts: Arc::new(MemoryAccounts::default()),
         ledger: Arc::new(MemoryLedger::default()),
@@ -76,6 +105,12 @@ async fn run(args: CommonArgs, limiter: Arc<dyn Limiter>) -> Result<(), StartErr
     });
     seed_granted_keys(&state).await?;
     let dev_key = seed_dev_key(&state, &args).await?;
+    if let Some(published) = published {
+        let state = state.clone();
+        tokio::spawn(published.follow(version, move |config| {
+            state.replace_catalog(catalog(config));
+        }));
+    }
     let admin_token = args.admin_token.clone().unwrap_or_else(ids::admin_token);
     serve::run(
         state,
