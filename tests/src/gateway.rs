@@ -84,6 +84,7 @@ pub struct GatewayBuilder {
     args: Vec<String>,
     mode: Mode,
     manifests: Option<PathBuf>,
+    env: Vec<(String, PathBuf)>,
 }
 
 impl GatewayBuilder {
@@ -139,6 +140,12 @@ impl GatewayBuilder {
         self.arg("--shutdown-grace-secs").arg(&secs.to_string())
     }
 
+    /// An environment variable of the gateway process, e.g. `KUBECONFIG`.
+    pub fn env(mut self, name: &str, value: &Path) -> Self {
+        self.env.push((name.to_owned(), value.to_path_buf()));
+        self
+    }
+
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_string());
         self
@@ -149,7 +156,7 @@ impl GatewayBuilder {
         let manifests = self
             .manifests
             .unwrap_or_else(|| workspace_root().join("deploy").join("standalone"));
-        Gateway::spawn(self.mode, &manifests, self.args).await
+        Gateway::spawn(self.mode, &manifests, self.args, self.env).await
     }
 }
 
@@ -222,7 +229,12 @@ impl Gateway {
         GatewayBuilder::default()
     }
 
-    async fn spawn(mode: Mode, manifests: &Path, extra: Vec<String>) -> Gateway {
+    async fn spawn(
+        mode: Mode,
+        manifests: &Path,
+        extra: Vec<String>,
+        env: Vec<(String, PathBuf)>,
+    ) -> Gateway {
         let bin = gateway_bin();
         let root = workspace_root();
         let mut cmd = Command::new(&bin);
@@ -232,6 +244,7 @@ impl Gateway {
             .arg("--manifests")
             .arg(manifests)
             .args(&extra)
+            .envs(env)
             .current_dir(&root);
         crate::tie_to_test(&mut cmd);
         let mut child = cmd.spawn().unwrap_or_else(|e| {

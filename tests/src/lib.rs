@@ -7,6 +7,7 @@
 //! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
+//! - [`kube`]: a real kube-apiserver (with etcd) and operator processes for the operator tests.
 //! - [`leak`]: the rule that no response names an upstream provider.
 //! - [`bodies`]: request bodies used across the tests.
 //!
@@ -16,6 +17,7 @@
 pub mod bodies;
 pub mod cluster;
 pub mod gateway;
+pub mod kube;
 pub mod leak;
 pub mod redis;
 pub mod response;
