@@ -24,6 +24,8 @@ pub struct Services {
     pub providers: Providers,
     pub shutdown: Shutdown,
     pub credits_per_usd: u64,
+    /// The payment provider's webhook secret; the webhook is off without it.
+    pub payment_webhook_secret: Option<String>,
 }
 
 #[derive(Clone)]

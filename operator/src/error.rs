@@ -14,7 +14,9 @@ pub enum Error {
     #[error("gateway pod {pod} reports no `{metric}` metric")]
     MissingMetric { pod: String, metric: &'static str },
     #[error("the promotion sweep failed: {0}")]
-    Sweep(String),
+    Sweep(#[from] gateway::accounts::StoreError),
+    #[error("no valid configuration compiled yet, so no promotion thresholds")]
+    NoRules,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -19,6 +19,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use crds::config::{GatewayConfig, Route, Secret};
+use gateway::accounts::{Accounts, PostgresAccounts, PromotionRules};
+use gateway::db::Database;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
@@ -62,6 +64,12 @@ struct RunArgs {
     /// How long a Lease holder stays leader without renewing.
     #[arg(long, env = "OPERATOR_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     lease_duration: Duration,
+    /// The ledger's Postgres, for the promotion sweep; no sweep when absent.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Bound on every database call of a sweep.
+    #[arg(long, env = "OPERATOR_DATABASE_TIMEOUT_MS", default_value_t = 10_000)]
+    database_timeout_ms: u64,
     /// Time between two promotion sweeps.
     #[arg(long, env = "OPERATOR_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     sweep_interval: Duration,
@@ -182,12 +190,35 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     tokio::spawn(elector.run(leading));
     tokio::spawn(track_leadership(is_leading.clone(), metrics.clone()));
-    tokio::spawn(sweep::run(
-        args.sweep_interval,
-        is_leading.clone(),
-        metrics.clone(),
-        || async { Ok(Vec::new()) },
-    ));
+    let ctx = publish::Context::new(
+        client.clone(),
+        args.namespace.clone(),
+        args.config_secret.clone(),
+        identity,
+    );
+    match &args.database_url {
+        Some(url) => {
+            let db = Database::connect(url, 2, Duration::from_millis(args.database_timeout_ms))
+                .context("invalid --database-url")?;
+            let accounts = Arc::new(PostgresAccounts::new(db));
+            let latest = ctx.latest.subscribe();
+            tokio::spawn(sweep::run(
+                args.sweep_interval,
+                is_leading.clone(),
+                metrics.clone(),
+                move || {
+                    let accounts = accounts.clone();
+                    let config = latest.borrow().clone();
+                    async move {
+                        let config = config.ok_or(error::Error::NoRules)?;
+                        let rules = PromotionRules::from_config(&config);
+                        Ok(accounts.promote_tiers(&rules).await?)
+                    }
+                },
+            ));
+        }
+        None => tracing::info!("no --database-url: the promotion sweep is off"),
+    }
     if let Some(deployment) = args.scaling.scale_deployment.clone() {
         let s = &args.scaling;
         let scaler = scale::Scaler {
@@ -214,7 +245,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // Every replica publishes: the result is the same and idempotent, so config changes do
     // not wait for a leader to be elected.
-    let ctx = publish::Context::new(client, args.namespace, args.config_secret, identity);
     tokio::select! {
         () = publish::run(ctx, args.resync, Duration::from_secs(5)) => {}
         signal = tokio::signal::ctrl_c() => signal.context("cannot wait for ctrl-c")?,

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crds::compile::{compile, ResourceRef};
@@ -27,6 +27,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::error::Result;
 use crate::status::{Verdict, READY};
@@ -44,6 +45,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// The version last published by this process, so `Published` is announced once.
     published: Mutex<Option<String>>,
+    /// The last valid config, for the promotion sweep's thresholds.
+    pub latest: watch::Sender<Option<Arc<GatewayConfig>>>,
 }
 
 impl Context {
@@ -58,6 +61,7 @@ impl Context {
             namespace,
             secret,
             published: Mutex::new(None),
+            latest: watch::Sender::new(None),
         }
     }
 
@@ -94,6 +98,7 @@ pub async fn reconcile(ctx: &Context) -> Result<Outcome> {
     match &compiled {
         Ok(config) => {
             publish(ctx, config).await?;
+            ctx.latest.send_replace(Some(Arc::new(config.clone())));
             Ok(Outcome::Published(config.version.clone()))
         }
         Err(errors) => {

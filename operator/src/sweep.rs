@@ -7,18 +7,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gateway::accounts::Promotion;
 use tokio::sync::watch;
 
 use crate::error::Result;
 use crate::metrics::Metrics;
-
-/// One key's tier change made by a sweep.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Promotion {
-    pub key_id: String,
-    pub from: String,
-    pub to: String,
-}
 
 /// Runs `sweep` every `interval` while `leading` says this process holds the Lease; the first
 /// sweep runs as soon as leadership is gained.
@@ -55,7 +48,7 @@ where
         Ok(promotions) => {
             metrics.sweeps.fetch_add(1, Ordering::Relaxed);
             for p in &promotions {
-                tracing::info!(key = %p.key_id, from = %p.from, to = %p.to, "promotion sweep changed a key's tier");
+                tracing::info!(key = %p.key_id, account = %p.account_id, from = %p.from, to = %p.to, "promotion sweep changed a key's tier");
             }
             metrics
                 .promotions
@@ -78,6 +71,7 @@ mod tests {
     fn promotion() -> Promotion {
         Promotion {
             key_id: "key_1".to_owned(),
+            account_id: "acct_1".to_owned(),
             from: "free".to_owned(),
             to: "pay_as_you_go".to_owned(),
         }
@@ -125,10 +119,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_sweep_is_counted_and_changes_nothing() {
         let metrics = Metrics::default();
-        sweep_once(&metrics, &|| async {
-            Err(crate::error::Error::Sweep("database away".to_owned()))
-        })
-        .await;
+        sweep_once(&metrics, &|| async { Err(crate::error::Error::NoRules) }).await;
         assert_eq!(metrics.sweep_failures.load(Ordering::Relaxed), 1);
         assert_eq!(metrics.sweeps.load(Ordering::Relaxed), 0);
         assert_eq!(metrics.promotions.load(Ordering::Relaxed), 0);

@@ -10,6 +10,7 @@ use crate::accounts::StoreError;
 use crate::auth::AuthError;
 use crate::ledger::LedgerError;
 use crate::limits::LimitError;
+use crate::payments::PaymentError;
 use crate::providers::ProviderError;
 use crate::tokens::TokenError;
 
@@ -152,8 +153,17 @@ impl From<AuthError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "account store failed");
-        Self::unavailable("account service temporarily unavailable; retry with backoff")
+        match e {
+            StoreError::Conflict(message) => Self::new(
+                StatusCode::CONFLICT,
+                ErrorType::InvalidRequestError,
+                message,
+            ),
+            StoreError::Unavailable(detail) => {
+                tracing::error!(error = %detail, "account store failed");
+                Self::unavailable("account service temporarily unavailable; retry with backoff")
+            }
+        }
     }
 }
 
@@ -188,7 +198,9 @@ impl From<LedgerError> for ApiError {
                 ErrorType::InsufficientQuota,
                 e.to_string(),
             ),
-            LedgerError::ReferenceConflict => Self::invalid(format!("reference: {e}")),
+            LedgerError::ReferenceConflict | LedgerError::TopUpMismatch => {
+                Self::invalid(format!("reference: {e}"))
+            }
             LedgerError::UnknownAccount | LedgerError::UnknownMessage => {
                 tracing::error!(error = %e, "ledger inconsistency");
                 Self::internal()
@@ -197,6 +209,27 @@ impl From<LedgerError> for ApiError {
                 tracing::error!(error = %detail, "ledger unavailable");
                 Self::unavailable("billing temporarily unavailable; retry with backoff")
             }
+        }
+    }
+}
+
+impl From<PaymentError> for ApiError {
+    fn from(e: PaymentError) -> Self {
+        match e {
+            PaymentError::Amount(_) | PaymentError::EmptyReference => Self::invalid(e.to_string()),
+            PaymentError::UnknownAccount(_) => Self::not_found(e.to_string()),
+            PaymentError::Duplicate(_) => Self::new(
+                StatusCode::CONFLICT,
+                ErrorType::InvalidRequestError,
+                e.to_string(),
+            ),
+            PaymentError::Signature(_) => Self::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorType::AuthenticationError,
+                e.to_string(),
+            ),
+            PaymentError::Ledger(inner) => inner.into(),
+            PaymentError::Store(inner) => inner.into(),
         }
     }
 }
