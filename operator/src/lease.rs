@@ -155,10 +155,11 @@ mod tests {
         (status, body)
     }
 
-    /// Runs one round against answers given in order: (method, path, status, body, check).
-    async fn round(
-        answers: Vec<(Method, &'static str, (StatusCode, Value), fn(&Value))>,
-    ) -> Result<bool> {
+    /// A request the round must make, the answer, and a check of the request body.
+    type Answer = (Method, &'static str, (StatusCode, Value), fn(&Value));
+
+    /// Runs one round against answers given in order.
+    async fn round(answers: Vec<Answer>) -> Result<bool> {
         let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
         let server = tokio::spawn(async move {
             for (method, path, (code, answer), check) in answers {

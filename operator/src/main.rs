@@ -44,7 +44,7 @@ enum Command {
         show_secrets: bool,
     },
     /// Run the controllers against the cluster of KUBECONFIG (or the in-cluster config).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Args)]
@@ -157,7 +157,7 @@ fn main() -> anyhow::Result<()> {
                 .init();
             tokio::runtime::Runtime::new()
                 .context("cannot start the async runtime")?
-                .block_on(run(args))
+                .block_on(run(*args))
         }
     }
 }
