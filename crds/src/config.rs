@@ -15,6 +15,9 @@ pub const TIER_IDS: [&str; 4] = ["free", "pay_as_you_go", "high_volume", "enterp
 /// `models`: GET /v1/models; `account`: GET /v1/account and /v1/usage.
 pub const SCOPES: [&str; 4] = ["messages", "chat", "models", "account"];
 
+/// The key of the Secret the operator publishes the config in: the config as JSON.
+pub const SECRET_KEY: &str = "config.json";
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GatewayConfig {

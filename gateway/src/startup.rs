@@ -1,9 +1,11 @@
-//! Start-up of both modes: config from a manifest folder, the stores chosen for the mode, the
-//! seeded keys and the dev account, the background sweeps, then both listeners.
+//! Start-up of both modes: config from a manifest folder (or, in a cluster, the Secret the
+//! operator publishes), the stores chosen for the mode, the seeded keys and the dev account,
+//! the background sweeps, then both listeners.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
@@ -12,6 +14,7 @@ use crate::accounts::{
     promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
 };
 use crate::auth::{self, KeySpec};
+use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
 use crate::db::{Database, DbError};
 use crate::ids;
@@ -28,6 +31,10 @@ use crate::tokens::Tokenizer;
 pub enum StartError {
     #[error("manifests: {0}")]
     Manifests(#[from] crds::manifests::ManifestError),
+    #[error("published config: {0}")]
+    Published(#[from] PublishedError),
+    #[error("the config Secret's watch ended before a config arrived")]
+    NoPublishedConfig,
     #[error("the manifests define no `{0}` tier")]
     MissingTier(String),
     #[error(transparent)]
@@ -61,7 +68,8 @@ pub async fn standalone(args: StandaloneArgs) -> Result<(), StartError> {
         limiter: Arc::new(MemoryLimiter::default()),
     };
     let interval = Duration::from_secs(args.promotion_interval_secs);
-    run(args.common, stores, |state, rules| {
+    let config = crds::manifests::load_dir(&args.common.manifests)?;
+    run(args.common, stores, config, None, |state, rules| {
         tokio::spawn(promotion::every(
             state.accounts.clone(),
             rules,
@@ -82,6 +90,17 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     )
     .await?;
     let limiter = Arc::new(Failover::new(redis, args.redis_outage, args.pods));
+    let (config, published) = match &args.config_secret {
+        Some(secret) => {
+            let mut published = Published::connect(secret.clone()).await?;
+            let config = published
+                .first()
+                .await
+                .ok_or(StartError::NoPublishedConfig)?;
+            (config, Some(published))
+        }
+        None => (crds::manifests::load_dir(&args.common.manifests)?, None),
+    };
     let Some(url) = &args.database_url else {
         let ledger = Arc::new(MemoryLedger::default());
         let stores = Stores {
@@ -89,7 +108,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             ledger,
             limiter,
         };
-        return run(args.common, stores, |_, _| {}).await;
+        return run(args.common, stores, config, published, |_, _| {}).await;
     };
     let db = Database::connect(
         url,
@@ -106,7 +125,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         limiter,
     };
     let stale = Duration::from_secs(args.reaper_stale_secs.max(1));
-    run(args.common, stores, |state, _| {
+    run(args.common, stores, config, published, |state, _| {
         tokio::spawn(reaper(ledger, stale, state.shutdown.draining.clone()));
     })
     .await
@@ -136,22 +155,30 @@ async fn reaper(ledger: Arc<PostgresLedger>, stale: Duration, stop: Cancellation
     }
 }
 
+/// Runs the gateway on `config`, then on each version `published` brings.
 async fn run(
     args: CommonArgs,
     stores: Stores,
+    config: GatewayConfig,
+    published: Option<Published>,
     background: impl FnOnce(&AppState, PromotionRules),
 ) -> Result<(), StartError> {
-    let mut config = crds::manifests::load_dir(&args.manifests)?;
-    if let Some(delay) = args.simulated_chunk_delay_ms {
-        override_simulated_delay(&mut config, delay);
-    }
     if !config.tiers.contains_key(&args.dev_tier) {
         return Err(StartError::MissingTier(args.dev_tier));
     }
     let rules = PromotionRules::from_config(&config);
+    let delay = args.simulated_chunk_delay_ms;
+    let credits_per_usd = args.credits_per_usd;
+    let catalog = move |mut config: GatewayConfig| {
+        if let Some(delay) = delay {
+            override_simulated_delay(&mut config, delay);
+        }
+        Catalog::new(config, credits_per_usd)
+    };
+    let version = config.version.clone();
     let tokens = Tokenizer::default();
     let state = AppState::new(Services {
-        catalog: Catalog::new(config, args.credits_per_usd),
+        catalog: ArcSwap::from_pointee(catalog(config)),
         tokens,
         accounts: stores.accounts,
         ledger: stores.ledger,
@@ -170,6 +197,12 @@ async fn run(
     seed_granted_keys(&state).await?;
     let dev_key = seed_dev_key(&state, &args).await?;
     background(&state, rules);
+    if let Some(published) = published {
+        let state = state.clone();
+        tokio::spawn(published.follow(version, move |config| {
+            state.replace_catalog(catalog(config));
+        }));
+    }
     let admin_token = args.admin_token.clone().unwrap_or_else(ids::admin_token);
     serve::run(
         state,

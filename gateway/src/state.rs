@@ -3,6 +3,7 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -14,7 +15,8 @@ use crate::routing::Catalog;
 use crate::tokens::Tokenizer;
 
 pub struct Services {
-    pub catalog: Catalog,
+    /// Replaced whole when a new config is published; a turn keeps the models it resolved.
+    pub catalog: ArcSwap<Catalog>,
     pub tokens: Tokenizer,
     pub accounts: Arc<dyn Accounts>,
     pub ledger: Arc<dyn Ledger>,
@@ -34,8 +36,12 @@ impl AppState {
         Self(Arc::new(services))
     }
 
-    pub fn catalog(&self) -> &Catalog {
-        &self.0.catalog
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.0.catalog.load_full()
+    }
+
+    pub fn replace_catalog(&self, catalog: Catalog) {
+        self.0.catalog.store(Arc::new(catalog));
     }
 }
 

@@ -1,11 +1,28 @@
-//! The operator binary. For now it only compiles a manifest folder, so a configuration can be
-//! checked (in CI, or before `kubectl apply`) with exactly the validation the gateway uses.
+//! The operator binary: `compile` checks a manifest folder offline with exactly the gateway's
+//! validation; `run` is the controller that publishes the config, sweeps promotions and scales
+//! the gateway in a cluster.
 
+mod error;
+mod lease;
+mod metrics;
+mod publish;
+mod scale;
+mod status;
+mod sweep;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Context;
-use clap::{Parser, Subcommand};
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
 use crds::config::{GatewayConfig, Route, Secret};
+use gateway::accounts::{Accounts, PostgresAccounts, PromotionRules};
+use gateway::db::Database;
+use kube::{Api, Client};
+use tokio::sync::watch;
 
 #[derive(Parser)]
 #[command(version, about)]
@@ -26,6 +43,95 @@ enum Command {
         #[arg(long)]
         show_secrets: bool,
     },
+    /// Run the controllers against the cluster of KUBECONFIG (or the in-cluster config).
+    Run(Box<RunArgs>),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Namespace of the gateway's resources, the config Secret and the Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// Secret the compiled config is published in (gateways: `--config-secret NS/NAME`).
+    #[arg(long, env = "OPERATOR_CONFIG_SECRET", default_value = "gateway-config")]
+    config_secret: String,
+    /// This replica's name in the Lease and in events.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Lease that elects the replica running the sweep and the scaler.
+    #[arg(long, env = "OPERATOR_LEASE", default_value = "gateway-operator")]
+    lease: String,
+    /// How long a Lease holder stays leader without renewing.
+    #[arg(long, env = "OPERATOR_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    lease_duration: Duration,
+    /// The ledger's Postgres, for the promotion sweep; no sweep when absent.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Bound on every database call of a sweep.
+    #[arg(long, env = "OPERATOR_DATABASE_TIMEOUT_MS", default_value_t = 10_000)]
+    database_timeout_ms: u64,
+    /// Time between two promotion sweeps.
+    #[arg(long, env = "OPERATOR_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    sweep_interval: Duration,
+    /// Recompile even without a change, as a safety net for missed watch events.
+    #[arg(long, env = "OPERATOR_RESYNC", default_value = "5m", value_parser = parse_duration)]
+    resync: Duration,
+    /// Address of the Prometheus `/metrics` endpoint; none when absent.
+    #[arg(long, env = "OPERATOR_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    scaling: ScalingArgs,
+}
+
+#[derive(Args)]
+struct ScalingArgs {
+    /// Gateway Deployment whose replicas the operator sets; no scaling when absent.
+    #[arg(long, env = "OPERATOR_SCALE_DEPLOYMENT")]
+    scale_deployment: Option<String>,
+    /// Label selector of the gateway pods to scrape.
+    #[arg(
+        long,
+        env = "OPERATOR_SCALE_POD_SELECTOR",
+        default_value = "app.kubernetes.io/name=gateway"
+    )]
+    scale_pod_selector: String,
+    /// Port of the gateway pods' admin listener (serving `/metrics`).
+    #[arg(long, env = "OPERATOR_GATEWAY_ADMIN_PORT", default_value_t = 8081)]
+    gateway_admin_port: u16,
+    #[arg(long, env = "OPERATOR_MIN_REPLICAS", default_value_t = 2)]
+    min_replicas: u32,
+    #[arg(long, env = "OPERATOR_MAX_REPLICAS", default_value_t = 20)]
+    max_replicas: u32,
+    /// Streams in flight one gateway pod is sized for.
+    #[arg(long, env = "OPERATOR_STREAMS_PER_POD", default_value_t = 200.0)]
+    streams_per_pod: f64,
+    /// Requests per second one gateway pod is sized for.
+    #[arg(long, env = "OPERATOR_RPS_PER_POD", default_value_t = 100.0)]
+    rps_per_pod: f64,
+    /// Scaling down follows the highest recommendation of this window.
+    #[arg(long, env = "OPERATOR_SCALE_DOWN_WINDOW", default_value = "5m", value_parser = parse_duration)]
+    scale_down_window: Duration,
+    /// Time between two scaling rounds.
+    #[arg(long, env = "OPERATOR_SCALE_EVERY", default_value = "15s", value_parser = parse_duration)]
+    scale_every: Duration,
+}
+
+/// `300`, `300s`, `5m`, `1h`, `500ms`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 30s, 5m or 500ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("`{text}`: the unit must be ms, s, m or h")),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,9 +146,120 @@ fn main() -> anyhow::Result<()> {
             }
             let yaml = serde_yaml::to_string(&config).context("cannot print the configuration")?;
             print!("{yaml}");
+            Ok(())
+        }
+        Command::Run(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .init();
+            tokio::runtime::Runtime::new()
+                .context("cannot start the async runtime")?
+                .block_on(run(*args))
         }
     }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes API: set KUBECONFIG or run in a pod")?;
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("operator-{}", std::process::id()));
+    tracing::info!(%identity, namespace = %args.namespace, "operator starting");
+    let metrics = Arc::new(metrics::Metrics::default());
+    if let Some(addr) = args.metrics_listen {
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(error) = metrics::serve(addr, metrics).await {
+                tracing::error!(%error, %addr, "metrics endpoint failed");
+            }
+        });
+    }
+
+    let (leading, is_leading) = watch::channel(false);
+    let elector = lease::Elector {
+        api: Api::namespaced(client.clone(), &args.namespace),
+        name: args.lease.clone(),
+        identity: identity.clone(),
+        duration: args.lease_duration,
+    };
+    tokio::spawn(elector.run(leading));
+    tokio::spawn(track_leadership(is_leading.clone(), metrics.clone()));
+    let ctx = publish::Context::new(
+        client.clone(),
+        args.namespace.clone(),
+        args.config_secret.clone(),
+        identity,
+    );
+    match &args.database_url {
+        Some(url) => {
+            let db = Database::connect(url, 2, Duration::from_millis(args.database_timeout_ms))
+                .context("invalid --database-url")?;
+            let accounts = Arc::new(PostgresAccounts::new(db));
+            let latest = ctx.latest.subscribe();
+            tokio::spawn(sweep::run(
+                args.sweep_interval,
+                is_leading.clone(),
+                metrics.clone(),
+                move || {
+                    let accounts = accounts.clone();
+                    let config = latest.borrow().clone();
+                    async move {
+                        let config = config.ok_or(error::Error::NoRules)?;
+                        let rules = PromotionRules::from_config(&config);
+                        Ok(accounts.promote_tiers(&rules).await?)
+                    }
+                },
+            ));
+        }
+        None => tracing::info!("no --database-url: the promotion sweep is off"),
+    }
+    if let Some(deployment) = args.scaling.scale_deployment.clone() {
+        let s = &args.scaling;
+        let scaler = scale::Scaler {
+            deployments: Api::namespaced(client.clone(), &args.namespace),
+            pods: Api::namespaced(client.clone(), &args.namespace),
+            deployment,
+            pod_selector: s.scale_pod_selector.clone(),
+            admin_port: s.gateway_admin_port,
+            policy: scale::Policy {
+                min: s.min_replicas,
+                max: s.max_replicas,
+                streams_per_pod: s.streams_per_pod,
+                rps_per_pod: s.rps_per_pod,
+                scale_down_window: s.scale_down_window,
+            },
+            every: s.scale_every,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()
+                .context("cannot build the HTTP client")?,
+        };
+        tokio::spawn(scaler.run(is_leading.clone(), metrics.clone()));
+    }
+
+    // Every replica publishes: the result is the same and idempotent, so config changes do
+    // not wait for a leader to be elected.
+    tokio::select! {
+        () = publish::run(ctx, args.resync, Duration::from_secs(5)) => {}
+        signal = tokio::signal::ctrl_c() => signal.context("cannot wait for ctrl-c")?,
+    }
     Ok(())
+}
+
+async fn track_leadership(mut leading: watch::Receiver<bool>, metrics: Arc<metrics::Metrics>) {
+    loop {
+        let value = u64::from(*leading.borrow_and_update());
+        metrics.leading.store(value, Ordering::Relaxed);
+        if leading.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Output of this command ends up in terminals, CI logs and bug reports, where upstream API

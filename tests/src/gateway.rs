@@ -83,7 +83,7 @@ impl Mode {
 #[derive(Clone, Debug, Default)]
 pub struct GatewayBuilder {
     args: Vec<String>,
-    envs: Vec<(String, String)>,
+    envs: Vec<(String, std::ffi::OsString)>,
     mode: Mode,
     manifests: Option<PathBuf>,
 }
@@ -146,9 +146,10 @@ impl GatewayBuilder {
         self.arg("--shutdown-grace-secs").arg(&secs.to_string())
     }
 
-    /// An environment variable of the process (e.g. the `OTEL_*` exporter settings).
-    pub fn env(mut self, name: &str, value: &str) -> Self {
-        self.envs.push((name.to_string(), value.to_string()));
+    /// An environment variable of the gateway process (e.g. `OTEL_*`, `KUBECONFIG`).
+    pub fn env(mut self, name: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.envs
+            .push((name.to_string(), value.as_ref().to_os_string()));
         self
     }
 
@@ -239,7 +240,7 @@ impl Gateway {
         mode: Mode,
         manifests: &Path,
         extra: Vec<String>,
-        envs: Vec<(String, String)>,
+        envs: Vec<(String, std::ffi::OsString)>,
     ) -> Gateway {
         let bin = gateway_bin();
         let root = workspace_root();

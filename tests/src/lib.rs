@@ -8,6 +8,7 @@
 //! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
+//! - [`kube`]: a real kube-apiserver (with etcd) and operator processes for the operator tests.
 //! - [`leak`]: the rule that no response names an upstream provider.
 //! - [`bodies`]: request bodies used across the tests.
 //! - [`upstream`]: a mock upstream speaking the Anthropic and OpenAI wire formats, scripted
@@ -21,6 +22,7 @@
 pub mod bodies;
 pub mod cluster;
 pub mod gateway;
+pub mod kube;
 pub mod leak;
 pub mod otlp;
 pub mod postgres;

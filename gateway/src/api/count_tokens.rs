@@ -26,6 +26,7 @@ pub async fn count(
     let model = state
         .catalog()
         .model(&request.model)
+        .cloned()
         .ok_or_else(|| ApiError::invalid(format!("model: unknown model `{}`", request.model)))?;
     validate::request(&request, &model.id, &model.config, true)?;
     let input_tokens = state.tokens.count_request(&request)?;

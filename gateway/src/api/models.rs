@@ -46,7 +46,8 @@ fn record(model: &Model) -> ModelRecord<'_> {
 }
 
 pub async fn list(State(state): State<AppState>) -> Json<Value> {
-    let data: Vec<ModelRecord> = state.catalog().models().map(|m| record(m)).collect();
+    let catalog = state.catalog();
+    let data: Vec<ModelRecord> = catalog.models().map(|m| record(m)).collect();
     Json(json!({
         "object": "list",
         "first_id": data.first().map(|m| m.id),
@@ -60,8 +61,8 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let model = state
-        .catalog()
+    let catalog = state.catalog();
+    let model = catalog
         .model(&id)
         .ok_or_else(|| ApiError::not_found(format!("model `{id}` does not exist")))?;
     Ok(Json(json!(record(model))))

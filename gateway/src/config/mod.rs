@@ -1,6 +1,8 @@
 //! Command line and environment: each flag has a `GATEWAY_*` variable; secrets (the admin
 //! token, the dev key) are never echoed by `--help` from the environment.
 
+pub mod published;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -9,6 +11,7 @@ use crds::config::{SCOPES, TIER_IDS};
 
 use crate::limits::OutagePolicy;
 use crate::telemetry::LogFormat;
+use published::SecretRef;
 
 #[derive(Debug, Parser)]
 #[command(name = "gateway", version, about = "LLM API gateway")]
@@ -157,6 +160,10 @@ pub struct ServeArgs {
     /// Gateway pods sharing the limits; failing open, each pod takes this share of them.
     #[arg(long, env = "GATEWAY_PODS", default_value_t = 1)]
     pub pods: u32,
+    /// `NAMESPACE/NAME` of the Secret the operator publishes the config in, followed through
+    /// the Kubernetes API (KUBECONFIG or the pod's service account) instead of `--manifests`.
+    #[arg(long, env = "GATEWAY_CONFIG_SECRET")]
+    pub config_secret: Option<SecretRef>,
     /// Lifetime of a stream slot's lease, renewed every third of it while the stream runs.
     #[arg(long, env = "GATEWAY_STREAM_LEASE_SECS", default_value_t = 10)]
     pub stream_lease_secs: u64,

@@ -1,0 +1,22 @@
+//! The operator's one error type: every failure of a reconcile, a lease round or a scaling
+//! round, so loops log it and retry the same way.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("cannot serialize the gateway configuration: {0}")]
+    Serialize(#[from] serde_json::Error),
+    #[error("cannot scrape gateway pod {pod}: {error}")]
+    Scrape { pod: String, error: reqwest::Error },
+    #[error("gateway pod {pod} reports no `{metric}` metric")]
+    MissingMetric { pod: String, metric: &'static str },
+    #[error("the promotion sweep failed: {0}")]
+    Sweep(#[from] gateway::accounts::StoreError),
+    #[error("no valid configuration compiled yet, so no promotion thresholds")]
+    NoRules,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

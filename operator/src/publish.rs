@@ -1,0 +1,610 @@
+//! The config controller: compiles every Tier, ModelRoute and ApiKey of the namespace into one
+//! GatewayConfig, writes each resource's `Ready` condition, and publishes the config in a
+//! Secret that every gateway pod watches.
+//!
+//! One reconcile covers the whole namespace because validity is a property of the set (every
+//! tier declared once, auto candidates that exist), not of one object. An invalid set is never
+//! published: the Secret keeps the last good config, so gateways keep serving it. No
+//! finalizers: deleting a resource only needs a recompile, which its watch event triggers.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crds::compile::{compile, ResourceRef};
+use crds::config::{GatewayConfig, SECRET_KEY};
+use crds::resources::{ApiKey, ModelRoute, ResourceStatus, Tier};
+use futures::stream::{self, BoxStream};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::ByteString;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::error::Result;
+use crate::status::{Verdict, READY};
+
+/// The field manager of everything the operator writes with server-side apply.
+pub const MANAGER: &str = "gateway-operator";
+/// Annotation on the published Secret: the content version of the config in it.
+pub const VERSION_ANNOTATION: &str = "gateway.svc.dev/config-version";
+
+pub struct Context {
+    pub client: Client,
+    pub namespace: String,
+    /// Name of the Secret the config is published in.
+    pub secret: String,
+    pub recorder: Recorder,
+    /// The version last published by this process, so `Published` is announced once.
+    published: Mutex<Option<String>>,
+    /// The last valid config, for the promotion sweep's thresholds.
+    pub latest: watch::Sender<Option<Arc<GatewayConfig>>>,
+}
+
+impl Context {
+    pub fn new(client: Client, namespace: String, secret: String, instance: String) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.to_owned(),
+            instance: Some(instance),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            namespace,
+            secret,
+            published: Mutex::new(None),
+            latest: watch::Sender::new(None),
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}
+
+/// What one reconcile did, for the log and the tests.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The config with this version is in the Secret.
+    Published(String),
+    /// The set is invalid; the Secret was left alone.
+    Rejected { problems: usize },
+}
+
+/// Compiles the namespace, writes the statuses that changed, and publishes a valid config.
+pub async fn reconcile(ctx: &Context) -> Result<Outcome> {
+    let lp = ListParams::default();
+    let tiers = ctx.api::<Tier>().list(&lp).await?.items;
+    let routes = ctx.api::<ModelRoute>().list(&lp).await?.items;
+    let keys = ctx.api::<ApiKey>().list(&lp).await?.items;
+    let secrets = ctx.api::<Secret>().list(&lp).await?.items;
+    let compiled = compile(&tiers, &routes, &keys, &secrets);
+    let verdict_of =
+        |resource: &ResourceRef| Verdict::of(resource, compiled.as_ref().map(|_| ()), &ctx.secret);
+    report(ctx, &tiers, &verdict_of).await?;
+    report(ctx, &routes, &verdict_of).await?;
+    report(ctx, &keys, &verdict_of).await?;
+    match &compiled {
+        Ok(config) => {
+            publish(ctx, config).await?;
+            ctx.latest.send_replace(Some(Arc::new(config.clone())));
+            Ok(Outcome::Published(config.version.clone()))
+        }
+        Err(errors) => {
+            tracing::warn!(%errors, "not publishing an invalid gateway configuration");
+            Ok(Outcome::Rejected {
+                problems: errors.errors.len(),
+            })
+        }
+    }
+}
+
+/// The three custom resources, which share one status type.
+pub trait Reported:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+{
+    const KIND: &'static str;
+    fn reported(&self) -> Option<&ResourceStatus>;
+}
+
+impl Reported for Tier {
+    const KIND: &'static str = "Tier";
+    fn reported(&self) -> Option<&ResourceStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl Reported for ModelRoute {
+    const KIND: &'static str = "ModelRoute";
+    fn reported(&self) -> Option<&ResourceStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl Reported for ApiKey {
+    const KIND: &'static str = "ApiKey";
+    fn reported(&self) -> Option<&ResourceStatus> {
+        self.status.as_ref()
+    }
+}
+
+/// Writes the `Ready` condition of each object whose verdict changed, by server-side apply of
+/// the status alone; a newly invalid object also gets a Warning event.
+async fn report<K: Reported>(
+    ctx: &Context,
+    objects: &[K],
+    verdict_of: &impl Fn(&ResourceRef) -> Verdict,
+) -> Result<()> {
+    let api = ctx.api::<K>();
+    for object in objects {
+        let verdict = verdict_of(&ResourceRef::new(K::KIND, object.meta()));
+        let generation = object.meta().generation;
+        let current = object
+            .reported()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+        if verdict.matches(current, generation) {
+            continue;
+        }
+        let status = ResourceStatus {
+            conditions: vec![verdict.condition(current, generation, Timestamp::now())],
+            observed_generation: generation,
+        };
+        let patch = json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": status,
+        });
+        let params = PatchParams::apply(MANAGER).force();
+        api.patch_status(&object.name_any(), &params, &Patch::Apply(&patch))
+            .await?;
+        if verdict.reason == "Invalid" {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "Invalid".to_owned(),
+                note: Some(truncate(&verdict.message, 1000)),
+                action: "Validate".to_owned(),
+                secondary: None,
+            };
+            ctx.recorder
+                .publish(&event, &object.object_ref(&()))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Event notes are capped at 1 kB by the API server.
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+/// Applies the config Secret (idempotent: an unchanged config changes nothing on the server)
+/// and announces a new version with an event on it.
+async fn publish(ctx: &Context, config: &GatewayConfig) -> Result<()> {
+    let secret = config_secret(&ctx.secret, config)?;
+    let params = PatchParams::apply(MANAGER).force();
+    let applied = ctx
+        .api::<Secret>()
+        .patch(&ctx.secret, &params, &Patch::Apply(&secret))
+        .await?;
+    let is_new = {
+        let mut published = ctx
+            .published
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let is_new = published.as_deref() != Some(config.version.as_str());
+        *published = Some(config.version.clone());
+        is_new
+    };
+    if is_new {
+        tracing::info!(version = %config.version, secret = %ctx.secret, "published the gateway configuration");
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "Published".to_owned(),
+            note: Some(format!("gateway configuration version {}", config.version)),
+            action: "Publish".to_owned(),
+            secondary: None,
+        };
+        ctx.recorder
+            .publish(&event, &applied.object_ref(&()))
+            .await?;
+    }
+    Ok(())
+}
+
+/// The Secret gateways read: the config as JSON under [`SECRET_KEY`].
+pub fn config_secret(name: &str, config: &GatewayConfig) -> Result<Secret> {
+    let json = serde_json::to_vec(config)?;
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_owned(),
+                MANAGER.to_owned(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                VERSION_ANNOTATION.to_owned(),
+                config.version.clone(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".to_owned()),
+        data: Some(BTreeMap::from([(SECRET_KEY.to_owned(), ByteString(json))])),
+        ..Secret::default()
+    })
+}
+
+/// Reconciles whenever a Tier, ModelRoute, ApiKey or Secret of the namespace changes (bursts
+/// coalesced), every `resync` regardless, and again after `retry` when a reconcile failed.
+pub async fn run(ctx: Context, resync: Duration, retry: Duration) {
+    let mut changes = stream::select_all([
+        changes(ctx.api::<Tier>()),
+        changes(ctx.api::<ModelRoute>()),
+        changes(ctx.api::<ApiKey>()),
+        changes(ctx.api::<Secret>()),
+    ]);
+    let mut wait = resync;
+    loop {
+        tokio::select! {
+            change = changes.next() => if change.is_none() { return },
+            () = tokio::time::sleep(wait) => {}
+        }
+        // A kubectl apply of a folder arrives as a burst: one compile for all of it.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        while let Some(Some(_)) = changes.next().now_or_never() {}
+        wait = match reconcile(&ctx).await {
+            Ok(outcome) => {
+                tracing::debug!(?outcome, "reconciled");
+                resync
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reconcile failed; retrying");
+                retry
+            }
+        };
+    }
+}
+
+fn changes<K>(api: Api<K>) -> BoxStream<'static, ()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(_) => Some(()),
+                Err(error) => {
+                    tracing::warn!(%error, "watch failed; retrying");
+                    None
+                }
+            }
+        })
+        .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Method, Request, Response};
+    use kube::client::Body;
+    use serde_json::Value;
+    use tower_test::mock::{self, Handle};
+
+    use super::*;
+
+    const NS: &str = "gw";
+    const CRDS: &str = "/apis/gateway.svc.dev/v1alpha1/namespaces/gw";
+
+    fn tier(name: &str, id: &str, promotion: Option<u64>, published: bool) -> Value {
+        let mut tier = json!({
+            "apiVersion": "gateway.svc.dev/v1alpha1",
+            "kind": "Tier",
+            "metadata": {"name": name, "namespace": NS, "generation": 1},
+            "spec": {
+                "tier": id,
+                "requestsPerMinute": 10,
+                "inputTokensPerMinute": 1000,
+                "concurrentStreams": 2,
+            },
+        });
+        if let Some(cents) = promotion {
+            tier["spec"]["promotionAtLifetimeTopUpCents"] = json!(cents);
+        }
+        if published {
+            tier["status"] = json!({
+                "observedGeneration": 1,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Published",
+                    "message": "part of the gateway configuration in Secret gateway-config",
+                    "observedGeneration": 1,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }],
+            });
+        }
+        tier
+    }
+
+    fn tiers(published: bool) -> Vec<Value> {
+        vec![
+            tier("free", "free", Some(0), published),
+            tier("pay-as-you-go", "pay_as_you_go", Some(1), published),
+            tier("high-volume", "high_volume", Some(50_000), published),
+            tier("enterprise", "enterprise", None, published),
+        ]
+    }
+
+    fn route(upstream: Value) -> Value {
+        json!({
+            "apiVersion": "gateway.svc.dev/v1alpha1",
+            "kind": "ModelRoute",
+            "metadata": {"name": "svc-fast", "namespace": NS, "generation": 2},
+            "spec": {
+                "model": "svc/fast",
+                "displayName": "Fast",
+                "contextWindow": 1000,
+                "maxOutputTokens": 100,
+                "pricing": {
+                    "inputUsdPerMTok": "1",
+                    "outputUsdPerMTok": "2",
+                    "cacheWriteUsdPerMTok": "1.25",
+                    "cacheReadUsdPerMTok": "0.1",
+                },
+                "upstreams": [upstream],
+            },
+        })
+    }
+
+    fn simulated() -> Value {
+        json!({"name": "sim", "provider": "simulated", "model": "sim-1"})
+    }
+
+    fn list(items: Vec<Value>) -> Value {
+        json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items})
+    }
+
+    /// One request the reconcile must make, in order, and the API server's answer.
+    struct Expect {
+        method: Method,
+        path: String,
+        answer: Value,
+        check: fn(&Value),
+    }
+
+    fn expect(method: Method, path: &str, answer: Value, check: fn(&Value)) -> Expect {
+        Expect {
+            method,
+            path: path.to_owned(),
+            answer,
+            check,
+        }
+    }
+
+    fn no_check(_: &Value) {}
+
+    /// Serves `expected` in order, then asserts the reconcile made no further request.
+    async fn api_server(mut handle: Handle<Request<Body>, Response<Body>>, expected: Vec<Expect>) {
+        for e in expected {
+            let Some((request, send)) = handle.next_request().await else {
+                panic!("no request; expected {} {}", e.method, e.path);
+            };
+            assert_eq!(
+                (request.method(), request.uri().path()),
+                (&e.method, e.path.as_str()),
+                "unexpected request"
+            );
+            if e.method == Method::PATCH {
+                let query = request.uri().query().unwrap_or_default();
+                assert!(
+                    query.contains("fieldManager=gateway-operator"),
+                    "not a server-side apply of the operator: {query}"
+                );
+            }
+            let bytes = request
+                .into_body()
+                .collect_bytes()
+                .await
+                .unwrap_or_default();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            (e.check)(&body);
+            let answer = serde_json::to_vec(&e.answer).unwrap_or_default();
+            send.send_response(Response::new(Body::from(answer)));
+        }
+        if let Some((request, _)) = handle.next_request().await {
+            panic!("unexpected request {} {}", request.method(), request.uri());
+        }
+    }
+
+    async fn reconcile_against(expected: Vec<Expect>) -> Outcome {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(api_server(handle, expected));
+        let ctx = Context::new(
+            Client::new(service, NS),
+            NS.to_owned(),
+            "gateway-config".to_owned(),
+            "operator-0".to_owned(),
+        );
+        let outcome = reconcile(&ctx).await;
+        drop(ctx);
+        if let Err(panic) = server.await {
+            std::panic::resume_unwind(panic.into_panic());
+        }
+        match outcome {
+            Ok(outcome) => outcome,
+            Err(error) => panic!("reconcile failed: {error}"),
+        }
+    }
+
+    fn ready(body: &Value) -> &Value {
+        &body["status"]["conditions"][0]
+    }
+
+    #[tokio::test]
+    async fn a_valid_set_is_published_and_only_changed_statuses_are_written() {
+        let outcome = reconcile_against(vec![
+            expect(
+                Method::GET,
+                &format!("{CRDS}/tiers"),
+                list(tiers(true)),
+                no_check,
+            ),
+            expect(
+                Method::GET,
+                &format!("{CRDS}/modelroutes"),
+                list(vec![route(simulated())]),
+                no_check,
+            ),
+            expect(
+                Method::GET,
+                &format!("{CRDS}/apikeys"),
+                list(vec![]),
+                no_check,
+            ),
+            expect(
+                Method::GET,
+                "/api/v1/namespaces/gw/secrets",
+                list(vec![]),
+                no_check,
+            ),
+            expect(
+                Method::PATCH,
+                &format!("{CRDS}/modelroutes/svc-fast/status"),
+                route(simulated()),
+                |body| {
+                    assert_eq!(body["kind"], "ModelRoute");
+                    assert_eq!(ready(body)["status"], "True");
+                    assert_eq!(ready(body)["reason"], "Published");
+                    assert_eq!(body["status"]["observedGeneration"], 2);
+                },
+            ),
+            expect(
+                Method::PATCH,
+                "/api/v1/namespaces/gw/secrets/gateway-config",
+                json!({"apiVersion": "v1", "kind": "Secret",
+                       "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
+                |body| {
+                    let data = body["data"][SECRET_KEY].as_str().unwrap_or_default();
+                    let bytes: ByteString =
+                        serde_json::from_value(json!(data)).unwrap_or(ByteString(Vec::new()));
+                    let config: GatewayConfig =
+                        serde_json::from_slice(&bytes.0).unwrap_or_default();
+                    assert!(config.models.contains_key("svc/fast"), "{config:?}");
+                    assert_eq!(
+                        body["metadata"]["annotations"][VERSION_ANNOTATION],
+                        json!(config.version)
+                    );
+                },
+            ),
+            expect(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/gw/events",
+                json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                       "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
+                |body| {
+                    assert_eq!(body["reason"], "Published");
+                    assert_eq!(body["regarding"]["name"], "gateway-config");
+                },
+            ),
+        ])
+        .await;
+        assert!(matches!(outcome, Outcome::Published(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn an_invalid_route_gets_a_condition_and_an_event_and_nothing_is_published() {
+        let broken = json!({
+            "name": "anthropic",
+            "provider": "anthropic",
+            "model": "claude",
+            "baseUrl": "https://api.anthropic.com",
+            "apiKeySecretRef": {"name": "missing", "key": "apiKey"},
+        });
+        let mut expected = vec![
+            expect(
+                Method::GET,
+                &format!("{CRDS}/tiers"),
+                list(tiers(true)),
+                no_check,
+            ),
+            expect(
+                Method::GET,
+                &format!("{CRDS}/modelroutes"),
+                list(vec![route(broken.clone())]),
+                no_check,
+            ),
+            expect(
+                Method::GET,
+                &format!("{CRDS}/apikeys"),
+                list(vec![]),
+                no_check,
+            ),
+            expect(
+                Method::GET,
+                "/api/v1/namespaces/gw/secrets",
+                list(vec![]),
+                no_check,
+            ),
+        ];
+        for (name, id, promotion) in [
+            ("free", "free", Some(0)),
+            ("pay-as-you-go", "pay_as_you_go", Some(1)),
+            ("high-volume", "high_volume", Some(50_000)),
+            ("enterprise", "enterprise", None),
+        ] {
+            expected.push(expect(
+                Method::PATCH,
+                &format!("{CRDS}/tiers/{name}/status"),
+                tier(name, id, promotion, false),
+                |body| {
+                    assert_eq!(ready(body)["status"], "False");
+                    assert_eq!(ready(body)["reason"], "Blocked");
+                },
+            ));
+        }
+        expected.push(expect(
+            Method::PATCH,
+            &format!("{CRDS}/modelroutes/svc-fast/status"),
+            route(broken),
+            |body| {
+                assert_eq!(ready(body)["status"], "False");
+                assert_eq!(ready(body)["reason"], "Invalid");
+                let message = ready(body)["message"].as_str().unwrap_or_default();
+                assert!(message.contains("Secret missing not found"), "{message}");
+            },
+        ));
+        expected.push(expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/gw/events",
+            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                   "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
+            |body| {
+                assert_eq!(body["type"], "Warning");
+                assert_eq!(body["regarding"]["name"], "svc-fast");
+            },
+        ));
+        let outcome = reconcile_against(expected).await;
+        assert_eq!(outcome, Outcome::Rejected { problems: 1 });
+    }
+}

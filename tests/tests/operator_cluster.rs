@@ -1,0 +1,292 @@
+//! The operator end to end against a real kube-apiserver (`scripts/kube-apiserver` builds it):
+//! custom resources applied with kubectl become the config of a running gateway process;
+//! invalid ones get a condition while the last good config keeps serving; the schemas reject
+//! what they can at apply; of two operators exactly one holds the Lease (and so runs the
+//! sweep and the scaler), and the other takes over when it dies. The operator and the gateway run under the RBAC of `deploy/rbac/`.
+//!
+//! Each test skips (with the reason on stderr) where the API server could not be built.
+
+use std::time::Duration;
+
+use e2e::kube::{Identity, KubeApi, Operator};
+use e2e::{count_body, message, poll_until, Gateway, RedisServer, DEV_KEY, ENTERPRISE_KEY};
+
+/// The gateway must apply a published config within this (the issue's promise).
+const APPLY_WITHIN: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(200);
+
+/// The API server with the CRDs, the RBAC and the standalone resources applied.
+async fn cluster() -> Option<KubeApi> {
+    let api = KubeApi::start().await?;
+    api.apply_path("charts/gateway/crds/crds.yaml");
+    poll_until(
+        "the CRDs to be served",
+        Duration::from_secs(20),
+        POLL,
+        || async {
+            let out = api.kubectl(&["get", "tiers,modelroutes,apikeys"]);
+            out.status.success().then_some(())
+        },
+    )
+    .await;
+    api.apply_path("deploy/rbac/");
+    api.apply_path("deploy/standalone/");
+    Some(api)
+}
+
+async fn published_version(api: &KubeApi) -> String {
+    poll_until(
+        "the operator to publish the config",
+        Duration::from_secs(20),
+        POLL,
+        || async {
+            let version = api.jsonpath(
+                "secret",
+                "gateway-config",
+                "{.metadata.annotations.gateway\\.svc\\.dev/config-version}",
+            );
+            (!version.is_empty()).then_some(version)
+        },
+    )
+    .await
+}
+
+async fn gateway(api: &KubeApi, redis: &RedisServer) -> Gateway {
+    Gateway::builder()
+        .serve(&redis.url())
+        .arg("--config-secret")
+        .arg("gateway/gateway-config")
+        .env("KUBECONFIG", &api.kubeconfig(Identity::Gateway))
+        .start()
+        .await
+}
+
+fn ready(api: &KubeApi, kind: &str, name: &str) -> (String, String, String) {
+    let get = |field: &str| {
+        api.jsonpath(
+            kind,
+            name,
+            &format!("{{.status.conditions[?(@.type==\"Ready\")].{field}}}"),
+        )
+    };
+    (get("status"), get("reason"), get("message"))
+}
+
+#[tokio::test]
+async fn resources_applied_with_kubectl_configure_a_running_gateway_within_ten_seconds() {
+    let Some(api) = cluster().await else { return };
+    let _operator = Operator::start(&api, "operator-0", &[]);
+    published_version(&api).await;
+    let redis = RedisServer::start().await;
+    let gw = gateway(&api, &redis).await;
+
+    // The ApiKey of deploy/standalone grants its seeded key enterprise limits.
+    // (Its account holds no credits: count_tokens is admitted without any.)
+    let seeded = gw
+        .count_tokens(ENTERPRISE_KEY, &count_body("svc/haiku", "hi"))
+        .await;
+    seeded.expect_ok();
+    assert_eq!(seeded.rate_limit().tier, "enterprise");
+    assert_eq!(seeded.rate_limit().limit_requests, 120);
+
+    // A new grant for the running gateway's dev key shows in its next requests' headers.
+    let grant = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: dev\n\
+                 spec:\n  keyId: key_dev\n  tier: enterprise\n  limits:\n    \
+                 requestsPerMinute: 77\n    inputTokensPerMinute: 7777\n    concurrentStreams: 7\n";
+    let out = api.apply(grant);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let limits = poll_until(
+        "the grant to reach the gateway",
+        APPLY_WITHIN,
+        POLL,
+        || async {
+            let resp = gw
+                .post_messages(DEV_KEY, &message("svc/haiku", "hi", 16))
+                .await;
+            let rl = resp.rate_limit();
+            (rl.limit_requests == 77).then_some(rl)
+        },
+    )
+    .await;
+    assert_eq!(limits.tier, "enterprise");
+    assert_eq!(limits.limit_tokens, 7777);
+    assert_eq!(limits.limit_streams, 7);
+    assert_eq!(ready(&api, "apikey", "dev").0, "True");
+
+    // A new ModelRoute is listed without a restart.
+    let route = std::fs::read_to_string(
+        e2e::gateway::workspace_root().join("deploy/standalone/models.yaml"),
+    )
+    .unwrap_or_default()
+    .split("\n---")
+    .find(|doc| doc.contains("name: svc-haiku"))
+    .unwrap_or_default()
+    .replace("name: svc-haiku", "name: svc-mini")
+    .replace("model: svc/haiku", "model: svc/mini");
+    let out = api.apply(&route);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    poll_until("svc/mini to be listed", APPLY_WITHIN, POLL, || async {
+        let models = gw.get("/v1/models", DEV_KEY).await.expect_ok();
+        models["data"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["id"] == "svc/mini"))
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_serves() {
+    let Some(api) = cluster().await else { return };
+    let _operator = Operator::start(&api, "operator-0", &[]);
+    let good = published_version(&api).await;
+    let redis = RedisServer::start().await;
+    let gw = gateway(&api, &redis).await;
+
+    // svc-haiku now routes to a provider whose API key Secret does not exist.
+    let broken = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  \
+                  name: svc-haiku\nspec:\n  model: svc/haiku\n  displayName: Haiku\n  \
+                  contextWindow: 200000\n  maxOutputTokens: 8192\n  pricing:\n    \
+                  inputUsdPerMTok: \"0.80\"\n    outputUsdPerMTok: \"4\"\n    \
+                  cacheWriteUsdPerMTok: \"1\"\n    cacheReadUsdPerMTok: \"0.08\"\n  upstreams:\n  \
+                  - name: primary\n    provider: anthropic\n    model: claude-haiku\n    \
+                  baseUrl: https://api.anthropic.com\n    apiKeySecretRef:\n      \
+                  name: no-such-secret\n      key: apiKey\n";
+    let out = api.apply(broken);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, reason, detail) = poll_until(
+        "the Invalid condition",
+        Duration::from_secs(20),
+        POLL,
+        || async {
+            let condition = ready(&api, "modelroute", "svc-haiku");
+            (condition.1 == "Invalid").then_some(condition)
+        },
+    )
+    .await;
+    assert_eq!(status, "False");
+    assert!(
+        detail.contains("Secret no-such-secret not found"),
+        "{detail} ({reason})"
+    );
+    assert_eq!(ready(&api, "tier", "free").1, "Blocked");
+    let events = api.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "reason=Invalid",
+        "-o",
+        "name",
+    ]);
+    assert!(
+        !String::from_utf8_lossy(&events.stdout).trim().is_empty(),
+        "no Warning event"
+    );
+
+    // Nothing was published; the gateway keeps serving svc/haiku from the last good config.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(published_version(&api).await, good);
+    gw.post_messages(DEV_KEY, &message("svc/haiku", "still here?", 16))
+        .await
+        .expect_ok();
+
+    // Fixing the route publishes again and clears the conditions.
+    api.apply_path("deploy/standalone/models.yaml");
+    poll_until(
+        "the route to be ready again",
+        Duration::from_secs(20),
+        POLL,
+        || async {
+            let fixed = ready(&api, "modelroute", "svc-haiku").0 == "True"
+                && ready(&api, "tier", "free").0 == "True";
+            fixed.then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_api_server_rejects_what_the_schemas_forbid_at_apply() {
+    let Some(api) = cluster().await else { return };
+    let unknown_provider = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  \
+                            name: bad-provider\nspec:\n  model: svc/bad\n  displayName: Bad\n  \
+                            contextWindow: 1000\n  maxOutputTokens: 100\n  upstreams:\n  \
+                            - name: x\n    provider: carrier-pigeon\n    model: m\n";
+    let out = api.apply(unknown_provider);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("carrier-pigeon"), "{stderr}");
+
+    let negative = "apiVersion: gateway.svc.dev/v1alpha1\nkind: Tier\nmetadata:\n  name: neg\n\
+                    spec:\n  tier: free\n  requestsPerMinute: -5\n  inputTokensPerMinute: 10\n  \
+                    concurrentStreams: 1\n";
+    let out = api.apply(negative);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("requestsPerMinute"), "{stderr}");
+
+    let bad_model_id = unknown_provider
+        .replace("carrier-pigeon", "simulated")
+        .replace("svc/bad", "gpt-4");
+    let out = api.apply(&bad_model_id);
+    assert!(
+        !out.status.success(),
+        "a model id outside svc/ was accepted"
+    );
+}
+
+#[tokio::test]
+async fn of_two_operators_one_leads_and_the_other_takes_the_lease_when_it_dies() {
+    let Some(api) = cluster().await else { return };
+    let flags = ["--lease-duration", "3s"];
+    let mut a = Operator::start(&api, "operator-a", &flags);
+    let mut b = Operator::start(&api, "operator-b", &flags);
+    let leads = |op: &Operator| op.logs().contains("leading=true");
+    poll_until("a leader", Duration::from_secs(20), POLL, || async {
+        (leads(&a) || leads(&b)).then_some(())
+    })
+    .await;
+    // Several renewal periods: the follower must stay a follower.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        leads(&a) != leads(&b),
+        "exactly one operator leads\na: {}\nb: {}",
+        a.logs(),
+        b.logs()
+    );
+    let (leader, follower) = if leads(&a) {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    assert_eq!(
+        api.jsonpath("lease", "gateway-operator", "{.spec.holderIdentity}"),
+        leader.identity
+    );
+
+    leader.kill_9().await;
+    // The lease time (3 s) plus one renewal period (1 s), with slack for a loaded machine.
+    poll_until(
+        "the follower to take the Lease",
+        Duration::from_secs(8),
+        POLL,
+        || async { leads(follower).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        api.jsonpath("lease", "gateway-operator", "{.spec.holderIdentity}"),
+        follower.identity
+    );
+}
