@@ -73,13 +73,15 @@ impl PostgresLedger {
         Ok(())
     }
 
-    /// Releases the reservations orphaned by dead processes: those older than `stale` whose
-    /// process has not sent a heartbeat for `stale`. They end `abandoned` and billed nothing,
-    /// since what the client received is unknown; the status change and the release are one
-    /// statement that only touches rows still `reserved`, so it never races a settle into a
-    /// double release. Returns how many it released.
-    pub async fn reap(&self, stale: Duration) -> Result<u64, LedgerError> {
+    /// Releases orphaned reservations: those older than `stale` whose process has not sent a
+    /// heartbeat for `stale` (it died), and those older than `max_turn` whatever their process
+    /// (its settle failed, e.g. during a database outage). They end `abandoned` and billed
+    /// nothing, since what the client received is unknown; the status change and the release
+    /// are one statement that only touches rows still `reserved`, so it never races a settle
+    /// into a double release. Returns how many it released.
+    pub async fn reap(&self, stale: Duration, max_turn: Duration) -> Result<u64, LedgerError> {
         let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
+        let max_turn_ms = i64::try_from(max_turn.as_millis()).unwrap_or(i64::MAX);
         let row = self
             .db
             .bounded(
@@ -88,10 +90,11 @@ impl PostgresLedger {
                          UPDATE messages m SET status = 'abandoned', billed = 0, settled_at = now()
                          WHERE m.status = 'reserved'
                            AND m.created_at < now() - $1 * interval '1 millisecond'
-                           AND NOT EXISTS (
-                               SELECT 1 FROM gateway_instances g
-                               WHERE g.id = m.instance_id
-                                 AND g.heartbeat_at > now() - $1 * interval '1 millisecond')
+                           AND (m.created_at < now() - $2 * interval '1 millisecond'
+                                OR NOT EXISTS (
+                                   SELECT 1 FROM gateway_instances g
+                                   WHERE g.id = m.instance_id
+                                     AND g.heartbeat_at > now() - $1 * interval '1 millisecond'))
                          RETURNING m.account_id, m.reserved
                      ), released AS (
                          SELECT account_id, sum(reserved)::bigint AS credits, count(*) AS n
@@ -104,6 +107,7 @@ impl PostgresLedger {
                      SELECT coalesce(sum(n), 0)::bigint AS reaped FROM accounts_released",
                 )
                 .bind(stale_ms)
+                .bind(max_turn_ms)
                 .fetch_one(self.db.pool()),
             )
             .await?;
