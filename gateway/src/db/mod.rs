@@ -62,6 +62,11 @@ impl Database {
         &self.pool
     }
 
+    /// The bound on every call; also the server's `statement_timeout`.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Runs one database call within the timeout.
     pub async fn bounded<T>(
         &self,

@@ -43,6 +43,7 @@ const STOP_REASONS: [StopReason; 4] = [
 
 const ENDPOINTS: [&str; 2] = ["messages", "chat_completions"];
 
+#[derive(Clone)]
 pub struct PostgresLedger {
     db: Database,
     /// This process, as recorded on the reservations it holds.
@@ -112,6 +113,31 @@ impl PostgresLedger {
             )
             .await?;
         Ok(from_db(row.try_get("reaped").map_err(DbError::Sql)?))
+    }
+
+    /// After a reserve timed out here, the statement may still commit on the server, holding
+    /// credits for a turn that was refused. Once the server's statement_timeout has passed it
+    /// has either committed or been cancelled; this then releases it, billing nothing (a
+    /// message that never got written is simply not found).
+    fn release_late(&self, message_id: String) {
+        let ledger = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ledger.db.timeout() * 2).await;
+            let release = Settlement {
+                message_id,
+                status: MessageStatus::Failed,
+                cost: 0,
+                usage: TokenUsage::default(),
+                stop_reason: None,
+                latency_ms: 0,
+            };
+            match ledger.settle(release).await {
+                Ok(_) | Err(LedgerError::UnknownMessage) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not release a timed-out reservation; the reaper will")
+                }
+            }
+        });
     }
 
     async fn top_up_by_reference(&self, reference: &str) -> Result<Option<TopUp>, LedgerError> {
@@ -353,7 +379,16 @@ impl Ledger for PostgresLedger {
                 .bind(m.created_at)
                 .fetch_one(self.db.pool()),
             )
-            .await?;
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                if matches!(e, DbError::Timeout(_)) {
+                    self.release_late(m.id.clone());
+                }
+                return Err(e.into());
+            }
+        };
         let amount: Option<i64> = row.try_get("amount").map_err(DbError::Sql)?;
         let available: Option<i64> = row.try_get("available").map_err(DbError::Sql)?;
         amount.map(from_db).ok_or(LedgerError::InsufficientCredits {
