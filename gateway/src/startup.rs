@@ -124,17 +124,26 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         ledger: ledger.clone(),
         limiter,
     };
-    let stale = Duration::from_secs(args.reaper_stale_secs.max(1));
+    let reaping = Reaping {
+        stale: Duration::from_secs(args.reaper_stale_secs.max(1)),
+        max_turn: Duration::from_secs(args.reaper_max_turn_secs.max(1)),
+    };
     run(args.common, stores, config, published, |state, _| {
-        tokio::spawn(reaper(ledger, stale, state.shutdown.draining.clone()));
+        tokio::spawn(reaper(ledger, reaping, state.shutdown.draining.clone()));
     })
     .await
 }
 
-/// Beats this process' heartbeat and releases the reservations of dead ones, every third of
-/// `stale`. Every pod runs it; the release is idempotent, so they never conflict.
-async fn reaper(ledger: Arc<PostgresLedger>, stale: Duration, stop: CancellationToken) {
-    let mut ticks = tokio::time::interval(stale / 3);
+#[derive(Clone, Copy)]
+struct Reaping {
+    stale: Duration,
+    max_turn: Duration,
+}
+
+/// Beats this process' heartbeat and releases orphaned reservations, every third of `stale`.
+/// Every pod runs it; the release is idempotent, so they never conflict.
+async fn reaper(ledger: Arc<PostgresLedger>, reaping: Reaping, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(reaping.stale / 3);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -144,12 +153,9 @@ async fn reaper(ledger: Arc<PostgresLedger>, stale: Duration, stop: Cancellation
             tracing::warn!(error = %e, "ledger heartbeat failed");
             continue;
         }
-        match ledger.reap(stale).await {
+        match ledger.reap(reaping.stale, reaping.max_turn).await {
             Ok(0) => {}
-            Ok(n) => tracing::warn!(
-                released = n,
-                "released reservations of a dead gateway process"
-            ),
+            Ok(n) => tracing::warn!(released = n, "released orphaned reservations"),
             Err(e) => tracing::warn!(error = %e, "reaper failed; retrying at the next tick"),
         }
     }

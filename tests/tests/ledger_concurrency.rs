@@ -8,10 +8,16 @@ use futures::future::join_all;
 const TURNS: usize = 200;
 const FUNDED_TURNS: u64 = 50;
 
-/// A roomy Redis timeout: the race is about credits, and 200 admissions at once on a busy
-/// test machine may take longer than the default bound.
+/// Roomy Redis and database timeouts: the race is about credits, and 200 turns queueing on
+/// one account row on a busy test machine may take longer than the default bounds.
 async fn cluster(pods: usize, pg: &PostgresServer) -> Cluster {
-    Cluster::start(pods, |b| b.database(&pg.url()).redis_timeout_ms(5_000)).await
+    Cluster::start(pods, |b| {
+        b.database(&pg.url())
+            .redis_timeout_ms(5_000)
+            .arg("--database-timeout-ms")
+            .arg("15000")
+    })
+    .await
 }
 
 /// Sends 200 turns at once, spread over `pods`, against an account funded for 50 reservations,

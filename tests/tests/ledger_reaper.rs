@@ -119,3 +119,65 @@ async fn a_replayed_settle_returns_the_first_billing_and_changes_nothing() {
     let record = gw.message_record(message_id).await;
     assert_eq!(record["billed"].as_u64(), Some(consumed), "{record}");
 }
+
+#[tokio::test]
+async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_process_lives() {
+    use gateway::accounts::{Accounts, PostgresAccounts};
+    use gateway::ledger::{MessageRecord, NewReservation};
+
+    let pg = PostgresServer::start().await;
+    let db = Database::connect(&pg.url(), 2, Duration::from_secs(5)).expect("url");
+    db.migrate().await.expect("migrate");
+    let account = PostgresAccounts::new(db.clone())
+        .create_account("reaper-live")
+        .await
+        .expect("account");
+    let ledger = PostgresLedger::new(db);
+    ledger.grant(&account.id, CREDITS).await.expect("grant");
+    ledger.heartbeat().await.expect("heartbeat");
+    let reserve = |id: &str, age: time::Duration| NewReservation {
+        record: MessageRecord {
+            id: id.to_owned(),
+            account_id: account.id.clone(),
+            key_id: "key_reaper".to_owned(),
+            model: "svc/haiku".to_owned(),
+            served_model: "svc/haiku".to_owned(),
+            provider: "simulated".to_owned(),
+            upstream: "simulated".to_owned(),
+            upstream_model: "simulated-haiku".to_owned(),
+            endpoint: "messages",
+            stream: true,
+            status: MessageStatus::Reserved,
+            reserved: 0,
+            billed: 0,
+            usage: TokenUsage::default(),
+            stop_reason: None,
+            created_at: time::OffsetDateTime::now_utc() - age,
+            latency_ms: None,
+        },
+        min: 1_000,
+        max: 1_000,
+    };
+    // Its settle was lost two hours ago; the other turn is a live one of a minute.
+    ledger
+        .reserve(reserve("msg_reaper_lost", time::Duration::hours(2)))
+        .await
+        .expect("reserve");
+    ledger
+        .reserve(reserve("msg_reaper_live", time::Duration::minutes(1)))
+        .await
+        .expect("reserve");
+
+    let released = ledger
+        .reap(Duration::from_secs(30), Duration::from_secs(3_600))
+        .await
+        .expect("reap");
+
+    assert_eq!(released, 1);
+    let balance = ledger.balance(&account.id).await.expect("balance");
+    assert_eq!((balance.balance, balance.reserved), (CREDITS, 1_000));
+    let lost = ledger.message("msg_reaper_lost").await.expect("row");
+    assert_eq!(lost.map(|m| m.status), Some(MessageStatus::Abandoned));
+    let live = ledger.message("msg_reaper_live").await.expect("row");
+    assert_eq!(live.map(|m| m.status), Some(MessageStatus::Reserved));
+}

@@ -183,6 +183,10 @@ pub struct ServeArgs {
     /// every third of it).
     #[arg(long, env = "GATEWAY_REAPER_STALE_SECS", default_value_t = 30)]
     pub reaper_stale_secs: u64,
+    /// No turn runs longer: older reservations are released even if their process lives (its
+    /// settle failed, e.g. during a database outage).
+    #[arg(long, env = "GATEWAY_REAPER_MAX_TURN_SECS", default_value_t = 3_600)]
+    pub reaper_max_turn_secs: u64,
 }
 
 /// The flags both modes share.

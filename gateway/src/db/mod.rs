@@ -64,6 +64,11 @@ impl Database {
         &self.pool
     }
 
+    /// The bound on every call; also the server's `statement_timeout`.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Runs one database call within the timeout, recording its latency and outcome in the
     /// store metrics (every call passes here, so they are all counted as `op="query"`).
     pub async fn bounded<T>(

@@ -43,6 +43,7 @@ const STOP_REASONS: [StopReason; 4] = [
 
 const ENDPOINTS: [&str; 2] = ["messages", "chat_completions"];
 
+#[derive(Clone)]
 pub struct PostgresLedger {
     db: Database,
     /// This process, as recorded on the reservations it holds.
@@ -73,13 +74,15 @@ impl PostgresLedger {
         Ok(())
     }
 
-    /// Releases the reservations orphaned by dead processes: those older than `stale` whose
-    /// process has not sent a heartbeat for `stale`. They end `abandoned` and billed nothing,
-    /// since what the client received is unknown; the status change and the release are one
-    /// statement that only touches rows still `reserved`, so it never races a settle into a
-    /// double release. Returns how many it released.
-    pub async fn reap(&self, stale: Duration) -> Result<u64, LedgerError> {
+    /// Releases orphaned reservations: those older than `stale` whose process has not sent a
+    /// heartbeat for `stale` (it died), and those older than `max_turn` whatever their process
+    /// (its settle failed, e.g. during a database outage). They end `abandoned` and billed
+    /// nothing, since what the client received is unknown; the status change and the release
+    /// are one statement that only touches rows still `reserved`, so it never races a settle
+    /// into a double release. Returns how many it released.
+    pub async fn reap(&self, stale: Duration, max_turn: Duration) -> Result<u64, LedgerError> {
         let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
+        let max_turn_ms = i64::try_from(max_turn.as_millis()).unwrap_or(i64::MAX);
         let row = self
             .db
             .bounded(
@@ -88,10 +91,11 @@ impl PostgresLedger {
                          UPDATE messages m SET status = 'abandoned', billed = 0, settled_at = now()
                          WHERE m.status = 'reserved'
                            AND m.created_at < now() - $1 * interval '1 millisecond'
-                           AND NOT EXISTS (
-                               SELECT 1 FROM gateway_instances g
-                               WHERE g.id = m.instance_id
-                                 AND g.heartbeat_at > now() - $1 * interval '1 millisecond')
+                           AND (m.created_at < now() - $2 * interval '1 millisecond'
+                                OR NOT EXISTS (
+                                   SELECT 1 FROM gateway_instances g
+                                   WHERE g.id = m.instance_id
+                                     AND g.heartbeat_at > now() - $1 * interval '1 millisecond'))
                          RETURNING m.account_id, m.reserved
                      ), released AS (
                          SELECT account_id, sum(reserved)::bigint AS credits, count(*) AS n
@@ -104,10 +108,36 @@ impl PostgresLedger {
                      SELECT coalesce(sum(n), 0)::bigint AS reaped FROM accounts_released",
                 )
                 .bind(stale_ms)
+                .bind(max_turn_ms)
                 .fetch_one(self.db.pool()),
             )
             .await?;
         Ok(from_db(row.try_get("reaped").map_err(DbError::Sql)?))
+    }
+
+    /// After a reserve timed out here, the statement may still commit on the server, holding
+    /// credits for a turn that was refused. Once the server's statement_timeout has passed it
+    /// has either committed or been cancelled; this then releases it, billing nothing (a
+    /// message that never got written is simply not found).
+    fn release_late(&self, message_id: String) {
+        let ledger = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ledger.db.timeout() * 2).await;
+            let release = Settlement {
+                message_id,
+                status: MessageStatus::Failed,
+                cost: 0,
+                usage: TokenUsage::default(),
+                stop_reason: None,
+                latency_ms: 0,
+            };
+            match ledger.settle(release).await {
+                Ok(_) | Err(LedgerError::UnknownMessage) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not release a timed-out reservation; the reaper will")
+                }
+            }
+        });
     }
 
     async fn top_up_by_reference(&self, reference: &str) -> Result<Option<TopUp>, LedgerError> {
@@ -356,7 +386,16 @@ impl Ledger for PostgresLedger {
                 .bind(m.created_at)
                 .fetch_one(self.db.pool()),
             )
-            .await?;
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                if matches!(e, DbError::Timeout(_)) {
+                    self.release_late(m.id.clone());
+                }
+                return Err(e.into());
+            }
+        };
         let amount: Option<i64> = row.try_get("amount").map_err(DbError::Sql)?;
         let available: Option<i64> = row.try_get("available").map_err(DbError::Sql)?;
         amount.map(from_db).ok_or(LedgerError::InsufficientCredits {
