@@ -6,6 +6,7 @@ pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod dashboard;
 pub mod error;
 pub mod ids;
 pub mod ledger;

@@ -10,8 +10,9 @@ use thiserror::Error;
 use crate::accounts::{KeyKind, MemoryAccounts, StoreError};
 use crate::auth::{self, KeySpec};
 use crate::config::{CommonArgs, ServeArgs};
+use crate::dashboard::{DashboardConfig, MemoryDeveloperStore, TestPayments};
 use crate::ids;
-use crate::ledger::{LedgerError, MemoryLedger};
+use crate::ledger::{Ledger, LedgerError, MemoryLedger};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
 use crate::providers::{Providers, Simulated};
 use crate::routing::Catalog;
@@ -64,15 +65,22 @@ async fn run(args: CommonArgs, limiter: Arc<dyn Limiter>) -> Result<(), StartErr
         return Err(StartError::MissingTier(args.dev_tier));
     }
     let tokens = Tokenizer::default();
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::default());
     let state = AppState::new(Services {
         catalog: Catalog::new(config, args.credits_per_usd),
         tokens,
         accounts: Arc::new(MemoryAccounts::default()),
-        ledger: Arc::new(MemoryLedger::default()),
+        ledger: ledger.clone(),
         limiter,
         providers: Providers::new(Arc::new(Simulated::new(tokens))),
         shutdown: Shutdown::default(),
         credits_per_usd: args.credits_per_usd,
+        developers: Arc::new(MemoryDeveloperStore::default()),
+        payments: Arc::new(TestPayments::new(ledger, args.credits_per_usd)),
+        dashboard: DashboardConfig {
+            secure_cookies: args.dashboard_secure_cookies,
+            signup_credits: args.signup_credits,
+        },
     });
     seed_granted_keys(&state).await?;
     let dev_key = seed_dev_key(&state, &args).await?;

@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accounts::Accounts;
+use crate::dashboard::{DashboardConfig, DeveloperStore, PaymentProvider};
 use crate::ledger::Ledger;
 use crate::limits::Limiter;
 use crate::providers::Providers;
@@ -22,6 +23,10 @@ pub struct Services {
     pub providers: Providers,
     pub shutdown: Shutdown,
     pub credits_per_usd: u64,
+    /// Dashboard users, sessions and checkouts.
+    pub developers: Arc<dyn DeveloperStore>,
+    pub payments: Arc<dyn PaymentProvider>,
+    pub dashboard: DashboardConfig,
 }
 
 #[derive(Clone)]

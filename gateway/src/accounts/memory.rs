@@ -77,4 +77,15 @@ impl Accounts for MemoryAccounts {
             k.clone()
         }))
     }
+
+    async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        let mut keys: Vec<KeyRecord> = self
+            .keys
+            .iter()
+            .filter(|k| k.account_id == account_id)
+            .map(|k| k.clone())
+            .collect();
+        keys.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        Ok(keys)
+    }
 }

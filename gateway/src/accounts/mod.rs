@@ -76,4 +76,6 @@ pub trait Accounts: Send + Sync {
     async fn key_by_hash(&self, hash: &KeyHash)
         -> Result<Option<(KeyRecord, Account)>, StoreError>;
     async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
+    /// The account's keys, revoked ones included, newest first.
+    async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError>;
 }

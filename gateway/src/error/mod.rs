@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::accounts::StoreError;
 use crate::auth::AuthError;
+use crate::dashboard::DashboardError;
 use crate::ledger::LedgerError;
 use crate::limits::LimitError;
 use crate::providers::ProviderError;
@@ -234,5 +235,26 @@ impl From<ProviderError> for ApiError {
 impl From<TokenError> for ApiError {
     fn from(e: TokenError) -> Self {
         Self::invalid(e.to_string())
+    }
+}
+
+impl From<DashboardError> for ApiError {
+    fn from(e: DashboardError) -> Self {
+        match e {
+            DashboardError::Csrf => Self::new(
+                StatusCode::FORBIDDEN,
+                ErrorType::PermissionError,
+                e.to_string(),
+            ),
+            DashboardError::BadForm => Self::invalid(e.to_string()),
+            DashboardError::NotFound => Self::not_found(e.to_string()),
+            DashboardError::PasswordHash => {
+                tracing::error!("password hashing failed");
+                Self::internal()
+            }
+            DashboardError::Store(inner) => inner.into(),
+            DashboardError::Ledger(inner) => inner.into(),
+            DashboardError::Api(inner) => inner,
+        }
     }
 }

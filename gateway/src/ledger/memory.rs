@@ -176,4 +176,31 @@ impl Ledger for MemoryLedger {
         rows.sort_by(|a, b| (a.date, &a.model).cmp(&(b.date, &b.model)));
         Ok(rows)
     }
+
+    async fn recent_messages(
+        &self,
+        account_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MessageRecord>, LedgerError> {
+        let mut messages: Vec<MessageRecord> = self
+            .messages
+            .iter()
+            .filter(|m| m.account_id == account_id)
+            .map(|m| m.clone())
+            .collect();
+        messages.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        messages.truncate(limit);
+        Ok(messages)
+    }
+
+    async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError> {
+        let mut top_ups: Vec<TopUp> = self
+            .top_ups
+            .iter()
+            .filter(|t| t.account_id == account_id)
+            .map(|t| t.clone())
+            .collect();
+        top_ups.sort_by(|a, b| b.confirmed_at.cmp(&a.confirmed_at));
+        Ok(top_ups)
+    }
 }
