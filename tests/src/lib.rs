@@ -9,11 +9,13 @@
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
 //! - [`leak`]: the rule that no response names an upstream provider.
 //! - [`bodies`]: request bodies used across the tests.
+//! - [`browser`]: headless chromium through chromedriver, for the dashboard.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
 
 pub mod bodies;
+pub mod browser;
 pub mod cluster;
 pub mod gateway;
 pub mod leak;

@@ -85,7 +85,7 @@ impl Accounts for MemoryAccounts {
             .filter(|k| k.account_id == account_id)
             .map(|k| k.clone())
             .collect();
-        keys.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        keys.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         Ok(keys)
     }
 }

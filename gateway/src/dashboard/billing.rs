@@ -118,7 +118,7 @@ async fn render(
                 }),
         )
         .collect();
-    history.sort_by(|a, b| b.at.cmp(&a.at));
+    history.sort_by_key(|x| std::cmp::Reverse(x.at));
     let available = balance.balance.saturating_sub(balance.reserved);
     let content = html! {
         @if let Some((kind, text)) = message { (notice(kind, text)) }

@@ -103,11 +103,11 @@ pub fn stacked(chart: &Stacked<'_>) -> Markup {
                 title #(title_id) { (chart.title) " by day and model (" (chart.unit) ")" }
                 @for i in 0..=TICKS {
                     @let v = max / TICKS * i;
-                    line.grid x1=(LEFT) x2=(WIDTH - RIGHT) y1=(y(v)) y2=(y(v));
+                    line.grid x1=(LEFT) x2=(WIDTH - RIGHT) y1=(y(v)) y2=(y(v)) {}
                     text.tick x=(LEFT - 8) y=(y(v) + 4.0) text-anchor="end" { (short(v)) }
                 }
-                line.axis x1=(LEFT) x2=(LEFT) y1=(TOP) y2=(TOP + plot_h);
-                line.axis x1=(LEFT) x2=(WIDTH - RIGHT) y1=(TOP + plot_h) y2=(TOP + plot_h);
+                line.axis x1=(LEFT) x2=(LEFT) y1=(TOP) y2=(TOP + plot_h) {}
+                line.axis x1=(LEFT) x2=(WIDTH - RIGHT) y1=(TOP + plot_h) y2=(TOP + plot_h) {}
                 text.axis-label x="14" y=(TOP as f64 + plot_h as f64 / 2.0) transform=(format!("rotate(-90 14 {})", TOP as f64 + plot_h as f64 / 2.0)) text-anchor="middle" { (chart.unit) }
                 @for (x, segments, label) in &bars {
                     @for (top, height, color, tip) in segments {

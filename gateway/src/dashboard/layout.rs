@@ -126,7 +126,7 @@ pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -136,7 +136,7 @@ pub fn thousands(n: u64) -> String {
 
 /// 2550 -> "$25.50", 2500 -> "$25".
 pub fn dollars(cents: u64) -> String {
-    if cents % 100 == 0 {
+    if cents.is_multiple_of(100) {
         format!("${}", thousands(cents / 100))
     } else {
         format!("${}.{:02}", thousands(cents / 100), cents % 100)

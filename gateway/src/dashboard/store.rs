@@ -186,7 +186,7 @@ impl DeveloperStore for MemoryDeveloperStore {
             .filter(|c| c.account_id == account_id)
             .map(|c| c.clone())
             .collect();
-        checkouts.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        checkouts.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         Ok(checkouts)
     }
 }

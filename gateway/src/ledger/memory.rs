@@ -188,7 +188,7 @@ impl Ledger for MemoryLedger {
             .filter(|m| m.account_id == account_id)
             .map(|m| m.clone())
             .collect();
-        messages.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        messages.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         messages.truncate(limit);
         Ok(messages)
     }
@@ -200,7 +200,7 @@ impl Ledger for MemoryLedger {
             .filter(|t| t.account_id == account_id)
             .map(|t| t.clone())
             .collect();
-        top_ups.sort_by(|a, b| b.confirmed_at.cmp(&a.confirmed_at));
+        top_ups.sort_by_key(|x| std::cmp::Reverse(x.confirmed_at));
         Ok(top_ups)
     }
 }
