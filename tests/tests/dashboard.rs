@@ -240,3 +240,240 @@ async fn a_developer_signs_up_mints_a_key_calls_the_api_sees_usage_tops_up_and_r
     b.wait_for_path("/developers").await;
     b.quit().await;
 }
+
+/// A signed-out or signed-in visitor speaking plain HTTP, carrying its cookies by hand.
+struct Visitor<'a> {
+    gw: &'a Gateway,
+    /// Redirects are not followed, so that the cookies they set are seen.
+    http: reqwest::Client,
+    cookies: Vec<(String, String)>,
+}
+
+fn hidden_csrf(html: &str) -> String {
+    html.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a csrf field")
+        .to_owned()
+}
+
+impl<'a> Visitor<'a> {
+    fn new(gw: &'a Gateway) -> Self {
+        Self {
+            gw,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .expect("client"),
+            cookies: Vec::new(),
+        }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    fn keep_cookies(&mut self, response: &reqwest::Response) -> Vec<String> {
+        let set: Vec<String> = response
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_owned))
+            .collect();
+        for line in &set {
+            if let Some((name, value)) = line.split(';').next().and_then(|p| p.split_once('=')) {
+                self.cookies.retain(|(k, _)| k != name);
+                self.cookies.push((name.to_owned(), value.to_owned()));
+            }
+        }
+        set
+    }
+
+    async fn get(&mut self, path: &str) -> (u16, String) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.gw.api))
+            .header("cookie", self.cookie_header())
+            .send()
+            .await
+            .expect("GET");
+        self.keep_cookies(&response);
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"))
+    }
+
+    /// Posts a form; returns the status, the body and the Set-Cookie lines.
+    async fn post(
+        &mut self,
+        path: &str,
+        form: &[(&str, &str)],
+        headers: &[(&str, &str)],
+    ) -> (u16, String, Vec<String>) {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.gw.api))
+            .header("cookie", self.cookie_header())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(
+                form.iter()
+                    .map(|(k, v)| format!("{k}={}", v.replace('@', "%40").replace(' ', "+")))
+                    .collect::<Vec<_>>()
+                    .join("&"),
+            );
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.expect("POST");
+        let set = self.keep_cookies(&response);
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"), set)
+    }
+
+    async fn sign_up(&mut self, email: &str, headers: &[(&str, &str)]) -> Vec<String> {
+        let (_, page) = self.get("/developers/sign-up").await;
+        let csrf = hidden_csrf(&page);
+        let (status, _, set) = self
+            .post(
+                "/developers/sign-up",
+                &[("csrf", &csrf), ("email", email), ("password", PASSWORD)],
+                headers,
+            )
+            .await;
+        assert_eq!(status, 303, "sign-up redirects to the overview");
+        set
+    }
+
+    async fn sign_in(&mut self, email: &str, password: &str) -> (u16, String) {
+        let (_, page) = self.get("/developers/sign-in").await;
+        let csrf = hidden_csrf(&page);
+        let (status, body, _) = self
+            .post(
+                "/developers/sign-in",
+                &[("csrf", &csrf), ("email", email), ("password", password)],
+                &[],
+            )
+            .await;
+        (status, body)
+    }
+}
+
+fn new_email() -> String {
+    format!("{}@example.com", unique_name("dev"))
+}
+
+#[tokio::test]
+async fn the_session_cookie_is_http_only_same_site_and_secure_when_the_request_came_over_tls() {
+    let gw = Gateway::start().await;
+    let over_tls = Visitor::new(&gw)
+        .sign_up(&new_email(), &[("x-forwarded-proto", "https")])
+        .await;
+    let session = over_tls
+        .iter()
+        .find(|c| c.starts_with("svc_session="))
+        .expect("a session cookie");
+    for attribute in ["HttpOnly", "SameSite=Lax", "Secure", "Path=/developers"] {
+        assert!(
+            session.contains(attribute),
+            "{attribute} missing: {session}"
+        );
+    }
+    let plain = Visitor::new(&gw).sign_up(&new_email(), &[]).await;
+    let session = plain
+        .iter()
+        .find(|c| c.starts_with("svc_session="))
+        .expect("a session cookie");
+    assert!(!session.contains("Secure"), "{session}");
+}
+
+#[tokio::test]
+async fn sign_in_is_refused_for_a_while_after_five_wrong_passwords_for_the_email() {
+    let gw = Gateway::start().await;
+    let email = new_email();
+    Visitor::new(&gw).sign_up(&email, &[]).await;
+    let mut visitor = Visitor::new(&gw);
+    for _ in 0..5 {
+        let (status, body) = visitor.sign_in(&email, "wrong password!").await;
+        assert_eq!(status, 401);
+        assert!(body.contains("Wrong email or password."));
+    }
+    let (status, body) = visitor.sign_in(&email, PASSWORD).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("Too many failed sign-ins"), "{body}");
+    assert!(!visitor.cookies.iter().any(|(k, _)| k == "svc_session"));
+}
+
+#[tokio::test]
+async fn a_form_without_the_sessions_csrf_token_is_refused_and_changes_nothing() {
+    let gw = Gateway::start().await;
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    for (path, form) in [
+        (
+            "/developers/keys",
+            vec![("name", "forged"), ("kind", "api")],
+        ),
+        ("/developers/billing/checkout", vec![("amount", "25")]),
+    ] {
+        let mut fields = form.clone();
+        fields.push(("csrf", "forged-token"));
+        let (status, body, _) = visitor.post(path, &fields, &[]).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(body.contains("form has expired"), "{body}");
+        let (status, body, _) = visitor.post(path, &form, &[]).await;
+        assert_eq!(status, 403, "{path} without a token: {body}");
+    }
+    let (_, keys) = visitor.get("/developers/keys").await;
+    assert!(!keys.contains("forged"), "no key was minted");
+    let (_, billing) = visitor.get("/developers/billing").await;
+    assert!(billing.contains("No top-ups yet."));
+}
+
+#[tokio::test]
+async fn malformed_dashboard_requests_get_a_page_with_a_4xx_never_a_500() {
+    let gw = Gateway::start().await;
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (_, page) = visitor.get("/developers/keys").await;
+    let csrf = hidden_csrf(&page);
+    for path in [
+        "/developers/sign-in",
+        "/developers/sign-up",
+        "/developers/keys",
+        "/developers/keys/key_nope/revoke",
+        "/developers/billing/checkout",
+    ] {
+        let (status, body, _) = visitor
+            .post(
+                path,
+                &[("csrf", &csrf), ("amount", "%ZZ"), ("scope", "root")],
+                &[],
+            )
+            .await;
+        assert!((400..500).contains(&status), "{path}: {status} {body}");
+        assert!(body.contains("<html"), "{path}: an HTML page, not {body}");
+    }
+    let (status, body, _) = visitor
+        .post(
+            "/developers/keys",
+            &[("csrf", &csrf), ("name", "a"), ("name", "b")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 400, "a field given twice: {body}");
+    assert!(body.contains("could not be read"), "{body}");
+    for path in [
+        "/developers/usage?start_date=yesterday",
+        "/developers/usage?start_date=2026-02-01&end_date=2026-01-01",
+        "/developers/keys/key_nope/revoke",
+        "/developers/no-such-page",
+    ] {
+        let (status, body) = visitor.get(path).await;
+        assert!((400..500).contains(&status), "{path}: {status} {body}");
+        assert!(!body.contains("panicked"), "{body}");
+    }
+}
