@@ -35,6 +35,11 @@ pub fn admin_token() -> String {
     random(32)
 }
 
+/// A gateway process, as recorded on the reservations it holds.
+pub fn instance() -> String {
+    format!("gw_{}", random(16))
+}
+
 pub fn lease() -> String {
     random(16)
 }

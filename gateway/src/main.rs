@@ -6,7 +6,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use gateway::config::{Cli, Command};
-use gateway::startup;
+use gateway::{cli, startup};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -16,9 +16,13 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match Cli::parse().command {
-        Command::Standalone(args) => startup::standalone(args).await,
-        Command::Serve(args) => startup::cluster(args).await,
+    let result: Result<(), Box<dyn std::error::Error>> = match Cli::parse().command {
+        Command::Standalone(args) => startup::standalone(args).await.map_err(Into::into),
+        Command::Serve(args) => startup::cluster(args).await.map_err(Into::into),
+        Command::Migrate(args) => cli::migrate(args).await.map_err(Into::into),
+        Command::Keys(command) => cli::keys(command).await.map_err(Into::into),
+        Command::Accounts(command) => cli::accounts(command).await.map_err(Into::into),
+        Command::Messages(command) => cli::messages(command).await.map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,19 +1,24 @@
 //! Start-up of both modes: config from a manifest folder, the stores chosen for the mode, the
-//! seeded keys and the dev account, then both listeners.
+//! seeded keys and the dev account, the background sweeps, then both listeners.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
+use tokio_util::sync::CancellationToken;
 
-use crate::accounts::{KeyKind, MemoryAccounts, StoreError};
+use crate::accounts::{
+    promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
+};
 use crate::auth::{self, KeySpec};
-use crate::config::{CommonArgs, ServeArgs};
-use crate::dashboard::{DashboardConfig, MemoryDeveloperStore, TestPayments};
+use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
+use crate::dashboard::{DashboardConfig, MemoryDeveloperStore};
+use crate::db::{Database, DbError};
 use crate::ids;
-use crate::ledger::{Ledger, LedgerError, MemoryLedger};
+use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
+use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::{Providers, Simulated};
 use crate::routing::Catalog;
 use crate::serve::{self, ServeError};
@@ -34,17 +39,49 @@ pub enum StartError {
     Serve(#[from] ServeError),
     #[error(transparent)]
     Limiter(#[from] LimitError),
+    #[error("database: {0}")]
+    Db(#[from] DbError),
 }
 
 /// The dev key's id, the same in every process, so that pods share its limits.
 const DEV_KEY_ID: &str = "key_dev";
 
-/// `gateway standalone`: everything in process.
-pub async fn standalone(args: CommonArgs) -> Result<(), StartError> {
-    run(args, Arc::new(MemoryLimiter::default())).await
+/// The stores of a mode, chosen once here.
+struct Stores {
+    accounts: Arc<dyn Accounts>,
+    ledger: Arc<dyn Ledger>,
+    limiter: Arc<dyn Limiter>,
+    payments: Arc<dyn PaymentProvider>,
 }
 
-/// `gateway serve`: limits shared through Redis under the chosen outage policy.
+/// `gateway standalone`: everything in process, the promotion sweep on a timer.
+pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
+    // The test payment provider confirms through the signed webhook, so it needs a secret;
+    // without one given, a random one only this process knows.
+    args.common
+        .payment_webhook_secret
+        .get_or_insert_with(ids::session_token);
+    let ledger = Arc::new(MemoryLedger::default());
+    let stores = Stores {
+        accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
+        ledger,
+        limiter: Arc::new(MemoryLimiter::default()),
+        payments: Arc::new(TestPayments),
+    };
+    let interval = Duration::from_secs(args.promotion_interval_secs);
+    run(args.common, stores, |state, rules| {
+        tokio::spawn(promotion::every(
+            state.accounts.clone(),
+            rules,
+            interval,
+            state.shutdown.draining.clone(),
+        ));
+    })
+    .await
+}
+
+/// `gateway serve`: limits shared through Redis under the chosen outage policy; accounts,
+/// keys and credits in Postgres with `--database-url`, with the reaper running in every pod.
 pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     let redis = RedisLimiter::connect(
         &args.redis_url,
@@ -52,11 +89,68 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         Duration::from_secs(args.stream_lease_secs.max(1)),
     )
     .await?;
-    let limiter = Failover::new(redis, args.redis_outage, args.pods);
-    run(args.common, Arc::new(limiter)).await
+    let limiter = Arc::new(Failover::new(redis, args.redis_outage, args.pods));
+    let Some(url) = &args.database_url else {
+        let ledger = Arc::new(MemoryLedger::default());
+        let stores = Stores {
+            accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
+            ledger,
+            limiter,
+            payments: Arc::new(NoPayments),
+        };
+        return run(args.common, stores, |_, _| {}).await;
+    };
+    let db = Database::connect(
+        url,
+        args.database_pool_size,
+        Duration::from_millis(args.database_timeout_ms),
+    )?;
+    if args.migrate {
+        db.migrate().await?;
+    }
+    let ledger = Arc::new(PostgresLedger::new(db.clone()));
+    let stores = Stores {
+        accounts: Arc::new(PostgresAccounts::new(db)),
+        ledger: ledger.clone(),
+        limiter,
+        payments: Arc::new(NoPayments),
+    };
+    let stale = Duration::from_secs(args.reaper_stale_secs.max(1));
+    run(args.common, stores, |state, _| {
+        tokio::spawn(reaper(ledger, stale, state.shutdown.draining.clone()));
+    })
+    .await
 }
 
-async fn run(args: CommonArgs, limiter: Arc<dyn Limiter>) -> Result<(), StartError> {
+/// Beats this process' heartbeat and releases the reservations of dead ones, every third of
+/// `stale`. Every pod runs it; the release is idempotent, so they never conflict.
+async fn reaper(ledger: Arc<PostgresLedger>, stale: Duration, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(stale / 3);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        if let Err(e) = ledger.heartbeat().await {
+            tracing::warn!(error = %e, "ledger heartbeat failed");
+            continue;
+        }
+        match ledger.reap(stale).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                released = n,
+                "released reservations of a dead gateway process"
+            ),
+            Err(e) => tracing::warn!(error = %e, "reaper failed; retrying at the next tick"),
+        }
+    }
+}
+
+async fn run(
+    args: CommonArgs,
+    stores: Stores,
+    background: impl FnOnce(&AppState, PromotionRules),
+) -> Result<(), StartError> {
     let mut config = crds::manifests::load_dir(&args.manifests)?;
     if let Some(delay) = args.simulated_chunk_delay_ms {
         override_simulated_delay(&mut config, delay);
@@ -64,19 +158,20 @@ async fn run(args: CommonArgs, limiter: Arc<dyn Limiter>) -> Result<(), StartErr
     if !config.tiers.contains_key(&args.dev_tier) {
         return Err(StartError::MissingTier(args.dev_tier));
     }
+    let rules = PromotionRules::from_config(&config);
     let tokens = Tokenizer::default();
-    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::default());
     let state = AppState::new(Services {
         catalog: Catalog::new(config, args.credits_per_usd),
         tokens,
-        accounts: Arc::new(MemoryAccounts::default()),
-        ledger: ledger.clone(),
-        limiter,
+        accounts: stores.accounts,
+        ledger: stores.ledger,
+        limiter: stores.limiter,
         providers: Providers::new(Arc::new(Simulated::new(tokens))),
         shutdown: Shutdown::default(),
         credits_per_usd: args.credits_per_usd,
+        payment_webhook_secret: args.payment_webhook_secret.clone(),
         developers: Arc::new(MemoryDeveloperStore::default()),
-        payments: Arc::new(TestPayments::new(ledger, args.credits_per_usd)),
+        payments: stores.payments,
         dashboard: DashboardConfig {
             secure_cookies: args.dashboard_secure_cookies,
             signup_credits: args.signup_credits,
@@ -84,6 +179,7 @@ async fn run(args: CommonArgs, limiter: Arc<dyn Limiter>) -> Result<(), StartErr
     });
     seed_granted_keys(&state).await?;
     let dev_key = seed_dev_key(&state, &args).await?;
+    background(&state, rules);
     let admin_token = args.admin_token.clone().unwrap_or_else(ids::admin_token);
     serve::run(
         state,
@@ -121,14 +217,7 @@ async fn seed_granted_keys(state: &AppState) -> Result<(), StartError> {
         })
         .collect();
     for (key_id, tier, seed) in seeds {
-        let account = match state.accounts.account_by_name(&seed.account).await? {
-            Some(account) => account,
-            None => {
-                let account = state.accounts.create_account(&seed.account).await?;
-                state.ledger.grant(&account.id, 0).await?;
-                account
-            }
-        };
+        let account = seed_account(state, &seed.account, 0).await?;
         let minted = auth::mint(KeySpec {
             id: Some(key_id.clone()),
             account_id: account.id,
@@ -138,14 +227,48 @@ async fn seed_granted_keys(state: &AppState) -> Result<(), StartError> {
             tier,
             secret: Some(seed.secret.expose().to_owned()),
         });
-        state.accounts.insert_key(minted.record).await?;
+        seed_key(state, minted.record).await?;
     }
     Ok(())
 }
 
+/// The account of this name, created with `credits` when new (a database shared by pods or
+/// kept across restarts already has it).
+async fn seed_account(
+    state: &AppState,
+    name: &str,
+    credits: u64,
+) -> Result<crate::accounts::Account, StartError> {
+    if let Some(account) = state.accounts.account_by_name(name).await? {
+        return Ok(account);
+    }
+    let account = match state.accounts.create_account(name).await {
+        Ok(account) => account,
+        // Another pod created it first.
+        Err(StoreError::Conflict(_)) => state
+            .accounts
+            .account_by_name(name)
+            .await?
+            .ok_or_else(|| StoreError::Conflict(format!("account `{name}` vanished")))?,
+        Err(e) => return Err(e.into()),
+    };
+    state.ledger.grant(&account.id, credits).await?;
+    Ok(account)
+}
+
+/// Stores a seeded key; one already stored (by another pod, or before a restart) is kept.
+async fn seed_key(state: &AppState, key: crate::accounts::KeyRecord) -> Result<(), StartError> {
+    match state.accounts.insert_key(key).await {
+        Err(StoreError::Conflict(_)) => {
+            tracing::info!("seeded key already stored; keeping it");
+            Ok(())
+        }
+        other => Ok(other?),
+    }
+}
+
 async fn seed_dev_key(state: &AppState, args: &CommonArgs) -> Result<String, StartError> {
-    let account = state.accounts.create_account("dev").await?;
-    state.ledger.grant(&account.id, args.dev_credits).await?;
+    let account = seed_account(state, "dev", args.dev_credits).await?;
     let minted = auth::mint(KeySpec {
         id: Some(DEV_KEY_ID.to_owned()),
         account_id: account.id,
@@ -155,6 +278,6 @@ async fn seed_dev_key(state: &AppState, args: &CommonArgs) -> Result<String, Sta
         tier: args.dev_tier.clone(),
         secret: args.dev_key.clone(),
     });
-    state.accounts.insert_key(minted.record).await?;
+    seed_key(state, minted.record).await?;
     Ok(minted.secret)
 }

@@ -1,19 +1,35 @@
 //! The in-process account store of standalone mode.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use dashmap::DashMap;
 use time::OffsetDateTime;
 
-use super::{Account, AccountStatus, Accounts, KeyRecord, StoreError};
+use super::{Account, AccountStatus, Accounts, KeyRecord, Promotion, PromotionRules, StoreError};
 use crate::auth::KeyHash;
 use crate::ids;
+use crate::ledger::MemoryLedger;
 
-#[derive(Default)]
 pub struct MemoryAccounts {
     accounts: DashMap<String, Account>,
     names: DashMap<String, String>,
     keys: DashMap<String, KeyRecord>,
     by_hash: DashMap<KeyHash, String>,
+    /// Where the lifetime top-ups that drive promotions are kept.
+    ledger: Arc<MemoryLedger>,
+}
+
+impl MemoryAccounts {
+    pub fn new(ledger: Arc<MemoryLedger>) -> Self {
+        Self {
+            accounts: DashMap::new(),
+            names: DashMap::new(),
+            keys: DashMap::new(),
+            by_hash: DashMap::new(),
+            ledger,
+        }
+    }
 }
 
 #[async_trait]
@@ -87,5 +103,24 @@ impl Accounts for MemoryAccounts {
             .collect();
         keys.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         Ok(keys)
+    }
+
+    async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError> {
+        let mut promotions = Vec::new();
+        for mut key in self.keys.iter_mut() {
+            if key.revoked {
+                continue;
+            }
+            let lifetime = self.ledger.lifetime_top_up_cents(&key.account_id);
+            if let Some(to) = rules.target(&key.tier, lifetime) {
+                promotions.push(Promotion {
+                    key_id: key.id.clone(),
+                    account_id: key.account_id.clone(),
+                    from: std::mem::replace(&mut key.tier, to.to_owned()),
+                    to: to.to_owned(),
+                });
+            }
+        }
+        Ok(promotions)
     }
 }

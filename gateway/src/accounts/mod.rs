@@ -2,6 +2,8 @@
 //! cluster mode; handlers never know which.
 
 mod memory;
+mod postgres;
+pub mod promotion;
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -9,6 +11,8 @@ use thiserror::Error;
 use time::OffsetDateTime;
 
 pub use memory::MemoryAccounts;
+pub use postgres::PostgresAccounts;
+pub use promotion::{Promotion, PromotionRules};
 
 use crate::auth::KeyHash;
 
@@ -16,6 +20,15 @@ use crate::auth::KeyHash;
 pub enum StoreError {
     #[error("account store unavailable: {0}")]
     Unavailable(String),
+    /// A unique name or key is already taken.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl From<crate::db::DbError> for StoreError {
+    fn from(e: crate::db::DbError) -> Self {
+        Self::Unavailable(e.to_string())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -78,4 +91,7 @@ pub trait Accounts: Send + Sync {
     async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
     /// The account's keys, revoked ones included, newest first.
     async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError>;
+    /// Moves keys up to the tier their account's confirmed lifetime top-up reaches, never
+    /// down, never out of a tier the rules do not list; a second run changes nothing.
+    async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError>;
 }

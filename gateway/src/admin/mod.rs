@@ -19,11 +19,8 @@ use crate::api::body::JsonBody;
 use crate::api::{method_not_allowed, not_found};
 use crate::auth::{self, KeySpec};
 use crate::error::ApiError;
+use crate::payments;
 use crate::state::AppState;
-
-/// The spec's top-up bounds: packs from $10, custom amounts up to $10,000.
-pub const MIN_TOP_UP_CENTS: u64 = 1_000;
-pub const MAX_TOP_UP_CENTS: u64 = 1_000_000;
 
 #[derive(Clone)]
 struct Admin {
@@ -159,20 +156,20 @@ async fn top_up(
     JsonBody(body): JsonBody<NewTopUp>,
 ) -> Result<Json<Value>, ApiError> {
     let state = &admin.state;
-    if !(MIN_TOP_UP_CENTS..=MAX_TOP_UP_CENTS).contains(&body.usd_cents) {
-        return Err(ApiError::invalid(
-            "usd_cents: a top-up is from $10 (1000) to $10,000 (1000000)",
-        ));
-    }
-    if body.reference.trim().is_empty() {
-        return Err(ApiError::invalid("reference: must not be empty"));
-    }
     let account = existing_account(state, &id).await?;
-    let credits = body.usd_cents.saturating_mul(state.credits_per_usd) / 100;
-    let top_up = state
-        .ledger
-        .top_up(&account.id, &body.reference, body.usd_cents, credits)
-        .await?;
+    let request = payments::TopUpRequest {
+        account_id: &account.id,
+        reference: &body.reference,
+        usd_cents: body.usd_cents,
+    };
+    let top_up = payments::confirm(
+        state.accounts.as_ref(),
+        state.ledger.as_ref(),
+        state.credits_per_usd,
+        request,
+    )
+    .await?
+    .top_up;
     Ok(Json(json!({
         "reference": top_up.reference,
         "usd_cents": top_up.usd_cents,

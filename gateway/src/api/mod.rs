@@ -19,7 +19,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, dashboard, limits};
+use crate::{auth, dashboard, limits, payments};
 
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
@@ -37,6 +37,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .nest("/v1", v1)
         .merge(dashboard::router())
+        .route("/webhooks/payments", post(payments::webhook))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))

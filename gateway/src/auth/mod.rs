@@ -27,6 +27,15 @@ impl KeyHash {
     pub fn of(secret: &str) -> Self {
         Self(Sha256::digest(secret.as_bytes()).into())
     }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// A stored hash; `None` when it is not 32 bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(Self)
+    }
 }
 
 impl ConstantTimeEq for KeyHash {

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use crds::config::TIER_IDS;
+use crds::config::{SCOPES, TIER_IDS};
 
 use crate::limits::OutagePolicy;
 
@@ -20,11 +20,109 @@ pub struct Cli {
 pub enum Command {
     /// One process, no external services: in-process limits and credits, config from a folder
     /// of manifests, every model on the built-in simulated provider unless routed elsewhere.
-    Standalone(CommonArgs),
-    /// Cluster mode: rate limits and stream slots shared with every other pod through Redis.
-    /// Accounts, keys and credits stay in process until the Postgres ledger lands: every pod
-    /// seeds the same dev key and manifest keys, with credits of its own.
+    Standalone(StandaloneArgs),
+    /// Cluster mode: rate limits and stream slots shared with every other pod through Redis;
+    /// accounts, keys and credits in Postgres with `--database-url` (without it they stay in
+    /// process: every pod seeds the same dev key and manifest keys, with credits of its own).
     Serve(ServeArgs),
+    /// Applies the database migrations (embedded in the binary) and exits.
+    Migrate(DatabaseArgs),
+    /// API keys in the database.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Accounts in the database.
+    #[command(subcommand)]
+    Accounts(AccountsCommand),
+    /// The message ledger.
+    #[command(subcommand)]
+    Messages(MessagesCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct StandaloneArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Seconds between promotion sweeps (tiers follow confirmed lifetime top-ups).
+    #[arg(long, env = "GATEWAY_PROMOTION_INTERVAL_SECS", default_value_t = 300)]
+    pub promotion_interval_secs: u64,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct DatabaseArgs {
+    /// `postgres://user:password@host:port/db` (also `?host=/socket/dir`).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Bound on every database call; past it a request needing credits gets 503.
+    #[arg(long, env = "GATEWAY_DATABASE_TIMEOUT_MS", default_value_t = 2_000)]
+    pub database_timeout_ms: u64,
+    /// Connections per process.
+    #[arg(long, env = "GATEWAY_DATABASE_POOL_SIZE", default_value_t = 16)]
+    pub database_pool_size: u32,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Creates a key (and its account when new); prints the secret once.
+    Create {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Account name.
+        #[arg(long)]
+        account: String,
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(TIER_IDS))]
+        tier: String,
+        /// apiCredits granted to the account when it is created (not a top-up).
+        #[arg(long, default_value_t = 0)]
+        credits: u64,
+        #[arg(long, value_enum, default_value = "api")]
+        kind: KindArg,
+        /// Surfaces the key may use (messages, chat, models, account); none: all.
+        #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(SCOPES))]
+        scopes: Vec<String>,
+        #[arg(long, default_value = "key")]
+        name: String,
+    },
+    /// Revokes a key by id.
+    Revoke {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        id: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum KindArg {
+    Api,
+    Cli,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountsCommand {
+    /// Confirms a top-up; idempotent by payment reference.
+    Topup {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Account name.
+        name: String,
+        /// US dollars, e.g. 25 or 25.50 ($10 to $10,000).
+        #[arg(long)]
+        usd: String,
+        /// The payment's unique reference.
+        #[arg(long)]
+        reference: String,
+        #[arg(long, env = "GATEWAY_CREDITS_PER_USD", default_value_t = 100_000)]
+        credits_per_usd: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MessagesCommand {
+    /// Prints the ledger row of a message as JSON.
+    Show {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        id: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -51,6 +149,22 @@ pub struct ServeArgs {
     /// Lifetime of a stream slot's lease, renewed every third of it while the stream runs.
     #[arg(long, env = "GATEWAY_STREAM_LEASE_SECS", default_value_t = 10)]
     pub stream_lease_secs: u64,
+    /// Accounts, keys and the ledger in Postgres: `postgres://user:password@host:port/db`.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Bound on every database call; past it a request needing credits gets 503.
+    #[arg(long, env = "GATEWAY_DATABASE_TIMEOUT_MS", default_value_t = 2_000)]
+    pub database_timeout_ms: u64,
+    /// Database connections per process.
+    #[arg(long, env = "GATEWAY_DATABASE_POOL_SIZE", default_value_t = 16)]
+    pub database_pool_size: u32,
+    /// Apply the database migrations at start.
+    #[arg(long, env = "GATEWAY_MIGRATE")]
+    pub migrate: bool,
+    /// A process silent this long is dead: the reaper releases its reservations (heartbeat
+    /// every third of it).
+    #[arg(long, env = "GATEWAY_REAPER_STALE_SECS", default_value_t = 30)]
+    pub reaper_stale_secs: u64,
 }
 
 /// The flags both modes share.
@@ -100,4 +214,8 @@ pub struct CommonArgs {
     /// so it does not count towards tiers).
     #[arg(long, env = "GATEWAY_SIGNUP_CREDITS", default_value_t = 0)]
     pub signup_credits: u64,
+    /// Shared secret of the payment provider's signed webhook (`POST /webhooks/payments`);
+    /// without it the webhook is off.
+    #[arg(long, env = "GATEWAY_PAYMENT_WEBHOOK_SECRET", hide_env_values = true)]
+    pub payment_webhook_secret: Option<String>,
 }

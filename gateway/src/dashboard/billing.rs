@@ -10,12 +10,12 @@ use time::OffsetDateTime;
 
 use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
-use super::payments::{credits_for, Order};
 use super::session::SignedIn;
 use super::store::{Checkout, CheckoutStatus, Session};
 use super::DashboardError;
-use crate::admin::{MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
+use crate::error::ApiError;
 use crate::ids;
+use crate::payments::{credits_for, parse_usd, Order, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
 use crate::state::AppState;
 
 pub const PACKS_CENTS: [u64; 7] = [1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000];
@@ -46,19 +46,12 @@ pub fn parse_amount(input: &str) -> Result<u64, String> {
         .chars()
         .filter(|c| *c != ',')
         .collect();
-    let (whole, fraction) = cleaned.split_once('.').unwrap_or((&cleaned, ""));
-    let digits = |s: &str| !s.is_empty() && s.len() <= 9 && s.chars().all(|c| c.is_ascii_digit());
-    if !digits(whole) || !(fraction.is_empty() || (fraction.len() <= 2 && digits(fraction))) {
+    let Some(total) = parse_usd(&cleaned) else {
         return Err(format!(
             "“{}” is not a dollar amount. {range}",
             input.trim()
         ));
-    }
-    let whole: u64 = whole.parse().map_err(|_| range.clone())?;
-    let cents: u64 = format!("{fraction:0<2}")
-        .parse()
-        .map_err(|_| range.clone())?;
-    let total = whole * 100 + cents;
+    };
     if total < MIN_TOP_UP_CENTS {
         return Err(format!(
             "{} is below the minimum top-up. {range}",
@@ -256,20 +249,17 @@ pub async fn checkout(
             created_at: OffsetDateTime::now_utc(),
         })
         .await?;
-    if let Err(e) = state.payments.checkout(&order).await {
-        tracing::warn!(error = %e, reference = %order.reference, "checkout failed");
+    if let Err(e) = state.payments.checkout(&state, &order).await {
         state
             .developers
             .set_checkout_status(&order.reference, CheckoutStatus::Failed)
             .await?;
+        let refusal = ApiError::from(e);
         return render(
             &state,
             session,
-            StatusCode::BAD_GATEWAY,
-            Some((
-                "error",
-                "The payment could not be completed and nothing was charged. Please try again.",
-            )),
+            refusal.status,
+            Some(("error", &refusal.message)),
             &form.amount,
         )
         .await;

@@ -9,7 +9,6 @@ mod form;
 mod keys;
 mod layout;
 mod overview;
-pub mod payments;
 mod session;
 pub mod store;
 mod usage;
@@ -25,7 +24,6 @@ use crate::error::ApiError;
 use crate::ledger::LedgerError;
 use crate::state::AppState;
 
-pub use payments::{PaymentProvider, TestPayments};
 pub use store::{DeveloperStore, MemoryDeveloperStore};
 
 /// Start-up settings of the dashboard.

@@ -8,9 +8,9 @@ use time::{Date, OffsetDateTime};
 use super::layout::{datetime, dollars, page, thousands, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
-use crate::admin::MIN_TOP_UP_CENTS;
 use crate::api::usage::{format_date, report, UsageQuery};
 use crate::ledger::MessageStatus;
+use crate::payments::MIN_TOP_UP_CENTS;
 use crate::routing::Catalog;
 use crate::state::AppState;
 
@@ -52,6 +52,7 @@ fn status_label(status: MessageStatus) -> &'static str {
         MessageStatus::ClientDisconnected => "client disconnected",
         MessageStatus::Interrupted => "interrupted",
         MessageStatus::Failed => "failed",
+        MessageStatus::Abandoned => "abandoned",
     }
 }
 

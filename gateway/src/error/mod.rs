@@ -11,6 +11,7 @@ use crate::auth::AuthError;
 use crate::dashboard::DashboardError;
 use crate::ledger::LedgerError;
 use crate::limits::LimitError;
+use crate::payments::{CheckoutError, PaymentError};
 use crate::providers::ProviderError;
 use crate::tokens::TokenError;
 
@@ -153,8 +154,17 @@ impl From<AuthError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "account store failed");
-        Self::unavailable("account service temporarily unavailable; retry with backoff")
+        match e {
+            StoreError::Conflict(message) => Self::new(
+                StatusCode::CONFLICT,
+                ErrorType::InvalidRequestError,
+                message,
+            ),
+            StoreError::Unavailable(detail) => {
+                tracing::error!(error = %detail, "account store failed");
+                Self::unavailable("account service temporarily unavailable; retry with backoff")
+            }
+        }
     }
 }
 
@@ -189,7 +199,9 @@ impl From<LedgerError> for ApiError {
                 ErrorType::InsufficientQuota,
                 e.to_string(),
             ),
-            LedgerError::ReferenceConflict => Self::invalid(format!("reference: {e}")),
+            LedgerError::ReferenceConflict | LedgerError::TopUpMismatch => {
+                Self::invalid(format!("reference: {e}"))
+            }
             LedgerError::UnknownAccount | LedgerError::UnknownMessage => {
                 tracing::error!(error = %e, "ledger inconsistency");
                 Self::internal()
@@ -198,6 +210,27 @@ impl From<LedgerError> for ApiError {
                 tracing::error!(error = %detail, "ledger unavailable");
                 Self::unavailable("billing temporarily unavailable; retry with backoff")
             }
+        }
+    }
+}
+
+impl From<PaymentError> for ApiError {
+    fn from(e: PaymentError) -> Self {
+        match e {
+            PaymentError::Amount(_) | PaymentError::EmptyReference => Self::invalid(e.to_string()),
+            PaymentError::UnknownAccount(_) => Self::not_found(e.to_string()),
+            PaymentError::Duplicate(_) => Self::new(
+                StatusCode::CONFLICT,
+                ErrorType::InvalidRequestError,
+                e.to_string(),
+            ),
+            PaymentError::Signature(_) => Self::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorType::AuthenticationError,
+                e.to_string(),
+            ),
+            PaymentError::Ledger(inner) => inner.into(),
+            PaymentError::Store(inner) => inner.into(),
         }
     }
 }
@@ -255,6 +288,22 @@ impl From<DashboardError> for ApiError {
             DashboardError::Store(inner) => inner.into(),
             DashboardError::Ledger(inner) => inner.into(),
             DashboardError::Api(inner) => inner,
+        }
+    }
+}
+
+impl From<CheckoutError> for ApiError {
+    fn from(e: CheckoutError) -> Self {
+        match e {
+            CheckoutError::NoProvider => Self::unavailable(e.to_string()),
+            CheckoutError::Confirmation(inner) => {
+                tracing::warn!(error = %inner.message, "payment confirmation refused");
+                Self::new(
+                    StatusCode::BAD_GATEWAY,
+                    ErrorType::ApiError,
+                    "the payment could not be completed and nothing was charged; please try again",
+                )
+            }
         }
     }
 }

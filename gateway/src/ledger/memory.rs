@@ -8,8 +8,8 @@ use dashmap::DashMap;
 use time::{Date, OffsetDateTime};
 
 use super::{
-    Balance, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation, Settlement, TopUp,
-    UsageRow, UsageTotals,
+    Balance, Confirmation, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation,
+    Settlement, TopUp, UsageRow, UsageTotals,
 };
 
 const KEPT_MESSAGES: usize = 100_000;
@@ -35,6 +35,12 @@ impl Default for MemoryLedger {
 }
 
 impl MemoryLedger {
+    pub fn lifetime_top_up_cents(&self, account_id: &str) -> u64 {
+        self.balances
+            .get(account_id)
+            .map_or(0, |b| b.lifetime_top_up_cents)
+    }
+
     fn remember_settled(&self, id: String) {
         if let Some(oldest) = self.settled_order.force_push(id) {
             self.messages.remove(&oldest);
@@ -64,7 +70,7 @@ impl Ledger for MemoryLedger {
         reference: &str,
         usd_cents: u64,
         credits: u64,
-    ) -> Result<TopUp, LedgerError> {
+    ) -> Result<Confirmation, LedgerError> {
         let entry = self.top_ups.entry(reference.to_owned());
         let top_up = match entry {
             dashmap::Entry::Occupied(existing) => {
@@ -72,7 +78,13 @@ impl Ledger for MemoryLedger {
                 if existing.account_id != account_id {
                     return Err(LedgerError::ReferenceConflict);
                 }
-                return Ok(existing);
+                if existing.usd_cents != usd_cents {
+                    return Err(LedgerError::TopUpMismatch);
+                }
+                return Ok(Confirmation {
+                    top_up: existing,
+                    first: false,
+                });
             }
             dashmap::Entry::Vacant(slot) => slot
                 .insert(TopUp {
@@ -88,7 +100,10 @@ impl Ledger for MemoryLedger {
         let mut balance = self.balances.entry(account_id.to_owned()).or_default();
         balance.balance += credits;
         balance.lifetime_top_up_cents += usd_cents;
-        Ok(top_up)
+        Ok(Confirmation {
+            top_up,
+            first: true,
+        })
     }
 
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {

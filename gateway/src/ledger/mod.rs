@@ -3,6 +3,7 @@
 //! A trait with an in-process implementation (standalone) and a Postgres one (cluster).
 
 mod memory;
+mod postgres;
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -10,6 +11,7 @@ use thiserror::Error;
 use time::{Date, OffsetDateTime};
 
 pub use memory::MemoryLedger;
+pub use postgres::PostgresLedger;
 
 use crate::wire::anthropic::{StopReason, TokenUsage};
 
@@ -23,6 +25,8 @@ pub enum LedgerError {
     UnknownMessage,
     #[error("payment reference is already used by another account")]
     ReferenceConflict,
+    #[error("payment reference is already used by a top-up of another amount")]
+    TopUpMismatch,
     #[error("ledger unavailable: {0}")]
     Unavailable(String),
 }
@@ -48,6 +52,8 @@ pub enum MessageStatus {
     Interrupted,
     /// Failed upstream or in the gateway; nothing billed.
     Failed,
+    /// The process serving it died before settling; released by the reaper, nothing billed.
+    Abandoned,
 }
 
 /// One ledger row: everything support needs to answer "what happened to msg_...".
@@ -105,6 +111,13 @@ pub struct TopUp {
     pub confirmed_at: OffsetDateTime,
 }
 
+/// A confirmed top-up, and whether this call confirmed it (`false`: a replay, nothing changed).
+#[derive(Clone, Debug)]
+pub struct Confirmation {
+    pub top_up: TopUp,
+    pub first: bool,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct UsageTotals {
     pub requests: u64,
@@ -149,14 +162,15 @@ pub trait Ledger: Send + Sync {
     /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
     async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError>;
-    /// Confirms a top-up once per payment reference; a replay returns the first confirmation.
+    /// Confirms a top-up once per payment reference, crediting the account and its lifetime
+    /// top-up; a replay returns the first confirmation and changes nothing.
     async fn top_up(
         &self,
         account_id: &str,
         reference: &str,
         usd_cents: u64,
         credits: u64,
-    ) -> Result<TopUp, LedgerError>;
+    ) -> Result<Confirmation, LedgerError>;
     /// Holds between `min` and `max` credits, as much as the balance allows; returns the amount.
     async fn reserve(&self, reservation: NewReservation) -> Result<u64, LedgerError>;
     /// Bills a reserved turn and releases the rest; once only: a replay returns the first

@@ -1,0 +1,336 @@
+//! The Postgres account store of cluster mode. Key lookups, one per request, are cached for a
+//! few seconds (so revocations and suspensions reach every pod within [`FRESH`]); while
+//! Postgres is unreachable a key seen recently keeps working from the cache, so calls that
+//! need no credits (count_tokens, models) survive an outage.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use time::OffsetDateTime;
+
+use super::{
+    Account, AccountStatus, Accounts, KeyKind, KeyRecord, Promotion, PromotionRules, StoreError,
+};
+use crate::auth::KeyHash;
+use crate::db::{name_of, parse_name, to_db, Database, DbError};
+use crate::ids;
+
+/// How long a cached key lookup is trusted while Postgres answers.
+const FRESH: Duration = Duration::from_secs(5);
+/// How long a cached key lookup may stand in for an unreachable Postgres.
+const STALE: Duration = Duration::from_secs(600);
+
+type Lookup = Option<(KeyRecord, Account)>;
+
+pub struct PostgresAccounts {
+    db: Database,
+    keys: DashMap<KeyHash, (Instant, Lookup)>,
+}
+
+impl PostgresAccounts {
+    pub fn new(db: Database) -> Self {
+        Self {
+            db,
+            keys: DashMap::new(),
+        }
+    }
+
+    async fn fetch_key(&self, hash: &KeyHash) -> Result<Lookup, DbError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS}, a.name AS account_name, a.status AS account_status,
+                            a.created_at AS account_created_at
+                     FROM api_keys k JOIN accounts a ON a.id = k.account_id
+                     WHERE k.hash = $1"
+                ))
+                .bind(hash.as_bytes())
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        row.map(|row| {
+            let key = key_of(&row)?;
+            let account = Account {
+                id: key.account_id.clone(),
+                name: row.try_get("account_name")?,
+                status: status_of(&row.try_get::<String, _>("account_status")?),
+                created_at: row.try_get("account_created_at")?,
+            };
+            Ok((key, account))
+        })
+        .transpose()
+        .map_err(DbError::Sql)
+    }
+}
+
+const KEY_COLUMNS: &str =
+    "k.id, k.account_id, k.name, k.prefix, k.hash, k.kind, k.scopes, k.tier, k.revoked_at, k.created_at";
+
+const ACCOUNT_COLUMNS: &str = "id, name, status, created_at";
+
+fn status_of(name: &str) -> AccountStatus {
+    parse_name(&[AccountStatus::Active, AccountStatus::Suspended], name)
+        .unwrap_or(AccountStatus::Suspended)
+}
+
+fn key_of(row: &PgRow) -> Result<KeyRecord, sqlx::Error> {
+    let hash: Vec<u8> = row.try_get("hash")?;
+    let kind: String = row.try_get("kind")?;
+    Ok(KeyRecord {
+        id: row.try_get("id")?,
+        account_id: row.try_get("account_id")?,
+        name: row.try_get("name")?,
+        prefix: row.try_get("prefix")?,
+        // Unknown kinds are treated as CLI keys, which /v1 refuses.
+        kind: parse_name(&[KeyKind::Api, KeyKind::Cli], &kind).unwrap_or(KeyKind::Cli),
+        scopes: row.try_get("scopes")?,
+        tier: row.try_get("tier")?,
+        revoked: row
+            .try_get::<Option<OffsetDateTime>, _>("revoked_at")?
+            .is_some(),
+        hash: KeyHash::from_bytes(&hash)
+            .ok_or_else(|| sqlx::Error::Decode("api_keys.hash is not a SHA-256 digest".into()))?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn account_of(row: &PgRow) -> Result<Account, sqlx::Error> {
+    Ok(Account {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        status: status_of(&row.try_get::<String, _>("status")?),
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn conflict_or_unavailable(e: DbError, what: &str) -> StoreError {
+    match e.constraint() {
+        Some(_) => StoreError::Conflict(what.to_owned()),
+        None => e.into(),
+    }
+}
+
+#[async_trait]
+impl Accounts for PostgresAccounts {
+    async fn create_account(&self, name: &str) -> Result<Account, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "INSERT INTO accounts (id, name) VALUES ($1, $2) RETURNING {ACCOUNT_COLUMNS}"
+                ))
+                .bind(ids::account())
+                .bind(name)
+                .fetch_one(self.db.pool()),
+            )
+            .await
+            .map_err(|e| conflict_or_unavailable(e, "name: an account with this name exists"))?;
+        Ok(account_of(&row).map_err(DbError::Sql)?)
+    }
+
+    async fn account(&self, id: &str) -> Result<Option<Account>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE id = $1"
+                ))
+                .bind(id)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(account_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn account_by_name(&self, name: &str) -> Result<Option<Account>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE name = $1"
+                ))
+                .bind(name)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(account_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn set_status(
+        &self,
+        id: &str,
+        status: AccountStatus,
+    ) -> Result<Option<Account>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "UPDATE accounts SET status = $2 WHERE id = $1 RETURNING {ACCOUNT_COLUMNS}"
+                ))
+                .bind(id)
+                .bind(name_of(&status))
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        self.keys
+            .retain(|_, (_, found)| found.as_ref().is_none_or(|(key, _)| key.account_id != id));
+        Ok(row
+            .as_ref()
+            .map(account_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn insert_key(&self, key: KeyRecord) -> Result<(), StoreError> {
+        self.db
+            .bounded(
+                sqlx::query(
+                    "INSERT INTO api_keys (id, account_id, name, prefix, hash, kind, scopes, tier, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                )
+                .bind(&key.id)
+                .bind(&key.account_id)
+                .bind(&key.name)
+                .bind(&key.prefix)
+                .bind(key.hash.as_bytes())
+                .bind(name_of(&key.kind))
+                .bind(&key.scopes)
+                .bind(&key.tier)
+                .bind(key.created_at)
+                .execute(self.db.pool()),
+            )
+            .await
+            .map_err(|e| conflict_or_unavailable(e, "key: a key with this id or secret exists"))?;
+        self.keys.remove(&key.hash);
+        Ok(())
+    }
+
+    async fn key_by_hash(
+        &self,
+        hash: &KeyHash,
+    ) -> Result<Option<(KeyRecord, Account)>, StoreError> {
+        let cached = self.keys.get(hash).map(|e| e.clone());
+        if let Some((at, found)) = &cached {
+            if at.elapsed() < FRESH {
+                return Ok(found.clone());
+            }
+        }
+        match self.fetch_key(hash).await {
+            Ok(found) => {
+                self.keys.insert(*hash, (Instant::now(), found.clone()));
+                Ok(found)
+            }
+            Err(e) => match cached {
+                Some((at, found)) if at.elapsed() < STALE => {
+                    tracing::debug!(error = %e, "key lookup served from the cache while Postgres is away");
+                    Ok(found)
+                }
+                _ => Err(e.into()),
+            },
+        }
+    }
+
+    async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "UPDATE api_keys k SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
+                     RETURNING {KEY_COLUMNS}"
+                ))
+                .bind(id)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        let key = row.as_ref().map(key_of).transpose().map_err(DbError::Sql)?;
+        if let Some(key) = &key {
+            self.keys.remove(&key.hash);
+        }
+        Ok(key)
+    }
+
+    async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.account_id = $1
+                     ORDER BY k.created_at DESC"
+                ))
+                .bind(account_id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(key_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError> {
+        let (tiers, cents): (Vec<String>, Vec<i64>) = rules
+            .tiers()
+            .iter()
+            .map(|(tier, cents)| (tier.clone(), to_db(*cents)))
+            .unzip();
+        // One statement: each key's target is the highest listed tier whose threshold its
+        // account's lifetime top-up reaches, applied only when it ranks above the key's tier.
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "WITH rules AS (
+                         SELECT tier, cents, rank
+                         FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS r (tier, cents, rank)
+                     ), moves AS (
+                         SELECT k.id, k.tier AS from_tier, best.tier AS to_tier
+                         FROM api_keys k
+                         JOIN accounts a ON a.id = k.account_id
+                         JOIN rules cur ON cur.tier = k.tier
+                         CROSS JOIN LATERAL (
+                             SELECT r.tier, r.rank FROM rules r
+                             WHERE r.cents <= a.lifetime_top_up_cents
+                             ORDER BY r.rank DESC LIMIT 1
+                         ) best
+                         WHERE best.rank > cur.rank AND k.revoked_at IS NULL
+                     )
+                     UPDATE api_keys k SET tier = m.to_tier
+                     FROM moves m WHERE k.id = m.id AND k.tier = m.from_tier
+                     RETURNING k.id, k.account_id, m.from_tier, m.to_tier",
+                )
+                .bind(&tiers)
+                .bind(&cents)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let promotions = rows
+            .iter()
+            .map(|row| {
+                Ok(Promotion {
+                    key_id: row.try_get("id")?,
+                    account_id: row.try_get("account_id")?,
+                    from: row.try_get("from_tier")?,
+                    to: row.try_get("to_tier")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(DbError::Sql)?;
+        if !promotions.is_empty() {
+            self.keys.clear();
+        }
+        Ok(promotions)
+    }
+}

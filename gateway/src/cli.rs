@@ -1,0 +1,141 @@
+//! The operator commands of the `gateway` binary, against the database of cluster mode:
+//! `migrate`, `keys create|revoke`, `accounts topup`, `messages show`. Each prints JSON on
+//! stdout, so scripts and tests can read it.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use thiserror::Error;
+
+use crate::accounts::{Accounts, KeyKind, PostgresAccounts, StoreError};
+use crate::auth::{self, KeySpec};
+use crate::config::{AccountsCommand, DatabaseArgs, KeysCommand, KindArg, MessagesCommand};
+use crate::db::{Database, DbError};
+use crate::ledger::{Ledger, LedgerError, PostgresLedger};
+use crate::payments::{self, PaymentError, TopUpRequest};
+
+#[derive(Debug, Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Payment(#[from] PaymentError),
+    #[error("{0}")]
+    Usage(String),
+}
+
+fn connect(args: &DatabaseArgs) -> Result<Database, CliError> {
+    Ok(Database::connect(
+        &args.database_url,
+        args.database_pool_size,
+        Duration::from_millis(args.database_timeout_ms),
+    )?)
+}
+
+fn print(value: Value) {
+    println!("{value}");
+}
+
+pub async fn migrate(args: DatabaseArgs) -> Result<(), CliError> {
+    connect(&args)?.migrate().await?;
+    print(json!({ "migrated": true }));
+    Ok(())
+}
+
+pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
+    match command {
+        KeysCommand::Create {
+            db,
+            account,
+            tier,
+            credits,
+            kind,
+            scopes,
+            name,
+        } => {
+            let db = connect(&db)?;
+            let accounts = PostgresAccounts::new(db.clone());
+            let account = match accounts.account_by_name(&account).await? {
+                Some(existing) => existing,
+                None => {
+                    let created = accounts.create_account(&account).await?;
+                    PostgresLedger::new(db).grant(&created.id, credits).await?;
+                    created
+                }
+            };
+            let minted = auth::mint(KeySpec {
+                id: None,
+                account_id: account.id,
+                name,
+                kind: match kind {
+                    KindArg::Api => KeyKind::Api,
+                    KindArg::Cli => KeyKind::Cli,
+                },
+                scopes,
+                tier,
+                secret: None,
+            });
+            accounts.insert_key(minted.record.clone()).await?;
+            let mut out = json!(minted.record);
+            out["key"] = json!(minted.secret);
+            print(out);
+        }
+        KeysCommand::Revoke { db, id } => {
+            let key = PostgresAccounts::new(connect(&db)?)
+                .revoke_key(&id)
+                .await?
+                .ok_or_else(|| CliError::Usage(format!("key `{id}` does not exist")))?;
+            print(json!({ "id": key.id, "revoked": true }));
+        }
+    }
+    Ok(())
+}
+
+pub async fn accounts(command: AccountsCommand) -> Result<(), CliError> {
+    let AccountsCommand::Topup {
+        db,
+        name,
+        usd,
+        reference,
+        credits_per_usd,
+    } = command;
+    let usd_cents = payments::parse_usd(&usd).ok_or_else(|| {
+        CliError::Usage(format!(
+            "--usd: expected dollars like 25 or 25.50, not `{usd}`"
+        ))
+    })?;
+    let db = connect(&db)?;
+    let accounts = PostgresAccounts::new(db.clone());
+    let ledger = PostgresLedger::new(db);
+    let account = accounts
+        .account_by_name(&name)
+        .await?
+        .ok_or_else(|| CliError::Usage(format!("account `{name}` does not exist")))?;
+    let request = TopUpRequest {
+        account_id: &account.id,
+        reference: &reference,
+        usd_cents,
+    };
+    let confirmation = payments::confirm(&accounts, &ledger, credits_per_usd, request).await?;
+    let balance = ledger.balance(&account.id).await?;
+    let mut out = json!(confirmation.top_up);
+    out["replayed"] = json!(!confirmation.first);
+    out["balance"] = json!(balance.balance);
+    out["lifetime_top_up_cents"] = json!(balance.lifetime_top_up_cents);
+    print(out);
+    Ok(())
+}
+
+pub async fn messages(command: MessagesCommand) -> Result<(), CliError> {
+    let MessagesCommand::Show { db, id } = command;
+    let record = PostgresLedger::new(connect(&db)?)
+        .message(&id)
+        .await?
+        .ok_or_else(|| CliError::Usage(format!("message `{id}` is not in the ledger")))?;
+    print(json!(record));
+    Ok(())
+}

@@ -1,0 +1,516 @@
+//! The Postgres ledger of cluster mode. Every money movement is one statement, so it is atomic
+//! without a client-side transaction and costs one round trip:
+//! - reserve locks the account row, holds what the balance allows and writes the message row,
+//!   all or nothing; concurrent reservations queue on the row lock, so none can overdraw;
+//! - settle moves the message out of `reserved` and debits the account in the same statement,
+//!   so a replay (or a racing reaper) finds nothing left to settle;
+//! - a top-up is inserted (or a pending one confirmed) and credited in one statement, keyed
+//!   by its unique payment reference.
+//!
+//! Each process registers itself in `gateway_instances` and renews a heartbeat; the reaper
+//! releases reservations whose process stopped beating (see [`PostgresLedger::reap`]).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use time::{Date, OffsetDateTime, Time};
+
+use super::{
+    Balance, Confirmation, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation,
+    Settlement, TopUp, UsageRow, UsageTotals,
+};
+use crate::db::{from_db, name_of, parse_name, to_db, Database, DbError};
+use crate::ids;
+use crate::wire::anthropic::{StopReason, TokenUsage};
+
+const STATUSES: [MessageStatus; 6] = [
+    MessageStatus::Reserved,
+    MessageStatus::Completed,
+    MessageStatus::ClientDisconnected,
+    MessageStatus::Interrupted,
+    MessageStatus::Failed,
+    MessageStatus::Abandoned,
+];
+
+const STOP_REASONS: [StopReason; 4] = [
+    StopReason::EndTurn,
+    StopReason::MaxTokens,
+    StopReason::StopSequence,
+    StopReason::ToolUse,
+];
+
+const ENDPOINTS: [&str; 2] = ["messages", "chat_completions"];
+
+pub struct PostgresLedger {
+    db: Database,
+    /// This process, as recorded on the reservations it holds.
+    instance: String,
+}
+
+impl PostgresLedger {
+    pub fn new(db: Database) -> Self {
+        Self {
+            db,
+            instance: ids::instance(),
+        }
+    }
+
+    /// Records that this process is alive; reservations of processes that stop doing so are
+    /// released by [`reap`](Self::reap).
+    pub async fn heartbeat(&self) -> Result<(), LedgerError> {
+        self.db
+            .bounded(
+                sqlx::query(
+                    "INSERT INTO gateway_instances (id, heartbeat_at) VALUES ($1, now())
+                     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()",
+                )
+                .bind(&self.instance)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Releases the reservations orphaned by dead processes: those older than `stale` whose
+    /// process has not sent a heartbeat for `stale`. They end `abandoned` and billed nothing,
+    /// since what the client received is unknown; the status change and the release are one
+    /// statement that only touches rows still `reserved`, so it never races a settle into a
+    /// double release. Returns how many it released.
+    pub async fn reap(&self, stale: Duration) -> Result<u64, LedgerError> {
+        let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "WITH orphans AS (
+                         UPDATE messages m SET status = 'abandoned', billed = 0, settled_at = now()
+                         WHERE m.status = 'reserved'
+                           AND m.created_at < now() - $1 * interval '1 millisecond'
+                           AND NOT EXISTS (
+                               SELECT 1 FROM gateway_instances g
+                               WHERE g.id = m.instance_id
+                                 AND g.heartbeat_at > now() - $1 * interval '1 millisecond')
+                         RETURNING m.account_id, m.reserved
+                     ), released AS (
+                         SELECT account_id, sum(reserved)::bigint AS credits, count(*) AS n
+                         FROM orphans GROUP BY account_id
+                     ), accounts_released AS (
+                         UPDATE accounts a SET reserved = a.reserved - r.credits
+                         FROM released r WHERE a.id = r.account_id
+                         RETURNING r.n
+                     )
+                     SELECT coalesce(sum(n), 0)::bigint AS reaped FROM accounts_released",
+                )
+                .bind(stale_ms)
+                .fetch_one(self.db.pool()),
+            )
+            .await?;
+        Ok(from_db(row.try_get("reaped").map_err(DbError::Sql)?))
+    }
+
+    async fn top_up_by_reference(&self, reference: &str) -> Result<Option<TopUp>, LedgerError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT reference, account_id, usd_cents, credits, status,
+                            coalesce(confirmed_at, created_at) AS confirmed_at
+                     FROM top_ups WHERE reference = $1",
+                )
+                .bind(reference)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(top_up_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+}
+
+impl From<DbError> for LedgerError {
+    fn from(e: DbError) -> Self {
+        Self::Unavailable(e.to_string())
+    }
+}
+
+fn top_up_of(row: &PgRow) -> Result<TopUp, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    Ok(TopUp {
+        reference: row.try_get("reference")?,
+        account_id: row.try_get("account_id")?,
+        usd_cents: from_db(row.try_get("usd_cents")?),
+        credits: from_db(row.try_get("credits")?),
+        status: if status == "confirmed" {
+            "confirmed"
+        } else {
+            "pending"
+        },
+        confirmed_at: row.try_get("confirmed_at")?,
+    })
+}
+
+fn balance_of(row: &PgRow) -> Result<Balance, sqlx::Error> {
+    Ok(Balance {
+        balance: from_db(row.try_get("balance")?),
+        reserved: from_db(row.try_get("reserved")?),
+        lifetime_top_up_cents: from_db(row.try_get("lifetime_top_up_cents")?),
+    })
+}
+
+fn tokens(row: &PgRow, column: &str) -> Result<u32, sqlx::Error> {
+    Ok(u32::try_from(row.try_get::<i64, _>(column)?).unwrap_or(u32::MAX))
+}
+
+fn message_of(row: &PgRow) -> Result<MessageRecord, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    let endpoint: String = row.try_get("endpoint")?;
+    let stop_reason: Option<String> = row.try_get("stop_reason")?;
+    Ok(MessageRecord {
+        id: row.try_get("id")?,
+        account_id: row.try_get("account_id")?,
+        key_id: row.try_get("key_id")?,
+        model: row.try_get("model")?,
+        served_model: row.try_get("served_model")?,
+        provider: row.try_get("provider")?,
+        upstream: row.try_get("upstream")?,
+        upstream_model: row.try_get("upstream_model")?,
+        endpoint: ENDPOINTS
+            .into_iter()
+            .find(|e| *e == endpoint)
+            .unwrap_or("unknown"),
+        stream: row.try_get("stream")?,
+        status: parse_name(&STATUSES, &status).ok_or_else(|| {
+            sqlx::Error::Decode(format!("unknown message status {status}").into())
+        })?,
+        reserved: from_db(row.try_get("reserved")?),
+        billed: from_db(row.try_get("billed")?),
+        usage: TokenUsage {
+            input_tokens: tokens(row, "input_tokens")?,
+            output_tokens: tokens(row, "output_tokens")?,
+            cache_creation_input_tokens: tokens(row, "cache_creation_input_tokens")?,
+            cache_read_input_tokens: tokens(row, "cache_read_input_tokens")?,
+        },
+        stop_reason: stop_reason.and_then(|s| parse_name(&STOP_REASONS, &s)),
+        created_at: row.try_get("created_at")?,
+        latency_ms: row.try_get::<Option<i64>, _>("latency_ms")?.map(from_db),
+    })
+}
+
+fn midnight(day: Date) -> OffsetDateTime {
+    day.with_time(Time::MIDNIGHT).assume_utc()
+}
+
+#[async_trait]
+impl Ledger for PostgresLedger {
+    async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "UPDATE accounts SET balance = balance + $2 WHERE id = $1
+                     RETURNING balance, reserved, lifetime_top_up_cents",
+                )
+                .bind(account_id)
+                .bind(to_db(credits))
+                .fetch_optional(self.db.pool()),
+            )
+            .await?
+            .ok_or(LedgerError::UnknownAccount)?;
+        Ok(balance_of(&row).map_err(DbError::Sql)?)
+    }
+
+    async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT balance, reserved, lifetime_top_up_cents FROM accounts WHERE id = $1",
+                )
+                .bind(account_id)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(balance_of)
+            .transpose()
+            .map_err(DbError::Sql)?
+            .unwrap_or_default())
+    }
+
+    async fn top_up(
+        &self,
+        account_id: &str,
+        reference: &str,
+        usd_cents: u64,
+        credits: u64,
+    ) -> Result<Confirmation, LedgerError> {
+        // Inserts the top-up confirmed, or confirms a pending one of the same account and
+        // amount, and credits the account, in one statement; anything else changes nothing.
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "WITH confirmed AS (
+                         INSERT INTO top_ups (reference, account_id, usd_cents, credits, status, confirmed_at)
+                         VALUES ($1, $2, $3, $4, 'confirmed', now())
+                         ON CONFLICT (reference) DO UPDATE SET status = 'confirmed', confirmed_at = now()
+                         WHERE top_ups.status = 'pending'
+                           AND top_ups.account_id = EXCLUDED.account_id
+                           AND top_ups.usd_cents = EXCLUDED.usd_cents
+                         RETURNING reference, account_id, usd_cents, credits, status, confirmed_at
+                     ), credited AS (
+                         UPDATE accounts a
+                         SET balance = a.balance + c.credits,
+                             lifetime_top_up_cents = a.lifetime_top_up_cents + c.usd_cents
+                         FROM confirmed c WHERE a.id = c.account_id
+                         RETURNING a.id
+                     )
+                     SELECT c.* FROM confirmed c JOIN credited ON credited.id = c.account_id",
+                )
+                .bind(reference)
+                .bind(account_id)
+                .bind(to_db(usd_cents))
+                .bind(to_db(credits))
+                .fetch_optional(self.db.pool()),
+            )
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            // The account does not exist (foreign key).
+            Err(e) if e.constraint().is_some() => return Err(LedgerError::UnknownAccount),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(row) = row {
+            return Ok(Confirmation {
+                top_up: top_up_of(&row).map_err(DbError::Sql)?,
+                first: true,
+            });
+        }
+        let existing = self
+            .top_up_by_reference(reference)
+            .await?
+            .ok_or(LedgerError::UnknownAccount)?;
+        if existing.account_id != account_id {
+            return Err(LedgerError::ReferenceConflict);
+        }
+        if existing.status != "confirmed" || existing.usd_cents != usd_cents {
+            return Err(LedgerError::TopUpMismatch);
+        }
+        Ok(Confirmation {
+            top_up: existing,
+            first: false,
+        })
+    }
+
+    async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {
+        let m = r.record;
+        // The row lock of `FOR NO KEY UPDATE` makes concurrent reservations of one account
+        // queue; each sees the balance the previous one left.
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "WITH account AS (
+                         SELECT balance - reserved AS available FROM accounts
+                         WHERE id = $1 FOR NO KEY UPDATE
+                     ), held AS (
+                         UPDATE accounts a SET reserved = a.reserved + least($3, account.available)
+                         FROM account WHERE a.id = $1 AND account.available >= $2
+                         RETURNING least($3, account.available) AS amount
+                     ), message AS (
+                         INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
+                             upstream, upstream_model, endpoint, stream, status, reserved,
+                             instance_id, created_at)
+                         SELECT $4, $1, $5, $6, $7, $8, $9, $10, $11, $12, 'reserved', held.amount,
+                             $13, $14
+                         FROM held
+                     )
+                     SELECT (SELECT amount FROM held) AS amount,
+                            (SELECT available FROM account) AS available",
+                )
+                .bind(&m.account_id)
+                .bind(to_db(r.min))
+                .bind(to_db(r.max))
+                .bind(&m.id)
+                .bind(&m.key_id)
+                .bind(&m.model)
+                .bind(&m.served_model)
+                .bind(&m.provider)
+                .bind(&m.upstream)
+                .bind(&m.upstream_model)
+                .bind(m.endpoint)
+                .bind(m.stream)
+                .bind(&self.instance)
+                .bind(m.created_at)
+                .fetch_one(self.db.pool()),
+            )
+            .await?;
+        let amount: Option<i64> = row.try_get("amount").map_err(DbError::Sql)?;
+        let available: Option<i64> = row.try_get("available").map_err(DbError::Sql)?;
+        amount.map(from_db).ok_or(LedgerError::InsufficientCredits {
+            needed: r.max,
+            available: available.map_or(0, from_db),
+        })
+    }
+
+    async fn settle(&self, s: Settlement) -> Result<u64, LedgerError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "WITH settled AS (
+                         UPDATE messages SET status = $2,
+                             billed = CASE WHEN $2 = 'failed' THEN 0 ELSE least($3, reserved) END,
+                             input_tokens = $4, output_tokens = $5,
+                             cache_creation_input_tokens = $6, cache_read_input_tokens = $7,
+                             stop_reason = $8, latency_ms = $9, settled_at = now()
+                         WHERE id = $1 AND status = 'reserved'
+                         RETURNING account_id, reserved, billed
+                     ), debited AS (
+                         UPDATE accounts a
+                         SET reserved = a.reserved - s.reserved, balance = a.balance - s.billed
+                         FROM settled s WHERE a.id = s.account_id
+                         RETURNING s.billed
+                     )
+                     SELECT billed FROM debited",
+                )
+                .bind(&s.message_id)
+                .bind(name_of(&s.status))
+                .bind(to_db(s.cost))
+                .bind(i64::from(s.usage.input_tokens))
+                .bind(i64::from(s.usage.output_tokens))
+                .bind(i64::from(s.usage.cache_creation_input_tokens))
+                .bind(i64::from(s.usage.cache_read_input_tokens))
+                .bind(s.stop_reason.map(|r| name_of(&r)))
+                .bind(to_db(s.latency_ms))
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        if let Some(row) = row {
+            return Ok(from_db(row.try_get("billed").map_err(DbError::Sql)?));
+        }
+        // Already settled (a replay) or reaped: report what it was billed, change nothing.
+        self.message(&s.message_id)
+            .await?
+            .map(|m| m.billed)
+            .ok_or(LedgerError::UnknownMessage)
+    }
+
+    async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query("SELECT * FROM messages WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(message_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn usage(
+        &self,
+        account_id: &str,
+        from: Date,
+        to: Date,
+    ) -> Result<Vec<UsageRow>, LedgerError> {
+        let end = to.next_day().map_or(OffsetDateTime::now_utc(), midnight);
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT (created_at AT TIME ZONE 'UTC')::date AS day, model,
+                            count(*)::bigint AS requests,
+                            sum(input_tokens)::bigint AS input_tokens,
+                            sum(output_tokens)::bigint AS output_tokens,
+                            sum(cache_creation_input_tokens)::bigint AS cache_creation_input_tokens,
+                            sum(cache_read_input_tokens)::bigint AS cache_read_input_tokens,
+                            sum(billed)::bigint AS credits
+                     FROM messages
+                     WHERE account_id = $1 AND created_at >= $2 AND created_at < $3
+                       AND status NOT IN ('reserved', 'failed', 'abandoned')
+                     GROUP BY 1, 2 ORDER BY 1, 2",
+                )
+                .bind(account_id)
+                .bind(midnight(from))
+                .bind(end)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let usage = rows
+            .iter()
+            .map(|row| {
+                Ok(UsageRow {
+                    date: row.try_get("day")?,
+                    model: row.try_get("model")?,
+                    totals: UsageTotals {
+                        requests: from_db(row.try_get("requests")?),
+                        input_tokens: from_db(row.try_get("input_tokens")?),
+                        output_tokens: from_db(row.try_get("output_tokens")?),
+                        cache_creation_input_tokens: from_db(
+                            row.try_get("cache_creation_input_tokens")?,
+                        ),
+                        cache_read_input_tokens: from_db(row.try_get("cache_read_input_tokens")?),
+                        credits: from_db(row.try_get("credits")?),
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(DbError::Sql)?;
+        Ok(usage)
+    }
+
+    async fn recent_messages(
+        &self,
+        account_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MessageRecord>, LedgerError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT * FROM messages WHERE account_id = $1
+                     ORDER BY created_at DESC LIMIT $2",
+                )
+                .bind(account_id)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(message_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT reference, account_id, usd_cents, credits, status,
+                            coalesce(confirmed_at, created_at) AS confirmed_at
+                     FROM top_ups WHERE account_id = $1
+                     ORDER BY coalesce(confirmed_at, created_at) DESC",
+                )
+                .bind(account_id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(top_up_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DbError::Sql)?)
+    }
+}

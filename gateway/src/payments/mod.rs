@@ -1,0 +1,129 @@
+//! Top-ups: the amounts the spec allows, the credits a payment buys, their confirmation (from
+//! the admin API, the operator CLI or the payment provider's webhook, all through [`confirm`]),
+//! and the webhook's signature check ([`signature`]).
+
+mod provider;
+pub mod signature;
+mod webhook;
+
+use thiserror::Error;
+
+pub use provider::{CheckoutError, NoPayments, Order, PaymentProvider, TestPayments};
+pub use webhook::webhook;
+
+use crate::accounts::{Accounts, StoreError};
+use crate::ledger::{Confirmation, Ledger, LedgerError};
+
+/// The spec's top-up bounds: packs from $10, custom amounts up to $10,000.
+pub const MIN_TOP_UP_CENTS: u64 = 1_000;
+pub const MAX_TOP_UP_CENTS: u64 = 1_000_000;
+
+#[derive(Debug, Error)]
+pub enum PaymentError {
+    #[error("usd_cents: a top-up is from $10 (1000) to $10,000 (1000000), not {0}")]
+    Amount(u64),
+    #[error("reference: must not be empty")]
+    EmptyReference,
+    #[error("account_id: account `{0}` does not exist")]
+    UnknownAccount(String),
+    #[error("reference: top-up `{0}` is already confirmed; nothing changed")]
+    Duplicate(String),
+    #[error(transparent)]
+    Signature(#[from] signature::SignatureError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Credits bought by `usd_cents` at `credits_per_usd`, rounded down to a whole credit.
+pub fn credits_for(usd_cents: u64, credits_per_usd: u64) -> u64 {
+    usd_cents.saturating_mul(credits_per_usd) / 100
+}
+
+pub fn check_amount(usd_cents: u64) -> Result<(), PaymentError> {
+    if (MIN_TOP_UP_CENTS..=MAX_TOP_UP_CENTS).contains(&usd_cents) {
+        Ok(())
+    } else {
+        Err(PaymentError::Amount(usd_cents))
+    }
+}
+
+/// Confirms a top-up of an existing account; idempotent by reference (see
+/// [`Confirmation::first`]).
+pub async fn confirm(
+    accounts: &dyn Accounts,
+    ledger: &dyn Ledger,
+    credits_per_usd: u64,
+    top_up: TopUpRequest<'_>,
+) -> Result<Confirmation, PaymentError> {
+    check_amount(top_up.usd_cents)?;
+    if top_up.reference.trim().is_empty() {
+        return Err(PaymentError::EmptyReference);
+    }
+    if accounts.account(top_up.account_id).await?.is_none() {
+        return Err(PaymentError::UnknownAccount(top_up.account_id.to_owned()));
+    }
+    let credits = credits_for(top_up.usd_cents, credits_per_usd);
+    Ok(ledger
+        .top_up(
+            top_up.account_id,
+            top_up.reference,
+            top_up.usd_cents,
+            credits,
+        )
+        .await?)
+}
+
+pub struct TopUpRequest<'a> {
+    pub account_id: &'a str,
+    pub reference: &'a str,
+    pub usd_cents: u64,
+}
+
+/// Dollars as typed by an operator (`25`, `25.5`, `25.50`) in cents.
+pub fn parse_usd(text: &str) -> Option<u64> {
+    let (whole, fraction) = text.trim().split_once('.').unwrap_or((text.trim(), ""));
+    if whole.is_empty()
+        || fraction.len() > 2
+        || !(whole.bytes().chain(fraction.bytes())).all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let cents: u64 = format!("{fraction:0<2}").parse().ok()?;
+    whole
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(100)?
+        .checked_add(cents)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dollar_buys_credits_per_usd_credits() {
+        assert_eq!(credits_for(1_000, 100_000), 1_000_000);
+        assert_eq!(credits_for(1_050, 100_000), 1_050_000);
+        assert_eq!(credits_for(1_001, 1), 10);
+    }
+
+    #[test]
+    fn operators_type_dollars_with_at_most_two_decimals() {
+        assert_eq!(parse_usd("25"), Some(2_500));
+        assert_eq!(parse_usd("25.5"), Some(2_550));
+        assert_eq!(parse_usd("25.05"), Some(2_505));
+        assert_eq!(parse_usd("25.055"), None);
+        assert_eq!(parse_usd("-5"), None);
+        assert_eq!(parse_usd(".5"), None);
+    }
+
+    #[test]
+    fn top_ups_are_from_ten_to_ten_thousand_dollars() {
+        assert!(check_amount(999).is_err());
+        assert!(check_amount(1_000).is_ok());
+        assert!(check_amount(1_000_000).is_ok());
+        assert!(check_amount(1_000_001).is_err());
+    }
+}
