@@ -34,16 +34,16 @@ pub struct Stacked<'a> {
 /// A bar's x, its segments (top, height, colour, tooltip) and its day label if shown.
 type Bar = (f64, Vec<(f64, f64, &'static str, String)>, Option<String>);
 
-/// The smallest 1, 2 or 5 times a power of ten that is at least `n / TICKS`, times TICKS.
+/// The smallest 1, 2, 2.5 or 5 times a power of ten that is at least `n / TICKS`, times TICKS.
 fn axis_max(n: u64) -> u64 {
     let raw = n.div_ceil(TICKS).max(1);
     let mut power = 1;
     while power * 10 <= raw {
         power *= 10;
     }
-    let step = [1, 2, 5, 10]
+    let step = [2, 4, 5, 10, 20]
         .into_iter()
-        .map(|m| m * power)
+        .map(|halves| halves * power / 2)
         .find(|s| *s >= raw)
         .unwrap_or(raw);
     step * TICKS
