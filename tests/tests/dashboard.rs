@@ -3,7 +3,8 @@
 //! usage chart and table, tops up $25 with the test payment provider, revokes the key and sees
 //! the next call refused with 401. Bad input (wrong password, a forged CSRF token, $9,
 //! $10,001, a second tab revoking the same key) gets a clear message and changes nothing.
-//! Screenshots of every page at desktop and phone width go to docs/screenshots/.
+//! Screenshots of every page at desktop and phone width go to docs/screenshots/. Cluster mode
+//! serves the same dashboard.
 
 use std::path::PathBuf;
 
@@ -476,4 +477,26 @@ async fn malformed_dashboard_requests_get_a_page_with_a_4xx_never_a_500() {
         assert!((400..500).contains(&status), "{path}: {status} {body}");
         assert!(!body.contains("panicked"), "{body}");
     }
+}
+
+#[tokio::test]
+async fn cluster_mode_serves_the_dashboard_and_refuses_top_ups_without_a_payment_provider() {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder().serve(&redis.url()).start().await;
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (status, page) = visitor.get("/developers/billing").await;
+    assert_eq!(status, 200);
+    let csrf = hidden_csrf(&page);
+    let (status, body, _) = visitor
+        .post(
+            "/developers/billing/checkout",
+            &[("csrf", &csrf), ("amount", "25")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no payment provider is configured"), "{body}");
+    let (_, billing) = visitor.get("/developers/billing").await;
+    assert!(billing.contains("failed") && !billing.contains("confirmed"));
 }
