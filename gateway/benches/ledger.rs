@@ -116,6 +116,7 @@ async fn turn(ledger: &PostgresLedger, account_id: &str, samples: &mut Samples) 
     let settled = ledger
         .settle(Settlement {
             message_id: id,
+            served_by: None,
             status: MessageStatus::Completed,
             cost: COST,
             usage: TokenUsage {

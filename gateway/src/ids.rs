@@ -48,3 +48,18 @@ pub fn lease() -> String {
 pub fn request() -> String {
     format!("req_{}", random(24))
 }
+
+pub fn user() -> String {
+    format!("user_{}", random(16))
+}
+
+/// Length of a session or CSRF token: 32 random base62 characters, about 190 bits.
+pub const SESSION_TOKEN_CHARS: usize = 32;
+
+pub fn session_token() -> String {
+    random(SESSION_TOKEN_CHARS)
+}
+
+pub fn payment_reference() -> String {
+    format!("pay_{}", random(20))
+}

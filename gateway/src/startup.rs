@@ -16,10 +16,12 @@ use crate::accounts::{
 use crate::auth::{self, KeySpec};
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
+use crate::dashboard::{DashboardConfig, MemoryDeveloperStore};
 use crate::db::{Database, DbError};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
+use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::Providers;
 use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
@@ -57,15 +59,22 @@ struct Stores {
     accounts: Arc<dyn Accounts>,
     ledger: Arc<dyn Ledger>,
     limiter: Arc<dyn Limiter>,
+    payments: Arc<dyn PaymentProvider>,
 }
 
 /// `gateway standalone`: everything in process, the promotion sweep on a timer.
-pub async fn standalone(args: StandaloneArgs) -> Result<(), StartError> {
+pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
+    // The test payment provider confirms through the signed webhook, so it needs a secret;
+    // without one given, a random one only this process knows.
+    args.common
+        .payment_webhook_secret
+        .get_or_insert_with(ids::session_token);
     let ledger = Arc::new(MemoryLedger::default());
     let stores = Stores {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
+        payments: Arc::new(TestPayments),
     };
     let interval = Duration::from_secs(args.promotion_interval_secs);
     let config = crds::manifests::load_dir(&args.common.manifests)?;
@@ -107,6 +116,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
             ledger,
             limiter,
+            payments: Arc::new(NoPayments),
         };
         return run(args.common, stores, config, published, |_, _| {}).await;
     };
@@ -123,6 +133,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         accounts: Arc::new(PostgresAccounts::new(db)),
         ledger: ledger.clone(),
         limiter,
+        payments: Arc::new(NoPayments),
     };
     let reaping = Reaping {
         stale: Duration::from_secs(args.reaper_stale_secs.max(1)),
@@ -199,6 +210,12 @@ async fn run(
         shutdown: Shutdown::default(),
         credits_per_usd: args.credits_per_usd,
         payment_webhook_secret: args.payment_webhook_secret.clone(),
+        developers: Arc::new(MemoryDeveloperStore::default()),
+        payments: stores.payments,
+        dashboard: DashboardConfig {
+            secure_cookies: args.dashboard_secure_cookies,
+            signup_credits: args.signup_credits,
+        },
     });
     seed_granted_keys(&state).await?;
     let dev_key = seed_dev_key(&state, &args).await?;

@@ -8,8 +8,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accounts::Accounts;
+use crate::dashboard::{DashboardConfig, DeveloperStore};
 use crate::ledger::Ledger;
 use crate::limits::Limiter;
+use crate::payments::PaymentProvider;
 use crate::providers::Providers;
 use crate::routing::Catalog;
 use crate::tokens::Tokenizer;
@@ -24,6 +26,10 @@ pub struct Services {
     pub providers: Providers,
     pub shutdown: Shutdown,
     pub credits_per_usd: u64,
+    /// Dashboard users, sessions and checkouts.
+    pub developers: Arc<dyn DeveloperStore>,
+    pub payments: Arc<dyn PaymentProvider>,
+    pub dashboard: DashboardConfig,
     /// The payment provider's webhook secret; the webhook is off without it.
     pub payment_webhook_secret: Option<String>,
 }

@@ -15,11 +15,13 @@
 //!   per test, and manifest folders that route every model to it.
 //! - [`Scrape`]: the samples of a `/metrics` scrape.
 //! - [`otlp`]: an OTLP/HTTP (json) trace receiver the gateway exports its spans to.
+//! - [`browser`]: headless chromium through chromedriver, for the dashboard.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
 
 pub mod bodies;
+pub mod browser;
 pub mod cluster;
 pub mod gateway;
 pub mod kube;

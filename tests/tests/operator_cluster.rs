@@ -56,7 +56,7 @@ async fn gateway(api: &KubeApi, redis: &RedisServer) -> Gateway {
         .serve(&redis.url())
         .arg("--config-secret")
         .arg("gateway/gateway-config")
-        .env("KUBECONFIG", &api.kubeconfig(Identity::Gateway))
+        .env("KUBECONFIG", api.kubeconfig(Identity::Gateway))
         .start()
         .await
 }

@@ -94,6 +94,17 @@ impl Accounts for MemoryAccounts {
         }))
     }
 
+    async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        let mut keys: Vec<KeyRecord> = self
+            .keys
+            .iter()
+            .filter(|k| k.account_id == account_id)
+            .map(|k| k.clone())
+            .collect();
+        keys.sort_by_key(|x| std::cmp::Reverse(x.created_at));
+        Ok(keys)
+    }
+
     async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError> {
         let mut promotions = Vec::new();
         for mut key in self.keys.iter_mut() {

@@ -89,6 +89,8 @@ pub trait Accounts: Send + Sync {
     async fn key_by_hash(&self, hash: &KeyHash)
         -> Result<Option<(KeyRecord, Account)>, StoreError>;
     async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
+    /// The account's keys, revoked ones included, newest first.
+    async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError>;
     /// Moves keys up to the tier their account's confirmed lifetime top-up reaches, never
     /// down, never out of a tier the rules do not list; a second run changes nothing.
     async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError>;

@@ -261,6 +261,25 @@ impl Accounts for PostgresAccounts {
         Ok(key)
     }
 
+    async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys k WHERE k.account_id = $1
+                     ORDER BY k.created_at DESC"
+                ))
+                .bind(account_id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(key_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DbError::Sql)?)
+    }
+
     async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError> {
         let (tiers, cents): (Vec<String>, Vec<i64>) = rules
             .tiers()

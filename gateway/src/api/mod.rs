@@ -8,7 +8,7 @@ mod chat;
 mod count_tokens;
 mod messages;
 mod models;
-mod usage;
+pub mod usage;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
@@ -19,7 +19,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, limits, payments, telemetry};
+use crate::{auth, dashboard, limits, payments, telemetry};
 
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
@@ -36,6 +36,7 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(state.clone(), limits::headers_layer));
     Router::new()
         .nest("/v1", v1)
+        .merge(dashboard::router())
         .route("/webhooks/payments", post(payments::webhook))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

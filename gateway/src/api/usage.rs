@@ -21,12 +21,30 @@ use crate::state::AppState;
 const DEFAULT_DAYS: i64 = 30;
 const MAX_DAYS: i64 = 366;
 
-#[derive(Deserialize)]
+/// The query of `GET /v1/usage`; the dashboard's usage page takes the same one.
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Params {
-    start_date: Option<String>,
-    end_date: Option<String>,
-    group_by: Option<String>,
+pub struct UsageQuery {
+    pub start_date: Option<String>,
+    pub end_date: Option<String>,
+    pub group_by: Option<String>,
+}
+
+/// Usage totals of one group: a day, a model, or a day and a model.
+pub struct UsageGroup {
+    pub date: Option<Date>,
+    pub model: Option<String>,
+    pub totals: UsageTotals,
+}
+
+pub struct UsageReport {
+    pub start: Date,
+    pub end: Date,
+    pub by_day: bool,
+    pub by_model: bool,
+    /// In order of day, then model.
+    pub groups: Vec<UsageGroup>,
+    pub totals: UsageTotals,
 }
 
 pub async fn get(
@@ -34,11 +52,49 @@ pub async fn get(
     Extension(principal): Extension<Arc<Principal>>,
     uri: Uri,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(params) = Query::<Params>::try_from_uri(&uri)
+    let Query(query) = Query::<UsageQuery>::try_from_uri(&uri)
         .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+    let report = report(&state, &principal.account.id, &query).await?;
+    let data: Vec<Value> = report
+        .groups
+        .iter()
+        .map(|group| {
+            let mut entry = Map::new();
+            if let Some(day) = group.date {
+                entry.insert("date".into(), json!(format_date(day)));
+            }
+            if let Some(model) = &group.model {
+                entry.insert("model".into(), json!(model));
+            }
+            if let Value::Object(counters) = json!(group.totals) {
+                entry.extend(counters);
+            }
+            Value::Object(entry)
+        })
+        .collect();
+    let group_by: Vec<&str> = [(report.by_day, "day"), (report.by_model, "model")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+    Ok(Json(json!({
+        "object": "usage",
+        "start_date": format_date(report.start),
+        "end_date": format_date(report.end),
+        "group_by": group_by,
+        "data": data,
+        "totals": report.totals,
+    })))
+}
+
+/// The account's usage from the ledger over the query's range, grouped as it asks.
+pub async fn report(
+    state: &AppState,
+    account_id: &str,
+    query: &UsageQuery,
+) -> Result<UsageReport, ApiError> {
     let today = OffsetDateTime::now_utc().date();
-    let end = date("end_date", params.end_date.as_deref())?.unwrap_or(today);
-    let start = date("start_date", params.start_date.as_deref())?
+    let end = date("end_date", query.end_date.as_deref())?.unwrap_or(today);
+    let start = date("start_date", query.start_date.as_deref())?
         .unwrap_or(end - Duration::days(DEFAULT_DAYS - 1));
     if start > end {
         return Err(ApiError::invalid("start_date: must not be after end_date"));
@@ -48,11 +104,8 @@ pub async fn get(
             "start_date: the range is at most {MAX_DAYS} days"
         )));
     }
-    let (by_day, by_model) = group_by(params.group_by.as_deref())?;
-    let rows = state
-        .ledger
-        .usage(&principal.account.id, start, end)
-        .await?;
+    let (by_day, by_model) = group_by(query.group_by.as_deref())?;
+    let rows = state.ledger.usage(account_id, start, end).await?;
 
     let mut groups: BTreeMap<(Option<Date>, Option<String>), UsageTotals> = BTreeMap::new();
     let mut totals = UsageTotals::default();
@@ -64,34 +117,21 @@ pub async fn get(
         groups.entry(key).or_default().add(&row.totals);
         totals.add(&row.totals);
     }
-    let data: Vec<Value> = groups
-        .into_iter()
-        .map(|((day, model), t)| {
-            let mut entry = Map::new();
-            if let Some(day) = day {
-                entry.insert("date".into(), json!(format_date(day)));
-            }
-            if let Some(model) = model {
-                entry.insert("model".into(), json!(model));
-            }
-            if let Value::Object(counters) = json!(t) {
-                entry.extend(counters);
-            }
-            Value::Object(entry)
-        })
-        .collect();
-    let group_by: Vec<&str> = [(by_day, "day"), (by_model, "model")]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
-    Ok(Json(json!({
-        "object": "usage",
-        "start_date": format_date(start),
-        "end_date": format_date(end),
-        "group_by": group_by,
-        "data": data,
-        "totals": totals,
-    })))
+    Ok(UsageReport {
+        start,
+        end,
+        by_day,
+        by_model,
+        groups: groups
+            .into_iter()
+            .map(|((date, model), totals)| UsageGroup {
+                date,
+                model,
+                totals,
+            })
+            .collect(),
+        totals,
+    })
 }
 
 fn date(field: &str, value: Option<&str>) -> Result<Option<Date>, ApiError> {
@@ -103,7 +143,7 @@ fn date(field: &str, value: Option<&str>) -> Result<Option<Date>, ApiError> {
         .transpose()
 }
 
-fn format_date(d: Date) -> String {
+pub fn format_date(d: Date) -> String {
     d.format(format_description!("[year]-[month]-[day]"))
         .unwrap_or_default()
 }

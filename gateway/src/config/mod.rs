@@ -228,6 +228,14 @@ pub struct CommonArgs {
     /// Credits granted per US dollar of top-up (1 credit = $0.00001 by default).
     #[arg(long, env = "GATEWAY_CREDITS_PER_USD", default_value_t = 100_000)]
     pub credits_per_usd: u64,
+    /// Mark dashboard cookies `Secure` on every request (behind TLS). Without it they are
+    /// `Secure` only when `X-Forwarded-Proto: https` says the request came over TLS.
+    #[arg(long, env = "GATEWAY_DASHBOARD_SECURE_COOKIES")]
+    pub dashboard_secure_cookies: bool,
+    /// apiCredits granted to each account signed up in the dashboard (a trial; not a top-up,
+    /// so it does not count towards tiers).
+    #[arg(long, env = "GATEWAY_SIGNUP_CREDITS", default_value_t = 0)]
+    pub signup_credits: u64,
     /// Shared secret of the payment provider's signed webhook (`POST /webhooks/payments`);
     /// without it the webhook is off.
     #[arg(long, env = "GATEWAY_PAYMENT_WEBHOOK_SECRET", hide_env_values = true)]

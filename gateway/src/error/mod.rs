@@ -8,9 +8,10 @@ use serde::Serialize;
 
 use crate::accounts::StoreError;
 use crate::auth::AuthError;
+use crate::dashboard::DashboardError;
 use crate::ledger::LedgerError;
 use crate::limits::LimitError;
-use crate::payments::PaymentError;
+use crate::payments::{CheckoutError, PaymentError};
 use crate::providers::ProviderError;
 use crate::telemetry::metrics;
 use crate::tokens::TokenError;
@@ -274,5 +275,42 @@ impl From<ProviderError> for ApiError {
 impl From<TokenError> for ApiError {
     fn from(e: TokenError) -> Self {
         Self::invalid(e.to_string())
+    }
+}
+
+impl From<DashboardError> for ApiError {
+    fn from(e: DashboardError) -> Self {
+        match e {
+            DashboardError::Csrf => Self::new(
+                StatusCode::FORBIDDEN,
+                ErrorType::PermissionError,
+                e.to_string(),
+            ),
+            DashboardError::BadForm => Self::invalid(e.to_string()),
+            DashboardError::NotFound => Self::not_found(e.to_string()),
+            DashboardError::PasswordHash => {
+                tracing::error!("password hashing failed");
+                Self::internal()
+            }
+            DashboardError::Store(inner) => inner.into(),
+            DashboardError::Ledger(inner) => inner.into(),
+            DashboardError::Api(inner) => inner,
+        }
+    }
+}
+
+impl From<CheckoutError> for ApiError {
+    fn from(e: CheckoutError) -> Self {
+        match e {
+            CheckoutError::NoProvider => Self::unavailable(e.to_string()),
+            CheckoutError::Confirmation(inner) => {
+                tracing::warn!(error = %inner.message, "payment confirmation refused");
+                Self::new(
+                    StatusCode::BAD_GATEWAY,
+                    ErrorType::ApiError,
+                    "the payment could not be completed and nothing was charged; please try again",
+                )
+            }
+        }
     }
 }

@@ -196,4 +196,31 @@ impl Ledger for MemoryLedger {
         rows.sort_by(|a, b| (a.date, &a.model).cmp(&(b.date, &b.model)));
         Ok(rows)
     }
+
+    async fn recent_messages(
+        &self,
+        account_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MessageRecord>, LedgerError> {
+        let mut messages: Vec<MessageRecord> = self
+            .messages
+            .iter()
+            .filter(|m| m.account_id == account_id)
+            .map(|m| m.clone())
+            .collect();
+        messages.sort_by_key(|x| std::cmp::Reverse(x.created_at));
+        messages.truncate(limit);
+        Ok(messages)
+    }
+
+    async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError> {
+        let mut top_ups: Vec<TopUp> = self
+            .top_ups
+            .iter()
+            .filter(|t| t.account_id == account_id)
+            .map(|t| t.clone())
+            .collect();
+        top_ups.sort_by_key(|x| std::cmp::Reverse(x.confirmed_at));
+        Ok(top_ups)
+    }
 }

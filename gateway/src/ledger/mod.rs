@@ -214,4 +214,12 @@ pub trait Ledger: Send + Sync {
         from: Date,
         to: Date,
     ) -> Result<Vec<UsageRow>, LedgerError>;
+    /// The account's latest messages, newest first.
+    async fn recent_messages(
+        &self,
+        account_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MessageRecord>, LedgerError>;
+    /// The account's confirmed top-ups, newest first.
+    async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError>;
 }

@@ -125,6 +125,7 @@ impl PostgresLedger {
             tokio::time::sleep(ledger.db.timeout() * 2).await;
             let release = Settlement {
                 message_id,
+                served_by: None,
                 status: MessageStatus::Failed,
                 cost: 0,
                 usage: TokenUsage::default(),
@@ -519,5 +520,50 @@ impl Ledger for PostgresLedger {
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(DbError::Sql)?;
         Ok(usage)
+    }
+
+    async fn recent_messages(
+        &self,
+        account_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MessageRecord>, LedgerError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT * FROM messages WHERE account_id = $1
+                     ORDER BY created_at DESC LIMIT $2",
+                )
+                .bind(account_id)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(message_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT reference, account_id, usd_cents, credits, status,
+                            coalesce(confirmed_at, created_at) AS confirmed_at
+                     FROM top_ups WHERE account_id = $1
+                     ORDER BY coalesce(confirmed_at, created_at) DESC",
+                )
+                .bind(account_id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(top_up_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DbError::Sql)?)
     }
 }

@@ -2,11 +2,13 @@
 //! the admin API, the operator CLI or the payment provider's webhook, all through [`confirm`]),
 //! and the webhook's signature check ([`signature`]).
 
+mod provider;
 pub mod signature;
 mod webhook;
 
 use thiserror::Error;
 
+pub use provider::{CheckoutError, NoPayments, Order, PaymentProvider, TestPayments};
 pub use webhook::webhook;
 
 use crate::accounts::{Accounts, StoreError};

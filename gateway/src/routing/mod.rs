@@ -105,6 +105,10 @@ impl Catalog {
         self.tiers.get(tier).map(|t| t.limits)
     }
 
+    pub fn tiers(&self) -> impl Iterator<Item = (&String, &TierConfig)> {
+        self.tiers.iter()
+    }
+
     pub fn grant(&self, key_id: &str) -> Option<&KeyGrant> {
         self.grants.get(key_id)
     }

@@ -1,0 +1,296 @@
+//! Sign-up, sign-in (throttled per email) and sign-out. A user owns exactly one account,
+//! created with it, named by the user's email.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{html, Markup};
+use serde::Deserialize;
+use time::{Duration, OffsetDateTime};
+
+use super::form::HtmlForm;
+use super::layout::{bare, notice, with_status};
+use super::session::{self, SignedIn, CSRF_COOKIE, SESSION_COOKIE};
+use super::store::User;
+use super::DashboardError;
+use crate::ids;
+use crate::state::AppState;
+
+const MIN_PASSWORD_CHARS: usize = 10;
+const MAX_PASSWORD_CHARS: usize = 256;
+/// Failed sign-ins allowed per email within the window before sign-in is refused.
+const MAX_FAILURES: u32 = 5;
+const FAILURE_WINDOW: Duration = Duration::minutes(15);
+/// A valid argon2id hash of no one's password, checked for unknown emails so that their
+/// answer takes as long as a wrong password.
+const DUMMY_HASH: &str =
+    "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$0sfpM5FpYlNO1Q4kZr0D1+9oYtWDa8Cc7Y1FtG2mVlg";
+
+#[derive(Deserialize)]
+pub struct Credentials {
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+#[derive(Deserialize)]
+pub struct CsrfOnly {
+    #[serde(default)]
+    csrf: String,
+}
+
+enum Which {
+    SignIn,
+    SignUp,
+}
+
+fn form(which: Which, csrf: &str, email: &str, error: Option<&str>) -> Markup {
+    let (title, action, button, autocomplete) = match which {
+        Which::SignIn => (
+            "Sign in",
+            "/developers/sign-in",
+            "Sign in",
+            "current-password",
+        ),
+        Which::SignUp => (
+            "Create your account",
+            "/developers/sign-up",
+            "Create account",
+            "new-password",
+        ),
+    };
+    bare(
+        title,
+        html! {
+            @if let Some(error) = error { (notice("error", error)) }
+            form.stack method="post" action=(action) {
+                input type="hidden" name="csrf" value=(csrf);
+                label for="email" { "Email" }
+                input #email type="email" name="email" value=(email) required autocomplete="email" autofocus;
+                label for="password" { "Password" }
+                input #password type="password" name="password" required minlength=(MIN_PASSWORD_CHARS) autocomplete=(autocomplete)
+                    aria-describedby="password-help";
+                p #password-help.hint { "At least " (MIN_PASSWORD_CHARS) " characters." }
+                button.primary type="submit" { (button) }
+            }
+            @match which {
+                Which::SignIn => p.alt { "New here? " a href="/developers/sign-up" { "Create an account" } },
+                Which::SignUp => p.alt { "Already have an account? " a href="/developers/sign-in" { "Sign in" } },
+            }
+        },
+    )
+}
+
+/// A signed-out form with a fresh double-submit CSRF token (cookie and hidden field).
+fn render(
+    state: &AppState,
+    headers: &HeaderMap,
+    status: StatusCode,
+    which: Which,
+    email: &str,
+    error: Option<&str>,
+) -> Response {
+    let csrf = session::cookie(headers, CSRF_COOKIE)
+        .filter(|c| {
+            c.len() == ids::SESSION_TOKEN_CHARS && c.chars().all(|c| c.is_ascii_alphanumeric())
+        })
+        .map_or_else(ids::session_token, str::to_owned);
+    let cookie = session::set_cookie(state, headers, CSRF_COOKIE, &csrf, Duration::hours(2));
+    let mut response = with_status(status, form(which, &csrf, email, error));
+    response.headers_mut().append(cookie.0, cookie.1);
+    response
+}
+
+fn csrf_ok(headers: &HeaderMap, presented: &str) -> bool {
+    session::cookie(headers, CSRF_COOKIE)
+        .is_some_and(|expected| session::tokens_match(presented, expected))
+}
+
+fn normalize(email: &str) -> String {
+    email.trim().to_lowercase()
+}
+
+fn plausible_email(email: &str) -> bool {
+    let Some((local, domain)) = email.split_once('@') else {
+        return false;
+    };
+    !local.is_empty()
+        && domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && email.len() <= 254
+        && !email.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+pub async fn sign_in_form(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    render(&state, &headers, StatusCode::OK, Which::SignIn, "", None)
+}
+
+pub async fn sign_up_form(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    render(&state, &headers, StatusCode::OK, Which::SignUp, "", None)
+}
+
+pub async fn sign_up(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    HtmlForm(form): HtmlForm<Credentials>,
+) -> Result<Response, DashboardError> {
+    let email = normalize(&form.email);
+    let refuse = |status, message: &str| {
+        Ok(render(
+            &state,
+            &headers,
+            status,
+            Which::SignUp,
+            &email,
+            Some(message),
+        ))
+    };
+    if !csrf_ok(&headers, &form.csrf) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "This form has expired; please submit it again.",
+        );
+    }
+    if !plausible_email(&email) {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Enter a valid email address.",
+        );
+    }
+    let chars = form.password.chars().count();
+    if !(MIN_PASSWORD_CHARS..=MAX_PASSWORD_CHARS).contains(&chars) {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Choose a password of at least 10 characters (at most 256).",
+        );
+    }
+    if state.developers.user_by_email(&email).await?.is_some() {
+        return refuse(
+            StatusCode::CONFLICT,
+            "An account with this email already exists; sign in instead.",
+        );
+    }
+    let password = form.password;
+    let password_hash = tokio::task::spawn_blocking(move || session::hash_password(&password))
+        .await
+        .map_err(|_| DashboardError::PasswordHash)??;
+    let account = state.accounts.create_account(&email).await?;
+    state
+        .ledger
+        .grant(&account.id, state.dashboard.signup_credits)
+        .await?;
+    let user = User {
+        id: ids::user(),
+        email: email.clone(),
+        password_hash,
+        account_id: account.id.clone(),
+        created_at: OffsetDateTime::now_utc(),
+    };
+    let user_id = user.id.clone();
+    if !state.developers.insert_user(user).await? {
+        return refuse(
+            StatusCode::CONFLICT,
+            "An account with this email already exists; sign in instead.",
+        );
+    }
+    let cookie = session::start(&state, &headers, &user_id, &email, &account.id).await?;
+    Ok(([cookie], Redirect::to("/developers")).into_response())
+}
+
+pub async fn sign_in(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    HtmlForm(form): HtmlForm<Credentials>,
+) -> Result<Response, DashboardError> {
+    let email = normalize(&form.email);
+    let refuse = |status, message: &str| {
+        Ok(render(
+            &state,
+            &headers,
+            status,
+            Which::SignIn,
+            &email,
+            Some(message),
+        ))
+    };
+    if !csrf_ok(&headers, &form.csrf) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "This form has expired; please submit it again.",
+        );
+    }
+    let now = OffsetDateTime::now_utc();
+    if let Some((failures, until)) = state.developers.sign_in_failures(&email).await? {
+        if failures >= MAX_FAILURES {
+            let minutes = ((until - now).whole_seconds() + 59) / 60;
+            return refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!(
+                    "Too many failed sign-ins for this email. Try again in {minutes} minute(s)."
+                ),
+            );
+        }
+    }
+    let user = state.developers.user_by_email(&email).await?;
+    let hash = user
+        .as_ref()
+        .map_or(DUMMY_HASH.to_owned(), |u| u.password_hash.clone());
+    let password = form.password;
+    let verified = tokio::task::spawn_blocking(move || session::verify_password(&password, &hash))
+        .await
+        .unwrap_or(false);
+    match user {
+        Some(user) if verified => {
+            state.developers.clear_sign_in_failures(&email).await?;
+            let cookie =
+                session::start(&state, &headers, &user.id, &user.email, &user.account_id).await?;
+            Ok(([cookie], Redirect::to("/developers")).into_response())
+        }
+        _ => {
+            state
+                .developers
+                .record_sign_in_failure(&email, FAILURE_WINDOW)
+                .await?;
+            refuse(StatusCode::UNAUTHORIZED, "Wrong email or password.")
+        }
+    }
+}
+
+pub async fn sign_out(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    signed_in: SignedIn,
+    HtmlForm(form): HtmlForm<CsrfOnly>,
+) -> Result<Response, DashboardError> {
+    signed_in.check_csrf(&form.csrf)?;
+    state
+        .developers
+        .delete_session(&signed_in.0.token_hash)
+        .await?;
+    let cookie = session::set_cookie(&state, &headers, SESSION_COOKIE, "", Duration::ZERO);
+    Ok(([cookie], Redirect::to("/developers/sign-in")).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dummy_hash_is_a_valid_argon2id_hash_of_no_password() {
+        assert!(argon2::PasswordHash::new(DUMMY_HASH).is_ok());
+        assert!(!session::verify_password("", DUMMY_HASH));
+    }
+
+    #[test]
+    fn emails_are_compared_trimmed_and_lower_cased() {
+        assert_eq!(normalize("  Dev@Example.COM "), "dev@example.com");
+        assert!(plausible_email("dev@example.com"));
+        assert!(!plausible_email("dev@example"));
+        assert!(!plausible_email("dev example@x.com"));
+        assert!(!plausible_email("@example.com"));
+    }
+}

@@ -1,0 +1,291 @@
+//! `/developers/billing`: top-up packs and a custom amount ($10 to $10,000), checkout through
+//! the payment provider, and the history of top-ups with their status.
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::html;
+use serde::Deserialize;
+use time::OffsetDateTime;
+
+use super::form::HtmlForm;
+use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
+use super::session::SignedIn;
+use super::store::{Checkout, CheckoutStatus, Session};
+use super::DashboardError;
+use crate::error::ApiError;
+use crate::ids;
+use crate::payments::{credits_for, parse_usd, Order, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
+use crate::state::AppState;
+
+pub const PACKS_CENTS: [u64; 7] = [1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000];
+
+#[derive(Deserialize)]
+pub struct CheckoutForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    amount: String,
+}
+
+#[derive(Deserialize)]
+pub struct Shown {
+    paid: Option<String>,
+}
+
+/// A dollar amount as typed ("25", "$1,000", "99.50") in cents, within the top-up range.
+pub fn parse_amount(input: &str) -> Result<u64, String> {
+    let range = format!(
+        "Enter an amount from {} to {}.",
+        dollars(MIN_TOP_UP_CENTS),
+        dollars(MAX_TOP_UP_CENTS)
+    );
+    let cleaned: String = input
+        .trim()
+        .trim_start_matches('$')
+        .chars()
+        .filter(|c| *c != ',')
+        .collect();
+    let Some(total) = parse_usd(&cleaned) else {
+        return Err(format!(
+            "“{}” is not a dollar amount. {range}",
+            input.trim()
+        ));
+    };
+    if total < MIN_TOP_UP_CENTS {
+        return Err(format!(
+            "{} is below the minimum top-up. {range}",
+            dollars(total)
+        ));
+    }
+    if total > MAX_TOP_UP_CENTS {
+        return Err(format!(
+            "{} is above the maximum top-up. {range}",
+            dollars(total)
+        ));
+    }
+    Ok(total)
+}
+
+struct HistoryRow {
+    reference: String,
+    usd_cents: u64,
+    credits: u64,
+    status: &'static str,
+    at: OffsetDateTime,
+}
+
+async fn render(
+    state: &AppState,
+    session: &Session,
+    status: StatusCode,
+    message: Option<(&str, &str)>,
+    amount: &str,
+) -> Result<Response, DashboardError> {
+    let balance = state.ledger.balance(&session.account_id).await?;
+    let confirmed = state.ledger.top_ups(&session.account_id).await?;
+    let checkouts = state.developers.checkouts(&session.account_id).await?;
+    let per_usd = state.credits_per_usd;
+    let mut history: Vec<HistoryRow> = confirmed
+        .iter()
+        .map(|t| HistoryRow {
+            reference: t.reference.clone(),
+            usd_cents: t.usd_cents,
+            credits: t.credits,
+            status: "confirmed",
+            at: t.confirmed_at,
+        })
+        .chain(
+            checkouts
+                .iter()
+                .filter(|c| !confirmed.iter().any(|t| t.reference == c.reference))
+                .map(|c| HistoryRow {
+                    reference: c.reference.clone(),
+                    usd_cents: c.usd_cents,
+                    credits: credits_for(c.usd_cents, per_usd),
+                    status: match c.status {
+                        CheckoutStatus::Pending => "pending",
+                        CheckoutStatus::Failed => "failed",
+                    },
+                    at: c.created_at,
+                }),
+        )
+        .collect();
+    history.sort_by_key(|x| std::cmp::Reverse(x.at));
+    let available = balance.balance.saturating_sub(balance.reserved);
+    let content = html! {
+        @if let Some((kind, text)) = message { (notice(kind, text)) }
+        section.cards aria-label="Balance" {
+            div.card.stat { h2 { "apiCredits balance" } p.big #balance { (thousands(available)) } }
+            div.card.stat { h2 { "Rate" } p.big #rate { (thousands(per_usd)) } p.hint { "credits per $1" } }
+            div.card.stat { h2 { "Lifetime top-up" } p.big #lifetime { (dollars(balance.lifetime_top_up_cents)) } }
+        }
+        section.card {
+            h2 { "Add credits" }
+            ul.packs {
+                @for cents in PACKS_CENTS {
+                    li {
+                        form method="post" action="/developers/billing/checkout" {
+                            input type="hidden" name="csrf" value=(session.csrf);
+                            input type="hidden" name="amount" value=(cents / 100);
+                            button.pack id=(format!("pack-{}", cents / 100)) type="submit" {
+                                span.price { (dollars(cents)) }
+                                span.credits { (thousands(credits_for(cents, per_usd))) " credits" }
+                            }
+                        }
+                    }
+                }
+            }
+            form.custom method="post" action="/developers/billing/checkout" {
+                input type="hidden" name="csrf" value=(session.csrf);
+                label for="amount" { "Custom amount (US$)" }
+                div.row {
+                    input #amount type="text" inputmode="decimal" name="amount" value=(amount) placeholder="e.g. 75" aria-describedby="amount-help" required;
+                    button.primary #custom-checkout type="submit" { "Top up" }
+                }
+                p #amount-help.hint { "From " (dollars(MIN_TOP_UP_CENTS)) " to " (dollars(MAX_TOP_UP_CENTS)) "." }
+            }
+        }
+        section.card {
+            h2 { "Top-up history" }
+            @if history.is_empty() {
+                p.empty { "No top-ups yet." }
+            } @else {
+                div.table-wrap {
+                    table #top-ups {
+                        thead { tr {
+                            th scope="col" { "Date" } th scope="col" { "Reference" } th.num scope="col" { "Amount" }
+                            th.num scope="col" { "Credits" } th scope="col" { "Status" }
+                        } }
+                        tbody {
+                            @for row in &history {
+                                tr {
+                                    td { (datetime(row.at)) }
+                                    td { code { (row.reference) } }
+                                    td.num { (dollars(row.usd_cents)) }
+                                    td.num { (thousands(row.credits)) }
+                                    td { span class=(format!("badge {}", row.status)) { (row.status) } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Ok(with_status(
+        status,
+        page(session, Nav::Billing, "Billing", content),
+    ))
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    SignedIn(session): SignedIn,
+    Query(shown): Query<Shown>,
+) -> Result<Response, DashboardError> {
+    let message = match shown.paid {
+        Some(reference) => {
+            let confirmed = state
+                .ledger
+                .top_ups(&session.account_id)
+                .await?
+                .into_iter()
+                .find(|t| t.reference == reference);
+            Some(match confirmed {
+                Some(t) => (
+                    "success",
+                    format!(
+                        "Payment of {} confirmed: {} credits added.",
+                        dollars(t.usd_cents),
+                        thousands(t.credits)
+                    ),
+                ),
+                None => (
+                    "info",
+                    "Payment received; the credits appear once the provider confirms it."
+                        .to_owned(),
+                ),
+            })
+        }
+        None => None,
+    };
+    let message = message.as_ref().map(|(k, m)| (*k, m.as_str()));
+    render(&state, &session, StatusCode::OK, message, "").await
+}
+
+pub async fn checkout(
+    State(state): State<AppState>,
+    signed_in: SignedIn,
+    HtmlForm(form): HtmlForm<CheckoutForm>,
+) -> Result<Response, DashboardError> {
+    signed_in.check_csrf(&form.csrf)?;
+    let session = &signed_in.0;
+    let usd_cents = match parse_amount(&form.amount) {
+        Ok(cents) => cents,
+        Err(message) => {
+            return render(
+                &state,
+                session,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some(("error", &message)),
+                &form.amount,
+            )
+            .await
+        }
+    };
+    let order = Order {
+        reference: ids::payment_reference(),
+        account_id: session.account_id.clone(),
+        usd_cents,
+    };
+    state
+        .developers
+        .insert_checkout(Checkout {
+            reference: order.reference.clone(),
+            account_id: order.account_id.clone(),
+            usd_cents,
+            status: CheckoutStatus::Pending,
+            created_at: OffsetDateTime::now_utc(),
+        })
+        .await?;
+    if let Err(e) = state.payments.checkout(&state, &order).await {
+        state
+            .developers
+            .set_checkout_status(&order.reference, CheckoutStatus::Failed)
+            .await?;
+        let refusal = ApiError::from(e);
+        return render(
+            &state,
+            session,
+            refusal.status,
+            Some(("error", &refusal.message)),
+            &form.amount,
+        )
+        .await;
+    }
+    Ok(Redirect::to(&format!("/developers/billing?paid={}", order.reference)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts_from_ten_to_ten_thousand_dollars_are_accepted() {
+        assert_eq!(parse_amount("10"), Ok(1_000));
+        assert_eq!(parse_amount("$1,000"), Ok(100_000));
+        assert_eq!(parse_amount(" 99.5 "), Ok(9_950));
+        assert_eq!(parse_amount("10000.00"), Ok(1_000_000));
+    }
+
+    #[test]
+    fn amounts_outside_the_range_or_not_money_are_refused_with_the_range() {
+        for bad in [
+            "9", "9.99", "10000.01", "10001", "", "abc", "-20", "1e3", "10.001",
+        ] {
+            let message = parse_amount(bad).expect_err(bad);
+            assert!(message.contains("from $10 to $10,000"), "{bad}: {message}");
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! `/developers/keys`: mint a key (its secret shown once, only its prefix afterwards), and
+//! revoke one after a confirmation. Keys are looked up by hash on every request with no cache,
+//! so a revoked key stops on every pod sharing the account store at once.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use maud::{html, Markup};
+use serde::Deserialize;
+
+use super::form::HtmlForm;
+use super::layout::{datetime, notice, page, with_status, Nav};
+use super::overview::standing;
+use super::session::SignedIn;
+use super::store::Session;
+use super::DashboardError;
+use crate::accounts::{KeyKind, KeyRecord};
+use crate::auth::{self, KeySpec};
+use crate::state::AppState;
+use crds::config::SCOPES;
+
+const MAX_NAME_CHARS: usize = 64;
+
+/// The mint form; scopes arrive as repeated `scope` fields.
+#[derive(Deserialize)]
+pub struct MintForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default, rename = "scope")]
+    scopes: Vec<String>,
+}
+
+#[derive(Deserialize)]
+pub struct RevokeForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+enum Flash<'a> {
+    None,
+    Minted { key: &'a KeyRecord, secret: &'a str },
+    Done(&'a str),
+    Error(&'a str),
+}
+
+fn kind_label(kind: KeyKind) -> &'static str {
+    match kind {
+        KeyKind::Api => "API",
+        KeyKind::Cli => "CLI",
+    }
+}
+
+fn view(session: &Session, keys: &[KeyRecord], flash: Flash<'_>) -> Markup {
+    let content = html! {
+        @match flash {
+            Flash::Minted { key, secret } => {
+                div.card.secret role="status" {
+                    h2 { "Your new key “" (key.name) "”" }
+                    p { "Copy it now: this is the only time the whole secret is shown. Afterwards only its prefix is." }
+                    label for="new-secret" { "Secret key" }
+                    input #new-secret.mono type="text" readonly value=(secret) onfocus="this.select()";
+                }
+            }
+            Flash::Done(message) => (notice("success", message)),
+            Flash::Error(message) => (notice("error", message)),
+            Flash::None => {}
+        }
+        section.card {
+            h2 { "Create a key" }
+            form.grid-form method="post" action="/developers/keys" {
+                input type="hidden" name="csrf" value=(session.csrf);
+                div.field {
+                    label for="key-name" { "Name" }
+                    input #key-name type="text" name="name" required maxlength=(MAX_NAME_CHARS) placeholder="e.g. production backend";
+                }
+                div.field {
+                    label for="key-kind" { "Kind" }
+                    select #key-kind name="kind" {
+                        option value="api" selected { "API key (for /v1)" }
+                        option value="cli" { "CLI key (command-line tool)" }
+                    }
+                }
+                fieldset.field.scopes {
+                    legend { "Scopes " span.hint { "(none checked: every surface)" } }
+                    @for scope in SCOPES {
+                        label.check { input type="checkbox" name="scope" value=(scope); " " (scope) }
+                    }
+                }
+                div.field.actions { button.primary #mint type="submit" { "Create key" } }
+            }
+        }
+        section.card {
+            h2 { "Your keys" }
+            @if keys.is_empty() {
+                p.empty { "No keys yet." }
+            } @else {
+                div.table-wrap {
+                    table #keys {
+                        thead { tr {
+                            th scope="col" { "Name" } th scope="col" { "Key" } th scope="col" { "Kind" }
+                            th scope="col" { "Scopes" } th scope="col" { "Tier" } th scope="col" { "Created" }
+                            th scope="col" { "Status" } th scope="col" { span.sr-only { "Actions" } }
+                        } }
+                        tbody {
+                            @for key in keys {
+                                tr data-key-id=(key.id) {
+                                    td { (key.name) }
+                                    td { code { (key.prefix) "…" } }
+                                    td { (kind_label(key.kind)) }
+                                    td { @if key.scopes.is_empty() { "all" } @else { (key.scopes.join(", ")) } }
+                                    td { (key.tier) }
+                                    td { (datetime(key.created_at)) }
+                                    td { @if key.revoked { span.badge.failed { "revoked" } } @else { span.badge.completed { "active" } } }
+                                    td { @if !key.revoked {
+                                        a.danger-link href=(format!("/developers/keys/{}/revoke", key.id)) aria-label=(format!("Revoke key {}", key.name)) { "Revoke" }
+                                    } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    page(session, Nav::Keys, "API keys", content)
+}
+
+async fn render(
+    state: &AppState,
+    session: &Session,
+    status: StatusCode,
+    flash: Flash<'_>,
+) -> Result<Response, DashboardError> {
+    let keys = state.accounts.keys_of(&session.account_id).await?;
+    Ok(with_status(status, view(session, &keys, flash)))
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    SignedIn(session): SignedIn,
+) -> Result<Response, DashboardError> {
+    render(&state, &session, StatusCode::OK, Flash::None).await
+}
+
+pub async fn mint(
+    State(state): State<AppState>,
+    signed_in: SignedIn,
+    HtmlForm(form): HtmlForm<MintForm>,
+) -> Result<Response, DashboardError> {
+    signed_in.check_csrf(&form.csrf)?;
+    let session = &signed_in.0;
+    let refuse = |message| {
+        render(
+            &state,
+            session,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Flash::Error(message),
+        )
+    };
+    let name = form.name.trim();
+    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return refuse("Give the key a name of 1 to 64 characters.").await;
+    }
+    let kind = match form.kind.as_str() {
+        "api" | "" => KeyKind::Api,
+        "cli" => KeyKind::Cli,
+        _ => return refuse("Choose API or CLI as the key's kind.").await,
+    };
+    if let Some(unknown) = form.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
+        let message = format!("Unknown scope “{unknown}”.");
+        return render(
+            &state,
+            session,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Flash::Error(&message),
+        )
+        .await;
+    }
+    let lifetime = state
+        .ledger
+        .balance(&session.account_id)
+        .await?
+        .lifetime_top_up_cents;
+    let minted = auth::mint(KeySpec {
+        id: None,
+        account_id: session.account_id.clone(),
+        name: name.to_owned(),
+        kind,
+        scopes: form.scopes,
+        tier: standing(&state.catalog(), lifetime).tier,
+        secret: None,
+    });
+    state.accounts.insert_key(minted.record.clone()).await?;
+    render(
+        &state,
+        session,
+        StatusCode::OK,
+        Flash::Minted {
+            key: &minted.record,
+            secret: &minted.secret,
+        },
+    )
+    .await
+}
+
+async fn own_key(
+    state: &AppState,
+    session: &Session,
+    id: &str,
+) -> Result<KeyRecord, DashboardError> {
+    state
+        .accounts
+        .keys_of(&session.account_id)
+        .await?
+        .into_iter()
+        .find(|k| k.id == id)
+        .ok_or(DashboardError::NotFound)
+}
+
+pub async fn confirm_revoke(
+    State(state): State<AppState>,
+    SignedIn(session): SignedIn,
+    Path(id): Path<String>,
+) -> Result<Response, DashboardError> {
+    let key = own_key(&state, &session, &id).await?;
+    if key.revoked {
+        return render(
+            &state,
+            &session,
+            StatusCode::OK,
+            Flash::Done(&already_revoked(&key)),
+        )
+        .await;
+    }
+    let content = html! {
+        section.card.confirm {
+            h2 { "Revoke “" (key.name) "”?" }
+            p { "Requests with " code { (key.prefix) "…" } " will be refused with 401 on every gateway within seconds. This cannot be undone." }
+            form.inline method="post" action=(format!("/developers/keys/{}/revoke", key.id)) {
+                input type="hidden" name="csrf" value=(session.csrf);
+                button.danger #confirm-revoke type="submit" { "Revoke key" }
+                " "
+                a.button href="/developers/keys" { "Cancel" }
+            }
+        }
+    };
+    Ok(with_status(
+        StatusCode::OK,
+        page(&session, Nav::Keys, "Revoke key", content),
+    ))
+}
+
+fn already_revoked(key: &KeyRecord) -> String {
+    format!(
+        "The key “{}” was already revoked (perhaps in another tab); nothing changed.",
+        key.name
+    )
+}
+
+pub async fn revoke(
+    State(state): State<AppState>,
+    signed_in: SignedIn,
+    Path(id): Path<String>,
+    HtmlForm(form): HtmlForm<RevokeForm>,
+) -> Result<Response, DashboardError> {
+    signed_in.check_csrf(&form.csrf)?;
+    let session = &signed_in.0;
+    let key = own_key(&state, session, &id).await?;
+    if key.revoked {
+        return render(
+            &state,
+            session,
+            StatusCode::CONFLICT,
+            Flash::Error(&already_revoked(&key)),
+        )
+        .await;
+    }
+    state.accounts.revoke_key(&key.id).await?;
+    let message = format!(
+        "The key “{}” is revoked; requests with it now answer 401.",
+        key.name
+    );
+    render(&state, session, StatusCode::OK, Flash::Done(&message)).await
+}

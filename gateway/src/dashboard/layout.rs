@@ -1,0 +1,167 @@
+//! The page frame every dashboard page shares (navigation, account menu, sign-out), the
+//! signed-out frame, error pages, and number formatting.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maud::{html, Markup, DOCTYPE};
+
+use super::store::Session;
+use super::DashboardError;
+use crate::error::ApiError;
+
+pub const STYLE: &str = include_str!("style.css");
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Nav {
+    Overview,
+    Keys,
+    Usage,
+    Billing,
+}
+
+const NAV: [(Nav, &str, &str); 4] = [
+    (Nav::Overview, "/developers", "Overview"),
+    (Nav::Keys, "/developers/keys", "API keys"),
+    (Nav::Usage, "/developers/usage", "Usage"),
+    (Nav::Billing, "/developers/billing", "Billing"),
+];
+
+fn head(title: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · svc developers" }
+            link rel="stylesheet" href="/developers/assets/style.css";
+        }
+    }
+}
+
+/// A signed-in page: header with the account menu, navigation, and the content.
+pub fn page(session: &Session, nav: Nav, title: &str, content: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            (head(title))
+            body {
+                a.skip href="#main" { "Skip to content" }
+                header.topbar {
+                    a.brand href="/developers" { span.logo aria-hidden="true" { "◆" } " svc " span.muted { "developers" } }
+                    div.account {
+                        span.email { (session.email) }
+                        form method="post" action="/developers/sign-out" {
+                            input type="hidden" name="csrf" value=(session.csrf);
+                            button.link type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                div.shell {
+                    nav.sidenav aria-label="Dashboard" {
+                        ul {
+                            @for (item, href, label) in NAV {
+                                li {
+                                    @if item == nav {
+                                        a.active href=(href) aria-current="page" { (label) }
+                                    } @else {
+                                        a href=(href) { (label) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    main #main tabindex="-1" {
+                        h1 { (title) }
+                        (content)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A signed-out page: sign-in, sign-up, errors before signing in.
+pub fn bare(title: &str, content: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            (head(title))
+            body.bare {
+                main #main.card.narrow {
+                    p.brand { span.logo aria-hidden="true" { "◆" } " svc " span.muted { "developers" } }
+                    h1 { (title) }
+                    (content)
+                }
+            }
+        }
+    }
+}
+
+pub fn notice(kind: &str, message: &str) -> Markup {
+    let role = if kind == "error" { "alert" } else { "status" };
+    html! { div class=(format!("notice {kind}")) role=(role) { (message) } }
+}
+
+/// The page for an error that ends a request: its status and the envelope's message, never
+/// internal detail (the mapping to both is `error/mod.rs`'s).
+impl IntoResponse for DashboardError {
+    fn into_response(self) -> Response {
+        let error = ApiError::from(self);
+        let body = bare(
+            "Something went wrong",
+            html! {
+                (notice("error", &error.message))
+                p { a href="/developers" { "Back to the dashboard" } }
+            },
+        );
+        (error.status, body).into_response()
+    }
+}
+
+pub fn with_status(status: StatusCode, markup: Markup) -> Response {
+    (status, markup).into_response()
+}
+
+/// 1234567 -> "1,234,567".
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// 2550 -> "$25.50", 2500 -> "$25".
+pub fn dollars(cents: u64) -> String {
+    if cents.is_multiple_of(100) {
+        format!("${}", thousands(cents / 100))
+    } else {
+        format!("${}.{:02}", thousands(cents / 100), cents % 100)
+    }
+}
+
+pub fn datetime(t: time::OffsetDateTime) -> String {
+    t.format(time::macros::format_description!(
+        "[year]-[month]-[day] [hour]:[minute] UTC"
+    ))
+    .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn money_and_counts_read_like_a_console() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(10_000_000), "10,000,000");
+        assert_eq!(dollars(2_500), "$25");
+        assert_eq!(dollars(100_000), "$1,000");
+        assert_eq!(dollars(1_005), "$10.05");
+    }
+}

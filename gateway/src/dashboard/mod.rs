@@ -1,0 +1,103 @@
+//! The developer dashboard under `/developers`: sign-up and sign-in, the overview, API keys,
+//! usage charts and billing. Server-rendered HTML with plain forms (no script needed), its one
+//! stylesheet embedded in the binary; served on the public listener in both modes.
+
+mod account;
+mod billing;
+mod charts;
+mod form;
+mod keys;
+mod layout;
+mod overview;
+mod session;
+pub mod store;
+mod usage;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use thiserror::Error;
+
+use crate::accounts::StoreError;
+use crate::error::ApiError;
+use crate::ledger::LedgerError;
+use crate::state::AppState;
+
+pub use store::{DeveloperStore, MemoryDeveloperStore};
+
+/// Start-up settings of the dashboard.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DashboardConfig {
+    /// Mark cookies `Secure` on every request, not only those a proxy says came over https.
+    pub secure_cookies: bool,
+    /// apiCredits a new account starts with.
+    pub signup_credits: u64,
+}
+
+#[derive(Debug, Error)]
+pub enum DashboardError {
+    #[error(
+        "this form has expired or did not come from this dashboard; reload the page and try again"
+    )]
+    Csrf,
+    #[error("the form could not be read; reload the page and try again")]
+    BadForm,
+    #[error("no such page")]
+    NotFound,
+    #[error("password hashing failed")]
+    PasswordHash,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// A request the `/v1` API would refuse the same way (the usage range).
+    #[error("{}", .0.message)]
+    Api(ApiError),
+}
+
+impl From<ApiError> for DashboardError {
+    fn from(e: ApiError) -> Self {
+        Self::Api(e)
+    }
+}
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/developers", get(overview::show))
+        .route("/developers/", get(overview::show))
+        .route(
+            "/developers/sign-up",
+            get(account::sign_up_form).post(account::sign_up),
+        )
+        .route(
+            "/developers/sign-in",
+            get(account::sign_in_form).post(account::sign_in),
+        )
+        .route("/developers/sign-out", post(account::sign_out))
+        .route("/developers/keys", get(keys::show).post(keys::mint))
+        .route(
+            "/developers/keys/{id}/revoke",
+            get(keys::confirm_revoke).post(keys::revoke),
+        )
+        .route("/developers/usage", get(usage::show))
+        .route("/developers/usage.csv", get(usage::csv))
+        .route("/developers/billing", get(billing::show))
+        .route("/developers/billing/checkout", post(billing::checkout))
+        .route("/developers/assets/style.css", get(style))
+        .route("/developers/{*rest}", get(not_found).post(not_found))
+}
+
+async fn style() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        layout::STYLE,
+    )
+}
+
+async fn not_found() -> DashboardError {
+    DashboardError::NotFound
+}

@@ -1,0 +1,152 @@
+//! `/developers`: balance, tier and its limits, the way to the next tier, this month's spend
+//! and the latest messages.
+
+use axum::extract::State;
+use maud::{html, Markup};
+use time::{Date, OffsetDateTime};
+
+use super::layout::{datetime, dollars, page, thousands, Nav};
+use super::session::SignedIn;
+use super::DashboardError;
+use crate::api::usage::{format_date, report, UsageQuery};
+use crate::ledger::MessageStatus;
+use crate::payments::MIN_TOP_UP_CENTS;
+use crate::routing::Catalog;
+use crate::state::AppState;
+
+const RECENT_MESSAGES: usize = 10;
+
+/// Where confirmed lifetime top-up puts an account: its tier, and the next tier with the
+/// top-up still needed to reach it. Enterprise is granted by hand, never reached this way.
+pub struct Standing {
+    pub tier: String,
+    pub next: Option<(String, u64)>,
+}
+
+pub fn standing(catalog: &Catalog, lifetime_cents: u64) -> Standing {
+    let mut ladder: Vec<(&String, u64)> = catalog
+        .tiers()
+        .filter_map(|(id, t)| t.promotion_at_lifetime_cents.map(|at| (id, at)))
+        .collect();
+    ladder.sort_by_key(|(_, at)| *at);
+    let tier = ladder
+        .iter()
+        .rev()
+        .find(|(_, at)| *at <= lifetime_cents)
+        .map_or_else(|| "free".to_owned(), |(id, _)| (*id).clone());
+    let next = ladder
+        .iter()
+        .find(|(_, at)| *at > lifetime_cents)
+        .map(|(id, at)| ((*id).clone(), at - lifetime_cents));
+    Standing { tier, next }
+}
+
+fn month_start(today: Date) -> Date {
+    today.replace_day(1).unwrap_or(today)
+}
+
+fn status_label(status: MessageStatus) -> &'static str {
+    match status {
+        MessageStatus::Reserved => "running",
+        MessageStatus::Completed => "completed",
+        MessageStatus::ClientDisconnected => "client disconnected",
+        MessageStatus::Interrupted => "interrupted",
+        MessageStatus::Failed => "failed",
+        MessageStatus::Abandoned => "abandoned",
+    }
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    SignedIn(session): SignedIn,
+) -> Result<Markup, DashboardError> {
+    let account_id = &session.account_id;
+    let balance = state.ledger.balance(account_id).await?;
+    let standing = standing(&state.catalog(), balance.lifetime_top_up_cents);
+    let limits = state.catalog().tier_limits(&standing.tier);
+    let today = OffsetDateTime::now_utc().date();
+    let month = report(
+        &state,
+        account_id,
+        &UsageQuery {
+            start_date: Some(format_date(month_start(today))),
+            end_date: Some(format_date(today)),
+            group_by: Some("model".to_owned()),
+        },
+    )
+    .await?;
+    let recent = state
+        .ledger
+        .recent_messages(account_id, RECENT_MESSAGES)
+        .await?;
+    let available = balance.balance.saturating_sub(balance.reserved);
+    let per_usd = state.credits_per_usd.max(1);
+    let content = html! {
+        section.cards aria-label="Summary" {
+            div.card.stat {
+                h2 { "apiCredits balance" }
+                p.big #balance { (thousands(available)) }
+                p.hint { "≈ " (dollars(available * 100 / per_usd)) @if balance.reserved > 0 { " · " (thousands(balance.reserved)) " held by running turns" } }
+                a.button.primary href="/developers/billing" { "Top up" }
+            }
+            div.card.stat {
+                h2 { "Tier" }
+                p.big #tier { (standing.tier) }
+                @if let Some(limits) = limits {
+                    ul.limits {
+                        li { strong { (thousands(limits.requests_per_minute.into())) } " requests / min" }
+                        li { strong { (thousands(limits.input_tokens_per_minute)) } " input tokens / min" }
+                        li { strong { (limits.concurrent_streams) } " concurrent streams" }
+                    }
+                }
+            }
+            div.card.stat {
+                h2 { "Lifetime top-up" }
+                p.big #lifetime { (dollars(balance.lifetime_top_up_cents)) }
+                @match &standing.next {
+                    Some((tier, cents)) if *cents <= MIN_TOP_UP_CENTS => p.hint { "Your first top-up moves you to " strong { (tier) } "." },
+                    Some((tier, cents)) => p.hint { (dollars(*cents)) " more to reach " strong { (tier) } },
+                    None => p.hint { "Highest tier reached by top-ups." },
+                }
+            }
+            div.card.stat {
+                h2 { "Spend this month" }
+                p.big #month-spend { (thousands(month.totals.credits)) }
+                p.hint { "credits · " (thousands(month.totals.requests)) " requests · ≈ " (dollars(month.totals.credits * 100 / per_usd)) }
+            }
+        }
+        section.card {
+            div.card-head {
+                h2 { "Recent messages" }
+                a href="/developers/usage" { "All usage →" }
+            }
+            @if recent.is_empty() {
+                p.empty { "No messages yet. Mint a key on the " a href="/developers/keys" { "API keys" } " page and send your first request." }
+            } @else {
+                div.table-wrap {
+                    table #recent-messages {
+                        thead { tr {
+                            th scope="col" { "Message" } th scope="col" { "Model" } th scope="col" { "When" }
+                            th.num scope="col" { "Input tokens" } th.num scope="col" { "Output tokens" }
+                            th.num scope="col" { "Credits" } th scope="col" { "Status" }
+                        } }
+                        tbody {
+                            @for m in &recent {
+                                tr {
+                                    td { code { (m.id) } }
+                                    td { (m.model) }
+                                    td { (datetime(m.created_at)) }
+                                    td.num { (thousands(m.usage.input_tokens.into())) }
+                                    td.num { (thousands(m.usage.output_tokens.into())) }
+                                    td.num { (thousands(m.billed)) }
+                                    td { span class=(format!("badge {}", status_label(m.status).replace(' ', "-"))) { (status_label(m.status)) } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Ok(page(&session, Nav::Overview, "Overview", content))
+}

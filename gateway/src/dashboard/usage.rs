@@ -1,0 +1,207 @@
+//! `/developers/usage`: credits and tokens by day and model over a chosen range, as charts, a
+//! table and a CSV download. The numbers come from the very function behind `GET /v1/usage`.
+
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use maud::html;
+use serde::Deserialize;
+use time::Duration;
+
+use super::charts::{stacked, Stacked};
+use super::layout::{notice, page, thousands, with_status, Nav};
+use super::session::SignedIn;
+use super::DashboardError;
+use crate::api::usage::{format_date, report, UsageQuery, UsageReport};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+#[derive(Deserialize)]
+pub struct Range {
+    start_date: Option<String>,
+    end_date: Option<String>,
+}
+
+impl Range {
+    fn query(&self) -> UsageQuery {
+        let given = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
+        UsageQuery {
+            start_date: given(&self.start_date),
+            end_date: given(&self.end_date),
+            group_by: Some("day,model".to_owned()),
+        }
+    }
+}
+
+/// Every day of the range, the models seen, and `values[day][model]` of one counter.
+fn matrix(
+    report: &UsageReport,
+    models: &[String],
+    counter: impl Fn(&crate::ledger::UsageTotals) -> u64,
+) -> (Vec<String>, Vec<Vec<u64>>) {
+    let days_count = (report.end - report.start).whole_days() + 1;
+    let days: Vec<_> = (0..days_count)
+        .map(|d| report.start + Duration::days(d))
+        .collect();
+    let mut values = vec![vec![0; models.len()]; days.len()];
+    for group in &report.groups {
+        let (Some(date), Some(model)) = (group.date, &group.model) else {
+            continue;
+        };
+        let d = (date - report.start).whole_days();
+        if let (Ok(d), Some(m)) = (usize::try_from(d), models.iter().position(|x| x == model)) {
+            values[d][m] += counter(&group.totals);
+        }
+    }
+    (days.into_iter().map(format_date).collect(), values)
+}
+
+fn models_of(report: &UsageReport) -> Vec<String> {
+    let mut models: Vec<String> = report
+        .groups
+        .iter()
+        .filter_map(|g| g.model.clone())
+        .collect();
+    models.sort();
+    models.dedup();
+    models
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    SignedIn(session): SignedIn,
+    Query(range): Query<Range>,
+) -> Result<Response, DashboardError> {
+    let (report, error) = match report(&state, &session.account_id, &range.query()).await {
+        Ok(report) => (report, None),
+        Err(e) if e.status == StatusCode::BAD_REQUEST => (
+            report(&state, &session.account_id, &UsageQuery::default()).await?,
+            Some(e.message),
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    let models = models_of(&report);
+    let (days, credits) = matrix(&report, &models, |t| t.credits);
+    let (_, tokens) = matrix(&report, &models, |t| t.input_tokens + t.output_tokens);
+    let start = format_date(report.start);
+    let end = format_date(report.end);
+    let content = html! {
+        @if let Some(error) = &error { (notice("error", error)) }
+        form.range.card method="get" action="/developers/usage" {
+            div.field { label for="start_date" { "From" } input #start_date type="date" name="start_date" value=(start); }
+            div.field { label for="end_date" { "To" } input #end_date type="date" name="end_date" value=(end); }
+            div.field.actions {
+                button.primary type="submit" { "Show" }
+                a.button #csv href=(format!("/developers/usage.csv?start_date={start}&end_date={end}")) download { "Download CSV" }
+            }
+        }
+        section.cards aria-label="Totals" {
+            div.card.stat { h2 { "Requests" } p.big #total-requests { (thousands(report.totals.requests)) } }
+            div.card.stat { h2 { "Input tokens" } p.big #total-input { (thousands(report.totals.input_tokens)) } }
+            div.card.stat { h2 { "Output tokens" } p.big #total-output { (thousands(report.totals.output_tokens)) } }
+            div.card.stat { h2 { "Credits" } p.big #total-credits { (thousands(report.totals.credits)) } }
+        }
+        section.card {
+            h2 { "Credits by day" }
+            (stacked(&Stacked { id: "credits-chart", title: "Credits", unit: "credits", days: &days, series: &models, values: &credits }))
+        }
+        section.card {
+            h2 { "Tokens by day (input + output)" }
+            (stacked(&Stacked { id: "tokens-chart", title: "Tokens", unit: "tokens", days: &days, series: &models, values: &tokens }))
+        }
+        section.card {
+            h2 { "By day and model" }
+            @if report.groups.is_empty() {
+                p.empty { "No usage in this range." }
+            } @else {
+                div.table-wrap {
+                    table #usage-table {
+                        thead { tr {
+                            th scope="col" { "Day" } th scope="col" { "Model" } th.num scope="col" { "Requests" }
+                            th.num scope="col" { "Input tokens" } th.num scope="col" { "Output tokens" }
+                            th.num scope="col" { "Cache read" } th.num scope="col" { "Cache write" } th.num scope="col" { "Credits" }
+                        } }
+                        tbody {
+                            @for g in &report.groups {
+                                tr {
+                                    td { (g.date.map(format_date).unwrap_or_default()) }
+                                    td { (g.model.clone().unwrap_or_default()) }
+                                    td.num { (thousands(g.totals.requests)) }
+                                    td.num { (thousands(g.totals.input_tokens)) }
+                                    td.num { (thousands(g.totals.output_tokens)) }
+                                    td.num { (thousands(g.totals.cache_read_input_tokens)) }
+                                    td.num { (thousands(g.totals.cache_creation_input_tokens)) }
+                                    td.num { (thousands(g.totals.credits)) }
+                                }
+                            }
+                        }
+                        tfoot { tr {
+                            th scope="row" colspan="2" { "Total" }
+                            td.num { (thousands(report.totals.requests)) }
+                            td.num { (thousands(report.totals.input_tokens)) }
+                            td.num { (thousands(report.totals.output_tokens)) }
+                            td.num { (thousands(report.totals.cache_read_input_tokens)) }
+                            td.num { (thousands(report.totals.cache_creation_input_tokens)) }
+                            td.num { (thousands(report.totals.credits)) }
+                        } }
+                    }
+                }
+            }
+        }
+    };
+    let status = if error.is_some() {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::OK
+    };
+    Ok(with_status(
+        status,
+        page(&session, Nav::Usage, "Usage", content),
+    ))
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+pub async fn csv(
+    State(state): State<AppState>,
+    SignedIn(session): SignedIn,
+    Query(range): Query<Range>,
+) -> Result<Response, DashboardError> {
+    let report = report(&state, &session.account_id, &range.query())
+        .await
+        .map_err(|e: ApiError| DashboardError::from(e))?;
+    let mut out = String::from("date,model,requests,input_tokens,output_tokens,cache_creation_input_tokens,cache_read_input_tokens,credits\n");
+    for g in &report.groups {
+        let t = &g.totals;
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{}\n",
+            g.date.map(format_date).unwrap_or_default(),
+            csv_field(g.model.as_deref().unwrap_or_default()),
+            t.requests,
+            t.input_tokens,
+            t.output_tokens,
+            t.cache_creation_input_tokens,
+            t.cache_read_input_tokens,
+            t.credits
+        ));
+    }
+    let filename = format!(
+        "attachment; filename=\"usage-{}-{}.csv\"",
+        format_date(report.start),
+        format_date(report.end)
+    );
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_owned()),
+            (header::CONTENT_DISPOSITION, filename),
+        ],
+        out,
+    )
+        .into_response())
+}

@@ -1,0 +1,251 @@
+//! A real headless browser for the dashboard tests: Debian's `chromium` driven through
+//! `chromedriver` (WebDriver) with fantoccini. The driver and the browser are children of the
+//! test and die with it; each browser gets a fresh profile directory, removed on drop.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fantoccini::elements::Element;
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+use crate::gateway::unique_name;
+use crate::poll_until;
+
+/// Flags for a shared, offline CI machine: no sandbox (root), no GPU, nothing phoning home.
+const CHROMIUM_FLAGS: [&str; 9] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+];
+
+/// Viewport widths of the screenshots.
+pub const DESKTOP: (u32, u32) = (1280, 800);
+pub const PHONE: (u32, u32) = (390, 844);
+
+pub struct Browser {
+    pub client: Client,
+    _driver: Child,
+    profile: PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl Browser {
+    /// Starts chromedriver on a free port and opens a headless chromium session.
+    pub async fn start() -> Browser {
+        let port = free_port();
+        let mut cmd = Command::new("chromedriver");
+        cmd.arg(format!("--port={port}"));
+        crate::tie_to_test(&mut cmd);
+        let driver = cmd.spawn().expect(
+            "chromedriver not found: install chromium and chromium-driver (scripts/test does)",
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        poll_until(
+            "chromedriver to answer /status",
+            Duration::from_secs(20),
+            Duration::from_millis(100),
+            || async {
+                let ready = http.get(format!("{url}/status")).send().await.ok()?;
+                let body: Value = ready.json().await.ok()?;
+                body["value"]["ready"].as_bool().filter(|r| *r)
+            },
+        )
+        .await;
+        let profile = std::env::temp_dir().join(unique_name("dashboard-chromium"));
+        let mut args: Vec<String> = CHROMIUM_FLAGS.iter().map(|s| s.to_string()).collect();
+        args.push(format!("--user-data-dir={}", profile.display()));
+        args.push(format!("--window-size={},{}", DESKTOP.0, DESKTOP.1));
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({ "binary": "/usr/bin/chromium", "args": args }),
+        );
+        let client = ClientBuilder::new(HttpConnector::new())
+            .capabilities(caps)
+            .connect(&url)
+            .await
+            .expect("a chromium session through chromedriver");
+        Browser {
+            client,
+            _driver: driver,
+            profile,
+        }
+    }
+
+    pub async fn goto(&self, url: &str) {
+        self.client.goto(url).await.expect("navigate");
+    }
+
+    pub async fn find(&self, css: &str) -> Element {
+        self.client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no element {css}: {e}"))
+    }
+
+    pub async fn fill(&self, css: &str, value: &str) {
+        let field = self.find(css).await;
+        field.clear().await.expect("clear field");
+        field.send_keys(value).await.expect("type");
+    }
+
+    pub async fn click(&self, css: &str) {
+        self.find(css).await.click().await.expect("click");
+    }
+
+    /// Clicks something that loads a new page (a submit button, a link) and waits until the
+    /// new document is there, so that what is read next is not the old page's.
+    pub async fn click_and_load(&self, css: &str) {
+        self.client
+            .execute("window.__before_click = true", vec![])
+            .await
+            .expect("mark the page");
+        self.click(css).await;
+        poll_until(
+            &format!("a new page after clicking {css}"),
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || async {
+                let old = self
+                    .client
+                    .execute(
+                        "return document.readyState === 'complete' ? window.__before_click === true : true",
+                        vec![],
+                    )
+                    .await
+                    .ok()?;
+                (old == Value::Bool(false)).then_some(())
+            },
+        )
+        .await;
+    }
+
+    pub async fn text(&self, css: &str) -> String {
+        self.find(css).await.text().await.expect("text")
+    }
+
+    pub async fn value(&self, css: &str) -> String {
+        self.find(css)
+            .await
+            .prop("value")
+            .await
+            .expect("value")
+            .unwrap_or_default()
+    }
+
+    pub async fn path(&self) -> String {
+        self.client
+            .current_url()
+            .await
+            .expect("url")
+            .path()
+            .to_owned()
+    }
+
+    /// Waits (at most 10 s) until the browser is on `path`: a click on a submit button may
+    /// return before the navigation it starts has finished.
+    pub async fn wait_for_path(&self, path: &str) {
+        poll_until(
+            &format!("the browser to reach {path}"),
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || async { (self.path().await == path).then_some(()) },
+        )
+        .await;
+    }
+
+    /// The whole page at this viewport width, as a PNG in `dir/name-label.png`.
+    pub async fn screenshot(
+        &self,
+        dir: &Path,
+        name: &str,
+        label: &str,
+        (width, height): (u32, u32),
+    ) {
+        self.client
+            .set_window_size(width, height)
+            .await
+            .expect("resize");
+        // The window's height is the viewport's plus the browser's own bars.
+        let full = self
+            .client
+            .execute(
+                "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight",
+                vec![],
+            )
+            .await
+            .ok()
+            .and_then(|h| h.as_u64())
+            .unwrap_or(height.into());
+        let full = u32::try_from(full).unwrap_or(height).clamp(height, 4000);
+        self.client
+            .set_window_size(width, full)
+            .await
+            .expect("resize");
+        let png = self.client.screenshot().await.expect("screenshot");
+        std::fs::create_dir_all(dir).expect("screenshot folder");
+        std::fs::write(dir.join(format!("{name}-{label}.png")), png).expect("write screenshot");
+        self.client
+            .set_window_size(DESKTOP.0, DESKTOP.1)
+            .await
+            .expect("resize");
+    }
+}
+
+impl Browser {
+    /// Ends the session, which closes the browser.
+    pub async fn quit(self) {
+        let _ = self.client.clone().close().await;
+    }
+}
+
+/// The browser processes started with this profile: the ones killing chromedriver would
+/// leave behind (a failed test never reaches [`Browser::quit`]).
+fn processes_using(profile: &Path) -> Vec<i32> {
+    let needle = format!("--user-data-dir={}", profile.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        for pid in processes_using(&self.profile) {
+            // SAFETY: kill(2) with a pid we just read and a plain signal number.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
+}

@@ -1,0 +1,502 @@
+//! The developer dashboard, driven in a real headless chromium: a developer signs up, mints a
+//! key, calls /v1/messages with it through the official `anthropic` SDK, sees the call in the
+//! usage chart and table, tops up $25 with the test payment provider, revokes the key and sees
+//! the next call refused with 401. Bad input (wrong password, a forged CSRF token, $9,
+//! $10,001, a second tab revoking the same key) gets a clear message and changes nothing.
+//! Screenshots of every page at desktop and phone width go to docs/screenshots/. Cluster mode
+//! serves the same dashboard.
+
+use std::path::PathBuf;
+
+use e2e::browser::{Browser, DESKTOP, PHONE};
+use e2e::gateway::{unique_name, workspace_root};
+use e2e::*;
+use serde_json::Value;
+
+const PASSWORD: &str = "correct horse battery";
+const SIGNUP_CREDITS: u64 = 100_000;
+
+fn screenshots() -> PathBuf {
+    workspace_root().join("docs").join("screenshots")
+}
+
+/// Calls /v1/messages through the official Python SDK; returns the message id, or the HTTP
+/// status the SDK raised.
+async fn sdk_call(base_url: &str, key: &str) -> Result<String, u16> {
+    let python = workspace_root().join(".cache/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: scripts/test creates the venv with the anthropic SDK",
+        python.display()
+    );
+    let script = r#"
+import sys, anthropic
+client = anthropic.Anthropic(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
+try:
+    m = client.messages.create(model="svc/haiku", max_tokens=64,
+        messages=[{"role": "user", "content": "Hello from the dashboard test"}])
+    print("ok", m.id)
+except anthropic.APIStatusError as e:
+    print("status", e.status_code)
+"#;
+    let out = tokio::process::Command::new(python)
+        .args(["-c", script, base_url, key])
+        .env("NO_PROXY", "127.0.0.1")
+        .output()
+        .await
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.split_whitespace().collect::<Vec<_>>().as_slice() {
+        ["ok", id] => Ok(id.to_string()),
+        ["status", code] => Err(code.parse().expect("status code")),
+        _ => panic!(
+            "SDK call failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+async fn shoot(b: &Browser, name: &str) {
+    b.screenshot(&screenshots(), name, "desktop", DESKTOP).await;
+    b.screenshot(&screenshots(), name, "phone", PHONE).await;
+}
+
+async fn balance_on(b: &Browser, page: &str) -> String {
+    b.goto(page).await;
+    b.text("#balance").await
+}
+
+#[tokio::test]
+async fn a_developer_signs_up_mints_a_key_calls_the_api_sees_usage_tops_up_and_revokes_the_key() {
+    let gw = Gateway::builder()
+        .arg("--signup-credits")
+        .arg(&SIGNUP_CREDITS.to_string())
+        .start()
+        .await;
+    let b = Browser::start().await;
+    let base = format!("{}/developers", gw.api);
+    let email = format!("{}@example.com", unique_name("dev"));
+
+    // Signed out, every page leads to sign-in.
+    b.goto(&format!("{base}/keys")).await;
+    b.wait_for_path("/developers/sign-in").await;
+    shoot(&b, "sign-in").await;
+
+    b.click_and_load("a[href='/developers/sign-up']").await;
+    b.fill("#email", &email).await;
+    b.fill("#password", PASSWORD).await;
+    shoot(&b, "sign-up").await;
+    b.click_and_load("button[type=submit]").await;
+    b.wait_for_path("/developers").await;
+    assert_eq!(b.text("#balance").await, thousands(SIGNUP_CREDITS));
+    assert_eq!(b.text("#tier").await, "free");
+
+    // Mint: the secret is shown once, only its prefix afterwards.
+    b.goto(&format!("{base}/keys")).await;
+    b.fill("#key-name", "dashboard e2e").await;
+    b.click_and_load("#mint").await;
+    let secret = b.value("#new-secret").await;
+    assert!(secret.starts_with("sk-svc-"), "{secret}");
+    shoot(&b, "keys-minted").await;
+    b.goto(&format!("{base}/keys")).await;
+    let listed = b.text("#keys").await;
+    assert!(
+        listed.contains("dashboard e2e") && listed.contains(&secret[..12]),
+        "{listed}"
+    );
+    assert!(!b.client.source().await.expect("source").contains(&secret));
+
+    // A call through the official SDK shows up on the overview and the usage page, with the
+    // numbers of GET /v1/usage.
+    let message_id = sdk_call(&gw.api, &secret)
+        .await
+        .expect("SDK call with the new key");
+    b.goto(&base).await;
+    assert!(b.text("#recent-messages").await.contains(&message_id));
+    shoot(&b, "overview").await;
+    let usage: Value = gw
+        .client()
+        .get(format!("{}/v1/usage", gw.api))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .expect("GET /v1/usage")
+        .json()
+        .await
+        .expect("usage JSON");
+    let credits = usage["totals"]["credits"].as_u64().expect("credits");
+    assert_eq!(usage["totals"]["requests"], 1, "{usage}");
+    b.goto(&format!("{base}/usage")).await;
+    assert_eq!(b.text("#total-requests").await, "1");
+    assert_eq!(b.text("#total-credits").await, thousands(credits));
+    assert_eq!(
+        b.text("#total-output").await,
+        thousands(usage["totals"]["output_tokens"].as_u64().expect("output"))
+    );
+    let table = b.text("#usage-table").await;
+    assert!(table.contains("svc/haiku"), "{table}");
+    let bars = b
+        .client
+        .find_all(fantoccini::Locator::Css("#credits-chart rect"))
+        .await
+        .expect("bars");
+    assert_eq!(bars.len(), 1, "one day, one model: one bar segment");
+    assert!(b.text(".legend").await.contains("svc/haiku"));
+    shoot(&b, "usage").await;
+    let after_call = SIGNUP_CREDITS - credits;
+
+    // Billing: amounts out of range are refused with the range, and nothing changes.
+    let billing = format!("{base}/billing");
+    b.goto(&billing).await;
+    for (amount, says) in [("9", "below the minimum"), ("10001", "above the maximum")] {
+        b.fill("#amount", amount).await;
+        b.click_and_load("#custom-checkout").await;
+        let notice = b.text(".notice.error").await;
+        assert!(
+            notice.contains(says) && notice.contains("from $10 to $10,000"),
+            "{notice}"
+        );
+        assert_eq!(b.text("#balance").await, thousands(after_call));
+    }
+    // A forged CSRF token is refused and changes nothing.
+    b.goto(&billing).await;
+    b.client
+        .execute(
+            "document.querySelectorAll('input[name=csrf]').forEach(i => i.value = 'forged')",
+            vec![],
+        )
+        .await
+        .expect("forge the token");
+    b.click_and_load("#pack-25").await;
+    assert!(b.text(".notice.error").await.contains("form has expired"));
+    assert_eq!(balance_on(&b, &billing).await, thousands(after_call));
+
+    // $25 through the test provider: balance, history and tier change.
+    b.click_and_load("#pack-25").await;
+    assert!(b
+        .text(".notice.success")
+        .await
+        .contains("Payment of $25 confirmed"));
+    let topped_up = after_call + 25 * 100_000;
+    assert_eq!(b.text("#balance").await, thousands(topped_up));
+    let history = b.text("#top-ups").await;
+    assert!(
+        history.contains("$25") && history.contains("confirmed"),
+        "{history}"
+    );
+    shoot(&b, "billing").await;
+    b.goto(&base).await;
+    assert_eq!(b.text("#lifetime").await, "$25");
+    assert_eq!(b.text("#tier").await, "pay_as_you_go");
+
+    // Revoke, with a second tab revoking the same key.
+    b.goto(&format!("{base}/keys")).await;
+    b.click_and_load("a.danger-link").await;
+    let confirm_url = b.client.current_url().await.expect("url").to_string();
+    shoot(&b, "revoke-confirm").await;
+    let first = b.client.window().await.expect("window");
+    let second = b.client.new_window(true).await.expect("new tab").handle;
+    b.client.switch_to_window(second).await.expect("switch");
+    b.goto(&confirm_url).await;
+    b.client
+        .switch_to_window(first.clone())
+        .await
+        .expect("switch back");
+    b.click_and_load("#confirm-revoke").await;
+    assert!(b.text(".notice.success").await.contains("revoked"));
+    assert!(b.text("#keys").await.contains("revoked"));
+    let others = b.client.windows().await.expect("windows");
+    let second = others
+        .into_iter()
+        .find(|w| *w != first)
+        .expect("second tab");
+    b.client.switch_to_window(second).await.expect("switch");
+    b.click_and_load("#confirm-revoke").await;
+    assert!(b.text(".notice.error").await.contains("already revoked"));
+    shoot(&b, "keys").await;
+
+    assert_eq!(sdk_call(&gw.api, &secret).await, Err(401));
+
+    // Sign out; a wrong password is refused with a clear message.
+    b.click_and_load(".account button[type=submit]").await;
+    b.wait_for_path("/developers/sign-in").await;
+    b.fill("#email", &email).await;
+    b.fill("#password", "not the password").await;
+    b.click_and_load("button[type=submit]").await;
+    assert_eq!(b.text(".notice.error").await, "Wrong email or password.");
+    b.fill("#password", PASSWORD).await;
+    b.click_and_load("button[type=submit]").await;
+    b.wait_for_path("/developers").await;
+    b.quit().await;
+}
+
+/// A signed-out or signed-in visitor speaking plain HTTP, carrying its cookies by hand.
+struct Visitor<'a> {
+    gw: &'a Gateway,
+    /// Redirects are not followed, so that the cookies they set are seen.
+    http: reqwest::Client,
+    cookies: Vec<(String, String)>,
+}
+
+fn hidden_csrf(html: &str) -> String {
+    html.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a csrf field")
+        .to_owned()
+}
+
+impl<'a> Visitor<'a> {
+    fn new(gw: &'a Gateway) -> Self {
+        Self {
+            gw,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .expect("client"),
+            cookies: Vec::new(),
+        }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    fn keep_cookies(&mut self, response: &reqwest::Response) -> Vec<String> {
+        let set: Vec<String> = response
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_owned))
+            .collect();
+        for line in &set {
+            if let Some((name, value)) = line.split(';').next().and_then(|p| p.split_once('=')) {
+                self.cookies.retain(|(k, _)| k != name);
+                self.cookies.push((name.to_owned(), value.to_owned()));
+            }
+        }
+        set
+    }
+
+    async fn get(&mut self, path: &str) -> (u16, String) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.gw.api))
+            .header("cookie", self.cookie_header())
+            .send()
+            .await
+            .expect("GET");
+        self.keep_cookies(&response);
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"))
+    }
+
+    /// Posts a form; returns the status, the body and the Set-Cookie lines.
+    async fn post(
+        &mut self,
+        path: &str,
+        form: &[(&str, &str)],
+        headers: &[(&str, &str)],
+    ) -> (u16, String, Vec<String>) {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.gw.api))
+            .header("cookie", self.cookie_header())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(
+                form.iter()
+                    .map(|(k, v)| format!("{k}={}", v.replace('@', "%40").replace(' ', "+")))
+                    .collect::<Vec<_>>()
+                    .join("&"),
+            );
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.expect("POST");
+        let set = self.keep_cookies(&response);
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"), set)
+    }
+
+    async fn sign_up(&mut self, email: &str, headers: &[(&str, &str)]) -> Vec<String> {
+        let (_, page) = self.get("/developers/sign-up").await;
+        let csrf = hidden_csrf(&page);
+        let (status, _, set) = self
+            .post(
+                "/developers/sign-up",
+                &[("csrf", &csrf), ("email", email), ("password", PASSWORD)],
+                headers,
+            )
+            .await;
+        assert_eq!(status, 303, "sign-up redirects to the overview");
+        set
+    }
+
+    async fn sign_in(&mut self, email: &str, password: &str) -> (u16, String) {
+        let (_, page) = self.get("/developers/sign-in").await;
+        let csrf = hidden_csrf(&page);
+        let (status, body, _) = self
+            .post(
+                "/developers/sign-in",
+                &[("csrf", &csrf), ("email", email), ("password", password)],
+                &[],
+            )
+            .await;
+        (status, body)
+    }
+}
+
+fn new_email() -> String {
+    format!("{}@example.com", unique_name("dev"))
+}
+
+#[tokio::test]
+async fn the_session_cookie_is_http_only_same_site_and_secure_when_the_request_came_over_tls() {
+    let gw = Gateway::start().await;
+    let over_tls = Visitor::new(&gw)
+        .sign_up(&new_email(), &[("x-forwarded-proto", "https")])
+        .await;
+    let session = over_tls
+        .iter()
+        .find(|c| c.starts_with("svc_session="))
+        .expect("a session cookie");
+    for attribute in ["HttpOnly", "SameSite=Lax", "Secure", "Path=/developers"] {
+        assert!(
+            session.contains(attribute),
+            "{attribute} missing: {session}"
+        );
+    }
+    let plain = Visitor::new(&gw).sign_up(&new_email(), &[]).await;
+    let session = plain
+        .iter()
+        .find(|c| c.starts_with("svc_session="))
+        .expect("a session cookie");
+    assert!(!session.contains("Secure"), "{session}");
+}
+
+#[tokio::test]
+async fn sign_in_is_refused_for_a_while_after_five_wrong_passwords_for_the_email() {
+    let gw = Gateway::start().await;
+    let email = new_email();
+    Visitor::new(&gw).sign_up(&email, &[]).await;
+    let mut visitor = Visitor::new(&gw);
+    for _ in 0..5 {
+        let (status, body) = visitor.sign_in(&email, "wrong password!").await;
+        assert_eq!(status, 401);
+        assert!(body.contains("Wrong email or password."));
+    }
+    let (status, body) = visitor.sign_in(&email, PASSWORD).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("Too many failed sign-ins"), "{body}");
+    assert!(!visitor.cookies.iter().any(|(k, _)| k == "svc_session"));
+}
+
+#[tokio::test]
+async fn a_form_without_the_sessions_csrf_token_is_refused_and_changes_nothing() {
+    let gw = Gateway::start().await;
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    for (path, form) in [
+        (
+            "/developers/keys",
+            vec![("name", "forged"), ("kind", "api")],
+        ),
+        ("/developers/billing/checkout", vec![("amount", "25")]),
+    ] {
+        let mut fields = form.clone();
+        fields.push(("csrf", "forged-token"));
+        let (status, body, _) = visitor.post(path, &fields, &[]).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(body.contains("form has expired"), "{body}");
+        let (status, body, _) = visitor.post(path, &form, &[]).await;
+        assert_eq!(status, 403, "{path} without a token: {body}");
+    }
+    let (_, keys) = visitor.get("/developers/keys").await;
+    assert!(!keys.contains("forged"), "no key was minted");
+    let (_, billing) = visitor.get("/developers/billing").await;
+    assert!(billing.contains("No top-ups yet."));
+}
+
+#[tokio::test]
+async fn malformed_dashboard_requests_get_a_page_with_a_4xx_never_a_500() {
+    let gw = Gateway::start().await;
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (_, page) = visitor.get("/developers/keys").await;
+    let csrf = hidden_csrf(&page);
+    for path in [
+        "/developers/sign-in",
+        "/developers/sign-up",
+        "/developers/keys",
+        "/developers/keys/key_nope/revoke",
+        "/developers/billing/checkout",
+    ] {
+        let (status, body, _) = visitor
+            .post(
+                path,
+                &[("csrf", &csrf), ("amount", "%ZZ"), ("scope", "root")],
+                &[],
+            )
+            .await;
+        assert!((400..500).contains(&status), "{path}: {status} {body}");
+        assert!(body.contains("<html"), "{path}: an HTML page, not {body}");
+    }
+    let (status, body, _) = visitor
+        .post(
+            "/developers/keys",
+            &[("csrf", &csrf), ("name", "a"), ("name", "b")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 400, "a field given twice: {body}");
+    assert!(body.contains("could not be read"), "{body}");
+    for path in [
+        "/developers/usage?start_date=yesterday",
+        "/developers/usage?start_date=2026-02-01&end_date=2026-01-01",
+        "/developers/keys/key_nope/revoke",
+        "/developers/no-such-page",
+    ] {
+        let (status, body) = visitor.get(path).await;
+        assert!((400..500).contains(&status), "{path}: {status} {body}");
+        assert!(!body.contains("panicked"), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn cluster_mode_serves_the_dashboard_and_refuses_top_ups_without_a_payment_provider() {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder().serve(&redis.url()).start().await;
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (status, page) = visitor.get("/developers/billing").await;
+    assert_eq!(status, 200);
+    let csrf = hidden_csrf(&page);
+    let (status, body, _) = visitor
+        .post(
+            "/developers/billing/checkout",
+            &[("csrf", &csrf), ("amount", "25")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no payment provider is configured"), "{body}");
+    let (_, billing) = visitor.get("/developers/billing").await;
+    assert!(billing.contains("failed") && !billing.contains("confirmed"));
+}
