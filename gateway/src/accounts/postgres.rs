@@ -31,6 +31,29 @@ pub struct PostgresAccounts {
 }
 
 impl PostgresAccounts {
+    /// The account whose `column` (`id` or `name`, both unique) equals `value`.
+    async fn account_where(
+        &self,
+        column: &'static str,
+        value: &str,
+    ) -> Result<Option<Account>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE {column} = $1"
+                ))
+                .bind(value)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(account_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
     pub fn new(db: Database) -> Self {
         Self {
             db,
@@ -133,39 +156,11 @@ impl Accounts for PostgresAccounts {
     }
 
     async fn account(&self, id: &str) -> Result<Option<Account>, StoreError> {
-        let row = self
-            .db
-            .bounded(
-                sqlx::query(&format!(
-                    "SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE id = $1"
-                ))
-                .bind(id)
-                .fetch_optional(self.db.pool()),
-            )
-            .await?;
-        Ok(row
-            .as_ref()
-            .map(account_of)
-            .transpose()
-            .map_err(DbError::Sql)?)
+        self.account_where("id", id).await
     }
 
     async fn account_by_name(&self, name: &str) -> Result<Option<Account>, StoreError> {
-        let row = self
-            .db
-            .bounded(
-                sqlx::query(&format!(
-                    "SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE name = $1"
-                ))
-                .bind(name)
-                .fetch_optional(self.db.pool()),
-            )
-            .await?;
-        Ok(row
-            .as_ref()
-            .map(account_of)
-            .transpose()
-            .map_err(DbError::Sql)?)
+        self.account_where("name", name).await
     }
 
     async fn set_status(
