@@ -1,15 +1,18 @@
 //! The operator end to end against a real kube-apiserver (`scripts/kube-apiserver` builds it):
 //! custom resources applied with kubectl become the config of a running gateway process;
 //! invalid ones get a condition while the last good config keeps serving; the schemas reject
-//! what they can at apply; of two operators exactly one holds the Lease (and so runs the
-//! sweep and the scaler), and the other takes over when it dies. The operator and the gateway run under the RBAC of `deploy/rbac/`.
+//! what they can at apply; a confirmed top-up promotes a free key within one sweep; of two
+//! operators exactly one holds the Lease (and so runs the sweep and the scaler), and the other
+//! takes over when it dies. The operator and the gateway run under the RBAC of `deploy/rbac/`.
 //!
 //! Each test skips (with the reason on stderr) where the API server could not be built.
 
 use std::time::Duration;
 
 use e2e::kube::{Identity, KubeApi, Operator};
-use e2e::{count_body, message, poll_until, Gateway, RedisServer, DEV_KEY, ENTERPRISE_KEY};
+use e2e::{
+    count_body, message, poll_until, Gateway, PostgresServer, RedisServer, DEV_KEY, ENTERPRISE_KEY,
+};
 
 /// The gateway must apply a published config within this (the promise).
 const APPLY_WITHIN: Duration = Duration::from_secs(10);
@@ -289,4 +292,63 @@ async fn of_two_operators_one_leads_and_the_other_takes_the_lease_when_it_dies()
         api.jsonpath("lease", "gateway-operator", "{.spec.holderIdentity}"),
         follower.identity
     );
+}
+
+#[tokio::test]
+async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep() {
+    let Some(api) = cluster().await else { return };
+    let pg = PostgresServer::start().await;
+    let _operator = Operator::start(
+        &api,
+        "operator-0",
+        &["--database-url", &pg.url(), "--sweep-interval", "2s"],
+    );
+    published_version(&api).await;
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .database(&pg.url())
+        .arg("--config-secret")
+        .arg("gateway/gateway-config")
+        .env("KUBECONFIG", api.kubeconfig(Identity::Gateway))
+        .start()
+        .await;
+    let created = pg
+        .gateway_cli(&["keys", "create", "--account", "sweep", "--tier", "free"])
+        .await
+        .expect("keys create");
+    let secret = created["key"].as_str().expect("the secret").to_owned();
+    let first = gw
+        .count_tokens(&secret, &count_body("svc/haiku", "hi"))
+        .await;
+    first.expect_ok();
+    assert_eq!(first.rate_limit().tier, "free");
+
+    pg.gateway_cli(&[
+        "accounts",
+        "topup",
+        "sweep",
+        "--usd",
+        "25",
+        "--reference",
+        "pay_sweep_1",
+    ])
+    .await
+    .expect("top-up");
+    // One sweep (2 s) plus the gateway's key cache (5 s); polled gently, since the free tier
+    // allows 5 requests a minute and every answer, 429s included, names the tier.
+    let promoted = poll_until(
+        "the sweep to promote the key",
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+        || async {
+            let rl = gw
+                .count_tokens(&secret, &count_body("svc/haiku", "hi"))
+                .await
+                .rate_limit();
+            (rl.tier == "pay_as_you_go").then_some(rl)
+        },
+    )
+    .await;
+    assert_eq!(promoted.limit_requests, 60);
 }
