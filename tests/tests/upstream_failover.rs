@@ -201,6 +201,13 @@ async fn the_breaker_takes_a_failing_upstream_out_and_a_probe_brings_it_back() {
         "out of rotation during the cooldown"
     );
     assert_eq!(steady.request_count(), 7);
+    let circuit = [("upstream", "svc/haiku/flaky")];
+    let open = rig.gw.metrics().await;
+    assert_eq!(
+        open.value("gateway_upstream_circuit_state", &circuit),
+        2.0,
+        "the metric shows the breaker open"
+    );
 
     tokio::time::sleep(Duration::from_millis(1_600)).await;
     ask(&rig.gw).await.expect_ok();
@@ -218,6 +225,12 @@ async fn the_breaker_takes_a_failing_upstream_out_and_a_probe_brings_it_back() {
         "the probe succeeded: back in rotation"
     );
     assert_eq!(steady.request_count(), 7);
+    let closed = rig.gw.metrics().await;
+    assert_eq!(
+        closed.value("gateway_upstream_circuit_state", &circuit),
+        0.0,
+        "and closed again"
+    );
 }
 
 #[tokio::test]

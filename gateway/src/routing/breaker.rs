@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
+use crate::telemetry::metrics::{self, CircuitState};
+
 #[derive(Clone, Copy, Debug)]
 pub struct BreakerPolicy {
     pub failures: u32,
@@ -62,6 +64,7 @@ impl Breakers {
             return false;
         }
         state.probe_started = Some(now);
+        metrics::circuit_state(key, CircuitState::HalfOpen);
         true
     }
 
@@ -69,6 +72,7 @@ impl Breakers {
         if let Some(mut state) = self.states.get_mut(key) {
             if state.open_until.is_some() {
                 tracing::info!(upstream = key, "upstream probe succeeded; back in rotation");
+                metrics::circuit_state(key, CircuitState::Closed);
             }
             *state = State::default();
         }
@@ -87,6 +91,7 @@ impl Breakers {
                 );
             }
             state.open_until = Some(Instant::now() + self.policy.cooldown);
+            metrics::circuit_state(key, CircuitState::Open);
         }
     }
 }
