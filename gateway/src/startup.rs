@@ -16,7 +16,9 @@ use crate::accounts::{
 use crate::auth::{self, KeySpec};
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
-use crate::dashboard::{DashboardConfig, MemoryDeveloperStore};
+use crate::dashboard::{
+    DashboardConfig, DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore,
+};
 use crate::db::{Database, DbError};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger};
@@ -60,6 +62,7 @@ struct Stores {
     ledger: Arc<dyn Ledger>,
     limiter: Arc<dyn Limiter>,
     payments: Arc<dyn PaymentProvider>,
+    developers: Arc<dyn DeveloperStore>,
 }
 
 /// `gateway standalone`: everything in process, the promotion sweep on a timer.
@@ -75,6 +78,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
         payments: Arc::new(TestPayments),
+        developers: Arc::new(MemoryDeveloperStore::default()),
     };
     let interval = Duration::from_secs(args.promotion_interval_secs);
     let config = crds::manifests::load_dir(&args.common.manifests)?;
@@ -117,6 +121,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             ledger,
             limiter,
             payments: Arc::new(NoPayments),
+            developers: Arc::new(MemoryDeveloperStore::default()),
         };
         return run(args.common, stores, config, published, |_, _| {}).await;
     };
@@ -130,10 +135,11 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     }
     let ledger = Arc::new(PostgresLedger::new(db.clone()));
     let stores = Stores {
-        accounts: Arc::new(PostgresAccounts::new(db)),
+        accounts: Arc::new(PostgresAccounts::new(db.clone())),
         ledger: ledger.clone(),
         limiter,
         payments: Arc::new(NoPayments),
+        developers: Arc::new(PostgresDeveloperStore::new(db)),
     };
     let reaping = Reaping {
         stale: Duration::from_secs(args.reaper_stale_secs.max(1)),
@@ -210,7 +216,7 @@ async fn run(
         shutdown: Shutdown::default(),
         credits_per_usd: args.credits_per_usd,
         payment_webhook_secret: args.payment_webhook_secret.clone(),
-        developers: Arc::new(MemoryDeveloperStore::default()),
+        developers: stores.developers,
         payments: stores.payments,
         dashboard: DashboardConfig {
             secure_cookies: args.dashboard_secure_cookies,

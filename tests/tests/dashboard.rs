@@ -4,7 +4,7 @@
 //! the next call refused with 401. Bad input (wrong password, a forged CSRF token, $9,
 //! $10,001, a second tab revoking the same key) gets a clear message and changes nothing.
 //! Screenshots of every page at desktop and phone width go to docs/screenshots/. Cluster mode
-//! serves the same dashboard.
+//! serves the same dashboard, with its users and sessions shared by every pod through Postgres.
 
 use std::path::PathBuf;
 
@@ -499,4 +499,38 @@ async fn cluster_mode_serves_the_dashboard_and_refuses_top_ups_without_a_payment
     assert!(body.contains("no payment provider is configured"), "{body}");
     let (_, billing) = visitor.get("/developers/billing").await;
     assert!(billing.contains("failed") && !billing.contains("confirmed"));
+}
+
+#[tokio::test]
+async fn in_cluster_mode_a_sign_up_on_one_pod_is_signed_in_on_every_pod_through_postgres() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(2, |b| b.database(&pg.url())).await;
+    let email = new_email();
+    let mut first = Visitor::new(&cluster.pods[0]);
+    first.sign_up(&email, &[]).await;
+
+    let mut second = Visitor::new(&cluster.pods[1]);
+    second.cookies = first.cookies.clone();
+    let (status, page) = second.get("/developers").await;
+    assert_eq!(status, 200, "the session is known to the other pod");
+    assert!(page.contains(&email), "{page}");
+
+    let mut fresh = Visitor::new(&cluster.pods[1]);
+    let (status, _) = fresh.sign_in(&email, PASSWORD).await;
+    assert_eq!(status, 303, "the user signs in on the other pod");
+    assert_eq!(
+        pg.query_i64("SELECT count(*) FROM dashboard_users").await,
+        1
+    );
+
+    // Failed sign-ins count across pods: five on one, the next on the other is throttled.
+    let mut guesser = Visitor::new(&cluster.pods[0]);
+    for _ in 0..5 {
+        let (status, _) = guesser.sign_in(&email, "wrong password!").await;
+        assert_eq!(status, 401);
+    }
+    let (status, body) = Visitor::new(&cluster.pods[1])
+        .sign_in(&email, PASSWORD)
+        .await;
+    assert_eq!(status, 429, "{body}");
 }

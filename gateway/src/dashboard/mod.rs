@@ -9,6 +9,7 @@ mod form;
 mod keys;
 mod layout;
 mod overview;
+pub mod postgres;
 mod session;
 pub mod store;
 mod usage;
@@ -24,6 +25,7 @@ use crate::error::ApiError;
 use crate::ledger::LedgerError;
 use crate::state::AppState;
 
+pub use postgres::PostgresDeveloperStore;
 pub use store::{DeveloperStore, MemoryDeveloperStore};
 
 /// Start-up settings of the dashboard.

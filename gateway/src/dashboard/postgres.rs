@@ -1,0 +1,273 @@
+//! The dashboard's records in Postgres (cluster mode), so that every pod knows every user and
+//! session: a sign-up on one pod signs in on all of them and survives restarts.
+
+use async_trait::async_trait;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use time::{Duration, OffsetDateTime};
+
+use super::store::{Checkout, CheckoutStatus, DeveloperStore, Session, User};
+use crate::accounts::StoreError;
+use crate::auth::KeyHash;
+use crate::db::{from_db, to_db, Database, DbError};
+
+pub struct PostgresDeveloperStore {
+    db: Database,
+}
+
+impl PostgresDeveloperStore {
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+}
+
+fn user_of(row: &PgRow) -> Result<User, sqlx::Error> {
+    Ok(User {
+        id: row.try_get("id")?,
+        email: row.try_get("email")?,
+        password_hash: row.try_get("password_hash")?,
+        account_id: row.try_get("account_id")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn session_of(row: &PgRow) -> Result<Option<Session>, sqlx::Error> {
+    let hash: Vec<u8> = row.try_get("token_hash")?;
+    let Some(token_hash) = KeyHash::from_bytes(&hash) else {
+        return Ok(None);
+    };
+    Ok(Some(Session {
+        token_hash,
+        user_id: row.try_get("user_id")?,
+        email: row.try_get("email")?,
+        account_id: row.try_get("account_id")?,
+        csrf: row.try_get("csrf")?,
+        expires_at: row.try_get("expires_at")?,
+    }))
+}
+
+fn status_name(status: CheckoutStatus) -> &'static str {
+    match status {
+        CheckoutStatus::Pending => "pending",
+        CheckoutStatus::Failed => "failed",
+    }
+}
+
+fn checkout_of(row: &PgRow) -> Result<Checkout, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    Ok(Checkout {
+        reference: row.try_get("reference")?,
+        account_id: row.try_get("account_id")?,
+        usd_cents: from_db(row.try_get("usd_cents")?),
+        status: if status == "failed" {
+            CheckoutStatus::Failed
+        } else {
+            CheckoutStatus::Pending
+        },
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+#[async_trait]
+impl DeveloperStore for PostgresDeveloperStore {
+    async fn insert_user(&self, user: User) -> Result<bool, StoreError> {
+        let inserted = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "INSERT INTO dashboard_users (id, email, password_hash, account_id, created_at)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (email) DO NOTHING",
+                )
+                .bind(&user.id)
+                .bind(&user.email)
+                .bind(&user.password_hash)
+                .bind(&user.account_id)
+                .bind(user.created_at)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query("SELECT * FROM dashboard_users WHERE email = $1")
+                    .bind(email)
+                    .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(user_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn insert_session(&self, session: Session) -> Result<(), StoreError> {
+        self.db
+            .bounded(
+                sqlx::query(
+                    "INSERT INTO dashboard_sessions (token_hash, user_id, csrf, expires_at)
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(session.token_hash.as_bytes())
+                .bind(&session.user_id)
+                .bind(&session.csrf)
+                .bind(session.expires_at)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn session(&self, token_hash: &KeyHash) -> Result<Option<Session>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT s.token_hash, s.user_id, s.csrf, s.expires_at, u.email, u.account_id
+                     FROM dashboard_sessions s JOIN dashboard_users u ON u.id = s.user_id
+                     WHERE s.token_hash = $1 AND s.expires_at > now()",
+                )
+                .bind(token_hash.as_bytes())
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(session_of)
+            .transpose()
+            .map_err(DbError::Sql)?
+            .flatten())
+    }
+
+    async fn delete_session(&self, token_hash: &KeyHash) -> Result<(), StoreError> {
+        // Expired sessions of anyone go with it, so the table does not grow without bound.
+        self.db
+            .bounded(
+                sqlx::query(
+                    "DELETE FROM dashboard_sessions WHERE token_hash = $1 OR expires_at <= now()",
+                )
+                .bind(token_hash.as_bytes())
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn record_sign_in_failure(
+        &self,
+        email: &str,
+        window: Duration,
+    ) -> Result<u32, StoreError> {
+        // One statement: a failure after the window ended starts a new window.
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "INSERT INTO dashboard_sign_in_failures AS f (email, failures, window_ends)
+                     VALUES ($1, 1, now() + $2 * interval '1 second')
+                     ON CONFLICT (email) DO UPDATE SET
+                         failures = CASE WHEN f.window_ends <= now() THEN 1 ELSE f.failures + 1 END,
+                         window_ends = CASE WHEN f.window_ends <= now() THEN EXCLUDED.window_ends
+                                            ELSE f.window_ends END
+                     RETURNING failures",
+                )
+                .bind(email)
+                .bind(window.as_seconds_f64())
+                .fetch_one(self.db.pool()),
+            )
+            .await?;
+        let failures: i32 = row.try_get("failures").map_err(DbError::Sql)?;
+        Ok(u32::try_from(failures).unwrap_or(0))
+    }
+
+    async fn sign_in_failures(
+        &self,
+        email: &str,
+    ) -> Result<Option<(u32, OffsetDateTime)>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT failures, window_ends FROM dashboard_sign_in_failures
+                     WHERE email = $1 AND window_ends > now()",
+                )
+                .bind(email)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let failures: i32 = row.try_get("failures").map_err(DbError::Sql)?;
+        let ends: OffsetDateTime = row.try_get("window_ends").map_err(DbError::Sql)?;
+        Ok(Some((u32::try_from(failures).unwrap_or(0), ends)))
+    }
+
+    async fn clear_sign_in_failures(&self, email: &str) -> Result<(), StoreError> {
+        self.db
+            .bounded(
+                sqlx::query("DELETE FROM dashboard_sign_in_failures WHERE email = $1")
+                    .bind(email)
+                    .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn insert_checkout(&self, checkout: Checkout) -> Result<(), StoreError> {
+        self.db
+            .bounded(
+                sqlx::query(
+                    "INSERT INTO dashboard_checkouts (reference, account_id, usd_cents, status, created_at)
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(&checkout.reference)
+                .bind(&checkout.account_id)
+                .bind(to_db(checkout.usd_cents))
+                .bind(status_name(checkout.status))
+                .bind(checkout.created_at)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn set_checkout_status(
+        &self,
+        reference: &str,
+        status: CheckoutStatus,
+    ) -> Result<(), StoreError> {
+        self.db
+            .bounded(
+                sqlx::query("UPDATE dashboard_checkouts SET status = $2 WHERE reference = $1")
+                    .bind(reference)
+                    .bind(status_name(status))
+                    .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn checkouts(&self, account_id: &str) -> Result<Vec<Checkout>, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT * FROM dashboard_checkouts WHERE account_id = $1
+                     ORDER BY created_at DESC LIMIT 1000",
+                )
+                .bind(account_id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(checkout_of)
+            .collect::<Result<_, _>>()
+            .map_err(DbError::Sql)?)
+    }
+}
