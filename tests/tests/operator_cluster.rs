@@ -64,15 +64,23 @@ async fn gateway(api: &KubeApi, redis: &RedisServer) -> Gateway {
         .await
 }
 
+/// The Ready condition's status, reason and message, read in one call so that the three
+/// belong to the same version of the resource.
 fn ready(api: &KubeApi, kind: &str, name: &str) -> (String, String, String) {
-    let get = |field: &str| {
-        api.jsonpath(
-            kind,
-            name,
-            &format!("{{.status.conditions[?(@.type==\"Ready\")].{field}}}"),
-        )
-    };
-    (get("status"), get("reason"), get("message"))
+    let field = |field: &str| format!("{{.status.conditions[?(@.type==\"Ready\")].{field}}}");
+    let text = api.jsonpath(
+        kind,
+        name,
+        &format!(
+            "{}|{}|{}",
+            field("status"),
+            field("reason"),
+            field("message")
+        ),
+    );
+    let mut parts = text.splitn(3, '|').map(str::to_owned);
+    let mut next = || parts.next().unwrap_or_default();
+    (next(), next(), next())
 }
 
 #[tokio::test]
