@@ -1,6 +1,8 @@
 //! Credits in Postgres under concurrency: 200 simultaneous turns against a balance that covers
 //! 50 never overdraw, and every credit a client was told it consumed is exactly one ledger
-//! debit and one credit off the balance, with one gateway process and with two.
+//! debit and one credit off the balance, with one gateway process and with two; and turns of
+//! many accounts at once (which the gateway writes in shared statements) each bill only their
+//! own account.
 
 use e2e::{message, Cluster, Gateway, KeySpec, PostgresServer};
 use futures::future::join_all;
@@ -38,10 +40,22 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
     let key = gw.new_key(start, &KeySpec::tier("high_volume")).await;
     let answers =
         join_all((0..TURNS).map(|i| pods[i % pods.len()].post_messages(&key.secret, &body))).await;
+    let (accepted, consumed) = tally(&answers);
+    assert!(
+        accepted >= FUNDED_TURNS,
+        "only {accepted} of {TURNS} turns were accepted, though the balance covered {FUNDED_TURNS}"
+    );
+    assert!(
+        accepted < TURNS as u64,
+        "every turn was accepted: the balance was not enforced"
+    );
+    assert_books_balance(gw, pg, &key.account_id, start, accepted, consumed).await;
+}
 
-    let mut accepted = 0u64;
-    let mut consumed = 0u64;
-    for resp in &answers {
+/// Tallies answers to one account's turns: (accepted, credits the clients were told).
+fn tally<'a>(answers: impl IntoIterator<Item = &'a e2e::Resp>) -> (u64, u64) {
+    let (mut accepted, mut consumed) = (0, 0);
+    for resp in answers {
         if resp.status == 200 {
             accepted += 1;
             consumed += resp.json()["usage"]["credits_consumed"]
@@ -49,15 +63,27 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
                 .expect("credits_consumed");
         } else if resp.status == 503 {
             // A loaded machine may still run a call past its bound: refused, billed nothing
-            // (the books below must balance all the same).
+            // (the books must balance all the same).
             resp.expect_error(503, "api_error");
         } else {
             resp.expect_error(402, "insufficient_quota");
         }
     }
-    let account = gw.wait_settled(&key.account_id).await;
+    (accepted, consumed)
+}
+
+/// The account started at `start`; what its clients were told they consumed is the balance
+/// decrease and the ledger's debits, one completed row per accepted turn, nothing held.
+async fn assert_books_balance(
+    gw: &Gateway,
+    pg: &PostgresServer,
+    id: &str,
+    start: u64,
+    accepted: u64,
+    consumed: u64,
+) {
+    let account = gw.wait_settled(id).await;
     let balance = account["balance"].as_i64().expect("balance");
-    let id = &key.account_id;
     let debits = pg
         .query_i64(&format!(
             "SELECT coalesce(sum(billed), 0) FROM messages WHERE account_id = '{id}'"
@@ -73,33 +99,24 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
             "SELECT balance, reserved FROM accounts WHERE id = '{id}'"
         ))
         .await;
-
     assert!(balance >= 0, "balance went negative: {account}");
-    assert!(
-        accepted >= FUNDED_TURNS,
-        "only {accepted} of {TURNS} turns were accepted, though the balance covered {FUNDED_TURNS}"
-    );
-    assert!(
-        accepted < TURNS as u64,
-        "every turn was accepted: the balance was not enforced"
-    );
     assert_eq!(
         consumed as i64,
         start as i64 - balance,
-        "clients' credits_consumed vs the balance decrease"
+        "{id}: clients' credits_consumed vs the balance decrease"
     );
     assert_eq!(
         consumed as i64, debits,
-        "clients' credits_consumed vs the ledger's debits"
+        "{id}: clients' credits_consumed vs the ledger's debits"
     );
     assert_eq!(
         accepted as i64, billed_turns,
-        "accepted turns vs completed ledger rows"
+        "{id}: accepted turns vs completed ledger rows"
     );
     assert_eq!(
         stored,
         format!("{balance}|0"),
-        "the stored balance holds nothing reserved"
+        "{id}: the stored balance holds nothing reserved"
     );
 }
 
@@ -116,4 +133,41 @@ async fn the_books_balance_across_two_gateway_processes_sharing_the_account() {
     let pg = PostgresServer::start().await;
     let cluster = cluster(2, &pg).await;
     two_hundred_turns_against_fifty(&cluster.pods, &pg).await;
+}
+
+#[tokio::test]
+async fn turns_of_many_accounts_at_once_each_bill_only_their_own_account() {
+    const ACCOUNTS: usize = 20;
+    const TURNS_EACH: usize = 10;
+    let pg = PostgresServer::start().await;
+    let cluster = cluster(1, &pg).await;
+    let gw = &cluster.pods[0];
+    let body = message("svc/haiku", "count to three", 64);
+    let probe = gw.new_key(10_000_000, &KeySpec::tier("high_volume")).await;
+    let first = gw.post_messages(&probe.secret, &body).await.expect_ok();
+    let record = gw
+        .message_record(first["id"].as_str().expect("message id"))
+        .await;
+    let reservation = record["reserved"].as_u64().expect("reserved");
+
+    // Account i is funded for i / 2 reservations: none, a few, or all of its turns.
+    let mut keys = Vec::new();
+    for i in 0..ACCOUNTS {
+        let start = (i as u64 / 2) * reservation;
+        keys.push((
+            gw.new_key(start, &KeySpec::tier("high_volume")).await,
+            start,
+        ));
+    }
+    let answers = join_all(
+        (0..ACCOUNTS * TURNS_EACH).map(|t| gw.post_messages(&keys[t % ACCOUNTS].0.secret, &body)),
+    )
+    .await;
+    for (i, (key, start)) in keys.iter().enumerate() {
+        let (accepted, consumed) = tally(answers.iter().skip(i).step_by(ACCOUNTS));
+        if *start == 0 {
+            assert_eq!(accepted, 0, "an account with no credits had turns accepted");
+        }
+        assert_books_balance(gw, &pg, &key.account_id, *start, accepted, consumed).await;
+    }
 }

@@ -2,6 +2,7 @@
 //! while a turn runs, what each message was billed, top-ups, and usage by day and model.
 //! A trait with an in-process implementation (standalone) and a Postgres one (cluster).
 
+mod coalesce;
 mod memory;
 mod postgres;
 

@@ -4,11 +4,15 @@
 //!   all or nothing; concurrent reservations queue on the row lock, so none can overdraw;
 //! - settle moves the message out of `reserved` and debits the account in the same statement,
 //!   so a replay (or a racing reaper) finds nothing left to settle;
+//! - both run batched: the turns waiting when a lane frees up share one statement and one
+//!   commit ([`turns`]), which is what lets one Postgres carry thousands of turns a second;
 //! - a top-up is inserted (or a pending one confirmed) and credited in one statement, keyed
 //!   by its unique payment reference.
 //!
 //! Each process registers itself in `gateway_instances` and renews a heartbeat; the reaper
 //! releases reservations whose process stopped beating (see [`PostgresLedger::reap`]).
+
+mod turns;
 
 use std::time::Duration;
 
@@ -17,11 +21,12 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use time::{Date, OffsetDateTime, Time};
 
+use super::coalesce::Coalescer;
 use super::{
     Balance, Confirmation, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation,
     Settlement, TopUp, UsageRow, UsageTotals,
 };
-use crate::db::{from_db, name_of, parse_name, to_db, Database, DbError};
+use crate::db::{from_db, parse_name, to_db, Database, DbError};
 use crate::ids;
 use crate::wire::anthropic::{StopReason, TokenUsage};
 
@@ -43,18 +48,53 @@ const STOP_REASONS: [StopReason; 4] = [
 
 const ENDPOINTS: [&str; 2] = ["messages", "chat_completions"];
 
+/// The most turns one reserve or settle statement carries.
+const MAX_BATCH: usize = 128;
+
 #[derive(Clone)]
 pub struct PostgresLedger {
     db: Database,
     /// This process, as recorded on the reservations it holds.
     instance: String,
+    reserves: Coalescer<NewReservation, Result<u64, LedgerError>>,
+    settles: Coalescer<Settlement, Result<Option<u64>, LedgerError>>,
 }
 
 impl PostgresLedger {
+    /// Starts the batching of reserves and settles (needs a Tokio runtime). Each takes at
+    /// most a quarter of the pool, so reads (keys, balances, usage) always find a connection.
     pub fn new(db: Database) -> Self {
+        let instance = ids::instance();
+        let lanes = (db.pool().options().get_max_connections() as usize / 4).max(1);
+        let reserves = {
+            let (db, instance) = (db.clone(), instance.clone());
+            Coalescer::spawn(
+                lanes,
+                MAX_BATCH,
+                |r: &NewReservation| r.record.account_id.as_str(),
+                move |batch| {
+                    let (db, instance) = (db.clone(), instance.clone());
+                    async move { turns::reserve(&db, &instance, batch).await }
+                },
+            )
+        };
+        let settles = {
+            let db = db.clone();
+            Coalescer::spawn(
+                lanes,
+                MAX_BATCH,
+                |s: &Settlement| s.message_id.as_str(),
+                move |batch| {
+                    let db = db.clone();
+                    async move { turns::settle(&db, batch).await }
+                },
+            )
+        };
         Self {
             db,
-            instance: ids::instance(),
+            instance,
+            reserves,
+            settles,
         }
     }
 
@@ -346,112 +386,35 @@ impl Ledger for PostgresLedger {
     }
 
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {
-        let m = r.record;
-        // The row lock of `FOR NO KEY UPDATE` makes concurrent reservations of one account
-        // queue; each sees the balance the previous one left.
-        let row = self
-            .db
-            .bounded(
-                sqlx::query(
-                    "WITH account AS (
-                         SELECT balance - reserved AS available FROM accounts
-                         WHERE id = $1 FOR NO KEY UPDATE
-                     ), held AS (
-                         UPDATE accounts a SET reserved = a.reserved + least($3, account.available)
-                         FROM account WHERE a.id = $1 AND account.available >= $2
-                         RETURNING least($3, account.available) AS amount
-                     ), message AS (
-                         INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
-                             upstream, upstream_model, endpoint, stream, status, reserved,
-                             instance_id, created_at)
-                         SELECT $4, $1, $5, $6, $7, $8, $9, $10, $11, $12, 'reserved', held.amount,
-                             $13, $14
-                         FROM held
-                     )
-                     SELECT (SELECT amount FROM held) AS amount,
-                            (SELECT available FROM account) AS available",
-                )
-                .bind(&m.account_id)
-                .bind(to_db(r.min))
-                .bind(to_db(r.max))
-                .bind(&m.id)
-                .bind(&m.key_id)
-                .bind(&m.model)
-                .bind(&m.served_model)
-                .bind(&m.provider)
-                .bind(&m.upstream)
-                .bind(&m.upstream_model)
-                .bind(m.endpoint)
-                .bind(m.stream)
-                .bind(&self.instance)
-                .bind(m.created_at)
-                .fetch_one(self.db.pool()),
-            )
-            .await;
-        let row = match row {
-            Ok(row) => row,
-            Err(e) => {
-                if matches!(e, DbError::Timeout(_)) {
-                    self.release_late(m.id.clone());
-                }
-                return Err(e.into());
-            }
+        let message_id = r.record.id.clone();
+        let answer = tokio::time::timeout(self.db.timeout(), self.reserves.submit(r)).await;
+        let result = match answer {
+            Ok(Some(result)) => result,
+            Ok(None) => Err(LedgerError::Unavailable("ledger worker stopped".into())),
+            Err(_) => Err(DbError::Timeout(self.db.timeout()).into()),
         };
-        let amount: Option<i64> = row.try_get("amount").map_err(DbError::Sql)?;
-        let available: Option<i64> = row.try_get("available").map_err(DbError::Sql)?;
-        amount.map(from_db).ok_or(LedgerError::InsufficientCredits {
-            needed: r.max,
-            available: available.map_or(0, from_db),
-        })
+        // Unanswered: the statement may still commit, holding credits for a refused turn.
+        if matches!(result, Err(LedgerError::Unavailable(_))) {
+            self.release_late(message_id);
+        }
+        result
     }
 
     async fn settle(&self, s: Settlement) -> Result<u64, LedgerError> {
-        let row = self
-            .db
-            .bounded(
-                sqlx::query(
-                    "WITH settled AS (
-                         UPDATE messages SET status = $2,
-                             billed = CASE WHEN $2 = 'failed' THEN 0 ELSE least($3, reserved) END,
-                             input_tokens = $4, output_tokens = $5,
-                             cache_creation_input_tokens = $6, cache_read_input_tokens = $7,
-                             stop_reason = $8, latency_ms = $9, settled_at = now(),
-                             provider = coalesce($10, provider),
-                             upstream = coalesce($11, upstream),
-                             upstream_model = coalesce($12, upstream_model)
-                         WHERE id = $1 AND status = 'reserved'
-                         RETURNING account_id, reserved, billed
-                     ), debited AS (
-                         UPDATE accounts a
-                         SET reserved = a.reserved - s.reserved, balance = a.balance - s.billed
-                         FROM settled s WHERE a.id = s.account_id
-                         RETURNING s.billed
-                     )
-                     SELECT billed FROM debited",
-                )
-                .bind(&s.message_id)
-                .bind(name_of(&s.status))
-                .bind(to_db(s.cost))
-                .bind(i64::from(s.usage.input_tokens))
-                .bind(i64::from(s.usage.output_tokens))
-                .bind(i64::from(s.usage.cache_creation_input_tokens))
-                .bind(i64::from(s.usage.cache_read_input_tokens))
-                .bind(s.stop_reason.map(|r| name_of(&r)))
-                .bind(to_db(s.latency_ms))
-                .bind(s.served_by.as_ref().map(|b| b.provider.as_str()))
-                .bind(s.served_by.as_ref().map(|b| b.upstream.as_str()))
-                .bind(s.served_by.as_ref().map(|b| b.upstream_model.as_str()))
-                .fetch_optional(self.db.pool()),
-            )
-            .await?;
-        if let Some(row) = row {
-            return Ok(from_db(row.try_get("billed").map_err(DbError::Sql)?));
+        let message_id = s.message_id.clone();
+        let answer = tokio::time::timeout(self.db.timeout(), self.settles.submit(s)).await;
+        match answer {
+            Ok(Some(Ok(Some(billed)))) => Ok(billed),
+            // Already settled (a replay) or reaped: report what it was billed, change nothing.
+            Ok(Some(Ok(None))) => self
+                .message(&message_id)
+                .await?
+                .map(|m| m.billed)
+                .ok_or(LedgerError::UnknownMessage),
+            Ok(Some(Err(e))) => Err(e),
+            Ok(None) => Err(LedgerError::Unavailable("ledger worker stopped".into())),
+            Err(_) => Err(DbError::Timeout(self.db.timeout()).into()),
         }
-        // Already settled (a replay) or reaped: report what it was billed, change nothing.
-        self.message(&s.message_id)
-            .await?
-            .map(|m| m.billed)
-            .ok_or(LedgerError::UnknownMessage)
     }
 
     async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {

@@ -1,0 +1,271 @@
+//! The two money movements of a turn, each one statement over a batch of turns (see
+//! [`Coalescer`](crate::ledger::coalesce::Coalescer)): all of a batch commits or none of it.
+//!
+//! Account rows are locked in id order before they are written, so two batches (of this
+//! process or another) sharing accounts queue on each other instead of deadlocking. A batch
+//! never holds two turns of one account (reserve) or of one message (settle); the coalescer
+//! keeps them apart.
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+use time::OffsetDateTime;
+
+use super::super::{LedgerError, NewReservation, Settlement};
+use crate::db::{from_db, name_of, to_db, Database, DbError};
+
+/// Holds, per turn, what its account's available credits allow between `min` and `max`, and
+/// writes its message row `reserved`; a turn whose account has less than `min` holds nothing
+/// and is answered with what was available.
+pub async fn reserve(
+    db: &Database,
+    instance: &str,
+    turns: Vec<NewReservation>,
+) -> Vec<Result<u64, LedgerError>> {
+    let n = turns.len();
+    let mut c = ReserveColumns::default();
+    for t in &turns {
+        c.push(t);
+    }
+    let rows = db
+        .bounded(
+            sqlx::query(
+                "WITH turn AS (
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],
+                         $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
+                         $11::text[], $12::bool[], $13::timestamptz[])
+                     AS t(id, account_id, min, max, key_id, model, served_model, provider,
+                          upstream, upstream_model, endpoint, stream, created_at)
+                 ), account AS (
+                     SELECT id, balance - reserved AS available FROM accounts
+                     WHERE id IN (SELECT account_id FROM turn)
+                     ORDER BY id FOR NO KEY UPDATE
+                 ), held AS (
+                     UPDATE accounts a SET reserved = a.reserved + least(t.max, account.available)
+                     FROM turn t JOIN account ON account.id = t.account_id
+                     WHERE a.id = t.account_id AND account.available >= t.min
+                     RETURNING t.id, least(t.max, account.available) AS amount
+                 ), message AS (
+                     INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
+                         upstream, upstream_model, endpoint, stream, status, reserved,
+                         instance_id, created_at)
+                     SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
+                         t.upstream, t.upstream_model, t.endpoint, t.stream, 'reserved',
+                         held.amount, $14, t.created_at
+                     FROM turn t JOIN held ON held.id = t.id
+                 )
+                 SELECT t.id, held.amount, account.available
+                 FROM turn t
+                 LEFT JOIN held ON held.id = t.id
+                 LEFT JOIN account ON account.id = t.account_id",
+            )
+            .bind(c.id)
+            .bind(c.account_id)
+            .bind(c.min)
+            .bind(c.max)
+            .bind(c.key_id)
+            .bind(c.model)
+            .bind(c.served_model)
+            .bind(c.provider)
+            .bind(c.upstream)
+            .bind(c.upstream_model)
+            .bind(c.endpoint)
+            .bind(c.stream)
+            .bind(c.created_at)
+            .bind(instance)
+            .fetch_all(db.pool()),
+        )
+        .await;
+    let answers = rows.and_then(|rows| {
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("id")?;
+                let amount: Option<i64> = row.try_get("amount")?;
+                let available: Option<i64> = row.try_get("available")?;
+                Ok((id, (amount, available)))
+            })
+            .collect::<Result<HashMap<_, _>, sqlx::Error>>()
+            .map_err(DbError::Sql)
+    });
+    match answers {
+        Ok(mut answers) => turns
+            .iter()
+            .map(|t| match answers.remove(&t.record.id) {
+                Some((Some(amount), _)) => Ok(from_db(amount)),
+                Some((None, available)) => Err(LedgerError::InsufficientCredits {
+                    needed: t.max,
+                    available: available.map_or(0, from_db),
+                }),
+                None => Err(LedgerError::Unavailable("reservation not answered".into())),
+            })
+            .collect(),
+        Err(e) => unavailable(&e, n),
+    }
+}
+
+/// Moves each turn out of `reserved`, records its usage and bills at most what it reserved
+/// (nothing when it failed), and debits the accounts. `None` for a turn that was not
+/// `reserved` (already settled, or reaped): it changes nothing.
+pub async fn settle(
+    db: &Database,
+    turns: Vec<Settlement>,
+) -> Vec<Result<Option<u64>, LedgerError>> {
+    let n = turns.len();
+    let mut c = SettleColumns::default();
+    for t in &turns {
+        c.push(t);
+    }
+    let rows = db
+        .bounded(
+            sqlx::query(
+                "WITH turn AS (
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],
+                         $5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::bigint[],
+                         $10::text[], $11::text[], $12::text[])
+                     AS t(id, status, cost, input_tokens, output_tokens,
+                          cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
+                          latency_ms, provider, upstream, upstream_model)
+                 ), settled AS (
+                     UPDATE messages m SET status = t.status,
+                         billed = CASE WHEN t.status = 'failed' THEN 0 ELSE least(t.cost, m.reserved) END,
+                         input_tokens = t.input_tokens, output_tokens = t.output_tokens,
+                         cache_creation_input_tokens = t.cache_creation_input_tokens,
+                         cache_read_input_tokens = t.cache_read_input_tokens,
+                         stop_reason = t.stop_reason, latency_ms = t.latency_ms,
+                         settled_at = now(),
+                         provider = coalesce(t.provider, m.provider),
+                         upstream = coalesce(t.upstream, m.upstream),
+                         upstream_model = coalesce(t.upstream_model, m.upstream_model)
+                     FROM turn t WHERE m.id = t.id AND m.status = 'reserved'
+                     RETURNING m.id, m.account_id, m.reserved, m.billed
+                 ), per_account AS (
+                     SELECT account_id, sum(reserved)::bigint AS reserved,
+                            sum(billed)::bigint AS billed
+                     FROM settled GROUP BY account_id
+                 ), account AS (
+                     SELECT id FROM accounts WHERE id IN (SELECT account_id FROM per_account)
+                     ORDER BY id FOR NO KEY UPDATE
+                 ), debited AS (
+                     UPDATE accounts a
+                     SET reserved = a.reserved - p.reserved, balance = a.balance - p.billed
+                     FROM per_account p JOIN account ON account.id = p.account_id
+                     WHERE a.id = p.account_id
+                 )
+                 SELECT id, billed FROM settled",
+            )
+            .bind(c.id)
+            .bind(c.status)
+            .bind(c.cost)
+            .bind(c.input_tokens)
+            .bind(c.output_tokens)
+            .bind(c.cache_creation_input_tokens)
+            .bind(c.cache_read_input_tokens)
+            .bind(c.stop_reason)
+            .bind(c.latency_ms)
+            .bind(c.provider)
+            .bind(c.upstream)
+            .bind(c.upstream_model)
+            .fetch_all(db.pool()),
+        )
+        .await;
+    let billed = rows.and_then(|rows| {
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get::<String, _>("id")?,
+                    row.try_get::<i64, _>("billed")?,
+                ))
+            })
+            .collect::<Result<HashMap<_, _>, sqlx::Error>>()
+            .map_err(DbError::Sql)
+    });
+    match billed {
+        Ok(billed) => turns
+            .iter()
+            .map(|t| Ok(billed.get(&t.message_id).copied().map(from_db)))
+            .collect(),
+        Err(e) => unavailable(&e, n),
+    }
+}
+
+/// The same answer for every turn of a batch whose statement failed (it changed nothing).
+fn unavailable<T>(e: &DbError, n: usize) -> Vec<Result<T, LedgerError>> {
+    (0..n)
+        .map(|_| Err(LedgerError::Unavailable(e.to_string())))
+        .collect()
+}
+
+/// The turns of a reserve batch, column by column (one array parameter each).
+#[derive(Default)]
+struct ReserveColumns<'a> {
+    id: Vec<&'a str>,
+    account_id: Vec<&'a str>,
+    min: Vec<i64>,
+    max: Vec<i64>,
+    key_id: Vec<&'a str>,
+    model: Vec<&'a str>,
+    served_model: Vec<&'a str>,
+    provider: Vec<&'a str>,
+    upstream: Vec<&'a str>,
+    upstream_model: Vec<&'a str>,
+    endpoint: Vec<&'a str>,
+    stream: Vec<bool>,
+    created_at: Vec<OffsetDateTime>,
+}
+
+impl<'a> ReserveColumns<'a> {
+    fn push(&mut self, t: &'a NewReservation) {
+        let m = &t.record;
+        self.id.push(&m.id);
+        self.account_id.push(&m.account_id);
+        self.min.push(to_db(t.min));
+        self.max.push(to_db(t.max));
+        self.key_id.push(&m.key_id);
+        self.model.push(&m.model);
+        self.served_model.push(&m.served_model);
+        self.provider.push(&m.provider);
+        self.upstream.push(&m.upstream);
+        self.upstream_model.push(&m.upstream_model);
+        self.endpoint.push(m.endpoint);
+        self.stream.push(m.stream);
+        self.created_at.push(m.created_at);
+    }
+}
+
+/// The turns of a settle batch, column by column.
+#[derive(Default)]
+struct SettleColumns<'a> {
+    id: Vec<&'a str>,
+    status: Vec<&'static str>,
+    cost: Vec<i64>,
+    input_tokens: Vec<i64>,
+    output_tokens: Vec<i64>,
+    cache_creation_input_tokens: Vec<i64>,
+    cache_read_input_tokens: Vec<i64>,
+    stop_reason: Vec<Option<String>>,
+    latency_ms: Vec<i64>,
+    provider: Vec<Option<&'a str>>,
+    upstream: Vec<Option<&'a str>>,
+    upstream_model: Vec<Option<&'a str>>,
+}
+
+impl<'a> SettleColumns<'a> {
+    fn push(&mut self, t: &'a Settlement) {
+        let served_by = t.served_by.as_ref();
+        self.id.push(&t.message_id);
+        self.status.push(t.status.as_str());
+        self.cost.push(to_db(t.cost));
+        self.input_tokens.push(t.usage.input_tokens.into());
+        self.output_tokens.push(t.usage.output_tokens.into());
+        self.cache_creation_input_tokens
+            .push(t.usage.cache_creation_input_tokens.into());
+        self.cache_read_input_tokens
+            .push(t.usage.cache_read_input_tokens.into());
+        self.stop_reason.push(t.stop_reason.map(|r| name_of(&r)));
+        self.latency_ms.push(to_db(t.latency_ms));
+        self.provider.push(served_by.map(|b| b.provider.as_str()));
+        self.upstream.push(served_by.map(|b| b.upstream.as_str()));
+        self.upstream_model
+            .push(served_by.map(|b| b.upstream_model.as_str()));
+    }
+}
