@@ -13,6 +13,7 @@ use tokio::process::{Child, Command};
 
 use crate::gateway::unique_name;
 use crate::poll_until;
+use crate::server::free_port;
 
 /// Flags for a shared, offline CI machine: no sandbox (root), no GPU, nothing phoning home.
 const CHROMIUM_FLAGS: [&str; 9] = [
@@ -35,13 +36,6 @@ pub struct Browser {
     pub client: Client,
     _driver: Child,
     profile: PathBuf,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 impl Browser {

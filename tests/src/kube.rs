@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 
 use crate::gateway::{drain, unique_name, workspace_root, LogTail};
 use crate::poll_until;
+use crate::server::free_port;
 
 /// The namespace the gateway's resources live in, as in `deploy/rbac/`.
 pub const NAMESPACE: &str = "gateway";
@@ -271,13 +272,6 @@ fn spawn(mut cmd: Command, log: &LogTail) -> Child {
 fn on_path(command: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(command).is_file()))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// `$OPERATOR_BIN`, else the operator next to the gateway binary the tests use.

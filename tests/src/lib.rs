@@ -31,6 +31,7 @@ pub mod postgres;
 pub mod redis;
 pub mod response;
 pub mod scrape;
+mod server;
 pub mod sse;
 pub mod upstream;
 

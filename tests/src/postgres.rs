@@ -9,13 +9,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-use crate::gateway::{drain, gateway_bin, unique_name, workspace_root, LogTail};
-use crate::redis::{free_port, signal};
+use crate::gateway::{gateway_bin, unique_name, workspace_root};
+use crate::server::{free_port, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -25,8 +25,7 @@ pub struct PostgresServer {
     dir: PathBuf,
     bin: PathBuf,
     user: Option<(u32, u32)>,
-    child: Option<Child>,
-    log: LogTail,
+    process: ServerProcess,
 }
 
 /// The folder of `initdb` and `postgres`: on PATH, else Debian's /usr/lib/postgresql/*/bin
@@ -107,10 +106,15 @@ impl PostgresServer {
                 dir: dir.clone(),
                 bin: bin.clone(),
                 user,
-                child: None,
-                log: LogTail::default(),
+                process: ServerProcess::new("postgres"),
             };
-            match server.spawn().await {
+            let command = server_command(&bin, &dir, server.port, user);
+            let port = server.port;
+            match server
+                .process
+                .launch(command, READY_TIMEOUT, || answers(&bin, port))
+                .await
+            {
                 Ok(()) => return server,
                 Err(e) => last_error = e,
             }
@@ -124,121 +128,29 @@ impl PostgresServer {
     }
 
     pub fn logs(&self) -> String {
-        self.log.text()
-    }
-
-    async fn spawn(&mut self) -> Result<(), String> {
-        let mut cmd = Command::new(self.bin.join("postgres"));
-        cmd.arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-p", &self.port.to_string()])
-            .args(["-c", "listen_addresses=127.0.0.1"])
-            .arg("-c")
-            .arg(format!("unix_socket_directories={}", self.dir.display()))
-            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
-            .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
-            .current_dir(&self.dir);
-        if let Some((uid, gid)) = self.user {
-            cmd.uid(uid).gid(gid);
-        }
-        crate::tie_to_test(&mut cmd);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot run postgres: {e}"))?;
-        drain(
-            child.stdout.take().expect("piped stdout"),
-            self.log.clone(),
-            None,
-        );
-        drain(
-            child.stderr.take().expect("piped stderr"),
-            self.log.clone(),
-            None,
-        );
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("postgres exited with {status}\n{}", self.logs()));
-            }
-            if self.try_query("SELECT 1").await.is_ok() {
-                self.child = Some(child);
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let _ = child.start_kill();
-                return Err(format!(
-                    "postgres not ready within {READY_TIMEOUT:?}\n{}",
-                    self.logs()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        self.process.logs()
     }
 
     /// Fast shutdown (SIGINT); the port is closed afterwards, the data kept.
     pub async fn stop(&mut self) {
-        let mut child = self.child.take().expect("postgres is running");
-        signal(&child, libc::SIGINT);
-        if tokio::time::timeout(STOP_TIMEOUT, child.wait())
-            .await
-            .is_err()
-        {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            panic!(
-                "postgres did not stop within {STOP_TIMEOUT:?}\n{}",
-                self.logs()
-            );
-        }
+        self.process.stop(libc::SIGINT, STOP_TIMEOUT).await;
     }
 
     /// Starts again on the same port with the same data.
     pub async fn restart(&mut self) {
-        assert!(self.child.is_none(), "restart of a running postgres");
-        let mut last_error = String::new();
-        for _ in 0..10 {
-            match self.spawn().await {
-                Ok(()) => return,
-                Err(e) => last_error = e,
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        panic!(
-            "postgres did not restart on port {}: {last_error}",
-            self.port
-        );
-    }
-
-    async fn try_query(&self, sql: &str) -> Result<String, String> {
-        let psql = if self.bin.join("psql").is_file() {
-            self.bin.join("psql")
-        } else {
-            PathBuf::from("psql")
-        };
-        let out = Command::new(psql)
-            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-            ])
-            .args(["-c", sql])
-            .output()
-            .await
-            .map_err(|e| format!("cannot run psql: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        let (bin, dir, port, user) = (self.bin.clone(), self.dir.clone(), self.port, self.user);
+        self.process
+            .relaunch(
+                || server_command(&bin, &dir, port, user),
+                READY_TIMEOUT,
+                || answers(&bin, port),
+            )
+            .await;
     }
 
     /// Runs `sql` and returns psql's unaligned output (`|` between columns, a line per row).
     pub async fn query(&self, sql: &str) -> String {
-        self.try_query(sql)
+        psql(&self.bin, self.port, sql)
             .await
             .unwrap_or_else(|e| panic!("psql {sql:?}: {e}\n{}", self.logs()))
     }
@@ -274,9 +186,50 @@ impl PostgresServer {
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         // SIGQUIT: immediate shutdown, the server's own processes included.
-        if let Some(child) = &self.child {
-            signal(child, libc::SIGQUIT);
-        }
+        self.process.abandon(libc::SIGQUIT);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+fn server_command(bin: &Path, dir: &Path, port: u16, user: Option<(u32, u32)>) -> Command {
+    let mut cmd = Command::new(bin.join("postgres"));
+    cmd.arg("-D")
+        .arg(dir.join("data"))
+        .args(["-p", &port.to_string()])
+        .args(["-c", "listen_addresses=127.0.0.1"])
+        .arg("-c")
+        .arg(format!("unix_socket_directories={}", dir.display()))
+        .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+        .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
+        .current_dir(dir);
+    if let Some((uid, gid)) = user {
+        cmd.uid(uid).gid(gid);
+    }
+    cmd
+}
+
+/// Runs `sql` with psql against the server on `port`: its unaligned output, or its stderr.
+async fn psql(bin: &Path, port: u16, sql: &str) -> Result<String, String> {
+    let psql = if bin.join("psql").is_file() {
+        bin.join("psql")
+    } else {
+        PathBuf::from("psql")
+    };
+    let out = Command::new(psql)
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+        .args(["-p", &port.to_string(), "-U", "postgres", "-d", "postgres"])
+        .args(["-c", sql])
+        .output()
+        .await
+        .map_err(|e| format!("cannot run psql: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Whether the server on `port` answers a query.
+async fn answers(bin: &Path, port: u16) -> bool {
+    psql(bin, port, "SELECT 1").await.is_ok()
 }

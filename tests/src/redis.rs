@@ -9,13 +9,14 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-use crate::gateway::{drain, unique_name, LogTail};
+use crate::gateway::unique_name;
+use crate::server::{free_port, ServerProcess};
 
 /// How long `redis-server` may take to answer PING after it was started.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -27,8 +28,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
-    child: Option<Child>,
-    log: LogTail,
+    process: ServerProcess,
     frozen: bool,
 }
 
@@ -81,11 +81,14 @@ impl RedisServer {
             let mut server = RedisServer {
                 port,
                 dir: dir.clone(),
-                child: None,
-                log: LogTail::default(),
+                process: ServerProcess::new("redis-server"),
                 frozen: false,
             };
-            match server.spawn().await {
+            match server
+                .process
+                .launch(server_command(port, &dir), READY_TIMEOUT, || pong(port))
+                .await
+            {
                 Ok(()) => return server,
                 Err(e) => last_error = e,
             }
@@ -99,93 +102,46 @@ impl RedisServer {
     }
 
     pub fn is_running(&self) -> bool {
-        self.child.is_some()
+        self.process.is_running()
     }
 
     /// The server's log so far (tail), for failure messages.
     pub fn logs(&self) -> String {
-        self.log.text()
+        self.process.logs()
     }
 
     /// SIGTERM, then waits for the process to exit (the port is closed afterwards).
     pub async fn stop(&mut self) {
-        let mut child = self.child.take().expect("redis-server is running");
         if self.frozen {
-            signal(&child, libc::SIGCONT);
-            self.frozen = false;
+            self.thaw();
         }
-        signal(&child, libc::SIGTERM);
-        match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
-            Ok(status) => {
-                status.expect("wait for redis-server");
-            }
-            Err(_) => {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                panic!(
-                    "redis-server did not exit within {STOP_TIMEOUT:?} of SIGTERM\n{}",
-                    self.logs()
-                );
-            }
-        }
+        self.process.stop(libc::SIGTERM, STOP_TIMEOUT).await;
     }
 
     /// Starts redis-server again on the same port (empty: nothing is persisted).
     pub async fn restart(&mut self) {
-        assert!(self.child.is_none(), "restart of a running redis-server");
-        // The old listening socket is gone, but give the kernel a few tries to agree.
-        let mut last_error = String::new();
-        for _ in 0..10 {
-            match self.spawn().await {
-                Ok(()) => return,
-                Err(e) => last_error = e,
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        panic!(
-            "redis-server did not restart on port {}: {last_error}",
-            self.port
-        );
+        let (port, dir) = (self.port, self.dir.clone());
+        self.process
+            .relaunch(|| server_command(port, &dir), READY_TIMEOUT, || pong(port))
+            .await;
     }
 
     /// SIGSTOP: connections stay open and requests are accepted by the kernel, but nothing is
     /// answered until [`thaw`](Self::thaw).
     pub fn freeze(&mut self) {
-        signal(
-            self.child.as_ref().expect("redis-server is running"),
-            libc::SIGSTOP,
-        );
+        self.process.signal(libc::SIGSTOP);
         self.frozen = true;
     }
 
     /// SIGCONT after [`freeze`](Self::freeze).
     pub fn thaw(&mut self) {
-        signal(
-            self.child.as_ref().expect("redis-server is running"),
-            libc::SIGCONT,
-        );
+        self.process.signal(libc::SIGCONT);
         self.frozen = false;
     }
 
     /// Sends one command over a fresh connection and reads its reply.
     pub async fn command(&self, args: &[&str]) -> Result<Reply, String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .map_err(|e| format!("connect to redis: {e}"))?;
-        let mut request = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-            request.extend_from_slice(arg.as_bytes());
-            request.extend_from_slice(b"\r\n");
-        }
-        stream
-            .write_all(&request)
-            .await
-            .map_err(|e| format!("write to redis: {e}"))?;
-        let mut reader = BufReader::new(stream);
-        tokio::time::timeout(Duration::from_secs(5), read_reply(&mut reader))
-            .await
-            .map_err(|_| format!("redis did not answer {args:?} within 5 s"))?
+        command(self.port, args).await
     }
 
     /// [`command`](Self::command), panicking on a transport error or an error reply.
@@ -208,58 +164,6 @@ impl RedisServer {
             .map(|pair| (pair[0].clone(), pair[1].clone()))
             .collect()
     }
-
-    async fn spawn(&mut self) -> Result<(), String> {
-        let port = self.port.to_string();
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port, "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--daemonize", "no", "--protected-mode", "yes"])
-            .args(["--logfile", "", "--loglevel", "notice"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .current_dir(&self.dir);
-        crate::tie_to_test(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| {
-            format!("cannot run redis-server ({e}); install it (Debian: apt-get install redis-server, or scripts/test does)")
-        })?;
-        drain(
-            child.stdout.take().expect("piped stdout"),
-            self.log.clone(),
-            None,
-        );
-        drain(
-            child.stderr.take().expect("piped stderr"),
-            self.log.clone(),
-            None,
-        );
-
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-                return Err(format!(
-                    "redis-server on port {} exited with {status}\n{}",
-                    self.port,
-                    self.logs()
-                ));
-            }
-            if let Ok(Reply::Simple(pong)) = self.command(&["PING"]).await {
-                if pong == "PONG" {
-                    self.child = Some(child);
-                    return Ok(());
-                }
-            }
-            if Instant::now() > deadline {
-                let _ = child.start_kill();
-                return Err(format!(
-                    "redis-server on port {} did not answer PING within {READY_TIMEOUT:?}\n{}",
-                    self.port,
-                    self.logs()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
 }
 
 impl fmt::Debug for RedisServer {
@@ -270,25 +174,48 @@ impl fmt::Debug for RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            // SIGKILL also ends a stopped (frozen) process.
-            let _ = child.start_kill();
-        }
+        // SIGKILL also ends a stopped (frozen) process.
+        self.process.abandon(libc::SIGKILL);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// A loopback port nobody listens on right now.
-pub(crate) fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local addr").port()
+/// Sends one command to the server on `port` over a fresh connection and reads its reply.
+async fn command(port: u16, args: &[&str]) -> Result<Reply, String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("connect to redis: {e}"))?;
+    let mut request = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        request.extend_from_slice(arg.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    stream
+        .write_all(&request)
+        .await
+        .map_err(|e| format!("write to redis: {e}"))?;
+    let mut reader = BufReader::new(stream);
+    tokio::time::timeout(Duration::from_secs(5), read_reply(&mut reader))
+        .await
+        .map_err(|_| format!("redis did not answer {args:?} within 5 s"))?
 }
 
-pub(crate) fn signal(child: &Child, sig: libc::c_int) {
-    let pid = child.id().expect("child not yet reaped") as i32;
-    // SAFETY: kill(2) on a child we spawned and have not reaped.
-    let rc = unsafe { libc::kill(pid, sig) };
-    assert_eq!(rc, 0, "kill({sig}): {}", std::io::Error::last_os_error());
+/// Whether the server on `port` answers PING.
+async fn pong(port: u16) -> bool {
+    matches!(command(port, &["PING"]).await, Ok(Reply::Simple(p)) if p == "PONG")
+}
+
+fn server_command(port: u16, dir: &std::path::Path) -> Command {
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no", "--protected-mode", "yes"])
+        .args(["--logfile", "", "--loglevel", "notice"])
+        .arg("--dir")
+        .arg(dir)
+        .current_dir(dir);
+    cmd
 }
 
 /// Reads one RESP2 reply.
