@@ -28,7 +28,7 @@ use crds::config::Limits;
 use gateway::limits::{AdmissionRequest, Limiter, RedisLimiter};
 
 mod support;
-use support::{env_u64, ms, percentile};
+use support::{env_u64, ms, open_loop, percentile};
 
 const KEYS: usize = 1_000;
 const WARMUP: Duration = Duration::from_secs(1);
@@ -131,8 +131,7 @@ async fn closed_loop(
     run
 }
 
-/// An open loop: `rate` calls per second whatever the answers, issued in 1 ms ticks (tokio's
-/// timer granularity) and each on its own task, for `duration`. Latency is per call.
+/// `rate` decisions per second whatever the answers, for `duration`. Latency is per call.
 async fn paced(
     limiter: Arc<RedisLimiter>,
     keys: Arc<Vec<String>>,
@@ -143,56 +142,31 @@ async fn paced(
         (rate * duration.as_secs() + 16) as usize,
     )));
     let errors = Arc::new(AtomicU64::new(0));
-    let started = tokio::time::Instant::now();
-    let total = rate * duration.as_millis() as u64 / 1000;
-    let mut issued = 0u64;
-    let mut max_lag = Duration::ZERO;
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let mut handles = Vec::new();
-    while issued < total {
-        let now = tick.tick().await;
-        // Everything due by this tick: catches up after a late tick instead of losing rate.
-        let elapsed = now.duration_since(started);
-        let due = (rate * elapsed.as_micros() as u64 / 1_000_000 + 1).min(total);
-        max_lag = max_lag.max(tokio::time::Instant::now().duration_since(now));
-        while issued < due {
-            let key = keys[(issued as usize * 7) % KEYS].clone();
-            let limiter = limiter.clone();
-            let latencies = latencies.clone();
-            let errors = errors.clone();
-            handles.push(tokio::spawn(async move {
-                let t = Instant::now();
-                let result = limiter.admit(&key, &LIMITS, REQUEST).await;
-                let elapsed = t.elapsed();
-                match result {
-                    Ok(_) => latencies.lock().expect("latencies").push(elapsed),
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
+    let open = open_loop(rate, duration, |i| {
+        let key = keys[(i as usize * 7) % KEYS].clone();
+        let (limiter, latencies, errors) = (limiter.clone(), latencies.clone(), errors.clone());
+        async move {
+            let t = Instant::now();
+            let result = limiter.admit(&key, &LIMITS, REQUEST).await;
+            let elapsed = t.elapsed();
+            match result {
+                Ok(_) => latencies.lock().expect("latencies").push(elapsed),
+                Err(_) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
                 }
-            }));
-            issued += 1;
-        }
-        if handles.len() > 4096 {
-            for h in handles.drain(..) {
-                h.await.expect("bench task");
             }
         }
-    }
-    for h in handles {
-        h.await.expect("bench task");
-    }
-    let seconds = started.elapsed().as_secs_f64();
+    })
+    .await;
     let latencies = std::mem::take(&mut *latencies.lock().expect("latencies"));
     let run = Run {
         name: format!("paced, {rate}/s"),
-        seconds,
+        seconds: open.seconds,
         decisions: latencies.len() as u64,
         errors: errors.load(Ordering::Relaxed),
         latencies,
     };
-    (run, max_lag)
+    (run, open.max_lag)
 }
 
 fn main() {

@@ -33,7 +33,7 @@ use gateway::wire::anthropic::{StopReason, TokenUsage};
 use time::OffsetDateTime;
 
 mod support;
-use support::{env_u64, ms, percentile};
+use support::{env_u64, ms, open_loop, percentile, OpenLoop};
 
 const ACCOUNTS: usize = 1_000;
 const WARMUP: Duration = Duration::from_secs(1);
@@ -166,46 +166,26 @@ async fn closed_loop(
     (samples, started.elapsed().as_secs_f64())
 }
 
-/// `rate` turns per second whatever the answers, in 1 ms ticks, each turn on its own task.
+/// `rate` turns per second whatever the answers.
 async fn paced(
     ledger: Arc<PostgresLedger>,
     accounts: Arc<Vec<String>>,
     rate: u64,
     duration: Duration,
-) -> (Samples, f64) {
+) -> (Samples, OpenLoop) {
     let all = Arc::new(Mutex::new(Samples::default()));
-    let started = tokio::time::Instant::now();
-    let total = rate * duration.as_millis() as u64 / 1000;
-    let mut issued = 0u64;
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let mut handles = Vec::new();
-    while issued < total {
-        let now = tick.tick().await;
-        let elapsed = now.duration_since(started);
-        let due = (rate * elapsed.as_micros() as u64 / 1_000_000 + 1).min(total);
-        while issued < due {
-            let account = accounts[(issued as usize * 7) % ACCOUNTS].clone();
-            let (ledger, all) = (ledger.clone(), all.clone());
-            handles.push(tokio::spawn(async move {
-                let mut samples = Samples::default();
-                turn(&ledger, &account, &mut samples).await;
-                all.lock().expect("samples").merge(samples);
-            }));
-            issued += 1;
+    let open = open_loop(rate, duration, |i| {
+        let account = accounts[(i as usize * 7) % ACCOUNTS].clone();
+        let (ledger, all) = (ledger.clone(), all.clone());
+        async move {
+            let mut samples = Samples::default();
+            turn(&ledger, &account, &mut samples).await;
+            all.lock().expect("samples").merge(samples);
         }
-        if handles.len() > 4096 {
-            for h in handles.drain(..) {
-                h.await.expect("bench task");
-            }
-        }
-    }
-    for h in handles {
-        h.await.expect("bench task");
-    }
-    let seconds = started.elapsed().as_secs_f64();
+    })
+    .await;
     let samples = std::mem::take(&mut *all.lock().expect("samples"));
-    (samples, seconds)
+    (samples, open)
 }
 
 fn main() {
@@ -256,7 +236,14 @@ fn main() {
             "{}",
             samples.rows(&format!("closed loop, {concurrency} in flight"), seconds)
         );
-        let (samples, seconds) = paced(ledger, accounts, rate, duration).await;
-        println!("{}", samples.rows(&format!("paced, {rate}/s"), seconds));
+        let (samples, open) = paced(ledger, accounts, rate, duration).await;
+        println!(
+            "{}",
+            samples.rows(&format!("paced, {rate}/s"), open.seconds)
+        );
+        println!(
+            "\nThe paced run's latest tick fired {} after it was due.",
+            ms(open.max_lag)
+        );
     });
 }
