@@ -80,6 +80,9 @@ def test_two_pods_behind_the_balancer_share_limits_and_ctrl_c_stops_all() -> Non
             assert 'gateway_requests_total{endpoint="/v1/messages",model="svc/haiku",status="200"} 2' in metrics
             # Credits are reserved and settled in Postgres: its calls are timed.
             assert 'gateway_store_call_duration_seconds_count{store="postgres",op="query"}' in metrics
+            # Two turns per pod, each reserved by a ledger statement (alone or batched).
+            assert 'gateway_ledger_batch_turns_sum{op="reserve"} 2.0' in metrics, metrics
+            assert 'gateway_ledger_batch_turns_count{op="settle"}' in metrics, metrics
     finally:
         os.killpg(proc.pid, signal.SIGINT) if proc.poll() is None else None
         rest, _ = proc.communicate(timeout=30)

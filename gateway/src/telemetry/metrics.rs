@@ -58,6 +58,11 @@ struct StoreLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LedgerLabels {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConfigLabels {
     version: String,
 }
@@ -87,6 +92,11 @@ fn store_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_1, 2.0, 15))
 }
 
+/// Turns per ledger statement: 1 .. 128, the largest batch.
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 8))
+}
+
 struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -100,6 +110,7 @@ struct Metrics {
     circuit_state: Family<UpstreamLabels, Gauge>,
     store_latency: Histograms<StoreLabels>,
     store_errors: Family<StoreLabels, Counter>,
+    ledger_batch: Histograms<LedgerLabels>,
     config: Family<ConfigLabels, Gauge>,
 }
 
@@ -118,6 +129,7 @@ impl Metrics {
             circuit_state: Family::default(),
             store_latency: Family::new_with_constructor(store_histogram),
             store_errors: Family::default(),
+            ledger_batch: Family::new_with_constructor(batch_histogram),
             config: Family::default(),
         };
         let r = &mut m.registry;
@@ -175,6 +187,11 @@ impl Metrics {
             "gateway_store_call_errors",
             "Failed or timed-out calls to Redis and Postgres, by store and operation",
             m.store_errors.clone(),
+        );
+        r.register(
+            "gateway_ledger_batch_turns",
+            "Turns carried by one reserve or settle statement (batched when Postgres is busy)",
+            m.ledger_batch.clone(),
         );
         r.register(
             "gateway_config_info",
@@ -293,6 +310,14 @@ pub fn store_call(store: &'static str, op: &'static str, elapsed: Duration, ok: 
     if !ok {
         METRICS.store_errors.get_or_create(&labels).inc();
     }
+}
+
+/// One ledger statement (`reserve`, `settle`) carrying `turns` turns.
+pub fn ledger_batch(op: &'static str, turns: usize) {
+    METRICS
+        .ledger_batch
+        .get_or_create(&LedgerLabels { op })
+        .observe(turns as f64);
 }
 
 /// The configuration now in use; the previous version's series is removed.

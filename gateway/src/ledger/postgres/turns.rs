@@ -13,6 +13,7 @@ use time::OffsetDateTime;
 
 use super::super::{LedgerError, NewReservation, Settlement};
 use crate::db::{from_db, name_of, to_db, Database, DbError};
+use crate::telemetry::metrics;
 
 /// Holds, per turn, what its account's available credits allow between `min` and `max`, and
 /// writes its message row `reserved`; a turn whose account has less than `min` holds nothing
@@ -23,6 +24,7 @@ pub async fn reserve(
     turns: Vec<NewReservation>,
 ) -> Vec<Result<u64, LedgerError>> {
     let n = turns.len();
+    metrics::ledger_batch("reserve", n);
     let mut c = ReserveColumns::default();
     for t in &turns {
         c.push(t);
@@ -111,6 +113,7 @@ pub async fn settle(
     turns: Vec<Settlement>,
 ) -> Vec<Result<Option<u64>, LedgerError>> {
     let n = turns.len();
+    metrics::ledger_batch("settle", n);
     let mut c = SettleColumns::default();
     for t in &turns {
         c.push(t);
