@@ -140,9 +140,14 @@ impl PostgresLedger {
                      ), released AS (
                          SELECT account_id, sum(reserved)::bigint AS credits, count(*) AS n
                          FROM orphans GROUP BY account_id
+                     ), account AS (
+                         -- In id order, as the batched settles lock them: no deadlock.
+                         SELECT id FROM accounts WHERE id IN (SELECT account_id FROM released)
+                         ORDER BY id FOR NO KEY UPDATE
                      ), accounts_released AS (
                          UPDATE accounts a SET reserved = a.reserved - r.credits
-                         FROM released r WHERE a.id = r.account_id
+                         FROM released r JOIN account ON account.id = r.account_id
+                         WHERE a.id = r.account_id
                          RETURNING r.n
                      )
                      SELECT coalesce(sum(n), 0)::bigint AS reaped FROM accounts_released",
