@@ -226,4 +226,28 @@ mod tests {
         }
         assert!(seen.lock().unwrap().iter().all(|b| b.len() <= 3));
     }
+
+    #[tokio::test]
+    async fn an_item_whose_caller_gave_up_before_its_batch_started_is_not_run() {
+        let (coalescer, seen) = recording(1, 16, Duration::from_millis(100));
+        let busy = {
+            let c = coalescer.clone();
+            tokio::spawn(async move { c.submit(("a".into(), 1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(10), coalescer.submit(("b".into(), 2)))
+                .await;
+        assert!(gave_up.is_err());
+        assert_eq!(busy.await.unwrap(), Some(10));
+        assert_eq!(coalescer.submit(("c".into(), 3)).await, Some(30));
+        let run: Vec<u32> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .map(|(_, n)| *n)
+            .collect();
+        assert_eq!(run, vec![1, 3]);
+    }
 }
