@@ -75,3 +75,76 @@ fn outcome_reported(events: EventStream, breakers: Breakers, key: String) -> Eve
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::routing::breaker::BreakerPolicy;
+    use crate::wire::anthropic::{StopReason, TokenUsage};
+
+    fn events(items: Vec<Result<ProviderEvent, ProviderError>>) -> EventStream {
+        Box::pin(futures::stream::iter(items))
+    }
+
+    fn first_event() -> Result<ProviderEvent, ProviderError> {
+        Ok(ProviderEvent::BlockStop { index: 0 })
+    }
+
+    fn breakers() -> Breakers {
+        Breakers::new(BreakerPolicy {
+            failures: 2,
+            cooldown: Duration::from_secs(60),
+        })
+    }
+
+    #[tokio::test]
+    async fn streams_that_fail_after_their_first_event_open_the_breaker() {
+        let b = breakers();
+        for _ in 0..2 {
+            let failing = events(vec![first_event(), Err(ProviderError::Timeout)]);
+            outcome_reported(failing, b.clone(), "m/u".into())
+                .collect::<Vec<_>>()
+                .await;
+        }
+        assert!(!b.admit("m/u"));
+    }
+
+    #[tokio::test]
+    async fn a_finished_stream_resets_the_count_and_an_abandoned_one_reports_nothing() {
+        let b = breakers();
+        let failing = events(vec![first_event(), Err(ProviderError::Upstream)]);
+        outcome_reported(failing, b.clone(), "m/u".into())
+            .collect::<Vec<_>>()
+            .await;
+        let finished = events(vec![
+            first_event(),
+            Ok(ProviderEvent::Finish {
+                stop_reason: StopReason::EndTurn,
+                stop_sequence: None,
+                usage: TokenUsage::default(),
+            }),
+        ]);
+        outcome_reported(finished, b.clone(), "m/u".into())
+            .collect::<Vec<_>>()
+            .await;
+        let mut abandoned = outcome_reported(
+            events(vec![first_event(), Err(ProviderError::Upstream)]),
+            b.clone(),
+            "m/u".into(),
+        );
+        abandoned.next().await;
+        drop(abandoned);
+        let failing = events(vec![first_event(), Err(ProviderError::Upstream)]);
+        outcome_reported(failing, b.clone(), "m/u".into())
+            .collect::<Vec<_>>()
+            .await;
+        assert!(
+            b.admit("m/u"),
+            "one failure since the finished stream; the abandoned one did not count"
+        );
+    }
+}
