@@ -49,6 +49,8 @@ pub struct TurnRequest {
     /// The client left max_tokens out (chat completions): the turn may produce as many tokens
     /// as the model's limits and the balance allow, and never fails only for want of a cap.
     pub open_max_tokens: bool,
+    /// The Messages API client's `anthropic-beta` header, for an `anthropic` upstream.
+    pub anthropic_beta: Option<String>,
 }
 
 pub enum TurnEvent {
@@ -90,6 +92,7 @@ pub async fn start(
         endpoint,
         mut request,
         open_max_tokens,
+        anthropic_beta,
     } = turn;
     let requested = resolve_model(state, &request.model)?;
     let telemetry = TurnTelemetry::begin(&id, &requested.id, request.max_tokens, request.stream);
@@ -217,6 +220,7 @@ pub async fn start(
         model: &served.id,
         plan: &plan,
         request: Arc::new(request),
+        anthropic_beta: anthropic_beta.as_deref(),
         input_tokens,
     };
     let mut upstream_events = match fallback::start(&state.providers, attempt)

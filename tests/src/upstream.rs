@@ -166,6 +166,8 @@ pub struct Received {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Value,
+    /// The body's size as sent.
+    pub bytes: usize,
 }
 
 /// What a request gets when the queue is empty.
@@ -320,6 +322,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
             path: path.clone(),
             headers,
             body: body.clone(),
+            bytes: bytes.len(),
         });
     }
     let reply = lock(&shared.queue)

@@ -2,7 +2,8 @@
 //! non-interactive session through the gateway on each upstream adapter: the mock upstream
 //! calls its Bash tool, Claude Code runs it, sends the result back, and prints the answer.
 //! Its requests are what real sessions send: a large system prompt, dozens of tools, beta
-//! headers and `?beta=true`.
+//! headers and `?beta=true`; the session's project has a large CLAUDE.md, which Claude Code
+//! puts in its requests, so that they pass 100 KB as requests of big projects do.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +14,23 @@ use e2e::*;
 use serde_json::json;
 
 const ANSWER: &str = "Done: the marker file exists now.";
+
+/// The size a request must reach, as the issue puts Claude Code's: "100 KB and more".
+const LARGE_REQUEST: usize = 100 * 1024;
+
+/// Project notes of about 120 KB, for the session's CLAUDE.md.
+fn large_project_notes() -> String {
+    let mut notes = String::from("# Project notes\n\n");
+    for module in 0..400 {
+        notes.push_str(&format!(
+            "## Module {module}\n\nModule {module} owns the records of shard {module}: it \
+             validates them on the way in, keeps an index by owner and by date, and answers \
+             queries from the reporting service. Its tests live next to it; run them before \
+             any change to the schema of shard {module}, and update its changelog entry.\n\n"
+        ));
+    }
+    notes
+}
 
 /// `$CLAUDE_BIN`, else the copy scripts/test installs under `.cache/claude-code`.
 fn claude_bin() -> PathBuf {
@@ -35,6 +53,7 @@ async fn claude_code_runs_a_tool_and_gets_its_answer_through_each_adapter() {
     for provider in ["anthropic", "openai"] {
         let work = std::env::temp_dir().join(unique_name("e2e-claude-code"));
         std::fs::create_dir_all(work.join("home")).expect("create the session folder");
+        std::fs::write(work.join("CLAUDE.md"), large_project_notes()).expect("write CLAUDE.md");
         let marker = work.join("marker");
         let mock = MockUpstream::serve(
             "127.0.0.1:0",
@@ -102,11 +121,7 @@ async fn claude_code_runs_a_tool_and_gets_its_answer_through_each_adapter() {
             "the tool result went back upstream: {}",
             context()
         );
-        let largest = received
-            .iter()
-            .map(|r| r.body.to_string().len())
-            .max()
-            .unwrap_or(0);
+        let largest = received.iter().map(|r| r.bytes).max().unwrap_or(0);
         let tools = received
             .iter()
             .filter_map(|r| r.body["tools"].as_array().map(Vec::len))
@@ -120,6 +135,22 @@ async fn claude_code_runs_a_tool_and_gets_its_answer_through_each_adapter() {
             tools >= 10,
             "Claude Code's tool set passed through: {tools}"
         );
+        assert!(
+            largest >= LARGE_REQUEST,
+            "a request of {largest} bytes; CLAUDE.md should have made one pass {LARGE_REQUEST}"
+        );
+        let betas: Vec<&str> = received
+            .iter()
+            .flat_map(|r| r.headers.get_all("anthropic-beta"))
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        match provider {
+            "anthropic" => assert!(
+                !betas.is_empty(),
+                "Claude Code's beta features reached the upstream"
+            ),
+            _ => assert!(betas.is_empty(), "{betas:?}"),
+        }
         let _ = std::fs::remove_dir_all(&work);
     }
 }

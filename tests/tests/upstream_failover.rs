@@ -1,7 +1,8 @@
 //! When upstreams fail: fallback to the next upstream before anything reached the client, the
 //! circuit breaker that takes a failing upstream out and probes it back, the status of each
-//! kind of failure when no upstream is left, failures mid-stream, and a client that goes away
-//! mid-stream (the upstream call is cancelled, the generated tokens billed).
+//! kind of failure when no upstream is left, failures mid-stream (no fallback, but they count
+//! toward the breaker), and a client that goes away mid-stream (the upstream call is
+//! cancelled, the generated tokens billed).
 
 use std::time::Duration;
 
@@ -231,6 +232,61 @@ async fn the_breaker_takes_a_failing_upstream_out_and_a_probe_brings_it_back() {
         0.0,
         "and closed again"
     );
+}
+
+#[tokio::test]
+async fn failures_after_the_first_byte_count_toward_the_breaker_without_falling_back() {
+    let flaky = MockUpstream::start().await;
+    let steady = MockUpstream::start().await;
+    let rig = start(
+        &[
+            UpstreamDef::anthropic(&flaky)
+                .named("flaky")
+                .weight(FIRST)
+                .timeouts(10_000, 500),
+            UpstreamDef::openai(&steady).named("steady"),
+        ],
+        &["--breaker-failures", "2", "--breaker-cooldown-ms", "600000"],
+    )
+    .await;
+    let long = words(30);
+    flaky.push([
+        Reply::text(&long).fault(Fault::StallAfter(5)),
+        Reply::text(&long).fault(Fault::MalformedAfter(5)),
+    ]);
+    let circuit = [("upstream", "svc/haiku/flaky")];
+
+    for what in ["stall past the idle timeout", "malformed chunk"] {
+        let stream = rig
+            .gw
+            .stream(
+                "/v1/messages",
+                &rig.gw.key,
+                &message_stream("svc/haiku", "hi", 200),
+            )
+            .await;
+        stream.expect_sse();
+        let events = stream.collect().await;
+        let names: Vec<&str> = events.iter().map(|e| e.name()).collect();
+        assert!(names.contains(&"content_block_delta"), "{what}: {names:?}");
+        assert_eq!(names.last(), Some(&"error"), "{what}: {names:?}");
+    }
+    assert_eq!(flaky.request_count(), 2);
+    assert_eq!(
+        steady.request_count(),
+        0,
+        "the client had bytes: no fallback"
+    );
+    let open = rig.gw.metrics().await;
+    assert_eq!(
+        open.value("gateway_upstream_circuit_state", &circuit),
+        2.0,
+        "two failed streams in a row opened the breaker"
+    );
+
+    ask(&rig.gw).await.expect_ok();
+    assert_eq!(flaky.request_count(), 2, "out of rotation");
+    assert_eq!(steady.request_count(), 1, "the next turn went to the other");
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! Real upstreams behind both endpoints: every model routed to the mock upstream through the
 //! `anthropic` or the `openai` adapter, each endpoint in JSON and in SSE; tool calls streamed
 //! whole, tool results and images in the upstream's format, thinking with its signature, cache
-//! tokens in usage, and no provider name, upstream model or upstream key in any response.
+//! tokens in usage, the client's beta features for an Anthropic upstream only, and no provider
+//! name, upstream model or upstream key in any response.
 
 use e2e::sse::{assemble_chat_stream, assemble_message_stream};
 use e2e::upstream::{UPSTREAM_API_KEY, UPSTREAM_MODEL};
@@ -448,5 +449,48 @@ async fn claude_codes_mid_conversation_system_messages_are_folded_for_the_upstre
             folded.contains("The working directory is /src."),
             "{adapter:?}: {sent}"
         );
+    }
+}
+
+#[tokio::test]
+async fn the_clients_anthropic_beta_features_reach_an_anthropic_upstream_and_no_other() {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        rig.mock.push([Reply::text("ok"), Reply::text("ok")]);
+        let body = message("svc/sonnet", "hi", 50);
+        let single = rig
+            .gw
+            .request(reqwest::Method::POST, "/v1/messages", Some(&rig.gw.key))
+            .header("anthropic-beta", "x,y")
+            .json(&body);
+        rig.gw.send(single).await.expect_ok();
+        let repeated = rig
+            .gw
+            .request(reqwest::Method::POST, "/v1/messages", Some(&rig.gw.key))
+            .header("anthropic-beta", "x")
+            .header("anthropic-beta", "y")
+            .json(&body);
+        rig.gw.send(repeated).await.expect_ok();
+
+        let received = rig.mock.received();
+        assert_eq!(received.len(), 2);
+        for request in &received {
+            let betas: Vec<&str> = request
+                .headers
+                .get_all("anthropic-beta")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            match adapter {
+                Adapter::Anthropic => {
+                    assert_eq!(betas, ["x,y"], "one header, the features in order");
+                    assert_eq!(
+                        request.headers["anthropic-version"], "2023-06-01",
+                        "the adapter's own API version"
+                    );
+                }
+                Adapter::OpenAi => assert!(betas.is_empty(), "{betas:?}"),
+            }
+        }
     }
 }

@@ -52,6 +52,7 @@ pub async fn create(
             endpoint: Endpoint::ChatCompletions,
             request,
             open_max_tokens,
+            anthropic_beta: None,
         },
     )
     .await?;

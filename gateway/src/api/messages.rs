@@ -4,6 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -23,6 +24,7 @@ use crate::wire::anthropic::{
 pub async fn create(
     State(state): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
+    headers: HeaderMap,
     JsonBody(mut request): JsonBody<MessagesRequest>,
 ) -> Result<Response, ApiError> {
     request.fold_system_messages();
@@ -35,6 +37,7 @@ pub async fn create(
             endpoint: Endpoint::Messages,
             request,
             open_max_tokens: false,
+            anthropic_beta: anthropic_beta(&headers),
         },
     )
     .await?;
@@ -58,6 +61,19 @@ pub async fn create(
     };
     response.extensions_mut().insert(snapshot);
     Ok(response)
+}
+
+/// The client's `anthropic-beta` features (the header may be repeated), comma-separated as
+/// the Messages API takes them; only an `anthropic` upstream is sent them.
+fn anthropic_beta(headers: &HeaderMap) -> Option<String> {
+    let features: Vec<&str> = headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    (!features.is_empty()).then(|| features.join(","))
 }
 
 fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {

@@ -1,8 +1,9 @@
 //! The `anthropic` adapter: the Messages API (`POST {base_url}/v1/messages`, `x-api-key`,
 //! `anthropic-version`). The canonical request is already this format, so the request goes
-//! out as the client shaped it, with the upstream's model name and `stream: true`; the stream
-//! comes back event by event through [`Blocks`], which keeps indexes dense and drops empty
-//! text blocks and redacted thinking.
+//! out as the client shaped it, with the upstream's model name and `stream: true`, and with
+//! the client's `anthropic-beta` features, which a request shaped for them (Claude Code's)
+//! may need; the stream comes back event by event through [`Blocks`], which keeps indexes
+//! dense and drops empty text blocks and redacted thinking.
 
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -45,6 +46,9 @@ impl Provider for Anthropic {
             .json(&body);
         if let Some(key) = &upstream.api_key {
             request = request.header("x-api-key", key.expose());
+        }
+        if let Some(features) = &call.anthropic_beta {
+            request = request.header("anthropic-beta", features);
         }
         http::open(request, upstream.timeouts, Stream::default()).await
     }

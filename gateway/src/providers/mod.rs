@@ -87,6 +87,9 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<ProviderEvent, ProviderE
 
 pub struct ProviderCall {
     pub request: Arc<MessagesRequest>,
+    /// The client's beta features; only the `anthropic` adapter sends them on (another API's
+    /// upstream would not know them, and the request is translated for it anyway).
+    pub anthropic_beta: Option<String>,
     pub upstream: Upstream,
     /// The virtual model serving the turn (never the upstream's name).
     pub served_model: String,

@@ -1,7 +1,9 @@
 //! One circuit breaker per upstream of a model: after `failures` consecutive failed attempts
-//! the upstream is out for `cooldown`; then the next turn that reaches it is its probe (one at
+//! (an attempt fails before its first byte or at any point of its stream, and succeeds only
+//! when its stream finishes) the upstream is out for `cooldown`; then the next turn that reaches it is its probe (one at
 //! a time), and the probe's outcome closes the breaker or opens it for another cooldown.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -30,16 +32,18 @@ struct State {
     probe_started: Option<Instant>,
 }
 
+/// Shared by the turns' streams, which report their outcome when they end.
+#[derive(Clone)]
 pub struct Breakers {
     policy: BreakerPolicy,
-    states: DashMap<String, State>,
+    states: Arc<DashMap<String, State>>,
 }
 
 impl Breakers {
     pub fn new(policy: BreakerPolicy) -> Self {
         Self {
             policy,
-            states: DashMap::new(),
+            states: Arc::new(DashMap::new()),
         }
     }
 
