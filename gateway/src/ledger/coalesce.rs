@@ -4,8 +4,9 @@
 //! everything queued at the moment it frees up into one statement. An idle system runs each
 //! call alone at once (no added wait); a busy one runs bigger batches instead of more commits.
 //!
-//! A batch holds at most one item per key (the account for reserve, the message for settle):
-//! the statement then never meets one row twice, and items of one key keep their order.
+//! A batch holds at most one item per key (the message id): a replayed settle waits for the
+//! next batch instead of racing its original in one statement, and items of one key keep
+//! their order.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;

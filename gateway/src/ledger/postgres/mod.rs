@@ -77,7 +77,7 @@ impl PostgresLedger {
             Coalescer::spawn(
                 LANES,
                 MAX_BATCH,
-                |r: &NewReservation| r.record.account_id.as_str(),
+                |r: &NewReservation| r.record.id.as_str(),
                 move |batch| {
                     let (db, instance) = (db.clone(), instance.clone());
                     async move { turns::reserve(&db, &instance, batch).await }

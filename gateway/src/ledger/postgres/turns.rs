@@ -3,8 +3,8 @@
 //!
 //! Account rows are locked in id order before they are written, so two batches (of this
 //! process or another) sharing accounts queue on each other instead of deadlocking. A batch
-//! never holds two turns of one account (reserve) or of one message (settle); the coalescer
-//! keeps them apart.
+//! may hold many turns of one account (one busy key is the common case); their reservations
+//! are decided in the order they arrived, as if each ran alone.
 
 use std::collections::HashMap;
 
@@ -23,10 +23,58 @@ pub async fn reserve(
     instance: &str,
     turns: Vec<NewReservation>,
 ) -> Vec<Result<u64, LedgerError>> {
-    let n = turns.len();
-    metrics::ledger_batch("reserve", n);
+    metrics::ledger_batch("reserve", turns.len());
+    let mut answers: HashMap<&str, Result<u64, LedgerError>> = HashMap::new();
+    let mut pending: Vec<&NewReservation> = turns.iter().collect();
+    // Each statement decides at least the first pending turn of every account, so this ends;
+    // a second round only happens when an account ran short within the batch.
+    while !pending.is_empty() {
+        match reserve_once(db, instance, &pending).await {
+            Ok(decided) => {
+                pending.retain(|t| {
+                    let answer = decided.get(t.record.id.as_str()).map(|&(amount, left)| {
+                        amount.map(from_db).ok_or(LedgerError::InsufficientCredits {
+                            needed: t.max,
+                            available: from_db(left),
+                        })
+                    });
+                    match answer {
+                        Some(answer) => {
+                            answers.insert(&t.record.id, answer);
+                            false
+                        }
+                        None => true,
+                    }
+                });
+            }
+            Err(e) => {
+                for t in pending.drain(..) {
+                    answers.insert(&t.record.id, Err(LedgerError::Unavailable(e.to_string())));
+                }
+            }
+        }
+    }
+    turns
+        .iter()
+        .map(|t| {
+            answers
+                .remove(t.record.id.as_str())
+                .unwrap_or_else(|| Err(LedgerError::Unavailable("reservation not answered".into())))
+        })
+        .collect()
+}
+
+/// One reserve statement. A turn is decided when every turn of its account before it in the
+/// batch held its `max`: what is left for it is then exact. The others (their account ran
+/// short earlier in the batch) change nothing and are not in the answer: (amount held, or
+/// `None` when refused; credits left for it), by message id.
+async fn reserve_once(
+    db: &Database,
+    instance: &str,
+    turns: &[&NewReservation],
+) -> Result<HashMap<String, (Option<i64>, i64)>, DbError> {
     let mut c = ReserveColumns::default();
-    for t in &turns {
+    for &t in turns {
         c.push(t);
     }
     let rows = db
@@ -35,31 +83,43 @@ pub async fn reserve(
                 "WITH turn AS (
                      SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],
                          $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-                         $11::text[], $12::bool[], $13::timestamptz[])
+                         $11::text[], $12::bool[], $13::timestamptz[]) WITH ORDINALITY
                      AS t(id, account_id, min, max, key_id, model, served_model, provider,
-                          upstream, upstream_model, endpoint, stream, created_at)
+                          upstream, upstream_model, endpoint, stream, created_at, ord)
                  ), account AS (
                      SELECT id, balance - reserved AS available FROM accounts
                      WHERE id IN (SELECT account_id FROM turn)
                      ORDER BY id FOR NO KEY UPDATE
+                 ), queued AS (
+                     -- What the account has left for each turn once the turns before it in
+                     -- this batch took their most (an unknown account has nothing).
+                     SELECT t.id, t.min, t.max, account.id IS NOT NULL AS known,
+                         coalesce(account.available, 0) - coalesce(sum(t.max) OVER (
+                             PARTITION BY t.account_id ORDER BY t.ord
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::bigint
+                             AS left_for
+                     FROM turn t LEFT JOIN account ON account.id = t.account_id
+                 ), decided AS (
+                     SELECT id, left_for,
+                         CASE WHEN known AND left_for >= min THEN least(max, left_for) END AS amount
+                     FROM queued WHERE left_for >= 0
                  ), held AS (
-                     UPDATE accounts a SET reserved = a.reserved + least(t.max, account.available)
-                     FROM turn t JOIN account ON account.id = t.account_id
-                     WHERE a.id = t.account_id AND account.available >= t.min
-                     RETURNING t.id, least(t.max, account.available) AS amount
+                     UPDATE accounts a SET reserved = a.reserved + h.amount
+                     FROM (SELECT t.account_id, sum(d.amount)::bigint AS amount
+                           FROM decided d JOIN turn t ON t.id = d.id
+                           WHERE d.amount IS NOT NULL GROUP BY t.account_id) h
+                     WHERE a.id = h.account_id
                  ), message AS (
                      INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
                          upstream, upstream_model, endpoint, stream, status, reserved,
                          instance_id, created_at)
                      SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
                          t.upstream, t.upstream_model, t.endpoint, t.stream, 'reserved',
-                         held.amount, $14, t.created_at
-                     FROM turn t JOIN held ON held.id = t.id
+                         d.amount, $14, t.created_at
+                     FROM turn t JOIN decided d ON d.id = t.id
+                     WHERE d.amount IS NOT NULL
                  )
-                 SELECT t.id, held.amount, account.available
-                 FROM turn t
-                 LEFT JOIN held ON held.id = t.id
-                 LEFT JOIN account ON account.id = t.account_id",
+                 SELECT id, amount, left_for FROM decided",
             )
             .bind(c.id)
             .bind(c.account_id)
@@ -77,32 +137,14 @@ pub async fn reserve(
             .bind(instance)
             .fetch_all(db.pool()),
         )
-        .await;
-    let answers = rows.and_then(|rows| {
-        rows.iter()
-            .map(|row| {
-                let id: String = row.try_get("id")?;
-                let amount: Option<i64> = row.try_get("amount")?;
-                let available: Option<i64> = row.try_get("available")?;
-                Ok((id, (amount, available)))
-            })
-            .collect::<Result<HashMap<_, _>, sqlx::Error>>()
-            .map_err(DbError::Sql)
-    });
-    match answers {
-        Ok(mut answers) => turns
-            .iter()
-            .map(|t| match answers.remove(&t.record.id) {
-                Some((Some(amount), _)) => Ok(from_db(amount)),
-                Some((None, available)) => Err(LedgerError::InsufficientCredits {
-                    needed: t.max,
-                    available: available.map_or(0, from_db),
-                }),
-                None => Err(LedgerError::Unavailable("reservation not answered".into())),
-            })
-            .collect(),
-        Err(e) => unavailable(&e, n),
-    }
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let id: String = row.try_get("id")?;
+            Ok((id, (row.try_get("amount")?, row.try_get("left_for")?)))
+        })
+        .collect::<Result<HashMap<_, _>, sqlx::Error>>()
+        .map_err(DbError::Sql)
 }
 
 /// Moves each turn out of `reserved`, records its usage and bills at most what it reserved
