@@ -22,19 +22,24 @@ async fn cluster(pods: usize, pg: &PostgresServer) -> Cluster {
     .await
 }
 
-/// Sends 200 turns at once, spread over `pods`, against an account funded for 50 reservations,
-/// and checks the books.
-async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) {
-    let gw = &pods[0];
-    let body = message("svc/haiku", "count to three", 64);
-    // What one turn of this body reserves, measured on a separate account.
+/// What one turn of `body` reserves, measured on an account of its own.
+async fn one_reservation(gw: &Gateway, body: &serde_json::Value) -> u64 {
     let probe = gw.new_key(10_000_000, &KeySpec::tier("high_volume")).await;
-    let first = gw.post_messages(&probe.secret, &body).await.expect_ok();
+    let first = gw.post_messages(&probe.secret, body).await.expect_ok();
     let record = gw
         .message_record(first["id"].as_str().expect("message id"))
         .await;
     let reservation = record["reserved"].as_u64().expect("reserved");
     assert!(reservation > 0, "{record}");
+    reservation
+}
+
+/// Sends 200 turns at once, spread over `pods`, against an account funded for 50 reservations,
+/// and checks the books.
+async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) {
+    let gw = &pods[0];
+    let body = message("svc/haiku", "count to three", 64);
+    let reservation = one_reservation(gw, &body).await;
 
     let start = FUNDED_TURNS * reservation;
     let key = gw.new_key(start, &KeySpec::tier("high_volume")).await;
@@ -143,12 +148,7 @@ async fn turns_of_many_accounts_at_once_each_bill_only_their_own_account() {
     let cluster = cluster(1, &pg).await;
     let gw = &cluster.pods[0];
     let body = message("svc/haiku", "count to three", 64);
-    let probe = gw.new_key(10_000_000, &KeySpec::tier("high_volume")).await;
-    let first = gw.post_messages(&probe.secret, &body).await.expect_ok();
-    let record = gw
-        .message_record(first["id"].as_str().expect("message id"))
-        .await;
-    let reservation = record["reserved"].as_u64().expect("reserved");
+    let reservation = one_reservation(gw, &body).await;
 
     // Account i is funded for i / 2 reservations: none, a few, or all of its turns.
     let mut keys = Vec::new();

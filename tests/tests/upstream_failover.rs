@@ -139,6 +139,26 @@ async fn each_upstream_failure_has_its_own_status_when_no_upstream_is_left() {
     ask(&refused.gw).await.expect_error(503, "api_error");
 }
 
+/// Streams a turn the upstream cuts after its first deltas: the client got text, then an
+/// `error` event (returned) instead of `message_stop`.
+async fn cut_stream(gw: &Gateway, what: &str) -> SseEvent {
+    let stream = gw
+        .stream(
+            "/v1/messages",
+            &gw.key,
+            &message_stream("svc/haiku", "hi", 200),
+        )
+        .await;
+    stream.expect_sse();
+    let events = stream.collect().await;
+    let names: Vec<&str> = events.iter().map(|e| e.name()).collect();
+    assert!(names.contains(&"content_block_delta"), "{what}: {names:?}");
+    assert!(!names.contains(&"message_stop"), "{what}: {names:?}");
+    let last = events.last().expect("events").clone();
+    assert_eq!(last.name(), "error", "{what}: {names:?}");
+    last
+}
+
 #[tokio::test]
 async fn a_failure_mid_stream_ends_the_stream_with_an_error_event() {
     let mock = MockUpstream::start().await;
@@ -154,21 +174,7 @@ async fn a_failure_mid_stream_ends_the_stream_with_an_error_event() {
         ("overloaded", "overloaded_error"),
         ("malformed", "api_error"),
     ] {
-        let stream = rig
-            .gw
-            .stream(
-                "/v1/messages",
-                &rig.gw.key,
-                &message_stream("svc/haiku", "hi", 200),
-            )
-            .await;
-        stream.expect_sse();
-        let events = stream.collect().await;
-        let names: Vec<&str> = events.iter().map(|e| e.name()).collect();
-        assert!(names.contains(&"content_block_delta"), "{what}: {names:?}");
-        assert!(!names.contains(&"message_stop"), "{what}: {names:?}");
-        let last = events.last().expect("events");
-        assert_eq!(last.name(), "error", "{what}: {names:?}");
+        let last = cut_stream(&rig.gw, what).await;
         assert_eq!(last.json()["error"]["type"], kind, "{what}");
     }
 }
@@ -257,19 +263,7 @@ async fn failures_after_the_first_byte_count_toward_the_breaker_without_falling_
     let circuit = [("upstream", "svc/haiku/flaky")];
 
     for what in ["stall past the idle timeout", "malformed chunk"] {
-        let stream = rig
-            .gw
-            .stream(
-                "/v1/messages",
-                &rig.gw.key,
-                &message_stream("svc/haiku", "hi", 200),
-            )
-            .await;
-        stream.expect_sse();
-        let events = stream.collect().await;
-        let names: Vec<&str> = events.iter().map(|e| e.name()).collect();
-        assert!(names.contains(&"content_block_delta"), "{what}: {names:?}");
-        assert_eq!(names.last(), Some(&"error"), "{what}: {names:?}");
+        cut_stream(&rig.gw, what).await;
     }
     assert_eq!(flaky.request_count(), 2);
     assert_eq!(
