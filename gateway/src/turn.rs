@@ -424,18 +424,17 @@ impl Meter {
         };
         let lease = self.lease.take();
         let (key, estimate) = (self.key_id.clone(), u64::from(self.estimated_input));
-        if let Err(e) = self
-            .state
-            .limiter
-            .finish(&key, lease, estimate, usage.input_tokens.into())
-            .await
-        {
-            tracing::warn!(error = %e, "could not finish an admission");
-        }
-        if !std::mem::take(&mut self.reserved) {
-            return 0;
-        }
-        let settlement = Settlement {
+        let finish = async {
+            if let Err(e) = self
+                .state
+                .limiter
+                .finish(&key, lease, estimate, usage.input_tokens.into())
+                .await
+            {
+                tracing::warn!(error = %e, "could not finish an admission");
+            }
+        };
+        let settlement = std::mem::take(&mut self.reserved).then(|| Settlement {
             message_id: self.message_id.clone(),
             served_by: self.served_by.take(),
             status,
@@ -443,13 +442,19 @@ impl Meter {
             usage,
             stop_reason,
             latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        });
+        let Some(settlement) = settlement else {
+            finish.await;
+            return 0;
         };
-        let settled = self
+        // The admission (Redis) and the credits (Postgres) are independent: the turn's end
+        // waits for the slower of the two, not their sum.
+        let settle = self
             .state
             .ledger
             .settle(settlement)
-            .instrument(self.telemetry.step("settle"))
-            .await;
+            .instrument(self.telemetry.step("settle"));
+        let ((), settled) = tokio::join!(finish, settle);
         let billed = match settled {
             Ok(billed) => billed,
             Err(e) => {
