@@ -42,6 +42,7 @@ pub struct CsrfOnly {
     csrf: String,
 }
 
+#[derive(Clone, Copy)]
 enum Which {
     SignIn,
     SignUp,
@@ -104,6 +105,18 @@ fn render(
     response
 }
 
+const FORM_EXPIRED: &str = "This form has expired; please submit it again.";
+
+/// The form `which` again, with `message` and the status that says why it was refused.
+fn refusal<'a>(
+    state: &'a AppState,
+    headers: &'a HeaderMap,
+    which: Which,
+    email: &'a str,
+) -> impl Fn(StatusCode, &str) -> Result<Response, DashboardError> + 'a {
+    move |status, message| Ok(render(state, headers, status, which, email, Some(message)))
+}
+
 fn csrf_ok(headers: &HeaderMap, presented: &str) -> bool {
     session::cookie(headers, CSRF_COOKIE)
         .is_some_and(|expected| session::tokens_match(presented, expected))
@@ -139,21 +152,9 @@ pub async fn sign_up(
     HtmlForm(form): HtmlForm<Credentials>,
 ) -> Result<Response, DashboardError> {
     let email = normalize(&form.email);
-    let refuse = |status, message: &str| {
-        Ok(render(
-            &state,
-            &headers,
-            status,
-            Which::SignUp,
-            &email,
-            Some(message),
-        ))
-    };
+    let refuse = refusal(&state, &headers, Which::SignUp, &email);
     if !csrf_ok(&headers, &form.csrf) {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "This form has expired; please submit it again.",
-        );
+        return refuse(StatusCode::FORBIDDEN, FORM_EXPIRED);
     }
     if !plausible_email(&email) {
         return refuse(
@@ -207,21 +208,9 @@ pub async fn sign_in(
     HtmlForm(form): HtmlForm<Credentials>,
 ) -> Result<Response, DashboardError> {
     let email = normalize(&form.email);
-    let refuse = |status, message: &str| {
-        Ok(render(
-            &state,
-            &headers,
-            status,
-            Which::SignIn,
-            &email,
-            Some(message),
-        ))
-    };
+    let refuse = refusal(&state, &headers, Which::SignIn, &email);
     if !csrf_ok(&headers, &form.csrf) {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "This form has expired; please submit it again.",
-        );
+        return refuse(StatusCode::FORBIDDEN, FORM_EXPIRED);
     }
     let now = OffsetDateTime::now_utc();
     if let Some((failures, until)) = state.developers.sign_in_failures(&email).await? {

@@ -192,6 +192,24 @@ impl PostgresLedger {
         });
     }
 
+    /// Runs `item` in its coalescer's next batch, within the database timeout (the wait for
+    /// the batch included).
+    async fn batched<T, R>(
+        &self,
+        coalescer: &Coalescer<T, Result<R, LedgerError>>,
+        item: T,
+    ) -> Result<R, LedgerError>
+    where
+        T: Send + 'static,
+        R: Send + 'static,
+    {
+        match tokio::time::timeout(self.db.timeout(), coalescer.submit(item)).await {
+            Ok(Some(result)) => result,
+            Ok(None) => Err(LedgerError::Unavailable("ledger worker stopped".into())),
+            Err(_) => Err(DbError::Timeout(self.db.timeout()).into()),
+        }
+    }
+
     async fn top_up_by_reference(&self, reference: &str) -> Result<Option<TopUp>, LedgerError> {
         let row = self
             .db
@@ -398,12 +416,7 @@ impl Ledger for PostgresLedger {
 
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {
         let message_id = r.record.id.clone();
-        let answer = tokio::time::timeout(self.db.timeout(), self.reserves.submit(r)).await;
-        let result = match answer {
-            Ok(Some(result)) => result,
-            Ok(None) => Err(LedgerError::Unavailable("ledger worker stopped".into())),
-            Err(_) => Err(DbError::Timeout(self.db.timeout()).into()),
-        };
+        let result = self.batched(&self.reserves, r).await;
         // Unanswered: the statement may still commit, holding credits for a refused turn.
         if matches!(result, Err(LedgerError::Unavailable(_))) {
             self.release_late(message_id);
@@ -413,18 +426,14 @@ impl Ledger for PostgresLedger {
 
     async fn settle(&self, s: Settlement) -> Result<u64, LedgerError> {
         let message_id = s.message_id.clone();
-        let answer = tokio::time::timeout(self.db.timeout(), self.settles.submit(s)).await;
-        match answer {
-            Ok(Some(Ok(Some(billed)))) => Ok(billed),
+        match self.batched(&self.settles, s).await? {
+            Some(billed) => Ok(billed),
             // Already settled (a replay) or reaped: report what it was billed, change nothing.
-            Ok(Some(Ok(None))) => self
+            None => self
                 .message(&message_id)
                 .await?
                 .map(|m| m.billed)
                 .ok_or(LedgerError::UnknownMessage),
-            Ok(Some(Err(e))) => Err(e),
-            Ok(None) => Err(LedgerError::Unavailable("ledger worker stopped".into())),
-            Err(_) => Err(DbError::Timeout(self.db.timeout()).into()),
         }
     }
 
