@@ -40,6 +40,11 @@ pub fn instance() -> String {
     format!("gw_{}", random(16))
 }
 
+/// Credits a gateway process holds for one account's turns.
+pub fn allotment() -> String {
+    format!("allot_{}", random(16))
+}
+
 pub fn lease() -> String {
     random(16)
 }

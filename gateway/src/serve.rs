@@ -82,6 +82,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     }
     shutdown.tasks.close();
     shutdown.tasks.wait().await;
+    state.ledger.close().await;
     tracing::info!("gateway stopped");
     Ok(())
 }

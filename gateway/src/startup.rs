@@ -133,17 +133,25 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     if args.migrate {
         db.migrate().await?;
     }
-    let ledger = Arc::new(PostgresLedger::new(db.clone()));
+    let reaping = Reaping {
+        stale: Duration::from_secs(args.reaper_stale_secs.max(1)),
+        max_turn: Duration::from_secs(args.reaper_max_turn_secs.max(1)),
+    };
+    // Allotments are spent only while the heartbeat is younger than half the stale time, so
+    // a process cut off from Postgres stops before the reaper returns them.
+    let ledger = Arc::new(
+        PostgresLedger::new(db.clone()).with_allotments(args.allotment_turns, reaping.stale / 2),
+    );
+    // Beaten once before serving, so the first turns can already use allotments.
+    if let Err(e) = ledger.heartbeat().await {
+        tracing::warn!(error = %e, "ledger heartbeat failed");
+    }
     let stores = Stores {
         accounts: Arc::new(PostgresAccounts::new(db.clone())),
         ledger: ledger.clone(),
         limiter,
         payments: Arc::new(NoPayments),
         developers: Arc::new(PostgresDeveloperStore::new(db)),
-    };
-    let reaping = Reaping {
-        stale: Duration::from_secs(args.reaper_stale_secs.max(1)),
-        max_turn: Duration::from_secs(args.reaper_max_turn_secs.max(1)),
     };
     run(args.common, stores, config, published, |state, _| {
         tokio::spawn(reaper(ledger, reaping, state.shutdown.draining.clone()));

@@ -126,17 +126,18 @@ pub async fn start(
         request.max_tokens = served.config.max_output_tokens.min(room);
     }
 
-    let admission = state
-        .limiter
-        .admit(
-            &principal.key.id,
-            &principal.limits,
-            AdmissionRequest {
-                input_tokens: input_tokens.into(),
-                stream: request.stream,
-            },
+    let admission = telemetry
+        .step(
+            "admission",
+            state.limiter.admit(
+                &principal.key.id,
+                &principal.limits,
+                AdmissionRequest {
+                    input_tokens: input_tokens.into(),
+                    stream: request.stream,
+                },
+            ),
         )
-        .instrument(telemetry.step("admission"))
         .await;
     let admission = telemetry.admission(admission)?;
     let mut meter = Meter {
@@ -190,16 +191,12 @@ pub async fn start(
         created_at: OffsetDateTime::now_utc(),
         latency_ms: None,
     };
-    let reserved = match state
-        .ledger
-        .reserve(NewReservation {
-            record,
-            min: floor,
-            max: ceiling,
-        })
-        .instrument(meter.telemetry.step("reservation"))
-        .await
-    {
+    let reservation = state.ledger.reserve(NewReservation {
+        record,
+        min: floor,
+        max: ceiling,
+    });
+    let reserved = match meter.telemetry.step("reservation", reservation).await {
         Ok(amount) => amount,
         Err(e) => {
             meter.release().await;
@@ -449,12 +446,11 @@ impl Meter {
         };
         // The admission (Redis) and the credits (Postgres) are independent: the turn's end
         // waits for the slower of the two, not their sum.
-        let settle = self
-            .state
-            .ledger
-            .settle(settlement)
-            .instrument(self.telemetry.step("settle"));
-        let ((), settled) = tokio::join!(finish, settle);
+        let settle = self.state.ledger.settle(settlement);
+        let ((), settled) = self
+            .telemetry
+            .step("settle", async { tokio::join!(finish, settle) })
+            .await;
         let billed = match settled {
             Ok(billed) => billed,
             Err(e) => {

@@ -1,6 +1,8 @@
-//! A Postgres outage: turns, which need a reservation, get 503 api_error within the database
-//! timeout (no 500, no hang); count_tokens, which needs no credits, keeps working for a key
-//! seen before; once Postgres is back the gateway recovers by itself.
+//! A Postgres outage: turns that need a reservation in Postgres get 503 api_error within the
+//! database timeout (no 500, no hang); count_tokens, which needs no credits, keeps working for
+//! a key seen before; once Postgres is back the gateway recovers by itself. Turns that the
+//! pod's allotment for the account covers are served through the outage, and billed once
+//! Postgres is back.
 
 use std::time::{Duration, Instant};
 
@@ -21,8 +23,10 @@ async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_aft
     gw.post_messages(&key.secret, &body).await.expect_ok();
 
     pg.stop().await;
+    // Far more than the pod's allotment for the account holds: it needs Postgres.
+    let large = message("svc/haiku", "hello", 8_000);
     let started = Instant::now();
-    let refused = gw.post_messages(&key.secret, &body).await;
+    let refused = gw.post_messages(&key.secret, &large).await;
     let took = started.elapsed();
     refused.expect_error(503, "api_error");
     assert!(
@@ -43,7 +47,53 @@ async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_aft
         "turns to be served again after Postgres came back",
         Duration::from_secs(30),
         Duration::from_millis(250),
-        || async { (gw.post_messages(&key.secret, &body).await.status == 200).then_some(()) },
+        || async { (gw.post_messages(&key.secret, &large).await.status == 200).then_some(()) },
     )
     .await;
+}
+
+#[tokio::test]
+async fn turns_the_allotment_covers_are_served_through_an_outage_and_billed_once_it_ends() {
+    let mut pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| {
+        b.database(&pg.url())
+            .arg("--database-timeout-ms")
+            .arg("1000")
+    })
+    .await;
+    let gw = &cluster.pods[0];
+    let start = 5_000_000;
+    let key = gw.new_key(start, &KeySpec::tier("pay_as_you_go")).await;
+    let body = message("svc/haiku", "hello", 32);
+    let before = gw.post_messages(&key.secret, &body).await.expect_ok();
+
+    pg.stop().await;
+    let during = gw.post_messages(&key.secret, &body).await.expect_ok();
+    let consumed: u64 = [&before, &during]
+        .iter()
+        .map(|answer| {
+            answer["usage"]["credits_consumed"]
+                .as_u64()
+                .expect("credits")
+        })
+        .sum();
+
+    pg.restart().await;
+    let id = &key.account_id;
+    poll_until(
+        "the turn served during the outage to be written",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || async {
+            let sql = format!("SELECT count(*) FROM messages WHERE account_id = '{id}'");
+            (pg.query_i64(&sql).await == 2).then_some(())
+        },
+    )
+    .await;
+    let account = gw.wait_settled(id).await;
+    assert_eq!(
+        account["balance"].as_u64(),
+        Some(start - consumed),
+        "{account}"
+    );
 }

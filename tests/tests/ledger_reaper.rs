@@ -36,11 +36,15 @@ fn replayed_settlement(message_id: &str) -> Settlement {
 #[tokio::test]
 async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() {
     let pg = PostgresServer::start().await;
+    // Every turn reserved in Postgres, with its row: a dead pod's allotments are
+    // ledger_allotments.rs' subject.
     let mut cluster = Cluster::start(2, |b| {
         b.database(&pg.url())
             .chunk_delay_ms(300)
             .arg("--reaper-stale-secs")
             .arg("2")
+            .arg("--allotment-turns")
+            .arg("0")
     })
     .await;
     let key = cluster.pods[0]

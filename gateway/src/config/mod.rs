@@ -187,6 +187,12 @@ pub struct ServeArgs {
     /// settle failed, e.g. during a database outage).
     #[arg(long, env = "GATEWAY_REAPER_MAX_TURN_SECS", default_value_t = 3_600)]
     pub reaper_max_turn_secs: u64,
+    /// Credits each process holds ahead for an account, in turns like the one asking (0: off,
+    /// every turn is reserved in Postgres on the request path). With it on, an account's
+    /// turns reserve in memory and their ledger rows are written just after the turn; see
+    /// docs/ledger.md, "Allotments".
+    #[arg(long, env = "GATEWAY_ALLOTMENT_TURNS", default_value_t = 32)]
+    pub allotment_turns: u64,
 }
 
 /// The flags both modes share.

@@ -190,6 +190,9 @@ pub trait Ledger: Send + Sync {
         Ok(())
     }
 
+    /// Finishes what the ledger still does in the background, before the process exits.
+    async fn close(&self) {}
+
     /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
     async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError>;

@@ -4,11 +4,12 @@
 //! the upstream call and the settlement. No attribute ever holds a key, a prompt or a
 //! completion: only ids, model names, counts and credits.
 
+use std::future::Future;
 use std::time::Instant;
 
 use opentelemetry::trace::Status;
 use opentelemetry::{Array, StringValue, Value};
-use tracing::Span;
+use tracing::{Instrument, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::metrics::{self, StreamGauge};
@@ -76,9 +77,14 @@ impl TurnTelemetry {
         }
     }
 
-    /// A child span of the request, for one step of the turn.
-    pub fn step(&self, name: &'static str) -> Span {
-        tracing::info_span!(parent: &self.request, "step", otel.name = name)
+    /// Runs one step of the turn in a child span of the request, and records its duration.
+    pub async fn step<F: Future>(&self, name: &'static str, step: F) -> F::Output {
+        let started = Instant::now();
+        let out = step
+            .instrument(tracing::info_span!(parent: &self.request, "step", otel.name = name))
+            .await;
+        metrics::turn_step(name, started.elapsed());
+        out
     }
 
     /// Records the admission's outcome and passes it on.

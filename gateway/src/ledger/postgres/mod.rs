@@ -9,18 +9,28 @@
 //! - a top-up is inserted (or a pending one confirmed) and credited in one statement, keyed
 //!   by its unique payment reference.
 //!
+//! - with allotments ([`allotment`], `--allotment-turns`), the turns of a busy account take
+//!   their credits from what this process holds for it, and their rows are written after the
+//!   turn, so neither statement waits on the request path.
+//!
 //! Each process registers itself in `gateway_instances` and renews a heartbeat; the reaper
-//! releases reservations whose process stopped beating (see [`PostgresLedger::reap`]).
+//! releases reservations and allotments whose process stopped beating (see
+//! [`PostgresLedger::reap`]).
 
+mod allotment;
 mod turns;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use time::{Date, OffsetDateTime, Time};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use self::allotment::{Grow, Pools, Release, Written, IDLE};
 use super::coalesce::Coalescer;
 use super::{
     Balance, Confirmation, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation,
@@ -59,6 +69,9 @@ const MAX_BATCH: usize = 128;
 /// Each lane holds one pooled connection while it runs, the rest of the pool serves reads.
 const LANES: usize = 1;
 
+/// How long a stopping process waits for the rows of its last allotted turns to be written.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(Clone)]
 pub struct PostgresLedger {
     db: Database,
@@ -66,6 +79,15 @@ pub struct PostgresLedger {
     instance: String,
     reserves: Coalescer<NewReservation, Result<u64, LedgerError>>,
     settles: Coalescer<Settlement, Result<Option<u64>, LedgerError>>,
+    allotting: Option<Arc<Allotting>>,
+}
+
+/// The allotments of this process, and the background writing of their turns' rows.
+struct Allotting {
+    pools: Pools,
+    writes: Coalescer<Written, Result<Option<u64>, LedgerError>>,
+    writing: TaskTracker,
+    stop: CancellationToken,
 }
 
 impl PostgresLedger {
@@ -101,12 +123,102 @@ impl PostgresLedger {
             instance,
             reserves,
             settles,
+            allotting: None,
+        }
+    }
+
+    /// Serves busy accounts' turns from allotments of about `turns` turns each (0: every turn
+    /// reserved in Postgres), usable for `fresh_for` after each heartbeat.
+    pub fn with_allotments(mut self, turns: u64, fresh_for: Duration) -> Self {
+        if turns == 0 {
+            return self;
+        }
+        let writes = {
+            let (db, instance) = (self.db.clone(), self.instance.clone());
+            Coalescer::spawn(
+                LANES,
+                MAX_BATCH,
+                |w: &Written| w.record.id.as_str(),
+                move |batch| {
+                    let (db, instance) = (db.clone(), instance.clone());
+                    async move { turns::write(&db, &instance, batch).await }
+                },
+            )
+        };
+        self.allotting = Some(Arc::new(Allotting {
+            pools: Pools::new(turns, fresh_for),
+            writes,
+            writing: TaskTracker::new(),
+            stop: CancellationToken::new(),
+        }));
+        tokio::spawn(self.clone().return_idle_allotments());
+        self
+    }
+
+    /// Takes the turn's credits from its account's allotment, growing it first when it falls
+    /// short (once). `None`: reserve the turn in Postgres.
+    async fn take(&self, a: &Allotting, r: &NewReservation) -> Result<Option<u64>, LedgerError> {
+        let mut take = a.pools.take(r, true);
+        if let (None, Some(grow)) = (take.amount, &take.grow) {
+            self.grow(grow).await?;
+            take = a.pools.take(r, false);
+        }
+        if let Some(grow) = take.grow {
+            let ledger = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = ledger.grow(&grow).await {
+                    tracing::warn!(error = %e, "could not grow an allotment");
+                }
+            });
+        }
+        Ok(take.amount)
+    }
+
+    async fn grow(&self, g: &Grow) -> Result<(), LedgerError> {
+        let granted = allotment::grow(&self.db, &self.instance, g).await;
+        if let Some(a) = &self.allotting {
+            a.pools.granted(g, granted.as_ref().ok().copied());
+        }
+        granted.map(drop).map_err(LedgerError::from)
+    }
+
+    /// Writes an allotted turn's row, retrying until it lands (or the process stops).
+    async fn write(&self, a: &Allotting, w: Written) {
+        let mut pause = Duration::from_millis(100);
+        while let Err(e) = self.batched(&a.writes, w.clone()).await {
+            tracing::warn!(error = %e, message_id = %w.record.id, "could not write a settled turn; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
+        a.pools.written(&w);
+    }
+
+    /// Returns idle and retiring allotments to their accounts, retrying those it could not.
+    async fn return_idle_allotments(self) {
+        let Some(a) = self.allotting.clone() else {
+            return;
+        };
+        let mut ticks = tokio::time::interval(IDLE / 4);
+        let mut failed: Vec<Release> = Vec::new();
+        loop {
+            tokio::select! {
+                _ = a.stop.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let due: Vec<Release> = failed.drain(..).chain(a.pools.idle(IDLE)).collect();
+            for r in due {
+                if let Err(e) = allotment::release(&self.db, &r).await {
+                    tracing::warn!(error = %e, "could not return an allotment; retrying");
+                    failed.push(r);
+                }
+            }
         }
     }
 
     /// Records that this process is alive; reservations of processes that stop doing so are
     /// released by [`reap`](Self::reap).
     pub async fn heartbeat(&self) -> Result<(), LedgerError> {
+        let sent = Instant::now();
         self.db
             .bounded(
                 sqlx::query(
@@ -117,6 +229,9 @@ impl PostgresLedger {
                 .execute(self.db.pool()),
             )
             .await?;
+        if let Some(a) = &self.allotting {
+            a.pools.beat(sent);
+        }
         Ok(())
     }
 
@@ -125,7 +240,8 @@ impl PostgresLedger {
     /// (its settle failed, e.g. during a database outage). They end `abandoned` and billed
     /// nothing, since what the client received is unknown; the status change and the release
     /// are one statement that only touches rows still `reserved`, so it never races a settle
-    /// into a double release. Returns how many it released.
+    /// into a double release. It also returns the allotments of processes that stopped beating.
+    /// Returns how many reservations and allotments it released.
     pub async fn reap(&self, stale: Duration, max_turn: Duration) -> Result<u64, LedgerError> {
         let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
         let max_turn_ms = i64::try_from(max_turn.as_millis()).unwrap_or(i64::MAX);
@@ -163,7 +279,8 @@ impl PostgresLedger {
                 .fetch_one(self.db.pool()),
             )
             .await?;
-        Ok(from_db(row.try_get("reaped").map_err(DbError::Sql)?))
+        let turns = from_db(row.try_get("reaped").map_err(DbError::Sql)?);
+        Ok(turns + allotment::reap(&self.db, stale_ms).await?)
     }
 
     /// After a reserve timed out here, the statement may still commit on the server, holding
@@ -415,6 +532,11 @@ impl Ledger for PostgresLedger {
     }
 
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {
+        if let Some(a) = &self.allotting {
+            if let Some(amount) = self.take(a, &r).await? {
+                return Ok(amount);
+            }
+        }
         let message_id = r.record.id.clone();
         let result = self.batched(&self.reserves, r).await;
         // Unanswered: the statement may still commit, holding credits for a refused turn.
@@ -425,6 +547,15 @@ impl Ledger for PostgresLedger {
     }
 
     async fn settle(&self, s: Settlement) -> Result<u64, LedgerError> {
+        if let Some(a) = &self.allotting {
+            if let Some((billed, written)) = a.pools.settle(&s) {
+                let (ledger, a) = (self.clone(), a.clone());
+                a.writing
+                    .clone()
+                    .spawn(async move { ledger.write(&a, written).await });
+                return Ok(billed);
+            }
+        }
         let message_id = s.message_id.clone();
         match self.batched(&self.settles, s).await? {
             Some(billed) => Ok(billed),
@@ -437,7 +568,29 @@ impl Ledger for PostgresLedger {
         }
     }
 
+    async fn close(&self) {
+        let Some(a) = &self.allotting else {
+            return;
+        };
+        a.writing.close();
+        if tokio::time::timeout(CLOSE_WAIT, a.writing.wait())
+            .await
+            .is_err()
+        {
+            tracing::error!("stopping with settled turns not written; the reaper returns their allotments and they stay unbilled");
+        }
+        a.stop.cancel();
+        for r in a.pools.idle(Duration::ZERO) {
+            if let Err(e) = allotment::release(&self.db, &r).await {
+                tracing::warn!(error = %e, "could not return an allotment; the reaper will");
+            }
+        }
+    }
+
     async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {
+        if let Some(record) = self.allotting.as_ref().and_then(|a| a.pools.unwritten(id)) {
+            return Ok(Some(record));
+        }
         let row = self
             .db
             .bounded(

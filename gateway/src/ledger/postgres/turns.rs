@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use sqlx::Row;
 use time::OffsetDateTime;
 
-use super::super::{LedgerError, NewReservation, Settlement};
+use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
+use super::allotment::Written;
 use crate::db::{from_db, name_of, to_db, Database, DbError};
 use crate::telemetry::metrics;
 
@@ -213,6 +214,113 @@ pub async fn settle(
             .fetch_all(db.pool()),
         )
         .await;
+    answer_billed(rows, turns.iter().map(|t| t.message_id.as_str()), n)
+}
+
+/// Writes the rows of turns that took from allotments, settled, and debits each bill from its
+/// allotment and its account's balance. A turn whose allotment is gone (the reaper returned
+/// it: this process was taken for dead) is written `abandoned` and billed nothing. A row
+/// already written (a retry of a statement that did commit) changes nothing. Answers, per
+/// turn, what it was billed, or `None` when it was already written.
+pub async fn write(
+    db: &Database,
+    instance: &str,
+    turns: Vec<Written>,
+) -> Vec<Result<Option<u64>, LedgerError>> {
+    let n = turns.len();
+    metrics::ledger_batch("write", n);
+    let mut c = WrittenColumns::default();
+    for t in &turns {
+        c.push(t);
+    }
+    let rows = db
+        .bounded(
+            sqlx::query(
+                "WITH turn AS (
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
+                         $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
+                         $11::bool[], $12::text[], $13::bigint[], $14::bigint[], $15::bigint[],
+                         $16::bigint[], $17::bigint[], $18::bigint[], $19::text[], $20::bigint[],
+                         $21::timestamptz[])
+                     AS t(id, account_id, pool_id, key_id, model, served_model, provider,
+                          upstream, upstream_model, endpoint, stream, status, reserved, billed,
+                          input_tokens, output_tokens, cache_creation_input_tokens,
+                          cache_read_input_tokens, stop_reason, latency_ms, created_at)
+                 ), account AS (
+                     SELECT id FROM accounts WHERE id IN (SELECT account_id FROM turn)
+                     ORDER BY id FOR NO KEY UPDATE
+                 ), pool AS (
+                     SELECT al.id FROM allotments al JOIN account ON account.id = al.account_id
+                     WHERE al.id IN (SELECT pool_id FROM turn) AND al.instance_id = $22
+                     FOR UPDATE OF al
+                 ), written AS (
+                     INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
+                         upstream, upstream_model, endpoint, stream, status, reserved, billed,
+                         input_tokens, output_tokens, cache_creation_input_tokens,
+                         cache_read_input_tokens, stop_reason, latency_ms, instance_id,
+                         created_at, settled_at)
+                     SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
+                         t.upstream, t.upstream_model, t.endpoint, t.stream,
+                         CASE WHEN pool.id IS NULL THEN 'abandoned' ELSE t.status END,
+                         t.reserved, CASE WHEN pool.id IS NULL THEN 0 ELSE t.billed END,
+                         t.input_tokens, t.output_tokens, t.cache_creation_input_tokens,
+                         t.cache_read_input_tokens, t.stop_reason, t.latency_ms, $22,
+                         t.created_at, now()
+                     FROM turn t LEFT JOIN pool ON pool.id = t.pool_id
+                     ON CONFLICT (id) DO NOTHING
+                     RETURNING id, billed
+                 ), per_pool AS (
+                     SELECT t.pool_id, t.account_id, sum(w.billed)::bigint AS billed
+                     FROM written w JOIN turn t ON t.id = w.id
+                     GROUP BY t.pool_id, t.account_id
+                 ), drawn AS (
+                     UPDATE allotments al SET credits = al.credits - p.billed
+                     FROM per_pool p WHERE al.id = p.pool_id
+                 ), per_account AS (
+                     SELECT account_id, sum(billed)::bigint AS billed
+                     FROM per_pool GROUP BY account_id
+                 ), debited AS (
+                     UPDATE accounts a
+                     SET reserved = a.reserved - p.billed, balance = a.balance - p.billed
+                     FROM per_account p WHERE a.id = p.account_id
+                 )
+                 SELECT id, billed FROM written",
+            )
+            .bind(c.id)
+            .bind(c.account_id)
+            .bind(c.pool_id)
+            .bind(c.key_id)
+            .bind(c.model)
+            .bind(c.served_model)
+            .bind(c.provider)
+            .bind(c.upstream)
+            .bind(c.upstream_model)
+            .bind(c.endpoint)
+            .bind(c.stream)
+            .bind(c.status)
+            .bind(c.reserved)
+            .bind(c.billed)
+            .bind(c.input_tokens)
+            .bind(c.output_tokens)
+            .bind(c.cache_creation_input_tokens)
+            .bind(c.cache_read_input_tokens)
+            .bind(c.stop_reason)
+            .bind(c.latency_ms)
+            .bind(c.created_at)
+            .bind(instance)
+            .fetch_all(db.pool()),
+        )
+        .await;
+    answer_billed(rows, turns.iter().map(|t| t.record.id.as_str()), n)
+}
+
+/// Each turn's billed amount from a statement's `(id, billed)` rows; `None` for a turn with
+/// no row (it changed nothing).
+fn answer_billed<'a>(
+    rows: Result<Vec<sqlx::postgres::PgRow>, DbError>,
+    ids: impl Iterator<Item = &'a str>,
+    n: usize,
+) -> Vec<Result<Option<u64>, LedgerError>> {
     let billed = rows.and_then(|rows| {
         rows.iter()
             .map(|row| {
@@ -225,9 +333,8 @@ pub async fn settle(
             .map_err(DbError::Sql)
     });
     match billed {
-        Ok(billed) => turns
-            .iter()
-            .map(|t| Ok(billed.get(&t.message_id).copied().map(from_db)))
+        Ok(billed) => ids
+            .map(|id| Ok(billed.get(id).copied().map(from_db)))
             .collect(),
         Err(e) => unavailable(&e, n),
     }
@@ -312,5 +419,60 @@ impl<'a> SettleColumns<'a> {
         self.upstream.push(served_by.map(|b| b.upstream.as_str()));
         self.upstream_model
             .push(served_by.map(|b| b.upstream_model.as_str()));
+    }
+}
+
+/// The rows of a write batch, column by column.
+#[derive(Default)]
+struct WrittenColumns<'a> {
+    id: Vec<&'a str>,
+    account_id: Vec<&'a str>,
+    pool_id: Vec<&'a str>,
+    key_id: Vec<&'a str>,
+    model: Vec<&'a str>,
+    served_model: Vec<&'a str>,
+    provider: Vec<&'a str>,
+    upstream: Vec<&'a str>,
+    upstream_model: Vec<&'a str>,
+    endpoint: Vec<&'a str>,
+    stream: Vec<bool>,
+    status: Vec<&'static str>,
+    reserved: Vec<i64>,
+    billed: Vec<i64>,
+    input_tokens: Vec<i64>,
+    output_tokens: Vec<i64>,
+    cache_creation_input_tokens: Vec<i64>,
+    cache_read_input_tokens: Vec<i64>,
+    stop_reason: Vec<Option<String>>,
+    latency_ms: Vec<i64>,
+    created_at: Vec<OffsetDateTime>,
+}
+
+impl<'a> WrittenColumns<'a> {
+    fn push(&mut self, t: &'a Written) {
+        let m: &'a MessageRecord = &t.record;
+        self.id.push(&m.id);
+        self.account_id.push(&m.account_id);
+        self.pool_id.push(&t.pool);
+        self.key_id.push(&m.key_id);
+        self.model.push(&m.model);
+        self.served_model.push(&m.served_model);
+        self.provider.push(&m.provider);
+        self.upstream.push(&m.upstream);
+        self.upstream_model.push(&m.upstream_model);
+        self.endpoint.push(m.endpoint);
+        self.stream.push(m.stream);
+        self.status.push(m.status.as_str());
+        self.reserved.push(to_db(m.reserved));
+        self.billed.push(to_db(m.billed));
+        self.input_tokens.push(m.usage.input_tokens.into());
+        self.output_tokens.push(m.usage.output_tokens.into());
+        self.cache_creation_input_tokens
+            .push(m.usage.cache_creation_input_tokens.into());
+        self.cache_read_input_tokens
+            .push(m.usage.cache_read_input_tokens.into());
+        self.stop_reason.push(m.stop_reason.map(|r| name_of(&r)));
+        self.latency_ms.push(to_db(m.latency_ms.unwrap_or(0)));
+        self.created_at.push(m.created_at);
     }
 }

@@ -1,0 +1,171 @@
+//! Allotments (`--allotment-turns`): a pod holds credits ahead for a busy account, so that its
+//! turns reserve in memory and their ledger rows are written just after them. The books balance
+//! all the same: what the clients were told they consumed is what the ledger debits, once the
+//! rows are written and the allotments returned; a pod that stops writes its turns and returns
+//! its allotments before it exits; a dead pod's allotments are returned by the reaper, and its
+//! turns not yet written are billed nothing.
+
+use std::time::Duration;
+
+use e2e::{message, message_stream, poll_until, Cluster, Gateway, KeySpec, PostgresServer};
+use futures::future::join_all;
+
+const CREDITS: u64 = 50_000_000;
+
+fn allotting(b: e2e::GatewayBuilder, pg: &PostgresServer) -> e2e::GatewayBuilder {
+    b.database(&pg.url()).arg("--allotment-turns").arg("16")
+}
+
+/// Credits the account's pods still hold as allotments, and how many allotments.
+async fn allotted(pg: &PostgresServer, account_id: &str) -> String {
+    pg.query(&format!(
+        "SELECT count(*), coalesce(sum(credits), 0) FROM allotments WHERE account_id = '{account_id}'"
+    ))
+    .await
+}
+
+/// Turns this pod wrote from allotments (the `write` statements' turn count).
+async fn written_from_allotments(gw: &Gateway) -> f64 {
+    gw.metrics()
+        .await
+        .get("gateway_ledger_batch_turns_sum", &[("op", "write")])
+        .unwrap_or(0.0)
+}
+
+/// (turns answered 200, credits their clients were told they consumed).
+fn tally(answers: &[e2e::Resp]) -> (u64, u64) {
+    answers.iter().fold((0, 0), |(n, credits), resp| {
+        let body = resp.expect_ok();
+        let consumed = body["usage"]["credits_consumed"].as_u64().expect("credits");
+        (n + 1, credits + consumed)
+    })
+}
+
+#[tokio::test]
+async fn a_busy_accounts_turns_on_two_pods_are_billed_exactly_what_their_clients_were_told() {
+    const TURNS: usize = 120;
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(2, |b| allotting(b, &pg)).await;
+    let key = cluster.pods[0]
+        .new_key(CREDITS, &KeySpec::tier("high_volume"))
+        .await;
+    let body = message("svc/haiku", "count to three", 64);
+
+    let answers =
+        join_all((0..TURNS).map(|i| cluster.pods[i % 2].post_messages(&key.secret, &body))).await;
+    let (accepted, consumed) = tally(&answers);
+    assert_eq!(accepted, TURNS as u64);
+    for pod in &cluster.pods {
+        assert!(
+            written_from_allotments(pod).await > 0.0,
+            "a pod served no turn from an allotment"
+        );
+    }
+
+    // Unused for two seconds, the allotments go back to the account.
+    let account = cluster.pods[1].wait_settled(&key.account_id).await;
+    let id = &key.account_id;
+    assert_eq!(
+        account["balance"].as_u64(),
+        Some(CREDITS - consumed),
+        "{account}"
+    );
+    let ledger = pg
+        .query(&format!(
+            "SELECT count(*), sum(billed) FROM messages WHERE account_id = '{id}' AND status = 'completed'"
+        ))
+        .await;
+    assert_eq!(
+        ledger,
+        format!("{TURNS}|{consumed}"),
+        "completed rows and their bills"
+    );
+    assert_eq!(allotted(&pg, id).await, "0|0");
+}
+
+#[tokio::test]
+async fn a_stopping_pod_writes_its_turns_and_returns_its_allotments_before_it_exits() {
+    let pg = PostgresServer::start().await;
+    let mut cluster = Cluster::start(1, |b| allotting(b, &pg)).await;
+    let gw = &mut cluster.pods[0];
+    let key = gw.new_key(CREDITS, &KeySpec::tier("high_volume")).await;
+    let body = message("svc/haiku", "count to three", 64);
+    let answers = join_all((0..20).map(|_| gw.post_messages(&key.secret, &body))).await;
+    let (_, consumed) = tally(&answers);
+
+    gw.send_sigterm();
+    assert!(gw.wait_exit(Duration::from_secs(20)).await.success());
+
+    let id = &key.account_id;
+    assert_eq!(
+        allotted(&pg, id).await,
+        "0|0",
+        "an allotment outlived its pod"
+    );
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT balance, reserved FROM accounts WHERE id = '{id}'"
+        ))
+        .await,
+        format!("{}|0", CREDITS - consumed)
+    );
+    assert_eq!(
+        pg.query_i64(&format!(
+            "SELECT count(*) FROM messages WHERE account_id = '{id}'"
+        ))
+        .await,
+        20,
+        "a turn's row was not written"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_pods_allotment_is_returned_by_the_reaper_and_its_unwritten_turn_costs_nothing() {
+    let pg = PostgresServer::start().await;
+    let mut cluster = Cluster::start(2, |b| {
+        allotting(b, &pg)
+            .chunk_delay_ms(300)
+            .arg("--reaper-stale-secs")
+            .arg("2")
+    })
+    .await;
+    let key = cluster.pods[0]
+        .new_key(CREDITS, &KeySpec::tier("pay_as_you_go"))
+        .await;
+    let body = message_stream("svc/sonnet", "tell me a long story", 500);
+    let mut stream = cluster.pods[0]
+        .stream("/v1/messages", &key.secret, &body)
+        .await;
+    let start = stream.next_event().await.expect("message_start");
+    let message_id = start.json()["message"]["id"]
+        .as_str()
+        .expect("message id")
+        .to_string();
+    stream.next_event().await.expect("a second event");
+    let id = &key.account_id;
+    assert!(
+        allotted(&pg, id).await.starts_with("1|"),
+        "the stream was not served from an allotment"
+    );
+
+    cluster.pods[0].kill_9().await;
+    drop(stream);
+
+    let survivor = &cluster.pods[1];
+    let account = poll_until(
+        "the reaper to return the dead pod's allotment",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let account = survivor.admin_account(id).await;
+            (account["reserved"].as_u64() == Some(0)).then_some(account)
+        },
+    )
+    .await;
+    assert_eq!(account["balance"].as_u64(), Some(CREDITS), "{account}");
+    assert_eq!(allotted(&pg, id).await, "0|0");
+    let record = survivor
+        .admin_get(&format!("/admin/messages/{message_id}"))
+        .await;
+    assert_eq!(record.status, 404, "the unwritten turn has no ledger row");
+}
