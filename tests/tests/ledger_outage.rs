@@ -8,15 +8,20 @@ use std::time::{Duration, Instant};
 
 use e2e::{count_body, message, poll_until, Cluster, KeySpec, PostgresServer};
 
-#[tokio::test]
-async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_after() {
-    let mut pg = PostgresServer::start().await;
-    let cluster = Cluster::start(1, |b| {
+/// One pod whose database calls give up after a second.
+async fn one_pod(pg: &PostgresServer) -> Cluster {
+    Cluster::start(1, |b| {
         b.database(&pg.url())
             .arg("--database-timeout-ms")
             .arg("1000")
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_after() {
+    let mut pg = PostgresServer::start().await;
+    let cluster = one_pod(&pg).await;
     let gw = &cluster.pods[0];
     let key = gw.new_key(5_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let body = message("svc/haiku", "hello", 32);
@@ -55,12 +60,7 @@ async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_aft
 #[tokio::test]
 async fn turns_the_allotment_covers_are_served_through_an_outage_and_billed_once_it_ends() {
     let mut pg = PostgresServer::start().await;
-    let cluster = Cluster::start(1, |b| {
-        b.database(&pg.url())
-            .arg("--database-timeout-ms")
-            .arg("1000")
-    })
-    .await;
+    let cluster = one_pod(&pg).await;
     let gw = &cluster.pods[0];
     let start = 5_000_000;
     let key = gw.new_key(start, &KeySpec::tier("pay_as_you_go")).await;

@@ -1,11 +1,14 @@
 //! Reservations orphaned by a dead gateway process. Policy: when a process stops sending its
 //! heartbeat for `--reaper-stale-secs`, any live process releases its reservations; the turns
 //! end `abandoned` and are billed nothing (what the client received is unknown, and the
-//! gateway never overcharges). A settle or a top-up replayed afterwards changes nothing.
+//! gateway never overcharges). Its allotments go back to their accounts the same way, and the
+//! turns it served from them and had not written are billed nothing. A settle or a top-up
+//! replayed afterwards changes nothing.
 
 use std::time::Duration;
 
-use e2e::{message, message_stream, poll_until, Cluster, KeySpec, PostgresServer};
+use e2e::sse::SseStream;
+use e2e::{message, message_stream, poll_until, ApiKey, Cluster, KeySpec, PostgresServer};
 use gateway::db::Database;
 use gateway::ledger::{Ledger, MessageStatus, PostgresLedger, Settlement};
 use gateway::wire::anthropic::TokenUsage;
@@ -33,18 +36,19 @@ fn replayed_settlement(message_id: &str) -> Settlement {
     }
 }
 
-#[tokio::test]
-async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() {
-    let pg = PostgresServer::start().await;
-    // Every turn reserved in Postgres, with its row: a dead pod's allotments are
-    // ledger_allotments.rs' subject.
-    let mut cluster = Cluster::start(2, |b| {
+/// Two pods (stale after 2 s, `--allotment-turns` as given) and a slow stream started on the
+/// first, two events in: (the cluster, the key, the stream, its message id).
+async fn a_stream_in_flight_on_the_first_of_two_pods(
+    pg: &PostgresServer,
+    allotment_turns: &str,
+) -> (Cluster, ApiKey, SseStream, String) {
+    let cluster = Cluster::start(2, |b| {
         b.database(&pg.url())
             .chunk_delay_ms(300)
             .arg("--reaper-stale-secs")
             .arg("2")
             .arg("--allotment-turns")
-            .arg("0")
+            .arg(allotment_turns)
     })
     .await;
     let key = cluster.pods[0]
@@ -60,6 +64,15 @@ async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() 
         .expect("message id")
         .to_string();
     stream.next_event().await.expect("a second event");
+    (cluster, key, stream, message_id)
+}
+
+#[tokio::test]
+async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() {
+    let pg = PostgresServer::start().await;
+    // Every turn reserved in Postgres, with its row.
+    let (mut cluster, key, stream, message_id) =
+        a_stream_in_flight_on_the_first_of_two_pods(&pg, "0").await;
     let held = cluster.pods[1].admin_account(&key.account_id).await;
     assert!(
         held["reserved"].as_u64() > Some(0),
@@ -94,6 +107,41 @@ async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() 
     let after = survivor.admin_account(&key.account_id).await;
     assert_eq!(after["balance"].as_u64(), Some(CREDITS), "{after}");
     assert_eq!(after["reserved"].as_u64(), Some(0), "{after}");
+}
+
+#[tokio::test]
+async fn a_dead_pods_allotment_is_returned_by_the_reaper_and_its_unwritten_turn_costs_nothing() {
+    let pg = PostgresServer::start().await;
+    let (mut cluster, key, stream, message_id) =
+        a_stream_in_flight_on_the_first_of_two_pods(&pg, "16").await;
+    let id = &key.account_id;
+    let allotments = format!("SELECT count(*) FROM allotments WHERE account_id = '{id}'");
+    assert_eq!(
+        pg.query_i64(&allotments).await,
+        1,
+        "the stream was not served from an allotment"
+    );
+
+    cluster.pods[0].kill_9().await;
+    drop(stream);
+
+    let survivor = &cluster.pods[1];
+    let account = poll_until(
+        "the reaper to return the dead pod's allotment",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let account = survivor.admin_account(id).await;
+            (account["reserved"].as_u64() == Some(0)).then_some(account)
+        },
+    )
+    .await;
+    assert_eq!(account["balance"].as_u64(), Some(CREDITS), "{account}");
+    assert_eq!(pg.query_i64(&allotments).await, 0);
+    let record = survivor
+        .admin_get(&format!("/admin/messages/{message_id}"))
+        .await;
+    assert_eq!(record.status, 404, "the unwritten turn has no ledger row");
 }
 
 #[tokio::test]

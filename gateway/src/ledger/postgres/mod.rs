@@ -20,6 +20,7 @@
 mod allotment;
 mod turns;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -94,30 +95,18 @@ impl PostgresLedger {
     /// Starts the batching of reserves and settles (needs a Tokio runtime).
     pub fn new(db: Database) -> Self {
         let instance = ids::instance();
-        let reserves = {
-            let (db, instance) = (db.clone(), instance.clone());
-            Coalescer::spawn(
-                LANES,
-                MAX_BATCH,
-                |r: &NewReservation| r.record.id.as_str(),
-                move |batch| {
-                    let (db, instance) = (db.clone(), instance.clone());
-                    async move { turns::reserve(&db, &instance, batch).await }
-                },
-            )
-        };
-        let settles = {
-            let db = db.clone();
-            Coalescer::spawn(
-                LANES,
-                MAX_BATCH,
-                |s: &Settlement| s.message_id.as_str(),
-                move |batch| {
-                    let db = db.clone();
-                    async move { turns::settle(&db, batch).await }
-                },
-            )
-        };
+        let reserves = coalescer(
+            &db,
+            &instance,
+            |r: &NewReservation| r.record.id.as_str(),
+            |db, instance, batch| async move { turns::reserve(&db, &instance, batch).await },
+        );
+        let settles = coalescer(
+            &db,
+            &instance,
+            |s: &Settlement| s.message_id.as_str(),
+            |db, _, batch| async move { turns::settle(&db, batch).await },
+        );
         Self {
             db,
             instance,
@@ -133,18 +122,12 @@ impl PostgresLedger {
         if turns == 0 {
             return self;
         }
-        let writes = {
-            let (db, instance) = (self.db.clone(), self.instance.clone());
-            Coalescer::spawn(
-                LANES,
-                MAX_BATCH,
-                |w: &Written| w.record.id.as_str(),
-                move |batch| {
-                    let (db, instance) = (db.clone(), instance.clone());
-                    async move { turns::write(&db, &instance, batch).await }
-                },
-            )
-        };
+        let writes = coalescer(
+            &self.db,
+            &self.instance,
+            |w: &Written| w.record.id.as_str(),
+            |db, instance, batch| async move { turns::write(&db, &instance, batch).await },
+        );
         self.allotting = Some(Arc::new(Allotting {
             pools: Pools::new(turns, fresh_for),
             writes,
@@ -346,6 +329,25 @@ impl PostgresLedger {
             .transpose()
             .map_err(DbError::Sql)?)
     }
+}
+
+/// A coalescer whose batches run `statement` against this process' database, as `instance`.
+fn coalescer<T, R, F, Fut>(
+    db: &Database,
+    instance: &str,
+    key: fn(&T) -> &str,
+    statement: F,
+) -> Coalescer<T, R>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(Database, Arc<str>, Vec<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Vec<R>> + Send + 'static,
+{
+    let (db, instance): (Database, Arc<str>) = (db.clone(), instance.into());
+    Coalescer::spawn(LANES, MAX_BATCH, key, move |batch| {
+        statement(db.clone(), instance.clone(), batch)
+    })
 }
 
 impl From<DbError> for LedgerError {

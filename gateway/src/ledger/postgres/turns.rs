@@ -1,5 +1,7 @@
-//! The two money movements of a turn, each one statement over a batch of turns (see
+//! The money movements of a turn, each one statement over a batch of turns (see
 //! [`Coalescer`](crate::ledger::coalesce::Coalescer)): all of a batch commits or none of it.
+//! A turn reserved in Postgres is reserved, then settled; a turn served from an allotment
+//! ([`super::allotment`]) is written once, after it ended.
 //!
 //! Account rows are locked in id order before they are written, so two batches (of this
 //! process or another) sharing accounts queue on each other instead of deadlocking. A batch
@@ -8,6 +10,8 @@
 
 use std::collections::HashMap;
 
+use sqlx::postgres::{PgArguments, Postgres};
+use sqlx::query::Query;
 use sqlx::Row;
 use time::OffsetDateTime;
 
@@ -15,6 +19,7 @@ use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
 use super::allotment::Written;
 use crate::db::{from_db, name_of, to_db, Database, DbError};
 use crate::telemetry::metrics;
+use crate::wire::anthropic::{StopReason, TokenUsage};
 
 /// Holds, per turn, what its account's available credits allow between `min` and `max`, and
 /// writes its message row `reserved`; a turn whose account has less than `min` holds nothing
@@ -82,11 +87,12 @@ async fn reserve_once(
         .bounded(
             sqlx::query(
                 "WITH turn AS (
-                     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],
-                         $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-                         $11::text[], $12::bool[], $13::timestamptz[]) WITH ORDINALITY
-                     AS t(id, account_id, min, max, key_id, model, served_model, provider,
-                          upstream, upstream_model, endpoint, stream, created_at, ord)
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::text[], $8::text[], $9::text[], $10::bool[],
+                         $11::timestamptz[],
+                         $12::bigint[], $13::bigint[]) WITH ORDINALITY
+                     AS t(id, account_id, key_id, model, served_model, provider, upstream,
+                          upstream_model, endpoint, stream, created_at, min, max, ord)
                  ), account AS (
                      SELECT id, balance - reserved AS available FROM accounts
                      WHERE id IN (SELECT account_id FROM turn)
@@ -122,19 +128,9 @@ async fn reserve_once(
                  )
                  SELECT id, amount, left_for FROM decided",
             )
-            .bind(c.id)
-            .bind(c.account_id)
+            .bind_row(c.row)
             .bind(c.min)
             .bind(c.max)
-            .bind(c.key_id)
-            .bind(c.model)
-            .bind(c.served_model)
-            .bind(c.provider)
-            .bind(c.upstream)
-            .bind(c.upstream_model)
-            .bind(c.endpoint)
-            .bind(c.stream)
-            .bind(c.created_at)
             .bind(instance)
             .fetch_all(db.pool()),
         )
@@ -202,12 +198,7 @@ pub async fn settle(
             .bind(c.id)
             .bind(c.status)
             .bind(c.cost)
-            .bind(c.input_tokens)
-            .bind(c.output_tokens)
-            .bind(c.cache_creation_input_tokens)
-            .bind(c.cache_read_input_tokens)
-            .bind(c.stop_reason)
-            .bind(c.latency_ms)
+            .bind_usage(c.usage)
             .bind(c.provider)
             .bind(c.upstream)
             .bind(c.upstream_model)
@@ -237,15 +228,16 @@ pub async fn write(
         .bounded(
             sqlx::query(
                 "WITH turn AS (
-                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
-                         $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-                         $11::bool[], $12::text[], $13::bigint[], $14::bigint[], $15::bigint[],
-                         $16::bigint[], $17::bigint[], $18::bigint[], $19::text[], $20::bigint[],
-                         $21::timestamptz[])
-                     AS t(id, account_id, pool_id, key_id, model, served_model, provider,
-                          upstream, upstream_model, endpoint, stream, status, reserved, billed,
-                          input_tokens, output_tokens, cache_creation_input_tokens,
-                          cache_read_input_tokens, stop_reason, latency_ms, created_at)
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::text[], $8::text[], $9::text[], $10::bool[],
+                         $11::timestamptz[],
+                         $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::bigint[],
+                         $17::bigint[], $18::bigint[], $19::bigint[], $20::text[], $21::bigint[])
+                     AS t(id, account_id, key_id, model, served_model, provider, upstream,
+                          upstream_model, endpoint, stream, created_at, pool_id, status,
+                          reserved, billed, input_tokens, output_tokens,
+                          cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
+                          latency_ms)
                  ), account AS (
                      SELECT id FROM accounts WHERE id IN (SELECT account_id FROM turn)
                      ORDER BY id FOR NO KEY UPDATE
@@ -286,27 +278,12 @@ pub async fn write(
                  )
                  SELECT id, billed FROM written",
             )
-            .bind(c.id)
-            .bind(c.account_id)
+            .bind_row(c.row)
             .bind(c.pool_id)
-            .bind(c.key_id)
-            .bind(c.model)
-            .bind(c.served_model)
-            .bind(c.provider)
-            .bind(c.upstream)
-            .bind(c.upstream_model)
-            .bind(c.endpoint)
-            .bind(c.stream)
             .bind(c.status)
             .bind(c.reserved)
             .bind(c.billed)
-            .bind(c.input_tokens)
-            .bind(c.output_tokens)
-            .bind(c.cache_creation_input_tokens)
-            .bind(c.cache_read_input_tokens)
-            .bind(c.stop_reason)
-            .bind(c.latency_ms)
-            .bind(c.created_at)
+            .bind_usage(c.usage)
             .bind(instance)
             .fetch_all(db.pool()),
         )
@@ -347,13 +324,12 @@ fn unavailable<T>(e: &DbError, n: usize) -> Vec<Result<T, LedgerError>> {
         .collect()
 }
 
-/// The turns of a reserve batch, column by column (one array parameter each).
+/// A message row's own columns, one array parameter each: what a reserve and a write both
+/// insert, bound as `$1` to `$11` by [`Columns::bind_row`].
 #[derive(Default)]
-struct ReserveColumns<'a> {
+struct RowColumns<'a> {
     id: Vec<&'a str>,
     account_id: Vec<&'a str>,
-    min: Vec<i64>,
-    max: Vec<i64>,
     key_id: Vec<&'a str>,
     model: Vec<&'a str>,
     served_model: Vec<&'a str>,
@@ -365,13 +341,10 @@ struct ReserveColumns<'a> {
     created_at: Vec<OffsetDateTime>,
 }
 
-impl<'a> ReserveColumns<'a> {
-    fn push(&mut self, t: &'a NewReservation) {
-        let m = &t.record;
+impl<'a> RowColumns<'a> {
+    fn push(&mut self, m: &'a MessageRecord) {
         self.id.push(&m.id);
         self.account_id.push(&m.account_id);
-        self.min.push(to_db(t.min));
-        self.max.push(to_db(t.max));
         self.key_id.push(&m.key_id);
         self.model.push(&m.model);
         self.served_model.push(&m.served_model);
@@ -384,18 +357,87 @@ impl<'a> ReserveColumns<'a> {
     }
 }
 
-/// The turns of a settle batch, column by column.
+/// What a turn used, one array parameter each: what a settle and a write both record, bound
+/// (six parameters) by [`Columns::bind_usage`].
 #[derive(Default)]
-struct SettleColumns<'a> {
-    id: Vec<&'a str>,
-    status: Vec<&'static str>,
-    cost: Vec<i64>,
+struct UsageColumns {
     input_tokens: Vec<i64>,
     output_tokens: Vec<i64>,
     cache_creation_input_tokens: Vec<i64>,
     cache_read_input_tokens: Vec<i64>,
     stop_reason: Vec<Option<String>>,
     latency_ms: Vec<i64>,
+}
+
+impl UsageColumns {
+    fn push(&mut self, usage: &TokenUsage, stop_reason: Option<StopReason>, latency_ms: u64) {
+        self.input_tokens.push(usage.input_tokens.into());
+        self.output_tokens.push(usage.output_tokens.into());
+        self.cache_creation_input_tokens
+            .push(usage.cache_creation_input_tokens.into());
+        self.cache_read_input_tokens
+            .push(usage.cache_read_input_tokens.into());
+        self.stop_reason.push(stop_reason.map(|r| name_of(&r)));
+        self.latency_ms.push(to_db(latency_ms));
+    }
+}
+
+type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
+
+/// Binds column groups in their order.
+trait Columns<'q> {
+    fn bind_row(self, row: RowColumns<'q>) -> Self;
+    fn bind_usage(self, usage: UsageColumns) -> Self;
+}
+
+impl<'q> Columns<'q> for PgQuery<'q> {
+    fn bind_row(self, c: RowColumns<'q>) -> Self {
+        self.bind(c.id)
+            .bind(c.account_id)
+            .bind(c.key_id)
+            .bind(c.model)
+            .bind(c.served_model)
+            .bind(c.provider)
+            .bind(c.upstream)
+            .bind(c.upstream_model)
+            .bind(c.endpoint)
+            .bind(c.stream)
+            .bind(c.created_at)
+    }
+
+    fn bind_usage(self, c: UsageColumns) -> Self {
+        self.bind(c.input_tokens)
+            .bind(c.output_tokens)
+            .bind(c.cache_creation_input_tokens)
+            .bind(c.cache_read_input_tokens)
+            .bind(c.stop_reason)
+            .bind(c.latency_ms)
+    }
+}
+
+/// The turns of a reserve batch, column by column.
+#[derive(Default)]
+struct ReserveColumns<'a> {
+    row: RowColumns<'a>,
+    min: Vec<i64>,
+    max: Vec<i64>,
+}
+
+impl<'a> ReserveColumns<'a> {
+    fn push(&mut self, t: &'a NewReservation) {
+        self.row.push(&t.record);
+        self.min.push(to_db(t.min));
+        self.max.push(to_db(t.max));
+    }
+}
+
+/// The turns of a settle batch, column by column.
+#[derive(Default)]
+struct SettleColumns<'a> {
+    id: Vec<&'a str>,
+    status: Vec<&'static str>,
+    cost: Vec<i64>,
+    usage: UsageColumns,
     provider: Vec<Option<&'a str>>,
     upstream: Vec<Option<&'a str>>,
     upstream_model: Vec<Option<&'a str>>,
@@ -407,14 +449,7 @@ impl<'a> SettleColumns<'a> {
         self.id.push(&t.message_id);
         self.status.push(t.status.as_str());
         self.cost.push(to_db(t.cost));
-        self.input_tokens.push(t.usage.input_tokens.into());
-        self.output_tokens.push(t.usage.output_tokens.into());
-        self.cache_creation_input_tokens
-            .push(t.usage.cache_creation_input_tokens.into());
-        self.cache_read_input_tokens
-            .push(t.usage.cache_read_input_tokens.into());
-        self.stop_reason.push(t.stop_reason.map(|r| name_of(&r)));
-        self.latency_ms.push(to_db(t.latency_ms));
+        self.usage.push(&t.usage, t.stop_reason, t.latency_ms);
         self.provider.push(served_by.map(|b| b.provider.as_str()));
         self.upstream.push(served_by.map(|b| b.upstream.as_str()));
         self.upstream_model
@@ -425,54 +460,23 @@ impl<'a> SettleColumns<'a> {
 /// The rows of a write batch, column by column.
 #[derive(Default)]
 struct WrittenColumns<'a> {
-    id: Vec<&'a str>,
-    account_id: Vec<&'a str>,
+    row: RowColumns<'a>,
     pool_id: Vec<&'a str>,
-    key_id: Vec<&'a str>,
-    model: Vec<&'a str>,
-    served_model: Vec<&'a str>,
-    provider: Vec<&'a str>,
-    upstream: Vec<&'a str>,
-    upstream_model: Vec<&'a str>,
-    endpoint: Vec<&'a str>,
-    stream: Vec<bool>,
     status: Vec<&'static str>,
     reserved: Vec<i64>,
     billed: Vec<i64>,
-    input_tokens: Vec<i64>,
-    output_tokens: Vec<i64>,
-    cache_creation_input_tokens: Vec<i64>,
-    cache_read_input_tokens: Vec<i64>,
-    stop_reason: Vec<Option<String>>,
-    latency_ms: Vec<i64>,
-    created_at: Vec<OffsetDateTime>,
+    usage: UsageColumns,
 }
 
 impl<'a> WrittenColumns<'a> {
     fn push(&mut self, t: &'a Written) {
-        let m: &'a MessageRecord = &t.record;
-        self.id.push(&m.id);
-        self.account_id.push(&m.account_id);
+        let m = &t.record;
+        self.row.push(m);
         self.pool_id.push(&t.pool);
-        self.key_id.push(&m.key_id);
-        self.model.push(&m.model);
-        self.served_model.push(&m.served_model);
-        self.provider.push(&m.provider);
-        self.upstream.push(&m.upstream);
-        self.upstream_model.push(&m.upstream_model);
-        self.endpoint.push(m.endpoint);
-        self.stream.push(m.stream);
         self.status.push(m.status.as_str());
         self.reserved.push(to_db(m.reserved));
         self.billed.push(to_db(m.billed));
-        self.input_tokens.push(m.usage.input_tokens.into());
-        self.output_tokens.push(m.usage.output_tokens.into());
-        self.cache_creation_input_tokens
-            .push(m.usage.cache_creation_input_tokens.into());
-        self.cache_read_input_tokens
-            .push(m.usage.cache_read_input_tokens.into());
-        self.stop_reason.push(m.stop_reason.map(|r| name_of(&r)));
-        self.latency_ms.push(to_db(m.latency_ms.unwrap_or(0)));
-        self.created_at.push(m.created_at);
+        self.usage
+            .push(&m.usage, m.stop_reason, m.latency_ms.unwrap_or(0));
     }
 }
