@@ -471,6 +471,10 @@ fn compile_upstream(
                 resource,
                 format!("{field}: baseUrl {url:?} must start with https:// or http://"),
             ),
+        (Some(url), _) if upstream.http2 && !url.starts_with("http://") => problems.add(
+            resource,
+            format!("{field}: http2 is for http:// upstreams (https:// ones negotiate it)"),
+        ),
         _ => {}
     }
     let api_key = upstream.api_key_secret_ref.as_ref().and_then(|r| {
@@ -509,6 +513,7 @@ fn compile_upstream(
             ),
             idle_ms: problems.at_least_one(resource, &format!("{field}: timeouts.idleMs"), idle_ms),
         },
+        http2: upstream.http2,
         chunk_delay_ms: upstream.chunk_delay_ms,
     }
 }

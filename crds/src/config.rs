@@ -99,6 +99,9 @@ pub struct Upstream {
     pub api_key: Option<Secret>,
     pub weight: u32,
     pub timeouts: Timeouts,
+    /// Cleartext HTTP/2 (prior knowledge) to an `http://` base URL.
+    #[serde(default)]
+    pub http2: bool,
     /// Delay between streamed chunks of the `simulated` provider.
     pub chunk_delay_ms: u64,
 }

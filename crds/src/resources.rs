@@ -240,6 +240,12 @@ pub struct UpstreamSpec {
     pub weight: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<TimeoutsSpec>,
+    /// Speak HTTP/2 over cleartext (h2c, with prior knowledge) to an `http://` baseUrl, as
+    /// in-cluster servers behind a Service often can: every turn to the upstream shares a few
+    /// connections instead of holding one each. `https://` upstreams negotiate HTTP/2 on their
+    /// own (ALPN) and need no flag.
+    #[serde(default)]
+    pub http2: bool,
     /// Delay between streamed chunks; only the `simulated` provider uses it, to make streams
     /// look like real ones.
     #[serde(default)]

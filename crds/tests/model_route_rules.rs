@@ -1,5 +1,6 @@
 mod common;
 
+use crds::config::Route;
 use crds::resources::{AutoSpec, Provider};
 
 use common::{assert_rejected, compiles, rejections, route, standalone};
@@ -196,6 +197,28 @@ fn remote_upstream_without_base_url_is_rejected() {
             &format!("upstreams[0] (simulated): baseUrl is required for the {name} provider"),
         );
     }
+}
+
+#[test]
+fn cleartext_http2_is_for_http_upstreams_only() {
+    let mut m = standalone();
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.provider = Provider::Openai;
+    upstream.base_url = Some("http://kimi.models.svc:8000/v1".into());
+    upstream.http2 = true;
+    let config = compiles(&m);
+    let Route::Upstreams(upstreams) = &config.models["svc/kimi"].route else {
+        panic!("svc/kimi is not routed to upstreams");
+    };
+    assert!(upstreams[0].http2);
+
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.base_url = Some("https://api.example.com/v1".into());
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "upstreams[0] (simulated): http2 is for http:// upstreams (https:// ones negotiate it)",
+    );
 }
 
 #[test]

@@ -18,11 +18,14 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use futures::StreamExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
 
 use crate::gateway::{unique_name, workspace_root};
@@ -163,6 +166,8 @@ impl Reply {
 /// A request the mock received.
 #[derive(Clone, Debug)]
 pub struct Received {
+    /// HTTP/1.1, or HTTP/2 when the route asked for cleartext HTTP/2.
+    pub version: Version,
     pub path: String,
     pub headers: HeaderMap,
     pub body: Value,
@@ -229,6 +234,9 @@ struct Shared {
     received: Mutex<Vec<Received>>,
     /// Streams dropped by the caller before their last event.
     abandoned: AtomicUsize,
+    /// Streamed responses open now, and the most open at once.
+    open: AtomicUsize,
+    peak_open: AtomicUsize,
 }
 
 /// The running mock, stopped when dropped.
@@ -254,6 +262,8 @@ impl MockUpstream {
             queue: Mutex::default(),
             received: Mutex::default(),
             abandoned: AtomicUsize::new(0),
+            open: AtomicUsize::new(0),
+            peak_open: AtomicUsize::new(0),
         });
         let app = Router::new()
             .route("/v1/messages", post(answer))
@@ -263,9 +273,7 @@ impl MockUpstream {
             .await
             .expect("bind the mock upstream's address");
         let url = format!("http://{}", listener.local_addr().expect("local addr"));
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let task = tokio::spawn(serve(listener, app));
         MockUpstream { url, shared, task }
     }
 
@@ -289,6 +297,11 @@ impl MockUpstream {
             .expect("the mock upstream received a request")
     }
 
+    /// The most streamed responses that were open at once.
+    pub fn peak_open_streams(&self) -> usize {
+        self.shared.peak_open.load(Ordering::SeqCst)
+    }
+
     pub fn abandoned(&self) -> usize {
         self.shared.abandoned.load(Ordering::SeqCst)
     }
@@ -297,6 +310,26 @@ impl MockUpstream {
 impl Drop for MockUpstream {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The streams an HTTP/2 connection to the mock carries at once: 100, the figure servers
+/// commonly advertise, and the number of calls the gateway puts on one connection.
+pub const MAX_HTTP2_STREAMS: u32 = 100;
+
+/// Serves HTTP/1.1, and HTTP/2 with prior knowledge (h2c) for routes that ask for it.
+async fn serve(listener: tokio::net::TcpListener, app: Router) {
+    let mut http = auto::Builder::new(TokioExecutor::new());
+    http.http2().max_concurrent_streams(MAX_HTTP2_STREAMS);
+    let http = Arc::new(http);
+    loop {
+        let Ok((io, _)) = listener.accept().await else {
+            continue;
+        };
+        let (http, service) = (http.clone(), TowerToHyperService::new(app.clone()));
+        tokio::spawn(async move {
+            let _ = http.serve_connection(TokioIo::new(io), service).await;
+        });
     }
 }
 
@@ -311,6 +344,7 @@ enum Wire {
 }
 
 async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let version = request.version();
     let path = request.uri().path().to_owned();
     let headers = request.headers().clone();
     let bytes = axum::body::to_bytes(request.into_body(), usize::MAX)
@@ -319,6 +353,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     if shared.record {
         lock(&shared.received).push(Received {
+            version,
             path: path.clone(),
             headers,
             body: body.clone(),
@@ -381,13 +416,22 @@ fn error_response(wire: Wire, status: u16) -> Response {
     response
 }
 
-/// Counts the stream as abandoned when it is dropped before its end.
+/// Counts the stream as open while it lives, and as abandoned when it is dropped before its end.
 struct Watch {
     shared: Arc<Shared>,
     done: bool,
 }
 
 impl Watch {
+    fn new(shared: Arc<Shared>) -> Watch {
+        let open = shared.open.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.peak_open.fetch_max(open, Ordering::SeqCst);
+        Watch {
+            shared,
+            done: false,
+        }
+    }
+
     fn complete(&mut self) {
         self.done = true;
     }
@@ -395,6 +439,7 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
+        self.shared.open.fetch_sub(1, Ordering::SeqCst);
         if !self.done {
             self.shared.abandoned.fetch_add(1, Ordering::SeqCst);
         }
@@ -435,10 +480,7 @@ fn async_stream_body(
         (
             events.into_iter().enumerate(),
             Some(tail),
-            Watch {
-                shared,
-                done: false,
-            },
+            Watch::new(shared),
         ),
         move |(mut events, tail, mut watch)| async move {
             if let Some((i, event)) = events.next() {
@@ -698,6 +740,8 @@ pub struct UpstreamDef {
     pub weight: u32,
     pub first_byte_ms: u64,
     pub idle_ms: u64,
+    /// Cleartext HTTP/2 to the mock.
+    pub http2: bool,
 }
 
 impl UpstreamDef {
@@ -709,6 +753,7 @@ impl UpstreamDef {
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
+            http2: false,
         }
     }
 
@@ -733,6 +778,7 @@ impl UpstreamDef {
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
+            http2: false,
         }
     }
 
@@ -743,6 +789,12 @@ impl UpstreamDef {
 
     pub fn weight(mut self, weight: u32) -> UpstreamDef {
         self.weight = weight;
+        self
+    }
+
+    /// The route asks for cleartext HTTP/2 (`http2: true`).
+    pub fn http2(mut self) -> UpstreamDef {
+        self.http2 = true;
         self
     }
 
@@ -804,8 +856,8 @@ fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
     let mut list = String::from("  upstreams:\n");
     for u in upstreams {
         list.push_str(&format!(
-            "    - name: {}\n      provider: {}\n      model: {UPSTREAM_MODEL}\n      baseUrl: {}\n      weight: {}\n      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n      timeouts:\n        connectMs: 2000\n        firstByteMs: {}\n        idleMs: {}\n",
-            u.name, u.provider, u.base_url, u.weight, u.first_byte_ms, u.idle_ms
+            "    - name: {}\n      provider: {}\n      model: {UPSTREAM_MODEL}\n      baseUrl: {}\n      weight: {}\n      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n      timeouts:\n        connectMs: 2000\n        firstByteMs: {}\n        idleMs: {}\n      http2: {}\n",
+            u.name, u.provider, u.base_url, u.weight, u.first_byte_ms, u.idle_ms, u.http2
         ));
     }
     let mut out = String::new();

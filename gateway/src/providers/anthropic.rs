@@ -37,9 +37,8 @@ impl Provider for Anthropic {
             // Empty lists are left out rather than sent: the API rejects some of them.
             fields.retain(|_, v| !matches!(v, Value::Array(items) if items.is_empty()));
         }
-        let mut request = self
-            .clients
-            .get(&upstream.timeouts)?
+        let (client, upstream_call) = self.clients.get(upstream)?;
+        let mut request = client
             .post(format!("{}/v1/messages", base.trim_end_matches('/')))
             .header("anthropic-version", API_VERSION)
             .header("accept", "text/event-stream")
@@ -50,7 +49,7 @@ impl Provider for Anthropic {
         if let Some(features) = &call.anthropic_beta {
             request = request.header("anthropic-beta", features);
         }
-        http::open(request, upstream.timeouts, Stream::default()).await
+        http::open(request, upstream_call, upstream.timeouts, Stream::default()).await
     }
 }
 

@@ -7,6 +7,8 @@
 //! non-streaming client response is gathered by the turn from the same events.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,32 +17,72 @@ use futures::{Stream, StreamExt};
 use reqwest::StatusCode;
 
 use super::{EventStream, ProviderError, ProviderEvent};
-use crds::config::Timeouts;
+use crds::config::{Timeouts, Upstream};
 
-/// One pooled client per connect timeout: reqwest sets that timeout per client.
+/// How many calls one reqwest client carries at once. Over HTTP/2 a client keeps one
+/// connection per upstream host, and servers cap the streams of a connection (100 to 256 is
+/// usual); past the cap hyper queues a call instead of opening another connection, so a
+/// streamed turn would wait for another to end. Past this count a call gets another client,
+/// with connections of its own. (Over HTTP/1.1 each call has a connection anyway.)
+const CALLS_PER_CLIENT: usize = 100;
+
+/// The upstream clients, by what reqwest sets per client: the connect timeout, and cleartext
+/// HTTP/2.
 #[derive(Default)]
 pub struct Clients {
-    by_connect_ms: DashMap<u64, reqwest::Client>,
+    sets: DashMap<(u64, bool), Arc<Mutex<Vec<Pooled>>>>,
+}
+
+struct Pooled {
+    client: reqwest::Client,
+    calls: Arc<AtomicUsize>,
+}
+
+/// A call in flight on one client; counted until dropped (with the response body).
+pub struct Call(Arc<AtomicUsize>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Clients {
-    pub fn get(&self, timeouts: &Timeouts) -> Result<reqwest::Client, ProviderError> {
-        if let Some(client) = self.by_connect_ms.get(&timeouts.connect_ms) {
-            return Ok(client.clone());
-        }
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(timeouts.connect_ms))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| {
-                tracing::error!(error = %e, "cannot build the upstream HTTP client");
-                ProviderError::Unavailable
-            })?;
-        self.by_connect_ms
-            .insert(timeouts.connect_ms, client.clone());
-        Ok(client)
+    /// A client for a call to `upstream`: the first of its kind with room for one more call.
+    pub fn get(&self, upstream: &Upstream) -> Result<(reqwest::Client, Call), ProviderError> {
+        let kind = (upstream.timeouts.connect_ms, upstream.http2);
+        let set = self.sets.entry(kind).or_default().clone();
+        let mut clients = set.lock().unwrap_or_else(|e| e.into_inner());
+        let free = clients
+            .iter()
+            .find(|c| c.calls.load(Ordering::Relaxed) < CALLS_PER_CLIENT);
+        let pooled = match free {
+            Some(pooled) => pooled,
+            None => {
+                clients.push(Pooled {
+                    client: build(upstream)?,
+                    calls: Arc::default(),
+                });
+                clients.last().ok_or(ProviderError::Unavailable)?
+            }
+        };
+        pooled.calls.fetch_add(1, Ordering::Relaxed);
+        Ok((pooled.client.clone(), Call(pooled.calls.clone())))
     }
+}
+
+fn build(upstream: &Upstream) -> Result<reqwest::Client, ProviderError> {
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(upstream.timeouts.connect_ms))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true);
+    if upstream.http2 {
+        builder = builder.http2_prior_knowledge();
+    }
+    builder.build().map_err(|e| {
+        tracing::error!(error = %e, "cannot build the upstream HTTP client");
+        ProviderError::Unavailable
+    })
 }
 
 /// Turns one upstream SSE event into canonical events; `end` is called when the body ends.
@@ -52,9 +94,10 @@ pub trait Decoder: Send + 'static {
 /// Sends the request and waits, within the first-byte timeout, for the first canonical event,
 /// so that every failure before anything reached the client can still fall back. The rest of
 /// the body is read lazily, each chunk within the idle timeout; dropping the stream drops the
-/// connection, which cancels the upstream call.
+/// connection, which cancels the upstream call. `call` is counted until then.
 pub async fn open<D: Decoder>(
     request: reqwest::RequestBuilder,
+    call: Call,
     timeouts: Timeouts,
     mut decoder: D,
 ) -> Result<EventStream, ProviderError> {
@@ -83,6 +126,7 @@ pub async fn open<D: Decoder>(
         .await
         .map_err(|_| ProviderError::Timeout)??;
     Ok(Box::pin(async_stream::stream! {
+        let _call = call;
         let mut finished = false;
         for event in ready {
             finished |= matches!(event, ProviderEvent::Finish { .. });

@@ -53,9 +53,8 @@ impl Provider for OpenAi {
             ProviderError::Unavailable
         })?;
         let body = chat_request(&call.request, &upstream.model);
-        let mut request = self
-            .clients
-            .get(&upstream.timeouts)?
+        let (client, upstream_call) = self.clients.get(upstream)?;
+        let mut request = client
             .post(format!("{}/chat/completions", base.trim_end_matches('/')))
             .header("accept", "text/event-stream")
             .json(&body);
@@ -73,7 +72,7 @@ impl Provider for OpenAi {
             usage: None,
             generated: String::new(),
         };
-        http::open(request, upstream.timeouts, stream).await
+        http::open(request, upstream_call, upstream.timeouts, stream).await
     }
 }
 

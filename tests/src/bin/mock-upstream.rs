@@ -2,10 +2,11 @@
 //! same short text (both wire formats, JSON or SSE) and keeps no record of them.
 //!
 //! usage: mock-upstream [--listen ADDR] [--chunk-delay-ms N]
-//!                      [--manifests-out DIR --provider anthropic|openai]
+//!                      [--manifests-out DIR --provider anthropic|openai [--http2 true]]
 //!
-//! Prints `ready url=http://ADDR` once it listens. With `--manifests-out`, it first writes a
-//! manifest folder there routing every model to itself through that adapter.
+//! Prints `ready url=http://ADDR` once it listens (HTTP/1.1, and HTTP/2 with prior knowledge).
+//! With `--manifests-out`, it first writes a manifest folder there routing every model to
+//! itself through that adapter, over cleartext HTTP/2 with `--http2 true`.
 
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ async fn main() -> Result<()> {
     let mut delay = 0;
     let mut manifests = None;
     let mut provider = "anthropic".to_owned();
+    let mut http2 = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args
@@ -31,6 +33,7 @@ async fn main() -> Result<()> {
             "--chunk-delay-ms" => delay = value.parse()?,
             "--manifests-out" => manifests = Some(std::path::PathBuf::from(value)),
             "--provider" => provider = value,
+            "--http2" => http2 = value.parse()?,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -42,7 +45,9 @@ async fn main() -> Result<()> {
             "openai" => UpstreamDef::openai(&mock),
             other => bail!("unknown provider {other}"),
         };
-        write_routed_manifests(&dir, &[upstream.timeouts(60_000, 60_000)]);
+        let upstream = upstream.timeouts(60_000, 60_000);
+        let upstream = if http2 { upstream.http2() } else { upstream };
+        write_routed_manifests(&dir, &[upstream]);
     }
     println!("ready url={}", mock.url);
     tokio::signal::ctrl_c().await?;
