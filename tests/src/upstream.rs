@@ -326,6 +326,8 @@ async fn serve(listener: tokio::net::TcpListener, app: Router) {
         let Ok((io, _)) = listener.accept().await else {
             continue;
         };
+        // As servers of streamed APIs do: each SSE event leaves at once, not with the next.
+        let _ = io.set_nodelay(true);
         let (http, service) = (http.clone(), TowerToHyperService::new(app.clone()));
         tokio::spawn(async move {
             let _ = http.serve_connection(TokioIo::new(io), service).await;
