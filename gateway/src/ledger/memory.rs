@@ -138,11 +138,7 @@ impl Ledger for MemoryLedger {
         if record.status != MessageStatus::Reserved {
             return Ok(record.billed);
         }
-        let billed = if s.status == MessageStatus::Failed {
-            0
-        } else {
-            s.cost.min(record.reserved)
-        };
+        let billed = s.billed(record.reserved);
         {
             let mut balance = self
                 .balances
@@ -151,16 +147,7 @@ impl Ledger for MemoryLedger {
             balance.reserved = balance.reserved.saturating_sub(record.reserved);
             balance.balance = balance.balance.saturating_sub(billed);
         }
-        if let Some(served_by) = s.served_by {
-            record.provider = served_by.provider;
-            record.upstream = served_by.upstream;
-            record.upstream_model = served_by.upstream_model;
-        }
-        record.status = s.status;
-        record.billed = billed;
-        record.usage = s.usage;
-        record.stop_reason = s.stop_reason;
-        record.latency_ms = Some(s.latency_ms);
+        s.complete(&mut record, billed);
         if s.status != MessageStatus::Failed {
             let day = record.created_at.date();
             self.usage

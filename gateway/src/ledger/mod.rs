@@ -126,6 +126,31 @@ pub struct Settlement {
     pub latency_ms: u64,
 }
 
+impl Settlement {
+    /// What a turn that held `reserved` is billed: its cost, at most what it held; nothing
+    /// when it failed.
+    pub fn billed(&self, reserved: u64) -> u64 {
+        match self.status {
+            MessageStatus::Failed => 0,
+            _ => self.cost.min(reserved),
+        }
+    }
+
+    /// Completes a message row with this settlement, billed `billed`.
+    pub fn complete(&self, record: &mut MessageRecord, billed: u64) {
+        record.status = self.status;
+        record.billed = billed;
+        record.usage = self.usage;
+        record.stop_reason = self.stop_reason;
+        record.latency_ms = Some(self.latency_ms);
+        if let Some(by) = &self.served_by {
+            record.provider.clone_from(&by.provider);
+            record.upstream.clone_from(&by.upstream);
+            record.upstream_model.clone_from(&by.upstream_model);
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct TopUp {
     pub reference: String,

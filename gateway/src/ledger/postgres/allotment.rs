@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::Row;
 
-use super::super::{MessageRecord, MessageStatus, NewReservation, Settlement};
+use super::super::{MessageRecord, NewReservation, Settlement};
 use crate::db::{from_db, to_db, Database, DbError};
 use crate::ids;
 
@@ -209,10 +209,7 @@ impl Pools {
         let mut guard = self.state();
         let state = &mut *guard;
         let taken = state.taken.remove(&s.message_id)?;
-        let billed = match s.status {
-            MessageStatus::Failed => 0,
-            _ => s.cost.min(taken.amount),
-        };
+        let billed = s.billed(taken.amount);
         if let Some(pool) = state
             .by_account
             .get_mut(&taken.record.account_id)
@@ -221,17 +218,8 @@ impl Pools {
             pool.free += taken.amount - billed;
         }
         let mut record = taken.record;
-        record.status = s.status;
         record.reserved = taken.amount;
-        record.billed = billed;
-        record.usage = s.usage;
-        record.stop_reason = s.stop_reason;
-        record.latency_ms = Some(s.latency_ms);
-        if let Some(by) = &s.served_by {
-            record.provider.clone_from(&by.provider);
-            record.upstream.clone_from(&by.upstream);
-            record.upstream_model.clone_from(&by.upstream_model);
-        }
+        s.complete(&mut record, billed);
         state.unwritten.insert(record.id.clone(), record.clone());
         Some((
             billed,
@@ -387,6 +375,7 @@ mod tests {
     use time::OffsetDateTime;
 
     use super::*;
+    use crate::ledger::MessageStatus;
     use crate::wire::anthropic::TokenUsage;
 
     const MAX: u64 = 100;
