@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use e2e::sse::SseStream;
 use e2e::{message, message_stream, poll_until, ApiKey, Cluster, KeySpec, PostgresServer};
+use gateway::accounts::{Accounts, PostgresAccounts};
 use gateway::db::Database;
-use gateway::ledger::{Ledger, MessageStatus, PostgresLedger, Settlement};
+use gateway::ledger::{
+    Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
+};
 use gateway::wire::anthropic::TokenUsage;
 
 const CREDITS: u64 = 5_000_000;
@@ -20,7 +23,7 @@ fn ledger(pg: &PostgresServer) -> PostgresLedger {
     PostgresLedger::new(db)
 }
 
-fn replayed_settlement(message_id: &str) -> Settlement {
+fn settlement_costing_1000(message_id: &str) -> Settlement {
     Settlement {
         message_id: message_id.to_string(),
         served_by: None,
@@ -100,7 +103,7 @@ async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() 
 
     let ledger = ledger(&pg);
     let billed = ledger
-        .settle(replayed_settlement(&message_id))
+        .settle(settlement_costing_1000(&message_id))
         .await
         .expect("replayed settle");
     assert_eq!(billed, 0, "a settle after the reaper bills nothing");
@@ -161,7 +164,7 @@ async fn a_replayed_settle_returns_the_first_billing_and_changes_nothing() {
     let before = gw.wait_settled(&key.account_id).await;
 
     let billed = ledger(&pg)
-        .settle(replayed_settlement(message_id))
+        .settle(settlement_costing_1000(message_id))
         .await
         .expect("replayed settle");
 
@@ -172,25 +175,12 @@ async fn a_replayed_settle_returns_the_first_billing_and_changes_nothing() {
     assert_eq!(record["billed"].as_u64(), Some(consumed), "{record}");
 }
 
-#[tokio::test]
-async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_process_lives() {
-    use gateway::accounts::{Accounts, PostgresAccounts};
-    use gateway::ledger::{MessageRecord, NewReservation};
-
-    let pg = PostgresServer::start().await;
-    let db = Database::connect(&pg.url(), 2, Duration::from_secs(5)).expect("url");
-    db.migrate().await.expect("migrate");
-    let account = PostgresAccounts::new(db.clone())
-        .create_account("reaper-live")
-        .await
-        .expect("account");
-    let ledger = PostgresLedger::new(db);
-    ledger.grant(&account.id, CREDITS).await.expect("grant");
-    ledger.heartbeat().await.expect("heartbeat");
-    let reserve = |id: &str, age: time::Duration| NewReservation {
+/// A turn of 1,000 credits at most, started `age` ago.
+fn reservation(account_id: &str, id: &str, age: time::Duration) -> NewReservation {
+    NewReservation {
         record: MessageRecord {
             id: id.to_owned(),
-            account_id: account.id.clone(),
+            account_id: account_id.to_owned(),
             key_id: "key_reaper".to_owned(),
             model: "svc/haiku".to_owned(),
             served_model: "svc/haiku".to_owned(),
@@ -209,7 +199,31 @@ async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_proce
         },
         min: 1_000,
         max: 1_000,
-    };
+    }
+}
+
+/// A migrated database with one account of `CREDITS` credits.
+async fn database_with_an_account(pg: &PostgresServer) -> (Database, String) {
+    let db = Database::connect(&pg.url(), 2, Duration::from_secs(5)).expect("url");
+    db.migrate().await.expect("migrate");
+    let account = PostgresAccounts::new(db.clone())
+        .create_account("reaper-account")
+        .await
+        .expect("account");
+    PostgresLedger::new(db.clone())
+        .grant(&account.id, CREDITS)
+        .await
+        .expect("grant");
+    (db, account.id)
+}
+
+#[tokio::test]
+async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_process_lives() {
+    let pg = PostgresServer::start().await;
+    let (db, account_id) = database_with_an_account(&pg).await;
+    let ledger = PostgresLedger::new(db);
+    ledger.heartbeat().await.expect("heartbeat");
+    let reserve = |id: &str, age: time::Duration| reservation(&account_id, id, age);
     // Its settle was lost two hours ago; the other turn is a live one of a minute.
     ledger
         .reserve(reserve("msg_reaper_lost", time::Duration::hours(2)))
@@ -226,10 +240,64 @@ async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_proce
         .expect("reap");
 
     assert_eq!(released, 1);
-    let balance = ledger.balance(&account.id).await.expect("balance");
+    let balance = ledger.balance(&account_id).await.expect("balance");
     assert_eq!((balance.balance, balance.reserved), (CREDITS, 1_000));
     let lost = ledger.message("msg_reaper_lost").await.expect("row");
     assert_eq!(lost.map(|m| m.status), Some(MessageStatus::Abandoned));
     let live = ledger.message("msg_reaper_live").await.expect("row");
     assert_eq!(live.map(|m| m.status), Some(MessageStatus::Reserved));
+}
+
+#[tokio::test]
+async fn a_pod_taken_for_dead_writes_its_later_turns_abandoned_and_billed_nothing() {
+    let pg = PostgresServer::start().await;
+    let (db, account_id) = database_with_an_account(&pg).await;
+    let ledger = PostgresLedger::new(db.clone()).with_allotments(16, Duration::from_secs(60));
+    ledger.heartbeat().await.expect("heartbeat");
+    let held = ledger
+        .reserve(reservation(
+            &account_id,
+            "msg_cut_off",
+            time::Duration::ZERO,
+        ))
+        .await
+        .expect("reserve");
+    assert_eq!(held, 1_000);
+    let allotments = "SELECT count(*) FROM allotments";
+    assert_eq!(
+        pg.query_i64(allotments).await,
+        1,
+        "not served from an allotment"
+    );
+
+    // Cut off from Postgres past the stale time: another pod's reaper returns its allotment.
+    pg.query("UPDATE gateway_instances SET heartbeat_at = now() - interval '1 hour'")
+        .await;
+    let reaped = PostgresLedger::new(db)
+        .reap(Duration::from_secs(30), Duration::from_secs(3_600))
+        .await
+        .expect("reap");
+    assert_eq!(reaped, 1);
+    assert_eq!(pg.query_i64(allotments).await, 0);
+
+    // The turn ends afterwards: its row lands, but bills nothing and moves no money.
+    ledger
+        .settle(settlement_costing_1000("msg_cut_off"))
+        .await
+        .expect("settle");
+    let row = poll_until(
+        "the cut-off turn's row to be written",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            let row = pg
+                .query("SELECT status, billed FROM messages WHERE id = 'msg_cut_off'")
+                .await;
+            (!row.is_empty()).then_some(row)
+        },
+    )
+    .await;
+    assert_eq!(row, "abandoned|0");
+    let balance = ledger.balance(&account_id).await.expect("balance");
+    assert_eq!((balance.balance, balance.reserved), (CREDITS, 0));
 }
