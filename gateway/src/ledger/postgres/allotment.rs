@@ -10,9 +10,10 @@
 //!
 //! The policy, for an account's last credits and for failures:
 //! - A grant takes at most a quarter of what the account has available, and none when that
-//!   quarter would not cover the turn asking: an account running low is served turn by turn
-//!   (each reserved in Postgres), and the allotments it had are returned as soon as their
-//!   turns are written, so they do not hold its last credits away from other processes.
+//!   quarter would not cover half an allotment: an account running low is served turn by turn
+//!   (each reserved in Postgres), and the allotments it had serve what they hold and are
+//!   returned as soon as their turns are written, so they do not keep its last credits from
+//!   other processes for long.
 //! - An allotment unused for [`IDLE`] is returned; so are all of them when the process stops.
 //! - A process uses its allotments only while its heartbeat is fresh (half the reaper's stale
 //!   time): one cut off from Postgres stops spending them before the reaper can release them.
@@ -60,7 +61,8 @@ struct Pool {
     open: usize,
     last_used: Instant,
     growing: bool,
-    /// A grant was refused (the account runs low): no new turns, returned once `open` is 0.
+    /// A grant was refused (the account runs low): no more grants; it serves what it has left
+    /// and is returned once `open` is 0.
     retiring: bool,
 }
 
@@ -145,16 +147,17 @@ impl Pools {
                 growing: false,
                 retiring: false,
             });
-        if pool.retiring {
-            return exact;
-        }
         let grow = |pool: &mut Pool| {
+            if pool.retiring {
+                return None;
+            }
             pool.growing = true;
+            let want = want.saturating_sub(pool.free);
             Some(Grow {
                 pool: pool.id.clone(),
                 account_id: account_id.clone(),
-                want: want.saturating_sub(pool.free),
-                need: r.max,
+                want,
+                need: (want / 2).max(r.max),
             })
         };
         if pool.free >= r.max {
@@ -175,7 +178,7 @@ impl Pools {
                 grow,
             };
         }
-        if pool.growing || !may_grow {
+        if pool.growing || pool.retiring || !may_grow {
             return exact;
         }
         Take {
@@ -280,7 +283,9 @@ impl Pools {
 }
 
 /// Asks for up to `want` credits for the allotment, taking at most a quarter of what the
-/// account has available and nothing unless that covers `need`. Returns the credits granted.
+/// account has available and nothing unless that covers `need` (half of `want`: an account
+/// with less than twice an allotment's worth available is served turn by turn, exactly).
+/// Returns the credits granted.
 pub async fn grow(db: &Database, instance: &str, g: &Grow) -> Result<u64, DbError> {
     let row = db
         .bounded(
@@ -426,7 +431,7 @@ mod tests {
             .take(&turn("first"), true)
             .grow
             .expect("a grant to ask for");
-        assert_eq!((grow.want, grow.need), (4 * MAX, MAX));
+        assert_eq!((grow.want, grow.need), (4 * MAX, 2 * MAX));
         pools.granted(&grow, Some(credits));
         pools
     }
@@ -491,21 +496,22 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_grant_retires_the_allotment_once_its_turns_are_written() {
-        let pools = granted(MAX);
+    fn a_refused_grant_retires_the_allotment_it_serves_what_is_left_then_goes() {
+        let pools = granted(2 * MAX);
         let take = pools.take(&turn("a"), false);
         assert_eq!(take.amount, Some(MAX));
-        pools.granted(&take.grow.expect("empty: a grant to ask for"), Some(0));
+        pools.granted(&take.grow.expect("below half: a grant to ask for"), Some(0));
+        let take = pools.take(&turn("b"), true);
+        assert_eq!(take.amount, Some(MAX), "what was left not served");
+        assert!(take.grow.is_none(), "a retiring allotment asked for more");
         let take = pools.take(&turn("c"), true);
-        assert!(
-            take.amount.is_none() && take.grow.is_none(),
-            "a retiring allotment served"
-        );
-        assert!(
-            pools.idle(IDLE).is_empty(),
-            "returned with a turn unwritten"
-        );
+        assert!(take.amount.is_none() && take.grow.is_none());
+        assert!(pools.idle(IDLE).is_empty(), "returned with turns unwritten");
 
+        let (_, b) = pools
+            .settle(&settlement("b", MessageStatus::Completed, 10))
+            .expect("allotted");
+        pools.written(&b);
         let (_, written) = pools
             .settle(&settlement("a", MessageStatus::Completed, 10))
             .expect("allotted");
