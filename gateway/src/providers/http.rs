@@ -6,13 +6,12 @@
 //! tells a slow first byte from a long answer, bills a cut turn by what was generated, and a
 //! non-streaming client response is gathered by the turn from the same events.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use dashmap::DashMap;
 use futures::{Stream, StreamExt};
 use reqwest::StatusCode;
 
@@ -30,7 +29,7 @@ const CALLS_PER_CLIENT: usize = 100;
 /// HTTP/2.
 #[derive(Default)]
 pub struct Clients {
-    sets: DashMap<(u64, bool), Arc<Mutex<Vec<Pooled>>>>,
+    by_kind: Mutex<HashMap<(u64, bool), Vec<Pooled>>>,
 }
 
 struct Pooled {
@@ -51,8 +50,8 @@ impl Clients {
     /// A client for a call to `upstream`: the first of its kind with room for one more call.
     pub fn get(&self, upstream: &Upstream) -> Result<(reqwest::Client, Call), ProviderError> {
         let kind = (upstream.timeouts.connect_ms, upstream.http2);
-        let set = self.sets.entry(kind).or_default().clone();
-        let mut clients = set.lock().unwrap_or_else(|e| e.into_inner());
+        let mut by_kind = self.by_kind.lock().unwrap_or_else(|e| e.into_inner());
+        let clients = by_kind.entry(kind).or_default();
         let free = clients
             .iter()
             .find(|c| c.calls.load(Ordering::Relaxed) < CALLS_PER_CLIENT);

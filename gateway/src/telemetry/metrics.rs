@@ -208,7 +208,7 @@ impl Metrics {
         );
         r.register(
             "gateway_ledger_batch_turns",
-            "Turns carried by one reserve or settle statement (batched when Postgres is busy)",
+            "Turns carried by one reserve, settle or write statement (batched when Postgres is busy)",
             m.ledger_batch.clone(),
         );
         r.register(
@@ -338,7 +338,7 @@ pub fn turn_step(step: &'static str, elapsed: Duration) {
         .observe(elapsed.as_secs_f64());
 }
 
-/// One ledger statement (`reserve`, `settle`) carrying `turns` turns.
+/// One ledger statement (`reserve`, `settle`, `write`) carrying `turns` turns.
 pub fn ledger_batch(op: &'static str, turns: usize) {
     METRICS
         .ledger_batch

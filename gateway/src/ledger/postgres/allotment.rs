@@ -21,7 +21,7 @@
 //!   written yet are billed nothing, as an abandoned reservation is: never an overcharge.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::Row;
@@ -50,7 +50,7 @@ struct State {
     taken: HashMap<String, Taken>,
     /// Settled turns whose rows are being written, by message id: what this process answers
     /// for them meanwhile, so that a message is found as soon as its client has the answer.
-    unwritten: HashMap<String, MessageRecord>,
+    unwritten: HashMap<String, Arc<MessageRecord>>,
 }
 
 struct Pool {
@@ -92,7 +92,8 @@ pub struct Take {
 #[derive(Clone)]
 pub struct Written {
     pub pool: String,
-    pub record: MessageRecord,
+    /// Shared with the answer this process gives for it until it is written.
+    pub record: Arc<MessageRecord>,
 }
 
 /// An allotment to return to its account.
@@ -223,6 +224,7 @@ impl Pools {
         let mut record = taken.record;
         record.reserved = taken.amount;
         s.complete(&mut record, billed);
+        let record = Arc::new(record);
         state.unwritten.insert(record.id.clone(), record.clone());
         Some((
             billed,
@@ -235,7 +237,11 @@ impl Pools {
 
     /// A settled turn whose row is not written yet.
     pub fn unwritten(&self, message_id: &str) -> Option<MessageRecord> {
-        self.state().unwritten.get(message_id).cloned()
+        let state = self.state();
+        state
+            .unwritten
+            .get(message_id)
+            .map(|r| MessageRecord::clone(r))
     }
 
     /// A turn's row is written.

@@ -79,10 +79,7 @@ async fn reserve_once(
     instance: &str,
     turns: &[&NewReservation],
 ) -> Result<HashMap<String, (Option<i64>, i64)>, DbError> {
-    let mut c = ReserveColumns::default();
-    for &t in turns {
-        c.push(t);
-    }
+    let c = ReserveColumns::of(turns.iter().copied());
     let rows = db
         .bounded(
             sqlx::query(
@@ -153,10 +150,7 @@ pub async fn settle(
 ) -> Vec<Result<Option<u64>, LedgerError>> {
     let n = turns.len();
     metrics::ledger_batch("settle", n);
-    let mut c = SettleColumns::default();
-    for t in &turns {
-        c.push(t);
-    }
+    let c = SettleColumns::of(&turns);
     let rows = db
         .bounded(
             sqlx::query(
@@ -220,10 +214,7 @@ pub async fn write(
 ) -> Vec<Result<Option<u64>, LedgerError>> {
     let n = turns.len();
     metrics::ledger_batch("write", n);
-    let mut c = WrittenColumns::default();
-    for t in &turns {
-        c.push(t);
-    }
+    let c = WrittenColumns::of(&turns);
     let rows = db
         .bounded(
             sqlx::query(
@@ -382,6 +373,21 @@ impl UsageColumns {
     }
 }
 
+/// A batch's turns, column by column (one array parameter each).
+trait Batch<'a>: Default {
+    type Turn: 'a;
+
+    fn push(&mut self, turn: &'a Self::Turn);
+
+    fn of(turns: impl IntoIterator<Item = &'a Self::Turn>) -> Self {
+        let mut columns = Self::default();
+        for turn in turns {
+            columns.push(turn);
+        }
+        columns
+    }
+}
+
 type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
 
 /// Binds column groups in their order.
@@ -415,7 +421,7 @@ impl<'q> Columns<'q> for PgQuery<'q> {
     }
 }
 
-/// The turns of a reserve batch, column by column.
+/// The turns of a reserve batch.
 #[derive(Default)]
 struct ReserveColumns<'a> {
     row: RowColumns<'a>,
@@ -423,7 +429,9 @@ struct ReserveColumns<'a> {
     max: Vec<i64>,
 }
 
-impl<'a> ReserveColumns<'a> {
+impl<'a> Batch<'a> for ReserveColumns<'a> {
+    type Turn = NewReservation;
+
     fn push(&mut self, t: &'a NewReservation) {
         self.row.push(&t.record);
         self.min.push(to_db(t.min));
@@ -431,7 +439,7 @@ impl<'a> ReserveColumns<'a> {
     }
 }
 
-/// The turns of a settle batch, column by column.
+/// The turns of a settle batch.
 #[derive(Default)]
 struct SettleColumns<'a> {
     id: Vec<&'a str>,
@@ -443,7 +451,9 @@ struct SettleColumns<'a> {
     upstream_model: Vec<Option<&'a str>>,
 }
 
-impl<'a> SettleColumns<'a> {
+impl<'a> Batch<'a> for SettleColumns<'a> {
+    type Turn = Settlement;
+
     fn push(&mut self, t: &'a Settlement) {
         let served_by = t.served_by.as_ref();
         self.id.push(&t.message_id);
@@ -457,7 +467,7 @@ impl<'a> SettleColumns<'a> {
     }
 }
 
-/// The rows of a write batch, column by column.
+/// The rows of a write batch.
 #[derive(Default)]
 struct WrittenColumns<'a> {
     row: RowColumns<'a>,
@@ -468,7 +478,9 @@ struct WrittenColumns<'a> {
     usage: UsageColumns,
 }
 
-impl<'a> WrittenColumns<'a> {
+impl<'a> Batch<'a> for WrittenColumns<'a> {
+    type Turn = Written;
+
     fn push(&mut self, t: &'a Written) {
         let m = &t.record;
         self.row.push(m);
