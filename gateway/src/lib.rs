@@ -23,4 +23,5 @@ pub mod telemetry;
 pub mod tokens;
 pub mod turn;
 pub mod validate;
+pub mod version;
 pub mod wire;
