@@ -110,7 +110,10 @@ mod tests {
     fn openai_clients_see_call_ids_whatever_the_upstream_minted() {
         assert_eq!(openai_call("toolu_01AbC"), "call_01AbC");
         assert_eq!(openai_call("call_xyz"), "call_xyz");
-        assert_eq!(openai_call("functions.get_weather:0"), "call_functions.get_weather:0");
+        assert_eq!(
+            openai_call("functions.get_weather:0"),
+            "call_functions.get_weather:0"
+        );
     }
 
     #[test]
@@ -118,7 +121,10 @@ mod tests {
         assert_eq!(tool_call_for_upstream("call_abc-1", "toolu_"), "call_abc-1");
         let odd = tool_call_for_upstream("functions.get_weather:0", "toolu_");
         assert!(odd.starts_with("toolu_") && odd.len() == 30, "{odd}");
-        assert_eq!(odd, tool_call_for_upstream("functions.get_weather:0", "toolu_"));
+        assert_eq!(
+            odd,
+            tool_call_for_upstream("functions.get_weather:0", "toolu_")
+        );
         let long = "x".repeat(41);
         assert_ne!(tool_call_for_upstream(&long, "call_"), long.as_str());
     }

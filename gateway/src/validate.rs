@@ -46,7 +46,9 @@ fn max_tokens(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Res
         // Claude Code asks for 32,000 output tokens whatever the model, and its users cannot
         // edit the request, only the setting that sizes it.
         let remedy = if looks_like_claude_code(req) {
-            format!("set CLAUDE_CODE_MAX_OUTPUT_TOKENS={limit} (or lower) in Claude Code's environment")
+            format!(
+                "set CLAUDE_CODE_MAX_OUTPUT_TOKENS={limit} (or lower) in Claude Code's environment"
+            )
         } else {
             format!("lower max_tokens to {limit} or less")
         };

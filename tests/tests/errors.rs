@@ -186,8 +186,7 @@ async fn max_tokens_above_a_models_limit_says_what_to_do_and_names_claude_codes_
     assert!(message.contains("lower max_tokens to 8192"), "{message}");
     assert!(!message.contains("CLAUDE_CODE"), "{message}");
     let mut claude_code = body;
-    claude_code["system"] =
-        json!([{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."}]);
+    claude_code["system"] = json!([{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."}]);
     let message = expect_400(&gw, &claude_code, &["max_tokens"]).await;
     assert!(
         message.contains("CLAUDE_CODE_MAX_OUTPUT_TOKENS=8192"),

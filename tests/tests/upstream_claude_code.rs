@@ -259,7 +259,10 @@ async fn claude_code_on_sonnet_completes_a_session_with_its_thinking_left_out() 
     let outcome = Session::on("svc/sonnet", Adapter::Anthropic).run().await;
     outcome.assert_completed_the_tool_loop("svc/sonnet");
     assert!(
-        outcome.received.iter().all(|r| r.body.get("thinking").is_none()),
+        outcome
+            .received
+            .iter()
+            .all(|r| r.body.get("thinking").is_none()),
         "svc/sonnet has no thinking: none was sent upstream: {}",
         outcome.context()
     );
@@ -288,7 +291,10 @@ async fn claude_code_on_kimi_completes_a_session_with_its_output_tokens_set_to_k
         .await;
     outcome.assert_completed_the_tool_loop("svc/kimi");
     assert!(
-        outcome.received.iter().all(|r| r.body.get("thinking").is_none()),
+        outcome
+            .received
+            .iter()
+            .all(|r| r.body.get("thinking").is_none()),
         "svc/kimi has no thinking: none was sent upstream: {}",
         outcome.context()
     );

@@ -299,7 +299,12 @@ async fn chat_tool_calls_carry_call_ids_and_any_id_sent_back_reaches_the_upstrea
             streamed.tool_calls
         );
 
-        for client_id in [id.as_str(), "toolu_01XyZ", "functions.get_weather:0", "call 7"] {
+        for client_id in [
+            id.as_str(),
+            "toolu_01XyZ",
+            "functions.get_weather:0",
+            "call 7",
+        ] {
             let mut assistant = first["choices"][0]["message"].clone();
             assistant["tool_calls"][0]["id"] = json!(client_id);
             let mut second = chat_body("svc/haiku", "Weather in Oslo?", Some(200));
@@ -311,7 +316,11 @@ async fn chat_tool_calls_carry_call_ids_and_any_id_sent_back_reaches_the_upstrea
             ]);
             let answer = rig.gw.chat(&rig.gw.key, &second).await.expect_ok();
             let text = answer["choices"][0]["message"]["content"].as_str();
-            assert_eq!(text, Some("Hello from upstream."), "{adapter:?} {client_id}");
+            assert_eq!(
+                text,
+                Some("Hello from upstream."),
+                "{adapter:?} {client_id}"
+            );
 
             let sent = rig.mock.last_body();
             let (call_id, result_id) = match adapter {
@@ -338,10 +347,30 @@ async fn chat_reasoning_effort_is_a_thinking_budget_on_opus_and_left_out_on_mode
 ) {
     let rig = Rig::start(Adapter::Anthropic).await;
     let cases = [
-        ("svc/opus", "low", Some(8_000), json!({"type": "enabled", "budget_tokens": 1024})),
-        ("svc/opus", "medium", Some(8_000), json!({"type": "enabled", "budget_tokens": 4096})),
-        ("svc/opus", "high", Some(8_000), json!({"type": "enabled", "budget_tokens": 7999})),
-        ("svc/opus", "high", None, json!({"type": "enabled", "budget_tokens": 16384})),
+        (
+            "svc/opus",
+            "low",
+            Some(8_000),
+            json!({"type": "enabled", "budget_tokens": 1024}),
+        ),
+        (
+            "svc/opus",
+            "medium",
+            Some(8_000),
+            json!({"type": "enabled", "budget_tokens": 4096}),
+        ),
+        (
+            "svc/opus",
+            "high",
+            Some(8_000),
+            json!({"type": "enabled", "budget_tokens": 7999}),
+        ),
+        (
+            "svc/opus",
+            "high",
+            None,
+            json!({"type": "enabled", "budget_tokens": 16384}),
+        ),
         ("svc/opus", "low", Some(1_000), Value::Null),
         ("svc/opus", "none", Some(8_000), Value::Null),
         ("svc/sonnet", "high", Some(8_000), Value::Null),
@@ -353,7 +382,10 @@ async fn chat_reasoning_effort_is_a_thinking_budget_on_opus_and_left_out_on_mode
         body["reasoning_effort"] = json!(effort);
         rig.gw.chat(&rig.gw.key, &body).await.expect_ok();
         let sent = rig.mock.last_body();
-        assert_eq!(sent["thinking"], thinking, "{model} {effort} {max_tokens:?}");
+        assert_eq!(
+            sent["thinking"], thinking,
+            "{model} {effort} {max_tokens:?}"
+        );
     }
     let mut unknown = chat_body("svc/opus", "Think first.", Some(8_000));
     unknown["reasoning_effort"] = json!("enormous");
@@ -364,7 +396,10 @@ async fn chat_reasoning_effort_is_a_thinking_budget_on_opus_and_left_out_on_mode
 
     let mut messages = message("svc/sonnet", "Think first.", 8_000);
     messages["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
-    rig.gw.post_messages(&rig.gw.key, &messages).await.expect_ok();
+    rig.gw
+        .post_messages(&rig.gw.key, &messages)
+        .await
+        .expect_ok();
     assert_eq!(rig.mock.last_body().get("thinking"), None);
 }
 

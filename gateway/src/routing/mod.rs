@@ -138,7 +138,10 @@ impl Catalog {
                 thinking: false,
                 ..*needs
             };
-            needs.thinking.then(|| cheapest(&without_thinking)).flatten()
+            needs
+                .thinking
+                .then(|| cheapest(&without_thinking))
+                .flatten()
         })
     }
 }

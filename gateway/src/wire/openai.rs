@@ -66,7 +66,9 @@ impl ReasoningEffort {
             Self::Xhigh => 31 * MIN_THINKING_BUDGET,
         };
         let budget = match max_tokens {
-            Some(max) if budget >= max => max.checked_sub(1).filter(|b| *b >= MIN_THINKING_BUDGET)?,
+            Some(max) if budget >= max => {
+                max.checked_sub(1).filter(|b| *b >= MIN_THINKING_BUDGET)?
+            }
             _ => budget,
         };
         Some(Thinking::Enabled {
