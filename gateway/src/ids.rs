@@ -18,6 +18,39 @@ pub fn tool_use() -> String {
     format!("toolu_{}", random(24))
 }
 
+/// A tool call's id as OpenAI-format clients see it (`call_…`), whatever the upstream minted:
+/// `toolu_X` becomes `call_X`, an id already `call_…` is kept, any other is prefixed. The
+/// client sends it back in its assistant turn and its tool result alike, so the pair still
+/// matches when forwarded (adapters make any id safe for their upstream: [`tool_call_for_upstream`]).
+pub fn openai_call(id: &str) -> String {
+    if id.starts_with("call_") {
+        return id.to_owned();
+    }
+    let rest = id.strip_prefix("toolu_").unwrap_or(id);
+    format!("call_{rest}")
+}
+
+/// The longest tool call id OpenAI's API takes.
+const MAX_TOOL_CALL_ID: usize = 40;
+
+/// A tool call id an upstream accepts, from whatever id a client sent back: ids of letters,
+/// digits, `_` and `-` up to 40 characters (what the Messages API's pattern and OpenAI's
+/// length limit allow) pass unchanged; any other becomes `prefix` + a hash of it, the same
+/// for the call and its result, so the upstream still sees them match.
+pub fn tool_call_for_upstream<'a>(id: &'a str, prefix: &str) -> std::borrow::Cow<'a, str> {
+    let safe = !id.is_empty()
+        && id.len() <= MAX_TOOL_CALL_ID
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if safe {
+        return std::borrow::Cow::Borrowed(id);
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    std::borrow::Cow::Owned(format!("{prefix}{}", &hex::encode(digest)[..24]))
+}
+
 pub fn account() -> String {
     format!("acct_{}", random(16))
 }
@@ -67,4 +100,32 @@ pub fn session_token() -> String {
 
 pub fn payment_reference() -> String {
     format!("pay_{}", random(20))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_clients_see_call_ids_whatever_the_upstream_minted() {
+        assert_eq!(openai_call("toolu_01AbC"), "call_01AbC");
+        assert_eq!(openai_call("call_xyz"), "call_xyz");
+        assert_eq!(
+            openai_call("functions.get_weather:0"),
+            "call_functions.get_weather:0"
+        );
+    }
+
+    #[test]
+    fn a_tool_call_id_an_upstream_would_refuse_becomes_the_same_safe_id_each_time() {
+        assert_eq!(tool_call_for_upstream("call_abc-1", "toolu_"), "call_abc-1");
+        let odd = tool_call_for_upstream("functions.get_weather:0", "toolu_");
+        assert!(odd.starts_with("toolu_") && odd.len() == 30, "{odd}");
+        assert_eq!(
+            odd,
+            tool_call_for_upstream("functions.get_weather:0", "toolu_")
+        );
+        let long = "x".repeat(41);
+        assert_ne!(tool_call_for_upstream(&long, "call_"), long.as_str());
+    }
 }

@@ -114,7 +114,10 @@ pub async fn start(
     }
     let served = state
         .catalog()
-        .serving_model(&requested, &needs(&request, input_tokens, open_max_tokens))
+        .serving_model(
+            &requested,
+            &needs(&request, &requested, input_tokens, open_max_tokens),
+        )
         .ok_or_else(|| {
             ApiError::invalid(format!(
                 "model: no model behind {} can serve this request",
@@ -212,6 +215,8 @@ pub async fn start(
             .max(1);
     }
 
+    validate::fit_thinking(&mut request, &served.config);
+
     let upstream_span = meter.telemetry.calling(request.stream);
     let attempt = fallback::Attempt {
         model: &served.id,
@@ -272,7 +277,14 @@ fn resolve_model(state: &AppState, id: &str) -> Result<Arc<Model>, ApiError> {
 }
 
 /// An open max_tokens needs room for one output token; the cap then follows the serving model.
-fn needs(request: &MessagesRequest, input_tokens: u32, open_max_tokens: bool) -> Needs {
+/// Thinking counts only where the requested model offers it (svc/auto when its route says
+/// so), since elsewhere it is left out of the turn.
+fn needs(
+    request: &MessagesRequest,
+    requested: &Model,
+    input_tokens: u32,
+    open_max_tokens: bool,
+) -> Needs {
     let vision = request
         .messages
         .iter()
@@ -286,7 +298,7 @@ fn needs(request: &MessagesRequest, input_tokens: u32, open_max_tokens: bool) ->
         },
         vision,
         tools: !request.tools.is_empty(),
-        thinking: request.thinking_budget().is_some(),
+        thinking: requested.config.capabilities.thinking && request.thinking_budget().is_some(),
     }
 }
 

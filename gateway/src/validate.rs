@@ -20,12 +20,12 @@ pub fn request(
     open_max_tokens: bool,
 ) -> Result<(), ApiError> {
     if !open_max_tokens {
-        max_tokens(req.max_tokens, model_id, model)?;
+        max_tokens(req, model_id, model)?;
     }
     messages(req, model_id, model)?;
     sampling(req)?;
     tools(req, model_id, model)?;
-    thinking(req, model_id, model, open_max_tokens)?;
+    thinking(req, model, open_max_tokens)?;
     if let Some(user_id) = req.metadata.as_ref().and_then(|m| m.user_id.as_ref()) {
         if user_id.len() > MAX_USER_ID {
             return Err(ApiError::invalid(format!(
@@ -36,17 +36,33 @@ pub fn request(
     Ok(())
 }
 
-fn max_tokens(value: u32, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
+fn max_tokens(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
+    let value = req.max_tokens;
     if value == 0 {
         return Err(ApiError::invalid("max_tokens: must be a positive integer"));
     }
-    if value > model.max_output_tokens {
+    let limit = model.max_output_tokens;
+    if value > limit {
+        // Claude Code asks for 32,000 output tokens whatever the model, and its users cannot
+        // edit the request, only the setting that sizes it.
+        let remedy = if looks_like_claude_code(req) {
+            format!(
+                "set CLAUDE_CODE_MAX_OUTPUT_TOKENS={limit} (or lower) in Claude Code's environment"
+            )
+        } else {
+            format!("lower max_tokens to {limit} or less")
+        };
         return Err(ApiError::invalid(format!(
-            "max_tokens: {value} is above the maximum of {} for {model_id}",
-            model.max_output_tokens
+            "max_tokens: {value} is above the maximum of {limit} for {model_id}; {remedy}"
         )));
     }
     Ok(())
+}
+
+/// Claude Code's system prompt names it (its main loop's and its subagents' alike).
+fn looks_like_claude_code(req: &MessagesRequest) -> bool {
+    req.system_text()
+        .is_some_and(|system| system.contains("Claude Code"))
 }
 
 fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
@@ -179,9 +195,29 @@ fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(
     }
 }
 
+/// Thinking (the Messages API's `thinking`, chat completions' `reasoning_effort`, the
+/// Responses API's `reasoning`) as the model serving the turn can take it: on a model without
+/// thinking it is accepted and left out of the turn, since clients such as Claude Code ask for
+/// it by default whatever the model; on a model with it, a budget that does not fit under
+/// max_tokens (left open by the client and settled only once the turn is reserved) is lowered
+/// to fit, and thinking is left out when less than the minimum budget would fit. Run on the
+/// final request, just before the provider call.
+pub fn fit_thinking(req: &mut MessagesRequest, model: &ModelConfig) {
+    if !model.capabilities.thinking {
+        req.thinking = None;
+        return;
+    }
+    if let Some(Thinking::Enabled { budget_tokens }) = req.thinking {
+        if budget_tokens >= req.max_tokens {
+            req.thinking = (req.max_tokens > MIN_THINKING_BUDGET).then(|| Thinking::Enabled {
+                budget_tokens: req.max_tokens - 1,
+            });
+        }
+    }
+}
+
 fn thinking(
     req: &MessagesRequest,
-    model_id: &str,
     model: &ModelConfig,
     open_max_tokens: bool,
 ) -> Result<(), ApiError> {
@@ -191,9 +227,8 @@ fn thinking(
         Some(Thinking::Enabled { budget_tokens }) => Some(budget_tokens),
     };
     if !model.capabilities.thinking {
-        return Err(ApiError::invalid(format!(
-            "thinking: extended thinking is not available on {model_id}; use svc/opus"
-        )));
+        // Accepted and left out of the turn by `fit_thinking`, so nothing of it is checked.
+        return Ok(());
     }
     let Some(budget_tokens) = budget_tokens else {
         return Ok(());

@@ -209,7 +209,7 @@ def test_streamed_and_plain_completions_agree(client):
 # --- tools ---------------------------------------------------------------------------------
 
 
-def test_tool_calls_round_trip_call_then_tool_message_then_final_answer(client):
+def test_tool_calls_carry_call_ids_and_round_trip_call_then_tool_message_then_final_answer(client):
     history = user("Please call get_weather for Paris")
     first = client.chat.completions.create(model=MODEL, max_tokens=512, tools=[WEATHER_TOOL], messages=history)
 
@@ -217,7 +217,7 @@ def test_tool_calls_round_trip_call_then_tool_message_then_final_answer(client):
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
     assert call.type == "function"
-    assert call.id
+    assert call.id.startswith("call_")
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == WEATHER_INPUT
 

@@ -144,18 +144,54 @@ async fn temperature_and_top_p_outside_zero_to_one_are_400() {
 }
 
 #[tokio::test]
-async fn thinking_on_a_model_other_than_opus_is_400_naming_thinking() {
+async fn thinking_on_a_model_without_thinking_is_accepted_and_left_out_of_the_turn() {
     let gw = Gateway::start().await;
-    for model in ["svc/sonnet", "svc/haiku", "svc/kimi"] {
+    for model in ["svc/sonnet", "svc/haiku", "svc/kimi", "svc/auto"] {
         for thinking in [
             json!({"type": "enabled", "budget_tokens": 1024}),
+            json!({"type": "enabled", "budget_tokens": 100_000}),
             json!({"type": "adaptive"}),
         ] {
             let mut body = message(model, "think about it", 4096);
-            body["thinking"] = thinking;
-            expect_400(&gw, &body, &["thinking"]).await;
+            body["thinking"] = thinking.clone();
+            let reply = gw.post_messages(&gw.key, &body).await.expect_ok();
+            let kinds: Vec<&Value> = reply["content"]
+                .as_array()
+                .map(|c| c.iter().map(|b| &b["type"]).collect())
+                .unwrap_or_default();
+            assert_eq!(kinds, [&json!("text")], "{model} {thinking}: {reply}");
         }
     }
+}
+
+#[tokio::test]
+async fn thinking_on_opus_keeps_its_rules() {
+    let gw = Gateway::start().await;
+    for (thinking, max_tokens) in [
+        (json!({"type": "enabled", "budget_tokens": 1000}), 4096),
+        (json!({"type": "enabled", "budget_tokens": 4096}), 4096),
+    ] {
+        let mut body = message("svc/opus", "think about it", max_tokens);
+        body["thinking"] = thinking;
+        expect_400(&gw, &body, &["thinking.budget_tokens"]).await;
+    }
+}
+
+#[tokio::test]
+async fn max_tokens_above_a_models_limit_says_what_to_do_and_names_claude_codes_setting_to_claude_code(
+) {
+    let gw = Gateway::start().await;
+    let body = message("svc/haiku", "hello", 32_000);
+    let message = expect_400(&gw, &body, &["max_tokens"]).await;
+    assert!(message.contains("lower max_tokens to 8192"), "{message}");
+    assert!(!message.contains("CLAUDE_CODE"), "{message}");
+    let mut claude_code = body;
+    claude_code["system"] = json!([{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."}]);
+    let message = expect_400(&gw, &claude_code, &["max_tokens"]).await;
+    assert!(
+        message.contains("CLAUDE_CODE_MAX_OUTPUT_TOKENS=8192"),
+        "{message}"
+    );
 }
 
 #[tokio::test]

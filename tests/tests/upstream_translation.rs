@@ -266,6 +266,143 @@ async fn a_tool_result_round_trip_reaches_the_upstream_in_its_own_format() {
     }
 }
 
+/// Letters, digits, `_` and `-`: the tool call ids the Messages API takes.
+fn messages_api_id(id: &Value) -> bool {
+    id.as_str().is_some_and(|id| {
+        !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    })
+}
+
+#[tokio::test]
+async fn chat_tool_calls_carry_call_ids_and_any_id_sent_back_reaches_the_upstream_as_a_matching_pair(
+) {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        rig.mock.push([
+            Reply::tool_call("get_weather", json!({"location": "Oslo"})),
+            Reply::tool_call("get_weather", json!({"location": "Oslo"})),
+        ]);
+        let mut ask = chat_body("svc/haiku", "Weather in Oslo?", Some(200));
+        ask["tools"] = chat_tool();
+        let first = rig.gw.chat(&rig.gw.key, &ask).await.expect_ok();
+        let call = first["choices"][0]["message"]["tool_calls"][0].clone();
+        let id = call["id"].as_str().unwrap_or_default().to_owned();
+        assert!(id.starts_with("call_"), "{adapter:?}: {first}");
+        ask["stream"] = json!(true);
+        let streamed = rig.chat_stream(&ask).await;
+        assert!(
+            streamed.tool_calls[0].0.starts_with("call_"),
+            "{adapter:?}: {:?}",
+            streamed.tool_calls
+        );
+
+        for client_id in [
+            id.as_str(),
+            "toolu_01XyZ",
+            "functions.get_weather:0",
+            "call 7",
+        ] {
+            let mut assistant = first["choices"][0]["message"].clone();
+            assistant["tool_calls"][0]["id"] = json!(client_id);
+            let mut second = chat_body("svc/haiku", "Weather in Oslo?", Some(200));
+            second["tools"] = chat_tool();
+            second["messages"] = json!([
+                {"role": "user", "content": "Weather in Oslo?"},
+                assistant,
+                {"role": "tool", "tool_call_id": client_id, "content": "sunny, 21C"},
+            ]);
+            let answer = rig.gw.chat(&rig.gw.key, &second).await.expect_ok();
+            let text = answer["choices"][0]["message"]["content"].as_str();
+            assert_eq!(
+                text,
+                Some("Hello from upstream."),
+                "{adapter:?} {client_id}"
+            );
+
+            let sent = rig.mock.last_body();
+            let (call_id, result_id) = match adapter {
+                Adapter::Anthropic => (
+                    sent["messages"][1]["content"][0]["id"].clone(),
+                    sent["messages"][2]["content"][0]["tool_use_id"].clone(),
+                ),
+                Adapter::OpenAi => (
+                    sent["messages"][1]["tool_calls"][0]["id"].clone(),
+                    sent["messages"][2]["tool_call_id"].clone(),
+                ),
+            };
+            assert_eq!(call_id, result_id, "{adapter:?} {client_id}: {sent}");
+            assert!(messages_api_id(&call_id), "{adapter:?} {client_id}: {sent}");
+            if messages_api_id(&json!(client_id)) {
+                assert_eq!(call_id, client_id, "a safe id is passed on as it is");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn chat_reasoning_effort_is_a_thinking_budget_on_opus_and_left_out_on_models_without_thinking(
+) {
+    let rig = Rig::start(Adapter::Anthropic).await;
+    let cases = [
+        (
+            "svc/opus",
+            "low",
+            Some(8_000),
+            json!({"type": "enabled", "budget_tokens": 1024}),
+        ),
+        (
+            "svc/opus",
+            "medium",
+            Some(8_000),
+            json!({"type": "enabled", "budget_tokens": 4096}),
+        ),
+        (
+            "svc/opus",
+            "high",
+            Some(8_000),
+            json!({"type": "enabled", "budget_tokens": 7999}),
+        ),
+        (
+            "svc/opus",
+            "high",
+            None,
+            json!({"type": "enabled", "budget_tokens": 16384}),
+        ),
+        ("svc/opus", "low", Some(1_000), Value::Null),
+        ("svc/opus", "none", Some(8_000), Value::Null),
+        ("svc/sonnet", "high", Some(8_000), Value::Null),
+        ("svc/kimi", "medium", None, Value::Null),
+        ("svc/auto", "high", Some(8_000), Value::Null),
+    ];
+    for (model, effort, max_tokens, thinking) in cases {
+        let mut body = chat_body(model, "Think first.", max_tokens);
+        body["reasoning_effort"] = json!(effort);
+        rig.gw.chat(&rig.gw.key, &body).await.expect_ok();
+        let sent = rig.mock.last_body();
+        assert_eq!(
+            sent["thinking"], thinking,
+            "{model} {effort} {max_tokens:?}"
+        );
+    }
+    let mut unknown = chat_body("svc/opus", "Think first.", Some(8_000));
+    unknown["reasoning_effort"] = json!("enormous");
+    rig.gw
+        .chat(&rig.gw.key, &unknown)
+        .await
+        .expect_invalid(&["reasoning_effort"]);
+
+    let mut messages = message("svc/sonnet", "Think first.", 8_000);
+    messages["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
+    rig.gw
+        .post_messages(&rig.gw.key, &messages)
+        .await
+        .expect_ok();
+    assert_eq!(rig.mock.last_body().get("thinking"), None);
+}
+
 /// A 1x1 transparent PNG.
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
 

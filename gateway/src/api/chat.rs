@@ -4,7 +4,9 @@
 //! Translation rules: `system` and `developer` messages form the system prompt; consecutive
 //! messages of one role merge (tool results join the following user turn) so the canonical
 //! conversation alternates; `temperature` is accepted in OpenAI's [0, 2] and values above 1
-//! are clamped to 1; `required` tool choice is `any`; thinking blocks are not shown.
+//! are clamped to 1; `required` tool choice is `any`; `reasoning_effort` is a thinking budget
+//! (left out on models without thinking); thinking blocks are not shown; tool calls carry
+//! `call_` ids (`ids::openai_call`), and any id a client sends back is taken as it is.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -168,7 +170,7 @@ fn to_messages(chat: ChatRequest) -> Result<(MessagesRequest, bool), ApiError> {
         stream: chat.stream.unwrap_or(false),
         tools,
         tool_choice,
-        thinking: None,
+        thinking: chat.reasoning_effort.and_then(|e| e.thinking(max_tokens)),
         metadata: chat.user.map(|user_id| Metadata {
             user_id: Some(user_id),
         }),
@@ -291,7 +293,7 @@ fn completion(id: String, model: String, done: Collected) -> ChatCompletion {
         match block {
             OutputBlock::Text { text: t } => text.push_str(&t),
             OutputBlock::ToolUse { id, name, input } => tool_calls.push(ToolCall {
-                id,
+                id: ids::openai_call(&id),
                 kind: "function".to_owned(),
                 function: FunctionCall {
                     name,
@@ -352,7 +354,7 @@ fn chunks(turn: Turn, include_usage: bool) -> impl Stream<Item = Result<Event, I
                     yield chunk(ChunkDelta {
                         tool_calls: vec![ToolCallDelta {
                             index: ordinal,
-                            id: Some(call_id),
+                            id: Some(ids::openai_call(&call_id)),
                             kind: Some("function"),
                             function: FunctionDelta { name: Some(name), arguments: String::new() },
                         }],

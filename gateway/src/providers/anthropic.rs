@@ -1,9 +1,11 @@
 //! The `anthropic` adapter: the Messages API (`POST {base_url}/v1/messages`, `x-api-key`,
 //! `anthropic-version`). The canonical request is already this format, so the request goes
-//! out as the client shaped it, with the upstream's model name and `stream: true`, and with
-//! the client's `anthropic-beta` features, which a request shaped for them (Claude Code's)
-//! may need; the stream comes back event by event through [`Blocks`], which keeps indexes
+//! out as the client shaped it (tool call ids made safe for it), with the upstream's model
+//! name and `stream: true`, and with the client's `anthropic-beta` features, which a request
+//! shaped for them (Claude Code's) may need; the stream comes back event by event through [`Blocks`], which keeps indexes
 //! dense and drops empty text blocks and redacted thinking.
+
+use std::borrow::Cow;
 
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -12,6 +14,7 @@ use serde_json::Value;
 use super::blocks::Blocks;
 use super::http::{self, Clients, Decoder, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
+use crate::ids;
 use crate::wire::anthropic::{Delta, OutputBlock, StopReason, TokenUsage};
 
 const API_VERSION: &str = "2023-06-01";
@@ -36,6 +39,9 @@ impl Provider for Anthropic {
             fields.insert("stream".into(), Value::Bool(true));
             // Empty lists are left out rather than sent: the API rejects some of them.
             fields.retain(|_, v| !matches!(v, Value::Array(items) if items.is_empty()));
+            if let Some(Value::Array(messages)) = fields.get_mut("messages") {
+                safe_tool_ids(messages);
+            }
         }
         let (client, upstream_call) = self.clients.get(upstream)?;
         let mut request = client
@@ -50,6 +56,27 @@ impl Provider for Anthropic {
             request = request.header("anthropic-beta", features);
         }
         http::open(request, upstream_call, upstream.timeouts, Stream::default()).await
+    }
+}
+
+/// Tool call ids a chat-completions client sent back (any form: `call_…`, another
+/// provider's) in the form the Messages API takes, tool_use and tool_result alike.
+fn safe_tool_ids(messages: &mut [Value]) {
+    let blocks = messages
+        .iter_mut()
+        .filter_map(|m| m.get_mut("content").and_then(Value::as_array_mut))
+        .flatten();
+    for block in blocks {
+        let key = match block.get("type").and_then(Value::as_str) {
+            Some("tool_use") => "id",
+            Some("tool_result") => "tool_use_id",
+            _ => continue,
+        };
+        if let Some(Value::String(id)) = block.get_mut(key) {
+            if let Cow::Owned(safe) = ids::tool_call_for_upstream(id, "toolu_") {
+                *id = safe;
+            }
+        }
     }
 }
 

@@ -4,9 +4,10 @@
 //! Request: the system prompt becomes the first `system` message; a user turn's tool results
 //! become `tool` messages ahead of its other content (they must follow the assistant's
 //! `tool_calls`); images become `image_url` parts (base64 as data URLs); an assistant turn's
-//! `tool_use` blocks become `tool_calls` with the input serialized as `arguments`; thinking
-//! blocks are not sent (the upstream cannot check their signatures); `tool_choice` any is
-//! `required`; usage is asked for with `stream_options.include_usage`.
+//! `tool_use` blocks become `tool_calls` with the input serialized as `arguments` (ids the
+//! upstream would refuse made safe, call and result alike: `ids::tool_call_for_upstream`);
+//! thinking blocks are not sent (the upstream cannot check their signatures); `tool_choice`
+//! any is `required`; usage is asked for with `stream_options.include_usage`.
 //!
 //! Stream: `reasoning_content` (as served for thinking models) becomes a thinking block,
 //! `content` a text block, and each `tool_calls[].index` a tool_use block whose argument
@@ -23,6 +24,7 @@ use serde_json::{json, Map, Value};
 use super::blocks::Blocks;
 use super::http::{self, Clients, Decoder, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
+use crate::ids;
 use crate::tokens::Tokenizer;
 use crate::wire::anthropic::{
     Delta, ImageSource, InputBlock, InputMessage, MessagesRequest, OutputBlock, Role, StopReason,
@@ -168,7 +170,8 @@ fn user_messages(message: &InputMessage, out: &mut Vec<Value>) {
                 } else {
                     text
                 };
-                out.push(json!({"role": "tool", "tool_call_id": tool_use_id, "content": text}));
+                let id = ids::tool_call_for_upstream(tool_use_id, "call_");
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
             }
             InputBlock::Text { text, .. } => parts.push(json!({"type": "text", "text": text})),
             InputBlock::Image { source, .. } => {
@@ -195,7 +198,7 @@ fn assistant_message(message: &InputMessage) -> Value {
                     InputBlock::Text { text: t, .. } => text.push(t.clone()),
                     InputBlock::ToolUse {
                         id, name, input, ..
-                    } => calls.push(json!({"id": id, "type": "function", "function": {
+                    } => calls.push(json!({"id": ids::tool_call_for_upstream(id, "call_"), "type": "function", "function": {
                         "name": name, "arguments": input.to_string(),
                     }})),
                     _ => {}

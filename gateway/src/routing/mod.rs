@@ -119,16 +119,30 @@ impl Catalog {
 
     /// The model that serves a turn: the requested one, or for an auto route the cheapest
     /// candidate (by this turn's ceiling) that has the capabilities and room it needs.
+    /// Thinking is a preference, never a reason to refuse: when no candidate with thinking
+    /// fits, the cheapest that fits otherwise serves the turn without it.
     pub fn serving_model(&self, requested: &Arc<Model>, needs: &Needs) -> Option<Arc<Model>> {
         let Route::Auto { candidates } = &requested.config.route else {
             return Some(requested.clone());
         };
-        candidates
-            .iter()
-            .filter_map(|id| self.models.get(id))
-            .filter(|m| fits(&m.config, needs))
-            .min_by_key(|m| m.price.ceiling(needs.input_tokens, needs.max_tokens, false))
-            .cloned()
+        let cheapest = |needs: &Needs| {
+            candidates
+                .iter()
+                .filter_map(|id| self.models.get(id))
+                .filter(|m| fits(&m.config, needs))
+                .min_by_key(|m| m.price.ceiling(needs.input_tokens, needs.max_tokens, false))
+                .cloned()
+        };
+        cheapest(needs).or_else(|| {
+            let without_thinking = Needs {
+                thinking: false,
+                ..*needs
+            };
+            needs
+                .thinking
+                .then(|| cheapest(&without_thinking))
+                .flatten()
+        })
     }
 }
 
