@@ -31,6 +31,7 @@ use crate::wire::anthropic::{
 pub enum Endpoint {
     Messages,
     ChatCompletions,
+    Responses,
 }
 
 impl Endpoint {
@@ -38,6 +39,7 @@ impl Endpoint {
         match self {
             Self::Messages => "messages",
             Self::ChatCompletions => "chat_completions",
+            Self::Responses => "responses",
         }
     }
 }
@@ -210,6 +212,7 @@ pub async fn start(
             .price
             .affordable_output(reserved, input_tokens, request.max_tokens, caching)
             .max(1);
+        request.fit_thinking_budget();
     }
 
     let upstream_span = meter.telemetry.calling(request.stream);
