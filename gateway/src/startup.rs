@@ -25,8 +25,10 @@ use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
 use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::Providers;
+use crate::responses_store::MemoryResponseStore;
 use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
+use crate::seal::Sealer;
 use crate::serve::{self, ServeError};
 use crate::state::{AppState, Services, Shutdown};
 use crate::tokens::Tokenizer;
@@ -226,6 +228,11 @@ async fn run(
         payment_webhook_secret: args.payment_webhook_secret.clone(),
         developers: stores.developers,
         payments: stores.payments,
+        responses: Arc::new(MemoryResponseStore::new(
+            args.responses_capacity,
+            Duration::from_secs(args.responses_retention_secs),
+        )),
+        reasoning_seal: Sealer::new(args.responses_secret.as_deref()),
         dashboard: DashboardConfig {
             secure_cookies: args.dashboard_secure_cookies,
             signup_credits: args.signup_credits,

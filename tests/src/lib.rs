@@ -43,7 +43,7 @@ pub use postgres::PostgresServer;
 pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use scrape::Scrape;
-pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
+pub use sse::{ChatStream, MessageStream, ResponseStream, SseEvent, SseStream};
 pub use upstream::{
     Fault, MockUpstream, MockUsage, Reply, RoutedManifests, Unscripted, UpstreamDef,
 };

@@ -8,6 +8,7 @@ mod chat;
 mod count_tokens;
 mod messages;
 mod models;
+mod responses;
 pub mod usage;
 
 use axum::extract::DefaultBodyLimit;
@@ -28,6 +29,12 @@ pub fn router(state: AppState) -> Router {
         .route("/messages", post(messages::create))
         .route("/messages/count_tokens", post(count_tokens::count))
         .route("/chat/completions", post(chat::create))
+        .route("/responses", post(responses::create))
+        .route(
+            "/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route("/responses/{id}/input_items", get(responses::input_items))
         .route("/models", get(models::list))
         .route("/models/{*id}", get(models::get))
         .route("/account", get(account::get))

@@ -13,6 +13,7 @@ use crate::ledger::LedgerError;
 use crate::limits::LimitError;
 use crate::payments::{CheckoutError, PaymentError};
 use crate::providers::ProviderError;
+use crate::responses_store::StoreError as ResponseStoreError;
 use crate::telemetry::metrics;
 use crate::tokens::TokenError;
 
@@ -121,6 +122,28 @@ impl ApiError {
     pub fn envelope_json(&self) -> String {
         serde_json::to_string(&self.envelope()).unwrap_or_default()
     }
+
+    /// The `error` event of a Responses API stream: the envelope, plus the fields that stream's
+    /// error event has (`code`, `message`, `param`, `sequence_number`).
+    pub fn responses_stream_error(&self, sequence_number: u64) -> String {
+        #[derive(Serialize)]
+        struct StreamError<'a> {
+            #[serde(flatten)]
+            envelope: Envelope<'a>,
+            code: ErrorType,
+            message: &'a str,
+            param: Option<&'a str>,
+            sequence_number: u64,
+        }
+        serde_json::to_string(&StreamError {
+            envelope: self.envelope(),
+            code: self.kind,
+            message: &self.message,
+            param: None,
+            sequence_number,
+        })
+        .unwrap_or_default()
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -164,6 +187,17 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(detail) => {
                 tracing::error!(error = %detail, "account store failed");
                 Self::unavailable("account service temporarily unavailable; retry with backoff")
+            }
+        }
+    }
+}
+
+impl From<ResponseStoreError> for ApiError {
+    fn from(e: ResponseStoreError) -> Self {
+        match e {
+            ResponseStoreError::Unavailable(detail) => {
+                tracing::error!(error = %detail, "response store failed");
+                Self::unavailable("stored responses temporarily unavailable; retry with backoff")
             }
         }
     }
