@@ -695,3 +695,30 @@ async fn opus_thinking_round_trips_with_its_signature_to_an_anthropic_upstream()
         call["call_id"]
     );
 }
+
+#[tokio::test]
+async fn an_upstream_failure_mid_stream_ends_with_response_failed_then_an_error_in_the_envelope_and_bills_nothing(
+) {
+    let (mock, gw, _manifests) = routed(Adapter::Anthropic).await;
+    mock.push([Reply::text(&words(30)).fault(Fault::OverloadedAfter(5))]);
+    let account_id = gw.account(&gw.key).await["id"].as_str().unwrap().to_owned();
+    let before = gw.balance(&gw.key).await;
+    let stream = stream_response(&gw, &gw.key, &streamed(body("svc/sonnet", json!("hi")))).await;
+    assert_eq!(stream.end, "response.failed", "{:?}", stream.names());
+    assert_eq!(stream.response["status"], "failed");
+    assert!(
+        stream.response["error"]["message"].is_string(),
+        "{}",
+        stream.response
+    );
+    let error = stream.error.expect("an error event after response.failed");
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "overloaded_error", "{error}");
+    assert_eq!(error["message"], error["error"]["message"]);
+    gw.wait_settled(&account_id).await;
+    assert_eq!(
+        gw.balance(&gw.key).await,
+        before,
+        "a failed turn is billed nothing"
+    );
+}
