@@ -471,12 +471,12 @@ async fn the_store_keeps_at_most_its_capacity_and_forgets_the_oldest_first() {
 #[tokio::test]
 async fn reasoning_on_opus_streams_a_summary_and_round_trips_sealed_through_a_stateless_client() {
     let gw = Gateway::start().await;
-    let mut request = body("svc/opus", json!("What is the weather in Paris?"));
+    let question = "Use get_weather: what is the weather in Paris?";
+    let mut request = body("svc/opus", json!(question));
     request["reasoning"] = json!({"effort": "low", "summary": "auto"});
     request["include"] = json!(["reasoning.encrypted_content"]);
     request["store"] = json!(false);
     request["tools"] = json!([function_tool()]);
-    request["tool_choice"] = json!("required");
     request["max_output_tokens"] = json!(4_000);
     let stream = stream_response(&gw, &gw.key, &streamed(request.clone())).await;
     let names = stream.names();
@@ -500,17 +500,18 @@ async fn reasoning_on_opus_streams_a_summary_and_round_trips_sealed_through_a_st
         .as_u64()
         .unwrap();
     assert!(reasoning_tokens > 0, "{}", stream.response);
-    let call = stream.items[1].clone();
-    assert_eq!(call["type"], "function_call");
+    let kinds: Vec<&Value> = stream.items.iter().map(|i| &i["type"]).collect();
+    assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+    let call = stream.items[2].clone();
 
     let mut next = request.clone();
     next["input"] = json!([
-        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "user", "content": question},
         reasoning,
+        stream.items[1],
         call,
         {"type": "function_call_output", "call_id": call["call_id"], "output": "22 degrees and sunny"}
     ]);
-    next["tool_choice"] = json!("auto");
     let answer = create(&gw, &gw.key, &next).await;
     assert!(output_text(&answer).ends_with("The tool returned: 22 degrees and sunny"));
 

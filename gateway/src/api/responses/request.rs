@@ -265,8 +265,8 @@ fn format_instruction(format: &Option<TextFormat>) -> Option<String> {
 }
 
 /// `reasoning.effort` as a thinking budget, within max_output_tokens; no thinking when the
-/// budget cannot reach the minimum, or when the turn continues a tool call made without
-/// thinking (an upstream refuses to think on top of it).
+/// budget cannot reach the minimum, when `tool_choice` forces a tool, or when the turn
+/// continues a tool call made without thinking (upstreams refuse to think in either case).
 fn thinking(req: &ResponsesRequest, request: &MessagesRequest) -> Option<Thinking> {
     let effort = req.reasoning.as_ref()?.effort.unwrap_or(Effort::Medium);
     let budget: u32 = match effort {
@@ -291,7 +291,12 @@ fn thinking(req: &ResponsesRequest, request: &MessagesRequest) -> Option<Thinkin
             let starts_thinking = matches!(blocks.next(), Some(InputBlock::Thinking { .. }));
             !starts_thinking && m.blocks().any(|b| matches!(b, InputBlock::ToolUse { .. }))
         });
-    (budget >= MIN_THINKING_BUDGET && !continues_unthought_call).then_some(Thinking::Enabled {
+    let forces_a_tool = matches!(
+        request.tool_choice,
+        Some(ToolChoice::Any { .. } | ToolChoice::Tool { .. })
+    );
+    let fits = budget >= MIN_THINKING_BUDGET;
+    (fits && !forces_a_tool && !continues_unthought_call).then_some(Thinking::Enabled {
         budget_tokens: budget,
     })
 }
@@ -395,6 +400,11 @@ fn item_blocks(
             let thinking = sealer
                 .open(&sealed)
                 .map_err(|e| ApiError::invalid(format!("{path}.encrypted_content: {e}")))?;
+            // Thinking streamed without a signature (an OpenAI-compatible upstream's
+            // reasoning) cannot be replayed to an upstream that checks one.
+            if thinking.signature.is_empty() {
+                return Ok(None);
+            }
             (
                 Role::Assistant,
                 vec![InputBlock::Thinking {
@@ -579,6 +589,15 @@ mod tests {
             })
         ));
         let t = translate(&req, Vec::new(), false, &Sealer::new(None)).unwrap();
+        assert!(t.request.thinking.is_none());
+    }
+
+    #[test]
+    fn a_tool_choice_that_forces_a_tool_leaves_thinking_off() {
+        let (req, items) = request(json!({"model": "svc/opus", "max_output_tokens": 4000,
+            "input": [{"role": "user", "content": "hi"}], "reasoning": {"effort": "low"},
+            "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"}));
+        let t = translate(&req, items, true, &Sealer::new(None)).unwrap();
         assert!(t.request.thinking.is_none());
     }
 
