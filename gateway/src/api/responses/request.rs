@@ -167,6 +167,11 @@ pub fn translate(
         }),
     };
     request.fold_system_messages();
+    if request.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "input: at least one user message is required (or previous_response_id)",
+        ));
+    }
     if thinking_capable {
         request.thinking = thinking(req, &request);
     }
@@ -574,13 +579,9 @@ mod tests {
 
     #[test]
     fn effort_turns_thinking_on_within_max_output_tokens_only_for_thinking_models() {
-        let body = json!({"model": "svc/opus", "input": "hi", "max_output_tokens": 4000,
-                          "reasoning": {"effort": "high"}});
-        let (req, _) = request(body);
-        let items = vec![Labeled {
-            path: "input".into(),
-            item: serde_json::from_value(json!({"role": "user", "content": "hi"})).unwrap(),
-        }];
+        let body = json!({"model": "svc/opus", "input": [{"role": "user", "content": "hi"}],
+                          "max_output_tokens": 4000, "reasoning": {"effort": "high"}});
+        let (req, items) = request(body.clone());
         let t = translate(&req, items, true, &Sealer::new(None)).unwrap();
         assert!(matches!(
             t.request.thinking,
@@ -588,8 +589,34 @@ mod tests {
                 budget_tokens: 3999
             })
         ));
-        let t = translate(&req, Vec::new(), false, &Sealer::new(None)).unwrap();
+        let (req, items) = request(body);
+        let t = translate(&req, items, false, &Sealer::new(None)).unwrap();
         assert!(t.request.thinking.is_none());
+    }
+
+    #[test]
+    fn a_json_schema_text_format_becomes_an_instruction_after_the_instructions() {
+        let (req, items) = request(json!({"model": "svc/sonnet", "instructions": "Be brief.",
+            "input": [{"role": "user", "content": "hi"}],
+            "text": {"format": {"type": "json_schema", "name": "answer",
+                                "schema": {"type": "object"}}}}));
+        let t = translate(&req, items, false, &Sealer::new(None)).unwrap();
+        let system = t.request.system_text().unwrap_or_default();
+        assert!(
+            system.starts_with("Be brief.\n\nRespond with a single JSON object (`answer`)"),
+            "{system}"
+        );
+        assert!(system.ends_with(r#"{"type":"object"}"#), "{system}");
+    }
+
+    #[test]
+    fn an_input_without_a_user_message_is_refused_naming_input() {
+        let (req, items) = request(json!({"model": "svc/sonnet", "instructions": "Be brief.",
+            "input": [{"role": "developer", "content": "rules"}]}));
+        let err = translate(&req, items, false, &Sealer::new(None))
+            .err()
+            .expect("refused");
+        assert!(err.message.starts_with("input:"), "{}", err.message);
     }
 
     #[test]
