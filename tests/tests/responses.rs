@@ -100,6 +100,7 @@ async fn a_json_response_has_a_resp_id_the_virtual_model_a_message_and_credits_e
 
     let id = response["id"].as_str().unwrap();
     assert!(id.starts_with("resp_"), "{response}");
+    assert_eq!(resp.header("request-id").as_deref(), Some(id));
     assert_eq!(response["object"], "response");
     assert_eq!(response["status"], "completed");
     assert_eq!(response["model"], "svc/sonnet");
