@@ -724,3 +724,44 @@ async fn an_upstream_failure_mid_stream_ends_with_response_failed_then_an_error_
         "a failed turn is billed nothing"
     );
 }
+
+#[tokio::test]
+async fn a_request_shaped_like_codex_streams_on_opus_with_its_reasoning_sealed() {
+    let gw = Gateway::start().await;
+    let request = json!({
+        "model": "svc/opus",
+        "instructions": "You are a coding agent.",
+        "input": [
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "<environment_context>cwd</environment_context>"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "List the files"}]}
+        ],
+        "tools": [
+            {"type": "function", "name": "shell", "description": "Runs a command", "strict": false,
+             "parameters": {"type": "object", "properties": {"command": {"type": "array",
+                 "items": {"type": "string"}}}, "required": ["command"]}},
+            {"type": "namespace", "name": "mcp__files", "description": "Files",
+             "tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}]},
+            {"type": "web_search"},
+            {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+        ],
+        "tool_choice": "auto",
+        "parallel_tool_calls": false,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": false,
+        "stream": true,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0199a7c2-session",
+        "text": {"verbosity": "medium"}
+    });
+    let stream = stream_response(&gw, &gw.key, &request).await;
+    assert_eq!(stream.end, "response.completed");
+    assert_eq!(stream.items[0]["type"], "reasoning");
+    assert!(stream.items[0]["encrypted_content"].is_string());
+    assert!(stream.text.ends_with("List the files"), "{}", stream.text);
+    assert_eq!(stream.response["store"], false);
+    assert_eq!(stream.response["parallel_tool_calls"], false);
+}
