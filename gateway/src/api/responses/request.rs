@@ -175,6 +175,12 @@ pub fn translate(
     if thinking_capable {
         request.thinking = thinking(req, &request);
     }
+    if request.thinking.is_some() {
+        // Thinking upstreams take only their default sampling while thinking; the client's
+        // sampling is accepted and not applied rather than failing the turn.
+        request.temperature = None;
+        request.top_p = None;
+    }
     Ok(Translated {
         request,
         open_max_tokens: max_tokens.is_none(),
@@ -580,9 +586,14 @@ mod tests {
     #[test]
     fn effort_turns_thinking_on_within_max_output_tokens_only_for_thinking_models() {
         let body = json!({"model": "svc/opus", "input": [{"role": "user", "content": "hi"}],
-                          "max_output_tokens": 4000, "reasoning": {"effort": "high"}});
+                          "max_output_tokens": 4000, "reasoning": {"effort": "high"},
+                          "temperature": 0.2});
         let (req, items) = request(body.clone());
         let t = translate(&req, items, true, &Sealer::new(None)).unwrap();
+        assert!(
+            t.request.temperature.is_none(),
+            "sampling is left to thinking upstreams"
+        );
         assert!(matches!(
             t.request.thinking,
             Some(Thinking::Enabled {
