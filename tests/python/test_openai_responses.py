@@ -189,7 +189,7 @@ def test_an_image_input_is_accepted(client, png_base64):
 
 
 def test_reasoning_on_opus_streams_a_summary_and_its_sealed_item_continues_a_stateless_tool_loop(client):
-    question = "What is the weather in Oslo?"
+    question = "Use get_weather: what is the weather in Oslo?"
     options = dict(
         model="svc/opus",
         reasoning={"effort": "low", "summary": "auto"},
@@ -198,7 +198,7 @@ def test_reasoning_on_opus_streams_a_summary_and_its_sealed_item_continues_a_sta
         tools=[WEATHER_TOOL],
         max_output_tokens=4000,
     )
-    with client.responses.stream(input=question, tool_choice="required", **options) as stream:
+    with client.responses.stream(input=question, **options) as stream:
         events = list(stream)
         final = stream.get_final_response()
     summary = "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta")
@@ -208,7 +208,8 @@ def test_reasoning_on_opus_streams_a_summary_and_its_sealed_item_continues_a_sta
     assert reasoning.summary[0].text == summary
     assert reasoning.encrypted_content
     assert final.usage.output_tokens_details.reasoning_tokens > 0
-    call = final.output[1]
+    assert [item.type for item in final.output] == ["reasoning", "message", "function_call"]
+    call = final.output[2]
 
     items = [{"role": "user", "content": question}]
     items += [item.model_dump(exclude_none=True) for item in final.output]

@@ -100,6 +100,7 @@ async fn a_json_response_has_a_resp_id_the_virtual_model_a_message_and_credits_e
 
     let id = response["id"].as_str().unwrap();
     assert!(id.starts_with("resp_"), "{response}");
+    assert_eq!(resp.header("request-id").as_deref(), Some(id));
     assert_eq!(response["object"], "response");
     assert_eq!(response["status"], "completed");
     assert_eq!(response["model"], "svc/sonnet");
@@ -471,12 +472,12 @@ async fn the_store_keeps_at_most_its_capacity_and_forgets_the_oldest_first() {
 #[tokio::test]
 async fn reasoning_on_opus_streams_a_summary_and_round_trips_sealed_through_a_stateless_client() {
     let gw = Gateway::start().await;
-    let mut request = body("svc/opus", json!("What is the weather in Paris?"));
+    let question = "Use get_weather: what is the weather in Paris?";
+    let mut request = body("svc/opus", json!(question));
     request["reasoning"] = json!({"effort": "low", "summary": "auto"});
     request["include"] = json!(["reasoning.encrypted_content"]);
     request["store"] = json!(false);
     request["tools"] = json!([function_tool()]);
-    request["tool_choice"] = json!("required");
     request["max_output_tokens"] = json!(4_000);
     let stream = stream_response(&gw, &gw.key, &streamed(request.clone())).await;
     let names = stream.names();
@@ -500,17 +501,18 @@ async fn reasoning_on_opus_streams_a_summary_and_round_trips_sealed_through_a_st
         .as_u64()
         .unwrap();
     assert!(reasoning_tokens > 0, "{}", stream.response);
-    let call = stream.items[1].clone();
-    assert_eq!(call["type"], "function_call");
+    let kinds: Vec<&Value> = stream.items.iter().map(|i| &i["type"]).collect();
+    assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+    let call = stream.items[2].clone();
 
     let mut next = request.clone();
     next["input"] = json!([
-        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "user", "content": question},
         reasoning,
+        stream.items[1],
         call,
         {"type": "function_call_output", "call_id": call["call_id"], "output": "22 degrees and sunny"}
     ]);
-    next["tool_choice"] = json!("auto");
     let answer = create(&gw, &gw.key, &next).await;
     assert!(output_text(&answer).ends_with("The tool returned: 22 degrees and sunny"));
 
@@ -694,4 +696,72 @@ async fn opus_thinking_round_trips_with_its_signature_to_an_anthropic_upstream()
         sent["messages"][2]["content"][0]["tool_use_id"],
         call["call_id"]
     );
+}
+
+#[tokio::test]
+async fn an_upstream_failure_mid_stream_ends_with_response_failed_then_an_error_in_the_envelope_and_bills_nothing(
+) {
+    let (mock, gw, _manifests) = routed(Adapter::Anthropic).await;
+    mock.push([Reply::text(&words(30)).fault(Fault::OverloadedAfter(5))]);
+    let account_id = gw.account(&gw.key).await["id"].as_str().unwrap().to_owned();
+    let before = gw.balance(&gw.key).await;
+    let stream = stream_response(&gw, &gw.key, &streamed(body("svc/sonnet", json!("hi")))).await;
+    assert_eq!(stream.end, "response.failed", "{:?}", stream.names());
+    assert_eq!(stream.response["status"], "failed");
+    assert!(
+        stream.response["error"]["message"].is_string(),
+        "{}",
+        stream.response
+    );
+    let error = stream.error.expect("an error event after response.failed");
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "overloaded_error", "{error}");
+    assert_eq!(error["message"], error["error"]["message"]);
+    gw.wait_settled(&account_id).await;
+    assert_eq!(
+        gw.balance(&gw.key).await,
+        before,
+        "a failed turn is billed nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_request_shaped_like_codex_streams_on_opus_with_its_reasoning_sealed() {
+    let gw = Gateway::start().await;
+    let request = json!({
+        "model": "svc/opus",
+        "instructions": "You are a coding agent.",
+        "input": [
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "<environment_context>cwd</environment_context>"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "List the files"}]}
+        ],
+        "tools": [
+            {"type": "function", "name": "shell", "description": "Runs a command", "strict": false,
+             "parameters": {"type": "object", "properties": {"command": {"type": "array",
+                 "items": {"type": "string"}}}, "required": ["command"]}},
+            {"type": "namespace", "name": "mcp__files", "description": "Files",
+             "tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}]},
+            {"type": "web_search"},
+            {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+        ],
+        "tool_choice": "auto",
+        "parallel_tool_calls": false,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": false,
+        "stream": true,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0199a7c2-session",
+        "text": {"verbosity": "medium"}
+    });
+    let stream = stream_response(&gw, &gw.key, &request).await;
+    assert_eq!(stream.end, "response.completed");
+    assert_eq!(stream.items[0]["type"], "reasoning");
+    assert!(stream.items[0]["encrypted_content"].is_string());
+    assert!(stream.text.ends_with("List the files"), "{}", stream.text);
+    assert_eq!(stream.response["store"], false);
+    assert_eq!(stream.response["parallel_tool_calls"], false);
 }

@@ -93,6 +93,10 @@ key: {{ .Values.postgres.existingSecretKey }}
 {{- default (printf "%s-admin" (include "gateway.fullname" .)) .Values.gateway.adminTokenSecret -}}
 {{- end -}}
 
+{{- define "gateway.responsesSecret" -}}
+{{- default (printf "%s-responses" (include "gateway.fullname" .)) .Values.gateway.responsesSecret -}}
+{{- end -}}
+
 {{- define "gateway.databaseEnv" -}}
 {{- if include "gateway.hasPostgres" . }}
 - name: DATABASE_URL

@@ -40,24 +40,37 @@ pub trait ResponseStore: Send + Sync {
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
 }
 
-/// At most `capacity` responses, each kept for `retention`; the oldest go first when full.
+/// The most bytes (of JSON) the in-process store holds, whatever the count: a stored response
+/// carries every inherited input item, images included, so a few long conversations could
+/// otherwise take the process' memory.
+pub const MAX_MEMORY_BYTES: usize = 256 * 1024 * 1024;
+
+/// At most `capacity` responses and [`MAX_MEMORY_BYTES`], each kept for `retention`; the
+/// oldest go first when full.
 pub struct MemoryResponseStore {
     capacity: usize,
+    max_bytes: usize,
     retention: Duration,
     inner: Mutex<Memory>,
 }
 
 #[derive(Default)]
 struct Memory {
-    by_id: HashMap<String, StoredResponse>,
+    by_id: HashMap<String, (StoredResponse, usize)>,
     /// Ids in insertion order, for eviction; deleted ids are skipped when reached.
     order: VecDeque<String>,
+    bytes: usize,
 }
 
 impl MemoryResponseStore {
     pub fn new(capacity: usize, retention: Duration) -> Self {
+        Self::bounded(capacity, MAX_MEMORY_BYTES, retention)
+    }
+
+    pub fn bounded(capacity: usize, max_bytes: usize, retention: Duration) -> Self {
         Self {
             capacity: capacity.max(1),
+            max_bytes,
             retention,
             inner: Mutex::new(Memory::default()),
         }
@@ -77,22 +90,35 @@ impl MemoryResponseStore {
 #[async_trait]
 impl ResponseStore for MemoryResponseStore {
     async fn put(&self, stored: StoredResponse) -> Result<(), StoreError> {
+        let size = size_of(&stored);
+        if size > self.max_bytes {
+            tracing::warn!(id = %stored.id, size, "a response too large to store was not stored");
+            return Ok(());
+        }
         let now = OffsetDateTime::now_utc();
         let mut memory = self.lock();
-        let Memory { by_id, order } = &mut *memory;
+        let Memory {
+            by_id,
+            order,
+            bytes,
+        } = &mut *memory;
         while let Some(oldest) = order.front() {
+            let full = by_id.len() >= self.capacity || *bytes + size > self.max_bytes;
             let stale = by_id
                 .get(oldest)
-                .is_none_or(|s| self.expired(s, now) || by_id.len() >= self.capacity);
+                .is_none_or(|(s, _)| full || self.expired(s, now));
             if !stale {
                 break;
             }
-            if let Some(id) = order.pop_front() {
-                by_id.remove(&id);
+            if let Some((_, freed)) = order.pop_front().and_then(|id| by_id.remove(&id)) {
+                *bytes -= freed;
             }
         }
         order.push_back(stored.id.clone());
-        by_id.insert(stored.id.clone(), stored);
+        *bytes += size;
+        if let Some((_, replaced)) = by_id.insert(stored.id.clone(), (stored, size)) {
+            *bytes -= replaced;
+        }
         Ok(())
     }
 
@@ -102,6 +128,7 @@ impl ResponseStore for MemoryResponseStore {
         Ok(memory
             .by_id
             .get(id)
+            .map(|(s, _)| s)
             .filter(|s| s.account_id == account_id && !self.expired(s, now))
             .map(|s| StoredResponse {
                 id: s.id.clone(),
@@ -118,12 +145,18 @@ impl ResponseStore for MemoryResponseStore {
         let owned = memory
             .by_id
             .get(id)
-            .is_some_and(|s| s.account_id == account_id && !self.expired(s, now));
-        if owned {
-            memory.by_id.remove(id);
+            .is_some_and(|(s, _)| s.account_id == account_id && !self.expired(s, now));
+        if let Some((_, freed)) = owned.then(|| memory.by_id.remove(id)).flatten() {
+            memory.bytes -= freed;
         }
         Ok(owned)
     }
+}
+
+/// The JSON size of a stored response, for the memory bound.
+fn size_of(stored: &StoredResponse) -> usize {
+    let json = |v: &serde_json::Value| serde_json::to_vec(v).map(|b| b.len()).unwrap_or(0);
+    json(&stored.response) + stored.input_items.iter().map(json).sum::<usize>()
 }
 
 #[cfg(test)]
@@ -160,6 +193,17 @@ mod tests {
         }
         assert!(store.get("acct", "resp_1").await.unwrap().is_none());
         assert!(store.get("acct", "resp_2").await.unwrap().is_some());
+        assert!(store.get("acct", "resp_3").await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_store_past_its_byte_budget_forgets_its_oldest_response_first() {
+        let one = size_of(&stored("resp_1", "acct"));
+        let store = MemoryResponseStore::bounded(10, 2 * one, Duration::from_secs(60));
+        for id in ["resp_1", "resp_2", "resp_3"] {
+            store.put(stored(id, "acct")).await.unwrap();
+        }
+        assert!(store.get("acct", "resp_1").await.unwrap().is_none());
         assert!(store.get("acct", "resp_3").await.unwrap().is_some());
     }
 

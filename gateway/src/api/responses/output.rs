@@ -107,7 +107,9 @@ impl Assembler {
             TurnEvent::Finished {
                 stop_reason, usage, ..
             } => {
-                let open: Vec<usize> = self.open.keys().copied().collect();
+                // Blocks the upstream left open are closed, in order, before the response ends.
+                let mut open: Vec<usize> = self.open.keys().copied().collect();
+                open.sort_unstable();
                 for index in open {
                     self.block_stop(index, &mut step.events);
                 }

@@ -167,8 +167,19 @@ pub fn translate(
         }),
     };
     request.fold_system_messages();
+    if request.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "input: at least one user message is required (or previous_response_id)",
+        ));
+    }
     if thinking_capable {
         request.thinking = thinking(req, &request);
+    }
+    if request.thinking.is_some() {
+        // Thinking upstreams take only their default sampling while thinking; the client's
+        // sampling is accepted and not applied rather than failing the turn.
+        request.temperature = None;
+        request.top_p = None;
     }
     Ok(Translated {
         request,
@@ -265,8 +276,8 @@ fn format_instruction(format: &Option<TextFormat>) -> Option<String> {
 }
 
 /// `reasoning.effort` as a thinking budget, within max_output_tokens; no thinking when the
-/// budget cannot reach the minimum, or when the turn continues a tool call made without
-/// thinking (an upstream refuses to think on top of it).
+/// budget cannot reach the minimum, when `tool_choice` forces a tool, or when the turn
+/// continues a tool call made without thinking (upstreams refuse to think in either case).
 fn thinking(req: &ResponsesRequest, request: &MessagesRequest) -> Option<Thinking> {
     let effort = req.reasoning.as_ref()?.effort.unwrap_or(Effort::Medium);
     let budget: u32 = match effort {
@@ -291,7 +302,12 @@ fn thinking(req: &ResponsesRequest, request: &MessagesRequest) -> Option<Thinkin
             let starts_thinking = matches!(blocks.next(), Some(InputBlock::Thinking { .. }));
             !starts_thinking && m.blocks().any(|b| matches!(b, InputBlock::ToolUse { .. }))
         });
-    (budget >= MIN_THINKING_BUDGET && !continues_unthought_call).then_some(Thinking::Enabled {
+    let forces_a_tool = matches!(
+        request.tool_choice,
+        Some(ToolChoice::Any { .. } | ToolChoice::Tool { .. })
+    );
+    let fits = budget >= MIN_THINKING_BUDGET;
+    (fits && !forces_a_tool && !continues_unthought_call).then_some(Thinking::Enabled {
         budget_tokens: budget,
     })
 }
@@ -395,6 +411,11 @@ fn item_blocks(
             let thinking = sealer
                 .open(&sealed)
                 .map_err(|e| ApiError::invalid(format!("{path}.encrypted_content: {e}")))?;
+            // Thinking streamed without a signature (an OpenAI-compatible upstream's
+            // reasoning) cannot be replayed to an upstream that checks one.
+            if thinking.signature.is_empty() {
+                return Ok(None);
+            }
             (
                 Role::Assistant,
                 vec![InputBlock::Thinking {
@@ -564,21 +585,57 @@ mod tests {
 
     #[test]
     fn effort_turns_thinking_on_within_max_output_tokens_only_for_thinking_models() {
-        let body = json!({"model": "svc/opus", "input": "hi", "max_output_tokens": 4000,
-                          "reasoning": {"effort": "high"}});
-        let (req, _) = request(body);
-        let items = vec![Labeled {
-            path: "input".into(),
-            item: serde_json::from_value(json!({"role": "user", "content": "hi"})).unwrap(),
-        }];
+        let body = json!({"model": "svc/opus", "input": [{"role": "user", "content": "hi"}],
+                          "max_output_tokens": 4000, "reasoning": {"effort": "high"},
+                          "temperature": 0.2});
+        let (req, items) = request(body.clone());
         let t = translate(&req, items, true, &Sealer::new(None)).unwrap();
+        assert!(
+            t.request.temperature.is_none(),
+            "sampling is left to thinking upstreams"
+        );
         assert!(matches!(
             t.request.thinking,
             Some(Thinking::Enabled {
                 budget_tokens: 3999
             })
         ));
-        let t = translate(&req, Vec::new(), false, &Sealer::new(None)).unwrap();
+        let (req, items) = request(body);
+        let t = translate(&req, items, false, &Sealer::new(None)).unwrap();
+        assert!(t.request.thinking.is_none());
+    }
+
+    #[test]
+    fn a_json_schema_text_format_becomes_an_instruction_after_the_instructions() {
+        let (req, items) = request(json!({"model": "svc/sonnet", "instructions": "Be brief.",
+            "input": [{"role": "user", "content": "hi"}],
+            "text": {"format": {"type": "json_schema", "name": "answer",
+                                "schema": {"type": "object"}}}}));
+        let t = translate(&req, items, false, &Sealer::new(None)).unwrap();
+        let system = t.request.system_text().unwrap_or_default();
+        assert!(
+            system.starts_with("Be brief.\n\nRespond with a single JSON object (`answer`)"),
+            "{system}"
+        );
+        assert!(system.ends_with(r#"{"type":"object"}"#), "{system}");
+    }
+
+    #[test]
+    fn an_input_without_a_user_message_is_refused_naming_input() {
+        let (req, items) = request(json!({"model": "svc/sonnet", "instructions": "Be brief.",
+            "input": [{"role": "developer", "content": "rules"}]}));
+        let err = translate(&req, items, false, &Sealer::new(None))
+            .err()
+            .expect("refused");
+        assert!(err.message.starts_with("input:"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_tool_choice_that_forces_a_tool_leaves_thinking_off() {
+        let (req, items) = request(json!({"model": "svc/opus", "max_output_tokens": 4000,
+            "input": [{"role": "user", "content": "hi"}], "reasoning": {"effort": "low"},
+            "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"}));
+        let t = translate(&req, items, true, &Sealer::new(None)).unwrap();
         assert!(t.request.thinking.is_none());
     }
 
