@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod limits;
 pub mod payments;
 pub mod providers;
+pub mod responses_store;
 pub mod routing;
 pub mod serve;
 pub mod startup;

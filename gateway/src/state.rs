@@ -13,6 +13,7 @@ use crate::ledger::Ledger;
 use crate::limits::Limiter;
 use crate::payments::PaymentProvider;
 use crate::providers::Providers;
+use crate::responses_store::ResponseStore;
 use crate::routing::Catalog;
 use crate::tokens::Tokenizer;
 
@@ -29,6 +30,8 @@ pub struct Services {
     /// Dashboard users, sessions and checkouts.
     pub developers: Arc<dyn DeveloperStore>,
     pub payments: Arc<dyn PaymentProvider>,
+    /// Stored responses of `/v1/responses`.
+    pub responses: Arc<dyn ResponseStore>,
     pub dashboard: DashboardConfig,
     /// The payment provider's webhook secret; the webhook is off without it.
     pub payment_webhook_secret: Option<String>,

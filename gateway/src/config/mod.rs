@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use crds::config::{SCOPES, TIER_IDS};
 
 use crate::limits::OutagePolicy;
+use crate::responses_store::ResponsesStoreArgs;
 use crate::telemetry::LogFormat;
 use published::SecretRef;
 
@@ -252,4 +253,6 @@ pub struct CommonArgs {
     /// How long an upstream stays out before one turn probes it.
     #[arg(long, env = "GATEWAY_BREAKER_COOLDOWN_MS", default_value_t = 30_000)]
     pub breaker_cooldown_ms: u64,
+    #[command(flatten)]
+    pub responses_store: ResponsesStoreArgs,
 }

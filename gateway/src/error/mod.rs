@@ -13,6 +13,7 @@ use crate::ledger::LedgerError;
 use crate::limits::LimitError;
 use crate::payments::{CheckoutError, PaymentError};
 use crate::providers::ProviderError;
+use crate::responses_store::StoreError as ResponseStoreError;
 use crate::telemetry::metrics;
 use crate::tokens::TokenError;
 
@@ -164,6 +165,24 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(detail) => {
                 tracing::error!(error = %detail, "account store failed");
                 Self::unavailable("account service temporarily unavailable; retry with backoff")
+            }
+        }
+    }
+}
+
+impl From<ResponseStoreError> for ApiError {
+    fn from(e: ResponseStoreError) -> Self {
+        match e {
+            ResponseStoreError::TooLarge { .. } => Self::invalid(format!(
+                "store: {e}; send `store: false` to get the response without storing it"
+            )),
+            ResponseStoreError::IdTaken(_) => {
+                tracing::error!(error = %e, "a fresh response id was taken");
+                Self::internal()
+            }
+            ResponseStoreError::Unavailable(detail) => {
+                tracing::error!(error = %detail, "response store failed");
+                Self::unavailable("stored responses temporarily unavailable; retry with backoff")
             }
         }
     }
