@@ -12,8 +12,9 @@ pub const TIER_IDS: [&str; 4] = ["free", "pay_as_you_go", "high_volume", "enterp
 
 /// The scopes a key can be restricted to; a key without scopes may use every surface.
 /// `messages`: POST /v1/messages and count_tokens; `chat`: POST /v1/chat/completions;
-/// `models`: GET /v1/models; `account`: GET /v1/account and /v1/usage.
-pub const SCOPES: [&str; 4] = ["messages", "chat", "models", "account"];
+/// `responses`: /v1/responses (create, retrieve, delete, input items); `models`: GET
+/// /v1/models; `account`: GET /v1/account and /v1/usage.
+pub const SCOPES: [&str; 5] = ["messages", "chat", "responses", "models", "account"];
 
 /// The key of the Secret the operator publishes the config in: the config as JSON.
 pub const SECRET_KEY: &str = "config.json";

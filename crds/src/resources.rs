@@ -432,7 +432,8 @@ impl fmt::Display for TierId {
 }
 
 /// An API surface: `messages` (POST /v1/messages and count_tokens), `chat`
-/// (POST /v1/chat/completions), `models` (GET /v1/models), `account` (GET /v1/account, /v1/usage).
+/// (POST /v1/chat/completions), `responses` (/v1/responses), `models` (GET /v1/models),
+/// `account` (GET /v1/account, /v1/usage).
 #[derive(
     JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord,
 )]
@@ -440,6 +441,7 @@ impl fmt::Display for TierId {
 pub enum Scope {
     Messages,
     Chat,
+    Responses,
     Models,
     Account,
 }
@@ -449,6 +451,7 @@ impl Scope {
         match self {
             Scope::Messages => "messages",
             Scope::Chat => "chat",
+            Scope::Responses => "responses",
             Scope::Models => "models",
             Scope::Account => "account",
         }

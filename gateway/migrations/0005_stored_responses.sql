@@ -1,5 +1,5 @@
 -- Responses the Responses API stored (`store: true`), kept for the retention period
--- (`--responses-retention-hours`) and purged by every pod's periodic sweep. The account is not
+-- (`--responses-retention-secs`) and purged by every pod's periodic sweep. The account is not
 -- a foreign key: a stored response moves no money, and the purge is its only deletion path
 -- besides the client's DELETE.
 CREATE TABLE stored_responses (

@@ -102,6 +102,23 @@ pub fn payment_reference() -> String {
     format!("pay_{}", random(20))
 }
 
+pub fn response() -> String {
+    format!("resp_{}", random(24))
+}
+
+/// The id of a Responses API item, prefixed by its type as the public API does.
+pub fn response_item(kind: &str) -> String {
+    let prefix = match kind {
+        "message" => "msg",
+        "function_call" => "fc",
+        "function_call_output" => "fco",
+        "reasoning" => "rs",
+        "custom_tool_call" => "ctc",
+        _ => "item",
+    };
+    format!("{prefix}_{}", random(24))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,7 @@ use crate::providers::Providers;
 use crate::responses_store::Backend as ResponsesBackend;
 use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
+use crate::seal::Sealer;
 use crate::serve::{self, ServeError};
 use crate::state::{AppState, Services, Shutdown};
 use crate::tokens::Tokenizer;
@@ -233,6 +234,7 @@ async fn run(
         developers: stores.developers,
         payments: stores.payments,
         responses: responses.store(),
+        reasoning_seal: Sealer::new(args.responses_secret.as_deref()),
         dashboard: DashboardConfig {
             secure_cookies: args.dashboard_secure_cookies,
             signup_credits: args.signup_credits,

@@ -15,6 +15,7 @@ use crate::payments::PaymentProvider;
 use crate::providers::Providers;
 use crate::responses_store::ResponseStore;
 use crate::routing::Catalog;
+use crate::seal::Sealer;
 use crate::tokens::Tokenizer;
 
 pub struct Services {
@@ -32,6 +33,8 @@ pub struct Services {
     pub payments: Arc<dyn PaymentProvider>,
     /// Stored responses of `/v1/responses`.
     pub responses: Arc<dyn ResponseStore>,
+    /// Seals the thinking handed to stateless Responses API clients.
+    pub reasoning_seal: Sealer,
     pub dashboard: DashboardConfig,
     /// The payment provider's webhook secret; the webhook is off without it.
     pub payment_webhook_secret: Option<String>,

@@ -31,6 +31,7 @@ use crate::wire::anthropic::{
 pub enum Endpoint {
     Messages,
     ChatCompletions,
+    Responses,
 }
 
 impl Endpoint {
@@ -38,6 +39,7 @@ impl Endpoint {
         match self {
             Self::Messages => "messages",
             Self::ChatCompletions => "chat_completions",
+            Self::Responses => "responses",
         }
     }
 }

@@ -69,8 +69,9 @@ fn apiserver_bin() -> PathBuf {
 }
 
 impl KubeApi {
-    /// Starts etcd and the API server and waits until the API is ready. `None` (after saying
-    /// why on stderr) when the API server binary or etcd is not installed: the test skips.
+    /// Starts etcd and the API server and waits until the API is ready. When the API server
+    /// binary or etcd is not installed: a failure under CI, else `None` after saying why (the
+    /// test skips on a developer's machine).
     pub async fn start() -> Option<KubeApi> {
         let bin = apiserver_bin();
         let missing = if !bin.exists() {
@@ -81,7 +82,9 @@ impl KubeApi {
             None
         };
         if let Some(reason) = missing {
-            eprintln!("SKIPPED: no Kubernetes API server: {reason}; run scripts/kube-apiserver");
+            crate::missing_dependency(&format!(
+                "no Kubernetes API server: {reason}; run scripts/kube-apiserver"
+            ));
             return None;
         }
         let dir = std::env::temp_dir().join(unique_name("e2e-kube"));

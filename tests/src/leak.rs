@@ -21,8 +21,9 @@ pub const FORBIDDEN: [&str; 6] = [
 ];
 
 /// Keys whose string values (any value for a tool call's `input`) are model-generated content,
-/// in the Anthropic and OpenAI wire formats.
-const GENERATED: [&str; 7] = [
+/// in the Anthropic, OpenAI and Responses API wire formats (`delta`: a Responses stream's
+/// text; `encrypted_content`: sealed thinking, which may spell anything).
+const GENERATED: [&str; 9] = [
     "text",
     "partial_json",
     "thinking",
@@ -30,6 +31,8 @@ const GENERATED: [&str; 7] = [
     "content",
     "arguments",
     "refusal",
+    "delta",
+    "encrypted_content",
 ];
 
 fn forbidden_in(text: &str) -> Option<&'static str> {

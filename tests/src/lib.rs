@@ -43,7 +43,7 @@ pub use postgres::PostgresServer;
 pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use scrape::Scrape;
-pub use sse::{ChatStream, MessageStream, SseEvent, SseStream};
+pub use sse::{ChatStream, MessageStream, ResponseStream, SseEvent, SseStream};
 pub use upstream::{
     Fault, MockUpstream, MockUsage, Reply, RoutedManifests, Unscripted, UpstreamDef,
 };
@@ -86,6 +86,17 @@ where
         );
         tokio::time::sleep(every).await;
     }
+}
+
+/// A test whose dependency (a program, a built binary) is missing: under CI (`CI` set, as
+/// `.ci/run` runs) it fails with the reason, since a skipped test checks nothing; on a
+/// developer's machine it says SKIPPED on stderr and the caller returns.
+pub fn missing_dependency(reason: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "a dependency of this test is missing (CI is set, so this is a failure, not a skip): {reason}"
+    );
+    eprintln!("SKIPPED: {reason}");
 }
 
 /// True when `message` contains a number of seconds ("retry after 12 seconds", "in 1 second",

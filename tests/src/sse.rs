@@ -1,5 +1,6 @@
 //! Server-Sent Events: reading a streamed body event by event, and the grammars of the
-//! Anthropic (`/v1/messages`) and OpenAI (`/v1/chat/completions`) streams.
+//! Anthropic (`/v1/messages`), OpenAI (`/v1/chat/completions`) and Responses API
+//! (`/v1/responses`) streams.
 
 use std::time::Duration;
 
@@ -459,4 +460,190 @@ pub fn assemble_chat_stream(events: &[SseEvent]) -> ChatStream {
         fail("no chunk carries a finish_reason");
     }
     out
+}
+
+/// A Responses API stream that followed the event lifecycle.
+#[derive(Clone, Debug)]
+pub struct ResponseStream {
+    /// `response` of the terminal event (`response.completed`, `.incomplete` or `.failed`).
+    pub response: Value,
+    /// The terminal event's name.
+    pub end: String,
+    /// Output items as `response.output_item.done` gave them, by output index.
+    pub items: Vec<Value>,
+    /// `output_text` assembled from the deltas, over every message item.
+    pub text: String,
+    /// Function-call arguments assembled from the deltas, by output index.
+    pub arguments: Vec<String>,
+    /// Reasoning summary text assembled from the deltas.
+    pub summary: String,
+    /// The `error` event after `response.failed`, if any.
+    pub error: Option<Value>,
+    pub events: Vec<SseEvent>,
+}
+
+impl ResponseStream {
+    pub fn names(&self) -> Vec<&str> {
+        self.events.iter().map(|e| e.name()).collect()
+    }
+}
+
+/// Checks the Responses API stream lifecycle and assembles the response: every event is named
+/// after its `type` and numbered by `sequence_number` from 0 without gaps; `response.created`
+/// then `response.in_progress` open it; each output item is added at the next output index,
+/// receives its parts and deltas while open, and is closed by `response.output_item.done`
+/// after its own `.done` events; one terminal event (`response.completed`, `.incomplete` or
+/// `.failed`, the latter possibly followed by `error`) ends it, and its `response.output`
+/// equals the items as they were closed.
+pub fn assemble_response_stream(events: &[SseEvent]) -> ResponseStream {
+    let fail = |why: &str| -> ! { panic!("{why}; events: {events:#?}") };
+    #[derive(PartialEq)]
+    enum State {
+        Open,
+        Done,
+    }
+    let mut items: Vec<(Value, State)> = Vec::new();
+    let mut text = String::new();
+    let mut arguments: Vec<String> = Vec::new();
+    let mut summary = String::new();
+    let mut end: Option<(String, Value)> = None;
+    let mut error = None;
+    let mut id = None;
+    for (i, event) in events.iter().enumerate() {
+        let data = event.json();
+        if data["type"] != event.name() {
+            fail(&format!(
+                "event {i} named {:?} has type {}",
+                event.name(),
+                data["type"]
+            ));
+        }
+        if data["sequence_number"].as_u64() != Some(i as u64) {
+            fail(&format!(
+                "event {i} has sequence_number {}",
+                data["sequence_number"]
+            ));
+        }
+        if error.is_some() {
+            fail("event after error");
+        }
+        let expected_first = ["response.created", "response.in_progress"];
+        if i < 2 && event.name() != expected_first[i] {
+            fail(&format!("event {i} is not {}", expected_first[i]));
+        }
+        if end.is_some() && event.name() != "error" {
+            fail("event after the terminal event");
+        }
+        let output_index = data["output_index"].as_u64().map(|n| n as usize);
+        let open_item = |kind: &str| -> usize {
+            let Some(index) = output_index else {
+                fail(&format!("{} without output_index", event.name()))
+            };
+            match items.get(index) {
+                Some((item, State::Open)) if item["type"] == kind => {
+                    if data.get("item_id").is_some() && data["item_id"] != item["id"] {
+                        fail("item_id does not match the open item");
+                    }
+                    index
+                }
+                _ => fail(&format!("{} for no open {kind} item", event.name())),
+            }
+        };
+        match event.name() {
+            "response.created" | "response.in_progress" => {
+                let response = &data["response"];
+                if response["status"] != "in_progress" || response["object"] != "response" {
+                    fail("the opening events show an in-progress response");
+                }
+                match &id {
+                    None => id = Some(response["id"].clone()),
+                    Some(id) if *id != response["id"] => fail("the response id changed"),
+                    Some(_) => {}
+                }
+            }
+            "response.output_item.added" => {
+                if output_index != Some(items.len()) {
+                    fail("output_item.added not at the next output index");
+                }
+                if data["item"]["status"] != "in_progress" {
+                    fail("an added item is in progress");
+                }
+                items.push((data["item"].clone(), State::Open));
+                arguments.push(String::new());
+            }
+            "response.content_part.added" | "response.content_part.done" => {
+                open_item("message");
+            }
+            "response.output_text.delta" => {
+                open_item("message");
+                text.push_str(data["delta"].as_str().unwrap_or_else(|| fail("delta")));
+            }
+            "response.output_text.done" => {
+                open_item("message");
+            }
+            "response.function_call_arguments.delta" => {
+                let index = open_item("function_call");
+                arguments[index].push_str(data["delta"].as_str().unwrap_or_else(|| fail("delta")));
+            }
+            "response.function_call_arguments.done" => {
+                let index = open_item("function_call");
+                if data["arguments"].as_str() != Some(arguments[index].as_str())
+                    && !(arguments[index].is_empty() && data["arguments"] == "{}")
+                {
+                    fail("function_call_arguments.done differs from the deltas");
+                }
+            }
+            "response.reasoning_summary_part.added"
+            | "response.reasoning_summary_text.done"
+            | "response.reasoning_summary_part.done" => {
+                open_item("reasoning");
+            }
+            "response.reasoning_summary_text.delta" => {
+                open_item("reasoning");
+                summary.push_str(data["delta"].as_str().unwrap_or_else(|| fail("delta")));
+            }
+            "response.output_item.done" => {
+                let kind = data["item"]["type"].as_str().unwrap_or_default().to_owned();
+                let index = open_item(&kind);
+                if data["item"]["id"] != items[index].0["id"] {
+                    fail("output_item.done changed the item id");
+                }
+                items[index] = (data["item"].clone(), State::Done);
+            }
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                if event.name() != "response.failed" && items.iter().any(|(_, s)| *s == State::Open)
+                {
+                    fail("the response ended with an item still open");
+                }
+                end = Some((event.name().to_owned(), data["response"].clone()));
+            }
+            "error" => {
+                if end
+                    .as_ref()
+                    .is_none_or(|(name, _)| name != "response.failed")
+                {
+                    fail("error without response.failed before it");
+                }
+                error = Some(data.clone());
+            }
+            other => fail(&format!("unexpected event {other:?}")),
+        }
+    }
+    let Some((end, response)) = end else {
+        fail("no terminal event")
+    };
+    let items: Vec<Value> = items.into_iter().map(|(item, _)| item).collect();
+    if end != "response.failed" && response["output"].as_array() != Some(&items) {
+        fail("the terminal response's output differs from the items as they were closed");
+    }
+    ResponseStream {
+        response,
+        end,
+        items,
+        text,
+        arguments,
+        summary,
+        error,
+        events: events.to_vec(),
+    }
 }

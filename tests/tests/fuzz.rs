@@ -16,17 +16,20 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
-const POST_PATHS: [&str; 3] = [
+const POST_PATHS: [&str; 4] = [
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/chat/completions",
+    "/v1/responses",
 ];
-const GET_PATHS: [&str; 5] = [
+const GET_PATHS: [&str; 7] = [
     "/v1/models",
     "/v1/models/svc/opus",
     "/v1/account",
     "/v1/usage",
     "/v1/messages",
+    "/v1/responses/resp_unknown",
+    "/v1/responses/resp_unknown/input_items",
 ];
 
 /// One fuzz gateway: its runtime, process and a high-volume key with plenty of credits.
@@ -256,10 +259,8 @@ fn full_request(model: &str) -> Value {
     })
 }
 
-/// A valid request (svc/opus, thinking on) with the value at `pointer` replaced or removed.
-fn mutate(pointer: &str, value: Option<Value>) -> Value {
-    let mut body = full_request("svc/opus");
-    body["max_tokens"] = json!(2048);
+/// `body` with the value at `pointer` replaced (`Some`) or removed (`None`).
+fn replace_at(mut body: Value, pointer: &str, value: Option<Value>) -> Value {
     if pointer.is_empty() {
         return value.unwrap_or(Value::Null);
     }
@@ -293,6 +294,13 @@ fn mutate(pointer: &str, value: Option<Value>) -> Value {
     body
 }
 
+/// A valid request (svc/opus, thinking on) with the value at `pointer` replaced or removed.
+fn mutate(pointer: &str, value: Option<Value>) -> Value {
+    let mut body = full_request("svc/opus");
+    body["max_tokens"] = json!(2048);
+    replace_at(body, pointer, value)
+}
+
 fn mutation() -> impl Strategy<Value = (usize, Value)> {
     (
         0..POST_PATHS.len(),
@@ -310,6 +318,78 @@ fn a_valid_request_with_any_field_replaced_by_any_value_never_gets_a_5xx() {
     fuzz.run(240, mutation(), |f, (path, body)| {
         f.post_json(POST_PATHS[path], &body)
     });
+}
+
+/// Paths (JSON pointers) of a valid `/v1/responses` request whose value the fuzzer replaces.
+const RESPONSES_FIELDS: [&str; 26] = [
+    "",
+    "/model",
+    "/input",
+    "/input/0",
+    "/input/0/role",
+    "/input/0/content",
+    "/input/0/content/0",
+    "/input/0/content/0/type",
+    "/input/1",
+    "/input/1/arguments",
+    "/input/1/call_id",
+    "/input/2",
+    "/input/2/output",
+    "/input/3",
+    "/input/3/encrypted_content",
+    "/instructions",
+    "/tools",
+    "/tools/0",
+    "/tools/0/parameters",
+    "/tools/1/tools",
+    "/tool_choice",
+    "/reasoning",
+    "/max_output_tokens",
+    "/text",
+    "/include",
+    "/previous_response_id",
+];
+
+/// A valid Responses request (svc/opus, reasoning on, a tool call and its output in the
+/// input, a namespace and a hosted tool) with the value at `pointer` replaced or removed.
+fn mutate_responses(pointer: &str, value: Option<Value>, stream: bool) -> Value {
+    let body = json!({
+        "model": "svc/opus",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "call get_weather"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"role": "user", "content": "and tomorrow?"}
+        ],
+        "instructions": "be brief",
+        "tools": [
+            {"type": "function", "name": "get_weather", "parameters": weather_tool()["input_schema"]},
+            {"type": "namespace", "name": "crm", "description": "CRM",
+             "tools": [{"type": "function", "name": "lookup"}]},
+            {"type": "web_search"}
+        ],
+        "tool_choice": "auto",
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "max_output_tokens": 2048,
+        "text": {"format": {"type": "text"}},
+        "include": ["reasoning.encrypted_content"],
+        "store": false,
+        "stream": stream,
+    });
+    replace_at(body, pointer, value)
+}
+
+#[test]
+fn a_valid_responses_request_with_any_field_replaced_by_any_value_never_gets_a_5xx() {
+    let fuzz = Fuzz::start();
+    let strategy = (
+        prop::sample::select(RESPONSES_FIELDS.to_vec()),
+        prop::option::weighted(0.85, any_json()),
+        any::<bool>(),
+    )
+        .prop_map(|(p, v, stream)| mutate_responses(p, v, stream));
+    fuzz.run(200, strategy, |f, body| f.post_json("/v1/responses", &body));
 }
 
 #[test]
@@ -395,6 +475,8 @@ fn query() -> impl Strategy<Value = String> {
             "group_by",
             "limit",
             "after_id",
+            "after",
+            "order",
             "beta"
         ])
         .prop_map(String::from),
@@ -412,6 +494,10 @@ fn query() -> impl Strategy<Value = String> {
             "model,model,day",
             "9999-12-31",
             "-1",
+            "asc",
+            "desc",
+            "0",
+            "101",
         ])
         .prop_map(String::from),
         any::<i64>().prop_map(|n| n.to_string()),

@@ -73,7 +73,7 @@ fn assert_ok(what: &str, out: &Output) {
 #[tokio::test]
 async fn the_chart_installs_and_upgrades_on_a_real_api_server() {
     if !helm_bin().exists() {
-        eprintln!("skipped: {} is not installed", helm_bin().display());
+        e2e::missing_dependency(&format!("{} is not installed", helm_bin().display()));
         return;
     }
     let Some(api) = KubeApi::start().await else {

@@ -80,18 +80,26 @@ async fn drain(mut stream: BodyDataStream) {
 
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::invalid(format!("invalid JSON body: {inner}"))
-        } else if path == "." {
-            ApiError::invalid(inner.to_string())
-        } else {
-            ApiError::invalid(format!("{path}: {inner}"))
-        }
-    })?;
+    let value = serde_path_to_error::deserialize(&mut de).map_err(invalid)?;
     de.end()
         .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))?;
     Ok(value)
+}
+
+/// A body already read as JSON, typed, with the same field-path errors as [`parse`]; for
+/// endpoints that also keep parts of the raw body (to echo them back).
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(invalid)
+}
+
+fn invalid(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if inner.is_syntax() || inner.is_eof() {
+        ApiError::invalid(format!("invalid JSON body: {inner}"))
+    } else if path == "." {
+        ApiError::invalid(inner.to_string())
+    } else {
+        ApiError::invalid(format!("{path}: {inner}"))
+    }
 }

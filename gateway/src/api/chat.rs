@@ -105,17 +105,7 @@ fn to_messages(chat: ChatRequest) -> Result<(MessagesRequest, bool), ApiError> {
                 }],
             ),
         };
-        match messages.last_mut() {
-            Some(last) if last.role == role => {
-                if let StringOr::Many(existing) = &mut last.content {
-                    existing.extend(blocks);
-                }
-            }
-            _ => messages.push(InputMessage {
-                role,
-                content: StringOr::Many(blocks),
-            }),
-        }
+        InputMessage::append(&mut messages, role, blocks);
     }
     let tools = chat
         .tools
@@ -194,16 +184,16 @@ fn text_of(content: &StringOr<ContentPart>) -> String {
 
 fn user_blocks(content: StringOr<ContentPart>, i: usize) -> Result<Vec<InputBlock>, ApiError> {
     let parts = match content {
-        StringOr::String(text) => return Ok(vec![text_block(text)]),
+        StringOr::String(text) => return Ok(vec![InputBlock::text(text)]),
         StringOr::Many(parts) => parts,
     };
     parts
         .into_iter()
         .enumerate()
         .map(|(j, part)| match part {
-            ContentPart::Text { text } => Ok(text_block(text)),
+            ContentPart::Text { text } => Ok(InputBlock::text(text)),
             ContentPart::ImageUrl { image_url } => Ok(InputBlock::Image {
-                source: image_source(&image_url.url).ok_or_else(|| {
+                source: ImageSource::from_url(&image_url.url).ok_or_else(|| {
                     ApiError::invalid(format!(
                         "messages[{i}].content[{j}].image_url.url: expected an https URL or a base64 data URL"
                     ))
@@ -214,27 +204,6 @@ fn user_blocks(content: StringOr<ContentPart>, i: usize) -> Result<Vec<InputBloc
         .collect()
 }
 
-fn text_block(text: String) -> InputBlock {
-    InputBlock::Text {
-        text,
-        cache_control: None,
-        citations: None,
-    }
-}
-
-fn image_source(url: &str) -> Option<ImageSource> {
-    if let Some(rest) = url.strip_prefix("data:") {
-        let (media_type, data) = rest.split_once(";base64,")?;
-        return Some(ImageSource::Base64 {
-            media_type: media_type.to_owned(),
-            data: data.to_owned(),
-        });
-    }
-    (url.starts_with("https://") || url.starts_with("http://")).then(|| ImageSource::Url {
-        url: url.to_owned(),
-    })
-}
-
 fn assistant_blocks(
     content: Option<StringOr<ContentPart>>,
     tool_calls: Option<Vec<ToolCall>>,
@@ -242,7 +211,7 @@ fn assistant_blocks(
 ) -> Result<Vec<InputBlock>, ApiError> {
     let mut blocks = Vec::new();
     if let Some(text) = content.map(|c| text_of(&c)).filter(|t| !t.is_empty()) {
-        blocks.push(text_block(text));
+        blocks.push(InputBlock::text(text));
     }
     for (j, call) in tool_calls.unwrap_or_default().into_iter().enumerate() {
         let input: Value = serde_json::from_str(&call.function.arguments).map_err(|_| {

@@ -8,24 +8,33 @@ mod chat;
 mod count_tokens;
 mod messages;
 mod models;
+mod responses;
 pub mod usage;
 
 use axum::extract::DefaultBodyLimit;
+use axum::http::HeaderValue;
 use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, dashboard, limits, payments, telemetry};
+use crate::{auth, dashboard, limits, payments, telemetry, version};
 
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/messages", post(messages::create))
         .route("/messages/count_tokens", post(count_tokens::count))
         .route("/chat/completions", post(chat::create))
+        .route("/responses", post(responses::create))
+        .route(
+            "/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route("/responses/{id}/input_items", get(responses::input_items))
         .route("/models", get(models::list))
         .route("/models/{*id}", get(models::get))
         .route("/account", get(account::get))
@@ -33,7 +42,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(state.clone(), auth::layer))
-        .layer(from_fn_with_state(state.clone(), limits::headers_layer));
+        .layer(from_fn_with_state(state.clone(), limits::headers_layer))
+        .layer(SetResponseHeaderLayer::overriding(
+            version::HEADER,
+            HeaderValue::from_static(version::API_VERSION),
+        ));
     Router::new()
         .nest("/v1", v1)
         .merge(dashboard::router())

@@ -50,6 +50,7 @@ pub async fn list(State(state): State<AppState>) -> Json<Value> {
     let data: Vec<ModelRecord> = catalog.models().map(|m| record(m)).collect();
     Json(json!({
         "object": "list",
+        "api_version": crate::version::API_VERSION,
         "first_id": data.first().map(|m| m.id),
         "last_id": data.last().map(|m| m.id),
         "has_more": false,

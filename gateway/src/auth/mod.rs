@@ -205,6 +205,8 @@ fn scope_of(path: &str) -> &'static str {
     let path = path.strip_prefix("/v1").unwrap_or(path);
     if path.starts_with("/chat") {
         "chat"
+    } else if path.starts_with("/responses") {
+        "responses"
     } else if path.starts_with("/models") {
         "models"
     } else if path.starts_with("/account") || path.starts_with("/usage") {
@@ -222,6 +224,7 @@ mod tests {
     fn scopes_follow_the_surface() {
         assert_eq!(scope_of("/v1/messages/count_tokens"), "messages");
         assert_eq!(scope_of("/v1/chat/completions"), "chat");
+        assert_eq!(scope_of("/v1/responses/resp_1/input_items"), "responses");
         assert_eq!(scope_of("/v1/models/svc/opus"), "models");
         assert_eq!(scope_of("/v1/usage"), "account");
     }

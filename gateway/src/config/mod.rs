@@ -91,7 +91,7 @@ pub enum KeysCommand {
         credits: u64,
         #[arg(long, value_enum, default_value = "api")]
         kind: KindArg,
-        /// Surfaces the key may use (messages, chat, models, account); none: all.
+        /// Surfaces the key may use (messages, chat, responses, models, account); none: all.
         #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(SCOPES))]
         scopes: Vec<String>,
         #[arg(long, default_value = "key")]
@@ -253,6 +253,11 @@ pub struct CommonArgs {
     /// How long an upstream stays out before one turn probes it.
     #[arg(long, env = "GATEWAY_BREAKER_COOLDOWN_MS", default_value_t = 30_000)]
     pub breaker_cooldown_ms: u64,
+    /// Secret that seals the reasoning `/v1/responses` hands to stateless clients
+    /// (`include: ["reasoning.encrypted_content"]`). Give every pod the same one; without it
+    /// each process picks a random one, and sealed reasoning only comes back to that process.
+    #[arg(long, env = "GATEWAY_RESPONSES_SECRET", hide_env_values = true)]
+    pub responses_secret: Option<String>,
     #[command(flatten)]
     pub responses_store: ResponsesStoreArgs,
 }

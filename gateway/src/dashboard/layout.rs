@@ -68,6 +68,7 @@ pub fn page(session: &Session, nav: Nav, title: &str, content: Markup) -> Markup
                                 }
                             }
                         }
+                        p.small { a href="/developers/changelog" { "API changelog" } }
                     }
                     main #main tabindex="-1" {
                         h1 { (title) }
@@ -81,15 +82,32 @@ pub fn page(session: &Session, nav: Nav, title: &str, content: Markup) -> Markup
 
 /// A signed-out page: sign-in, sign-up, errors before signing in.
 pub fn bare(title: &str, content: Markup) -> Markup {
+    framed("card narrow", title, content)
+}
+
+/// A public page of reading matter (the changelog), signed in or not.
+pub fn wide(title: &str, content: Markup) -> Markup {
+    framed(
+        "card wide",
+        title,
+        html! {
+            (content)
+            p.alt { a href="/developers" { "Back to the dashboard" } }
+        },
+    )
+}
+
+fn framed(class: &str, title: &str, content: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             (head(title))
             body.bare {
-                main #main.card.narrow {
+                main #main class=(class) {
                     p.brand { span.logo aria-hidden="true" { "◆" } " svc " span.muted { "developers" } }
                     h1 { (title) }
                     (content)
+                    p.alt.small { a href="/developers/changelog" { "API changelog" } }
                 }
             }
         }

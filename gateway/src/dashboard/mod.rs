@@ -4,6 +4,7 @@
 
 mod account;
 mod billing;
+mod changelog;
 mod charts;
 mod form;
 mod keys;
@@ -86,6 +87,7 @@ pub fn router() -> Router<AppState> {
         .route("/developers/usage.csv", get(usage::csv))
         .route("/developers/billing", get(billing::show))
         .route("/developers/billing/checkout", post(billing::checkout))
+        .route("/developers/changelog", get(changelog::show))
         .route("/developers/assets/style.css", get(style))
         .route("/developers/{*rest}", get(not_found).post(not_found))
 }

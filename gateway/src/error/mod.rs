@@ -122,6 +122,28 @@ impl ApiError {
     pub fn envelope_json(&self) -> String {
         serde_json::to_string(&self.envelope()).unwrap_or_default()
     }
+
+    /// The `error` event of a Responses API stream: the envelope, plus the fields that stream's
+    /// error event has (`code`, `message`, `param`, `sequence_number`).
+    pub fn responses_stream_error(&self, sequence_number: u64) -> String {
+        #[derive(Serialize)]
+        struct StreamError<'a> {
+            #[serde(flatten)]
+            envelope: Envelope<'a>,
+            code: ErrorType,
+            message: &'a str,
+            param: Option<&'a str>,
+            sequence_number: u64,
+        }
+        serde_json::to_string(&StreamError {
+            envelope: self.envelope(),
+            code: self.kind,
+            message: &self.message,
+            param: None,
+            sequence_number,
+        })
+        .unwrap_or_default()
+    }
 }
 
 impl IntoResponse for ApiError {

@@ -31,12 +31,12 @@ use crate::db::Database;
 #[derive(Clone, Debug, clap::Args)]
 pub struct ResponsesStoreArgs {
     /// How long a stored response (`store: true`) can be retrieved or continued; older ones
-    /// are purged.
-    #[arg(long, env = "GATEWAY_RESPONSES_RETENTION_HOURS", default_value_t = Retention::DEFAULT_HOURS)]
-    pub responses_retention_hours: u64,
+    /// are purged. 30 days by default, as OpenAI keeps them.
+    #[arg(long, env = "GATEWAY_RESPONSES_RETENTION_SECS", default_value_t = Retention::DEFAULT_HOURS * 3600)]
+    pub responses_retention_secs: u64,
     /// In-process store (no `--database-url`): the most responses kept; the oldest go first.
-    #[arg(long, env = "GATEWAY_RESPONSES_MAX_STORED", default_value_t = 10_000)]
-    pub responses_max_stored: usize,
+    #[arg(long, env = "GATEWAY_RESPONSES_CAPACITY", default_value_t = 10_000)]
+    pub responses_capacity: usize,
     /// In-process store: the most bytes (as JSON) the responses take; the oldest go first.
     #[arg(long, env = "GATEWAY_RESPONSES_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub responses_max_bytes: usize,
@@ -44,7 +44,7 @@ pub struct ResponsesStoreArgs {
 
 impl ResponsesStoreArgs {
     fn retention(&self) -> Retention {
-        Retention::hours(self.responses_retention_hours)
+        Retention(Duration::from_secs(self.responses_retention_secs))
     }
 }
 
@@ -58,7 +58,7 @@ pub enum Backend {
 impl Backend {
     pub fn memory(args: &ResponsesStoreArgs) -> Self {
         Self::Memory(Arc::new(MemoryResponseStore::new(MemoryLimits {
-            max_responses: args.responses_max_stored,
+            max_responses: args.responses_capacity,
             max_bytes: args.responses_max_bytes,
             retention: args.retention(),
         })))

@@ -202,6 +202,24 @@ pub struct InputMessage {
 }
 
 impl InputMessage {
+    /// Appends `blocks` to the conversation as a turn of `role`, joining the last turn when it
+    /// has the same role: the OpenAI formats split one canonical turn into several messages or
+    /// items (tool results, then the user's text), and the canonical conversation alternates.
+    pub fn append(messages: &mut Vec<InputMessage>, role: Role, blocks: Vec<InputBlock>) {
+        match messages.last_mut() {
+            Some(last) if last.role == role => {
+                let existing = std::mem::replace(&mut last.content, StringOr::Many(Vec::new()));
+                let mut joined = existing.into_blocks();
+                joined.extend(blocks);
+                last.content = StringOr::Many(joined);
+            }
+            _ => messages.push(InputMessage {
+                role,
+                content: StringOr::Many(blocks),
+            }),
+        }
+    }
+
     pub fn blocks(&self) -> impl Iterator<Item = &InputBlock> {
         self.content.many()
     }
@@ -280,6 +298,14 @@ pub enum InputBlock {
 }
 
 impl InputBlock {
+    pub fn text(text: String) -> Self {
+        Self::Text {
+            text,
+            cache_control: None,
+            citations: None,
+        }
+    }
+
     fn has_cache_control(&self) -> bool {
         match self {
             Self::Text { cache_control, .. }
@@ -296,6 +322,22 @@ impl InputBlock {
 pub enum ImageSource {
     Base64 { media_type: String, data: String },
     Url { url: String },
+}
+
+impl ImageSource {
+    /// An image as the OpenAI formats give it: a `data:<type>;base64,` URL or an http(s) URL.
+    pub fn from_url(url: &str) -> Option<Self> {
+        if let Some(rest) = url.strip_prefix("data:") {
+            let (media_type, data) = rest.split_once(";base64,")?;
+            return Some(Self::Base64 {
+                media_type: media_type.to_owned(),
+                data: data.to_owned(),
+            });
+        }
+        (url.starts_with("https://") || url.starts_with("http://")).then(|| Self::Url {
+            url: url.to_owned(),
+        })
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

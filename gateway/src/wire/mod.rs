@@ -3,3 +3,4 @@
 pub mod anthropic;
 pub mod one_or_many;
 pub mod openai;
+pub mod responses;

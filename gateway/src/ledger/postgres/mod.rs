@@ -57,7 +57,7 @@ const STOP_REASONS: [StopReason; 4] = [
     StopReason::ToolUse,
 ];
 
-const ENDPOINTS: [&str; 2] = ["messages", "chat_completions"];
+const ENDPOINTS: [&str; 3] = ["messages", "chat_completions", "responses"];
 
 /// The most turns one reserve or settle statement carries.
 const MAX_BATCH: usize = 128;

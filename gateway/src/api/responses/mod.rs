@@ -1,0 +1,365 @@
+//! `/v1/responses`: the OpenAI Responses API as a third surface on the turn path. A request
+//! becomes the canonical Messages request (`request`), the turn's events become output items
+//! and stream events (`output`); stored responses live in the account's `ResponseStore`.
+//!
+//! `POST /v1/responses` (JSON, or SSE with `stream: true`), `GET /v1/responses/{id}`,
+//! `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`.
+
+mod output;
+mod request;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::Uri;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use time::OffsetDateTime;
+
+use self::output::{Assembler, Shape};
+use self::request::{normalized_items, Labeled};
+use super::body::{self, JsonBody};
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::ids;
+use crate::responses_store::StoredResponse;
+use crate::state::AppState;
+use crate::turn::{self, Endpoint, Turn, TurnRequest};
+use crate::wire::one_or_many::StringOr;
+use crate::wire::responses::{
+    InputItem, ResponseObject, ResponsesRequest, Sequenced, Status, StreamEvent, SummaryMode,
+};
+
+const ENCRYPTED_REASONING: &str = "reasoning.encrypted_content";
+
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    JsonBody(raw): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let req: ResponsesRequest = body::from_value(raw.clone())?;
+    let account_id = principal.account.id.clone();
+
+    // The conversation so far: a stored response's input and output, then this input.
+    let mut inherited: Vec<Value> = Vec::new();
+    if let Some(previous) = &req.previous_response_id {
+        let stored = state
+            .responses
+            .get(&account_id, previous)
+            .await?
+            .ok_or_else(|| unknown_response("previous_response_id", previous))?;
+        inherited = stored.input_items;
+        if let Some(output) = stored.response.get("output").and_then(Value::as_array) {
+            inherited.extend(output.iter().cloned());
+        }
+    }
+    let mut items: Vec<Labeled> = Vec::new();
+    for (i, item) in inherited.iter().enumerate() {
+        let item: InputItem = body::from_value(item.clone()).map_err(|_| {
+            tracing::error!(index = i, "a stored response item does not parse");
+            ApiError::internal()
+        })?;
+        items.push(Labeled {
+            path: "previous_response_id".to_owned(),
+            item,
+        });
+    }
+    match req.input.clone() {
+        None => {}
+        Some(StringOr::String(text)) => items.push(Labeled {
+            path: "input".to_owned(),
+            item: InputItem::user_text(text),
+        }),
+        Some(StringOr::Many(input)) => {
+            items.extend(input.into_iter().enumerate().map(|(i, item)| Labeled {
+                path: format!("input[{i}]"),
+                item,
+            }))
+        }
+    }
+
+    let thinking_capable = state
+        .catalog()
+        .model(&req.model)
+        .is_some_and(|m| m.config.capabilities.thinking);
+    let translated = request::translate(&req, items, thinking_capable, &state.reasoning_seal)?;
+    let id = ids::response();
+    let store = req.store.unwrap_or(true);
+    let mut input_items = inherited;
+    input_items.extend(normalized_items(raw.get("input").unwrap_or(&Value::Null)));
+    let summary = req
+        .reasoning
+        .as_ref()
+        .and_then(|r| r.summary.or(r.generate_summary))
+        .is_some_and(|s| s != SummaryMode::None);
+    let shape = Shape {
+        summary,
+        encrypted_content: req.include.iter().any(|i| i == ENCRYPTED_REASONING),
+        names: translated.names,
+        sealer: state.reasoning_seal.clone(),
+        tokens: state.tokens,
+    };
+    let stream = translated.request.stream;
+    let turn = turn::start(
+        &state,
+        &principal,
+        TurnRequest {
+            id: id.clone(),
+            endpoint: Endpoint::Responses,
+            request: translated.request,
+            open_max_tokens: translated.open_max_tokens,
+            anthropic_beta: None,
+        },
+    )
+    .await?;
+    let assembler = Assembler::new(in_progress(id, &turn.model, &req, &raw, store), shape);
+    let keep = store.then(|| Keep {
+        state: state.clone(),
+        account_id,
+        input_items,
+    });
+    let snapshot = turn.snapshot;
+    let mut response = if stream {
+        Sse::new(events(turn, assembler, keep)).into_response()
+    } else {
+        Json(complete(turn, assembler, keep).await?).into_response()
+    };
+    response.extensions_mut().insert(snapshot);
+    Ok(response)
+}
+
+/// The response object before any output: what `response.created` shows, and what the output
+/// is folded into.
+fn in_progress(
+    id: String,
+    model: &str,
+    req: &ResponsesRequest,
+    raw: &Value,
+    store: bool,
+) -> ResponseObject {
+    let echo = |field: &str, default: Value| {
+        raw.get(field)
+            .filter(|v| !v.is_null())
+            .cloned()
+            .unwrap_or(default)
+    };
+    ResponseObject {
+        id,
+        object: "response",
+        created_at: OffsetDateTime::now_utc().unix_timestamp(),
+        status: Status::InProgress,
+        error: None,
+        incomplete_details: None,
+        instructions: req.instructions.clone(),
+        max_output_tokens: req.max_output_tokens,
+        model: model.to_owned(),
+        output: Vec::new(),
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        previous_response_id: req.previous_response_id.clone(),
+        reasoning: echo("reasoning", json!({"effort": null, "summary": null})),
+        store,
+        temperature: req.temperature,
+        text: echo("text", json!({"format": {"type": "text"}})),
+        tool_choice: echo("tool_choice", json!("auto")),
+        tools: echo("tools", json!([])),
+        top_p: req.top_p,
+        truncation: "disabled",
+        usage: None,
+        user: req.user.clone(),
+        metadata: req.metadata.clone().unwrap_or_else(Map::new),
+        prompt_cache_key: req.prompt_cache_key.clone(),
+    }
+}
+
+/// What storing a finished response needs.
+struct Keep {
+    state: AppState,
+    account_id: String,
+    input_items: Vec<Value>,
+}
+
+impl Keep {
+    /// Stores the response before the client sees it finished, so that it can be retrieved or
+    /// continued as soon as it is. A store failure loses the stored copy, not the answer.
+    async fn put(self, assembler: &Assembler) {
+        let stored = StoredResponse {
+            id: assembler.response.id.clone(),
+            account_id: self.account_id,
+            created_at: OffsetDateTime::now_utc(),
+            response: assembler.stored(),
+            input_items: self.input_items,
+        };
+        if let Err(e) = self.state.responses.put(stored).await {
+            tracing::warn!(error = %e, "could not store a response");
+        }
+    }
+}
+
+async fn complete(
+    turn: Turn,
+    mut assembler: Assembler,
+    keep: Option<Keep>,
+) -> Result<ResponseObject, ApiError> {
+    let mut events = turn.events;
+    while let Some(event) = events.next().await {
+        let step = assembler.step(event);
+        if let Some(error) = step.failed {
+            return Err(error);
+        }
+        if step.done {
+            if let Some(keep) = keep {
+                keep.put(&assembler).await;
+            }
+            return Ok(assembler.response);
+        }
+    }
+    Err(ApiError::internal())
+}
+
+fn events(
+    turn: Turn,
+    mut assembler: Assembler,
+    mut keep: Option<Keep>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let mut turn_events = turn.events;
+    async_stream::stream! {
+        let mut sequence: u64 = 0;
+        for event in assembler.start() {
+            yield sse(&event, &mut sequence);
+        }
+        while let Some(event) = turn_events.next().await {
+            let step = assembler.step(event);
+            let finished = step.done && step.failed.is_none();
+            if finished {
+                if let Some(keep) = keep.take() {
+                    keep.put(&assembler).await;
+                }
+            }
+            for event in &step.events {
+                yield sse(event, &mut sequence);
+            }
+            if let Some(error) = step.failed {
+                let data = error.responses_stream_error(sequence);
+                sequence += 1;
+                yield Ok(Event::default().event("error").data(data));
+            }
+            if step.done {
+                return;
+            }
+        }
+    }
+}
+
+fn sse(event: &StreamEvent, sequence: &mut u64) -> Result<Event, Infallible> {
+    let data = serde_json::to_string(&Sequenced {
+        event,
+        sequence_number: *sequence,
+    })
+    .unwrap_or_default();
+    *sequence += 1;
+    Ok(Event::default().event(event.name()).data(data))
+}
+
+fn unknown_response(field: &str, id: &str) -> ApiError {
+    ApiError::not_found(format!("{field}: no response with id `{id}`"))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let stored = state
+        .responses
+        .get(&principal.account.id, &id)
+        .await?
+        .ok_or_else(|| unknown_response("id", &id))?;
+    Ok(Json(stored.response))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !state.responses.delete(&principal.account.id, &id).await? {
+        return Err(unknown_response("id", &id));
+    }
+    Ok(Json(
+        json!({"id": id, "object": "response.deleted", "deleted": true}),
+    ))
+}
+
+#[derive(Deserialize)]
+struct InputItemsQuery {
+    #[serde(default)]
+    order: Option<Order>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    after: Option<String>,
+}
+
+#[derive(Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Order {
+    Asc,
+    Desc,
+}
+
+const DEFAULT_ITEMS: usize = 20;
+const MAX_ITEMS: usize = 100;
+
+/// The stored input items, newest first unless `order=asc`, `limit` (1 to 100, default 20) at a
+/// time after the item id `after`.
+pub async fn input_items(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+    uri: Uri,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = Query::<InputItemsQuery>::try_from_uri(&uri)
+        .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+    let limit = query.limit.unwrap_or(DEFAULT_ITEMS);
+    if !(1..=MAX_ITEMS).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit: must be between 1 and {MAX_ITEMS}"
+        )));
+    }
+    let stored = state
+        .responses
+        .get(&principal.account.id, &id)
+        .await?
+        .ok_or_else(|| unknown_response("id", &id))?;
+    let mut items = stored.input_items;
+    if query.order.unwrap_or(Order::Desc) == Order::Desc {
+        items.reverse();
+    }
+    let start = match &query.after {
+        None => 0,
+        Some(after) => {
+            items
+                .iter()
+                .position(|item| item.get("id").and_then(Value::as_str) == Some(after.as_str()))
+                .ok_or_else(|| {
+                    ApiError::invalid(format!("after: no input item with id `{after}`"))
+                })?
+                + 1
+        }
+    };
+    let rest = items.get(start..).unwrap_or_default();
+    let page: Vec<Value> = rest.iter().take(limit).cloned().collect();
+    let id_of = |item: Option<&Value>| item.and_then(|i| i.get("id")).cloned();
+    Ok(Json(json!({
+        "object": "list",
+        "data": page,
+        "first_id": id_of(page.first()),
+        "last_id": id_of(page.last()),
+        "has_more": rest.len() > limit,
+    })))
+}
