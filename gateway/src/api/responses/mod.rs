@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use self::output::{Assembler, Shape};
@@ -171,7 +171,7 @@ fn in_progress(
         truncation: "disabled",
         usage: None,
         user: req.user.clone(),
-        metadata: req.metadata.clone().unwrap_or_else(Map::new),
+        metadata: req.metadata.clone().unwrap_or_default(),
         prompt_cache_key: req.prompt_cache_key.clone(),
     }
 }
