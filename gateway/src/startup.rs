@@ -25,7 +25,7 @@ use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
 use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::Providers;
-use crate::responses_store::MemoryResponseStore;
+use crate::responses_store::Backend as ResponsesBackend;
 use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
 use crate::seal::Sealer;
@@ -65,6 +65,7 @@ struct Stores {
     limiter: Arc<dyn Limiter>,
     payments: Arc<dyn PaymentProvider>,
     developers: Arc<dyn DeveloperStore>,
+    responses: ResponsesBackend,
 }
 
 /// `gateway standalone`: everything in process, the promotion sweep on a timer.
@@ -81,6 +82,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         limiter: Arc::new(MemoryLimiter::default()),
         payments: Arc::new(TestPayments),
         developers: Arc::new(MemoryDeveloperStore::default()),
+        responses: ResponsesBackend::memory(&args.common.responses_store),
     };
     let interval = Duration::from_secs(args.promotion_interval_secs);
     let config = crds::manifests::load_dir(&args.common.manifests)?;
@@ -124,6 +126,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             limiter,
             payments: Arc::new(NoPayments),
             developers: Arc::new(MemoryDeveloperStore::default()),
+            responses: ResponsesBackend::memory(&args.common.responses_store),
         };
         return run(args.common, stores, config, published, |_, _| {}).await;
     };
@@ -153,7 +156,8 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         ledger: ledger.clone(),
         limiter,
         payments: Arc::new(NoPayments),
-        developers: Arc::new(PostgresDeveloperStore::new(db)),
+        developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
+        responses: ResponsesBackend::postgres(db, &args.common.responses_store),
     };
     run(args.common, stores, config, published, |state, _| {
         tokio::spawn(reaper(ledger, reaping, state.shutdown.draining.clone()));
@@ -210,6 +214,7 @@ async fn run(
     };
     let version = config.version.clone();
     let tokens = Tokenizer::default();
+    let responses = stores.responses;
     let state = AppState::new(Services {
         catalog: ArcSwap::from_pointee(catalog(config)),
         tokens,
@@ -228,10 +233,7 @@ async fn run(
         payment_webhook_secret: args.payment_webhook_secret.clone(),
         developers: stores.developers,
         payments: stores.payments,
-        responses: Arc::new(MemoryResponseStore::new(
-            args.responses_capacity,
-            Duration::from_secs(args.responses_retention_secs),
-        )),
+        responses: responses.store(),
         reasoning_seal: Sealer::new(args.responses_secret.as_deref()),
         dashboard: DashboardConfig {
             secure_cookies: args.dashboard_secure_cookies,
@@ -241,6 +243,7 @@ async fn run(
     seed_granted_keys(&state).await?;
     let dev_key = seed_dev_key(&state, &args).await?;
     background(&state, rules);
+    tokio::spawn(responses.purge_until(state.shutdown.draining.clone()));
     if let Some(published) = published {
         let state = state.clone();
         tokio::spawn(published.follow(version, move |config| {

@@ -353,15 +353,15 @@ def test_streamed_thinking_arrives_as_thinking_and_signature_deltas(client):
     assert text_of(final).endswith(said("Think while streaming"))
 
 
-def test_thinking_is_refused_on_a_model_without_it(client):
-    with pytest.raises(anthropic.BadRequestError) as err:
-        client.messages.create(
-            model="svc/haiku",
-            max_tokens=2048,
-            thinking={"type": "enabled", "budget_tokens": 1024},
-            messages=user("Think"),
-        )
-    assert err.value.type == "invalid_request_error"
+def test_thinking_on_a_model_without_it_is_accepted_and_left_out(client):
+    message = client.messages.create(
+        model="svc/haiku",
+        max_tokens=2048,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=user("Think"),
+    )
+    assert [block.type for block in message.content] == ["text"]
+    assert text_of(message).endswith(said("Think"))
 
 
 # --- token counting, models, beta, async ---------------------------------------------------

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use crds::config::{SCOPES, TIER_IDS};
 
 use crate::limits::OutagePolicy;
+use crate::responses_store::ResponsesStoreArgs;
 use crate::telemetry::LogFormat;
 use published::SecretRef;
 
@@ -257,10 +258,6 @@ pub struct CommonArgs {
     /// each process picks a random one, and sealed reasoning only comes back to that process.
     #[arg(long, env = "GATEWAY_RESPONSES_SECRET", hide_env_values = true)]
     pub responses_secret: Option<String>,
-    /// How long a stored response (`store: true`) can be retrieved or continued.
-    #[arg(long, env = "GATEWAY_RESPONSES_RETENTION_SECS", default_value_t = 30 * 24 * 3600)]
-    pub responses_retention_secs: u64,
-    /// The most stored responses a process keeps in memory; the oldest go first.
-    #[arg(long, env = "GATEWAY_RESPONSES_CAPACITY", default_value_t = 10_000)]
-    pub responses_capacity: usize,
+    #[command(flatten)]
+    pub responses_store: ResponsesStoreArgs,
 }

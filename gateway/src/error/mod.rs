@@ -195,6 +195,13 @@ impl From<StoreError> for ApiError {
 impl From<ResponseStoreError> for ApiError {
     fn from(e: ResponseStoreError) -> Self {
         match e {
+            ResponseStoreError::TooLarge { .. } => Self::invalid(format!(
+                "store: {e}; send `store: false` to get the response without storing it"
+            )),
+            ResponseStoreError::IdTaken(_) => {
+                tracing::error!(error = %e, "a fresh response id was taken");
+                Self::internal()
+            }
             ResponseStoreError::Unavailable(detail) => {
                 tracing::error!(error = %detail, "response store failed");
                 Self::unavailable("stored responses temporarily unavailable; retry with backoff")

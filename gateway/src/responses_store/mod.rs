@@ -1,32 +1,132 @@
-//! Stored responses (`store: true`, the Responses API's default): the response object as
-//! returned and the input items it answered (those inherited through `previous_response_id`
-//! included), kept per account so that `GET /v1/responses/{id}`, `input_items` and a later
-//! `previous_response_id` find them. An id belongs to one account: another account's lookup
-//! finds nothing, as if the id did not exist.
+//! Stored responses of the Responses API (`store: true`): the response object and the input
+//! items it answered, kept for `GET /v1/responses/{id}`, its `input_items`, `DELETE` and
+//! `previous_response_id`, for a retention period (30 days by default, as OpenAI keeps them).
 //!
-//! This module holds the interface and the bounded in-process store of standalone mode.
+//! Two implementations behind one trait, chosen at start-up like the other stores:
+//! [`MemoryResponseStore`] (standalone and cluster mode without a database: bounded in count
+//! and bytes, oldest evicted first) and [`PostgresResponseStore`] (shared by every pod, purged
+//! periodically). Both pass the same [`contract`] suite. A response is only ever seen by the
+//! account that stored it: another account's id reads as absent.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+pub mod contract;
+mod memory;
+mod postgres;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
 use thiserror::Error;
 use time::OffsetDateTime;
 
+pub use memory::{MemoryLimits, MemoryResponseStore};
+pub use postgres::PostgresResponseStore;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::db::Database;
+
+/// The flags of the stored responses, in both modes.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ResponsesStoreArgs {
+    /// How long a stored response (`store: true`) can be retrieved or continued; older ones
+    /// are purged. 30 days by default, as OpenAI keeps them.
+    #[arg(long, env = "GATEWAY_RESPONSES_RETENTION_SECS", default_value_t = Retention::DEFAULT_HOURS * 3600)]
+    pub responses_retention_secs: u64,
+    /// In-process store (no `--database-url`): the most responses kept; the oldest go first.
+    #[arg(long, env = "GATEWAY_RESPONSES_CAPACITY", default_value_t = 10_000)]
+    pub responses_capacity: usize,
+    /// In-process store: the most bytes (as JSON) the responses take; the oldest go first.
+    #[arg(long, env = "GATEWAY_RESPONSES_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub responses_max_bytes: usize,
+}
+
+impl ResponsesStoreArgs {
+    fn retention(&self) -> Retention {
+        Retention(Duration::from_secs(self.responses_retention_secs))
+    }
+}
+
+/// The store chosen at start-up, kept concrete for its retention purge.
+#[derive(Clone)]
+pub enum Backend {
+    Memory(Arc<MemoryResponseStore>),
+    Postgres(Arc<PostgresResponseStore>),
+}
+
+impl Backend {
+    pub fn memory(args: &ResponsesStoreArgs) -> Self {
+        Self::Memory(Arc::new(MemoryResponseStore::new(MemoryLimits {
+            max_responses: args.responses_capacity,
+            max_bytes: args.responses_max_bytes,
+            retention: args.retention(),
+        })))
+    }
+
+    pub fn postgres(db: Database, args: &ResponsesStoreArgs) -> Self {
+        Self::Postgres(Arc::new(PostgresResponseStore::new(db, args.retention())))
+    }
+
+    pub fn store(&self) -> Arc<dyn ResponseStore> {
+        match self {
+            Self::Memory(store) => store.clone(),
+            Self::Postgres(store) => store.clone(),
+        }
+    }
+
+    fn retention(&self) -> Retention {
+        match self {
+            Self::Memory(store) => store.retention(),
+            Self::Postgres(store) => store.retention(),
+        }
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        match self {
+            Self::Memory(store) => Ok(store.purge_expired() as u64),
+            Self::Postgres(store) => store.purge_expired().await,
+        }
+    }
+
+    /// Purges the responses past retention every [`Retention::purge_every`] until `stop`.
+    /// Every pod runs it; deleting what is expired is idempotent, so they never conflict.
+    pub async fn purge_until(self, stop: CancellationToken) {
+        let every = self.retention().purge_every();
+        let mut ticks = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            match self.purge_expired().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "stored responses past retention purged"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "stored responses purge failed; retrying at the next tick")
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
 pub struct StoredResponse {
     pub id: String,
     pub account_id: String,
     pub created_at: OffsetDateTime,
-    /// The response object as returned to the client.
     pub response: serde_json::Value,
-    /// The input items in Responses format, including those inherited from
-    /// `previous_response_id`.
     pub input_items: Vec<serde_json::Value>,
 }
 
 #[derive(Debug, Error)]
 pub enum StoreError {
+    /// One response larger than the whole in-process store may hold.
+    #[error("the response is {size} bytes, more than the {limit} bytes responses may take")]
+    TooLarge { size: usize, limit: usize },
+    /// The id is stored already, for another account (ids are random: never in practice).
+    #[error("response id `{0}` is taken")]
+    IdTaken(String),
     #[error("response store unavailable: {0}")]
     Unavailable(String),
 }
@@ -34,183 +134,48 @@ pub enum StoreError {
 #[async_trait]
 pub trait ResponseStore: Send + Sync {
     async fn put(&self, stored: StoredResponse) -> Result<(), StoreError>;
-    /// `None` for an unknown or expired id, and for another account's id.
+    /// `None` for an unknown id, another account's, or one past the retention period.
     async fn get(&self, account_id: &str, id: &str) -> Result<Option<StoredResponse>, StoreError>;
-    /// Whether the account had a response with this id.
+    /// Whether a response of this account was deleted.
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
 }
 
-/// The most bytes (of JSON) the in-process store holds, whatever the count: a stored response
-/// carries every inherited input item, images included, so a few long conversations could
-/// otherwise take the process' memory.
-pub const MAX_MEMORY_BYTES: usize = 256 * 1024 * 1024;
+/// How long stored responses are kept.
+#[derive(Clone, Copy, Debug)]
+pub struct Retention(pub Duration);
 
-/// At most `capacity` responses and [`MAX_MEMORY_BYTES`], each kept for `retention`; the
-/// oldest go first when full.
-pub struct MemoryResponseStore {
-    capacity: usize,
-    max_bytes: usize,
-    retention: Duration,
-    inner: Mutex<Memory>,
-}
+impl Retention {
+    pub const DEFAULT_HOURS: u64 = 720;
 
-#[derive(Default)]
-struct Memory {
-    by_id: HashMap<String, (StoredResponse, usize)>,
-    /// Ids in insertion order, for eviction; deleted ids are skipped when reached.
-    order: VecDeque<String>,
-    bytes: usize,
-}
-
-impl MemoryResponseStore {
-    pub fn new(capacity: usize, retention: Duration) -> Self {
-        Self::bounded(capacity, MAX_MEMORY_BYTES, retention)
+    pub fn hours(hours: u64) -> Self {
+        Self(Duration::from_secs(hours.saturating_mul(3600)))
     }
 
-    pub fn bounded(capacity: usize, max_bytes: usize, retention: Duration) -> Self {
-        Self {
-            capacity: capacity.max(1),
-            max_bytes,
-            retention,
-            inner: Mutex::new(Memory::default()),
-        }
+    /// Responses created before this instant are past retention.
+    pub fn cutoff(self, now: OffsetDateTime) -> OffsetDateTime {
+        let keep = time::Duration::try_from(self.0).unwrap_or(time::Duration::MAX);
+        now.checked_sub(keep).unwrap_or(OffsetDateTime::UNIX_EPOCH)
     }
 
-    fn expired(&self, stored: &StoredResponse, now: OffsetDateTime) -> bool {
-        now - stored.created_at >= self.retention
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Memory> {
-        // A panic while holding the lock cannot leave the maps half-updated in a way that
-        // matters (at worst an id in `order` with no entry), so a poisoned lock is used as is.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    /// How often expired responses are purged: a hundredth of the retention, within a minute
+    /// and an hour, so a purge never lags the retention by more than about 1%.
+    pub fn purge_every(self) -> Duration {
+        (self.0 / 100).clamp(Duration::from_secs(60), Duration::from_secs(3600))
     }
 }
 
-#[async_trait]
-impl ResponseStore for MemoryResponseStore {
-    async fn put(&self, stored: StoredResponse) -> Result<(), StoreError> {
-        let size = size_of(&stored);
-        if size > self.max_bytes {
-            tracing::warn!(id = %stored.id, size, "a response too large to store was not stored");
-            return Ok(());
-        }
-        let now = OffsetDateTime::now_utc();
-        let mut memory = self.lock();
-        let Memory {
-            by_id,
-            order,
-            bytes,
-        } = &mut *memory;
-        while let Some(oldest) = order.front() {
-            let full = by_id.len() >= self.capacity || *bytes + size > self.max_bytes;
-            let stale = by_id
-                .get(oldest)
-                .is_none_or(|(s, _)| full || self.expired(s, now));
-            if !stale {
-                break;
-            }
-            if let Some((_, freed)) = order.pop_front().and_then(|id| by_id.remove(&id)) {
-                *bytes -= freed;
-            }
-        }
-        order.push_back(stored.id.clone());
-        *bytes += size;
-        if let Some((_, replaced)) = by_id.insert(stored.id.clone(), (stored, size)) {
-            *bytes -= replaced;
-        }
-        Ok(())
-    }
-
-    async fn get(&self, account_id: &str, id: &str) -> Result<Option<StoredResponse>, StoreError> {
-        let now = OffsetDateTime::now_utc();
-        let memory = self.lock();
-        Ok(memory
-            .by_id
-            .get(id)
-            .map(|(s, _)| s)
-            .filter(|s| s.account_id == account_id && !self.expired(s, now))
-            .map(|s| StoredResponse {
-                id: s.id.clone(),
-                account_id: s.account_id.clone(),
-                created_at: s.created_at,
-                response: s.response.clone(),
-                input_items: s.input_items.clone(),
-            }))
-    }
-
-    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
-        let now = OffsetDateTime::now_utc();
-        let mut memory = self.lock();
-        let owned = memory
-            .by_id
-            .get(id)
-            .is_some_and(|(s, _)| s.account_id == account_id && !self.expired(s, now));
-        if let Some((_, freed)) = owned.then(|| memory.by_id.remove(id)).flatten() {
-            memory.bytes -= freed;
-        }
-        Ok(owned)
-    }
+/// Postgres keeps microseconds; both stores keep the same precision so that what is read
+/// back equals what was stored, whichever store it is.
+fn to_micros(t: OffsetDateTime) -> OffsetDateTime {
+    t.replace_nanosecond(t.nanosecond() / 1_000 * 1_000)
+        .unwrap_or(t)
 }
 
-/// The JSON size of a stored response, for the memory bound.
+/// The bytes a stored response takes, as its JSON text.
 fn size_of(stored: &StoredResponse) -> usize {
-    let json = |v: &serde_json::Value| serde_json::to_vec(v).map(|b| b.len()).unwrap_or(0);
-    json(&stored.response) + stored.input_items.iter().map(json).sum::<usize>()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn stored(id: &str, account: &str) -> StoredResponse {
-        StoredResponse {
-            id: id.into(),
-            account_id: account.into(),
-            created_at: OffsetDateTime::now_utc(),
-            response: json!({"id": id}),
-            input_items: Vec::new(),
-        }
-    }
-
-    #[tokio::test]
-    async fn another_accounts_id_is_not_found_and_cannot_be_deleted() {
-        let store = MemoryResponseStore::new(10, Duration::from_secs(60));
-        store.put(stored("resp_a", "acct_1")).await.unwrap();
-        assert!(store.get("acct_2", "resp_a").await.unwrap().is_none());
-        assert!(!store.delete("acct_2", "resp_a").await.unwrap());
-        assert!(store.get("acct_1", "resp_a").await.unwrap().is_some());
-        assert!(store.delete("acct_1", "resp_a").await.unwrap());
-        assert!(store.get("acct_1", "resp_a").await.unwrap().is_none());
-    }
-
-    #[tokio::test]
-    async fn a_full_store_forgets_its_oldest_response_first() {
-        let store = MemoryResponseStore::new(2, Duration::from_secs(60));
-        for id in ["resp_1", "resp_2", "resp_3"] {
-            store.put(stored(id, "acct")).await.unwrap();
-        }
-        assert!(store.get("acct", "resp_1").await.unwrap().is_none());
-        assert!(store.get("acct", "resp_2").await.unwrap().is_some());
-        assert!(store.get("acct", "resp_3").await.unwrap().is_some());
-    }
-
-    #[tokio::test]
-    async fn a_store_past_its_byte_budget_forgets_its_oldest_response_first() {
-        let one = size_of(&stored("resp_1", "acct"));
-        let store = MemoryResponseStore::bounded(10, 2 * one, Duration::from_secs(60));
-        for id in ["resp_1", "resp_2", "resp_3"] {
-            store.put(stored(id, "acct")).await.unwrap();
-        }
-        assert!(store.get("acct", "resp_1").await.unwrap().is_none());
-        assert!(store.get("acct", "resp_3").await.unwrap().is_some());
-    }
-
-    #[tokio::test]
-    async fn a_response_past_its_retention_is_gone() {
-        let store = MemoryResponseStore::new(10, Duration::ZERO);
-        store.put(stored("resp_1", "acct")).await.unwrap();
-        assert!(store.get("acct", "resp_1").await.unwrap().is_none());
-    }
+    let json = |v: &serde_json::Value| serde_json::to_vec(v).map_or(0, |b| b.len());
+    stored.id.len()
+        + stored.account_id.len()
+        + json(&stored.response)
+        + stored.input_items.iter().map(json).sum::<usize>()
 }

@@ -1,0 +1,141 @@
+//! Stored responses in Postgres (`stored_responses`, migration 0005), shared by every pod:
+//! one statement per call, each bounded by the database timeout; rows past retention are
+//! invisible at once and deleted by [`PostgresResponseStore::purge_expired`], which every
+//! pod runs on a timer (deleting is idempotent, so pods never conflict).
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+
+use super::{to_micros, ResponseStore, Retention, StoreError, StoredResponse};
+use crate::db::{Database, DbError};
+
+/// Rows one purge statement deletes, so that a large backlog never holds long locks.
+const PURGE_BATCH: i64 = 1_000;
+
+pub struct PostgresResponseStore {
+    db: Database,
+    retention: Retention,
+}
+
+fn unavailable(e: DbError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn malformed(e: serde_json::Error) -> StoreError {
+    StoreError::Unavailable(format!("stored response is not valid JSON: {e}"))
+}
+
+impl PostgresResponseStore {
+    pub fn new(db: Database, retention: Retention) -> Self {
+        Self { db, retention }
+    }
+
+    pub fn retention(&self) -> Retention {
+        self.retention
+    }
+
+    /// Deletes the responses past retention, a batch at a time; returns how many.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let cutoff = self.retention.cutoff(OffsetDateTime::now_utc());
+        let mut purged = 0;
+        loop {
+            let deleted = self
+                .db
+                .bounded(
+                    sqlx::query(
+                        "DELETE FROM stored_responses WHERE id IN (
+                            SELECT id FROM stored_responses WHERE created_at <= $1
+                            ORDER BY created_at LIMIT $2)",
+                    )
+                    .bind(cutoff)
+                    .bind(PURGE_BATCH)
+                    .execute(self.db.pool()),
+                )
+                .await
+                .map_err(unavailable)?
+                .rows_affected();
+            purged += deleted;
+            if deleted < PURGE_BATCH as u64 {
+                return Ok(purged);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ResponseStore for PostgresResponseStore {
+    async fn put(&self, stored: StoredResponse) -> Result<(), StoreError> {
+        // JSON text cast to jsonb in the statement: the pool's sqlx has no JSON type support.
+        let response = serde_json::to_string(&stored.response).map_err(malformed)?;
+        let items = serde_json::to_string(&stored.input_items).map_err(malformed)?;
+        let written = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "INSERT INTO stored_responses (id, account_id, created_at, response, input_items)
+                     VALUES ($1, $2, $3, $4::jsonb, $5::jsonb)
+                     ON CONFLICT (id) DO UPDATE SET
+                         created_at = EXCLUDED.created_at,
+                         response = EXCLUDED.response,
+                         input_items = EXCLUDED.input_items
+                     WHERE stored_responses.account_id = EXCLUDED.account_id",
+                )
+                .bind(&stored.id)
+                .bind(&stored.account_id)
+                .bind(to_micros(stored.created_at))
+                .bind(response)
+                .bind(items)
+                .execute(self.db.pool()),
+            )
+            .await
+            .map_err(unavailable)?
+            .rows_affected();
+        if written == 0 {
+            return Err(StoreError::IdTaken(stored.id));
+        }
+        Ok(())
+    }
+
+    async fn get(&self, account_id: &str, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+        let cutoff = self.retention.cutoff(OffsetDateTime::now_utc());
+        let row: Option<(OffsetDateTime, String, String)> = self
+            .db
+            .bounded(
+                sqlx::query_as(
+                    "SELECT created_at, response::text, input_items::text FROM stored_responses
+                     WHERE id = $1 AND account_id = $2 AND created_at > $3",
+                )
+                .bind(id)
+                .bind(account_id)
+                .bind(cutoff)
+                .fetch_optional(self.db.pool()),
+            )
+            .await
+            .map_err(unavailable)?;
+        let Some((created_at, response, items)) = row else {
+            return Ok(None);
+        };
+        Ok(Some(StoredResponse {
+            id: id.to_owned(),
+            account_id: account_id.to_owned(),
+            created_at,
+            response: serde_json::from_str(&response).map_err(malformed)?,
+            input_items: serde_json::from_str(&items).map_err(malformed)?,
+        }))
+    }
+
+    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
+        let deleted = self
+            .db
+            .bounded(
+                sqlx::query("DELETE FROM stored_responses WHERE id = $1 AND account_id = $2")
+                    .bind(id)
+                    .bind(account_id)
+                    .execute(self.db.pool()),
+            )
+            .await
+            .map_err(unavailable)?
+            .rows_affected();
+        Ok(deleted > 0)
+    }
+}
