@@ -295,3 +295,102 @@ async fn a_pod_taken_for_dead_is_told_its_later_turns_cost_nothing_and_writes_th
     let balance = ledger.balance(&account_id).await.expect("balance");
     assert_eq!((balance.balance, balance.reserved), (CREDITS, 0));
 }
+
+#[tokio::test]
+async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_turn_batched_with_it()
+{
+    let pg = PostgresServer::start().await;
+    let (db, account_id) = database_with_an_account(&pg).await;
+    let mut others = Vec::new();
+    for name in ["refused-account", "lane-account"] {
+        let account = PostgresAccounts::new(db.clone())
+            .create_account(name)
+            .await
+            .expect("account");
+        PostgresLedger::new(db.clone())
+            .grant(&account.id, CREDITS)
+            .await
+            .expect("grant");
+        others.push(account.id);
+    }
+    let (poisoned, lane) = (&others[0], &others[1]);
+    let ledger = PostgresLedger::new(db.clone());
+    ledger.heartbeat().await.expect("heartbeat");
+    for (account, id) in [
+        (&account_id, "msg_fine"),
+        (poisoned, "msg_poisoned"),
+        (lane, "msg_lane"),
+    ] {
+        ledger
+            .reserve(reservation(account, id, time::Duration::ZERO))
+            .await
+            .expect("reserve");
+    }
+    // Its books broken behind the gateway's back: releasing its reservation would take its
+    // `reserved` below zero, which the accounts CHECK refuses.
+    pg.query(&format!(
+        "UPDATE accounts SET reserved = 0 WHERE id = '{poisoned}'"
+    ))
+    .await;
+
+    // The one settle lane held by a settle waiting for a locked account, so that the next two
+    // settles queue and share one batch.
+    let mut lock = db.pool().begin().await.expect("transaction");
+    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
+        .bind(lane)
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    let waiting = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.settle(settlement_costing_1000("msg_lane")).await }
+    });
+    poll_until(
+        "the lane's settle to wait for the lock",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async {
+            let waiting = pg
+                .query_i64("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                .await;
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    let mut both = Box::pin(async {
+        tokio::join!(
+            ledger.settle(settlement_costing_1000("msg_fine")),
+            ledger.settle(settlement_costing_1000("msg_poisoned"))
+        )
+    });
+    assert!(futures::poll!(&mut both).is_pending(), "settled at once");
+    lock.rollback().await.expect("unlock");
+    let (fine, refused) = both.await;
+
+    assert_eq!(fine.expect("settle"), 1_000, "the fine turn failed with it");
+    assert_eq!(refused.expect("settle"), 0, "a refused bill was told");
+    assert_eq!(waiting.await.expect("task").expect("settle"), 1_000);
+    assert_eq!(
+        pg.query("SELECT status, billed FROM messages WHERE id = 'msg_fine'")
+            .await,
+        "completed|1000"
+    );
+    poll_until(
+        "the refused turn's row to say it was not billed",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            let row = pg
+                .query("SELECT status, billed FROM messages WHERE id = 'msg_poisoned'")
+                .await;
+            (row == "unbilled|0").then_some(())
+        },
+    )
+    .await;
+    let metrics = e2e::Scrape::parse(&gateway::telemetry::metrics::render());
+    assert_eq!(
+        metrics.get("gateway_ledger_refused_total", &[("op", "settle")]),
+        Some(1.0),
+        "the refusal was not counted once (retried?)"
+    );
+}

@@ -253,7 +253,10 @@ impl PostgresLedger {
                     Ok(()) => break,
                     Err(e) if e.constraint().is_some() => {
                         metrics::ledger_refused("void");
-                        tracing::error!(error = %e, %message_id, "void refused by the ledger; not retried");
+                        tracing::error!(error = %e, %message_id, "void refused by the ledger; not retried: the row is marked unbilled, what it holds stays held for an operator");
+                        if let Err(e) = turns::mark_unbilled(&ledger.db, &message_id).await {
+                            tracing::error!(error = %e, %message_id, "could not mark a refused turn unbilled");
+                        }
                         break;
                     }
                     Err(e) => {

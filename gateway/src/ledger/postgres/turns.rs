@@ -360,6 +360,22 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
     Ok(())
 }
 
+/// Marks a turn whose release Postgres refuses (its account's books break a constraint) as
+/// billed nothing, moving no money: the row says what its client was told, and what it holds
+/// stays held for an operator to look at.
+pub async fn mark_unbilled(db: &Database, message_id: &str) -> Result<(), DbError> {
+    db.bounded(
+        sqlx::query(
+            "UPDATE messages SET status = 'unbilled', billed = 0, settled_at = now()
+             WHERE id = $1 AND status = 'reserved'",
+        )
+        .bind(message_id)
+        .execute(db.pool()),
+    )
+    .await?;
+    Ok(())
+}
+
 /// Runs `statement` over the batch; when Postgres refused it (a constraint: one turn at fault
 /// fails them all), again turn by turn, so that only the turns at fault are refused, each
 /// counted and reported.
