@@ -22,7 +22,7 @@
 //!   lease it took, and a grant or a write under a lease that is gone bills nothing.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::Row;
@@ -103,7 +103,8 @@ pub struct Take {
 #[derive(Clone)]
 pub struct Written {
     pub pool: String,
-    pub record: MessageRecord,
+    /// Shared with the void that may follow the write.
+    pub record: Arc<MessageRecord>,
 }
 
 /// An allotment to return to its account.
@@ -253,7 +254,7 @@ impl Pools {
         s.complete(&mut record, billed);
         Some(Written {
             pool: taken.pool,
-            record,
+            record: Arc::new(record),
         })
     }
 

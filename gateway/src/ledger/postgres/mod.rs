@@ -225,8 +225,9 @@ impl PostgresLedger {
                 billed
             }
             Ok(None) => {
-                // Already written, by an earlier attempt: not ours to tell what it says.
-                a.pools.written(&w);
+                // A row under its id was there already: what it says is not this write's to
+                // tell, so the turn is voided like an unconfirmed one (the void marks it
+                // written).
                 self.void(w.record.id.clone(), Some(w));
                 0
             }
@@ -275,9 +276,13 @@ impl PostgresLedger {
     async fn void_once(&self, message_id: &str, written: Option<&Written>) -> Result<(), DbError> {
         if let Some(w) = written {
             // The row, when no attempt wrote it: unbilled.
-            let mut unbilled = w.clone();
-            unbilled.record.status = MessageStatus::Unbilled;
-            unbilled.record.billed = 0;
+            let mut record = MessageRecord::clone(&w.record);
+            record.status = MessageStatus::Unbilled;
+            record.billed = 0;
+            let unbilled = Written {
+                pool: w.pool.clone(),
+                record: Arc::new(record),
+            };
             turns::write_rows(&self.db, &self.lease.id, std::slice::from_ref(&unbilled)).await?;
         }
         turns::void(&self.db, message_id, written.map(|w| w.pool.as_str())).await
