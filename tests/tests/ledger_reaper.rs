@@ -394,3 +394,70 @@ async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_tu
         "the refusal was not counted once (retried?)"
     );
 }
+
+#[tokio::test]
+async fn a_draining_pod_is_not_taken_for_dead_within_its_announced_time_even_when_silent() {
+    let pg = PostgresServer::start().await;
+    let (db, account_id) = database_with_an_account(&pg).await;
+    let draining = PostgresLedger::new(db.clone());
+    draining.heartbeat().await.expect("heartbeat");
+    draining
+        .reserve(reservation(
+            &account_id,
+            "msg_draining",
+            time::Duration::minutes(1),
+        ))
+        .await
+        .expect("reserve");
+    draining
+        .drain(Duration::from_secs(3_600))
+        .await
+        .expect("drain");
+    // Silent since long before the stale time, as a draining pod cut off would be.
+    pg.query("UPDATE gateway_instances SET heartbeat_at = now() - interval '1 hour'")
+        .await;
+    let reaper = PostgresLedger::new(db);
+    let stale = Duration::from_secs(30);
+    let max_turn = Duration::from_secs(3_600);
+
+    assert_eq!(reaper.reap(stale, max_turn).await.expect("reap"), 0);
+    let status = "SELECT status FROM messages WHERE id = 'msg_draining'";
+    assert_eq!(pg.query(status).await, "reserved");
+
+    // Past the time it announced, it is dead.
+    pg.query("UPDATE gateway_instances SET draining_until = now() - interval '1 second'")
+        .await;
+    assert_eq!(reaper.reap(stale, max_turn).await.expect("reap"), 1);
+    assert_eq!(pg.query(status).await, "abandoned");
+}
+
+#[tokio::test]
+async fn a_pod_reaps_others_only_once_its_own_heartbeat_has_been_healthy_for_the_stale_time() {
+    let mut pg = PostgresServer::start().await;
+    let (db, _) = database_with_an_account(&pg).await;
+    let ledger = PostgresLedger::new(db);
+    assert!(!ledger.may_reap(Duration::ZERO), "never beaten");
+    ledger.heartbeat().await.expect("heartbeat");
+    assert!(ledger.may_reap(Duration::ZERO));
+    assert!(
+        !ledger.may_reap(Duration::from_secs(3_600)),
+        "healthy for less than the stale time"
+    );
+
+    pg.stop().await;
+    assert!(ledger.heartbeat().await.is_err(), "beat with Postgres down");
+    assert!(
+        !ledger.may_reap(Duration::ZERO),
+        "reaps right after its own heartbeat failed"
+    );
+    pg.restart().await;
+    poll_until(
+        "the heartbeat to succeed again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { ledger.heartbeat().await.ok() },
+    )
+    .await;
+    assert!(ledger.may_reap(Duration::ZERO));
+    assert!(!ledger.may_reap(Duration::from_secs(3_600)));
+}
