@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::{count_body, message, poll_until, Cluster, KeySpec, PostgresServer};
+use gateway::db::{Database, DbError};
 
 /// One pod whose database calls give up after a second.
 async fn one_pod(pg: &PostgresServer) -> Cluster {
@@ -105,4 +106,36 @@ async fn turns_the_allotment_covers_are_served_through_an_outage_told_free_and_w
         .await,
         "unbilled|0"
     );
+}
+
+/// A request makes several database calls (its key, then its reservation): during an outage it
+/// must answer within one timeout, not one per call.
+#[tokio::test]
+async fn after_a_call_finds_postgres_unreachable_the_calls_within_a_timeout_fail_at_once() {
+    let mut pg = PostgresServer::start().await;
+    let timeout = Duration::from_secs(1);
+    let db = Database::connect(&pg.url(), 2, timeout).expect("database url");
+    let select = || db.bounded(sqlx::query("SELECT 1").execute(db.pool()));
+    select().await.expect("Postgres up");
+
+    pg.stop().await;
+    let first = select().await;
+    assert!(
+        matches!(&first, Err(e) if !matches!(e, DbError::Failing(_))),
+        "the first call after the outage began did not try: {first:?}"
+    );
+    let second = select().await;
+    assert!(
+        matches!(second, Err(DbError::Failing(_))),
+        "the next call waited out a timeout of its own: {second:?}"
+    );
+
+    pg.restart().await;
+    poll_until(
+        "calls to reach Postgres again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { select().await.ok() },
+    )
+    .await;
 }
