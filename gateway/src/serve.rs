@@ -19,7 +19,7 @@ use crate::state::AppState;
 use crate::{admin, api, telemetry};
 
 /// How long connections may linger after the grace period before the process exits anyway.
-const HARD_STOP_AFTER_GRACE: Duration = Duration::from_secs(5);
+pub const HARD_STOP_AFTER_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Error)]
 pub enum ServeError {

@@ -21,7 +21,7 @@ use crate::dashboard::{
 };
 use crate::db::{Database, DbError};
 use crate::ids;
-use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger};
+use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
 use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::Providers;
@@ -29,7 +29,7 @@ use crate::responses_store::Backend as ResponsesBackend;
 use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
 use crate::seal::Sealer;
-use crate::serve::{self, ServeError};
+use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
 use crate::state::{AppState, Services, Shutdown};
 use crate::tokens::Tokenizer;
 
@@ -141,13 +141,17 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     let reaping = Reaping {
         stale: Duration::from_secs(args.reaper_stale_secs.max(1)),
         max_turn: Duration::from_secs(args.reaper_max_turn_secs.max(1)),
+        // The longest a stopping process may still write after SIGTERM.
+        draining: Duration::from_secs(args.common.shutdown_grace_secs)
+            + HARD_STOP_AFTER_GRACE
+            + CLOSE_WAIT,
     };
     // Allotments are spent only while the heartbeat is younger than half the stale time, so
     // a process cut off from Postgres stops before the reaper returns them.
     let ledger = Arc::new(
         PostgresLedger::new(db.clone()).with_allotments(args.allotment_turns, reaping.stale / 2),
     );
-    // Beaten once before serving, so the first turns can already use allotments.
+    // Registered before serving, so the first turns hold a lease and can use allotments.
     if let Err(e) = ledger.heartbeat().await {
         tracing::warn!(error = %e, "ledger heartbeat failed");
     }
@@ -169,19 +173,34 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
 struct Reaping {
     stale: Duration,
     max_turn: Duration,
+    /// How long a stopping process announces it may still write.
+    draining: Duration,
 }
 
 /// Beats this process' heartbeat and releases orphaned reservations, every third of `stale`.
-/// Every pod runs it; the release is idempotent, so they never conflict.
-async fn reaper(ledger: Arc<PostgresLedger>, reaping: Reaping, stop: CancellationToken) {
+/// Every pod runs it; the release is idempotent, so they never conflict. The heartbeat goes
+/// on through shutdown, until the ledger has written its last row (a stopping process is not
+/// dead); from SIGTERM the process announces how long it may take and stops reaping.
+async fn reaper(ledger: Arc<PostgresLedger>, reaping: Reaping, draining: CancellationToken) {
     let mut ticks = tokio::time::interval(reaping.stale / 3);
+    let mut announced = false;
     loop {
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = ledger.closed() => return,
+            _ = draining.cancelled(), if !announced => {
+                announced = true;
+                if let Err(e) = ledger.drain(reaping.draining).await {
+                    tracing::warn!(error = %e, "could not announce the drain; the heartbeat keeps the lease");
+                }
+                continue;
+            }
             _ = ticks.tick() => {}
         }
         if let Err(e) = ledger.heartbeat().await {
             tracing::warn!(error = %e, "ledger heartbeat failed");
+            continue;
+        }
+        if announced || !ledger.may_reap(reaping.stale) {
             continue;
         }
         match ledger.reap(reaping.stale, reaping.max_turn).await {

@@ -468,7 +468,7 @@ impl Meter {
         let billed = match settled {
             Ok(billed) => billed,
             Err(e) => {
-                tracing::error!(error = %e, message_id = %self.message_id, "settle failed; the reservation stays held");
+                tracing::error!(error = %e, message_id = %self.message_id, "settle failed; told 0");
                 0
             }
         };

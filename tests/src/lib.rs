@@ -5,6 +5,7 @@
 //!   `standalone` by default, `serve` (cluster mode) with [`GatewayBuilder::serve`].
 //! - [`RedisServer`]: a throwaway `redis-server` (start, stop, restart, freeze) for cluster mode.
 //! - [`PostgresServer`]: a throwaway Postgres (start, stop, restart, SQL, the operator CLI).
+//! - [`TcpProxy`]: a loopback TCP proxy a test can cut (one process partitioned from a server).
 //! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
@@ -28,6 +29,7 @@ pub mod kube;
 pub mod leak;
 pub mod otlp;
 pub mod postgres;
+pub mod proxy;
 pub mod redis;
 pub mod response;
 pub mod scrape;
@@ -40,6 +42,7 @@ pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
 pub use otlp::OtlpReceiver;
 pub use postgres::PostgresServer;
+pub use proxy::TcpProxy;
 pub use redis::RedisServer;
 pub use response::{RateLimit, Resp};
 pub use scrape::Scrape;

@@ -155,6 +155,11 @@ impl PostgresServer {
             .unwrap_or_else(|e| panic!("psql {sql:?}: {e}\n{}", self.logs()))
     }
 
+    /// Runs `sql`: psql's unaligned output, or its error.
+    pub async fn try_query(&self, sql: &str) -> Result<String, String> {
+        psql(&self.bin, self.port, sql).await
+    }
+
     /// One integer from `sql`.
     pub async fn query_i64(&self, sql: &str) -> i64 {
         let text = self.query(sql).await;

@@ -46,9 +46,16 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
     let answers =
         join_all((0..TURNS).map(|i| pods[i % pods.len()].post_messages(&key.secret, &body))).await;
     let (accepted, consumed) = tally(&answers);
+    let refused: Vec<String> = answers
+        .iter()
+        .filter(|r| r.status != 200)
+        .map(|r| format!("{} {}", r.status, r.text))
+        .take(3)
+        .collect();
     assert!(
         accepted >= FUNDED_TURNS,
-        "only {accepted} of {TURNS} turns were accepted, though the balance covered {FUNDED_TURNS}"
+        "only {accepted} of {TURNS} turns were accepted, though the balance covered {FUNDED_TURNS}; e.g. {refused:?}\n{}",
+        pods[0].logs()
     );
     assert!(
         accepted < TURNS as u64,

@@ -1,12 +1,14 @@
 //! A Postgres outage: turns that need a reservation in Postgres get 503 api_error within the
 //! database timeout (no 500, no hang); count_tokens, which needs no credits, keeps working for
 //! a key seen before; once Postgres is back the gateway recovers by itself. Turns that the
-//! pod's allotment for the account covers are served through the outage, and billed once
-//! Postgres is back.
+//! pod's allotment for the account covers are served through the outage; as their bills
+//! cannot be recorded, their clients are told they cost nothing, and their rows say
+//! `unbilled` once Postgres is back.
 
 use std::time::{Duration, Instant};
 
 use e2e::{count_body, message, poll_until, Cluster, KeySpec, PostgresServer};
+use gateway::db::{Database, DbError};
 
 /// One pod whose database calls give up after a second.
 async fn one_pod(pg: &PostgresServer) -> Cluster {
@@ -58,7 +60,7 @@ async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_aft
 }
 
 #[tokio::test]
-async fn turns_the_allotment_covers_are_served_through_an_outage_and_billed_once_it_ends() {
+async fn turns_the_allotment_covers_are_served_through_an_outage_told_free_and_written_unbilled() {
     let mut pg = PostgresServer::start().await;
     let cluster = one_pod(&pg).await;
     let gw = &cluster.pods[0];
@@ -69,14 +71,14 @@ async fn turns_the_allotment_covers_are_served_through_an_outage_and_billed_once
 
     pg.stop().await;
     let during = gw.post_messages(&key.secret, &body).await.expect_ok();
-    let consumed: u64 = [&before, &during]
-        .iter()
-        .map(|answer| {
-            answer["usage"]["credits_consumed"]
-                .as_u64()
-                .expect("credits")
-        })
-        .sum();
+    assert_eq!(
+        during["usage"]["credits_consumed"].as_u64(),
+        Some(0),
+        "told a bill the ledger could not record: {during}"
+    );
+    let consumed = before["usage"]["credits_consumed"]
+        .as_u64()
+        .expect("credits");
 
     pg.restart().await;
     let id = &key.account_id;
@@ -96,4 +98,44 @@ async fn turns_the_allotment_covers_are_served_through_an_outage_and_billed_once
         Some(start - consumed),
         "{account}"
     );
+    let during_id = during["id"].as_str().expect("id");
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT status, billed FROM messages WHERE id = '{during_id}'"
+        ))
+        .await,
+        "unbilled|0"
+    );
+}
+
+/// A request makes several database calls (its key, then its reservation): during an outage it
+/// must answer within one timeout, not one per call.
+#[tokio::test]
+async fn after_a_call_finds_postgres_unreachable_the_calls_within_a_timeout_fail_at_once() {
+    let mut pg = PostgresServer::start().await;
+    let timeout = Duration::from_secs(1);
+    let db = Database::connect(&pg.url(), 2, timeout).expect("database url");
+    let select = || db.bounded(sqlx::query("SELECT 1").execute(db.pool()));
+    select().await.expect("Postgres up");
+
+    pg.stop().await;
+    let first = select().await;
+    assert!(
+        matches!(&first, Err(e) if !matches!(e, DbError::Failing(_))),
+        "the first call after the outage began did not try: {first:?}"
+    );
+    let second = select().await;
+    assert!(
+        matches!(second, Err(DbError::Failing(_))),
+        "the next call waited out a timeout of its own: {second:?}"
+    );
+
+    pg.restart().await;
+    poll_until(
+        "calls to reach Postgres again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { select().await.ok() },
+    )
+    .await;
 }

@@ -3,7 +3,8 @@
 //! end `abandoned` and are billed nothing (what the client received is unknown, and the
 //! gateway never overcharges). Its allotments go back to their accounts the same way, and the
 //! turns it served from them and had not written are billed nothing. A settle or a top-up
-//! replayed afterwards changes nothing.
+//! replayed afterwards changes nothing. A process taken for dead that was only cut off is
+//! fenced: what it then writes under its old lease bills nothing, and it is told so.
 
 use std::time::Duration;
 
@@ -249,7 +250,7 @@ async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_proce
 }
 
 #[tokio::test]
-async fn a_pod_taken_for_dead_writes_its_later_turns_abandoned_and_billed_nothing() {
+async fn a_pod_taken_for_dead_is_told_its_later_turns_cost_nothing_and_writes_them_unbilled() {
     let pg = PostgresServer::start().await;
     let (db, account_id) = database_with_an_account(&pg).await;
     let ledger = PostgresLedger::new(db.clone()).with_allotments(16, Duration::from_secs(60));
@@ -280,24 +281,183 @@ async fn a_pod_taken_for_dead_writes_its_later_turns_abandoned_and_billed_nothin
     assert_eq!(reaped, 1);
     assert_eq!(pg.query_i64(allotments).await, 0);
 
-    // The turn ends afterwards: its row lands, but bills nothing and moves no money.
-    ledger
+    // The turn ends afterwards: its row is written before its bill is told, and bills
+    // nothing and moves no money, since its lease is gone.
+    let told = ledger
         .settle(settlement_costing_1000("msg_cut_off"))
         .await
         .expect("settle");
-    let row = poll_until(
-        "the cut-off turn's row to be written",
+    assert_eq!(told, 0, "told a bill its allotment no longer covers");
+    let row = pg
+        .query("SELECT status, billed FROM messages WHERE id = 'msg_cut_off'")
+        .await;
+    assert_eq!(row, "unbilled|0");
+    let balance = ledger.balance(&account_id).await.expect("balance");
+    assert_eq!((balance.balance, balance.reserved), (CREDITS, 0));
+}
+
+#[tokio::test]
+async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_turn_batched_with_it()
+{
+    let pg = PostgresServer::start().await;
+    let (db, account_id) = database_with_an_account(&pg).await;
+    let mut others = Vec::new();
+    for name in ["refused-account", "lane-account"] {
+        let account = PostgresAccounts::new(db.clone())
+            .create_account(name)
+            .await
+            .expect("account");
+        PostgresLedger::new(db.clone())
+            .grant(&account.id, CREDITS)
+            .await
+            .expect("grant");
+        others.push(account.id);
+    }
+    let (poisoned, lane) = (&others[0], &others[1]);
+    let ledger = PostgresLedger::new(db.clone());
+    ledger.heartbeat().await.expect("heartbeat");
+    for (account, id) in [
+        (&account_id, "msg_fine"),
+        (poisoned, "msg_poisoned"),
+        (lane, "msg_lane"),
+    ] {
+        ledger
+            .reserve(reservation(account, id, time::Duration::ZERO))
+            .await
+            .expect("reserve");
+    }
+    // Its books broken behind the gateway's back: releasing its reservation would take its
+    // `reserved` below zero, which the accounts CHECK refuses.
+    pg.query(&format!(
+        "UPDATE accounts SET reserved = 0 WHERE id = '{poisoned}'"
+    ))
+    .await;
+
+    // The one settle lane held by a settle waiting for a locked account, so that the next two
+    // settles queue and share one batch.
+    let mut lock = db.pool().begin().await.expect("transaction");
+    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
+        .bind(lane)
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    let waiting = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.settle(settlement_costing_1000("msg_lane")).await }
+    });
+    poll_until(
+        "the lane's settle to wait for the lock",
         Duration::from_secs(10),
-        Duration::from_millis(100),
+        Duration::from_millis(20),
         || async {
-            let row = pg
-                .query("SELECT status, billed FROM messages WHERE id = 'msg_cut_off'")
+            let waiting = pg
+                .query_i64("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
                 .await;
-            (!row.is_empty()).then_some(row)
+            (waiting > 0).then_some(())
         },
     )
     .await;
-    assert_eq!(row, "abandoned|0");
-    let balance = ledger.balance(&account_id).await.expect("balance");
-    assert_eq!((balance.balance, balance.reserved), (CREDITS, 0));
+    let mut both = Box::pin(async {
+        tokio::join!(
+            ledger.settle(settlement_costing_1000("msg_fine")),
+            ledger.settle(settlement_costing_1000("msg_poisoned"))
+        )
+    });
+    assert!(futures::poll!(&mut both).is_pending(), "settled at once");
+    lock.rollback().await.expect("unlock");
+    let (fine, refused) = both.await;
+
+    assert_eq!(fine.expect("settle"), 1_000, "the fine turn failed with it");
+    assert_eq!(refused.expect("settle"), 0, "a refused bill was told");
+    assert_eq!(waiting.await.expect("task").expect("settle"), 1_000);
+    assert_eq!(
+        pg.query("SELECT status, billed FROM messages WHERE id = 'msg_fine'")
+            .await,
+        "completed|1000"
+    );
+    poll_until(
+        "the refused turn's row to say it was not billed",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            let row = pg
+                .query("SELECT status, billed FROM messages WHERE id = 'msg_poisoned'")
+                .await;
+            (row == "unbilled|0").then_some(())
+        },
+    )
+    .await;
+    let metrics = e2e::Scrape::parse(&gateway::telemetry::metrics::render());
+    assert_eq!(
+        metrics.get("gateway_ledger_refused_total", &[("op", "settle")]),
+        Some(1.0),
+        "the refusal was not counted once (retried?)"
+    );
+}
+
+#[tokio::test]
+async fn a_draining_pod_is_not_taken_for_dead_within_its_announced_time_even_when_silent() {
+    let pg = PostgresServer::start().await;
+    let (db, account_id) = database_with_an_account(&pg).await;
+    let draining = PostgresLedger::new(db.clone());
+    draining.heartbeat().await.expect("heartbeat");
+    draining
+        .reserve(reservation(
+            &account_id,
+            "msg_draining",
+            time::Duration::minutes(1),
+        ))
+        .await
+        .expect("reserve");
+    draining
+        .drain(Duration::from_secs(3_600))
+        .await
+        .expect("drain");
+    // Silent since long before the stale time, as a draining pod cut off would be.
+    pg.query("UPDATE gateway_instances SET heartbeat_at = now() - interval '1 hour'")
+        .await;
+    let reaper = PostgresLedger::new(db);
+    let stale = Duration::from_secs(30);
+    let max_turn = Duration::from_secs(3_600);
+
+    assert_eq!(reaper.reap(stale, max_turn).await.expect("reap"), 0);
+    let status = "SELECT status FROM messages WHERE id = 'msg_draining'";
+    assert_eq!(pg.query(status).await, "reserved");
+
+    // Past the time it announced, it is dead.
+    pg.query("UPDATE gateway_instances SET draining_until = now() - interval '1 second'")
+        .await;
+    assert_eq!(reaper.reap(stale, max_turn).await.expect("reap"), 1);
+    assert_eq!(pg.query(status).await, "abandoned");
+}
+
+#[tokio::test]
+async fn a_pod_reaps_others_only_once_its_own_heartbeat_has_been_healthy_for_the_stale_time() {
+    let mut pg = PostgresServer::start().await;
+    let (db, _) = database_with_an_account(&pg).await;
+    let ledger = PostgresLedger::new(db);
+    assert!(!ledger.may_reap(Duration::ZERO), "never beaten");
+    ledger.heartbeat().await.expect("heartbeat");
+    assert!(ledger.may_reap(Duration::ZERO));
+    assert!(
+        !ledger.may_reap(Duration::from_secs(3_600)),
+        "healthy for less than the stale time"
+    );
+
+    pg.stop().await;
+    assert!(ledger.heartbeat().await.is_err(), "beat with Postgres down");
+    assert!(
+        !ledger.may_reap(Duration::ZERO),
+        "reaps right after its own heartbeat failed"
+    );
+    pg.restart().await;
+    poll_until(
+        "the heartbeat to succeed again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { ledger.heartbeat().await.ok() },
+    )
+    .await;
+    assert!(ledger.may_reap(Duration::ZERO));
+    assert!(!ledger.may_reap(Duration::from_secs(3_600)));
 }

@@ -53,6 +53,7 @@ fn status_label(status: MessageStatus) -> &'static str {
         MessageStatus::Interrupted => "interrupted",
         MessageStatus::Failed => "failed",
         MessageStatus::Abandoned => "abandoned",
+        MessageStatus::Unbilled => "unbilled",
     }
 }
 

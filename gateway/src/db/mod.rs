@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -20,6 +21,8 @@ pub enum DbError {
     Sql(#[from] sqlx::Error),
     #[error("migrations failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database unreachable: a call failed {0:?} ago")]
+    Failing(Duration),
 }
 
 impl DbError {
@@ -30,12 +33,30 @@ impl DbError {
             _ => None,
         }
     }
+
+    /// Postgres could not be reached (or did not answer in time), as opposed to an answer
+    /// refusing the call.
+    fn unreachable(&self) -> bool {
+        matches!(
+            self,
+            DbError::Timeout(_)
+                | DbError::Failing(_)
+                | DbError::Sql(
+                    sqlx::Error::Io(_)
+                        | sqlx::Error::PoolTimedOut
+                        | sqlx::Error::PoolClosed
+                        | sqlx::Error::Tls(_)
+                )
+        )
+    }
 }
 
 #[derive(Clone)]
 pub struct Database {
     pool: PgPool,
     timeout: Duration,
+    /// When a call last found Postgres unreachable (none since a call succeeded).
+    failed_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Database {
@@ -52,7 +73,11 @@ impl Database {
             .max_connections(pool_size.max(1))
             .acquire_timeout(timeout)
             .connect_lazy_with(options);
-        Ok(Self { pool, timeout })
+        Ok(Self {
+            pool,
+            timeout,
+            failed_at: Arc::default(),
+        })
     }
 
     pub async fn migrate(&self) -> Result<(), DbError> {
@@ -69,12 +94,26 @@ impl Database {
         self.timeout
     }
 
+    /// How long ago a call found Postgres unreachable, when no call succeeded since.
+    pub fn failing_for(&self) -> Option<Duration> {
+        let failed_at = *self.failed_at.lock().unwrap_or_else(|e| e.into_inner());
+        failed_at.map(|at| at.elapsed())
+    }
+
     /// Runs one database call within the timeout, recording its latency and outcome in the
     /// store metrics (every call passes here, so they are all counted as `op="query"`).
+    ///
+    /// For one timeout after a call found Postgres unreachable, calls fail at once instead of
+    /// each waiting out a timeout of its own: a request making two calls (a key lookup, then
+    /// a reservation) answers within one timeout during an outage, not two. The first call
+    /// after that window tries again, so recovery is noticed within a timeout.
     pub async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, DbError> {
+        if let Some(ago) = self.failing_for().filter(|ago| *ago < self.timeout) {
+            return Err(DbError::Failing(ago));
+        }
         let started = Instant::now();
         let result = match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result.map_err(DbError::from),
@@ -86,6 +125,12 @@ impl Database {
             Err(e) => e.constraint().is_some(),
         };
         metrics::store_call("postgres", "query", started.elapsed(), ok);
+        let mut failed_at = self.failed_at.lock().unwrap_or_else(|e| e.into_inner());
+        match &result {
+            Err(e) if e.unreachable() => *failed_at = Some(Instant::now()),
+            Err(_) => {}
+            Ok(_) => *failed_at = None,
+        }
         result
     }
 }

@@ -254,7 +254,7 @@ impl From<LedgerError> for ApiError {
                 tracing::error!(error = %e, "ledger inconsistency");
                 Self::internal()
             }
-            LedgerError::Unavailable(detail) => {
+            LedgerError::Unavailable(detail) | LedgerError::Refused(detail) => {
                 tracing::error!(error = %detail, "ledger unavailable");
                 Self::unavailable("billing temporarily unavailable; retry with backoff")
             }

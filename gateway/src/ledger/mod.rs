@@ -12,7 +12,7 @@ use thiserror::Error;
 use time::{Date, OffsetDateTime};
 
 pub use memory::MemoryLedger;
-pub use postgres::PostgresLedger;
+pub use postgres::{PostgresLedger, CLOSE_WAIT};
 
 use crate::wire::anthropic::{StopReason, TokenUsage};
 
@@ -30,6 +30,9 @@ pub enum LedgerError {
     TopUpMismatch,
     #[error("ledger unavailable: {0}")]
     Unavailable(String),
+    /// Postgres refused the statement (a constraint): retrying cannot make it land.
+    #[error("ledger refused the write ({0})")]
+    Refused(String),
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -55,6 +58,9 @@ pub enum MessageStatus {
     Failed,
     /// The process serving it died before settling; released by the reaper, nothing billed.
     Abandoned,
+    /// Served, but the gateway could not bill it (its lease was lost, or the ledger could not
+    /// confirm the bill): its client was told it cost nothing, and nothing was billed.
+    Unbilled,
 }
 
 impl MessageStatus {
@@ -67,6 +73,7 @@ impl MessageStatus {
             Self::Interrupted => "interrupted",
             Self::Failed => "failed",
             Self::Abandoned => "abandoned",
+            Self::Unbilled => "unbilled",
         }
     }
 }

@@ -123,6 +123,7 @@ struct Metrics {
     store_errors: Family<StoreLabels, Counter>,
     turn_steps: Histograms<StepLabels>,
     ledger_batch: Histograms<LedgerLabels>,
+    ledger_refused: Family<LedgerLabels, Counter>,
     config: Family<ConfigLabels, Gauge>,
 }
 
@@ -143,6 +144,7 @@ impl Metrics {
             store_errors: Family::default(),
             turn_steps: Family::new_with_constructor(step_histogram),
             ledger_batch: Family::new_with_constructor(batch_histogram),
+            ledger_refused: Family::default(),
             config: Family::default(),
         };
         let r = &mut m.registry;
@@ -210,6 +212,11 @@ impl Metrics {
             "gateway_ledger_batch_turns",
             "Turns carried by one reserve, settle or write statement (batched when Postgres is busy)",
             m.ledger_batch.clone(),
+        );
+        r.register(
+            "gateway_ledger_refused",
+            "Turns whose ledger statement Postgres refused (a constraint), by op; never retried",
+            m.ledger_refused.clone(),
         );
         r.register(
             "gateway_config_info",
@@ -344,6 +351,14 @@ pub fn ledger_batch(op: &'static str, turns: usize) {
         .ledger_batch
         .get_or_create(&LedgerLabels { op })
         .observe(turns as f64);
+}
+
+/// A turn's `settle`, `write` or `void` that Postgres refused (a constraint).
+pub fn ledger_refused(op: &'static str) {
+    METRICS
+        .ledger_refused
+        .get_or_create(&LedgerLabels { op })
+        .inc();
 }
 
 /// The configuration now in use; the previous version's series is removed.

@@ -5,8 +5,8 @@
 //! `reserved`, exactly as it does for one turn: no other process can spend them, so however
 //! many processes hold allotments the balance is never overdrawn. A turn takes its most from
 //! its process' allotment with no round trip; when it ends it is billed at most that, the rest
-//! goes back to the allotment, and its ledger row is written in the background, debiting the
-//! bill from the allotment and the balance in one statement.
+//! goes back to the allotment, and its ledger row is written before its bill is told,
+//! debiting the bill from the allotment and the balance in one statement.
 //!
 //! The policy, for an account's last credits and for failures:
 //! - A grant takes at most a quarter of what the account has available, and none when that
@@ -17,8 +17,9 @@
 //! - An allotment unused for [`IDLE`] is returned; so are all of them when the process stops.
 //! - A process uses its allotments only while its heartbeat is fresh (half the reaper's stale
 //!   time): one cut off from Postgres stops spending them before the reaper can release them.
-//! - The reaper returns the allotments of a process that stopped beating. Turns it had not
-//!   written yet are billed nothing, as an abandoned reservation is: never an overcharge.
+//!   After a silence of the stale time, or once its lease was taken, it drops them all.
+//! - Allotments belong to a lease (the process and its epoch): the reaper returns those of a
+//!   lease it took, and a grant or a write under a lease that is gone bills nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,24 +38,32 @@ pub const IDLE: Duration = Duration::from_secs(2);
 pub struct Pools {
     /// An allotment aims to hold this many turns like the one that asked for it.
     turns: u64,
-    /// How long a heartbeat keeps the allotments usable.
+    /// How long a heartbeat keeps the allotments usable; twice it (the reaper's stale time)
+    /// without one, and they may have been returned: they are dropped.
     fresh_for: Duration,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
+    /// Half the stale time after the send of the last heartbeat Postgres recorded.
     fresh_until: Option<Instant>,
-    by_account: HashMap<String, Pool>,
+    /// When the last heartbeat Postgres recorded was sent.
+    last_beat: Option<Instant>,
+    /// The lease epoch new allotments are granted under.
+    epoch: i64,
+    /// Every allotment, by id.
+    pools: HashMap<String, Pool>,
+    /// The allotment new turns of an account take from, by account.
+    current: HashMap<String, String>,
     /// Turns that took from an allotment and are not settled yet, by message id.
     taken: HashMap<String, Taken>,
-    /// Settled turns whose rows are being written, by message id: what this process answers
-    /// for them meanwhile, so that a message is found as soon as its client has the answer.
-    unwritten: HashMap<String, Arc<MessageRecord>>,
 }
 
 struct Pool {
-    id: String,
+    account_id: String,
+    /// The lease it is granted under.
+    epoch: i64,
     /// Credits held and not taken by any turn.
     free: u64,
     /// Turns that took from it whose rows are not written yet.
@@ -76,6 +85,8 @@ struct Taken {
 pub struct Grow {
     pub pool: String,
     pub account_id: String,
+    /// The lease epoch the allotment belongs to: a grant under any other is refused.
+    pub epoch: i64,
     pub want: u64,
     pub need: u64,
 }
@@ -92,7 +103,7 @@ pub struct Take {
 #[derive(Clone)]
 pub struct Written {
     pub pool: String,
-    /// Shared with the answer this process gives for it until it is written.
+    /// Shared with the void that may follow the write.
     pub record: Arc<MessageRecord>,
 }
 
@@ -117,9 +128,28 @@ impl Pools {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// This process' heartbeat, sent at `sent`, was recorded.
-    pub fn beat(&self, sent: Instant) {
-        self.state().fresh_until = Some(sent + self.fresh_for);
+    /// This process' heartbeat, sent at `sent`, was recorded under lease `epoch`. After a new
+    /// lease, or a silence of the stale time (another process may have returned the
+    /// allotments meanwhile), every allotment is dropped: their turns finish, no new turn
+    /// takes from them, and new ones are granted.
+    pub fn beat(&self, sent: Instant, epoch: i64) {
+        let mut state = self.state();
+        let lapsed = state
+            .last_beat
+            .is_some_and(|last| sent.saturating_duration_since(last) >= self.fresh_for * 2);
+        if lapsed || state.epoch != epoch {
+            state.current.clear();
+        }
+        state.epoch = epoch;
+        state.last_beat = Some(sent);
+        state.fresh_until = Some(sent + self.fresh_for);
+    }
+
+    /// Stops new turns from taking from the allotment (it was refused, or its state is in
+    /// doubt); it is returned once its turns are written.
+    pub fn forsake(&self, pool: &str) {
+        let mut state = self.state();
+        state.current.retain(|_, id| id != pool);
     }
 
     /// Takes the turn's most from its account's allotment. `may_grow`: whether to ask for a
@@ -137,17 +167,21 @@ impl Pools {
         }
         let account_id = &r.record.account_id;
         let want = r.max.saturating_mul(self.turns);
-        let pool = state
-            .by_account
+        let id = state
+            .current
             .entry(account_id.clone())
-            .or_insert_with(|| Pool {
-                id: ids::allotment(),
-                free: 0,
-                open: 0,
-                last_used: now,
-                growing: false,
-                retiring: false,
-            });
+            .or_insert_with(ids::allotment)
+            .clone();
+        let epoch = state.epoch;
+        let pool = state.pools.entry(id.clone()).or_insert_with(|| Pool {
+            account_id: account_id.clone(),
+            epoch,
+            free: 0,
+            open: 0,
+            last_used: now,
+            growing: false,
+            retiring: false,
+        });
         let grow = |pool: &mut Pool| {
             if pool.retiring {
                 return None;
@@ -155,8 +189,9 @@ impl Pools {
             pool.growing = true;
             let want = want.saturating_sub(pool.free);
             Some(Grow {
-                pool: pool.id.clone(),
+                pool: id.clone(),
                 account_id: account_id.clone(),
+                epoch: pool.epoch,
                 want,
                 need: (want / 2).max(r.max),
             })
@@ -169,7 +204,7 @@ impl Pools {
                 .then(|| grow(pool))
                 .flatten();
             let taken = Taken {
-                pool: pool.id.clone(),
+                pool: id.clone(),
                 amount: r.max,
                 record: r.record.clone(),
             };
@@ -188,15 +223,11 @@ impl Pools {
         }
     }
 
-    /// Postgres granted `credits` to the allotment (0: refused, the account runs low; `None`:
-    /// the grant failed, nothing known).
+    /// Postgres granted `credits` to the allotment (0: refused, the account runs low or the
+    /// lease is gone; `None`: the grant failed, nothing known).
     pub fn granted(&self, g: &Grow, credits: Option<u64>) {
         let mut state = self.state();
-        let Some(p) = state
-            .by_account
-            .get_mut(&g.account_id)
-            .filter(|p| p.id == g.pool)
-        else {
+        let Some(p) = state.pools.get_mut(&g.pool) else {
             return;
         };
         p.growing = false;
@@ -207,81 +238,64 @@ impl Pools {
         }
     }
 
-    /// Settles a turn that took from an allotment: what it is billed (at most what it took;
-    /// nothing when it failed) and its row to write, or `None` for a turn reserved in Postgres.
-    pub fn settle(&self, s: &Settlement) -> Option<(u64, Written)> {
+    /// Settles a turn that took from an allotment: its row to write, billed at most what it
+    /// took (nothing when it failed), or `None` for a turn reserved in Postgres. What it did
+    /// not cost goes back to the allotment.
+    pub fn settle(&self, s: &Settlement) -> Option<Written> {
         let mut guard = self.state();
         let state = &mut *guard;
         let taken = state.taken.remove(&s.message_id)?;
         let billed = s.billed(taken.amount);
-        if let Some(pool) = state
-            .by_account
-            .get_mut(&taken.record.account_id)
-            .filter(|p| p.id == taken.pool)
-        {
+        if let Some(pool) = state.pools.get_mut(&taken.pool) {
             pool.free += taken.amount - billed;
         }
         let mut record = taken.record;
         record.reserved = taken.amount;
         s.complete(&mut record, billed);
-        let record = Arc::new(record);
-        state.unwritten.insert(record.id.clone(), record.clone());
-        Some((
-            billed,
-            Written {
-                pool: taken.pool,
-                record,
-            },
-        ))
+        Some(Written {
+            pool: taken.pool,
+            record: Arc::new(record),
+        })
     }
 
-    /// A settled turn whose row is not written yet.
-    pub fn unwritten(&self, message_id: &str) -> Option<MessageRecord> {
-        let state = self.state();
-        state
-            .unwritten
-            .get(message_id)
-            .map(|r| MessageRecord::clone(r))
-    }
-
-    /// A turn's row is written.
+    /// A turn's row is written (or voided): its allotment may be returned once idle.
     pub fn written(&self, w: &Written) {
-        let (account_id, pool) = (&w.record.account_id, &w.pool);
         let mut state = self.state();
-        state.unwritten.remove(&w.record.id);
-        if let Some(p) = state
-            .by_account
-            .get_mut(account_id)
-            .filter(|p| p.id == *pool)
-        {
+        if let Some(p) = state.pools.get_mut(&w.pool) {
             p.open = p.open.saturating_sub(1);
             p.last_used = Instant::now();
         }
     }
 
     /// The allotments to return now: those with no turn in flight that were unused for `idle`
-    /// (all of them with `Duration::ZERO`, or when the heartbeat is no longer fresh) or that
-    /// retire. Their accounts' next turns start new ones.
+    /// (all of them with `Duration::ZERO`, or when the heartbeat is no longer fresh), that
+    /// retire or that were dropped. Their accounts' next turns start new ones.
     pub fn idle(&self, idle: Duration) -> Vec<Release> {
         let now = Instant::now();
-        let mut state = self.state();
+        let mut guard = self.state();
+        let state = &mut *guard;
         let stale = state.fresh_until.is_none_or(|until| until < now);
+        let current = &state.current;
         let done: Vec<String> = state
-            .by_account
+            .pools
             .iter()
-            .filter(|(_, p)| {
+            .filter(|(id, p)| {
+                let dropped = current.get(&p.account_id) != Some(*id);
                 p.open == 0
                     && !p.growing
-                    && (stale || p.retiring || now.duration_since(p.last_used) >= idle)
+                    && (stale || dropped || p.retiring || now.duration_since(p.last_used) >= idle)
             })
-            .map(|(account, _)| account.clone())
+            .map(|(id, _)| id.clone())
             .collect();
         done.into_iter()
-            .filter_map(|account_id| {
-                let p = state.by_account.remove(&account_id)?;
+            .filter_map(|id| {
+                let p = state.pools.remove(&id)?;
+                if state.current.get(&p.account_id) == Some(&id) {
+                    state.current.remove(&p.account_id);
+                }
                 Some(Release {
-                    pool: p.id,
-                    account_id,
+                    pool: id,
+                    account_id: p.account_id,
                 })
             })
             .collect()
@@ -291,22 +305,27 @@ impl Pools {
 /// Asks for up to `want` credits for the allotment, taking at most a quarter of what the
 /// account has available and nothing unless that covers `need` (half of `want`: an account
 /// with less than twice an allotment's worth available is served turn by turn, exactly).
-/// Returns the credits granted.
+/// Nothing either unless the allotment's lease is this process' current one: the lease row is
+/// locked (the reaper deletes it) while credits move, so a grant cannot land on, or
+/// re-create, an allotment the reaper has returned. Returns the credits granted.
 pub async fn grow(db: &Database, instance: &str, g: &Grow) -> Result<u64, DbError> {
     let row = db
         .bounded(
             sqlx::query(
-                "WITH account AS (
+                "WITH lease AS (
+                     SELECT id FROM gateway_instances WHERE id = $2 AND epoch = $6
+                     FOR KEY SHARE
+                 ), account AS (
                      SELECT id, (balance - reserved) / 4 AS share FROM accounts
-                     WHERE id = $3 FOR NO KEY UPDATE
+                     WHERE id = $3 AND EXISTS (SELECT 1 FROM lease) FOR NO KEY UPDATE
                  ), granted AS (
                      SELECT id, least($4, share) AS credits FROM account WHERE share >= $5
                  ), held AS (
                      UPDATE accounts a SET reserved = a.reserved + g.credits
                      FROM granted g WHERE a.id = g.id
                  ), pool AS (
-                     INSERT INTO allotments (id, instance_id, account_id, credits)
-                     SELECT $1, $2, id, credits FROM granted
+                     INSERT INTO allotments (id, instance_id, account_id, credits, epoch)
+                     SELECT $1, $2, id, credits, $6 FROM granted
                      ON CONFLICT (id) DO UPDATE SET credits = allotments.credits + EXCLUDED.credits
                  )
                  SELECT coalesce((SELECT credits FROM granted), 0)::bigint AS credits",
@@ -316,6 +335,7 @@ pub async fn grow(db: &Database, instance: &str, g: &Grow) -> Result<u64, DbErro
             .bind(&g.account_id)
             .bind(to_db(g.want))
             .bind(to_db(g.need))
+            .bind(g.epoch)
             .fetch_one(db.pool()),
         )
         .await?;
@@ -345,8 +365,9 @@ pub async fn release(db: &Database, r: &Release) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Returns the allotments of processes that have not beaten for `stale_ms`. Returns how many.
-pub async fn reap(db: &Database, stale_ms: i64) -> Result<u64, DbError> {
+/// Returns the allotments whose lease is gone (the reaper deleted it, or its process
+/// stopped without returning them). Returns how many.
+pub async fn reap(db: &Database) -> Result<u64, DbError> {
     let row = db
         .bounded(
             sqlx::query(
@@ -354,8 +375,7 @@ pub async fn reap(db: &Database, stale_ms: i64) -> Result<u64, DbError> {
                      SELECT al.id, al.account_id FROM allotments al
                      WHERE NOT EXISTS (
                          SELECT 1 FROM gateway_instances g
-                         WHERE g.id = al.instance_id
-                           AND g.heartbeat_at > now() - $1 * interval '1 millisecond')
+                         WHERE g.id = al.instance_id AND g.epoch = al.epoch)
                  ), account AS (
                      -- In id order, as every statement that moves credits locks them.
                      SELECT id FROM accounts WHERE id IN (SELECT account_id FROM dead)
@@ -374,7 +394,6 @@ pub async fn reap(db: &Database, stale_ms: i64) -> Result<u64, DbError> {
                  )
                  SELECT coalesce(sum(n), 0)::bigint AS reaped FROM accounts_released",
             )
-            .bind(stale_ms)
             .fetch_one(db.pool()),
         )
         .await?;
@@ -432,7 +451,7 @@ mod tests {
     /// Pools of 4 turns, beaten, with `credits` granted to the account's allotment.
     fn granted(credits: u64) -> Pools {
         let pools = Pools::new(4, Duration::from_secs(60));
-        pools.beat(Instant::now());
+        pools.beat(Instant::now(), 1);
         let grow = pools
             .take(&turn("first"), true)
             .grow
@@ -448,7 +467,7 @@ mod tests {
         let take = pools.take(&turn("a"), true);
         assert!(take.amount.is_none() && take.grow.is_none());
 
-        pools.beat(Instant::now() - Duration::from_secs(61));
+        pools.beat(Instant::now() - Duration::from_secs(61), 1);
         let take = pools.take(&turn("a"), true);
         assert!(take.amount.is_none() && take.grow.is_none());
     }
@@ -457,10 +476,9 @@ mod tests {
     fn a_turn_takes_its_most_from_the_allotment_and_gets_back_what_it_did_not_cost() {
         let pools = granted(4 * MAX);
         assert_eq!(pools.take(&turn("a"), false).amount, Some(MAX));
-        let (billed, written) = pools
+        let written = pools
             .settle(&settlement("a", MessageStatus::Completed, 30))
             .expect("an allotted turn");
-        assert_eq!(billed, 30);
         assert_eq!((written.record.reserved, written.record.billed), (MAX, 30));
         // 400 granted, 30 billed: 370 free, three turns and some.
         for id in ["b", "c", "d"] {
@@ -475,9 +493,9 @@ mod tests {
         pools.take(&turn("a"), false);
         pools.take(&turn("b"), false);
         let over = pools.settle(&settlement("a", MessageStatus::Completed, 5 * MAX));
-        assert_eq!(over.map(|(billed, _)| billed), Some(MAX));
+        assert_eq!(over.map(|w| w.record.billed), Some(MAX));
         let failed = pools.settle(&settlement("b", MessageStatus::Failed, 50));
-        assert_eq!(failed.map(|(billed, _)| billed), Some(0));
+        assert_eq!(failed.map(|w| w.record.billed), Some(0));
         assert!(
             pools
                 .settle(&settlement("b", MessageStatus::Failed, 50))
@@ -514,24 +532,18 @@ mod tests {
         assert!(take.amount.is_none() && take.grow.is_none());
         assert!(pools.idle(IDLE).is_empty(), "returned with turns unwritten");
 
-        let (_, b) = pools
+        let b = pools
             .settle(&settlement("b", MessageStatus::Completed, 10))
             .expect("allotted");
         pools.written(&b);
-        let (_, written) = pools
+        let written = pools
             .settle(&settlement("a", MessageStatus::Completed, 10))
             .expect("allotted");
         assert!(
             pools.idle(IDLE).is_empty(),
             "returned before the row was written"
         );
-        assert_eq!(
-            pools.unwritten("a").map(|r| r.billed),
-            Some(10),
-            "a settled turn is found before its row is written"
-        );
         pools.written(&written);
-        assert!(pools.unwritten("a").is_none());
         let released = pools.idle(IDLE);
         assert_eq!(released.len(), 1);
         assert_eq!(released[0].pool, written.pool);
@@ -543,5 +555,39 @@ mod tests {
         assert!(pools.idle(IDLE).is_empty(), "returned while fresh");
         assert_eq!(pools.idle(Duration::ZERO).len(), 1);
         assert!(pools.idle(Duration::ZERO).is_empty(), "returned twice");
+    }
+
+    #[test]
+    fn after_a_silence_of_the_stale_time_or_a_new_lease_no_turn_takes_from_the_old_allotments() {
+        let pools = granted(4 * MAX);
+        let old = pools.take(&turn("a"), false);
+        assert_eq!(old.amount, Some(MAX));
+        // Beaten again two stale times later: the allotment may have been returned meanwhile.
+        pools.beat(Instant::now() + Duration::from_secs(121), 1);
+        let take = pools.take(&turn("b"), true);
+        assert!(take.amount.is_none(), "took from a dropped allotment");
+        let grow = take.grow.expect("a grant for a new allotment");
+        let a = pools
+            .settle(&settlement("a", MessageStatus::Completed, 10))
+            .expect("the turn on the dropped allotment still settles");
+        assert_ne!(grow.pool, a.pool, "a grant for the dropped allotment");
+        assert!(
+            pools.idle(IDLE).is_empty(),
+            "returned with its turn unwritten"
+        );
+        pools.written(&a);
+        let released = pools.idle(IDLE);
+        assert_eq!(released.len(), 1, "the dropped allotment was not returned");
+        assert_eq!(released[0].pool, a.pool);
+
+        pools.granted(&grow, Some(4 * MAX));
+        assert_eq!(pools.take(&turn("c"), false).amount, Some(MAX));
+        pools.beat(Instant::now(), 2);
+        let take = pools.take(&turn("d"), true);
+        assert!(
+            take.amount.is_none(),
+            "took from an allotment of the old lease"
+        );
+        assert_eq!(take.grow.map(|g| g.epoch), Some(2));
     }
 }

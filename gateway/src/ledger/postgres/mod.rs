@@ -13,15 +13,22 @@
 //!   their credits from what this process holds for it, and their rows are written after the
 //!   turn, so neither statement waits on the request path.
 //!
-//! Each process registers itself in `gateway_instances` and renews a heartbeat; the reaper
-//! releases reservations and allotments whose process stopped beating (see
-//! [`PostgresLedger::reap`]).
+//! Each process holds a lease, its row in `gateway_instances`, renewed by a heartbeat; the
+//! reaper deletes the lease of a process that stopped beating and releases the reservations
+//! and allotments of leases that are gone (see [`PostgresLedger::reap`]). Allotments and
+//! reservations carry the lease's epoch, and a grant or a write under a lease that is gone is
+//! refused by Postgres.
+//!
+//! What a client is told a turn cost is what the ledger bills: a turn's bill is told only once
+//! Postgres has recorded it; when it cannot be confirmed the client is told 0 and the turn is
+//! voided (written `unbilled`, billed nothing, whatever the unconfirmed statement did).
 
 mod allotment;
 mod turns;
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -39,15 +46,17 @@ use super::{
 };
 use crate::db::{from_db, parse_name, to_db, Database, DbError};
 use crate::ids;
+use crate::telemetry::metrics;
 use crate::wire::anthropic::{StopReason, TokenUsage};
 
-const STATUSES: [MessageStatus; 6] = [
+const STATUSES: [MessageStatus; 7] = [
     MessageStatus::Reserved,
     MessageStatus::Completed,
     MessageStatus::ClientDisconnected,
     MessageStatus::Interrupted,
     MessageStatus::Failed,
     MessageStatus::Abandoned,
+    MessageStatus::Unbilled,
 ];
 
 const STOP_REASONS: [StopReason; 4] = [
@@ -70,49 +79,85 @@ const MAX_BATCH: usize = 128;
 /// Each lane holds one pooled connection while it runs, the rest of the pool serves reads.
 const LANES: usize = 1;
 
-/// How long a stopping process waits for the rows of its last allotted turns to be written.
-const CLOSE_WAIT: Duration = Duration::from_secs(10);
+/// How long a stopping process waits for its last voids (see [`PostgresLedger::void`]) to
+/// land; it keeps its lease meanwhile.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest pause between two attempts of a void.
+const VOID_RETRY_MAX: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct PostgresLedger {
     db: Database,
-    /// This process, as recorded on the reservations it holds.
-    instance: String,
+    lease: Arc<Lease>,
     reserves: Coalescer<NewReservation, Result<u64, LedgerError>>,
     settles: Coalescer<Settlement, Result<Option<u64>, LedgerError>>,
     allotting: Option<Arc<Allotting>>,
+    /// Voids still trying to land; a stopping process waits for them.
+    voids: TaskTracker,
 }
 
-/// The allotments of this process, and the background writing of their turns' rows.
+/// This process' lease: its row in `gateway_instances`, under an epoch that changes each time
+/// it registers again after the reaper took it for dead.
+pub struct Lease {
+    /// This process, as recorded on the reservations and allotments it holds.
+    pub id: String,
+    /// 0 until registered.
+    epoch: AtomicI64,
+    /// When the first of the unbroken run of heartbeats up to now was sent.
+    healthy_since: Mutex<Option<Instant>>,
+    /// Set when this process gives its lease up: no heartbeat registers it again.
+    given_up: AtomicBool,
+    /// Cancelled once this process wrote its last row and gave its lease up.
+    closed: CancellationToken,
+}
+
+impl Lease {
+    pub fn epoch(&self) -> i64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    fn healthy_since(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.healthy_since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The allotments of this process.
 struct Allotting {
     pools: Pools,
     writes: Coalescer<Written, Result<Option<u64>, LedgerError>>,
-    writing: TaskTracker,
     stop: CancellationToken,
 }
 
 impl PostgresLedger {
     /// Starts the batching of reserves and settles (needs a Tokio runtime).
     pub fn new(db: Database) -> Self {
-        let instance = ids::instance();
+        let lease = Arc::new(Lease {
+            id: ids::instance(),
+            epoch: AtomicI64::new(0),
+            healthy_since: Mutex::new(None),
+            given_up: AtomicBool::new(false),
+            closed: CancellationToken::new(),
+        });
         let reserves = coalescer(
             &db,
-            &instance,
+            &lease,
             |r: &NewReservation| r.record.id.as_str(),
-            |db, instance, batch| async move { turns::reserve(&db, &instance, batch).await },
+            |db, lease, batch| async move { turns::reserve(&db, &lease, batch).await },
         );
         let settles = coalescer(
             &db,
-            &instance,
+            &lease,
             |s: &Settlement| s.message_id.as_str(),
-            |db, _, batch| async move { turns::settle(&db, batch).await },
+            |db, _, batch| async move { turns::settle(&db, &batch).await },
         );
         Self {
             db,
-            instance,
+            lease,
             reserves,
             settles,
             allotting: None,
+            voids: TaskTracker::new(),
         }
     }
 
@@ -124,14 +169,13 @@ impl PostgresLedger {
         }
         let writes = coalescer(
             &self.db,
-            &self.instance,
+            &self.lease,
             |w: &Written| w.record.id.as_str(),
-            |db, instance, batch| async move { turns::write(&db, &instance, batch).await },
+            |db, lease, batch| async move { turns::write(&db, &lease.id, &batch).await },
         );
         self.allotting = Some(Arc::new(Allotting {
             pools: Pools::new(turns, fresh_for),
             writes,
-            writing: TaskTracker::new(),
             stop: CancellationToken::new(),
         }));
         tokio::spawn(self.clone().return_idle_allotments());
@@ -158,22 +202,90 @@ impl PostgresLedger {
     }
 
     async fn grow(&self, g: &Grow) -> Result<(), LedgerError> {
-        let granted = allotment::grow(&self.db, &self.instance, g).await;
+        let granted = allotment::grow(&self.db, &self.lease.id, g).await;
         if let Some(a) = &self.allotting {
             a.pools.granted(g, granted.as_ref().ok().copied());
         }
         granted.map(drop).map_err(LedgerError::from)
     }
 
-    /// Writes an allotted turn's row, retrying until it lands (or the process stops).
-    async fn write(&self, a: &Allotting, w: Written) {
-        let mut pause = Duration::from_millis(100);
-        while let Err(e) = self.batched(&a.writes, w.clone()).await {
-            tracing::warn!(error = %e, message_id = %w.record.id, "could not write a settled turn; retrying");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(5));
+    /// Writes an allotted turn's row before its bill is told: what Postgres recorded is what
+    /// the turn is told it cost (nothing when its allotment or lease is gone). When the write
+    /// cannot be confirmed, the turn is voided and told 0.
+    async fn write(&self, a: &Allotting, w: Written) -> u64 {
+        match self.batched(&a.writes, w.clone()).await {
+            Ok(Some(billed)) => {
+                if billed < w.record.billed {
+                    // Refused: the allotment was returned (its lease is gone) or holds less
+                    // than this process counts on; no turn takes from it any more.
+                    tracing::warn!(message_id = %w.record.id, "allotment refused a turn's bill; written unbilled");
+                    a.pools.forsake(&w.pool);
+                }
+                a.pools.written(&w);
+                billed
+            }
+            Ok(None) => {
+                // A row under its id was there already: what it says is not this write's to
+                // tell, so the turn is voided like an unconfirmed one (the void marks it
+                // written).
+                self.void(w.record.id.clone(), Some(w));
+                0
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, message_id = %w.record.id, "could not write a settled turn; voided, told 0");
+                a.pools.forsake(&w.pool);
+                self.void(w.record.id.clone(), Some(w));
+                0
+            }
         }
-        a.pools.written(&w);
+    }
+
+    /// Makes a turn whose bill could not be confirmed billed nothing, for good: its row ends
+    /// `unbilled` with nothing billed, what it held released and what an unconfirmed
+    /// statement of it did billed back. Runs in the background, retrying until it lands (a
+    /// stopping process waits for it): its client has been told 0. A void that Postgres
+    /// refuses (a constraint) cannot land by retrying: it is reported and counted.
+    fn void(&self, message_id: String, written: Option<Written>) {
+        let ledger = self.clone();
+        self.voids.spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            loop {
+                match ledger.void_once(&message_id, written.as_ref()).await {
+                    Ok(()) => break,
+                    Err(e) if e.constraint().is_some() => {
+                        metrics::ledger_refused("void");
+                        tracing::error!(error = %e, %message_id, "void refused by the ledger; not retried: the row is marked unbilled, what it holds stays held for an operator");
+                        if let Err(e) = turns::mark_unbilled(&ledger.db, &message_id).await {
+                            tracing::error!(error = %e, %message_id, "could not mark a refused turn unbilled");
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, %message_id, "could not void a turn; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(VOID_RETRY_MAX);
+                    }
+                }
+            }
+            if let (Some(a), Some(w)) = (&ledger.allotting, &written) {
+                a.pools.written(w);
+            }
+        });
+    }
+
+    async fn void_once(&self, message_id: &str, written: Option<&Written>) -> Result<(), DbError> {
+        if let Some(w) = written {
+            // The row, when no attempt wrote it: unbilled.
+            let mut record = MessageRecord::clone(&w.record);
+            record.status = MessageStatus::Unbilled;
+            record.billed = 0;
+            let unbilled = Written {
+                pool: w.pool.clone(),
+                record: Arc::new(record),
+            };
+            turns::write_rows(&self.db, &self.lease.id, std::slice::from_ref(&unbilled)).await?;
+        }
+        turns::void(&self.db, message_id, written.map(|w| w.pool.as_str())).await
     }
 
     /// Returns idle and retiring allotments to their accounts, retrying those it could not.
@@ -198,36 +310,140 @@ impl PostgresLedger {
         }
     }
 
-    /// Records that this process is alive; reservations of processes that stop doing so are
-    /// released by [`reap`](Self::reap).
+    /// Renews this process' lease; registers it (under the next epoch) when there is none
+    /// yet, or when the reaper took this process for dead and deleted it. Allotments are
+    /// usable for half the stale time after the *send* of a heartbeat that succeeded, so
+    /// their use ends before any reaper (counting the stale time on Postgres' clock from when
+    /// the heartbeat landed) can return them.
     pub async fn heartbeat(&self) -> Result<(), LedgerError> {
         let sent = Instant::now();
-        self.db
-            .bounded(
-                sqlx::query(
-                    "INSERT INTO gateway_instances (id, heartbeat_at) VALUES ($1, now())
-                     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()",
-                )
-                .bind(&self.instance)
-                .execute(self.db.pool()),
-            )
-            .await?;
+        let result = self.renew_or_register().await;
+        let mut healthy_since = self.lease.healthy_since();
+        let (epoch, renewed) = match result {
+            Ok(lease) => lease,
+            Err(e) => {
+                *healthy_since = None;
+                return Err(e.into());
+            }
+        };
+        if !renewed {
+            *healthy_since = None;
+        }
+        healthy_since.get_or_insert(sent);
+        self.lease.epoch.store(epoch, Ordering::Release);
         if let Some(a) = &self.allotting {
-            a.pools.beat(sent);
+            a.pools.beat(sent, epoch);
         }
         Ok(())
     }
 
-    /// Releases orphaned reservations: those older than `stale` whose process has not sent a
-    /// heartbeat for `stale` (it died), and those older than `max_turn` whatever their process
-    /// (its settle failed, e.g. during a database outage). They end `abandoned` and billed
-    /// nothing, since what the client received is unknown; the status change and the release
-    /// are one statement that only touches rows still `reserved`, so it never races a settle
-    /// into a double release. It also returns the allotments of processes that stopped beating.
-    /// Returns how many reservations and allotments it released.
+    /// (the lease's epoch, whether the lease was renewed rather than registered).
+    async fn renew_or_register(&self) -> Result<(i64, bool), DbError> {
+        let epoch = self.lease.epoch();
+        if epoch > 0 {
+            let renewed = self
+                .db
+                .bounded(
+                    sqlx::query(
+                        "UPDATE gateway_instances SET heartbeat_at = now()
+                         WHERE id = $1 AND epoch = $2 RETURNING epoch",
+                    )
+                    .bind(&self.lease.id)
+                    .bind(epoch)
+                    .fetch_optional(self.db.pool()),
+                )
+                .await?;
+            if renewed.is_some() || self.lease.given_up.load(Ordering::Acquire) {
+                return Ok((epoch, true));
+            }
+            tracing::error!(
+                epoch,
+                "this process' lease was taken by another pod's reaper; registering again, with new allotments"
+            );
+        }
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "INSERT INTO gateway_instances (id, heartbeat_at, epoch) VALUES ($1, now(), $2)
+                     ON CONFLICT (id) DO UPDATE
+                     SET heartbeat_at = now(), draining_until = NULL,
+                         epoch = greatest(gateway_instances.epoch, EXCLUDED.epoch - 1) + 1
+                     RETURNING epoch",
+                )
+                .bind(&self.lease.id)
+                .bind(epoch + 1)
+                .fetch_one(self.db.pool()),
+            )
+            .await?;
+        Ok((row.try_get("epoch").map_err(DbError::Sql)?, false))
+    }
+
+    /// Announces that this process is stopping and may still write for `within`: no reaper
+    /// takes it for dead before then, even if its heartbeat fails meanwhile.
+    pub async fn drain(&self, within: Duration) -> Result<(), LedgerError> {
+        let ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+        self.db
+            .bounded(
+                sqlx::query(
+                    "UPDATE gateway_instances
+                     SET draining_until = now() + $3 * interval '1 millisecond'
+                     WHERE id = $1 AND epoch = $2",
+                )
+                .bind(&self.lease.id)
+                .bind(self.lease.epoch())
+                .bind(ms)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Whether this process may take others for dead: only once its own heartbeat has
+    /// succeeded for `stale` without a break. A process just back from being cut off cannot
+    /// tell a dead peer from one that was cut off too.
+    pub fn may_reap(&self, stale: Duration) -> bool {
+        self.lease
+            .healthy_since()
+            .is_some_and(|since| since.elapsed() >= stale)
+    }
+
+    /// Resolves once this process has written its last row and given its lease up.
+    pub async fn closed(&self) {
+        self.lease.closed.cancelled().await
+    }
+
+    /// Takes for dead the processes that have not beaten for `stale` (and are not draining
+    /// within their announced time): deletes their leases, which fences them off. Then
+    /// releases the reservations and allotments of leases that are gone: reservations older
+    /// than `stale` end `abandoned`, billed nothing, since what the client received is
+    /// unknown; reservations older than `max_turn` are released whatever their process (its
+    /// settle and its void both failed). The status change and the release are one statement
+    /// that only touches rows still `reserved`, so it never races a settle into a double
+    /// release. Returns how many reservations and allotments it released.
     pub async fn reap(&self, stale: Duration, max_turn: Duration) -> Result<u64, LedgerError> {
         let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
         let max_turn_ms = i64::try_from(max_turn.as_millis()).unwrap_or(i64::MAX);
+        // The delete waits for the grants and writes that hold a lease (they lock its row) and
+        // re-checks the heartbeat of a row renewed meanwhile, so a renewed lease is kept.
+        let dead = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "DELETE FROM gateway_instances
+                     WHERE heartbeat_at < now() - $1 * interval '1 millisecond'
+                       AND (draining_until IS NULL OR draining_until < now())
+                       AND id <> $2
+                     RETURNING id",
+                )
+                .bind(stale_ms)
+                .bind(&self.lease.id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        if !dead.is_empty() {
+            tracing::warn!(processes = dead.len(), "took silent processes for dead");
+        }
         let row = self
             .db
             .bounded(
@@ -239,8 +455,7 @@ impl PostgresLedger {
                            AND (m.created_at < now() - $2 * interval '1 millisecond'
                                 OR NOT EXISTS (
                                    SELECT 1 FROM gateway_instances g
-                                   WHERE g.id = m.instance_id
-                                     AND g.heartbeat_at > now() - $1 * interval '1 millisecond'))
+                                   WHERE g.id = m.instance_id AND g.epoch = m.instance_epoch))
                          RETURNING m.account_id, m.reserved
                      ), released AS (
                          SELECT account_id, sum(reserved)::bigint AS credits, count(*) AS n
@@ -263,7 +478,7 @@ impl PostgresLedger {
             )
             .await?;
         let turns = from_db(row.try_get("reaped").map_err(DbError::Sql)?);
-        Ok(turns + allotment::reap(&self.db, stale_ms).await?)
+        Ok(turns + allotment::reap(&self.db).await?)
     }
 
     /// After a reserve timed out here, the statement may still commit on the server, holding
@@ -331,28 +546,31 @@ impl PostgresLedger {
     }
 }
 
-/// A coalescer whose batches run `statement` against this process' database, as `instance`.
+/// A coalescer whose batches run `statement` against this process' database, under `lease`.
 fn coalescer<T, R, F, Fut>(
     db: &Database,
-    instance: &str,
+    lease: &Arc<Lease>,
     key: fn(&T) -> &str,
     statement: F,
 ) -> Coalescer<T, R>
 where
     T: Send + 'static,
     R: Send + 'static,
-    F: Fn(Database, Arc<str>, Vec<T>) -> Fut + Send + Sync + 'static,
+    F: Fn(Database, Arc<Lease>, Vec<T>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Vec<R>> + Send + 'static,
 {
-    let (db, instance): (Database, Arc<str>) = (db.clone(), instance.into());
+    let (db, lease) = (db.clone(), lease.clone());
     Coalescer::spawn(LANES, MAX_BATCH, key, move |batch| {
-        statement(db.clone(), instance.clone(), batch)
+        statement(db.clone(), lease.clone(), batch)
     })
 }
 
 impl From<DbError> for LedgerError {
     fn from(e: DbError) -> Self {
-        Self::Unavailable(e.to_string())
+        match e.constraint() {
+            Some(constraint) => Self::Refused(constraint.to_owned()),
+            None => Self::Unavailable(e.to_string()),
+        }
     }
 }
 
@@ -548,51 +766,71 @@ impl Ledger for PostgresLedger {
         result
     }
 
+    /// What it answers is what the ledger bills, for good: a bill Postgres could not confirm
+    /// is voided and answered 0 (see [`PostgresLedger::void`]).
     async fn settle(&self, s: Settlement) -> Result<u64, LedgerError> {
         if let Some(a) = &self.allotting {
-            if let Some((billed, written)) = a.pools.settle(&s) {
-                let (ledger, a) = (self.clone(), a.clone());
-                a.writing
-                    .clone()
-                    .spawn(async move { ledger.write(&a, written).await });
-                return Ok(billed);
+            if let Some(written) = a.pools.settle(&s) {
+                return Ok(self.write(a, written).await);
             }
         }
         let message_id = s.message_id.clone();
-        match self.batched(&self.settles, s).await? {
-            Some(billed) => Ok(billed),
+        let settled = match self.batched(&self.settles, s).await {
             // Already settled (a replay) or reaped: report what it was billed, change nothing.
-            None => self
-                .message(&message_id)
-                .await?
-                .map(|m| m.billed)
-                .ok_or(LedgerError::UnknownMessage),
-        }
-    }
-
-    async fn close(&self) {
-        let Some(a) = &self.allotting else {
-            return;
+            Ok(None) => match self.message(&message_id).await {
+                Ok(None) => return Err(LedgerError::UnknownMessage),
+                found => found.map(|m| m.map(|m| m.billed)),
+            },
+            settled => settled,
         };
-        a.writing.close();
-        if tokio::time::timeout(CLOSE_WAIT, a.writing.wait())
-            .await
-            .is_err()
-        {
-            tracing::error!("stopping with settled turns not written; the reaper returns their allotments and they stay unbilled");
-        }
-        a.stop.cancel();
-        for r in a.pools.idle(Duration::ZERO) {
-            if let Err(e) = allotment::release(&self.db, &r).await {
-                tracing::warn!(error = %e, "could not return an allotment; the reaper will");
+        match settled {
+            Ok(Some(billed)) => Ok(billed),
+            Ok(None) => Err(LedgerError::UnknownMessage),
+            Err(e) => {
+                tracing::warn!(error = %e, %message_id, "could not settle a turn; voided, told 0");
+                self.void(message_id, None);
+                Ok(0)
             }
         }
     }
 
-    async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {
-        if let Some(record) = self.allotting.as_ref().and_then(|a| a.pools.unwritten(id)) {
-            return Ok(Some(record));
+    /// Writes the last rows (voids still trying), returns the allotments, then gives the lease
+    /// up; the heartbeat keeps the lease alive until then.
+    async fn close(&self) {
+        self.voids.close();
+        if tokio::time::timeout(CLOSE_WAIT, self.voids.wait())
+            .await
+            .is_err()
+        {
+            tracing::error!("stopping with voids not landed: those turns' rows may not match what their clients were told");
         }
+        if let Some(a) = &self.allotting {
+            a.stop.cancel();
+            for r in a.pools.idle(Duration::ZERO) {
+                if let Err(e) = allotment::release(&self.db, &r).await {
+                    tracing::warn!(error = %e, "could not return an allotment; the reaper will");
+                }
+            }
+        }
+        // Gone, the lease takes no reaper's stale time for what it still holds (nothing,
+        // unless a release above failed) to be released.
+        self.lease.given_up.store(true, Ordering::Release);
+        let released = self
+            .db
+            .bounded(
+                sqlx::query("DELETE FROM gateway_instances WHERE id = $1 AND epoch = $2")
+                    .bind(&self.lease.id)
+                    .bind(self.lease.epoch())
+                    .execute(self.db.pool()),
+            )
+            .await;
+        if let Err(e) = released {
+            tracing::warn!(error = %e, "could not give the lease up; the reaper will take it");
+        }
+        self.lease.closed.cancel();
+    }
+
+    async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {
         let row = self
             .db
             .bounded(

@@ -7,8 +7,13 @@
 //! process or another) sharing accounts queue on each other instead of deadlocking. A batch
 //! may hold many turns of one account (one busy key is the common case); their reservations
 //! are decided in the order they arrived, as if each ran alone.
+//!
+//! A statement Postgres refuses (a constraint) fails its whole batch; the batch then runs
+//! again turn by turn, so that only the turn at fault is refused ([`isolating`]).
 
 use std::collections::HashMap;
+
+use futures::future::BoxFuture;
 
 use sqlx::postgres::{PgArguments, Postgres};
 use sqlx::query::Query;
@@ -17,6 +22,7 @@ use time::OffsetDateTime;
 
 use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
 use super::allotment::Written;
+use super::Lease;
 use crate::db::{from_db, name_of, to_db, Database, DbError};
 use crate::telemetry::metrics;
 use crate::wire::anthropic::{StopReason, TokenUsage};
@@ -26,7 +32,7 @@ use crate::wire::anthropic::{StopReason, TokenUsage};
 /// and is answered with what was available.
 pub async fn reserve(
     db: &Database,
-    instance: &str,
+    lease: &Lease,
     turns: Vec<NewReservation>,
 ) -> Vec<Result<u64, LedgerError>> {
     metrics::ledger_batch("reserve", turns.len());
@@ -35,7 +41,7 @@ pub async fn reserve(
     // Each statement decides at least the first pending turn of every account, so this ends;
     // a second round only happens when an account ran short within the batch.
     while !pending.is_empty() {
-        match reserve_once(db, instance, &pending).await {
+        match reserve_once(db, lease, &pending).await {
             Ok(decided) => {
                 pending.retain(|t| {
                     let answer = decided.get(t.record.id.as_str()).map(|&(amount, left)| {
@@ -54,8 +60,9 @@ pub async fn reserve(
                 });
             }
             Err(e) => {
+                let e = LedgerError::from(e);
                 for t in pending.drain(..) {
-                    answers.insert(&t.record.id, Err(LedgerError::Unavailable(e.to_string())));
+                    answers.insert(&t.record.id, Err(same(&e)));
                 }
             }
         }
@@ -76,7 +83,7 @@ pub async fn reserve(
 /// `None` when refused; credits left for it), by message id.
 async fn reserve_once(
     db: &Database,
-    instance: &str,
+    lease: &Lease,
     turns: &[&NewReservation],
 ) -> Result<HashMap<String, (Option<i64>, i64)>, DbError> {
     let c = ReserveColumns::of(turns.iter().copied());
@@ -116,10 +123,10 @@ async fn reserve_once(
                  ), message AS (
                      INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
                          upstream, upstream_model, endpoint, stream, status, reserved,
-                         instance_id, created_at)
+                         instance_id, instance_epoch, created_at)
                      SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
                          t.upstream, t.upstream_model, t.endpoint, t.stream, 'reserved',
-                         d.amount, $14, t.created_at
+                         d.amount, $14, $15, t.created_at
                      FROM turn t JOIN decided d ON d.id = t.id
                      WHERE d.amount IS NOT NULL
                  )
@@ -128,7 +135,8 @@ async fn reserve_once(
             .bind_row(c.row)
             .bind(c.min)
             .bind(c.max)
-            .bind(instance)
+            .bind(&lease.id)
+            .bind(lease.epoch())
             .fetch_all(db.pool()),
         )
         .await?;
@@ -144,13 +152,14 @@ async fn reserve_once(
 /// Moves each turn out of `reserved`, records its usage and bills at most what it reserved
 /// (nothing when it failed), and debits the accounts. `None` for a turn that was not
 /// `reserved` (already settled, or reaped): it changes nothing.
-pub async fn settle(
-    db: &Database,
-    turns: Vec<Settlement>,
-) -> Vec<Result<Option<u64>, LedgerError>> {
+pub async fn settle(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u64>, LedgerError>> {
+    isolating("settle", turns, |turns| Box::pin(settle_rows(db, turns))).await
+}
+
+async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u64>, LedgerError>> {
     let n = turns.len();
     metrics::ledger_batch("settle", n);
-    let c = SettleColumns::of(&turns);
+    let c = SettleColumns::of(turns);
     let rows = db
         .bounded(
             sqlx::query(
@@ -203,20 +212,38 @@ pub async fn settle(
 }
 
 /// Writes the rows of turns that took from allotments, settled, and debits each bill from its
-/// allotment and its account's balance. A turn whose allotment is gone (the reaper returned
-/// it: this process was taken for dead) is written `abandoned` and billed nothing. A row
-/// already written (a retry of a statement that did commit) changes nothing. Answers, per
-/// turn, what it was billed, or `None` when it was already written.
+/// allotment and its account's balance. A turn is billed only from an allotment of this
+/// process' current lease (the lease row is locked, so the reaper cannot return the allotment
+/// meanwhile) that holds what the batch's turns of it bill; otherwise (the reaper returned it:
+/// this process was taken for dead) it is written `unbilled`, billed nothing. A row already
+/// written changes nothing. Answers, per turn, what it was billed, or `None` when it was
+/// already written.
 pub async fn write(
     db: &Database,
     instance: &str,
-    turns: Vec<Written>,
+    turns: &[Written],
 ) -> Vec<Result<Option<u64>, LedgerError>> {
-    let n = turns.len();
-    metrics::ledger_batch("write", n);
-    let c = WrittenColumns::of(&turns);
-    let rows = db
-        .bounded(
+    isolating("write", turns, |turns| {
+        Box::pin(async move {
+            let n = turns.len();
+            match write_rows(db, instance, turns).await {
+                Ok(rows) => answer_billed(Ok(rows), turns.iter().map(|t| t.record.id.as_str()), n),
+                Err(e) => answer_billed(Err(e), std::iter::empty(), n),
+            }
+        })
+    })
+    .await
+}
+
+/// One write statement: the `(id, billed)` rows it wrote.
+pub async fn write_rows(
+    db: &Database,
+    instance: &str,
+    turns: &[Written],
+) -> Result<Vec<sqlx::postgres::PgRow>, DbError> {
+    metrics::ledger_batch("write", turns.len());
+    let c = WrittenColumns::of(turns);
+    db.bounded(
             sqlx::query(
                 "WITH turn AS (
                      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
@@ -229,13 +256,23 @@ pub async fn write(
                           reserved, billed, input_tokens, output_tokens,
                           cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
                           latency_ms)
+                 ), lease AS (
+                     -- Locked first, as the reaper's delete of it and the grants lock it.
+                     SELECT id, epoch FROM gateway_instances WHERE id = $22 FOR KEY SHARE
                  ), account AS (
                      SELECT id FROM accounts WHERE id IN (SELECT account_id FROM turn)
+                     AND EXISTS (SELECT 1 FROM lease)
                      ORDER BY id FOR NO KEY UPDATE
-                 ), pool AS (
-                     SELECT al.id FROM allotments al JOIN account ON account.id = al.account_id
-                     WHERE al.id IN (SELECT pool_id FROM turn) AND al.instance_id = $22
+                 ), held AS (
+                     SELECT al.id, al.credits FROM allotments al
+                     JOIN account ON account.id = al.account_id
+                     JOIN lease ON lease.id = al.instance_id AND lease.epoch = al.epoch
+                     WHERE al.id IN (SELECT pool_id FROM turn)
                      FOR UPDATE OF al
+                 ), pool AS (
+                     -- An allotment bills the batch's turns only if it holds all they bill.
+                     SELECT held.id FROM held JOIN turn t ON t.pool_id = held.id
+                     GROUP BY held.id, held.credits HAVING held.credits >= sum(t.billed)
                  ), written AS (
                      INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
                          upstream, upstream_model, endpoint, stream, status, reserved, billed,
@@ -244,7 +281,7 @@ pub async fn write(
                          created_at, settled_at)
                      SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
                          t.upstream, t.upstream_model, t.endpoint, t.stream,
-                         CASE WHEN pool.id IS NULL THEN 'abandoned' ELSE t.status END,
+                         CASE WHEN pool.id IS NULL THEN 'unbilled' ELSE t.status END,
                          t.reserved, CASE WHEN pool.id IS NULL THEN 0 ELSE t.billed END,
                          t.input_tokens, t.output_tokens, t.cache_creation_input_tokens,
                          t.cache_read_input_tokens, t.stop_reason, t.latency_ms, $22,
@@ -258,14 +295,14 @@ pub async fn write(
                      GROUP BY t.pool_id, t.account_id
                  ), drawn AS (
                      UPDATE allotments al SET credits = al.credits - p.billed
-                     FROM per_pool p WHERE al.id = p.pool_id
+                     FROM per_pool p WHERE al.id = p.pool_id AND p.billed > 0
                  ), per_account AS (
                      SELECT account_id, sum(billed)::bigint AS billed
                      FROM per_pool GROUP BY account_id
                  ), debited AS (
                      UPDATE accounts a
                      SET reserved = a.reserved - p.billed, balance = a.balance - p.billed
-                     FROM per_account p WHERE a.id = p.account_id
+                     FROM per_account p WHERE a.id = p.account_id AND p.billed > 0
                  )
                  SELECT id, billed FROM written",
             )
@@ -278,8 +315,101 @@ pub async fn write(
             .bind(instance)
             .fetch_all(db.pool()),
         )
-        .await;
-    answer_billed(rows, turns.iter().map(|t| t.record.id.as_str()), n)
+        .await
+}
+
+/// Makes a message billed nothing, for good: a `reserved` row releases what it holds; a row
+/// billed by a statement whose answer was lost gets its bill back (into its allotment, when
+/// `pool` still holds it, as the write took it from there). Rows already billed nothing
+/// (failed, abandoned, unbilled) are left as they are; either way it ends billed 0.
+pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result<(), DbError> {
+    db.bounded(
+        sqlx::query(
+            "WITH old AS (
+                 SELECT id, account_id, status, reserved, billed FROM messages
+                 WHERE id = $1 FOR UPDATE
+             ), account AS (
+                 SELECT id FROM accounts WHERE id IN (SELECT account_id FROM old)
+                 FOR NO KEY UPDATE
+             ), pool AS (
+                 SELECT al.id FROM allotments al JOIN account ON account.id = al.account_id
+                 WHERE al.id = $2 FOR UPDATE OF al
+             ), voided AS (
+                 UPDATE messages m
+                 SET status = 'unbilled', billed = 0, settled_at = coalesce(m.settled_at, now())
+                 FROM old JOIN account ON account.id = old.account_id
+                 WHERE m.id = old.id AND old.status NOT IN ('failed', 'abandoned', 'unbilled')
+                 RETURNING old.account_id, old.status = 'reserved' AS held,
+                     old.reserved, old.billed
+             ), refilled AS (
+                 UPDATE allotments al SET credits = al.credits + v.billed
+                 FROM voided v, pool WHERE al.id = pool.id AND NOT v.held
+                 RETURNING v.billed
+             )
+             UPDATE accounts a
+             SET reserved = a.reserved - CASE WHEN v.held THEN v.reserved ELSE 0 END
+                     + coalesce((SELECT sum(billed) FROM refilled), 0),
+                 balance = a.balance + CASE WHEN v.held THEN 0 ELSE v.billed END
+             FROM voided v WHERE a.id = v.account_id",
+        )
+        .bind(message_id)
+        .bind(pool)
+        .execute(db.pool()),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Marks a turn whose release Postgres refuses (its account's books break a constraint) as
+/// billed nothing, moving no money: the row says what its client was told, and what it holds
+/// stays held for an operator to look at.
+pub async fn mark_unbilled(db: &Database, message_id: &str) -> Result<(), DbError> {
+    db.bounded(
+        sqlx::query(
+            "UPDATE messages SET status = 'unbilled', billed = 0, settled_at = now()
+             WHERE id = $1 AND status = 'reserved'",
+        )
+        .bind(message_id)
+        .execute(db.pool()),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs `statement` over the batch; when Postgres refused it (a constraint: one turn at fault
+/// fails them all), again turn by turn, so that only the turns at fault are refused, each
+/// counted and reported.
+async fn isolating<'a, T, R>(
+    op: &'static str,
+    turns: &'a [T],
+    statement: impl Fn(&'a [T]) -> BoxFuture<'a, Vec<Result<R, LedgerError>>>,
+) -> Vec<Result<R, LedgerError>> {
+    let refused = |answers: &[Result<R, LedgerError>]| {
+        answers
+            .iter()
+            .any(|a| matches!(a, Err(LedgerError::Refused(_))))
+    };
+    let answers = statement(turns).await;
+    if !refused(&answers) {
+        return answers;
+    }
+    let each = if turns.len() == 1 {
+        answers
+    } else {
+        let mut each = Vec::with_capacity(turns.len());
+        for turn in turns.chunks(1) {
+            each.extend(statement(turn).await);
+        }
+        each
+    };
+    for _ in each
+        .iter()
+        .filter(|a| matches!(a, Err(LedgerError::Refused(_))))
+    {
+        metrics::ledger_refused(op);
+        tracing::error!(op, "the ledger refused a turn's statement; not retried");
+    }
+    each
 }
 
 /// Each turn's billed amount from a statement's `(id, billed)` rows; `None` for a turn with
@@ -304,15 +434,19 @@ fn answer_billed<'a>(
         Ok(billed) => ids
             .map(|id| Ok(billed.get(id).copied().map(from_db)))
             .collect(),
-        Err(e) => unavailable(&e, n),
+        Err(e) => {
+            let e = LedgerError::from(e);
+            (0..n).map(|_| Err(same(&e))).collect()
+        }
     }
 }
 
-/// The same answer for every turn of a batch whose statement failed (it changed nothing).
-fn unavailable<T>(e: &DbError, n: usize) -> Vec<Result<T, LedgerError>> {
-    (0..n)
-        .map(|_| Err(LedgerError::Unavailable(e.to_string())))
-        .collect()
+/// The same answer for another turn of a batch whose statement failed (it changed nothing).
+fn same(e: &LedgerError) -> LedgerError {
+    match e {
+        LedgerError::Refused(c) => LedgerError::Refused(c.clone()),
+        e => LedgerError::Unavailable(e.to_string()),
+    }
 }
 
 /// A message row's own columns, one array parameter each: what a reserve and a write both
