@@ -1,11 +1,13 @@
-//! Load generator for the gateway's `POST /v1/messages`.
+//! Load generator for the gateway's model endpoints: `POST /v1/messages` (the default),
+//! `/v1/chat/completions` or `/v1/responses` (`--endpoint messages|chat|responses`).
 //!
 //! Modes:
 //! - `--mode json`: a fixed number of connections (`--connections`), each sending one tiny
 //!   non-streamed request after the other for `--duration` seconds (and never more than
 //!   `--max-requests` in total); reports requests/s, latency percentiles and status counts.
 //! - `--mode stream`: the same with `"stream": true`; latency is reported twice, as time to the
-//!   first body byte and time to the last byte, and every 200 stream must end in `message_stop`.
+//!   first body byte and time to the last byte, and every 200 stream must end in its
+//!   endpoint's final event (`message_stop`, `[DONE]`, `response.completed`).
 //! - `--mode hold --streams N --pid PID`: opens N concurrent streams against a gateway whose
 //!   simulated upstream has a long chunk delay, waits until every stream got its first bytes,
 //!   and reads the gateway's VmRSS from `/proc/PID/status` before and while holding them; it
@@ -30,6 +32,7 @@ usage: loadgen --mode json|stream|hold [options]
   --url URL              gateway API base (default http://127.0.0.1:8080)
   --key KEY              API key sent as Authorization: Bearer (default $GATEWAY_KEY)
   --model ID             virtual model (default svc/haiku)
+  --endpoint NAME        messages|chat|responses (default messages)
   --max-tokens N         max_tokens of the tiny request (default 16)
   --connections N        json/stream: concurrent connections (default 32)
   --duration SECS        json/stream: measured duration (default 10)
@@ -51,6 +54,62 @@ enum Mode {
     Hold,
 }
 
+/// The model endpoint under load, and how its answers are recognised as whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Messages,
+    Chat,
+    Responses,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Messages => "/v1/messages",
+            Self::Chat => "/v1/chat/completions",
+            Self::Responses => "/v1/responses",
+        }
+    }
+
+    fn body(self, model: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+        let mut body = match self {
+            Self::Messages | Self::Chat => serde_json::json!({
+                "model": model,
+                "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": "ping"}],
+            }),
+            Self::Responses => serde_json::json!({
+                "model": model,
+                "max_output_tokens": max_tokens,
+                "input": "ping",
+                "store": false,
+            }),
+        };
+        if stream {
+            body["stream"] = serde_json::Value::Bool(true);
+        }
+        body
+    }
+
+    /// What the last bytes of a whole stream contain.
+    fn stream_end(self) -> &'static [u8] {
+        match self {
+            Self::Messages => b"message_stop",
+            Self::Chat => b"[DONE]",
+            Self::Responses => b"response.completed",
+        }
+    }
+
+    /// What a whole JSON answer contains: its id's prefix.
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Self::Messages => "msg_",
+            Self::Chat => "chatcmpl_",
+            Self::Responses => "resp_",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Format {
     Text,
@@ -63,6 +122,7 @@ struct Args {
     url: String,
     key: String,
     model: String,
+    endpoint: Endpoint,
     max_tokens: u32,
     connections: usize,
     duration: Duration,
@@ -85,6 +145,7 @@ fn parse_args() -> Result<Args> {
         url: "http://127.0.0.1:8080".into(),
         key: std::env::var("GATEWAY_KEY").unwrap_or_default(),
         model: "svc/haiku".into(),
+        endpoint: Endpoint::Messages,
         max_tokens: 16,
         connections: 32,
         duration: Duration::from_secs(10),
@@ -130,6 +191,14 @@ fn parse_args() -> Result<Args> {
             "--url" => args.url = value.trim_end_matches('/').to_string(),
             "--key" => args.key = value,
             "--model" => args.model = value,
+            "--endpoint" => {
+                args.endpoint = match value.as_str() {
+                    "messages" => Endpoint::Messages,
+                    "chat" => Endpoint::Chat,
+                    "responses" => Endpoint::Responses,
+                    other => bail!("unknown endpoint {other}\n{USAGE}"),
+                }
+            }
             "--max-tokens" => args.max_tokens = value.parse()?,
             "--connections" => args.connections = value.parse()?,
             "--duration" => args.duration = secs(&value)?,
@@ -176,6 +245,7 @@ fn parse_args() -> Result<Args> {
 
 /// The request every connection sends: built once, shared by reference.
 struct Target {
+    endpoint: Endpoint,
     url: Url,
     headers: HeaderMap,
     body: &'static [u8],
@@ -183,24 +253,23 @@ struct Target {
 
 impl Target {
     fn new(args: &Args, stream: bool) -> Result<Self> {
-        let url = Url::parse(&format!("{}/v1/messages", args.url)).context("--url")?;
+        let endpoint = args.endpoint;
+        let url = Url::parse(&format!("{}{}", args.url, endpoint.path())).context("--url")?;
         let mut headers = HeaderMap::new();
         headers.insert(
             AUTHORIZATION,
             HeaderValue::from_str(&format!("Bearer {}", args.key))?,
         );
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let mut body = serde_json::json!({
-            "model": args.model,
-            "max_tokens": args.max_tokens,
-            "messages": [{"role": "user", "content": "ping"}],
-        });
-        if stream {
-            body["stream"] = serde_json::Value::Bool(true);
-        }
+        let body = endpoint.body(&args.model, args.max_tokens, stream);
         // Leaked once so that every request borrows the same bytes instead of copying them.
         let body: &'static [u8] = Box::leak(serde_json::to_vec(&body)?.into_boxed_slice());
-        Ok(Self { url, headers, body })
+        Ok(Self {
+            endpoint,
+            url,
+            headers,
+            body,
+        })
     }
 
     fn request(&self, client: &Client) -> reqwest::RequestBuilder {
@@ -288,6 +357,7 @@ async fn connection(
     } = schedule;
     let mut stats = Stats::default();
     let mut seen: Vec<u8> = Vec::with_capacity(4096);
+    let id_marker = format!("\"{}", target.endpoint.id_prefix());
     let mut next = pace.map(|(first, _)| first);
     while Instant::now() < deadline && issued.fetch_add(1, Ordering::Relaxed) < max_requests {
         // Paced: each send is scheduled; a late one goes at once and its latency is measured
@@ -351,12 +421,12 @@ async fn connection(
         if !complete {
             continue;
         }
-        if stream && !contains(&seen, b"message_stop") {
-            stats.fail("200 stream without message_stop");
+        if stream && !contains(&seen, target.endpoint.stream_end()) {
+            stats.fail("200 stream without its final event");
             continue;
         }
-        if !stream && !contains(&seen, b"\"msg_") {
-            stats.fail("200 without a msg_ id");
+        if !stream && !contains(&seen, id_marker.as_bytes()) {
+            stats.fail("200 without an id");
             continue;
         }
         stats.total_us.push(micros(end - start));
@@ -379,13 +449,15 @@ async fn preflight(client: &Client, target: &Target, stream: bool) -> Result<()>
     ensure!(status == StatusCode::OK, "preflight: {status} {text}");
     if stream {
         ensure!(
-            text.contains("message_stop"),
-            "preflight: stream without message_stop: {text}"
+            contains(text.as_bytes(), target.endpoint.stream_end()),
+            "preflight: stream without its final event: {text}"
         );
     } else {
         let body: serde_json::Value = serde_json::from_str(&text)?;
         ensure!(
-            body["id"].as_str().is_some_and(|id| id.starts_with("msg_")),
+            body["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with(target.endpoint.id_prefix())),
             "preflight: unexpected body {text}"
         );
     }
