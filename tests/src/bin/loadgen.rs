@@ -54,6 +54,10 @@ enum Mode {
     Hold,
 }
 
+/// The bytes kept of a stream's end to find its final event: the Responses API's
+/// `response.completed` carries the whole response after its type, so a few KiB.
+const STREAM_TAIL: usize = 4096;
+
 /// The model endpoint under load, and how its answers are recognised as whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Endpoint {
@@ -381,7 +385,7 @@ async fn connection(
         let mut first: Option<Instant> = None;
         let mut bytes = 0u64;
         let mut complete = true;
-        // json: the whole body (a few hundred bytes); stream: its last 128 bytes, enough to
+        // json: the whole body (a few hundred bytes); stream: its last STREAM_TAIL bytes, enough to
         // see the final SSE event. The buffer keeps its capacity from request to request.
         seen.clear();
         loop {
@@ -390,9 +394,9 @@ async fn connection(
                     first.get_or_insert_with(Instant::now);
                     bytes += chunk.len() as u64;
                     if stream {
-                        seen.extend_from_slice(&chunk[chunk.len().saturating_sub(128)..]);
-                        if seen.len() > 128 {
-                            seen.drain(..seen.len() - 128);
+                        seen.extend_from_slice(&chunk[chunk.len().saturating_sub(STREAM_TAIL)..]);
+                        if seen.len() > STREAM_TAIL {
+                            seen.drain(..seen.len() - STREAM_TAIL);
                         }
                     } else {
                         seen.extend_from_slice(&chunk);
