@@ -204,8 +204,8 @@ pub struct CommonArgs {
     /// Address of the admin API; keep it on loopback or a private network.
     #[arg(long, env = "GATEWAY_ADMIN_LISTEN", default_value = "127.0.0.1:8081")]
     pub admin_listen: SocketAddr,
-    /// Bearer token of the admin API; random (and printed) when absent.
-    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
+    /// Bearer token of the admin API (at least 16 characters); random (and printed) when absent.
+    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true, value_parser = long_secret)]
     pub admin_token: Option<String>,
     /// Folder of Tier, ModelRoute, ApiKey and Secret manifests.
     #[arg(
@@ -215,8 +215,9 @@ pub struct CommonArgs {
         default_value = "deploy/standalone"
     )]
     pub manifests: PathBuf,
-    /// The development API key to create; random (and printed) when absent.
-    #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true)]
+    /// The development API key to create (`sk-svc-` and at least 20 characters); random (and
+    /// printed) when absent.
+    #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true, value_parser = dev_key)]
     pub dev_key: Option<String>,
     /// Tier of the development key.
     #[arg(long, env = "GATEWAY_DEV_TIER", default_value = "pay_as_you_go",
@@ -244,7 +245,12 @@ pub struct CommonArgs {
     pub signup_credits: u64,
     /// Shared secret of the payment provider's signed webhook (`POST /webhooks/payments`);
     /// without it the webhook is off.
-    #[arg(long, env = "GATEWAY_PAYMENT_WEBHOOK_SECRET", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "GATEWAY_PAYMENT_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_parser = long_secret
+    )]
     pub payment_webhook_secret: Option<String>,
     /// Consecutive failed attempts that take an upstream out of rotation.
     #[arg(long, env = "GATEWAY_BREAKER_FAILURES", default_value_t = 5)]
@@ -255,7 +261,12 @@ pub struct CommonArgs {
     /// Secret that seals the reasoning `/v1/responses` hands to stateless clients
     /// (`include: ["reasoning.encrypted_content"]`). Give every pod the same one; without it
     /// each process picks a random one, and sealed reasoning only comes back to that process.
-    #[arg(long, env = "GATEWAY_RESPONSES_SECRET", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "GATEWAY_RESPONSES_SECRET",
+        hide_env_values = true,
+        value_parser = long_secret
+    )]
     pub responses_secret: Option<String>,
     /// How long a stored response (`store: true`) can be retrieved or continued.
     #[arg(long, env = "GATEWAY_RESPONSES_RETENTION_SECS", default_value_t = 30 * 24 * 3600)]
@@ -263,4 +274,60 @@ pub struct CommonArgs {
     /// The most stored responses a process keeps in memory; the oldest go first.
     #[arg(long, env = "GATEWAY_RESPONSES_CAPACITY", default_value_t = 10_000)]
     pub responses_capacity: usize,
+}
+
+/// The shortest admin token, webhook secret or responses secret accepted. An empty one used to
+/// turn admin authentication off or let anyone sign a webhook; a short one can be guessed.
+pub const MIN_SECRET_CHARS: usize = 16;
+/// The shortest dev key accepted, prefix included.
+pub const MIN_DEV_KEY_CHARS: usize = 20;
+/// What every API key starts with, so that secret scanners recognise a leaked one.
+pub const KEY_PREFIX: &str = "sk-svc-";
+
+/// Value parser of the shared secrets: refused at start when empty or short (the message names
+/// the flag, never the value).
+fn long_secret(value: &str) -> Result<String, String> {
+    if value.trim().chars().count() < MIN_SECRET_CHARS {
+        return Err(format!(
+            "must be at least {MIN_SECRET_CHARS} characters (an empty or short secret would let \
+             anyone in); generate one with `openssl rand -hex 24`"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// Value parser of `--dev-key`: it must look like the keys the gateway issues.
+fn dev_key(value: &str) -> Result<String, String> {
+    if !value.starts_with(KEY_PREFIX)
+        || value.chars().count() < MIN_DEV_KEY_CHARS
+        || value.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "must start with `{KEY_PREFIX}` and be at least {MIN_DEV_KEY_CHARS} characters \
+             without spaces, e.g. `{KEY_PREFIX}` followed by `openssl rand -hex 20`"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_short_secrets_are_refused() {
+        assert!(long_secret("").is_err());
+        assert!(long_secret("                    ").is_err());
+        assert!(long_secret("0123456789abcde").is_err());
+        assert!(long_secret("0123456789abcdef").is_ok());
+    }
+
+    #[test]
+    fn a_dev_key_must_look_like_a_key() {
+        assert!(dev_key("K").is_err());
+        assert!(dev_key("sk-svc-1").is_err());
+        assert!(dev_key("0123456789abcdef0123456789").is_err());
+        assert!(dev_key("sk-svc-0123456789 abcdef").is_err());
+        assert!(dev_key("sk-svc-0123456789abcdef").is_ok());
+    }
 }
