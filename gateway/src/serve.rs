@@ -36,8 +36,32 @@ pub struct Listen {
     pub api: SocketAddr,
     pub admin: SocketAddr,
     pub admin_token: String,
-    pub dev_key: String,
+    /// Secrets this process generated itself (standalone only), shown once on the ready line
+    /// as `name=value`: nobody else knows them. Secrets the operator supplied never appear.
+    pub generated: Vec<(&'static str, String)>,
     pub grace: Duration,
+}
+
+/// The line on stdout that says both listeners are bound: `ready api=URL admin=URL`, then any
+/// generated secrets; one JSON object with the same fields under `--log-format json`.
+fn ready_line(api: SocketAddr, admin: SocketAddr, generated: &[(&'static str, String)]) -> String {
+    let (api, admin) = (format!("http://{api}"), format!("http://{admin}"));
+    match telemetry::log_format() {
+        telemetry::LogFormat::Text => {
+            let mut line = format!("ready api={api} admin={admin}");
+            for (name, value) in generated {
+                line.push_str(&format!(" {name}={value}"));
+            }
+            line
+        }
+        telemetry::LogFormat::Json => {
+            let mut object = serde_json::json!({ "message": "ready", "api": api, "admin": admin });
+            for (name, value) in generated {
+                object[*name] = serde_json::Value::from(value.as_str());
+            }
+            object.to_string()
+        }
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -51,10 +75,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     let admin_listener = bind(listen.admin).await?;
     let api_addr = api_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
-    println!(
-        "ready api=http://{api_addr} admin=http://{admin_addr} key={} admin_token={}",
-        listen.dev_key, listen.admin_token
-    );
+    println!("{}", ready_line(api_addr, admin_addr, &listen.generated));
     tracing::info!(%api_addr, %admin_addr, config_version = %state.catalog().version, "gateway listening; base URL http://{api_addr}");
 
     telemetry::metrics::config_version(&state.catalog().version);

@@ -53,6 +53,10 @@ pub enum StartError {
     Limiter(#[from] LimitError),
     #[error("database: {0}")]
     Db(#[from] DbError),
+    #[error(
+        "serve needs --admin-token (or GATEWAY_ADMIN_TOKEN): a generated one could not be shown"
+    )]
+    NoAdminToken,
 }
 
 /// The dev key's id, the same in every process, so that pods share its limits.
@@ -74,6 +78,18 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     args.common
         .payment_webhook_secret
         .get_or_insert_with(ids::session_token);
+    // Nobody else knows a secret made here, so it is shown once, on the ready line.
+    let common = &mut args.common;
+    if common.admin_token.is_none() {
+        let token = ids::admin_token();
+        common.generated.push(("admin_token", token.clone()));
+        common.admin_token = Some(token);
+    }
+    if common.dev_key.is_none() {
+        let key = ids::key_secret();
+        common.generated.push(("key", key.clone()));
+        common.dev_key = Some(key);
+    }
     let ledger = Arc::new(MemoryLedger::default());
     let stores = Stores {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
@@ -98,6 +114,9 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
 /// `gateway serve`: limits shared through Redis under the chosen outage policy; accounts,
 /// keys and credits in Postgres with `--database-url`, with the reaper running in every pod.
 pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
+    if args.common.admin_token.is_none() {
+        return Err(StartError::NoAdminToken);
+    }
     let redis = RedisLimiter::connect(
         &args.redis_url,
         Duration::from_millis(args.redis_timeout_ms),
@@ -239,7 +258,9 @@ async fn run(
         },
     });
     seed_granted_keys(&state).await?;
-    let dev_key = seed_dev_key(&state, &args).await?;
+    if let Some(dev_key) = &args.dev_key {
+        seed_dev_key(&state, &args, dev_key).await?;
+    }
     background(&state, rules);
     if let Some(published) = published {
         let state = state.clone();
@@ -247,14 +268,14 @@ async fn run(
             state.replace_catalog(catalog(config));
         }));
     }
-    let admin_token = args.admin_token.clone().unwrap_or_else(ids::admin_token);
+    let admin_token = args.admin_token.clone().ok_or(StartError::NoAdminToken)?;
     serve::run(
         state,
         serve::Listen {
             api: args.listen,
             admin: args.admin_listen,
             admin_token,
-            dev_key,
+            generated: args.generated,
             grace: Duration::from_secs(args.shutdown_grace_secs),
         },
     )
@@ -334,7 +355,7 @@ async fn seed_key(state: &AppState, key: crate::accounts::KeyRecord) -> Result<(
     }
 }
 
-async fn seed_dev_key(state: &AppState, args: &CommonArgs) -> Result<String, StartError> {
+async fn seed_dev_key(state: &AppState, args: &CommonArgs, key: &str) -> Result<(), StartError> {
     let account = seed_account(state, "dev", args.dev_credits).await?;
     let minted = auth::mint(KeySpec {
         id: Some(DEV_KEY_ID.to_owned()),
@@ -343,8 +364,7 @@ async fn seed_dev_key(state: &AppState, args: &CommonArgs) -> Result<String, Sta
         kind: KeyKind::Api,
         scopes: Vec::new(),
         tier: args.dev_tier.clone(),
-        secret: args.dev_key.clone(),
+        secret: Some(key.to_owned()),
     });
-    seed_key(state, minted.record).await?;
-    Ok(minted.secret)
+    seed_key(state, minted.record).await
 }

@@ -1,10 +1,13 @@
 //! Secrets at start-up: an empty or short admin token, webhook secret or responses secret, or a
-//! dev key that does not look like a key, is refused before anything listens.
+//! dev key that does not look like a key, is refused before anything listens; secrets the
+//! operator supplied are never written to the logs.
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use e2e::gateway::{gateway_bin, workspace_root};
+use e2e::{message, Gateway, RedisServer, ADMIN_TOKEN, DEV_KEY};
+use reqwest::Method;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
@@ -100,5 +103,120 @@ async fn serve_refuses_an_empty_admin_token_too() {
     let (code, stderr) = run_to_exit(&args, &[]).await;
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--admin-token"), "{stderr}");
+}
+
+/// Every line `gw` wrote so far, stdout and stderr.
+fn all_output(gw: &Gateway) -> String {
+    gw.logs()
+}
+
+/// Exercises the paths that log: a turn, a refused key, a refused admin call.
+async fn some_traffic(gw: &Gateway) {
+    gw.post_messages(DEV_KEY, &message("svc/haiku", "hi", 8))
+        .await
+        .expect_ok();
+    gw.post_messages(
+        "sk-svc-wrong-0000000000000000000",
+        &message("svc/haiku", "hi", 8),
+    )
+    .await
+    .expect_status(401);
+    let refused = gw
+        .admin_send(
+            gw.client()
+                .get(format!("{}/admin/accounts/acct_nope", gw.admin))
+                .bearer_auth("not-the-admin-token-at-all"),
+        )
+        .await;
+    refused.expect_status(401);
+}
+
+fn assert_no_supplied_secret(output: &str) {
+    assert!(
+        !output.contains(ADMIN_TOKEN),
+        "the admin token was written:\n{output}"
+    );
+    assert!(
+        !output.contains(DEV_KEY),
+        "the dev key was written:\n{output}"
+    );
+}
+
+#[tokio::test]
+async fn standalone_never_writes_a_secret_the_operator_supplied() {
+    let gw = Gateway::start().await;
+    some_traffic(&gw).await;
+    assert!(gw.ready_line.starts_with("ready api="), "{}", gw.ready_line);
+    assert_no_supplied_secret(&all_output(&gw));
+}
+
+#[tokio::test]
+async fn serve_never_writes_a_secret_the_operator_supplied_and_its_json_logs_stay_json() {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .arg("--log-format")
+        .arg("json")
+        .start()
+        .await;
+    some_traffic(&gw).await;
+    let output = all_output(&gw);
+    assert_no_supplied_secret(&output);
+    for line in output.lines() {
+        if line.starts_with("--- std") || line.trim().is_empty() {
+            continue; // the harness's own separators
+        }
+        assert!(
+            serde_json::from_str::<serde_json::Value>(line).is_ok(),
+            "not one JSON object per line: {line:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn serve_creates_no_dev_account_unless_asked() {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .without_dev_key()
+        .start()
+        .await;
+    let revoke = gw
+        .admin_send(gw.admin_request(Method::DELETE, "/admin/keys/key_dev"))
+        .await;
+    revoke.expect_status(404);
+    assert!(!gw.ready_line.contains("key="), "{}", gw.ready_line);
+}
+
+#[tokio::test]
+async fn serve_refuses_to_start_without_an_admin_token() {
+    let mut args = vec!["serve", "--redis-url", "redis://127.0.0.1:1"];
+    args.extend(LOOPBACK);
+    let (code, stderr) = run_to_exit(&args, &[]).await;
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("--admin-token"), "{stderr}");
+}
+
+#[tokio::test]
+async fn standalone_shows_the_secrets_it_generated_once_on_the_ready_line() {
+    let gw = Gateway::builder()
+        .without_admin_token()
+        .without_dev_key()
+        .start()
+        .await;
+    assert!(gw.key.starts_with("sk-svc-"), "{}", gw.ready_line);
+    assert_ne!(gw.key, DEV_KEY);
+    assert_ne!(gw.admin_token, ADMIN_TOKEN);
+    // They work...
+    gw.post_messages(&gw.key, &message("svc/haiku", "hi", 8))
+        .await
+        .expect_ok();
+    gw.admin_get("/admin/accounts/acct_nope")
+        .await
+        .expect_status(404);
+    // ...and appear nowhere but on the ready line.
+    let output = all_output(&gw);
+    assert_eq!(output.matches(&gw.key).count(), 1, "{output}");
+    assert_eq!(output.matches(&gw.admin_token).count(), 1, "{output}");
 }
 

@@ -37,7 +37,8 @@ pub enum Command {
     Standalone(StandaloneArgs),
     /// Cluster mode: rate limits and stream slots shared with every other pod through Redis;
     /// accounts, keys and credits in Postgres with `--database-url` (without it they stay in
-    /// process: every pod seeds the same dev key and manifest keys, with credits of its own).
+    /// process: every pod seeds the same dev key, if given, and manifest keys, with credits of
+    /// its own).
     Serve(ServeArgs),
     /// Applies the database migrations (embedded in the binary) and exits.
     Migrate(DatabaseArgs),
@@ -204,7 +205,8 @@ pub struct CommonArgs {
     /// Address of the admin API; keep it on loopback or a private network.
     #[arg(long, env = "GATEWAY_ADMIN_LISTEN", default_value = "127.0.0.1:8081")]
     pub admin_listen: SocketAddr,
-    /// Bearer token of the admin API (at least 16 characters); random (and printed) when absent.
+    /// Bearer token of the admin API (at least 16 characters); without it, `standalone` makes a
+    /// random one and shows it once on the ready line, and `serve` refuses to start.
     #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true, value_parser = long_secret)]
     pub admin_token: Option<String>,
     /// Folder of Tier, ModelRoute, ApiKey and Secret manifests.
@@ -215,8 +217,9 @@ pub struct CommonArgs {
         default_value = "deploy/standalone"
     )]
     pub manifests: PathBuf,
-    /// The development API key to create (`sk-svc-` and at least 20 characters); random (and
-    /// printed) when absent.
+    /// The development API key to create (`sk-svc-` and at least 20 characters); without it,
+    /// `standalone` makes a random one and shows it once on the ready line, and `serve` creates
+    /// no dev account.
     #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true, value_parser = dev_key)]
     pub dev_key: Option<String>,
     /// Tier of the development key.
@@ -274,6 +277,9 @@ pub struct CommonArgs {
     /// The most stored responses a process keeps in memory; the oldest go first.
     #[arg(long, env = "GATEWAY_RESPONSES_CAPACITY", default_value_t = 10_000)]
     pub responses_capacity: usize,
+    /// Secrets `standalone` generated because none was given, shown once on the ready line.
+    #[arg(skip)]
+    pub generated: Vec<(&'static str, String)>,
 }
 
 /// The shortest admin token, webhook secret or responses secret accepted. An empty one used to
