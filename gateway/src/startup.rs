@@ -33,6 +33,8 @@ use crate::serve::{self, ServeError};
 use crate::state::{AppState, Services, Shutdown};
 use crate::tokens::Tokenizer;
 
+mod warnings;
+
 #[derive(Debug, Error)]
 pub enum StartError {
     #[error("manifests: {0}")]
@@ -100,6 +102,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     };
     let interval = Duration::from_secs(args.promotion_interval_secs);
     let config = crds::manifests::load_dir(&args.common.manifests)?;
+    warnings::standalone(&config, args.common.listen);
     run(args.common, stores, config, None, |state, rules| {
         tokio::spawn(promotion::every(
             state.accounts.clone(),

@@ -391,6 +391,51 @@ async fn the_session_cookie_is_http_only_same_site_and_secure_when_the_request_c
     assert!(!session.contains("Secure"), "{session}");
 }
 
+/// The headers every dashboard page must carry.
+fn assert_page_headers(path: &str, headers: &reqwest::header::HeaderMap) {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("{path}: no {name} header"))
+            .to_string()
+    };
+    let csp = get("content-security-policy");
+    assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+    assert!(csp.contains("default-src 'none'"), "{path}: {csp}");
+    assert_eq!(get("referrer-policy"), "no-referrer", "{path}");
+    assert_eq!(get("cache-control"), "no-store", "{path}");
+}
+
+#[tokio::test]
+async fn dashboard_pages_forbid_framing_scripts_referrers_and_caching_the_new_secret() {
+    let gw = Gateway::start().await;
+    let http = gw.client();
+    for path in ["/developers/sign-in", "/developers/sign-up"] {
+        let response = http.get(gw.url(path)).send().await.expect("GET");
+        assert_page_headers(path, response.headers());
+    }
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (_, page) = visitor.get("/developers/keys").await;
+    let csrf = hidden_csrf(&page);
+    let response = http
+        .post(gw.url("/developers/keys"))
+        .header("cookie", visitor.cookie_header())
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&name=secret-page&kind=api"))
+        .send()
+        .await
+        .expect("POST");
+    let headers = response.headers().clone();
+    let body = response.text().await.expect("body");
+    assert!(
+        body.contains("sk-svc-"),
+        "the page shows the new key: {body}"
+    );
+    assert_page_headers("POST /developers/keys", &headers);
+}
+
 #[tokio::test]
 async fn sign_in_is_refused_for_a_while_after_five_wrong_passwords_for_the_email() {
     let gw = Gateway::start().await;

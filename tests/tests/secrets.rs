@@ -220,3 +220,17 @@ async fn standalone_shows_the_secrets_it_generated_once_on_the_ready_line() {
     assert_eq!(output.matches(&gw.admin_token).count(), 1, "{output}");
 }
 
+#[tokio::test]
+async fn standalone_warns_loudly_when_it_seeds_the_public_example_key() {
+    // The default manifests (deploy/standalone) seed the example enterprise key.
+    let gw = Gateway::start().await;
+    let stderr = gw.stderr();
+    assert!(
+        stderr.contains("WARNING: seeding the public example key"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(e2e::ENTERPRISE_KEY),
+        "the warning names the id, not the secret"
+    );
+}

@@ -47,6 +47,23 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// A body of any content type, read whole under the same cap and 413 as [`JsonBody`] (the
+/// payment webhook signs the raw bytes).
+pub struct RawBody(pub Vec<u8>);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        read_capped(req.into_body(), declared).await.map(RawBody)
+    }
+}
+
 async fn read_capped(body: Body, declared: Option<usize>) -> Result<Vec<u8>, ApiError> {
     let mut stream = body.into_data_stream();
     if declared.is_some_and(|n| n > MAX_BODY_BYTES) {

@@ -54,12 +54,33 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(header_limit))
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("handler panicked");
             ApiError::internal().into_response()
         }))
         .layer(axum::middleware::from_fn(telemetry::request::layer))
         .with_state(state)
+}
+
+/// The largest request header block answered normally; above it, 431 in the envelope. hyper
+/// itself cuts far larger blocks (past its read buffer, about 400 KiB) with a bare 431.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+async fn header_limit(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let size: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if size > MAX_HEADER_BYTES {
+        return ApiError::headers_too_large(MAX_HEADER_BYTES).into_response();
+    }
+    next.run(req).await
 }
 
 pub async fn not_found() -> ApiError {

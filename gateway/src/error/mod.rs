@@ -92,6 +92,14 @@ impl ApiError {
         )
     }
 
+    pub fn headers_too_large(limit_bytes: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ErrorType::InvalidRequestError,
+            format!("request headers exceed the {limit_bytes} byte limit"),
+        )
+    }
+
     pub fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
