@@ -272,6 +272,7 @@ async fn run(
         }));
     }
     let admin_token = args.admin_token.clone().ok_or(StartError::NoAdminToken)?;
+    let edge = serve::Edge::from_args(&args);
     serve::run(
         state,
         serve::Listen {
@@ -280,6 +281,7 @@ async fn run(
             admin_token,
             generated: args.generated,
             grace: Duration::from_secs(args.shutdown_grace_secs),
+            edge,
         },
     )
     .await?;

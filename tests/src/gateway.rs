@@ -89,6 +89,8 @@ pub struct GatewayBuilder {
     /// Leave out `--admin-token` / `--dev-key` (the harness passes its own by default).
     no_admin_token: bool,
     no_dev_key: bool,
+    /// The gateway's open file limit (RLIMIT_NOFILE), when lowered.
+    max_open_files: Option<u64>,
 }
 
 impl GatewayBuilder {
@@ -161,6 +163,12 @@ impl GatewayBuilder {
         self
     }
 
+    /// Lowers the gateway's open file limit (`ulimit -n`), to flood it with few sockets.
+    pub fn max_open_files(mut self, files: u64) -> Self {
+        self.max_open_files = Some(files);
+        self
+    }
+
     /// No `--admin-token`: standalone makes one and shows it on the ready line.
     pub fn without_admin_token(mut self) -> Self {
         self.no_admin_token = true;
@@ -186,7 +194,7 @@ impl GatewayBuilder {
             args.extend(["--dev-key".to_string(), DEV_KEY.to_string()]);
         }
         args.extend(self.args);
-        Gateway::spawn(self.mode, &manifests, args, self.envs).await
+        Gateway::spawn(self.mode, &manifests, args, self.envs, self.max_open_files).await
     }
 }
 
@@ -291,6 +299,7 @@ impl Gateway {
         manifests: &Path,
         extra: Vec<String>,
         envs: Vec<(String, std::ffi::OsString)>,
+        max_open_files: Option<u64>,
     ) -> Gateway {
         let bin = gateway_bin();
         let root = workspace_root();
@@ -303,6 +312,22 @@ impl Gateway {
             .envs(envs)
             .current_dir(&root);
         crate::tie_to_test(&mut cmd);
+        if let Some(files) = max_open_files {
+            // SAFETY: setrlimit is async-signal-safe, as pre_exec requires.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: files,
+                        rlim_max: files,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         let mut child = cmd.spawn().unwrap_or_else(|e| {
             panic!(
                 "cannot start {} ({e}); build it with `cargo build -p gateway`",

@@ -277,6 +277,24 @@ pub struct CommonArgs {
     /// The most stored responses a process keeps in memory; the oldest go first.
     #[arg(long, env = "GATEWAY_RESPONSES_CAPACITY", default_value_t = 10_000)]
     pub responses_capacity: usize,
+    /// Seconds a client connection may take to send a complete request head, counted from
+    /// when it opens or its previous response ended: also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub header_read_timeout_secs: u64,
+    /// Seconds a request body may take to arrive, plus one second per
+    /// `--body-min-bytes-per-sec` bytes received (a minimum rate, so large bodies on slow links
+    /// still arrive); past it, 408.
+    #[arg(long, env = "GATEWAY_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub body_read_timeout_secs: u64,
+    /// The slowest upload rate a request body may keep up past `--body-read-timeout-secs`.
+    #[arg(long, env = "GATEWAY_BODY_MIN_BYTES_PER_SEC", default_value_t = 32 * 1024)]
+    pub body_min_bytes_per_sec: u64,
+    /// Open client connections of the public listener at most; more wait to be accepted.
+    /// Lowered at start to leave 256 file descriptors (or a quarter of the limit, whichever is
+    /// smaller) for the admin listener, probes, upstream, Redis and Postgres connections.
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
     /// Secrets `standalone` generated because none was given, shown once on the ready line.
     #[arg(skip)]
     pub generated: Vec<(&'static str, String)>,

@@ -100,6 +100,16 @@ impl ApiError {
         )
     }
 
+    /// The body did not arrive in time (see `--body-read-timeout-secs`); hyper then closes
+    /// the connection, since the rest of the body was never read.
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            ErrorType::InvalidRequestError,
+            "the request body was not received in time; send it faster or in one piece",
+        )
+    }
+
     pub fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
