@@ -11,6 +11,7 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
+use crate::cpu;
 use crate::error::ApiError;
 
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -53,7 +54,7 @@ impl BodyDeadline {
 
 pub struct JsonBody<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
@@ -77,7 +78,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             .and_then(|v| v.parse::<usize>().ok());
         let deadline = BodyDeadline::of(&req);
         let bytes = read_capped(req.into_body(), declared, deadline).await?;
-        parse(&bytes).map(JsonBody)
+        if bytes.len() <= cpu::INLINE_BYTES {
+            return parse(&bytes).map(JsonBody);
+        }
+        // Parsing megabytes takes milliseconds to seconds: off the async workers.
+        cpu::run(move || parse(&bytes)).await?.map(JsonBody)
     }
 }
 
@@ -129,7 +134,7 @@ async fn read_capped(
     Ok(bytes)
 }
 
-async fn drain(mut stream: BodyDataStream) {
+pub(crate) async fn drain(mut stream: BodyDataStream) {
     let _ = tokio::time::timeout(DRAIN_TIME, async {
         let mut read = 0;
         while let Some(Ok(chunk)) = stream.next().await {

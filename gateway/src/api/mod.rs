@@ -25,11 +25,22 @@ use crate::state::AppState;
 use crate::{auth, dashboard, limits, payments, telemetry, version};
 
 pub fn router(state: AppState) -> Router {
+    // Model and count_tokens calls count against RPM before their body is read (the auth
+    // layer, outside the router, has run already).
+    let admitted = |handler: axum::routing::MethodRouter<AppState>| {
+        handler.layer(from_fn_with_state(
+            state.clone(),
+            limits::pre_admission_layer,
+        ))
+    };
     let v1 = Router::new()
-        .route("/messages", post(messages::create))
-        .route("/messages/count_tokens", post(count_tokens::count))
-        .route("/chat/completions", post(chat::create))
-        .route("/responses", post(responses::create))
+        .route("/messages", admitted(post(messages::create)))
+        .route(
+            "/messages/count_tokens",
+            admitted(post(count_tokens::count)),
+        )
+        .route("/chat/completions", admitted(post(chat::create)))
+        .route("/responses", admitted(post(responses::create)))
         .route(
             "/responses/{id}",
             get(responses::get).delete(responses::delete),

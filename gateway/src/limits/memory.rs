@@ -54,7 +54,7 @@ impl Limiter for MemoryLimiter {
         let mut window = self.keys.entry(key_id.to_owned()).or_default();
         window.roll(number);
         decide(limits, &window.snapshot(reset_secs), &request)?;
-        window.requests += 1;
+        window.requests += u32::from(request.count_request);
         window.input_tokens += request.input_tokens;
         let lease = request.stream.then(|| {
             window.streams += 1;
@@ -115,6 +115,7 @@ mod tests {
         AdmissionRequest {
             input_tokens,
             stream,
+            count_request: true,
         }
     }
 

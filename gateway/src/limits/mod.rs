@@ -8,6 +8,7 @@
 mod failover;
 mod headers;
 mod memory;
+mod pre_admission;
 mod redis;
 
 use std::fmt;
@@ -20,6 +21,7 @@ use thiserror::Error;
 pub use failover::{Failover, OutagePolicy};
 pub use headers::layer as headers_layer;
 pub use memory::MemoryLimiter;
+pub use pre_admission::layer as pre_admission_layer;
 pub use redis::RedisLimiter;
 
 pub const WINDOW_SECS: u64 = 60;
@@ -63,9 +65,21 @@ pub struct Snapshot {
 
 #[derive(Clone, Copy, Debug)]
 pub struct AdmissionRequest {
-    /// Counted against RPM (model and count_tokens calls; not GETs).
     pub input_tokens: u64,
     pub stream: bool,
+    /// Checks and counts one request against RPM. The pre-admission of every model and
+    /// count_tokens call does, before its body is read; the turn's own admission, after the
+    /// input is tokenized, then only checks tokens and streams.
+    pub count_request: bool,
+}
+
+impl AdmissionRequest {
+    /// The request-count admission that comes before the body is read, parsed or tokenized.
+    pub const REQUEST_ONLY: Self = Self {
+        input_tokens: 0,
+        stream: false,
+        count_request: true,
+    };
 }
 
 /// A held stream slot; given back through [`Limiter::finish`].
@@ -171,7 +185,7 @@ pub fn decide(
         retry_after_secs,
         snapshot: *snapshot,
     };
-    if snapshot.requests >= limits.requests_per_minute {
+    if request.count_request && snapshot.requests >= limits.requests_per_minute {
         return Err(exceeded(
             Dimension::Requests,
             limits.requests_per_minute.into(),
