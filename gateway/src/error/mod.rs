@@ -240,7 +240,6 @@ impl From<LimitError> for ApiError {
                     )
                 }
             }
-            LimitError::NeverAdmissible { .. } => Self::invalid(e.to_string()),
             LimitError::Unavailable(detail) => {
                 // The outage itself is logged once, when the limiter switches policy.
                 tracing::debug!(error = %detail, "rate limiter unavailable");

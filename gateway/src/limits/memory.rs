@@ -149,9 +149,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_request_larger_than_the_whole_tpm_budget_is_never_admissible() {
+    async fn a_request_larger_than_the_tpm_cap_starts_when_the_minute_has_room_then_others_wait() {
         let limiter = MemoryLimiter::default();
-        let err = limiter.admit("k", &LIMITS, req(101, false)).await;
-        assert!(matches!(err, Err(LimitError::NeverAdmissible { .. })));
+        assert!(limiter.admit("k", &LIMITS, req(150, false)).await.is_ok());
+        let err = limiter.admit("k", &LIMITS, req(1, false)).await;
+        assert!(matches!(
+            err,
+            Err(LimitError::Exceeded {
+                dimension: super::super::Dimension::InputTokens,
+                ..
+            })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_request_that_does_not_fit_still_starts_while_the_minute_has_room() {
+        let limiter = MemoryLimiter::default();
+        assert!(limiter.admit("k", &LIMITS, req(60, false)).await.is_ok());
+        assert!(limiter.admit("k", &LIMITS, req(60, false)).await.is_ok());
     }
 }

@@ -108,8 +108,6 @@ pub enum LimitError {
         retry_after_secs: u64,
         snapshot: Snapshot,
     },
-    #[error("this request's {tokens} input tokens exceed this key's limit of {limit} input tokens per minute, so it can never be admitted; shorten it or move to a higher tier")]
-    NeverAdmissible { tokens: u64, limit: u64 },
     #[error("{0}")]
     Unavailable(String),
 }
@@ -167,18 +165,19 @@ pub fn current_window() -> (u64, u64) {
     (now / WINDOW_SECS, WINDOW_SECS - now % WINDOW_SECS)
 }
 
-/// The admission decision on a window's counts, shared by every implementation.
+/// The admission decision on a window's counts, shared by every implementation (the Redis
+/// script repeats it).
+///
+/// Input tokens: a request is admitted when it fits in what is left of the minute, or when
+/// the minute still has room to start it (fewer tokens used than the cap). A request larger
+/// than the whole per-minute allowance (a long agent conversation, bounded only by the
+/// model's context window) therefore starts in a fresh minute, takes it over the cap, and the
+/// next requests wait for the window's reset, which Retry-After reports.
 pub fn decide(
     limits: &Limits,
     snapshot: &Snapshot,
     request: &AdmissionRequest,
 ) -> Result<(), LimitError> {
-    if request.input_tokens > limits.input_tokens_per_minute {
-        return Err(LimitError::NeverAdmissible {
-            tokens: request.input_tokens,
-            limit: limits.input_tokens_per_minute,
-        });
-    }
     let exceeded = |dimension, limit: u64, retry_after_secs| LimitError::Exceeded {
         dimension,
         limit,
@@ -192,7 +191,10 @@ pub fn decide(
             snapshot.reset_secs,
         ));
     }
-    if snapshot.input_tokens + request.input_tokens > limits.input_tokens_per_minute {
+    let tpm = limits.input_tokens_per_minute;
+    let fits = snapshot.input_tokens + request.input_tokens <= tpm;
+    let room_to_start = snapshot.input_tokens < tpm;
+    if !fits && !room_to_start {
         return Err(exceeded(
             Dimension::InputTokens,
             limits.input_tokens_per_minute,

@@ -43,7 +43,7 @@ local streams = redis.call('ZCARD', KEYS[2])
 local rpm, tpm, slots = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local input, stream, lease_ms = tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[7])
 local count = ARGV[9] == '1'
-local admitted = (not count or req < rpm) and tok + input <= tpm
+local admitted = (not count or req < rpm) and (tok + input <= tpm or tok < tpm)
   and (not stream or streams < slots)
 if admitted then
   redis.call('HSET', KEYS[1], 'win', win, 'req', req + (count and 1 or 0), 'tok', tok + input)
