@@ -454,6 +454,72 @@ async fn sign_in_is_refused_for_a_while_after_five_wrong_passwords_for_the_email
 }
 
 #[tokio::test]
+async fn of_40_concurrent_wrong_passwords_for_one_email_at_most_5_are_checked_and_the_right_one_is_then_refused(
+) {
+    let gw = Gateway::start().await;
+    let email = new_email();
+    Visitor::new(&gw).sign_up(&email, &[]).await;
+    let attempts = (0..40).map(|_| {
+        let email = email.clone();
+        let gw = &gw;
+        async move { Visitor::new(gw).sign_in(&email, "wrong password!").await.0 }
+    });
+    let statuses = futures::future::join_all(attempts).await;
+    let checked = statuses.iter().filter(|&&s| s == 401).count();
+    assert!(
+        checked <= 5,
+        "{checked} wrong passwords were checked: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|&s| s == 401 || s == 429),
+        "{statuses:?}"
+    );
+    let mut visitor = Visitor::new(&gw);
+    let (status, body) = visitor.sign_in(&email, PASSWORD).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(!visitor.cookies.iter().any(|(k, _)| k == "svc_session"));
+}
+
+/// The peak resident memory of a process (VmHWM), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+#[tokio::test]
+async fn memory_stays_bounded_under_150_concurrent_sign_ins_for_unknown_emails() {
+    let gw = Gateway::start().await;
+    let before = peak_rss(gw.pid());
+    let attempts = (0..150).map(|_| {
+        let gw = &gw;
+        async move {
+            Visitor::new(gw)
+                .sign_in(&new_email(), "some password")
+                .await
+                .0
+        }
+    });
+    let statuses = futures::future::join_all(attempts).await;
+    assert!(statuses.iter().all(|&s| s == 401), "{statuses:?}");
+    let grown = peak_rss(gw.pid()).saturating_sub(before);
+    eprintln!(
+        "benchmark: peak RSS grew by {} MiB over 150 concurrent sign-ins",
+        grown / (1024 * 1024)
+    );
+    // Each argon2 check takes 19 MiB; unbounded, 150 at once took the process to 921 MB.
+    assert!(
+        grown < 256 * 1024 * 1024,
+        "peak RSS grew by {} MiB",
+        grown / (1024 * 1024)
+    );
+}
+
+#[tokio::test]
 async fn a_form_without_the_sessions_csrf_token_is_refused_and_changes_nothing() {
     let gw = Gateway::start().await;
     let mut visitor = Visitor::new(&gw);
