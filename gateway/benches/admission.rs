@@ -41,9 +41,12 @@ const LIMITS: Limits = Limits {
     concurrent_streams: 1_000,
 };
 
+/// One decision on every dimension, as a turn's admission took before requests were counted
+/// ahead of the body (a turn now makes two calls: the request count, then tokens and streams).
 const REQUEST: AdmissionRequest = AdmissionRequest {
     input_tokens: 100,
     stream: false,
+    count_request: true,
 };
 
 struct Run {

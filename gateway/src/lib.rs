@@ -7,6 +7,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod cpu;
 pub mod dashboard;
 pub mod db;
 pub mod error;

@@ -3,18 +3,22 @@
 //! pending settlement before exiting.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::{Listener, ListenerExt};
 use axum::Router;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::body::BodyDeadline;
+use crate::config::CommonArgs;
 use crate::state::AppState;
 use crate::{admin, api, telemetry};
 
@@ -36,8 +40,76 @@ pub struct Listen {
     pub api: SocketAddr,
     pub admin: SocketAddr,
     pub admin_token: String,
-    pub dev_key: String,
+    /// Secrets this process generated itself (standalone only), shown once on the ready line
+    /// as `name=value`: nobody else knows them. Secrets the operator supplied never appear.
+    pub generated: Vec<(&'static str, String)>,
     pub grace: Duration,
+    pub edge: Edge,
+}
+
+/// How long a client may take to send a request, and how many may be connected at once.
+#[derive(Clone, Copy, Debug)]
+pub struct Edge {
+    pub header_read_timeout: Duration,
+    pub body: BodyDeadline,
+    pub max_connections: usize,
+}
+
+impl Edge {
+    pub fn from_args(args: &CommonArgs) -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
+            body: BodyDeadline {
+                base: Duration::from_secs(args.body_read_timeout_secs.max(1)),
+                min_bytes_per_sec: args.body_min_bytes_per_sec.max(1),
+            },
+            max_connections: args.max_connections.max(1),
+        }
+    }
+}
+
+/// File descriptors kept free of client connections: the admin listener and its probes,
+/// upstream, Redis and Postgres connections, log and config files.
+const RESERVED_FDS: u64 = 256;
+
+/// `wanted`, lowered so that client connections leave [`RESERVED_FDS`] of the process' open
+/// file limit (or a quarter of it, when the limit is small) to everything else: once accept
+/// fails with EMFILE nothing works, probes included.
+fn connection_cap(wanted: usize) -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own, nothing else.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    if rc != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
+        return wanted;
+    }
+    let files = limit.rlim_cur;
+    let usable = files.saturating_sub(RESERVED_FDS.min(files / 4)).max(1);
+    wanted.min(usize::try_from(usable).unwrap_or(usize::MAX))
+}
+
+/// The line on stdout that says both listeners are bound: `ready api=URL admin=URL`, then any
+/// generated secrets; one JSON object with the same fields under `--log-format json`.
+fn ready_line(api: SocketAddr, admin: SocketAddr, generated: &[(&'static str, String)]) -> String {
+    let (api, admin) = (format!("http://{api}"), format!("http://{admin}"));
+    match telemetry::log_format() {
+        telemetry::LogFormat::Text => {
+            let mut line = format!("ready api={api} admin={admin}");
+            for (name, value) in generated {
+                line.push_str(&format!(" {name}={value}"));
+            }
+            line
+        }
+        telemetry::LogFormat::Json => {
+            let mut object = serde_json::json!({ "message": "ready", "api": api, "admin": admin });
+            for (name, value) in generated {
+                object[*name] = serde_json::Value::from(value.as_str());
+            }
+            object.to_string()
+        }
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -51,26 +123,42 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     let admin_listener = bind(listen.admin).await?;
     let api_addr = api_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
-    println!(
-        "ready api=http://{api_addr} admin=http://{admin_addr} key={} admin_token={}",
-        listen.dev_key, listen.admin_token
-    );
+    println!("{}", ready_line(api_addr, admin_addr, &listen.generated));
     tracing::info!(%api_addr, %admin_addr, config_version = %state.catalog().version, "gateway listening; base URL http://{api_addr}");
 
     telemetry::metrics::config_version(&state.catalog().version);
     let shutdown = state.shutdown.clone();
     tokio::spawn(watch_signals(shutdown.clone(), listen.grace));
+    let edge = listen.edge;
+    let max_connections = connection_cap(edge.max_connections);
+    if max_connections < edge.max_connections {
+        tracing::warn!(
+            max_connections,
+            wanted = edge.max_connections,
+            "the open file limit lowers the client connection cap; raise `ulimit -n` for more"
+        );
+    }
     let api = serve_http1(
         api_listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         }),
-        api::router(state.clone()),
+        api::router(state.clone()).layer(axum::Extension(edge.body)),
         shutdown.draining.clone(),
+        Http1Limits {
+            header_read_timeout: edge.header_read_timeout,
+            max_connections: Some(max_connections),
+        },
     );
+    // The admin listener (probes, metrics, operators) is not counted in the cap, so a flood
+    // of clients never fails a liveness probe.
     let admin = serve_http1(
         admin_listener,
         admin::router(state.clone(), &listen.admin_token),
         shutdown.draining.clone(),
+        Http1Limits {
+            header_read_timeout: edge.header_read_timeout,
+            max_connections: None,
+        },
     );
     let servers = async { tokio::join!(api, admin) };
     let hard_stop = async {
@@ -99,14 +187,33 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
 /// here relied on cleartext HTTP/2.
 ///
 /// Each connection gets a clone of the router, which shares one route table (an `Arc`).
-async fn serve_http1<L>(mut listener: L, router: Router, draining: CancellationToken)
-where
+///
+/// A connection that does not finish sending a request head within `header_read_timeout`
+/// (from when it opened or its last response ended, so idle keep-alive connections too) is
+/// closed by hyper. With `max_connections`, the listener accepts no more while that many are
+/// open: the rest wait in the kernel's backlog instead of taking file descriptors.
+async fn serve_http1<L>(
+    mut listener: L,
+    router: Router,
+    draining: CancellationToken,
+    limits: Http1Limits,
+) where
     L: Listener,
     L::Io: Unpin,
 {
-    let http = hyper::server::conn::http1::Builder::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let slots = limits.max_connections.map(|n| Arc::new(Semaphore::new(n)));
     let connections = GracefulShutdown::new();
     loop {
+        let slot = match &slots {
+            Some(slots) => tokio::select! {
+                slot = slots.clone().acquire_owned() => slot.ok(),
+                () = draining.cancelled() => break,
+            },
+            None => None,
+        };
         // `Listener::accept` retries failed accepts itself (and backs off when out of files).
         let (io, _addr) = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -118,10 +225,17 @@ where
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }
+            drop(slot);
         });
     }
     drop(listener);
     connections.shutdown().await;
+}
+
+#[derive(Clone, Copy)]
+struct Http1Limits {
+    header_read_timeout: Duration,
+    max_connections: Option<usize>,
 }
 
 async fn watch_signals(shutdown: crate::state::Shutdown, grace: Duration) {

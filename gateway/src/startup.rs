@@ -33,6 +33,8 @@ use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
 use crate::state::{AppState, Services, Shutdown};
 use crate::tokens::Tokenizer;
 
+mod warnings;
+
 #[derive(Debug, Error)]
 pub enum StartError {
     #[error("manifests: {0}")]
@@ -53,6 +55,10 @@ pub enum StartError {
     Limiter(#[from] LimitError),
     #[error("database: {0}")]
     Db(#[from] DbError),
+    #[error(
+        "serve needs --admin-token (or GATEWAY_ADMIN_TOKEN): a generated one could not be shown"
+    )]
+    NoAdminToken,
 }
 
 /// The dev key's id, the same in every process, so that pods share its limits.
@@ -75,6 +81,18 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     args.common
         .payment_webhook_secret
         .get_or_insert_with(ids::session_token);
+    // Nobody else knows a secret made here, so it is shown once, on the ready line.
+    let common = &mut args.common;
+    if common.admin_token.is_none() {
+        let token = ids::admin_token();
+        common.generated.push(("admin_token", token.clone()));
+        common.admin_token = Some(token);
+    }
+    if common.dev_key.is_none() {
+        let key = ids::key_secret();
+        common.generated.push(("key", key.clone()));
+        common.dev_key = Some(key);
+    }
     let ledger = Arc::new(MemoryLedger::default());
     let stores = Stores {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
@@ -86,6 +104,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     };
     let interval = Duration::from_secs(args.promotion_interval_secs);
     let config = crds::manifests::load_dir(&args.common.manifests)?;
+    warnings::standalone(&config, args.common.listen);
     run(args.common, stores, config, None, |state, rules| {
         tokio::spawn(promotion::every(
             state.accounts.clone(),
@@ -100,6 +119,9 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
 /// `gateway serve`: limits shared through Redis under the chosen outage policy; accounts,
 /// keys and credits in Postgres with `--database-url`, with the reaper running in every pod.
 pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
+    if args.common.admin_token.is_none() {
+        return Err(StartError::NoAdminToken);
+    }
     let redis = RedisLimiter::connect(
         &args.redis_url,
         Duration::from_millis(args.redis_timeout_ms),
@@ -260,7 +282,9 @@ async fn run(
         },
     });
     seed_granted_keys(&state).await?;
-    let dev_key = seed_dev_key(&state, &args).await?;
+    if let Some(dev_key) = &args.dev_key {
+        seed_dev_key(&state, &args, dev_key).await?;
+    }
     background(&state, rules);
     tokio::spawn(responses.purge_until(state.shutdown.draining.clone()));
     if let Some(published) = published {
@@ -269,15 +293,17 @@ async fn run(
             state.replace_catalog(catalog(config));
         }));
     }
-    let admin_token = args.admin_token.clone().unwrap_or_else(ids::admin_token);
+    let admin_token = args.admin_token.clone().ok_or(StartError::NoAdminToken)?;
+    let edge = serve::Edge::from_args(&args);
     serve::run(
         state,
         serve::Listen {
             api: args.listen,
             admin: args.admin_listen,
             admin_token,
-            dev_key,
+            generated: args.generated,
             grace: Duration::from_secs(args.shutdown_grace_secs),
+            edge,
         },
     )
     .await?;
@@ -356,7 +382,7 @@ async fn seed_key(state: &AppState, key: crate::accounts::KeyRecord) -> Result<(
     }
 }
 
-async fn seed_dev_key(state: &AppState, args: &CommonArgs) -> Result<String, StartError> {
+async fn seed_dev_key(state: &AppState, args: &CommonArgs, key: &str) -> Result<(), StartError> {
     let account = seed_account(state, "dev", args.dev_credits).await?;
     let minted = auth::mint(KeySpec {
         id: Some(DEV_KEY_ID.to_owned()),
@@ -365,8 +391,7 @@ async fn seed_dev_key(state: &AppState, args: &CommonArgs) -> Result<String, Sta
         kind: KeyKind::Api,
         scopes: Vec::new(),
         tier: args.dev_tier.clone(),
-        secret: args.dev_key.clone(),
+        secret: Some(key.to_owned()),
     });
-    seed_key(state, minted.record).await?;
-    Ok(minted.secret)
+    seed_key(state, minted.record).await
 }

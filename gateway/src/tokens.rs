@@ -58,6 +58,26 @@ impl Tokenizer {
             .unwrap_or_else(|_| vec![text.to_owned()])
     }
 
+    /// [`Tokenizer::count_request`], on a blocking thread of [`crate::cpu`] when the request is
+    /// large or carries base64 images (decoded to measure them), in place otherwise; the
+    /// request is handed back.
+    pub async fn count_request_off_workers(
+        &self,
+        req: MessagesRequest,
+    ) -> Result<(MessagesRequest, u32), crate::error::ApiError> {
+        if !heavy(&req) {
+            let tokens = self.count_request(&req)?;
+            return Ok((req, tokens));
+        }
+        let tokenizer = *self;
+        let (req, tokens) = crate::cpu::run(move || {
+            let tokens = tokenizer.count_request(&req);
+            (req, tokens)
+        })
+        .await?;
+        Ok((req, tokens?))
+    }
+
     /// Input tokens of a request: system prompt, tools and every message.
     pub fn count_request(&self, req: &MessagesRequest) -> Result<u32, TokenError> {
         let mut total = MESSAGE_OVERHEAD;
@@ -105,6 +125,52 @@ impl Tokenizer {
             InputBlock::RedactedThinking { data } => self.count(data),
         })
     }
+}
+
+/// Whether tokenizing `req` may take long: its text passes [`crate::cpu::INLINE_BYTES`], or it
+/// carries base64 images. A walk over the blocks, never over the text itself.
+fn heavy(req: &MessagesRequest) -> bool {
+    fn content(c: &StringOr<InputBlock>, bytes: &mut usize) -> bool {
+        match c {
+            StringOr::String(text) => *bytes += text.len(),
+            StringOr::Many(blocks) => {
+                for block in blocks {
+                    match block {
+                        InputBlock::Text { text, .. } => *bytes += text.len(),
+                        InputBlock::Image {
+                            source: ImageSource::Base64 { .. },
+                            ..
+                        } => return true,
+                        InputBlock::ToolResult {
+                            content: Some(inner),
+                            ..
+                        } => {
+                            if content(inner, bytes) {
+                                return true;
+                            }
+                        }
+                        InputBlock::Thinking { thinking, .. } => *bytes += thinking.len(),
+                        InputBlock::RedactedThinking { data } => *bytes += data.len(),
+                        // Tool inputs and URL images: small, or counted as a constant.
+                        _ => *bytes += 64,
+                    }
+                }
+            }
+        }
+        false
+    }
+    let mut bytes = req.tools.len() * 1024;
+    for message in &req.messages {
+        if content(&message.content, &mut bytes) || bytes > crate::cpu::INLINE_BYTES {
+            return true;
+        }
+    }
+    let system = match &req.system {
+        None => 0,
+        Some(StringOr::String(text)) => text.len(),
+        Some(StringOr::Many(blocks)) => blocks.iter().map(|b| b.text.len()).sum(),
+    };
+    bytes + system > crate::cpu::INLINE_BYTES
 }
 
 fn image_tokens(source: &ImageSource, path: &str) -> Result<u32, TokenError> {

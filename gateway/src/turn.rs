@@ -92,14 +92,14 @@ pub async fn start(
     let TurnRequest {
         id,
         endpoint,
-        mut request,
+        request,
         open_max_tokens,
         anthropic_beta,
     } = turn;
     let requested = resolve_model(state, &request.model)?;
     let telemetry = TurnTelemetry::begin(&id, &requested.id, request.max_tokens, request.stream);
     validate::request(&request, &requested.id, &requested.config, open_max_tokens)?;
-    let input_tokens = state.tokens.count_request(&request)?;
+    let (mut request, input_tokens) = state.tokens.count_request_off_workers(request).await?;
     telemetry.input_tokens(input_tokens);
     let context = requested.config.context_window;
     if input_tokens >= context {
@@ -140,6 +140,8 @@ pub async fn start(
                 AdmissionRequest {
                     input_tokens: input_tokens.into(),
                     stream: request.stream,
+                    // Counted by the pre-admission, before the body was read.
+                    count_request: false,
                 },
             ),
         )

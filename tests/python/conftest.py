@@ -3,7 +3,7 @@
 One gateway process serves the whole session:
 
     gateway standalone --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
-        --admin-token T --dev-key K --simulated-chunk-delay-ms 2
+        --admin-token ADMIN_TOKEN --dev-key DEV_KEY --simulated-chunk-delay-ms 2
 
 The binary is `$GATEWAY_BIN`, else `<repo>/target/debug/gateway`; it runs from the repository
 root so that its default `--manifests deploy/standalone` resolves, and its stderr goes to
@@ -40,8 +40,8 @@ import pytest
 from support import RICH_CREDITS, tiny_png
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ADMIN_TOKEN = "T"
-DEV_KEY = "K"
+ADMIN_TOKEN = "pytest-admin-token-0123456789"
+DEV_KEY = "sk-svc-pytest-0123456789abcdef0123456789"
 READY_TIMEOUT_S = 30.0
 STDERR_LOG = REPO_ROOT / "target" / "pytest-gateway.stderr.log"
 READY_RE = re.compile(r"^ready api=(?P<api>\S+) admin=(?P<admin>\S+)")

@@ -86,6 +86,11 @@ pub struct GatewayBuilder {
     envs: Vec<(String, std::ffi::OsString)>,
     mode: Mode,
     manifests: Option<PathBuf>,
+    /// Leave out `--admin-token` / `--dev-key` (the harness passes its own by default).
+    no_admin_token: bool,
+    no_dev_key: bool,
+    /// The gateway's open file limit (RLIMIT_NOFILE), when lowered.
+    max_open_files: Option<u64>,
 }
 
 impl GatewayBuilder {
@@ -158,12 +163,38 @@ impl GatewayBuilder {
         self
     }
 
+    /// Lowers the gateway's open file limit (`ulimit -n`), to flood it with few sockets.
+    pub fn max_open_files(mut self, files: u64) -> Self {
+        self.max_open_files = Some(files);
+        self
+    }
+
+    /// No `--admin-token`: standalone makes one and shows it on the ready line.
+    pub fn without_admin_token(mut self) -> Self {
+        self.no_admin_token = true;
+        self
+    }
+
+    /// No `--dev-key`: standalone makes one and shows it on the ready line; serve has none.
+    pub fn without_dev_key(mut self) -> Self {
+        self.no_dev_key = true;
+        self
+    }
+
     /// Spawns the gateway and waits (at most 30 s) for its ready line.
     pub async fn start(self) -> Gateway {
         let manifests = self
             .manifests
             .unwrap_or_else(|| workspace_root().join("deploy").join("standalone"));
-        Gateway::spawn(self.mode, &manifests, self.args, self.envs).await
+        let mut args = Vec::new();
+        if !self.no_admin_token {
+            args.extend(["--admin-token".to_string(), ADMIN_TOKEN.to_string()]);
+        }
+        if !self.no_dev_key {
+            args.extend(["--dev-key".to_string(), DEV_KEY.to_string()]);
+        }
+        args.extend(self.args);
+        Gateway::spawn(self.mode, &manifests, args, self.envs, self.max_open_files).await
     }
 }
 
@@ -190,8 +221,33 @@ impl LogTail {
     }
 }
 
-/// Reads `reader` line by line until EOF into `tail`; the first line starting with `ready `
-/// goes to `ready` as well. Draining never stops, so the gateway never blocks on a full pipe.
+/// The ready line's fields (`api`, `admin`, and the secrets standalone generated), from the
+/// text form `ready api=URL admin=URL [name=value...]` or, under `--log-format json`, the
+/// object `{"message":"ready",...}`; `None` for any other line.
+pub fn ready_fields(line: &str) -> Option<Vec<(String, String)>> {
+    let line = line.trim();
+    if let Some(rest) = line.strip_prefix("ready ") {
+        return Some(
+            rest.split_whitespace()
+                .filter_map(|part| part.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+    }
+    let object: Value = serde_json::from_str(line).ok()?;
+    (object["message"] == "ready").then(|| {
+        object
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+            .collect()
+    })
+}
+
+/// Reads `reader` line by line until EOF into `tail`; the first ready line (see
+/// [`ready_fields`]) goes to `ready` as well. Draining never stops, so the gateway never
+/// blocks on a full pipe.
 pub(crate) fn drain(
     reader: impl AsyncRead + Unpin + Send + 'static,
     tail: LogTail,
@@ -201,7 +257,7 @@ pub(crate) fn drain(
         let mut lines = BufReader::new(reader).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             tail.push_line(&line);
-            if line.trim_start().starts_with("ready ") {
+            if ready_fields(&line).is_some() {
                 if let Some(tx) = ready.take() {
                     let _ = tx.send(line);
                 }
@@ -216,10 +272,12 @@ pub struct Gateway {
     pub api: String,
     /// Base URL of the admin listener.
     pub admin: String,
-    /// The dev key from the ready line.
+    /// The dev key: [`DEV_KEY`], or the one a standalone gateway generated (ready line).
     pub key: String,
-    /// The admin token from the ready line.
+    /// The admin token: [`ADMIN_TOKEN`], or the one standalone generated (ready line).
     pub admin_token: String,
+    /// The ready line as printed.
+    pub ready_line: String,
     child: Child,
     stdout: LogTail,
     stderr: LogTail,
@@ -241,19 +299,35 @@ impl Gateway {
         manifests: &Path,
         extra: Vec<String>,
         envs: Vec<(String, std::ffi::OsString)>,
+        max_open_files: Option<u64>,
     ) -> Gateway {
         let bin = gateway_bin();
         let root = workspace_root();
         let mut cmd = Command::new(&bin);
         cmd.arg(mode.subcommand())
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .args(["--admin-token", ADMIN_TOKEN, "--dev-key", DEV_KEY])
             .arg("--manifests")
             .arg(manifests)
             .args(&extra)
             .envs(envs)
             .current_dir(&root);
         crate::tie_to_test(&mut cmd);
+        if let Some(files) = max_open_files {
+            // SAFETY: setrlimit is async-signal-safe, as pre_exec requires.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: files,
+                        rlim_max: files,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         let mut child = cmd.spawn().unwrap_or_else(|e| {
             panic!(
                 "cannot start {} ({e}); build it with `cargo build -p gateway`",
@@ -299,11 +373,15 @@ impl Gateway {
             }
         };
 
+        let fields = ready_fields(&line).unwrap_or_default();
+        let optional = |name: &str| -> Option<String> {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
         let field = |name: &str| -> String {
-            line.split_whitespace()
-                .find_map(|part| part.strip_prefix(&format!("{name}=")))
-                .unwrap_or_else(|| panic!("ready line lacks {name}=: {line:?}"))
-                .to_string()
+            optional(name).unwrap_or_else(|| panic!("ready line lacks {name}=: {line:?}"))
         };
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -314,8 +392,9 @@ impl Gateway {
         Gateway {
             api: field("api").trim_end_matches('/').to_string(),
             admin: field("admin").trim_end_matches('/').to_string(),
-            key: field("key"),
-            admin_token: field("admin_token"),
+            key: optional("key").unwrap_or_else(|| DEV_KEY.to_string()),
+            admin_token: optional("admin_token").unwrap_or_else(|| ADMIN_TOKEN.to_string()),
+            ready_line: line.clone(),
             child,
             stdout,
             stderr,

@@ -391,6 +391,51 @@ async fn the_session_cookie_is_http_only_same_site_and_secure_when_the_request_c
     assert!(!session.contains("Secure"), "{session}");
 }
 
+/// The headers every dashboard page must carry.
+fn assert_page_headers(path: &str, headers: &reqwest::header::HeaderMap) {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("{path}: no {name} header"))
+            .to_string()
+    };
+    let csp = get("content-security-policy");
+    assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+    assert!(csp.contains("default-src 'none'"), "{path}: {csp}");
+    assert_eq!(get("referrer-policy"), "no-referrer", "{path}");
+    assert_eq!(get("cache-control"), "no-store", "{path}");
+}
+
+#[tokio::test]
+async fn dashboard_pages_forbid_framing_scripts_referrers_and_caching_the_new_secret() {
+    let gw = Gateway::start().await;
+    let http = gw.client();
+    for path in ["/developers/sign-in", "/developers/sign-up"] {
+        let response = http.get(gw.url(path)).send().await.expect("GET");
+        assert_page_headers(path, response.headers());
+    }
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (_, page) = visitor.get("/developers/keys").await;
+    let csrf = hidden_csrf(&page);
+    let response = http
+        .post(gw.url("/developers/keys"))
+        .header("cookie", visitor.cookie_header())
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&name=secret-page&kind=api"))
+        .send()
+        .await
+        .expect("POST");
+    let headers = response.headers().clone();
+    let body = response.text().await.expect("body");
+    assert!(
+        body.contains("sk-svc-"),
+        "the page shows the new key: {body}"
+    );
+    assert_page_headers("POST /developers/keys", &headers);
+}
+
 #[tokio::test]
 async fn sign_in_is_refused_for_a_while_after_five_wrong_passwords_for_the_email() {
     let gw = Gateway::start().await;
@@ -406,6 +451,72 @@ async fn sign_in_is_refused_for_a_while_after_five_wrong_passwords_for_the_email
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("Too many failed sign-ins"), "{body}");
     assert!(!visitor.cookies.iter().any(|(k, _)| k == "svc_session"));
+}
+
+#[tokio::test]
+async fn of_40_concurrent_wrong_passwords_for_one_email_at_most_5_are_checked_and_the_right_one_is_then_refused(
+) {
+    let gw = Gateway::start().await;
+    let email = new_email();
+    Visitor::new(&gw).sign_up(&email, &[]).await;
+    let attempts = (0..40).map(|_| {
+        let email = email.clone();
+        let gw = &gw;
+        async move { Visitor::new(gw).sign_in(&email, "wrong password!").await.0 }
+    });
+    let statuses = futures::future::join_all(attempts).await;
+    let checked = statuses.iter().filter(|&&s| s == 401).count();
+    assert!(
+        checked <= 5,
+        "{checked} wrong passwords were checked: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|&s| s == 401 || s == 429),
+        "{statuses:?}"
+    );
+    let mut visitor = Visitor::new(&gw);
+    let (status, body) = visitor.sign_in(&email, PASSWORD).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(!visitor.cookies.iter().any(|(k, _)| k == "svc_session"));
+}
+
+/// The peak resident memory of a process (VmHWM), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+#[tokio::test]
+async fn memory_stays_bounded_under_150_concurrent_sign_ins_for_unknown_emails() {
+    let gw = Gateway::start().await;
+    let before = peak_rss(gw.pid());
+    let attempts = (0..150).map(|_| {
+        let gw = &gw;
+        async move {
+            Visitor::new(gw)
+                .sign_in(&new_email(), "some password")
+                .await
+                .0
+        }
+    });
+    let statuses = futures::future::join_all(attempts).await;
+    assert!(statuses.iter().all(|&s| s == 401), "{statuses:?}");
+    let grown = peak_rss(gw.pid()).saturating_sub(before);
+    eprintln!(
+        "benchmark: peak RSS grew by {} MiB over 150 concurrent sign-ins",
+        grown / (1024 * 1024)
+    );
+    // Each argon2 check takes 19 MiB; unbounded, 150 at once took the process to 921 MB.
+    assert!(
+        grown < 256 * 1024 * 1024,
+        "peak RSS grew by {} MiB",
+        grown / (1024 * 1024)
+    );
 }
 
 #[tokio::test]

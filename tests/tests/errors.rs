@@ -549,6 +549,35 @@ async fn a_chunked_body_over_16_mib_without_content_length_is_413() {
     gw.send(rb).await.expect_error(413, "request_too_large");
 }
 
+#[tokio::test]
+async fn the_payment_webhooks_413_is_the_error_envelope() {
+    // Standalone always has the webhook on (its test payment provider confirms through it).
+    let gw = Gateway::start().await;
+    let rb = gw
+        .client()
+        .post(gw.url("/webhooks/payments"))
+        .header("content-type", "application/json")
+        .body(padded_body(16 * MIB + 1));
+    gw.send(rb).await.expect_error(413, "request_too_large");
+}
+
+// ----- 431 -----
+
+#[tokio::test]
+async fn an_oversized_header_block_is_431_in_the_error_envelope() {
+    let gw = Gateway::start().await;
+    let rb = gw
+        .request(Method::GET, "/v1/models", Some(&gw.key))
+        .header("x-padding", "a".repeat(100 * 1024));
+    let message = gw.send(rb).await.expect_error(431, "invalid_request_error");
+    assert!(message.contains("header"), "{message}");
+    // A large but ordinary header block is still served.
+    let rb = gw
+        .request(Method::GET, "/v1/models", Some(&gw.key))
+        .header("cookie", "a".repeat(16 * 1024));
+    gw.send(rb).await.expect_ok();
+}
+
 // ----- 429 rate_limit_error -----
 
 #[tokio::test]

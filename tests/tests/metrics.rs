@@ -197,9 +197,11 @@ async fn redis_calls_are_timed_and_failures_counted() {
         .expect_ok();
     let m = gw.metrics().await;
     let admit = [("store", "redis"), ("op", "admit")];
+    // Two admission calls per turn: the request count before the body is read, then the
+    // input tokens and the stream slot once it is tokenized.
     assert_eq!(
         m.value("gateway_store_call_duration_seconds_count", &admit),
-        1.0
+        2.0
     );
     assert_eq!(
         m.value(

@@ -29,15 +29,17 @@ pub async fn count(
         .cloned()
         .ok_or_else(|| ApiError::invalid(format!("model: unknown model `{}`", request.model)))?;
     validate::request(&request, &model.id, &model.config, true)?;
-    let input_tokens = state.tokens.count_request(&request)?;
+    let (_, input_tokens) = state.tokens.count_request_off_workers(request).await?;
     let admission = state
         .limiter
         .admit(
             &principal.key.id,
             &principal.limits,
+            // Counted by the pre-admission; this only reads the window for the headers.
             AdmissionRequest {
                 input_tokens: 0,
                 stream: false,
+                count_request: false,
             },
         )
         .await?;

@@ -25,11 +25,22 @@ use crate::state::AppState;
 use crate::{auth, dashboard, limits, payments, telemetry, version};
 
 pub fn router(state: AppState) -> Router {
+    // Model and count_tokens calls count against RPM before their body is read (the auth
+    // layer, outside the router, has run already).
+    let admitted = |handler: axum::routing::MethodRouter<AppState>| {
+        handler.layer(from_fn_with_state(
+            state.clone(),
+            limits::pre_admission_layer,
+        ))
+    };
     let v1 = Router::new()
-        .route("/messages", post(messages::create))
-        .route("/messages/count_tokens", post(count_tokens::count))
-        .route("/chat/completions", post(chat::create))
-        .route("/responses", post(responses::create))
+        .route("/messages", admitted(post(messages::create)))
+        .route(
+            "/messages/count_tokens",
+            admitted(post(count_tokens::count)),
+        )
+        .route("/chat/completions", admitted(post(chat::create)))
+        .route("/responses", admitted(post(responses::create)))
         .route(
             "/responses/{id}",
             get(responses::get).delete(responses::delete),
@@ -54,12 +65,33 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(header_limit))
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("handler panicked");
             ApiError::internal().into_response()
         }))
         .layer(axum::middleware::from_fn(telemetry::request::layer))
         .with_state(state)
+}
+
+/// The largest request header block answered normally; above it, 431 in the envelope. hyper
+/// itself cuts far larger blocks (past its read buffer, about 400 KiB) with a bare 431.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+async fn header_limit(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let size: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if size > MAX_HEADER_BYTES {
+        return ApiError::headers_too_large(MAX_HEADER_BYTES).into_response();
+    }
+    next.run(req).await
 }
 
 pub async fn not_found() -> ApiError {

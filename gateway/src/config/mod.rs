@@ -38,7 +38,8 @@ pub enum Command {
     Standalone(StandaloneArgs),
     /// Cluster mode: rate limits and stream slots shared with every other pod through Redis;
     /// accounts, keys and credits in Postgres with `--database-url` (without it they stay in
-    /// process: every pod seeds the same dev key and manifest keys, with credits of its own).
+    /// process: every pod seeds the same dev key, if given, and manifest keys, with credits of
+    /// its own).
     Serve(ServeArgs),
     /// Applies the database migrations (embedded in the binary) and exits.
     Migrate(DatabaseArgs),
@@ -205,8 +206,9 @@ pub struct CommonArgs {
     /// Address of the admin API; keep it on loopback or a private network.
     #[arg(long, env = "GATEWAY_ADMIN_LISTEN", default_value = "127.0.0.1:8081")]
     pub admin_listen: SocketAddr,
-    /// Bearer token of the admin API; random (and printed) when absent.
-    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
+    /// Bearer token of the admin API (at least 16 characters); without it, `standalone` makes a
+    /// random one and shows it once on the ready line, and `serve` refuses to start.
+    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true, value_parser = long_secret)]
     pub admin_token: Option<String>,
     /// Folder of Tier, ModelRoute, ApiKey and Secret manifests.
     #[arg(
@@ -216,8 +218,10 @@ pub struct CommonArgs {
         default_value = "deploy/standalone"
     )]
     pub manifests: PathBuf,
-    /// The development API key to create; random (and printed) when absent.
-    #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true)]
+    /// The development API key to create (`sk-svc-` and at least 20 characters); without it,
+    /// `standalone` makes a random one and shows it once on the ready line, and `serve` creates
+    /// no dev account.
+    #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true, value_parser = dev_key)]
     pub dev_key: Option<String>,
     /// Tier of the development key.
     #[arg(long, env = "GATEWAY_DEV_TIER", default_value = "pay_as_you_go",
@@ -245,7 +249,12 @@ pub struct CommonArgs {
     pub signup_credits: u64,
     /// Shared secret of the payment provider's signed webhook (`POST /webhooks/payments`);
     /// without it the webhook is off.
-    #[arg(long, env = "GATEWAY_PAYMENT_WEBHOOK_SECRET", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "GATEWAY_PAYMENT_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_parser = long_secret
+    )]
     pub payment_webhook_secret: Option<String>,
     /// Consecutive failed attempts that take an upstream out of rotation.
     #[arg(long, env = "GATEWAY_BREAKER_FAILURES", default_value_t = 5)]
@@ -256,8 +265,90 @@ pub struct CommonArgs {
     /// Secret that seals the reasoning `/v1/responses` hands to stateless clients
     /// (`include: ["reasoning.encrypted_content"]`). Give every pod the same one; without it
     /// each process picks a random one, and sealed reasoning only comes back to that process.
-    #[arg(long, env = "GATEWAY_RESPONSES_SECRET", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "GATEWAY_RESPONSES_SECRET",
+        hide_env_values = true,
+        value_parser = long_secret
+    )]
     pub responses_secret: Option<String>,
     #[command(flatten)]
     pub responses_store: ResponsesStoreArgs,
+    /// Seconds a client connection may take to send a complete request head, counted from
+    /// when it opens or its previous response ended: also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub header_read_timeout_secs: u64,
+    /// Seconds a request body may take to arrive, plus one second per
+    /// `--body-min-bytes-per-sec` bytes received (a minimum rate, so large bodies on slow links
+    /// still arrive); past it, 408.
+    #[arg(long, env = "GATEWAY_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub body_read_timeout_secs: u64,
+    /// The slowest upload rate a request body may keep up past `--body-read-timeout-secs`.
+    #[arg(long, env = "GATEWAY_BODY_MIN_BYTES_PER_SEC", default_value_t = 32 * 1024)]
+    pub body_min_bytes_per_sec: u64,
+    /// Open client connections of the public listener at most; more wait to be accepted.
+    /// Lowered at start to leave 256 file descriptors (or a quarter of the limit, whichever is
+    /// smaller) for the admin listener, probes, upstream, Redis and Postgres connections.
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Secrets `standalone` generated because none was given, shown once on the ready line.
+    #[arg(skip)]
+    pub generated: Vec<(&'static str, String)>,
+}
+
+/// The shortest admin token, webhook secret or responses secret accepted. An empty one used to
+/// turn admin authentication off or let anyone sign a webhook; a short one can be guessed.
+pub const MIN_SECRET_CHARS: usize = 16;
+/// The shortest dev key accepted, prefix included.
+pub const MIN_DEV_KEY_CHARS: usize = 20;
+/// What every API key starts with, so that secret scanners recognise a leaked one.
+pub const KEY_PREFIX: &str = "sk-svc-";
+
+/// Value parser of the shared secrets: refused at start when empty or short (the message names
+/// the flag, never the value).
+fn long_secret(value: &str) -> Result<String, String> {
+    if value.trim().chars().count() < MIN_SECRET_CHARS {
+        return Err(format!(
+            "must be at least {MIN_SECRET_CHARS} characters (an empty or short secret would let \
+             anyone in); generate one with `openssl rand -hex 24`"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// Value parser of `--dev-key`: it must look like the keys the gateway issues.
+fn dev_key(value: &str) -> Result<String, String> {
+    if !value.starts_with(KEY_PREFIX)
+        || value.chars().count() < MIN_DEV_KEY_CHARS
+        || value.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "must start with `{KEY_PREFIX}` and be at least {MIN_DEV_KEY_CHARS} characters \
+             without spaces, e.g. `{KEY_PREFIX}` followed by `openssl rand -hex 20`"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_short_secrets_are_refused() {
+        assert!(long_secret("").is_err());
+        assert!(long_secret("                    ").is_err());
+        assert!(long_secret("0123456789abcde").is_err());
+        assert!(long_secret("0123456789abcdef").is_ok());
+    }
+
+    #[test]
+    fn a_dev_key_must_look_like_a_key() {
+        assert!(dev_key("K").is_err());
+        assert!(dev_key("sk-svc-1").is_err());
+        assert!(dev_key("0123456789abcdef0123456789").is_err());
+        assert!(dev_key("sk-svc-0123456789 abcdef").is_err());
+        assert!(dev_key("sk-svc-0123456789abcdef").is_ok());
+    }
 }

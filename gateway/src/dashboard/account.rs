@@ -176,7 +176,9 @@ pub async fn sign_up(
         );
     }
     let password = form.password;
-    let password_hash = tokio::task::spawn_blocking(move || session::hash_password(&password))
+    // argon2 takes 19 MiB and tens of milliseconds: on the bounded CPU pool, so memory stays
+    // bounded whatever the number of concurrent sign-ups.
+    let password_hash = crate::cpu::run(move || session::hash_password(&password))
         .await
         .map_err(|_| DashboardError::PasswordHash)??;
     let account = state.accounts.create_account(&email).await?;
@@ -212,24 +214,34 @@ pub async fn sign_in(
     if !csrf_ok(&headers, &form.csrf) {
         return refuse(StatusCode::FORBIDDEN, FORM_EXPIRED);
     }
-    let now = OffsetDateTime::now_utc();
-    if let Some((failures, until)) = state.developers.sign_in_failures(&email).await? {
-        if failures >= MAX_FAILURES {
-            let minutes = ((until - now).whole_seconds() + 59) / 60;
-            return refuse(
-                StatusCode::TOO_MANY_REQUESTS,
-                &format!(
-                    "Too many failed sign-ins for this email. Try again in {minutes} minute(s)."
-                ),
-            );
-        }
+    // Every attempt is counted as a failure before its password is checked, in one atomic
+    // step of the store (a row upsert in Postgres), and cleared only when it succeeds: so of
+    // any number of concurrent attempts, on any number of pods, at most MAX_FAILURES are
+    // checked per window. Checking first and counting after let 40 concurrent guesses through.
+    let attempts = state
+        .developers
+        .record_sign_in_failure(&email, FAILURE_WINDOW)
+        .await?;
+    if attempts > MAX_FAILURES {
+        let now = OffsetDateTime::now_utc();
+        let until = state
+            .developers
+            .sign_in_failures(&email)
+            .await?
+            .map_or(now + FAILURE_WINDOW, |(_, until)| until);
+        let minutes = ((until - now).whole_seconds() + 59) / 60;
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("Too many failed sign-ins for this email. Try again in {minutes} minute(s)."),
+        );
     }
     let user = state.developers.user_by_email(&email).await?;
     let hash = user
         .as_ref()
         .map_or(DUMMY_HASH.to_owned(), |u| u.password_hash.clone());
     let password = form.password;
-    let verified = tokio::task::spawn_blocking(move || session::verify_password(&password, &hash))
+    // On the bounded CPU pool: argon2 takes 19 MiB per check.
+    let verified = crate::cpu::run(move || session::verify_password(&password, &hash))
         .await
         .unwrap_or(false);
     match user {
@@ -239,13 +251,7 @@ pub async fn sign_in(
                 session::start(&state, &headers, &user.id, &user.email, &user.account_id).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())
         }
-        _ => {
-            state
-                .developers
-                .record_sign_in_failure(&email, FAILURE_WINDOW)
-                .await?;
-            refuse(StatusCode::UNAUTHORIZED, "Wrong email or password.")
-        }
+        _ => refuse(StatusCode::UNAUTHORIZED, "Wrong email or password."),
     }
 }
 

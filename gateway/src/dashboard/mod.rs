@@ -15,11 +15,12 @@ mod session;
 pub mod store;
 mod usage;
 
-use axum::http::header;
+use axum::http::{header, HeaderValue};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use thiserror::Error;
+use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::accounts::StoreError;
 use crate::error::ApiError;
@@ -90,7 +91,31 @@ pub fn router() -> Router<AppState> {
         .route("/developers/changelog", get(changelog::show))
         .route("/developers/assets/style.css", get(style))
         .route("/developers/{*rest}", get(not_found).post(not_found))
+        // The pages need no script and nothing from elsewhere; the charts' legend swatches
+        // are inline style attributes. No other site may frame them (clickjacking a revoke).
+        .layer(SetResponseHeaderLayer::overriding(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+        ))
+        .layer(SetResponseHeaderLayer::overriding(
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        ))
+        .layer(SetResponseHeaderLayer::overriding(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ))
+        // Pages show account data, and the keys page a new secret once: no cache keeps them.
+        // The stylesheet sets its own.
+        .layer(SetResponseHeaderLayer::if_not_present(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("no-store"),
+        ))
 }
+
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; \
+    style-src-attr 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; \
+    frame-ancestors 'none'";
 
 async fn style() -> impl IntoResponse {
     (

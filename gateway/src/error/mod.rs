@@ -92,6 +92,24 @@ impl ApiError {
         )
     }
 
+    pub fn headers_too_large(limit_bytes: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ErrorType::InvalidRequestError,
+            format!("request headers exceed the {limit_bytes} byte limit"),
+        )
+    }
+
+    /// The body did not arrive in time (see `--body-read-timeout-secs`); hyper then closes
+    /// the connection, since the rest of the body was never read.
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            ErrorType::InvalidRequestError,
+            "the request body was not received in time; send it faster or in one piece",
+        )
+    }
+
     pub fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -229,7 +247,6 @@ impl From<LimitError> for ApiError {
                     )
                 }
             }
-            LimitError::NeverAdmissible { .. } => Self::invalid(e.to_string()),
             LimitError::Unavailable(detail) => {
                 // The outage itself is logged once, when the limiter switches policy.
                 tracing::debug!(error = %detail, "rate limiter unavailable");

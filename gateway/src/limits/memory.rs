@@ -54,7 +54,7 @@ impl Limiter for MemoryLimiter {
         let mut window = self.keys.entry(key_id.to_owned()).or_default();
         window.roll(number);
         decide(limits, &window.snapshot(reset_secs), &request)?;
-        window.requests += 1;
+        window.requests += u32::from(request.count_request);
         window.input_tokens += request.input_tokens;
         let lease = request.stream.then(|| {
             window.streams += 1;
@@ -115,6 +115,7 @@ mod tests {
         AdmissionRequest {
             input_tokens,
             stream,
+            count_request: true,
         }
     }
 
@@ -148,9 +149,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_request_larger_than_the_whole_tpm_budget_is_never_admissible() {
+    async fn a_request_larger_than_the_tpm_cap_starts_when_the_minute_has_room_then_others_wait() {
         let limiter = MemoryLimiter::default();
-        let err = limiter.admit("k", &LIMITS, req(101, false)).await;
-        assert!(matches!(err, Err(LimitError::NeverAdmissible { .. })));
+        assert!(limiter.admit("k", &LIMITS, req(150, false)).await.is_ok());
+        let err = limiter.admit("k", &LIMITS, req(1, false)).await;
+        assert!(matches!(
+            err,
+            Err(LimitError::Exceeded {
+                dimension: super::super::Dimension::InputTokens,
+                ..
+            })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_request_that_does_not_fit_still_starts_while_the_minute_has_room() {
+        let limiter = MemoryLimiter::default();
+        assert!(limiter.admit("k", &LIMITS, req(60, false)).await.is_ok());
+        assert!(limiter.admit("k", &LIMITS, req(60, false)).await.is_ok());
     }
 }

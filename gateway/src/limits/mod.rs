@@ -8,6 +8,7 @@
 mod failover;
 mod headers;
 mod memory;
+mod pre_admission;
 mod redis;
 
 use std::fmt;
@@ -20,6 +21,7 @@ use thiserror::Error;
 pub use failover::{Failover, OutagePolicy};
 pub use headers::layer as headers_layer;
 pub use memory::MemoryLimiter;
+pub use pre_admission::layer as pre_admission_layer;
 pub use redis::RedisLimiter;
 
 pub const WINDOW_SECS: u64 = 60;
@@ -63,9 +65,21 @@ pub struct Snapshot {
 
 #[derive(Clone, Copy, Debug)]
 pub struct AdmissionRequest {
-    /// Counted against RPM (model and count_tokens calls; not GETs).
     pub input_tokens: u64,
     pub stream: bool,
+    /// Checks and counts one request against RPM. The pre-admission of every model and
+    /// count_tokens call does, before its body is read; the turn's own admission, after the
+    /// input is tokenized, then only checks tokens and streams.
+    pub count_request: bool,
+}
+
+impl AdmissionRequest {
+    /// The request-count admission that comes before the body is read, parsed or tokenized.
+    pub const REQUEST_ONLY: Self = Self {
+        input_tokens: 0,
+        stream: false,
+        count_request: true,
+    };
 }
 
 /// A held stream slot; given back through [`Limiter::finish`].
@@ -94,8 +108,6 @@ pub enum LimitError {
         retry_after_secs: u64,
         snapshot: Snapshot,
     },
-    #[error("this request's {tokens} input tokens exceed this key's limit of {limit} input tokens per minute, so it can never be admitted; shorten it or move to a higher tier")]
-    NeverAdmissible { tokens: u64, limit: u64 },
     #[error("{0}")]
     Unavailable(String),
 }
@@ -153,32 +165,36 @@ pub fn current_window() -> (u64, u64) {
     (now / WINDOW_SECS, WINDOW_SECS - now % WINDOW_SECS)
 }
 
-/// The admission decision on a window's counts, shared by every implementation.
+/// The admission decision on a window's counts, shared by every implementation (the Redis
+/// script repeats it).
+///
+/// Input tokens: a request is admitted when it fits in what is left of the minute, or when
+/// the minute still has room to start it (fewer tokens used than the cap). A request larger
+/// than the whole per-minute allowance (a long agent conversation, bounded only by the
+/// model's context window) therefore starts in a fresh minute, takes it over the cap, and the
+/// next requests wait for the window's reset, which Retry-After reports.
 pub fn decide(
     limits: &Limits,
     snapshot: &Snapshot,
     request: &AdmissionRequest,
 ) -> Result<(), LimitError> {
-    if request.input_tokens > limits.input_tokens_per_minute {
-        return Err(LimitError::NeverAdmissible {
-            tokens: request.input_tokens,
-            limit: limits.input_tokens_per_minute,
-        });
-    }
     let exceeded = |dimension, limit: u64, retry_after_secs| LimitError::Exceeded {
         dimension,
         limit,
         retry_after_secs,
         snapshot: *snapshot,
     };
-    if snapshot.requests >= limits.requests_per_minute {
+    if request.count_request && snapshot.requests >= limits.requests_per_minute {
         return Err(exceeded(
             Dimension::Requests,
             limits.requests_per_minute.into(),
             snapshot.reset_secs,
         ));
     }
-    if snapshot.input_tokens + request.input_tokens > limits.input_tokens_per_minute {
+    let tpm = limits.input_tokens_per_minute;
+    let fits = snapshot.input_tokens + request.input_tokens <= tpm;
+    let room_to_start = snapshot.input_tokens < tpm;
+    if !fits && !room_to_start {
         return Err(exceeded(
             Dimension::InputTokens,
             limits.input_tokens_per_minute,

@@ -42,9 +42,11 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local streams = redis.call('ZCARD', KEYS[2])
 local rpm, tpm, slots = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local input, stream, lease_ms = tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[7])
-local admitted = req < rpm and tok + input <= tpm and (not stream or streams < slots)
+local count = ARGV[9] == '1'
+local admitted = (not count or req < rpm) and (tok + input <= tpm or tok < tpm)
+  and (not stream or streams < slots)
 if admitted then
-  redis.call('HSET', KEYS[1], 'win', win, 'req', req + 1, 'tok', tok + input)
+  redis.call('HSET', KEYS[1], 'win', win, 'req', req + (count and 1 or 0), 'tok', tok + input)
   redis.call('EXPIRE', KEYS[1], 120)
   if stream then
     redis.call('ZADD', KEYS[2], now + lease_ms, ARGV[6])
@@ -231,6 +233,7 @@ impl Limiter for RedisLimiter {
                     lease_id.clone(),
                     millis(self.lease).to_string(),
                     deadline.to_string(),
+                    u8::from(request.count_request).to_string(),
                 ],
             ),
         )
@@ -263,7 +266,7 @@ impl Limiter for RedisLimiter {
         }
         Ok(Admission {
             snapshot: Snapshot {
-                requests: requests + 1,
+                requests: requests + u32::from(request.count_request),
                 input_tokens: input_tokens + request.input_tokens,
                 streams: streams + u32::from(request.stream),
                 reset_secs,

@@ -4,7 +4,6 @@
 //! clear message) in cluster mode until a real provider is configured.
 
 use async_trait::async_trait;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use serde_json::json;
@@ -13,6 +12,7 @@ use time::OffsetDateTime;
 
 use super::signature;
 use super::webhook::{webhook, SIGNATURE_HEADER};
+use crate::api::body::RawBody;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -65,7 +65,7 @@ impl PaymentProvider for TestPayments {
         let value = HeaderValue::from_str(&header)
             .map_err(|_| CheckoutError::Confirmation(ApiError::internal()))?;
         headers.insert(SIGNATURE_HEADER, value);
-        webhook(State(state.clone()), headers, Bytes::from(body))
+        webhook(State(state.clone()), headers, RawBody(body.into_bytes()))
             .await
             .map(|_| ())
             .map_err(CheckoutError::Confirmation)

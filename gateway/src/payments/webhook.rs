@@ -4,7 +4,6 @@
 //! (other fields are ignored). A reference already confirmed is refused with 409 and changes
 //! nothing, so a replayed delivery can never credit twice.
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -14,6 +13,7 @@ use time::OffsetDateTime;
 
 use super::signature::{self, SignatureError};
 use super::{confirm, PaymentError, TopUpRequest};
+use crate::api::body::RawBody;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -31,7 +31,7 @@ struct Event {
 pub async fn webhook(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Json<Value>, ApiError> {
     let Some(secret) = state.payment_webhook_secret.as_deref() else {
         return Err(ApiError::not_found("no such path"));

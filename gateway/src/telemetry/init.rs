@@ -57,7 +57,17 @@ impl Telemetry {
 
 const DEFAULT_SERVICE_NAME: &str = "svc-gateway";
 
+/// The format chosen at start, for what the process writes outside the log layer (the ready
+/// line), so that a collector reading stdout and stderr together sees one format.
+static FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// The log format chosen at start (text until [`init`] runs).
+pub fn log_format() -> LogFormat {
+    FORMAT.get().copied().unwrap_or_default()
+}
+
 pub fn init(format: LogFormat) -> Result<Telemetry, TelemetryError> {
+    let _ = FORMAT.set(format);
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let provider = if otlp_requested() {
         Some(tracer_provider()?)

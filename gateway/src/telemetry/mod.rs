@@ -8,6 +8,6 @@ pub mod propagation;
 pub mod request;
 pub mod turn;
 
-pub use init::{init, LogFormat, Telemetry};
+pub use init::{init, log_format, LogFormat, Telemetry};
 pub use propagation::upstream_headers;
 pub use turn::TurnTelemetry;

@@ -96,7 +96,6 @@ impl TurnTelemetry {
                     .set_attribute("svc.rate_limit.dimension", dimension.label());
                 "rate_limited"
             }
-            Err(LimitError::NeverAdmissible { .. }) => "too_large",
             Err(LimitError::Unavailable(_)) => "limiter_unavailable",
         };
         self.request.set_attribute("svc.admission", outcome);

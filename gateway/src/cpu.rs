@@ -1,0 +1,31 @@
+//! CPU-heavy work (parsing and tokenizing large inputs, decoding images, hashing passwords) off
+//! the async workers: on tokio's blocking threads, at most one job per core at a time. A flood
+//! of large requests then queues here, while every other request (and every other key) keeps
+//! the async workers; and the memory such jobs take (argon2 alone takes 19 MiB) stays bounded
+//! whatever the concurrency.
+
+use std::sync::LazyLock;
+
+use tokio::sync::Semaphore;
+
+use crate::error::ApiError;
+
+/// Inputs up to this size are cheap enough to handle in place (a few hundred microseconds at
+/// most); larger ones go to [`run`].
+pub const INLINE_BYTES: usize = 64 * 1024;
+
+static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    Semaphore::new(cores)
+});
+
+/// Runs `job` on a blocking thread once a slot is free.
+pub async fn run<T: Send + 'static>(
+    job: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    let _slot = SLOTS.acquire().await.map_err(|_| ApiError::internal())?;
+    tokio::task::spawn_blocking(job).await.map_err(|e| {
+        tracing::error!(error = %e, "a CPU-bound job failed");
+        ApiError::internal()
+    })
+}
