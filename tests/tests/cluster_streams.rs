@@ -113,7 +113,9 @@ async fn admitted_stream_within(
         || async { (live_leases(&cluster.redis, DEV_KEY_ID).await == 0).then_some(()) },
     )
     .await;
-    let stream = cluster.pods[pod].stream("/v1/messages", DEV_KEY, body).await;
+    let stream = cluster.pods[pod]
+        .stream("/v1/messages", DEV_KEY, body)
+        .await;
     if stream.status != 200 {
         let resp = stream.into_resp().await;
         panic!(
