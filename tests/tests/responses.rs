@@ -666,7 +666,7 @@ async fn opus_thinking_round_trips_with_its_signature_to_an_anthropic_upstream()
     let stream = stream_response(&gw, &gw.key, &streamed(request.clone())).await;
     assert_eq!(
         mock.last_body()["thinking"]["budget_tokens"],
-        8_192,
+        4_096,
         "effort medium asks for thinking"
     );
     let reasoning = stream.items[0].clone();

@@ -9,6 +9,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::one_or_many::StringOr;
+use super::openai::{FunctionDef, ReasoningEffort};
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct ResponsesRequest {
@@ -155,7 +156,7 @@ pub enum ContentPart {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RequestTool {
-    Function(FunctionTool),
+    Function(FunctionDef),
     /// Codex's tool groups: their functions are offered, and calls come back under the
     /// namespace.
     Namespace {
@@ -169,14 +170,6 @@ pub enum RequestTool {
     Hosted,
 }
 
-#[derive(Clone, Debug, Deserialize)]
-pub struct FunctionTool {
-    pub name: String,
-    #[serde(default)]
-    pub description: Option<String>,
-    #[serde(default)]
-    pub parameters: Option<Value>,
-}
 
 /// `"none" | "auto" | "required"`, or an object: `{"type": "function", "name": ...}`, or
 /// hosted and allowed-tools choices, which leave the choice to the model.
@@ -205,7 +198,7 @@ pub enum ToolChoiceMode {
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct ReasoningParam {
     #[serde(default)]
-    pub effort: Option<Effort>,
+    pub effort: Option<ReasoningEffort>,
     #[serde(default)]
     pub summary: Option<SummaryMode>,
     /// The deprecated name of `summary`.
@@ -213,16 +206,6 @@ pub struct ReasoningParam {
     pub generate_summary: Option<SummaryMode>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Effort {
-    None,
-    Minimal,
-    Low,
-    Medium,
-    High,
-    Xhigh,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -15,14 +15,14 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 use crate::seal::Sealer;
-use crate::validate::MIN_THINKING_BUDGET;
 use crate::wire::anthropic::{
     ImageSource, InputBlock, InputMessage, MessagesRequest, Metadata, Role, Thinking, Tool,
     ToolChoice,
 };
 use crate::wire::one_or_many::StringOr;
+use crate::wire::openai::ReasoningEffort;
 use crate::wire::responses::{
-    ContentPart, Effort, InputItem, ItemKind, ItemRole, RequestTool, ResponsesRequest, TextFormat,
+    ContentPart, InputItem, ItemKind, ItemRole, RequestTool, ResponsesRequest, TextFormat,
     ToolChoiceMode, ToolChoiceParam,
 };
 
@@ -275,23 +275,16 @@ fn format_instruction(format: &Option<TextFormat>) -> Option<String> {
     }
 }
 
-/// `reasoning.effort` as a thinking budget, within max_output_tokens; no thinking when the
-/// budget cannot reach the minimum, when `tool_choice` forces a tool, or when the turn
-/// continues a tool call made without thinking (upstreams refuse to think in either case).
+/// `reasoning.effort` as a thinking budget, by the same rule as chat completions'
+/// `reasoning_effort` (`ReasoningEffort::thinking`, within max_output_tokens); no thinking
+/// when `tool_choice` forces a tool, or when the turn continues a tool call made without
+/// thinking (upstreams refuse to think in either case).
 fn thinking(req: &ResponsesRequest, request: &MessagesRequest) -> Option<Thinking> {
-    let effort = req.reasoning.as_ref()?.effort.unwrap_or(Effort::Medium);
-    let budget: u32 = match effort {
-        Effort::None => return None,
-        Effort::Minimal => MIN_THINKING_BUDGET,
-        Effort::Low => 2_048,
-        Effort::Medium => 8_192,
-        Effort::High => 16_384,
-        Effort::Xhigh => 31_999,
-    };
-    let budget = match req.max_output_tokens {
-        Some(max) => budget.min(max.saturating_sub(1)),
-        None => budget,
-    };
+    let effort = req
+        .reasoning
+        .as_ref()?
+        .effort
+        .unwrap_or(ReasoningEffort::Medium);
     let continues_unthought_call = request
         .messages
         .iter()
@@ -306,10 +299,10 @@ fn thinking(req: &ResponsesRequest, request: &MessagesRequest) -> Option<Thinkin
         request.tool_choice,
         Some(ToolChoice::Any { .. } | ToolChoice::Tool { .. })
     );
-    let fits = budget >= MIN_THINKING_BUDGET;
-    (fits && !forces_a_tool && !continues_unthought_call).then_some(Thinking::Enabled {
-        budget_tokens: budget,
-    })
+    if forces_a_tool || continues_unthought_call {
+        return None;
+    }
+    effort.thinking(req.max_output_tokens)
 }
 
 /// The canonical turn one item belongs to and its blocks; `None` for items that carry
