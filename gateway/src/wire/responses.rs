@@ -170,7 +170,6 @@ pub enum RequestTool {
     Hosted,
 }
 
-
 /// `"none" | "auto" | "required"`, or an object: `{"type": "function", "name": ...}`, or
 /// hosted and allowed-tools choices, which leave the choice to the model.
 #[derive(Clone, Debug, Deserialize)]
@@ -205,7 +204,6 @@ pub struct ReasoningParam {
     #[serde(default)]
     pub generate_summary: Option<SummaryMode>,
 }
-
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
