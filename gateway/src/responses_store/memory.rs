@@ -163,7 +163,6 @@ impl ResponseStore for MemoryResponseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::responses_store::contract;
     use serde_json::json;
 
     fn response(id: &str, text: &str) -> StoredResponse {
@@ -174,16 +173,6 @@ mod tests {
             response: json!({"id": id, "output_text": text}),
             input_items: vec![json!({"type": "message", "role": "user", "content": text})],
         }
-    }
-
-    #[tokio::test]
-    async fn the_in_process_store_passes_the_store_contract() {
-        let retention = Retention::hours(1);
-        let store = MemoryResponseStore::new(MemoryLimits {
-            retention,
-            ..MemoryLimits::default()
-        });
-        contract::run_all(&store, retention).await;
     }
 
     #[tokio::test]

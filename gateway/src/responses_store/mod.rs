@@ -5,10 +5,10 @@
 //! Two implementations behind one trait, chosen at start-up like the other stores:
 //! [`MemoryResponseStore`] (standalone and cluster mode without a database: bounded in count
 //! and bytes, oldest evicted first) and [`PostgresResponseStore`] (shared by every pod, purged
-//! periodically). Both pass the same [`contract`] suite. A response is only ever seen by the
-//! account that stored it: another account's id reads as absent.
+//! periodically). Both pass the same contract suite (`tests/tests/responses_store.rs`). A
+//! response is only ever seen by the account that stored it: another account's id reads as
+//! absent.
 
-pub mod contract;
 mod memory;
 mod postgres;
 
