@@ -47,6 +47,7 @@ usage: loadgen --mode json|stream|hold [options]
   --timeout SECS         per-request timeout (default 30)
   --disconnect-after-bytes N  stream: drop each stream after its first N body bytes
   --no-preflight         json/stream: do not require a first 200 (refusals are the point)
+  --local-address IP     connect from this address (e.g. 127.0.0.2: another client to the gateway)
   --streams N            hold: concurrent streams to open (default 1000)
   --pid PID              hold: gateway process whose VmRSS is read
   --open-concurrency N   hold: streams being opened at the same time (default 100)
@@ -144,6 +145,7 @@ struct Args {
     timeout: Duration,
     disconnect_after_bytes: Option<u64>,
     preflight: bool,
+    local_address: Option<std::net::IpAddr>,
     streams: usize,
     pid: Option<u32>,
     open_concurrency: usize,
@@ -168,6 +170,7 @@ fn parse_args() -> Result<Args> {
         timeout: Duration::from_secs(30),
         disconnect_after_bytes: None,
         preflight: true,
+        local_address: None,
         streams: 1000,
         pid: None,
         open_concurrency: 100,
@@ -230,6 +233,7 @@ fn parse_args() -> Result<Args> {
             }
             "--timeout" => args.timeout = secs(&value)?,
             "--disconnect-after-bytes" => args.disconnect_after_bytes = Some(value.parse()?),
+            "--local-address" => args.local_address = Some(value.parse()?),
             "--streams" => args.streams = value.parse()?,
             "--pid" => args.pid = Some(value.parse()?),
             "--open-concurrency" => args.open_concurrency = value.parse()?,
@@ -561,6 +565,7 @@ async fn run_load(args: &Args) -> Result<()> {
     let build_client = || {
         Client::builder()
             .timeout(args.timeout)
+            .local_address(args.local_address)
             .pool_max_idle_per_host(1)
             .tcp_nodelay(true)
             .build()
