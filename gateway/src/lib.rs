@@ -6,6 +6,7 @@ pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod cli;
+pub mod client_address;
 pub mod config;
 pub mod cpu;
 pub mod dashboard;

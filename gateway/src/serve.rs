@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use axum::serve::{Listener, ListenerExt};
 use axum::Router;
+use hyper::body::Incoming;
+use hyper::service::{service_fn, Service as _};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -18,6 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::body::BodyDeadline;
+use crate::client_address::Peer;
 use crate::config::CommonArgs;
 use crate::state::AppState;
 use crate::{admin, api, telemetry};
@@ -192,13 +195,16 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
 /// (from when it opened or its last response ended, so idle keep-alive connections too) is
 /// closed by hyper. With `max_connections`, the listener accepts no more while that many are
 /// open: the rest wait in the kernel's backlog instead of taking file descriptors.
+///
+/// Every request carries its connection's [`Peer`] address (the per-address limits count by
+/// it).
 async fn serve_http1<L>(
     mut listener: L,
     router: Router,
     draining: CancellationToken,
     limits: Http1Limits,
 ) where
-    L: Listener,
+    L: Listener<Addr = SocketAddr>,
     L::Io: Unpin,
 {
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -215,11 +221,15 @@ async fn serve_http1<L>(
             None => None,
         };
         // `Listener::accept` retries failed accepts itself (and backs off when out of files).
-        let (io, _addr) = tokio::select! {
+        let (io, addr) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = draining.cancelled() => break,
         };
-        let service = TowerToHyperService::new(router.clone());
+        let router = TowerToHyperService::new(router.clone());
+        let service = service_fn(move |mut req: hyper::Request<Incoming>| {
+            req.extensions_mut().insert(Peer(addr));
+            router.call(req)
+        });
         let connection = connections.watch(http.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {

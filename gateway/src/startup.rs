@@ -14,6 +14,7 @@ use crate::accounts::{
     promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
 };
 use crate::auth::{self, KeySpec};
+use crate::client_address::TrustedProxies;
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
 use crate::dashboard::{
@@ -22,7 +23,9 @@ use crate::dashboard::{
 use crate::db::{Database, DbError};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
-use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
+use crate::limits::{
+    AddressBrake, Dimension, Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter,
+};
 use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::Providers;
 use crate::responses_store::Backend as ResponsesBackend;
@@ -261,6 +264,19 @@ async fn run(
         tokens,
         accounts: stores.accounts,
         ledger: stores.ledger,
+        unauthenticated: AddressBrake::new(
+            "ip",
+            Dimension::Unauthenticated,
+            args.unauthenticated_per_minute,
+            stores.limiter.clone(),
+        ),
+        sign_ins: AddressBrake::new(
+            "signin",
+            Dimension::SignIns,
+            args.sign_ins_per_minute,
+            stores.limiter.clone(),
+        ),
+        trusted_proxies: TrustedProxies::new(args.trusted_proxies.clone()),
         limiter: stores.limiter,
         providers: Providers::new(
             tokens,

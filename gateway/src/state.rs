@@ -8,9 +8,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accounts::Accounts;
+use crate::client_address::TrustedProxies;
 use crate::dashboard::{DashboardConfig, DeveloperStore};
 use crate::ledger::Ledger;
-use crate::limits::Limiter;
+use crate::limits::{AddressBrake, Limiter};
 use crate::payments::PaymentProvider;
 use crate::providers::Providers;
 use crate::responses_store::ResponseStore;
@@ -25,6 +26,12 @@ pub struct Services {
     pub accounts: Arc<dyn Accounts>,
     pub ledger: Arc<dyn Ledger>,
     pub limiter: Arc<dyn Limiter>,
+    /// `/v1` requests without a valid key, per client address (a key-guessing brake).
+    pub unauthenticated: AddressBrake,
+    /// Dashboard sign-in attempts, per client address.
+    pub sign_ins: AddressBrake,
+    /// Whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: TrustedProxies,
     pub providers: Providers,
     pub shutdown: Shutdown,
     pub credits_per_usd: u64,

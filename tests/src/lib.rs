@@ -44,7 +44,7 @@ pub use otlp::OtlpReceiver;
 pub use postgres::PostgresServer;
 pub use proxy::TcpProxy;
 pub use redis::RedisServer;
-pub use response::{RateLimit, Resp};
+pub use response::{RateLimit, RequestLimit, Resp};
 pub use scrape::Scrape;
 pub use sse::{ChatStream, MessageStream, ResponseStream, SseEvent, SseStream};
 pub use upstream::{

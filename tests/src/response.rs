@@ -137,6 +137,12 @@ impl Resp {
         RateLimit::from_headers(&self.headers).unwrap_or_else(|e| panic!("{e} on {self}"))
     }
 
+    /// The spec's four X-RateLimit-* headers (tier and request window), which answers without
+    /// a valid key carry too; panics when one is missing.
+    pub fn request_limit(&self) -> RequestLimit {
+        RequestLimit::from_headers(&self.headers).unwrap_or_else(|e| panic!("{e} on {self}"))
+    }
+
     /// `Retry-After` in seconds; panics when missing.
     pub fn retry_after(&self) -> u64 {
         self.header_u64("retry-after")
@@ -183,6 +189,47 @@ pub fn assert_envelope(text: &str) -> String {
     message.to_string()
 }
 
+/// The spec's rate-limit headers of one response: the tier and its request window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestLimit {
+    pub tier: String,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset: u64,
+}
+
+impl RequestLimit {
+    pub fn from_headers(headers: &HeaderMap) -> Result<RequestLimit, String> {
+        let all = RateLimit::read(headers);
+        Ok(RequestLimit {
+            tier: all.text("x-ratelimit-tier")?,
+            limit: all.number("x-ratelimit-limit-requests")?,
+            remaining: all.number("x-ratelimit-remaining-requests")?,
+            reset: all.number("x-ratelimit-reset-requests")?,
+        })
+    }
+}
+
+/// Reads X-RateLimit-* headers, naming the one missing or malformed.
+struct HeaderReader<'a>(&'a HeaderMap);
+
+impl HeaderReader<'_> {
+    fn text(&self, name: &str) -> Result<String, String> {
+        self.0
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim().to_string())
+            .ok_or_else(|| format!("no {name} header"))
+    }
+
+    fn number(&self, name: &str) -> Result<u64, String> {
+        let value = self.text(name)?;
+        value
+            .parse()
+            .map_err(|_| format!("{name} is not an integer: {value:?}"))
+    }
+}
+
 /// The rate-limit headers of one response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimit {
@@ -199,20 +246,14 @@ pub struct RateLimit {
 
 impl RateLimit {
     /// Reads the nine X-RateLimit-* headers of the contract; names the first one missing.
+    fn read(headers: &HeaderMap) -> HeaderReader<'_> {
+        HeaderReader(headers)
+    }
+
     pub fn from_headers(headers: &HeaderMap) -> Result<RateLimit, String> {
-        let text = |name: &str| -> Result<String, String> {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| v.trim().to_string())
-                .ok_or_else(|| format!("no {name} header"))
-        };
-        let number = |name: &str| -> Result<u64, String> {
-            let value = text(name)?;
-            value
-                .parse()
-                .map_err(|_| format!("{name} is not an integer: {value:?}"))
-        };
+        let all = Self::read(headers);
+        let text = |name: &str| all.text(name);
+        let number = |name: &str| all.number(name);
         Ok(RateLimit {
             tier: text("x-ratelimit-tier")?,
             limit_requests: number("x-ratelimit-limit-requests")?,

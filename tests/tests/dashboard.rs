@@ -350,13 +350,23 @@ impl<'a> Visitor<'a> {
     }
 
     async fn sign_in(&mut self, email: &str, password: &str) -> (u16, String) {
+        self.sign_in_with(email, password, &[]).await
+    }
+
+    /// Signs in sending `headers` too (e.g. `X-Forwarded-For` through a trusted proxy).
+    async fn sign_in_with(
+        &mut self,
+        email: &str,
+        password: &str,
+        headers: &[(&str, &str)],
+    ) -> (u16, String) {
         let (_, page) = self.get("/developers/sign-in").await;
         let csrf = hidden_csrf(&page);
         let (status, body, _) = self
             .post(
                 "/developers/sign-in",
                 &[("csrf", &csrf), ("email", email), ("password", password)],
-                &[],
+                headers,
             )
             .await;
         (status, body)
@@ -456,13 +466,20 @@ async fn sign_in_is_refused_for_a_while_after_five_wrong_passwords_for_the_email
 #[tokio::test]
 async fn of_40_concurrent_wrong_passwords_for_one_email_at_most_5_are_checked_and_the_right_one_is_then_refused(
 ) {
-    let gw = Gateway::start().await;
+    // Each attempt from its own client address, so that only the email's throttle applies.
+    let gw = behind_a_trusted_proxy().await;
     let email = new_email();
     Visitor::new(&gw).sign_up(&email, &[]).await;
-    let attempts = (0..40).map(|_| {
+    let attempts = (0..40).map(|i| {
         let email = email.clone();
         let gw = &gw;
-        async move { Visitor::new(gw).sign_in(&email, "wrong password!").await.0 }
+        async move {
+            let client = format!("203.0.113.{}", i + 1);
+            Visitor::new(gw)
+                .sign_in_with(&email, "wrong password!", &[("x-forwarded-for", &client)])
+                .await
+                .0
+        }
     });
     let statuses = futures::future::join_all(attempts).await;
     let checked = statuses.iter().filter(|&&s| s == 401).count();
@@ -480,6 +497,52 @@ async fn of_40_concurrent_wrong_passwords_for_one_email_at_most_5_are_checked_an
     assert!(!visitor.cookies.iter().any(|(k, _)| k == "svc_session"));
 }
 
+/// A gateway that takes loopback for a proxy it trusts, so tests can speak for many clients
+/// through `X-Forwarded-For`.
+async fn behind_a_trusted_proxy() -> Gateway {
+    Gateway::builder()
+        .arg("--trusted-proxies")
+        .arg("127.0.0.1")
+        .start()
+        .await
+}
+
+/// The README's default: sign-in attempts per client address and minute.
+const SIGN_INS_PER_MINUTE: usize = 10;
+
+#[tokio::test]
+async fn sign_ins_from_one_client_address_are_throttled_across_pods_whatever_the_email() {
+    let cluster = Cluster::start(2, |b| b.arg("--trusted-proxies").arg("127.0.0.1")).await;
+    // Every attempt of the burst must land in one window.
+    cluster.pods[0]
+        .wait_for_roomy_window(e2e::cluster::PAYG.secret, 20)
+        .await;
+    let from = |client: &'static str| [("x-forwarded-for", client)];
+    let guesser = from("203.0.113.5");
+    for n in 0..SIGN_INS_PER_MINUTE {
+        let (status, body) = Visitor::new(cluster.pod(n))
+            .sign_in_with(&new_email(), "one password for all", &guesser)
+            .await;
+        assert_eq!(status, 401, "attempt {n}: {body}");
+        assert!(body.contains("Wrong email or password."), "{body}");
+    }
+    for (i, pod) in cluster.pods.iter().enumerate() {
+        let (status, body) = Visitor::new(pod)
+            .sign_in_with(&new_email(), "one password for all", &guesser)
+            .await;
+        assert_eq!(status, 429, "pod {i}: {body}");
+        assert!(
+            body.contains("Too many sign-in attempts from your network") && mentions_seconds(&body),
+            "{body}"
+        );
+    }
+    // Another client behind the same proxy is not held up.
+    let (status, body) = Visitor::new(&cluster.pods[1])
+        .sign_in_with(&new_email(), "some password", &from("203.0.113.6"))
+        .await;
+    assert_eq!(status, 401, "{body}");
+}
+
 /// The peak resident memory of a process (VmHWM), in bytes.
 fn peak_rss(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
@@ -493,13 +556,19 @@ fn peak_rss(pid: i32) -> u64 {
 
 #[tokio::test]
 async fn memory_stays_bounded_under_150_concurrent_sign_ins_for_unknown_emails() {
-    let gw = Gateway::start().await;
+    // 150 clients (each its own address), so that no per-client throttle refuses any.
+    let gw = behind_a_trusted_proxy().await;
     let before = peak_rss(gw.pid());
-    let attempts = (0..150).map(|_| {
+    let attempts = (0..150).map(|i| {
         let gw = &gw;
         async move {
+            let client = format!("198.18.0.{}", i + 1);
             Visitor::new(gw)
-                .sign_in(&new_email(), "some password")
+                .sign_in_with(
+                    &new_email(),
+                    "some password",
+                    &[("x-forwarded-for", &client)],
+                )
                 .await
                 .0
         }

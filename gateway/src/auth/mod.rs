@@ -16,8 +16,10 @@ use thiserror::Error;
 use time::OffsetDateTime;
 
 use crate::accounts::{Account, AccountStatus, KeyKind, KeyRecord, StoreError};
+use crate::client_address::{AddressBucket, ClientAddress};
 use crate::error::ApiError;
 use crate::ids;
+use crate::limits::{self, standing_of, AddressLimit, LimitError};
 use crate::state::AppState;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +62,13 @@ pub enum AuthError {
     Scope(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl AuthError {
+    /// The caller is not identified (no key, or not a valid one): the address brake counts it.
+    fn unidentified(&self) -> bool {
+        matches!(self, Self::Missing | Self::Malformed | Self::Invalid)
+    }
 }
 
 /// An authenticated caller, with the grants of the compiled config applied.
@@ -115,9 +124,21 @@ pub fn mint(spec: KeySpec) -> MintedKey {
 /// Tower middleware for `/v1/*`: identifies the key (401), checks it may use this surface
 /// (403), and hands the [`Principal`] to the handlers. The principal also rides on the
 /// response, so the rate-limit headers reach every authenticated answer, refusals included.
+///
+/// First of all, before the key is looked up, the client address's key-guessing brake: an
+/// address that sent too many requests without a valid key this minute is refused (429)
+/// whatever key it sends now, so a guess that hits cannot show. Each request that fails to
+/// authenticate is counted against its address, and its 401 carries that limit's headers.
 pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let client = ClientAddress::of(&state, req.extensions(), req.headers())
+        .0
+        .map(AddressBucket::of);
+    if let Some(refusal) = client.and_then(|c| state.unauthenticated.refused(c)) {
+        return address_refusal(refusal);
+    }
     let principal = match identify(&state, req.headers()).await {
         Ok(principal) => Arc::new(principal),
+        Err(e) if e.unidentified() => return unidentified(&state, client, e).await,
         Err(e) => return ApiError::from(e).into_response(),
     };
     let mut response = match permit(&principal, scope_of(req.uri().path())) {
@@ -128,6 +149,37 @@ pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) 
         Err(e) => ApiError::from(e).into_response(),
     };
     response.extensions_mut().insert(principal);
+    response
+}
+
+/// The 401 of a request without a valid key, counted against its address: 429 instead once
+/// the address is over its limit. While the brake's store cannot be read the 401 goes out
+/// without headers, as authenticated answers do then.
+async fn unidentified(state: &AppState, client: Option<AddressBucket>, e: AuthError) -> Response {
+    let Some(client) = client else {
+        return ApiError::from(e).into_response();
+    };
+    match state.unauthenticated.count(client).await {
+        Ok(standing) => with_address_headers(ApiError::from(e).into_response(), &standing),
+        Err(LimitError::Unavailable(detail)) => {
+            tracing::debug!(error = %detail, "address brake unavailable; 401 without its headers");
+            ApiError::from(e).into_response()
+        }
+        Err(refusal) => address_refusal(refusal),
+    }
+}
+
+fn address_refusal(refusal: LimitError) -> Response {
+    let standing = standing_of(&refusal);
+    let response = ApiError::from(refusal).into_response();
+    match standing {
+        Some(standing) => with_address_headers(response, &standing),
+        None => response,
+    }
+}
+
+fn with_address_headers(mut response: Response, standing: &AddressLimit) -> Response {
+    limits::write_address_headers(response.headers_mut(), standing);
     response
 }
 

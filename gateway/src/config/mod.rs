@@ -292,6 +292,22 @@ pub struct CommonArgs {
     /// smaller) for the admin listener, probes, upstream, Redis and Postgres connections.
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
+    /// Networks (`10.0.0.0/8`) or addresses of the proxies in front of the gateway, comma
+    /// separated: only their `X-Forwarded-For` names the client whose address the
+    /// per-address limits count. Without them the header is ignored and the peer is the client.
+    #[arg(long, env = "GATEWAY_TRUSTED_PROXIES", value_delimiter = ',',
+          value_parser = crate::client_address::parse_network)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// `/v1` requests without a valid API key accepted per client address and minute (a
+    /// key-guessing brake); past it, every `/v1` request from the address gets 429 until the
+    /// minute ends.
+    #[arg(long, env = "GATEWAY_UNAUTHENTICATED_PER_MINUTE", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub unauthenticated_per_minute: u32,
+    /// Dashboard sign-in attempts accepted per client address and minute, whatever the email.
+    #[arg(long, env = "GATEWAY_SIGN_INS_PER_MINUTE", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub sign_ins_per_minute: u32,
     /// Secrets `standalone` generated because none was given, shown once on the ready line.
     #[arg(skip)]
     pub generated: Vec<(&'static str, String)>,

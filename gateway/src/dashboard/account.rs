@@ -1,8 +1,8 @@
-//! Sign-up, sign-in (throttled per email) and sign-out. A user owns exactly one account,
+//! Sign-up, sign-in (throttled per email and per client address) and sign-out. A user owns exactly one account,
 //! created with it, named by the user's email.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{html, Markup};
 use serde::Deserialize;
@@ -13,7 +13,10 @@ use super::layout::{bare, notice, with_status};
 use super::session::{self, SignedIn, CSRF_COOKIE, SESSION_COOKIE};
 use super::store::User;
 use super::DashboardError;
+use crate::client_address::{AddressBucket, ClientAddress};
+use crate::error::ApiError;
 use crate::ids;
+use crate::limits::LimitError;
 use crate::state::AppState;
 
 const MIN_PASSWORD_CHARS: usize = 10;
@@ -204,8 +207,28 @@ pub async fn sign_up(
     Ok(([cookie], Redirect::to("/developers")).into_response())
 }
 
+/// Counts a sign-in attempt against the client address: how long to wait when it is over
+/// the limit (an address known to be over is refused without asking the store).
+async fn client_wait(state: &AppState, client: ClientAddress) -> Result<Option<u64>, ApiError> {
+    let Some(client) = client.0.map(AddressBucket::of) else {
+        return Ok(None);
+    };
+    let counted = match state.sign_ins.refused(client) {
+        Some(refusal) => Err(refusal),
+        None => state.sign_ins.count(client).await.map(|_| ()),
+    };
+    match counted {
+        Ok(()) => Ok(None),
+        Err(LimitError::Exceeded {
+            retry_after_secs, ..
+        }) => Ok(Some(retry_after_secs)),
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub async fn sign_in(
     State(state): State<AppState>,
+    client: ClientAddress,
     headers: HeaderMap,
     HtmlForm(form): HtmlForm<Credentials>,
 ) -> Result<Response, DashboardError> {
@@ -213,6 +236,17 @@ pub async fn sign_in(
     let refuse = refusal(&state, &headers, Which::SignIn, &email);
     if !csrf_ok(&headers, &form.csrf) {
         return refuse(StatusCode::FORBIDDEN, FORM_EXPIRED);
+    }
+    // Per client address, whatever the email, before the email's count and the password
+    // check: one client trying one password on many emails is stopped here.
+    if let Some(secs) = client_wait(&state, client).await? {
+        let mut page = refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("Too many sign-in attempts from your network. Try again in {secs} seconds."),
+        )?;
+        page.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        return Ok(page);
     }
     // Every attempt is counted as a failure before its password is checked, in one atomic
     // step of the store (a row upsert in Postgres), and cleared only when it succeeds: so of

@@ -4,6 +4,10 @@
 //! leaves open: `X-RateLimit-{Limit,Remaining,Reset}-Tokens` for input tokens per minute and
 //! `X-RateLimit-{Limit,Remaining}-Streams` for concurrent streams. When the limiter cannot be
 //! read (Redis away under fail-closed) the answer goes without them rather than with guesses.
+//!
+//! An answer without a valid key (401, or 429 from the address brake) carries the spec's four
+//! for the limit it was counted against: the client address's, under the tier
+//! [`UNAUTHENTICATED_TIER`].
 
 use std::sync::Arc;
 
@@ -14,7 +18,7 @@ use axum::response::Response;
 
 use crds::config::Limits;
 
-use super::Snapshot;
+use super::{AddressLimit, Snapshot};
 use crate::auth::Principal;
 use crate::state::AppState;
 
@@ -38,22 +42,40 @@ pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> R
     response
 }
 
-fn write(headers: &mut HeaderMap, tier: &str, limits: &Limits, s: &Snapshot) {
+/// The X-RateLimit-Tier of answers counted against the client address, not a key.
+pub const UNAUTHENTICATED_TIER: &str = "unauthenticated";
+
+/// The headers of an answer counted against the client address's limit.
+pub fn write_address(headers: &mut HeaderMap, standing: &AddressLimit) {
+    write_requests(
+        headers,
+        UNAUTHENTICATED_TIER,
+        standing.per_minute,
+        &standing.snapshot,
+    );
+}
+
+/// The spec's four: the tier and its request window.
+fn write_requests(headers: &mut HeaderMap, tier: &str, per_minute: u32, s: &Snapshot) {
     let mut set = |name: &'static str, value: HeaderValue| {
         headers.insert(HeaderName::from_static(name), value);
     };
     if let Ok(tier) = HeaderValue::from_str(tier) {
         set("x-ratelimit-tier", tier);
     }
-    set(
-        "x-ratelimit-limit-requests",
-        limits.requests_per_minute.into(),
-    );
+    set("x-ratelimit-limit-requests", per_minute.into());
     set(
         "x-ratelimit-remaining-requests",
-        limits.requests_per_minute.saturating_sub(s.requests).into(),
+        per_minute.saturating_sub(s.requests).into(),
     );
     set("x-ratelimit-reset-requests", s.reset_secs.into());
+}
+
+fn write(headers: &mut HeaderMap, tier: &str, limits: &Limits, s: &Snapshot) {
+    write_requests(headers, tier, limits.requests_per_minute, s);
+    let mut set = |name: &'static str, value: HeaderValue| {
+        headers.insert(HeaderName::from_static(name), value);
+    };
     set(
         "x-ratelimit-limit-tokens",
         limits.input_tokens_per_minute.into(),

@@ -5,6 +5,7 @@
 //! answer from one counter, and its worst case (twice the cap across a window edge) is the
 //! documented trade-off. Streams are counted while open and released when they end.
 
+mod address;
 mod failover;
 mod headers;
 mod memory;
@@ -18,8 +19,9 @@ use async_trait::async_trait;
 use crds::config::Limits;
 use thiserror::Error;
 
+pub use address::{standing_of, AddressBrake, AddressLimit};
 pub use failover::{Failover, OutagePolicy};
-pub use headers::layer as headers_layer;
+pub use headers::{layer as headers_layer, write_address as write_address_headers};
 pub use memory::MemoryLimiter;
 pub use pre_admission::layer as pre_admission_layer;
 pub use redis::RedisLimiter;
@@ -31,6 +33,10 @@ pub enum Dimension {
     Requests,
     InputTokens,
     Streams,
+    /// `/v1` requests without a valid key, per client address.
+    Unauthenticated,
+    /// Dashboard sign-in attempts, per client address.
+    SignIns,
 }
 
 impl Dimension {
@@ -40,6 +46,16 @@ impl Dimension {
             Self::Requests => "requests",
             Self::InputTokens => "input_tokens",
             Self::Streams => "streams",
+            Self::Unauthenticated => "unauthenticated",
+            Self::SignIns => "sign_ins",
+        }
+    }
+
+    /// Whom the limit is counted for, as a refusal names it.
+    pub fn subject(self) -> &'static str {
+        match self {
+            Self::Requests | Self::InputTokens | Self::Streams => "this key",
+            Self::Unauthenticated | Self::SignIns => "this client address",
         }
     }
 }
@@ -50,6 +66,8 @@ impl fmt::Display for Dimension {
             Self::Requests => "requests per minute",
             Self::InputTokens => "input tokens per minute",
             Self::Streams => "concurrent streams",
+            Self::Unauthenticated => "requests without a valid API key per minute",
+            Self::SignIns => "sign-in attempts per minute",
         })
     }
 }
@@ -100,7 +118,8 @@ pub struct Admission {
 #[derive(Debug, Error)]
 pub enum LimitError {
     #[error(
-        "{dimension} exceeded for this key (limit {limit}); retry after {retry_after_secs} seconds"
+        "{dimension} exceeded for {subject} (limit {limit}); retry after {retry_after_secs} seconds",
+        subject = .dimension.subject()
     )]
     Exceeded {
         dimension: Dimension,

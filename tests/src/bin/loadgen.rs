@@ -13,6 +13,11 @@
 //!   and reads the gateway's VmRSS from `/proc/PID/status` before and while holding them; it
 //!   reports the resident memory per 1,000 open streams.
 //!
+//! `--disconnect-after-bytes N` makes every stream go away after its first N body bytes (a
+//! client that disconnects mid-stream), and `--no-preflight` skips the check that the key gets
+//! a 200 (a key whose answers are meant to be 402s, 429s or 401s): `scripts/soak` mixes such
+//! runs against one gateway.
+//!
 //! Only loopback targets are meant; nothing here retries, so every non-200 is reported as is.
 //! Output is a human summary (`--format text`) or markdown table rows (`--format markdown`).
 
@@ -40,6 +45,9 @@ usage: loadgen --mode json|stream|hold [options]
   --max-requests N       json/stream: hard cap on requests sent, warm-up included (default 10000000)
   --rate N               json/stream: paced total requests/s over all connections (default: back to back)
   --timeout SECS         per-request timeout (default 30)
+  --disconnect-after-bytes N  stream: drop each stream after its first N body bytes
+  --no-preflight         json/stream: do not require a first 200 (refusals are the point)
+  --local-address IP     connect from this address (e.g. 127.0.0.2: another client to the gateway)
   --streams N            hold: concurrent streams to open (default 1000)
   --pid PID              hold: gateway process whose VmRSS is read
   --open-concurrency N   hold: streams being opened at the same time (default 100)
@@ -135,6 +143,9 @@ struct Args {
     /// Paced total requests per second; `None`: each connection sends back to back.
     rate: Option<f64>,
     timeout: Duration,
+    disconnect_after_bytes: Option<u64>,
+    preflight: bool,
+    local_address: Option<std::net::IpAddr>,
     streams: usize,
     pid: Option<u32>,
     open_concurrency: usize,
@@ -157,6 +168,9 @@ fn parse_args() -> Result<Args> {
         max_requests: 10_000_000,
         rate: None,
         timeout: Duration::from_secs(30),
+        disconnect_after_bytes: None,
+        preflight: true,
+        local_address: None,
         streams: 1000,
         pid: None,
         open_concurrency: 100,
@@ -169,6 +183,10 @@ fn parse_args() -> Result<Args> {
         if flag == "--help" || flag == "-h" {
             println!("{USAGE}");
             std::process::exit(0);
+        }
+        if flag == "--no-preflight" {
+            args.preflight = false;
+            continue;
         }
         let value = it
             .next()
@@ -214,6 +232,8 @@ fn parse_args() -> Result<Args> {
                 args.rate = Some(rate);
             }
             "--timeout" => args.timeout = secs(&value)?,
+            "--disconnect-after-bytes" => args.disconnect_after_bytes = Some(value.parse()?),
+            "--local-address" => args.local_address = Some(value.parse()?),
             "--streams" => args.streams = value.parse()?,
             "--pid" => args.pid = Some(value.parse()?),
             "--open-concurrency" => args.open_concurrency = value.parse()?,
@@ -253,6 +273,8 @@ struct Target {
     url: Url,
     headers: HeaderMap,
     body: &'static [u8],
+    /// Streams are dropped after this many body bytes.
+    disconnect_after_bytes: Option<u64>,
 }
 
 impl Target {
@@ -273,6 +295,7 @@ impl Target {
             url,
             headers,
             body,
+            disconnect_after_bytes: args.disconnect_after_bytes.filter(|_| stream),
         })
     }
 
@@ -293,6 +316,8 @@ struct Stats {
     first_us: Vec<u32>,
     statuses: BTreeMap<u16, u64>,
     failures: BTreeMap<&'static str, u64>,
+    /// Streams dropped on purpose (`--disconnect-after-bytes`).
+    disconnected: u64,
     bytes: u64,
     last_finish: Option<Instant>,
 }
@@ -308,6 +333,7 @@ impl Stats {
             *self.failures.entry(k).or_default() += v;
         }
         self.bytes += other.bytes;
+        self.disconnected += other.disconnected;
         self.last_finish = self.last_finish.max(other.last_finish);
     }
 
@@ -385,6 +411,7 @@ async fn connection(
         let mut first: Option<Instant> = None;
         let mut bytes = 0u64;
         let mut complete = true;
+        let mut disconnected = false;
         // json: the whole body (a few hundred bytes); stream: its last STREAM_TAIL bytes, enough to
         // see the final SSE event. The buffer keeps its capacity from request to request.
         seen.clear();
@@ -393,6 +420,10 @@ async fn connection(
                 Ok(Some(chunk)) => {
                     first.get_or_insert_with(Instant::now);
                     bytes += chunk.len() as u64;
+                    if target.disconnect_after_bytes.is_some_and(|n| bytes >= n) {
+                        disconnected = true;
+                        break;
+                    }
                     if stream {
                         seen.extend_from_slice(&chunk[chunk.len().saturating_sub(STREAM_TAIL)..]);
                         if seen.len() > STREAM_TAIL {
@@ -412,8 +443,14 @@ async fn connection(
                 }
             }
         }
+        // Dropping the response mid-body closes its connection: the gateway sees the client go.
+        drop(response);
         let end = Instant::now();
         if !measured {
+            continue;
+        }
+        if disconnected {
+            stats.disconnected += 1;
             continue;
         }
         *stats.statuses.entry(status.as_u16()).or_default() += 1;
@@ -508,6 +545,14 @@ fn outcome_summary(stats: &Stats) -> String {
     for (what, n) in &stats.failures {
         let _ = write!(out, "{}{what}×{n}", if out.is_empty() { "" } else { ", " });
     }
+    if stats.disconnected > 0 {
+        let n = stats.disconnected;
+        let _ = write!(
+            out,
+            "{}disconnected mid-stream×{n}",
+            if out.is_empty() { "" } else { ", " }
+        );
+    }
     if out.is_empty() {
         out.push_str("none");
     }
@@ -520,11 +565,14 @@ async fn run_load(args: &Args) -> Result<()> {
     let build_client = || {
         Client::builder()
             .timeout(args.timeout)
+            .local_address(args.local_address)
             .pool_max_idle_per_host(1)
             .tcp_nodelay(true)
             .build()
     };
-    preflight(&build_client()?, &target, stream).await?;
+    if args.preflight {
+        preflight(&build_client()?, &target, stream).await?;
+    }
 
     let issued = Arc::new(AtomicU64::new(0));
     let started = Instant::now();

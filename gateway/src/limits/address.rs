@@ -1,0 +1,188 @@
+//! Per-client-address brakes: requests to `/v1` without a valid key (a key-guessing brake)
+//! and dashboard sign-in attempts, each so many per minute per address.
+//!
+//! A brake is a request counter of the same [`Limiter`] the keys use, under a name of its own
+//! (`ip:203.0.113.9`, `signin:2001:db8::/64`), so it lives where the key limits live: in
+//! process in standalone, in Redis shared by every pod in a cluster, under the same outage
+//! policy. A refusal is also remembered in the pod until the window ends, so an address over
+//! its limit is refused for the price of a map lookup, before anything else is looked at
+//! (for `/v1`, before its key is looked up: otherwise a guess that hit would still show).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crds::config::Limits;
+use dashmap::DashMap;
+
+use super::{AdmissionRequest, Dimension, LimitError, Limiter, Snapshot};
+use crate::client_address::AddressBucket;
+
+/// Past this many remembered refusals the expired ones are swept out, so that a flood from
+/// many addresses cannot grow the map for ever.
+const SWEEP_ABOVE: usize = 4_096;
+
+pub struct AddressBrake {
+    /// Names this brake's counters apart from the keys' and the other brake's.
+    scope: &'static str,
+    dimension: Dimension,
+    per_minute: u32,
+    limiter: Arc<dyn Limiter>,
+    /// Addresses refused until the given instant (the end of the window the store reported).
+    refused: DashMap<AddressBucket, Instant>,
+}
+
+/// An address's standing under a brake, for the X-RateLimit-* headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddressLimit {
+    /// The requests per minute enforced now (a pod failing open enforces its share).
+    pub per_minute: u32,
+    pub snapshot: Snapshot,
+}
+
+impl AddressBrake {
+    /// A brake of `per_minute` attempts per address; `dimension` names it in refusals and
+    /// metrics.
+    pub fn new(
+        scope: &'static str,
+        dimension: Dimension,
+        per_minute: u32,
+        limiter: Arc<dyn Limiter>,
+    ) -> Self {
+        Self {
+            scope,
+            dimension,
+            per_minute,
+            limiter,
+            refused: DashMap::new(),
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            requests_per_minute: self.per_minute,
+            input_tokens_per_minute: 0,
+            concurrent_streams: 0,
+        }
+    }
+
+    fn counter(&self, bucket: AddressBucket) -> String {
+        format!("{}:{bucket}", self.scope)
+    }
+
+    /// The limit as the headers report it.
+    pub fn per_minute(&self) -> u32 {
+        self.limiter.effective(&self.limits()).requests_per_minute
+    }
+
+    /// The refusal of an address already known to be over its limit in this window, without
+    /// asking the store.
+    pub fn refused(&self, bucket: AddressBucket) -> Option<LimitError> {
+        let until = *self.refused.get(&bucket)?;
+        let now = Instant::now();
+        if until <= now {
+            self.refused.remove(&bucket);
+            return None;
+        }
+        let reset_secs = (until - now).as_secs_f64().ceil() as u64;
+        let per_minute = self.per_minute();
+        Some(LimitError::Exceeded {
+            dimension: self.dimension,
+            limit: per_minute.into(),
+            retry_after_secs: reset_secs.max(1),
+            snapshot: Snapshot {
+                requests: per_minute,
+                reset_secs,
+                ..Snapshot::default()
+            },
+        })
+    }
+
+    /// Counts one attempt of the address: its standing after it, or the refusal once it is
+    /// over the limit (remembered until the window ends).
+    pub async fn count(&self, bucket: AddressBucket) -> Result<AddressLimit, LimitError> {
+        let admitted = self
+            .limiter
+            .admit(
+                &self.counter(bucket),
+                &self.limits(),
+                AdmissionRequest::REQUEST_ONLY,
+            )
+            .await;
+        match admitted {
+            Ok(admission) => Ok(AddressLimit {
+                per_minute: self.per_minute(),
+                snapshot: admission.snapshot,
+            }),
+            Err(LimitError::Exceeded {
+                limit,
+                retry_after_secs,
+                snapshot,
+                ..
+            }) => {
+                self.remember(bucket, snapshot.reset_secs);
+                Err(LimitError::Exceeded {
+                    dimension: self.dimension,
+                    limit,
+                    retry_after_secs,
+                    snapshot,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn remember(&self, bucket: AddressBucket, reset_secs: u64) {
+        let now = Instant::now();
+        if self.refused.len() > SWEEP_ABOVE {
+            self.refused.retain(|_, until| *until > now);
+        }
+        self.refused
+            .insert(bucket, now + Duration::from_secs(reset_secs));
+    }
+}
+
+/// The standing a refusal reports: the limit used up, until the window's reset.
+pub fn standing_of(error: &LimitError) -> Option<AddressLimit> {
+    match error {
+        LimitError::Exceeded {
+            limit, snapshot, ..
+        } => Some(AddressLimit {
+            per_minute: u32::try_from(*limit).unwrap_or(u32::MAX),
+            snapshot: *snapshot,
+        }),
+        LimitError::Unavailable(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::MemoryLimiter;
+
+    fn ip(s: &str) -> AddressBucket {
+        AddressBucket::of(s.parse().expect("address"))
+    }
+
+    #[tokio::test]
+    async fn a_refused_address_is_refused_again_without_asking_the_store_and_others_are_not() {
+        let brake = AddressBrake::new(
+            "ip",
+            Dimension::Unauthenticated,
+            2,
+            Arc::new(MemoryLimiter::default()),
+        );
+        let guesser = ip("203.0.113.9");
+        assert!(brake.refused(guesser).is_none());
+        brake.count(guesser).await.expect("first");
+        brake.count(guesser).await.expect("second");
+        let refusal = brake.count(guesser).await.expect_err("third");
+        assert!(refusal.to_string().contains("client address"), "{refusal}");
+        let again = brake.refused(guesser).expect("remembered");
+        assert_eq!(standing_of(&again).map(|s| s.per_minute), Some(2));
+        assert!(brake.refused(ip("203.0.113.10")).is_none());
+        brake
+            .count(ip("203.0.113.10"))
+            .await
+            .expect("another address");
+    }
+}
