@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The tier ids of the spec. Tier resources may add limits for each, but the set is fixed.
@@ -59,6 +60,22 @@ pub struct ModelConfig {
     /// What the client pays, whichever upstream serves the turn.
     pub pricing: Pricing,
     pub route: Route,
+    /// How a turn's first upstream is chosen among the route's upstreams.
+    #[serde(default)]
+    pub affinity: Affinity,
+}
+
+/// How a route spreads turns over its upstreams.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Affinity {
+    /// The turns of one conversation go to the same upstream while it is healthy, so the
+    /// provider's prompt cache (which lives in one account or deployment) keeps serving it;
+    /// across conversations the weights hold.
+    #[default]
+    Conversation,
+    /// Every turn draws its upstream by weight.
+    None,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

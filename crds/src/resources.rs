@@ -16,6 +16,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::Affinity;
+
 /// The API group of every resource in this module.
 pub const GROUP: &str = "gateway.svc.dev";
 /// The only served version; `apiVersion` is `gateway.svc.dev/v1alpha1`.
@@ -165,6 +167,12 @@ pub struct ModelRouteSpec {
     /// Serve each request with one of other (non-auto) virtual models, chosen per request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<AutoSpec>,
+    /// How turns spread over `upstreams`: `conversation` (the default) keeps each
+    /// conversation on one upstream while it is healthy, so the provider's prompt cache keeps
+    /// serving it, with the weights holding across conversations; `none` draws every turn by
+    /// weight. Not allowed with `auto` (each candidate follows its own route's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

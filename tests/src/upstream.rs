@@ -835,6 +835,19 @@ pub fn write_routed_manifests(path: &std::path::Path, upstreams: &[UpstreamDef])
     std::fs::write(path.join("secrets.yaml"), SECRET).expect("write secrets.yaml");
 }
 
+impl RoutedManifests {
+    /// Sets `affinity` on every route that has upstreams.
+    pub fn affinity(&self, affinity: &str) {
+        let path = self.path.join("models.yaml");
+        let routes = std::fs::read_to_string(&path).expect("read models.yaml");
+        let routes = routes.replace(
+            "\n  upstreams:\n",
+            &format!("\n  affinity: {affinity}\n  upstreams:\n"),
+        );
+        std::fs::write(path, routes).expect("write models.yaml");
+    }
+}
+
 impl Drop for RoutedManifests {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
