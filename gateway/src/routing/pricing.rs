@@ -34,6 +34,18 @@ impl Price {
         u64::try_from(credits).unwrap_or(u64::MAX)
     }
 
+    /// Credits that `tokens` read from the prompt cache cost less than the same tokens as
+    /// fresh input (rounded down: a saving is never overstated).
+    pub fn saved_by_cache_reads(&self, tokens: u64) -> u64 {
+        let p = &self.pricing;
+        let per_mtok = p
+            .input_micros_per_mtok
+            .saturating_sub(p.cache_read_micros_per_mtok);
+        let saved =
+            u128::from(tokens) * u128::from(per_mtok) * u128::from(self.credits_per_usd) / SCALE;
+        u64::try_from(saved).unwrap_or(u64::MAX)
+    }
+
     /// Input price of the ceiling: a request that asks for prompt caching may have any part of
     /// its input written to the cache, which costs more than plain input.
     fn ceiling_input_price(&self, caching: bool) -> u64 {
