@@ -407,6 +407,10 @@ fn compile_upstream_route(
                     "cacheReadUsdPerMTok",
                     &p.cache_read_usd_per_m_tok,
                 ),
+                cache_write_1h_micros_per_mtok: p
+                    .cache_write1h_usd_per_m_tok
+                    .as_deref()
+                    .map(|v| price("cacheWrite1hUsdPerMTok", v)),
             }
         }
     };

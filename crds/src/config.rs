@@ -95,6 +95,18 @@ pub struct Pricing {
     pub output_micros_per_mtok: u64,
     pub cache_write_micros_per_mtok: u64,
     pub cache_read_micros_per_mtok: u64,
+    /// Writes to the 1-hour cache, where the upstream reports them apart; `None`: twice the
+    /// input price, the providers' own ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h_micros_per_mtok: Option<u64>,
+}
+
+impl Pricing {
+    /// What a 1-hour cache write costs per million tokens.
+    pub fn cache_write_1h(&self) -> u64 {
+        self.cache_write_1h_micros_per_mtok
+            .unwrap_or(self.input_micros_per_mtok.saturating_mul(2))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

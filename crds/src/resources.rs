@@ -220,6 +220,12 @@ pub struct PricingSpec {
     /// USD per million tokens read from the prompt cache, at most 6 decimal places.
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]{1,6})?$"))]
     pub cache_read_usd_per_m_tok: String,
+    /// USD per million tokens written to the 1-hour prompt cache, where the upstream reports
+    /// those writes apart (Anthropic's `ephemeral_1h_input_tokens`). Default: twice the input
+    /// price, the providers' published ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]{1,6})?$"))]
+    pub cache_write1h_usd_per_m_tok: Option<String>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

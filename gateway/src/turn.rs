@@ -174,7 +174,7 @@ pub async fn start(
         meter.release().await;
         return Err(ProviderError::Unavailable.into());
     };
-    let caching = request.asks_for_cache();
+    let caching = request.cache_writes();
     let ceiling = served
         .price
         .ceiling(input_tokens, request.max_tokens, caching);

@@ -14,6 +14,7 @@ use crds::config::{
 };
 use rand::Rng;
 
+use crate::wire::anthropic::CacheWrites;
 pub use affinity::Conversation;
 pub use pricing::Price;
 
@@ -139,7 +140,10 @@ impl Catalog {
                 .iter()
                 .filter_map(|id| self.models.get(id))
                 .filter(|m| fits(&m.config, needs))
-                .min_by_key(|m| m.price.ceiling(needs.input_tokens, needs.max_tokens, false))
+                .min_by_key(|m| {
+                    m.price
+                        .ceiling(needs.input_tokens, needs.max_tokens, CacheWrites::None)
+                })
                 .cloned()
         };
         cheapest(needs).or_else(|| {
