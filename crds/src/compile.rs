@@ -14,8 +14,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::config::{
-    Capabilities, GatewayConfig, KeyGrant, KeySeed, Limits, ModelConfig, Pricing, ProviderKind,
-    Route, Secret, TierConfig, Timeouts, Upstream,
+    Affinity, Capabilities, GatewayConfig, KeyGrant, KeySeed, Limits, ModelConfig, Pricing,
+    ProviderKind, Route, Secret, TierConfig, Timeouts, Upstream,
 };
 use crate::resources::{
     ApiKey, ModelRoute, Provider, SecretKeyRef, Tier, TierId, TimeoutsSpec, UpstreamSpec,
@@ -407,6 +407,10 @@ fn compile_upstream_route(
                     "cacheReadUsdPerMTok",
                     &p.cache_read_usd_per_m_tok,
                 ),
+                cache_write_1h_micros_per_mtok: p
+                    .cache_write1h_usd_per_m_tok
+                    .as_deref()
+                    .map(|v| price("cacheWrite1hUsdPerMTok", v)),
             }
         }
     };
@@ -442,6 +446,7 @@ fn compile_upstream_route(
         },
         pricing,
         route: Route::Upstreams(upstreams),
+        affinity: spec.affinity.unwrap_or_default(),
     }
 }
 
@@ -537,6 +542,12 @@ fn compile_auto_route(
         .map(|auto| auto.candidates.clone())
         .unwrap_or_default();
     let derived = "with auto: it is derived from the candidates";
+    if spec.affinity.is_some() {
+        problems.add(
+            resource,
+            "affinity is not allowed with auto: each candidate follows its own route's",
+        );
+    }
     if spec.context_window.is_some() {
         problems.add(resource, format!("contextWindow is not allowed {derived}"));
     }
@@ -615,6 +626,7 @@ fn compile_auto_route(
         },
         pricing: Pricing::default(),
         route: Route::Auto { candidates },
+        affinity: Affinity::default(),
     }
 }
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The tier ids of the spec. Tier resources may add limits for each, but the set is fixed.
@@ -59,6 +60,22 @@ pub struct ModelConfig {
     /// What the client pays, whichever upstream serves the turn.
     pub pricing: Pricing,
     pub route: Route,
+    /// How a turn's first upstream is chosen among the route's upstreams.
+    #[serde(default)]
+    pub affinity: Affinity,
+}
+
+/// How a route spreads turns over its upstreams.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Affinity {
+    /// The turns of one conversation go to the same upstream while it is healthy, so the
+    /// provider's prompt cache (which lives in one account or deployment) keeps serving it;
+    /// across conversations the weights hold.
+    #[default]
+    Conversation,
+    /// Every turn draws its upstream by weight.
+    None,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +95,18 @@ pub struct Pricing {
     pub output_micros_per_mtok: u64,
     pub cache_write_micros_per_mtok: u64,
     pub cache_read_micros_per_mtok: u64,
+    /// Writes to the 1-hour cache, where the upstream reports them apart; `None`: twice the
+    /// input price, the providers' own ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h_micros_per_mtok: Option<u64>,
+}
+
+impl Pricing {
+    /// What a 1-hour cache write costs per million tokens.
+    pub fn cache_write_1h(&self) -> u64 {
+        self.cache_write_1h_micros_per_mtok
+            .unwrap_or(self.input_micros_per_mtok.saturating_mul(2))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

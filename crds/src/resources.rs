@@ -16,6 +16,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::Affinity;
+
 /// The API group of every resource in this module.
 pub const GROUP: &str = "gateway.svc.dev";
 /// The only served version; `apiVersion` is `gateway.svc.dev/v1alpha1`.
@@ -165,6 +167,12 @@ pub struct ModelRouteSpec {
     /// Serve each request with one of other (non-auto) virtual models, chosen per request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<AutoSpec>,
+    /// How turns spread over `upstreams`: `conversation` (the default) keeps each
+    /// conversation on one upstream while it is healthy, so the provider's prompt cache keeps
+    /// serving it, with the weights holding across conversations; `none` draws every turn by
+    /// weight. Not allowed with `auto` (each candidate follows its own route's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,6 +220,12 @@ pub struct PricingSpec {
     /// USD per million tokens read from the prompt cache, at most 6 decimal places.
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]{1,6})?$"))]
     pub cache_read_usd_per_m_tok: String,
+    /// USD per million tokens written to the 1-hour prompt cache, where the upstream reports
+    /// those writes apart (Anthropic's `ephemeral_1h_input_tokens`). Default: twice the input
+    /// price, the providers' published ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]{1,6})?$"))]
+    pub cache_write1h_usd_per_m_tok: Option<String>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -12,16 +12,16 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use tracing::Instrument;
 
-use crds::config::Upstream;
+use crds::config::{Affinity, Upstream};
 
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::ledger::{MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement};
 use crate::limits::{AdmissionRequest, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderError, ProviderEvent};
-use crate::routing::{fallback, Model, Needs, Price};
+use crate::routing::{fallback, Conversation, Model, Needs, Price};
 use crate::state::AppState;
-use crate::telemetry::TurnTelemetry;
+use crate::telemetry::{self, TurnTelemetry};
 use crate::validate;
 use crate::wire::anthropic::{
     Delta, InputBlock, MessagesRequest, OutputBlock, StopReason, TokenUsage, Usage,
@@ -53,6 +53,9 @@ pub struct TurnRequest {
     pub open_max_tokens: bool,
     /// The Messages API client's `anthropic-beta` header, for an `anthropic` upstream.
     pub anthropic_beta: Option<String>,
+    /// A conversation key the client sent outside the request body (Claude Code's session
+    /// header, `prompt_cache_key`): the upstream affinity's first choice.
+    pub conversation: Option<String>,
 }
 
 pub enum TurnEvent {
@@ -95,6 +98,7 @@ pub async fn start(
         request,
         open_max_tokens,
         anthropic_beta,
+        conversation,
     } = turn;
     let requested = resolve_model(state, &request.model)?;
     let telemetry = TurnTelemetry::begin(&id, &requested.id, request.max_tokens, request.stream);
@@ -165,12 +169,12 @@ pub async fn start(
         telemetry,
     };
 
-    let plan = served.plan();
+    let plan = served.plan(|| Conversation::of(conversation.as_deref(), &request));
     let Some(upstream) = plan.first() else {
         meter.release().await;
         return Err(ProviderError::Unavailable.into());
     };
-    let caching = request.asks_for_cache();
+    let caching = request.cache_writes();
     let ceiling = served
         .price
         .ceiling(input_tokens, request.max_tokens, caching);
@@ -237,6 +241,10 @@ pub async fn start(
             meter
                 .telemetry
                 .upstream_selected(&served.id, &upstream.name);
+            let home = &plan[0].name;
+            if served.config.affinity == Affinity::Conversation && *home != upstream.name {
+                telemetry::metrics::affinity_moved(&served.id, home, &upstream.name);
+            }
             meter.served_by = Some(ServedBy {
                 provider: provider_name(upstream),
                 upstream: upstream.name.clone(),

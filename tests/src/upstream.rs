@@ -77,6 +77,9 @@ pub struct Reply {
     pub blocks: Vec<MockBlock>,
     pub max_tokens_hit: bool,
     pub usage: MockUsage,
+    /// The part of `usage.cache_write` that went to the 1-hour cache, which the Anthropic
+    /// format reports apart (`cache_creation.ephemeral_1h_input_tokens`).
+    pub cache_write_1h: u64,
     pub fault: Option<Fault>,
     /// Pause before each SSE event after the first.
     pub chunk_delay: Duration,
@@ -92,6 +95,7 @@ impl Reply {
                 output: 9,
                 ..MockUsage::default()
             },
+            cache_write_1h: 0,
             fault: None,
             chunk_delay: Duration::ZERO,
         }
@@ -138,6 +142,12 @@ impl Reply {
 
     pub fn usage(mut self, usage: MockUsage) -> Reply {
         self.usage = usage;
+        self
+    }
+
+    /// Reports `tokens` of the usage's cache writes as 1-hour ones (Anthropic format).
+    pub fn cache_write_1h(mut self, tokens: u64) -> Reply {
+        self.cache_write_1h = tokens;
         self
     }
 
@@ -546,9 +556,13 @@ fn stop_reason(reply: &Reply) -> &'static str {
     }
 }
 
-fn anthropic_usage(u: &MockUsage) -> Value {
+fn anthropic_usage(reply: &Reply) -> Value {
+    let u = &reply.usage;
+    let one_hour = reply.cache_write_1h.min(u.cache_write);
     json!({"input_tokens": u.input, "output_tokens": u.output,
-        "cache_creation_input_tokens": u.cache_write, "cache_read_input_tokens": u.cache_read})
+        "cache_creation_input_tokens": u.cache_write, "cache_read_input_tokens": u.cache_read,
+        "cache_creation": {"ephemeral_5m_input_tokens": u.cache_write - one_hour,
+            "ephemeral_1h_input_tokens": one_hour}})
 }
 
 fn anthropic_json(reply: &Reply, model: &str) -> Value {
@@ -568,11 +582,11 @@ fn anthropic_json(reply: &Reply, model: &str) -> Value {
         .collect();
     json!({"id": "msg_mock", "type": "message", "role": "assistant", "model": model,
         "content": content, "stop_reason": stop_reason(reply), "stop_sequence": null,
-        "usage": anthropic_usage(&reply.usage)})
+        "usage": anthropic_usage(reply)})
 }
 
 fn anthropic_events(reply: &Reply, model: &str) -> Vec<String> {
-    let mut start_usage = anthropic_usage(&reply.usage);
+    let mut start_usage = anthropic_usage(reply);
     start_usage["output_tokens"] = json!(1);
     let mut out = vec![
         sse(
@@ -833,6 +847,19 @@ pub fn write_routed_manifests(path: &std::path::Path, upstreams: &[UpstreamDef])
     std::fs::write(path.join("models.yaml"), reroute(&routes, upstreams))
         .expect("write models.yaml");
     std::fs::write(path.join("secrets.yaml"), SECRET).expect("write secrets.yaml");
+}
+
+impl RoutedManifests {
+    /// Sets `affinity` on every route that has upstreams.
+    pub fn affinity(&self, affinity: &str) {
+        let path = self.path.join("models.yaml");
+        let routes = std::fs::read_to_string(&path).expect("read models.yaml");
+        let routes = routes.replace(
+            "\n  upstreams:\n",
+            &format!("\n  affinity: {affinity}\n  upstreams:\n"),
+        );
+        std::fs::write(path, routes).expect("write models.yaml");
+    }
 }
 
 impl Drop for RoutedManifests {

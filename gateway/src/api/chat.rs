@@ -44,6 +44,7 @@ pub async fn create(
     JsonBody(chat): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
     let include_usage = chat.stream_options.is_some_and(|o| o.include_usage);
+    let conversation = chat.prompt_cache_key.clone();
     let (request, open_max_tokens) = to_messages(chat)?;
     let stream = request.stream;
     let turn = turn::start(
@@ -55,6 +56,7 @@ pub async fn create(
             request,
             open_max_tokens,
             anthropic_beta: None,
+            conversation,
         },
     )
     .await?;

@@ -38,6 +38,7 @@ pub async fn create(
             request,
             open_max_tokens: false,
             anthropic_beta: anthropic_beta(&headers),
+            conversation: session_id(&headers),
         },
     )
     .await?;
@@ -65,6 +66,14 @@ pub async fn create(
 
 /// The client's `anthropic-beta` features (the header may be repeated), comma-separated as
 /// the Messages API takes them; only an `anthropic` upstream is sent them.
+/// Claude Code's session id: every turn of one session sends the same.
+fn session_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-claude-code-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 fn anthropic_beta(headers: &HeaderMap) -> Option<String> {
     let features: Vec<&str> = headers
         .get_all("anthropic-beta")

@@ -35,6 +35,8 @@ pub struct UsageGroup {
     pub date: Option<Date>,
     pub model: Option<String>,
     pub totals: UsageTotals,
+    /// Credits the group's cache reads saved against fresh input, at the models' prices now.
+    pub cache_read_credits_saved: u64,
 }
 
 pub struct UsageReport {
@@ -45,6 +47,7 @@ pub struct UsageReport {
     /// In order of day, then model.
     pub groups: Vec<UsageGroup>,
     pub totals: UsageTotals,
+    pub cache_read_credits_saved: u64,
 }
 
 pub async fn get(
@@ -66,7 +69,9 @@ pub async fn get(
             if let Some(model) = &group.model {
                 entry.insert("model".into(), json!(model));
             }
-            if let Value::Object(counters) = json!(group.totals) {
+            if let Value::Object(counters) =
+                totals_json(&group.totals, group.cache_read_credits_saved)
+            {
                 entry.extend(counters);
             }
             Value::Object(entry)
@@ -82,7 +87,7 @@ pub async fn get(
         "end_date": format_date(report.end),
         "group_by": group_by,
         "data": data,
-        "totals": report.totals,
+        "totals": totals_json(&report.totals, report.cache_read_credits_saved),
     })))
 }
 
@@ -107,15 +112,24 @@ pub async fn report(
     let (by_day, by_model) = group_by(query.group_by.as_deref())?;
     let rows = state.ledger.usage(account_id, start, end).await?;
 
-    let mut groups: BTreeMap<(Option<Date>, Option<String>), UsageTotals> = BTreeMap::new();
-    let mut totals = UsageTotals::default();
+    let catalog = state.catalog();
+    let mut groups: BTreeMap<(Option<Date>, Option<String>), (UsageTotals, u64)> = BTreeMap::new();
+    let (mut totals, mut saved) = (UsageTotals::default(), 0);
     for row in &rows {
         let key = (
             by_day.then_some(row.date),
             by_model.then(|| row.model.clone()),
         );
-        groups.entry(key).or_default().add(&row.totals);
+        // A model no longer offered has no price to compare with: nothing counted as saved.
+        let row_saved = catalog.model(&row.model).map_or(0, |m| {
+            m.price
+                .saved_by_cache_reads(row.totals.cache_read_input_tokens)
+        });
+        let group = groups.entry(key).or_default();
+        group.0.add(&row.totals);
+        group.1 += row_saved;
         totals.add(&row.totals);
+        saved += row_saved;
     }
     Ok(UsageReport {
         start,
@@ -124,14 +138,25 @@ pub async fn report(
         by_model,
         groups: groups
             .into_iter()
-            .map(|((date, model), totals)| UsageGroup {
+            .map(|((date, model), (totals, saved))| UsageGroup {
                 date,
                 model,
                 totals,
+                cache_read_credits_saved: saved,
             })
             .collect(),
         totals,
+        cache_read_credits_saved: saved,
     })
+}
+
+/// The counters of a group, with what its cache reads saved.
+fn totals_json(totals: &UsageTotals, saved: u64) -> Value {
+    let mut value = json!(totals);
+    if let Value::Object(fields) = &mut value {
+        fields.insert("cache_read_credits_saved".into(), json!(saved));
+    }
+    value
 }
 
 fn date(field: &str, value: Option<&str>) -> Result<Option<Date>, ApiError> {

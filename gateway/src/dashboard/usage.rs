@@ -100,6 +100,7 @@ pub async fn show(
             div.card.stat { h2 { "Input tokens" } p.big #total-input { (thousands(report.totals.input_tokens)) } }
             div.card.stat { h2 { "Output tokens" } p.big #total-output { (thousands(report.totals.output_tokens)) } }
             div.card.stat { h2 { "Credits" } p.big #total-credits { (thousands(report.totals.credits)) } }
+            div.card.stat { h2 { "Saved by cache reads" } p.big #total-cache-saved { (thousands(report.cache_read_credits_saved)) } }
         }
         section.card {
             h2 { "Credits by day" }
@@ -120,6 +121,7 @@ pub async fn show(
                             th scope="col" { "Day" } th scope="col" { "Model" } th.num scope="col" { "Requests" }
                             th.num scope="col" { "Input tokens" } th.num scope="col" { "Output tokens" }
                             th.num scope="col" { "Cache read" } th.num scope="col" { "Cache write" } th.num scope="col" { "Credits" }
+                            th.num scope="col" { "Saved by cache" }
                         } }
                         tbody {
                             @for g in &report.groups {
@@ -132,6 +134,7 @@ pub async fn show(
                                     td.num { (thousands(g.totals.cache_read_input_tokens)) }
                                     td.num { (thousands(g.totals.cache_creation_input_tokens)) }
                                     td.num { (thousands(g.totals.credits)) }
+                                    td.num { (thousands(g.cache_read_credits_saved)) }
                                 }
                             }
                         }
@@ -143,6 +146,7 @@ pub async fn show(
                             td.num { (thousands(report.totals.cache_read_input_tokens)) }
                             td.num { (thousands(report.totals.cache_creation_input_tokens)) }
                             td.num { (thousands(report.totals.credits)) }
+                            td.num { (thousands(report.cache_read_credits_saved)) }
                         } }
                     }
                 }
@@ -176,11 +180,11 @@ pub async fn csv(
     let report = report(&state, &session.account_id, &range.query())
         .await
         .map_err(|e: ApiError| DashboardError::from(e))?;
-    let mut out = String::from("date,model,requests,input_tokens,output_tokens,cache_creation_input_tokens,cache_read_input_tokens,credits\n");
+    let mut out = String::from("date,model,requests,input_tokens,output_tokens,cache_creation_input_tokens,cache_read_input_tokens,credits,cache_read_credits_saved\n");
     for g in &report.groups {
         let t = &g.totals;
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{}\n",
             g.date.map(format_date).unwrap_or_default(),
             csv_field(g.model.as_deref().unwrap_or_default()),
             t.requests,
@@ -188,7 +192,8 @@ pub async fn csv(
             t.output_tokens,
             t.cache_creation_input_tokens,
             t.cache_read_input_tokens,
-            t.credits
+            t.credits,
+            g.cache_read_credits_saved
         ));
     }
     let filename = format!(

@@ -139,6 +139,13 @@ struct WireUsage {
     output_tokens: Option<u32>,
     cache_creation_input_tokens: Option<u32>,
     cache_read_input_tokens: Option<u32>,
+    /// The writes by cache lifetime, when the upstream tells them apart.
+    cache_creation: Option<WireCacheCreation>,
+}
+
+#[derive(Deserialize)]
+struct WireCacheCreation {
+    ephemeral_1h_input_tokens: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -155,6 +162,12 @@ impl Stream {
         u.cache_creation_input_tokens = usage
             .cache_creation_input_tokens
             .unwrap_or(u.cache_creation_input_tokens);
+        if let Some(one_hour) = usage
+            .cache_creation
+            .and_then(|c| c.ephemeral_1h_input_tokens)
+        {
+            u.cache_creation_1h_input_tokens = one_hour.min(u.cache_creation_input_tokens);
+        }
         u.cache_read_input_tokens = usage
             .cache_read_input_tokens
             .unwrap_or(u.cache_read_input_tokens);

@@ -394,8 +394,8 @@ impl Stream {
                 TokenUsage {
                     input_tokens: u.prompt_tokens.saturating_sub(cached),
                     output_tokens: u.completion_tokens,
-                    cache_creation_input_tokens: 0,
                     cache_read_input_tokens: cached,
+                    ..TokenUsage::default()
                 }
             }
             None => TokenUsage {

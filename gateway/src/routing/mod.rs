@@ -1,6 +1,7 @@
 //! The virtual models and where their turns go: the compiled config's ModelRoutes, svc/auto's
 //! choice among its candidates, and the choice among a model's upstreams.
 
+pub mod affinity;
 pub mod breaker;
 pub mod fallback;
 pub mod pricing;
@@ -8,9 +9,13 @@ pub mod pricing;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crds::config::{GatewayConfig, KeyGrant, Limits, ModelConfig, Route, TierConfig, Upstream};
+use crds::config::{
+    Affinity, GatewayConfig, KeyGrant, Limits, ModelConfig, Route, TierConfig, Upstream,
+};
 use rand::Rng;
 
+use crate::wire::anthropic::CacheWrites;
+pub use affinity::Conversation;
 pub use pricing::Price;
 
 pub struct Model {
@@ -27,9 +32,14 @@ impl Model {
         }
     }
 
-    /// The upstreams one turn tries, in order: the first drawn by weight, then the others
-    /// in the route's order of preference, as fallbacks.
-    pub fn plan(&self) -> Vec<Upstream> {
+    /// The upstreams one turn tries, in order. With conversation affinity, the
+    /// conversation's own order (its home upstream first, see [`affinity`]); otherwise the
+    /// first drawn by weight, then the others in the route's order of preference, as
+    /// fallbacks. The conversation is only worked out when the route needs it.
+    pub fn plan(&self, conversation: impl FnOnce() -> Conversation) -> Vec<Upstream> {
+        if self.config.affinity == Affinity::Conversation {
+            return conversation().order(self.upstreams());
+        }
         let upstreams = self.upstreams();
         let total: u64 = upstreams.iter().map(|u| u64::from(u.weight)).sum();
         let first = if total == 0 {
@@ -130,7 +140,10 @@ impl Catalog {
                 .iter()
                 .filter_map(|id| self.models.get(id))
                 .filter(|m| fits(&m.config, needs))
-                .min_by_key(|m| m.price.ceiling(needs.input_tokens, needs.max_tokens, false))
+                .min_by_key(|m| {
+                    m.price
+                        .ceiling(needs.input_tokens, needs.max_tokens, CacheWrites::None)
+                })
                 .cloned()
         };
         cheapest(needs).or_else(|| {

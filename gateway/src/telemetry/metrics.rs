@@ -52,6 +52,20 @@ struct UpstreamLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamTokenLabels {
+    model: String,
+    upstream: String,
+    r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MoveLabels {
+    model: String,
+    from: String,
+    to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabels {
     store: &'static str,
     op: &'static str,
@@ -118,6 +132,8 @@ struct Metrics {
     rate_limited: Family<DimensionLabels, Counter>,
     streams_in_flight: Gauge,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    upstream_input: Family<UpstreamTokenLabels, Counter>,
+    affinity_moves: Family<MoveLabels, Counter>,
     circuit_state: Family<UpstreamLabels, Gauge>,
     store_latency: Histograms<StoreLabels>,
     store_errors: Family<StoreLabels, Counter>,
@@ -139,6 +155,8 @@ impl Metrics {
             rate_limited: Family::default(),
             streams_in_flight: Gauge::default(),
             upstream_errors: Family::default(),
+            upstream_input: Family::default(),
+            affinity_moves: Family::default(),
             circuit_state: Family::default(),
             store_latency: Family::new_with_constructor(store_histogram),
             store_errors: Family::default(),
@@ -187,6 +205,16 @@ impl Metrics {
             "gateway_upstream_errors",
             "Failed upstream calls, by upstream and kind",
             m.upstream_errors.clone(),
+        );
+        r.register(
+            "gateway_upstream_input_tokens",
+            "Input tokens by virtual model, serving upstream and type (uncached, cache_read, cache_creation): the prompt cache's share per upstream",
+            m.upstream_input.clone(),
+        );
+        r.register(
+            "gateway_affinity_moves",
+            "Turns of a conversation served by another upstream than its own (it was failing or its breaker open), by model, from and to",
+            m.affinity_moves.clone(),
         );
         r.register(
             "gateway_upstream_circuit_state",
@@ -311,6 +339,44 @@ pub fn upstream_error(upstream: &str, kind: &'static str) {
         .get_or_create(&UpstreamErrorLabels {
             upstream: upstream.to_owned(),
             kind,
+        })
+        .inc();
+}
+
+/// A settled turn's input tokens at the upstream that served it, by type.
+pub fn upstream_input(
+    model: &str,
+    upstream: &str,
+    uncached: u32,
+    cache_read: u32,
+    cache_creation: u32,
+) {
+    for (kind, count) in [
+        ("uncached", uncached),
+        ("cache_read", cache_read),
+        ("cache_creation", cache_creation),
+    ] {
+        if count > 0 {
+            METRICS
+                .upstream_input
+                .get_or_create(&UpstreamTokenLabels {
+                    model: model.to_owned(),
+                    upstream: upstream.to_owned(),
+                    r#type: kind,
+                })
+                .inc_by(count.into());
+        }
+    }
+}
+
+/// A conversation's turn went to a fallback instead of its own upstream.
+pub fn affinity_moved(model: &str, from: &str, to: &str) {
+    METRICS
+        .affinity_moves
+        .get_or_create(&MoveLabels {
+            model: model.to_owned(),
+            from: from.to_owned(),
+            to: to.to_owned(),
         })
         .inc();
 }

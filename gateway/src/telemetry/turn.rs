@@ -189,10 +189,19 @@ impl TurnTelemetry {
         billed: u64,
         stop_reason: Option<StopReason>,
     ) {
-        self.upstream = None;
+        let upstream = self.upstream.take();
         self.stream = None;
         let status = status.as_str();
         let model = &self.model;
+        if let Some(upstream) = upstream.filter(|u| !u.name.is_empty()) {
+            metrics::upstream_input(
+                model,
+                &upstream.name,
+                usage.input_tokens,
+                usage.cache_read_input_tokens,
+                usage.cache_creation_input_tokens,
+            );
+        }
         metrics::tokens(model, "input", usage.input_tokens.into());
         metrics::tokens(model, "output", usage.output_tokens.into());
         metrics::tokens(model, "cache_read", usage.cache_read_input_tokens.into());

@@ -49,20 +49,31 @@ impl MessagesRequest {
         })
     }
 
-    /// Whether any block or tool carries `cache_control`: only then may the upstream write
-    /// part of the prompt to its cache (and bill the dearer cache-write price).
-    pub fn asks_for_cache(&self) -> bool {
+    /// Which cache the upstream may write part of the prompt to, and so bill at a dearer
+    /// price than plain input: only where a block or tool carries `cache_control`, the 1-hour
+    /// cache where one of them asks for `"ttl": "1h"`.
+    pub fn cache_writes(&self) -> CacheWrites {
         let system = self
             .system
-            .as_ref()
-            .is_some_and(|s| s.many().any(|b| b.cache_control.is_some()));
-        let tools = self.tools.iter().any(|t| t.cache_control.is_some());
+            .iter()
+            .flat_map(|s| s.many())
+            .map(|b| &b.cache_control);
+        let tools = self.tools.iter().map(|t| &t.cache_control);
         let blocks = self
             .messages
             .iter()
             .flat_map(InputMessage::blocks)
-            .any(InputBlock::has_cache_control);
-        system || tools || blocks
+            .map(InputBlock::cache_control);
+        system
+            .chain(tools)
+            .chain(blocks)
+            .flatten()
+            .map(|c| match c.get("ttl").and_then(Value::as_str) {
+                Some("1h") => CacheWrites::OneHour,
+                _ => CacheWrites::FiveMinutes,
+            })
+            .max()
+            .unwrap_or(CacheWrites::None)
     }
 
     /// The most tokens thinking may take, when thinking is on; adaptive thinking decides for
@@ -306,13 +317,13 @@ impl InputBlock {
         }
     }
 
-    fn has_cache_control(&self) -> bool {
+    fn cache_control(&self) -> &Option<Value> {
         match self {
             Self::Text { cache_control, .. }
             | Self::Image { cache_control, .. }
             | Self::ToolUse { cache_control, .. }
-            | Self::ToolResult { cache_control, .. } => cache_control.is_some(),
-            Self::Thinking { .. } | Self::RedactedThinking { .. } => false,
+            | Self::ToolResult { cache_control, .. } => cache_control,
+            Self::Thinking { .. } | Self::RedactedThinking { .. } => &None,
         }
     }
 }
@@ -425,6 +436,14 @@ pub enum StopReason {
     ToolUse,
 }
 
+/// The prompt cache a request lets the upstream write to, dearest last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CacheWrites {
+    None,
+    FiveMinutes,
+    OneHour,
+}
+
 /// Token counts of a turn, as the Messages API reports them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TokenUsage {
@@ -432,6 +451,10 @@ pub struct TokenUsage {
     pub output_tokens: u32,
     pub cache_creation_input_tokens: u32,
     pub cache_read_input_tokens: u32,
+    /// The part of `cache_creation_input_tokens` written to the 1-hour cache, billed at its
+    /// own price. Billed, not shown: clients see the writes' total, as before.
+    #[serde(skip)]
+    pub cache_creation_1h_input_tokens: u32,
 }
 
 /// The usage object of a response: token counts plus the service's `credits_consumed`, which

@@ -33,6 +33,9 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub user: Option<String>,
+    /// Names the conversation for upstream affinity (prompt caching).
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
     #[serde(default)]
     pub n: Option<u32>,
     #[serde(default)]

@@ -114,6 +114,7 @@ pub async fn create(
             request: translated.request,
             open_max_tokens: translated.open_max_tokens,
             anthropic_beta: None,
+            conversation: req.prompt_cache_key.clone(),
         },
     )
     .await?;

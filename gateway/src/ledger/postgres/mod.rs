@@ -630,6 +630,8 @@ fn message_of(row: &PgRow) -> Result<MessageRecord, sqlx::Error> {
             output_tokens: tokens(row, "output_tokens")?,
             cache_creation_input_tokens: tokens(row, "cache_creation_input_tokens")?,
             cache_read_input_tokens: tokens(row, "cache_read_input_tokens")?,
+            // The row keeps the writes' total; their 1-hour part is in `billed`.
+            cache_creation_1h_input_tokens: 0,
         },
         stop_reason: stop_reason.and_then(|s| parse_name(&STOP_REASONS, &s)),
         created_at: row.try_get("created_at")?,
