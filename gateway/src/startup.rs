@@ -23,6 +23,7 @@ use crate::db::{Database, DbError};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
+use crate::payments::stripe::{StripeConfig, StripeConfigError};
 use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::Providers;
 use crate::responses_store::Backend as ResponsesBackend;
@@ -59,6 +60,25 @@ pub enum StartError {
         "serve needs --admin-token (or GATEWAY_ADMIN_TOKEN): a generated one could not be shown"
     )]
     NoAdminToken,
+    #[error(transparent)]
+    Stripe(#[from] StripeConfigError),
+}
+
+/// Stripe when it is configured, `otherwise` when it is not.
+fn payments(
+    args: &CommonArgs,
+    otherwise: impl PaymentProvider + 'static,
+) -> Result<Arc<dyn PaymentProvider>, StartError> {
+    let stripe = StripeConfig {
+        api_key: args.stripe_api_key.as_deref(),
+        webhook_secret: args.stripe_webhook_secret.as_deref(),
+        api_base: &args.stripe_api_base,
+    }
+    .build()?;
+    Ok(match stripe {
+        Some(stripe) => Arc::new(stripe),
+        None => Arc::new(otherwise),
+    })
 }
 
 /// The dev key's id, the same in every process, so that pods share its limits.
@@ -98,7 +118,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
-        payments: Arc::new(TestPayments),
+        payments: payments(&args.common, TestPayments)?,
         developers: Arc::new(MemoryDeveloperStore::default()),
         responses: ResponsesBackend::memory(&args.common.responses_store),
     };
@@ -146,7 +166,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
             ledger,
             limiter,
-            payments: Arc::new(NoPayments),
+            payments: payments(&args.common, NoPayments)?,
             developers: Arc::new(MemoryDeveloperStore::default()),
             responses: ResponsesBackend::memory(&args.common.responses_store),
         };
@@ -181,7 +201,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         accounts: Arc::new(PostgresAccounts::new(db.clone())),
         ledger: ledger.clone(),
         limiter,
-        payments: Arc::new(NoPayments),
+        payments: payments(&args.common, NoPayments)?,
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
         responses: ResponsesBackend::postgres(db, &args.common.responses_store),
     };

@@ -1,8 +1,9 @@
 //! `/developers/billing`: top-up packs and a custom amount ($10 to $10,000), checkout through
-//! the payment provider, and the history of top-ups with their status.
+//! the payment provider (Stripe sends the browser to its own page and back), and the history
+//! of top-ups with their status, refunds and disputes, and any credits owed.
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
@@ -10,12 +11,13 @@ use time::OffsetDateTime;
 
 use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
-use super::session::SignedIn;
+use super::session::{secure, SignedIn};
 use super::store::{Checkout, CheckoutStatus, Session};
 use super::DashboardError;
 use crate::error::ApiError;
 use crate::ids;
-use crate::payments::{credits_for, parse_usd, Order, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
+use crate::ledger::ReversalKind;
+use crate::payments::{credits_for, parse_usd, Order, Started, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
 use crate::state::AppState;
 
 pub const PACKS_CENTS: [u64; 7] = [1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000];
@@ -31,6 +33,7 @@ pub struct CheckoutForm {
 #[derive(Deserialize)]
 pub struct Shown {
     paid: Option<String>,
+    cancelled: Option<String>,
 }
 
 /// A dollar amount as typed ("25", "$1,000", "99.50") in cents, within the top-up range.
@@ -70,9 +73,18 @@ pub fn parse_amount(input: &str) -> Result<u64, String> {
 struct HistoryRow {
     reference: String,
     usd_cents: u64,
-    credits: u64,
+    /// Negative for credits taken back.
+    credits: i128,
     status: &'static str,
     at: OffsetDateTime,
+}
+
+fn signed_thousands(credits: i128) -> String {
+    let sign = if credits < 0 { "−" } else { "" };
+    format!(
+        "{sign}{}",
+        thousands(u64::try_from(credits.unsigned_abs()).unwrap_or(u64::MAX))
+    )
 }
 
 async fn render(
@@ -85,16 +97,35 @@ async fn render(
     let balance = state.ledger.balance(&session.account_id).await?;
     let confirmed = state.ledger.top_ups(&session.account_id).await?;
     let checkouts = state.developers.checkouts(&session.account_id).await?;
+    let reversals = state.ledger.reversals(&session.account_id).await?;
     let per_usd = state.credits_per_usd;
     let mut history: Vec<HistoryRow> = confirmed
         .iter()
         .map(|t| HistoryRow {
             reference: t.reference.clone(),
             usd_cents: t.usd_cents,
-            credits: t.credits,
+            credits: t.credits.into(),
             status: "confirmed",
             at: t.confirmed_at,
         })
+        .chain(reversals.iter().map(|r| {
+            let moved = i128::from(r.credits) + i128::from(r.owed);
+            HistoryRow {
+                reference: r.reference.clone(),
+                usd_cents: r.usd_cents,
+                credits: if r.kind == ReversalKind::DisputeWon {
+                    moved
+                } else {
+                    -moved
+                },
+                status: match r.kind {
+                    ReversalKind::Refund => "refunded",
+                    ReversalKind::Dispute => "disputed",
+                    ReversalKind::DisputeWon => "dispute won",
+                },
+                at: r.created_at,
+            }
+        }))
         .chain(
             checkouts
                 .iter()
@@ -102,7 +133,7 @@ async fn render(
                 .map(|c| HistoryRow {
                     reference: c.reference.clone(),
                     usd_cents: c.usd_cents,
-                    credits: credits_for(c.usd_cents, per_usd),
+                    credits: credits_for(c.usd_cents, per_usd).into(),
                     status: match c.status {
                         CheckoutStatus::Pending => "pending",
                         CheckoutStatus::Failed => "failed",
@@ -113,8 +144,15 @@ async fn render(
         .collect();
     history.sort_by_key(|x| std::cmp::Reverse(x.at));
     let available = balance.balance.saturating_sub(balance.reserved);
+    let owed = (balance.owed > 0).then(|| {
+        format!(
+            "A refund or dispute took back more credits than the balance held: {} credits are owed and will be taken from your next top-up.",
+            thousands(balance.owed)
+        )
+    });
     let content = html! {
         @if let Some((kind, text)) = message { (notice(kind, text)) }
+        @if let Some(owed) = &owed { div #owed { (notice("error", owed)) } }
         section.cards aria-label="Balance" {
             div.card.stat { h2 { "apiCredits balance" } p.big #balance { (thousands(available)) } }
             div.card.stat { h2 { "Rate" } p.big #rate { (thousands(per_usd)) } p.hint { "credits per $1" } }
@@ -163,8 +201,8 @@ async fn render(
                                     td { (datetime(row.at)) }
                                     td { code { (row.reference) } }
                                     td.num { (dollars(row.usd_cents)) }
-                                    td.num { (thousands(row.credits)) }
-                                    td { span class=(format!("badge {}", row.status)) { (row.status) } }
+                                    td.num { (signed_thousands(row.credits)) }
+                                    td { span class=(format!("badge {}", row.status.replace(' ', "-"))) { (row.status) } }
                                 }
                             }
                         }
@@ -208,14 +246,34 @@ pub async fn show(
                 ),
             })
         }
-        None => None,
+        None => shown.cancelled.map(|_| {
+            (
+                "info",
+                "Checkout cancelled: nothing was charged.".to_owned(),
+            )
+        }),
     };
     let message = message.as_ref().map(|(k, m)| (*k, m.as_str()));
     render(&state, &session, StatusCode::OK, message, "").await
 }
 
+/// This page's absolute URL as the browser reached it, for the payment provider's way back.
+fn billing_url(state: &AppState, headers: &HeaderMap) -> String {
+    let scheme = if secure(state, headers) {
+        "https"
+    } else {
+        "http"
+    };
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("localhost");
+    format!("{scheme}://{host}/developers/billing")
+}
+
 pub async fn checkout(
     State(state): State<AppState>,
+    headers: HeaderMap,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<CheckoutForm>,
 ) -> Result<Response, DashboardError> {
@@ -238,6 +296,7 @@ pub async fn checkout(
         reference: ids::payment_reference(),
         account_id: session.account_id.clone(),
         usd_cents,
+        return_url: billing_url(&state, &headers),
     };
     state
         .developers
@@ -249,7 +308,11 @@ pub async fn checkout(
             created_at: OffsetDateTime::now_utc(),
         })
         .await?;
-    if let Err(e) = state.payments.checkout(&state, &order).await {
+    let started = state.payments.checkout(&state, &order).await;
+    if let Ok(Started::Redirect(url)) = &started {
+        return Ok(Redirect::to(url).into_response());
+    }
+    if let Err(e) = started {
         state
             .developers
             .set_checkout_status(&order.reference, CheckoutStatus::Failed)

@@ -28,7 +28,7 @@ use crate::ledger::LedgerError;
 use crate::state::AppState;
 
 pub use postgres::PostgresDeveloperStore;
-pub use store::{DeveloperStore, MemoryDeveloperStore};
+pub use store::{CheckoutStatus, DeveloperStore, MemoryDeveloperStore};
 
 /// Start-up settings of the dashboard.
 #[derive(Clone, Copy, Debug, Default)]

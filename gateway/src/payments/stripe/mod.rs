@@ -1,0 +1,185 @@
+//! Stripe as the payment provider: a top-up is a Checkout Session the browser is sent to, and
+//! the account is credited only when Stripe's signed webhook (`POST /webhooks/stripe`, see
+//! [`webhook`]) says the session is paid. Refunds and disputes come through the same webhook.
+//!
+//! Configured by the API key and the webhook endpoint's signing secret, both or neither
+//! ([`StripeConfig::from_args`]); the API base URL can point at a mock for tests.
+
+mod api;
+mod events;
+mod webhook;
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+pub use api::StripeError;
+pub use webhook::webhook;
+
+use super::provider::{CheckoutError, Order, PaymentProvider, Started};
+use crate::state::AppState;
+use api::{Api, CheckoutSession};
+
+/// The name the line item carries on Stripe's payment page and the payer's receipt.
+const LINE_ITEM: &str = "apiCredits top-up";
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum StripeConfigError {
+    #[error("Stripe is half-configured: --stripe-api-key (GATEWAY_STRIPE_API_KEY) and --stripe-webhook-secret (GATEWAY_STRIPE_WEBHOOK_SECRET) go together; {0} is missing")]
+    HalfConfigured(&'static str),
+    #[error(
+        "--stripe-webhook-secret must be the endpoint's signing secret, starting with `whsec_`"
+    )]
+    WebhookSecret,
+    #[error("--stripe-api-base `{0}` is not an http(s) URL")]
+    ApiBase(String),
+    #[error("the Stripe API client could not be built: {0}")]
+    Client(String),
+}
+
+pub struct StripeConfig<'a> {
+    pub api_key: Option<&'a str>,
+    pub webhook_secret: Option<&'a str>,
+    pub api_base: &'a str,
+}
+
+pub struct Stripe {
+    api: Api,
+    webhook_secret: String,
+}
+
+impl StripeConfig<'_> {
+    /// Stripe when both secrets are given, nothing when neither is; an error otherwise, so a
+    /// gateway never starts taking payments it cannot confirm (or the reverse).
+    pub fn build(&self) -> Result<Option<Stripe>, StripeConfigError> {
+        let (key, secret) = match (self.api_key, self.webhook_secret) {
+            (None, None) => return Ok(None),
+            (Some(_), None) => return Err(StripeConfigError::HalfConfigured("the webhook secret")),
+            (None, Some(_)) => return Err(StripeConfigError::HalfConfigured("the API key")),
+            (Some(key), Some(secret)) => (key, secret),
+        };
+        if !secret.starts_with("whsec_") {
+            return Err(StripeConfigError::WebhookSecret);
+        }
+        if !(self.api_base.starts_with("https://") || self.api_base.starts_with("http://")) {
+            return Err(StripeConfigError::ApiBase(self.api_base.to_owned()));
+        }
+        let api =
+            Api::new(self.api_base, key).map_err(|e| StripeConfigError::Client(e.to_string()))?;
+        Ok(Some(Stripe {
+            api,
+            webhook_secret: secret.to_owned(),
+        }))
+    }
+}
+
+/// The form of `POST /v1/checkout/sessions` for `order`: one line item of the order's amount,
+/// our reference as `client_reference_id` and in the metadata of the session and of its
+/// PaymentIntent (with the account), and the billing page to come back to.
+fn session_form(order: &Order) -> Vec<(String, String)> {
+    let back = &order.return_url;
+    let reference = &order.reference;
+    [
+        ("mode", "payment".to_owned()),
+        ("client_reference_id", reference.clone()),
+        ("success_url", format!("{back}?paid={reference}")),
+        ("cancel_url", format!("{back}?cancelled={reference}")),
+        ("line_items[0][quantity]", "1".to_owned()),
+        ("line_items[0][price_data][currency]", "usd".to_owned()),
+        (
+            "line_items[0][price_data][unit_amount]",
+            order.usd_cents.to_string(),
+        ),
+        (
+            "line_items[0][price_data][product_data][name]",
+            LINE_ITEM.to_owned(),
+        ),
+        ("metadata[account_id]", order.account_id.clone()),
+        ("metadata[reference]", reference.clone()),
+        (
+            "payment_intent_data[metadata][account_id]",
+            order.account_id.clone(),
+        ),
+        (
+            "payment_intent_data[metadata][reference]",
+            reference.clone(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+#[async_trait]
+impl PaymentProvider for Stripe {
+    async fn checkout(&self, _: &AppState, order: &Order) -> Result<Started, CheckoutError> {
+        let session: CheckoutSession = self
+            .api
+            .post("checkout/sessions", &order.reference, &session_form(order))
+            .await
+            .map_err(CheckoutError::Provider)?;
+        Ok(Started::Redirect(session.url))
+    }
+
+    fn stripe(&self) -> Option<&Stripe> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config<'a>(key: Option<&'a str>, secret: Option<&'a str>) -> StripeConfig<'a> {
+        StripeConfig {
+            api_key: key,
+            webhook_secret: secret,
+            api_base: "https://api.stripe.com",
+        }
+    }
+
+    #[test]
+    fn stripe_needs_both_the_api_key_and_the_webhook_secret_or_neither() {
+        assert!(matches!(config(None, None).build(), Ok(None)));
+        assert!(matches!(
+            config(Some("sk_test_1"), Some("whsec_1")).build(),
+            Ok(Some(_))
+        ));
+        for half in [
+            config(Some("sk_test_1"), None),
+            config(None, Some("whsec_1")),
+        ] {
+            let error = half
+                .build()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains("half-configured"), "{error}");
+        }
+        assert_eq!(
+            config(Some("sk_test_1"), Some("not-a-whsec")).build().err(),
+            Some(StripeConfigError::WebhookSecret)
+        );
+    }
+
+    #[test]
+    fn a_session_names_the_amount_the_account_and_the_reference_and_comes_back_to_billing() {
+        let form = session_form(&Order {
+            reference: "pay_1".to_owned(),
+            account_id: "acct_1".to_owned(),
+            usd_cents: 2_500,
+            return_url: "https://gw.example/developers/billing".to_owned(),
+        });
+        let get = |k: &str| {
+            form.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("line_items[0][price_data][unit_amount]"), Some("2500"));
+        assert_eq!(get("metadata[account_id]"), Some("acct_1"));
+        assert_eq!(get("client_reference_id"), Some("pay_1"));
+        assert_eq!(
+            get("success_url"),
+            Some("https://gw.example/developers/billing?paid=pay_1")
+        );
+    }
+}

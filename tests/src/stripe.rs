@@ -1,0 +1,375 @@
+//! A mock of Stripe on loopback, speaking its wire format for the calls the gateway makes and
+//! the events it receives:
+//! - `POST /v1/checkout/sessions`: a form body, the secret key as a bearer token, and
+//!   `Idempotency-Key` honoured as Stripe does (the same key and parameters replay the first
+//!   answer; the same key with other parameters is an `idempotency_error`); errors are Stripe
+//!   error objects (`{"error": {"type", "code", "message"}}`), scripted with
+//!   [`MockStripe::fail_next`];
+//! - events as Stripe builds them (`{"id": "evt_...", "object": "event", "type", "data":
+//!   {"object": ...}}`), signed as Stripe signs them (`Stripe-Signature: t=<unix>,v1=<hex
+//!   HMAC-SHA256 of "t.body">`), which a test delivers whenever, however often and to
+//!   whichever pod it likes ([`deliver`]).
+//!
+//! Its scripted error text ([`STRIPE_ERROR_TEXT`]) is what a test checks no user ever sees.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Form, Json, Router};
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+
+/// The secret key the gateway is configured with.
+pub const API_KEY: &str = "sk_test_mock_4eC39HqLyjWDarjtT1zdp7dc";
+/// The webhook endpoint's signing secret.
+pub const WEBHOOK_SECRET: &str = "whsec_mock_0123456789abcdef";
+/// The text of the scripted failures: it must never reach a user.
+pub const STRIPE_ERROR_TEXT: &str = "Stripe internal: rate limit on acct_1Mock";
+
+/// A Checkout Session the gateway created, as the mock keeps it.
+#[derive(Clone, Debug)]
+pub struct MockSession {
+    pub id: String,
+    pub url: String,
+    pub payment_intent: String,
+    pub amount_total: u64,
+    pub idempotency_key: String,
+    /// The form fields, by their Stripe names (`metadata[account_id]`, ...).
+    pub form: HashMap<String, String>,
+}
+
+impl MockSession {
+    pub fn field(&self, name: &str) -> &str {
+        self.form.get(name).map(String::as_str).unwrap_or_default()
+    }
+
+    pub fn account_id(&self) -> &str {
+        self.field("metadata[account_id]")
+    }
+
+    pub fn reference(&self) -> &str {
+        self.field("metadata[reference]")
+    }
+}
+
+/// One signed-able event.
+#[derive(Clone, Debug)]
+pub struct StripeEvent {
+    pub id: String,
+    pub body: Vec<u8>,
+}
+
+impl StripeEvent {
+    /// The `Stripe-Signature` header Stripe sends for this event now.
+    pub fn signature(&self) -> String {
+        sign(WEBHOOK_SECRET, now(), &self.body)
+    }
+}
+
+/// A call's form fields, in order.
+type FormBody = Vec<(String, String)>;
+
+#[derive(Default)]
+struct Shared {
+    sessions: Mutex<Vec<MockSession>>,
+    /// First answer by idempotency key, with the form it answered.
+    answered: Mutex<HashMap<String, (FormBody, u16, Value)>>,
+    failures: Mutex<Vec<(u16, Value)>>,
+    calls: AtomicUsize,
+    ids: AtomicUsize,
+}
+
+/// The running mock, stopped when dropped.
+pub struct MockStripe {
+    /// `http://127.0.0.1:PORT`, the gateway's `--stripe-api-base`.
+    pub url: String,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// The `Stripe-Signature` value for `body` signed with `secret` at `t`.
+pub fn sign(secret: &str, t: i64, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key");
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Posts `event` to `POST {gateway}/webhooks/stripe` with `signature`; the status and body.
+pub async fn deliver(gateway: &str, event: &StripeEvent, signature: &str) -> (u16, Value) {
+    let response = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+        .post(format!("{gateway}/webhooks/stripe"))
+        .header("content-type", "application/json; charset=utf-8")
+        .header("stripe-signature", signature)
+        .body(event.body.clone())
+        .send()
+        .await
+        .expect("deliver the event");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+    crate::leak::assert_no_provider_names(&body);
+    (status, body)
+}
+
+impl MockStripe {
+    pub async fn start() -> MockStripe {
+        let shared = Arc::new(Shared::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the mock Stripe");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        let app = Router::new()
+            .route("/v1/checkout/sessions", post(create_session))
+            .with_state((shared.clone(), url.clone()));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        MockStripe { url, shared, task }
+    }
+
+    /// The next call is answered with `status` and a Stripe error object.
+    pub fn fail_next(&self, status: u16, kind: &str) {
+        let body = json!({"error": {
+            "type": kind,
+            "message": STRIPE_ERROR_TEXT,
+            "request_log_url": "https://dashboard.stripe.com/test/logs/req_mock",
+        }});
+        lock(&self.shared.failures).push((status, body));
+    }
+
+    /// Calls received, failed ones and replays included.
+    pub fn calls(&self) -> usize {
+        self.shared.calls.load(Ordering::SeqCst)
+    }
+
+    pub fn sessions(&self) -> Vec<MockSession> {
+        lock(&self.shared.sessions).clone()
+    }
+
+    /// The session the browser was sent to at `url`.
+    pub fn session_at(&self, url: &str) -> MockSession {
+        self.sessions()
+            .into_iter()
+            .find(|s| s.url == url)
+            .unwrap_or_else(|| panic!("no session at {url}"))
+    }
+
+    fn id(&self, prefix: &str) -> String {
+        let n = self.shared.ids.fetch_add(1, Ordering::SeqCst);
+        format!("{prefix}_mock_{n}_{}", now())
+    }
+
+    /// An event of `kind` about `object`, as Stripe builds it.
+    pub fn event(&self, kind: &str, object: Value) -> StripeEvent {
+        let id = self.id("evt");
+        let body = json!({
+            "id": id,
+            "object": "event",
+            "api_version": "2024-06-20",
+            "created": now(),
+            "livemode": false,
+            "pending_webhooks": 1,
+            "type": kind,
+            "data": {"object": object},
+        });
+        StripeEvent {
+            id,
+            body: serde_json::to_vec(&body).expect("json"),
+        }
+    }
+
+    /// `checkout.session.*` about `session`, whose payment is `payment_status`.
+    pub fn session_event(
+        &self,
+        kind: &str,
+        session: &MockSession,
+        payment_status: &str,
+    ) -> StripeEvent {
+        let metadata: HashMap<&str, &str> = session
+            .form
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("metadata[")
+                    .and_then(|k| k.strip_suffix(']'))
+                    .map(|k| (k, v.as_str()))
+            })
+            .collect();
+        let status = if payment_status == "paid" {
+            "complete"
+        } else {
+            "open"
+        };
+        self.event(
+            kind,
+            json!({
+                "id": session.id,
+                "object": "checkout.session",
+                "mode": "payment",
+                "status": status,
+                "payment_status": payment_status,
+                "amount_total": session.amount_total,
+                "currency": "usd",
+                "client_reference_id": session.field("client_reference_id"),
+                "metadata": metadata,
+                "payment_intent": session.payment_intent,
+                "url": null,
+            }),
+        )
+    }
+
+    /// `checkout.session.completed` with the payment made.
+    pub fn paid(&self, session: &MockSession) -> StripeEvent {
+        self.session_event("checkout.session.completed", session, "paid")
+    }
+
+    /// `charge.refunded` of the session's charge, refunded `amount_refunded` in total.
+    pub fn refunded(&self, session: &MockSession, amount_refunded: u64) -> StripeEvent {
+        self.event(
+            "charge.refunded",
+            json!({
+                "id": format!("ch_{}", session.payment_intent),
+                "object": "charge",
+                "amount": session.amount_total,
+                "amount_refunded": amount_refunded,
+                "refunded": amount_refunded >= session.amount_total,
+                "currency": "usd",
+                "payment_intent": session.payment_intent,
+                "metadata": {},
+            }),
+        )
+    }
+
+    /// `charge.dispute.created` / `.closed` (`status` `won`, `lost`, `needs_response`...).
+    pub fn dispute(
+        &self,
+        kind: &str,
+        dispute_id: &str,
+        session: &MockSession,
+        amount: u64,
+        status: &str,
+    ) -> StripeEvent {
+        self.event(
+            kind,
+            json!({
+                "id": dispute_id,
+                "object": "dispute",
+                "amount": amount,
+                "currency": "usd",
+                "charge": format!("ch_{}", session.payment_intent),
+                "payment_intent": session.payment_intent,
+                "reason": "fraudulent",
+                "status": status,
+            }),
+        )
+    }
+}
+
+impl Drop for MockStripe {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn stripe_error(status: u16, kind: &str, message: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    let body = json!({"error": {"type": kind, "message": message}});
+    (status, Json(body)).into_response()
+}
+
+async fn create_session(
+    State((shared, base)): State<(Arc<Shared>, String)>,
+    headers: HeaderMap,
+    Form(form): Form<FormBody>,
+) -> Response {
+    shared.calls.fetch_add(1, Ordering::SeqCst);
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if bearer != Some(API_KEY) {
+        return stripe_error(
+            401,
+            "invalid_request_error",
+            "Invalid API Key provided: sk_test_****",
+        );
+    }
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    else {
+        return stripe_error(
+            400,
+            "invalid_request_error",
+            "the mock wants an Idempotency-Key",
+        );
+    };
+    if let Some((first_form, status, body)) = lock(&shared.answered).get(&key).cloned() {
+        if first_form != form {
+            return stripe_error(
+                400,
+                "idempotency_error",
+                "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+            );
+        }
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+        return (status, [("idempotent-replayed", "true")], Json(body)).into_response();
+    }
+    let failure = {
+        let mut failures = lock(&shared.failures);
+        (!failures.is_empty()).then(|| failures.remove(0))
+    };
+    if let Some((status, body)) = failure {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        return (status, Json(body)).into_response();
+    }
+    let fields: HashMap<String, String> = form.iter().cloned().collect();
+    let n = shared.ids.fetch_add(1, Ordering::SeqCst);
+    let id = format!("cs_test_mock_{n}");
+    let session = MockSession {
+        url: format!("{base}/c/pay/{id}"),
+        payment_intent: format!("pi_mock_{n}"),
+        amount_total: fields
+            .get("line_items[0][price_data][unit_amount]")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        idempotency_key: key.clone(),
+        form: fields,
+        id,
+    };
+    let body = json!({
+        "id": session.id,
+        "object": "checkout.session",
+        "url": session.url,
+        "amount_total": session.amount_total,
+        "currency": "usd",
+        "payment_status": "unpaid",
+        "status": "open",
+        "client_reference_id": session.field("client_reference_id"),
+        "payment_intent": null,
+    });
+    lock(&shared.sessions).push(session);
+    lock(&shared.answered).insert(key, (form, 200, body.clone()));
+    Json(body).into_response()
+}
