@@ -32,3 +32,21 @@ CREATE TABLE payment_disputes (
     reference text NOT NULL REFERENCES top_ups (reference),
     status text NOT NULL CHECK (status IN ('open', 'won', 'lost'))
 );
+
+-- Auto-reload: "when the balance falls below `threshold_credits`, add `usd_cents`", charged
+-- off-session to the card saved at the account's first Stripe checkout. `armed` goes false
+-- when a pod starts a reload (one UPDATE, so one pod per crossing) and true again once the
+-- balance is back at the threshold or the attempt failed; `attempt` numbers the charges and
+-- is their idempotency key, so a retried call after a network error charges once.
+CREATE TABLE auto_reloads (
+    account_id text PRIMARY KEY REFERENCES accounts (id),
+    customer_id text NULL,
+    payment_method_id text NULL,
+    enabled boolean NOT NULL DEFAULT false,
+    threshold_credits bigint NOT NULL DEFAULT 0 CHECK (threshold_credits >= 0),
+    usd_cents bigint NOT NULL DEFAULT 0 CHECK (usd_cents >= 0),
+    armed boolean NOT NULL DEFAULT true,
+    attempt bigint NOT NULL DEFAULT 0,
+    declines integer NOT NULL DEFAULT 0,
+    last_failure text NULL
+);

@@ -23,6 +23,7 @@ use crate::db::{Database, DbError};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 use crate::limits::{Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter};
+use crate::payments::reload::{self, AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
 use crate::payments::stripe::{StripeConfig, StripeConfigError};
 use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::Providers;
@@ -90,6 +91,7 @@ struct Stores {
     ledger: Arc<dyn Ledger>,
     limiter: Arc<dyn Limiter>,
     payments: Arc<dyn PaymentProvider>,
+    auto_reloads: Arc<dyn AutoReloads>,
     developers: Arc<dyn DeveloperStore>,
     responses: ResponsesBackend,
 }
@@ -116,6 +118,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     let ledger = Arc::new(MemoryLedger::default());
     let stores = Stores {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
+        auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
         payments: payments(&args.common, TestPayments)?,
@@ -164,6 +167,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         let ledger = Arc::new(MemoryLedger::default());
         let stores = Stores {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
+            auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
             ledger,
             limiter,
             payments: payments(&args.common, NoPayments)?,
@@ -199,6 +203,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     }
     let stores = Stores {
         accounts: Arc::new(PostgresAccounts::new(db.clone())),
+        auto_reloads: Arc::new(PostgresAutoReloads::new(db.clone())),
         ledger: ledger.clone(),
         limiter,
         payments: payments(&args.common, NoPayments)?,
@@ -294,6 +299,7 @@ async fn run(
         payment_webhook_secret: args.payment_webhook_secret.clone(),
         developers: stores.developers,
         payments: stores.payments,
+        auto_reloads: stores.auto_reloads,
         responses: responses.store(),
         reasoning_seal: Sealer::new(args.responses_secret.as_deref()),
         dashboard: DashboardConfig {
@@ -306,6 +312,13 @@ async fn run(
         seed_dev_key(&state, &args, dev_key).await?;
     }
     background(&state, rules);
+    if state.payments.stripe().is_some() {
+        tokio::spawn(reload::every(
+            state.clone(),
+            Duration::from_millis(args.auto_reload_interval_ms.max(1)),
+            state.shutdown.draining.clone(),
+        ));
+    }
     tokio::spawn(responses.purge_until(state.shutdown.draining.clone()));
     if let Some(published) = published {
         let state = state.clone();

@@ -58,6 +58,26 @@ impl MockSession {
     }
 }
 
+/// An off-session PaymentIntent the gateway created (an auto-reload), declined or not.
+#[derive(Clone, Debug)]
+pub struct MockIntent {
+    pub id: String,
+    pub amount: u64,
+    pub declined: bool,
+    pub idempotency_key: String,
+    pub form: HashMap<String, String>,
+}
+
+impl MockIntent {
+    pub fn field(&self, name: &str) -> &str {
+        self.form.get(name).map(String::as_str).unwrap_or_default()
+    }
+}
+
+/// The customer and card a checkout saves when asked to (`setup_future_usage`).
+pub const CUSTOMER: &str = "cus_mock_1";
+pub const PAYMENT_METHOD: &str = "pm_mock_card_visa";
+
 /// One signed-able event.
 #[derive(Clone, Debug)]
 pub struct StripeEvent {
@@ -81,6 +101,9 @@ struct Shared {
     /// First answer by idempotency key, with the form it answered.
     answered: Mutex<HashMap<String, (FormBody, u16, Value)>>,
     failures: Mutex<Vec<(u16, Value)>>,
+    intents: Mutex<Vec<MockIntent>>,
+    /// Off-session charges still to decline.
+    declines: AtomicUsize,
     calls: AtomicUsize,
     ids: AtomicUsize,
 }
@@ -141,6 +164,7 @@ impl MockStripe {
         let url = format!("http://{}", listener.local_addr().expect("local addr"));
         let app = Router::new()
             .route("/v1/checkout/sessions", post(create_session))
+            .route("/v1/payment_intents", post(create_intent))
             .with_state((shared.clone(), url.clone()));
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -156,6 +180,17 @@ impl MockStripe {
             "request_log_url": "https://dashboard.stripe.com/test/logs/req_mock",
         }});
         lock(&self.shared.failures).push((status, body));
+    }
+
+    /// The next `n` off-session charges are declined (`card_declined`), as a card with
+    /// insufficient funds is.
+    pub fn decline_next(&self, n: usize) {
+        self.shared.declines.store(n, Ordering::SeqCst);
+    }
+
+    /// Off-session charges created, declined ones included (replays are not new charges).
+    pub fn intents(&self) -> Vec<MockIntent> {
+        lock(&self.shared.intents).clone()
     }
 
     /// Calls received, failed ones and replays included.
@@ -243,6 +278,57 @@ impl MockStripe {
         self.session_event("checkout.session.completed", session, "paid")
     }
 
+    /// `payment_intent.succeeded` of a checkout's PaymentIntent; the card is saved for
+    /// off-session use when the session asked for it.
+    pub fn checkout_intent_succeeded(&self, session: &MockSession) -> StripeEvent {
+        let saving = session.field("payment_intent_data[setup_future_usage]");
+        let (customer, saving) = if saving.is_empty() {
+            (Value::Null, Value::Null)
+        } else {
+            (json!(CUSTOMER), json!(saving))
+        };
+        self.event(
+            "payment_intent.succeeded",
+            json!({
+                "id": session.payment_intent,
+                "object": "payment_intent",
+                "amount": session.amount_total,
+                "amount_received": session.amount_total,
+                "currency": "usd",
+                "status": "succeeded",
+                "customer": customer,
+                "payment_method": PAYMENT_METHOD,
+                "setup_future_usage": saving,
+                "metadata": {
+                    "account_id": session.account_id(),
+                    "reference": session.reference(),
+                },
+            }),
+        )
+    }
+
+    /// `payment_intent.succeeded` of an off-session charge.
+    pub fn intent_succeeded(&self, intent: &MockIntent) -> StripeEvent {
+        self.event(
+            "payment_intent.succeeded",
+            json!({
+                "id": intent.id,
+                "object": "payment_intent",
+                "amount": intent.amount,
+                "amount_received": intent.amount,
+                "currency": intent.field("currency"),
+                "status": "succeeded",
+                "customer": intent.field("customer"),
+                "payment_method": intent.field("payment_method"),
+                "setup_future_usage": null,
+                "metadata": {
+                    "account_id": intent.field("metadata[account_id]"),
+                    "reference": intent.field("metadata[reference]"),
+                },
+            }),
+        )
+    }
+
     /// `charge.refunded` of the session's charge, refunded `amount_refunded` in total.
     pub fn refunded(&self, session: &MockSession, amount_refunded: u64) -> StripeEvent {
         self.event(
@@ -297,44 +383,45 @@ fn stripe_error(status: u16, kind: &str, message: &str) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn create_session(
-    State((shared, base)): State<(Arc<Shared>, String)>,
-    headers: HeaderMap,
-    Form(form): Form<FormBody>,
-) -> Response {
+/// What every call checks first, as Stripe does: the secret key, an Idempotency-Key (a replay
+/// with the same parameters gets the first answer; other parameters, an `idempotency_error`),
+/// then a scripted failure. `Err` is the answer to send; `Ok` is the idempotency key.
+fn admit(shared: &Shared, headers: &HeaderMap, form: &FormBody) -> Result<String, Box<Response>> {
     shared.calls.fetch_add(1, Ordering::SeqCst);
     let bearer = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if bearer != Some(API_KEY) {
-        return stripe_error(
+        return Err(Box::new(stripe_error(
             401,
             "invalid_request_error",
             "Invalid API Key provided: sk_test_****",
-        );
+        )));
     }
     let Some(key) = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
     else {
-        return stripe_error(
+        return Err(Box::new(stripe_error(
             400,
             "invalid_request_error",
             "the mock wants an Idempotency-Key",
-        );
+        )));
     };
     if let Some((first_form, status, body)) = lock(&shared.answered).get(&key).cloned() {
-        if first_form != form {
-            return stripe_error(
+        if &first_form != form {
+            return Err(Box::new(stripe_error(
                 400,
                 "idempotency_error",
                 "Keys for idempotent requests can only be used with the same parameters they were first used with.",
-            );
+            )));
         }
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-        return (status, [("idempotent-replayed", "true")], Json(body)).into_response();
+        return Err(Box::new(
+            (status, [("idempotent-replayed", "true")], Json(body)).into_response(),
+        ));
     }
     let failure = {
         let mut failures = lock(&shared.failures);
@@ -342,8 +429,74 @@ async fn create_session(
     };
     if let Some((status, body)) = failure {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-        return (status, Json(body)).into_response();
+        return Err(Box::new((status, Json(body)).into_response()));
     }
+    Ok(key)
+}
+
+async fn create_intent(
+    State((shared, _)): State<(Arc<Shared>, String)>,
+    headers: HeaderMap,
+    Form(form): Form<FormBody>,
+) -> Response {
+    let key = match admit(&shared, &headers, &form) {
+        Ok(key) => key,
+        Err(answer) => return *answer,
+    };
+    let fields: HashMap<String, String> = form.iter().cloned().collect();
+    let n = shared.ids.fetch_add(1, Ordering::SeqCst);
+    let declined = shared
+        .declines
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| d.checked_sub(1))
+        .is_ok();
+    let intent = MockIntent {
+        id: format!("pi_mock_offsession_{n}"),
+        amount: fields
+            .get("amount")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        declined,
+        idempotency_key: key.clone(),
+        form: fields,
+    };
+    let (status, body) = if declined {
+        (
+            402,
+            json!({"error": {
+                "type": "card_error",
+                "code": "card_declined",
+                "decline_code": "insufficient_funds",
+                "message": format!("Your card has insufficient funds. {STRIPE_ERROR_TEXT}"),
+                "payment_intent": {"id": intent.id, "status": "requires_payment_method"},
+            }}),
+        )
+    } else {
+        (
+            200,
+            json!({
+                "id": intent.id,
+                "object": "payment_intent",
+                "amount": intent.amount,
+                "currency": "usd",
+                "status": "succeeded",
+            }),
+        )
+    };
+    lock(&shared.intents).push(intent);
+    lock(&shared.answered).insert(key, (form, status, body.clone()));
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    (status, Json(body)).into_response()
+}
+
+async fn create_session(
+    State((shared, base)): State<(Arc<Shared>, String)>,
+    headers: HeaderMap,
+    Form(form): Form<FormBody>,
+) -> Response {
+    let key = match admit(&shared, &headers, &form) {
+        Ok(key) => key,
+        Err(answer) => return *answer,
+    };
     let fields: HashMap<String, String> = form.iter().cloned().collect();
     let n = shared.ids.fetch_add(1, Ordering::SeqCst);
     let id = format!("cs_test_mock_{n}");

@@ -6,12 +6,14 @@
 //! take credits back and show in the billing history; Stripe's own error text never reaches
 //! the user.
 
+use std::time::Duration;
+
 use e2e::stripe::{
-    deliver, now, sign, MockSession, MockStripe, StripeEvent, API_KEY, STRIPE_ERROR_TEXT,
-    WEBHOOK_SECRET,
+    deliver, now, sign, MockSession, MockStripe, StripeEvent, API_KEY, CUSTOMER, PAYMENT_METHOD,
+    STRIPE_ERROR_TEXT, WEBHOOK_SECRET,
 };
-use e2e::visitor::{new_email, Visitor};
-use e2e::{Cluster, Gateway, GatewayBuilder, PostgresServer};
+use e2e::visitor::{hidden_csrf, new_email, Visitor};
+use e2e::{message, poll_until, Cluster, Gateway, GatewayBuilder, KeySpec, PostgresServer};
 use serde_json::Value;
 
 fn with_stripe(builder: GatewayBuilder, stripe: &MockStripe) -> GatewayBuilder {
@@ -19,6 +21,7 @@ fn with_stripe(builder: GatewayBuilder, stripe: &MockStripe) -> GatewayBuilder {
         .env("GATEWAY_STRIPE_API_KEY", API_KEY)
         .env("GATEWAY_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET)
         .env("GATEWAY_STRIPE_API_BASE", &stripe.url)
+        .env("GATEWAY_AUTO_RELOAD_INTERVAL_MS", "100")
 }
 
 /// The gateways of one store, all on the same mock Stripe.
@@ -285,6 +288,118 @@ async fn refunds_and_disputes_take_credits_back_once_and_show_in_the_billing_his
     }
 }
 
+/// Saves the auto-reload rule "below `threshold` credits, add `amount` dollars", turned on.
+async fn save_rule(visitor: &mut Visitor<'_>, threshold: &str, amount: &str) -> (u16, String) {
+    let (_, page) = visitor.get("/developers/billing").await;
+    let csrf = hidden_csrf(&page);
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("enabled", "on"),
+        ("threshold", threshold),
+        ("amount", amount),
+    ];
+    let (status, body, _) = visitor
+        .post("/developers/billing/auto-reload", &form, &[])
+        .await;
+    (status, body)
+}
+
+async fn auto_reload_saves_the_first_checkouts_card_fires_once_per_crossing_and_stops_after_three_declines(
+    shop: Shop,
+) {
+    let mut visitor = Visitor::new(shop.pod(0));
+    visitor.sign_up(&new_email(), &[]).await;
+    let (status, page) = save_rule(&mut visitor, "1000", "25").await;
+    assert_eq!(status, 409, "no card saved yet: {page}");
+
+    let first = checkout(&shop, &mut visitor, "10").await;
+    assert_eq!(
+        first.field("payment_intent_data[setup_future_usage]"),
+        "off_session"
+    );
+    let account = first.account_id().to_owned();
+    assert_eq!(shop.outcome(0, &shop.stripe.paid(&first)).await, "credited");
+    let saved = shop.stripe.checkout_intent_succeeded(&first);
+    assert_eq!(shop.outcome(1, &saved).await, "already_applied");
+    let second = checkout(&shop, &mut visitor, "10").await;
+    assert_eq!(second.field("payment_intent_data[setup_future_usage]"), "");
+
+    // Below 999,999 credits, add $25: the first turns cross it, on every pod at once.
+    let (status, page) = save_rule(&mut visitor, "999,999", "25").await;
+    assert_eq!(status, 200, "{page}");
+    let key = shop
+        .pod(0)
+        .mint_key(&account, &KeySpec::tier("pay_as_you_go"))
+        .await;
+    let drain = message("svc/haiku", "drain", 16);
+    let turns =
+        futures::future::join_all((0..6).map(|i| shop.pod(i).post_messages(&key.secret, &drain)))
+            .await;
+    assert!(turns.iter().all(|t| t.status == 200));
+    let intents = poll_until(
+        "the reload's off-session charge",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            let intents = shop.stripe.intents();
+            (!intents.is_empty()).then_some(intents)
+        },
+    )
+    .await;
+    let reload = &intents[0];
+    assert_eq!(reload.amount, 2_500);
+    assert_eq!(
+        (reload.field("customer"), reload.field("payment_method")),
+        (CUSTOMER, PAYMENT_METHOD)
+    );
+    assert_eq!(reload.field("off_session"), "true");
+    assert_eq!(reload.idempotency_key, reload.field("metadata[reference]"));
+    // More turns below the threshold, while the reload is on its way: no second charge.
+    for i in 0..6 {
+        let turn = shop
+            .pod(i)
+            .post_messages(&key.secret, &message("svc/haiku", "more", 16))
+            .await;
+        assert_eq!(turn.status, 200);
+    }
+    assert_eq!(shop.stripe.intents().len(), 1, "one crossing, one charge");
+    let before = shop.money(&account).await.0;
+    assert_eq!(
+        shop.outcome(0, &shop.stripe.intent_succeeded(reload)).await,
+        "credited"
+    );
+    assert_eq!(shop.money(&account).await.0, before + 2_500_000);
+
+    // A rule above the balance fires at once; three declines in a row turn it off.
+    shop.stripe.decline_next(3);
+    let (status, _) = save_rule(&mut visitor, "100,000,000", "25").await;
+    assert_eq!(status, 200);
+    // Read on the other pod, with the visitor's session.
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let billing = format!("{}/developers/billing", shop.pod(1).api);
+    let cookie = visitor.cookie_header();
+    let page = poll_until(
+        "auto-reload turned off after three declines",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let response = http.get(&billing).header("cookie", &cookie).send().await;
+            let page = response.ok()?.text().await.ok()?;
+            page.contains("3 of 3").then_some(page)
+        },
+    )
+    .await;
+    assert!(page.contains("Off."), "{page}");
+    assert!(page.contains("declined (card_declined)"), "{page}");
+    assert!(!page.contains(STRIPE_ERROR_TEXT) && !page.contains("insufficient funds"));
+    let intents = shop.stripe.intents();
+    assert_eq!(intents.len(), 4, "{intents:?}");
+    assert!(intents[1..].iter().all(|i| i.declined));
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod postgres {
@@ -313,6 +428,7 @@ on_both_stores!(
     forged_expired_tampered_and_unsigned_deliveries_are_refused_and_change_nothing,
     stripe_errors_show_a_plain_message_never_stripes_text_and_nothing_is_charged,
     refunds_and_disputes_take_credits_back_once_and_show_in_the_billing_history,
+    auto_reload_saves_the_first_checkouts_card_fires_once_per_crossing_and_stops_after_three_declines,
 );
 
 #[tokio::test]

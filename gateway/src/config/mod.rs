@@ -271,6 +271,10 @@ pub struct CommonArgs {
         default_value = "https://api.stripe.com"
     )]
     pub stripe_api_base: String,
+    /// How often each process looks for balances below their auto-reload threshold (with
+    /// Stripe configured).
+    #[arg(long, env = "GATEWAY_AUTO_RELOAD_INTERVAL_MS", default_value_t = 5_000)]
+    pub auto_reload_interval_ms: u64,
     /// Consecutive failed attempts that take an upstream out of rotation.
     #[arg(long, env = "GATEWAY_BREAKER_FAILURES", default_value_t = 5)]
     pub breaker_failures: u32,

@@ -17,6 +17,7 @@ use super::DashboardError;
 use crate::error::ApiError;
 use crate::ids;
 use crate::ledger::ReversalKind;
+use crate::payments::reload::MAX_DECLINES;
 use crate::payments::{credits_for, parse_usd, Order, Started, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
 use crate::state::AppState;
 
@@ -26,6 +27,19 @@ pub const PACKS_CENTS: [u64; 7] = [1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 
 pub struct CheckoutForm {
     #[serde(default)]
     csrf: String,
+    #[serde(default)]
+    amount: String,
+}
+
+#[derive(Deserialize)]
+pub struct AutoReloadForm {
+    #[serde(default)]
+    csrf: String,
+    /// A checkbox: present when ticked.
+    #[serde(default)]
+    enabled: Option<String>,
+    #[serde(default)]
+    threshold: String,
     #[serde(default)]
     amount: String,
 }
@@ -98,6 +112,8 @@ async fn render(
     let confirmed = state.ledger.top_ups(&session.account_id).await?;
     let checkouts = state.developers.checkouts(&session.account_id).await?;
     let reversals = state.ledger.reversals(&session.account_id).await?;
+    let reload = state.auto_reloads.settings(&session.account_id).await?;
+    let stripe = state.payments.stripe().is_some();
     let per_usd = state.credits_per_usd;
     let mut history: Vec<HistoryRow> = confirmed
         .iter()
@@ -182,6 +198,35 @@ async fn render(
                     button.primary #custom-checkout type="submit" { "Top up" }
                 }
                 p #amount-help.hint { "From " (dollars(MIN_TOP_UP_CENTS)) " to " (dollars(MAX_TOP_UP_CENTS)) "." }
+            }
+        }
+        @if stripe {
+            section.card #auto-reload {
+                h2 { "Auto-reload" }
+                @if !reload.card_saved {
+                    p.hint { "Pay once with a card to save it for auto-reload." }
+                } @else {
+                    p #auto-reload-status {
+                        @if reload.enabled {
+                            "On: when the balance falls below " (thousands(reload.threshold_credits))
+                            " credits, " (dollars(reload.usd_cents)) " is charged to the saved card."
+                        } @else { "Off." }
+                    }
+                    @if let Some(failure) = &reload.last_failure {
+                        div #auto-reload-failure {
+                            (notice("error", &format!("{failure} Declines in a row: {} of {}; auto-reload turns off at {}.", reload.declines, MAX_DECLINES, MAX_DECLINES)))
+                        }
+                    }
+                    form method="post" action="/developers/billing/auto-reload" {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        label { input #auto-reload-enabled type="checkbox" name="enabled" value="on" checked[reload.enabled]; " Reload automatically" }
+                        label for="threshold" { "When the balance falls below (credits)" }
+                        input #threshold type="text" inputmode="numeric" name="threshold" value=(reload.threshold_credits) required;
+                        label for="reload-amount" { "Add (US$)" }
+                        input #reload-amount type="text" inputmode="decimal" name="amount" value=(reload.usd_cents / 100) required;
+                        button.primary #save-auto-reload type="submit" { "Save" }
+                    }
+                }
             }
         }
         section.card {
@@ -328,6 +373,53 @@ pub async fn checkout(
         .await;
     }
     Ok(Redirect::to(&format!("/developers/billing?paid={}", order.reference)).into_response())
+}
+
+/// Saves the auto-reload rule: a threshold in credits and an amount within the top-up range.
+pub async fn auto_reload(
+    State(state): State<AppState>,
+    signed_in: SignedIn,
+    HtmlForm(form): HtmlForm<AutoReloadForm>,
+) -> Result<Response, DashboardError> {
+    signed_in.check_csrf(&form.csrf)?;
+    let session = &signed_in.0;
+    let threshold: Result<u64, String> = form
+        .threshold
+        .trim()
+        .replace(',', "")
+        .parse()
+        .map_err(|_| format!("“{}” is not a number of credits.", form.threshold.trim()));
+    let rule = threshold.and_then(|t| parse_amount(&form.amount).map(|cents| (t, cents)));
+    let (threshold, usd_cents) = match rule {
+        Ok(rule) => rule,
+        Err(message) => {
+            return render(
+                &state,
+                session,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some(("error", &message)),
+                "",
+            )
+            .await
+        }
+    };
+    let enabled = form.enabled.is_some();
+    let saved = state
+        .auto_reloads
+        .configure(&session.account_id, enabled, threshold, usd_cents)
+        .await?;
+    let (status, message) = if saved {
+        (StatusCode::OK, ("success", "Auto-reload saved."))
+    } else {
+        (
+            StatusCode::CONFLICT,
+            (
+                "error",
+                "Pay once with a card to save it for auto-reload first.",
+            ),
+        )
+    };
+    render(&state, session, status, Some(message), "").await
 }
 
 #[cfg(test)]

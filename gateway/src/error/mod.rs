@@ -375,6 +375,7 @@ impl From<CheckoutError> for ApiError {
                     "the payment could not be completed and nothing was charged; please try again",
                 )
             }
+            CheckoutError::Store(inner) => inner.into(),
             // Stripe's own text (its error objects, its host) stays in the log.
             CheckoutError::Provider(inner) => {
                 tracing::warn!(error = %inner, "the payment provider refused a checkout");

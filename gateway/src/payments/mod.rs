@@ -3,6 +3,7 @@
 //! the webhooks' signature check ([`signature`]), and [`stripe`].
 
 mod provider;
+pub mod reload;
 pub mod signature;
 pub mod stripe;
 mod webhook;

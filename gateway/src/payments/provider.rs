@@ -13,6 +13,7 @@ use time::OffsetDateTime;
 use super::signature;
 use super::stripe::{Stripe, StripeError};
 use super::webhook::{webhook, SIGNATURE_HEADER};
+use crate::accounts::StoreError;
 use crate::api::body::RawBody;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -25,6 +26,8 @@ pub enum CheckoutError {
     Confirmation(ApiError),
     #[error(transparent)]
     Provider(StripeError),
+    #[error(transparent)]
+    Store(StoreError),
 }
 
 /// How a checkout went on.

@@ -55,6 +55,12 @@ pub struct CheckoutSession {
     pub url: String,
 }
 
+/// A PaymentIntent as created (its outcome comes by the webhook).
+#[derive(Debug, Deserialize)]
+pub struct PaymentIntent {
+    pub id: String,
+}
+
 pub struct Api {
     http: reqwest::Client,
     base: String,

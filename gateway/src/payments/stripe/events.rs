@@ -30,6 +30,20 @@ pub struct Session {
     pub payment_intent: Option<String>,
 }
 
+/// `payment_intent.succeeded`: a checkout's payment (which may save its card) or an
+/// auto-reload's off-session charge.
+#[derive(Deserialize)]
+pub struct PaymentIntent {
+    pub id: String,
+    pub amount_received: u64,
+    pub currency: String,
+    pub customer: Option<String>,
+    pub payment_method: Option<String>,
+    pub setup_future_usage: Option<String>,
+    #[serde(default)]
+    pub metadata: HashMap<String, String>,
+}
+
 /// `charge.refunded`: a Charge; `amount_refunded` is its refunded total so far.
 #[derive(Deserialize)]
 pub struct Charge {

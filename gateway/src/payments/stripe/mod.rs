@@ -16,8 +16,9 @@ pub use api::StripeError;
 pub use webhook::webhook;
 
 use super::provider::{CheckoutError, Order, PaymentProvider, Started};
+use super::reload::{Due, Outcome};
 use crate::state::AppState;
-use api::{Api, CheckoutSession};
+use api::{Api, CheckoutSession, PaymentIntent};
 
 /// The name the line item carries on Stripe's payment page and the payer's receipt.
 const LINE_ITEM: &str = "apiCredits top-up";
@@ -74,11 +75,12 @@ impl StripeConfig<'_> {
 
 /// The form of `POST /v1/checkout/sessions` for `order`: one line item of the order's amount,
 /// our reference as `client_reference_id` and in the metadata of the session and of its
-/// PaymentIntent (with the account), and the billing page to come back to.
-fn session_form(order: &Order) -> Vec<(String, String)> {
+/// PaymentIntent (with the account), and the billing page to come back to. Until the account
+/// has a saved card, Stripe is asked to save this one for off-session charges (auto-reload).
+fn session_form(order: &Order, save_card: bool) -> Vec<(String, String)> {
     let back = &order.return_url;
     let reference = &order.reference;
-    [
+    let fields = [
         ("mode", "payment".to_owned()),
         ("client_reference_id", reference.clone()),
         ("success_url", format!("{back}?paid={reference}")),
@@ -103,18 +105,85 @@ fn session_form(order: &Order) -> Vec<(String, String)> {
             "payment_intent_data[metadata][reference]",
             reference.clone(),
         ),
+    ];
+    let saving = [
+        ("customer_creation", "always".to_owned()),
+        (
+            "payment_intent_data[setup_future_usage]",
+            "off_session".to_owned(),
+        ),
+    ];
+    let saving = if save_card { &saving[..] } else { &[] };
+    fields
+        .into_iter()
+        .chain(saving.iter().cloned())
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+}
+
+/// The form of the off-session `POST /v1/payment_intents` of an auto-reload.
+fn reload_form(due: &Due) -> Vec<(String, String)> {
+    [
+        ("amount", due.usd_cents.to_string()),
+        ("currency", "usd".to_owned()),
+        ("customer", due.customer_id.clone()),
+        ("payment_method", due.payment_method_id.clone()),
+        ("off_session", "true".to_owned()),
+        ("confirm", "true".to_owned()),
+        ("metadata[account_id]", due.account_id.clone()),
+        ("metadata[reference]", due.reference()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect()
 }
 
+impl Stripe {
+    /// Charges an auto-reload to the saved card; the webhook's `payment_intent.succeeded`
+    /// credits it. What the user is shown of a failure is ours, never Stripe's text.
+    pub async fn charge(&self, due: &Due) -> Outcome {
+        let charged: Result<PaymentIntent, StripeError> = self
+            .api
+            .post("payment_intents", &due.reference(), &reload_form(due))
+            .await;
+        match charged {
+            Ok(intent) => {
+                tracing::info!(payment_intent = %intent.id, "auto-reload charged");
+                Outcome::Charged
+            }
+            Err(e @ StripeError::Refused { status, .. }) if status < 500 && status != 429 => {
+                tracing::warn!(error = %e, "auto-reload charge refused");
+                Outcome::Declined(format!(
+                    "The saved card was declined ({}).",
+                    e.code().unwrap_or("refused")
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "auto-reload charge did not reach Stripe");
+                Outcome::Unreachable(
+                    "The payment provider could not be reached; the reload is retried.".to_owned(),
+                )
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl PaymentProvider for Stripe {
-    async fn checkout(&self, _: &AppState, order: &Order) -> Result<Started, CheckoutError> {
+    async fn checkout(&self, state: &AppState, order: &Order) -> Result<Started, CheckoutError> {
+        let saved = state
+            .auto_reloads
+            .settings(&order.account_id)
+            .await
+            .map_err(CheckoutError::Store)?
+            .card_saved;
         let session: CheckoutSession = self
             .api
-            .post("checkout/sessions", &order.reference, &session_form(order))
+            .post(
+                "checkout/sessions",
+                &order.reference,
+                &session_form(order, !saved),
+            )
             .await
             .map_err(CheckoutError::Provider)?;
         Ok(Started::Redirect(session.url))
@@ -163,12 +232,15 @@ mod tests {
 
     #[test]
     fn a_session_names_the_amount_the_account_and_the_reference_and_comes_back_to_billing() {
-        let form = session_form(&Order {
-            reference: "pay_1".to_owned(),
-            account_id: "acct_1".to_owned(),
-            usd_cents: 2_500,
-            return_url: "https://gw.example/developers/billing".to_owned(),
-        });
+        let form = session_form(
+            &Order {
+                reference: "pay_1".to_owned(),
+                account_id: "acct_1".to_owned(),
+                usd_cents: 2_500,
+                return_url: "https://gw.example/developers/billing".to_owned(),
+            },
+            true,
+        );
         let get = |k: &str| {
             form.iter()
                 .find(|(key, _)| key == k)
@@ -177,6 +249,10 @@ mod tests {
         assert_eq!(get("line_items[0][price_data][unit_amount]"), Some("2500"));
         assert_eq!(get("metadata[account_id]"), Some("acct_1"));
         assert_eq!(get("client_reference_id"), Some("pay_1"));
+        assert_eq!(
+            get("payment_intent_data[setup_future_usage]"),
+            Some("off_session")
+        );
         assert_eq!(
             get("success_url"),
             Some("https://gw.example/developers/billing?paid=pay_1")

@@ -6,8 +6,9 @@
 //! reorders deliveries, and two pods may get the same event at once), because what each one
 //! does is keyed by what it is about, not by the delivery:
 //! - a paid session credits its top-up reference once (`checkout.session.completed` with
-//!   `payment_status: paid`, or `checkout.session.async_payment_succeeded`, whichever comes
-//!   first; the other finds the reference credited);
+//!   `payment_status: paid`, `checkout.session.async_payment_succeeded` or its PaymentIntent's
+//!   `payment_intent.succeeded`, whichever comes first; the others find the reference
+//!   credited); an auto-reload's `payment_intent.succeeded` credits its own reference;
 //! - a refund carries the charge's refunded total, which only grows;
 //! - a dispute moves money once per stage it reaches (see `ledger::DisputeStage`).
 //!
@@ -20,7 +21,9 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::events::{self, Charge, Dispute, Event, Session};
+use std::collections::HashMap;
+
+use super::events::{self, Charge, Dispute, Event, PaymentIntent, Session};
 use crate::api::body::RawBody;
 use crate::dashboard::CheckoutStatus;
 use crate::error::ApiError;
@@ -61,9 +64,13 @@ async fn apply(state: &AppState, event: &Event) -> Result<&'static str, ApiError
             }
             credit(state, &session).await
         }
+        "payment_intent.succeeded" => {
+            let intent: PaymentIntent = events::object(event).map_err(ApiError::invalid)?;
+            paid_intent(state, &intent).await
+        }
         "checkout.session.async_payment_failed" | "checkout.session.expired" => {
             let session: Session = events::object(event).map_err(ApiError::invalid)?;
-            let reference = field(&session, "reference")?;
+            let reference = field(&session.metadata, "reference")?;
             state
                 .developers
                 .set_checkout_status(reference, CheckoutStatus::Failed)
@@ -98,20 +105,67 @@ async fn apply(state: &AppState, event: &Event) -> Result<&'static str, ApiError
 
 /// Credits a paid session's top-up, once per reference.
 async fn credit(state: &AppState, session: &Session) -> Result<&'static str, ApiError> {
-    let currency = session.currency.as_deref().unwrap_or_default();
-    if !currency.eq_ignore_ascii_case("usd") {
-        return Err(ApiError::invalid(format!(
-            "data.object.currency: top-ups are in usd, not `{currency}`"
-        )));
-    }
     let usd_cents = session
         .amount_total
         .ok_or_else(|| ApiError::invalid("data.object.amount_total: missing"))?;
-    let request = TopUpRequest {
-        account_id: field(session, "account_id")?,
-        reference: field(session, "reference")?,
+    let currency = session.currency.as_deref().unwrap_or_default();
+    let payment = Paid {
+        metadata: &session.metadata,
         usd_cents,
+        currency,
         payment_id: session.payment_intent.as_deref(),
+    };
+    confirm_paid(state, payment).await
+}
+
+/// A PaymentIntent paid: the top-up it is for (a checkout's, already credited by its
+/// session, or an auto-reload's), and the card it saved for auto-reload.
+async fn paid_intent(state: &AppState, intent: &PaymentIntent) -> Result<&'static str, ApiError> {
+    if !intent.metadata.contains_key("reference") {
+        // Not one of ours (another integration on the same Stripe account).
+        return Ok("ignored");
+    }
+    let payment = Paid {
+        metadata: &intent.metadata,
+        usd_cents: intent.amount_received,
+        currency: &intent.currency,
+        payment_id: Some(&intent.id),
+    };
+    let outcome = confirm_paid(state, payment).await?;
+    let saved = (
+        intent.setup_future_usage.as_deref(),
+        &intent.customer,
+        &intent.payment_method,
+    );
+    if let (Some("off_session"), Some(customer), Some(method)) = saved {
+        let account_id = field(&intent.metadata, "account_id")?;
+        state
+            .auto_reloads
+            .save_card(account_id, customer, method)
+            .await?;
+    }
+    Ok(outcome)
+}
+
+struct Paid<'a> {
+    metadata: &'a HashMap<String, String>,
+    usd_cents: u64,
+    currency: &'a str,
+    payment_id: Option<&'a str>,
+}
+
+async fn confirm_paid(state: &AppState, paid: Paid<'_>) -> Result<&'static str, ApiError> {
+    if !paid.currency.eq_ignore_ascii_case("usd") {
+        return Err(ApiError::invalid(format!(
+            "data.object.currency: top-ups are in usd, not `{}`",
+            paid.currency
+        )));
+    }
+    let request = TopUpRequest {
+        account_id: field(paid.metadata, "account_id")?,
+        reference: field(paid.metadata, "reference")?,
+        usd_cents: paid.usd_cents,
+        payment_id: paid.payment_id,
     };
     let confirmation = confirm(
         state.accounts.as_ref(),
@@ -127,10 +181,9 @@ async fn credit(state: &AppState, session: &Session) -> Result<&'static str, Api
     })
 }
 
-/// A metadata field the gateway set when it created the session.
-fn field<'a>(session: &'a Session, name: &str) -> Result<&'a str, ApiError> {
-    session
-        .metadata
+/// A metadata field the gateway set when it created the session or the charge.
+fn field<'a>(metadata: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
+    metadata
         .get(name)
         .map(String::as_str)
         .filter(|v| !v.is_empty())
