@@ -127,7 +127,11 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     };
     let interval = Duration::from_secs(args.promotion_interval_secs);
     let config = crds::manifests::load_dir(&args.common.manifests)?;
-    warnings::standalone(&config, args.common.listen);
+    warnings::standalone(
+        &config,
+        args.common.listen,
+        stores.payments.stripe().is_some(),
+    );
     run(args.common, stores, config, None, |state, rules| {
         tokio::spawn(promotion::every(
             state.accounts.clone(),

@@ -16,10 +16,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
 use axum::{Form, Json, Router};
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
@@ -101,6 +101,8 @@ struct Shared {
     /// First answer by idempotency key, with the form it answered.
     answered: Mutex<HashMap<String, (FormBody, u16, Value)>>,
     failures: Mutex<Vec<(u16, Value)>>,
+    /// Sessions paid on the hosted payment page.
+    paid: Mutex<Vec<String>>,
     intents: Mutex<Vec<MockIntent>>,
     /// Off-session charges still to decline.
     declines: AtomicUsize,
@@ -165,6 +167,7 @@ impl MockStripe {
         let app = Router::new()
             .route("/v1/checkout/sessions", post(create_session))
             .route("/v1/payment_intents", post(create_intent))
+            .route("/c/pay/{id}", get(payment_page).post(pay))
             .with_state((shared.clone(), url.clone()));
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -200,6 +203,15 @@ impl MockStripe {
 
     pub fn sessions(&self) -> Vec<MockSession> {
         lock(&self.shared.sessions).clone()
+    }
+
+    /// Sessions paid on the hosted payment page, in order.
+    pub fn paid_sessions(&self) -> Vec<MockSession> {
+        let paid = lock(&self.shared.paid).clone();
+        let sessions = self.sessions();
+        paid.iter()
+            .filter_map(|id| sessions.iter().find(|s| &s.id == id).cloned())
+            .collect()
     }
 
     /// The session the browser was sent to at `url`.
@@ -525,4 +537,26 @@ async fn create_session(
     lock(&shared.sessions).push(session);
     lock(&shared.answered).insert(key, (form, 200, body.clone()));
     Json(body).into_response()
+}
+
+/// Stripe's hosted payment page, reduced to its button.
+async fn payment_page(Path(id): Path<String>) -> Html<String> {
+    Html(format!(
+        "<!doctype html><title>Pay</title><h1>Checkout {id}</h1>\
+         <form method=post><button id=pay type=submit>Pay</button></form>"
+    ))
+}
+
+/// Pays the session and sends the browser back to its `success_url`; the test then delivers
+/// the events Stripe would send.
+async fn pay(State((shared, _)): State<(Arc<Shared>, String)>, Path(id): Path<String>) -> Response {
+    let success = lock(&shared.sessions)
+        .iter()
+        .find(|s| s.id == id)
+        .map(|s| s.field("success_url").to_owned());
+    let Some(success) = success else {
+        return stripe_error(404, "invalid_request_error", "No such checkout session");
+    };
+    lock(&shared.paid).push(id);
+    Redirect::to(&success).into_response()
 }

@@ -155,3 +155,16 @@ impl Visitor<'_> {
         (status, body, self.location.clone())
     }
 }
+
+/// `n` with thousands separators, as the dashboard shows numbers.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

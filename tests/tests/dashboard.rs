@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use e2e::browser::{Browser, DESKTOP, PHONE};
 use e2e::gateway::{unique_name, workspace_root};
-use e2e::visitor::{hidden_csrf, new_email, Visitor, PASSWORD};
+use e2e::visitor::{hidden_csrf, new_email, thousands, Visitor, PASSWORD};
 use e2e::*;
 use serde_json::Value;
 
@@ -54,18 +54,6 @@ except anthropic.APIStatusError as e:
             String::from_utf8_lossy(&out.stderr)
         ),
     }
-}
-
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 async fn shoot(b: &Browser, name: &str) {
