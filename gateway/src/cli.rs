@@ -119,6 +119,7 @@ pub async fn accounts(command: AccountsCommand) -> Result<(), CliError> {
         account_id: &account.id,
         reference: &reference,
         usd_cents,
+        payment_id: None,
     };
     let confirmation = payments::confirm(&accounts, &ledger, credits_per_usd, request).await?;
     let balance = ledger.balance(&account.id).await?;

@@ -26,6 +26,8 @@ use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAI
 use crate::limits::{
     AddressBrake, Dimension, Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter,
 };
+use crate::payments::reload::{self, AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
+use crate::payments::stripe::{StripeConfig, StripeConfigError};
 use crate::payments::{NoPayments, PaymentProvider, TestPayments};
 use crate::providers::Providers;
 use crate::responses_store::Backend as ResponsesBackend;
@@ -62,6 +64,25 @@ pub enum StartError {
         "serve needs --admin-token (or GATEWAY_ADMIN_TOKEN): a generated one could not be shown"
     )]
     NoAdminToken,
+    #[error(transparent)]
+    Stripe(#[from] StripeConfigError),
+}
+
+/// Stripe when it is configured, `otherwise` when it is not.
+fn payments(
+    args: &CommonArgs,
+    otherwise: impl PaymentProvider + 'static,
+) -> Result<Arc<dyn PaymentProvider>, StartError> {
+    let stripe = StripeConfig {
+        api_key: args.stripe_api_key.as_deref(),
+        webhook_secret: args.stripe_webhook_secret.as_deref(),
+        api_base: &args.stripe_api_base,
+    }
+    .build()?;
+    Ok(match stripe {
+        Some(stripe) => Arc::new(stripe),
+        None => Arc::new(otherwise),
+    })
 }
 
 /// The dev key's id, the same in every process, so that pods share its limits.
@@ -73,6 +94,7 @@ struct Stores {
     ledger: Arc<dyn Ledger>,
     limiter: Arc<dyn Limiter>,
     payments: Arc<dyn PaymentProvider>,
+    auto_reloads: Arc<dyn AutoReloads>,
     developers: Arc<dyn DeveloperStore>,
     responses: ResponsesBackend,
 }
@@ -99,15 +121,20 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     let ledger = Arc::new(MemoryLedger::default());
     let stores = Stores {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
+        auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
-        payments: Arc::new(TestPayments),
+        payments: payments(&args.common, TestPayments)?,
         developers: Arc::new(MemoryDeveloperStore::default()),
         responses: ResponsesBackend::memory(&args.common.responses_store),
     };
     let interval = Duration::from_secs(args.promotion_interval_secs);
     let config = crds::manifests::load_dir(&args.common.manifests)?;
-    warnings::standalone(&config, args.common.listen);
+    warnings::standalone(
+        &config,
+        args.common.listen,
+        stores.payments.stripe().is_some(),
+    );
     run(args.common, stores, config, None, |state, rules| {
         tokio::spawn(promotion::every(
             state.accounts.clone(),
@@ -147,9 +174,10 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         let ledger = Arc::new(MemoryLedger::default());
         let stores = Stores {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
+            auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
             ledger,
             limiter,
-            payments: Arc::new(NoPayments),
+            payments: payments(&args.common, NoPayments)?,
             developers: Arc::new(MemoryDeveloperStore::default()),
             responses: ResponsesBackend::memory(&args.common.responses_store),
         };
@@ -182,9 +210,10 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     }
     let stores = Stores {
         accounts: Arc::new(PostgresAccounts::new(db.clone())),
+        auto_reloads: Arc::new(PostgresAutoReloads::new(db.clone())),
         ledger: ledger.clone(),
         limiter,
-        payments: Arc::new(NoPayments),
+        payments: payments(&args.common, NoPayments)?,
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
         responses: ResponsesBackend::postgres(db, &args.common.responses_store),
     };
@@ -290,6 +319,7 @@ async fn run(
         payment_webhook_secret: args.payment_webhook_secret.clone(),
         developers: stores.developers,
         payments: stores.payments,
+        auto_reloads: stores.auto_reloads,
         responses: responses.store(),
         reasoning_seal: Sealer::new(args.responses_secret.as_deref()),
         dashboard: DashboardConfig {
@@ -302,6 +332,13 @@ async fn run(
         seed_dev_key(&state, &args, dev_key).await?;
     }
     background(&state, rules);
+    if state.payments.stripe().is_some() {
+        tokio::spawn(reload::every(
+            state.clone(),
+            Duration::from_millis(args.auto_reload_interval_ms.max(1)),
+            state.shutdown.draining.clone(),
+        ));
+    }
     tokio::spawn(responses.purge_until(state.shutdown.draining.clone()));
     if let Some(published) = published {
         let state = state.clone();

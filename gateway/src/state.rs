@@ -12,6 +12,7 @@ use crate::client_address::TrustedProxies;
 use crate::dashboard::{DashboardConfig, DeveloperStore};
 use crate::ledger::Ledger;
 use crate::limits::{AddressBrake, Limiter};
+use crate::payments::reload::AutoReloads;
 use crate::payments::PaymentProvider;
 use crate::providers::Providers;
 use crate::responses_store::ResponseStore;
@@ -38,6 +39,8 @@ pub struct Services {
     /// Dashboard users, sessions and checkouts.
     pub developers: Arc<dyn DeveloperStore>,
     pub payments: Arc<dyn PaymentProvider>,
+    /// Auto-reload rules and saved cards.
+    pub auto_reloads: Arc<dyn AutoReloads>,
     /// Stored responses of `/v1/responses`.
     pub responses: Arc<dyn ResponseStore>,
     /// Seals the thinking handed to stateless Responses API clients.

@@ -17,6 +17,8 @@
 //! - [`Scrape`]: the samples of a `/metrics` scrape.
 //! - [`otlp`]: an OTLP/HTTP (json) trace receiver the gateway exports its spans to.
 //! - [`browser`]: headless chromium through chromedriver, for the dashboard.
+//! - [`visitor`]: a dashboard visitor over plain HTTP (sign-up, forms, checkouts).
+//! - [`stripe`]: a mock Stripe API and webhook sender speaking Stripe's wire format.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
@@ -35,7 +37,9 @@ pub mod response;
 pub mod scrape;
 mod server;
 pub mod sse;
+pub mod stripe;
 pub mod upstream;
+pub mod visitor;
 
 pub use bodies::*;
 pub use cluster::{Cluster, ManifestDir, SeededKey};

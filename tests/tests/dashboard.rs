@@ -10,10 +10,10 @@ use std::path::PathBuf;
 
 use e2e::browser::{Browser, DESKTOP, PHONE};
 use e2e::gateway::{unique_name, workspace_root};
+use e2e::visitor::{hidden_csrf, new_email, thousands, Visitor, PASSWORD};
 use e2e::*;
 use serde_json::Value;
 
-const PASSWORD: &str = "correct horse battery";
 const SIGNUP_CREDITS: u64 = 100_000;
 
 fn screenshots() -> PathBuf {
@@ -54,18 +54,6 @@ except anthropic.APIStatusError as e:
             String::from_utf8_lossy(&out.stderr)
         ),
     }
-}
-
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 async fn shoot(b: &Browser, name: &str) {
@@ -240,141 +228,6 @@ async fn a_developer_signs_up_mints_a_key_calls_the_api_sees_usage_tops_up_and_r
     b.click_and_load("button[type=submit]").await;
     b.wait_for_path("/developers").await;
     b.quit().await;
-}
-
-/// A signed-out or signed-in visitor speaking plain HTTP, carrying its cookies by hand.
-struct Visitor<'a> {
-    gw: &'a Gateway,
-    /// Redirects are not followed, so that the cookies they set are seen.
-    http: reqwest::Client,
-    cookies: Vec<(String, String)>,
-}
-
-fn hidden_csrf(html: &str) -> String {
-    html.split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("a csrf field")
-        .to_owned()
-}
-
-impl<'a> Visitor<'a> {
-    fn new(gw: &'a Gateway) -> Self {
-        Self {
-            gw,
-            http: reqwest::Client::builder()
-                .no_proxy()
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .expect("client"),
-            cookies: Vec::new(),
-        }
-    }
-
-    fn cookie_header(&self) -> String {
-        self.cookies
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-
-    fn keep_cookies(&mut self, response: &reqwest::Response) -> Vec<String> {
-        let set: Vec<String> = response
-            .headers()
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok().map(str::to_owned))
-            .collect();
-        for line in &set {
-            if let Some((name, value)) = line.split(';').next().and_then(|p| p.split_once('=')) {
-                self.cookies.retain(|(k, _)| k != name);
-                self.cookies.push((name.to_owned(), value.to_owned()));
-            }
-        }
-        set
-    }
-
-    async fn get(&mut self, path: &str) -> (u16, String) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.gw.api))
-            .header("cookie", self.cookie_header())
-            .send()
-            .await
-            .expect("GET");
-        self.keep_cookies(&response);
-        let status = response.status().as_u16();
-        (status, response.text().await.expect("body"))
-    }
-
-    /// Posts a form; returns the status, the body and the Set-Cookie lines.
-    async fn post(
-        &mut self,
-        path: &str,
-        form: &[(&str, &str)],
-        headers: &[(&str, &str)],
-    ) -> (u16, String, Vec<String>) {
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.gw.api))
-            .header("cookie", self.cookie_header())
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(
-                form.iter()
-                    .map(|(k, v)| format!("{k}={}", v.replace('@', "%40").replace(' ', "+")))
-                    .collect::<Vec<_>>()
-                    .join("&"),
-            );
-        for (k, v) in headers {
-            request = request.header(*k, *v);
-        }
-        let response = request.send().await.expect("POST");
-        let set = self.keep_cookies(&response);
-        let status = response.status().as_u16();
-        (status, response.text().await.expect("body"), set)
-    }
-
-    async fn sign_up(&mut self, email: &str, headers: &[(&str, &str)]) -> Vec<String> {
-        let (_, page) = self.get("/developers/sign-up").await;
-        let csrf = hidden_csrf(&page);
-        let (status, _, set) = self
-            .post(
-                "/developers/sign-up",
-                &[("csrf", &csrf), ("email", email), ("password", PASSWORD)],
-                headers,
-            )
-            .await;
-        assert_eq!(status, 303, "sign-up redirects to the overview");
-        set
-    }
-
-    async fn sign_in(&mut self, email: &str, password: &str) -> (u16, String) {
-        self.sign_in_with(email, password, &[]).await
-    }
-
-    /// Signs in sending `headers` too (e.g. `X-Forwarded-For` through a trusted proxy).
-    async fn sign_in_with(
-        &mut self,
-        email: &str,
-        password: &str,
-        headers: &[(&str, &str)],
-    ) -> (u16, String) {
-        let (_, page) = self.get("/developers/sign-in").await;
-        let csrf = hidden_csrf(&page);
-        let (status, body, _) = self
-            .post(
-                "/developers/sign-in",
-                &[("csrf", &csrf), ("email", email), ("password", password)],
-                headers,
-            )
-            .await;
-        (status, body)
-    }
-}
-
-fn new_email() -> String {
-    format!("{}@example.com", unique_name("dev"))
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use gateway::accounts::{
 };
 use gateway::auth::{mint, KeySpec};
 use gateway::db::Database;
-use gateway::ledger::{Ledger, MemoryLedger, PostgresLedger};
+use gateway::ledger::{Ledger, MemoryLedger, NewTopUp, PostgresLedger};
 
 fn rules() -> PromotionRules {
     PromotionRules::new([
@@ -56,7 +56,13 @@ async fn sweep_twice(accounts: &dyn Accounts, ledger: &dyn Ledger) {
         .expect("account");
     for (account, cents, reference) in [(&some, 1_000, "promo-1"), (&lots, 60_000, "promo-2")] {
         ledger
-            .top_up(&account.id, reference, cents, cents * 1_000)
+            .top_up(NewTopUp {
+                account_id: &account.id,
+                reference,
+                usd_cents: cents,
+                credits: cents * 1_000,
+                payment_id: None,
+            })
             .await
             .expect("top-up");
     }

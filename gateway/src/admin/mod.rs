@@ -124,6 +124,7 @@ async fn account_json(state: &AppState, account: &Account) -> Result<Value, ApiE
         "balance": balance.balance,
         "reserved": balance.reserved,
         "lifetime_top_up_cents": balance.lifetime_top_up_cents,
+        "owed_credits": balance.owed,
     }))
 }
 
@@ -213,6 +214,7 @@ async fn top_up(
         account_id: &account.id,
         reference: &body.reference,
         usd_cents: body.usd_cents,
+        payment_id: None,
     };
     let top_up = payments::confirm(
         state.accounts.as_ref(),

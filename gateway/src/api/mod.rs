@@ -62,6 +62,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1", v1)
         .merge(dashboard::router())
         .route("/webhooks/payments", post(payments::webhook))
+        .route("/webhooks/stripe", post(payments::stripe::webhook))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))

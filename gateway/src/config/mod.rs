@@ -256,6 +256,25 @@ pub struct CommonArgs {
         value_parser = long_secret
     )]
     pub payment_webhook_secret: Option<String>,
+    /// Stripe secret API key (`sk_live_...`, `sk_test_...` or a restricted `rk_...` key that
+    /// may write Checkout Sessions and PaymentIntents). With `--stripe-webhook-secret`, top-ups
+    /// go through Stripe Checkout; one without the other refuses to start.
+    #[arg(long, env = "GATEWAY_STRIPE_API_KEY", hide_env_values = true)]
+    pub stripe_api_key: Option<String>,
+    /// Signing secret (`whsec_...`) of the Stripe webhook endpoint `POST /webhooks/stripe`.
+    #[arg(long, env = "GATEWAY_STRIPE_WEBHOOK_SECRET", hide_env_values = true)]
+    pub stripe_webhook_secret: Option<String>,
+    /// Base URL of Stripe's API; only tests point it elsewhere.
+    #[arg(
+        long,
+        env = "GATEWAY_STRIPE_API_BASE",
+        default_value = "https://api.stripe.com"
+    )]
+    pub stripe_api_base: String,
+    /// How often each process looks for balances below their auto-reload threshold (with
+    /// Stripe configured).
+    #[arg(long, env = "GATEWAY_AUTO_RELOAD_INTERVAL_MS", default_value_t = 5_000)]
+    pub auto_reload_interval_ms: u64,
     /// Consecutive failed attempts that take an upstream out of rotation.
     #[arg(long, env = "GATEWAY_BREAKER_FAILURES", default_value_t = 5)]
     pub breaker_failures: u32,

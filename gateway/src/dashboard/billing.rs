@@ -1,8 +1,9 @@
 //! `/developers/billing`: top-up packs and a custom amount ($10 to $10,000), checkout through
-//! the payment provider, and the history of top-ups with their status.
+//! the payment provider (Stripe sends the browser to its own page and back), and the history
+//! of top-ups with their status, refunds and disputes, and any credits owed.
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
@@ -10,12 +11,14 @@ use time::OffsetDateTime;
 
 use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
-use super::session::SignedIn;
+use super::session::{secure, SignedIn};
 use super::store::{Checkout, CheckoutStatus, Session};
 use super::DashboardError;
 use crate::error::ApiError;
 use crate::ids;
-use crate::payments::{credits_for, parse_usd, Order, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
+use crate::ledger::ReversalKind;
+use crate::payments::reload::MAX_DECLINES;
+use crate::payments::{credits_for, parse_usd, Order, Started, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
 use crate::state::AppState;
 
 pub const PACKS_CENTS: [u64; 7] = [1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000];
@@ -29,8 +32,22 @@ pub struct CheckoutForm {
 }
 
 #[derive(Deserialize)]
+pub struct AutoReloadForm {
+    #[serde(default)]
+    csrf: String,
+    /// A checkbox: present when ticked.
+    #[serde(default)]
+    enabled: Option<String>,
+    #[serde(default)]
+    threshold: String,
+    #[serde(default)]
+    amount: String,
+}
+
+#[derive(Deserialize)]
 pub struct Shown {
     paid: Option<String>,
+    cancelled: Option<String>,
 }
 
 /// A dollar amount as typed ("25", "$1,000", "99.50") in cents, within the top-up range.
@@ -70,9 +87,18 @@ pub fn parse_amount(input: &str) -> Result<u64, String> {
 struct HistoryRow {
     reference: String,
     usd_cents: u64,
-    credits: u64,
+    /// Negative for credits taken back.
+    credits: i128,
     status: &'static str,
     at: OffsetDateTime,
+}
+
+fn signed_thousands(credits: i128) -> String {
+    let sign = if credits < 0 { "−" } else { "" };
+    format!(
+        "{sign}{}",
+        thousands(u64::try_from(credits.unsigned_abs()).unwrap_or(u64::MAX))
+    )
 }
 
 async fn render(
@@ -85,16 +111,37 @@ async fn render(
     let balance = state.ledger.balance(&session.account_id).await?;
     let confirmed = state.ledger.top_ups(&session.account_id).await?;
     let checkouts = state.developers.checkouts(&session.account_id).await?;
+    let reversals = state.ledger.reversals(&session.account_id).await?;
+    let reload = state.auto_reloads.settings(&session.account_id).await?;
+    let stripe = state.payments.stripe().is_some();
     let per_usd = state.credits_per_usd;
     let mut history: Vec<HistoryRow> = confirmed
         .iter()
         .map(|t| HistoryRow {
             reference: t.reference.clone(),
             usd_cents: t.usd_cents,
-            credits: t.credits,
+            credits: t.credits.into(),
             status: "confirmed",
             at: t.confirmed_at,
         })
+        .chain(reversals.iter().map(|r| {
+            let moved = i128::from(r.credits) + i128::from(r.owed);
+            HistoryRow {
+                reference: r.reference.clone(),
+                usd_cents: r.usd_cents,
+                credits: if r.kind == ReversalKind::DisputeWon {
+                    moved
+                } else {
+                    -moved
+                },
+                status: match r.kind {
+                    ReversalKind::Refund => "refunded",
+                    ReversalKind::Dispute => "disputed",
+                    ReversalKind::DisputeWon => "dispute won",
+                },
+                at: r.created_at,
+            }
+        }))
         .chain(
             checkouts
                 .iter()
@@ -102,7 +149,7 @@ async fn render(
                 .map(|c| HistoryRow {
                     reference: c.reference.clone(),
                     usd_cents: c.usd_cents,
-                    credits: credits_for(c.usd_cents, per_usd),
+                    credits: credits_for(c.usd_cents, per_usd).into(),
                     status: match c.status {
                         CheckoutStatus::Pending => "pending",
                         CheckoutStatus::Failed => "failed",
@@ -113,8 +160,15 @@ async fn render(
         .collect();
     history.sort_by_key(|x| std::cmp::Reverse(x.at));
     let available = balance.balance.saturating_sub(balance.reserved);
+    let owed = (balance.owed > 0).then(|| {
+        format!(
+            "A refund or dispute took back more credits than the balance held: {} credits are owed and will be taken from your next top-up.",
+            thousands(balance.owed)
+        )
+    });
     let content = html! {
         @if let Some((kind, text)) = message { (notice(kind, text)) }
+        @if let Some(owed) = &owed { div #owed { (notice("error", owed)) } }
         section.cards aria-label="Balance" {
             div.card.stat { h2 { "apiCredits balance" } p.big #balance { (thousands(available)) } }
             div.card.stat { h2 { "Rate" } p.big #rate { (thousands(per_usd)) } p.hint { "credits per $1" } }
@@ -146,6 +200,35 @@ async fn render(
                 p #amount-help.hint { "From " (dollars(MIN_TOP_UP_CENTS)) " to " (dollars(MAX_TOP_UP_CENTS)) "." }
             }
         }
+        @if stripe {
+            section.card #auto-reload {
+                h2 { "Auto-reload" }
+                @if !reload.card_saved {
+                    p.hint { "Pay once with a card to save it for auto-reload." }
+                } @else {
+                    p #auto-reload-status {
+                        @if reload.enabled {
+                            "On: when the balance falls below " (thousands(reload.threshold_credits))
+                            " credits, " (dollars(reload.usd_cents)) " is charged to the saved card."
+                        } @else { "Off." }
+                    }
+                    @if let Some(failure) = &reload.last_failure {
+                        div #auto-reload-failure {
+                            (notice("error", &format!("{failure} Declines in a row: {} of {}; auto-reload turns off at {}.", reload.declines, MAX_DECLINES, MAX_DECLINES)))
+                        }
+                    }
+                    form method="post" action="/developers/billing/auto-reload" {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        label { input #auto-reload-enabled type="checkbox" name="enabled" value="on" checked[reload.enabled]; " Reload automatically" }
+                        label for="threshold" { "When the balance falls below (credits)" }
+                        input #threshold type="text" inputmode="numeric" name="threshold" value=(reload.threshold_credits) required;
+                        label for="reload-amount" { "Add (US$)" }
+                        input #reload-amount type="text" inputmode="decimal" name="amount" value=(reload.usd_cents / 100) required;
+                        button.primary #save-auto-reload type="submit" { "Save" }
+                    }
+                }
+            }
+        }
         section.card {
             h2 { "Top-up history" }
             @if history.is_empty() {
@@ -163,8 +246,8 @@ async fn render(
                                     td { (datetime(row.at)) }
                                     td { code { (row.reference) } }
                                     td.num { (dollars(row.usd_cents)) }
-                                    td.num { (thousands(row.credits)) }
-                                    td { span class=(format!("badge {}", row.status)) { (row.status) } }
+                                    td.num { (signed_thousands(row.credits)) }
+                                    td { span class=(format!("badge {}", row.status.replace(' ', "-"))) { (row.status) } }
                                 }
                             }
                         }
@@ -208,14 +291,34 @@ pub async fn show(
                 ),
             })
         }
-        None => None,
+        None => shown.cancelled.map(|_| {
+            (
+                "info",
+                "Checkout cancelled: nothing was charged.".to_owned(),
+            )
+        }),
     };
     let message = message.as_ref().map(|(k, m)| (*k, m.as_str()));
     render(&state, &session, StatusCode::OK, message, "").await
 }
 
+/// This page's absolute URL as the browser reached it, for the payment provider's way back.
+fn billing_url(state: &AppState, headers: &HeaderMap) -> String {
+    let scheme = if secure(state, headers) {
+        "https"
+    } else {
+        "http"
+    };
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("localhost");
+    format!("{scheme}://{host}/developers/billing")
+}
+
 pub async fn checkout(
     State(state): State<AppState>,
+    headers: HeaderMap,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<CheckoutForm>,
 ) -> Result<Response, DashboardError> {
@@ -238,6 +341,7 @@ pub async fn checkout(
         reference: ids::payment_reference(),
         account_id: session.account_id.clone(),
         usd_cents,
+        return_url: billing_url(&state, &headers),
     };
     state
         .developers
@@ -249,7 +353,11 @@ pub async fn checkout(
             created_at: OffsetDateTime::now_utc(),
         })
         .await?;
-    if let Err(e) = state.payments.checkout(&state, &order).await {
+    let started = state.payments.checkout(&state, &order).await;
+    if let Ok(Started::Redirect(url)) = &started {
+        return Ok(Redirect::to(url).into_response());
+    }
+    if let Err(e) = started {
         state
             .developers
             .set_checkout_status(&order.reference, CheckoutStatus::Failed)
@@ -265,6 +373,53 @@ pub async fn checkout(
         .await;
     }
     Ok(Redirect::to(&format!("/developers/billing?paid={}", order.reference)).into_response())
+}
+
+/// Saves the auto-reload rule: a threshold in credits and an amount within the top-up range.
+pub async fn auto_reload(
+    State(state): State<AppState>,
+    signed_in: SignedIn,
+    HtmlForm(form): HtmlForm<AutoReloadForm>,
+) -> Result<Response, DashboardError> {
+    signed_in.check_csrf(&form.csrf)?;
+    let session = &signed_in.0;
+    let threshold: Result<u64, String> = form
+        .threshold
+        .trim()
+        .replace(',', "")
+        .parse()
+        .map_err(|_| format!("“{}” is not a number of credits.", form.threshold.trim()));
+    let rule = threshold.and_then(|t| parse_amount(&form.amount).map(|cents| (t, cents)));
+    let (threshold, usd_cents) = match rule {
+        Ok(rule) => rule,
+        Err(message) => {
+            return render(
+                &state,
+                session,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some(("error", &message)),
+                "",
+            )
+            .await
+        }
+    };
+    let enabled = form.enabled.is_some();
+    let saved = state
+        .auto_reloads
+        .configure(&session.account_id, enabled, threshold, usd_cents)
+        .await?;
+    let (status, message) = if saved {
+        (StatusCode::OK, ("success", "Auto-reload saved."))
+    } else {
+        (
+            StatusCode::CONFLICT,
+            (
+                "error",
+                "Pay once with a card to save it for auto-reload first.",
+            ),
+        )
+    };
+    render(&state, session, status, Some(message), "").await
 }
 
 #[cfg(test)]

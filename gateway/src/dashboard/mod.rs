@@ -28,7 +28,7 @@ use crate::ledger::LedgerError;
 use crate::state::AppState;
 
 pub use postgres::PostgresDeveloperStore;
-pub use store::{DeveloperStore, MemoryDeveloperStore};
+pub use store::{CheckoutStatus, DeveloperStore, MemoryDeveloperStore};
 
 /// Start-up settings of the dashboard.
 #[derive(Clone, Copy, Debug, Default)]
@@ -88,6 +88,10 @@ pub fn router() -> Router<AppState> {
         .route("/developers/usage.csv", get(usage::csv))
         .route("/developers/billing", get(billing::show))
         .route("/developers/billing/checkout", post(billing::checkout))
+        .route(
+            "/developers/billing/auto-reload",
+            post(billing::auto_reload),
+        )
         .route("/developers/changelog", get(changelog::show))
         .route("/developers/assets/style.css", get(style))
         .route("/developers/{*rest}", get(not_found).post(not_found))

@@ -267,6 +267,12 @@ impl From<LedgerError> for ApiError {
             LedgerError::ReferenceConflict | LedgerError::TopUpMismatch => {
                 Self::invalid(format!("reference: {e}"))
             }
+            // A reversal that outran its payment's confirmation: the provider delivers again.
+            LedgerError::UnknownPayment(_) => Self::new(
+                StatusCode::CONFLICT,
+                ErrorType::InvalidRequestError,
+                format!("{e} yet; deliver the event again later"),
+            ),
             LedgerError::UnknownAccount | LedgerError::UnknownMessage => {
                 tracing::error!(error = %e, "ledger inconsistency");
                 Self::internal()
@@ -367,6 +373,16 @@ impl From<CheckoutError> for ApiError {
                     StatusCode::BAD_GATEWAY,
                     ErrorType::ApiError,
                     "the payment could not be completed and nothing was charged; please try again",
+                )
+            }
+            CheckoutError::Store(inner) => inner.into(),
+            // Stripe's own text (its error objects, its host) stays in the log.
+            CheckoutError::Provider(inner) => {
+                tracing::warn!(error = %inner, "the payment provider refused a checkout");
+                Self::new(
+                    StatusCode::BAD_GATEWAY,
+                    ErrorType::ApiError,
+                    "the checkout could not be started and nothing was charged; please try again in a minute",
                 )
             }
         }

@@ -7,9 +7,10 @@ use crossbeam_queue::ArrayQueue;
 use dashmap::DashMap;
 use time::{Date, OffsetDateTime};
 
+use super::reversal::{dispute_step, give, share, take, DisputeStatus, Movement};
 use super::{
-    Balance, Confirmation, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation,
-    Settlement, TopUp, UsageRow, UsageTotals,
+    Balance, Confirmation, DisputeStage, Ledger, LedgerError, MessageRecord, MessageStatus,
+    NewReservation, NewTopUp, Reversal, ReversalKind, Settlement, TopUp, UsageRow, UsageTotals,
 };
 
 const KEPT_MESSAGES: usize = 100_000;
@@ -19,6 +20,13 @@ pub struct MemoryLedger {
     messages: DashMap<String, MessageRecord>,
     settled_order: ArrayQueue<String>,
     top_ups: DashMap<String, TopUp>,
+    /// Top-up reference by the provider's payment id.
+    payments: DashMap<String, String>,
+    /// Refunded total by top-up reference.
+    refunded: DashMap<String, u64>,
+    /// `None` only while a dispute's first stage is being applied.
+    disputes: DashMap<String, Option<DisputeStatus>>,
+    reversals: DashMap<String, Reversal>,
     usage: DashMap<(String, Date, String), UsageTotals>,
 }
 
@@ -29,6 +37,10 @@ impl Default for MemoryLedger {
             messages: DashMap::new(),
             settled_order: ArrayQueue::new(KEPT_MESSAGES),
             top_ups: DashMap::new(),
+            payments: DashMap::new(),
+            refunded: DashMap::new(),
+            disputes: DashMap::new(),
+            reversals: DashMap::new(),
             usage: DashMap::new(),
         }
     }
@@ -39,6 +51,59 @@ impl MemoryLedger {
         self.balances
             .get(account_id)
             .map_or(0, |b| b.lifetime_top_up_cents)
+    }
+
+    fn top_up_of_payment(&self, payment_id: &str) -> Result<TopUp, LedgerError> {
+        self.payments
+            .get(payment_id)
+            .and_then(|reference| self.top_ups.get(reference.as_str()).map(|t| t.clone()))
+            .ok_or_else(|| LedgerError::UnknownPayment(payment_id.to_owned()))
+    }
+
+    /// Moves `usd_cents` of `top_up` off the account (or back onto it), once under `id`.
+    /// Callers hold the lock of the payment's refund or dispute entry.
+    fn reverse(
+        &self,
+        id: String,
+        top_up: &TopUp,
+        kind: ReversalKind,
+        usd_cents: u64,
+    ) -> Result<Reversal, LedgerError> {
+        let credits = share(top_up.credits, usd_cents, top_up.usd_cents);
+        let mut balance = self
+            .balances
+            .get_mut(&top_up.account_id)
+            .ok_or(LedgerError::UnknownAccount)?;
+        let (moved, owed) = match kind {
+            ReversalKind::DisputeWon => {
+                let (cleared, given) = give(balance.owed, credits);
+                balance.owed -= cleared;
+                balance.balance += given;
+                balance.lifetime_top_up_cents += usd_cents;
+                (given, cleared)
+            }
+            ReversalKind::Refund | ReversalKind::Dispute => {
+                let (taken, owed) = take(balance.balance.saturating_sub(balance.reserved), credits);
+                balance.balance -= taken;
+                balance.owed += owed;
+                balance.lifetime_top_up_cents =
+                    balance.lifetime_top_up_cents.saturating_sub(usd_cents);
+                (taken, owed)
+            }
+        };
+        drop(balance);
+        let reversal = Reversal {
+            id: id.clone(),
+            account_id: top_up.account_id.clone(),
+            reference: top_up.reference.clone(),
+            kind,
+            usd_cents,
+            credits: moved,
+            owed,
+            created_at: OffsetDateTime::now_utc(),
+        };
+        self.reversals.insert(id, reversal.clone());
+        Ok(reversal)
     }
 
     fn remember_settled(&self, id: String) {
@@ -64,21 +129,15 @@ impl Ledger for MemoryLedger {
             .unwrap_or_default())
     }
 
-    async fn top_up(
-        &self,
-        account_id: &str,
-        reference: &str,
-        usd_cents: u64,
-        credits: u64,
-    ) -> Result<Confirmation, LedgerError> {
-        let entry = self.top_ups.entry(reference.to_owned());
+    async fn top_up(&self, t: NewTopUp<'_>) -> Result<Confirmation, LedgerError> {
+        let entry = self.top_ups.entry(t.reference.to_owned());
         let top_up = match entry {
             dashmap::Entry::Occupied(existing) => {
                 let existing = existing.get().clone();
-                if existing.account_id != account_id {
+                if existing.account_id != t.account_id {
                     return Err(LedgerError::ReferenceConflict);
                 }
-                if existing.usd_cents != usd_cents {
+                if existing.usd_cents != t.usd_cents {
                     return Err(LedgerError::TopUpMismatch);
                 }
                 return Ok(Confirmation {
@@ -88,22 +147,84 @@ impl Ledger for MemoryLedger {
             }
             dashmap::Entry::Vacant(slot) => slot
                 .insert(TopUp {
-                    reference: reference.to_owned(),
-                    account_id: account_id.to_owned(),
-                    usd_cents,
-                    credits,
+                    reference: t.reference.to_owned(),
+                    account_id: t.account_id.to_owned(),
+                    usd_cents: t.usd_cents,
+                    credits: t.credits,
                     status: "confirmed",
                     confirmed_at: OffsetDateTime::now_utc(),
                 })
                 .clone(),
         };
-        let mut balance = self.balances.entry(account_id.to_owned()).or_default();
-        balance.balance += credits;
-        balance.lifetime_top_up_cents += usd_cents;
+        if let Some(payment_id) = t.payment_id {
+            self.payments
+                .insert(payment_id.to_owned(), t.reference.to_owned());
+        }
+        let mut balance = self.balances.entry(t.account_id.to_owned()).or_default();
+        let (cleared, credited) = give(balance.owed, t.credits);
+        balance.owed -= cleared;
+        balance.balance += credited;
+        balance.lifetime_top_up_cents += t.usd_cents;
         Ok(Confirmation {
             top_up,
             first: true,
         })
+    }
+
+    async fn refund(
+        &self,
+        payment_id: &str,
+        refunded_cents: u64,
+    ) -> Result<Option<Reversal>, LedgerError> {
+        let top_up = self.top_up_of_payment(payment_id)?;
+        let mut refunded = self.refunded.entry(top_up.reference.clone()).or_default();
+        let total = refunded_cents.min(top_up.usd_cents);
+        if total <= *refunded {
+            return Ok(None);
+        }
+        let id = format!("{payment_id}:refunded:{total}");
+        let reversal = self.reverse(id, &top_up, ReversalKind::Refund, total - *refunded)?;
+        *refunded = total;
+        Ok(Some(reversal))
+    }
+
+    async fn dispute(
+        &self,
+        dispute_id: &str,
+        payment_id: &str,
+        usd_cents: u64,
+        stage: DisputeStage,
+    ) -> Result<Option<Reversal>, LedgerError> {
+        let top_up = self.top_up_of_payment(payment_id)?;
+        let mut known = self.disputes.entry(dispute_id.to_owned()).or_default();
+        let Some((status, movement)) = dispute_step(*known, stage) else {
+            return Ok(None);
+        };
+        let reversal = match movement {
+            None => None,
+            Some(movement) => {
+                let (kind, suffix) = match movement {
+                    Movement::TakeBack => (ReversalKind::Dispute, "taken"),
+                    Movement::GiveBack => (ReversalKind::DisputeWon, "returned"),
+                };
+                let id = format!("{dispute_id}:{suffix}");
+                let cents = usd_cents.min(top_up.usd_cents);
+                Some(self.reverse(id, &top_up, kind, cents)?)
+            }
+        };
+        *known = Some(status);
+        Ok(reversal)
+    }
+
+    async fn reversals(&self, account_id: &str) -> Result<Vec<Reversal>, LedgerError> {
+        let mut reversals: Vec<Reversal> = self
+            .reversals
+            .iter()
+            .filter(|r| r.account_id == account_id)
+            .map(|r| r.clone())
+            .collect();
+        reversals.sort_by_key(|x| std::cmp::Reverse(x.created_at));
+        Ok(reversals)
     }
 
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {

@@ -5,6 +5,7 @@
 mod coalesce;
 mod memory;
 mod postgres;
+mod reversal;
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -13,6 +14,7 @@ use time::{Date, OffsetDateTime};
 
 pub use memory::MemoryLedger;
 pub use postgres::{PostgresLedger, CLOSE_WAIT};
+pub use reversal::{DisputeStage, Reversal, ReversalKind};
 
 use crate::wire::anthropic::{StopReason, TokenUsage};
 
@@ -28,6 +30,9 @@ pub enum LedgerError {
     ReferenceConflict,
     #[error("payment reference is already used by a top-up of another amount")]
     TopUpMismatch,
+    /// A refund or dispute of a payment no top-up was credited for (yet).
+    #[error("no top-up was credited for payment `{0}`")]
+    UnknownPayment(String),
     #[error("ledger unavailable: {0}")]
     Unavailable(String),
     /// Postgres refused the statement (a constraint): retrying cannot make it land.
@@ -41,7 +46,11 @@ pub struct Balance {
     pub balance: u64,
     /// Credits held by turns in flight.
     pub reserved: u64,
+    /// Net of refunds and disputes: what drives tier promotion.
     pub lifetime_top_up_cents: u64,
+    /// Credits a refund or dispute could not take back (the balance was short); the next
+    /// top-ups pay them first. Non-zero flags the account.
+    pub owed: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -169,6 +178,16 @@ pub struct TopUp {
     pub confirmed_at: OffsetDateTime,
 }
 
+/// A top-up to confirm: `credits` for `usd_cents`, once per `reference`; `payment_id` names
+/// the provider's payment (Stripe's PaymentIntent) so that its refunds and disputes find it.
+pub struct NewTopUp<'a> {
+    pub account_id: &'a str,
+    pub reference: &'a str,
+    pub usd_cents: u64,
+    pub credits: u64,
+    pub payment_id: Option<&'a str>,
+}
+
 /// A confirmed top-up, and whether this call confirmed it (`false`: a replay, nothing changed).
 #[derive(Clone, Debug)]
 pub struct Confirmation {
@@ -228,15 +247,29 @@ pub trait Ledger: Send + Sync {
     /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
     async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError>;
-    /// Confirms a top-up once per payment reference, crediting the account and its lifetime
-    /// top-up; a replay returns the first confirmation and changes nothing.
-    async fn top_up(
+    /// Confirms a top-up once per payment reference, crediting the account (what it owes
+    /// first) and its lifetime top-up; a replay returns the first confirmation and changes
+    /// nothing.
+    async fn top_up(&self, top_up: NewTopUp<'_>) -> Result<Confirmation, LedgerError>;
+    /// Takes back what the refunds of a payment returned: `refunded_cents` is the payment's
+    /// refunded total so far, which only grows, so a replayed or late event changes nothing.
+    /// `None`: nothing new to take back.
+    async fn refund(
         &self,
-        account_id: &str,
-        reference: &str,
+        payment_id: &str,
+        refunded_cents: u64,
+    ) -> Result<Option<Reversal>, LedgerError>;
+    /// Moves a dispute's money once: taken back when it opens (or is lost unseen), given back
+    /// when it is won after being opened; whatever order the stages arrive in.
+    async fn dispute(
+        &self,
+        dispute_id: &str,
+        payment_id: &str,
         usd_cents: u64,
-        credits: u64,
-    ) -> Result<Confirmation, LedgerError>;
+        stage: DisputeStage,
+    ) -> Result<Option<Reversal>, LedgerError>;
+    /// The account's refunds and disputes, newest first.
+    async fn reversals(&self, account_id: &str) -> Result<Vec<Reversal>, LedgerError>;
     /// Holds between `min` and `max` credits, as much as the balance allows; returns the amount.
     async fn reserve(&self, reservation: NewReservation) -> Result<u64, LedgerError>;
     /// Bills a reserved turn and releases the rest; once only: a replay returns the first

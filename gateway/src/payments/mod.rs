@@ -1,18 +1,20 @@
 //! Top-ups: the amounts the spec allows, the credits a payment buys, their confirmation (from
-//! the admin API, the operator CLI or the payment provider's webhook, all through [`confirm`]),
-//! and the webhook's signature check ([`signature`]).
+//! the admin API, the operator CLI or a payment provider's webhook, all through [`confirm`]),
+//! the webhooks' signature check ([`signature`]), and [`stripe`].
 
 mod provider;
+pub mod reload;
 pub mod signature;
+pub mod stripe;
 mod webhook;
 
 use thiserror::Error;
 
-pub use provider::{CheckoutError, NoPayments, Order, PaymentProvider, TestPayments};
+pub use provider::{CheckoutError, NoPayments, Order, PaymentProvider, Started, TestPayments};
 pub use webhook::webhook;
 
 use crate::accounts::{Accounts, StoreError};
-use crate::ledger::{Confirmation, Ledger, LedgerError};
+use crate::ledger::{Confirmation, Ledger, LedgerError, NewTopUp};
 
 /// The spec's top-up bounds: packs from $10, custom amounts up to $10,000.
 pub const MIN_TOP_UP_CENTS: u64 = 1_000;
@@ -66,12 +68,13 @@ pub async fn confirm(
     }
     let credits = credits_for(top_up.usd_cents, credits_per_usd);
     Ok(ledger
-        .top_up(
-            top_up.account_id,
-            top_up.reference,
-            top_up.usd_cents,
+        .top_up(NewTopUp {
+            account_id: top_up.account_id,
+            reference: top_up.reference,
+            usd_cents: top_up.usd_cents,
             credits,
-        )
+            payment_id: top_up.payment_id,
+        })
         .await?)
 }
 
@@ -79,6 +82,8 @@ pub struct TopUpRequest<'a> {
     pub account_id: &'a str,
     pub reference: &'a str,
     pub usd_cents: u64,
+    /// The provider's payment (Stripe's PaymentIntent), when it can be refunded or disputed.
+    pub payment_id: Option<&'a str>,
 }
 
 /// Dollars as typed by an operator (`25`, `25.5`, `25.50`) in cents.

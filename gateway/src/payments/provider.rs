@@ -1,7 +1,7 @@
 //! Payment providers: the dashboard's billing page starts a checkout through one; the account
 //! is credited only when the provider's signed webhook confirms the payment. Chosen once at
-//! start-up: the built-in test provider in standalone mode, none (checkouts refused with a
-//! clear message) in cluster mode until a real provider is configured.
+//! start-up: Stripe when it is configured; otherwise the built-in test provider in standalone
+//! mode, and none (checkouts refused with a clear message) in cluster mode.
 
 use async_trait::async_trait;
 use axum::extract::State;
@@ -11,7 +11,9 @@ use thiserror::Error;
 use time::OffsetDateTime;
 
 use super::signature;
+use super::stripe::{Stripe, StripeError};
 use super::webhook::{webhook, SIGNATURE_HEADER};
+use crate::accounts::StoreError;
 use crate::api::body::RawBody;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -22,6 +24,19 @@ pub enum CheckoutError {
     NoProvider,
     #[error("the payment provider's confirmation was refused: {}", .0.message)]
     Confirmation(ApiError),
+    #[error(transparent)]
+    Provider(StripeError),
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+/// How a checkout went on.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Started {
+    /// Paid and confirmed already (the test provider).
+    Paid,
+    /// The payer continues on the provider's page at this URL.
+    Redirect(String),
 }
 
 /// A top-up the user asked for, under a reference unique to it.
@@ -29,12 +44,19 @@ pub struct Order {
     pub reference: String,
     pub account_id: String,
     pub usd_cents: u64,
+    /// The billing page's absolute URL, where the provider sends the payer back.
+    pub return_url: String,
 }
 
 #[async_trait]
 pub trait PaymentProvider: Send + Sync {
     /// Starts paying an order. The account is credited only by the webhook's confirmation.
-    async fn checkout(&self, state: &AppState, order: &Order) -> Result<(), CheckoutError>;
+    async fn checkout(&self, state: &AppState, order: &Order) -> Result<Started, CheckoutError>;
+
+    /// The Stripe provider, whose webhook `POST /webhooks/stripe` serves.
+    fn stripe(&self) -> Option<&Stripe> {
+        None
+    }
 }
 
 /// The test provider of standalone mode: every checkout is paid at once, and confirmed the
@@ -44,7 +66,7 @@ pub struct TestPayments;
 
 #[async_trait]
 impl PaymentProvider for TestPayments {
-    async fn checkout(&self, state: &AppState, order: &Order) -> Result<(), CheckoutError> {
+    async fn checkout(&self, state: &AppState, order: &Order) -> Result<Started, CheckoutError> {
         let secret = state
             .payment_webhook_secret
             .as_deref()
@@ -67,7 +89,7 @@ impl PaymentProvider for TestPayments {
         headers.insert(SIGNATURE_HEADER, value);
         webhook(State(state.clone()), headers, RawBody(body.into_bytes()))
             .await
-            .map(|_| ())
+            .map(|_| Started::Paid)
             .map_err(CheckoutError::Confirmation)
     }
 }
@@ -77,7 +99,7 @@ pub struct NoPayments;
 
 #[async_trait]
 impl PaymentProvider for NoPayments {
-    async fn checkout(&self, _: &AppState, _: &Order) -> Result<(), CheckoutError> {
+    async fn checkout(&self, _: &AppState, _: &Order) -> Result<Started, CheckoutError> {
         Err(CheckoutError::NoProvider)
     }
 }

@@ -3,9 +3,11 @@
 //! secret is being rotated). The timestamp is inside the signed text, so an old delivery
 //! cannot be replayed with a fresh one; deliveries older than the tolerance are refused.
 
+use axum::http::HeaderMap;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use thiserror::Error;
+use time::OffsetDateTime;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -14,9 +16,9 @@ pub const TOLERANCE_SECS: i64 = 300;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SignatureError {
-    #[error("missing Payment-Signature header")]
+    #[error("missing the webhook's signature header")]
     Missing,
-    #[error("malformed Payment-Signature header: expected `t=<unix seconds>,v1=<hex>`")]
+    #[error("malformed webhook signature header: expected `t=<unix seconds>,v1=<hex>`")]
     Malformed,
     #[error("the webhook signature does not match the body")]
     Mismatch,
@@ -75,6 +77,26 @@ pub fn verify(secret: &str, header: &str, body: &[u8], now: i64) -> Result<(), S
         return Err(SignatureError::Expired);
     }
     Ok(())
+}
+
+/// Checks the signature header `name` of a delivery against its raw `body`, now.
+pub fn verify_delivery(
+    secret: &str,
+    headers: &HeaderMap,
+    name: &str,
+    body: &[u8],
+) -> Result<(), SignatureError> {
+    let header = headers
+        .get(name)
+        .ok_or(SignatureError::Missing)?
+        .to_str()
+        .map_err(|_| SignatureError::Malformed)?;
+    verify(
+        secret,
+        header,
+        body,
+        OffsetDateTime::now_utc().unix_timestamp(),
+    )
 }
 
 #[cfg(test)]

@@ -9,9 +9,8 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use time::OffsetDateTime;
 
-use super::signature::{self, SignatureError};
+use super::signature;
 use super::{confirm, PaymentError, TopUpRequest};
 use crate::api::body::RawBody;
 use crate::error::ApiError;
@@ -36,13 +35,8 @@ pub async fn webhook(
     let Some(secret) = state.payment_webhook_secret.as_deref() else {
         return Err(ApiError::not_found("no such path"));
     };
-    let header = headers
-        .get(SIGNATURE_HEADER)
-        .ok_or(SignatureError::Missing)
-        .and_then(|v| v.to_str().map_err(|_| SignatureError::Malformed))
+    signature::verify_delivery(secret, &headers, SIGNATURE_HEADER, &body)
         .map_err(PaymentError::from)?;
-    let now = OffsetDateTime::now_utc().unix_timestamp();
-    signature::verify(secret, header, &body, now).map_err(PaymentError::from)?;
     let event: Event =
         serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("body: {e}")))?;
     if event.kind != "top_up.succeeded" {
@@ -55,6 +49,7 @@ pub async fn webhook(
         account_id: &event.account_id,
         reference: &event.reference,
         usd_cents: event.usd_cents,
+        payment_id: None,
     };
     let confirmation = confirm(
         state.accounts.as_ref(),

@@ -22,8 +22,9 @@ pub fn public_example_keys(config: &GatewayConfig) -> Vec<&str> {
         .collect()
 }
 
-/// Logs a warning for each risky choice of a standalone process.
-pub fn standalone(config: &GatewayConfig, listen: SocketAddr) {
+/// Logs a warning for each risky choice of a standalone process (`stripe`: Stripe takes the
+/// test payment provider's place).
+pub fn standalone(config: &GatewayConfig, listen: SocketAddr, stripe: bool) {
     for id in public_example_keys(config) {
         tracing::warn!(
             key_id = id,
@@ -32,7 +33,7 @@ pub fn standalone(config: &GatewayConfig, listen: SocketAddr) {
              (--manifests) outside a trial"
         );
     }
-    if !listen.ip().is_loopback() {
+    if !stripe && !listen.ip().is_loopback() {
         tracing::warn!(
             %listen,
             "WARNING: standalone's test payment provider confirms every checkout at once, and \

@@ -24,6 +24,7 @@
 //! voided (written `unbilled`, billed nothing, whatever the unconfirmed statement did).
 
 mod allotment;
+mod reversals;
 mod turns;
 
 use std::future::Future;
@@ -41,8 +42,8 @@ use tokio_util::task::TaskTracker;
 use self::allotment::{Grow, Pools, Release, Written, IDLE};
 use super::coalesce::Coalescer;
 use super::{
-    Balance, Confirmation, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation,
-    Settlement, TopUp, UsageRow, UsageTotals,
+    Balance, Confirmation, DisputeStage, Ledger, LedgerError, MessageRecord, MessageStatus,
+    NewReservation, NewTopUp, Reversal, Settlement, TopUp, UsageRow, UsageTotals,
 };
 use crate::db::{from_db, parse_name, to_db, Database, DbError};
 use crate::ids;
@@ -595,6 +596,7 @@ fn balance_of(row: &PgRow) -> Result<Balance, sqlx::Error> {
         balance: from_db(row.try_get("balance")?),
         reserved: from_db(row.try_get("reserved")?),
         lifetime_top_up_cents: from_db(row.try_get("lifetime_top_up_cents")?),
+        owed: from_db(row.try_get("owed_credits")?),
     })
 }
 
@@ -658,7 +660,7 @@ impl Ledger for PostgresLedger {
             .bounded(
                 sqlx::query(
                     "UPDATE accounts SET balance = balance + $2 WHERE id = $1
-                     RETURNING balance, reserved, lifetime_top_up_cents",
+                     RETURNING balance, reserved, lifetime_top_up_cents, owed_credits",
                 )
                 .bind(account_id)
                 .bind(to_db(credits))
@@ -674,7 +676,8 @@ impl Ledger for PostgresLedger {
             .db
             .bounded(
                 sqlx::query(
-                    "SELECT balance, reserved, lifetime_top_up_cents FROM accounts WHERE id = $1",
+                    "SELECT balance, reserved, lifetime_top_up_cents, owed_credits
+                     FROM accounts WHERE id = $1",
                 )
                 .bind(account_id)
                 .fetch_optional(self.db.pool()),
@@ -688,40 +691,38 @@ impl Ledger for PostgresLedger {
             .unwrap_or_default())
     }
 
-    async fn top_up(
-        &self,
-        account_id: &str,
-        reference: &str,
-        usd_cents: u64,
-        credits: u64,
-    ) -> Result<Confirmation, LedgerError> {
+    async fn top_up(&self, t: NewTopUp<'_>) -> Result<Confirmation, LedgerError> {
         // Inserts the top-up confirmed, or confirms a pending one of the same account and
-        // amount, and credits the account, in one statement; anything else changes nothing.
+        // amount, and credits the account (what it owes first), in one statement; anything
+        // else changes nothing.
         let row = self
             .db
             .bounded(
                 sqlx::query(
                     "WITH confirmed AS (
-                         INSERT INTO top_ups (reference, account_id, usd_cents, credits, status, confirmed_at)
-                         VALUES ($1, $2, $3, $4, 'confirmed', now())
-                         ON CONFLICT (reference) DO UPDATE SET status = 'confirmed', confirmed_at = now()
+                         INSERT INTO top_ups (reference, account_id, usd_cents, credits, status, confirmed_at, payment_id)
+                         VALUES ($1, $2, $3, $4, 'confirmed', now(), $5)
+                         ON CONFLICT (reference) DO UPDATE
+                         SET status = 'confirmed', confirmed_at = now(), payment_id = EXCLUDED.payment_id
                          WHERE top_ups.status = 'pending'
                            AND top_ups.account_id = EXCLUDED.account_id
                            AND top_ups.usd_cents = EXCLUDED.usd_cents
                          RETURNING reference, account_id, usd_cents, credits, status, confirmed_at
                      ), credited AS (
                          UPDATE accounts a
-                         SET balance = a.balance + c.credits,
+                         SET balance = a.balance + c.credits - least(a.owed_credits, c.credits),
+                             owed_credits = a.owed_credits - least(a.owed_credits, c.credits),
                              lifetime_top_up_cents = a.lifetime_top_up_cents + c.usd_cents
                          FROM confirmed c WHERE a.id = c.account_id
                          RETURNING a.id
                      )
                      SELECT c.* FROM confirmed c JOIN credited ON credited.id = c.account_id",
                 )
-                .bind(reference)
-                .bind(account_id)
-                .bind(to_db(usd_cents))
-                .bind(to_db(credits))
+                .bind(t.reference)
+                .bind(t.account_id)
+                .bind(to_db(t.usd_cents))
+                .bind(to_db(t.credits))
+                .bind(t.payment_id)
                 .fetch_optional(self.db.pool()),
             )
             .await;
@@ -738,19 +739,58 @@ impl Ledger for PostgresLedger {
             });
         }
         let existing = self
-            .top_up_by_reference(reference)
+            .top_up_by_reference(t.reference)
             .await?
             .ok_or(LedgerError::UnknownAccount)?;
-        if existing.account_id != account_id {
+        if existing.account_id != t.account_id {
             return Err(LedgerError::ReferenceConflict);
         }
-        if existing.status != "confirmed" || existing.usd_cents != usd_cents {
+        if existing.status != "confirmed" || existing.usd_cents != t.usd_cents {
             return Err(LedgerError::TopUpMismatch);
         }
         Ok(Confirmation {
             top_up: existing,
             first: false,
         })
+    }
+
+    async fn refund(
+        &self,
+        payment_id: &str,
+        refunded_cents: u64,
+    ) -> Result<Option<Reversal>, LedgerError> {
+        self.db
+            .bounded(reversals::refund(
+                self.db.pool(),
+                payment_id,
+                refunded_cents,
+            ))
+            .await?
+    }
+
+    async fn dispute(
+        &self,
+        dispute_id: &str,
+        payment_id: &str,
+        usd_cents: u64,
+        stage: DisputeStage,
+    ) -> Result<Option<Reversal>, LedgerError> {
+        let dispute = reversals::Dispute {
+            id: dispute_id,
+            payment_id,
+            usd_cents,
+            stage,
+        };
+        self.db
+            .bounded(reversals::dispute(self.db.pool(), dispute))
+            .await?
+    }
+
+    async fn reversals(&self, account_id: &str) -> Result<Vec<Reversal>, LedgerError> {
+        Ok(self
+            .db
+            .bounded(reversals::of_account(self.db.pool(), account_id))
+            .await?)
     }
 
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {

@@ -1,0 +1,205 @@
+//! Refunds and disputes in Postgres: each runs in one transaction that locks the top-up's row
+//! first, so that pods applying the same Stripe event at once queue on it and the second finds
+//! the movement done (a refund total already reached, a dispute already in that state).
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use super::super::reversal::{
+    dispute_step, give, share, take, DisputeStatus, Movement, Reversal, ReversalKind,
+};
+use super::super::{DisputeStage, LedgerError};
+use crate::db::{from_db, to_db};
+
+type Outcome = Result<Option<Reversal>, LedgerError>;
+
+struct Paid {
+    reference: String,
+    account_id: String,
+    usd_cents: u64,
+    credits: u64,
+    refunded_cents: u64,
+}
+
+async fn lock_top_up(
+    tx: &mut Transaction<'_, Postgres>,
+    payment_id: &str,
+) -> Result<Option<Paid>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT reference, account_id, usd_cents, credits, refunded_cents
+         FROM top_ups WHERE payment_id = $1 AND status = 'confirmed' FOR UPDATE",
+    )
+    .bind(payment_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(|row| {
+        Ok(Paid {
+            reference: row.try_get("reference")?,
+            account_id: row.try_get("account_id")?,
+            usd_cents: from_db(row.try_get("usd_cents")?),
+            credits: from_db(row.try_get("credits")?),
+            refunded_cents: from_db(row.try_get("refunded_cents")?),
+        })
+    })
+    .transpose()
+}
+
+/// Moves `usd_cents` of `paid` off the account (or back onto it) and records it under `id`.
+async fn reverse(
+    tx: &mut Transaction<'_, Postgres>,
+    id: String,
+    paid: &Paid,
+    kind: ReversalKind,
+    usd_cents: u64,
+) -> Result<Reversal, sqlx::Error> {
+    let credits = share(paid.credits, usd_cents, paid.usd_cents);
+    let account = sqlx::query(
+        "SELECT balance, reserved, owed_credits FROM accounts WHERE id = $1 FOR UPDATE",
+    )
+    .bind(&paid.account_id)
+    .fetch_one(&mut **tx)
+    .await?;
+    let balance = from_db(account.try_get("balance")?);
+    let reserved = from_db(account.try_get("reserved")?);
+    let owed = from_db(account.try_get("owed_credits")?);
+    let (moved, owed_part, statement) = match kind {
+        ReversalKind::DisputeWon => {
+            let (cleared, given) = give(owed, credits);
+            (
+                given,
+                cleared,
+                "UPDATE accounts SET balance = balance + $2, owed_credits = owed_credits - $3,
+                        lifetime_top_up_cents = lifetime_top_up_cents + $4
+                 WHERE id = $1",
+            )
+        }
+        ReversalKind::Refund | ReversalKind::Dispute => {
+            let (taken, owed) = take(balance.saturating_sub(reserved), credits);
+            (
+                taken,
+                owed,
+                "UPDATE accounts SET balance = balance - $2, owed_credits = owed_credits + $3,
+                        lifetime_top_up_cents = greatest(lifetime_top_up_cents - $4, 0)
+                 WHERE id = $1",
+            )
+        }
+    };
+    sqlx::query(statement)
+        .bind(&paid.account_id)
+        .bind(to_db(moved))
+        .bind(to_db(owed_part))
+        .bind(to_db(usd_cents))
+        .execute(&mut **tx)
+        .await?;
+    let row = sqlx::query(
+        "INSERT INTO payment_reversals (id, account_id, reference, kind, usd_cents, credits, owed)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         RETURNING *",
+    )
+    .bind(&id)
+    .bind(&paid.account_id)
+    .bind(&paid.reference)
+    .bind(kind.as_str())
+    .bind(to_db(usd_cents))
+    .bind(to_db(moved))
+    .bind(to_db(owed_part))
+    .fetch_one(&mut **tx)
+    .await?;
+    reversal_of(&row)
+}
+
+pub async fn refund(
+    pool: &PgPool,
+    payment_id: &str,
+    refunded_cents: u64,
+) -> Result<Outcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let Some(paid) = lock_top_up(&mut tx, payment_id).await? else {
+        return Ok(Err(LedgerError::UnknownPayment(payment_id.to_owned())));
+    };
+    let total = refunded_cents.min(paid.usd_cents);
+    if total <= paid.refunded_cents {
+        return Ok(Ok(None));
+    }
+    let id = format!("{payment_id}:refunded:{total}");
+    let cents = total - paid.refunded_cents;
+    let reversal = reverse(&mut tx, id, &paid, ReversalKind::Refund, cents).await?;
+    sqlx::query("UPDATE top_ups SET refunded_cents = $2 WHERE reference = $1")
+        .bind(&paid.reference)
+        .bind(to_db(total))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Ok(Some(reversal)))
+}
+
+pub struct Dispute<'a> {
+    pub id: &'a str,
+    pub payment_id: &'a str,
+    pub usd_cents: u64,
+    pub stage: DisputeStage,
+}
+
+pub async fn dispute(pool: &PgPool, d: Dispute<'_>) -> Result<Outcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let Some(paid) = lock_top_up(&mut tx, d.payment_id).await? else {
+        return Ok(Err(LedgerError::UnknownPayment(d.payment_id.to_owned())));
+    };
+    let known: Option<String> =
+        sqlx::query_scalar("SELECT status FROM payment_disputes WHERE id = $1")
+            .bind(d.id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let known = known.as_deref().and_then(DisputeStatus::parse);
+    let Some((status, movement)) = dispute_step(known, d.stage) else {
+        return Ok(Ok(None));
+    };
+    let reversal = match movement {
+        None => None,
+        Some(movement) => {
+            let (kind, suffix) = match movement {
+                Movement::TakeBack => (ReversalKind::Dispute, "taken"),
+                Movement::GiveBack => (ReversalKind::DisputeWon, "returned"),
+            };
+            let id = format!("{}:{suffix}", d.id);
+            let cents = d.usd_cents.min(paid.usd_cents);
+            Some(reverse(&mut tx, id, &paid, kind, cents).await?)
+        }
+    };
+    sqlx::query(
+        "INSERT INTO payment_disputes (id, reference, status) VALUES ($1, $2, $3)
+         ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status",
+    )
+    .bind(d.id)
+    .bind(&paid.reference)
+    .bind(status.as_str())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Ok(reversal))
+}
+
+pub async fn of_account(pool: &PgPool, account_id: &str) -> Result<Vec<Reversal>, sqlx::Error> {
+    sqlx::query("SELECT * FROM payment_reversals WHERE account_id = $1 ORDER BY created_at DESC")
+        .bind(account_id)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(reversal_of)
+        .collect()
+}
+
+fn reversal_of(row: &PgRow) -> Result<Reversal, sqlx::Error> {
+    let kind: String = row.try_get("kind")?;
+    Ok(Reversal {
+        id: row.try_get("id")?,
+        account_id: row.try_get("account_id")?,
+        reference: row.try_get("reference")?,
+        kind: ReversalKind::parse(&kind)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown reversal kind `{kind}`").into()))?,
+        usd_cents: from_db(row.try_get("usd_cents")?),
+        credits: from_db(row.try_get("credits")?),
+        owed: from_db(row.try_get("owed")?),
+        created_at: row.try_get("created_at")?,
+    })
+}

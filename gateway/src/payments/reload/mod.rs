@@ -1,0 +1,123 @@
+//! Auto-reload: "when the balance falls below X credits, add $Y", charged off-session to the
+//! card an account saved at its first Stripe checkout and credited by the same webhook as any
+//! top-up. Every pod sweeps ([`every`]); a reload starts in the store's one atomic step that
+//! disarms it ([`AutoReloads::due`]), so one crossing is one charge whichever pods sweep. It
+//! is re-armed when the balance is back at the threshold, or after a failed attempt (the next
+//! sweep retries); [`MAX_DECLINES`] declines in a row turn it off.
+
+mod memory;
+mod postgres;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+pub use memory::MemoryAutoReloads;
+pub use postgres::PostgresAutoReloads;
+
+use crate::accounts::StoreError;
+use crate::state::AppState;
+
+/// Declines in a row after which auto-reload turns itself off.
+pub const MAX_DECLINES: u32 = 3;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AutoReload {
+    pub card_saved: bool,
+    pub enabled: bool,
+    pub threshold_credits: u64,
+    pub usd_cents: u64,
+    /// Declines in a row.
+    pub declines: u32,
+    /// What went wrong last, as shown to the user.
+    pub last_failure: Option<String>,
+}
+
+/// A reload a pod has started: the only one for this crossing.
+#[derive(Clone, Debug)]
+pub struct Due {
+    pub account_id: String,
+    /// Numbers the account's charges; the same after a network error, so a retry is the same
+    /// charge (it is in the idempotency key).
+    pub attempt: u64,
+    pub usd_cents: u64,
+    pub customer_id: String,
+    pub payment_method_id: String,
+}
+
+impl Due {
+    /// The top-up reference, and the charge's idempotency key.
+    pub fn reference(&self) -> String {
+        format!("reload_{}_{}", self.account_id, self.attempt)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Charged; the webhook credits it.
+    Charged,
+    /// The card was refused; counts towards [`MAX_DECLINES`].
+    Declined(String),
+    /// Nothing known to be charged; retried under the same attempt.
+    Unreachable(String),
+}
+
+#[async_trait]
+pub trait AutoReloads: Send + Sync {
+    /// Keeps the card a checkout saved (the latest one wins).
+    async fn save_card(
+        &self,
+        account_id: &str,
+        customer_id: &str,
+        payment_method_id: &str,
+    ) -> Result<(), StoreError>;
+    async fn settings(&self, account_id: &str) -> Result<AutoReload, StoreError>;
+    /// Sets the rule; `false` when the account has no saved card. Turning it on clears the
+    /// declines.
+    async fn configure(
+        &self,
+        account_id: &str,
+        enabled: bool,
+        threshold_credits: u64,
+        usd_cents: u64,
+    ) -> Result<bool, StoreError>;
+    /// Re-arms the reloads whose balance is back at the threshold, then disarms and returns
+    /// those whose available balance is below it.
+    async fn due(&self) -> Result<Vec<Due>, StoreError>;
+    /// Records how a started reload went.
+    async fn finish(&self, due: &Due, outcome: &Outcome) -> Result<(), StoreError>;
+}
+
+/// Runs a sweep every `interval` until `draining`, when Stripe is the payment provider.
+pub async fn every(state: AppState, interval: Duration, draining: CancellationToken) {
+    let mut ticks = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            _ = draining.cancelled() => return,
+            _ = ticks.tick() => sweep(&state).await,
+        }
+    }
+}
+
+async fn sweep(state: &AppState) {
+    let Some(stripe) = state.payments.stripe() else {
+        return;
+    };
+    let store: &Arc<dyn AutoReloads> = &state.auto_reloads;
+    let due = match store.due().await {
+        Ok(due) => due,
+        Err(e) => {
+            tracing::warn!(error = %e, "auto-reload sweep failed; retrying at the next tick");
+            return;
+        }
+    };
+    for reload in due {
+        let outcome = stripe.charge(&reload).await;
+        tracing::info!(account = %reload.account_id, attempt = reload.attempt, ?outcome, "auto-reload");
+        if let Err(e) = store.finish(&reload, &outcome).await {
+            tracing::warn!(error = %e, account = %reload.account_id, "auto-reload outcome not recorded");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! `POST /webhooks/stripe`: Stripe's signed events. No API key: the `Stripe-Signature` header
+//! (`t=...,v1=...`, several `v1` while the endpoint's secret is rolled) over the raw body is
+//! the authentication, and a timestamp outside the tolerance is a replay.
+//!
+//! Every event is applied at most once whatever Stripe does (it retries, duplicates and
+//! reorders deliveries, and two pods may get the same event at once), because what each one
+//! does is keyed by what it is about, not by the delivery:
+//! - a paid session credits its top-up reference once (`checkout.session.completed` with
+//!   `payment_status: paid`, `checkout.session.async_payment_succeeded` or its PaymentIntent's
+//!   `payment_intent.succeeded`, whichever comes first; the others find the reference
+//!   credited); an auto-reload's `payment_intent.succeeded` credits its own reference;
+//! - a refund carries the charge's refunded total, which only grows;
+//! - a dispute moves money once per stage it reaches (see `ledger::DisputeStage`).
+//!
+//! A replay answers 200 (`"outcome": "already_applied"`), so Stripe stops retrying it. A
+//! refund or dispute of a payment not credited yet answers 409, so Stripe delivers it again
+//! later, after the payment.
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use serde_json::{json, Value};
+
+use std::collections::HashMap;
+
+use super::events::{self, Charge, Dispute, Event, PaymentIntent, Session};
+use crate::api::body::RawBody;
+use crate::dashboard::CheckoutStatus;
+use crate::error::ApiError;
+use crate::ledger::DisputeStage;
+use crate::payments::{confirm, signature, PaymentError, TopUpRequest};
+use crate::state::AppState;
+
+pub const SIGNATURE_HEADER: &str = "stripe-signature";
+
+pub async fn webhook(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Json<Value>, ApiError> {
+    let Some(stripe) = state.payments.stripe() else {
+        return Err(ApiError::not_found("no such path"));
+    };
+    signature::verify_delivery(&stripe.webhook_secret, &headers, SIGNATURE_HEADER, &body)
+        .map_err(PaymentError::from)?;
+    let event: Event =
+        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+    let outcome = apply(&state, &event).await?;
+    tracing::info!(event = %event.id, kind = %event.kind, outcome, "stripe event");
+    Ok(Json(json!({
+        "received": true,
+        "id": event.id,
+        "outcome": outcome,
+    })))
+}
+
+async fn apply(state: &AppState, event: &Event) -> Result<&'static str, ApiError> {
+    match event.kind.as_str() {
+        "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
+            let session: Session = events::object(event).map_err(ApiError::invalid)?;
+            // Paid later (bank debits): `async_payment_succeeded` follows.
+            if session.payment_status != "paid" {
+                return Ok("awaiting_payment");
+            }
+            credit(state, &session).await
+        }
+        "payment_intent.succeeded" => {
+            let intent: PaymentIntent = events::object(event).map_err(ApiError::invalid)?;
+            paid_intent(state, &intent).await
+        }
+        "checkout.session.async_payment_failed" | "checkout.session.expired" => {
+            let session: Session = events::object(event).map_err(ApiError::invalid)?;
+            let reference = field(&session.metadata, "reference")?;
+            state
+                .developers
+                .set_checkout_status(reference, CheckoutStatus::Failed)
+                .await?;
+            Ok("checkout_failed")
+        }
+        "charge.refunded" => {
+            let charge: Charge = events::object(event).map_err(ApiError::invalid)?;
+            let payment = payment_intent(charge.payment_intent.as_deref())?;
+            let reversal = state.ledger.refund(payment, charge.amount_refunded).await?;
+            Ok(reversal.map_or("already_applied", |_| "refunded"))
+        }
+        "charge.dispute.created" | "charge.dispute.closed" => {
+            let dispute: Dispute = events::object(event).map_err(ApiError::invalid)?;
+            let stage = match (event.kind.as_str(), dispute.status.as_str()) {
+                ("charge.dispute.created", _) => DisputeStage::Opened,
+                (_, "won" | "warning_closed") => DisputeStage::Won,
+                (_, "lost") => DisputeStage::Lost,
+                _ => return Ok("ignored"),
+            };
+            let payment = payment_intent(dispute.payment_intent.as_deref())?;
+            let reversal = state
+                .ledger
+                .dispute(&dispute.id, payment, dispute.amount, stage)
+                .await?;
+            Ok(reversal.map_or("already_applied", |_| "disputed"))
+        }
+        // Stripe sends whatever the endpoint subscribes to; the rest is acknowledged.
+        _ => Ok("ignored"),
+    }
+}
+
+/// Credits a paid session's top-up, once per reference.
+async fn credit(state: &AppState, session: &Session) -> Result<&'static str, ApiError> {
+    let usd_cents = session
+        .amount_total
+        .ok_or_else(|| ApiError::invalid("data.object.amount_total: missing"))?;
+    let currency = session.currency.as_deref().unwrap_or_default();
+    let payment = Paid {
+        metadata: &session.metadata,
+        usd_cents,
+        currency,
+        payment_id: session.payment_intent.as_deref(),
+    };
+    confirm_paid(state, payment).await
+}
+
+/// A PaymentIntent paid: the top-up it is for (a checkout's, already credited by its
+/// session, or an auto-reload's), and the card it saved for auto-reload.
+async fn paid_intent(state: &AppState, intent: &PaymentIntent) -> Result<&'static str, ApiError> {
+    if !intent.metadata.contains_key("reference") {
+        // Not one of ours (another integration on the same Stripe account).
+        return Ok("ignored");
+    }
+    let payment = Paid {
+        metadata: &intent.metadata,
+        usd_cents: intent.amount_received,
+        currency: &intent.currency,
+        payment_id: Some(&intent.id),
+    };
+    let outcome = confirm_paid(state, payment).await?;
+    let saved = (
+        intent.setup_future_usage.as_deref(),
+        &intent.customer,
+        &intent.payment_method,
+    );
+    if let (Some("off_session"), Some(customer), Some(method)) = saved {
+        let account_id = field(&intent.metadata, "account_id")?;
+        state
+            .auto_reloads
+            .save_card(account_id, customer, method)
+            .await?;
+    }
+    Ok(outcome)
+}
+
+struct Paid<'a> {
+    metadata: &'a HashMap<String, String>,
+    usd_cents: u64,
+    currency: &'a str,
+    payment_id: Option<&'a str>,
+}
+
+async fn confirm_paid(state: &AppState, paid: Paid<'_>) -> Result<&'static str, ApiError> {
+    if !paid.currency.eq_ignore_ascii_case("usd") {
+        return Err(ApiError::invalid(format!(
+            "data.object.currency: top-ups are in usd, not `{}`",
+            paid.currency
+        )));
+    }
+    let request = TopUpRequest {
+        account_id: field(paid.metadata, "account_id")?,
+        reference: field(paid.metadata, "reference")?,
+        usd_cents: paid.usd_cents,
+        payment_id: paid.payment_id,
+    };
+    let confirmation = confirm(
+        state.accounts.as_ref(),
+        state.ledger.as_ref(),
+        state.credits_per_usd,
+        request,
+    )
+    .await?;
+    Ok(if confirmation.first {
+        "credited"
+    } else {
+        "already_applied"
+    })
+}
+
+/// A metadata field the gateway set when it created the session or the charge.
+fn field<'a>(metadata: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
+    metadata
+        .get(name)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "data.object.metadata.{name}: missing; the session was not created by this gateway"
+            ))
+        })
+}
+
+fn payment_intent(id: Option<&str>) -> Result<&str, ApiError> {
+    id.ok_or_else(|| ApiError::invalid("data.object.payment_intent: missing"))
+}
