@@ -100,12 +100,24 @@ impl Resp {
         message
     }
 
-    /// Expects a 400 `invalid_request_error` whose message names one of `fields`.
+    /// Expects a 400 `invalid_request_error` whose message names one of `fields` as a whole
+    /// word (`token` is not named by `max_tokens`).
     pub fn expect_invalid(&self, fields: &[&str]) -> String {
         let message = self.expect_error(400, "invalid_request_error");
         assert!(
-            fields.iter().any(|f| message.contains(f)),
+            fields.iter().any(|f| names_word(&message, f)),
             "400 message does not name {fields:?}: {message:?}"
+        );
+        message
+    }
+
+    /// Expects a 400 `invalid_request_error` about the field at `path` (as the gateway writes
+    /// it: `messages[1].role`, `thinking.budget_tokens`): the message starts `path: `.
+    pub fn expect_invalid_field(&self, path: &str) -> String {
+        let message = self.expect_error(400, "invalid_request_error");
+        assert!(
+            message.starts_with(&format!("{path}: ")),
+            "400 message is not about `{path}`: {message:?}"
         );
         message
     }
@@ -156,6 +168,17 @@ impl fmt::Display for Resp {
         }
         write!(f, "HTTP {} {}", self.status, body)
     }
+}
+
+/// Whether `word` occurs in `text` with no identifier character (letter, digit, `_`) on
+/// either side.
+fn names_word(text: &str, word: &str) -> bool {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
 }
 
 /// Checks `text` is exactly the error envelope (no other top-level fields than `type` and
