@@ -112,13 +112,29 @@ impl Resp {
     }
 
     /// Expects a 400 `invalid_request_error` about the field at `path` (as the gateway writes
-    /// it: `messages[1].role`, `thinking.budget_tokens`): the message starts `path: `.
+    /// it: `messages[1].role`, `thinking.budget_tokens`): the message starts with `path: ` or
+    /// with a place inside it (`path[0]: `, `path.x: `), or says the field at `path` is missing
+    /// (`missing field `path``, `messages[0]: missing field `role``).
     pub fn expect_invalid_field(&self, path: &str) -> String {
         let message = self.expect_error(400, "invalid_request_error");
-        assert!(
-            message.starts_with(&format!("{path}: ")),
-            "400 message is not about `{path}`: {message:?}"
-        );
+        let missing = |text: &str| {
+            text.strip_prefix("missing field `")
+                .and_then(|rest| rest.split_once('`'))
+                .map(|(field, _)| field.to_string())
+        };
+        let named = match (missing(&message), message.split_once(": ")) {
+            (Some(field), _) => field,
+            (None, Some((at, rest))) => match missing(rest) {
+                Some(field) => format!("{at}.{field}"),
+                None => at.to_string(),
+            },
+            (None, None) => String::new(),
+        };
+        let inside = named == path
+            || named
+                .strip_prefix(path)
+                .is_some_and(|rest| rest.starts_with('[') || rest.starts_with('.'));
+        assert!(inside, "400 message is not about `{path}`: {message:?}");
         message
     }
 

@@ -114,10 +114,16 @@ async fn messages_must_start_and_end_with_a_user_turn() {
 #[tokio::test]
 async fn a_message_role_other_than_user_or_assistant_is_400() {
     let gw = Gateway::start().await;
-    for role in ["system", "tool", "bot", ""] {
+    for role in ["tool", "bot", ""] {
         let body = with("messages", Some(json!([{"role": role, "content": "hi"}])));
         expect_400(&gw, &body, "messages[0].role").await;
     }
+    // A system message is folded into `system` (as Claude Code sends them), leaving none.
+    let body = with(
+        "messages",
+        Some(json!([{"role": "system", "content": "hi"}])),
+    );
+    expect_400(&gw, &body, "messages").await;
     let body = with("messages", Some(json!([{"content": "no role"}])));
     expect_400(&gw, &body, "messages[0].role").await;
 }
