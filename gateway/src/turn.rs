@@ -1,7 +1,8 @@
 //! One model turn, whichever endpoint asked for it: resolve and validate, count input tokens,
 //! admit against the key's limits, reserve the turn's maximum cost, call the provider, and
 //! settle exactly once: on the final event, on a failure, on shutdown, or (when the client
-//! goes away and the stream is dropped) from the drop guard, billing what was generated.
+//! goes away and the stream is dropped) from the drop guard, billing what was generated when
+//! the client saw it (a stream) and nothing when it did not (a JSON answer never sent).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -163,6 +164,7 @@ pub async fn start(
             ..TokenUsage::default()
         },
         generated: String::new(),
+        delivered_as_generated: request.stream,
         started: Instant::now(),
         reserved: false,
         served_by: None,
@@ -396,6 +398,10 @@ struct Meter {
     usage: TokenUsage,
     /// Streamed output so far, counted only if the turn ends before the provider's usage.
     generated: String,
+    /// The client receives the output as it is generated (a stream). A JSON client receives
+    /// nothing until the turn completes, so a turn cut before then (shutdown, disconnect) has
+    /// given it nothing to pay for: it would pay again for its retry.
+    delivered_as_generated: bool,
     started: Instant,
     reserved: bool,
     /// The upstream that answered, for the ledger row (fallback may have moved past the first).
@@ -439,9 +445,15 @@ impl Meter {
         status: MessageStatus,
         outcome: Option<(TokenUsage, StopReason)>,
     ) -> u64 {
+        let completed = outcome.is_some();
         let (usage, stop_reason) = match outcome {
             Some((usage, reason)) => (usage, Some(reason)),
             None => (self.partial_usage(), None),
+        };
+        let cost = if completed || self.delivered_as_generated {
+            self.price.credits(&usage)
+        } else {
+            0
         };
         let lease = self.lease.take();
         let (key, estimate) = (self.key_id.clone(), u64::from(self.estimated_input));
@@ -459,7 +471,7 @@ impl Meter {
             message_id: self.message_id.clone(),
             served_by: self.served_by.take(),
             status,
-            cost: self.price.credits(&usage),
+            cost,
             usage,
             stop_reason,
             latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -516,6 +528,7 @@ impl Drop for Meter {
             estimated_input: self.estimated_input,
             usage: self.usage,
             generated: std::mem::take(&mut self.generated),
+            delivered_as_generated: self.delivered_as_generated,
             started: self.started,
             reserved: std::mem::take(&mut self.reserved),
             served_by: self.served_by.take(),

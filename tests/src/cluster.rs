@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::gateway::{unique_name, workspace_root, Gateway, GatewayBuilder};
 use crate::redis::RedisServer;
+use crate::upstream::{RoutedManifests, UpstreamDef};
 
 /// Key id of the dev key in both modes (`--dev-key` is seeded on every pod under this id).
 pub const DEV_KEY_ID: &str = "key_dev";
@@ -121,6 +122,16 @@ impl ManifestDir {
             &root.join("tests").join("cluster-manifests"),
         ])
     }
+
+    /// [`ManifestDir::cluster`] with every virtual model routed to `upstreams` (see
+    /// [`RoutedManifests`]).
+    pub fn cluster_routed(upstreams: &[UpstreamDef]) -> ManifestDir {
+        let routed = RoutedManifests::new(upstreams);
+        ManifestDir::assemble(&[
+            &routed.path,
+            &workspace_root().join("tests").join("cluster-manifests"),
+        ])
+    }
 }
 
 impl Drop for ManifestDir {
@@ -152,8 +163,15 @@ impl Cluster {
     /// A redis-server and one gateway per builder (each already configured by the caller on
     /// top of [`Cluster::pod_builder`]'s defaults).
     pub async fn start_each(configure: &[&dyn Fn(GatewayBuilder) -> GatewayBuilder]) -> Cluster {
+        Self::start_on(ManifestDir::cluster(), configure).await
+    }
+
+    /// A redis-server and one gateway per builder, on `manifests` instead of the cluster's own.
+    pub async fn start_on(
+        manifests: ManifestDir,
+        configure: &[&dyn Fn(GatewayBuilder) -> GatewayBuilder],
+    ) -> Cluster {
         let redis = RedisServer::start().await;
-        let manifests = ManifestDir::cluster();
         let builders: Vec<GatewayBuilder> = configure
             .iter()
             .map(|c| c(pod_builder(&redis, &manifests)))

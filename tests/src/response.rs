@@ -100,13 +100,41 @@ impl Resp {
         message
     }
 
-    /// Expects a 400 `invalid_request_error` whose message names one of `fields`.
+    /// Expects a 400 `invalid_request_error` whose message names one of `fields` as a whole
+    /// word (`token` is not named by `max_tokens`).
     pub fn expect_invalid(&self, fields: &[&str]) -> String {
         let message = self.expect_error(400, "invalid_request_error");
         assert!(
-            fields.iter().any(|f| message.contains(f)),
+            fields.iter().any(|f| names_word(&message, f)),
             "400 message does not name {fields:?}: {message:?}"
         );
+        message
+    }
+
+    /// Expects a 400 `invalid_request_error` about the field at `path` (as the gateway writes
+    /// it: `messages[1].role`, `thinking.budget_tokens`): the message starts with `path: ` or
+    /// with a place inside it (`path[0]: `, `path.x: `), or says the field at `path` is missing
+    /// (`missing field `path``, `messages[0]: missing field `role``).
+    pub fn expect_invalid_field(&self, path: &str) -> String {
+        let message = self.expect_error(400, "invalid_request_error");
+        let missing = |text: &str| {
+            text.strip_prefix("missing field `")
+                .and_then(|rest| rest.split_once('`'))
+                .map(|(field, _)| field.to_string())
+        };
+        let named = match (missing(&message), message.split_once(": ")) {
+            (Some(field), _) => field,
+            (None, Some((at, rest))) => match missing(rest) {
+                Some(field) => format!("{at}.{field}"),
+                None => at.to_string(),
+            },
+            (None, None) => String::new(),
+        };
+        let inside = named == path
+            || named
+                .strip_prefix(path)
+                .is_some_and(|rest| rest.starts_with('[') || rest.starts_with('.'));
+        assert!(inside, "400 message is not about `{path}`: {message:?}");
         message
     }
 
@@ -162,6 +190,17 @@ impl fmt::Display for Resp {
         }
         write!(f, "HTTP {} {}", self.status, body)
     }
+}
+
+/// Whether `word` occurs in `text` with no identifier character (letter, digit, `_`) on
+/// either side.
+fn names_word(text: &str, word: &str) -> bool {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
 }
 
 /// Checks `text` is exactly the error envelope (no other top-level fields than `type` and

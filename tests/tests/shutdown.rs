@@ -1,5 +1,9 @@
-//! SIGTERM: the gateway stops accepting, lets open streams finish within the grace period,
-//! ends the rest with an SSE `error` event, settles them once, and exits 0.
+//! SIGTERM: the gateway stops accepting, lets open turns finish within the grace period, ends
+//! the rest (a stream with an SSE `error` event, a JSON turn with 503), settles each once, and
+//! exits 0. A stream is billed for what its client was sent; a JSON turn cut before its answer
+//! is billed nothing, since its client got nothing and will pay for its retry.
+//!
+//! The billing tests run `serve` on Postgres, whose ledger can be read after the process exits.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +17,8 @@ async fn sigterm_with_no_open_stream_exits_0_promptly() {
         .await
         .expect_ok();
     gw.send_sigterm();
-    let status = gw.wait_exit(Duration::from_secs(10)).await;
+    // Well within the default 30 s grace period: nothing was open to wait for.
+    let status = gw.wait_exit(Duration::from_secs(20)).await;
     assert_eq!(
         status.code(),
         Some(0),
@@ -24,9 +29,10 @@ async fn sigterm_with_no_open_stream_exits_0_promptly() {
 
 #[tokio::test]
 async fn sigterm_lets_an_open_stream_finish_within_the_grace_period_then_exits_0() {
+    let grace = Duration::from_secs(60);
     let mut gw = Gateway::builder()
         .chunk_delay_ms(100)
-        .shutdown_grace_secs(20)
+        .shutdown_grace_secs(grace.as_secs())
         .start()
         .await;
     let body = message_stream("svc/haiku", &words(40), 256);
@@ -39,11 +45,12 @@ async fn sigterm_lets_an_open_stream_finish_within_the_grace_period_then_exits_0
     let signalled = Instant::now();
     let before_signal = events.len();
 
-    // No new work is accepted while draining.
+    // No new work is accepted while draining: the connection is refused (or, had it been
+    // accepted just before, answered 503 with the envelope).
     let fresh = reqwest::Client::builder().no_proxy().build().unwrap();
-    let late = poll_until(
+    poll_until(
         "the listener to stop accepting",
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         Duration::from_millis(50),
         || async {
             match fresh
@@ -52,16 +59,18 @@ async fn sigterm_lets_an_open_stream_finish_within_the_grace_period_then_exits_0
                 .send()
                 .await
             {
-                Err(e) => Some(format!("refused: {e}")),
-                Ok(resp) if resp.status() == 503 => Some("503".to_string()),
+                Err(_) => Some(()),
+                Ok(resp) if resp.status() == 503 => {
+                    Resp::read(resp).await.expect_error(503, "api_error");
+                    Some(())
+                }
                 Ok(_) => None,
             }
         },
     )
     .await;
-    assert!(!late.is_empty());
 
-    while let Some(event) = stream.next_event_within(Duration::from_secs(20)).await {
+    while let Some(event) = stream.next_event_within(grace).await {
         events.push(event);
     }
     assert!(
@@ -81,28 +90,96 @@ async fn sigterm_lets_an_open_stream_finish_within_the_grace_period_then_exits_0
     assert!(done.text().ends_with(&words(40)), "{}", done.text());
     assert_eq!(done.delta["stop_reason"], "end_turn");
 
-    let status = gw.wait_exit(Duration::from_secs(20)).await;
+    let status = gw.wait_exit(grace).await;
     assert_eq!(
         status.code(),
         Some(0),
         "exit status {status:?}\n{}",
         gw.logs()
     );
+    // Once its last turn has ended the process has nothing to wait for.
     assert!(
-        signalled.elapsed() < Duration::from_secs(20),
-        "exited after the grace period"
+        signalled.elapsed() < grace,
+        "waited out the whole grace period with no turn open\n{}",
+        gw.logs()
+    );
+}
+
+/// One `serve` pod with its ledger in `pg`, simulated chunks `chunk_delay_ms` apart.
+async fn pod_on_postgres(pg: &PostgresServer, chunk_delay_ms: u64, grace_secs: u64) -> Cluster {
+    Cluster::start(1, |b| {
+        b.database(&pg.url())
+            .chunk_delay_ms(chunk_delay_ms)
+            .shutdown_grace_secs(grace_secs)
+    })
+    .await
+}
+
+/// The ledger row of message `id`, read from Postgres: (status, reserved, billed).
+async fn ledger_row(pg: &PostgresServer, id: &str) -> (String, u64, u64) {
+    let rows = pg
+        .query(&format!(
+            "SELECT status, reserved, billed FROM messages WHERE id = '{id}'"
+        ))
+        .await;
+    let fields: Vec<&str> = rows.split('|').collect();
+    match fields[..] {
+        [status, reserved, billed] => (
+            status.to_string(),
+            reserved.parse().expect("reserved"),
+            billed.parse().expect("billed"),
+        ),
+        _ => panic!("not exactly one ledger row for {id}: {rows:?}"),
+    }
+}
+
+/// An account's (balance, reserved), read from Postgres.
+async fn account_books(pg: &PostgresServer, account_id: &str) -> (i64, i64) {
+    let row = pg
+        .query(&format!(
+            "SELECT balance, reserved FROM accounts WHERE id = '{account_id}'"
+        ))
+        .await;
+    let (balance, reserved) = row
+        .split_once('|')
+        .unwrap_or_else(|| panic!("no account {account_id}: {row:?}"));
+    (
+        balance.parse().expect("balance"),
+        reserved.parse().expect("reserved"),
+    )
+}
+
+/// Waits until the account's credits are held for a turn (its own reservation, or the
+/// allotment it takes them from), so that the turn is under way.
+async fn credits_held(pg: &PostgresServer, account_id: &str) {
+    poll_until(
+        "credits held for the turn",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { (account_books(pg, account_id).await.1 > 0).then_some(()) },
+    )
+    .await
+}
+
+/// Waits for the process to exit (hanging is the failure) and expects status 0.
+async fn exits_0(gw: &mut Gateway) {
+    let status = gw.wait_exit(Duration::from_secs(60)).await;
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status {status:?}\n{}",
+        gw.logs()
     );
 }
 
 #[tokio::test]
-async fn a_stream_that_outlives_the_grace_period_ends_with_an_error_event_and_is_billed_once() {
-    let mut gw = Gateway::builder()
-        .chunk_delay_ms(1_000)
-        .shutdown_grace_secs(1)
-        .start()
-        .await;
+async fn a_stream_that_outlives_the_grace_period_ends_with_an_error_event_and_is_billed_once_for_what_it_sent(
+) {
+    let pg = PostgresServer::start().await;
+    let mut cluster = pod_on_postgres(&pg, 1_000, 1).await;
+    let gw = &mut cluster.pods[0];
     let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
-    let before = gw.balance(&key.secret).await;
+    let (before, _) = account_books(&pg, &key.account_id).await;
     let mut stream = gw
         .stream(
             "/v1/messages",
@@ -113,20 +190,19 @@ async fn a_stream_that_outlives_the_grace_period_ends_with_an_error_event_and_is
     stream.expect_sse();
     let mut events = Vec::new();
     let start = stream.read_until("message_start", &mut events).await;
-    let id = start.json()["message"]["id"].as_str().unwrap().to_string();
-    let in_flight = gw.message_record(&id).await;
+    let id = start.json()["message"]["id"]
+        .as_str()
+        .expect("message id")
+        .to_string();
     assert!(
-        in_flight["reserved"].as_u64().is_some_and(|r| r > 0),
-        "{in_flight}"
-    );
-    assert_eq!(
-        in_flight["billed"], 0,
-        "billed before the turn ended: {in_flight}"
+        account_books(&pg, &key.account_id).await.1 > 0,
+        "no credits held for the turn in flight"
     );
 
     gw.send_sigterm();
     let signalled = Instant::now();
-    while let Some(event) = stream.next_event_within(Duration::from_secs(10)).await {
+    // Hanging here is the failure: the cut comes after the 1 s grace period.
+    while let Some(event) = stream.next_event_within(Duration::from_secs(30)).await {
         events.push(event);
     }
     let cut_after = signalled.elapsed();
@@ -138,12 +214,7 @@ async fn a_stream_that_outlives_the_grace_period_ends_with_an_error_event_and_is
     );
     let error = last.json();
     assert_eq!(error["type"], "error");
-    assert!(
-        error["error"]["type"]
-            .as_str()
-            .is_some_and(|t| !t.is_empty()),
-        "{error}"
-    );
+    assert_eq!(error["error"]["type"], "api_error", "{error}");
     assert!(
         error["error"]["message"]
             .as_str()
@@ -158,50 +229,79 @@ async fn a_stream_that_outlives_the_grace_period_ends_with_an_error_event_and_is
         cut_after >= Duration::from_millis(900),
         "cut before the grace period: {cut_after:?}"
     );
+    exits_0(gw).await;
+
+    // The books after the process is gone: one settled row, billed what the client was sent
+    // (its input at least) within the reservation, and the balance down by exactly that.
+    let (status, reserved, billed) = ledger_row(&pg, &id).await;
+    assert_eq!(status, "interrupted", "{}", gw.logs());
     assert!(
-        cut_after < Duration::from_secs(6),
-        "cut long after the 1 s grace period: {cut_after:?}"
+        (1..=reserved).contains(&billed),
+        "billed {billed} for a turn that streamed its client some output, reserved {reserved}"
     );
-
-    // The ledger, if the admin listener still answers after the cut: the turn is settled
-    // once, within its reservation, and the balance moved by exactly what was billed. (The
-    // standalone gateway closes both listeners on SIGTERM and keeps its ledger in memory, so
-    // usually nothing is left to read.)
-    let settled = gw.try_admin_get(&format!("/admin/messages/{id}")).await;
-    let account = gw
-        .try_admin_get(&format!("/admin/accounts/{}", key.account_id))
-        .await;
-    let status = gw.wait_exit(Duration::from_secs(10)).await;
+    let (after, held) = account_books(&pg, &key.account_id).await;
+    assert_eq!(held, 0, "credits still held after the pod exited");
     assert_eq!(
-        status.code(),
-        Some(0),
-        "exit status {status:?}\n{}",
-        gw.logs()
+        before - after,
+        billed as i64,
+        "the balance moved by other than the bill"
     );
+}
 
-    let reserved = in_flight["reserved"]
-        .as_u64()
-        .expect("reserved while in flight");
-    match (settled, account) {
-        (Some(settled), Some(account)) if settled.status == 200 && account.status == 200 => {
-            let row = settled.json();
-            let billed = row["billed"].as_u64().expect("billed");
-            assert!(
-                billed <= reserved,
-                "billed {billed} > reserved {reserved}: {row}"
-            );
-            let account = account.json();
-            assert_eq!(
-                account["reserved"], 0,
-                "reservation left after shutdown: {account}"
-            );
-            let balance = account["balance"].as_i64().unwrap();
-            assert_eq!(
-                (before - balance) as u64,
-                billed,
-                "balance moved by other than billed: {row}"
-            );
-        }
-        _ => eprintln!("admin listener closed on SIGTERM: ledger after the cut not observable"),
-    }
+#[tokio::test]
+async fn a_json_turn_cut_by_shutdown_gets_503_and_is_billed_nothing() {
+    let pg = PostgresServer::start().await;
+    let mut cluster = pod_on_postgres(&pg, 1_000, 1).await;
+    let gw = &mut cluster.pods[0];
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    let (before, _) = account_books(&pg, &key.account_id).await;
+    let body = message("svc/haiku", &words(30), 256);
+
+    let (cut, ()) = tokio::join!(gw.post_messages(&key.secret, &body), async {
+        credits_held(&pg, &key.account_id).await;
+        gw.send_sigterm();
+    });
+    cut.expect_error(503, "api_error");
+    let id = cut
+        .header("request-id")
+        .expect("request-id of the cut turn");
+    exits_0(gw).await;
+
+    let (status, _, billed) = ledger_row(&pg, &id).await;
+    assert_eq!(status, "interrupted", "{}", gw.logs());
+    assert_eq!(billed, 0, "billed for an answer its client never received");
+    assert_eq!(
+        account_books(&pg, &key.account_id).await,
+        (before, 0),
+        "the balance moved for a turn that was not delivered"
+    );
+}
+
+#[tokio::test]
+async fn a_json_turn_in_flight_at_sigterm_finishes_within_the_grace_period_and_is_billed_as_told() {
+    let pg = PostgresServer::start().await;
+    let mut cluster = pod_on_postgres(&pg, 100, 60).await;
+    let gw = &mut cluster.pods[0];
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    let (before, _) = account_books(&pg, &key.account_id).await;
+    let body = message("svc/haiku", &words(30), 256);
+
+    let (answer, ()) = tokio::join!(gw.post_messages(&key.secret, &body), async {
+        credits_held(&pg, &key.account_id).await;
+        gw.send_sigterm();
+    });
+    let answer = answer.expect_ok();
+    let id = answer["id"].as_str().expect("message id").to_string();
+    assert_eq!(answer["stop_reason"], "end_turn", "{answer}");
+    assert!(response_text(&answer).ends_with(&words(30)), "{answer}");
+    let told = credits_of(&answer);
+    exits_0(gw).await;
+
+    let (status, _, billed) = ledger_row(&pg, &id).await;
+    assert_eq!(status, "completed");
+    assert_eq!(billed, told, "billed other than the answer said");
+    assert_eq!(
+        account_books(&pg, &key.account_id).await,
+        (before - told as i64, 0)
+    );
 }

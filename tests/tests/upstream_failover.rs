@@ -188,7 +188,8 @@ async fn the_breaker_takes_a_failing_upstream_out_and_a_probe_brings_it_back() {
             UpstreamDef::anthropic(&flaky).named("flaky").weight(FIRST),
             UpstreamDef::openai(&steady).named("steady"),
         ],
-        &["--breaker-failures", "2", "--breaker-cooldown-ms", "1500"],
+        // A cooldown long enough that the five turns below fall inside it on a loaded machine.
+        &["--breaker-failures", "2", "--breaker-cooldown-ms", "8000"],
     )
     .await;
     flaky.push([Reply::status(500), Reply::status(500)]);
@@ -216,13 +217,20 @@ async fn the_breaker_takes_a_failing_upstream_out_and_a_probe_brings_it_back() {
         "the metric shows the breaker open"
     );
 
-    tokio::time::sleep(Duration::from_millis(1_600)).await;
-    ask(&rig.gw).await.expect_ok();
-    assert_eq!(
-        flaky.request_count(),
-        3,
-        "after the cooldown, one turn probes it"
-    );
+    // Once the cooldown is over, the next turn probes it: turns are asked (each still served
+    // by steady until then) until one reaches flaky.
+    poll_until(
+        "a turn to probe the flaky upstream after the cooldown",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            ask(&rig.gw).await.expect_ok();
+            (flaky.request_count() > 2).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(flaky.request_count(), 3, "one turn probes it");
+    let steady_at_probe = steady.request_count();
     for _ in 0..3 {
         ask(&rig.gw).await.expect_ok();
     }
@@ -231,7 +239,7 @@ async fn the_breaker_takes_a_failing_upstream_out_and_a_probe_brings_it_back() {
         6,
         "the probe succeeded: back in rotation"
     );
-    assert_eq!(steady.request_count(), 7);
+    assert_eq!(steady.request_count(), steady_at_probe);
     let closed = rig.gw.metrics().await;
     assert_eq!(
         closed.value("gateway_upstream_circuit_state", &circuit),

@@ -498,6 +498,8 @@ async fn cache_reads_and_writes_are_reported_in_usage_and_billed() {
     assert_eq!(json["usage"]["input_tokens"], 40, "{json}");
     assert_eq!(json["usage"]["cache_read_input_tokens"], 1000);
     assert_eq!(json["usage"]["cache_creation_input_tokens"], 0);
+    // No cache write: (40*3 + 9*15 + 1000*0.30) / 10 = 55.5, rounded up once per turn.
+    assert_eq!(credits_of(&json), 56, "{json}");
 }
 
 #[tokio::test]

@@ -136,6 +136,8 @@ where
 }
 
 #[cfg(test)]
+/// Time is paused: a batch's pause passes only once every task waits, so the batching these
+/// tests see does not depend on how loaded the machine is.
 mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
@@ -167,14 +169,14 @@ mod tests {
         (coalescer, seen)
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_idle_coalescer_runs_a_call_alone_and_answers_it() {
         let (coalescer, seen) = recording(2, 16, Duration::ZERO);
         assert_eq!(coalescer.submit(("a".into(), 4)).await, Some(40));
         assert_eq!(seen.lock().unwrap().len(), 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn calls_queued_behind_a_busy_lane_share_one_batch() {
         let (coalescer, seen) = recording(1, 16, Duration::from_millis(50));
         let calls: Vec<_> = (0..9)
@@ -190,7 +192,7 @@ mod tests {
         assert!(batches.len() < 9, "no batching: {batches:?}");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_batch_never_holds_one_key_twice_and_a_key_keeps_its_order() {
         let (coalescer, seen) = recording(1, 16, Duration::from_millis(20));
         let calls: Vec<_> = (0..6)
@@ -213,7 +215,7 @@ mod tests {
         assert_eq!(order, vec![0, 2, 4]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_batch_holds_at_most_max_batch_items() {
         let (coalescer, seen) = recording(1, 3, Duration::from_millis(20));
         let calls: Vec<_> = (0..10)
@@ -228,7 +230,7 @@ mod tests {
         assert!(seen.lock().unwrap().iter().all(|b| b.len() <= 3));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_item_whose_caller_gave_up_before_its_batch_started_is_not_run() {
         let (coalescer, seen) = recording(1, 16, Duration::from_millis(100));
         let busy = {

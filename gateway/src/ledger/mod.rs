@@ -59,9 +59,10 @@ pub enum MessageStatus {
     /// Credits held; the turn is running.
     Reserved,
     Completed,
-    /// The client went away; billed for what was generated.
+    /// The client went away; a stream is billed for what was generated, a non-streamed turn
+    /// (its answer never sent) nothing.
     ClientDisconnected,
-    /// Ended by the server (shutdown); billed for what was generated.
+    /// Ended by the server (shutdown); billed as `ClientDisconnected`.
     Interrupted,
     /// Failed upstream or in the gateway; nothing billed.
     Failed,

@@ -122,30 +122,45 @@ mod tests {
     #[tokio::test]
     async fn the_request_past_the_rpm_cap_is_rejected_and_changes_nothing() {
         let limiter = MemoryLimiter::default();
-        limiter.admit("k", &LIMITS, req(1, false)).await.ok();
-        limiter.admit("k", &LIMITS, req(1, false)).await.ok();
-        let before = limiter.snapshot("k").await.ok();
+        for _ in 0..2 {
+            limiter
+                .admit("k", &LIMITS, req(1, false))
+                .await
+                .expect("admitted under the cap");
+        }
+        let before = limiter.snapshot("k").await.expect("snapshot");
+        assert_eq!(before.requests, 2, "{before:?}");
         let err = limiter.admit("k", &LIMITS, req(1, false)).await;
         assert!(matches!(err, Err(LimitError::Exceeded { .. })));
-        assert_eq!(limiter.snapshot("k").await.ok(), before);
+        assert_eq!(limiter.snapshot("k").await.expect("snapshot"), before);
     }
 
     #[tokio::test]
     async fn a_stream_slot_is_free_again_once_finished() {
         let limiter = MemoryLimiter::default();
-        let first = limiter.admit("k", &LIMITS, req(1, true)).await;
-        let lease = first.map(|a| a.lease).ok().flatten();
+        let first = limiter
+            .admit("k", &LIMITS, req(1, true))
+            .await
+            .expect("the first stream admitted");
+        let lease = first.lease.expect("a stream holds a lease");
         assert!(limiter.admit("k", &LIMITS, req(1, true)).await.is_err());
-        limiter.finish("k", lease, 1, 1).await.ok();
+        limiter
+            .finish("k", Some(lease), 1, 1)
+            .await
+            .expect("finished");
         assert!(limiter.admit("k", &LIMITS, req(1, true)).await.is_ok());
     }
 
     #[tokio::test]
     async fn finishing_corrects_the_token_estimate() {
         let limiter = MemoryLimiter::default();
-        limiter.admit("k", &LIMITS, req(80, false)).await.ok();
-        limiter.finish("k", None, 80, 10).await.ok();
-        assert!(limiter.admit("k", &LIMITS, req(80, false)).await.is_ok());
+        limiter
+            .admit("k", &LIMITS, req(80, false))
+            .await
+            .expect("admitted");
+        limiter.finish("k", None, 80, 10).await.expect("finished");
+        let snapshot = limiter.snapshot("k").await.expect("snapshot");
+        assert_eq!(snapshot.input_tokens, 10, "{snapshot:?}");
     }
 
     #[tokio::test]
