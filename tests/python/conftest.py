@@ -176,6 +176,9 @@ def admin(gateway: Gateway) -> Iterator[httpx.Client]:
 
 _names = itertools.count(1)
 
+# The confirmed lifetime top-up (US cents) that gives a new key its tier (deploy/standalone).
+TOP_UP_CENTS_FOR_TIER = {"pay_as_you_go": 1_000, "high_volume": 50_000}
+
 
 @pytest.fixture(scope="session")
 def mint_key(admin: httpx.Client) -> Callable[..., MintedKey]:
@@ -186,10 +189,15 @@ def mint_key(admin: httpx.Client) -> Callable[..., MintedKey]:
         account = admin.post("/admin/accounts", json={"name": f"pytest-{n}", "credits": credits})
         assert account.status_code == 201, account.text
         account_id = account.json()["id"]
-        key = admin.post(
-            "/admin/keys",
-            json={"account_id": account_id, "name": f"pytest-key-{n}", "kind": kind, "tier": tier},
-        )
+        body = {"account_id": account_id, "name": f"pytest-key-{n}", "kind": kind}
+        if tier == "enterprise":
+            body["tier"] = tier
+        elif tier != "free":
+            # Tiers follow confirmed top-ups only: the account pays what the tier takes first.
+            cents = TOP_UP_CENTS_FOR_TIER[tier]
+            paid = admin.post(f"/admin/accounts/{account_id}/topups", json={"usd_cents": cents, "reference": f"pytest-tier-{n}"})
+            assert paid.status_code == 200, paid.text
+        key = admin.post("/admin/keys", json=body)
         assert key.status_code == 201, key.text
         body = key.json()
         assert body["tier"] == tier and body["kind"] == kind, body

@@ -128,7 +128,7 @@ async fn admitted_stream_within(
 
 #[tokio::test]
 async fn with_one_stream_allowed_a_second_on_either_pod_gets_429_until_the_first_ends() {
-    let cluster = Cluster::start(2, |b| b.dev_tier("free").chunk_delay_ms(200)).await;
+    let cluster = Cluster::start(2, |b| b.dev_top_up_usd("0").chunk_delay_ms(200)).await;
     let account = cluster.pods[1].account(DEV_KEY).await;
     assert_eq!(account["key"]["id"], DEV_KEY_ID, "dev key id: {account}");
     cluster.pods[0].wait_for_roomy_window(DEV_KEY, 10).await;
@@ -175,7 +175,7 @@ async fn a_stream_keeps_its_slot_past_the_lease_and_frees_it_within_the_lease_wh
 ) {
     const LEASE_SECS: u64 = 2;
     let mut cluster = Cluster::start(2, |b| {
-        b.dev_tier("free")
+        b.dev_top_up_usd("0")
             .chunk_delay_ms(500)
             .stream_lease_secs(LEASE_SECS)
     })

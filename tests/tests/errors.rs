@@ -582,7 +582,7 @@ async fn an_oversized_header_block_is_431_in_the_error_envelope() {
 
 #[tokio::test]
 async fn a_rate_limited_request_is_429_with_retry_after() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     gw.wait_for_roomy_window(&gw.key, 5).await;
     for _ in 0..5 {
         gw.count_tokens(&gw.key, &count_body("svc/haiku", "hi"))

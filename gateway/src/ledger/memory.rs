@@ -8,8 +8,8 @@ use dashmap::DashMap;
 use time::{Date, OffsetDateTime};
 
 use super::{
-    Balance, Confirmation, Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation,
-    Settlement, TopUp, UsageRow, UsageTotals,
+    month_of, Balance, Confirmation, KeySpend, Ledger, LedgerError, MessageRecord, MessageStatus,
+    NewReservation, Settlement, TopUp, UsageRow, UsageTotals,
 };
 
 const KEPT_MESSAGES: usize = 100_000;
@@ -20,6 +20,9 @@ pub struct MemoryLedger {
     settled_order: ArrayQueue<String>,
     top_ups: DashMap<String, TopUp>,
     usage: DashMap<(String, Date, String), UsageTotals>,
+    /// Per key: the month its spend counts, and that spend. Locked after its account's
+    /// balance entry, as the Postgres statements lock the rows.
+    keys: DashMap<String, (Date, KeySpend)>,
 }
 
 impl Default for MemoryLedger {
@@ -30,6 +33,7 @@ impl Default for MemoryLedger {
             settled_order: ArrayQueue::new(KEPT_MESSAGES),
             top_ups: DashMap::new(),
             usage: DashMap::new(),
+            keys: DashMap::new(),
         }
     }
 }
@@ -39,6 +43,28 @@ impl MemoryLedger {
         self.balances
             .get(account_id)
             .map_or(0, |b| b.lifetime_top_up_cents)
+    }
+
+    /// The key's spend this month (an older month's spend counts as nothing).
+    fn key_entry(
+        &self,
+        key_id: &str,
+    ) -> dashmap::mapref::one::RefMut<'_, String, (Date, KeySpend)> {
+        let month = month_of(OffsetDateTime::now_utc());
+        let mut entry = self
+            .keys
+            .entry(key_id.to_owned())
+            .or_insert((month, KeySpend::default()));
+        if entry.0 != month {
+            *entry = (
+                month,
+                KeySpend {
+                    spent: 0,
+                    reserved: entry.1.reserved,
+                },
+            );
+        }
+        entry
     }
 
     fn remember_settled(&self, id: String) {
@@ -120,8 +146,24 @@ impl Ledger for MemoryLedger {
                 available,
             });
         }
-        let amount = r.max.min(available);
+        let mut key = self.key_entry(&r.record.key_id);
+        let mut left = available;
+        if let Some(cap) = r.spend_cap {
+            let used = key.1.spent + key.1.reserved;
+            let key_left = cap.saturating_sub(used);
+            if key_left < r.min {
+                return Err(LedgerError::SpendCapReached {
+                    cap,
+                    used,
+                    needed: r.max,
+                });
+            }
+            left = left.min(key_left);
+        }
+        let amount = r.max.min(left);
         balance.reserved += amount;
+        key.1.reserved += amount;
+        drop(key);
         drop(balance);
         let mut record = r.record;
         record.reserved = amount;
@@ -146,6 +188,9 @@ impl Ledger for MemoryLedger {
                 .ok_or(LedgerError::UnknownAccount)?;
             balance.reserved = balance.reserved.saturating_sub(record.reserved);
             balance.balance = balance.balance.saturating_sub(billed);
+            let mut key = self.key_entry(&record.key_id);
+            key.1.reserved = key.1.reserved.saturating_sub(record.reserved);
+            key.1.spent += billed;
         }
         s.complete(&mut record, billed);
         if s.status != MessageStatus::Failed {
@@ -198,6 +243,10 @@ impl Ledger for MemoryLedger {
         messages.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         messages.truncate(limit);
         Ok(messages)
+    }
+
+    async fn key_spend(&self, key_id: &str) -> Result<KeySpend, LedgerError> {
+        Ok(self.key_entry(key_id).1)
     }
 
     async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError> {
