@@ -380,7 +380,8 @@ async fn a_revoked_key_is_401_within_seconds() {
 async fn an_account_short_of_credits_gets_402_insufficient_quota() {
     let gw = Gateway::start().await;
     for credits in [0, 1] {
-        let key = gw.new_key(credits, &KeySpec::tier("pay_as_you_go")).await;
+        // Free: a paid tier's top-up would fund the account.
+        let key = gw.new_key(credits, &KeySpec::tier("free")).await;
         gw.post_messages(&key.secret, &valid())
             .await
             .expect_error(402, "insufficient_quota");

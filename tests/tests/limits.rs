@@ -241,7 +241,7 @@ async fn rate_limit_headers_are_on_every_authenticated_v1_response() {
         rate_limited.expect("a free key is rate limited within 8 requests"),
     ));
 
-    let broke = gw.new_key(0, &KeySpec::tier("pay_as_you_go")).await;
+    let broke = gw.new_key(0, &KeySpec::tier("free")).await;
     responses.push((
         "402",
         gw.post_messages(&broke.secret, &message("svc/haiku", "hi", 16))
