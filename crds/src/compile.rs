@@ -642,6 +642,13 @@ fn compile_keys(
         if spec.key_id.trim().is_empty() {
             problems.add(&resource, "keyId must not be empty");
         }
+        if spec.tier.is_some_and(|t| t != TierId::Enterprise) {
+            problems.add(
+                &resource,
+                "tier: only enterprise is granted by hand; the other tiers follow the \
+                 account's confirmed lifetime top-up (the promotion sweep)",
+            );
+        }
         // Custom limits are what an enterprise grant is; on any other tier they would
         // silently replace the tier's limits and make the promotion sweep meaningless.
         let limits = spec.limits.map(|l| {
@@ -691,6 +698,7 @@ fn compile_keys(
                 .map(|secret| KeySeed {
                     account: seed.account.clone(),
                     secret,
+                    top_up_usd_cents: seed.top_up_usd_cents,
                 })
         });
         let grant = KeyGrant {
@@ -698,6 +706,7 @@ fn compile_keys(
             limits,
             scopes,
             suspended: spec.suspended,
+            spend_cap: spec.monthly_spend_cap_credits,
             seed,
         };
         match grants.get(&spec.key_id) {

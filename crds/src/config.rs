@@ -172,6 +172,9 @@ pub struct KeyGrant {
     /// Scopes the key is restricted to; `None` leaves the key's own scopes.
     pub scopes: Option<Vec<String>>,
     pub suspended: bool,
+    /// Credits the key may spend per UTC month, overriding the cap it was minted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend_cap: Option<u64>,
     /// Standalone only: create the key from this secret if it does not exist yet.
     pub seed: Option<KeySeed>,
 }
@@ -181,6 +184,9 @@ pub struct KeyGrant {
 pub struct KeySeed {
     pub account: String,
     pub secret: Secret,
+    /// A confirmed top-up of the seeded account (US cents), once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_up_usd_cents: Option<u64>,
 }
 
 /// A secret value: serialized as is (the compiled config is itself kept in a Secret), never

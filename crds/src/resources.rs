@@ -352,7 +352,9 @@ pub struct ApiKeySpec {
     /// The id of the key as the gateway minted it (not the secret).
     #[schemars(length(min = 1))]
     pub key_id: String,
-    /// Pins the key to this tier instead of the one its account's top-ups give it.
+    /// Only `enterprise`, the tier granted by hand: every other tier follows the account's
+    /// confirmed lifetime top-up through the promotion sweep (the spec: "there is no manual
+    /// promotion"), so the operator refuses them here.
     // The schema is the plain enum: the derived `Option` schema lists `null` among the enum
     // values, which Kubernetes before 1.23 mishandles; an absent field means the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -370,6 +372,10 @@ pub struct ApiKeySpec {
     /// Rejects every request of the key with 403 while true.
     #[serde(default)]
     pub suspended: bool,
+    /// Credits the key may spend per UTC month; a turn that would pass it gets 402. Overrides
+    /// the cap the key was minted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monthly_spend_cap_credits: Option<u64>,
     /// Standalone mode only: creates the key with this account and secret if it does not
     /// exist, so a fresh local stack has a working key without the dashboard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -395,6 +401,11 @@ pub struct SeedSpec {
     pub account: String,
     /// The key's secret value (`sk-svc-...`).
     pub secret_ref: SecretKeyRef,
+    /// A confirmed top-up of the seeded account in US cents, as if it had paid (once, by a
+    /// reference naming the key): the key starts at the tier it gives, as a user's would.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1000, max = 1000000))]
+    pub top_up_usd_cents: Option<u64>,
 }
 
 /// A key of a Secret in the namespace of the referring resource.

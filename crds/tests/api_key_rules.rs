@@ -18,6 +18,33 @@ fn custom_limits_without_enterprise_tier_are_rejected() {
 }
 
 #[test]
+fn no_apikey_pins_a_tier_that_top_ups_give() {
+    for tier in [TierId::Free, TierId::PayAsYouGo, TierId::HighVolume] {
+        let mut m = standalone();
+        let spec = &mut key(&mut m, "example-enterprise").spec;
+        spec.tier = Some(tier);
+        spec.limits = None;
+        assert_rejected(
+            &m,
+            "ApiKey example-enterprise:",
+            "tier: only enterprise is granted by hand",
+        );
+    }
+}
+
+#[test]
+fn a_monthly_spend_cap_is_compiled_into_the_grant() {
+    let mut m = standalone();
+    key(&mut m, "example-enterprise")
+        .spec
+        .monthly_spend_cap_credits = Some(5_000);
+    assert_eq!(
+        compiles(&m).keys["key_example_enterprise"].spend_cap,
+        Some(5_000)
+    );
+}
+
+#[test]
 fn zero_custom_limits_are_rejected() {
     let mut m = standalone();
     key(&mut m, "example-enterprise")

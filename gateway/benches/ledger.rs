@@ -103,6 +103,7 @@ async fn turn(ledger: &PostgresLedger, account_id: &str, samples: &mut Samples) 
     let reserved = ledger
         .reserve(NewReservation {
             record,
+            spend_cap: None,
             min: RESERVE,
             max: RESERVE,
         })

@@ -7,12 +7,14 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use thiserror::Error;
 
+use crate::accounts::promotion::{standing, ENTERPRISE};
 use crate::accounts::{Accounts, KeyKind, PostgresAccounts, StoreError};
 use crate::auth::{self, KeySpec};
 use crate::config::{AccountsCommand, DatabaseArgs, KeysCommand, KindArg, MessagesCommand};
 use crate::db::{Database, DbError};
 use crate::ledger::{Ledger, LedgerError, PostgresLedger};
 use crate::payments::{self, PaymentError, TopUpRequest};
+use crate::routing::Catalog;
 
 #[derive(Debug, Error)]
 pub enum CliError {
@@ -51,21 +53,39 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
         KeysCommand::Create {
             db,
             account,
-            tier,
+            enterprise,
+            manifests,
+            expires_at,
+            spend_cap,
             credits,
             kind,
             scopes,
             name,
         } => {
+            auth::check_expiry(expires_at, time::OffsetDateTime::now_utc())
+                .map_err(|e| CliError::Usage(format!("--expires-at: {e}")))?;
             let db = connect(&db)?;
             let accounts = PostgresAccounts::new(db.clone());
             let account = match accounts.account_by_name(&account).await? {
                 Some(existing) => existing,
                 None => {
                     let created = accounts.create_account(&account).await?;
-                    PostgresLedger::new(db).grant(&created.id, credits).await?;
+                    PostgresLedger::new(db.clone())
+                        .grant(&created.id, credits)
+                        .await?;
                     created
                 }
+            };
+            let tier = if enterprise {
+                ENTERPRISE.to_owned()
+            } else {
+                let config = crds::manifests::load_dir(&manifests)
+                    .map_err(|e| CliError::Usage(format!("--manifests: {e}")))?;
+                let lifetime = PostgresLedger::new(db)
+                    .balance(&account.id)
+                    .await?
+                    .lifetime_top_up_cents;
+                standing(&Catalog::new(config, 0), lifetime).tier
             };
             let minted = auth::mint(KeySpec {
                 id: None,
@@ -78,6 +98,8 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
                 scopes,
                 tier,
                 secret: None,
+                expires_at,
+                spend_cap,
             });
             accounts.insert_key(minted.record.clone()).await?;
             let mut out = json!(minted.record);

@@ -10,6 +10,7 @@ use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
+use crate::accounts::promotion::{standing, ENTERPRISE};
 use crate::accounts::{
     promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
 };
@@ -28,7 +29,7 @@ use crate::limits::{
 };
 use crate::payments::reload::{self, AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
 use crate::payments::stripe::{StripeConfig, StripeConfigError};
-use crate::payments::{NoPayments, PaymentProvider, TestPayments};
+use crate::payments::{self, NoPayments, PaymentError, PaymentProvider, TestPayments};
 use crate::providers::Providers;
 use crate::responses_store::Backend as ResponsesBackend;
 use crate::routing::breaker::BreakerPolicy;
@@ -48,8 +49,10 @@ pub enum StartError {
     Published(#[from] PublishedError),
     #[error("the config Secret's watch ended before a config arrived")]
     NoPublishedConfig,
-    #[error("the manifests define no `{0}` tier")]
-    MissingTier(String),
+    #[error("--dev-top-up-usd: expected dollars like 10 or 0, not `{0}`")]
+    DevTopUp(String),
+    #[error("a seeded account's top-up: {0}")]
+    SeedPayment(#[from] PaymentError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -87,6 +90,9 @@ fn payments(
 
 /// The dev key's id, the same in every process, so that pods share its limits.
 const DEV_KEY_ID: &str = "key_dev";
+/// The payment reference of the dev account's top-up: confirmed once, by whichever pod starts
+/// first.
+const DEV_TOP_UP_REFERENCE: &str = "dev-account-top-up";
 
 /// The stores of a mode, chosen once here.
 struct Stores {
@@ -273,9 +279,6 @@ async fn run(
     published: Option<Published>,
     background: impl FnOnce(&AppState, PromotionRules),
 ) -> Result<(), StartError> {
-    if !config.tiers.contains_key(&args.dev_tier) {
-        return Err(StartError::MissingTier(args.dev_tier));
-    }
     let rules = PromotionRules::from_config(&config);
     let delay = args.simulated_chunk_delay_ms;
     let credits_per_usd = args.credits_per_usd;
@@ -374,30 +377,86 @@ fn override_simulated_delay(config: &mut GatewayConfig, delay: u64) {
     }
 }
 
-/// Creates the keys that ApiKey manifests seed from a Secret, with their accounts.
+/// Creates the keys that ApiKey manifests seed from a Secret, with their accounts (and their
+/// accounts' top-ups, which give the keys their tiers).
 async fn seed_granted_keys(state: &AppState) -> Result<(), StartError> {
-    let seeds: Vec<(String, String, crds::config::KeySeed)> = state
+    let seeds: Vec<(String, bool, crds::config::KeySeed)> = state
         .catalog()
         .grants()
         .filter_map(|(id, g)| {
-            let tier = g.tier.clone().unwrap_or_else(|| "free".to_owned());
-            g.seed.clone().map(|seed| (id.clone(), tier, seed))
+            let enterprise = g.tier.as_deref() == Some(ENTERPRISE);
+            g.seed.clone().map(|seed| (id.clone(), enterprise, seed))
         })
         .collect();
-    for (key_id, tier, seed) in seeds {
+    for (key_id, enterprise, seed) in seeds {
         let account = seed_account(state, &seed.account, 0).await?;
+        if let Some(usd_cents) = seed.top_up_usd_cents {
+            seed_top_up(state, &account.id, &format!("seed-{key_id}"), usd_cents).await?;
+        }
         let minted = auth::mint(KeySpec {
             id: Some(key_id.clone()),
+            tier: starting_tier(state, &account.id, enterprise).await?,
             account_id: account.id,
             name: key_id,
             kind: KeyKind::Api,
             scopes: Vec::new(),
-            tier,
             secret: Some(seed.secret.expose().to_owned()),
+            expires_at: None,
+            spend_cap: None,
         });
         seed_key(state, minted.record).await?;
     }
     Ok(())
+}
+
+/// Confirms a seeded account's top-up once, by its reference, as if it had been paid.
+async fn seed_top_up(
+    state: &AppState,
+    account_id: &str,
+    reference: &str,
+    usd_cents: u64,
+) -> Result<(), StartError> {
+    let request = payments::TopUpRequest {
+        account_id,
+        reference,
+        usd_cents,
+    };
+    let confirmed = payments::confirm(
+        state.accounts.as_ref(),
+        state.ledger.as_ref(),
+        state.credits_per_usd,
+        request,
+    )
+    .await;
+    match confirmed {
+        Ok(_) => Ok(()),
+        // A database kept from a start with another amount: its top-up stands.
+        Err(PaymentError::Ledger(LedgerError::TopUpMismatch)) => {
+            tracing::warn!(
+                reference,
+                "a seeded top-up was confirmed earlier with another amount; kept"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The tier a seeded key starts at: enterprise when granted, else its account's top-up tier.
+async fn starting_tier(
+    state: &AppState,
+    account_id: &str,
+    enterprise: bool,
+) -> Result<String, StartError> {
+    if enterprise {
+        return Ok(ENTERPRISE.to_owned());
+    }
+    let lifetime = state
+        .ledger
+        .balance(account_id)
+        .await?
+        .lifetime_top_up_cents;
+    Ok(standing(&state.catalog(), lifetime).tier)
 }
 
 /// The account of this name, created with `credits` when new (a database shared by pods or
@@ -435,16 +494,26 @@ async fn seed_key(state: &AppState, key: crate::accounts::KeyRecord) -> Result<(
     }
 }
 
+/// The dev account, with its confirmed top-up (once, by its reference) when one is asked
+/// for, and its key, at the tier that top-up gives unless it is granted enterprise.
 async fn seed_dev_key(state: &AppState, args: &CommonArgs, key: &str) -> Result<(), StartError> {
     let account = seed_account(state, "dev", args.dev_credits).await?;
+    let usd_cents = payments::parse_usd(&args.dev_top_up_usd)
+        .ok_or_else(|| StartError::DevTopUp(args.dev_top_up_usd.clone()))?;
+    if usd_cents > 0 {
+        seed_top_up(state, &account.id, DEV_TOP_UP_REFERENCE, usd_cents).await?;
+    }
+    let tier = starting_tier(state, &account.id, args.dev_enterprise).await?;
     let minted = auth::mint(KeySpec {
         id: Some(DEV_KEY_ID.to_owned()),
         account_id: account.id,
         name: "dev".to_owned(),
         kind: KeyKind::Api,
         scopes: Vec::new(),
-        tier: args.dev_tier.clone(),
+        tier,
         secret: Some(key.to_owned()),
+        expires_at: None,
+        spend_cap: None,
     });
     seed_key(state, minted.record).await
 }

@@ -206,6 +206,7 @@ pub async fn start(
     };
     let reservation = state.ledger.reserve(NewReservation {
         record,
+        spend_cap: principal.spend_cap,
         min: floor,
         max: ceiling,
     });

@@ -176,6 +176,11 @@ def admin(gateway: Gateway) -> Iterator[httpx.Client]:
 
 _names = itertools.count(1)
 
+# The confirmed lifetime top-up (US cents) that gives a new key its tier (deploy/standalone).
+TOP_UP_CENTS_FOR_TIER = {"pay_as_you_go": 1_000, "high_volume": 50_000}
+# The gateway's default --credits-per-usd.
+CREDITS_PER_USD = 100_000
+
 
 @pytest.fixture(scope="session")
 def mint_key(admin: httpx.Client) -> Callable[..., MintedKey]:
@@ -183,13 +188,21 @@ def mint_key(admin: httpx.Client) -> Callable[..., MintedKey]:
 
     def mint(*, tier: str = "high_volume", credits: int = RICH_CREDITS, kind: str = "api") -> MintedKey:
         n = next(_names)
-        account = admin.post("/admin/accounts", json={"name": f"pytest-{n}", "credits": credits})
+        cents = TOP_UP_CENTS_FOR_TIER.get(tier, 0)
+        # The account holds `credits` (or, when that is less, what the tier's top-up brings):
+        # the top-up brings its share of them.
+        grant = max(credits - cents * CREDITS_PER_USD // 100, 0)
+        account = admin.post("/admin/accounts", json={"name": f"pytest-{n}", "credits": grant})
         assert account.status_code == 201, account.text
         account_id = account.json()["id"]
-        key = admin.post(
-            "/admin/keys",
-            json={"account_id": account_id, "name": f"pytest-key-{n}", "kind": kind, "tier": tier},
-        )
+        body = {"account_id": account_id, "name": f"pytest-key-{n}", "kind": kind}
+        if tier == "enterprise":
+            body["tier"] = tier
+        elif cents:
+            # Tiers follow confirmed top-ups only: the account pays what the tier takes first.
+            paid = admin.post(f"/admin/accounts/{account_id}/topups", json={"usd_cents": cents, "reference": f"pytest-tier-{n}"})
+            assert paid.status_code == 200, paid.text
+        key = admin.post("/admin/keys", json=body)
         assert key.status_code == 201, key.text
         body = key.json()
         assert body["tier"] == tier and body["kind"] == kind, body
@@ -212,8 +225,8 @@ def free_key(mint_key: Callable[..., MintedKey]) -> str:
 
 @pytest.fixture(scope="module")
 def poor_key(mint_key: Callable[..., MintedKey]) -> str:
-    """A pay_as_you_go key on an account with no apiCredits at all."""
-    return mint_key(tier="pay_as_you_go", credits=0).key
+    """A free key on an account with no apiCredits at all (a paid tier's top-up would fund it)."""
+    return mint_key(tier="free", credits=0).key
 
 
 @pytest.fixture(scope="module")

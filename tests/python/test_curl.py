@@ -253,7 +253,7 @@ def test_a_suspended_account_is_permission_denied(http, admin, mint_key):
 
 
 def test_402_and_429_come_in_the_error_envelope(http, mint_key):
-    poor = mint_key(tier="pay_as_you_go", credits=0)
+    poor = mint_key(tier="free", credits=0)
     assert_envelope(http.post("/v1/messages", headers=bearer(poor.key), json=TINY), 402, "insufficient_quota")
 
     free = mint_key(tier="free")

@@ -27,7 +27,7 @@ pub struct SeededKey {
     pub streams: u64,
 }
 
-/// Pinned to the free tier: 5 RPM, 20,000 TPM, 1 stream.
+/// Free (its account never topped up): 5 RPM, 20,000 TPM, 1 stream.
 pub const FREE: SeededKey = SeededKey {
     id: "key_cluster_free",
     secret: "sk-svc-cluster-free-00000000000000000000000",
@@ -37,7 +37,7 @@ pub const FREE: SeededKey = SeededKey {
     streams: 1,
 };
 
-/// Pinned to pay_as_you_go: 60 RPM, 100,000 TPM, 5 streams.
+/// pay_as_you_go by its account's seeded $10 top-up: 60 RPM, 100,000 TPM, 5 streams.
 pub const PAYG: SeededKey = SeededKey {
     id: "key_cluster_payg",
     secret: "sk-svc-cluster-payg-00000000000000000000000",
@@ -57,7 +57,7 @@ pub const ENTERPRISE: SeededKey = SeededKey {
     streams: 2,
 };
 
-/// Pinned to high_volume (300 RPM); only [`Cluster::wait_admitting`] uses it.
+/// high_volume by its account's seeded $500 top-up (300 RPM); only [`Cluster::wait_admitting`] uses it.
 pub const PROBE: SeededKey = SeededKey {
     id: "key_cluster_probe",
     secret: "sk-svc-cluster-probe-0000000000000000000000",

@@ -131,9 +131,15 @@ impl GatewayBuilder {
         self.arg("--stream-lease-secs").arg(&secs.to_string())
     }
 
-    /// `--dev-tier`: the tier of the dev key.
-    pub fn dev_tier(self, tier: &str) -> Self {
-        self.arg("--dev-tier").arg(tier)
+    /// `--dev-top-up-usd`: the dev account's confirmed top-up, which gives the dev key its
+    /// tier ("0": none, so the free tier; the default $10 gives pay_as_you_go).
+    pub fn dev_top_up_usd(self, usd: &str) -> Self {
+        self.arg("--dev-top-up-usd").arg(usd)
+    }
+
+    /// `--dev-enterprise`: the dev key is granted the enterprise tier.
+    pub fn dev_enterprise(self) -> Self {
+        self.arg("--dev-enterprise")
     }
 
     /// `--dev-credits`: the starting balance of the dev key's account.
@@ -611,8 +617,22 @@ impl Gateway {
         if let Some(scopes) = &spec.scopes {
             body["scopes"] = json!(scopes);
         }
-        if let Some(tier) = &spec.tier {
-            body["tier"] = json!(tier);
+        match spec.tier.as_deref() {
+            None | Some("free") => {}
+            Some("enterprise") => body["tier"] = json!("enterprise"),
+            // The way users get there: a confirmed top-up; the key starts at its tier.
+            Some(tier) => {
+                let usd_cents = top_up_cents_for(tier);
+                self.top_up(account_id, usd_cents, &unique_name("e2e-tier-top-up"))
+                    .await
+                    .expect_ok();
+            }
+        }
+        if let Some(at) = &spec.expires_at {
+            body["expires_at"] = json!(at);
+        }
+        if let Some(cap) = spec.spend_cap {
+            body["spend_cap_credits"] = json!(cap);
         }
         let resp = self.admin_post("/admin/keys", &body).await;
         resp.expect_status(201);
@@ -694,21 +714,37 @@ impl Drop for Gateway {
     }
 }
 
+/// The confirmed lifetime top-up (US cents) that gives a new key `tier`, by the example
+/// manifests' Tier resources (a top-up is $10 at least).
+pub fn top_up_cents_for(tier: &str) -> u64 {
+    match tier {
+        "pay_as_you_go" => 1_000,
+        "high_volume" => 50_000,
+        other => panic!("no top-up gives the `{other}` tier"),
+    }
+}
+
 /// What kind of key to mint.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct KeySpec {
     pub kind: &'static str,
     pub scopes: Option<Vec<String>>,
+    /// The tier the key should have, reached the way users reach it: `free` with no top-up,
+    /// `pay_as_you_go` and `high_volume` by a confirmed top-up of the account before the key
+    /// is minted (which adds its credits to the account), `enterprise` by the grant.
     pub tier: Option<String>,
+    /// RFC 3339.
+    pub expires_at: Option<String>,
+    pub spend_cap: Option<u64>,
 }
 
 impl KeySpec {
-    /// An API key on the given tier.
+    /// An API key on the given tier (see [`KeySpec::tier`]'s field for how it gets there).
     pub fn tier(tier: &str) -> KeySpec {
         KeySpec {
             kind: "api",
-            scopes: None,
             tier: Some(tier.to_string()),
+            ..KeySpec::default()
         }
     }
 
@@ -716,9 +752,20 @@ impl KeySpec {
     pub fn cli() -> KeySpec {
         KeySpec {
             kind: "cli",
-            scopes: None,
-            tier: Some("pay_as_you_go".to_string()),
+            ..KeySpec::default()
         }
+    }
+
+    /// Expires at this RFC 3339 time.
+    pub fn expiring(mut self, at: &str) -> KeySpec {
+        self.expires_at = Some(at.to_string());
+        self
+    }
+
+    /// With a monthly spend cap of `credits`.
+    pub fn capped(mut self, credits: u64) -> KeySpec {
+        self.spend_cap = Some(credits);
+        self
     }
 
     pub fn with_scopes(mut self, scopes: &[&str]) -> KeySpec {

@@ -168,7 +168,8 @@ async fn the_account_endpoint_describes_the_calling_key() {
     assert_eq!(account["id"], key.account_id.as_str());
     assert_eq!(account["status"], "active");
     assert_eq!(account["credits"]["pool"], "apiCredits");
-    assert_eq!(account["credits"]["balance"], 12_345);
+    // The grant plus the $10 top-up that gave the key its tier.
+    assert_eq!(account["credits"]["balance"], 12_345 + 1_000_000);
     assert_eq!(account["credits"]["reserved"], 0);
     assert_eq!(account["key"]["id"], key.id.as_str());
     assert_eq!(account["key"]["kind"], "api");

@@ -373,8 +373,8 @@ async fn fail_closed_through(mut cluster: Cluster, outage: Outage) -> Vec<(u16, 
 #[tokio::test]
 async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and_they_recover_by_themselves(
 ) {
-    let cluster = Cluster::start_each(&[&|b| b.dev_tier("enterprise"), &|b| {
-        b.dev_tier("enterprise").redis_outage("fail-closed")
+    let cluster = Cluster::start_each(&[&|b| b.dev_enterprise(), &|b| {
+        b.dev_enterprise().redis_outage("fail-closed")
     }])
     .await;
     let account_during_outage = fail_closed_through(cluster, Outage::Stop).await;
@@ -395,7 +395,7 @@ async fn stopping_redis_makes_fail_closed_pods_answer_503_within_the_timeout_and
 
 #[tokio::test]
 async fn a_frozen_redis_makes_fail_closed_pods_answer_503_within_the_timeout_instead_of_hanging() {
-    let cluster = Cluster::start(2, |b| b.dev_tier("enterprise").redis_timeout_ms(300)).await;
+    let cluster = Cluster::start(2, |b| b.dev_enterprise().redis_timeout_ms(300)).await;
     fail_closed_through(cluster, Outage::Freeze).await;
 }
 
@@ -415,10 +415,8 @@ async fn admitted_until_429(gw: &Gateway, key: &str, at_most: u64) -> (u64, Resp
 #[tokio::test]
 async fn stopping_redis_makes_fail_open_pods_serve_within_their_share_of_the_limits_and_they_recover_by_themselves(
 ) {
-    let mut cluster = Cluster::start(2, |b| {
-        b.dev_tier("enterprise").redis_outage("fail-open").pods(2)
-    })
-    .await;
+    let mut cluster =
+        Cluster::start(2, |b| b.dev_enterprise().redis_outage("fail-open").pods(2)).await;
     // The free key is funded on each pod so that its turns are billed and its 429s can be
     // seen not to be; its tier is pinned by its grant.
     for (i, gw) in cluster.pods.iter().enumerate() {

@@ -129,7 +129,7 @@ async fn admitted_stream_within(
 async fn with_one_stream_allowed_a_second_on_either_pod_gets_429_until_the_first_ends() {
     // A lease far longer than the test: a slot that frees was given back, not timed out.
     let cluster = Cluster::start(2, |b| {
-        b.dev_tier("free")
+        b.dev_top_up_usd("0")
             .chunk_delay_ms(200)
             .stream_lease_secs(3_600)
     })
@@ -176,7 +176,7 @@ async fn a_stream_keeps_its_slot_past_the_lease_and_its_slot_frees_when_the_leas
 ) {
     const LEASE_SECS: u64 = 2;
     let mut cluster = Cluster::start(2, |b| {
-        b.dev_tier("free")
+        b.dev_top_up_usd("0")
             .chunk_delay_ms(500)
             .stream_lease_secs(LEASE_SECS)
     })

@@ -105,7 +105,7 @@ async fn every_turn_reports_credits_consumed_in_its_usage() {
 #[tokio::test]
 async fn the_balance_drops_by_exactly_the_credits_consumed_across_json_stream_and_chat() {
     let gw = Gateway::start().await;
-    let key = gw.new_key(5_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    let key = gw.new_key(5_000_000, &KeySpec::tier("enterprise")).await;
     let before = gw.balance(&key.secret).await;
     assert_eq!(before, 5_000_000);
     let mut charged = Vec::new();
@@ -272,10 +272,12 @@ async fn rejected_requests_consume_no_credits() {
     let gw = Gateway::start().await;
     let account = gw.create_account(1_000_000).await;
     let account_id = account["id"].as_str().unwrap();
+    // The free key first: the top-up that gives the next key pay_as_you_go would start it
+    // there too.
+    let free = gw.mint_key(account_id, &KeySpec::tier("free")).await;
     let payg = gw
         .mint_key(account_id, &KeySpec::tier("pay_as_you_go"))
         .await;
-    let free = gw.mint_key(account_id, &KeySpec::tier("free")).await;
     let chat_only = gw
         .mint_key(
             account_id,
@@ -331,9 +333,7 @@ async fn a_balance_one_credit_short_of_the_reservation_gets_402_and_is_charged_n
         .expect("reserved");
     assert!(reserved > 1);
 
-    let short = gw
-        .new_key(reserved - 1, &KeySpec::tier("pay_as_you_go"))
-        .await;
+    let short = gw.new_key(reserved - 1, &KeySpec::tier("enterprise")).await;
     let msg = gw
         .post_messages(&short.secret, &body)
         .await
@@ -342,7 +342,7 @@ async fn a_balance_one_credit_short_of_the_reservation_gets_402_and_is_charged_n
     assert_eq!(gw.balance(&short.secret).await, (reserved - 1) as i64);
     assert_eq!(gw.admin_account(&short.account_id).await["reserved"], 0);
 
-    let exact = gw.new_key(reserved, &KeySpec::tier("pay_as_you_go")).await;
+    let exact = gw.new_key(reserved, &KeySpec::tier("enterprise")).await;
     let turn = gw.post_messages(&exact.secret, &body).await.expect_ok();
     gw.wait_settled(&exact.account_id).await;
     assert_eq!(
@@ -365,7 +365,7 @@ async fn concurrent_requests_never_overdraw_the_balance() {
 
     // Ten reservations' worth of credits; 40 requests at once.
     let funds = 10 * reserved;
-    let key = gw.new_key(funds, &KeySpec::tier("pay_as_you_go")).await;
+    let key = gw.new_key(funds, &KeySpec::tier("enterprise")).await;
     let results = join_all((0..40).map(|_| gw.post_messages(&key.secret, &body))).await;
 
     let mut ok = 0;
@@ -407,7 +407,7 @@ async fn concurrent_requests_never_overdraw_the_balance() {
 #[tokio::test]
 async fn top_ups_are_idempotent_by_reference() {
     let gw = Gateway::start().await;
-    let key = gw.new_key(0, &KeySpec::tier("pay_as_you_go")).await;
+    let key = gw.new_key(0, &KeySpec::tier("enterprise")).await;
     let first = gw.top_up(&key.account_id, 1_000, "pay-ref-1").await;
     assert!(matches!(first.status, 200 | 201), "{first}");
     let first = first.json();

@@ -567,3 +567,56 @@ async fn in_cluster_mode_a_sign_up_on_one_pod_is_signed_in_on_every_pod_through_
         .await;
     assert_eq!(status, 429, "{body}");
 }
+
+#[tokio::test]
+async fn the_keys_page_mints_a_key_with_an_expiry_and_a_monthly_cap_but_never_a_tier() {
+    let gw = Gateway::start().await;
+    let mut visitor = Visitor::new(&gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (_, page) = visitor.get("/developers/keys").await;
+    assert!(!page.contains("name=\"tier\""), "the form offers no tier");
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = visitor
+        .post(
+            "/developers/keys",
+            &[
+                ("csrf", &csrf),
+                ("name", "capped"),
+                ("kind", "api"),
+                ("expires_in_days", "30"),
+                ("spend_cap", "5000"),
+                // A forged field: tiers follow top-ups only.
+                ("tier", "high_volume"),
+            ],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let expected = (time::OffsetDateTime::now_utc() + time::Duration::days(30)).date();
+    let row = page
+        .split("<tr data-key-id=")
+        .nth(1)
+        .expect("the key's row");
+    assert!(row.contains(&expected.to_string()), "expiry shown: {row}");
+    assert!(row.contains("0 of 5,000"), "spend against the cap: {row}");
+    assert!(row.contains(">free<"), "no top-up, free tier: {row}");
+    let (_, usage) = visitor.get("/developers/usage").await;
+    let caps = usage
+        .split("id=\"key-caps\"")
+        .nth(1)
+        .expect("the caps table");
+    assert!(caps.contains("capped") && caps.contains("5,000"), "{caps}");
+
+    for (field, value) in [("expires_in_days", "3"), ("spend_cap", "-5")] {
+        let (_, page) = visitor.get("/developers/keys").await;
+        let csrf = hidden_csrf(&page);
+        let (status, body, _) = visitor
+            .post(
+                "/developers/keys",
+                &[("csrf", &csrf), ("name", "bad"), (field, value)],
+                &[],
+            )
+            .await;
+        assert_eq!(status, 422, "{field}={value}: {body}");
+    }
+}

@@ -387,7 +387,8 @@ async fn a_revoked_key_is_401_within_seconds() {
 async fn an_account_short_of_credits_gets_402_insufficient_quota() {
     let gw = Gateway::start().await;
     for credits in [0, 1] {
-        let key = gw.new_key(credits, &KeySpec::tier("pay_as_you_go")).await;
+        // Free: a paid tier's top-up would fund the account.
+        let key = gw.new_key(credits, &KeySpec::tier("free")).await;
         gw.post_messages(&key.secret, &valid())
             .await
             .expect_error(402, "insufficient_quota");
@@ -589,7 +590,7 @@ async fn an_oversized_header_block_is_431_in_the_error_envelope() {
 
 #[tokio::test]
 async fn a_rate_limited_request_is_429_with_retry_after() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     gw.wait_for_roomy_window(&gw.key, 5).await;
     for _ in 0..5 {
         gw.count_tokens(&gw.key, &count_body("svc/haiku", "hi"))

@@ -46,7 +46,7 @@ async fn a_busy_accounts_turns_on_two_pods_are_billed_exactly_what_their_clients
     let pg = PostgresServer::start().await;
     let cluster = Cluster::start(2, |b| allotting(b, &pg)).await;
     let key = cluster.pods[0]
-        .new_key(CREDITS, &KeySpec::tier("high_volume"))
+        .new_key(CREDITS, &KeySpec::tier("enterprise"))
         .await;
     let body = message("svc/haiku", "count to three", 64);
 
@@ -87,7 +87,7 @@ async fn a_stopping_pod_writes_its_turns_and_returns_its_allotments_before_it_ex
     let pg = PostgresServer::start().await;
     let mut cluster = Cluster::start(1, |b| allotting(b, &pg)).await;
     let gw = &mut cluster.pods[0];
-    let key = gw.new_key(CREDITS, &KeySpec::tier("high_volume")).await;
+    let key = gw.new_key(CREDITS, &KeySpec::tier("enterprise")).await;
     let body = message("svc/haiku", "count to three", 64);
     let answers = join_all((0..20).map(|_| gw.post_messages(&key.secret, &body))).await;
     let (_, consumed) = tally(&answers);

@@ -18,8 +18,6 @@ async fn keys_created_by_the_cli_work_until_the_cli_revokes_them() {
             "create",
             "--account",
             "cli-acme",
-            "--tier",
-            "pay_as_you_go",
             "--credits",
             "2000000",
             "--scopes",
@@ -50,7 +48,7 @@ async fn keys_created_by_the_cli_work_until_the_cli_revokes_them() {
         .expect_ok();
     let account = gw.get("/v1/account", secret).await.expect_ok();
     assert_eq!(account["name"], "cli-acme", "{account}");
-    assert_eq!(account["tier"], "pay_as_you_go", "{account}");
+    assert_eq!(account["tier"], "free", "no top-up yet: {account}");
 
     let row = pg
         .gateway_cli(&["messages", "show", answer["id"].as_str().expect("id")])
@@ -76,7 +74,7 @@ async fn keys_created_by_the_cli_work_until_the_cli_revokes_them() {
 async fn a_cli_top_up_is_idempotent_by_reference_and_counts_toward_lifetime() {
     let pg = PostgresServer::start().await;
     pg.gateway_cli(&["migrate"]).await.expect("migrate");
-    pg.gateway_cli(&["keys", "create", "--account", "cli-topup", "--tier", "free"])
+    pg.gateway_cli(&["keys", "create", "--account", "cli-topup"])
         .await
         .expect("keys create");
     let topup = |usd: &'static str, reference: &'static str| {
@@ -115,4 +113,81 @@ async fn a_cli_top_up_is_idempotent_by_reference_and_counts_toward_lifetime() {
         .query("SELECT balance, lifetime_top_up_cents FROM accounts WHERE name = 'cli-topup'")
         .await;
     assert_eq!(money, "2550000|2550");
+}
+
+#[tokio::test]
+async fn the_cli_sets_no_tier_by_hand_a_new_key_starts_at_its_accounts_top_up_tier_or_enterprise() {
+    let pg = PostgresServer::start().await;
+    pg.gateway_cli(&["migrate"]).await.expect("migrate");
+    let create = |extra: &'static [&'static str]| {
+        let pg = &pg;
+        async move {
+            let mut args = vec!["keys", "create", "--account", "cli-tiers"];
+            args.extend_from_slice(extra);
+            pg.gateway_cli(&args).await
+        }
+    };
+    for tier in ["free", "pay_as_you_go", "high_volume", "enterprise"] {
+        let refused = pg
+            .gateway_cli(&["keys", "create", "--account", "cli-tiers", "--tier", tier])
+            .await
+            .expect_err("--tier is gone");
+        assert!(refused.contains("--tier"), "{refused}");
+    }
+    let first = create(&[]).await.expect("keys create");
+    assert_eq!(first["tier"], "free", "{first}");
+    pg.gateway_cli(&[
+        "accounts",
+        "topup",
+        "cli-tiers",
+        "--usd",
+        "10",
+        "--reference",
+        "ref-cli-tiers",
+    ])
+    .await
+    .expect("top-up");
+    let second = create(&[]).await.expect("keys create after a top-up");
+    assert_eq!(second["tier"], "pay_as_you_go", "{second}");
+    let granted = create(&["--enterprise"])
+        .await
+        .expect("an enterprise grant");
+    assert_eq!(granted["tier"], "enterprise", "{granted}");
+}
+
+#[tokio::test]
+async fn the_cli_mints_a_key_with_an_expiry_and_refuses_one_already_past() {
+    let pg = PostgresServer::start().await;
+    pg.gateway_cli(&["migrate"]).await.expect("migrate");
+    let created = pg
+        .gateway_cli(&[
+            "keys",
+            "create",
+            "--account",
+            "cli-expiry",
+            "--expires-at",
+            "2099-01-31T00:00:00Z",
+        ])
+        .await
+        .expect("keys create --expires-at");
+    assert_eq!(created["expires_at"], "2099-01-31T00:00:00Z", "{created}");
+    let id = created["id"].as_str().expect("key id");
+    let stored = pg
+        .query(&format!(
+            "SELECT expires_at = '2099-01-31T00:00:00Z' FROM api_keys WHERE id = '{id}'"
+        ))
+        .await;
+    assert_eq!(stored, "t");
+    let refused = pg
+        .gateway_cli(&[
+            "keys",
+            "create",
+            "--account",
+            "cli-expiry",
+            "--expires-at",
+            "2020-01-01T00:00:00Z",
+        ])
+        .await
+        .expect_err("an expiry in the past");
+    assert!(refused.contains("must be in the future"), "{refused}");
 }

@@ -24,7 +24,7 @@ async fn cluster(pods: usize, pg: &PostgresServer) -> Cluster {
 
 /// What one turn of `body` reserves, measured on an account of its own.
 async fn one_reservation(gw: &Gateway, body: &serde_json::Value) -> u64 {
-    let probe = gw.new_key(10_000_000, &KeySpec::tier("high_volume")).await;
+    let probe = gw.new_key(10_000_000, &KeySpec::tier("enterprise")).await;
     let first = gw.post_messages(&probe.secret, body).await.expect_ok();
     let record = gw
         .message_record(first["id"].as_str().expect("message id"))
@@ -42,7 +42,7 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
     let reservation = one_reservation(gw, &body).await;
 
     let start = FUNDED_TURNS * reservation;
-    let key = gw.new_key(start, &KeySpec::tier("high_volume")).await;
+    let key = gw.new_key(start, &KeySpec::tier("enterprise")).await;
     let answers =
         join_all((0..TURNS).map(|i| pods[i % pods.len()].post_messages(&key.secret, &body))).await;
     let (accepted, consumed) = tally(&answers);
@@ -161,10 +161,7 @@ async fn turns_of_many_accounts_at_once_each_bill_only_their_own_account() {
     let mut keys = Vec::new();
     for i in 0..ACCOUNTS {
         let start = (i as u64 / 2) * reservation;
-        keys.push((
-            gw.new_key(start, &KeySpec::tier("high_volume")).await,
-            start,
-        ));
+        keys.push((gw.new_key(start, &KeySpec::tier("enterprise")).await, start));
     }
     let answers = join_all(
         (0..ACCOUNTS * TURNS_EACH).map(|t| gw.post_messages(&keys[t % ACCOUNTS].0.secret, &body)),

@@ -298,10 +298,10 @@ async fn through_kills_drains_and_outages_every_turn_is_billed_what_its_client_w
     let mut accounts = Vec::new();
     for _ in 0..ACCOUNTS {
         let key = cluster.pods[0]
-            .new_key(CREDITS, &KeySpec::tier("high_volume"))
+            .new_key(CREDITS, &KeySpec::tier("enterprise"))
             .await;
         let second = cluster.pods[0]
-            .mint_key(&key.account_id, &KeySpec::tier("high_volume"))
+            .mint_key(&key.account_id, &KeySpec::tier("enterprise"))
             .await;
         accounts.push(key.account_id.clone());
         keys.push(key.secret);

@@ -25,7 +25,7 @@ async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_aft
     let mut pg = PostgresServer::start().await;
     let cluster = one_pod(&pg).await;
     let gw = &cluster.pods[0];
-    let key = gw.new_key(5_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    let key = gw.new_key(5_000_000, &KeySpec::tier("enterprise")).await;
     let body = message("svc/haiku", "hello", 32);
     gw.post_messages(&key.secret, &body).await.expect_ok();
 
@@ -65,7 +65,7 @@ async fn turns_the_allotment_covers_are_served_through_an_outage_told_free_and_w
     let cluster = one_pod(&pg).await;
     let gw = &cluster.pods[0];
     let start = 5_000_000;
-    let key = gw.new_key(start, &KeySpec::tier("pay_as_you_go")).await;
+    let key = gw.new_key(start, &KeySpec::tier("enterprise")).await;
     let body = message("svc/haiku", "hello", 32);
     let before = gw.post_messages(&key.secret, &body).await.expect_ok();
 

@@ -31,6 +31,8 @@ async fn key(accounts: &dyn Accounts, account_id: &str, name: &str, tier: &str) 
         scopes: Vec::new(),
         tier: tier.to_owned(),
         secret: None,
+        expires_at: None,
+        spend_cap: None,
     });
     let id = minted.record.id.clone();
     accounts

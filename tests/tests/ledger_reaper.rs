@@ -56,7 +56,7 @@ async fn a_stream_in_flight_on_the_first_of_two_pods(
     })
     .await;
     let key = cluster.pods[0]
-        .new_key(CREDITS, &KeySpec::tier("pay_as_you_go"))
+        .new_key(CREDITS, &KeySpec::tier("enterprise"))
         .await;
     let body = message_stream("svc/sonnet", "tell me a long story", 500);
     let mut stream = cluster.pods[0]
@@ -153,7 +153,7 @@ async fn a_replayed_settle_returns_the_first_billing_and_changes_nothing() {
     let pg = PostgresServer::start().await;
     let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
     let gw = &cluster.pods[0];
-    let key = gw.new_key(CREDITS, &KeySpec::tier("pay_as_you_go")).await;
+    let key = gw.new_key(CREDITS, &KeySpec::tier("enterprise")).await;
     let answer = gw
         .post_messages(&key.secret, &message("svc/haiku", "hello", 64))
         .await
@@ -179,6 +179,7 @@ async fn a_replayed_settle_returns_the_first_billing_and_changes_nothing() {
 /// A turn of 1,000 credits at most, started `age` ago.
 fn reservation(account_id: &str, id: &str, age: time::Duration) -> NewReservation {
     NewReservation {
+        spend_cap: None,
         record: MessageRecord {
             id: id.to_owned(),
             account_id: account_id.to_owned(),

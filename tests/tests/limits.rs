@@ -80,7 +80,7 @@ async fn every_tier_reports_the_spec_limits_in_its_headers() {
 
 #[tokio::test]
 async fn free_key_gets_429_on_the_sixth_request_in_a_minute() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     gw.wait_for_roomy_window(&gw.key, 5).await;
     for i in 1..=5u64 {
         let resp = gw
@@ -118,7 +118,7 @@ async fn high_volume_key_gets_429_on_the_301st_request_in_a_minute() {
 
 #[tokio::test]
 async fn count_tokens_counts_against_the_same_rpm_as_messages() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     gw.wait_for_roomy_window(&gw.key, 5).await;
     for _ in 0..3 {
         gw.post_messages(&gw.key, &message("svc/haiku", "hi", 16))
@@ -150,7 +150,7 @@ async fn count_tokens_counts_against_the_same_rpm_as_messages() {
 
 #[tokio::test]
 async fn chat_completions_count_against_the_same_rpm() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     gw.wait_for_roomy_window(&gw.key, 5).await;
     for _ in 0..5 {
         gw.chat(&gw.key, &chat_body("svc/haiku", "hi", Some(16)))
@@ -166,7 +166,7 @@ async fn chat_completions_count_against_the_same_rpm() {
 
 #[tokio::test]
 async fn gets_do_not_count_against_rpm() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     for path in [
         "/v1/models",
         "/v1/models/svc/opus",
@@ -193,7 +193,7 @@ async fn gets_do_not_count_against_rpm() {
 
 #[tokio::test]
 async fn rate_limit_headers_are_on_every_authenticated_v1_response() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     let key = gw.key.clone();
     let mut responses = vec![
         ("GET /v1/models", gw.get("/v1/models", &key).await),
@@ -241,7 +241,7 @@ async fn rate_limit_headers_are_on_every_authenticated_v1_response() {
         rate_limited.expect("a free key is rate limited within 8 requests"),
     ));
 
-    let broke = gw.new_key(0, &KeySpec::tier("pay_as_you_go")).await;
+    let broke = gw.new_key(0, &KeySpec::tier("free")).await;
     responses.push((
         "402",
         gw.post_messages(&broke.secret, &message("svc/haiku", "hi", 16))
@@ -329,7 +329,7 @@ async fn remaining_requests_counts_down_and_reset_is_within_the_minute() {
 
 #[tokio::test]
 async fn free_key_gets_429_once_a_minute_of_input_tokens_reaches_20000() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     gw.wait_for_roomy_window(&gw.key, 8).await;
     let body = message("svc/haiku", &words(6_000), 16);
     let mut admitted = 0;
@@ -398,7 +398,7 @@ async fn a_conversation_past_the_keys_tpm_but_inside_the_context_window_is_admit
 #[tokio::test]
 async fn free_key_has_one_concurrent_stream() {
     let gw = Gateway::builder()
-        .dev_tier("free")
+        .dev_top_up_usd("0")
         .chunk_delay_ms(150)
         .start()
         .await;

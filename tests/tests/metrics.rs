@@ -130,7 +130,7 @@ async fn an_open_stream_is_counted_in_flight_until_it_ends() {
 
 #[tokio::test]
 async fn rate_limit_rejections_are_counted_by_dimension() {
-    let gw = Gateway::builder().dev_tier("free").start().await;
+    let gw = Gateway::builder().dev_top_up_usd("0").start().await;
     gw.wait_for_roomy_window(&gw.key, 5).await;
     for _ in 0..5 {
         gw.count_tokens(&gw.key, &count_body("svc/haiku", "hi"))

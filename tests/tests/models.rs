@@ -185,7 +185,7 @@ async fn no_response_on_any_endpoint_names_an_upstream_provider() {
     gw.post_messages("sk-svc-unknown", &bodies[0])
         .await
         .expect_status(401);
-    let broke = gw.new_key(0, &KeySpec::tier("pay_as_you_go")).await;
+    let broke = gw.new_key(0, &KeySpec::tier("free")).await;
     gw.post_messages(&broke.secret, &bodies[0])
         .await
         .expect_status(402);

@@ -348,7 +348,7 @@ async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep()
         .start()
         .await;
     let created = pg
-        .gateway_cli(&["keys", "create", "--account", "sweep", "--tier", "free"])
+        .gateway_cli(&["keys", "create", "--account", "sweep"])
         .await
         .expect("keys create");
     let secret = created["key"].as_str().expect("the secret").to_owned();

@@ -72,6 +72,17 @@ pub struct KeyRecord {
     pub hash: KeyHash,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    /// From then on the key is refused (401).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub expires_at: Option<OffsetDateTime>,
+    /// Credits the key may spend per UTC month.
+    pub spend_cap: Option<u64>,
+}
+
+impl KeyRecord {
+    pub fn expired(&self, now: OffsetDateTime) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
 }
 
 #[async_trait]

@@ -15,7 +15,7 @@ use super::{
     Account, AccountStatus, Accounts, KeyKind, KeyRecord, Promotion, PromotionRules, StoreError,
 };
 use crate::auth::KeyHash;
-use crate::db::{name_of, parse_name, to_db, Database, DbError};
+use crate::db::{from_db, name_of, parse_name, to_db, Database, DbError};
 use crate::ids;
 
 /// How long a cached key lookup is trusted while Postgres answers.
@@ -91,7 +91,8 @@ impl PostgresAccounts {
 }
 
 const KEY_COLUMNS: &str =
-    "k.id, k.account_id, k.name, k.prefix, k.hash, k.kind, k.scopes, k.tier, k.revoked_at, k.created_at";
+    "k.id, k.account_id, k.name, k.prefix, k.hash, k.kind, k.scopes, k.tier, k.revoked_at, k.created_at,
+     k.expires_at, k.spend_cap";
 
 const ACCOUNT_COLUMNS: &str = "id, name, status, created_at";
 
@@ -118,6 +119,8 @@ fn key_of(row: &PgRow) -> Result<KeyRecord, sqlx::Error> {
         hash: KeyHash::from_bytes(&hash)
             .ok_or_else(|| sqlx::Error::Decode("api_keys.hash is not a SHA-256 digest".into()))?,
         created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        spend_cap: row.try_get::<Option<i64>, _>("spend_cap")?.map(from_db),
     })
 }
 
@@ -192,8 +195,9 @@ impl Accounts for PostgresAccounts {
         self.db
             .bounded(
                 sqlx::query(
-                    "INSERT INTO api_keys (id, account_id, name, prefix, hash, kind, scopes, tier, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                    "INSERT INTO api_keys (id, account_id, name, prefix, hash, kind, scopes, tier,
+                         created_at, expires_at, spend_cap)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 )
                 .bind(&key.id)
                 .bind(&key.account_id)
@@ -204,6 +208,8 @@ impl Accounts for PostgresAccounts {
                 .bind(&key.scopes)
                 .bind(&key.tier)
                 .bind(key.created_at)
+                .bind(key.expires_at)
+                .bind(key.spend_cap.map(to_db))
                 .execute(self.db.pool()),
             )
             .await

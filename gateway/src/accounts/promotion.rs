@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::Accounts;
+use crate::routing::Catalog;
 
 /// Tiers a key can be promoted into, in promotion order, with their thresholds (US cents).
 /// Tiers without a threshold (enterprise) are absent: keys in them are never touched.
@@ -55,6 +56,34 @@ impl PromotionRules {
             .rposition(|(_, cents)| *cents <= lifetime_cents)?;
         (best > current).then(|| self.tiers[best].0.as_str())
     }
+}
+
+/// The tier only a manual grant gives (custom limits); never reached by top-ups.
+pub const ENTERPRISE: &str = "enterprise";
+
+/// Where confirmed lifetime top-up puts an account: its tier, and the next tier with the
+/// top-up still needed to reach it. Enterprise is granted by hand, never reached this way.
+pub struct Standing {
+    pub tier: String,
+    pub next: Option<(String, u64)>,
+}
+
+pub fn standing(catalog: &Catalog, lifetime_cents: u64) -> Standing {
+    let mut ladder: Vec<(&String, u64)> = catalog
+        .tiers()
+        .filter_map(|(id, t)| t.promotion_at_lifetime_cents.map(|at| (id, at)))
+        .collect();
+    ladder.sort_by_key(|(_, at)| *at);
+    let tier = ladder
+        .iter()
+        .rev()
+        .find(|(_, at)| *at <= lifetime_cents)
+        .map_or_else(|| "free".to_owned(), |(id, _)| (*id).clone());
+    let next = ladder
+        .iter()
+        .find(|(_, at)| *at > lifetime_cents)
+        .map(|(id, at)| ((*id).clone(), at - lifetime_cents));
+    Standing { tier, next }
 }
 
 /// Runs the sweep every `interval` until `stop`.

@@ -9,11 +9,12 @@ use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use crds::config::{SCOPES, TIER_IDS};
+use crds::config::SCOPES;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
+use crate::accounts::promotion::{self, ENTERPRISE};
 use crate::accounts::{Account, AccountStatus, KeyKind};
 use crate::api::body::JsonBody;
 use crate::api::{method_not_allowed, not_found};
@@ -243,8 +244,14 @@ struct NewKey {
     kind: KeyKind,
     #[serde(default)]
     scopes: Vec<String>,
+    /// Only `enterprise`, the tier granted by hand; without it the key starts at the tier its
+    /// account's confirmed lifetime top-up gives, and only the promotion sweep moves it.
     #[serde(default)]
     tier: Option<String>,
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    expires_at: Option<time::OffsetDateTime>,
+    #[serde(default)]
+    spend_cap_credits: Option<u64>,
 }
 
 fn api_kind() -> KeyKind {
@@ -263,13 +270,25 @@ async fn create_key(
             SCOPES.join(", ")
         )));
     }
-    let tier = body.tier.unwrap_or_else(|| "free".to_owned());
-    if !TIER_IDS.contains(&tier.as_str()) {
-        return Err(ApiError::invalid(format!(
-            "tier: unknown tier `{tier}`; known: {}",
-            TIER_IDS.join(", ")
-        )));
-    }
+    auth::check_expiry(body.expires_at, time::OffsetDateTime::now_utc())
+        .map_err(|e| ApiError::invalid(format!("expires_at: {e}")))?;
+    let tier = match body.tier.as_deref() {
+        None => {
+            let lifetime = state
+                .ledger
+                .balance(&account.id)
+                .await?
+                .lifetime_top_up_cents;
+            promotion::standing(&state.catalog(), lifetime).tier
+        }
+        Some(ENTERPRISE) => ENTERPRISE.to_owned(),
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "tier: `{other}` cannot be granted by hand; only `{ENTERPRISE}` can. Other \
+                 tiers follow the account's confirmed lifetime top-up (the promotion sweep)"
+            )))
+        }
+    };
     let minted = auth::mint(KeySpec {
         id: None,
         account_id: account.id,
@@ -278,6 +297,8 @@ async fn create_key(
         scopes: body.scopes,
         tier,
         secret: None,
+        expires_at: body.expires_at,
+        spend_cap: body.spend_cap_credits,
     });
     state.accounts.insert_key(minted.record.clone()).await?;
     let mut json = json!(minted.record);

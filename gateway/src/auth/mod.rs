@@ -20,6 +20,7 @@ use crate::client_address::{AddressBucket, ClientAddress};
 use crate::error::ApiError;
 use crate::ids;
 use crate::limits::{self, standing_of, AddressLimit, LimitError};
+use crate::routing::Catalog;
 use crate::state::AppState;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,6 +55,8 @@ pub enum AuthError {
     Malformed,
     #[error("invalid API key")]
     Invalid,
+    #[error("this API key expired at {0}; mint a new one at /developers/keys")]
+    Expired(String),
     #[error("this key is a CLI key and cannot be used on the /v1 API; mint an API key at /developers/keys")]
     CliKey,
     #[error("the account of this key is suspended")]
@@ -81,6 +84,8 @@ pub struct Principal {
     /// Effective scopes; empty allows every surface.
     pub scopes: Vec<String>,
     pub suspended: bool,
+    /// The key's monthly spend cap: the ApiKey grant's, else the one it was minted with.
+    pub spend_cap: Option<u64>,
 }
 
 /// A freshly minted key: the record to store and the secret to show once.
@@ -98,6 +103,8 @@ pub struct KeySpec {
     pub tier: String,
     /// A given secret (the dev key, a seeded key); random when absent.
     pub secret: Option<String>,
+    pub expires_at: Option<OffsetDateTime>,
+    pub spend_cap: Option<u64>,
 }
 
 pub fn mint(spec: KeySpec) -> MintedKey {
@@ -116,8 +123,29 @@ pub fn mint(spec: KeySpec) -> MintedKey {
             revoked: false,
             hash: KeyHash::of(&secret),
             created_at: OffsetDateTime::now_utc(),
+            expires_at: spec.expires_at,
+            spend_cap: spec.spend_cap,
         },
         secret,
+    }
+}
+
+/// The key's monthly spend cap: its ApiKey grant's, else the one it was minted with.
+pub fn spend_cap(catalog: &Catalog, key: &KeyRecord) -> Option<u64> {
+    catalog
+        .grant(&key.id)
+        .and_then(|g| g.spend_cap)
+        .or(key.spend_cap)
+}
+
+/// Why an expiry cannot be given to a new key: one already past would mint a dead key.
+pub fn check_expiry(
+    expires_at: Option<OffsetDateTime>,
+    now: OffsetDateTime,
+) -> Result<(), &'static str> {
+    match expires_at {
+        Some(at) if at <= now => Err("must be in the future"),
+        _ => Ok(()),
     }
 }
 
@@ -194,6 +222,15 @@ async fn identify(state: &AppState, headers: &HeaderMap) -> Result<Principal, Au
     if !bool::from(key.hash.ct_eq(&hash)) || key.revoked {
         return Err(AuthError::Invalid);
     }
+    if let Some(at) = key
+        .expires_at
+        .filter(|_| key.expired(OffsetDateTime::now_utc()))
+    {
+        return Err(AuthError::Expired(
+            at.format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+        ));
+    }
     let catalog = state.catalog();
     let grant = catalog.grant(&key.id);
     let suspended =
@@ -209,6 +246,7 @@ async fn identify(state: &AppState, headers: &HeaderMap) -> Result<Principal, Au
         .or_else(|| catalog.tier_limits(&tier))
         .or_else(|| catalog.tier_limits("free"))
         .ok_or(AuthError::Invalid)?;
+    let spend_cap = spend_cap(&catalog, &key);
     Ok(Principal {
         key,
         account,
@@ -216,6 +254,7 @@ async fn identify(state: &AppState, headers: &HeaderMap) -> Result<Principal, Au
         limits,
         scopes,
         suspended,
+        spend_cap,
     })
 }
 
@@ -291,6 +330,8 @@ mod tests {
             scopes: vec![],
             tier: "free".into(),
             secret: None,
+            expires_at: None,
+            spend_cap: None,
         });
         assert!(minted.secret.starts_with("sk-svc-"));
         assert_eq!(minted.record.prefix.len(), 12);

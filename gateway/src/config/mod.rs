@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use crds::config::{SCOPES, TIER_IDS};
+use crds::config::SCOPES;
 
 use crate::limits::OutagePolicy;
 use crate::responses_store::ResponsesStoreArgs;
@@ -85,8 +85,20 @@ pub enum KeysCommand {
         /// Account name.
         #[arg(long)]
         account: String,
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(TIER_IDS))]
-        tier: String,
+        /// Grants the key the enterprise tier (custom limits via its ApiKey resource). Without
+        /// it the key starts at the tier its account's confirmed lifetime top-up gives (by the
+        /// Tier manifests in --manifests) and only the promotion sweep moves it.
+        #[arg(long)]
+        enterprise: bool,
+        /// Folder of the Tier manifests that set the starting tier.
+        #[arg(long, env = "GATEWAY_MANIFESTS", default_value = "deploy/standalone")]
+        manifests: PathBuf,
+        /// When the key stops working (RFC 3339, e.g. 2027-01-31T00:00:00Z); default never.
+        #[arg(long, value_parser = rfc3339)]
+        expires_at: Option<time::OffsetDateTime>,
+        /// Credits the key may spend per UTC month; default no cap.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        spend_cap: Option<u64>,
         /// apiCredits granted to the account when it is created (not a top-up).
         #[arg(long, default_value_t = 0)]
         credits: u64,
@@ -223,10 +235,14 @@ pub struct CommonArgs {
     /// no dev account.
     #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true, value_parser = dev_key)]
     pub dev_key: Option<String>,
-    /// Tier of the development key.
-    #[arg(long, env = "GATEWAY_DEV_TIER", default_value = "pay_as_you_go",
-          value_parser = clap::builder::PossibleValuesParser::new(TIER_IDS))]
-    pub dev_tier: String,
+    /// A confirmed top-up of the development account, in US dollars (0: none), as if it had
+    /// paid: its key starts at the tier that top-up gives (the default, $10, gives
+    /// pay_as_you_go). Confirmed once, however often the gateway starts.
+    #[arg(long, env = "GATEWAY_DEV_TOP_UP_USD", default_value = "10")]
+    pub dev_top_up_usd: String,
+    /// Grants the development key the enterprise tier instead.
+    #[arg(long, env = "GATEWAY_DEV_ENTERPRISE")]
+    pub dev_enterprise: bool,
     /// apiCredits of the development account.
     #[arg(long, env = "GATEWAY_DEV_CREDITS", default_value_t = 10_000_000)]
     pub dev_credits: u64,
@@ -342,6 +358,11 @@ pub const KEY_PREFIX: &str = "sk-svc-";
 
 /// Value parser of the shared secrets: refused at start when empty or short (the message names
 /// the flag, never the value).
+fn rfc3339(value: &str) -> Result<time::OffsetDateTime, String> {
+    time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| format!("expected an RFC 3339 time like 2027-01-31T00:00:00Z: {e}"))
+}
+
 fn long_secret(value: &str) -> Result<String, String> {
     if value.trim().chars().count() < MIN_SECRET_CHARS {
         return Err(format!(

@@ -7,15 +7,17 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use maud::{html, Markup};
 use serde::Deserialize;
+use time::OffsetDateTime;
 
 use super::form::HtmlForm;
-use super::layout::{datetime, notice, page, with_status, Nav};
-use super::overview::standing;
+use super::layout::{datetime, notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
 use super::store::Session;
 use super::DashboardError;
+use crate::accounts::promotion::standing;
 use crate::accounts::{KeyKind, KeyRecord};
 use crate::auth::{self, KeySpec};
+use crate::ledger::KeySpend;
 use crate::state::AppState;
 use crds::config::SCOPES;
 
@@ -32,6 +34,44 @@ pub struct MintForm {
     kind: String,
     #[serde(default, rename = "scope")]
     scopes: Vec<String>,
+    /// Days until the key expires; empty: never.
+    #[serde(default)]
+    expires_in_days: String,
+    /// Credits per UTC month; empty: no cap.
+    #[serde(default)]
+    spend_cap: String,
+}
+
+/// The expiries the form offers, in days.
+const EXPIRY_DAYS: [u32; 4] = [7, 30, 90, 365];
+
+/// A key as the keys page lists it: with its monthly cap (its grant's, else its own) and
+/// what it spent and holds this month.
+pub struct Listed {
+    pub key: KeyRecord,
+    pub cap: Option<u64>,
+    pub spend: KeySpend,
+}
+
+/// The account's keys with their caps and this month's spend.
+pub async fn listed(state: &AppState, account_id: &str) -> Result<Vec<Listed>, DashboardError> {
+    let keys = state.accounts.keys_of(account_id).await?;
+    let catalog = state.catalog();
+    let mut listed = Vec::with_capacity(keys.len());
+    for key in keys {
+        let spend = state.ledger.key_spend(&key.id).await?;
+        let cap = auth::spend_cap(&catalog, &key);
+        listed.push(Listed { key, cap, spend });
+    }
+    Ok(listed)
+}
+
+/// "spent of cap" for a capped key, "spent" otherwise.
+pub fn spend_against_cap(listed: &Listed) -> Markup {
+    html! {
+        (thousands(listed.spend.spent))
+        @if let Some(cap) = listed.cap { " of " (thousands(cap)) }
+    }
 }
 
 #[derive(Deserialize)]
@@ -54,7 +94,8 @@ fn kind_label(kind: KeyKind) -> &'static str {
     }
 }
 
-fn view(session: &Session, keys: &[KeyRecord], flash: Flash<'_>) -> Markup {
+fn view(session: &Session, keys: &[Listed], flash: Flash<'_>) -> Markup {
+    let now = OffsetDateTime::now_utc();
     let content = html! {
         @match flash {
             Flash::Minted { key, secret } => {
@@ -84,6 +125,19 @@ fn view(session: &Session, keys: &[KeyRecord], flash: Flash<'_>) -> Markup {
                         option value="cli" { "CLI key (command-line tool)" }
                     }
                 }
+                div.field {
+                    label for="key-expiry" { "Expires" }
+                    select #key-expiry name="expires_in_days" {
+                        option value="" selected { "Never" }
+                        @for days in EXPIRY_DAYS {
+                            option value=(days) { "In " (days) " days" }
+                        }
+                    }
+                }
+                div.field {
+                    label for="key-cap" { "Monthly spend cap " span.hint { "(credits; empty: none)" } }
+                    input #key-cap type="number" name="spend_cap" min="1" step="1" inputmode="numeric" placeholder="e.g. 5000000";
+                }
                 fieldset.field.scopes {
                     legend { "Scopes " span.hint { "(none checked: every surface)" } }
                     @for scope in SCOPES {
@@ -103,10 +157,12 @@ fn view(session: &Session, keys: &[KeyRecord], flash: Flash<'_>) -> Markup {
                         thead { tr {
                             th scope="col" { "Name" } th scope="col" { "Key" } th scope="col" { "Kind" }
                             th scope="col" { "Scopes" } th scope="col" { "Tier" } th scope="col" { "Created" }
+                            th scope="col" { "Expires" } th scope="col" { "Spent this month" }
                             th scope="col" { "Status" } th scope="col" { span.sr-only { "Actions" } }
                         } }
                         tbody {
-                            @for key in keys {
+                            @for listed in keys {
+                                @let key = &listed.key;
                                 tr data-key-id=(key.id) {
                                     td { (key.name) }
                                     td { code { (key.prefix) "…" } }
@@ -114,7 +170,13 @@ fn view(session: &Session, keys: &[KeyRecord], flash: Flash<'_>) -> Markup {
                                     td { @if key.scopes.is_empty() { "all" } @else { (key.scopes.join(", ")) } }
                                     td { (key.tier) }
                                     td { (datetime(key.created_at)) }
-                                    td { @if key.revoked { span.badge.failed { "revoked" } } @else { span.badge.completed { "active" } } }
+                                    td.expires { @match key.expires_at { Some(at) => (datetime(at)), None => "never" } }
+                                    td.spend { (spend_against_cap(listed)) }
+                                    td {
+                                        @if key.revoked { span.badge.failed { "revoked" } }
+                                        @else if key.expired(now) { span.badge.failed { "expired" } }
+                                        @else { span.badge.completed { "active" } }
+                                    }
                                     td { @if !key.revoked {
                                         a.danger-link href=(format!("/developers/keys/{}/revoke", key.id)) aria-label=(format!("Revoke key {}", key.name)) { "Revoke" }
                                     } }
@@ -135,7 +197,7 @@ async fn render(
     status: StatusCode,
     flash: Flash<'_>,
 ) -> Result<Response, DashboardError> {
-    let keys = state.accounts.keys_of(&session.account_id).await?;
+    let keys = listed(state, &session.account_id).await?;
     Ok(with_status(status, view(session, &keys, flash)))
 }
 
@@ -180,6 +242,25 @@ pub async fn mint(
         )
         .await;
     }
+    let expires_at = match form.expires_in_days.trim() {
+        "" => None,
+        days => match days.parse::<u32>() {
+            Ok(days) if EXPIRY_DAYS.contains(&days) => {
+                Some(OffsetDateTime::now_utc() + time::Duration::days(days.into()))
+            }
+            _ => return refuse("Choose when the key expires from the list.").await,
+        },
+    };
+    let spend_cap = match form.spend_cap.trim() {
+        "" => None,
+        cap => match cap.parse::<u64>() {
+            Ok(cap) if cap > 0 => Some(cap),
+            _ => {
+                return refuse("A monthly spend cap is a whole number of credits, at least 1.")
+                    .await
+            }
+        },
+    };
     let lifetime = state
         .ledger
         .balance(&session.account_id)
@@ -193,6 +274,8 @@ pub async fn mint(
         scopes: form.scopes,
         tier: standing(&state.catalog(), lifetime).tier,
         secret: None,
+        expires_at,
+        spend_cap,
     });
     state.accounts.insert_key(minted.record.clone()).await?;
     render(

@@ -8,38 +8,13 @@ use time::{Date, OffsetDateTime};
 use super::layout::{datetime, dollars, page, thousands, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
+use crate::accounts::promotion::standing;
 use crate::api::usage::{format_date, report, UsageQuery};
 use crate::ledger::MessageStatus;
 use crate::payments::MIN_TOP_UP_CENTS;
-use crate::routing::Catalog;
 use crate::state::AppState;
 
 const RECENT_MESSAGES: usize = 10;
-
-/// Where confirmed lifetime top-up puts an account: its tier, and the next tier with the
-/// top-up still needed to reach it. Enterprise is granted by hand, never reached this way.
-pub struct Standing {
-    pub tier: String,
-    pub next: Option<(String, u64)>,
-}
-
-pub fn standing(catalog: &Catalog, lifetime_cents: u64) -> Standing {
-    let mut ladder: Vec<(&String, u64)> = catalog
-        .tiers()
-        .filter_map(|(id, t)| t.promotion_at_lifetime_cents.map(|at| (id, at)))
-        .collect();
-    ladder.sort_by_key(|(_, at)| *at);
-    let tier = ladder
-        .iter()
-        .rev()
-        .find(|(_, at)| *at <= lifetime_cents)
-        .map_or_else(|| "free".to_owned(), |(id, _)| (*id).clone());
-    let next = ladder
-        .iter()
-        .find(|(_, at)| *at > lifetime_cents)
-        .map(|(id, at)| ((*id).clone(), at - lifetime_cents));
-    Standing { tier, next }
-}
 
 fn month_start(today: Date) -> Date {
     today.replace_day(1).unwrap_or(today)

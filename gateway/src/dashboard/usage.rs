@@ -9,6 +9,7 @@ use serde::Deserialize;
 use time::Duration;
 
 use super::charts::{stacked, Stacked};
+use super::keys::{self, Listed};
 use super::layout::{notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
@@ -80,6 +81,11 @@ pub async fn show(
         ),
         Err(e) => return Err(e.into()),
     };
+    let capped: Vec<Listed> = keys::listed(&state, &session.account_id)
+        .await?
+        .into_iter()
+        .filter(|k| k.cap.is_some() && !k.key.revoked)
+        .collect();
     let models = models_of(&report);
     let (days, credits) = matrix(&report, &models, |t| t.credits);
     let (_, tokens) = matrix(&report, &models, |t| t.input_tokens + t.output_tokens);
@@ -101,6 +107,29 @@ pub async fn show(
             div.card.stat { h2 { "Output tokens" } p.big #total-output { (thousands(report.totals.output_tokens)) } }
             div.card.stat { h2 { "Credits" } p.big #total-credits { (thousands(report.totals.credits)) } }
             div.card.stat { h2 { "Saved by cache reads" } p.big #total-cache-saved { (thousands(report.cache_read_credits_saved)) } }
+        }
+        @if !capped.is_empty() {
+            section.card {
+                h2 { "Keys with a monthly spend cap (this UTC month)" }
+                div.table-wrap {
+                    table #key-caps {
+                        thead { tr {
+                            th scope="col" { "Key" } th.num scope="col" { "Spent" }
+                            th.num scope="col" { "Running now" } th.num scope="col" { "Cap" }
+                        } }
+                        tbody {
+                            @for k in &capped {
+                                tr data-key-id=(k.key.id) {
+                                    td { (k.key.name) " " code { (k.key.prefix) "…" } }
+                                    td.num.spent { (thousands(k.spend.spent)) }
+                                    td.num { (thousands(k.spend.reserved)) }
+                                    td.num.cap { (thousands(k.cap.unwrap_or_default())) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
         section.card {
             h2 { "Credits by day" }

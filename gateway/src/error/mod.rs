@@ -179,7 +179,10 @@ impl IntoResponse for ApiError {
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> Self {
         match e {
-            AuthError::Missing | AuthError::Malformed | AuthError::Invalid => Self::new(
+            AuthError::Missing
+            | AuthError::Malformed
+            | AuthError::Invalid
+            | AuthError::Expired(_) => Self::new(
                 StatusCode::UNAUTHORIZED,
                 ErrorType::AuthenticationError,
                 e.to_string(),
@@ -259,11 +262,13 @@ impl From<LimitError> for ApiError {
 impl From<LedgerError> for ApiError {
     fn from(e: LedgerError) -> Self {
         match e {
-            LedgerError::InsufficientCredits { .. } => Self::new(
-                StatusCode::PAYMENT_REQUIRED,
-                ErrorType::InsufficientQuota,
-                e.to_string(),
-            ),
+            LedgerError::InsufficientCredits { .. } | LedgerError::SpendCapReached { .. } => {
+                Self::new(
+                    StatusCode::PAYMENT_REQUIRED,
+                    ErrorType::InsufficientQuota,
+                    e.to_string(),
+                )
+            }
             LedgerError::ReferenceConflict | LedgerError::TopUpMismatch => {
                 Self::invalid(format!("reference: {e}"))
             }

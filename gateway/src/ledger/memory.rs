@@ -9,8 +9,9 @@ use time::{Date, OffsetDateTime};
 
 use super::reversal::{dispute_step, give, share, take, DisputeStatus, Movement};
 use super::{
-    Balance, Confirmation, DisputeStage, Ledger, LedgerError, MessageRecord, MessageStatus,
-    NewReservation, NewTopUp, Reversal, ReversalKind, Settlement, TopUp, UsageRow, UsageTotals,
+    month_of, Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
+    MessageStatus, NewReservation, NewTopUp, Reversal, ReversalKind, Settlement, TopUp, UsageRow,
+    UsageTotals,
 };
 
 const KEPT_MESSAGES: usize = 100_000;
@@ -28,6 +29,9 @@ pub struct MemoryLedger {
     disputes: DashMap<String, Option<DisputeStatus>>,
     reversals: DashMap<String, Reversal>,
     usage: DashMap<(String, Date, String), UsageTotals>,
+    /// Per key: the month its spend counts, and that spend. Locked after its account's
+    /// balance entry, as the Postgres statements lock the rows.
+    keys: DashMap<String, (Date, KeySpend)>,
 }
 
 impl Default for MemoryLedger {
@@ -42,6 +46,7 @@ impl Default for MemoryLedger {
             disputes: DashMap::new(),
             reversals: DashMap::new(),
             usage: DashMap::new(),
+            keys: DashMap::new(),
         }
     }
 }
@@ -104,6 +109,28 @@ impl MemoryLedger {
         };
         self.reversals.insert(id, reversal.clone());
         Ok(reversal)
+    }
+
+    /// The key's spend this month (an older month's spend counts as nothing).
+    fn key_entry(
+        &self,
+        key_id: &str,
+    ) -> dashmap::mapref::one::RefMut<'_, String, (Date, KeySpend)> {
+        let month = month_of(OffsetDateTime::now_utc());
+        let mut entry = self
+            .keys
+            .entry(key_id.to_owned())
+            .or_insert((month, KeySpend::default()));
+        if entry.0 != month {
+            *entry = (
+                month,
+                KeySpend {
+                    spent: 0,
+                    reserved: entry.1.reserved,
+                },
+            );
+        }
+        entry
     }
 
     fn remember_settled(&self, id: String) {
@@ -241,8 +268,24 @@ impl Ledger for MemoryLedger {
                 available,
             });
         }
-        let amount = r.max.min(available);
+        let mut key = self.key_entry(&r.record.key_id);
+        let mut left = available;
+        if let Some(cap) = r.spend_cap {
+            let used = key.1.spent + key.1.reserved;
+            let key_left = cap.saturating_sub(used);
+            if key_left < r.min {
+                return Err(LedgerError::SpendCapReached {
+                    cap,
+                    used,
+                    needed: r.max,
+                });
+            }
+            left = left.min(key_left);
+        }
+        let amount = r.max.min(left);
         balance.reserved += amount;
+        key.1.reserved += amount;
+        drop(key);
         drop(balance);
         let mut record = r.record;
         record.reserved = amount;
@@ -267,6 +310,9 @@ impl Ledger for MemoryLedger {
                 .ok_or(LedgerError::UnknownAccount)?;
             balance.reserved = balance.reserved.saturating_sub(record.reserved);
             balance.balance = balance.balance.saturating_sub(billed);
+            let mut key = self.key_entry(&record.key_id);
+            key.1.reserved = key.1.reserved.saturating_sub(record.reserved);
+            key.1.spent += billed;
         }
         s.complete(&mut record, billed);
         if s.status != MessageStatus::Failed {
@@ -319,6 +365,10 @@ impl Ledger for MemoryLedger {
         messages.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         messages.truncate(limit);
         Ok(messages)
+    }
+
+    async fn key_spend(&self, key_id: &str) -> Result<KeySpend, LedgerError> {
+        Ok(self.key_entry(key_id).1)
     }
 
     async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError> {

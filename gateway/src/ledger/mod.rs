@@ -22,6 +22,8 @@ use crate::wire::anthropic::{StopReason, TokenUsage};
 pub enum LedgerError {
     #[error("your apiCredits balance is too low for this turn: it may cost up to {needed} credits and {available} are available; top up at /developers/billing")]
     InsufficientCredits { needed: u64, available: u64 },
+    #[error("this key's monthly spend cap of {cap} credits is reached: {used} credits are spent or held this month and this turn may cost up to {needed}; raise the key's cap at /developers/keys, or wait for the next month (UTC)")]
+    SpendCapReached { cap: u64, used: u64, needed: u64 },
     #[error("unknown account")]
     UnknownAccount,
     #[error("unknown message")]
@@ -113,9 +115,26 @@ pub struct MessageRecord {
     pub latency_ms: Option<u64>,
 }
 
+/// What a key's turns were billed and hold in the current UTC month: what its monthly spend
+/// cap is measured against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KeySpend {
+    pub spent: u64,
+    pub reserved: u64,
+}
+
+/// The first day of `now`'s UTC month: when a key's monthly spend starts again from zero.
+pub fn month_of(now: OffsetDateTime) -> Date {
+    let day = now.to_offset(time::UtcOffset::UTC).date();
+    day.replace_day(1).unwrap_or(day)
+}
+
 /// What is known of a turn when its credits are reserved.
 pub struct NewReservation {
     pub record: MessageRecord,
+    /// The key's monthly spend cap: the turn holds no more than the cap leaves, and below
+    /// `min` the answer is 402 naming the cap.
+    pub spend_cap: Option<u64>,
     /// The least the turn can run with; below it the answer is 402.
     pub min: u64,
     /// The most the turn can cost.
@@ -290,6 +309,8 @@ pub trait Ledger: Send + Sync {
         account_id: &str,
         limit: usize,
     ) -> Result<Vec<MessageRecord>, LedgerError>;
+    /// What the key spent and holds this UTC month.
+    async fn key_spend(&self, key_id: &str) -> Result<KeySpend, LedgerError>;
     /// The account's confirmed top-ups, newest first.
     async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError>;
 }

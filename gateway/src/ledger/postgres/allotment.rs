@@ -412,6 +412,7 @@ mod tests {
 
     fn turn(id: &str) -> NewReservation {
         NewReservation {
+            spend_cap: None,
             record: MessageRecord {
                 id: id.into(),
                 account_id: "acct".into(),

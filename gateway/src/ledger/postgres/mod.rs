@@ -42,8 +42,8 @@ use tokio_util::task::TaskTracker;
 use self::allotment::{Grow, Pools, Release, Written, IDLE};
 use super::coalesce::Coalescer;
 use super::{
-    Balance, Confirmation, DisputeStage, Ledger, LedgerError, MessageRecord, MessageStatus,
-    NewReservation, NewTopUp, Reversal, Settlement, TopUp, UsageRow, UsageTotals,
+    Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
+    MessageStatus, NewReservation, NewTopUp, Reversal, Settlement, TopUp, UsageRow, UsageTotals,
 };
 use crate::db::{from_db, parse_name, to_db, Database, DbError};
 use crate::ids;
@@ -457,7 +457,7 @@ impl PostgresLedger {
                                 OR NOT EXISTS (
                                    SELECT 1 FROM gateway_instances g
                                    WHERE g.id = m.instance_id AND g.epoch = m.instance_epoch))
-                         RETURNING m.account_id, m.reserved
+                         RETURNING m.account_id, m.key_id, m.reserved
                      ), released AS (
                          SELECT account_id, sum(reserved)::bigint AS credits, count(*) AS n
                          FROM orphans GROUP BY account_id
@@ -470,6 +470,13 @@ impl PostgresLedger {
                          FROM released r JOIN account ON account.id = r.account_id
                          WHERE a.id = r.account_id
                          RETURNING r.n
+                     ), keys_released AS (
+                         UPDATE api_keys k
+                         SET month_reserved = greatest(k.month_reserved - r.credits, 0)
+                         FROM (SELECT key_id, account_id, sum(reserved)::bigint AS credits
+                               FROM orphans GROUP BY key_id, account_id) r
+                         JOIN account ON account.id = r.account_id
+                         WHERE k.id = r.key_id
                      )
                      SELECT coalesce(sum(n), 0)::bigint AS reaped FROM accounts_released",
                 )
@@ -794,7 +801,9 @@ impl Ledger for PostgresLedger {
     }
 
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {
-        if let Some(a) = &self.allotting {
+        // A capped key's turns are reserved in Postgres one by one, never from an allotment:
+        // its cap is then checked against what its turns on every pod hold, as a balance is.
+        if let Some(a) = self.allotting.as_ref().filter(|_| r.spend_cap.is_none()) {
             if let Some(amount) = self.take(a, &r).await? {
                 return Ok(amount);
             }
@@ -962,6 +971,34 @@ impl Ledger for PostgresLedger {
             .map(message_of)
             .collect::<Result<Vec<_>, _>>()
             .map_err(DbError::Sql)?)
+    }
+
+    async fn key_spend(&self, key_id: &str) -> Result<KeySpend, LedgerError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT CASE WHEN spend_month = utc_month() THEN month_spent ELSE 0 END
+                                AS spent,
+                            month_reserved AS reserved
+                     FROM api_keys WHERE id = $1",
+                )
+                .bind(key_id)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        let spend = |row: &PgRow| -> Result<KeySpend, sqlx::Error> {
+            Ok(KeySpend {
+                spent: from_db(row.try_get("spent")?),
+                reserved: from_db(row.try_get("reserved")?),
+            })
+        };
+        Ok(row
+            .as_ref()
+            .map(spend)
+            .transpose()
+            .map_err(DbError::Sql)?
+            .unwrap_or_default())
     }
 
     async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError> {

@@ -44,12 +44,9 @@ pub async fn reserve(
         match reserve_once(db, lease, &pending).await {
             Ok(decided) => {
                 pending.retain(|t| {
-                    let answer = decided.get(t.record.id.as_str()).map(|&(amount, left)| {
-                        amount.map(from_db).ok_or(LedgerError::InsufficientCredits {
-                            needed: t.max,
-                            available: from_db(left),
-                        })
-                    });
+                    let answer = decided
+                        .get(t.record.id.as_str())
+                        .map(|&decided| decided.map_err(|refusal| refusal.error(t.max)));
                     match answer {
                         Some(answer) => {
                             answers.insert(&t.record.id, answer);
@@ -77,15 +74,31 @@ pub async fn reserve(
         .collect()
 }
 
+/// Why a reserve statement held nothing for a turn.
+#[derive(Clone, Copy, Debug)]
+enum Refusal {
+    Credits { available: u64 },
+    SpendCap { cap: u64, used: u64 },
+}
+
+impl Refusal {
+    fn error(self, needed: u64) -> LedgerError {
+        match self {
+            Self::Credits { available } => LedgerError::InsufficientCredits { needed, available },
+            Self::SpendCap { cap, used } => LedgerError::SpendCapReached { cap, used, needed },
+        }
+    }
+}
+
 /// One reserve statement. A turn is decided when every turn of its account before it in the
 /// batch held its `max`: what is left for it is then exact. The others (their account ran
-/// short earlier in the batch) change nothing and are not in the answer: (amount held, or
-/// `None` when refused; credits left for it), by message id.
+/// short earlier in the batch) change nothing and are not in the answer: the amount held, or
+/// why it was refused, by message id.
 async fn reserve_once(
     db: &Database,
     lease: &Lease,
     turns: &[&NewReservation],
-) -> Result<HashMap<String, (Option<i64>, i64)>, DbError> {
+) -> Result<HashMap<String, Result<u64, Refusal>>, DbError> {
     let c = ReserveColumns::of(turns.iter().copied());
     let rows = db
         .bounded(
@@ -94,32 +107,67 @@ async fn reserve_once(
                      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::text[], $9::text[], $10::bool[],
                          $11::timestamptz[],
-                         $12::bigint[], $13::bigint[]) WITH ORDINALITY
+                         $12::bigint[], $13::bigint[], $16::bigint[]) WITH ORDINALITY
                      AS t(id, account_id, key_id, model, served_model, provider, upstream,
-                          upstream_model, endpoint, stream, created_at, min, max, ord)
+                          upstream_model, endpoint, stream, created_at, min, max, cap, ord)
                  ), account AS (
                      SELECT id, balance - reserved AS available FROM accounts
                      WHERE id IN (SELECT account_id FROM turn)
                      ORDER BY id FOR NO KEY UPDATE
+                 ), capped_key AS (
+                     -- Locked after their accounts (the join), as every statement does, and
+                     -- read as last committed: what the key spent and holds this month.
+                     SELECT k.id, k.month_reserved
+                         + CASE WHEN k.spend_month = utc_month() THEN k.month_spent ELSE 0 END
+                         AS used
+                     FROM api_keys k JOIN account ON account.id = k.account_id
+                     WHERE k.id IN (SELECT key_id FROM turn WHERE cap IS NOT NULL)
+                     ORDER BY k.id FOR NO KEY UPDATE OF k
                  ), queued AS (
-                     -- What the account has left for each turn once the turns before it in
-                     -- this batch took their most (an unknown account has nothing).
-                     SELECT t.id, t.min, t.max, account.id IS NOT NULL AS known,
+                     -- What the account (and a capped key) has left for each turn once the
+                     -- turns before it in this batch took their most (an unknown account has
+                     -- nothing).
+                     SELECT t.id, t.account_id, t.ord, t.min, t.max, t.cap,
+                         account.id IS NOT NULL AS known,
                          coalesce(account.available, 0) - coalesce(sum(t.max) OVER (
                              PARTITION BY t.account_id ORDER BY t.ord
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::bigint
-                             AS left_for
+                             AS account_left,
+                         coalesce(k.used, 0) AS used,
+                         t.cap - coalesce(k.used, 0) - coalesce(sum(t.max) OVER (
+                             PARTITION BY t.key_id ORDER BY t.ord
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::bigint
+                             AS key_left
                      FROM turn t LEFT JOIN account ON account.id = t.account_id
+                     LEFT JOIN capped_key k ON k.id = t.key_id AND t.cap IS NOT NULL
+                 ), sized AS (
+                     SELECT *, least(account_left, coalesce(key_left, account_left)) AS left_for
+                     FROM queued
+                 ), exact AS (
+                     -- Decided only when every turn before it of its account held its most,
+                     -- so that what is left for it is exact; the others wait for a second
+                     -- statement.
+                     SELECT *, coalesce(bool_and(left_for >= max) OVER (
+                         PARTITION BY account_id ORDER BY ord
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), true) AS decidable
+                     FROM sized
                  ), decided AS (
-                     SELECT id, left_for,
+                     SELECT id, greatest(account_left, 0) AS left_for, cap, used,
+                         known AND account_left >= min AND key_left < min AS over_cap,
                          CASE WHEN known AND left_for >= min THEN least(max, left_for) END AS amount
-                     FROM queued WHERE left_for >= 0
+                     FROM exact WHERE decidable
                  ), held AS (
                      UPDATE accounts a SET reserved = a.reserved + h.amount
                      FROM (SELECT t.account_id, sum(d.amount)::bigint AS amount
                            FROM decided d JOIN turn t ON t.id = d.id
                            WHERE d.amount IS NOT NULL GROUP BY t.account_id) h
                      WHERE a.id = h.account_id
+                 ), key_held AS (
+                     UPDATE api_keys k SET month_reserved = k.month_reserved + h.amount
+                     FROM (SELECT t.key_id, sum(d.amount)::bigint AS amount
+                           FROM decided d JOIN turn t ON t.id = d.id
+                           WHERE d.amount IS NOT NULL GROUP BY t.key_id) h
+                     WHERE k.id = h.key_id
                  ), message AS (
                      INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
                          upstream, upstream_model, endpoint, stream, status, reserved,
@@ -130,20 +178,35 @@ async fn reserve_once(
                      FROM turn t JOIN decided d ON d.id = t.id
                      WHERE d.amount IS NOT NULL
                  )
-                 SELECT id, amount, left_for FROM decided",
+                 SELECT id, amount, left_for, over_cap, cap, used FROM decided",
             )
             .bind_row(c.row)
             .bind(c.min)
             .bind(c.max)
             .bind(&lease.id)
             .bind(lease.epoch())
+            .bind(c.cap)
             .fetch_all(db.pool()),
         )
         .await?;
     rows.iter()
         .map(|row| {
             let id: String = row.try_get("id")?;
-            Ok((id, (row.try_get("amount")?, row.try_get("left_for")?)))
+            let amount: Option<i64> = row.try_get("amount")?;
+            let left: i64 = row.try_get("left_for")?;
+            let over_cap: Option<bool> = row.try_get("over_cap")?;
+            let cap: Option<i64> = row.try_get("cap")?;
+            let used: i64 = row.try_get("used")?;
+            let refusal = match (over_cap, cap) {
+                (Some(true), Some(cap)) => Refusal::SpendCap {
+                    cap: from_db(cap),
+                    used: from_db(used),
+                },
+                _ => Refusal::Credits {
+                    available: from_db(left),
+                },
+            };
+            Ok((id, amount.map(from_db).ok_or(refusal)))
         })
         .collect::<Result<HashMap<_, _>, sqlx::Error>>()
         .map_err(DbError::Sql)
@@ -182,7 +245,7 @@ async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u
                          upstream = coalesce(t.upstream, m.upstream),
                          upstream_model = coalesce(t.upstream_model, m.upstream_model)
                      FROM turn t WHERE m.id = t.id AND m.status = 'reserved'
-                     RETURNING m.id, m.account_id, m.reserved, m.billed
+                     RETURNING m.id, m.account_id, m.key_id, m.reserved, m.billed
                  ), per_account AS (
                      SELECT account_id, sum(reserved)::bigint AS reserved,
                             sum(billed)::bigint AS billed
@@ -195,6 +258,18 @@ async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u
                      SET reserved = a.reserved - p.reserved, balance = a.balance - p.billed
                      FROM per_account p JOIN account ON account.id = p.account_id
                      WHERE a.id = p.account_id
+                 ), per_key AS (
+                     SELECT key_id, account_id, sum(reserved)::bigint AS reserved,
+                            sum(billed)::bigint AS billed
+                     FROM settled GROUP BY key_id, account_id
+                 ), key_debited AS (
+                     UPDATE api_keys k
+                     SET month_reserved = greatest(k.month_reserved - p.reserved, 0),
+                         month_spent = p.billed + CASE WHEN k.spend_month = utc_month()
+                             THEN k.month_spent ELSE 0 END,
+                         spend_month = utc_month()
+                     FROM per_key p JOIN account ON account.id = p.account_id
+                     WHERE k.id = p.key_id
                  )
                  SELECT id, billed FROM settled",
             )
@@ -315,6 +390,17 @@ pub async fn write_rows(
                      UPDATE accounts a
                      SET reserved = a.reserved - p.billed, balance = a.balance - p.billed
                      FROM per_account p WHERE a.id = p.account_id AND p.billed > 0
+                 ), per_key AS (
+                     SELECT t.key_id, t.account_id, sum(w.billed)::bigint AS billed
+                     FROM written w JOIN turn t ON t.id = w.id
+                     GROUP BY t.key_id, t.account_id
+                 ), key_debited AS (
+                     UPDATE api_keys k
+                     SET month_spent = p.billed + CASE WHEN k.spend_month = utc_month()
+                             THEN k.month_spent ELSE 0 END,
+                         spend_month = utc_month()
+                     FROM per_key p JOIN account ON account.id = p.account_id
+                     WHERE k.id = p.key_id AND p.billed > 0
                  )
                  SELECT id, billed FROM written, unflushed",
             )
@@ -338,7 +424,7 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
     db.bounded(
         sqlx::query(
             "WITH old AS (
-                 SELECT id, account_id, status, reserved, billed FROM messages
+                 SELECT id, account_id, key_id, status, reserved, billed FROM messages
                  WHERE id = $1 FOR UPDATE
              ), account AS (
                  SELECT id FROM accounts WHERE id IN (SELECT account_id FROM old)
@@ -351,8 +437,15 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
                  SET status = 'unbilled', billed = 0, settled_at = coalesce(m.settled_at, now())
                  FROM old JOIN account ON account.id = old.account_id
                  WHERE m.id = old.id AND old.status NOT IN ('failed', 'abandoned', 'unbilled')
-                 RETURNING old.account_id, old.status = 'reserved' AS held,
+                 RETURNING old.account_id, old.key_id, old.status = 'reserved' AS held,
                      old.reserved, old.billed
+             ), key_voided AS (
+                 UPDATE api_keys k
+                 SET month_reserved = CASE WHEN v.held
+                         THEN greatest(k.month_reserved - v.reserved, 0) ELSE k.month_reserved END,
+                     month_spent = CASE WHEN NOT v.held AND k.spend_month = utc_month()
+                         THEN greatest(k.month_spent - v.billed, 0) ELSE k.month_spent END
+                 FROM voided v WHERE k.id = v.key_id
              ), refilled AS (
                  UPDATE allotments al SET credits = al.credits + v.billed
                  FROM voided v, pool WHERE al.id = pool.id AND NOT v.held
@@ -573,6 +666,7 @@ struct ReserveColumns<'a> {
     row: RowColumns<'a>,
     min: Vec<i64>,
     max: Vec<i64>,
+    cap: Vec<Option<i64>>,
 }
 
 impl<'a> Batch<'a> for ReserveColumns<'a> {
@@ -582,6 +676,7 @@ impl<'a> Batch<'a> for ReserveColumns<'a> {
         self.row.push(&t.record);
         self.min.push(to_db(t.min));
         self.max.push(to_db(t.max));
+        self.cap.push(t.spend_cap.map(to_db));
     }
 }
 
