@@ -1,7 +1,7 @@
 //! Cluster mode (`gateway serve`): concurrent streams are counted across pods through leases
 //! in Redis (`rl:{K}:s`), renewed while a stream runs and expiring when its pod dies.
 //!
-//! The dev key (`key_dev` on every pod, `--dev-tier free`: one concurrent stream) has credits
+//! The dev key (`key_dev` on every pod, `--dev-top-up-usd 0`, so free: one concurrent stream) has credits
 //! on each pod, so it can stream on either.
 
 use std::time::{Duration, Instant};

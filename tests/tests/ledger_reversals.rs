@@ -98,6 +98,7 @@ impl Books {
                 record,
                 min: credits,
                 max: credits,
+                spend_cap: None,
             })
             .await
             .expect("reserve");
