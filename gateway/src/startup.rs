@@ -420,6 +420,7 @@ async fn seed_top_up(
         account_id,
         reference,
         usd_cents,
+        payment_id: None,
     };
     let confirmed = payments::confirm(
         state.accounts.as_ref(),
