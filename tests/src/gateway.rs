@@ -739,6 +739,14 @@ pub struct KeySpec {
 }
 
 impl KeySpec {
+    /// An API key at the tier its account's confirmed top-ups give, without adding one.
+    pub fn api() -> KeySpec {
+        KeySpec {
+            kind: "api",
+            ..KeySpec::default()
+        }
+    }
+
     /// An API key on the given tier (see [`KeySpec::tier`]'s field for how it gets there).
     pub fn tier(tier: &str) -> KeySpec {
         KeySpec {

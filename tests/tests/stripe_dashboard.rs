@@ -95,9 +95,7 @@ async fn a_developer_buys_credits_through_stripe_sees_a_refund_and_an_auto_reloa
         status.contains("On: when the balance falls below 7,499,999 credits, $50"),
         "{status}"
     );
-    let key = first
-        .mint_key(pack.account_id(), &KeySpec::tier("pay_as_you_go"))
-        .await;
+    let key = first.mint_key(pack.account_id(), &KeySpec::api()).await;
     for i in 0..4 {
         let turn = cluster
             .pod(i)

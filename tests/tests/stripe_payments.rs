@@ -327,10 +327,7 @@ async fn auto_reload_saves_the_first_checkouts_card_fires_once_per_crossing_and_
     // Below 999,999 credits, add $25: the first turns cross it, on every pod at once.
     let (status, page) = save_rule(&mut visitor, "999,999", "25").await;
     assert_eq!(status, 200, "{page}");
-    let key = shop
-        .pod(0)
-        .mint_key(&account, &KeySpec::tier("pay_as_you_go"))
-        .await;
+    let key = shop.pod(0).mint_key(&account, &KeySpec::api()).await;
     let drain = message("svc/haiku", "drain", 16);
     let turns =
         futures::future::join_all((0..6).map(|i| shop.pod(i).post_messages(&key.secret, &drain)))
