@@ -71,13 +71,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Js
         if !json {
             return Err(ApiError::invalid("Content-Type must be application/json"));
         }
-        let declared = req
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        let deadline = BodyDeadline::of(&req);
-        let bytes = read_capped(req.into_body(), declared, deadline).await?;
+        let bytes = read_request(req).await?;
         if bytes.len() <= cpu::INLINE_BYTES {
             return parse(&bytes).map(JsonBody);
         }
@@ -94,16 +88,19 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        let declared = req
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        let deadline = BodyDeadline::of(&req);
-        read_capped(req.into_body(), declared, deadline)
-            .await
-            .map(RawBody)
+        read_request(req).await.map(RawBody)
     }
+}
+
+/// The request's whole body, under the cap, its declared length and its deadline.
+async fn read_request(req: Request) -> Result<Vec<u8>, ApiError> {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let deadline = BodyDeadline::of(&req);
+    read_capped(req.into_body(), declared, deadline).await
 }
 
 async fn read_capped(
