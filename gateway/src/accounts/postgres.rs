@@ -22,6 +22,10 @@ use crate::ids;
 const FRESH: Duration = Duration::from_secs(5);
 /// How long a cached key lookup may stand in for an unreachable Postgres.
 const STALE: Duration = Duration::from_secs(600);
+/// Past this many cached lookups, the misses and the stale ones are swept out: a flood of
+/// made-up keys (each a miss worth caching against its repeats) cannot grow the cache for
+/// ever, while the real keys, bounded by what the operators issued, stay.
+const SWEEP_ABOVE: usize = 65_536;
 
 type Lookup = Option<(KeyRecord, Account)>;
 
@@ -230,7 +234,7 @@ impl Accounts for PostgresAccounts {
         }
         match self.fetch_key(hash).await {
             Ok(found) => {
-                self.keys.insert(*hash, (Instant::now(), found.clone()));
+                remember(&self.keys, *hash, found.clone(), SWEEP_ABOVE);
                 Ok(found)
             }
             Err(e) => match cached {
@@ -333,5 +337,33 @@ impl Accounts for PostgresAccounts {
             self.keys.clear();
         }
         Ok(promotions)
+    }
+}
+
+/// Caches a lookup, first sweeping out the misses and the stale lookups once the cache holds
+/// `sweep_above` of them.
+fn remember(
+    keys: &DashMap<KeyHash, (Instant, Lookup)>,
+    hash: KeyHash,
+    found: Lookup,
+    sweep_above: usize,
+) {
+    if keys.len() >= sweep_above {
+        keys.retain(|_, (at, found)| found.is_some() && at.elapsed() < STALE);
+    }
+    keys.insert(hash, (Instant::now(), found));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_unknown_keys_cannot_grow_the_lookup_cache_past_its_sweep_size() {
+        let keys = DashMap::new();
+        for i in 0..10_000u32 {
+            remember(&keys, KeyHash::of(&i.to_string()), None, 100);
+            assert!(keys.len() <= 100, "{} cached after {i}", keys.len());
+        }
     }
 }
