@@ -308,6 +308,12 @@ async fn run(
             args.sign_ins_per_minute,
             stores.limiter.clone(),
         ),
+        sign_ups: AddressBrake::new(
+            "signup",
+            Dimension::SignUps,
+            args.sign_ups_per_minute,
+            stores.limiter.clone(),
+        ),
         trusted_proxies: TrustedProxies::new(args.trusted_proxies.clone()),
         limiter: stores.limiter,
         providers: Providers::new(

@@ -31,6 +31,8 @@ pub struct Services {
     pub unauthenticated: AddressBrake,
     /// Dashboard sign-in attempts, per client address.
     pub sign_ins: AddressBrake,
+    /// Dashboard sign-ups, per client address (each one is an account and its free credits).
+    pub sign_ups: AddressBrake,
     /// Whose `X-Forwarded-For` names the client.
     pub trusted_proxies: TrustedProxies,
     pub providers: Providers,

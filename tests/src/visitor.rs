@@ -107,17 +107,25 @@ impl<'a> Visitor<'a> {
     }
 
     pub async fn sign_up(&mut self, email: &str, headers: &[(&str, &str)]) -> Vec<String> {
-        let (_, page) = self.get("/developers/sign-up").await;
-        let csrf = hidden_csrf(&page);
-        let (status, _, set) = self
-            .post(
-                "/developers/sign-up",
-                &[("csrf", &csrf), ("email", email), ("password", PASSWORD)],
-                headers,
-            )
-            .await;
+        let (status, _, set) = self.try_sign_up(email, headers).await;
         assert_eq!(status, 303, "sign-up redirects to the overview");
         set
+    }
+
+    /// Submits the sign-up form: the status, the page and the cookies set.
+    pub async fn try_sign_up(
+        &mut self,
+        email: &str,
+        headers: &[(&str, &str)],
+    ) -> (u16, String, Vec<String>) {
+        let (_, page) = self.get("/developers/sign-up").await;
+        let csrf = hidden_csrf(&page);
+        self.post(
+            "/developers/sign-up",
+            &[("csrf", &csrf), ("email", email), ("password", PASSWORD)],
+            headers,
+        )
+        .await
     }
 
     pub async fn sign_in(&mut self, email: &str, password: &str) -> (u16, String) {

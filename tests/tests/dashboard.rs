@@ -396,6 +396,43 @@ async fn sign_ins_from_one_client_address_are_throttled_across_pods_whatever_the
     assert_eq!(status, 401, "{body}");
 }
 
+/// The README's default: sign-ups per client address and minute.
+const SIGN_UPS_PER_MINUTE: usize = 3;
+
+#[tokio::test]
+async fn sign_ups_from_one_client_address_are_throttled_across_pods_before_any_account_is_made() {
+    let cluster = Cluster::start(2, |b| b.arg("--trusted-proxies").arg("127.0.0.1")).await;
+    cluster.pods[0]
+        .wait_for_roomy_window(e2e::cluster::PAYG.secret, 20)
+        .await;
+    let from = |client: &'static str| [("x-forwarded-for", client)];
+    let minter = from("203.0.113.7");
+    for n in 0..SIGN_UPS_PER_MINUTE {
+        let (status, body, _) = Visitor::new(cluster.pod(n))
+            .try_sign_up(&new_email(), &minter)
+            .await;
+        assert_eq!(status, 303, "sign-up {n}: {body}");
+    }
+    for (i, pod) in cluster.pods.iter().enumerate() {
+        let email = new_email();
+        let (status, body, cookies) = Visitor::new(pod).try_sign_up(&email, &minter).await;
+        assert_eq!(status, 429, "pod {i}: {body}");
+        assert!(
+            body.contains("Too many sign-ups from your network") && mentions_seconds(&body),
+            "{body}"
+        );
+        assert!(
+            !cookies.iter().any(|c| c.starts_with("svc_session=")),
+            "a refused sign-up was signed in: {cookies:?}"
+        );
+        // No account was made for it: the email is still free, for another client.
+        let (status, body, _) = Visitor::new(pod)
+            .try_sign_up(&email, &from("203.0.113.8"))
+            .await;
+        assert_eq!(status, 303, "the refused email was taken: {body}");
+    }
+}
+
 /// The peak resident memory of a process (VmHWM), in bytes.
 fn peak_rss(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");

@@ -343,6 +343,11 @@ pub struct CommonArgs {
     #[arg(long, env = "GATEWAY_SIGN_INS_PER_MINUTE", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub sign_ins_per_minute: u32,
+    /// Dashboard sign-ups accepted per client address and minute: each one creates an account
+    /// and grants it the sign-up credits, so a script must not mint them at will.
+    #[arg(long, env = "GATEWAY_SIGN_UPS_PER_MINUTE", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub sign_ups_per_minute: u32,
     /// Secrets `standalone` generated because none was given, shown once on the ready line.
     #[arg(skip)]
     pub generated: Vec<(&'static str, String)>,

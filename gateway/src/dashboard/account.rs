@@ -1,5 +1,6 @@
-//! Sign-up, sign-in (throttled per email and per client address) and sign-out. A user owns exactly one account,
-//! created with it, named by the user's email.
+//! Sign-up (throttled per client address), sign-in (throttled per email and per client
+//! address) and sign-out. A user owns exactly one account, created with it, named by the
+//! user's email.
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -16,7 +17,7 @@ use super::DashboardError;
 use crate::client_address::{AddressBucket, ClientAddress};
 use crate::error::ApiError;
 use crate::ids;
-use crate::limits::LimitError;
+use crate::limits::{AddressBrake, LimitError};
 use crate::state::AppState;
 
 const MIN_PASSWORD_CHARS: usize = 10;
@@ -120,6 +121,18 @@ fn refusal<'a>(
     move |status, message| Ok(render(state, headers, status, which, email, Some(message)))
 }
 
+/// The form again with a 429, `message` and `Retry-After: secs`.
+fn too_many(
+    refuse: impl Fn(StatusCode, &str) -> Result<Response, DashboardError>,
+    message: &str,
+    secs: u64,
+) -> Result<Response, DashboardError> {
+    let mut page = refuse(StatusCode::TOO_MANY_REQUESTS, message)?;
+    page.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    Ok(page)
+}
+
 fn csrf_ok(headers: &HeaderMap, presented: &str) -> bool {
     session::cookie(headers, CSRF_COOKIE)
         .is_some_and(|expected| session::tokens_match(presented, expected))
@@ -151,6 +164,7 @@ pub async fn sign_up_form(State(state): State<AppState>, headers: HeaderMap) -> 
 
 pub async fn sign_up(
     State(state): State<AppState>,
+    client: ClientAddress,
     headers: HeaderMap,
     HtmlForm(form): HtmlForm<Credentials>,
 ) -> Result<Response, DashboardError> {
@@ -170,6 +184,16 @@ pub async fn sign_up(
         return refuse(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Choose a password of at least 10 characters (at most 256).",
+        );
+    }
+    // Counted once the form is plausible (a mistyped form is not a sign-up) and before the
+    // password hash and the account: a sign-up grants credits, so one client cannot mint
+    // accounts faster than this, whatever the emails.
+    if let Some(secs) = client_wait(&state.sign_ups, client).await? {
+        return too_many(
+            refuse,
+            &format!("Too many sign-ups from your network. Try again in {secs} seconds."),
+            secs,
         );
     }
     if state.developers.user_by_email(&email).await?.is_some() {
@@ -207,15 +231,15 @@ pub async fn sign_up(
     Ok(([cookie], Redirect::to("/developers")).into_response())
 }
 
-/// Counts a sign-in attempt against the client address: how long to wait when it is over
-/// the limit (an address known to be over is refused without asking the store).
-async fn client_wait(state: &AppState, client: ClientAddress) -> Result<Option<u64>, ApiError> {
+/// Counts an attempt against the client address under `brake`: how long to wait when it is
+/// over the limit (an address known to be over is refused without asking the store).
+async fn client_wait(brake: &AddressBrake, client: ClientAddress) -> Result<Option<u64>, ApiError> {
     let Some(client) = client.0.map(AddressBucket::of) else {
         return Ok(None);
     };
-    let counted = match state.sign_ins.refused(client) {
+    let counted = match brake.refused(client) {
         Some(refusal) => Err(refusal),
-        None => state.sign_ins.count(client).await.map(|_| ()),
+        None => brake.count(client).await.map(|_| ()),
     };
     match counted {
         Ok(()) => Ok(None),
@@ -239,14 +263,12 @@ pub async fn sign_in(
     }
     // Per client address, whatever the email, before the email's count and the password
     // check: one client trying one password on many emails is stopped here.
-    if let Some(secs) = client_wait(&state, client).await? {
-        let mut page = refuse(
-            StatusCode::TOO_MANY_REQUESTS,
+    if let Some(secs) = client_wait(&state.sign_ins, client).await? {
+        return too_many(
+            refuse,
             &format!("Too many sign-in attempts from your network. Try again in {secs} seconds."),
-        )?;
-        page.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        return Ok(page);
+            secs,
+        );
     }
     // Every attempt is counted as a failure before its password is checked, in one atomic
     // step of the store (a row upsert in Postgres), and cleared only when it succeeds: so of

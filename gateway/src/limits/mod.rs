@@ -37,6 +37,8 @@ pub enum Dimension {
     Unauthenticated,
     /// Dashboard sign-in attempts, per client address.
     SignIns,
+    /// Dashboard sign-ups, per client address.
+    SignUps,
 }
 
 impl Dimension {
@@ -48,6 +50,7 @@ impl Dimension {
             Self::Streams => "streams",
             Self::Unauthenticated => "unauthenticated",
             Self::SignIns => "sign_ins",
+            Self::SignUps => "sign_ups",
         }
     }
 
@@ -55,7 +58,7 @@ impl Dimension {
     pub fn subject(self) -> &'static str {
         match self {
             Self::Requests | Self::InputTokens | Self::Streams => "this key",
-            Self::Unauthenticated | Self::SignIns => "this client address",
+            Self::Unauthenticated | Self::SignIns | Self::SignUps => "this client address",
         }
     }
 }
@@ -68,6 +71,7 @@ impl fmt::Display for Dimension {
             Self::Streams => "concurrent streams",
             Self::Unauthenticated => "requests without a valid API key per minute",
             Self::SignIns => "sign-in attempts per minute",
+            Self::SignUps => "sign-ups per minute",
         })
     }
 }
