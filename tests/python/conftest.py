@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mock_upstream import MockUpstream, routed_manifests
 from support import RICH_CREDITS, tiny_png
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -238,3 +239,17 @@ def cli_key(mint_key: Callable[..., MintedKey]) -> str:
 @pytest.fixture(scope="session")
 def png_base64() -> str:
     return base64.b64encode(tiny_png()).decode("ascii")
+
+
+@pytest.fixture(scope="module", params=["anthropic", "openai"])
+def routed(request, tmp_path_factory) -> Iterator[tuple[str, str, MockUpstream]]:
+    """(adapter, gateway URL, mock) for a gateway routing every model through `adapter` to a
+    scripted mock upstream (`mock_upstream.py`); one per test module."""
+    mock = MockUpstream()
+    folder = routed_manifests(REPO_ROOT, tmp_path_factory.mktemp("manifests"), request.param, mock)
+    log = REPO_ROOT / "target" / f"pytest-gateway-{request.module.__name__}-{request.param}.stderr.log"
+    try:
+        with run_gateway(["--manifests", str(folder)], log) as gw:
+            yield request.param, gw.api_url, mock
+    finally:
+        mock.close()

@@ -7,33 +7,18 @@ call and the second, after the tool result, with text.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import anthropic
 import openai
-import pytest
 
-from conftest import DEV_KEY, REPO_ROOT, run_gateway
-from mock_upstream import UPSTREAM_KEY, UPSTREAM_MODEL, MockUpstream, routed_manifests
+from conftest import DEV_KEY
+from mock_upstream import UPSTREAM_KEY, UPSTREAM_MODEL
 from support import WEATHER_SCHEMA
 
 MODEL = "svc/sonnet"
 TOOL_INPUT = {"city": "Oslo", "days": 2, "metric": True}
 ANSWER = "Sunny in Oslo for two days."
 LEAKS = ("anthropic", "openai", UPSTREAM_MODEL, UPSTREAM_KEY)
-
-
-@pytest.fixture(scope="module", params=["anthropic", "openai"])
-def routed(request, tmp_path_factory) -> Iterator[tuple[str, str, MockUpstream]]:
-    """(adapter, gateway URL, mock) for a gateway routing every model through `adapter`."""
-    mock = MockUpstream()
-    folder = routed_manifests(REPO_ROOT, tmp_path_factory.mktemp("manifests"), request.param, mock)
-    log = REPO_ROOT / "target" / f"pytest-gateway-{request.param}.stderr.log"
-    try:
-        with run_gateway(["--manifests", str(folder)], log) as gw:
-            yield request.param, gw.api_url, mock
-    finally:
-        mock.close()
 
 
 def assert_clean(payload: str) -> None:
