@@ -196,18 +196,21 @@ impl Pools {
             retiring: false,
         });
         let want = r.max.saturating_mul(pool.turns);
+        // What an account must have to spare is judged at the configured size, however much a
+        // busy allotment has grown: an account with enough for ordinary allotments gets what
+        // it can spare (a quarter of what is available) instead of being served turn by turn.
+        let ordinary = r.max.saturating_mul(self.turns);
         let grow = |pool: &mut Pool| {
             if pool.retiring {
                 return None;
             }
             pool.growing = true;
-            let want = want.saturating_sub(pool.free);
             Some(Grow {
                 pool: id.clone(),
                 account_id: account_id.clone(),
                 epoch: pool.epoch,
-                want,
-                need: (want / 2).max(r.max),
+                want: want.saturating_sub(pool.free),
+                need: (ordinary.saturating_sub(pool.free) / 2).max(r.max),
             })
         };
         if pool.free >= r.max {
@@ -570,6 +573,13 @@ mod tests {
                 128 - 63
             ]
         );
+        // What it needs at least stays that of an ordinary allotment (half of 4 turns less
+        // what it holds, at least one turn), so an account that can spare that is not made
+        // to go turn by turn because its allotment grew.
+        let grow = (0..)
+            .find_map(|i| pools.take(&turn(&format!("last-{i}")), false).grow)
+            .expect("a grant to ask for");
+        assert_eq!(grow.need, MAX);
     }
 
     #[test]
