@@ -155,3 +155,16 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
     secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: mock-upstream-key\ntype: Opaque\n"
     (target / "secrets.yaml").write_text(secret + f"stringData:\n  apiKey: {UPSTREAM_KEY}\n")
     return target
+
+
+def carries_tool_output(body: dict, output: str) -> bool:
+    """Whether an upstream request (either wire format) carries `output` back as a tool's result."""
+    for message in body.get("messages", []):
+        content = message.get("content")
+        if message.get("role") == "tool" and output in str(content):
+            return True
+        if isinstance(content, list) and any(
+            b.get("type") == "tool_result" and output in str(b.get("content")) for b in content
+        ):
+            return True
+    return False

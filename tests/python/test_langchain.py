@@ -14,6 +14,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
 from conftest import DEV_KEY
+from mock_upstream import carries_tool_output
 
 ANSWER = "Sunny in Oslo today."
 TOOL_OUTPUT = "sunny, 21 degrees"
@@ -53,19 +54,6 @@ def reply(model, messages: list, streamed: bool) -> AIMessage:
     return message
 
 
-def sent_the_tool_output(body: dict) -> bool:
-    """Whether an upstream request (either wire format) carries the tool's output back."""
-    for message in body.get("messages", []):
-        content = message.get("content")
-        if message.get("role") == "tool" and TOOL_OUTPUT in str(content):
-            return True
-        if isinstance(content, list) and any(
-            b.get("type") == "tool_result" and TOOL_OUTPUT in str(b.get("content")) for b in content
-        ):
-            return True
-    return False
-
-
 @pytest.mark.parametrize("streamed", [False, True], ids=["invoke", "stream"])
 @pytest.mark.parametrize("interface", ["openai-chat", "openai-responses", "anthropic"])
 def test_a_langchain_chat_model_calls_a_bound_tool_and_answers_through_each_adapter(routed, interface, streamed):
@@ -82,6 +70,6 @@ def test_a_langchain_chat_model_calls_a_bound_tool_and_answers_through_each_adap
     second = reply(model, messages, streamed)
     assert second.text == ANSWER
     assert second.tool_calls == []
-    assert sent_the_tool_output(mock.last_body())
+    assert carries_tool_output(mock.last_body(), TOOL_OUTPUT)
     usage = second.usage_metadata
     assert usage is not None and usage["input_tokens"] > 0 and usage["output_tokens"] > 0

@@ -20,6 +20,7 @@ from agents import (
 )
 
 from conftest import DEV_KEY
+from mock_upstream import carries_tool_output
 
 ANSWER = "Sunny in Oslo today."
 TOOL_OUTPUT = "sunny, 21 degrees"
@@ -47,19 +48,6 @@ def weather_agent(url: str) -> Agent:
     )
 
 
-def sent_the_tool_output(body: dict) -> bool:
-    """Whether an upstream request (either wire format) carries the tool's output back."""
-    for message in body.get("messages", []):
-        content = message.get("content")
-        if message.get("role") == "tool" and TOOL_OUTPUT in str(content):
-            return True
-        if isinstance(content, list) and any(
-            b.get("type") == "tool_result" and TOOL_OUTPUT in str(b.get("content")) for b in content
-        ):
-            return True
-    return False
-
-
 def test_an_agent_calls_its_function_tool_and_answers_through_each_adapter(routed):
     _, url, mock = routed
     mock.push([("tool", "get_weather", {"city": "Oslo"})], [("text", ANSWER)])
@@ -67,7 +55,7 @@ def test_an_agent_calls_its_function_tool_and_answers_through_each_adapter(route
     result = Runner.run_sync(weather_agent(url), "What is the weather in Oslo?")
     assert result.final_output == ANSWER
     assert calls == ["Oslo"]
-    assert sent_the_tool_output(mock.last_body())
+    assert carries_tool_output(mock.last_body(), TOOL_OUTPUT)
     usage = result.context_wrapper.usage
     assert usage.requests == 2 and usage.input_tokens > 0 and usage.output_tokens > 0
 
@@ -91,4 +79,4 @@ def test_a_streamed_agent_run_delivers_the_tool_call_its_output_and_the_answer(r
     assert final == ANSWER
     assert calls == ["Oslo"]
     assert items == ["tool_call_item", "tool_call_output_item", "message_output_item"]
-    assert sent_the_tool_output(mock.last_body())
+    assert carries_tool_output(mock.last_body(), TOOL_OUTPUT)

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from conftest import DEV_KEY, REPO_ROOT, run_gateway
-from mock_upstream import UPSTREAM_KEY, UPSTREAM_MODEL, MockUpstream, routed_manifests
+from conftest import DEV_KEY
+from mock_upstream import UPSTREAM_KEY, UPSTREAM_MODEL
 from support import SIMULATED_PREFIX, TOOL_RESULT_TEXT, WEATHER_INPUT, WEATHER_SCHEMA, said
 
 MODEL = "svc/sonnet"
@@ -247,19 +247,6 @@ def test_errors_raise_the_sdk_exception_classes(client, api_url, poor_key, cli_k
 
 
 # --- through the upstream adapters ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=["anthropic", "openai"])
-def routed(request, tmp_path_factory) -> Iterator[tuple[str, str, MockUpstream]]:
-    """(adapter, gateway URL, mock) for a gateway routing every model through `adapter`."""
-    mock = MockUpstream()
-    folder = routed_manifests(REPO_ROOT, tmp_path_factory.mktemp("manifests"), request.param, mock)
-    log = REPO_ROOT / "target" / f"pytest-gateway-responses-{request.param}.stderr.log"
-    try:
-        with run_gateway(["--manifests", str(folder)], log) as gw:
-            yield request.param, gw.api_url, mock
-    finally:
-        mock.close()
 
 
 def test_a_streamed_tool_loop_runs_through_each_adapter(routed):

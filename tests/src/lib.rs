@@ -52,7 +52,7 @@ pub use response::{RateLimit, RequestLimit, Resp};
 pub use scrape::Scrape;
 pub use sse::{ChatStream, MessageStream, ResponseStream, SseEvent, SseStream};
 pub use upstream::{
-    Fault, MockUpstream, MockUsage, Reply, RoutedManifests, Unscripted, UpstreamDef,
+    AgentUpstream, Fault, MockUpstream, MockUsage, Reply, RoutedManifests, Unscripted, UpstreamDef,
 };
 
 /// Makes a server process a child of the test: output piped for the test to read, killed when

@@ -821,6 +821,42 @@ impl UpstreamDef {
     }
 }
 
+/// A gateway whose every model goes through the `provider` adapter (`anthropic` or `openai`)
+/// to a mock upstream playing an agent's model ([`Unscripted::Agent`]): it calls `tool` with
+/// `input` until the conversation carries a tool result, then answers `answer`.
+pub struct AgentUpstream {
+    pub mock: MockUpstream,
+    pub gw: crate::gateway::Gateway,
+    /// The folder the gateway reads its routes from, kept for as long as it runs.
+    _manifests: RoutedManifests,
+}
+
+impl AgentUpstream {
+    pub async fn start(provider: &str, tool: &str, input: Value, answer: &str) -> AgentUpstream {
+        let agent = Unscripted::Agent {
+            tool: tool.to_owned(),
+            input,
+            answer: answer.to_owned(),
+        };
+        let mock = MockUpstream::serve("127.0.0.1:0", agent, true).await;
+        let upstream = match provider {
+            "anthropic" => UpstreamDef::anthropic(&mock),
+            "openai" => UpstreamDef::openai(&mock),
+            other => panic!("no {other} adapter"),
+        };
+        let manifests = RoutedManifests::new(&[upstream]);
+        let gw = crate::gateway::Gateway::builder()
+            .manifests(&manifests.path)
+            .start()
+            .await;
+        AgentUpstream {
+            mock,
+            gw,
+            _manifests: manifests,
+        }
+    }
+}
+
 /// A manifest folder: the standalone tiers and keys, and every virtual model routed to
 /// `upstreams` (svc/auto keeps choosing among the others). Removed on drop.
 pub struct RoutedManifests {

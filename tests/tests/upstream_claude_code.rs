@@ -129,24 +129,15 @@ impl Session {
             std::fs::write(work.join("CLAUDE.md"), large_project_notes()).expect("write CLAUDE.md");
         }
         let marker = work.join("marker");
-        let mock = MockUpstream::serve(
-            "127.0.0.1:0",
-            Unscripted::Agent {
-                tool: "Bash".to_owned(),
-                input: json!({"command": format!("touch {}", marker.display()),
-                    "description": "Create the marker file"}),
-                answer: ANSWER.to_owned(),
-            },
-            true,
-        )
-        .await;
-        let upstream = match self.adapter {
-            Adapter::Anthropic => UpstreamDef::anthropic(&mock),
-            Adapter::OpenAi => UpstreamDef::openai(&mock),
+        let provider = match self.adapter {
+            Adapter::Anthropic => "anthropic",
+            Adapter::OpenAi => "openai",
         };
-        let manifests = RoutedManifests::new(&[upstream]);
-        let gw = Gateway::builder().manifests(&manifests.path).start().await;
-        let output = claude(&work, &gw, self.model, self.max_output_tokens).await;
+        let input = json!({"command": format!("touch {}", marker.display()),
+            "description": "Create the marker file"});
+        let AgentUpstream { mock, gw, .. } =
+            &AgentUpstream::start(provider, "Bash", input, ANSWER).await;
+        let output = claude(&work, gw, self.model, self.max_output_tokens).await;
         let outcome = Outcome {
             success: output.status.success(),
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),

@@ -93,25 +93,12 @@ async fn codex_runs_its_shell_tool_and_gets_its_answer_through_each_adapter() {
     for provider in ["anthropic", "openai"] {
         let work = std::env::temp_dir().join(unique_name("e2e-codex"));
         let marker = work.join("project").join("marker");
-        let mock = MockUpstream::serve(
-            "127.0.0.1:0",
-            Unscripted::Agent {
-                tool: "exec_command".to_owned(),
-                input: json!({"cmd": format!("touch {} && printf 'made %s\\n' marker",
-                    marker.display())}),
-                answer: ANSWER.to_owned(),
-            },
-            true,
-        )
-        .await;
-        let upstream = match provider {
-            "anthropic" => UpstreamDef::anthropic(&mock),
-            _ => UpstreamDef::openai(&mock),
-        };
-        let manifests = RoutedManifests::new(&[upstream]);
-        let gw = Gateway::builder().manifests(&manifests.path).start().await;
+        let command = format!("touch {} && printf 'made %s\\n' marker", marker.display());
+        let AgentUpstream { mock, gw, .. } =
+            &AgentUpstream::start(provider, "exec_command", json!({ "cmd": command }), ANSWER)
+                .await;
 
-        let output = codex_exec(&work, &gw).await;
+        let output = codex_exec(&work, gw).await;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         let context = || {

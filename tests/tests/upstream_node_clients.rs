@@ -77,7 +77,7 @@ async fn node(gw: &Gateway, client: &str, args: &[&str]) -> Value {
 async fn the_official_sdks_make_a_tool_round_trip_and_raise_their_own_errors_through_each_adapter()
 {
     for provider in ["anthropic", "openai"] {
-        let Routed { mock, gw, .. } = &agent_upstream(provider).await;
+        let AgentUpstream { mock, gw, .. } = &weather_agent(provider).await;
         for api in INTERFACES {
             let seen = mock.received().len();
             let report = node(gw, "official_sdks.cjs", &[api]).await;
@@ -121,43 +121,16 @@ async fn the_official_sdks_make_a_tool_round_trip_and_raise_their_own_errors_thr
     }
 }
 
-/// A mock upstream playing an agent's model (a `get_weather` call, then [`ANSWER`]) through the
-/// `provider` adapter, and a gateway routing every model to it.
-async fn agent_upstream(provider: &str) -> Routed {
-    let mock = MockUpstream::serve(
-        "127.0.0.1:0",
-        Unscripted::Agent {
-            tool: "get_weather".to_owned(),
-            input: json!({"city": "Paris"}),
-            answer: ANSWER.to_owned(),
-        },
-        true,
-    )
-    .await;
-    let upstream = match provider {
-        "anthropic" => UpstreamDef::anthropic(&mock),
-        _ => UpstreamDef::openai(&mock),
-    };
-    let manifests = RoutedManifests::new(&[upstream]);
-    let gw = Gateway::builder().manifests(&manifests.path).start().await;
-    Routed {
-        mock,
-        gw,
-        _manifests: manifests,
-    }
-}
-
-struct Routed {
-    mock: MockUpstream,
-    gw: Gateway,
-    /// The folder the gateway reads its routes from, kept for as long as it runs.
-    _manifests: RoutedManifests,
+/// A gateway routing every model through `provider` to a mock upstream that calls
+/// `get_weather` for Paris, then answers [`ANSWER`].
+async fn weather_agent(provider: &str) -> AgentUpstream {
+    AgentUpstream::start(provider, "get_weather", json!({"city": "Paris"}), ANSWER).await
 }
 
 #[tokio::test]
 async fn the_ai_sdk_runs_a_tool_loop_on_every_interface_and_mode_through_each_adapter() {
     for provider in ["anthropic", "openai"] {
-        let Routed { mock, gw, .. } = &agent_upstream(provider).await;
+        let AgentUpstream { mock, gw, .. } = &weather_agent(provider).await;
         for api in INTERFACES {
             for mode in ["generate", "stream"] {
                 let seen = mock.received().len();
