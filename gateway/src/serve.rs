@@ -42,6 +42,8 @@ pub enum ServeError {
 pub struct Listen {
     pub api: SocketAddr,
     pub admin: SocketAddr,
+    /// The admin socket, when it was bound before the config arrived ([`WaitingAdmin`]).
+    pub admin_bound: Option<TcpListener>,
     pub admin_token: String,
     /// Secrets this process generated itself (standalone only), shown once on the ready line
     /// as `name=value`: nobody else knows them. Secrets the operator supplied never appear.
@@ -121,9 +123,52 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
         .map_err(|source| ServeError::Bind { addr, source })
 }
 
+/// The admin socket while a pod waits for its first published config, answering only the
+/// probes ([`admin::waiting_router`]). The socket is handed over to [`run`] as it is, so a
+/// probe arriving during the switch waits in the backlog instead of being refused.
+pub struct WaitingAdmin {
+    listener: std::net::TcpListener,
+    stop: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl WaitingAdmin {
+    pub async fn bind(addr: SocketAddr) -> Result<Self, ServeError> {
+        let listener = bind(addr).await?.into_std()?;
+        let serving = TcpListener::from_std(listener.try_clone()?)?;
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_http1(
+            serving,
+            admin::waiting_router(),
+            stop.clone(),
+            Http1Limits {
+                header_read_timeout: Duration::from_secs(10),
+                max_connections: None,
+            },
+        ));
+        Ok(Self {
+            listener,
+            stop,
+            server,
+        })
+    }
+
+    /// Stops answering and returns the socket, still bound and listening.
+    pub async fn hand_over(self) -> Result<TcpListener, ServeError> {
+        self.stop.cancel();
+        if let Err(e) = self.server.await {
+            tracing::warn!(error = %e, "the waiting admin listener ended abnormally");
+        }
+        Ok(TcpListener::from_std(self.listener)?)
+    }
+}
+
 pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     let api_listener = bind(listen.api).await?;
-    let admin_listener = bind(listen.admin).await?;
+    let admin_listener = match listen.admin_bound {
+        Some(listener) => listener,
+        None => bind(listen.admin).await?,
+    };
     let api_addr = api_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
     println!("{}", ready_line(api_addr, admin_addr, &listen.generated));

@@ -7,7 +7,8 @@
 //! which those values turn off): the test installs a copy of the chart with that one line
 //! relaxed, and everything else as shipped.
 //!
-//! Skips (with the reason on stderr) where the API server or helm is missing.
+//! Skips (with the reason on stderr) where the API server or helm is missing; fails instead
+//! under CI.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -70,25 +71,59 @@ fn assert_ok(what: &str, out: &Output) {
     );
 }
 
+/// The API server and a chart copy it accepts; `None` (after saying why) when either helm or
+/// the API server is missing.
+struct Trial {
+    api: KubeApi,
+    copy: PathBuf,
+    chart: String,
+}
+
+impl Trial {
+    async fn start() -> Option<Trial> {
+        if !helm_bin().exists() {
+            e2e::missing_dependency(&format!("{} is not installed", helm_bin().display()));
+            return None;
+        }
+        let api = KubeApi::start().await?;
+        let copy = std::env::temp_dir().join(e2e::gateway::unique_name("chart"));
+        std::fs::create_dir_all(&copy).expect("temp dir");
+        let chart = chart_for_old_api_server(&copy)
+            .to_str()
+            .expect("utf-8 path")
+            .to_owned();
+        Some(Trial { api, copy, chart })
+    }
+
+    /// `helm install|upgrade gw CHART -f in-cluster.yaml EXTRA`, asserted to succeed.
+    fn helm(&self, verb: &str, extra: &[&str]) {
+        let mut args = vec![verb, "gw", &self.chart, "-f", IN_CLUSTER];
+        args.extend_from_slice(extra);
+        assert_ok(&format!("helm {verb}"), &helm(&self.api, &args));
+    }
+
+    fn replicas(&self) -> String {
+        self.api
+            .jsonpath("deployment", "gw-gateway", "{.spec.replicas}")
+    }
+}
+
+impl Drop for Trial {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.copy);
+    }
+}
+
+/// The values of a laptop trial: in-cluster stores, migrations in an init container.
+const IN_CLUSTER: &str = "tests/python/helm-values/in-cluster.yaml";
+
 #[tokio::test]
 async fn the_chart_installs_and_upgrades_on_a_real_api_server() {
-    if !helm_bin().exists() {
-        e2e::missing_dependency(&format!("{} is not installed", helm_bin().display()));
-        return;
-    }
-    let Some(api) = KubeApi::start().await else {
+    let Some(trial) = Trial::start().await else {
         return;
     };
-    let copy = std::env::temp_dir().join(e2e::gateway::unique_name("chart"));
-    std::fs::create_dir_all(&copy).expect("temp dir");
-    let chart = chart_for_old_api_server(&copy);
-    let chart = chart.to_str().expect("utf-8 path");
-    let values = "tests/python/helm-values/in-cluster.yaml";
-    let install = helm(
-        &api,
-        &["install", "gw", chart, "--create-namespace", "-f", values],
-    );
-    assert_ok("helm install", &install);
+    let api = &trial.api;
+    trial.helm("install", &["--create-namespace"]);
     for kind in [
         "deployment",
         "service",
@@ -112,23 +147,54 @@ async fn the_chart_installs_and_upgrades_on_a_real_api_server() {
         );
     }
 
-    let upgrade = helm(
-        &api,
-        &[
-            "upgrade",
-            "gw",
-            chart,
-            "-f",
-            values,
-            "--set",
-            "gateway.replicas=2",
-        ],
-    );
-    assert_ok("helm upgrade", &upgrade);
-    let status = helm(&api, &["status", "gw", "-o", "json"]);
+    trial.helm("upgrade", &["--set", "gateway.replicas=2"]);
+    let status = helm(api, &["status", "gw", "-o", "json"]);
     assert_ok("helm status", &status);
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
     assert_eq!(status["info"]["status"], "deployed");
     assert_eq!(status["version"], 2);
-    let _ = std::fs::remove_dir_all(&copy);
+}
+
+#[tokio::test]
+async fn helm_upgrade_keeps_the_replicas_that_the_scaler_or_kubectl_scale_set() {
+    let Some(trial) = Trial::start().await else {
+        return;
+    };
+    trial.helm("install", &[]);
+    let scale = trial
+        .api
+        .kubectl(&["scale", "deployment/gw-gateway", "--replicas=7"]);
+    assert_ok("kubectl scale", &scale);
+    trial.helm("upgrade", &[]);
+    assert_eq!(
+        trial.replicas(),
+        "7",
+        "an upgrade without changes reset the replicas"
+    );
+    trial.helm(
+        "upgrade",
+        &["--set", "gateway.replicas=3,gateway.logFormat=text"],
+    );
+    assert_eq!(
+        trial.replicas(),
+        "7",
+        "an upgrade with changed values reset the replicas"
+    );
+}
+
+#[tokio::test]
+async fn without_the_operator_scaling_the_chart_sets_the_replicas_from_values() {
+    let Some(trial) = Trial::start().await else {
+        return;
+    };
+    trial.helm(
+        "install",
+        &["--set", "operator.scaleGateway=false,gateway.replicas=3"],
+    );
+    assert_eq!(trial.replicas(), "3");
+    trial.helm(
+        "upgrade",
+        &["--set", "operator.scaleGateway=false,gateway.replicas=4"],
+    );
+    assert_eq!(trial.replicas(), "4");
 }

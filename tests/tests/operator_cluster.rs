@@ -386,3 +386,57 @@ async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep()
     .await;
     assert_eq!(promoted.limit_requests, 60);
 }
+
+#[tokio::test]
+async fn a_pod_waiting_for_its_first_config_is_live_but_not_ready_then_ready_on_the_same_port() {
+    let Some(api) = cluster().await else { return };
+    let redis = RedisServer::start().await;
+    let admin = format!("http://127.0.0.1:{}", e2e::server::free_port());
+    let mut cmd = tokio::process::Command::new(e2e::gateway::gateway_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin-listen"])
+        .arg(admin.trim_start_matches("http://"))
+        .args([
+            "--admin-token",
+            e2e::ADMIN_TOKEN,
+            "--redis-url",
+            &redis.url(),
+        ])
+        .args(["--config-secret", "gateway/gateway-config"])
+        .env("KUBECONFIG", api.kubeconfig(Identity::Gateway));
+    e2e::tie_to_test(&mut cmd);
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let _gateway = cmd.spawn().expect("spawn the gateway");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let status = |path: &'static str| {
+        let (http, admin) = (http.clone(), admin.clone());
+        async move {
+            match http.get(format!("{admin}{path}")).send().await {
+                Ok(resp) => Some(resp.status().as_u16()),
+                Err(_) => None,
+            }
+        }
+    };
+    // No operator yet: nothing is published.
+    poll_until(
+        "/livez to answer",
+        Duration::from_secs(30),
+        POLL,
+        || async { (status("/livez").await == Some(200)).then_some(()) },
+    )
+    .await;
+    assert_eq!(status("/readyz").await, Some(503));
+
+    let _operator = Operator::start(&api, "operator-0", &[]);
+    poll_until(
+        "/readyz after the first config",
+        APPLY_WITHIN,
+        POLL,
+        || async { (status("/readyz").await == Some(200)).then_some(()) },
+    )
+    .await;
+    assert_eq!(status("/livez").await, Some(200));
+}

@@ -127,3 +127,10 @@ securityContext:
 resources:
   {{- toYaml .Values.gateway.resources | nindent 2 }}
 {{- end -}}
+
+{{/* Whether the operator owns the gateway Deployment's replicas. Then the chart leaves
+spec.replicas out, so `helm upgrade` never resets what the scaler (or `kubectl scale`) set:
+Helm's three-way merge only patches fields the chart renders. */}}
+{{- define "gateway.operatorScales" -}}
+{{- if and .Values.operator.enabled .Values.operator.scaleGateway -}}true{{- end -}}
+{{- end -}}

@@ -144,6 +144,10 @@ impl Limiter for Failover {
         self.shared.reachable().await
     }
 
+    fn serves_through_outage(&self) -> bool {
+        self.policy == OutagePolicy::FailOpen
+    }
+
     fn effective(&self, limits: &Limits) -> Limits {
         if self.policy == OutagePolicy::FailOpen && self.down.load(Ordering::Relaxed) {
             share(limits, self.pods)

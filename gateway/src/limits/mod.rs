@@ -149,6 +149,12 @@ pub trait Limiter: Send + Sync {
         Ok(())
     }
 
+    /// Whether requests go on being served while the shared store is unreachable (failing
+    /// open), so that its outage says nothing about whether this pod can serve.
+    fn serves_through_outage(&self) -> bool {
+        false
+    }
+
     /// The limits this limiter enforces right now for a key granted `limits` (a pod failing
     /// open enforces only its share), which the headers must report.
     fn effective(&self, limits: &Limits) -> Limits {
