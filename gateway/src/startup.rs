@@ -347,10 +347,15 @@ async fn run(
     }
     tokio::spawn(responses.purge_until(state.shutdown.draining.clone()));
     if let Some(published) = published {
-        let state = state.clone();
-        tokio::spawn(published.follow(version, move |config| {
-            state.replace_catalog(catalog(config));
-        }));
+        if let Some(pods) = published.pods() {
+            state.limiter.set_pods(pods);
+        }
+        let (state, limiter) = (state.clone(), state.limiter.clone());
+        tokio::spawn(published.follow(
+            version,
+            move |config| state.replace_catalog(catalog(config)),
+            move |pods| limiter.set_pods(pods),
+        ));
     }
     let admin_token = args.admin_token.clone().ok_or(StartError::NoAdminToken)?;
     let edge = serve::Edge::from_args(&args);

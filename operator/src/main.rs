@@ -224,6 +224,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let scaler = scale::Scaler {
             deployments: Api::namespaced(client.clone(), &args.namespace),
             pods: Api::namespaced(client.clone(), &args.namespace),
+            secrets: Api::namespaced(client.clone(), &args.namespace),
+            config_secret: args.config_secret.clone(),
             deployment,
             pod_selector: s.scale_pod_selector.clone(),
             admin_port: s.gateway_admin_port,

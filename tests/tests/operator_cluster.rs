@@ -440,3 +440,122 @@ async fn a_pod_waiting_for_its_first_config_is_live_but_not_ready_then_ready_on_
     .await;
     assert_eq!(status("/livez").await, Some(200));
 }
+
+/// A Deployment `gateway` and one Pod of it whose address is the loopback, so that the
+/// operator's scraper reaches the real gateway process of the test (the API server runs no
+/// kubelet: pods stay objects, with the status we give them).
+fn gateway_deployment_and_pod(api: &KubeApi) {
+    let objects = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gateway\nspec:\n  \
+                   replicas: 1\n  selector:\n    matchLabels: {app.kubernetes.io/name: gateway}\n  \
+                   template:\n    metadata:\n      labels: {app.kubernetes.io/name: gateway}\n    \
+                   spec:\n      containers: [{name: gateway, image: gateway}]\n---\n\
+                   apiVersion: v1\nkind: Pod\nmetadata:\n  name: gateway-0\n  \
+                   labels: {app.kubernetes.io/name: gateway}\nspec:\n  \
+                   serviceAccountName: gateway\n  automountServiceAccountToken: false\n  \
+                   containers: [{name: gateway, image: gateway}]\n";
+    let out = api.apply(objects);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = r#"{"status":{"podIP":"127.0.0.1","podIPs":[{"ip":"127.0.0.1"}]}}"#;
+    let out = api.kubectl(&[
+        "patch",
+        "pod",
+        "gateway-0",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        status,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn replicas_become(api: &KubeApi, want: &str) {
+    poll_until(
+        &format!("the gateway Deployment at {want} replicas, with the pod count announced"),
+        Duration::from_secs(30),
+        POLL,
+        || async {
+            let replicas = api.jsonpath("deployment", "gateway", "{.spec.replicas}");
+            let announced = api.jsonpath(
+                "secret",
+                "gateway-config",
+                "{.metadata.annotations.gateway\\.svc\\.dev/gateway-pods}",
+            );
+            (replicas == want && announced == want).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_share_by_its_count() {
+    let Some(api) = cluster().await else { return };
+    gateway_deployment_and_pod(&api);
+    let admin_port = e2e::server::free_port().to_string();
+    let _operator = Operator::start(
+        &api,
+        "operator-0",
+        &[
+            "--scale-deployment=gateway",
+            &format!("--gateway-admin-port={admin_port}"),
+            "--min-replicas=1",
+            "--max-replicas=4",
+            "--streams-per-pod=1",
+            "--scale-every=1s",
+            "--scale-down-window=2s",
+        ],
+    );
+    published_version(&api).await;
+    let mut redis = RedisServer::start().await;
+    // Seven pods by the static count: the operator's count must replace it.
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .redis_timeout_ms(200)
+        .redis_outage("fail-open")
+        .pods(7)
+        .chunk_delay_ms(500)
+        .admin_listen(&format!("127.0.0.1:{admin_port}"))
+        .arg("--config-secret")
+        .arg("gateway/gateway-config")
+        .env("KUBECONFIG", api.kubeconfig(Identity::Gateway))
+        .start()
+        .await;
+    replicas_become(&api, "1").await;
+
+    let body = e2e::message_stream("svc/haiku", "hi", 4_000);
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut stream = gw.stream("/v1/messages", DEV_KEY, &body).await;
+        stream.expect_sse();
+        assert!(stream.next_event().await.is_some(), "the stream opened");
+        streams.push(stream);
+    }
+    replicas_become(&api, "3").await;
+    for stream in streams {
+        stream.disconnect();
+    }
+    replicas_become(&api, "1").await;
+
+    // Failing open, the one pod the operator counts takes the whole of pay-as-you-go's 60
+    // requests a minute, not a seventh of them.
+    redis.stop().await;
+    poll_until(
+        "the gateway to share the limits by the announced count",
+        APPLY_WITHIN,
+        Duration::from_millis(500),
+        || async {
+            let resp = gw
+                .count_tokens(DEV_KEY, &count_body("svc/haiku", "hi"))
+                .await;
+            (resp.status == 200 && resp.rate_limit().limit_requests == 60).then_some(())
+        },
+    )
+    .await;
+}
