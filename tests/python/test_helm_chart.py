@@ -81,7 +81,7 @@ def test_every_rendered_object_is_a_valid_kubernetes_object(values: Path) -> Non
 
 
 def test_the_crds_are_the_generated_file_unchanged() -> None:
-    generated = [d for d in yaml.safe_load_all((CHART / "crds" / "crds.yaml").read_text()) if d]
+    generated = [d for d in yaml.safe_load_all((CHART / "files" / "crds.yaml").read_text()) if d]
     assert of_kind(render(), "CustomResourceDefinition") == generated
 
 

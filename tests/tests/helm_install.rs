@@ -198,3 +198,45 @@ async fn without_the_operator_scaling_the_chart_sets_the_replicas_from_values() 
     );
     assert_eq!(trial.replicas(), "4");
 }
+
+#[tokio::test]
+async fn helm_upgrade_brings_a_changed_crd_to_the_cluster_and_uninstall_keeps_the_crds() {
+    let Some(trial) = Trial::start().await else {
+        return;
+    };
+    trial.helm("install", &[]);
+    let description = || {
+        trial.api.jsonpath(
+            "crd",
+            "tiers.gateway.svc.dev",
+            "{.spec.versions[0].schema.openAPIV3Schema.description}",
+        )
+    };
+    let shipped = description();
+    assert!(!shipped.is_empty(), "the chart installed the Tier CRD");
+
+    // The next chart version changes the CRD: here, its description.
+    let crds = Path::new(&trial.chart).join("files/crds.yaml");
+    let text = std::fs::read_to_string(&crds).expect("read the chart's CRDs");
+    assert!(
+        text.contains(&shipped),
+        "the description is in files/crds.yaml"
+    );
+    std::fs::write(
+        &crds,
+        text.replacen(&shipped, "Changed by the next chart version.", 1),
+    )
+    .expect("write the chart's CRDs");
+    trial.helm("upgrade", &[]);
+    assert_eq!(description(), "Changed by the next chart version.");
+
+    assert_ok("helm uninstall", &helm(&trial.api, &["uninstall", "gw"]));
+    let left = trial.api.kubectl(&["get", "crd", "-o", "name"]);
+    let left = String::from_utf8_lossy(&left.stdout);
+    for crd in ["tiers", "modelroutes", "apikeys"] {
+        assert!(
+            left.contains(&format!("{crd}.gateway.svc.dev")),
+            "helm uninstall deleted the {crd} CRD (and every {crd} with it): {left}"
+        );
+    }
+}

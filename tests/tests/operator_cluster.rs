@@ -21,7 +21,7 @@ const POLL: Duration = Duration::from_millis(200);
 /// The API server with the CRDs, the RBAC and the standalone resources applied.
 async fn cluster() -> Option<KubeApi> {
     let api = KubeApi::start().await?;
-    api.apply_path("charts/gateway/crds/crds.yaml");
+    api.apply_path("charts/gateway/files/crds.yaml");
     poll_until(
         "the CRDs to be served",
         Duration::from_secs(20),
