@@ -4,6 +4,7 @@
 
 mod error;
 mod lease;
+mod lenient;
 mod metrics;
 mod publish;
 mod scale;

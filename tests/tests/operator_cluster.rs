@@ -155,7 +155,7 @@ async fn resources_applied_with_kubectl_configure_a_running_gateway_within_ten_s
 }
 
 #[tokio::test]
-async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_serves() {
+async fn an_invalid_edit_gets_a_clear_condition_while_its_last_published_version_serves() {
     let Some(api) = cluster().await else { return };
     let operator = Operator::start(&api, "operator-0", &[]);
     let good = published_version(&api).await;
@@ -189,10 +189,15 @@ async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_s
     .await;
     assert_eq!(status, "False");
     assert!(
-        detail.contains("Secret no-such-secret not found"),
+        detail.contains("Secret no-such-secret not found")
+            && detail.ends_with("its last published version stays in the gateway configuration"),
         "{detail} ({reason})"
     );
-    assert_eq!(ready(&api, "tier", "free").1, "Blocked");
+    assert_eq!(
+        ready(&api, "tier", "free").0,
+        "True",
+        "the rest is not blocked"
+    );
     let events = api.kubectl(&[
         "get",
         "events",
@@ -206,16 +211,16 @@ async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_s
         "no Warning event"
     );
 
-    // The operator decided not to publish (its log says so once it has); nothing was
-    // published, and the gateway keeps serving svc/haiku from the last good config.
+    // The operator compiled the last published svc-haiku in its place (its log says so once
+    // it has): the config is unchanged, and the gateway keeps serving svc/haiku.
     poll_until(
-        "the operator to refuse publishing the invalid config",
+        "the operator to publish without the invalid edit",
         Duration::from_secs(20),
         POLL,
         || async {
             operator
                 .logs()
-                .contains("not publishing an invalid gateway configuration")
+                .contains("publishing without the invalid resources")
                 .then_some(())
         },
     )
@@ -558,4 +563,58 @@ async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_sh
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn an_invalid_resource_beside_valid_ones_is_left_out_and_the_valid_ones_publish() {
+    let Some(api) = cluster().await else { return };
+    let _operator = Operator::start(&api, "operator-0", &[]);
+    published_version(&api).await;
+    let redis = RedisServer::start().await;
+    let gw = gateway(&api, &redis).await;
+
+    // One apply: svc/mini is valid, svc/broken names a Secret that does not exist.
+    let haiku = std::fs::read_to_string(
+        e2e::gateway::workspace_root().join("deploy/standalone/models.yaml"),
+    )
+    .unwrap_or_default()
+    .split("\n---")
+    .find(|doc| doc.contains("name: svc-haiku"))
+    .unwrap_or_default()
+    .to_owned();
+    let mini = haiku
+        .replace("name: svc-haiku", "name: svc-mini")
+        .replace("model: svc/haiku", "model: svc/mini");
+    let broken = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  \
+                  name: svc-broken\nspec:\n  model: svc/broken\n  displayName: Broken\n  \
+                  contextWindow: 200000\n  maxOutputTokens: 8192\n  pricing:\n    \
+                  inputUsdPerMTok: \"0.80\"\n    outputUsdPerMTok: \"4\"\n    \
+                  cacheWriteUsdPerMTok: \"1\"\n    cacheReadUsdPerMTok: \"0.08\"\n  upstreams:\n  \
+                  - name: primary\n    provider: anthropic\n    model: claude-haiku\n    \
+                  baseUrl: https://api.anthropic.com\n    apiKeySecretRef:\n      \
+                  name: no-such-secret\n      key: apiKey\n";
+    let out = api.apply(&format!("{mini}\n---\n{broken}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    poll_until("svc/mini to be served", APPLY_WITHIN, POLL, || async {
+        let models = gw.get("/v1/models", DEV_KEY).await.expect_ok();
+        let ids: Vec<&str> = models["data"]
+            .as_array()
+            .map(|m| m.iter().filter_map(|m| m["id"].as_str()).collect())
+            .unwrap_or_default();
+        assert!(!ids.contains(&"svc/broken"), "{ids:?}");
+        ids.contains(&"svc/mini").then_some(())
+    })
+    .await;
+    let (status, reason, detail) = ready(&api, "modelroute", "svc-broken");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "Invalid"));
+    assert!(
+        detail.contains("Secret no-such-secret not found")
+            && detail.ends_with("left out of the gateway configuration"),
+        "{detail}"
+    );
+    assert_eq!(ready(&api, "modelroute", "svc-mini").0, "True");
 }
