@@ -165,11 +165,30 @@ def test_the_operator_rbac_is_namespaced_and_least_privilege() -> None:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
         assert "delete" not in rule["verbs"], rule
     lease = [r for r in rules if "leases" in r["resources"] and "update" in r["verbs"]]
-    assert lease and lease[0]["resourceNames"] == ["gateway-operator"]
-    writes = [r for r in rules if "secrets" in r["resources"] and "update" in r["verbs"]]
-    assert writes and writes[0]["resourceNames"] == ["gateway-config"]
+    assert lease and lease[0]["resourceNames"] == ["gw-gateway-operator"]
+    writes = [r for r in rules if "secrets" in r["resources"] and "patch" in r["verbs"]]
+    assert writes and writes[0]["resourceNames"] == ["gw-gateway-config"]
+    scale = [r for r in rules if "apps" in r["apiGroups"]]
+    assert scale == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments/scale"],
+            "resourceNames": ["gw-gateway"],
+            "verbs": ["get", "patch"],
+        }
+    ]
     env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "OPERATOR_LEASE", "value": "gateway-operator"} in env
+    assert {"name": "OPERATOR_LEASE", "value": "gw-gateway-operator"} in env
+    assert {"name": "OPERATOR_CONFIG_SECRET", "value": "gw-gateway-config"} in env
+
+
+def test_two_releases_in_one_namespace_share_no_namespaced_object() -> None:
+    def names(release: str) -> set[tuple[str, str]]:
+        done = helm("template", release, str(CHART), "--namespace", NAMESPACE, "--set", "crds.install=false")
+        assert done.returncode == 0, done.stderr
+        return {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(done.stdout) if o}
+
+    assert not names("one") & names("two")
 
 
 def test_the_gateway_may_read_only_the_published_config_secret() -> None:
@@ -179,7 +198,7 @@ def test_the_gateway_may_read_only_the_published_config_secret() -> None:
         {
             "apiGroups": [""],
             "resources": ["secrets"],
-            "resourceNames": ["gateway-config"],
+            "resourceNames": ["gw-gateway-config"],
             "verbs": ["get", "list", "watch"],
         }
     ]

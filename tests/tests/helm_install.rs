@@ -240,3 +240,52 @@ async fn helm_upgrade_brings_a_changed_crd_to_the_cluster_and_uninstall_keeps_th
         );
     }
 }
+
+#[tokio::test]
+async fn the_chart_identities_may_write_only_the_objects_of_their_release() {
+    let Some(trial) = Trial::start().await else {
+        return;
+    };
+    trial.helm("install", &[]);
+    let can = |who: &str, verb: &str, what: &str, extra: &[&str]| -> bool {
+        let user = format!("--as=system:serviceaccount:{NAMESPACE}:{who}");
+        let mut args = vec!["auth", "can-i", verb, what, user.as_str()];
+        args.extend_from_slice(extra);
+        let out = trial.api.kubectl(&args);
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    let scale = ["--subresource=scale"];
+    let operator = "gw-gateway-operator";
+    assert!(can(operator, "patch", "deployments/gw-gateway", &scale));
+    assert!(can(operator, "patch", "secrets/gw-gateway-config", &[]));
+    assert!(can(operator, "update", "leases/gw-gateway-operator", &[]));
+    assert!(can(operator, "list", "pods", &[]));
+    assert!(can(
+        operator,
+        "patch",
+        "tiers/free",
+        &["--subresource=status"]
+    ));
+    for (verb, what, extra) in [
+        ("patch", "deployments/gw-gateway", &[][..]),
+        ("update", "deployments/gw-gateway", &[][..]),
+        ("patch", "deployments/other", &scale[..]),
+        ("patch", "secrets/other", &[][..]),
+        ("update", "secrets/gw-gateway-config", &[][..]),
+        ("delete", "secrets/gw-gateway-config", &[][..]),
+        ("update", "leases/other", &[][..]),
+        ("get", "pods", &[][..]),
+        ("patch", "tiers/free", &[][..]),
+        ("create", "events", &[][..]),
+    ] {
+        assert!(
+            !can(operator, verb, what, extra),
+            "the operator may {verb} {what} {extra:?}"
+        );
+    }
+    let gateway = "gw-gateway";
+    assert!(can(gateway, "get", "secrets/gw-gateway-config", &[]));
+    assert!(can(gateway, "watch", "secrets/gw-gateway-config", &[]));
+    assert!(!can(gateway, "get", "secrets/gw-gateway-admin", &[]));
+    assert!(!can(gateway, "patch", "secrets/gw-gateway-config", &[]));
+}

@@ -134,3 +134,13 @@ Helm's three-way merge only patches fields the chart renders. */}}
 {{- define "gateway.operatorScales" -}}
 {{- if and .Values.operator.enabled .Values.operator.scaleGateway -}}true{{- end -}}
 {{- end -}}
+
+{{/* Names of the operator's Secret and Lease: derived from the release unless set, so two
+releases in one namespace do not share them. */}}
+{{- define "gateway.configSecret" -}}
+{{- default (printf "%s-config" (include "gateway.fullname" .)) .Values.operator.configSecret -}}
+{{- end -}}
+
+{{- define "gateway.lease" -}}
+{{- default (printf "%s-operator" (include "gateway.fullname" .)) .Values.operator.lease -}}
+{{- end -}}
