@@ -243,3 +243,14 @@ def test_the_readme_values_table_is_generated_from_the_schema() -> None:
     assert helm_values_table.readme_table() == helm_values_table.table(), (
         "charts/gateway/README.md is stale: python tests/python/helm_values_table.py --write"
     )
+
+
+def test_the_operator_has_probes_and_a_metrics_port_outside_any_service() -> None:
+    objects = rendered("defaults.yaml")
+    container = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert {"name": "OPERATOR_METRICS_LISTEN", "value": "0.0.0.0:9090"} in container["env"]
+    for service in of_kind(objects, "Service"):
+        assert 9090 not in [p.get("targetPort") for p in service["spec"]["ports"]], service

@@ -504,10 +504,12 @@ async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_sh
     let Some(api) = cluster().await else { return };
     gateway_deployment_and_pod(&api);
     let admin_port = e2e::server::free_port().to_string();
+    let metrics = format!("127.0.0.1:{}", e2e::server::free_port());
     let _operator = Operator::start(
         &api,
         "operator-0",
         &[
+            &format!("--metrics-listen={metrics}"),
             "--scale-deployment=gateway",
             &format!("--gateway-admin-port={admin_port}"),
             "--min-replicas=1",
@@ -543,6 +545,25 @@ async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_sh
         streams.push(stream);
     }
     replicas_become(&api, "3").await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let get = |path: &str| {
+        let request = http.get(format!("http://{metrics}{path}")).send();
+        async move {
+            match request.await {
+                Ok(resp) if resp.status() == 200 => resp.text().await.ok(),
+                _ => None,
+            }
+        }
+    };
+    assert!(get("/livez").await.is_some() && get("/readyz").await.is_some());
+    let scraped = get("/metrics").await.unwrap_or_default();
+    assert!(
+        scraped.contains("gateway_operator_desired_replicas 3"),
+        "{scraped}"
+    );
     for stream in streams {
         stream.disconnect();
     }
