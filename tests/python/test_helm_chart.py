@@ -20,7 +20,7 @@ import helm_values_table
 CHART = helm_values_table.CHART
 VALUES_DIR = Path(__file__).resolve().parent / "helm-values"
 VALUES_FILES = sorted(VALUES_DIR.glob("*.yaml"))
-KUBERNETES_VERSION = "1.30.0"
+KUBERNETES_VERSIONS = ["1.28.0", "1.29.0", "1.30.0", "1.31.0"]
 NAMESPACE = "llm"
 
 
@@ -69,15 +69,16 @@ def test_helm_lint_passes(values: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
-def test_every_rendered_object_is_a_valid_kubernetes_object(values: Path) -> None:
+def test_every_rendered_object_is_a_valid_kubernetes_object(values: Path, version: str) -> None:
     objects = rendered(values.name)
-    assert of_kind(objects, "CustomResourceDefinition"), "CRDs are rendered with --include-crds"
+    assert of_kind(objects, "CustomResourceDefinition"), "the CRDs are rendered"
     for obj in objects:
         try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} on {version}: {e.message} at {list(e.path)}")
 
 
 def test_the_crds_are_the_generated_file_unchanged() -> None:

@@ -21,7 +21,7 @@ const POLL: Duration = Duration::from_millis(200);
 /// The API server with the CRDs, the RBAC and the standalone resources applied.
 async fn cluster() -> Option<KubeApi> {
     let api = KubeApi::start().await?;
-    api.apply_path("charts/gateway/files/crds.yaml");
+    api.apply_crds();
     poll_until(
         "the CRDs to be served",
         Duration::from_secs(20),
@@ -273,6 +273,62 @@ async fn the_api_server_rejects_what_the_schemas_forbid_at_apply() {
         !out.status.success(),
         "a model id outside svc/ was accepted"
     );
+}
+
+/// `kubectl apply` of `yaml` fails, naming `expected` in its message.
+fn refused(api: &KubeApi, yaml: &str, expected: &str) {
+    let out = api.apply(yaml);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {yaml}");
+    assert!(stderr.contains(expected), "{expected:?} not in: {stderr}");
+}
+
+#[tokio::test]
+async fn the_api_server_refuses_duplicate_upstreams_hand_granted_tiers_and_made_up_condition_statuses(
+) {
+    let Some(api) = cluster().await else { return };
+    let route = |upstreams: &str| {
+        format!(
+            "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  name: dup\n\
+             spec:\n  model: svc/dup\n  displayName: Dup\n  contextWindow: 1000\n  \
+             maxOutputTokens: 100\n  upstreams:\n{upstreams}"
+        )
+    };
+    let upstream = "  - name: same\n    provider: simulated\n    model: m\n";
+    refused(&api, &route(&upstream.repeat(2)), "Duplicate value");
+    refused(
+        &api,
+        &route("").replace("upstreams:\n", "upstreams: []\n"),
+        "upstreams",
+    );
+
+    let key = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: k\n\
+               spec:\n  keyId: key_x\n  tier: free\n";
+    refused(&api, key, "supported values: \"enterprise\"");
+    let scopes = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: k\n\
+                  spec:\n  keyId: key_x\n  scopes: [chat, chat]\n";
+    refused(&api, scopes, "Duplicate value");
+
+    // Conditions carry metav1.Condition's own constraints, for whoever writes the status.
+    let out = api.kubectl(&[
+        "patch",
+        "tier",
+        "free",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"Ready","status":"Maybe","reason":"Guess","message":"","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("Maybe"),
+        "{stderr}"
+    );
+
+    // Optional fields keep their subfields in the published schema.
+    let explain = api.kubectl(&["explain", "modelroutes.spec.pricing"]);
+    let explain = String::from_utf8_lossy(&explain.stdout);
+    assert!(explain.contains("inputUsdPerMTok"), "{explain}");
 }
 
 #[tokio::test]
