@@ -226,6 +226,8 @@ def test_an_ingress_exists_only_when_enabled() -> None:
         "operator.lease=Not_A_Name",
         "gateway.service.type=Magic",
         "gateway.pdb.minAvailable=-1",
+        "gateway.pdb.maxUnavailable=most",
+        "gateway.image.digest=latest",
     ],
 )
 def test_the_schema_rejects_bad_values(bad: str) -> None:
@@ -255,3 +257,43 @@ def test_the_operator_has_probes_and_a_metrics_port_outside_any_service() -> Non
     assert {"name": "OPERATOR_METRICS_LISTEN", "value": "0.0.0.0:9090"} in container["env"]
     for service in of_kind(objects, "Service"):
         assert 9090 not in [p.get("targetPort") for p in service["spec"]["ports"]], service
+
+
+def test_the_pdb_allows_draining_a_single_replica_by_default_and_takes_percentages() -> None:
+    default = of_kind(rendered("defaults.yaml"), "PodDisruptionBudget")[0]["spec"]
+    assert default.get("maxUnavailable") == 1 and "minAvailable" not in default
+    hardened = of_kind(rendered("hardened.yaml"), "PodDisruptionBudget")[0]["spec"]
+    assert hardened.get("minAvailable") == "50%" and "maxUnavailable" not in hardened
+
+
+def test_gateway_pods_spread_over_nodes_and_zones_without_blocking_scheduling() -> None:
+    spec = named(rendered("defaults.yaml"), "Deployment", "gw-gateway")["spec"]["template"]["spec"]
+    spread = spec["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in spread] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    for constraint in spread:
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        assert constraint["labelSelector"]["matchLabels"]["app.kubernetes.io/name"] == "gateway"
+
+
+def test_images_pinned_by_digest_use_it_instead_of_the_tag() -> None:
+    for _, spec in pod_specs(rendered("hardened.yaml")):
+        for container in spec["containers"] + spec.get("initContainers", []):
+            assert "@sha256:" in container["image"], container["image"]
+
+
+def test_with_secrets_made_outside_the_chart_every_render_is_the_same() -> None:
+    assert rendered("hardened.yaml") == rendered("hardened.yaml")
+    assert rendered("defaults.yaml") != rendered("defaults.yaml"), "generated tokens are random"
+
+
+def test_network_policies_open_the_admin_port_only_to_the_operator_and_the_scrapers() -> None:
+    objects = rendered("hardened.yaml")
+    gateway = named(objects, "NetworkPolicy", "gw-gateway")["spec"]["ingress"]
+    api, admin = gateway
+    assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}]
+    assert admin["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "operator"
+    assert admin["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
+    operator = named(objects, "NetworkPolicy", "gw-gateway-operator")["spec"]["ingress"]
+    assert [r["ports"] for r in operator] == [[{"port": "metrics", "protocol": "TCP"}]]
+    assert not of_kind(rendered("defaults.yaml"), "NetworkPolicy")

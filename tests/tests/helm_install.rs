@@ -96,10 +96,11 @@ impl Trial {
         Some(Trial { api, copy, chart })
     }
 
-    /// `helm install|upgrade gw CHART -f in-cluster.yaml EXTRA`, asserted to succeed. Without
+    /// `helm install|upgrade gw CHART -f in-cluster.yaml EXTRA`, asserted to succeed; its
+    /// output (the NOTES among it). Without
     /// Helm's OpenAPI validation: the 1.20 API server's schema does not know the CRDs' CEL
     /// rules (`x-kubernetes-validations`), which it drops; everything else is as shipped.
-    fn helm(&self, verb: &str, extra: &[&str]) {
+    fn helm(&self, verb: &str, extra: &[&str]) -> String {
         let mut args = vec![
             verb,
             "gw",
@@ -109,7 +110,9 @@ impl Trial {
             "--disable-openapi-validation",
         ];
         args.extend_from_slice(extra);
-        assert_ok(&format!("helm {verb}"), &helm(&self.api, &args));
+        let out = helm(&self.api, &args);
+        assert_ok(&format!("helm {verb}"), &out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn replicas(&self) -> String {
@@ -133,7 +136,22 @@ async fn the_chart_installs_and_upgrades_on_a_real_api_server() {
         return;
     };
     let api = &trial.api;
-    trial.helm("install", &["--create-namespace"]);
+    let notes = trial.helm("install", &["--create-namespace"]);
+    // The NOTES name what the chart rendered.
+    for (mention, kind, name) in [
+        ("deploy/gw-gateway ", "deployment", "gw-gateway"),
+        ("svc/gw-gateway ", "service", "gw-gateway"),
+        ("secret gw-gateway-admin ", "secret", "gw-gateway-admin"),
+    ] {
+        assert!(
+            notes.contains(mention),
+            "{mention:?} not in the NOTES:\n{notes}"
+        );
+        assert_ok(
+            &format!("kubectl get {kind} {name}"),
+            &api.kubectl(&["get", kind, name]),
+        );
+    }
     for kind in [
         "deployment",
         "service",

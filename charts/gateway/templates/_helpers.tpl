@@ -30,24 +30,36 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{- end -}}
 
 {{- define "gateway.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gateway.podSecurityContext" -}}
+{{- with .Values.podSecurityContext }}
+{{- toYaml . }}
+{{- else -}}
 runAsNonRoot: true
 runAsUser: 65532
 runAsGroup: 65532
 fsGroup: 65532
 seccompProfile:
   type: RuntimeDefault
+{{- end }}
 {{- end -}}
 
 {{- define "gateway.containerSecurityContext" -}}
+{{- with .Values.containerSecurityContext }}
+{{- toYaml . }}
+{{- else -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 runAsNonRoot: true
 capabilities:
   drop: ["ALL"]
+{{- end }}
 {{- end -}}
 
 {{- define "gateway.storesSecret" -}}
