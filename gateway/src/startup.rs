@@ -369,6 +369,7 @@ async fn run(
             api: args.listen,
             admin: args.admin_listen,
             admin_bound,
+            metrics: args.metrics_listen,
             admin_token,
             generated: args.generated,
             grace: Duration::from_secs(args.shutdown_grace_secs),

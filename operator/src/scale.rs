@@ -158,7 +158,8 @@ pub struct Scaler {
     pub config_secret: String,
     pub deployment: String,
     pub pod_selector: String,
-    pub admin_port: u16,
+    /// The gateway pods' port serving `/metrics` (the admin port, or `--metrics-listen`).
+    pub metrics_port: u16,
     pub policy: Policy,
     pub every: Duration,
     pub http: reqwest::Client,
@@ -264,7 +265,7 @@ impl Scaler {
         };
         let text = self
             .http
-            .get(format!("http://{host}:{}/metrics", self.admin_port))
+            .get(format!("http://{host}:{}/metrics", self.metrics_port))
             .send()
             .await
             .and_then(reqwest::Response::error_for_status)

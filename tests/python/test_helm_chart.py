@@ -98,11 +98,11 @@ def test_every_pod_is_non_root_with_a_read_only_root_and_no_capabilities(values:
             assert sc["capabilities"]["drop"] == ["ALL"], where
 
 
-def test_the_service_exposes_the_api_port_and_never_the_admin_port() -> None:
+def test_the_service_exposes_the_api_port_and_never_the_admin_or_metrics_port() -> None:
     objects = rendered("defaults.yaml")
     gateway = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
-    assert ports == {"http": 8080, "admin": 8081}
+    assert ports == {"http": 8080, "admin": 8081, "metrics": 9090}
     service = named(objects, "Service", "gw-gateway")
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
     assert "--admin-listen=0.0.0.0:8081" in gateway["args"]
@@ -286,14 +286,25 @@ def test_with_secrets_made_outside_the_chart_every_render_is_the_same() -> None:
     assert rendered("defaults.yaml") != rendered("defaults.yaml"), "generated tokens are random"
 
 
-def test_network_policies_open_the_admin_port_only_to_the_operator_and_the_scrapers() -> None:
+def test_network_policies_keep_the_admin_port_closed_and_open_metrics_to_the_scrapers() -> None:
     objects = rendered("hardened.yaml")
     gateway = named(objects, "NetworkPolicy", "gw-gateway")["spec"]["ingress"]
-    api, admin = gateway
+    api, metrics = gateway
     assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
-    assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}]
-    assert admin["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "operator"
-    assert admin["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert metrics["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "operator"
+    assert metrics["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
     operator = named(objects, "NetworkPolicy", "gw-gateway-operator")["spec"]["ingress"]
     assert [r["ports"] for r in operator] == [[{"port": "metrics", "protocol": "TCP"}]]
     assert not of_kind(rendered("defaults.yaml"), "NetworkPolicy")
+
+
+def test_prometheus_and_the_operator_scrape_the_metrics_port_not_the_admin_api() -> None:
+    objects = rendered("defaults.yaml")
+    pod = named(objects, "Deployment", "gw-gateway")["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert "--metrics-listen=0.0.0.0:9090" in container["args"]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+    env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "OPERATOR_GATEWAY_METRICS_PORT", "value": "9090"} in env

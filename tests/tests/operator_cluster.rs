@@ -572,7 +572,7 @@ async fn under_the_charts_rbac_the_scaler_follows_the_pods_streams_and_failing_o
             &format!("--metrics-listen={metrics}"),
             "--scale-deployment=gateway",
             "--scale-pod-selector=app.kubernetes.io/name=gateway,app.kubernetes.io/instance=gateway",
-            &format!("--gateway-admin-port={admin_port}"),
+            &format!("--gateway-metrics-port={admin_port}"),
             "--min-replicas=1",
             "--max-replicas=4",
             "--streams-per-pod=1",

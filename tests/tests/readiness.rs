@@ -73,3 +73,34 @@ async fn failing_open_a_pod_stays_ready_and_serving_through_a_redis_outage() {
         .expect_ok();
     gw.admin_unauthenticated("/readyz").await.expect_ok();
 }
+
+#[tokio::test]
+async fn the_metrics_listener_serves_the_scrape_and_the_probes_but_never_the_admin_api() {
+    let metrics = format!("http://127.0.0.1:{}", e2e::server::free_port());
+    let gw = Gateway::builder()
+        .arg("--metrics-listen")
+        .arg(metrics.trim_start_matches("http://"))
+        .start()
+        .await;
+    let get = |path: &str| {
+        gw.client()
+            .get(format!("{metrics}{path}"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+    };
+    for path in ["/metrics", "/livez", "/readyz"] {
+        let resp = get(path).await.expect("the metrics listener answers");
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    // An account the admin listener serves is unknown to the metrics listener, token or not.
+    let account = gw.create_account(0).await;
+    let id = account["id"].as_str().unwrap_or_default().to_owned();
+    assert!(!id.is_empty(), "{account}");
+    gw.admin_get(&format!("/admin/accounts/{id}"))
+        .await
+        .expect_ok();
+    let admin = get(&format!("/admin/accounts/{id}"))
+        .await
+        .expect("answers");
+    assert_eq!(admin.status(), 404, "the admin API is on the metrics port");
+}

@@ -54,6 +54,21 @@ pub fn router(state: AppState, token: &str) -> Router {
         .with_state(admin)
 }
 
+/// The scrape and the probes alone, for the `--metrics-listen` listener.
+pub fn metrics_router(state: AppState) -> Router {
+    let admin = Admin {
+        state,
+        token: Arc::from(""),
+    };
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/livez", get(live))
+        .route("/readyz", get(ready))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(admin)
+}
+
 async fn metrics() -> Response {
     (
         [(
