@@ -308,3 +308,16 @@ def test_prometheus_and_the_operator_scrape_the_metrics_port_not_the_admin_api()
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9090"
     env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "OPERATOR_GATEWAY_METRICS_PORT", "value": "9090"} in env
+
+
+def test_a_pod_monitor_scrapes_the_metrics_port_of_both_components_when_enabled() -> None:
+    assert not of_kind(rendered("defaults.yaml"), "PodMonitor")
+    objects = render("--set", "podMonitor.enabled=true", "--set", "podMonitor.labels.release=kps")
+    monitor = named(objects, "PodMonitor", "gw-gateway")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    names = monitor["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert names == ["gateway", "operator"]
+    for deployment in of_kind(objects, "Deployment"):
+        ports = [p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0].get("ports", [])]
+        assert "metrics" in ports, deployment["metadata"]["name"]
