@@ -242,6 +242,25 @@ mod tests {
     }
 
     #[test]
+    fn only_a_positive_pod_count_annotation_is_an_announcement() {
+        let annotated = |value: &str| Secret {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                annotations: Some(BTreeMap::from([(
+                    PODS_ANNOTATION.to_owned(),
+                    value.to_owned(),
+                )])),
+                ..Default::default()
+            },
+            ..Secret::default()
+        };
+        assert_eq!(pods(&annotated("3")), Some(3));
+        for bad in ["0", "-2", "three", ""] {
+            assert_eq!(pods(&annotated(bad)), None, "{bad}");
+        }
+        assert_eq!(pods(&Secret::default()), None);
+    }
+
+    #[test]
     fn a_config_missing_a_tier_is_not_applied() {
         let config = GatewayConfig::default();
         let json = serde_json::to_vec(&config).unwrap_or_default();
