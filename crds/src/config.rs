@@ -20,6 +20,10 @@ pub const SCOPES: [&str; 5] = ["messages", "chat", "responses", "models", "accou
 /// The key of the Secret the operator publishes the config in: the config as JSON.
 pub const SECRET_KEY: &str = "config.json";
 
+/// The annotation of that Secret with the gateway pod count the operator's scaler last set,
+/// which pods failing open divide each key's limits by.
+pub const PODS_ANNOTATION: &str = "gateway.svc.dev/gateway-pods";
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GatewayConfig {

@@ -1,10 +1,13 @@
 //! The custom resources operators write (`kubectl apply`, or files in standalone mode).
 //!
-//! The schemas only use what a Kubernetes 1.20 API server enforces (types, `required`, `enum`,
-//! `minimum`, `pattern`): CEL rules would be silently ignored there. Everything that spans
-//! fields or resources (one of `upstreams`/`auto`, candidates that exist, secrets that resolve)
-//! is checked by [`crate::compile::compile`], which also re-checks the schema rules because
-//! standalone mode reads files that no API server has seen.
+//! The schemas refuse at admission what a single object can get wrong: types, `required`,
+//! `enum`, bounds and patterns everywhere; list-map keys (duplicate upstream names); and, on
+//! API servers from 1.25 (CEL), the cross-field rules as `x-kubernetes-validations` (one of
+//! `upstreams`/`auto`, `maxOutputTokens` at most `contextWindow`, promotion thresholds,
+//! `limits` only on an enterprise grant). Older servers ignore the CEL rules. What spans
+//! resources (candidates that exist, secrets that resolve, one Tier per tier) is checked by
+//! [`crate::compile::compile`], which also re-checks every schema rule because standalone mode
+//! reads files that no API server has seen.
 //!
 //! Every spec rejects unknown fields so that a typo fails loudly instead of silently falling
 //! back to a default.
@@ -38,6 +41,7 @@ pub const VERSION: &str = "v1alpha1";
     status = "ResourceStatus",
     derive = "PartialEq",
     shortname = "tr",
+    category = "svc-gateway",
     doc = "Rate limits of one API key tier (free, pay_as_you_go, high_volume, enterprise).",
     printcolumn(name = "Tier", type_ = "string", json_path = ".spec.tier"),
     printcolumn(name = "RPM", type_ = "integer", json_path = ".spec.requestsPerMinute"),
@@ -69,6 +73,16 @@ pub const VERSION: &str = "v1alpha1";
     )
 )]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "self.tier == 'enterprise' ? !has(self.promotionAtLifetimeTopUpCents) : has(self.promotionAtLifetimeTopUpCents)",
+        "message": "promotionAtLifetimeTopUpCents is required on every tier but enterprise, where it must be absent: enterprise is only granted by hand, with an ApiKey"
+    },
+    {
+        "rule": "self.tier != 'free' || !has(self.promotionAtLifetimeTopUpCents) || self.promotionAtLifetimeTopUpCents == 0",
+        "message": "promotionAtLifetimeTopUpCents must be 0 on the free tier: every key starts there"
+    }
+]))]
 pub struct TierSpec {
     /// Which tier these limits are for. The resource name is free (a DNS name such as
     /// `pay-as-you-go`) because tier ids contain underscores, which names cannot.
@@ -104,6 +118,7 @@ pub struct TierSpec {
     status = "ResourceStatus",
     derive = "PartialEq",
     shortname = "mr",
+    category = "svc-gateway",
     doc = "A virtual model id offered to API clients and the upstreams that serve it.",
     printcolumn(name = "Model", type_ = "string", json_path = ".spec.model"),
     printcolumn(name = "Context", type_ = "integer", json_path = ".spec.contextWindow"),
@@ -134,6 +149,24 @@ pub struct TierSpec {
     )
 )]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.upstreams) != has(self.auto)",
+        "message": "exactly one of upstreams and auto is required"
+    },
+    {
+        "rule": "!has(self.upstreams) || (has(self.contextWindow) && has(self.maxOutputTokens) && has(self.pricing))",
+        "message": "contextWindow, maxOutputTokens and pricing are required with upstreams"
+    },
+    {
+        "rule": "!has(self.auto) || !(has(self.contextWindow) || has(self.maxOutputTokens) || has(self.pricing) || has(self.affinity))",
+        "message": "contextWindow, maxOutputTokens, pricing and affinity are not allowed with auto: they come from its candidates"
+    },
+    {
+        "rule": "!has(self.maxOutputTokens) || !has(self.contextWindow) || self.maxOutputTokens <= self.contextWindow",
+        "message": "maxOutputTokens must be at most contextWindow"
+    }
+]))]
 pub struct ModelRouteSpec {
     /// The virtual model id clients send, e.g. `svc/opus`. Provider model names never appear
     /// here because clients must not see them.
@@ -163,6 +196,8 @@ pub struct ModelRouteSpec {
     /// Upstreams in order of preference, weighted among equals. Exactly one of `upstreams`
     /// and `auto` must be set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub upstreams: Vec<UpstreamSpec>,
     /// Serve each request with one of other (non-auto) virtual models, chosen per request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -314,8 +349,14 @@ fn default_idle_ms() -> u64 {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AutoSpec {
     /// Virtual model ids to choose from, in order of preference; none of them may be `auto`.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub candidates: Vec<String>,
+}
+
+/// The schema of ApiKey `tier`: only the tier granted by hand is admitted.
+fn enterprise_only(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "string", "enum": ["enterprise"] })
 }
 
 /// A grant for one gateway-minted API key: tier, custom limits, scopes, suspension.
@@ -332,6 +373,7 @@ pub struct AutoSpec {
     status = "ResourceStatus",
     derive = "PartialEq",
     shortname = "ak",
+    category = "svc-gateway",
     doc = "Grants a gateway-minted API key a tier, custom limits, scopes or suspension.",
     printcolumn(name = "Key", type_ = "string", json_path = ".spec.keyId"),
     printcolumn(name = "Tier", type_ = "string", json_path = ".spec.tier"),
@@ -348,6 +390,12 @@ pub struct AutoSpec {
     )
 )]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!has(self.limits) || has(self.tier)",
+        "message": "limits are only allowed with tier: enterprise, the grant they belong to"
+    }
+]))]
 pub struct ApiKeySpec {
     /// The id of the key as the gateway minted it (not the secret).
     #[schemars(length(min = 1))]
@@ -358,7 +406,7 @@ pub struct ApiKeySpec {
     // The schema is the plain enum: the derived `Option` schema lists `null` among the enum
     // values, which Kubernetes before 1.23 mishandles; an absent field means the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "TierId")]
+    #[schemars(schema_with = "enterprise_only")]
     pub tier: Option<TierId>,
     /// Custom limits; only with `tier: enterprise`, because custom limits are what an
     /// enterprise grant is. Enterprise without limits uses the enterprise Tier's limits.
@@ -368,6 +416,7 @@ pub struct ApiKeySpec {
     /// `suspended` rather than an empty list to block a key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub scopes: Option<Vec<Scope>>,
     /// Rejects every request of the key with 403 while true.
     #[serde(default)]
@@ -499,15 +548,82 @@ pub struct ResourceStatus {
 /// The three CRDs as one multi-document YAML file, as committed in the Helm chart. It lives
 /// here rather than in `crdgen` so that a test can compare the committed file with it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    use kube::CustomResourceExt;
-
     let mut out = String::from(
-        "# Generated by `cargo run -p crds --bin crdgen > charts/gateway/crds/crds.yaml`.\n\
+        "# Generated by `cargo run -p crds --bin crdgen > charts/gateway/files/crds.yaml`.\n\
          # Do not edit: change the types in crds/src/resources.rs and regenerate.\n",
     );
-    for crd in [Tier::crd(), ModelRoute::crd(), ApiKey::crd()] {
+    for crd in crds() {
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&crd)?);
     }
     Ok(out)
+}
+
+/// The three CRDs as the API server gets them: the derived schemas, finished by hand where
+/// the derive cannot express the rule.
+pub fn crds() -> [serde_json::Value; 3] {
+    use kube::CustomResourceExt;
+
+    let mut tier = crd_json(Tier::crd());
+    // Tiers are unique per tier id only across objects, which no schema sees; tying the name to
+    // the id lets the API server refuse a second `free` Tier as a name conflict.
+    tier["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] = serde_json::json!([{
+        "rule": "self.metadata.name == {'free': 'free', 'pay_as_you_go': 'pay-as-you-go', 'high_volume': 'high-volume', 'enterprise': 'enterprise'}[self.spec.tier]",
+        "message": "a Tier is named after its tier: free, pay-as-you-go, high-volume or enterprise, so that each tier is declared once"
+    }]);
+    [tier, crd_json(ModelRoute::crd()), crd_json(ApiKey::crd())]
+}
+
+fn crd_json(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> serde_json::Value {
+    let mut crd = serde_json::to_value(crd).unwrap_or_default();
+    // The chart renders these as templates, so `helm upgrade` updates them; `keep` leaves them
+    // (and with them every Tier, ModelRoute and ApiKey) in place on `helm uninstall`.
+    crd["metadata"]["annotations"] = serde_json::json!({ "helm.sh/resource-policy": "keep" });
+    let schema = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    // Optional fields are simply absent (every `Option` skips serializing `None`). `nullable`
+    // would only admit an explicit null, and it makes the published OpenAPI lose the field's
+    // subfields (`kubectl explain` shows `<>`).
+    drop_nullable(schema);
+    condition_constraints(&mut schema["properties"]["status"]["properties"]["conditions"]["items"]);
+    crd
+}
+
+fn drop_nullable(schema: &mut serde_json::Value) {
+    match schema {
+        serde_json::Value::Object(map) => {
+            map.remove("nullable");
+            map.values_mut().for_each(drop_nullable);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nullable),
+        _ => {}
+    }
+}
+
+/// The validation of metav1.Condition that Kubernetes' own types carry (the derived schema has
+/// only the types), so a status such as `Maybe` is refused.
+fn condition_constraints(condition: &mut serde_json::Value) {
+    let constraints = serde_json::json!({
+        "type": {
+            "maxLength": 316,
+            "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+        },
+        "status": { "enum": ["True", "False", "Unknown"] },
+        "reason": {
+            "minLength": 1,
+            "maxLength": 1024,
+            "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+        },
+        "message": { "maxLength": 32768 },
+        "observedGeneration": { "minimum": 0 }
+    });
+    for (field, extra) in constraints.as_object().into_iter().flatten() {
+        if let (Some(target), Some(extra)) = (
+            condition["properties"][field].as_object_mut(),
+            extra.as_object(),
+        ) {
+            target.extend(extra.clone());
+        }
+    }
 }

@@ -42,6 +42,10 @@ pub enum ServeError {
 pub struct Listen {
     pub api: SocketAddr,
     pub admin: SocketAddr,
+    /// The admin socket, when it was bound before the config arrived ([`WaitingAdmin`]).
+    pub admin_bound: Option<TcpListener>,
+    /// `/metrics` and the probes on a listener of their own, without the admin API.
+    pub metrics: Option<SocketAddr>,
     pub admin_token: String,
     /// Secrets this process generated itself (standalone only), shown once on the ready line
     /// as `name=value`: nobody else knows them. Secrets the operator supplied never appear.
@@ -93,13 +97,23 @@ fn connection_cap(wanted: usize) -> usize {
     wanted.min(usize::try_from(usable).unwrap_or(usize::MAX))
 }
 
-/// The line on stdout that says both listeners are bound: `ready api=URL admin=URL`, then any
-/// generated secrets; one JSON object with the same fields under `--log-format json`.
-fn ready_line(api: SocketAddr, admin: SocketAddr, generated: &[(&'static str, String)]) -> String {
+/// The line on stdout that says the listeners are bound: `ready api=URL admin=URL`, then
+/// `metrics=URL` when it has its own, then any generated secrets; one JSON object with the
+/// same fields under `--log-format json`.
+fn ready_line(
+    api: SocketAddr,
+    admin: SocketAddr,
+    metrics: Option<SocketAddr>,
+    generated: &[(&'static str, String)],
+) -> String {
     let (api, admin) = (format!("http://{api}"), format!("http://{admin}"));
+    let metrics = metrics.map(|addr| format!("http://{addr}"));
     match telemetry::log_format() {
         telemetry::LogFormat::Text => {
             let mut line = format!("ready api={api} admin={admin}");
+            if let Some(metrics) = &metrics {
+                line.push_str(&format!(" metrics={metrics}"));
+            }
             for (name, value) in generated {
                 line.push_str(&format!(" {name}={value}"));
             }
@@ -107,6 +121,9 @@ fn ready_line(api: SocketAddr, admin: SocketAddr, generated: &[(&'static str, St
         }
         telemetry::LogFormat::Json => {
             let mut object = serde_json::json!({ "message": "ready", "api": api, "admin": admin });
+            if let Some(metrics) = metrics {
+                object["metrics"] = serde_json::Value::from(metrics);
+            }
             for (name, value) in generated {
                 object[*name] = serde_json::Value::from(value.as_str());
             }
@@ -121,12 +138,66 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
         .map_err(|source| ServeError::Bind { addr, source })
 }
 
+/// The admin socket while a pod waits for its first published config, answering only the
+/// probes ([`admin::waiting_router`]). The socket is handed over to [`run`] as it is, so a
+/// probe arriving during the switch waits in the backlog instead of being refused.
+pub struct WaitingAdmin {
+    listener: std::net::TcpListener,
+    stop: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl WaitingAdmin {
+    pub async fn bind(addr: SocketAddr) -> Result<Self, ServeError> {
+        let listener = bind(addr).await?.into_std()?;
+        let serving = TcpListener::from_std(listener.try_clone()?)?;
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_http1(
+            serving,
+            admin::waiting_router(),
+            stop.clone(),
+            Http1Limits {
+                header_read_timeout: Duration::from_secs(10),
+                max_connections: None,
+            },
+        ));
+        Ok(Self {
+            listener,
+            stop,
+            server,
+        })
+    }
+
+    /// Stops answering and returns the socket, still bound and listening.
+    pub async fn hand_over(self) -> Result<TcpListener, ServeError> {
+        self.stop.cancel();
+        if let Err(e) = self.server.await {
+            tracing::warn!(error = %e, "the waiting admin listener ended abnormally");
+        }
+        Ok(TcpListener::from_std(self.listener)?)
+    }
+}
+
 pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     let api_listener = bind(listen.api).await?;
-    let admin_listener = bind(listen.admin).await?;
+    let admin_listener = match listen.admin_bound {
+        Some(listener) => listener,
+        None => bind(listen.admin).await?,
+    };
     let api_addr = api_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
-    println!("{}", ready_line(api_addr, admin_addr, &listen.generated));
+    let metrics_listener = match listen.metrics {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
+    let metrics_addr = match &metrics_listener {
+        Some(listener) => Some(listener.local_addr()?),
+        None => None,
+    };
+    println!(
+        "{}",
+        ready_line(api_addr, admin_addr, metrics_addr, &listen.generated)
+    );
     tracing::info!(%api_addr, %admin_addr, config_version = %state.catalog().version, "gateway listening; base URL http://{api_addr}");
 
     telemetry::metrics::config_version(&state.catalog().version);
@@ -163,7 +234,21 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
             max_connections: None,
         },
     );
-    let servers = async { tokio::join!(api, admin) };
+    let metrics = async {
+        if let Some(listener) = metrics_listener {
+            serve_http1(
+                listener,
+                admin::metrics_router(state.clone()),
+                shutdown.draining.clone(),
+                Http1Limits {
+                    header_read_timeout: edge.header_read_timeout,
+                    max_connections: None,
+                },
+            )
+            .await;
+        }
+    };
+    let servers = async { tokio::join!(api, admin, metrics) };
     let hard_stop = async {
         shutdown.expired.cancelled().await;
         tokio::time::sleep(HARD_STOP_AFTER_GRACE).await;

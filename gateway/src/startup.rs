@@ -141,7 +141,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         args.common.listen,
         stores.payments.stripe().is_some(),
     );
-    run(args.common, stores, config, None, |state, rules| {
+    run(args.common, stores, config, None, None, |state, rules| {
         tokio::spawn(promotion::every(
             state.accounts.clone(),
             rules,
@@ -158,6 +158,8 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     if args.common.admin_token.is_none() {
         return Err(StartError::NoAdminToken);
     }
+    // Alive from the start, whatever the stores and the config do meanwhile.
+    let admin = Some(serve::WaitingAdmin::bind(args.common.admin_listen).await?);
     let redis = RedisLimiter::connect(
         &args.redis_url,
         Duration::from_millis(args.redis_timeout_ms),
@@ -187,7 +189,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             developers: Arc::new(MemoryDeveloperStore::default()),
             responses: ResponsesBackend::memory(&args.common.responses_store),
         };
-        return run(args.common, stores, config, published, |_, _| {}).await;
+        return run(args.common, stores, config, published, admin, |_, _| {}).await;
     };
     let db = Database::connect(
         url,
@@ -223,7 +225,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
         responses: ResponsesBackend::postgres(db, &args.common.responses_store),
     };
-    run(args.common, stores, config, published, |state, _| {
+    run(args.common, stores, config, published, admin, |state, _| {
         tokio::spawn(reaper(ledger, reaping, state.shutdown.draining.clone()));
     })
     .await
@@ -277,6 +279,7 @@ async fn run(
     stores: Stores,
     config: GatewayConfig,
     published: Option<Published>,
+    admin: Option<serve::WaitingAdmin>,
     background: impl FnOnce(&AppState, PromotionRules),
 ) -> Result<(), StartError> {
     let rules = PromotionRules::from_config(&config);
@@ -350,18 +353,29 @@ async fn run(
     }
     tokio::spawn(responses.purge_until(state.shutdown.draining.clone()));
     if let Some(published) = published {
-        let state = state.clone();
-        tokio::spawn(published.follow(version, move |config| {
-            state.replace_catalog(catalog(config));
-        }));
+        if let Some(pods) = published.pods() {
+            state.limiter.set_pods(pods);
+        }
+        let (state, limiter) = (state.clone(), state.limiter.clone());
+        tokio::spawn(published.follow(
+            version,
+            move |config| state.replace_catalog(catalog(config)),
+            move |pods| limiter.set_pods(pods),
+        ));
     }
     let admin_token = args.admin_token.clone().ok_or(StartError::NoAdminToken)?;
     let edge = serve::Edge::from_args(&args);
+    let admin_bound = match admin {
+        Some(admin) => Some(admin.hand_over().await?),
+        None => None,
+    };
     serve::run(
         state,
         serve::Listen {
             api: args.listen,
             admin: args.admin_listen,
+            admin_bound,
+            metrics: args.metrics_listen,
             admin_token,
             generated: args.generated,
             grace: Duration::from_secs(args.shutdown_grace_secs),

@@ -4,6 +4,7 @@
 
 mod error;
 mod lease;
+mod lenient;
 mod metrics;
 mod publish;
 mod scale;
@@ -95,9 +96,15 @@ struct ScalingArgs {
         default_value = "app.kubernetes.io/name=gateway"
     )]
     scale_pod_selector: String,
-    /// Port of the gateway pods' admin listener (serving `/metrics`).
-    #[arg(long, env = "OPERATOR_GATEWAY_ADMIN_PORT", default_value_t = 8081)]
-    gateway_admin_port: u16,
+    /// Port of the gateway pods serving `/metrics`: their admin port, or their metrics port
+    /// when they have one (`--metrics-listen`).
+    #[arg(
+        long,
+        alias = "gateway-admin-port",
+        env = "OPERATOR_GATEWAY_METRICS_PORT",
+        default_value_t = 8081
+    )]
+    gateway_metrics_port: u16,
     #[arg(long, env = "OPERATOR_MIN_REPLICAS", default_value_t = 2)]
     min_replicas: u32,
     #[arg(long, env = "OPERATOR_MAX_REPLICAS", default_value_t = 20)]
@@ -224,9 +231,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let scaler = scale::Scaler {
             deployments: Api::namespaced(client.clone(), &args.namespace),
             pods: Api::namespaced(client.clone(), &args.namespace),
+            secrets: Api::namespaced(client.clone(), &args.namespace),
+            config_secret: args.config_secret.clone(),
             deployment,
             pod_selector: s.scale_pod_selector.clone(),
-            admin_port: s.gateway_admin_port,
+            metrics_port: s.gateway_metrics_port,
             policy: scale::Policy {
                 min: s.min_replicas,
                 max: s.max_replicas,

@@ -1,4 +1,6 @@
-//! The operator's Prometheus metrics, served as text on `--metrics-listen`.
+//! The operator's Prometheus metrics, served as text on `--metrics-listen`, with the probes:
+//! `/livez` and `/readyz` answer while the runtime serves requests (the operator takes no
+//! traffic, so there is nothing else for readiness to gate).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,6 +69,8 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
             "/metrics",
             get(|State(m): State<Arc<Metrics>>| async move { m.render() }),
         )
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
         .with_state(metrics);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app).await

@@ -3,16 +3,18 @@
 //! Secret that every gateway pod watches.
 //!
 //! One reconcile covers the whole namespace because validity is a property of the set (every
-//! tier declared once, auto candidates that exist), not of one object. An invalid set is never
-//! published: the Secret keeps the last good config, so gateways keep serving it. No
-//! finalizers: deleting a resource only needs a recompile, which its watch event triggers.
+//! tier declared once, auto candidates that exist), not of one object. A resource at fault is
+//! compiled out (its last published version in its place, if any: see [`crate::lenient`]) and
+//! the rest publishes; only problems no resource owns leave the Secret, and so the gateways,
+//! on the last good config. No finalizers: deleting a resource only needs a recompile, which
+//! its watch event triggers.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crds::compile::{compile, ResourceRef};
+use crds::compile::ResourceRef;
 use crds::config::{GatewayConfig, SECRET_KEY};
 use crds::resources::{ApiKey, ModelRoute, ResourceStatus, Tier};
 use futures::stream::{self, BoxStream};
@@ -30,6 +32,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::error::Result;
+use crate::lenient::{self, LastGood};
 use crate::status::{Verdict, READY};
 
 /// The field manager of everything the operator writes with server-side apply.
@@ -47,6 +50,8 @@ pub struct Context {
     published: Mutex<Option<String>>,
     /// The last valid config, for the promotion sweep's thresholds.
     pub latest: watch::Sender<Option<Arc<GatewayConfig>>>,
+    /// The resources of the last published config, which stand in for their invalid edits.
+    last_good: Mutex<LastGood>,
 }
 
 impl Context {
@@ -62,6 +67,7 @@ impl Context {
             secret,
             published: Mutex::new(None),
             latest: watch::Sender::new(None),
+            last_good: Mutex::new(LastGood::default()),
         }
     }
 
@@ -78,7 +84,7 @@ impl Context {
 pub enum Outcome {
     /// The config with this version is in the Secret.
     Published(String),
-    /// The set is invalid; the Secret was left alone.
+    /// Problems no single resource owns; the Secret was left alone.
     Rejected { problems: usize },
 }
 
@@ -89,15 +95,30 @@ pub async fn reconcile(ctx: &Context) -> Result<Outcome> {
     let routes = ctx.api::<ModelRoute>().list(&lp).await?.items;
     let keys = ctx.api::<ApiKey>().list(&lp).await?.items;
     let secrets = ctx.api::<Secret>().list(&lp).await?.items;
-    let compiled = compile(&tiers, &routes, &keys, &secrets);
-    let verdict_of =
-        |resource: &ResourceRef| Verdict::of(resource, compiled.as_ref().map(|_| ()), &ctx.secret);
+    let mut outcome = {
+        let last = ctx
+            .last_good
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        lenient::compile(&tiers, &routes, &keys, &secrets, &last)
+    };
+    let verdict_of = |resource: &ResourceRef| Verdict::of(resource, &outcome, &ctx.secret);
     report(ctx, &tiers, &verdict_of).await?;
     report(ctx, &routes, &verdict_of).await?;
     report(ctx, &keys, &verdict_of).await?;
-    match &compiled {
+    match &outcome.compiled {
         Ok(config) => {
+            if !outcome.faults.is_empty() {
+                tracing::warn!(
+                    faulty = outcome.faults.len(),
+                    "publishing without the invalid resources (see their Ready condition)"
+                );
+            }
             publish(ctx, config).await?;
+            *ctx.last_good
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                std::mem::take(&mut outcome.kept);
             ctx.latest.send_replace(Some(Arc::new(config.clone())));
             Ok(Outcome::Published(config.version.clone()))
         }
@@ -533,7 +554,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_invalid_route_gets_a_condition_and_an_event_and_nothing_is_published() {
+    async fn an_invalid_route_gets_a_condition_and_an_event_and_the_rest_is_published() {
         let broken = json!({
             "name": "anthropic",
             "provider": "anthropic",
@@ -541,7 +562,7 @@ mod tests {
             "baseUrl": "https://api.anthropic.com",
             "apiKeySecretRef": {"name": "missing", "key": "apiKey"},
         });
-        let mut expected = vec![
+        let outcome = reconcile_against(vec![
             expect(
                 Method::GET,
                 &format!("{CRDS}/tiers"),
@@ -566,45 +587,53 @@ mod tests {
                 list(vec![]),
                 no_check,
             ),
-        ];
-        for (name, id, promotion) in [
-            ("free", "free", Some(0)),
-            ("pay-as-you-go", "pay_as_you_go", Some(1)),
-            ("high-volume", "high_volume", Some(50_000)),
-            ("enterprise", "enterprise", None),
-        ] {
-            expected.push(expect(
+            // The tiers are already Published: no write for them.
+            expect(
                 Method::PATCH,
-                &format!("{CRDS}/tiers/{name}/status"),
-                tier(name, id, promotion, false),
+                &format!("{CRDS}/modelroutes/svc-fast/status"),
+                route(broken),
                 |body| {
                     assert_eq!(ready(body)["status"], "False");
-                    assert_eq!(ready(body)["reason"], "Blocked");
+                    assert_eq!(ready(body)["reason"], "Invalid");
+                    let message = ready(body)["message"].as_str().unwrap_or_default();
+                    assert!(message.contains("Secret missing not found"), "{message}");
+                    assert!(message.ends_with("left out of the gateway configuration"));
                 },
-            ));
-        }
-        expected.push(expect(
-            Method::PATCH,
-            &format!("{CRDS}/modelroutes/svc-fast/status"),
-            route(broken),
-            |body| {
-                assert_eq!(ready(body)["status"], "False");
-                assert_eq!(ready(body)["reason"], "Invalid");
-                let message = ready(body)["message"].as_str().unwrap_or_default();
-                assert!(message.contains("Secret missing not found"), "{message}");
-            },
-        ));
-        expected.push(expect(
-            Method::POST,
-            "/apis/events.k8s.io/v1/namespaces/gw/events",
-            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                   "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
-            |body| {
-                assert_eq!(body["type"], "Warning");
-                assert_eq!(body["regarding"]["name"], "svc-fast");
-            },
-        ));
-        let outcome = reconcile_against(expected).await;
-        assert_eq!(outcome, Outcome::Rejected { problems: 1 });
+            ),
+            expect(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/gw/events",
+                json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                       "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
+                |body| {
+                    assert_eq!(body["type"], "Warning");
+                    assert_eq!(body["regarding"]["name"], "svc-fast");
+                },
+            ),
+            expect(
+                Method::PATCH,
+                "/api/v1/namespaces/gw/secrets/gateway-config",
+                json!({"apiVersion": "v1", "kind": "Secret",
+                       "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
+                |body| {
+                    let data = body["data"][SECRET_KEY].as_str().unwrap_or_default();
+                    let bytes: ByteString =
+                        serde_json::from_value(json!(data)).unwrap_or(ByteString(Vec::new()));
+                    let config: GatewayConfig =
+                        serde_json::from_slice(&bytes.0).unwrap_or_default();
+                    assert_eq!(config.tiers.len(), 4, "{config:?}");
+                    assert!(!config.models.contains_key("svc/fast"), "{config:?}");
+                },
+            ),
+            expect(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/gw/events",
+                json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                       "metadata": {"name": "e2", "namespace": NS}, "eventTime": null}),
+                |body| assert_eq!(body["reason"], "Published"),
+            ),
+        ])
+        .await;
+        assert!(matches!(outcome, Outcome::Published(_)), "{outcome:?}");
     }
 }

@@ -7,6 +7,10 @@
 //! Scaling up happens at once. Scaling down takes the highest recommendation of the last
 //! `scale_down_window`, so a short lull does not drop pods that the next burst needs (the
 //! same rule as the HorizontalPodAutoscaler's stabilisation window).
+//!
+//! The replicas it sets are also written on the config Secret (annotation
+//! [`PODS_ANNOTATION`]): gateways failing open during a Redis outage divide each key's limits
+//! by that count, so the pods together still grant about the key's limits.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -14,11 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
+
+use crds::config::PODS_ANNOTATION;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -147,9 +153,13 @@ impl Sampler {
 pub struct Scaler {
     pub deployments: Api<Deployment>,
     pub pods: Api<Pod>,
+    pub secrets: Api<Secret>,
+    /// The config Secret, annotated with the replicas.
+    pub config_secret: String,
     pub deployment: String,
     pub pod_selector: String,
-    pub admin_port: u16,
+    /// The gateway pods' port serving `/metrics` (the admin port, or `--metrics-listen`).
+    pub metrics_port: u16,
     pub policy: Policy,
     pub every: Duration,
     pub http: reqwest::Client,
@@ -217,7 +227,30 @@ impl Scaler {
                 )
                 .await?;
         }
+        self.announce(replicas).await?;
         Ok(replicas)
+    }
+
+    /// Writes the pod count on the config Secret when it changed. A merge patch, not an
+    /// apply: before the first config is published there is no Secret to annotate, and
+    /// creating one without a config would only make the gateways log a rejection.
+    async fn announce(&self, replicas: u32) -> Result<()> {
+        let Some(secret) = self.secrets.get_opt(&self.config_secret).await? else {
+            return Ok(());
+        };
+        let value = replicas.to_string();
+        if secret.annotations().get(PODS_ANNOTATION) == Some(&value) {
+            return Ok(());
+        }
+        let patch = json!({ "metadata": { "annotations": { PODS_ANNOTATION: value } } });
+        self.secrets
+            .patch(
+                &self.config_secret,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
     }
 
     async fn scrape(&self, pod: &str, ip: &str) -> Result<PodReport> {
@@ -232,7 +265,7 @@ impl Scaler {
         };
         let text = self
             .http
-            .get(format!("http://{host}:{}/metrics", self.admin_port))
+            .get(format!("http://{host}:{}/metrics", self.metrics_port))
             .send()
             .await
             .and_then(reqwest::Response::error_for_status)

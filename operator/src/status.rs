@@ -1,9 +1,11 @@
 //! What each resource's `Ready` condition says after a compilation: the only verdicts a
 //! resource can get, worked out without the API so they are tested as plain functions.
 
-use crds::compile::{CompileErrors, ResourceRef};
+use crds::compile::ResourceRef;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+
+use crate::lenient::{Fate, Lenient};
 
 pub const READY: &str = "Ready";
 
@@ -17,48 +19,42 @@ pub struct Verdict {
 
 impl Verdict {
     /// The verdict for `resource` after a compilation that published (`Ok`) or did not.
-    pub fn of(resource: &ResourceRef, outcome: Result<(), &CompileErrors>, secret: &str) -> Self {
-        let Err(errors) = outcome else {
+    pub fn of(resource: &ResourceRef, outcome: &Lenient, secret: &str) -> Self {
+        if let Some(fault) = outcome.faults.get(resource) {
+            let consequence = match (&outcome.compiled, fault.fate) {
+                (Err(_), _) => "gateways keep the last good configuration",
+                (Ok(_), Fate::KeptLastGood) => {
+                    "its last published version stays in the gateway configuration"
+                }
+                (Ok(_), Fate::LeftOut) => "left out of the gateway configuration",
+            };
+            return Self {
+                ready: false,
+                reason: "Invalid",
+                message: format!("{}; {consequence}", fault.problems.join("; ")),
+            };
+        }
+        let Err(errors) = &outcome.compiled else {
             return Self {
                 ready: true,
                 reason: "Published",
                 message: format!("part of the gateway configuration in Secret {secret}"),
             };
         };
-        let own: Vec<&str> = errors
-            .errors
-            .iter()
-            .filter(|e| e.resource.as_ref() == Some(resource))
-            .map(|e| e.message.as_str())
-            .collect();
-        if !own.is_empty() {
-            return Self {
-                ready: false,
-                reason: "Invalid",
-                message: format!(
-                    "{}; gateways keep the last good configuration",
-                    own.join("; ")
-                ),
-            };
-        }
         let general: Vec<&str> = errors
             .errors
             .iter()
             .filter(|e| e.resource.is_none())
             .map(|e| e.message.as_str())
             .collect();
-        let mut message = String::from(
-            "valid, but not published while other resources are invalid (see their Ready \
-             condition); gateways keep the last good configuration",
-        );
-        if !general.is_empty() {
-            message.push_str(": ");
-            message.push_str(&general.join("; "));
-        }
         Self {
             ready: false,
             reason: "Blocked",
-            message,
+            message: format!(
+                "valid, but nothing is published while the namespace has problems that no \
+                 single resource owns; gateways keep the last good configuration: {}",
+                general.join("; ")
+            ),
         }
     }
 
@@ -104,9 +100,13 @@ impl Verdict {
 
 #[cfg(test)]
 mod tests {
-    use crds::compile::CompileError;
+    use std::collections::BTreeMap;
+
+    use crds::compile::{CompileError, CompileErrors};
+    use crds::config::GatewayConfig;
 
     use super::*;
+    use crate::lenient::{Fault, LastGood};
 
     fn route(name: &str) -> ResourceRef {
         ResourceRef {
@@ -116,42 +116,70 @@ mod tests {
         }
     }
 
-    fn errors() -> CompileErrors {
-        CompileErrors {
-            errors: vec![
-                CompileError {
-                    resource: Some(route("broken")),
-                    message: "Secret missing not found".to_owned(),
+    /// A compilation that published (`general` empty) or not, with `broken` at fault.
+    fn outcome(general: &[&str], fate: Fate) -> Lenient {
+        let compiled = if general.is_empty() {
+            Ok(GatewayConfig::default())
+        } else {
+            Err(CompileErrors {
+                errors: general
+                    .iter()
+                    .map(|m| CompileError {
+                        resource: None,
+                        message: (*m).to_owned(),
+                    })
+                    .collect(),
+            })
+        };
+        Lenient {
+            compiled,
+            faults: BTreeMap::from([(
+                route("broken"),
+                Fault {
+                    problems: vec!["Secret missing not found".to_owned()],
+                    fate,
                 },
-                CompileError {
-                    resource: None,
-                    message: "no Tier declares tier free".to_owned(),
-                },
-            ],
+            )]),
+            kept: LastGood::default(),
         }
     }
 
     #[test]
     fn a_published_resource_is_ready() {
-        let verdict = Verdict::of(&route("ok"), Ok(()), "gateway-config");
+        let verdict = Verdict::of(&route("ok"), &outcome(&[], Fate::LeftOut), "gateway-config");
         assert!(verdict.ready);
         assert_eq!(verdict.reason, "Published");
     }
 
     #[test]
-    fn an_invalid_resource_names_its_own_problems_and_the_kept_config() {
-        let verdict = Verdict::of(&route("broken"), Err(&errors()), "gateway-config");
-        assert!(!verdict.ready);
-        assert_eq!(verdict.reason, "Invalid");
-        assert_eq!(
-            verdict.message,
-            "Secret missing not found; gateways keep the last good configuration"
-        );
+    fn an_invalid_resource_names_its_own_problems_and_what_the_gateways_run_instead() {
+        let cases = [
+            (
+                outcome(&[], Fate::LeftOut),
+                "Secret missing not found; left out of the gateway configuration",
+            ),
+            (
+                outcome(&[], Fate::KeptLastGood),
+                "Secret missing not found; its last published version stays in the gateway \
+                 configuration",
+            ),
+            (
+                outcome(&["no Tier declares tier free"], Fate::LeftOut),
+                "Secret missing not found; gateways keep the last good configuration",
+            ),
+        ];
+        for (outcome, message) in cases {
+            let verdict = Verdict::of(&route("broken"), &outcome, "gateway-config");
+            assert!(!verdict.ready);
+            assert_eq!(verdict.reason, "Invalid");
+            assert_eq!(verdict.message, message);
+        }
     }
 
     #[test]
-    fn a_valid_resource_in_an_invalid_config_is_blocked_with_the_general_problems() {
-        let verdict = Verdict::of(&route("ok"), Err(&errors()), "gateway-config");
+    fn a_valid_resource_is_blocked_only_by_problems_no_resource_owns() {
+        let blocked = outcome(&["no Tier declares tier free"], Fate::LeftOut);
+        let verdict = Verdict::of(&route("ok"), &blocked, "gateway-config");
         assert!(!verdict.ready);
         assert_eq!(verdict.reason, "Blocked");
         assert!(verdict.message.ends_with(": no Tier declares tier free"));
@@ -162,12 +190,16 @@ mod tests {
     fn the_transition_time_moves_only_when_the_status_flips() {
         let earlier = Timestamp::from_second(1_000).unwrap_or(Timestamp::UNIX_EPOCH);
         let now = Timestamp::from_second(2_000).unwrap_or(Timestamp::UNIX_EPOCH);
-        let published = Verdict::of(&route("ok"), Ok(()), "gateway-config");
+        let published = Verdict::of(&route("ok"), &outcome(&[], Fate::LeftOut), "gateway-config");
         let current = published.condition(None, Some(1), earlier);
         assert_eq!(current.last_transition_time, Time(earlier));
         let same_status = published.condition(Some(&current), Some(2), now);
         assert_eq!(same_status.last_transition_time, Time(earlier));
-        let blocked = Verdict::of(&route("ok"), Err(&errors()), "gateway-config");
+        let blocked = Verdict::of(
+            &route("ok"),
+            &outcome(&["no Tier declares tier free"], Fate::LeftOut),
+            "gateway-config",
+        );
         assert_eq!(
             blocked
                 .condition(Some(&current), Some(2), now)
@@ -178,7 +210,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_verdict_for_the_same_generation_needs_no_write() {
-        let verdict = Verdict::of(&route("ok"), Ok(()), "gateway-config");
+        let verdict = Verdict::of(&route("ok"), &outcome(&[], Fate::LeftOut), "gateway-config");
         let current = verdict.condition(None, Some(3), Timestamp::UNIX_EPOCH);
         assert!(verdict.matches(Some(&current), Some(3)));
         assert!(!verdict.matches(Some(&current), Some(4)));

@@ -20,7 +20,7 @@ import helm_values_table
 CHART = helm_values_table.CHART
 VALUES_DIR = Path(__file__).resolve().parent / "helm-values"
 VALUES_FILES = sorted(VALUES_DIR.glob("*.yaml"))
-KUBERNETES_VERSION = "1.30.0"
+KUBERNETES_VERSIONS = ["1.28.0", "1.29.0", "1.30.0", "1.31.0"]
 NAMESPACE = "llm"
 
 
@@ -69,19 +69,20 @@ def test_helm_lint_passes(values: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
-def test_every_rendered_object_is_a_valid_kubernetes_object(values: Path) -> None:
+def test_every_rendered_object_is_a_valid_kubernetes_object(values: Path, version: str) -> None:
     objects = rendered(values.name)
-    assert of_kind(objects, "CustomResourceDefinition"), "CRDs are rendered with --include-crds"
+    assert of_kind(objects, "CustomResourceDefinition"), "the CRDs are rendered"
     for obj in objects:
         try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} on {version}: {e.message} at {list(e.path)}")
 
 
 def test_the_crds_are_the_generated_file_unchanged() -> None:
-    generated = [d for d in yaml.safe_load_all((CHART / "crds" / "crds.yaml").read_text()) if d]
+    generated = [d for d in yaml.safe_load_all((CHART / "files" / "crds.yaml").read_text()) if d]
     assert of_kind(render(), "CustomResourceDefinition") == generated
 
 
@@ -97,11 +98,11 @@ def test_every_pod_is_non_root_with_a_read_only_root_and_no_capabilities(values:
             assert sc["capabilities"]["drop"] == ["ALL"], where
 
 
-def test_the_service_exposes_the_api_port_and_never_the_admin_port() -> None:
+def test_the_service_exposes_the_api_port_and_never_the_admin_or_metrics_port() -> None:
     objects = rendered("defaults.yaml")
     gateway = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
-    assert ports == {"http": 8080, "admin": 8081}
+    assert ports == {"http": 8080, "admin": 8081, "metrics": 9090}
     service = named(objects, "Service", "gw-gateway")
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
     assert "--admin-listen=0.0.0.0:8081" in gateway["args"]
@@ -165,11 +166,30 @@ def test_the_operator_rbac_is_namespaced_and_least_privilege() -> None:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
         assert "delete" not in rule["verbs"], rule
     lease = [r for r in rules if "leases" in r["resources"] and "update" in r["verbs"]]
-    assert lease and lease[0]["resourceNames"] == ["gateway-operator"]
-    writes = [r for r in rules if "secrets" in r["resources"] and "update" in r["verbs"]]
-    assert writes and writes[0]["resourceNames"] == ["gateway-config"]
+    assert lease and lease[0]["resourceNames"] == ["gw-gateway-operator"]
+    writes = [r for r in rules if "secrets" in r["resources"] and "patch" in r["verbs"]]
+    assert writes and writes[0]["resourceNames"] == ["gw-gateway-config"]
+    scale = [r for r in rules if "apps" in r["apiGroups"]]
+    assert scale == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments/scale"],
+            "resourceNames": ["gw-gateway"],
+            "verbs": ["get", "patch"],
+        }
+    ]
     env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "OPERATOR_LEASE", "value": "gateway-operator"} in env
+    assert {"name": "OPERATOR_LEASE", "value": "gw-gateway-operator"} in env
+    assert {"name": "OPERATOR_CONFIG_SECRET", "value": "gw-gateway-config"} in env
+
+
+def test_two_releases_in_one_namespace_share_no_namespaced_object() -> None:
+    def names(release: str) -> set[tuple[str, str]]:
+        done = helm("template", release, str(CHART), "--namespace", NAMESPACE, "--set", "crds.install=false")
+        assert done.returncode == 0, done.stderr
+        return {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(done.stdout) if o}
+
+    assert not names("one") & names("two")
 
 
 def test_the_gateway_may_read_only_the_published_config_secret() -> None:
@@ -179,7 +199,7 @@ def test_the_gateway_may_read_only_the_published_config_secret() -> None:
         {
             "apiGroups": [""],
             "resources": ["secrets"],
-            "resourceNames": ["gateway-config"],
+            "resourceNames": ["gw-gateway-config"],
             "verbs": ["get", "list", "watch"],
         }
     ]
@@ -206,6 +226,8 @@ def test_an_ingress_exists_only_when_enabled() -> None:
         "operator.lease=Not_A_Name",
         "gateway.service.type=Magic",
         "gateway.pdb.minAvailable=-1",
+        "gateway.pdb.maxUnavailable=most",
+        "gateway.image.digest=latest",
     ],
 )
 def test_the_schema_rejects_bad_values(bad: str) -> None:
@@ -224,3 +246,78 @@ def test_the_readme_values_table_is_generated_from_the_schema() -> None:
     assert helm_values_table.readme_table() == helm_values_table.table(), (
         "charts/gateway/README.md is stale: python tests/python/helm_values_table.py --write"
     )
+
+
+def test_the_operator_has_probes_and_a_metrics_port_outside_any_service() -> None:
+    objects = rendered("defaults.yaml")
+    container = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert {"name": "OPERATOR_METRICS_LISTEN", "value": "0.0.0.0:9090"} in container["env"]
+    for service in of_kind(objects, "Service"):
+        assert 9090 not in [p.get("targetPort") for p in service["spec"]["ports"]], service
+
+
+def test_the_pdb_allows_draining_a_single_replica_by_default_and_takes_percentages() -> None:
+    default = of_kind(rendered("defaults.yaml"), "PodDisruptionBudget")[0]["spec"]
+    assert default.get("maxUnavailable") == 1 and "minAvailable" not in default
+    hardened = of_kind(rendered("hardened.yaml"), "PodDisruptionBudget")[0]["spec"]
+    assert hardened.get("minAvailable") == "50%" and "maxUnavailable" not in hardened
+
+
+def test_gateway_pods_spread_over_nodes_and_zones_without_blocking_scheduling() -> None:
+    spec = named(rendered("defaults.yaml"), "Deployment", "gw-gateway")["spec"]["template"]["spec"]
+    spread = spec["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in spread] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    for constraint in spread:
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        assert constraint["labelSelector"]["matchLabels"]["app.kubernetes.io/name"] == "gateway"
+
+
+def test_images_pinned_by_digest_use_it_instead_of_the_tag() -> None:
+    for _, spec in pod_specs(rendered("hardened.yaml")):
+        for container in spec["containers"] + spec.get("initContainers", []):
+            assert "@sha256:" in container["image"], container["image"]
+
+
+def test_with_secrets_made_outside_the_chart_every_render_is_the_same() -> None:
+    assert rendered("hardened.yaml") == rendered("hardened.yaml")
+    assert rendered("defaults.yaml") != rendered("defaults.yaml"), "generated tokens are random"
+
+
+def test_network_policies_keep_the_admin_port_closed_and_open_metrics_to_the_scrapers() -> None:
+    objects = rendered("hardened.yaml")
+    gateway = named(objects, "NetworkPolicy", "gw-gateway")["spec"]["ingress"]
+    api, metrics = gateway
+    assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert metrics["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "operator"
+    assert metrics["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
+    operator = named(objects, "NetworkPolicy", "gw-gateway-operator")["spec"]["ingress"]
+    assert [r["ports"] for r in operator] == [[{"port": "metrics", "protocol": "TCP"}]]
+    assert not of_kind(rendered("defaults.yaml"), "NetworkPolicy")
+
+
+def test_prometheus_and_the_operator_scrape_the_metrics_port_not_the_admin_api() -> None:
+    objects = rendered("defaults.yaml")
+    pod = named(objects, "Deployment", "gw-gateway")["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert "--metrics-listen=0.0.0.0:9090" in container["args"]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+    env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "OPERATOR_GATEWAY_METRICS_PORT", "value": "9090"} in env
+
+
+def test_a_pod_monitor_scrapes_the_metrics_port_of_both_components_when_enabled() -> None:
+    assert not of_kind(rendered("defaults.yaml"), "PodMonitor")
+    objects = render("--set", "podMonitor.enabled=true", "--set", "podMonitor.labels.release=kps")
+    monitor = named(objects, "PodMonitor", "gw-gateway")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    names = monitor["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert names == ["gateway", "operator"]
+    for deployment in of_kind(objects, "Deployment"):
+        ports = [p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0].get("ports", [])]
+        assert "metrics" in ports, deployment["metadata"]["name"]

@@ -91,6 +91,8 @@ pub struct GatewayBuilder {
     no_dev_key: bool,
     /// The gateway's open file limit (RLIMIT_NOFILE), when lowered.
     max_open_files: Option<u64>,
+    /// The admin listener's address, when a test must know it before the start.
+    admin_listen: Option<String>,
 }
 
 impl GatewayBuilder {
@@ -176,6 +178,12 @@ impl GatewayBuilder {
     }
 
     /// No `--admin-token`: standalone makes one and shows it on the ready line.
+    /// `--admin-listen ADDR` instead of a free loopback port.
+    pub fn admin_listen(mut self, addr: &str) -> Self {
+        self.admin_listen = Some(addr.to_owned());
+        self
+    }
+
     pub fn without_admin_token(mut self) -> Self {
         self.no_admin_token = true;
         self
@@ -199,6 +207,11 @@ impl GatewayBuilder {
         if !self.no_dev_key {
             args.extend(["--dev-key".to_string(), DEV_KEY.to_string()]);
         }
+        args.extend([
+            "--admin-listen".to_string(),
+            self.admin_listen
+                .unwrap_or_else(|| "127.0.0.1:0".to_string()),
+        ]);
         args.extend(self.args);
         Gateway::spawn(self.mode, &manifests, args, self.envs, self.max_open_files).await
     }
@@ -311,7 +324,7 @@ impl Gateway {
         let root = workspace_root();
         let mut cmd = Command::new(&bin);
         cmd.arg(mode.subcommand())
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0"])
             .arg("--manifests")
             .arg(manifests)
             .args(&extra)

@@ -217,6 +217,19 @@ impl KubeApi {
         );
     }
 
+    /// Applies the chart's CRDs. Without kubectl's client-side validation: this API server
+    /// (1.20) predates CEL, so its OpenAPI does not know `x-kubernetes-validations` (it drops
+    /// the rules and enforces the rest of the schema).
+    pub fn apply_crds(&self) {
+        let path = workspace_root().join("charts/gateway/files/crds.yaml");
+        let out = self.kubectl(&["apply", "--validate=false", "-f", &path.to_string_lossy()]);
+        assert!(
+            out.status.success(),
+            "kubectl apply of the CRDs failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// `kubectl get KIND NAME -o jsonpath=PATH`, empty when it fails.
     pub fn jsonpath(&self, kind: &str, name: &str, path: &str) -> String {
         let out = self.kubectl(&["get", kind, name, "-o", &format!("jsonpath={path}")]);

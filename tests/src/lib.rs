@@ -27,6 +27,7 @@ pub mod bodies;
 pub mod browser;
 pub mod cluster;
 pub mod gateway;
+pub mod helm;
 pub mod kube;
 pub mod leak;
 pub mod otlp;
@@ -35,7 +36,7 @@ pub mod proxy;
 pub mod redis;
 pub mod response;
 pub mod scrape;
-mod server;
+pub mod server;
 pub mod sse;
 pub mod stripe;
 pub mod upstream;
@@ -58,7 +59,7 @@ pub use upstream::{
 /// Makes a server process a child of the test: output piped for the test to read, killed when
 /// its handle drops, and (through PR_SET_PDEATHSIG) killed by the kernel when the thread that
 /// started it dies, so a test killed by a timeout leaks no process.
-pub(crate) fn tie_to_test(cmd: &mut tokio::process::Command) {
+pub fn tie_to_test(cmd: &mut tokio::process::Command) {
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -11,7 +11,7 @@ use tokio::process::{Child, Command};
 use crate::gateway::{drain, LogTail};
 
 /// A loopback port nobody listens on right now.
-pub(crate) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -21,7 +21,7 @@ const POLL: Duration = Duration::from_millis(200);
 /// The API server with the CRDs, the RBAC and the standalone resources applied.
 async fn cluster() -> Option<KubeApi> {
     let api = KubeApi::start().await?;
-    api.apply_path("charts/gateway/crds/crds.yaml");
+    api.apply_crds();
     poll_until(
         "the CRDs to be served",
         Duration::from_secs(20),
@@ -155,7 +155,7 @@ async fn resources_applied_with_kubectl_configure_a_running_gateway_within_ten_s
 }
 
 #[tokio::test]
-async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_serves() {
+async fn an_invalid_edit_gets_a_clear_condition_while_its_last_published_version_serves() {
     let Some(api) = cluster().await else { return };
     let operator = Operator::start(&api, "operator-0", &[]);
     let good = published_version(&api).await;
@@ -189,10 +189,15 @@ async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_s
     .await;
     assert_eq!(status, "False");
     assert!(
-        detail.contains("Secret no-such-secret not found"),
+        detail.contains("Secret no-such-secret not found")
+            && detail.ends_with("its last published version stays in the gateway configuration"),
         "{detail} ({reason})"
     );
-    assert_eq!(ready(&api, "tier", "free").1, "Blocked");
+    assert_eq!(
+        ready(&api, "tier", "free").0,
+        "True",
+        "the rest is not blocked"
+    );
     let events = api.kubectl(&[
         "get",
         "events",
@@ -206,16 +211,16 @@ async fn an_invalid_resource_gets_a_clear_condition_while_the_last_good_config_s
         "no Warning event"
     );
 
-    // The operator decided not to publish (its log says so once it has); nothing was
-    // published, and the gateway keeps serving svc/haiku from the last good config.
+    // The operator compiled the last published svc-haiku in its place (its log says so once
+    // it has): the config is unchanged, and the gateway keeps serving svc/haiku.
     poll_until(
-        "the operator to refuse publishing the invalid config",
+        "the operator to publish without the invalid edit",
         Duration::from_secs(20),
         POLL,
         || async {
             operator
                 .logs()
-                .contains("not publishing an invalid gateway configuration")
+                .contains("publishing without the invalid resources")
                 .then_some(())
         },
     )
@@ -268,6 +273,62 @@ async fn the_api_server_rejects_what_the_schemas_forbid_at_apply() {
         !out.status.success(),
         "a model id outside svc/ was accepted"
     );
+}
+
+/// `kubectl apply` of `yaml` fails, naming `expected` in its message.
+fn refused(api: &KubeApi, yaml: &str, expected: &str) {
+    let out = api.apply(yaml);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {yaml}");
+    assert!(stderr.contains(expected), "{expected:?} not in: {stderr}");
+}
+
+#[tokio::test]
+async fn the_api_server_refuses_duplicate_upstreams_hand_granted_tiers_and_made_up_condition_statuses(
+) {
+    let Some(api) = cluster().await else { return };
+    let route = |upstreams: &str| {
+        format!(
+            "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  name: dup\n\
+             spec:\n  model: svc/dup\n  displayName: Dup\n  contextWindow: 1000\n  \
+             maxOutputTokens: 100\n  upstreams:\n{upstreams}"
+        )
+    };
+    let upstream = "  - name: same\n    provider: simulated\n    model: m\n";
+    refused(&api, &route(&upstream.repeat(2)), "Duplicate value");
+    refused(
+        &api,
+        &route("").replace("upstreams:\n", "upstreams: []\n"),
+        "upstreams",
+    );
+
+    let key = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: k\n\
+               spec:\n  keyId: key_x\n  tier: free\n";
+    refused(&api, key, "supported values: \"enterprise\"");
+    let scopes = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: k\n\
+                  spec:\n  keyId: key_x\n  scopes: [chat, chat]\n";
+    refused(&api, scopes, "Duplicate value");
+
+    // Conditions carry metav1.Condition's own constraints, for whoever writes the status.
+    let out = api.kubectl(&[
+        "patch",
+        "tier",
+        "free",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"Ready","status":"Maybe","reason":"Guess","message":"","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("Maybe"),
+        "{stderr}"
+    );
+
+    // Optional fields keep their subfields in the published schema.
+    let explain = api.kubectl(&["explain", "modelroutes.spec.pricing"]);
+    let explain = String::from_utf8_lossy(&explain.stdout);
+    assert!(explain.contains("inputUsdPerMTok"), "{explain}");
 }
 
 #[tokio::test]
@@ -385,4 +446,257 @@ async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep()
     )
     .await;
     assert_eq!(promoted.limit_requests, 60);
+}
+
+#[tokio::test]
+async fn a_pod_waiting_for_its_first_config_is_live_but_not_ready_then_ready_on_the_same_port() {
+    let Some(api) = cluster().await else { return };
+    let redis = RedisServer::start().await;
+    let admin = format!("http://127.0.0.1:{}", e2e::server::free_port());
+    let mut cmd = tokio::process::Command::new(e2e::gateway::gateway_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin-listen"])
+        .arg(admin.trim_start_matches("http://"))
+        .args([
+            "--admin-token",
+            e2e::ADMIN_TOKEN,
+            "--redis-url",
+            &redis.url(),
+        ])
+        .args(["--config-secret", "gateway/gateway-config"])
+        .env("KUBECONFIG", api.kubeconfig(Identity::Gateway));
+    e2e::tie_to_test(&mut cmd);
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let _gateway = cmd.spawn().expect("spawn the gateway");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let status = |path: &'static str| {
+        let (http, admin) = (http.clone(), admin.clone());
+        async move {
+            match http.get(format!("{admin}{path}")).send().await {
+                Ok(resp) => Some(resp.status().as_u16()),
+                Err(_) => None,
+            }
+        }
+    };
+    // No operator yet: nothing is published.
+    poll_until(
+        "/livez to answer",
+        Duration::from_secs(30),
+        POLL,
+        || async { (status("/livez").await == Some(200)).then_some(()) },
+    )
+    .await;
+    assert_eq!(status("/readyz").await, Some(503));
+
+    let _operator = Operator::start(&api, "operator-0", &[]);
+    poll_until(
+        "/readyz after the first config",
+        APPLY_WITHIN,
+        POLL,
+        || async { (status("/readyz").await == Some(200)).then_some(()) },
+    )
+    .await;
+    assert_eq!(status("/livez").await, Some(200));
+}
+
+/// One Pod of the chart's gateway Deployment whose address is the loopback, so that the
+/// operator's scraper reaches the real gateway process of the test (the API server runs no
+/// kubelet: pods stay objects, with the status we give them).
+fn loopback_gateway_pod(api: &KubeApi) {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: gateway-0\n  labels:\n    \
+               app.kubernetes.io/name: gateway\n    app.kubernetes.io/instance: gateway\n\
+               spec:\n  serviceAccountName: gateway\n  automountServiceAccountToken: false\n  \
+               containers: [{name: gateway, image: gateway}]\n";
+    let out = api.apply(pod);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = r#"{"status":{"podIP":"127.0.0.1","podIPs":[{"ip":"127.0.0.1"}]}}"#;
+    let out = api.kubectl(&[
+        "patch",
+        "pod",
+        "gateway-0",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        status,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn replicas_become(api: &KubeApi, want: &str) {
+    poll_until(
+        &format!("the gateway Deployment at {want} replicas, with the pod count announced"),
+        Duration::from_secs(30),
+        POLL,
+        || async {
+            let replicas = api.jsonpath("deployment", "gateway", "{.spec.replicas}");
+            let announced = api.jsonpath(
+                "secret",
+                "gateway-config",
+                "{.metadata.annotations.gateway\\.svc\\.dev/gateway-pods}",
+            );
+            (replicas == want && announced == want).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn under_the_charts_rbac_the_scaler_follows_the_pods_streams_and_failing_open_pods_share_by_its_count(
+) {
+    // Release `gateway`: its service accounts are the identities the operator and the gateway
+    // run as, so both run under the chart's RBAC (deploy/rbac is not applied).
+    let Some(trial) = e2e::helm::Trial::start("gateway").await else {
+        return;
+    };
+    trial.helm("install", &[]);
+    let api = &trial.api;
+    api.apply_path("deploy/standalone/");
+    loopback_gateway_pod(api);
+    let admin_port = e2e::server::free_port().to_string();
+    let metrics = format!("127.0.0.1:{}", e2e::server::free_port());
+    let _operator = Operator::start(
+        api,
+        "operator-0",
+        &[
+            &format!("--metrics-listen={metrics}"),
+            "--scale-deployment=gateway",
+            "--scale-pod-selector=app.kubernetes.io/name=gateway,app.kubernetes.io/instance=gateway",
+            &format!("--gateway-metrics-port={admin_port}"),
+            "--min-replicas=1",
+            "--max-replicas=4",
+            "--streams-per-pod=1",
+            "--scale-every=1s",
+            "--scale-down-window=2s",
+        ],
+    );
+    published_version(api).await;
+    let mut redis = RedisServer::start().await;
+    // Seven pods by the static count: the operator's count must replace it.
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .redis_timeout_ms(200)
+        .redis_outage("fail-open")
+        .pods(7)
+        .chunk_delay_ms(500)
+        .admin_listen(&format!("127.0.0.1:{admin_port}"))
+        .arg("--config-secret")
+        .arg("gateway/gateway-config")
+        .env("KUBECONFIG", api.kubeconfig(Identity::Gateway))
+        .start()
+        .await;
+    replicas_become(api, "1").await;
+
+    let body = e2e::message_stream("svc/haiku", "hi", 4_000);
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut stream = gw.stream("/v1/messages", DEV_KEY, &body).await;
+        stream.expect_sse();
+        assert!(stream.next_event().await.is_some(), "the stream opened");
+        streams.push(stream);
+    }
+    replicas_become(api, "3").await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let get = |path: &str| {
+        let request = http.get(format!("http://{metrics}{path}")).send();
+        async move {
+            match request.await {
+                Ok(resp) if resp.status() == 200 => resp.text().await.ok(),
+                _ => None,
+            }
+        }
+    };
+    assert!(get("/livez").await.is_some() && get("/readyz").await.is_some());
+    let scraped = get("/metrics").await.unwrap_or_default();
+    assert!(
+        scraped.contains("gateway_operator_desired_replicas 3"),
+        "{scraped}"
+    );
+    for stream in streams {
+        stream.disconnect();
+    }
+    replicas_become(api, "1").await;
+
+    // Failing open, the one pod the operator counts takes the whole of pay-as-you-go's 60
+    // requests a minute, not a seventh of them.
+    redis.stop().await;
+    poll_until(
+        "the gateway to share the limits by the announced count",
+        APPLY_WITHIN,
+        Duration::from_millis(500),
+        || async {
+            let resp = gw
+                .count_tokens(DEV_KEY, &count_body("svc/haiku", "hi"))
+                .await;
+            (resp.status == 200 && resp.rate_limit().limit_requests == 60).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_invalid_resource_beside_valid_ones_is_left_out_and_the_valid_ones_publish() {
+    let Some(api) = cluster().await else { return };
+    let _operator = Operator::start(&api, "operator-0", &[]);
+    published_version(&api).await;
+    let redis = RedisServer::start().await;
+    let gw = gateway(&api, &redis).await;
+
+    // One apply: svc/mini is valid, svc/broken names a Secret that does not exist.
+    let haiku = std::fs::read_to_string(
+        e2e::gateway::workspace_root().join("deploy/standalone/models.yaml"),
+    )
+    .unwrap_or_default()
+    .split("\n---")
+    .find(|doc| doc.contains("name: svc-haiku"))
+    .unwrap_or_default()
+    .to_owned();
+    let mini = haiku
+        .replace("name: svc-haiku", "name: svc-mini")
+        .replace("model: svc/haiku", "model: svc/mini");
+    let broken = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  \
+                  name: svc-broken\nspec:\n  model: svc/broken\n  displayName: Broken\n  \
+                  contextWindow: 200000\n  maxOutputTokens: 8192\n  pricing:\n    \
+                  inputUsdPerMTok: \"0.80\"\n    outputUsdPerMTok: \"4\"\n    \
+                  cacheWriteUsdPerMTok: \"1\"\n    cacheReadUsdPerMTok: \"0.08\"\n  upstreams:\n  \
+                  - name: primary\n    provider: anthropic\n    model: claude-haiku\n    \
+                  baseUrl: https://api.anthropic.com\n    apiKeySecretRef:\n      \
+                  name: no-such-secret\n      key: apiKey\n";
+    let out = api.apply(&format!("{mini}\n---\n{broken}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    poll_until("svc/mini to be served", APPLY_WITHIN, POLL, || async {
+        let models = gw.get("/v1/models", DEV_KEY).await.expect_ok();
+        let ids: Vec<&str> = models["data"]
+            .as_array()
+            .map(|m| m.iter().filter_map(|m| m["id"].as_str()).collect())
+            .unwrap_or_default();
+        assert!(!ids.contains(&"svc/broken"), "{ids:?}");
+        ids.contains(&"svc/mini").then_some(())
+    })
+    .await;
+    let (status, reason, detail) = ready(&api, "modelroute", "svc-broken");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "Invalid"));
+    assert!(
+        detail.contains("Secret no-such-secret not found")
+            && detail.ends_with("left out of the gateway configuration"),
+        "{detail}"
+    );
+    assert_eq!(ready(&api, "modelroute", "svc-mini").0, "True");
 }

@@ -1,6 +1,7 @@
 //! Probes on the admin listener, for Kubernetes: `/livez` answers while the process runs;
-//! `/readyz` is 200 only while the config is loaded and the shared stores answer, so a pod cut
-//! off from Redis leaves the Service until Redis is back.
+//! `/readyz` is 200 while the config is loaded and the pod can serve. Failing closed a pod
+//! cut off from Redis cannot serve, so it leaves the Service until Redis is back; failing
+//! open it serves on its share of the limits, so it stays in.
 
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ async fn a_standalone_gateway_is_live_and_ready_without_a_token() {
 }
 
 #[tokio::test]
-async fn a_serving_pod_is_not_ready_while_redis_is_unreachable_and_ready_again_after() {
+async fn failing_closed_a_pod_is_not_ready_while_redis_is_unreachable_and_ready_again_after() {
     let mut redis = RedisServer::start().await;
     let gw = Gateway::builder()
         .serve(&redis.url())
@@ -48,4 +49,58 @@ async fn a_serving_pod_is_not_ready_while_redis_is_unreachable_and_ready_again_a
         || async { (gw.admin_unauthenticated("/readyz").await.status == 200).then_some(()) },
     )
     .await;
+}
+
+#[tokio::test]
+async fn failing_open_a_pod_stays_ready_and_serving_through_a_redis_outage() {
+    let mut redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .redis_timeout_ms(200)
+        .redis_outage("fail-open")
+        .start()
+        .await;
+    gw.admin_unauthenticated("/readyz").await.expect_ok();
+
+    redis.stop().await;
+    let during = gw.admin_unauthenticated("/readyz").await;
+    let body = during.expect_ok();
+    assert_eq!(body["status"], "ready", "{body}");
+    assert_eq!(body["limits_store"], "unreachable", "{body}");
+    assert_eq!(body["store_outage"], "fail-open", "{body}");
+    gw.count_tokens(DEV_KEY, &count_body("svc/haiku", "hi"))
+        .await
+        .expect_ok();
+    gw.admin_unauthenticated("/readyz").await.expect_ok();
+}
+
+#[tokio::test]
+async fn the_metrics_listener_serves_the_scrape_and_the_probes_but_never_the_admin_api() {
+    let metrics = format!("http://127.0.0.1:{}", e2e::server::free_port());
+    let gw = Gateway::builder()
+        .arg("--metrics-listen")
+        .arg(metrics.trim_start_matches("http://"))
+        .start()
+        .await;
+    let get = |path: &str| {
+        gw.client()
+            .get(format!("{metrics}{path}"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+    };
+    for path in ["/metrics", "/livez", "/readyz"] {
+        let resp = get(path).await.expect("the metrics listener answers");
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    // An account the admin listener serves is unknown to the metrics listener, token or not.
+    let account = gw.create_account(0).await;
+    let id = account["id"].as_str().unwrap_or_default().to_owned();
+    assert!(!id.is_empty(), "{account}");
+    gw.admin_get(&format!("/admin/accounts/{id}"))
+        .await
+        .expect_ok();
+    let admin = get(&format!("/admin/accounts/{id}"))
+        .await
+        .expect("answers");
+    assert_eq!(admin.status(), 404, "the admin API is on the metrics port");
 }

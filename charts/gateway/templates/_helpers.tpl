@@ -30,24 +30,36 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{- end -}}
 
 {{- define "gateway.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gateway.podSecurityContext" -}}
+{{- with .Values.podSecurityContext }}
+{{- toYaml . }}
+{{- else -}}
 runAsNonRoot: true
 runAsUser: 65532
 runAsGroup: 65532
 fsGroup: 65532
 seccompProfile:
   type: RuntimeDefault
+{{- end }}
 {{- end -}}
 
 {{- define "gateway.containerSecurityContext" -}}
+{{- with .Values.containerSecurityContext }}
+{{- toYaml . }}
+{{- else -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 runAsNonRoot: true
 capabilities:
   drop: ["ALL"]
+{{- end }}
 {{- end -}}
 
 {{- define "gateway.storesSecret" -}}
@@ -126,4 +138,21 @@ securityContext:
   {{- include "gateway.containerSecurityContext" . | nindent 2 }}
 resources:
   {{- toYaml .Values.gateway.resources | nindent 2 }}
+{{- end -}}
+
+{{/* Whether the operator owns the gateway Deployment's replicas. Then the chart leaves
+spec.replicas out, so `helm upgrade` never resets what the scaler (or `kubectl scale`) set:
+Helm's three-way merge only patches fields the chart renders. */}}
+{{- define "gateway.operatorScales" -}}
+{{- if and .Values.operator.enabled .Values.operator.scaleGateway -}}true{{- end -}}
+{{- end -}}
+
+{{/* Names of the operator's Secret and Lease: derived from the release unless set, so two
+releases in one namespace do not share them. */}}
+{{- define "gateway.configSecret" -}}
+{{- default (printf "%s-config" (include "gateway.fullname" .)) .Values.operator.configSecret -}}
+{{- end -}}
+
+{{- define "gateway.lease" -}}
+{{- default (printf "%s-operator" (include "gateway.fullname" .)) .Values.operator.lease -}}
 {{- end -}}

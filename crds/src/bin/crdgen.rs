@@ -1,4 +1,4 @@
-//! Prints the CRDs; its output is committed at `charts/gateway/crds/crds.yaml` and checked by
+//! Prints the CRDs; its output is committed at `charts/gateway/files/crds.yaml` and checked by
 //! the `crd_drift` test.
 
 fn main() -> Result<(), serde_yaml::Error> {

@@ -54,6 +54,21 @@ pub fn router(state: AppState, token: &str) -> Router {
         .with_state(admin)
 }
 
+/// The scrape and the probes alone, for the `--metrics-listen` listener.
+pub fn metrics_router(state: AppState) -> Router {
+    let admin = Admin {
+        state,
+        token: Arc::from(""),
+    };
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/livez", get(live))
+        .route("/readyz", get(ready))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(admin)
+}
+
 async fn metrics() -> Response {
     (
         [(
@@ -70,7 +85,9 @@ async fn live() -> StatusCode {
 }
 
 /// Ready when the config is loaded (it is, once this listener runs), the process is not
-/// draining, and the shared stores answer.
+/// draining, and, failing closed, the shared stores answer. Failing open, a store outage
+/// leaves the pod ready: every pod shares the stores, so taking them all out of the Service
+/// would turn limited or refused requests into no service at all.
 async fn ready(State(admin): State<Admin>) -> Response {
     let draining = admin.state.shutdown.draining.is_cancelled();
     let (limits, ledger) = tokio::join!(
@@ -83,7 +100,8 @@ async fn ready(State(admin): State<Admin>) -> Response {
     if let Err(e) = &ledger {
         tracing::debug!(error = %e, "readiness: ledger store unreachable");
     }
-    let ok = !draining && limits.is_ok() && ledger.is_ok();
+    let fail_open = admin.state.limiter.serves_through_outage();
+    let ok = !draining && (fail_open || (limits.is_ok() && ledger.is_ok()));
     let answer = |up: bool| if up { "ok" } else { "unreachable" };
     let body = json!({
         "status": if ok { "ready" } else { "not_ready" },
@@ -91,6 +109,7 @@ async fn ready(State(admin): State<Admin>) -> Response {
         "draining": draining,
         "limits_store": answer(limits.is_ok()),
         "ledger_store": answer(ledger.is_ok()),
+        "store_outage": if fail_open { "fail-open" } else { "fail-closed" },
     });
     let status = if ok {
         StatusCode::OK
@@ -98,6 +117,25 @@ async fn ready(State(admin): State<Admin>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(body)).into_response()
+}
+
+/// The probes while the pod waits for its first config, before [`router`] can be built: alive
+/// from the start (a startup probe must not restart a pod in a loop while the custom
+/// resources are invalid), not ready until the config is there.
+pub fn waiting_router() -> Router {
+    Router::new()
+        .route("/livez", get(live))
+        .route(
+            "/readyz",
+            get(|| async {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Json(json!({ "status": "not_ready", "config_version": null, "waiting_for": "config" })),
+                )
+            }),
+        )
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
 }
 
 async fn require_token(State(admin): State<Admin>, req: Request, next: Next) -> Response {

@@ -218,6 +218,10 @@ pub struct CommonArgs {
     /// Address of the admin API; keep it on loopback or a private network.
     #[arg(long, env = "GATEWAY_ADMIN_LISTEN", default_value = "127.0.0.1:8081")]
     pub admin_listen: SocketAddr,
+    /// A listener of its own for `/metrics` and the probes, so that scrapers reach them
+    /// without reaching the admin API (which keeps serving them too).
+    #[arg(long, env = "GATEWAY_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Bearer token of the admin API (at least 16 characters); without it, `standalone` makes a
     /// random one and shows it once on the ready line, and `serve` refuses to start.
     #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true, value_parser = long_secret)]

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crds::config::{GatewayConfig, SECRET_KEY, TIER_IDS};
+use crds::config::{GatewayConfig, PODS_ANNOTATION, SECRET_KEY, TIER_IDS};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -70,6 +70,8 @@ impl fmt::Display for SecretRef {
 pub struct Published {
     secret: SecretRef,
     updates: BoxStream<'static, Result<Option<Secret>, watcher::Error>>,
+    /// The gateway pod count last announced on the Secret, if any.
+    pods: Option<u32>,
 }
 
 impl Published {
@@ -90,7 +92,11 @@ impl Published {
                 }
             })
             .boxed();
-        Ok(Self { secret, updates })
+        Ok(Self {
+            secret,
+            updates,
+            pods: None,
+        })
     }
 
     /// Waits for the first usable config: a pod must not serve before it has one.
@@ -108,6 +114,9 @@ impl Published {
     async fn next_usable(&mut self, current: Option<&str>) -> Option<Option<GatewayConfig>> {
         let update = self.updates.next().await?;
         let kept = current.unwrap_or("none");
+        if let Ok(Some(secret)) = &update {
+            self.pods = pods(secret).or(self.pods);
+        }
         Some(match update {
             Ok(Some(secret)) => match parse(&self.secret, &secret) {
                 Ok(config) if Some(config.version.as_str()) == current => None,
@@ -128,9 +137,27 @@ impl Published {
         })
     }
 
-    /// Hands every new usable config to `apply`, for as long as the process runs.
-    pub async fn follow(mut self, mut version: String, apply: impl Fn(GatewayConfig)) {
+    /// The gateway pod count the operator last announced on the Secret.
+    pub fn pods(&self) -> Option<u32> {
+        self.pods
+    }
+
+    /// Hands every new usable config to `apply`, and every new pod count to `pods`, for as
+    /// long as the process runs.
+    pub async fn follow(
+        mut self,
+        mut version: String,
+        apply: impl Fn(GatewayConfig),
+        pods: impl Fn(u32),
+    ) {
+        let mut announced = self.pods;
         while let Some(update) = self.next_usable(Some(&version)).await {
+            if self.pods != announced {
+                announced = self.pods;
+                if let Some(count) = announced {
+                    pods(count);
+                }
+            }
             if let Some(config) = update {
                 tracing::info!(from = %version, to = %config.version, "applying the published config");
                 version = config.version.clone();
@@ -138,6 +165,18 @@ impl Published {
             }
         }
     }
+}
+
+/// The pod count annotation; a missing or malformed one is no announcement.
+fn pods(secret: &Secret) -> Option<u32> {
+    secret
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(PODS_ANNOTATION)?
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)
 }
 
 fn parse(reference: &SecretRef, secret: &Secret) -> Result<GatewayConfig, PublishedError> {
@@ -200,6 +239,25 @@ mod tests {
         for bad in ["gateway-config", "/x", "gw/", "a/b/c"] {
             assert!(bad.parse::<SecretRef>().is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn only_a_positive_pod_count_annotation_is_an_announcement() {
+        let annotated = |value: &str| Secret {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                annotations: Some(BTreeMap::from([(
+                    PODS_ANNOTATION.to_owned(),
+                    value.to_owned(),
+                )])),
+                ..Default::default()
+            },
+            ..Secret::default()
+        };
+        assert_eq!(pods(&annotated("3")), Some(3));
+        for bad in ["0", "-2", "three", ""] {
+            assert_eq!(pods(&annotated(bad)), None, "{bad}");
+        }
+        assert_eq!(pods(&Secret::default()), None);
     }
 
     #[test]

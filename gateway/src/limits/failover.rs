@@ -1,11 +1,12 @@
 //! What the gateway does while Redis is away, chosen at start-up: fail closed (503, the
 //! default: no request runs unmetered) or fail open to per-pod local limits, each pod taking
-//! its share of the key's limits (divided by the known pod count, rounded up). Each switch is
+//! its share of the key's limits (divided by the pod count, rounded up: `--pods` at start, then
+//! the count the operator publishes as the scaler changes it). Each switch is
 //! logged once. While Redis is down, requests do not each wait out the timeout: one call per
 //! second probes Redis, the others follow the policy at once; recovery is by itself, on the
 //! first probe Redis answers.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -29,7 +30,7 @@ pub struct Failover {
     shared: RedisLimiter,
     local: MemoryLimiter,
     policy: OutagePolicy,
-    pods: u32,
+    pods: AtomicU32,
     down: AtomicBool,
     /// While down: when Redis may next be tried (ms since the epoch).
     next_probe_ms: AtomicU64,
@@ -48,7 +49,7 @@ impl Failover {
             shared,
             local: MemoryLimiter::default(),
             policy,
-            pods: pods.max(1),
+            pods: AtomicU32::new(pods.max(1)),
             down: AtomicBool::new(false),
             next_probe_ms: AtomicU64::new(0),
         }
@@ -96,6 +97,10 @@ impl Failover {
         }
     }
 
+    fn pods(&self) -> u32 {
+        self.pods.load(Ordering::Relaxed)
+    }
+
     fn failing_open(&self, result: &Result<impl Sized, LimitError>) -> bool {
         self.policy == OutagePolicy::FailOpen && matches!(result, Err(LimitError::Unavailable(_)))
     }
@@ -119,7 +124,7 @@ impl Limiter for Failover {
         if self.failing_open(&result) {
             return self
                 .local
-                .admit(key_id, &share(limits, self.pods), request)
+                .admit(key_id, &share(limits, self.pods()), request)
                 .await;
         }
         result
@@ -144,9 +149,24 @@ impl Limiter for Failover {
         self.shared.reachable().await
     }
 
+    fn serves_through_outage(&self) -> bool {
+        self.policy == OutagePolicy::FailOpen
+    }
+
+    fn set_pods(&self, pods: u32) {
+        let before = self.pods.swap(pods.max(1), Ordering::Relaxed);
+        if before != pods.max(1) {
+            tracing::info!(
+                from = before,
+                to = pods.max(1),
+                "gateway pod count for the fail-open share"
+            );
+        }
+    }
+
     fn effective(&self, limits: &Limits) -> Limits {
         if self.policy == OutagePolicy::FailOpen && self.down.load(Ordering::Relaxed) {
-            share(limits, self.pods)
+            share(limits, self.pods())
         } else {
             *limits
         }

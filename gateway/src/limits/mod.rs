@@ -153,6 +153,16 @@ pub trait Limiter: Send + Sync {
         Ok(())
     }
 
+    /// Whether requests go on being served while the shared store is unreachable (failing
+    /// open), so that its outage says nothing about whether this pod can serve.
+    fn serves_through_outage(&self) -> bool {
+        false
+    }
+
+    /// How many gateway pods share the limits now (the operator's count), for the share each
+    /// takes while failing open; limiters without an outage mode have no use for it.
+    fn set_pods(&self, _pods: u32) {}
+
     /// The limits this limiter enforces right now for a key granted `limits` (a pod failing
     /// open enforces only its share), which the headers must report.
     fn effective(&self, limits: &Limits) -> Limits {

@@ -1,0 +1,192 @@
+//! The CRDs' CEL rules (`x-kubernetes-validations`), evaluated by kube-cel against objects as
+//! `kubectl apply` sends them: what an API server from 1.25 refuses at admission, and the
+//! message the user then reads. The test API server (1.20) predates CEL, so the rules run
+//! here; they are also compiled here, so a rule that does not compile fails this suite rather
+//! than a platform team's `helm install`.
+
+mod common;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+fn schema(kind: &str) -> Value {
+    crds::resources::crds()
+        .into_iter()
+        .find(|crd| crd["spec"]["names"]["kind"] == kind)
+        .map(|crd| crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone())
+        .unwrap_or_else(|| panic!("no {kind} CRD"))
+}
+
+fn object(kind: &str, name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "gateway.svc.dev/v1alpha1",
+        "kind": kind,
+        "metadata": { "name": name, "namespace": "llm" },
+        "spec": spec,
+    })
+}
+
+/// The messages of the rules `object` breaks; empty when it is admitted.
+fn refusals(object: &Value) -> Vec<String> {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    match kube_cel::validate(&schema(kind), object, None) {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+    }
+}
+
+fn assert_refused(object: Value, message: &str) {
+    let found = refusals(&object);
+    assert!(
+        found.iter().any(|m| m.contains(message)),
+        "{message:?} not among {found:?} for {object}"
+    );
+}
+
+#[test]
+fn every_rule_compiles() {
+    for kind in ["Tier", "ModelRoute", "ApiKey"] {
+        let compiled = kube_cel::compile_schema(&schema(kind));
+        assert!(
+            !compiled.has_errors(),
+            "{kind}: {:?}",
+            compiled.compilation_errors()
+        );
+    }
+}
+
+#[test]
+fn the_shipped_manifests_are_admitted() {
+    let mut checked = 0;
+    for folder in ["deploy/standalone", "deploy/examples"] {
+        for entry in std::fs::read_dir(common::repo_path(folder))
+            .into_iter()
+            .flatten()
+        {
+            let path = entry.map(|e| e.path()).unwrap_or_default();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for document in serde_yaml::Deserializer::from_str(&text) {
+                let Ok(object) = Value::deserialize(document) else {
+                    continue;
+                };
+                if ["Tier", "ModelRoute", "ApiKey"].contains(&object["kind"].as_str().unwrap_or(""))
+                {
+                    assert_eq!(
+                        refusals(&object),
+                        Vec::<String>::new(),
+                        "{}",
+                        path.display()
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} resources found");
+}
+
+fn upstream_route() -> Value {
+    json!({
+        "model": "svc/fast",
+        "displayName": "Fast",
+        "contextWindow": 1000,
+        "maxOutputTokens": 100,
+        "pricing": {
+            "inputUsdPerMTok": "1", "outputUsdPerMTok": "2",
+            "cacheWriteUsdPerMTok": "1.25", "cacheReadUsdPerMTok": "0.1"
+        },
+        "upstreams": [{ "name": "sim", "provider": "simulated", "model": "sim-1" }],
+    })
+}
+
+#[test]
+fn a_route_with_both_upstreams_and_auto_or_neither_is_refused() {
+    let mut both = upstream_route();
+    both["auto"] = json!({ "candidates": ["svc/haiku"] });
+    assert_refused(
+        object("ModelRoute", "r", both),
+        "exactly one of upstreams and auto",
+    );
+    let mut neither = upstream_route();
+    neither.as_object_mut().map(|o| o.remove("upstreams"));
+    assert_refused(
+        object("ModelRoute", "r", neither),
+        "exactly one of upstreams and auto",
+    );
+}
+
+#[test]
+fn max_output_tokens_above_the_context_window_is_refused() {
+    let mut route = upstream_route();
+    route["maxOutputTokens"] = json!(2000);
+    assert_refused(
+        object("ModelRoute", "r", route),
+        "maxOutputTokens must be at most contextWindow",
+    );
+}
+
+#[test]
+fn a_route_with_upstreams_needs_its_context_window_and_pricing() {
+    let mut route = upstream_route();
+    route.as_object_mut().map(|o| o.remove("pricing"));
+    assert_refused(object("ModelRoute", "r", route), "required with upstreams");
+}
+
+#[test]
+fn an_auto_route_takes_its_window_and_price_from_its_candidates() {
+    let auto = json!({
+        "model": "svc/auto", "displayName": "Auto", "contextWindow": 1000,
+        "auto": { "candidates": ["svc/haiku"] },
+    });
+    assert_refused(object("ModelRoute", "r", auto), "not allowed with auto");
+}
+
+#[test]
+fn custom_limits_on_a_key_without_the_enterprise_grant_are_refused() {
+    let key = json!({
+        "keyId": "key_x",
+        "limits": { "requestsPerMinute": 10, "inputTokensPerMinute": 10, "concurrentStreams": 1 },
+    });
+    assert_refused(
+        object("ApiKey", "k", key),
+        "limits are only allowed with tier: enterprise",
+    );
+}
+
+fn tier(id: &str, promotion: Option<u64>) -> Value {
+    let mut spec = json!({
+        "tier": id, "requestsPerMinute": 5, "inputTokensPerMinute": 10, "concurrentStreams": 1,
+    });
+    if let Some(cents) = promotion {
+        spec["promotionAtLifetimeTopUpCents"] = json!(cents);
+    }
+    spec
+}
+
+#[test]
+fn promotion_thresholds_are_refused_where_the_tier_cannot_have_them() {
+    assert_refused(
+        object("Tier", "enterprise", tier("enterprise", Some(100))),
+        "must be absent",
+    );
+    assert_refused(
+        object("Tier", "pay-as-you-go", tier("pay_as_you_go", None)),
+        "required on every tier but enterprise",
+    );
+    assert_refused(
+        object("Tier", "free", tier("free", Some(5))),
+        "must be 0 on the free tier",
+    );
+}
+
+#[test]
+fn a_tier_is_named_after_its_id_so_a_second_free_tier_is_a_name_conflict() {
+    assert_eq!(
+        refusals(&object("Tier", "free", tier("free", Some(0)))),
+        Vec::<String>::new()
+    );
+    assert_refused(
+        object("Tier", "free-again", tier("free", Some(0))),
+        "a Tier is named after its tier",
+    );
+}
