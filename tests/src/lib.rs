@@ -4,6 +4,7 @@
 //! - [`Gateway`] / [`GatewayBuilder`]: the process, its ready line, `/v1` and admin helpers;
 //!   `standalone` by default, `serve` (cluster mode) with [`GatewayBuilder::serve`].
 //! - [`RedisServer`]: a throwaway `redis-server` (start, stop, restart, freeze) for cluster mode.
+//! - [`RedisCluster`]: a throwaway Redis Cluster (three masters, three replicas; failover, kill).
 //! - [`PostgresServer`]: a throwaway Postgres (start, stop, restart, SQL, the operator CLI).
 //! - [`TcpProxy`]: a loopback TCP proxy a test can cut (one process partitioned from a server).
 //! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
@@ -33,6 +34,7 @@ pub mod otlp;
 pub mod postgres;
 pub mod proxy;
 pub mod redis;
+pub mod redis_cluster;
 pub mod response;
 pub mod scrape;
 mod server;
@@ -47,7 +49,8 @@ pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY
 pub use otlp::OtlpReceiver;
 pub use postgres::PostgresServer;
 pub use proxy::TcpProxy;
-pub use redis::RedisServer;
+pub use redis::{RedisServer, SharedRedis};
+pub use redis_cluster::RedisCluster;
 pub use response::{RateLimit, RequestLimit, Resp};
 pub use scrape::Scrape;
 pub use sse::{ChatStream, MessageStream, ResponseStream, SseEvent, SseStream};
