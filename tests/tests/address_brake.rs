@@ -5,7 +5,7 @@
 //! a trusted proxy (`--trusted-proxies`).
 //!
 //! The brake's store keeps one contract in process and in Redis (two pods sharing one
-//! redis-server): the last tests run it on both.
+//! redis-server, and a Redis Cluster): the last tests run it on each.
 
 use std::sync::Arc;
 use std::time::Duration;
