@@ -12,7 +12,8 @@
 //!   so the restart lost and double-billed nothing;
 //! - every key's RPM cap held across all pods: a free key had exactly 5 turns admitted, and
 //!   the shared window counts exactly 5; a pay-as-you-go key had all 40;
-//! - every answer is 200, a 429 naming requests per minute, or a 503 in the envelope.
+//! - every answer is 200, a 429 naming requests per minute, or a 503 in the envelope;
+//! - Postgres saw no more connections than PgBouncer's pool (20), for 16 pods of 16 each.
 //!
 //! The test prints how the answers and the restart interleaved.
 
@@ -213,6 +214,21 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
         minute(&cluster.redis).await.0,
         window,
         "the run outlasted its rate-limit window, so the caps cannot be checked in one window"
+    );
+
+    // Sixteen pods came and went, each with a pool of up to 16 connections to PgBouncer;
+    // Postgres saw at most PgBouncer's pool (and this query's own connection).
+    let backends = pg
+        .query_i64("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+        .await;
+    eprintln!(
+        "Postgres client backends after the run: {backends} (PgBouncer pool {})",
+        e2e::pgbouncer::POOL_SIZE
+    );
+    assert!(
+        backends <= i64::from(e2e::pgbouncer::POOL_SIZE) + 1,
+        "{backends} Postgres backends behind a PgBouncer pool of {}",
+        e2e::pgbouncer::POOL_SIZE
     );
 
     let mut per_key: Vec<Vec<&Resp>> = vec![Vec::new(); KEYS];
