@@ -14,7 +14,10 @@
 //! Knobs: `LEDGER_BENCH_SECS` (measured seconds per run, default 10),
 //! `LEDGER_BENCH_CONCURRENCY` (turns in flight for the throughput run, default 32),
 //! `LEDGER_BENCH_RATE` (turns per second of the paced run, default 2000),
-//! `LEDGER_BENCH_POOL` (connections, default 16, the gateway's default).
+//! `LEDGER_BENCH_POOL` (connections, default 16, the gateway's default),
+//! `LEDGER_BENCH_POOLER_URL` (a PgBouncer in transaction pooling mode in front of
+//! `DATABASE_URL`: the migrations go to `DATABASE_URL`, the turns through the pooler, as with
+//! `--database-pooler transaction`; `LEDGER_BENCH_PGBOUNCER=1 scripts/bench-ledger` starts one).
 //!
 //! A turn is `Ledger::reserve` then `Ledger::settle` of `PostgresLedger`, exactly as a request
 //! makes them (one statement each, the message row written at reserve and completed at
@@ -24,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gateway::accounts::{Accounts, PostgresAccounts};
-use gateway::db::Database;
+use gateway::db::{Database, Pooler};
 use gateway::ids;
 use gateway::ledger::{
     Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
@@ -210,6 +213,11 @@ fn main() {
     runtime.block_on(async move {
         let db = Database::connect(&url, pool, TIMEOUT).expect("DATABASE_URL");
         db.migrate().await.expect("migrations");
+        let db = match std::env::var("LEDGER_BENCH_POOLER_URL") {
+            Ok(pooler) => Database::connect_through(&pooler, pool, TIMEOUT, Pooler::Transaction)
+                .expect("LEDGER_BENCH_POOLER_URL"),
+            Err(_) => db,
+        };
         let store = PostgresAccounts::new(db.clone());
         let ledger = Arc::new(PostgresLedger::new(db));
         let mut ids = Vec::with_capacity(ACCOUNTS);

@@ -31,10 +31,11 @@ pub enum CliError {
 }
 
 fn connect(args: &DatabaseArgs) -> Result<Database, CliError> {
-    Ok(Database::connect(
+    Ok(Database::connect_through(
         &args.database_url,
         args.database_pool_size,
         Duration::from_millis(args.database_timeout_ms),
+        args.database_pooler,
     )?)
 }
 

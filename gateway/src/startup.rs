@@ -191,10 +191,11 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         };
         return run(args.common, stores, config, published, admin, |_, _| {}).await;
     };
-    let db = Database::connect(
+    let db = Database::connect_through(
         url,
         args.database_pool_size,
         Duration::from_millis(args.database_timeout_ms),
+        args.database_pooler,
     )?;
     if args.migrate {
         db.migrate().await?;

@@ -1,5 +1,5 @@
-//! Cluster mode: several `gateway serve` pods sharing one [`RedisServer`], started from a
-//! manifest folder assembled from `deploy/standalone` (tiers and models, as shipped) and
+//! Cluster mode: several `gateway serve` pods sharing one [`RedisServer`] (or a
+//! [`RedisCluster`]), started from a manifest folder assembled from `deploy/standalone` (tiers and models, as shipped) and
 //! `tests/cluster-manifests` (the ApiKey seeds the tests use).
 //!
 //! Until accounts live in Postgres, accounts, keys and credits are in-process per pod: every
@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::gateway::{unique_name, workspace_root, Gateway, GatewayBuilder};
-use crate::redis::RedisServer;
+use crate::redis::{RedisServer, SharedRedis};
+use crate::redis_cluster::RedisCluster;
 use crate::upstream::{RoutedManifests, UpstreamDef};
 
 /// Key id of the dev key in both modes (`--dev-key` is seeded on every pod under this id).
@@ -140,15 +141,43 @@ impl Drop for ManifestDir {
     }
 }
 
-/// One redis-server and `pods.len()` `gateway serve` processes on it. Dropping it kills them.
-pub struct Cluster {
+/// One Redis (a redis-server, or a [`RedisCluster`]) and `pods.len()` `gateway serve`
+/// processes on it. Dropping it kills them.
+pub struct Cluster<R = RedisServer> {
     /// The pods, started with the same flags unless built one by one with [`Cluster::pod_builder`].
     pub pods: Vec<Gateway>,
-    pub redis: RedisServer,
+    pub redis: R,
     pub manifests: ManifestDir,
 }
 
-impl Cluster {
+impl Cluster<RedisCluster> {
+    /// A [`RedisCluster`] and `pods` gateways started with `configure(builder)` on top of
+    /// `serve --redis-url redis-cluster://... --manifests <cluster manifests>`; returns once
+    /// every pod admits through the cluster.
+    pub async fn start_on_redis_cluster(
+        pods: usize,
+        configure: impl Fn(GatewayBuilder) -> GatewayBuilder,
+    ) -> Self {
+        Self::start_on_redis_cluster_with(ManifestDir::cluster(), pods, configure).await
+    }
+
+    /// [`Cluster::start_on_redis_cluster`] on `manifests` instead of the cluster's own.
+    pub async fn start_on_redis_cluster_with(
+        manifests: ManifestDir,
+        pods: usize,
+        configure: impl Fn(GatewayBuilder) -> GatewayBuilder,
+    ) -> Self {
+        let configure: &dyn Fn(GatewayBuilder) -> GatewayBuilder = &configure;
+        Self::start_with_redis(
+            RedisCluster::start().await,
+            manifests,
+            &vec![configure; pods],
+        )
+        .await
+    }
+}
+
+impl Cluster<RedisServer> {
     /// A redis-server and `pods` gateways started with `configure(builder)` on top of
     /// `serve --redis-url ... --manifests <cluster manifests>`; returns once every pod admits
     /// through Redis.
@@ -171,7 +200,17 @@ impl Cluster {
         manifests: ManifestDir,
         configure: &[&dyn Fn(GatewayBuilder) -> GatewayBuilder],
     ) -> Cluster {
-        let redis = RedisServer::start().await;
+        Self::start_with_redis(RedisServer::start().await, manifests, configure).await
+    }
+}
+
+impl<R: SharedRedis> Cluster<R> {
+    /// One gateway per builder on `redis`, once every pod admits through it.
+    pub async fn start_with_redis(
+        redis: R,
+        manifests: ManifestDir,
+        configure: &[&dyn Fn(GatewayBuilder) -> GatewayBuilder],
+    ) -> Self {
         let builders: Vec<GatewayBuilder> = configure
             .iter()
             .map(|c| c(pod_builder(&redis, &manifests)))
@@ -241,7 +280,7 @@ impl Cluster {
             ));
         }
         out.push_str(&format!(
-            "===== redis-server ({}) =====\n{}",
+            "===== redis ({}) =====\n{}",
             self.redis.url(),
             self.redis.logs()
         ));
@@ -249,7 +288,7 @@ impl Cluster {
     }
 }
 
-fn pod_builder(redis: &RedisServer, manifests: &ManifestDir) -> GatewayBuilder {
+fn pod_builder(redis: &impl SharedRedis, manifests: &ManifestDir) -> GatewayBuilder {
     Gateway::builder()
         .serve(&redis.url())
         .manifests(&manifests.path)

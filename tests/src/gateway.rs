@@ -107,6 +107,15 @@ impl GatewayBuilder {
         self.arg("--database-url").arg(url).arg("--migrate")
     }
 
+    /// `--database-url URL --database-pooler transaction` (serve): accounts, keys and credits
+    /// in the Postgres behind the PgBouncer at `url`, already migrated (see [`crate::PgBouncer`]).
+    pub fn database_through_pooler(self, url: &str) -> Self {
+        self.arg("--database-url")
+            .arg(url)
+            .arg("--database-pooler")
+            .arg("transaction")
+    }
+
     /// `--manifests DIR` instead of `deploy/standalone`.
     pub fn manifests(mut self, dir: &Path) -> Self {
         self.manifests = Some(dir.to_path_buf());

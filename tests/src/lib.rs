@@ -4,7 +4,9 @@
 //! - [`Gateway`] / [`GatewayBuilder`]: the process, its ready line, `/v1` and admin helpers;
 //!   `standalone` by default, `serve` (cluster mode) with [`GatewayBuilder::serve`].
 //! - [`RedisServer`]: a throwaway `redis-server` (start, stop, restart, freeze) for cluster mode.
+//! - [`RedisCluster`]: a throwaway Redis Cluster (three masters, three replicas; failover, kill).
 //! - [`PostgresServer`]: a throwaway Postgres (start, stop, restart, SQL, the operator CLI).
+//! - [`PgBouncer`]: a throwaway PgBouncer in transaction pooling mode in front of it.
 //! - [`TcpProxy`]: a loopback TCP proxy a test can cut (one process partitioned from a server).
 //! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
@@ -12,6 +14,7 @@
 //! - [`kube`]: a real kube-apiserver (with etcd) and operator processes for the operator tests.
 //! - [`leak`]: the rule that no response names an upstream provider.
 //! - [`bodies`]: request bodies used across the tests.
+//! - [`books`]: an account's books after a burst of turns (told = debited = balance decrease).
 //! - [`upstream`]: a mock upstream speaking the Anthropic and OpenAI wire formats, scripted
 //!   per test, and manifest folders that route every model to it.
 //! - [`Scrape`]: the samples of a `/metrics` scrape.
@@ -24,6 +27,7 @@
 //! by [`leak::assert_no_provider_names`].
 
 pub mod bodies;
+pub mod books;
 pub mod browser;
 pub mod cluster;
 pub mod gateway;
@@ -31,9 +35,11 @@ pub mod helm;
 pub mod kube;
 pub mod leak;
 pub mod otlp;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
 pub mod redis;
+pub mod redis_cluster;
 pub mod response;
 pub mod scrape;
 pub mod server;
@@ -46,9 +52,11 @@ pub use bodies::*;
 pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
 pub use otlp::OtlpReceiver;
+pub use pgbouncer::PgBouncer;
 pub use postgres::PostgresServer;
 pub use proxy::TcpProxy;
-pub use redis::RedisServer;
+pub use redis::{RedisServer, SharedRedis};
+pub use redis_cluster::RedisCluster;
 pub use response::{RateLimit, RequestLimit, Resp};
 pub use scrape::Scrape;
 pub use sse::{ChatStream, MessageStream, ResponseStream, SseEvent, SseStream};

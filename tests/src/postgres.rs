@@ -30,7 +30,7 @@ pub struct PostgresServer {
 
 /// The folder of `initdb` and `postgres`: on PATH, else Debian's /usr/lib/postgresql/*/bin
 /// (the newest).
-fn bin_dir() -> PathBuf {
+pub(crate) fn bin_dir() -> PathBuf {
     if let Some(path) = std::env::var_os("PATH") {
         if let Some(dir) = std::env::split_paths(&path).find(|d| d.join("initdb").is_file()) {
             return dir;
@@ -51,7 +51,7 @@ fn bin_dir() -> PathBuf {
 }
 
 /// The unprivileged user to run as when we are root.
-fn server_user() -> Option<(u32, u32)> {
+pub(crate) fn server_user() -> Option<(u32, u32)> {
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
         return None;
@@ -68,7 +68,7 @@ fn server_user() -> Option<(u32, u32)> {
     panic!("running as root, but neither a postgres nor a nobody user exists")
 }
 
-fn chown(path: &Path, user: Option<(u32, u32)>) {
+pub(crate) fn chown(path: &Path, user: Option<(u32, u32)>) {
     if let Some((uid, gid)) = user {
         std::os::unix::fs::chown(path, Some(uid), Some(gid))
             .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
@@ -214,7 +214,7 @@ fn server_command(bin: &Path, dir: &Path, port: u16, user: Option<(u32, u32)>) -
 }
 
 /// Runs `sql` with psql against the server on `port`: its unaligned output, or its stderr.
-async fn psql(bin: &Path, port: u16, sql: &str) -> Result<String, String> {
+pub(crate) async fn psql(bin: &Path, port: u16, sql: &str) -> Result<String, String> {
     let psql = if bin.join("psql").is_file() {
         bin.join("psql")
     } else {

@@ -4,10 +4,11 @@
 //! [`RedisServer::stop`] and [`RedisServer::restart`] (same port) simulate an outage and its
 //! end; [`RedisServer::freeze`] / [`RedisServer::thaw`] (SIGSTOP / SIGCONT) simulate a Redis
 //! that accepts connections but never answers, which only a client-side timeout survives.
-//! [`RedisServer::command`] is a minimal RESP client for looking at the keys the gateway
-//! writes.
+//! [`SharedRedis`] is a minimal RESP client for looking at the keys the gateway writes, the
+//! same for one server and for a [`RedisCluster`](crate::redis_cluster::RedisCluster).
 
 use std::fmt;
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
+    /// Arguments added to every launch (a cluster node's settings).
+    extra: Vec<String>,
     process: ServerProcess,
     frozen: bool,
 }
@@ -71,6 +74,11 @@ impl Reply {
 impl RedisServer {
     /// Starts `redis-server` on a free loopback port and waits until it answers PING.
     pub async fn start() -> RedisServer {
+        Self::start_with(Vec::new()).await
+    }
+
+    /// [`start`](Self::start) with `extra` arguments on its command line, kept for restarts.
+    pub async fn start_with(extra: Vec<String>) -> RedisServer {
         let dir = std::env::temp_dir().join(unique_name("e2e-redis"));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
@@ -81,12 +89,15 @@ impl RedisServer {
             let mut server = RedisServer {
                 port,
                 dir: dir.clone(),
+                extra: extra.clone(),
                 process: ServerProcess::new("redis-server"),
                 frozen: false,
             };
             match server
                 .process
-                .launch(server_command(port, &dir), READY_TIMEOUT, || pong(port))
+                .launch(server_command(port, &dir, &extra), READY_TIMEOUT, || {
+                    pong(port)
+                })
                 .await
             {
                 Ok(()) => return server,
@@ -120,10 +131,22 @@ impl RedisServer {
 
     /// Starts redis-server again on the same port (empty: nothing is persisted).
     pub async fn restart(&mut self) {
-        let (port, dir) = (self.port, self.dir.clone());
+        let (port, dir, extra) = (self.port, self.dir.clone(), self.extra.clone());
         self.process
-            .relaunch(|| server_command(port, &dir), READY_TIMEOUT, || pong(port))
+            .relaunch(
+                || server_command(port, &dir, &extra),
+                READY_TIMEOUT,
+                || pong(port),
+            )
             .await;
+    }
+
+    /// SIGKILL, then waits for the process to exit: a crash, nothing flushed.
+    pub async fn kill(&mut self) {
+        if self.frozen {
+            self.thaw();
+        }
+        self.process.stop(libc::SIGKILL, STOP_TIMEOUT).await;
     }
 
     /// SIGSTOP: connections stay open and requests are accepted by the kernel, but nothing is
@@ -138,31 +161,19 @@ impl RedisServer {
         self.process.signal(libc::SIGCONT);
         self.frozen = false;
     }
+}
 
-    /// Sends one command over a fresh connection and reads its reply.
-    pub async fn command(&self, args: &[&str]) -> Result<Reply, String> {
+impl SharedRedis for RedisServer {
+    fn url(&self) -> String {
+        RedisServer::url(self)
+    }
+
+    fn logs(&self) -> String {
+        RedisServer::logs(self)
+    }
+
+    async fn command(&self, args: &[&str]) -> Result<Reply, String> {
         command(self.port, args).await
-    }
-
-    /// [`command`](Self::command), panicking on a transport error or an error reply.
-    pub async fn cmd(&self, args: &[&str]) -> Reply {
-        match self.command(args).await {
-            Ok(Reply::Error(e)) => panic!("redis {args:?} failed: {e}"),
-            Ok(reply) => reply,
-            Err(e) => panic!("redis {args:?}: {e}\n{}", self.logs()),
-        }
-    }
-
-    /// `HGETALL key` as (field, value) pairs.
-    pub async fn hgetall(&self, key: &str) -> Vec<(String, String)> {
-        let flat = self
-            .cmd(&["HGETALL", key])
-            .await
-            .strings()
-            .expect("HGETALL answers an array of strings");
-        flat.chunks(2)
-            .map(|pair| (pair[0].clone(), pair[1].clone()))
-            .collect()
     }
 }
 
@@ -180,8 +191,45 @@ impl Drop for RedisServer {
     }
 }
 
+/// What the tests ask of the Redis the pods share, one server or a cluster.
+pub trait SharedRedis: Send + Sync {
+    /// The URL the pods are given (`redis://…` or `redis-cluster://…`).
+    fn url(&self) -> String;
+
+    /// The servers' logs so far (tails), for failure messages.
+    fn logs(&self) -> String;
+
+    /// Sends one command (to the node serving its key, on a cluster) and reads its reply.
+    fn command(&self, args: &[&str]) -> impl Future<Output = Result<Reply, String>> + Send;
+
+    /// [`command`](Self::command), panicking on a transport error or an error reply.
+    fn cmd(&self, args: &[&str]) -> impl Future<Output = Reply> + Send {
+        async move {
+            match self.command(args).await {
+                Ok(Reply::Error(e)) => panic!("redis {args:?} failed: {e}"),
+                Ok(reply) => reply,
+                Err(e) => panic!("redis {args:?}: {e}\n{}", self.logs()),
+            }
+        }
+    }
+
+    /// `HGETALL key` as (field, value) pairs.
+    fn hgetall(&self, key: &str) -> impl Future<Output = Vec<(String, String)>> + Send {
+        async move {
+            let flat = self
+                .cmd(&["HGETALL", key])
+                .await
+                .strings()
+                .expect("HGETALL answers an array of strings");
+            flat.chunks(2)
+                .map(|pair| (pair[0].clone(), pair[1].clone()))
+                .collect()
+        }
+    }
+}
+
 /// Sends one command to the server on `port` over a fresh connection and reads its reply.
-async fn command(port: u16, args: &[&str]) -> Result<Reply, String> {
+pub(crate) async fn command(port: u16, args: &[&str]) -> Result<Reply, String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|e| format!("connect to redis: {e}"))?;
@@ -202,11 +250,11 @@ async fn command(port: u16, args: &[&str]) -> Result<Reply, String> {
 }
 
 /// Whether the server on `port` answers PING.
-async fn pong(port: u16) -> bool {
+pub(crate) async fn pong(port: u16) -> bool {
     matches!(command(port, &["PING"]).await, Ok(Reply::Simple(p)) if p == "PONG")
 }
 
-fn server_command(port: u16, dir: &std::path::Path) -> Command {
+fn server_command(port: u16, dir: &std::path::Path, extra: &[String]) -> Command {
     let mut cmd = Command::new("redis-server");
     cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
@@ -214,6 +262,7 @@ fn server_command(port: u16, dir: &std::path::Path) -> Command {
         .args(["--logfile", "", "--loglevel", "notice"])
         .arg("--dir")
         .arg(dir)
+        .args(extra)
         .current_dir(dir);
     cmd
 }

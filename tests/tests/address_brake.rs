@@ -5,7 +5,7 @@
 //! a trusted proxy (`--trusted-proxies`).
 //!
 //! The brake's store keeps one contract in process and in Redis (two pods sharing one
-//! redis-server): the last tests run it on both.
+//! redis-server, and a Redis Cluster): the last tests run it on each.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -307,8 +307,15 @@ async fn the_redis_brake_store_keeps_the_contract_across_two_pods() {
     contract(&pod_a, &pod_b).await;
 }
 
+#[tokio::test]
+async fn the_redis_cluster_brake_store_keeps_the_contract_across_two_pods() {
+    let redis = RedisCluster::start().await;
+    let (pod_a, pod_b) = (redis_brake(&redis).await, redis_brake(&redis).await);
+    contract(&pod_a, &pod_b).await;
+}
+
 /// A brake on its own connection to `redis`, as a pod has.
-async fn redis_brake(redis: &RedisServer) -> AddressBrake {
+async fn redis_brake(redis: &impl SharedRedis) -> AddressBrake {
     let limiter = RedisLimiter::connect(
         &redis.url(),
         Duration::from_millis(2_000),

@@ -1,8 +1,9 @@
 //! Cluster mode (`gateway serve`): a key's requests-per-minute and input-tokens-per-minute
 //! limits hold across two pods sharing one redis-server exactly as if there were one pod.
 //!
-//! Every test starts its own redis-server and two pods on the manifests of
-//! `tests/cluster-manifests` (see `e2e::cluster`). Counting requests use count_tokens, which is
+//! Every test starts its own redis-server (or, in the `on_a_redis_cluster_` tests, a Redis
+//! Cluster of three masters and three replicas: the same rules, the keys spread over shards)
+//! and two pods on the manifests of `tests/cluster-manifests` (see `e2e::cluster`). Counting requests use count_tokens, which is
 //! free and counts against RPM like `/v1/messages`, so the seeded accounts need no credits.
 
 use std::collections::BTreeMap;
@@ -17,7 +18,7 @@ fn hi() -> serde_json::Value {
 }
 
 /// Expects a 200, with every pod's log in the failure message.
-fn expect_ok(cluster: &Cluster, what: &str, resp: &Resp) -> serde_json::Value {
+fn expect_ok(cluster: &Cluster<impl SharedRedis>, what: &str, resp: &Resp) -> serde_json::Value {
     assert_eq!(
         resp.status,
         200,
@@ -28,7 +29,7 @@ fn expect_ok(cluster: &Cluster, what: &str, resp: &Resp) -> serde_json::Value {
 }
 
 /// The window hash of a key (`rl:{K}:w`) as a map.
-async fn window_hash(redis: &RedisServer, key_id: &str) -> BTreeMap<String, String> {
+async fn window_hash(redis: &impl SharedRedis, key_id: &str) -> BTreeMap<String, String> {
     redis
         .hgetall(&format!("rl:{{{key_id}}}:w"))
         .await
@@ -38,7 +39,16 @@ async fn window_hash(redis: &RedisServer, key_id: &str) -> BTreeMap<String, Stri
 
 #[tokio::test]
 async fn across_two_pods_exactly_the_rpm_cap_is_accepted_for_free_payg_and_enterprise_keys() {
-    let cluster = Cluster::start(2, |b| b).await;
+    rpm_caps_are_exact_across_pods(&Cluster::start(2, |b| b).await).await;
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_across_two_pods_exactly_the_rpm_cap_is_accepted_for_free_payg_and_enterprise_keys(
+) {
+    rpm_caps_are_exact_across_pods(&Cluster::start_on_redis_cluster(2, |b| b).await).await;
+}
+
+async fn rpm_caps_are_exact_across_pods(cluster: &Cluster<impl SharedRedis>) {
     for key in SEEDED {
         // Every request of one key's burst must land in one fixed window.
         cluster.pods[0].wait_for_roomy_window(key.secret, 8).await;
@@ -62,7 +72,7 @@ async fn across_two_pods_exactly_the_rpm_cap_is_accepted_for_free_payg_and_enter
         for n in 1..=key.rpm {
             let pod = cluster.pod(n as usize);
             let resp = pod.count_tokens(key.secret, &hi()).await;
-            expect_ok(&cluster, &format!("{} request {n}", key.id), &resp);
+            expect_ok(cluster, &format!("{} request {n}", key.id), &resp);
             let rl = resp.rate_limit();
             assert_eq!(rl.limit_requests, key.rpm);
             assert_eq!(
@@ -117,7 +127,20 @@ async fn across_two_pods_exactly_the_rpm_cap_is_accepted_for_free_payg_and_enter
 
 #[tokio::test]
 async fn concurrent_requests_on_both_pods_are_admitted_exactly_up_to_the_cap() {
-    let cluster = Cluster::start(2, |b| b).await;
+    concurrent_requests_are_admitted_exactly_up_to_the_cap(&Cluster::start(2, |b| b).await).await;
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_concurrent_requests_on_both_pods_are_admitted_exactly_up_to_the_cap() {
+    concurrent_requests_are_admitted_exactly_up_to_the_cap(
+        &Cluster::start_on_redis_cluster(2, |b| b).await,
+    )
+    .await;
+}
+
+async fn concurrent_requests_are_admitted_exactly_up_to_the_cap(
+    cluster: &Cluster<impl SharedRedis>,
+) {
     cluster.pods[0].wait_for_roomy_window(PAYG.secret, 10).await;
     let total = PAYG.rpm as usize + 30;
     let answers: Vec<(u16, Option<u64>)> = futures::stream::iter(0..total)
@@ -196,10 +219,26 @@ async fn a_retry_after_the_retry_after_of_a_429_succeeds_on_either_pod() {
 
 #[tokio::test]
 async fn input_tokens_per_minute_are_shared_across_pods_and_corrected_to_actual_usage() {
+    let (mock, manifests) = tpm_upstream().await;
+    let cluster = Cluster::start_on(manifests, &[&|b| b, &|b| b]).await;
+    input_tokens_are_shared_and_corrected(&cluster).await;
+    drop(mock);
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_input_tokens_per_minute_are_shared_across_pods_and_corrected_to_actual_usage(
+) {
+    let (mock, manifests) = tpm_upstream().await;
+    let cluster = Cluster::start_on_redis_cluster_with(manifests, 2, |b| b).await;
+    input_tokens_are_shared_and_corrected(&cluster).await;
+    drop(mock);
+}
+
+/// The upstream of the TPM tests: it counts [`ACTUAL_INPUT`] input tokens per turn.
+async fn tpm_upstream() -> (MockUpstream, ManifestDir) {
     // The upstream counts a third of the gateway's estimate. Admission counts the estimate, and
     // settling corrects it to the upstream's count, so the minute holds more turns than the
     // estimates alone would let in.
-    const ACTUAL_INPUT: u64 = 5_000;
     let reply = Reply::text("ok").usage(MockUsage {
         input: ACTUAL_INPUT,
         output: 2,
@@ -207,7 +246,14 @@ async fn input_tokens_per_minute_are_shared_across_pods_and_corrected_to_actual_
     });
     let mock = MockUpstream::serve("127.0.0.1:0", Unscripted::Always(reply), false).await;
     let manifests = ManifestDir::cluster_routed(&[UpstreamDef::anthropic(&mock)]);
-    let cluster = Cluster::start_on(manifests, &[&|b| b, &|b| b]).await;
+    (mock, manifests)
+}
+
+const ACTUAL_INPUT: u64 = 5_000;
+
+/// Six turns of about 15,000 tokens by the gateway's count fit under the enterprise key's
+/// 50,000 TPM because each is corrected to the upstream's 5,000.
+async fn input_tokens_are_shared_and_corrected(cluster: &Cluster<impl SharedRedis>) {
     // Credits are per pod until accounts move to Postgres: fund the enterprise account on each.
     for (i, pod) in cluster.pods.iter().enumerate() {
         let account = pod.account(ENTERPRISE.secret).await;
@@ -227,7 +273,7 @@ async fn input_tokens_per_minute_are_shared_across_pods_and_corrected_to_actual_
     let turns = 6;
     for n in 0..turns {
         let resp = cluster.pod(n).post_messages(ENTERPRISE.secret, &body).await;
-        let reply = expect_ok(&cluster, &format!("15k-token message {n}"), &resp);
+        let reply = expect_ok(cluster, &format!("15k-token message {n}"), &resp);
         assert_eq!(
             reply["usage"]["input_tokens"].as_u64(),
             Some(ACTUAL_INPUT),

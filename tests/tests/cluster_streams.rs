@@ -1,5 +1,6 @@
 //! Cluster mode (`gateway serve`): concurrent streams are counted across pods through leases
-//! in Redis (`rl:{K}:s`), renewed while a stream runs and expiring when its pod dies.
+//! in Redis (`rl:{K}:s`), renewed while a stream runs and expiring when its pod dies; the
+//! `on_a_redis_cluster_` tests check the same on a Redis Cluster (three masters, three replicas).
 //!
 //! The dev key (`key_dev` on every pod, `--dev-top-up-usd 0`, so free: one concurrent stream) has credits
 //! on each pod, so it can stream on either.
@@ -15,7 +16,7 @@ fn long_stream(words_in: usize) -> serde_json::Value {
 }
 
 /// Members of the key's stream-lease set.
-async fn leases(redis: &RedisServer, key_id: &str) -> i64 {
+async fn leases(redis: &impl SharedRedis, key_id: &str) -> i64 {
     redis
         .cmd(&["ZCARD", &format!("rl:{{{key_id}}}:s")])
         .await
@@ -39,7 +40,11 @@ impl OpenStream {
 }
 
 /// Opens a stream and expects it accepted; reads up to its first text delta.
-async fn open_stream(cluster: &Cluster, pod: usize, body: &serde_json::Value) -> OpenStream {
+async fn open_stream(
+    cluster: &Cluster<impl SharedRedis>,
+    pod: usize,
+    body: &serde_json::Value,
+) -> OpenStream {
     let gw = &cluster.pods[pod];
     let stream = gw.stream("/v1/messages", DEV_KEY, body).await;
     if stream.status != 200 {
@@ -57,7 +62,11 @@ async fn open_stream(cluster: &Cluster, pod: usize, body: &serde_json::Value) ->
 }
 
 /// Expects a stream request on `pod` to be a 429 for concurrent streams, nothing free.
-async fn expect_stream_rejected(cluster: &Cluster, pod: usize, body: &serde_json::Value) {
+async fn expect_stream_rejected(
+    cluster: &Cluster<impl SharedRedis>,
+    pod: usize,
+    body: &serde_json::Value,
+) {
     let stream = cluster.pods[pod]
         .stream("/v1/messages", DEV_KEY, body)
         .await;
@@ -76,7 +85,7 @@ async fn expect_stream_rejected(cluster: &Cluster, pod: usize, body: &serde_json
 
 /// Stream slots of `key_id` whose lease has not run out, by Redis' own clock (expired ones stay
 /// in the set until the next admission purges them).
-async fn live_leases(redis: &RedisServer, key_id: &str) -> i64 {
+async fn live_leases(redis: &impl SharedRedis, key_id: &str) -> i64 {
     let now_ms = match redis.cmd(&["TIME"]).await {
         e2e::redis::Reply::Array(parts) => {
             let secs = parts.first().and_then(|p| p.as_i64()).unwrap_or(0);
@@ -100,7 +109,7 @@ async fn live_leases(redis: &RedisServer, key_id: &str) -> i64 {
 /// Waits (watching Redis, not sending requests: every request counts against the key's RPM)
 /// until the key's stream slot is free, then opens a stream on `pod`, which must be admitted.
 async fn admitted_stream_within(
-    cluster: &Cluster,
+    cluster: &Cluster<impl SharedRedis>,
     pod: usize,
     body: &serde_json::Value,
     within: Duration,
@@ -125,24 +134,36 @@ async fn admitted_stream_within(
     stream
 }
 
+/// One stream slot, a lease far longer than the test: a slot that frees was given back, not
+/// timed out.
+fn one_long_lease(b: GatewayBuilder) -> GatewayBuilder {
+    b.dev_top_up_usd("0")
+        .chunk_delay_ms(200)
+        .stream_lease_secs(3_600)
+}
+
 #[tokio::test]
 async fn with_one_stream_allowed_a_second_on_either_pod_gets_429_until_the_first_ends() {
-    // A lease far longer than the test: a slot that frees was given back, not timed out.
-    let cluster = Cluster::start(2, |b| {
-        b.dev_top_up_usd("0")
-            .chunk_delay_ms(200)
-            .stream_lease_secs(3_600)
-    })
-    .await;
+    a_second_stream_waits_for_the_first(&Cluster::start(2, one_long_lease).await).await;
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_with_one_stream_allowed_a_second_on_either_pod_gets_429_until_the_first_ends(
+) {
+    a_second_stream_waits_for_the_first(&Cluster::start_on_redis_cluster(2, one_long_lease).await)
+        .await;
+}
+
+async fn a_second_stream_waits_for_the_first(cluster: &Cluster<impl SharedRedis>) {
     let account = cluster.pods[1].account(DEV_KEY).await;
     assert_eq!(account["key"]["id"], DEV_KEY_ID, "dev key id: {account}");
     cluster.pods[0].wait_for_roomy_window(DEV_KEY, 10).await;
     let body = long_stream(40);
 
-    let first = open_stream(&cluster, 0, &body).await;
+    let first = open_stream(cluster, 0, &body).await;
     assert_eq!(leases(&cluster.redis, DEV_KEY_ID).await, 1);
-    expect_stream_rejected(&cluster, 0, &body).await;
-    expect_stream_rejected(&cluster, 1, &body).await;
+    expect_stream_rejected(cluster, 0, &body).await;
+    expect_stream_rejected(cluster, 1, &body).await;
     for (i, pod) in cluster.pods.iter().enumerate() {
         let rl = pod.get("/v1/models", DEV_KEY).await.rate_limit();
         assert_eq!(rl.remaining_streams, 0, "pod {i} while a stream is open");
@@ -155,7 +176,7 @@ async fn with_one_stream_allowed_a_second_on_either_pod_gets_429_until_the_first
 
     first.finish().await;
     // The lease is given back when the stream settles, right after its last event.
-    let next = admitted_stream_within(&cluster, 1, &body, Duration::from_secs(60)).await;
+    let next = admitted_stream_within(cluster, 1, &body, Duration::from_secs(60)).await;
     next.expect_sse();
     sse::assemble_message_stream(&next.collect().await);
     poll_until(
@@ -171,16 +192,31 @@ async fn with_one_stream_allowed_a_second_on_either_pod_gets_429_until_the_first
     }
 }
 
+const LEASE_SECS: u64 = 2;
+
+/// One stream slot, short leases, slow chunks: a stream outlives several leases.
+fn short_leases(b: GatewayBuilder) -> GatewayBuilder {
+    b.dev_top_up_usd("0")
+        .chunk_delay_ms(500)
+        .stream_lease_secs(LEASE_SECS)
+}
+
 #[tokio::test]
 async fn a_stream_keeps_its_slot_past_the_lease_and_its_slot_frees_when_the_lease_runs_out_after_its_pod_is_killed(
 ) {
-    const LEASE_SECS: u64 = 2;
-    let mut cluster = Cluster::start(2, |b| {
-        b.dev_top_up_usd("0")
-            .chunk_delay_ms(500)
-            .stream_lease_secs(LEASE_SECS)
-    })
+    leases_are_renewed_and_expire_with_their_pod(Cluster::start(2, short_leases).await).await;
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_a_stream_keeps_its_slot_past_the_lease_and_its_slot_frees_when_the_lease_runs_out_after_its_pod_is_killed(
+) {
+    leases_are_renewed_and_expire_with_their_pod(
+        Cluster::start_on_redis_cluster(2, short_leases).await,
+    )
     .await;
+}
+
+async fn leases_are_renewed_and_expire_with_their_pod(mut cluster: Cluster<impl SharedRedis>) {
     cluster.pods[0].wait_for_roomy_window(DEV_KEY, 15).await;
     // About 20 text deltas 500 ms apart: the stream runs about 10 s, five leases.
     let body = long_stream(70);

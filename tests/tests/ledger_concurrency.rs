@@ -2,19 +2,23 @@
 //! 50 never overdraw, and every credit a client was told it consumed is exactly one ledger
 //! debit and one credit off the balance, with one gateway process and with two; and turns of
 //! many accounts at once (which the gateway writes in shared statements) each bill only their
-//! own account.
+//! own account. The `through_pgbouncer_` tests run the same with the pods behind PgBouncer in
+//! transaction pooling mode (`--database-pooler transaction`).
 
-use e2e::{message, Cluster, Gateway, KeySpec, PostgresServer};
+use e2e::books::{assert_books_balance, tally};
+use e2e::{message, Cluster, Gateway, GatewayBuilder, KeySpec, PgBouncer, PostgresServer};
 use futures::future::join_all;
 
 const TURNS: usize = 200;
 const FUNDED_TURNS: u64 = 50;
+/// The refusal these turns may meet besides a 503: the balance ran out.
+const INSUFFICIENT: &[(u16, &str)] = &[(402, "insufficient_quota")];
 
 /// Roomy Redis and database timeouts: the race is about credits, and 200 turns queueing on
 /// one account row on a busy test machine may take longer than the default bounds.
-async fn cluster(pods: usize, pg: &PostgresServer) -> Cluster {
+async fn cluster(pods: usize, database: impl Fn(GatewayBuilder) -> GatewayBuilder) -> Cluster {
     Cluster::start(pods, |b| {
-        b.database(&pg.url())
+        database(b)
             .redis_timeout_ms(5_000)
             .arg("--database-timeout-ms")
             .arg("15000")
@@ -45,7 +49,7 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
     let key = gw.new_key(start, &KeySpec::tier("enterprise")).await;
     let answers =
         join_all((0..TURNS).map(|i| pods[i % pods.len()].post_messages(&key.secret, &body))).await;
-    let (accepted, consumed) = tally(&answers);
+    let (accepted, consumed) = tally(&answers, INSUFFICIENT);
     let refused: Vec<String> = answers
         .iter()
         .filter(|r| r.status != 200)
@@ -64,96 +68,48 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
     assert_books_balance(gw, pg, &key.account_id, start, accepted, consumed).await;
 }
 
-/// Tallies answers to one account's turns: (accepted, credits the clients were told).
-fn tally<'a>(answers: impl IntoIterator<Item = &'a e2e::Resp>) -> (u64, u64) {
-    let (mut accepted, mut consumed) = (0, 0);
-    for resp in answers {
-        if resp.status == 200 {
-            accepted += 1;
-            consumed += resp.json()["usage"]["credits_consumed"]
-                .as_u64()
-                .expect("credits_consumed");
-        } else if resp.status == 503 {
-            // A loaded machine may still run a call past its bound: refused, billed nothing
-            // (the books must balance all the same).
-            resp.expect_error(503, "api_error");
-        } else {
-            resp.expect_error(402, "insufficient_quota");
-        }
-    }
-    (accepted, consumed)
-}
-
-/// The account started at `start`; what its clients were told they consumed is the balance
-/// decrease and the ledger's debits, one completed row per accepted turn, nothing held.
-async fn assert_books_balance(
-    gw: &Gateway,
-    pg: &PostgresServer,
-    id: &str,
-    start: u64,
-    accepted: u64,
-    consumed: u64,
-) {
-    let account = gw.wait_settled(id).await;
-    let balance = account["balance"].as_i64().expect("balance");
-    let debits = pg
-        .query_i64(&format!(
-            "SELECT coalesce(sum(billed), 0) FROM messages WHERE account_id = '{id}'"
-        ))
-        .await;
-    let billed_turns = pg
-        .query_i64(&format!(
-            "SELECT count(*) FROM messages WHERE account_id = '{id}' AND status = 'completed'"
-        ))
-        .await;
-    let stored = pg
-        .query(&format!(
-            "SELECT balance, reserved FROM accounts WHERE id = '{id}'"
-        ))
-        .await;
-    assert!(balance >= 0, "balance went negative: {account}");
-    assert_eq!(
-        consumed as i64,
-        start as i64 - balance,
-        "{id}: clients' credits_consumed vs the balance decrease"
-    );
-    assert_eq!(
-        consumed as i64, debits,
-        "{id}: clients' credits_consumed vs the ledger's debits"
-    );
-    assert_eq!(
-        accepted as i64, billed_turns,
-        "{id}: accepted turns vs completed ledger rows"
-    );
-    assert_eq!(
-        stored,
-        format!("{balance}|0"),
-        "{id}: the stored balance holds nothing reserved"
-    );
-}
-
 #[tokio::test]
 async fn two_hundred_concurrent_turns_on_a_balance_for_fifty_never_overdraw_and_balance_the_books()
 {
     let pg = PostgresServer::start().await;
-    let cluster = cluster(1, &pg).await;
+    let cluster = cluster(1, |b| b.database(&pg.url())).await;
     two_hundred_turns_against_fifty(&cluster.pods, &pg).await;
 }
 
 #[tokio::test]
 async fn the_books_balance_across_two_gateway_processes_sharing_the_account() {
     let pg = PostgresServer::start().await;
-    let cluster = cluster(2, &pg).await;
+    let cluster = cluster(2, |b| b.database(&pg.url())).await;
+    two_hundred_turns_against_fifty(&cluster.pods, &pg).await;
+}
+
+#[tokio::test]
+async fn through_pgbouncer_the_books_balance_across_two_gateway_processes_sharing_the_account() {
+    let pg = PostgresServer::start().await;
+    let bouncer = PgBouncer::start(&pg).await;
+    let cluster = cluster(2, |b| b.database_through_pooler(&bouncer.url())).await;
     two_hundred_turns_against_fifty(&cluster.pods, &pg).await;
 }
 
 #[tokio::test]
 async fn turns_of_many_accounts_at_once_each_bill_only_their_own_account() {
+    let pg = PostgresServer::start().await;
+    let cluster = cluster(1, |b| b.database(&pg.url())).await;
+    each_account_bills_only_its_own(&cluster.pods[0], &pg).await;
+}
+
+#[tokio::test]
+async fn through_pgbouncer_turns_of_many_accounts_at_once_each_bill_only_their_own_account() {
+    let pg = PostgresServer::start().await;
+    let bouncer = PgBouncer::start(&pg).await;
+    let cluster = cluster(1, |b| b.database_through_pooler(&bouncer.url())).await;
+    each_account_bills_only_its_own(&cluster.pods[0], &pg).await;
+}
+
+/// 20 accounts funded for none, some or all of their 10 turns each, all at once.
+async fn each_account_bills_only_its_own(gw: &Gateway, pg: &PostgresServer) {
     const ACCOUNTS: usize = 20;
     const TURNS_EACH: usize = 10;
-    let pg = PostgresServer::start().await;
-    let cluster = cluster(1, &pg).await;
-    let gw = &cluster.pods[0];
     let body = message("svc/haiku", "count to three", 64);
     let reservation = one_reservation(gw, &body).await;
 
@@ -168,10 +124,10 @@ async fn turns_of_many_accounts_at_once_each_bill_only_their_own_account() {
     )
     .await;
     for (i, (key, start)) in keys.iter().enumerate() {
-        let (accepted, consumed) = tally(answers.iter().skip(i).step_by(ACCOUNTS));
+        let (accepted, consumed) = tally(answers.iter().skip(i).step_by(ACCOUNTS), INSUFFICIENT);
         if *start == 0 {
             assert_eq!(accepted, 0, "an account with no credits had turns accepted");
         }
-        assert_books_balance(gw, &pg, &key.account_id, *start, accepted, consumed).await;
+        assert_books_balance(gw, pg, &key.account_id, *start, accepted, consumed).await;
     }
 }

@@ -3,27 +3,39 @@
 //! a key seen before; once Postgres is back the gateway recovers by itself. Turns that the
 //! pod's allotment for the account covers are served through the outage; as their bills
 //! cannot be recorded, their clients are told they cost nothing, and their rows say
-//! `unbilled` once Postgres is back.
+//! `unbilled` once Postgres is back. The `through_pgbouncer_` tests stop the Postgres behind a
+//! PgBouncer in transaction pooling mode: the pods' connections to the pooler stay up, their
+//! statements wait in its queue, and the same database timeout applies.
 
 use std::time::{Duration, Instant};
 
-use e2e::{count_body, message, poll_until, Cluster, KeySpec, PostgresServer};
+use e2e::{
+    count_body, message, poll_until, Cluster, GatewayBuilder, KeySpec, PgBouncer, PostgresServer,
+};
 use gateway::db::{Database, DbError};
 
 /// One pod whose database calls give up after a second.
-async fn one_pod(pg: &PostgresServer) -> Cluster {
-    Cluster::start(1, |b| {
-        b.database(&pg.url())
-            .arg("--database-timeout-ms")
-            .arg("1000")
-    })
-    .await
+async fn one_pod(database: impl Fn(GatewayBuilder) -> GatewayBuilder) -> Cluster {
+    Cluster::start(1, |b| database(b).arg("--database-timeout-ms").arg("1000")).await
 }
 
 #[tokio::test]
 async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_after() {
     let mut pg = PostgresServer::start().await;
-    let cluster = one_pod(&pg).await;
+    let cluster = one_pod(|b| b.database(&pg.url())).await;
+    turns_get_503_until_postgres_returns(&cluster, &mut pg).await;
+}
+
+#[tokio::test]
+async fn through_pgbouncer_turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_after(
+) {
+    let mut pg = PostgresServer::start().await;
+    let bouncer = PgBouncer::start(&pg).await;
+    let cluster = one_pod(|b| b.database_through_pooler(&bouncer.url())).await;
+    turns_get_503_until_postgres_returns(&cluster, &mut pg).await;
+}
+
+async fn turns_get_503_until_postgres_returns(cluster: &Cluster, pg: &mut PostgresServer) {
     let gw = &cluster.pods[0];
     let key = gw.new_key(5_000_000, &KeySpec::tier("enterprise")).await;
     let body = message("svc/haiku", "hello", 32);
@@ -62,7 +74,20 @@ async fn turns_get_503_within_the_timeout_while_postgres_is_down_and_recover_aft
 #[tokio::test]
 async fn turns_the_allotment_covers_are_served_through_an_outage_told_free_and_written_unbilled() {
     let mut pg = PostgresServer::start().await;
-    let cluster = one_pod(&pg).await;
+    let cluster = one_pod(|b| b.database(&pg.url())).await;
+    allotted_turns_are_served_through_an_outage(&cluster, &mut pg).await;
+}
+
+#[tokio::test]
+async fn through_pgbouncer_turns_the_allotment_covers_are_served_through_an_outage_told_free_and_written_unbilled(
+) {
+    let mut pg = PostgresServer::start().await;
+    let bouncer = PgBouncer::start(&pg).await;
+    let cluster = one_pod(|b| b.database_through_pooler(&bouncer.url())).await;
+    allotted_turns_are_served_through_an_outage(&cluster, &mut pg).await;
+}
+
+async fn allotted_turns_are_served_through_an_outage(cluster: &Cluster, pg: &mut PostgresServer) {
     let gw = &cluster.pods[0];
     let start = 5_000_000;
     let key = gw.new_key(start, &KeySpec::tier("enterprise")).await;

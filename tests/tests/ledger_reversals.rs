@@ -2,14 +2,16 @@
 //! Postgres with two ledgers standing for two pods): a reversal never takes a balance below
 //! zero (what it cannot take is owed, and the next top-up pays it first), a refund total or a
 //! dispute stage moves money once however often and wherever it is applied, and lifetime
-//! top-up counts net of what was taken back.
+//! top-up counts net of what was taken back. The Postgres ledgers also run through PgBouncer in
+//! transaction pooling mode (`--database-pooler transaction`), whose reversals are explicit
+//! transactions of unnamed statements.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e::PostgresServer;
+use e2e::{PgBouncer, PostgresServer};
 use gateway::accounts::{Accounts, PostgresAccounts};
-use gateway::db::Database;
+use gateway::db::{Database, Pooler};
 use gateway::ledger::{
     DisputeStage, Ledger, LedgerError, MemoryLedger, MessageRecord, MessageStatus, NewReservation,
     NewTopUp, PostgresLedger, ReversalKind, Settlement,
@@ -23,7 +25,7 @@ const PER_CENT: u64 = 1_000;
 struct Books {
     ledgers: Vec<Arc<dyn Ledger>>,
     account_id: String,
-    _pg: Option<PostgresServer>,
+    _pg: Option<(PostgresServer, Option<PgBouncer>)>,
 }
 
 impl Books {
@@ -31,6 +33,23 @@ impl Books {
         let pg = PostgresServer::start().await;
         let db = Database::connect(&pg.url(), 4, Duration::from_secs(5)).expect("url");
         db.migrate().await.expect("migrate");
+        Self::on(db, pg, None).await
+    }
+
+    async fn postgres_through_pgbouncer() -> Books {
+        let pg = PostgresServer::start().await;
+        let bouncer = PgBouncer::start(&pg).await;
+        let db = Database::connect_through(
+            &bouncer.url(),
+            4,
+            Duration::from_secs(5),
+            Pooler::Transaction,
+        )
+        .expect("url");
+        Self::on(db, pg, Some(bouncer)).await
+    }
+
+    async fn on(db: Database, pg: PostgresServer, bouncer: Option<PgBouncer>) -> Books {
         let account = PostgresAccounts::new(db.clone())
             .create_account("reversals")
             .await
@@ -44,7 +63,7 @@ impl Books {
         Books {
             ledgers,
             account_id: account.id,
-            _pg: Some(pg),
+            _pg: Some((pg, bouncer)),
         }
     }
 
@@ -244,6 +263,14 @@ macro_rules! on_both_ledgers {
                 #[tokio::test]
                 async fn $name() {
                     super::$name(super::Books::postgres().await).await;
+                }
+            )*
+        }
+        mod postgres_through_pgbouncer {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Books::postgres_through_pgbouncer().await).await;
                 }
             )*
         }

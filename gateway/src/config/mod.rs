@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use crds::config::SCOPES;
 
+use crate::db::Pooler;
 use crate::limits::OutagePolicy;
 use crate::responses_store::ResponsesStoreArgs;
 use crate::telemetry::LogFormat;
@@ -74,6 +75,11 @@ pub struct DatabaseArgs {
     /// Connections per process.
     #[arg(long, env = "GATEWAY_DATABASE_POOL_SIZE", default_value_t = 16)]
     pub database_pool_size: u32,
+    /// What listens at the database URL: `none` (Postgres itself, or a pooler in session
+    /// mode) or `transaction` (PgBouncer with `pool_mode = transaction`: each statement runs
+    /// in a transaction of its own, unnamed; migrations are refused, run them directly).
+    #[arg(long, env = "GATEWAY_DATABASE_POOLER", value_enum, default_value_t = Pooler::None)]
+    pub database_pooler: Pooler,
 }
 
 #[derive(Debug, Subcommand)]
@@ -190,6 +196,11 @@ pub struct ServeArgs {
     /// Database connections per process.
     #[arg(long, env = "GATEWAY_DATABASE_POOL_SIZE", default_value_t = 16)]
     pub database_pool_size: u32,
+    /// What listens at the database URL: `none` (Postgres itself, or a pooler in session
+    /// mode) or `transaction` (PgBouncer with `pool_mode = transaction`: each statement runs
+    /// in a transaction of its own, unnamed; migrations are refused, run them directly).
+    #[arg(long, env = "GATEWAY_DATABASE_POOLER", value_enum, default_value_t = Pooler::None)]
+    pub database_pooler: Pooler,
     /// Apply the database migrations at start.
     #[arg(long, env = "GATEWAY_MIGRATE")]
     pub migrate: bool,

@@ -1,6 +1,9 @@
 //! The Postgres connection of cluster mode: one pool shared by the accounts store and the
-//! ledger, the migrations embedded in the binary, and the bound on every call, so that an
-//! unreachable or stalled Postgres turns into a quick `Unavailable` rather than a hang.
+//! ledger (directly or through a transaction pooler, see [`pool`]), the migrations embedded in
+//! the binary, and the bound on every call, so that an unreachable or stalled Postgres turns
+//! into a quick `Unavailable` rather than a hang.
+
+mod pool;
 
 use std::future::Future;
 use std::str::FromStr;
@@ -8,10 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use thiserror::Error;
 
 use crate::telemetry::metrics;
+
+pub use pool::{DbPool, Pooler};
 
 #[derive(Debug, Error)]
 pub enum DbError {
@@ -23,6 +28,8 @@ pub enum DbError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database unreachable: a call failed {0:?} ago")]
     Failing(Duration),
+    #[error("migrations need a direct connection: a transaction pooler cannot hold their lock; run `gateway migrate` against Postgres itself")]
+    MigrateThroughPooler,
 }
 
 impl DbError {
@@ -53,7 +60,7 @@ impl DbError {
 
 #[derive(Clone)]
 pub struct Database {
-    pool: PgPool,
+    pool: DbPool,
     timeout: Duration,
     /// When a call last found Postgres unreachable (none since a call succeeded).
     failed_at: Arc<Mutex<Option<Instant>>>,
@@ -63,29 +70,48 @@ impl Database {
     /// A pool to `url` (`postgres://user:password@host:port/db`); connections are opened on
     /// demand, so a gateway starts (and recovers) while Postgres is away.
     pub fn connect(url: &str, pool_size: u32, timeout: Duration) -> Result<Self, DbError> {
-        let options = PgConnectOptions::from_str(url)?
-            .application_name("gateway")
-            .options([(
+        Self::connect_through(url, pool_size, timeout, Pooler::None)
+    }
+
+    /// [`Database::connect`] to `url` through `pooler` (what listens at `url`).
+    pub fn connect_through(
+        url: &str,
+        pool_size: u32,
+        timeout: Duration,
+        pooler: Pooler,
+    ) -> Result<Self, DbError> {
+        let options = PgConnectOptions::from_str(url)?.application_name("gateway");
+        let options = match pooler {
+            Pooler::None => options.options([(
                 "statement_timeout",
                 format!("{}ms", timeout.as_millis().max(1)),
-            )]);
+            )]),
+            // PgBouncer refuses startup parameters it does not track; the timeout is set per
+            // transaction instead (see `pool`).
+            Pooler::Transaction => options.extra_float_digits(None),
+        };
         let pool = PgPoolOptions::new()
             .max_connections(pool_size.max(1))
             .acquire_timeout(timeout)
             .connect_lazy_with(options);
         Ok(Self {
-            pool,
+            pool: DbPool::new(pool, pooler, timeout),
             timeout,
             failed_at: Arc::default(),
         })
     }
 
+    /// Applies the embedded migrations; refused through a transaction pooler, since the
+    /// migrator holds a session lock across transactions.
     pub async fn migrate(&self) -> Result<(), DbError> {
-        sqlx::migrate!("./migrations").run(&self.pool).await?;
+        if self.pool.through_transaction_pooler() {
+            return Err(DbError::MigrateThroughPooler);
+        }
+        sqlx::migrate!("./migrations").run(self.pool.raw()).await?;
         Ok(())
     }
 
-    pub fn pool(&self) -> &PgPool {
+    pub fn pool(&self) -> &DbPool {
         &self.pool
     }
 

@@ -158,11 +158,16 @@ impl RedisLimiter {
         lease: Duration,
     ) -> Result<Self, LimitError> {
         let config = Config::from_url(url).map_err(unavailable)?;
+        // One write per command, so a script whose answer was lost is not run twice; on a
+        // Redis Cluster a second, since fred counts following a MOVED or ASK redirection (the
+        // first write ran nothing) as an attempt, and with one a failover's redirections would
+        // all fail.
+        let attempts = if config.server.is_clustered() { 2 } else { 1 };
         let client = Builder::from_config(config)
             .with_connection_config(|c| {
                 c.connection_timeout = timeout;
                 c.internal_command_timeout = timeout;
-                c.max_command_attempts = 1;
+                c.max_command_attempts = attempts;
             })
             .with_performance_config(|p| p.default_command_timeout = timeout)
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))

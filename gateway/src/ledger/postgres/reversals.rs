@@ -1,15 +1,17 @@
 //! Refunds and disputes in Postgres: each runs in one transaction that locks the top-up's row
 //! first, so that pods applying the same Stripe event at once queue on it and the second finds
 //! the movement done (a refund total already reached, a dispute already in that state).
+//! Their statements are unnamed (`persistent(false)`), so they also work through a transaction
+//! pooler, which may give the next transaction another server (see `db::pool`).
 
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{Postgres, Row, Transaction};
 
 use super::super::reversal::{
     dispute_step, give, share, take, DisputeStatus, Movement, Reversal, ReversalKind,
 };
 use super::super::{DisputeStage, LedgerError};
-use crate::db::{from_db, to_db};
+use crate::db::{from_db, to_db, DbPool};
 
 type Outcome = Result<Option<Reversal>, LedgerError>;
 
@@ -30,6 +32,7 @@ async fn lock_top_up(
          FROM top_ups WHERE payment_id = $1 AND status = 'confirmed' FOR UPDATE",
     )
     .bind(payment_id)
+    .persistent(false)
     .fetch_optional(&mut **tx)
     .await?;
     row.map(|row| {
@@ -57,6 +60,7 @@ async fn reverse(
         "SELECT balance, reserved, owed_credits FROM accounts WHERE id = $1 FOR UPDATE",
     )
     .bind(&paid.account_id)
+    .persistent(false)
     .fetch_one(&mut **tx)
     .await?;
     let balance = from_db(account.try_get("balance")?);
@@ -89,6 +93,7 @@ async fn reverse(
         .bind(to_db(moved))
         .bind(to_db(owed_part))
         .bind(to_db(usd_cents))
+        .persistent(false)
         .execute(&mut **tx)
         .await?;
     let row = sqlx::query(
@@ -103,13 +108,14 @@ async fn reverse(
     .bind(to_db(usd_cents))
     .bind(to_db(moved))
     .bind(to_db(owed_part))
+    .persistent(false)
     .fetch_one(&mut **tx)
     .await?;
     reversal_of(&row)
 }
 
 pub async fn refund(
-    pool: &PgPool,
+    pool: &DbPool,
     payment_id: &str,
     refunded_cents: u64,
 ) -> Result<Outcome, sqlx::Error> {
@@ -127,6 +133,7 @@ pub async fn refund(
     sqlx::query("UPDATE top_ups SET refunded_cents = $2 WHERE reference = $1")
         .bind(&paid.reference)
         .bind(to_db(total))
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
@@ -140,7 +147,7 @@ pub struct Dispute<'a> {
     pub stage: DisputeStage,
 }
 
-pub async fn dispute(pool: &PgPool, d: Dispute<'_>) -> Result<Outcome, sqlx::Error> {
+pub async fn dispute(pool: &DbPool, d: Dispute<'_>) -> Result<Outcome, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let Some(paid) = lock_top_up(&mut tx, d.payment_id).await? else {
         return Ok(Err(LedgerError::UnknownPayment(d.payment_id.to_owned())));
@@ -148,6 +155,7 @@ pub async fn dispute(pool: &PgPool, d: Dispute<'_>) -> Result<Outcome, sqlx::Err
     let known: Option<String> =
         sqlx::query_scalar("SELECT status FROM payment_disputes WHERE id = $1")
             .bind(d.id)
+            .persistent(false)
             .fetch_optional(&mut *tx)
             .await?;
     let known = known.as_deref().and_then(DisputeStatus::parse);
@@ -173,13 +181,14 @@ pub async fn dispute(pool: &PgPool, d: Dispute<'_>) -> Result<Outcome, sqlx::Err
     .bind(d.id)
     .bind(&paid.reference)
     .bind(status.as_str())
+    .persistent(false)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(Ok(reversal))
 }
 
-pub async fn of_account(pool: &PgPool, account_id: &str) -> Result<Vec<Reversal>, sqlx::Error> {
+pub async fn of_account(pool: &DbPool, account_id: &str) -> Result<Vec<Reversal>, sqlx::Error> {
     sqlx::query("SELECT * FROM payment_reversals WHERE account_id = $1 ORDER BY created_at DESC")
         .bind(account_id)
         .fetch_all(pool)

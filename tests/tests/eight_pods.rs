@@ -1,0 +1,302 @@
+//! Past one machine's worth of pods: eight `serve` pods sharing one Redis Cluster (three
+//! masters, three replicas) and one Postgres behind PgBouncer in transaction pooling mode.
+//!
+//! 2,000 turns are sent at once from 50 keys (40 each): 40 pay-as-you-go keys (60 RPM, so
+//! all their turns fit) and 10 free keys (5 RPM, so the cap bites). Clients spread them over
+//! the live pods and, like a load balancer, try the next pod when one refuses the connection.
+//! While they run, the pods are replaced two at a time (a rolling update whose new pods were
+//! started and ready beforehand): two new pods join the rotation, two old ones leave it and
+//! get SIGTERM, which lets their turns in flight finish. Then:
+//! - every account's books balance to the credit (what its clients were told they consumed is
+//!   the balance decrease and the ledger's debits, one completed row per 200, nothing held),
+//!   so the restart lost and double-billed nothing;
+//! - every key's RPM cap held across all pods: a free key had exactly 5 turns admitted, and
+//!   the shared window counts exactly 5; a pay-as-you-go key had all 40;
+//! - every answer is 200, a 429 naming requests per minute, or a 503 in the envelope;
+//! - Postgres saw no more connections than PgBouncer's pool (20), for 16 pods of 16 each.
+//!
+//! The test prints how the answers and the restart interleaved.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use e2e::books::{assert_books_balance, tally};
+use e2e::*;
+use futures::StreamExt;
+
+const PODS: usize = 8;
+const PAYG_KEYS: usize = 40;
+const FREE_KEYS: usize = 10;
+const KEYS: usize = PAYG_KEYS + FREE_KEYS;
+const TURNS_PER_KEY: usize = 40;
+const TURNS: usize = KEYS * TURNS_PER_KEY;
+/// Pods replaced at a time.
+const SURGE: usize = 2;
+/// The restart replaces two pods each time this many more answers are in: mid-burst.
+const RESTART_AFTER: usize = 250;
+/// The whole run (restart included) must fit in one rate-limit window for the caps to be
+/// exact: it starts with at least this many seconds left in the minute.
+const WINDOW_MARGIN_SECS: u64 = 50;
+const FREE_RPM: u64 = 5;
+const PAYG_CREDITS: u64 = 2_000_000;
+const FREE_CREDITS: u64 = 500_000;
+
+fn pod(b: GatewayBuilder, pooler_url: &str) -> GatewayBuilder {
+    // Roomy bounds: eight debug builds share two cores with their Redis and Postgres.
+    b.database_through_pooler(pooler_url)
+        .arg("--database-timeout-ms")
+        .arg("20000")
+        .redis_timeout_ms(5_000)
+        // Turns that last, so a pod told to stop has turns in flight to finish.
+        .chunk_delay_ms(100)
+}
+
+/// The pods' API addresses in rotation, as a load balancer's endpoints.
+struct Rotation {
+    live: Mutex<Vec<String>>,
+    answered: AtomicUsize,
+    /// Connections refused by a pod that had just left (tried again on the next pod).
+    refused_connections: AtomicUsize,
+}
+
+impl Rotation {
+    fn pick(&self, n: usize) -> String {
+        let live = self.live.lock().unwrap();
+        live[n % live.len()].clone()
+    }
+
+    /// Sends one turn, moving to the next pod while connections are refused.
+    async fn turn(&self, http: &reqwest::Client, t: usize, key: &str) -> Resp {
+        let body = message("svc/haiku", "count to three", 16);
+        for attempt in 0..(PODS * 4) {
+            let api = self.pick(t + attempt);
+            match http
+                .post(format!("{api}/v1/messages"))
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+            {
+                Ok(response) => {
+                    let resp = Resp::read(response).await;
+                    self.answered.fetch_add(1, Ordering::SeqCst);
+                    return resp;
+                }
+                // Never reached a pod: nothing ran, so sending it elsewhere is safe.
+                Err(e) if e.is_connect() => {
+                    self.refused_connections.fetch_add(1, Ordering::SeqCst);
+                }
+                // Sent, answer lost: that is what a restart must never do.
+                Err(e) => panic!("turn {t} on {api}: the answer was lost: {e}"),
+            }
+        }
+        panic!("turn {t}: every pod refused the connection");
+    }
+}
+
+#[tokio::test]
+async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_caps_exact_through_a_rolling_restart(
+) {
+    let pg = PostgresServer::start().await;
+    let bouncer = PgBouncer::start(&pg).await;
+    let pooler_url = bouncer.url();
+    let configure = |b: GatewayBuilder| pod(b, &pooler_url);
+    let configure: &dyn Fn(GatewayBuilder) -> GatewayBuilder = &configure;
+    let mut cluster = Cluster::start_with_redis(
+        RedisCluster::start().await,
+        ManifestDir::cluster(),
+        &[configure; PODS],
+    )
+    .await;
+
+    // (key, account id, starting balance, free?)
+    let mut keys = Vec::new();
+    for i in 0..KEYS {
+        let free = i >= PAYG_KEYS;
+        let (credits, tier) = if free {
+            (FREE_CREDITS, "free")
+        } else {
+            (PAYG_CREDITS, "pay_as_you_go")
+        };
+        let gw = cluster.pod(i);
+        let key = gw.new_key(credits, &KeySpec::tier(tier)).await;
+        let start = gw.admin_account(&key.account_id).await["balance"]
+            .as_u64()
+            .expect("balance");
+        keys.push((key, start, free));
+    }
+    // The new pods of the rolling update, started and ready before it begins (as with a surge
+    // of new pods that must be Ready before an old one is stopped).
+    let mut spares =
+        futures::future::join_all((0..PODS).map(|_| configure(cluster.pod_builder()).start()))
+            .await;
+    let window = wait_for_roomy_minute(&cluster.redis).await;
+
+    let rotation = Rotation {
+        live: Mutex::new(cluster.pods.iter().map(|p| p.api.clone()).collect()),
+        answered: AtomicUsize::new(0),
+        refused_connections: AtomicUsize::new(0),
+    };
+    // No kept-alive connections: a connection to a pod is made per turn, as from many clients.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("http client");
+    let started = Instant::now();
+    let mut timeline: Vec<String> = Vec::new();
+    let mut retired: Vec<Gateway> = Vec::new();
+    let load = futures::stream::iter(0..TURNS)
+        .map(|t| {
+            let (key, _, _) = &keys[t % KEYS];
+            let (rotation, http) = (&rotation, &http);
+            async move { (t % KEYS, rotation.turn(http, t, &key.secret).await) }
+        })
+        .buffer_unordered(TURNS)
+        .collect::<Vec<_>>();
+    let restart = async {
+        for (step, first) in (0..PODS).step_by(SURGE).enumerate() {
+            let after = RESTART_AFTER * (step + 1);
+            poll_until(
+                &format!("{after} answers before restart step {step}"),
+                Duration::from_secs(120),
+                Duration::from_millis(10),
+                || async { (rotation.answered.load(Ordering::SeqCst) >= after).then_some(()) },
+            )
+            .await;
+            for i in first..first + SURGE {
+                let new = spares.pop().expect("a replacement pod");
+                let old = std::mem::replace(&mut cluster.pods[i], new);
+                {
+                    let mut live = rotation.live.lock().unwrap();
+                    live.retain(|api| *api != old.api);
+                    live.push(cluster.pods[i].api.clone());
+                }
+                old.send_sigterm();
+                timeline.push(format!(
+                    "{:>6.1?}: pod {i} replaced (SIGTERM) with {} answers in",
+                    started.elapsed(),
+                    rotation.answered.load(Ordering::SeqCst)
+                ));
+                retired.push(old);
+            }
+        }
+        for old in &mut retired {
+            let status = old.wait_exit(Duration::from_secs(120)).await;
+            assert!(
+                status.success(),
+                "a SIGTERMed pod exited {status:?}\n{}",
+                old.logs()
+            );
+        }
+        timeline.push(format!(
+            "{:>6.1?}: every replaced pod exited (0) with {} answers in",
+            started.elapsed(),
+            rotation.answered.load(Ordering::SeqCst)
+        ));
+    };
+    let (answers, ()) = tokio::join!(load, restart);
+    timeline.push(format!(
+        "{:>6.1?}: all {TURNS} answered; {} connections refused by leaving pods and sent elsewhere",
+        started.elapsed(),
+        rotation.refused_connections.load(Ordering::SeqCst)
+    ));
+
+    // What the clients saw.
+    let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+    for (_, resp) in &answers {
+        *by_status.entry(resp.status).or_default() += 1;
+    }
+    eprintln!("{}\nanswers by status: {by_status:?}", timeline.join("\n"));
+    assert_eq!(
+        minute(&cluster.redis).await.0,
+        window,
+        "the run outlasted its rate-limit window, so the caps cannot be checked in one window"
+    );
+
+    // Sixteen pods came and went, each with a pool of up to 16 connections to PgBouncer;
+    // Postgres saw at most PgBouncer's pool (and this query's own connection).
+    let backends = pg
+        .query_i64("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+        .await;
+    eprintln!(
+        "Postgres client backends after the run: {backends} (PgBouncer pool {})",
+        e2e::pgbouncer::POOL_SIZE
+    );
+    assert!(
+        backends <= i64::from(e2e::pgbouncer::POOL_SIZE) + 1,
+        "{backends} Postgres backends behind a PgBouncer pool of {}",
+        e2e::pgbouncer::POOL_SIZE
+    );
+
+    let mut per_key: Vec<Vec<&Resp>> = vec![Vec::new(); KEYS];
+    for (k, resp) in &answers {
+        per_key[*k].push(resp);
+    }
+    for (k, (key, start, free)) in keys.iter().enumerate() {
+        let (accepted, consumed) = tally(per_key[k].iter().copied(), &[(429, "rate_limit_error")]);
+        for resp in per_key[k].iter().filter(|r| r.status == 429) {
+            resp.expect_rate_limited("requests per minute");
+        }
+        let refused = per_key[k].iter().filter(|r| r.status == 503).count() as u64;
+        if *free {
+            assert!(
+                accepted <= FREE_RPM && accepted + refused >= FREE_RPM,
+                "free key {k}: {accepted} admitted, {refused} refused with 503, cap {FREE_RPM}"
+            );
+            let window = cluster
+                .redis
+                .cmd(&["HGET", &format!("rl:{{{}}}:w", key.id), "req"])
+                .await
+                .as_i64();
+            assert_eq!(
+                window,
+                Some(FREE_RPM as i64),
+                "free key {k}: the shared window"
+            );
+        } else {
+            assert_eq!(
+                accepted + refused,
+                TURNS_PER_KEY as u64,
+                "pay-as-you-go key {k}: under its cap every turn is admitted (or refused with 503)"
+            );
+        }
+        assert_books_balance(
+            &cluster.pods[0],
+            &pg,
+            &key.account_id,
+            *start,
+            accepted,
+            consumed,
+        )
+        .await;
+    }
+}
+
+/// The current rate-limit window by Redis' clock (the minute number) and its seconds left.
+async fn minute(redis: &RedisCluster) -> (i64, u64) {
+    let secs = match redis.cmd(&["TIME"]).await {
+        e2e::redis::Reply::Array(parts) => parts.first().and_then(|p| p.as_i64()),
+        _ => None,
+    }
+    .expect("TIME answers seconds");
+    (secs / 60, 60 - (secs % 60) as u64)
+}
+
+/// Waits (if need be) for a minute with at least [`WINDOW_MARGIN_SECS`] left; returns it.
+async fn wait_for_roomy_minute(redis: &RedisCluster) -> i64 {
+    let (window, left) = minute(redis).await;
+    if left >= WINDOW_MARGIN_SECS {
+        return window;
+    }
+    poll_until(
+        "the next minute",
+        Duration::from_secs(70),
+        Duration::from_millis(100),
+        || async { Some(minute(redis).await).filter(|(w, _)| *w > window) },
+    )
+    .await
+    .0
+}
