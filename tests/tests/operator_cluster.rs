@@ -325,10 +325,21 @@ async fn the_api_server_refuses_duplicate_upstreams_hand_granted_tiers_and_made_
         "{stderr}"
     );
 
-    // Optional fields keep their subfields in the published schema.
-    let explain = api.kubectl(&["explain", "modelroutes.spec.pricing"]);
-    let explain = String::from_utf8_lossy(&explain.stdout);
-    assert!(explain.contains("inputUsdPerMTok"), "{explain}");
+    // Optional fields keep their subfields in the published schema. The API server publishes
+    // a CRD's schema to its OpenAPI document a while after the CRD is established (longer on
+    // a loaded machine), so `kubectl explain` is asked until it knows the kind.
+    poll_until(
+        "kubectl explain showing pricing's subfields",
+        Duration::from_secs(60),
+        POLL,
+        || async {
+            let explain = api.kubectl(&["explain", "modelroutes.spec.pricing"]);
+            String::from_utf8_lossy(&explain.stdout)
+                .contains("inputUsdPerMTok")
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
