@@ -127,6 +127,19 @@ def test_store_urls_come_from_secrets_by_default() -> None:
     ]
 
 
+def test_with_a_pooler_the_gateway_pods_use_it_and_the_migrations_the_database_itself() -> None:
+    objects = render("--set", "postgres.poolerSecret=gateway-pgbouncer")
+    env = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "DATABASE_URL"] == [
+        {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "gateway-pgbouncer", "key": "url"}}}
+    ]
+    assert {"name": "GATEWAY_DATABASE_POOLER", "value": "transaction"} in env
+    job = named(objects, "Job", "gw-gateway-migrate")["spec"]["template"]["spec"]["containers"][0]
+    assert job["env"] == [
+        {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "gateway-postgres", "key": "url"}}}
+    ]
+
+
 def test_migrations_run_in_a_hook_job_before_install_and_upgrade() -> None:
     objects = rendered("defaults.yaml")
     job = named(objects, "Job", "gw-gateway-migrate")

@@ -118,13 +118,25 @@ key: {{ .Values.postgres.existingSecretKey }}
 {{- end }}
 {{- end -}}
 
-{{/* The stores' URLs, as every gateway container gets them. */}}
+{{/* The stores' URLs, as every gateway container gets them: the database through its pooler
+when there is one (migrations keep the direct URL: PgBouncer's transaction pooling cannot run
+them). */}}
 {{- define "gateway.storeEnv" -}}
 - name: REDIS_URL
   valueFrom:
     secretKeyRef:
       {{- include "gateway.redisSecretRef" . | nindent 6 }}
+{{- if and .Values.postgres.poolerSecret (include "gateway.hasPostgres" .) }}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.postgres.poolerSecret }}
+      key: {{ .Values.postgres.poolerSecretKey }}
+- name: GATEWAY_DATABASE_POOLER
+  value: transaction
+{{- else }}
 {{- include "gateway.databaseEnv" . }}
+{{- end }}
 {{- end -}}
 
 {{- define "gateway.migrateContainer" -}}
