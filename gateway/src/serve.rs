@@ -1,5 +1,6 @@
-//! Binding both listeners, the ready line, and shutdown: on SIGTERM stop accepting, give open
-//! turns the grace period, then end them (they settle what was generated) and wait for every
+//! Binding both listeners, the ready line, and shutdown: on SIGTERM report not ready, keep
+//! accepting for the shutdown delay (load balancers still send traffic while they learn the
+//! pod is going), then stop accepting, give open turns the grace period, then end them (they settle what was generated) and wait for every
 //! pending settlement before exiting.
 
 use std::net::SocketAddr;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use axum::serve::{Listener, ListenerExt};
 use axum::Router;
 use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONNECTION};
 use hyper::service::{service_fn, Service as _};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -50,6 +52,8 @@ pub struct Listen {
     /// Secrets this process generated itself (standalone only), shown once on the ready line
     /// as `name=value`: nobody else knows them. Secrets the operator supplied never appear.
     pub generated: Vec<(&'static str, String)>,
+    /// SIGTERM to closing the listeners.
+    pub delay: Duration,
     pub grace: Duration,
     pub edge: Edge,
 }
@@ -155,7 +159,10 @@ impl WaitingAdmin {
         let server = tokio::spawn(serve_http1(
             serving,
             admin::waiting_router(),
-            stop.clone(),
+            Closing {
+                hint: CancellationToken::new(),
+                now: stop.clone(),
+            },
             Http1Limits {
                 header_read_timeout: Duration::from_secs(10),
                 max_connections: None,
@@ -202,7 +209,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
 
     telemetry::metrics::config_version(&state.catalog().version);
     let shutdown = state.shutdown.clone();
-    tokio::spawn(watch_signals(shutdown.clone(), listen.grace));
+    tokio::spawn(watch_signals(shutdown.clone(), listen.delay, listen.grace));
     let edge = listen.edge;
     let max_connections = connection_cap(edge.max_connections);
     if max_connections < edge.max_connections {
@@ -217,7 +224,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
             let _ = tcp.set_nodelay(true);
         }),
         api::router(state.clone()).layer(axum::Extension(edge.body)),
-        shutdown.draining.clone(),
+        Closing::on(&shutdown),
         Http1Limits {
             header_read_timeout: edge.header_read_timeout,
             max_connections: Some(max_connections),
@@ -228,7 +235,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     let admin = serve_http1(
         admin_listener,
         admin::router(state.clone(), &listen.admin_token),
-        shutdown.draining.clone(),
+        Closing::on(&shutdown),
         Http1Limits {
             header_read_timeout: edge.header_read_timeout,
             max_connections: None,
@@ -239,7 +246,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
             serve_http1(
                 listener,
                 admin::metrics_router(state.clone()),
-                shutdown.draining.clone(),
+                Closing::on(&shutdown),
                 Http1Limits {
                     header_read_timeout: edge.header_read_timeout,
                     max_connections: None,
@@ -265,7 +272,9 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
 }
 
 /// Serves `router` over HTTP/1.1 until `draining` fires, then stops accepting and lets every
-/// open connection finish its response in flight.
+/// open connection finish its response in flight. Once the process is `stopping`, responses
+/// carry `Connection: close`, so kept-alive clients reconnect elsewhere before the listener
+/// closes instead of racing its close with their next request.
 ///
 /// Not `axum::serve`: it also serves HTTP/2 without TLS on the same port, so it first reads 24
 /// bytes of every connection to look for the HTTP/2 preface. hyper then starts parsing from those
@@ -283,12 +292,8 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
 ///
 /// Every request carries its connection's [`Peer`] address (the per-address limits count by
 /// it).
-async fn serve_http1<L>(
-    mut listener: L,
-    router: Router,
-    draining: CancellationToken,
-    limits: Http1Limits,
-) where
+async fn serve_http1<L>(mut listener: L, router: Router, closing: Closing, limits: Http1Limits)
+where
     L: Listener<Addr = SocketAddr>,
     L::Io: Unpin,
 {
@@ -297,6 +302,7 @@ async fn serve_http1<L>(
         .header_read_timeout(limits.header_read_timeout);
     let slots = limits.max_connections.map(|n| Arc::new(Semaphore::new(n)));
     let connections = GracefulShutdown::new();
+    let draining = &closing.now;
     loop {
         let slot = match &slots {
             Some(slots) => tokio::select! {
@@ -311,9 +317,20 @@ async fn serve_http1<L>(
             () = draining.cancelled() => break,
         };
         let router = TowerToHyperService::new(router.clone());
+        let stopping = closing.hint.clone();
         let service = service_fn(move |mut req: hyper::Request<Incoming>| {
             req.extensions_mut().insert(Peer(addr));
-            router.call(req)
+            let answer = router.call(req);
+            let stopping = stopping.clone();
+            async move {
+                let mut response: axum::response::Response = answer.await?;
+                if stopping.is_cancelled() {
+                    response
+                        .headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, std::convert::Infallible>(response)
+            }
         });
         let connection = connections.watch(http.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
@@ -327,13 +344,29 @@ async fn serve_http1<L>(
     connections.shutdown().await;
 }
 
+/// When a listener closes (`now`), and from when its answers tell clients not to keep their
+/// connection (`hint`).
+struct Closing {
+    hint: CancellationToken,
+    now: CancellationToken,
+}
+
+impl Closing {
+    fn on(shutdown: &crate::state::Shutdown) -> Self {
+        Self {
+            hint: shutdown.stopping.clone(),
+            now: shutdown.draining.clone(),
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Http1Limits {
     header_read_timeout: Duration,
     max_connections: Option<usize>,
 }
 
-async fn watch_signals(shutdown: crate::state::Shutdown, grace: Duration) {
+async fn watch_signals(shutdown: crate::state::Shutdown, delay: Duration, grace: Duration) {
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -346,9 +379,12 @@ async fn watch_signals(shutdown: crate::state::Shutdown, grace: Duration) {
         _ = int.recv() => {}
     }
     tracing::info!(
+        delay_secs = delay.as_secs(),
         grace_secs = grace.as_secs(),
-        "shutting down: draining open requests"
+        "shutting down: not ready; closing the listener after the delay, then draining open requests"
     );
+    shutdown.stopping.cancel();
+    tokio::time::sleep(delay).await;
     shutdown.draining.cancel();
     tokio::time::sleep(grace).await;
     shutdown.expired.cancel();

@@ -379,6 +379,7 @@ async fn run(
             metrics: args.metrics_listen,
             admin_token,
             generated: args.generated,
+            delay: Duration::from_secs(args.shutdown_delay_secs),
             grace: Duration::from_secs(args.shutdown_grace_secs),
             edge,
         },

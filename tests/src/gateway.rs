@@ -168,6 +168,10 @@ impl GatewayBuilder {
         self.arg("--shutdown-grace-secs").arg(&secs.to_string())
     }
 
+    pub fn shutdown_delay_secs(self, secs: u64) -> Self {
+        self.arg("--shutdown-delay-secs").arg(&secs.to_string())
+    }
+
     /// An environment variable of the gateway process (e.g. `OTEL_*`, `KUBECONFIG`).
     pub fn env(mut self, name: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
         self.envs

@@ -6,7 +6,8 @@
 //! the live pods and, like a load balancer, try the next pod when one refuses the connection.
 //! While they run, the pods are replaced two at a time (a rolling update whose new pods were
 //! started and ready beforehand): two new pods join the rotation, two old ones leave it and
-//! get SIGTERM, which lets their turns in flight finish. Then:
+//! get SIGTERM, which lets their turns in flight finish (and, for its shutdown delay, serves the
+//! turns that picked it just before it left). Then:
 //! - every account's books balance to the credit (what its clients were told they consumed is
 //!   the balance decrease and the ledger's debits, one completed row per 200, nothing held),
 //!   so the restart lost and double-billed nothing;
@@ -51,6 +52,9 @@ fn pod(b: GatewayBuilder, pooler_url: &str) -> GatewayBuilder {
         .redis_timeout_ms(5_000)
         // Turns that last, so a pod told to stop has turns in flight to finish.
         .chunk_delay_ms(100)
+        // As the chart does: a turn that picked a pod just before it left the rotation still
+        // connects after its SIGTERM (a load balancer learns late too).
+        .shutdown_delay_secs(3)
 }
 
 /// The pods' API addresses in rotation, as a load balancer's endpoints.

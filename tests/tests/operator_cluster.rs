@@ -154,6 +154,21 @@ async fn resources_applied_with_kubectl_configure_a_running_gateway_within_ten_s
     .await;
 }
 
+/// A ModelRoute for `model` (named `svc-<model's short name>`) whose provider API key Secret
+/// does not exist: it cannot be published.
+fn route_without_its_secret(model: &str, display_name: &str) -> String {
+    let name = model.replace('/', "-");
+    format!(
+        "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  name: {name}\n\
+         spec:\n  model: {model}\n  displayName: {display_name}\n  contextWindow: 200000\n  \
+         maxOutputTokens: 8192\n  pricing:\n    inputUsdPerMTok: \"0.80\"\n    \
+         outputUsdPerMTok: \"4\"\n    cacheWriteUsdPerMTok: \"1\"\n    \
+         cacheReadUsdPerMTok: \"0.08\"\n  upstreams:\n  - name: primary\n    \
+         provider: anthropic\n    model: claude-haiku\n    baseUrl: https://api.anthropic.com\n    \
+         apiKeySecretRef:\n      name: no-such-secret\n      key: apiKey\n"
+    )
+}
+
 #[tokio::test]
 async fn an_invalid_edit_gets_a_clear_condition_while_its_last_published_version_serves() {
     let Some(api) = cluster().await else { return };
@@ -163,15 +178,7 @@ async fn an_invalid_edit_gets_a_clear_condition_while_its_last_published_version
     let gw = gateway(&api, &redis).await;
 
     // svc-haiku now routes to a provider whose API key Secret does not exist.
-    let broken = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  \
-                  name: svc-haiku\nspec:\n  model: svc/haiku\n  displayName: Haiku\n  \
-                  contextWindow: 200000\n  maxOutputTokens: 8192\n  pricing:\n    \
-                  inputUsdPerMTok: \"0.80\"\n    outputUsdPerMTok: \"4\"\n    \
-                  cacheWriteUsdPerMTok: \"1\"\n    cacheReadUsdPerMTok: \"0.08\"\n  upstreams:\n  \
-                  - name: primary\n    provider: anthropic\n    model: claude-haiku\n    \
-                  baseUrl: https://api.anthropic.com\n    apiKeySecretRef:\n      \
-                  name: no-such-secret\n      key: apiKey\n";
-    let out = api.apply(broken);
+    let out = api.apply(&route_without_its_secret("svc/haiku", "Haiku"));
     assert!(
         out.status.success(),
         "{}",
@@ -678,14 +685,7 @@ async fn an_invalid_resource_beside_valid_ones_is_left_out_and_the_valid_ones_pu
     let mini = haiku
         .replace("name: svc-haiku", "name: svc-mini")
         .replace("model: svc/haiku", "model: svc/mini");
-    let broken = "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  \
-                  name: svc-broken\nspec:\n  model: svc/broken\n  displayName: Broken\n  \
-                  contextWindow: 200000\n  maxOutputTokens: 8192\n  pricing:\n    \
-                  inputUsdPerMTok: \"0.80\"\n    outputUsdPerMTok: \"4\"\n    \
-                  cacheWriteUsdPerMTok: \"1\"\n    cacheReadUsdPerMTok: \"0.08\"\n  upstreams:\n  \
-                  - name: primary\n    provider: anthropic\n    model: claude-haiku\n    \
-                  baseUrl: https://api.anthropic.com\n    apiKeySecretRef:\n      \
-                  name: no-such-secret\n      key: apiKey\n";
+    let broken = route_without_its_secret("svc/broken", "Broken");
     let out = api.apply(&format!("{mini}\n---\n{broken}"));
     assert!(
         out.status.success(),

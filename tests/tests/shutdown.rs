@@ -1,4 +1,5 @@
-//! SIGTERM: the gateway stops accepting, lets open turns finish within the grace period, ends
+//! SIGTERM: the gateway reports not ready and, after its shutdown delay, stops accepting, lets
+//! open turns finish within the grace period, ends
 //! the rest (a stream with an SSE `error` event, a JSON turn with 503), settles each once, and
 //! exits 0. A stream is billed for what its client was sent; a JSON turn cut before its answer
 //! is billed nothing, since its client got nothing and will pay for its retry.
@@ -101,6 +102,58 @@ async fn sigterm_lets_an_open_stream_finish_within_the_grace_period_then_exits_0
     assert!(
         signalled.elapsed() < grace,
         "waited out the whole grace period with no turn open\n{}",
+        gw.logs()
+    );
+}
+
+#[tokio::test]
+async fn sigterm_reports_not_ready_but_serves_new_connections_for_the_shutdown_delay_with_connection_close(
+) {
+    let delay = Duration::from_secs(4);
+    let mut gw = Gateway::builder()
+        .shutdown_delay_secs(delay.as_secs())
+        .start()
+        .await;
+    assert_eq!(gw.admin_get("/readyz").await.status, 200);
+    gw.send_sigterm();
+    let signalled = Instant::now();
+    poll_until(
+        "readiness to report the drain",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { (gw.admin_get("/readyz").await.status == 503).then_some(()) },
+    )
+    .await;
+    // A client that connects now (its load balancer has not yet heard) is served in full, and
+    // told not to keep the connection.
+    let fresh = reqwest::Client::builder().no_proxy().build().unwrap();
+    let response = fresh
+        .post(gw.url("/v1/messages"))
+        .bearer_auth(&gw.key)
+        .json(&message("svc/haiku", "hi", 16))
+        .send()
+        .await
+        .expect("a new connection within the shutdown delay is accepted");
+    assert!(
+        signalled.elapsed() < delay,
+        "the check ran after the delay; it proves nothing"
+    );
+    assert_eq!(
+        response.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+    Resp::read(response).await.expect_ok();
+    // After the delay the listener closes and, with nothing open, the process exits 0.
+    let status = gw.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status {status:?}\n{}",
+        gw.logs()
+    );
+    assert!(
+        signalled.elapsed() >= delay,
+        "exited before its shutdown delay was over\n{}",
         gw.logs()
     );
 }

@@ -46,27 +46,25 @@ pub fn router(state: AppState, token: &str) -> Router {
         .route("/admin/messages/{id}", get(message))
         .route_layer(from_fn_with_state(admin.clone(), require_token))
         // Probes and the scrape need no token: the admin port is never exposed outside.
-        .route("/metrics", get(metrics))
-        .route("/livez", get(live))
-        .route("/readyz", get(ready))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .merge(scrape_and_probes())
         .with_state(admin)
 }
 
 /// The scrape and the probes alone, for the `--metrics-listen` listener.
 pub fn metrics_router(state: AppState) -> Router {
-    let admin = Admin {
+    scrape_and_probes().with_state(Admin {
         state,
         token: Arc::from(""),
-    };
+    })
+}
+
+fn scrape_and_probes() -> Router<Admin> {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(live))
         .route("/readyz", get(ready))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(admin)
 }
 
 async fn metrics() -> Response {
@@ -89,7 +87,7 @@ async fn live() -> StatusCode {
 /// leaves the pod ready: every pod shares the stores, so taking them all out of the Service
 /// would turn limited or refused requests into no service at all.
 async fn ready(State(admin): State<Admin>) -> Response {
-    let draining = admin.state.shutdown.draining.is_cancelled();
+    let draining = admin.state.shutdown.stopping.is_cancelled();
     let (limits, ledger) = tokio::join!(
         admin.state.limiter.reachable(),
         admin.state.ledger.reachable()

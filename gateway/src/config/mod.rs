@@ -267,6 +267,12 @@ pub struct CommonArgs {
     /// Seconds open streams may take to finish after SIGTERM.
     #[arg(long, env = "GATEWAY_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    /// Seconds between SIGTERM and closing the listener, during which the process reports not
+    /// ready but still serves new connections (with `Connection: close`): the time load
+    /// balancers and Kubernetes endpoints take to stop sending it traffic. The grace period
+    /// starts after it. The chart sets 5.
+    #[arg(long, env = "GATEWAY_SHUTDOWN_DELAY_SECS", default_value_t = 0)]
+    pub shutdown_delay_secs: u64,
     /// Credits granted per US dollar of top-up (1 credit = $0.00001 by default).
     #[arg(long, env = "GATEWAY_CREDITS_PER_USD", default_value_t = 100_000)]
     pub credits_per_usd: u64,
