@@ -1,6 +1,6 @@
 //! The config controller's loop: kube-runtime's `Controller` runs [`publish::reconcile`] for
-//! one trigger object, the config Secret's reference, to which every Tier, ModelRoute, ApiKey
-//! and Secret event of the namespace maps.
+//! one trigger object, the config Secret's reference, to which every Tier, ModelRoute and
+//! ApiKey event of the namespace maps, and the events of the Secrets they refer to.
 //!
 //! One trigger because validity is a property of the whole set (see [`crate::publish`]): every
 //! change recompiles everything, so mapping all events to one reference lets the controller
@@ -83,6 +83,7 @@ pub async fn run(state: State) {
     let (store, mut writer) = reflector::store();
     writer.apply_watcher_event(&watcher::Event::InitApply(trigger.clone()));
     writer.apply_watcher_event(&watcher::Event::InitDone);
+    let state = Arc::new(state);
     let ctx = &state.ctx;
     let all = watcher::Config::default;
     Controller::for_stream(stream::iter([Ok(trigger)]), store)
@@ -90,10 +91,17 @@ pub async fn run(state: State) {
         .watches(ctx.api::<Tier>(), all(), to(&target))
         .watches(ctx.api::<ModelRoute>(), all(), to(&target))
         .watches(ctx.api::<ApiKey>(), all(), to(&target))
-        // Any Secret may be referred to, by a resource valid or not (a missing Secret that
-        // appears makes a route valid), and the config Secret itself is republished if edited.
-        .watches(ctx.api::<Secret>(), all(), to(&target))
-        .run(reconcile, error_policy, Arc::new(state))
+        // Every Secret of the namespace is watched (any may be referred to), but only the
+        // ones the compile reads, and the config Secret, trigger it.
+        .watches(ctx.api::<Secret>(), all(), {
+            let state = state.clone();
+            let target = target.clone();
+            move |secret: Secret| {
+                let name = secret.metadata.name.unwrap_or_default();
+                state.ctx.depends_on_secret(&name).then(|| target.clone())
+            }
+        })
+        .run(reconcile, error_policy, state.clone())
         .for_each(|result| async move {
             match result {
                 Ok(_) => {}

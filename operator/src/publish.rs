@@ -9,7 +9,7 @@
 //! on the last good config. No finalizers: deleting a resource only needs a recompile, which
 //! its watch event triggers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
@@ -48,6 +48,8 @@ pub struct Context {
     pub latest: watch::Sender<Option<Arc<GatewayConfig>>>,
     /// The resources of the last published config, which stand in for their invalid edits.
     last_good: Mutex<LastGood>,
+    /// The Secrets the last compile read or looked for: only their changes call for another.
+    referred: Mutex<BTreeSet<String>>,
 }
 
 impl Context {
@@ -64,7 +66,20 @@ impl Context {
             published: Mutex::new(None),
             latest: watch::Sender::new(None),
             last_good: Mutex::new(LastGood::default()),
+            referred: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// Whether a change to Secret `name` can change what is published: one a resource refers
+    /// to (valid or not, so that a missing Secret appearing is noticed), or the config Secret
+    /// itself, which is republished if edited or deleted.
+    pub fn depends_on_secret(&self, name: &str) -> bool {
+        name == self.secret
+            || self
+                .referred
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .contains(name)
     }
 
     pub fn api<K>(&self) -> Api<K>
@@ -90,6 +105,20 @@ pub async fn reconcile(ctx: &Context) -> Result<Outcome> {
     let tiers = ctx.api::<Tier>().list(&lp).await?.items;
     let routes = ctx.api::<ModelRoute>().list(&lp).await?.items;
     let keys = ctx.api::<ApiKey>().list(&lp).await?.items;
+    // Recorded before the Secrets are listed, so that a change after the list is not missed.
+    let referred = {
+        let last = ctx
+            .last_good
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        referred_secrets(
+            routes.iter().chain(last.routes()),
+            keys.iter().chain(last.keys()),
+        )
+    };
+    *ctx.referred
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = referred;
     let secrets = ctx.api::<Secret>().list(&lp).await?.items;
     let mut outcome = {
         let last = ctx
@@ -125,6 +154,20 @@ pub async fn reconcile(ctx: &Context) -> Result<Outcome> {
             })
         }
     }
+}
+
+/// The Secrets a compile of these resources reads: upstream API keys and seeded key secrets.
+fn referred_secrets<'a>(
+    routes: impl Iterator<Item = &'a ModelRoute>,
+    keys: impl Iterator<Item = &'a ApiKey>,
+) -> BTreeSet<String> {
+    let upstreams = routes
+        .flat_map(|route| &route.spec.upstreams)
+        .filter_map(|upstream| upstream.api_key_secret_ref.as_ref());
+    let seeds = keys
+        .filter_map(|key| key.spec.seed.as_ref())
+        .map(|seed| &seed.secret_ref);
+    upstreams.chain(seeds).map(|r| r.name.clone()).collect()
 }
 
 /// The three custom resources, which share one status type.
@@ -285,6 +328,11 @@ mod tests {
     };
 
     async fn reconcile_against(expected: Vec<Expect>) -> Outcome {
+        reconcile_then(expected, |_| {}).await
+    }
+
+    /// Reconciles against `expected`, then lets `after` look at the context.
+    async fn reconcile_then(expected: Vec<Expect>, after: impl FnOnce(&Context)) -> Outcome {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let server = tokio::spawn(api_server(handle, expected));
         let ctx = Context::new(
@@ -294,6 +342,7 @@ mod tests {
             "operator-0".to_owned(),
         );
         let outcome = reconcile(&ctx).await;
+        after(&ctx);
         drop(ctx);
         if let Err(panic) = server.await {
             std::panic::resume_unwind(panic.into_panic());
@@ -459,6 +508,83 @@ mod tests {
                 |body| assert_eq!(body["reason"], "Published"),
             ),
         ])
+        .await;
+        assert!(matches!(outcome, Outcome::Published(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn only_the_secrets_a_resource_refers_to_and_the_config_secret_call_for_a_recompile() {
+        let broken = json!({
+            "name": "anthropic",
+            "provider": "anthropic",
+            "model": "claude",
+            "baseUrl": "https://api.anthropic.com",
+            "apiKeySecretRef": {"name": "missing", "key": "apiKey"},
+        });
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                            "metadata": {"name": "gateway-config", "namespace": NS}});
+        let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                           "metadata": {"name": "e1", "namespace": NS}, "eventTime": null});
+        let outcome = reconcile_then(
+            vec![
+                expect(
+                    Method::GET,
+                    &format!("{CRDS}/tiers"),
+                    list(tiers(true)),
+                    no_check,
+                ),
+                expect(
+                    Method::GET,
+                    &format!("{CRDS}/modelroutes"),
+                    list(vec![route(broken.clone())]),
+                    no_check,
+                ),
+                expect(
+                    Method::GET,
+                    &format!("{CRDS}/apikeys"),
+                    list(vec![]),
+                    no_check,
+                ),
+                expect(
+                    Method::GET,
+                    "/api/v1/namespaces/gw/secrets",
+                    list(vec![]),
+                    no_check,
+                ),
+                expect(
+                    Method::PATCH,
+                    &format!("{CRDS}/modelroutes/svc-fast/status"),
+                    route(broken),
+                    no_check,
+                ),
+                expect(
+                    Method::POST,
+                    "/apis/events.k8s.io/v1/namespaces/gw/events",
+                    event.clone(),
+                    no_check,
+                ),
+                expect(
+                    Method::PATCH,
+                    "/api/v1/namespaces/gw/secrets/gateway-config",
+                    secret,
+                    no_check,
+                ),
+                expect(
+                    Method::POST,
+                    "/apis/events.k8s.io/v1/namespaces/gw/events",
+                    event,
+                    no_check,
+                ),
+            ],
+            |ctx| {
+                assert!(
+                    ctx.depends_on_secret("missing"),
+                    "a Secret an invalid route waits for"
+                );
+                assert!(ctx.depends_on_secret("gateway-config"));
+                assert!(!ctx.depends_on_secret("some-other-app"));
+            },
+        )
         .await;
         assert!(matches!(outcome, Outcome::Published(_)), "{outcome:?}");
     }
