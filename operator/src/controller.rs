@@ -10,7 +10,6 @@
 //! store is seeded with the reference (name and namespace, nothing else) instead of filled by a
 //! watch.
 
-use std::fmt::Debug;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +21,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::controller::{self, Action};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, Controller};
-use kube::Resource;
-use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::publish::{self, Context};
@@ -38,7 +35,7 @@ const LONGEST_RETRY: Duration = Duration::from_secs(300);
 
 /// What the reconcile and the error policy share.
 pub struct State {
-    pub ctx: Context,
+    ctx: Context,
     /// Recompile this long after a success even without an event, as a safety net for missed
     /// watch events.
     resync: Duration,
@@ -125,10 +122,7 @@ fn trigger(ctx: &Context) -> Secret {
     }
 }
 
-fn to<K>(target: &ObjectRef<Secret>) -> impl Fn(K) -> Option<ObjectRef<Secret>> + Send + Sync
-where
-    K: Resource + Clone + DeserializeOwned + Debug,
-{
+fn to<K>(target: &ObjectRef<Secret>) -> impl Fn(K) -> Option<ObjectRef<Secret>> + Send + Sync {
     let target = target.clone();
     move |_| Some(target.clone())
 }
