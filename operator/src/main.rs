@@ -184,12 +184,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let served = match tokio::net::TcpListener::bind(addr).await {
+            match tokio::net::TcpListener::bind(addr).await {
                 Ok(listener) => metrics::serve(listener, metrics).await,
-                Err(error) => Err(error),
-            };
-            if let Err(error) = served {
-                tracing::error!(%error, %addr, "metrics endpoint failed");
+                Err(error) => tracing::error!(%error, %addr, "metrics endpoint failed"),
             }
         });
     }

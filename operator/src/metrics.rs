@@ -89,9 +89,18 @@ impl Metrics {
 }
 
 /// Serves `/metrics`, `/livez` and `/readyz` on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> std::io::Result<()> {
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     loop {
-        let (stream, _) = listener.accept().await?;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of file descriptors, say: the probes failing would restart a pod that
+                // works, so wait for some to be freed rather than stop serving.
+                tracing::warn!(%error, "cannot accept a metrics connection");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| {
