@@ -118,13 +118,13 @@ fn held_spec(elector: &Elector, now: Timestamp, previous: Option<&LeaseSpec>) ->
 
 #[cfg(test)]
 mod tests {
-    use http::{Method, Request, Response, StatusCode};
-    use kube::client::Body;
+    use http::Method;
     use kube::Client;
     use serde_json::{json, Value};
     use tower_test::mock;
 
     use super::*;
+    use crate::testing::{api_server, expect, fail, no_check, Expect, NS};
 
     const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/gw/leases/gateway-operator";
 
@@ -137,7 +137,7 @@ mod tests {
         json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": "gateway-operator", "namespace": "gw", "resourceVersion": "42"},
+            "metadata": {"name": "gateway-operator", "namespace": NS, "resourceVersion": "42"},
             "spec": {
                 "holderIdentity": holder,
                 "leaseDurationSeconds": 15,
@@ -148,42 +148,12 @@ mod tests {
         })
     }
 
-    fn status(code: u16, reason: &str) -> (StatusCode, Value) {
-        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
-                          "reason": reason, "code": code, "message": reason});
-        (status, body)
-    }
-
-    /// A request the round must make, the answer, and a check of the request body.
-    type Answer = (Method, &'static str, (StatusCode, Value), fn(&Value));
-
-    /// Runs one round against answers given in order.
-    async fn round(answers: Vec<Answer>) -> Result<bool> {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let server = tokio::spawn(async move {
-            for (method, path, (code, answer), check) in answers {
-                let Some((request, send)) = handle.next_request().await else {
-                    panic!("no request; expected {method} {path}");
-                };
-                assert_eq!((request.method(), request.uri().path()), (&method, path));
-                let bytes = request
-                    .into_body()
-                    .collect_bytes()
-                    .await
-                    .unwrap_or_default();
-                check(&serde_json::from_slice(&bytes).unwrap_or(Value::Null));
-                let mut response =
-                    Response::new(Body::from(serde_json::to_vec(&answer).unwrap_or_default()));
-                *response.status_mut() = code;
-                send.send_response(response);
-            }
-            if let Some((request, _)) = handle.next_request().await {
-                panic!("unexpected request {} {}", request.method(), request.uri());
-            }
-        });
+    /// Runs one round of `operator-b` against the API server's answers, given in order.
+    async fn round(expected: Vec<Expect>) -> Result<bool> {
+        let (service, handle) = mock::pair();
+        let server = tokio::spawn(api_server(handle, expected));
         let elector = Elector {
-            api: Api::namespaced(Client::new(service, "gw"), "gw"),
+            api: Api::namespaced(Client::new(service, NS), NS),
             name: "gateway-operator".to_owned(),
             identity: "operator-b".to_owned(),
             duration: Duration::from_secs(15),
@@ -196,20 +166,14 @@ mod tests {
         result
     }
 
-    fn ok(v: Value) -> (StatusCode, Value) {
-        (StatusCode::OK, v)
-    }
-
-    fn no_check(_: &Value) {}
-
     #[tokio::test]
     async fn the_first_replica_creates_the_lease_and_leads() {
         let led = round(vec![
-            (Method::GET, PATH, status(404, "NotFound"), no_check),
-            (
+            fail(Method::GET, PATH, 404, "NotFound"),
+            expect(
                 Method::POST,
                 "/apis/coordination.k8s.io/v1/namespaces/gw/leases",
-                ok(lease("operator-b", 0)),
+                lease("operator-b", 0),
                 |body| assert_eq!(body["spec"]["holderIdentity"], "operator-b"),
             ),
         ])
@@ -219,10 +183,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_lease_another_replica_renewed_in_time_is_left_alone() {
-        let led = round(vec![(
+        let led = round(vec![expect(
             Method::GET,
             PATH,
-            ok(lease("operator-a", 5)),
+            lease("operator-a", 5),
             no_check,
         )])
         .await;
@@ -232,8 +196,8 @@ mod tests {
     #[tokio::test]
     async fn an_expired_lease_is_taken_over_at_the_version_read() {
         let led = round(vec![
-            (Method::GET, PATH, ok(lease("operator-a", 20)), no_check),
-            (Method::PUT, PATH, ok(lease("operator-b", 0)), |body| {
+            expect(Method::GET, PATH, lease("operator-a", 20), no_check),
+            expect(Method::PUT, PATH, lease("operator-b", 0), |body| {
                 assert_eq!(body["metadata"]["resourceVersion"], "42");
                 assert_eq!(body["spec"]["holderIdentity"], "operator-b");
                 assert_eq!(body["spec"]["leaseTransitions"], 4);
@@ -246,8 +210,8 @@ mod tests {
     #[tokio::test]
     async fn the_holder_renews_without_counting_a_transition() {
         let led = round(vec![
-            (Method::GET, PATH, ok(lease("operator-b", 5)), no_check),
-            (Method::PUT, PATH, ok(lease("operator-b", 0)), |body| {
+            expect(Method::GET, PATH, lease("operator-b", 5), no_check),
+            expect(Method::PUT, PATH, lease("operator-b", 0), |body| {
                 assert_eq!(body["spec"]["leaseTransitions"], 3);
             }),
         ])
@@ -258,8 +222,8 @@ mod tests {
     #[tokio::test]
     async fn losing_the_race_for_an_expired_lease_means_following() {
         let led = round(vec![
-            (Method::GET, PATH, ok(lease("operator-a", 20)), no_check),
-            (Method::PUT, PATH, status(409, "Conflict"), no_check),
+            expect(Method::GET, PATH, lease("operator-a", 20), no_check),
+            fail(Method::PUT, PATH, 409, "Conflict"),
         ])
         .await;
         assert!(matches!(led, Ok(false)));

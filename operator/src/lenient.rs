@@ -48,6 +48,18 @@ pub struct LastGood {
     keys: BTreeMap<ResourceRef, ApiKey>,
 }
 
+impl LastGood {
+    /// The routes of the last published config, which may stand in for their current version.
+    pub fn routes(&self) -> impl Iterator<Item = &ModelRoute> {
+        self.routes.values()
+    }
+
+    /// The keys of the last published config, which may stand in for their current version.
+    pub fn keys(&self) -> impl Iterator<Item = &ApiKey> {
+        self.keys.values()
+    }
+}
+
 pub fn compile(
     tiers: &[Tier],
     routes: &[ModelRoute],

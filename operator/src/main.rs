@@ -2,6 +2,7 @@
 //! validation; `run` is the controller that publishes the config, sweeps promotions and scales
 //! the gateway in a cluster.
 
+mod controller;
 mod error;
 mod lease;
 mod lenient;
@@ -10,10 +11,11 @@ mod publish;
 mod scale;
 mod status;
 mod sweep;
+#[cfg(test)]
+mod testing;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -182,8 +184,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            if let Err(error) = metrics::serve(addr, metrics).await {
-                tracing::error!(%error, %addr, "metrics endpoint failed");
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => metrics::serve(listener, metrics).await,
+                Err(error) => tracing::error!(%error, %addr, "metrics endpoint failed"),
             }
         });
     }
@@ -255,7 +258,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Every replica publishes: the result is the same and idempotent, so config changes do
     // not wait for a leader to be elected.
     tokio::select! {
-        () = publish::run(ctx, args.resync, Duration::from_secs(5)) => {}
+        () = controller::run(controller::State::new(ctx, args.resync)) => {}
         signal = tokio::signal::ctrl_c() => signal.context("cannot wait for ctrl-c")?,
     }
     Ok(())
@@ -263,8 +266,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 async fn track_leadership(mut leading: watch::Receiver<bool>, metrics: Arc<metrics::Metrics>) {
     loop {
-        let value = u64::from(*leading.borrow_and_update());
-        metrics.leading.store(value, Ordering::Relaxed);
+        metrics.leading.set(i64::from(*leading.borrow_and_update()));
         if leading.changed().await.is_err() {
             return;
         }

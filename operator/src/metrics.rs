@@ -1,77 +1,198 @@
-//! The operator's Prometheus metrics, served as text on `--metrics-listen`, with the probes:
-//! `/livez` and `/readyz` answer while the runtime serves requests (the operator takes no
-//! traffic, so there is nothing else for readiness to gate).
+//! The operator's Prometheus metrics, served on `--metrics-listen` with the probes: `/livez`
+//! and `/readyz` answer while the runtime serves requests (the operator takes no traffic, so
+//! there is nothing else for readiness to gate).
+//!
+//! A plain hyper server rather than a router: three fixed paths do not need one, and it keeps
+//! axum out of the operator's dependencies.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::routing::get;
-use axum::Router;
+use hyper::body::Incoming;
+use hyper::header::CONTENT_TYPE;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 
-#[derive(Default)]
+/// What `/metrics` answers with: the OpenMetrics text format, which Prometheus reads.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// One registry per process, handed to the loops that count; tests build their own.
 pub struct Metrics {
-    pub sweeps: AtomicU64,
-    pub sweep_failures: AtomicU64,
-    pub promotions: AtomicU64,
-    pub leading: AtomicU64,
-    pub desired_replicas: AtomicU64,
+    registry: Registry,
+    pub sweeps: Counter,
+    pub sweep_failures: Counter,
+    pub promotions: Counter,
+    pub leading: Gauge,
+    pub desired_replicas: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let sweeps = Counter::default();
+        let sweep_failures = Counter::default();
+        let promotions = Counter::default();
+        let leading = Gauge::default();
+        let desired_replicas = Gauge::default();
+        // Counters are registered without `_total`: the encoder appends it.
+        registry.register(
+            "gateway_operator_sweeps",
+            "Promotion sweeps run by this process",
+            sweeps.clone(),
+        );
+        registry.register(
+            "gateway_operator_sweep_failures",
+            "Promotion sweeps that failed",
+            sweep_failures.clone(),
+        );
+        registry.register(
+            "gateway_operator_promotions",
+            "Keys whose tier a sweep changed",
+            promotions.clone(),
+        );
+        registry.register(
+            "gateway_operator_leading",
+            "1 while this process holds the leader Lease",
+            leading.clone(),
+        );
+        registry.register(
+            "gateway_operator_desired_replicas",
+            "Gateway replicas last set by the scaler",
+            desired_replicas.clone(),
+        );
+        Self {
+            registry,
+            sweeps,
+            sweep_failures,
+            promotions,
+            leading,
+            desired_replicas,
+        }
+    }
 }
 
 impl Metrics {
     pub fn render(&self) -> String {
-        let line = |name: &str, kind: &str, help: &str, value: &AtomicU64| {
-            format!(
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}\n",
-                value.load(Ordering::Relaxed)
-            )
-        };
-        [
-            line(
-                "gateway_operator_sweeps_total",
-                "counter",
-                "Promotion sweeps run by this process.",
-                &self.sweeps,
-            ),
-            line(
-                "gateway_operator_sweep_failures_total",
-                "counter",
-                "Promotion sweeps that failed.",
-                &self.sweep_failures,
-            ),
-            line(
-                "gateway_operator_promotions_total",
-                "counter",
-                "Keys whose tier a sweep changed.",
-                &self.promotions,
-            ),
-            line(
-                "gateway_operator_leading",
-                "gauge",
-                "1 while this process holds the leader Lease.",
-                &self.leading,
-            ),
-            line(
-                "gateway_operator_desired_replicas",
-                "gauge",
-                "Gateway replicas last set by the scaler.",
-                &self.desired_replicas,
-            ),
-        ]
-        .concat()
+        let mut out = String::new();
+        // Writing into a String cannot fail; an encoding error would only cut the page short.
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(%error, "cannot encode the metrics");
+        }
+        out
     }
 }
 
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move { m.render() }),
-        )
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
-        .with_state(metrics);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app).await
+/// Serves `/metrics`, `/livez` and `/readyz` on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of file descriptors, say: the probes failing would restart a pod that
+                // works, so wait for some to be freed rather than stop serving.
+                tracing::warn!(%error, "cannot accept a metrics connection");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let response = respond(&request, &metrics);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            if let Err(error) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%error, "metrics connection ended");
+            }
+        });
+    }
+}
+
+fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<String> {
+    let (status, content_type, body) = match request.uri().path() {
+        "/metrics" => (StatusCode::OK, OPENMETRICS, metrics.render()),
+        "/livez" | "/readyz" => (StatusCode::OK, "text/plain", "ok".to_owned()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found".to_owned()),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn server() -> (String, Arc<Metrics>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local address");
+        let metrics = Arc::new(Metrics::default());
+        tokio::spawn(serve(listener, metrics.clone()));
+        (format!("http://{addr}"), metrics)
+    }
+
+    async fn get(url: &str) -> (u16, String, String) {
+        let response = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client")
+            .get(url)
+            .send()
+            .await
+            .expect("response");
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        (status, content_type, response.text().await.expect("body"))
+    }
+
+    #[tokio::test]
+    async fn metrics_keep_their_names_and_types_and_show_what_was_counted() {
+        let (url, metrics) = server().await;
+        metrics.promotions.inc_by(2);
+        metrics.desired_replicas.set(3);
+        let (status, content_type, body) = get(&format!("{url}/metrics")).await;
+        assert_eq!(status, 200);
+        assert!(content_type.starts_with("application/openmetrics-text"));
+        for line in [
+            "# TYPE gateway_operator_sweeps counter",
+            "gateway_operator_sweeps_total 0",
+            "# TYPE gateway_operator_sweep_failures counter",
+            "gateway_operator_sweep_failures_total 0",
+            "# TYPE gateway_operator_promotions counter",
+            "gateway_operator_promotions_total 2",
+            "# TYPE gateway_operator_leading gauge",
+            "gateway_operator_leading 0",
+            "# TYPE gateway_operator_desired_replicas gauge",
+            "gateway_operator_desired_replicas 3",
+        ] {
+            assert!(body.lines().any(|l| l == line), "no `{line}` in\n{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_probes_answer_ok_and_any_other_path_is_not_found() {
+        let (url, _) = server().await;
+        assert_eq!(get(&format!("{url}/livez")).await.0, 200);
+        assert_eq!(get(&format!("{url}/readyz")).await.0, 200);
+        assert_eq!(get(&format!("{url}/")).await.0, 404);
+        assert_eq!(get(&format!("{url}/metrics/extra")).await.0, 404);
+    }
 }

@@ -1,6 +1,6 @@
-//! The config controller: compiles every Tier, ModelRoute and ApiKey of the namespace into one
-//! GatewayConfig, writes each resource's `Ready` condition, and publishes the config in a
-//! Secret that every gateway pod watches.
+//! The config controller's reconcile: compiles every Tier, ModelRoute and ApiKey of the
+//! namespace into one GatewayConfig, writes each resource's `Ready` condition, and publishes the
+//! config in a Secret that every gateway pod watches. [`crate::controller`] decides when it runs.
 //!
 //! One reconcile covers the whole namespace because validity is a property of the set (every
 //! tier declared once, auto candidates that exist), not of one object. A resource at fault is
@@ -9,23 +9,19 @@
 //! on the last good config. No finalizers: deleting a resource only needs a recompile, which
 //! its watch event triggers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use crds::compile::ResourceRef;
 use crds::config::{GatewayConfig, SECRET_KEY};
 use crds::resources::{ApiKey, ModelRoute, ResourceStatus, Tier};
-use futures::stream::{self, BoxStream};
-use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::ByteString;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -52,6 +48,8 @@ pub struct Context {
     pub latest: watch::Sender<Option<Arc<GatewayConfig>>>,
     /// The resources of the last published config, which stand in for their invalid edits.
     last_good: Mutex<LastGood>,
+    /// The Secrets the last compile read or looked for: only their changes call for another.
+    referred: Mutex<BTreeSet<String>>,
 }
 
 impl Context {
@@ -68,10 +66,23 @@ impl Context {
             published: Mutex::new(None),
             latest: watch::Sender::new(None),
             last_good: Mutex::new(LastGood::default()),
+            referred: Mutex::new(BTreeSet::new()),
         }
     }
 
-    fn api<K>(&self) -> Api<K>
+    /// Whether a change to Secret `name` can change what is published: one a resource refers
+    /// to (valid or not, so that a missing Secret appearing is noticed), or the config Secret
+    /// itself, which is republished if edited or deleted.
+    pub fn depends_on_secret(&self, name: &str) -> bool {
+        name == self.secret
+            || self
+                .referred
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .contains(name)
+    }
+
+    pub fn api<K>(&self) -> Api<K>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
     {
@@ -94,6 +105,20 @@ pub async fn reconcile(ctx: &Context) -> Result<Outcome> {
     let tiers = ctx.api::<Tier>().list(&lp).await?.items;
     let routes = ctx.api::<ModelRoute>().list(&lp).await?.items;
     let keys = ctx.api::<ApiKey>().list(&lp).await?.items;
+    // Recorded before the Secrets are listed, so that a change after the list is not missed.
+    let referred = {
+        let last = ctx
+            .last_good
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        referred_secrets(
+            routes.iter().chain(last.routes()),
+            keys.iter().chain(last.keys()),
+        )
+    };
+    *ctx.referred
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = referred;
     let secrets = ctx.api::<Secret>().list(&lp).await?.items;
     let mut outcome = {
         let last = ctx
@@ -129,6 +154,20 @@ pub async fn reconcile(ctx: &Context) -> Result<Outcome> {
             })
         }
     }
+}
+
+/// The Secrets a compile of these resources reads: upstream API keys and seeded key secrets.
+fn referred_secrets<'a>(
+    routes: impl Iterator<Item = &'a ModelRoute>,
+    keys: impl Iterator<Item = &'a ApiKey>,
+) -> BTreeSet<String> {
+    let upstreams = routes
+        .flat_map(|route| &route.spec.upstreams)
+        .filter_map(|upstream| upstream.api_key_secret_ref.as_ref());
+    let seeds = keys
+        .filter_map(|key| key.spec.seed.as_ref())
+        .map(|seed| &seed.secret_ref);
+    upstreams.chain(seeds).map(|r| r.name.clone()).collect()
 }
 
 /// The three custom resources, which share one status type.
@@ -276,189 +315,24 @@ pub fn config_secret(name: &str, config: &GatewayConfig) -> Result<Secret> {
     })
 }
 
-/// Reconciles whenever a Tier, ModelRoute, ApiKey or Secret of the namespace changes (bursts
-/// coalesced), every `resync` regardless, and again after `retry` when a reconcile failed.
-pub async fn run(ctx: Context, resync: Duration, retry: Duration) {
-    let mut changes = stream::select_all([
-        changes(ctx.api::<Tier>()),
-        changes(ctx.api::<ModelRoute>()),
-        changes(ctx.api::<ApiKey>()),
-        changes(ctx.api::<Secret>()),
-    ]);
-    let mut wait = resync;
-    loop {
-        tokio::select! {
-            change = changes.next() => if change.is_none() { return },
-            () = tokio::time::sleep(wait) => {}
-        }
-        // A kubectl apply of a folder arrives as a burst: one compile for all of it.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        while let Some(Some(_)) = changes.next().now_or_never() {}
-        wait = match reconcile(&ctx).await {
-            Ok(outcome) => {
-                tracing::debug!(?outcome, "reconciled");
-                resync
-            }
-            Err(error) => {
-                tracing::warn!(%error, "reconcile failed; retrying");
-                retry
-            }
-        };
-    }
-}
-
-fn changes<K>(api: Api<K>) -> BoxStream<'static, ()>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .filter_map(|event| async move {
-            match event {
-                Ok(_) => Some(()),
-                Err(error) => {
-                    tracing::warn!(%error, "watch failed; retrying");
-                    None
-                }
-            }
-        })
-        .boxed()
-}
-
 #[cfg(test)]
 mod tests {
     use http::{Method, Request, Response};
     use kube::client::Body;
     use serde_json::Value;
-    use tower_test::mock::{self, Handle};
+    use tower_test::mock;
 
     use super::*;
-
-    const NS: &str = "gw";
-    const CRDS: &str = "/apis/gateway.svc.dev/v1alpha1/namespaces/gw";
-
-    fn tier(name: &str, id: &str, promotion: Option<u64>, published: bool) -> Value {
-        let mut tier = json!({
-            "apiVersion": "gateway.svc.dev/v1alpha1",
-            "kind": "Tier",
-            "metadata": {"name": name, "namespace": NS, "generation": 1},
-            "spec": {
-                "tier": id,
-                "requestsPerMinute": 10,
-                "inputTokensPerMinute": 1000,
-                "concurrentStreams": 2,
-            },
-        });
-        if let Some(cents) = promotion {
-            tier["spec"]["promotionAtLifetimeTopUpCents"] = json!(cents);
-        }
-        if published {
-            tier["status"] = json!({
-                "observedGeneration": 1,
-                "conditions": [{
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "Published",
-                    "message": "part of the gateway configuration in Secret gateway-config",
-                    "observedGeneration": 1,
-                    "lastTransitionTime": "2026-01-01T00:00:00Z",
-                }],
-            });
-        }
-        tier
-    }
-
-    fn tiers(published: bool) -> Vec<Value> {
-        vec![
-            tier("free", "free", Some(0), published),
-            tier("pay-as-you-go", "pay_as_you_go", Some(1), published),
-            tier("high-volume", "high_volume", Some(50_000), published),
-            tier("enterprise", "enterprise", None, published),
-        ]
-    }
-
-    fn route(upstream: Value) -> Value {
-        json!({
-            "apiVersion": "gateway.svc.dev/v1alpha1",
-            "kind": "ModelRoute",
-            "metadata": {"name": "svc-fast", "namespace": NS, "generation": 2},
-            "spec": {
-                "model": "svc/fast",
-                "displayName": "Fast",
-                "contextWindow": 1000,
-                "maxOutputTokens": 100,
-                "pricing": {
-                    "inputUsdPerMTok": "1",
-                    "outputUsdPerMTok": "2",
-                    "cacheWriteUsdPerMTok": "1.25",
-                    "cacheReadUsdPerMTok": "0.1",
-                },
-                "upstreams": [upstream],
-            },
-        })
-    }
-
-    fn simulated() -> Value {
-        json!({"name": "sim", "provider": "simulated", "model": "sim-1"})
-    }
-
-    fn list(items: Vec<Value>) -> Value {
-        json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items})
-    }
-
-    /// One request the reconcile must make, in order, and the API server's answer.
-    struct Expect {
-        method: Method,
-        path: String,
-        answer: Value,
-        check: fn(&Value),
-    }
-
-    fn expect(method: Method, path: &str, answer: Value, check: fn(&Value)) -> Expect {
-        Expect {
-            method,
-            path: path.to_owned(),
-            answer,
-            check,
-        }
-    }
-
-    fn no_check(_: &Value) {}
-
-    /// Serves `expected` in order, then asserts the reconcile made no further request.
-    async fn api_server(mut handle: Handle<Request<Body>, Response<Body>>, expected: Vec<Expect>) {
-        for e in expected {
-            let Some((request, send)) = handle.next_request().await else {
-                panic!("no request; expected {} {}", e.method, e.path);
-            };
-            assert_eq!(
-                (request.method(), request.uri().path()),
-                (&e.method, e.path.as_str()),
-                "unexpected request"
-            );
-            if e.method == Method::PATCH {
-                let query = request.uri().query().unwrap_or_default();
-                assert!(
-                    query.contains("fieldManager=gateway-operator"),
-                    "not a server-side apply of the operator: {query}"
-                );
-            }
-            let bytes = request
-                .into_body()
-                .collect_bytes()
-                .await
-                .unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            (e.check)(&body);
-            let answer = serde_json::to_vec(&e.answer).unwrap_or_default();
-            send.send_response(Response::new(Body::from(answer)));
-        }
-        if let Some((request, _)) = handle.next_request().await {
-            panic!("unexpected request {} {}", request.method(), request.uri());
-        }
-    }
+    use crate::testing::{
+        api_server, expect, list, no_check, route, simulated, tiers, Expect, CRDS, NS,
+    };
 
     async fn reconcile_against(expected: Vec<Expect>) -> Outcome {
+        reconcile_then(expected, |_| {}).await
+    }
+
+    /// Reconciles against `expected`, then lets `after` look at the context.
+    async fn reconcile_then(expected: Vec<Expect>, after: impl FnOnce(&Context)) -> Outcome {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let server = tokio::spawn(api_server(handle, expected));
         let ctx = Context::new(
@@ -468,6 +342,7 @@ mod tests {
             "operator-0".to_owned(),
         );
         let outcome = reconcile(&ctx).await;
+        after(&ctx);
         drop(ctx);
         if let Err(panic) = server.await {
             std::panic::resume_unwind(panic.into_panic());
@@ -476,6 +351,14 @@ mod tests {
             Ok(outcome) => outcome,
             Err(error) => panic!("reconcile failed: {error}"),
         }
+    }
+
+    /// The config in a server-side apply of the config Secret.
+    fn published(body: &Value) -> GatewayConfig {
+        let data = body["data"][SECRET_KEY].as_str().unwrap_or_default();
+        let bytes: ByteString =
+            serde_json::from_value(json!(data)).unwrap_or(ByteString(Vec::new()));
+        serde_json::from_slice(&bytes.0).unwrap_or_default()
     }
 
     fn ready(body: &Value) -> &Value {
@@ -526,11 +409,7 @@ mod tests {
                 json!({"apiVersion": "v1", "kind": "Secret",
                        "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
                 |body| {
-                    let data = body["data"][SECRET_KEY].as_str().unwrap_or_default();
-                    let bytes: ByteString =
-                        serde_json::from_value(json!(data)).unwrap_or(ByteString(Vec::new()));
-                    let config: GatewayConfig =
-                        serde_json::from_slice(&bytes.0).unwrap_or_default();
+                    let config = published(body);
                     assert!(config.models.contains_key("svc/fast"), "{config:?}");
                     assert_eq!(
                         body["metadata"]["annotations"][VERSION_ANNOTATION],
@@ -616,11 +495,7 @@ mod tests {
                 json!({"apiVersion": "v1", "kind": "Secret",
                        "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
                 |body| {
-                    let data = body["data"][SECRET_KEY].as_str().unwrap_or_default();
-                    let bytes: ByteString =
-                        serde_json::from_value(json!(data)).unwrap_or(ByteString(Vec::new()));
-                    let config: GatewayConfig =
-                        serde_json::from_slice(&bytes.0).unwrap_or_default();
+                    let config = published(body);
                     assert_eq!(config.tiers.len(), 4, "{config:?}");
                     assert!(!config.models.contains_key("svc/fast"), "{config:?}");
                 },
@@ -633,6 +508,83 @@ mod tests {
                 |body| assert_eq!(body["reason"], "Published"),
             ),
         ])
+        .await;
+        assert!(matches!(outcome, Outcome::Published(_)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn only_the_secrets_a_resource_refers_to_and_the_config_secret_call_for_a_recompile() {
+        let broken = json!({
+            "name": "anthropic",
+            "provider": "anthropic",
+            "model": "claude",
+            "baseUrl": "https://api.anthropic.com",
+            "apiKeySecretRef": {"name": "missing", "key": "apiKey"},
+        });
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                            "metadata": {"name": "gateway-config", "namespace": NS}});
+        let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                           "metadata": {"name": "e1", "namespace": NS}, "eventTime": null});
+        let outcome = reconcile_then(
+            vec![
+                expect(
+                    Method::GET,
+                    &format!("{CRDS}/tiers"),
+                    list(tiers(true)),
+                    no_check,
+                ),
+                expect(
+                    Method::GET,
+                    &format!("{CRDS}/modelroutes"),
+                    list(vec![route(broken.clone())]),
+                    no_check,
+                ),
+                expect(
+                    Method::GET,
+                    &format!("{CRDS}/apikeys"),
+                    list(vec![]),
+                    no_check,
+                ),
+                expect(
+                    Method::GET,
+                    "/api/v1/namespaces/gw/secrets",
+                    list(vec![]),
+                    no_check,
+                ),
+                expect(
+                    Method::PATCH,
+                    &format!("{CRDS}/modelroutes/svc-fast/status"),
+                    route(broken),
+                    no_check,
+                ),
+                expect(
+                    Method::POST,
+                    "/apis/events.k8s.io/v1/namespaces/gw/events",
+                    event.clone(),
+                    no_check,
+                ),
+                expect(
+                    Method::PATCH,
+                    "/api/v1/namespaces/gw/secrets/gateway-config",
+                    secret,
+                    no_check,
+                ),
+                expect(
+                    Method::POST,
+                    "/apis/events.k8s.io/v1/namespaces/gw/events",
+                    event,
+                    no_check,
+                ),
+            ],
+            |ctx| {
+                assert!(
+                    ctx.depends_on_secret("missing"),
+                    "a Secret an invalid route waits for"
+                );
+                assert!(ctx.depends_on_secret("gateway-config"));
+                assert!(!ctx.depends_on_secret("some-other-app"));
+            },
+        )
         .await;
         assert!(matches!(outcome, Outcome::Published(_)), "{outcome:?}");
     }

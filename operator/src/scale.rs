@@ -13,7 +13,6 @@
 //! by that count, so the pods together still grant about the key's limits.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -173,9 +172,9 @@ impl Scaler {
         loop {
             if *leading.borrow_and_update() {
                 match self.round(&mut sampler, &mut stabilizer).await {
-                    Ok(replicas) => metrics
-                        .desired_replicas
-                        .store(u64::from(replicas), Ordering::Relaxed),
+                    Ok(replicas) => {
+                        metrics.desired_replicas.set(i64::from(replicas));
+                    }
                     Err(error) => tracing::warn!(%error, "scaling round failed"),
                 }
             }

@@ -3,7 +3,6 @@
 //! which tier) belongs to the ledger; this loop only times, logs and counts it.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,17 +45,15 @@ where
 {
     match sweep().await {
         Ok(promotions) => {
-            metrics.sweeps.fetch_add(1, Ordering::Relaxed);
+            metrics.sweeps.inc();
             for p in &promotions {
                 tracing::info!(key = %p.key_id, account = %p.account_id, from = %p.from, to = %p.to, "promotion sweep changed a key's tier");
             }
-            metrics
-                .promotions
-                .fetch_add(promotions.len() as u64, Ordering::Relaxed);
+            metrics.promotions.inc_by(promotions.len() as u64);
             tracing::info!(changes = promotions.len(), "promotion sweep done");
         }
         Err(error) => {
-            metrics.sweep_failures.fetch_add(1, Ordering::Relaxed);
+            metrics.sweep_failures.inc();
             tracing::warn!(%error, "promotion sweep failed");
         }
     }
@@ -64,7 +61,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicU32;
+    use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
 
@@ -104,7 +101,7 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_secs(600)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 3, "then every interval");
-        assert_eq!(metrics.promotions.load(Ordering::Relaxed), 3);
+        assert_eq!(metrics.promotions.get(), 3);
 
         leading.send_replace(false);
         tokio::time::sleep(Duration::from_secs(900)).await;
@@ -120,8 +117,8 @@ mod tests {
     async fn a_failed_sweep_is_counted_and_changes_nothing() {
         let metrics = Metrics::default();
         sweep_once(&metrics, &|| async { Err(crate::error::Error::NoRules) }).await;
-        assert_eq!(metrics.sweep_failures.load(Ordering::Relaxed), 1);
-        assert_eq!(metrics.sweeps.load(Ordering::Relaxed), 0);
-        assert_eq!(metrics.promotions.load(Ordering::Relaxed), 0);
+        assert_eq!(metrics.sweep_failures.get(), 1);
+        assert_eq!(metrics.sweeps.get(), 0);
+        assert_eq!(metrics.promotions.get(), 0);
     }
 }

@@ -83,6 +83,20 @@ fn ready(api: &KubeApi, kind: &str, name: &str) -> (String, String, String) {
     (next(), next(), next())
 }
 
+/// A ModelRoute `name` serving `model` from an upstream whose API key is in Secret
+/// `no-such-secret`, which the tests do not create unless they say so.
+fn route_naming_a_missing_secret(name: &str, model: &str) -> String {
+    format!(
+        "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  name: {name}\n\
+         spec:\n  model: {model}\n  displayName: Broken\n  contextWindow: 200000\n  \
+         maxOutputTokens: 8192\n  pricing:\n    inputUsdPerMTok: \"0.80\"\n    \
+         outputUsdPerMTok: \"4\"\n    cacheWriteUsdPerMTok: \"1\"\n    \
+         cacheReadUsdPerMTok: \"0.08\"\n  upstreams:\n  - name: primary\n    \
+         provider: anthropic\n    model: claude-haiku\n    baseUrl: https://api.anthropic.com\n    \
+         apiKeySecretRef:\n      name: no-such-secret\n      key: apiKey\n"
+    )
+}
+
 #[tokio::test]
 async fn resources_applied_with_kubectl_configure_a_running_gateway_within_ten_seconds() {
     let Some(api) = cluster().await else { return };
@@ -154,21 +168,6 @@ async fn resources_applied_with_kubectl_configure_a_running_gateway_within_ten_s
     .await;
 }
 
-/// A ModelRoute for `model` (named `svc-<model's short name>`) whose provider API key Secret
-/// does not exist: it cannot be published.
-fn route_without_its_secret(model: &str, display_name: &str) -> String {
-    let name = model.replace('/', "-");
-    format!(
-        "apiVersion: gateway.svc.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  name: {name}\n\
-         spec:\n  model: {model}\n  displayName: {display_name}\n  contextWindow: 200000\n  \
-         maxOutputTokens: 8192\n  pricing:\n    inputUsdPerMTok: \"0.80\"\n    \
-         outputUsdPerMTok: \"4\"\n    cacheWriteUsdPerMTok: \"1\"\n    \
-         cacheReadUsdPerMTok: \"0.08\"\n  upstreams:\n  - name: primary\n    \
-         provider: anthropic\n    model: claude-haiku\n    baseUrl: https://api.anthropic.com\n    \
-         apiKeySecretRef:\n      name: no-such-secret\n      key: apiKey\n"
-    )
-}
-
 #[tokio::test]
 async fn an_invalid_edit_gets_a_clear_condition_while_its_last_published_version_serves() {
     let Some(api) = cluster().await else { return };
@@ -178,7 +177,7 @@ async fn an_invalid_edit_gets_a_clear_condition_while_its_last_published_version
     let gw = gateway(&api, &redis).await;
 
     // svc-haiku now routes to a provider whose API key Secret does not exist.
-    let out = api.apply(&route_without_its_secret("svc/haiku", "Haiku"));
+    let out = api.apply(&route_naming_a_missing_secret("svc-haiku", "svc/haiku"));
     assert!(
         out.status.success(),
         "{}",
@@ -685,7 +684,7 @@ async fn an_invalid_resource_beside_valid_ones_is_left_out_and_the_valid_ones_pu
     let mini = haiku
         .replace("name: svc-haiku", "name: svc-mini")
         .replace("model: svc/haiku", "model: svc/mini");
-    let broken = route_without_its_secret("svc/broken", "Broken");
+    let broken = route_naming_a_missing_secret("svc-broken", "svc/broken");
     let out = api.apply(&format!("{mini}\n---\n{broken}"));
     assert!(
         out.status.success(),
@@ -710,4 +709,36 @@ async fn an_invalid_resource_beside_valid_ones_is_left_out_and_the_valid_ones_pu
         "{detail}"
     );
     assert_eq!(ready(&api, "modelroute", "svc-mini").0, "True");
+}
+
+#[tokio::test]
+async fn the_secret_a_route_waits_for_brings_the_route_in_when_it_is_created() {
+    let Some(api) = cluster().await else { return };
+    // The default resync (5 minutes) is far off: only the Secret's own event can do it.
+    let _operator = Operator::start(&api, "operator-0", &[]);
+    published_version(&api).await;
+    let out = api.apply(&route_naming_a_missing_secret("svc-broken", "svc/broken"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    poll_until("the Invalid condition", APPLY_WITHIN, POLL, || async {
+        (ready(&api, "modelroute", "svc-broken").1 == "Invalid").then_some(())
+    })
+    .await;
+
+    let secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: no-such-secret\n\
+                  stringData:\n  apiKey: sk-ant-test\n";
+    let out = api.apply(secret);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    poll_until("the route to be published", APPLY_WITHIN, POLL, || async {
+        let (status, reason, _) = ready(&api, "modelroute", "svc-broken");
+        (status == "True" && reason == "Published").then_some(())
+    })
+    .await;
 }
