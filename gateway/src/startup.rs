@@ -347,7 +347,8 @@ async fn run(
     background(&state, rules);
     if state.payments.stripe().is_some() {
         tokio::spawn(reload::every(
-            state.clone(),
+            state.payments.clone(),
+            state.auto_reloads.clone(),
             Duration::from_millis(args.auto_reload_interval_ms.max(1)),
             state.shutdown.draining.clone(),
         ));

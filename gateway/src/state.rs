@@ -9,7 +9,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::accounts::Accounts;
 use crate::client_address::TrustedProxies;
-use crate::dashboard::{DashboardConfig, DeveloperStore};
+use crate::dashboard::settings::DashboardConfig;
+use crate::dashboard::store::DeveloperStore;
 use crate::ledger::Ledger;
 use crate::limits::{AddressBrake, Limiter};
 use crate::payments::reload::AutoReloads;

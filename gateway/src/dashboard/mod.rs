@@ -12,6 +12,7 @@ mod layout;
 mod overview;
 pub mod postgres;
 mod session;
+pub mod settings;
 pub mod store;
 mod usage;
 
@@ -28,16 +29,8 @@ use crate::ledger::LedgerError;
 use crate::state::AppState;
 
 pub use postgres::PostgresDeveloperStore;
+pub use settings::DashboardConfig;
 pub use store::{CheckoutStatus, DeveloperStore, MemoryDeveloperStore};
-
-/// Start-up settings of the dashboard.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DashboardConfig {
-    /// Mark cookies `Secure` on every request, not only those a proxy says came over https.
-    pub secure_cookies: bool,
-    /// apiCredits a new account starts with.
-    pub signup_credits: u64,
-}
 
 #[derive(Debug, Error)]
 pub enum DashboardError {

@@ -13,7 +13,7 @@ use time::{Duration, OffsetDateTime};
 
 use super::store::Session;
 use super::DashboardError;
-use crate::auth::KeyHash;
+use crate::accounts::KeyHash;
 use crate::ids;
 use crate::state::AppState;
 

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use time::{Duration, OffsetDateTime};
 
+use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
-use crate::auth::KeyHash;
 
 #[derive(Clone, Debug)]
 pub struct User {

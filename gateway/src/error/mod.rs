@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::accounts::StoreError;
 use crate::auth::AuthError;
+use crate::cpu::JobFailed;
 use crate::dashboard::DashboardError;
 use crate::ledger::LedgerError;
 use crate::limits::LimitError;
@@ -343,7 +344,16 @@ impl From<ProviderError> for ApiError {
 
 impl From<TokenError> for ApiError {
     fn from(e: TokenError) -> Self {
-        Self::invalid(e.to_string())
+        match e {
+            TokenError::Job(inner) => inner.into(),
+            e => Self::invalid(e.to_string()),
+        }
+    }
+}
+
+impl From<JobFailed> for ApiError {
+    fn from(_: JobFailed) -> Self {
+        Self::internal()
     }
 }
 
