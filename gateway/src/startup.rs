@@ -18,10 +18,9 @@ use crate::auth::{self, KeySpec};
 use crate::client_address::TrustedProxies;
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
-use crate::dashboard::{
-    DashboardConfig, DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore,
-};
+use crate::dashboard::DashboardConfig;
 use crate::db::{Database, DbError};
+use crate::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 use crate::limits::{
@@ -130,7 +129,12 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
-        payments: payments(&args.common, TestPayments)?,
+        payments: payments(
+            &args.common,
+            TestPayments {
+                webhook_secret: args.common.payment_webhook_secret.clone(),
+            },
+        )?,
         developers: Arc::new(MemoryDeveloperStore::default()),
         responses: ResponsesBackend::memory(&args.common.responses_store),
     };

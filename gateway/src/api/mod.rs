@@ -20,10 +20,10 @@ use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::edge::{auth, pre_admission, rate_limit_headers, request_telemetry};
+use crate::edge::{auth, pre_admission, rate_limit_headers, request_telemetry, webhooks};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{dashboard, payments, version};
+use crate::{dashboard, version};
 
 pub fn router(state: AppState) -> Router {
     // Model and count_tokens calls count against RPM before their body is read (the auth
@@ -59,8 +59,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .nest("/v1", v1)
         .merge(dashboard::router())
-        .route("/webhooks/payments", post(payments::webhook))
-        .route("/webhooks/stripe", post(payments::stripe::webhook))
+        .route("/webhooks/payments", post(webhooks::payments))
+        .route("/webhooks/stripe", post(webhooks::stripe))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))

@@ -10,10 +10,8 @@ mod form;
 mod keys;
 mod layout;
 mod overview;
-pub mod postgres;
 mod session;
 pub mod settings;
-pub mod store;
 mod usage;
 
 use axum::http::{header, HeaderValue};
@@ -28,9 +26,7 @@ use crate::error::ApiError;
 use crate::ledger::LedgerError;
 use crate::state::AppState;
 
-pub use postgres::PostgresDeveloperStore;
 pub use settings::DashboardConfig;
-pub use store::{CheckoutStatus, DeveloperStore, MemoryDeveloperStore};
 
 #[derive(Debug, Error)]
 pub enum DashboardError {

@@ -1,6 +1,11 @@
-//! The dashboard's own records: users (one per account), their sessions, failed sign-ins for
-//! throttling, and checkouts started from the billing page. A trait so that the Postgres store
-//! of cluster mode can take the in-process one's place; handlers never know which.
+//! The developer dashboard's own records: users (one per account), their sessions, failed
+//! sign-ins for throttling, and checkouts started from the billing page. A trait so that the
+//! Postgres store of cluster mode can take the in-process one's place; handlers never know
+//! which. The pages are `dashboard/`.
+
+mod postgres;
+
+pub use postgres::PostgresDeveloperStore;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
