@@ -8,16 +8,11 @@
 //! the first untrusted address from the right is the client; what lies to the left of it is
 //! the client's own claim and is ignored.
 
-use std::convert::Infallible;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use axum::extract::FromRequestParts;
-use axum::http::request::Parts;
-use axum::http::HeaderMap;
+use http::{Extensions, HeaderMap};
 use ipnet::{IpNet, Ipv6Net};
-
-use crate::state::AppState;
 
 /// The peer of the connection a request came on, set by the listener on every request.
 #[derive(Clone, Copy, Debug)]
@@ -119,30 +114,19 @@ impl fmt::Display for AddressBucket {
 pub struct ClientAddress(pub Option<IpAddr>);
 
 impl ClientAddress {
-    pub fn of(state: &AppState, extensions: &axum::http::Extensions, headers: &HeaderMap) -> Self {
+    pub fn of(proxies: &TrustedProxies, extensions: &Extensions, headers: &HeaderMap) -> Self {
         Self(
             extensions
                 .get::<Peer>()
-                .map(|peer| state.trusted_proxies.client(peer.0.ip(), headers)),
+                .map(|peer| proxies.client(peer.0.ip(), headers)),
         )
-    }
-}
-
-impl FromRequestParts<AppState> for ClientAddress {
-    type Rejection = Infallible;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        Ok(Self::of(state, &parts.extensions, &parts.headers))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
+    use http::HeaderValue;
 
     fn proxies(networks: &[&str]) -> TrustedProxies {
         TrustedProxies::new(

@@ -6,9 +6,8 @@
 
 use std::sync::LazyLock;
 
+use thiserror::Error;
 use tokio::sync::Semaphore;
-
-use crate::error::ApiError;
 
 /// Inputs up to this size are cheap enough to handle in place (a few hundred microseconds at
 /// most); larger ones go to [`run`].
@@ -19,13 +18,18 @@ static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
     Semaphore::new(cores)
 });
 
+/// A job that did not finish: it panicked, or the runtime is shutting down.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("a CPU-bound job failed")]
+pub struct JobFailed;
+
 /// Runs `job` on a blocking thread once a slot is free.
 pub async fn run<T: Send + 'static>(
     job: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
-    let _slot = SLOTS.acquire().await.map_err(|_| ApiError::internal())?;
+) -> Result<T, JobFailed> {
+    let _slot = SLOTS.acquire().await.map_err(|_| JobFailed)?;
     tokio::task::spawn_blocking(job).await.map_err(|e| {
         tracing::error!(error = %e, "a CPU-bound job failed");
-        ApiError::internal()
+        JobFailed
     })
 }

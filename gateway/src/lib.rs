@@ -11,6 +11,8 @@ pub mod config;
 pub mod cpu;
 pub mod dashboard;
 pub mod db;
+pub mod developers;
+pub mod edge;
 pub mod error;
 pub mod ids;
 pub mod ledger;

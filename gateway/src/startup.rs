@@ -18,10 +18,9 @@ use crate::auth::{self, KeySpec};
 use crate::client_address::TrustedProxies;
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
-use crate::dashboard::{
-    DashboardConfig, DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore,
-};
+use crate::dashboard::DashboardConfig;
 use crate::db::{Database, DbError};
+use crate::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 use crate::limits::{
@@ -130,7 +129,12 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
-        payments: payments(&args.common, TestPayments)?,
+        payments: payments(
+            &args.common,
+            TestPayments {
+                webhook_secret: args.common.payment_webhook_secret.clone(),
+            },
+        )?,
         developers: Arc::new(MemoryDeveloperStore::default()),
         responses: ResponsesBackend::memory(&args.common.responses_store),
     };
@@ -347,7 +351,8 @@ async fn run(
     background(&state, rules);
     if state.payments.stripe().is_some() {
         tokio::spawn(reload::every(
-            state.clone(),
+            state.payments.clone(),
+            state.auto_reloads.clone(),
             Duration::from_millis(args.auto_reload_interval_ms.max(1)),
             state.shutdown.draining.clone(),
         ));

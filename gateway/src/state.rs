@@ -9,11 +9,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::accounts::Accounts;
 use crate::client_address::TrustedProxies;
-use crate::dashboard::{DashboardConfig, DeveloperStore};
+use crate::dashboard::settings::DashboardConfig;
+use crate::developers::DeveloperStore;
 use crate::ledger::Ledger;
 use crate::limits::{AddressBrake, Limiter};
 use crate::payments::reload::AutoReloads;
-use crate::payments::PaymentProvider;
+use crate::payments::{Books, PaymentProvider};
 use crate::providers::Providers;
 use crate::responses_store::ResponseStore;
 use crate::routing::Catalog;
@@ -66,6 +67,17 @@ impl AppState {
 
     pub fn replace_catalog(&self, catalog: Catalog) {
         self.0.catalog.store(Arc::new(catalog));
+    }
+
+    /// What the payment paths move and record.
+    pub fn books(&self) -> Books {
+        Books {
+            accounts: self.accounts.clone(),
+            ledger: self.ledger.clone(),
+            auto_reloads: self.auto_reloads.clone(),
+            checkouts: self.developers.clone(),
+            credits_per_usd: self.credits_per_usd,
+        }
     }
 }
 

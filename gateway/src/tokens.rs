@@ -31,6 +31,8 @@ pub enum TokenError {
     Image { path: String },
     #[error("{path}: media_type must be one of image/png, image/jpeg, image/gif, image/webp")]
     MediaType { path: String },
+    #[error(transparent)]
+    Job(#[from] crate::cpu::JobFailed),
 }
 
 #[derive(Clone, Copy)]
@@ -64,7 +66,7 @@ impl Tokenizer {
     pub async fn count_request_off_workers(
         &self,
         req: MessagesRequest,
-    ) -> Result<(MessagesRequest, u32), crate::error::ApiError> {
+    ) -> Result<(MessagesRequest, u32), TokenError> {
         if !heavy(&req) {
             let tokens = self.count_request(&req)?;
             return Ok((req, tokens));

@@ -4,8 +4,18 @@
 
 use crds::config::ModelConfig;
 
-use crate::error::ApiError;
 use crate::wire::anthropic::{InputBlock, MessagesRequest, Role, Thinking, ToolChoice};
+
+/// Why a request cannot be served as sent: the spec's 400 `invalid_request_error`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl Invalid {
+    fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
 
 pub const MAX_STOP_SEQUENCES: usize = 4;
 pub const MIN_THINKING_BUDGET: u32 = 1_024;
@@ -18,7 +28,7 @@ pub fn request(
     model_id: &str,
     model: &ModelConfig,
     open_max_tokens: bool,
-) -> Result<(), ApiError> {
+) -> Result<(), Invalid> {
     if !open_max_tokens {
         max_tokens(req, model_id, model)?;
     }
@@ -28,7 +38,7 @@ pub fn request(
     thinking(req, model, open_max_tokens)?;
     if let Some(user_id) = req.metadata.as_ref().and_then(|m| m.user_id.as_ref()) {
         if user_id.len() > MAX_USER_ID {
-            return Err(ApiError::invalid(format!(
+            return Err(Invalid::new(format!(
                 "metadata.user_id: at most {MAX_USER_ID} characters"
             )));
         }
@@ -36,10 +46,10 @@ pub fn request(
     Ok(())
 }
 
-fn max_tokens(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
+fn max_tokens(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
     let value = req.max_tokens;
     if value == 0 {
-        return Err(ApiError::invalid("max_tokens: must be a positive integer"));
+        return Err(Invalid::new("max_tokens: must be a positive integer"));
     }
     let limit = model.max_output_tokens;
     if value > limit {
@@ -52,7 +62,7 @@ fn max_tokens(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Res
         } else {
             format!("lower max_tokens to {limit} or less")
         };
-        return Err(ApiError::invalid(format!(
+        return Err(Invalid::new(format!(
             "max_tokens: {value} is above the maximum of {limit} for {model_id}; {remedy}"
         )));
     }
@@ -65,25 +75,23 @@ fn looks_like_claude_code(req: &MessagesRequest) -> bool {
         .is_some_and(|system| system.contains("Claude Code"))
 }
 
-fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
+fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
     let Some(last) = req.messages.last() else {
-        return Err(ApiError::invalid(
-            "messages: at least one message is required",
-        ));
+        return Err(Invalid::new("messages: at least one message is required"));
     };
     if req.messages[0].role != Role::User {
-        return Err(ApiError::invalid(
+        return Err(Invalid::new(
             "messages[0].role: the first message must have role `user`",
         ));
     }
     if last.role != Role::User {
-        return Err(ApiError::invalid(
+        return Err(Invalid::new(
             "messages: the last message must have role `user`",
         ));
     }
     for (i, pair) in req.messages.windows(2).enumerate() {
         if pair[0].role == pair[1].role {
-            return Err(ApiError::invalid(format!(
+            return Err(Invalid::new(format!(
                 "messages[{}].role: messages must alternate between `user` and `assistant`",
                 i + 1
             )));
@@ -96,7 +104,7 @@ fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Resul
             crate::wire::one_or_many::StringOr::Many(blocks) => blocks.is_empty(),
         };
         if empty {
-            return Err(ApiError::invalid(format!(
+            return Err(Invalid::new(format!(
                 "messages[{i}].content: must not be empty"
             )));
         }
@@ -105,25 +113,25 @@ fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Resul
             let path = format!("messages[{i}].content[{j}]");
             match (block, message.role) {
                 (InputBlock::Image { .. }, _) if !model.capabilities.vision => {
-                    return Err(ApiError::invalid(format!(
+                    return Err(Invalid::new(format!(
                         "{path}: {model_id} does not accept images"
                     )));
                 }
                 (InputBlock::ToolUse { id, .. }, Role::Assistant) => tool_uses.push(id.as_str()),
                 (InputBlock::ToolUse { .. }, Role::User) => {
-                    return Err(ApiError::invalid(format!(
+                    return Err(Invalid::new(format!(
                         "{path}: tool_use blocks belong in assistant messages"
                     )));
                 }
                 (InputBlock::ToolResult { .. }, Role::Assistant) => {
-                    return Err(ApiError::invalid(format!(
+                    return Err(Invalid::new(format!(
                         "{path}: tool_result blocks belong in user messages"
                     )));
                 }
                 (InputBlock::ToolResult { tool_use_id, .. }, Role::User)
                     if !previous_tool_uses.contains(&tool_use_id.as_str()) =>
                 {
-                    return Err(ApiError::invalid(format!(
+                    return Err(Invalid::new(format!(
                         "{path}.tool_use_id: no tool_use block with id `{tool_use_id}` in the previous assistant message"
                     )));
                 }
@@ -135,31 +143,29 @@ fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Resul
     Ok(())
 }
 
-fn sampling(req: &MessagesRequest) -> Result<(), ApiError> {
+fn sampling(req: &MessagesRequest) -> Result<(), Invalid> {
     for (name, value) in [("temperature", req.temperature), ("top_p", req.top_p)] {
         if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
-            return Err(ApiError::invalid(format!(
-                "{name}: must be between 0 and 1"
-            )));
+            return Err(Invalid::new(format!("{name}: must be between 0 and 1")));
         }
     }
     if req.stop_sequences.len() > MAX_STOP_SEQUENCES {
-        return Err(ApiError::invalid(format!(
+        return Err(Invalid::new(format!(
             "stop_sequences: at most {MAX_STOP_SEQUENCES} are allowed, got {}",
             req.stop_sequences.len()
         )));
     }
     if let Some(i) = req.stop_sequences.iter().position(|s| s.trim().is_empty()) {
-        return Err(ApiError::invalid(format!(
+        return Err(Invalid::new(format!(
             "stop_sequences[{i}]: must contain non-whitespace text"
         )));
     }
     Ok(())
 }
 
-fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), ApiError> {
+fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
     if !req.tools.is_empty() && !model.capabilities.tools {
-        return Err(ApiError::invalid(format!(
+        return Err(Invalid::new(format!(
             "tools: {model_id} does not support tools"
         )));
     }
@@ -171,12 +177,12 @@ fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !valid {
-            return Err(ApiError::invalid(format!(
+            return Err(Invalid::new(format!(
                 "tools[{i}].name: 1 to {MAX_TOOL_NAME} letters, digits, `_` or `-`"
             )));
         }
         if req.tools[..i].iter().any(|t| t.name == tool.name) {
-            return Err(ApiError::invalid(format!(
+            return Err(Invalid::new(format!(
                 "tools[{i}].name: `{}` is defined twice",
                 tool.name
             )));
@@ -184,10 +190,10 @@ fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(
     }
     match &req.tool_choice {
         Some(ToolChoice::Any { .. } | ToolChoice::Tool { .. }) if req.tools.is_empty() => Err(
-            ApiError::invalid("tool_choice: forcing a tool call requires `tools`"),
+            Invalid::new("tool_choice: forcing a tool call requires `tools`"),
         ),
         Some(ToolChoice::Tool { name, .. }) if !req.tools.iter().any(|t| &t.name == name) => {
-            Err(ApiError::invalid(format!(
+            Err(Invalid::new(format!(
                 "tool_choice.name: no tool named `{name}` in `tools`"
             )))
         }
@@ -220,7 +226,7 @@ fn thinking(
     req: &MessagesRequest,
     model: &ModelConfig,
     open_max_tokens: bool,
-) -> Result<(), ApiError> {
+) -> Result<(), Invalid> {
     let budget_tokens = match req.thinking {
         None | Some(Thinking::Disabled) => return Ok(()),
         Some(Thinking::Adaptive) => None,
@@ -234,12 +240,12 @@ fn thinking(
         return Ok(());
     };
     if budget_tokens < MIN_THINKING_BUDGET {
-        return Err(ApiError::invalid(format!(
+        return Err(Invalid::new(format!(
             "thinking.budget_tokens: must be at least {MIN_THINKING_BUDGET}"
         )));
     }
     if !open_max_tokens && budget_tokens >= req.max_tokens {
-        return Err(ApiError::invalid(
+        return Err(Invalid::new(
             "thinking.budget_tokens: must be less than max_tokens",
         ));
     }

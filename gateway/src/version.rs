@@ -3,7 +3,7 @@
 //! and the `/v1` header, `GET /v1/models` and the dashboard's changelog page all read it from
 //! here.
 
-use axum::http::HeaderName;
+use http::HeaderName;
 
 /// The current API version (the spec's v0.x numbering, without the `v`).
 pub const API_VERSION: &str = "0.2.0";

@@ -7,7 +7,7 @@ use dashmap::DashMap;
 use time::OffsetDateTime;
 
 use super::{Account, AccountStatus, Accounts, KeyRecord, Promotion, PromotionRules, StoreError};
-use crate::auth::KeyHash;
+use crate::accounts::KeyHash;
 use crate::ids;
 use crate::ledger::MemoryLedger;
 

@@ -7,6 +7,8 @@ pub mod promotion;
 
 use async_trait::async_trait;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use thiserror::Error;
 use time::OffsetDateTime;
 
@@ -14,7 +16,32 @@ pub use memory::MemoryAccounts;
 pub use postgres::PostgresAccounts;
 pub use promotion::{Promotion, PromotionRules};
 
-use crate::auth::KeyHash;
+/// The SHA-256 of a key's secret: what is stored and looked up instead of the secret. Keys
+/// are 238-bit random secrets, so a fast hash is the right tool (a password hash would only
+/// slow every request); compared in constant time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyHash([u8; 32]);
+
+impl KeyHash {
+    pub fn of(secret: &str) -> Self {
+        Self(Sha256::digest(secret.as_bytes()).into())
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// A stored hash; `None` when it is not 32 bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(Self)
+    }
+}
+
+impl ConstantTimeEq for KeyHash {
+    fn ct_eq(&self, other: &Self) -> subtle::Choice {
+        self.0.ct_eq(&other.0)
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum StoreError {

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use super::{
     Account, AccountStatus, Accounts, KeyKind, KeyRecord, Promotion, PromotionRules, StoreError,
 };
-use crate::auth::KeyHash;
+use crate::accounts::KeyHash;
 use crate::db::{from_db, name_of, parse_name, to_db, Database, DbError};
 use crate::ids;
 

@@ -20,18 +20,16 @@ use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
+use crate::edge::{auth, pre_admission, rate_limit_headers, request_telemetry, webhooks};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{auth, dashboard, limits, payments, telemetry, version};
+use crate::{dashboard, version};
 
 pub fn router(state: AppState) -> Router {
     // Model and count_tokens calls count against RPM before their body is read (the auth
     // layer, outside the router, has run already).
     let admitted = |handler: axum::routing::MethodRouter<AppState>| {
-        handler.layer(from_fn_with_state(
-            state.clone(),
-            limits::pre_admission_layer,
-        ))
+        handler.layer(from_fn_with_state(state.clone(), pre_admission::layer))
     };
     let v1 = Router::new()
         .route("/messages", admitted(post(messages::create)))
@@ -53,7 +51,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(state.clone(), auth::layer))
-        .layer(from_fn_with_state(state.clone(), limits::headers_layer))
+        .layer(from_fn_with_state(state.clone(), rate_limit_headers::layer))
         .layer(SetResponseHeaderLayer::overriding(
             version::HEADER,
             HeaderValue::from_static(version::API_VERSION),
@@ -61,8 +59,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .nest("/v1", v1)
         .merge(dashboard::router())
-        .route("/webhooks/payments", post(payments::webhook))
-        .route("/webhooks/stripe", post(payments::stripe::webhook))
+        .route("/webhooks/payments", post(webhooks::payments))
+        .route("/webhooks/stripe", post(webhooks::stripe))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
@@ -71,7 +69,7 @@ pub fn router(state: AppState) -> Router {
             tracing::error!("handler panicked");
             ApiError::internal().into_response()
         }))
-        .layer(axum::middleware::from_fn(telemetry::request::layer))
+        .layer(axum::middleware::from_fn(request_telemetry::layer))
         .with_state(state)
 }
 

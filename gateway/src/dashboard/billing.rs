@@ -12,8 +12,8 @@ use time::OffsetDateTime;
 use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
 use super::session::{secure, SignedIn};
-use super::store::{Checkout, CheckoutStatus, Session};
 use super::DashboardError;
+use crate::developers::{Checkout, CheckoutStatus, Session};
 use crate::error::ApiError;
 use crate::ids;
 use crate::ledger::ReversalKind;
@@ -353,7 +353,7 @@ pub async fn checkout(
             created_at: OffsetDateTime::now_utc(),
         })
         .await?;
-    let started = state.payments.checkout(&state, &order).await;
+    let started = state.payments.checkout(&state.books(), &order).await;
     if let Ok(Started::Redirect(url)) = &started {
         return Ok(Redirect::to(url).into_response());
     }

@@ -5,8 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 
-use super::store::Session;
 use super::DashboardError;
+use crate::developers::Session;
 use crate::error::ApiError;
 
 pub const STYLE: &str = include_str!("style.css");

@@ -10,9 +10,8 @@ mod form;
 mod keys;
 mod layout;
 mod overview;
-pub mod postgres;
 mod session;
-pub mod store;
+pub mod settings;
 mod usage;
 
 use axum::http::{header, HeaderValue};
@@ -27,17 +26,7 @@ use crate::error::ApiError;
 use crate::ledger::LedgerError;
 use crate::state::AppState;
 
-pub use postgres::PostgresDeveloperStore;
-pub use store::{CheckoutStatus, DeveloperStore, MemoryDeveloperStore};
-
-/// Start-up settings of the dashboard.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DashboardConfig {
-    /// Mark cookies `Secure` on every request, not only those a proxy says came over https.
-    pub secure_cookies: bool,
-    /// apiCredits a new account starts with.
-    pub signup_credits: u64,
-}
+pub use settings::DashboardConfig;
 
 #[derive(Debug, Error)]
 pub enum DashboardError {

@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 use subtle::ConstantTimeEq;
 use time::{Duration, OffsetDateTime};
 
-use super::store::Session;
 use super::DashboardError;
-use crate::auth::KeyHash;
+use crate::accounts::KeyHash;
+use crate::developers::Session;
 use crate::ids;
 use crate::state::AppState;
 

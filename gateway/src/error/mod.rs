@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::accounts::StoreError;
 use crate::auth::AuthError;
+use crate::cpu::JobFailed;
 use crate::dashboard::DashboardError;
 use crate::ledger::LedgerError;
 use crate::limits::LimitError;
@@ -16,6 +17,7 @@ use crate::providers::ProviderError;
 use crate::responses_store::StoreError as ResponseStoreError;
 use crate::telemetry::metrics;
 use crate::tokens::TokenError;
+use crate::validate;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -293,7 +295,9 @@ impl From<LedgerError> for ApiError {
 impl From<PaymentError> for ApiError {
     fn from(e: PaymentError) -> Self {
         match e {
-            PaymentError::Amount(_) | PaymentError::EmptyReference => Self::invalid(e.to_string()),
+            PaymentError::Amount(_) | PaymentError::EmptyReference | PaymentError::Invalid(_) => {
+                Self::invalid(e.to_string())
+            }
             PaymentError::UnknownAccount(_) => Self::not_found(e.to_string()),
             PaymentError::Duplicate(_) => Self::new(
                 StatusCode::CONFLICT,
@@ -343,7 +347,22 @@ impl From<ProviderError> for ApiError {
 
 impl From<TokenError> for ApiError {
     fn from(e: TokenError) -> Self {
-        Self::invalid(e.to_string())
+        match e {
+            TokenError::Job(inner) => inner.into(),
+            e => Self::invalid(e.to_string()),
+        }
+    }
+}
+
+impl From<validate::Invalid> for ApiError {
+    fn from(e: validate::Invalid) -> Self {
+        Self::invalid(e.0)
+    }
+}
+
+impl From<JobFailed> for ApiError {
+    fn from(_: JobFailed) -> Self {
+        Self::internal()
     }
 }
 
@@ -373,7 +392,7 @@ impl From<CheckoutError> for ApiError {
         match e {
             CheckoutError::NoProvider => Self::unavailable(e.to_string()),
             CheckoutError::Confirmation(inner) => {
-                tracing::warn!(error = %inner.message, "payment confirmation refused");
+                tracing::warn!(error = %inner, "payment confirmation refused");
                 Self::new(
                     StatusCode::BAD_GATEWAY,
                     ErrorType::ApiError,

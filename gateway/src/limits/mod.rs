@@ -7,9 +7,7 @@
 
 mod address;
 mod failover;
-mod headers;
 mod memory;
-mod pre_admission;
 mod redis;
 
 use std::fmt;
@@ -21,9 +19,7 @@ use thiserror::Error;
 
 pub use address::{standing_of, AddressBrake, AddressLimit};
 pub use failover::{Failover, OutagePolicy};
-pub use headers::{layer as headers_layer, write_address as write_address_headers};
 pub use memory::MemoryLimiter;
-pub use pre_admission::layer as pre_admission_layer;
 pub use redis::RedisLimiter;
 
 pub const WINDOW_SECS: u64 = 60;

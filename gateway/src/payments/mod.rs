@@ -6,15 +6,29 @@ mod provider;
 pub mod reload;
 pub mod signature;
 pub mod stripe;
-mod webhook;
+pub mod webhook;
+
+use std::sync::Arc;
 
 use thiserror::Error;
 
 pub use provider::{CheckoutError, NoPayments, Order, PaymentProvider, Started, TestPayments};
-pub use webhook::webhook;
 
 use crate::accounts::{Accounts, StoreError};
+use crate::developers::DeveloperStore;
 use crate::ledger::{Confirmation, Ledger, LedgerError, NewTopUp};
+use reload::AutoReloads;
+
+/// What payments move and record: the accounts credited, the ledger, the saved cards of
+/// auto-reload, the dashboard's checkouts, and the price of a credit.
+#[derive(Clone)]
+pub struct Books {
+    pub accounts: Arc<dyn Accounts>,
+    pub ledger: Arc<dyn Ledger>,
+    pub auto_reloads: Arc<dyn AutoReloads>,
+    pub checkouts: Arc<dyn DeveloperStore>,
+    pub credits_per_usd: u64,
+}
 
 /// The spec's top-up bounds: packs from $10, custom amounts up to $10,000.
 pub const MIN_TOP_UP_CENTS: u64 = 1_000;
@@ -30,6 +44,9 @@ pub enum PaymentError {
     UnknownAccount(String),
     #[error("reference: top-up `{0}` is already confirmed; nothing changed")]
     Duplicate(String),
+    /// A delivery whose body is not what the provider sends (a field missing, another currency).
+    #[error("{0}")]
+    Invalid(String),
     #[error(transparent)]
     Signature(#[from] signature::SignatureError),
     #[error(transparent)]

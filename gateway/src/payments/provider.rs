@@ -4,26 +4,22 @@
 //! mode, and none (checkouts refused with a clear message) in cluster mode.
 
 use async_trait::async_trait;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use serde_json::json;
 use thiserror::Error;
 use time::OffsetDateTime;
 
-use super::signature;
 use super::stripe::{Stripe, StripeError};
-use super::webhook::{webhook, SIGNATURE_HEADER};
+use super::webhook::{receive, SIGNATURE_HEADER};
+use super::{signature, Books, PaymentError};
 use crate::accounts::StoreError;
-use crate::api::body::RawBody;
-use crate::error::ApiError;
-use crate::state::AppState;
 
 #[derive(Debug, Error)]
 pub enum CheckoutError {
     #[error("top-ups are not available on this gateway yet: no payment provider is configured")]
     NoProvider,
-    #[error("the payment provider's confirmation was refused: {}", .0.message)]
-    Confirmation(ApiError),
+    #[error("the payment provider's confirmation was refused: {0}")]
+    Confirmation(PaymentError),
     #[error(transparent)]
     Provider(StripeError),
     #[error(transparent)]
@@ -51,7 +47,7 @@ pub struct Order {
 #[async_trait]
 pub trait PaymentProvider: Send + Sync {
     /// Starts paying an order. The account is credited only by the webhook's confirmation.
-    async fn checkout(&self, state: &AppState, order: &Order) -> Result<Started, CheckoutError>;
+    async fn checkout(&self, books: &Books, order: &Order) -> Result<Started, CheckoutError>;
 
     /// The Stripe provider, whose webhook `POST /webhooks/stripe` serves.
     fn stripe(&self) -> Option<&Stripe> {
@@ -61,14 +57,17 @@ pub trait PaymentProvider: Send + Sync {
 
 /// The test provider of standalone mode: every checkout is paid at once, and confirmed the
 /// way a real provider would, by a `top_up.succeeded` event signed with the webhook secret
-/// and handed to the webhook handler itself.
-pub struct TestPayments;
+/// (`--payment-webhook-secret`; none: checkouts are refused) and received as the webhook
+/// receives it.
+pub struct TestPayments {
+    pub webhook_secret: Option<String>,
+}
 
 #[async_trait]
 impl PaymentProvider for TestPayments {
-    async fn checkout(&self, state: &AppState, order: &Order) -> Result<Started, CheckoutError> {
-        let secret = state
-            .payment_webhook_secret
+    async fn checkout(&self, books: &Books, order: &Order) -> Result<Started, CheckoutError> {
+        let secret = self
+            .webhook_secret
             .as_deref()
             .ok_or(CheckoutError::NoProvider)?;
         let body = json!({
@@ -84,10 +83,11 @@ impl PaymentProvider for TestPayments {
             body.as_bytes(),
         );
         let mut headers = HeaderMap::new();
-        let value = HeaderValue::from_str(&header)
-            .map_err(|_| CheckoutError::Confirmation(ApiError::internal()))?;
+        let value = HeaderValue::from_str(&header).map_err(|_| {
+            CheckoutError::Confirmation(PaymentError::Invalid("unsendable signature".into()))
+        })?;
         headers.insert(SIGNATURE_HEADER, value);
-        webhook(State(state.clone()), headers, RawBody(body.into_bytes()))
+        receive(books, secret, &headers, body.as_bytes())
             .await
             .map(|_| Started::Paid)
             .map_err(CheckoutError::Confirmation)
@@ -99,7 +99,7 @@ pub struct NoPayments;
 
 #[async_trait]
 impl PaymentProvider for NoPayments {
-    async fn checkout(&self, _: &AppState, _: &Order) -> Result<Started, CheckoutError> {
+    async fn checkout(&self, _: &Books, _: &Order) -> Result<Started, CheckoutError> {
         Err(CheckoutError::NoProvider)
     }
 }

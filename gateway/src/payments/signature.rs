@@ -3,8 +3,8 @@
 //! secret is being rotated). The timestamp is inside the signed text, so an old delivery
 //! cannot be replayed with a fresh one; deliveries older than the tolerance are refused.
 
-use axum::http::HeaderMap;
 use hmac::{Hmac, Mac};
+use http::HeaderMap;
 use sha2::Sha256;
 use thiserror::Error;
 use time::OffsetDateTime;

@@ -4,17 +4,12 @@
 //! (other fields are ignored). A reference already confirmed is refused with 409 and changes
 //! nothing, so a replayed delivery can never credit twice.
 
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::Json;
+use http::HeaderMap;
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::signature;
-use super::{confirm, PaymentError, TopUpRequest};
-use crate::api::body::RawBody;
-use crate::error::ApiError;
-use crate::state::AppState;
+use super::{confirm, Books, PaymentError, TopUpRequest};
+use crate::ledger::TopUp;
 
 pub const SIGNATURE_HEADER: &str = "payment-signature";
 
@@ -27,20 +22,19 @@ struct Event {
     usd_cents: u64,
 }
 
-pub async fn webhook(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
-) -> Result<Json<Value>, ApiError> {
-    let Some(secret) = state.payment_webhook_secret.as_deref() else {
-        return Err(ApiError::not_found("no such path"));
-    };
-    signature::verify_delivery(secret, &headers, SIGNATURE_HEADER, &body)
-        .map_err(PaymentError::from)?;
+/// Verifies a delivery signed with `secret` and confirms the top-up it announces: the top-up,
+/// or [`PaymentError::Duplicate`] when its reference was confirmed already.
+pub async fn receive(
+    books: &Books,
+    secret: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<TopUp, PaymentError> {
+    signature::verify_delivery(secret, headers, SIGNATURE_HEADER, body)?;
     let event: Event =
-        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| PaymentError::Invalid(format!("body: {e}")))?;
     if event.kind != "top_up.succeeded" {
-        return Err(ApiError::invalid(format!(
+        return Err(PaymentError::Invalid(format!(
             "type: unsupported event `{}`; expected top_up.succeeded",
             event.kind
         )));
@@ -52,22 +46,14 @@ pub async fn webhook(
         payment_id: None,
     };
     let confirmation = confirm(
-        state.accounts.as_ref(),
-        state.ledger.as_ref(),
-        state.credits_per_usd,
+        books.accounts.as_ref(),
+        books.ledger.as_ref(),
+        books.credits_per_usd,
         request,
     )
     .await?;
     if !confirmation.first {
-        return Err(PaymentError::Duplicate(event.reference).into());
+        return Err(PaymentError::Duplicate(event.reference));
     }
-    let top_up = confirmation.top_up;
-    Ok(Json(json!({
-        "received": true,
-        "reference": top_up.reference,
-        "account_id": top_up.account_id,
-        "usd_cents": top_up.usd_cents,
-        "credits": top_up.credits,
-        "status": top_up.status,
-    })))
+    Ok(confirmation.top_up)
 }

@@ -2,7 +2,7 @@
 //! request span's parent, and [`upstream_headers`] gives the provider adapters the headers that
 //! continue the trace at the upstream.
 
-use axum::http::HeaderMap;
+use http::HeaderMap;
 use opentelemetry::propagation::{Extractor, Injector};
 use opentelemetry::Context;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -27,7 +27,7 @@ impl Injector for Outgoing {
     }
 }
 
-pub(super) fn extract(headers: &HeaderMap) -> Context {
+pub fn extract(headers: &HeaderMap) -> Context {
     opentelemetry::global::get_text_map_propagator(|p| p.extract(&Incoming(headers)))
 }
 

@@ -18,7 +18,7 @@ pub use memory::MemoryAutoReloads;
 pub use postgres::PostgresAutoReloads;
 
 use crate::accounts::StoreError;
-use crate::state::AppState;
+use crate::payments::PaymentProvider;
 
 /// Declines in a row after which auto-reload turns itself off.
 pub const MAX_DECLINES: u32 = 3;
@@ -91,21 +91,25 @@ pub trait AutoReloads: Send + Sync {
 }
 
 /// Runs a sweep every `interval` until `draining`, when Stripe is the payment provider.
-pub async fn every(state: AppState, interval: Duration, draining: CancellationToken) {
+pub async fn every(
+    payments: Arc<dyn PaymentProvider>,
+    store: Arc<dyn AutoReloads>,
+    interval: Duration,
+    draining: CancellationToken,
+) {
     let mut ticks = tokio::time::interval(interval);
     loop {
         tokio::select! {
             _ = draining.cancelled() => return,
-            _ = ticks.tick() => sweep(&state).await,
+            _ = ticks.tick() => sweep(payments.as_ref(), store.as_ref()).await,
         }
     }
 }
 
-async fn sweep(state: &AppState) {
-    let Some(stripe) = state.payments.stripe() else {
+async fn sweep(payments: &dyn PaymentProvider, store: &dyn AutoReloads) {
+    let Some(stripe) = payments.stripe() else {
         return;
     };
-    let store: &Arc<dyn AutoReloads> = &state.auto_reloads;
     let due = match store.due().await {
         Ok(due) => due,
         Err(e) => {

@@ -7,17 +7,16 @@
 
 mod api;
 mod events;
-mod webhook;
+pub mod webhook;
 
 use async_trait::async_trait;
 use thiserror::Error;
 
 pub use api::StripeError;
-pub use webhook::webhook;
 
 use super::provider::{CheckoutError, Order, PaymentProvider, Started};
 use super::reload::{Due, Outcome};
-use crate::state::AppState;
+use super::Books;
 use api::{Api, CheckoutSession, PaymentIntent};
 
 /// The name the line item carries on Stripe's payment page and the payer's receipt.
@@ -170,8 +169,8 @@ impl Stripe {
 
 #[async_trait]
 impl PaymentProvider for Stripe {
-    async fn checkout(&self, state: &AppState, order: &Order) -> Result<Started, CheckoutError> {
-        let saved = state
+    async fn checkout(&self, books: &Books, order: &Order) -> Result<Started, CheckoutError> {
+        let saved = books
             .auto_reloads
             .settings(&order.account_id)
             .await

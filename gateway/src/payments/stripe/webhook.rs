@@ -16,48 +16,38 @@
 //! refund or dispute of a payment not credited yet answers 409, so Stripe delivers it again
 //! later, after the payment.
 
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::Json;
-use serde_json::{json, Value};
-
 use std::collections::HashMap;
 
+use http::HeaderMap;
+
 use super::events::{self, Charge, Dispute, Event, PaymentIntent, Session};
-use crate::api::body::RawBody;
-use crate::dashboard::CheckoutStatus;
-use crate::error::ApiError;
+use super::Stripe;
+use crate::developers::CheckoutStatus;
 use crate::ledger::DisputeStage;
-use crate::payments::{confirm, signature, PaymentError, TopUpRequest};
-use crate::state::AppState;
+use crate::payments::{confirm, signature, Books, PaymentError, TopUpRequest};
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
 
-pub async fn webhook(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
-) -> Result<Json<Value>, ApiError> {
-    let Some(stripe) = state.payments.stripe() else {
-        return Err(ApiError::not_found("no such path"));
-    };
-    signature::verify_delivery(&stripe.webhook_secret, &headers, SIGNATURE_HEADER, &body)
-        .map_err(PaymentError::from)?;
+/// Verifies a delivery with the endpoint's secret and applies its event: the event and what
+/// became of it (`credited`, `already_applied`, `ignored`, ...).
+pub async fn receive(
+    books: &Books,
+    stripe: &Stripe,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Event, &'static str), PaymentError> {
+    signature::verify_delivery(&stripe.webhook_secret, headers, SIGNATURE_HEADER, body)?;
     let event: Event =
-        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("body: {e}")))?;
-    let outcome = apply(&state, &event).await?;
+        serde_json::from_slice(body).map_err(|e| PaymentError::Invalid(format!("body: {e}")))?;
+    let outcome = apply(books, &event).await?;
     tracing::info!(event = %event.id, kind = %event.kind, outcome, "stripe event");
-    Ok(Json(json!({
-        "received": true,
-        "id": event.id,
-        "outcome": outcome,
-    })))
+    Ok((event, outcome))
 }
 
-async fn apply(state: &AppState, event: &Event) -> Result<&'static str, ApiError> {
+async fn apply(state: &Books, event: &Event) -> Result<&'static str, PaymentError> {
     match event.kind.as_str() {
         "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
-            let session: Session = events::object(event).map_err(ApiError::invalid)?;
+            let session: Session = events::object(event).map_err(PaymentError::Invalid)?;
             // Paid later (bank debits): `async_payment_succeeded` follows.
             if session.payment_status != "paid" {
                 return Ok("awaiting_payment");
@@ -65,26 +55,26 @@ async fn apply(state: &AppState, event: &Event) -> Result<&'static str, ApiError
             credit(state, &session).await
         }
         "payment_intent.succeeded" => {
-            let intent: PaymentIntent = events::object(event).map_err(ApiError::invalid)?;
+            let intent: PaymentIntent = events::object(event).map_err(PaymentError::Invalid)?;
             paid_intent(state, &intent).await
         }
         "checkout.session.async_payment_failed" | "checkout.session.expired" => {
-            let session: Session = events::object(event).map_err(ApiError::invalid)?;
+            let session: Session = events::object(event).map_err(PaymentError::Invalid)?;
             let reference = field(&session.metadata, "reference")?;
             state
-                .developers
+                .checkouts
                 .set_checkout_status(reference, CheckoutStatus::Failed)
                 .await?;
             Ok("checkout_failed")
         }
         "charge.refunded" => {
-            let charge: Charge = events::object(event).map_err(ApiError::invalid)?;
+            let charge: Charge = events::object(event).map_err(PaymentError::Invalid)?;
             let payment = payment_intent(charge.payment_intent.as_deref())?;
             let reversal = state.ledger.refund(payment, charge.amount_refunded).await?;
             Ok(reversal.map_or("already_applied", |_| "refunded"))
         }
         "charge.dispute.created" | "charge.dispute.closed" => {
-            let dispute: Dispute = events::object(event).map_err(ApiError::invalid)?;
+            let dispute: Dispute = events::object(event).map_err(PaymentError::Invalid)?;
             let stage = match (event.kind.as_str(), dispute.status.as_str()) {
                 ("charge.dispute.created", _) => DisputeStage::Opened,
                 (_, "won" | "warning_closed") => DisputeStage::Won,
@@ -104,10 +94,10 @@ async fn apply(state: &AppState, event: &Event) -> Result<&'static str, ApiError
 }
 
 /// Credits a paid session's top-up, once per reference.
-async fn credit(state: &AppState, session: &Session) -> Result<&'static str, ApiError> {
+async fn credit(state: &Books, session: &Session) -> Result<&'static str, PaymentError> {
     let usd_cents = session
         .amount_total
-        .ok_or_else(|| ApiError::invalid("data.object.amount_total: missing"))?;
+        .ok_or_else(|| PaymentError::Invalid("data.object.amount_total: missing".into()))?;
     let currency = session.currency.as_deref().unwrap_or_default();
     let payment = Paid {
         metadata: &session.metadata,
@@ -120,7 +110,7 @@ async fn credit(state: &AppState, session: &Session) -> Result<&'static str, Api
 
 /// A PaymentIntent paid: the top-up it is for (a checkout's, already credited by its
 /// session, or an auto-reload's), and the card it saved for auto-reload.
-async fn paid_intent(state: &AppState, intent: &PaymentIntent) -> Result<&'static str, ApiError> {
+async fn paid_intent(state: &Books, intent: &PaymentIntent) -> Result<&'static str, PaymentError> {
     if !intent.metadata.contains_key("reference") {
         // Not one of ours (another integration on the same Stripe account).
         return Ok("ignored");
@@ -154,9 +144,9 @@ struct Paid<'a> {
     payment_id: Option<&'a str>,
 }
 
-async fn confirm_paid(state: &AppState, paid: Paid<'_>) -> Result<&'static str, ApiError> {
+async fn confirm_paid(state: &Books, paid: Paid<'_>) -> Result<&'static str, PaymentError> {
     if !paid.currency.eq_ignore_ascii_case("usd") {
-        return Err(ApiError::invalid(format!(
+        return Err(PaymentError::Invalid(format!(
             "data.object.currency: top-ups are in usd, not `{}`",
             paid.currency
         )));
@@ -182,18 +172,18 @@ async fn confirm_paid(state: &AppState, paid: Paid<'_>) -> Result<&'static str, 
 }
 
 /// A metadata field the gateway set when it created the session or the charge.
-fn field<'a>(metadata: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
+fn field<'a>(metadata: &'a HashMap<String, String>, name: &str) -> Result<&'a str, PaymentError> {
     metadata
         .get(name)
         .map(String::as_str)
         .filter(|v| !v.is_empty())
         .ok_or_else(|| {
-            ApiError::invalid(format!(
+            PaymentError::Invalid(format!(
                 "data.object.metadata.{name}: missing; the session was not created by this gateway"
             ))
         })
 }
 
-fn payment_intent(id: Option<&str>) -> Result<&str, ApiError> {
-    id.ok_or_else(|| ApiError::invalid("data.object.payment_intent: missing"))
+fn payment_intent(id: Option<&str>) -> Result<&str, PaymentError> {
+    id.ok_or_else(|| PaymentError::Invalid("data.object.payment_intent: missing".into()))
 }

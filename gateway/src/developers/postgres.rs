@@ -6,9 +6,9 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use time::{Duration, OffsetDateTime};
 
-use super::store::{Checkout, CheckoutStatus, DeveloperStore, Session, User};
+use super::{Checkout, CheckoutStatus, DeveloperStore, Session, User};
+use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
-use crate::auth::KeyHash;
 use crate::db::{from_db, to_db, Database, DbError};
 
 pub struct PostgresDeveloperStore {

@@ -1,13 +1,18 @@
-//! The dashboard's own records: users (one per account), their sessions, failed sign-ins for
-//! throttling, and checkouts started from the billing page. A trait so that the Postgres store
-//! of cluster mode can take the in-process one's place; handlers never know which.
+//! The developer dashboard's own records: users (one per account), their sessions, failed
+//! sign-ins for throttling, and checkouts started from the billing page. A trait so that the
+//! Postgres store of cluster mode can take the in-process one's place; handlers never know
+//! which. The pages are `dashboard/`.
+
+mod postgres;
+
+pub use postgres::PostgresDeveloperStore;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
 use time::{Duration, OffsetDateTime};
 
+use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
-use crate::auth::KeyHash;
 
 #[derive(Clone, Debug)]
 pub struct User {

@@ -9,10 +9,10 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{AdmissionRequest, Snapshot};
 use crate::api::body;
 use crate::auth::Principal;
 use crate::error::ApiError;
+use crate::limits::{AdmissionRequest, Snapshot};
 use crate::state::AppState;
 
 pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {

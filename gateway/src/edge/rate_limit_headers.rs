@@ -18,8 +18,8 @@ use axum::response::Response;
 
 use crds::config::Limits;
 
-use super::{AddressLimit, Snapshot};
 use crate::auth::Principal;
+use crate::limits::{AddressLimit, Snapshot};
 use crate::state::AppState;
 
 pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {

@@ -1,0 +1,132 @@
+//! The `/v1` authentication middleware: the API key from `Authorization: Bearer` (the spec) or
+//! `x-api-key` (what the Anthropic SDKs send), the client address's key-guessing brake before
+//! it, and the [`Principal`] handed to the handlers.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::auth::{identify, permit, AuthError};
+use crate::client_address::{AddressBucket, ClientAddress};
+use crate::edge::rate_limit_headers;
+use crate::error::ApiError;
+use crate::limits::{standing_of, AddressLimit, LimitError};
+use crate::state::AppState;
+
+/// Tower middleware for `/v1/*`: identifies the key (401), checks it may use this surface
+/// (403), and hands the [`Principal`] to the handlers. The principal also rides on the
+/// response, so the rate-limit headers reach every authenticated answer, refusals included.
+///
+/// First of all, before the key is looked up, the client address's key-guessing brake: an
+/// address that sent too many requests without a valid key this minute is refused (429)
+/// whatever key it sends now, so a guess that hits cannot show. Each request that fails to
+/// authenticate is counted against its address, and its 401 carries that limit's headers.
+pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let client = ClientAddress::of(&state.trusted_proxies, req.extensions(), req.headers())
+        .0
+        .map(AddressBucket::of);
+    if let Some(refusal) = client.and_then(|c| state.unauthenticated.refused(c)) {
+        return address_refusal(refusal);
+    }
+    let identified = match presented_key(req.headers()) {
+        Ok(secret) => identify(state.accounts.as_ref(), &state.catalog(), secret).await,
+        Err(e) => Err(e),
+    };
+    let principal = match identified {
+        Ok(principal) => Arc::new(principal),
+        Err(e) if e.unidentified() => return unidentified(&state, client, e).await,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let mut response = match permit(&principal, scope_of(req.uri().path())) {
+        Ok(()) => {
+            req.extensions_mut().insert(principal.clone());
+            next.run(req).await
+        }
+        Err(e) => ApiError::from(e).into_response(),
+    };
+    response.extensions_mut().insert(principal);
+    response
+}
+
+/// The 401 of a request without a valid key, counted against its address: 429 instead once
+/// the address is over its limit. While the brake's store cannot be read the 401 goes out
+/// without headers, as authenticated answers do then.
+async fn unidentified(state: &AppState, client: Option<AddressBucket>, e: AuthError) -> Response {
+    let Some(client) = client else {
+        return ApiError::from(e).into_response();
+    };
+    match state.unauthenticated.count(client).await {
+        Ok(standing) => with_address_headers(ApiError::from(e).into_response(), &standing),
+        Err(LimitError::Unavailable(detail)) => {
+            tracing::debug!(error = %detail, "address brake unavailable; 401 without its headers");
+            ApiError::from(e).into_response()
+        }
+        Err(refusal) => address_refusal(refusal),
+    }
+}
+
+fn address_refusal(refusal: LimitError) -> Response {
+    let standing = standing_of(&refusal);
+    let response = ApiError::from(refusal).into_response();
+    match standing {
+        Some(standing) => with_address_headers(response, &standing),
+        None => response,
+    }
+}
+
+fn with_address_headers(mut response: Response, standing: &AddressLimit) -> Response {
+    rate_limit_headers::write_address(response.headers_mut(), standing);
+    response
+}
+
+fn presented_key(headers: &HeaderMap) -> Result<&str, AuthError> {
+    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
+        let value = value.to_str().map_err(|_| AuthError::Malformed)?;
+        let (scheme, token) = value.split_once(' ').ok_or(AuthError::Malformed)?;
+        let token = token.trim();
+        if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+            return Err(AuthError::Malformed);
+        }
+        return Ok(token);
+    }
+    match headers.get("x-api-key") {
+        Some(value) => match value.to_str().map(str::trim) {
+            Ok(token) if !token.is_empty() => Ok(token),
+            _ => Err(AuthError::Malformed),
+        },
+        None => Err(AuthError::Missing),
+    }
+}
+
+/// The scope a `/v1` path needs (see `crds::config::SCOPES`).
+fn scope_of(path: &str) -> &'static str {
+    let path = path.strip_prefix("/v1").unwrap_or(path);
+    if path.starts_with("/chat") {
+        "chat"
+    } else if path.starts_with("/responses") {
+        "responses"
+    } else if path.starts_with("/models") {
+        "models"
+    } else if path.starts_with("/account") || path.starts_with("/usage") {
+        "account"
+    } else {
+        "messages"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_follow_the_surface() {
+        assert_eq!(scope_of("/v1/messages/count_tokens"), "messages");
+        assert_eq!(scope_of("/v1/chat/completions"), "chat");
+        assert_eq!(scope_of("/v1/responses/resp_1/input_items"), "responses");
+        assert_eq!(scope_of("/v1/models/svc/opus"), "models");
+        assert_eq!(scope_of("/v1/usage"), "account");
+    }
+}
