@@ -144,13 +144,7 @@ async fn sigterm_reports_not_ready_but_serves_new_connections_for_the_shutdown_d
     );
     Resp::read(response).await.expect_ok();
     // After the delay the listener closes and, with nothing open, the process exits 0.
-    let status = gw.wait_exit(Duration::from_secs(20)).await;
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "exit status {status:?}\n{}",
-        gw.logs()
-    );
+    exits_0(&mut gw).await;
     assert!(
         signalled.elapsed() >= delay,
         "exited before its shutdown delay was over\n{}",
