@@ -30,6 +30,7 @@ pub mod bodies;
 pub mod books;
 pub mod browser;
 pub mod cluster;
+pub mod contract;
 pub mod gateway;
 pub mod helm;
 pub mod kube;

@@ -28,53 +28,53 @@ struct Books {
     _pg: Option<(PostgresServer, Option<PgBouncer>)>,
 }
 
+async fn postgres() -> Books {
+    let pg = PostgresServer::start().await;
+    let db = Database::connect(&pg.url(), 4, Duration::from_secs(5)).expect("url");
+    db.migrate().await.expect("migrate");
+    on_postgres(db, pg, None).await
+}
+
+async fn postgres_through_pgbouncer() -> Books {
+    let pg = PostgresServer::start().await;
+    let bouncer = PgBouncer::start(&pg).await;
+    let db = Database::connect_through(
+        &bouncer.url(),
+        4,
+        Duration::from_secs(5),
+        Pooler::Transaction,
+    )
+    .expect("url");
+    on_postgres(db, pg, Some(bouncer)).await
+}
+
+async fn on_postgres(db: Database, pg: PostgresServer, bouncer: Option<PgBouncer>) -> Books {
+    let account = PostgresAccounts::new(db.clone())
+        .create_account("reversals")
+        .await
+        .expect("account");
+    let mut ledgers: Vec<Arc<dyn Ledger>> = Vec::new();
+    for _ in 0..2 {
+        let ledger = PostgresLedger::new(db.clone());
+        ledger.heartbeat().await.expect("heartbeat");
+        ledgers.push(Arc::new(ledger));
+    }
+    Books {
+        ledgers,
+        account_id: account.id,
+        _pg: Some((pg, bouncer)),
+    }
+}
+
+async fn in_process() -> Books {
+    Books {
+        ledgers: vec![Arc::new(MemoryLedger::default())],
+        account_id: "acct_reversals".to_owned(),
+        _pg: None,
+    }
+}
+
 impl Books {
-    async fn postgres() -> Books {
-        let pg = PostgresServer::start().await;
-        let db = Database::connect(&pg.url(), 4, Duration::from_secs(5)).expect("url");
-        db.migrate().await.expect("migrate");
-        Self::on(db, pg, None).await
-    }
-
-    async fn postgres_through_pgbouncer() -> Books {
-        let pg = PostgresServer::start().await;
-        let bouncer = PgBouncer::start(&pg).await;
-        let db = Database::connect_through(
-            &bouncer.url(),
-            4,
-            Duration::from_secs(5),
-            Pooler::Transaction,
-        )
-        .expect("url");
-        Self::on(db, pg, Some(bouncer)).await
-    }
-
-    async fn on(db: Database, pg: PostgresServer, bouncer: Option<PgBouncer>) -> Books {
-        let account = PostgresAccounts::new(db.clone())
-            .create_account("reversals")
-            .await
-            .expect("account");
-        let mut ledgers: Vec<Arc<dyn Ledger>> = Vec::new();
-        for _ in 0..2 {
-            let ledger = PostgresLedger::new(db.clone());
-            ledger.heartbeat().await.expect("heartbeat");
-            ledgers.push(Arc::new(ledger));
-        }
-        Books {
-            ledgers,
-            account_id: account.id,
-            _pg: Some((pg, bouncer)),
-        }
-    }
-
-    fn in_process() -> Books {
-        Books {
-            ledgers: vec![Arc::new(MemoryLedger::default())],
-            account_id: "acct_reversals".to_owned(),
-            _pg: None,
-        }
-    }
-
     fn ledger(&self, i: usize) -> &dyn Ledger {
         self.ledgers[i % self.ledgers.len()].as_ref()
     }
@@ -256,37 +256,11 @@ async fn one_refund_applied_by_many_at_once_takes_credits_back_once(books: Books
     assert_eq!(books.money().await, (2_000_000, 2_000, 0));
 }
 
-macro_rules! on_both_ledgers {
-    ($($name:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Books::postgres().await).await;
-                }
-            )*
-        }
-        mod postgres_through_pgbouncer {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Books::postgres_through_pgbouncer().await).await;
-                }
-            )*
-        }
-        mod in_process {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Books::in_process()).await;
-                }
-            )*
-        }
-    };
+e2e::contract! {
+    fixtures { postgres, postgres_through_pgbouncer, in_process }
+    rules {
+        a_refund_never_takes_the_balance_below_zero_and_the_next_top_up_pays_what_is_owed,
+        a_dispute_won_returns_what_it_took_clearing_what_is_owed_first,
+        one_refund_applied_by_many_at_once_takes_credits_back_once,
+    }
 }
-
-on_both_ledgers!(
-    a_refund_never_takes_the_balance_below_zero_and_the_next_top_up_pays_what_is_owed,
-    a_dispute_won_returns_what_it_took_clearing_what_is_owed_first,
-    one_refund_applied_by_many_at_once_takes_credits_back_once,
-);

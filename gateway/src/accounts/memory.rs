@@ -6,7 +6,10 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use time::OffsetDateTime;
 
-use super::{Account, AccountStatus, Accounts, KeyRecord, Promotion, PromotionRules, StoreError};
+use super::{
+    Account, AccountStatus, Accounts, KeyRecord, Promotion, PromotionRules, StoreError, KEY_TAKEN,
+    NAME_TAKEN,
+};
 use crate::accounts::KeyHash;
 use crate::ids;
 use crate::ledger::MemoryLedger;
@@ -41,7 +44,14 @@ impl Accounts for MemoryAccounts {
             status: AccountStatus::Active,
             created_at: OffsetDateTime::now_utc(),
         };
-        self.names.insert(name.to_owned(), account.id.clone());
+        match self.names.entry(name.to_owned()) {
+            dashmap::Entry::Occupied(_) => {
+                return Err(StoreError::Conflict(NAME_TAKEN.to_owned()));
+            }
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(account.id.clone());
+            }
+        }
         self.accounts.insert(account.id.clone(), account.clone());
         Ok(account)
     }
@@ -69,8 +79,16 @@ impl Accounts for MemoryAccounts {
     }
 
     async fn insert_key(&self, key: KeyRecord) -> Result<(), StoreError> {
-        self.by_hash.insert(key.hash, key.id.clone());
-        self.keys.insert(key.id.clone(), key);
+        // The hash's entry first, then the id's, in every caller: both are held together so
+        // that a refused key changes neither.
+        let dashmap::Entry::Vacant(by_hash) = self.by_hash.entry(key.hash) else {
+            return Err(StoreError::Conflict(KEY_TAKEN.to_owned()));
+        };
+        let dashmap::Entry::Vacant(by_id) = self.keys.entry(key.id.clone()) else {
+            return Err(StoreError::Conflict(KEY_TAKEN.to_owned()));
+        };
+        by_hash.insert(key.id.clone());
+        by_id.insert(key);
         Ok(())
     }
 

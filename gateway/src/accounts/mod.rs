@@ -43,6 +43,10 @@ impl ConstantTimeEq for KeyHash {
     }
 }
 
+/// Why an account or a key was refused as [`StoreError::Conflict`], the same from both stores.
+pub const NAME_TAKEN: &str = "name: an account with this name exists";
+pub const KEY_TAKEN: &str = "key: a key with this id or secret exists";
+
 #[derive(Debug, Error)]
 pub enum StoreError {
     #[error("account store unavailable: {0}")]

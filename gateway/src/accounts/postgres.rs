@@ -13,6 +13,7 @@ use time::OffsetDateTime;
 
 use super::{
     Account, AccountStatus, Accounts, KeyKind, KeyRecord, Promotion, PromotionRules, StoreError,
+    KEY_TAKEN, NAME_TAKEN,
 };
 use crate::accounts::KeyHash;
 use crate::db::{from_db, name_of, parse_name, to_db, Database, DbError};
@@ -158,7 +159,7 @@ impl Accounts for PostgresAccounts {
                 .fetch_one(self.db.pool()),
             )
             .await
-            .map_err(|e| conflict_or_unavailable(e, "name: an account with this name exists"))?;
+            .map_err(|e| conflict_or_unavailable(e, NAME_TAKEN))?;
         Ok(account_of(&row).map_err(DbError::Sql)?)
     }
 
@@ -217,7 +218,7 @@ impl Accounts for PostgresAccounts {
                 .execute(self.db.pool()),
             )
             .await
-            .map_err(|e| conflict_or_unavailable(e, "key: a key with this id or secret exists"))?;
+            .map_err(|e| conflict_or_unavailable(e, KEY_TAKEN))?;
         self.keys.remove(&key.hash);
         Ok(())
     }

@@ -257,7 +257,7 @@ impl Ledger for MemoryLedger {
     async fn reserve(&self, r: NewReservation) -> Result<u64, LedgerError> {
         let mut balance = self.balances.get_mut(&r.record.account_id).ok_or(
             LedgerError::InsufficientCredits {
-                needed: r.min,
+                needed: r.max,
                 available: 0,
             },
         )?;

@@ -1,0 +1,303 @@
+//! The `DeveloperStore` contract (the dashboard's users, sessions, sign-in failures and
+//! checkouts), kept alike by the in-process store of standalone mode and the Postgres one of
+//! cluster mode.
+
+use std::sync::Arc;
+
+use e2e::PostgresServer;
+use gateway::accounts::{Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
+use gateway::developers::{
+    Checkout, CheckoutStatus, DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore,
+    Session, User,
+};
+use gateway::ledger::MemoryLedger;
+use time::{Duration, OffsetDateTime};
+
+use super::{database, now, unique};
+
+pub struct Store {
+    developers: Arc<dyn DeveloperStore>,
+    /// Users and checkouts belong to accounts.
+    accounts: Arc<dyn Accounts>,
+    _pg: Option<PostgresServer>,
+}
+
+async fn in_process() -> Store {
+    Store {
+        developers: Arc::new(MemoryDeveloperStore::default()),
+        accounts: Arc::new(MemoryAccounts::new(Arc::new(MemoryLedger::default()))),
+        _pg: None,
+    }
+}
+
+async fn postgres() -> Store {
+    let (pg, db) = database().await;
+    Store {
+        developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
+        accounts: Arc::new(PostgresAccounts::new(db)),
+        _pg: Some(pg),
+    }
+}
+
+impl Store {
+    async fn user(&self) -> User {
+        let account = self
+            .accounts
+            .create_account(&unique("dev"))
+            .await
+            .expect("account");
+        let user = User {
+            id: unique("user"),
+            email: format!("{}@example.com", unique("dev")),
+            password_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA".to_owned(),
+            account_id: account.id,
+            created_at: now(),
+        };
+        assert!(self
+            .developers
+            .insert_user(user.clone())
+            .await
+            .expect("inserted"));
+        user
+    }
+
+    fn session(user: &User, token: &str, expires_at: OffsetDateTime) -> Session {
+        Session {
+            token_hash: KeyHash::of(token),
+            user_id: user.id.clone(),
+            email: user.email.clone(),
+            account_id: user.account_id.clone(),
+            csrf: unique("csrf"),
+            expires_at,
+        }
+    }
+}
+
+async fn a_user_is_found_by_email_and_a_taken_email_is_refused(store: Store) {
+    let user = store.user().await;
+    let found = store
+        .developers
+        .user_by_email(&user.email)
+        .await
+        .expect("lookup")
+        .expect("found");
+    assert_eq!(
+        (
+            &found.id,
+            &found.password_hash,
+            &found.account_id,
+            found.created_at
+        ),
+        (
+            &user.id,
+            &user.password_hash,
+            &user.account_id,
+            user.created_at
+        )
+    );
+    let mut again = user.clone();
+    again.id = unique("user");
+    assert!(
+        !store.developers.insert_user(again).await.expect("answered"),
+        "the email is taken"
+    );
+    let still = store
+        .developers
+        .user_by_email(&user.email)
+        .await
+        .expect("lookup")
+        .expect("found");
+    assert_eq!(still.id, user.id);
+    assert!(store
+        .developers
+        .user_by_email("nobody@example.com")
+        .await
+        .expect("lookup")
+        .is_none());
+}
+
+async fn a_session_is_found_by_its_token_hash_until_it_expires_or_is_deleted(store: Store) {
+    let user = store.user().await;
+    let live = Store::session(&user, &unique("token"), now() + Duration::hours(1));
+    let expired = Store::session(&user, &unique("token"), now() - Duration::seconds(1));
+    for s in [&live, &expired] {
+        store
+            .developers
+            .insert_session(s.clone())
+            .await
+            .expect("inserted");
+    }
+    let found = store
+        .developers
+        .session(&live.token_hash)
+        .await
+        .expect("lookup")
+        .expect("a live session");
+    assert_eq!(
+        (
+            &found.user_id,
+            &found.email,
+            &found.account_id,
+            &found.csrf,
+            found.expires_at
+        ),
+        (
+            &live.user_id,
+            &live.email,
+            &live.account_id,
+            &live.csrf,
+            live.expires_at
+        )
+    );
+    assert!(store
+        .developers
+        .session(&expired.token_hash)
+        .await
+        .expect("lookup")
+        .is_none());
+    store
+        .developers
+        .delete_session(&live.token_hash)
+        .await
+        .expect("deleted");
+    assert!(store
+        .developers
+        .session(&live.token_hash)
+        .await
+        .expect("lookup")
+        .is_none());
+}
+
+async fn sign_in_failures_count_within_their_window_until_cleared(store: Store) {
+    let email = format!("{}@example.com", unique("dev"));
+    assert!(store
+        .developers
+        .sign_in_failures(&email)
+        .await
+        .expect("lookup")
+        .is_none());
+    for n in 1..=3 {
+        let counted = store
+            .developers
+            .record_sign_in_failure(&email, Duration::minutes(15))
+            .await
+            .expect("counted");
+        assert_eq!(counted, n);
+    }
+    let (failures, ends) = store
+        .developers
+        .sign_in_failures(&email)
+        .await
+        .expect("lookup")
+        .expect("failures");
+    assert_eq!(failures, 3);
+    assert!(ends > now() + Duration::minutes(14) && ends <= now() + Duration::minutes(16));
+    store
+        .developers
+        .clear_sign_in_failures(&email)
+        .await
+        .expect("cleared");
+    assert!(store
+        .developers
+        .sign_in_failures(&email)
+        .await
+        .expect("lookup")
+        .is_none());
+}
+
+async fn a_sign_in_failure_after_its_window_ended_starts_a_new_count(store: Store) {
+    let email = format!("{}@example.com", unique("dev"));
+    for _ in 0..2 {
+        store
+            .developers
+            .record_sign_in_failure(&email, Duration::milliseconds(20))
+            .await
+            .expect("counted");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        store
+            .developers
+            .sign_in_failures(&email)
+            .await
+            .expect("lookup")
+            .is_none(),
+        "the window has ended"
+    );
+    let counted = store
+        .developers
+        .record_sign_in_failure(&email, Duration::minutes(15))
+        .await
+        .expect("counted");
+    assert_eq!(counted, 1);
+}
+
+async fn an_accounts_checkouts_are_listed_newest_first_with_their_status(store: Store) {
+    let user = store.user().await;
+    let mut references = Vec::new();
+    for (cents, minutes_ago) in [(500, 10), (1_000, 5), (2_000, 20)] {
+        let checkout = Checkout {
+            reference: unique("co"),
+            account_id: user.account_id.clone(),
+            usd_cents: cents,
+            status: CheckoutStatus::Pending,
+            created_at: now() - Duration::minutes(minutes_ago),
+        };
+        references.push((minutes_ago, checkout.reference.clone()));
+        store
+            .developers
+            .insert_checkout(checkout)
+            .await
+            .expect("inserted");
+    }
+    store
+        .developers
+        .set_checkout_status(&references[0].1, CheckoutStatus::Failed)
+        .await
+        .expect("set");
+    store
+        .developers
+        .set_checkout_status(&unique("co"), CheckoutStatus::Failed)
+        .await
+        .expect("an unknown checkout changes nothing");
+    let failed = references[0].1.clone();
+    references.sort();
+    let listed: Vec<(String, CheckoutStatus)> = store
+        .developers
+        .checkouts(&user.account_id)
+        .await
+        .expect("checkouts")
+        .into_iter()
+        .map(|c| (c.reference, c.status))
+        .collect();
+    let expected: Vec<(String, CheckoutStatus)> = references
+        .into_iter()
+        .map(|(_, r)| {
+            let status = if r == failed {
+                CheckoutStatus::Failed
+            } else {
+                CheckoutStatus::Pending
+            };
+            (r, status)
+        })
+        .collect();
+    assert_eq!(listed, expected);
+    let other = store.user().await;
+    assert!(store
+        .developers
+        .checkouts(&other.account_id)
+        .await
+        .expect("checkouts")
+        .is_empty());
+}
+
+e2e::contract! {
+    fixtures { in_process, postgres }
+    rules {
+        a_user_is_found_by_email_and_a_taken_email_is_refused,
+        a_session_is_found_by_its_token_hash_until_it_expires_or_is_deleted,
+        sign_in_failures_count_within_their_window_until_cleared,
+        a_sign_in_failure_after_its_window_ended_starts_a_new_count,
+        an_accounts_checkouts_are_listed_newest_first_with_their_status,
+    }
+}
