@@ -352,7 +352,7 @@ struct Closing {
 }
 
 impl Closing {
-    fn on(shutdown: &crate::state::Shutdown) -> Self {
+    fn on(shutdown: &crate::shutdown::Shutdown) -> Self {
         Self {
             hint: shutdown.stopping.clone(),
             now: shutdown.draining.clone(),
@@ -366,7 +366,7 @@ struct Http1Limits {
     max_connections: Option<usize>,
 }
 
-async fn watch_signals(shutdown: crate::state::Shutdown, delay: Duration, grace: Duration) {
+async fn watch_signals(shutdown: crate::shutdown::Shutdown, delay: Duration, grace: Duration) {
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),

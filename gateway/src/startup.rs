@@ -35,7 +35,8 @@ use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
 use crate::seal::Sealer;
 use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
-use crate::state::{AppState, Services, Shutdown};
+use crate::shutdown::Shutdown;
+use crate::state::{AppState, Services};
 use crate::tokens::Tokenizer;
 
 mod warnings;
@@ -324,13 +325,13 @@ async fn run(
         ),
         trusted_proxies: TrustedProxies::new(args.trusted_proxies.clone()),
         limiter: stores.limiter,
-        providers: Providers::new(
+        providers: Arc::new(Providers::new(
             tokens,
             BreakerPolicy {
                 failures: args.breaker_failures.max(1),
                 cooldown: Duration::from_millis(args.breaker_cooldown_ms),
             },
-        ),
+        )),
         shutdown: Shutdown::default(),
         credits_per_usd: args.credits_per_usd,
         payment_webhook_secret: args.payment_webhook_secret.clone(),

@@ -4,8 +4,6 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::accounts::Accounts;
 use crate::client_address::TrustedProxies;
@@ -19,7 +17,9 @@ use crate::providers::Providers;
 use crate::responses_store::ResponseStore;
 use crate::routing::Catalog;
 use crate::seal::Sealer;
+use crate::shutdown::Shutdown;
 use crate::tokens::Tokenizer;
+use crate::turn::Turns;
 
 pub struct Services {
     /// Replaced whole when a new config is published; a turn keeps the models it resolved.
@@ -36,7 +36,7 @@ pub struct Services {
     pub sign_ups: AddressBrake,
     /// Whose `X-Forwarded-For` names the client.
     pub trusted_proxies: TrustedProxies,
-    pub providers: Providers,
+    pub providers: Arc<Providers>,
     pub shutdown: Shutdown,
     pub credits_per_usd: u64,
     /// Dashboard users, sessions and checkouts.
@@ -69,6 +69,19 @@ impl AppState {
         self.0.catalog.store(Arc::new(catalog));
     }
 
+    /// What a turn uses, with the catalog as it is now: the turn keeps the models it resolved
+    /// whatever config is published meanwhile.
+    pub fn turns(&self) -> Turns {
+        Turns {
+            catalog: self.catalog(),
+            tokens: self.tokens,
+            limiter: self.limiter.clone(),
+            ledger: self.ledger.clone(),
+            providers: self.providers.clone(),
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
     /// What the payment paths move and record.
     pub fn books(&self) -> Books {
         Books {
@@ -86,17 +99,4 @@ impl Deref for AppState {
     fn deref(&self) -> &Services {
         &self.0
     }
-}
-
-/// Shutdown in three steps: `stopping` when SIGTERM arrives (not ready any more, but still
-/// accepting for the shutdown delay, while load balancers take the pod out of rotation),
-/// `draining` after it (stop accepting), `expired` when the grace period is over (open turns
-/// end with an error event). `tasks` tracks the settlements that run after a client went
-/// away, so none is lost at exit.
-#[derive(Clone, Default)]
-pub struct Shutdown {
-    pub stopping: CancellationToken,
-    pub draining: CancellationToken,
-    pub expired: CancellationToken,
-    pub tasks: TaskTracker,
 }

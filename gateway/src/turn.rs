@@ -10,23 +10,59 @@ use std::time::Instant;
 
 use futures::{Stream, StreamExt};
 use serde_json::Value;
+use thiserror::Error;
 use time::OffsetDateTime;
 use tracing::Instrument;
 
 use crds::config::{Affinity, Upstream};
 
 use crate::auth::Principal;
-use crate::error::ApiError;
-use crate::ledger::{MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement};
-use crate::limits::{AdmissionRequest, Snapshot, StreamLease};
-use crate::providers::{EventStream, ProviderError, ProviderEvent};
-use crate::routing::{fallback, Conversation, Model, Needs, Price};
-use crate::state::AppState;
+use crate::ledger::{
+    Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement,
+};
+use crate::limits::{AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
+use crate::providers::{EventStream, ProviderError, ProviderEvent, Providers};
+use crate::routing::{fallback, Catalog, Conversation, Model, Needs, Price};
+use crate::shutdown::Shutdown;
 use crate::telemetry::{self, TurnTelemetry};
+use crate::tokens::{TokenError, Tokenizer};
 use crate::validate;
 use crate::wire::anthropic::{
     Delta, InputBlock, MessagesRequest, OutputBlock, StopReason, TokenUsage, Usage,
 };
+
+/// What a turn uses: the part of the gateway's state below the edge, with the catalog as it
+/// was when the turn began.
+#[derive(Clone)]
+pub struct Turns {
+    pub catalog: Arc<Catalog>,
+    pub tokens: Tokenizer,
+    pub limiter: Arc<dyn Limiter>,
+    pub ledger: Arc<dyn Ledger>,
+    pub providers: Arc<Providers>,
+    pub shutdown: Shutdown,
+}
+
+/// Why a turn was refused or ended early; the edge turns each into the spec's envelope.
+#[derive(Debug, Error)]
+pub enum TurnError {
+    /// The request cannot be served as asked (400).
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Validation(#[from] validate::Invalid),
+    #[error(transparent)]
+    Tokens(#[from] TokenError),
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// The turn's events ended without its final one.
+    #[error("the turn ended without its final event")]
+    Unfinished,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -66,7 +102,7 @@ pub enum TurnEvent {
         stop_sequence: Option<String>,
         usage: Usage,
     },
-    Failed(ApiError),
+    Failed(TurnError),
 }
 
 pub struct Turn {
@@ -89,10 +125,10 @@ pub struct Collected {
 }
 
 pub async fn start(
-    state: &AppState,
+    state: &Turns,
     principal: &Principal,
     turn: TurnRequest,
-) -> Result<Turn, ApiError> {
+) -> Result<Turn, TurnError> {
     let TurnRequest {
         id,
         endpoint,
@@ -108,25 +144,25 @@ pub async fn start(
     telemetry.input_tokens(input_tokens);
     let context = requested.config.context_window;
     if input_tokens >= context {
-        return Err(ApiError::invalid(format!(
+        return Err(TurnError::Invalid(format!(
             "messages: the input is {input_tokens} tokens, past the context window of {context} tokens of {}",
             requested.id
         )));
     }
     if !open_max_tokens && input_tokens + request.max_tokens > context {
-        return Err(ApiError::invalid(format!(
+        return Err(TurnError::Invalid(format!(
             "max_tokens: input ({input_tokens} tokens) plus max_tokens ({}) exceeds the context window of {context} tokens of {}",
             request.max_tokens, requested.id
         )));
     }
     let served = state
-        .catalog()
+        .catalog
         .serving_model(
             &requested,
             &needs(&request, &requested, input_tokens, open_max_tokens),
         )
         .ok_or_else(|| {
-            ApiError::invalid(format!(
+            TurnError::Invalid(format!(
                 "model: no model behind {} can serve this request",
                 requested.id
             ))
@@ -283,9 +319,9 @@ fn provider_name(upstream: &Upstream) -> String {
     format!("{:?}", upstream.provider).to_lowercase()
 }
 
-fn resolve_model(state: &AppState, id: &str) -> Result<Arc<Model>, ApiError> {
-    state.catalog().model(id).cloned().ok_or_else(|| {
-        ApiError::invalid(format!(
+fn resolve_model(state: &Turns, id: &str) -> Result<Arc<Model>, TurnError> {
+    state.catalog.model(id).cloned().ok_or_else(|| {
+        TurnError::Invalid(format!(
             "model: unknown model `{id}`; GET /v1/models lists the available ones"
         ))
     })
@@ -321,7 +357,7 @@ fn needs(
 /// lease while it runs, and ends the turn with an error event when the shutdown grace period
 /// runs out.
 fn metered(
-    state: AppState,
+    state: Turns,
     mut upstream: EventStream,
     mut meter: Meter,
 ) -> impl Stream<Item = TurnEvent> + Send {
@@ -390,7 +426,7 @@ async fn tick(renewal: &mut Option<tokio::time::Interval>) {
 /// What a turn holds (a stream slot, a reservation) and has generated so far, so that it is
 /// given back and billed exactly once, however the turn ends.
 struct Meter {
-    state: AppState,
+    state: Turns,
     key_id: String,
     lease: Option<StreamLease>,
     message_id: String,
@@ -547,7 +583,7 @@ impl Drop for Meter {
 
 impl Turn {
     /// Gathers the whole turn, for non-streaming responses.
-    pub async fn collect(mut self) -> Result<Collected, ApiError> {
+    pub async fn collect(mut self) -> Result<Collected, TurnError> {
         let mut content: Vec<OutputBlock> = Vec::new();
         let mut partial_json: Vec<String> = Vec::new();
         while let Some(event) = self.events.next().await {
@@ -590,7 +626,7 @@ impl Turn {
                 TurnEvent::Failed(e) => return Err(e),
             }
         }
-        Err(ApiError::internal())
+        Err(TurnError::Unfinished)
     }
 }
 

@@ -48,7 +48,7 @@ pub async fn create(
     let (request, open_max_tokens) = to_messages(chat)?;
     let stream = request.stream;
     let turn = turn::start(
-        &state,
+        &state.turns(),
         &principal,
         TurnRequest {
             id: ids::chat_completion(),
@@ -364,7 +364,7 @@ fn chunks(turn: Turn, include_usage: bool) -> impl Stream<Item = Result<Event, I
                     yield Ok(Event::default().data("[DONE]"));
                 }
                 TurnEvent::Failed(error) => {
-                    yield Ok(Event::default().data(error.envelope_json()));
+                    yield Ok(Event::default().data(ApiError::from(error).envelope_json()));
                 }
             }
         }

@@ -30,7 +30,7 @@ pub async fn create(
     request.fold_system_messages();
     let stream = request.stream;
     let turn = turn::start(
-        &state,
+        &state.turns(),
         &principal,
         TurnRequest {
             id: ids::message(),
@@ -127,7 +127,7 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
                     yield sse(&StreamEvent::MessageStop);
                 }
                 TurnEvent::Failed(error) => {
-                    yield Ok(Event::default().event("error").data(error.envelope_json()));
+                    yield Ok(Event::default().event("error").data(ApiError::from(error).envelope_json()));
                 }
             }
         }

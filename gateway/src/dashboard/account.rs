@@ -15,7 +15,6 @@ use super::session::{self, SignedIn, CSRF_COOKIE, SESSION_COOKIE};
 use super::DashboardError;
 use crate::client_address::{AddressBucket, ClientAddress};
 use crate::developers::User;
-use crate::error::ApiError;
 use crate::ids;
 use crate::limits::{AddressBrake, LimitError};
 use crate::state::AppState;
@@ -233,7 +232,10 @@ pub async fn sign_up(
 
 /// Counts an attempt against the client address under `brake`: how long to wait when it is
 /// over the limit (an address known to be over is refused without asking the store).
-async fn client_wait(brake: &AddressBrake, client: ClientAddress) -> Result<Option<u64>, ApiError> {
+async fn client_wait(
+    brake: &AddressBrake,
+    client: ClientAddress,
+) -> Result<Option<u64>, LimitError> {
     let Some(client) = client.0.map(AddressBucket::of) else {
         return Ok(None);
     };
@@ -246,7 +248,7 @@ async fn client_wait(brake: &AddressBrake, client: ClientAddress) -> Result<Opti
         Err(LimitError::Exceeded {
             retry_after_secs, ..
         }) => Ok(Some(retry_after_secs)),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     }
 }
 

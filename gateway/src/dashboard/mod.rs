@@ -22,9 +22,10 @@ use thiserror::Error;
 use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::accounts::StoreError;
-use crate::error::ApiError;
 use crate::ledger::LedgerError;
+use crate::limits::LimitError;
 use crate::state::AppState;
+use crate::usage_report::UsageError;
 
 pub use settings::DashboardConfig;
 
@@ -44,15 +45,12 @@ pub enum DashboardError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
-    /// A request the `/v1` API would refuse the same way (the usage range).
-    #[error("{}", .0.message)]
-    Api(ApiError),
-}
-
-impl From<ApiError> for DashboardError {
-    fn from(e: ApiError) -> Self {
-        Self::Api(e)
-    }
+    /// A usage range the `/v1` API would refuse the same way.
+    #[error(transparent)]
+    Usage(#[from] UsageError),
+    /// The client address brake could not count the attempt.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
 }
 
 pub fn router() -> Router<AppState> {

@@ -9,10 +9,10 @@ use super::layout::{datetime, dollars, page, thousands, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
 use crate::accounts::promotion::standing;
-use crate::api::usage::{format_date, report, UsageQuery};
 use crate::ledger::MessageStatus;
 use crate::payments::MIN_TOP_UP_CENTS;
 use crate::state::AppState;
+use crate::usage_report::{format_date, report, UsageQuery};
 
 const RECENT_MESSAGES: usize = 10;
 
@@ -42,7 +42,8 @@ pub async fn show(
     let limits = state.catalog().tier_limits(&standing.tier);
     let today = OffsetDateTime::now_utc().date();
     let month = report(
-        &state,
+        state.ledger.as_ref(),
+        &state.catalog(),
         account_id,
         &UsageQuery {
             start_date: Some(format_date(month_start(today))),

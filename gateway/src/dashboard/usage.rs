@@ -13,9 +13,8 @@ use super::keys::{self, Listed};
 use super::layout::{notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
-use crate::api::usage::{format_date, report, UsageQuery, UsageReport};
-use crate::error::ApiError;
 use crate::state::AppState;
+use crate::usage_report::{format_date, report, UsageError, UsageQuery, UsageReport};
 
 #[derive(Deserialize)]
 pub struct Range {
@@ -73,11 +72,19 @@ pub async fn show(
     SignedIn(session): SignedIn,
     Query(range): Query<Range>,
 ) -> Result<Response, DashboardError> {
-    let (report, error) = match report(&state, &session.account_id, &range.query()).await {
+    let (ledger, catalog) = (state.ledger.as_ref(), state.catalog());
+    let (report, error) = match report(ledger, &catalog, &session.account_id, &range.query()).await
+    {
         Ok(report) => (report, None),
-        Err(e) if e.status == StatusCode::BAD_REQUEST => (
-            report(&state, &session.account_id, &UsageQuery::default()).await?,
-            Some(e.message),
+        Err(UsageError::Invalid(message)) => (
+            report(
+                ledger,
+                &catalog,
+                &session.account_id,
+                &UsageQuery::default(),
+            )
+            .await?,
+            Some(message),
         ),
         Err(e) => return Err(e.into()),
     };
@@ -206,9 +213,13 @@ pub async fn csv(
     SignedIn(session): SignedIn,
     Query(range): Query<Range>,
 ) -> Result<Response, DashboardError> {
-    let report = report(&state, &session.account_id, &range.query())
-        .await
-        .map_err(|e: ApiError| DashboardError::from(e))?;
+    let report = report(
+        state.ledger.as_ref(),
+        &state.catalog(),
+        &session.account_id,
+        &range.query(),
+    )
+    .await?;
     let mut out = String::from("date,model,requests,input_tokens,output_tokens,cache_creation_input_tokens,cache_read_input_tokens,credits,cache_read_credits_saved\n");
     for g in &report.groups {
         let t = &g.totals;

@@ -17,6 +17,8 @@ use crate::providers::ProviderError;
 use crate::responses_store::StoreError as ResponseStoreError;
 use crate::telemetry::metrics;
 use crate::tokens::TokenError;
+use crate::turn::TurnError;
+use crate::usage_report::UsageError;
 use crate::validate;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -354,6 +356,29 @@ impl From<TokenError> for ApiError {
     }
 }
 
+impl From<TurnError> for ApiError {
+    fn from(e: TurnError) -> Self {
+        match e {
+            TurnError::Invalid(message) => Self::invalid(message),
+            TurnError::Validation(e) => e.into(),
+            TurnError::Tokens(e) => e.into(),
+            TurnError::Limit(e) => e.into(),
+            TurnError::Ledger(e) => e.into(),
+            TurnError::Provider(e) => e.into(),
+            TurnError::Unfinished => Self::internal(),
+        }
+    }
+}
+
+impl From<UsageError> for ApiError {
+    fn from(e: UsageError) -> Self {
+        match e {
+            UsageError::Invalid(message) => Self::invalid(message),
+            UsageError::Ledger(e) => e.into(),
+        }
+    }
+}
+
 impl From<validate::Invalid> for ApiError {
     fn from(e: validate::Invalid) -> Self {
         Self::invalid(e.0)
@@ -382,7 +407,8 @@ impl From<DashboardError> for ApiError {
             }
             DashboardError::Store(inner) => inner.into(),
             DashboardError::Ledger(inner) => inner.into(),
-            DashboardError::Api(inner) => inner,
+            DashboardError::Usage(inner) => inner.into(),
+            DashboardError::Limit(inner) => inner.into(),
         }
     }
 }

@@ -106,7 +106,7 @@ pub async fn create(
     };
     let stream = translated.request.stream;
     let turn = turn::start(
-        &state,
+        &state.turns(),
         &principal,
         TurnRequest {
             id: id.clone(),

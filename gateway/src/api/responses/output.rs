@@ -132,6 +132,7 @@ impl Assembler {
                 step.done = true;
             }
             TurnEvent::Failed(error) => {
+                let error = ApiError::from(error);
                 self.response.status = Status::Failed;
                 self.response.error = Some(ResponseError {
                     code: "server_error",
