@@ -27,12 +27,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gateway::accounts::{Accounts, PostgresAccounts};
-use gateway::db::{Database, Pooler};
 use gateway::ids;
 use gateway::ledger::{
     Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
 };
-use gateway::wire::anthropic::{StopReason, TokenUsage};
+use store::db::{Database, Pooler};
+use store::usage::{StopReason, TokenUsage};
 use time::OffsetDateTime;
 
 mod support;

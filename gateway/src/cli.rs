@@ -11,10 +11,10 @@ use crate::accounts::promotion::{standing, ENTERPRISE};
 use crate::accounts::{Accounts, KeyKind, PostgresAccounts, StoreError};
 use crate::auth::{self, KeySpec};
 use crate::config::{AccountsCommand, DatabaseArgs, KeysCommand, KindArg, MessagesCommand};
-use crate::db::{Database, DbError};
 use crate::ledger::{Ledger, LedgerError, PostgresLedger};
 use crate::payments::{self, PaymentError, TopUpRequest};
 use crate::routing::Catalog;
+use store::db::{Database, DbError};
 
 #[derive(Debug, Error)]
 pub enum CliError {

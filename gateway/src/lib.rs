@@ -10,7 +10,6 @@ pub mod client_address;
 pub mod config;
 pub mod cpu;
 pub mod dashboard;
-pub mod db;
 pub mod developers;
 pub mod edge;
 pub mod error;

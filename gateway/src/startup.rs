@@ -19,7 +19,6 @@ use crate::client_address::TrustedProxies;
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
 use crate::dashboard::DashboardConfig;
-use crate::db::{Database, DbError};
 use crate::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
 use crate::ids;
 use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
@@ -37,6 +36,7 @@ use crate::seal::Sealer;
 use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
 use crate::state::{AppState, Services, Shutdown};
 use crate::tokens::Tokenizer;
+use store::db::{Database, DbError};
 
 mod warnings;
 

@@ -24,9 +24,8 @@ use crate::routing::{fallback, Conversation, Model, Needs, Price};
 use crate::state::AppState;
 use crate::telemetry::{self, TurnTelemetry};
 use crate::validate;
-use crate::wire::anthropic::{
-    Delta, InputBlock, MessagesRequest, OutputBlock, StopReason, TokenUsage, Usage,
-};
+use crate::wire::anthropic::{Delta, InputBlock, MessagesRequest, OutputBlock, Usage};
+use store::usage::{StopReason, TokenUsage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {

@@ -23,8 +23,8 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use crds::config::{GatewayConfig, Route, Secret};
 use gateway::accounts::{Accounts, PostgresAccounts, PromotionRules};
-use gateway::db::Database;
 use kube::{Api, Client};
+use store::db::Database;
 use tokio::sync::watch;
 
 #[derive(Parser)]

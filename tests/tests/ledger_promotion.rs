@@ -11,8 +11,8 @@ use gateway::accounts::{
     Accounts, KeyKind, MemoryAccounts, PostgresAccounts, Promotion, PromotionRules,
 };
 use gateway::auth::{mint, KeySpec};
-use gateway::db::Database;
 use gateway::ledger::{Ledger, MemoryLedger, NewTopUp, PostgresLedger};
+use store::db::Database;
 
 fn rules() -> PromotionRules {
     PromotionRules::new([

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use e2e::{PgBouncer, PostgresServer};
 use gateway::accounts::{Accounts, PostgresAccounts};
-use gateway::db::{Database, Pooler};
 use gateway::ledger::{
     DisputeStage, Ledger, LedgerError, MemoryLedger, MessageRecord, MessageStatus, NewReservation,
     NewTopUp, PostgresLedger, ReversalKind, Settlement,
 };
-use gateway::wire::anthropic::TokenUsage;
+use store::db::{Database, Pooler};
+use store::usage::TokenUsage;
 
 /// Credits per cent, as at the default rate.
 const PER_CENT: u64 = 1_000;

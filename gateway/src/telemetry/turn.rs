@@ -17,7 +17,7 @@ use super::request::CONTEXT;
 use crate::ledger::MessageStatus;
 use crate::limits::LimitError;
 use crate::providers::ProviderError;
-use crate::wire::anthropic::{StopReason, TokenUsage};
+use store::usage::{StopReason, TokenUsage};
 
 /// Travels with the turn (inside its meter) until it is settled.
 pub struct TurnTelemetry {
