@@ -26,12 +26,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gateway::accounts::{Accounts, PostgresAccounts};
 use gateway::ids;
-use gateway::ledger::{
+use store::accounts::{Accounts, PostgresAccounts};
+use store::db::{Database, Pooler};
+use store::ledger::{
     Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
 };
-use store::db::{Database, Pooler};
 use store::usage::{StopReason, TokenUsage};
 use time::OffsetDateTime;
 

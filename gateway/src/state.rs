@@ -7,11 +7,8 @@ use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::accounts::Accounts;
 use crate::client_address::TrustedProxies;
 use crate::dashboard::settings::DashboardConfig;
-use crate::developers::DeveloperStore;
-use crate::ledger::Ledger;
 use crate::limits::{AddressBrake, Limiter};
 use crate::payments::reload::AutoReloads;
 use crate::payments::{Books, PaymentProvider};
@@ -20,6 +17,9 @@ use crate::responses_store::ResponseStore;
 use crate::routing::Catalog;
 use crate::seal::Sealer;
 use crate::tokens::Tokenizer;
+use store::accounts::Accounts;
+use store::developers::DeveloperStore;
+use store::ledger::Ledger;
 
 pub struct Services {
     /// Replaced whole when a new config is published; a turn keeps the models it resolved.

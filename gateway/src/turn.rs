@@ -17,7 +17,6 @@ use crds::config::{Affinity, Upstream};
 
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::ledger::{MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement};
 use crate::limits::{AdmissionRequest, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderError, ProviderEvent};
 use crate::routing::{fallback, Conversation, Model, Needs, Price};
@@ -25,6 +24,7 @@ use crate::state::AppState;
 use crate::telemetry::{self, TurnTelemetry};
 use crate::validate;
 use crate::wire::anthropic::{Delta, InputBlock, MessagesRequest, OutputBlock, Usage};
+use store::ledger::{MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement};
 use store::usage::{StopReason, TokenUsage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

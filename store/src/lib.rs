@@ -3,6 +3,10 @@
 //! Postgres implementation. The gateway, the operator (its promotion sweep), the end-to-end
 //! tests and the benchmarks all use this crate; it knows nothing of HTTP.
 
+pub mod accounts;
 pub mod db;
+pub mod developers;
+pub mod ids;
+pub mod ledger;
 pub mod metrics;
 pub mod usage;

@@ -15,8 +15,8 @@ use time::{Date, Duration, OffsetDateTime};
 
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::ledger::UsageTotals;
 use crate::state::AppState;
+use store::ledger::UsageTotals;
 
 const DEFAULT_DAYS: i64 = 30;
 const MAX_DAYS: i64 = 366;

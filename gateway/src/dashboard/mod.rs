@@ -21,10 +21,10 @@ use axum::Router;
 use thiserror::Error;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::accounts::StoreError;
 use crate::error::ApiError;
-use crate::ledger::LedgerError;
 use crate::state::AppState;
+use store::accounts::StoreError;
+use store::ledger::LedgerError;
 
 pub use settings::DashboardConfig;
 

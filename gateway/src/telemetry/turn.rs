@@ -14,9 +14,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::metrics::{self, StreamGauge};
 use super::request::CONTEXT;
-use crate::ledger::MessageStatus;
 use crate::limits::LimitError;
 use crate::providers::ProviderError;
+use store::ledger::MessageStatus;
 use store::usage::{StopReason, TokenUsage};
 
 /// Travels with the turn (inside its meter) until it is settled.

@@ -7,7 +7,7 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::{AutoReload, AutoReloads, Due, Outcome, MAX_DECLINES};
-use crate::accounts::StoreError;
+use store::accounts::StoreError;
 use store::db::{from_db, to_db, Database};
 
 pub struct PostgresAutoReloads {

@@ -11,7 +11,7 @@ use super::super::reversal::{
     dispute_step, give, share, take, DisputeStatus, Movement, Reversal, ReversalKind,
 };
 use super::super::{DisputeStage, LedgerError};
-use store::db::{from_db, to_db, DbPool};
+use crate::db::{from_db, to_db, DbPool};
 
 type Outcome = Result<Option<Reversal>, LedgerError>;
 

@@ -23,9 +23,9 @@ use time::OffsetDateTime;
 use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
 use super::allotment::Written;
 use super::Lease;
-use store::db::{from_db, name_of, to_db, Database, DbError};
-use store::metrics;
-use store::usage::{StopReason, TokenUsage};
+use crate::db::{from_db, name_of, to_db, Database, DbError};
+use crate::metrics;
+use crate::usage::{StopReason, TokenUsage};
 
 /// Holds, per turn, what its account's available credits allow between `min` and `max`, and
 /// writes its message row `reserved`; a turn whose account has less than `min` holds nothing

@@ -9,7 +9,7 @@ use time::{Duration, OffsetDateTime};
 use super::{Checkout, CheckoutStatus, DeveloperStore, Session, User};
 use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
-use store::db::{from_db, to_db, Database, DbError};
+use crate::db::{from_db, to_db, Database, DbError};
 
 pub struct PostgresDeveloperStore {
     db: Database,

@@ -52,8 +52,8 @@ pub enum StoreError {
     Conflict(String),
 }
 
-impl From<store::db::DbError> for StoreError {
-    fn from(e: store::db::DbError) -> Self {
+impl From<crate::db::DbError> for StoreError {
+    fn from(e: crate::db::DbError) -> Self {
         Self::Unavailable(e.to_string())
     }
 }

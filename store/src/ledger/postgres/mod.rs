@@ -45,10 +45,10 @@ use super::{
     Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
     MessageStatus, NewReservation, NewTopUp, Reversal, Settlement, TopUp, UsageRow, UsageTotals,
 };
+use crate::db::{from_db, parse_name, to_db, Database, DbError};
 use crate::ids;
-use store::db::{from_db, parse_name, to_db, Database, DbError};
-use store::metrics;
-use store::usage::{StopReason, TokenUsage};
+use crate::metrics;
+use crate::usage::{StopReason, TokenUsage};
 
 const STATUSES: [MessageStatus; 7] = [
     MessageStatus::Reserved,

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use sqlx::Row;
 
 use super::super::{MessageRecord, NewReservation, Settlement};
+use crate::db::{from_db, to_db, Database, DbError};
 use crate::ids;
-use store::db::{from_db, to_db, Database, DbError};
 
 /// An allotment unused this long goes back to its account.
 pub const IDLE: Duration = Duration::from_secs(2);
@@ -432,7 +432,7 @@ mod tests {
 
     use super::*;
     use crate::ledger::MessageStatus;
-    use store::usage::TokenUsage;
+    use crate::usage::TokenUsage;
 
     const MAX: u64 = 100;
 

@@ -15,8 +15,8 @@ use super::{
     Account, AccountStatus, Accounts, KeyKind, KeyRecord, Promotion, PromotionRules, StoreError,
 };
 use crate::accounts::KeyHash;
+use crate::db::{from_db, name_of, parse_name, to_db, Database, DbError};
 use crate::ids;
-use store::db::{from_db, name_of, parse_name, to_db, Database, DbError};
 
 /// How long a cached key lookup is trusted while Postgres answers.
 const FRESH: Duration = Duration::from_secs(5);
