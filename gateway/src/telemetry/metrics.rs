@@ -192,7 +192,7 @@ impl Metrics {
             "Circuit breaker state per upstream: 0 closed, 1 half-open, 2 open",
             m.circuit_state.clone(),
         );
-        // The stores' own (Redis and Postgres calls, ledger batches) are recorded by them.
+        // Redis and Postgres calls and the ledger's batches: the store crate's families.
         store::metrics::register(r);
         r.register(
             "gateway_turn_step_duration_seconds",
