@@ -26,13 +26,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gateway::accounts::{Accounts, PostgresAccounts};
-use gateway::db::{Database, Pooler};
 use gateway::ids;
-use gateway::ledger::{
+use store::accounts::{Accounts, PostgresAccounts};
+use store::db::{Database, Pooler};
+use store::ledger::{
     Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
 };
-use gateway::wire::anthropic::{StopReason, TokenUsage};
+use store::usage::{StopReason, TokenUsage};
 use time::OffsetDateTime;
 
 mod support;

@@ -7,14 +7,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use thiserror::Error;
 
-use crate::accounts::promotion::{standing, ENTERPRISE};
-use crate::accounts::{Accounts, KeyKind, PostgresAccounts, StoreError};
 use crate::auth::{self, KeySpec};
 use crate::config::{AccountsCommand, DatabaseArgs, KeysCommand, KindArg, MessagesCommand};
-use crate::db::{Database, DbError};
-use crate::ledger::{Ledger, LedgerError, PostgresLedger};
 use crate::payments::{self, PaymentError, TopUpRequest};
-use crate::routing::Catalog;
+use store::accounts::promotion::{standing, ENTERPRISE};
+use store::accounts::{Accounts, KeyKind, PostgresAccounts, StoreError};
+use store::db::{Database, DbError};
+use store::ledger::{Ledger, LedgerError, PostgresLedger};
 
 #[derive(Debug, Error)]
 pub enum CliError {
@@ -86,7 +85,7 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
                     .balance(&account.id)
                     .await?
                     .lifetime_top_up_cents;
-                standing(&Catalog::new(config, 0), lifetime).tier
+                standing(&config.tiers, lifetime).tier
             };
             let minted = auth::mint(KeySpec {
                 id: None,

@@ -1,10 +1,7 @@
-//! Ids and secrets: a type prefix and random base62, like the public APIs' ids.
+//! Ids and secrets: a type prefix and random base62, like the public APIs' ids. The ids the
+//! stores mint (accounts, instances, allotments) are `store::ids`.
 
-use rand::distr::{Alphanumeric, SampleString};
-
-fn random(len: usize) -> String {
-    Alphanumeric.sample_string(&mut rand::rng(), len)
-}
+use store::ids::random;
 
 pub fn message() -> String {
     format!("msg_{}", random(24))
@@ -51,10 +48,6 @@ pub fn tool_call_for_upstream<'a>(id: &'a str, prefix: &str) -> std::borrow::Cow
     std::borrow::Cow::Owned(format!("{prefix}{}", &hex::encode(digest)[..24]))
 }
 
-pub fn account() -> String {
-    format!("acct_{}", random(16))
-}
-
 pub fn key() -> String {
     format!("key_{}", random(16))
 }
@@ -66,16 +59,6 @@ pub fn key_secret() -> String {
 
 pub fn admin_token() -> String {
     random(32)
-}
-
-/// A gateway process, as recorded on the reservations it holds.
-pub fn instance() -> String {
-    format!("gw_{}", random(16))
-}
-
-/// Credits a gateway process holds for one account's turns.
-pub fn allotment() -> String {
-    format!("allot_{}", random(16))
 }
 
 pub fn lease() -> String {

@@ -1,7 +1,6 @@
 //! The gateway: the `/v1` API, auth, rate limits, credits, providers. The `gateway` binary
 //! (`main.rs`) only parses the command line; benchmarks use the modules directly.
 
-pub mod accounts;
 pub mod admin;
 pub mod api;
 pub mod auth;
@@ -10,12 +9,9 @@ pub mod client_address;
 pub mod config;
 pub mod cpu;
 pub mod dashboard;
-pub mod db;
-pub mod developers;
 pub mod edge;
 pub mod error;
 pub mod ids;
-pub mod ledger;
 pub mod limits;
 pub mod payments;
 pub mod providers;

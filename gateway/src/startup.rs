@@ -10,19 +10,12 @@ use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-use crate::accounts::promotion::{standing, ENTERPRISE};
-use crate::accounts::{
-    promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
-};
 use crate::auth::{self, KeySpec};
 use crate::client_address::TrustedProxies;
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
 use crate::dashboard::DashboardConfig;
-use crate::db::{Database, DbError};
-use crate::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
 use crate::ids;
-use crate::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 use crate::limits::{
     AddressBrake, Dimension, Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter,
 };
@@ -38,6 +31,13 @@ use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
 use crate::shutdown::Shutdown;
 use crate::state::{AppState, Services};
 use crate::tokens::Tokenizer;
+use store::accounts::promotion::{standing, ENTERPRISE};
+use store::accounts::{
+    promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
+};
+use store::db::{Database, DbError};
+use store::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
+use store::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 
 mod warnings;
 
@@ -485,7 +485,7 @@ async fn starting_tier(
         .balance(account_id)
         .await?
         .lifetime_top_up_cents;
-    Ok(standing(&state.catalog(), lifetime).tier)
+    Ok(standing(state.catalog().tiers(), lifetime).tier)
 }
 
 /// The account of this name, created with `credits` when new (a database shared by pods or
@@ -494,7 +494,7 @@ async fn seed_account(
     state: &AppState,
     name: &str,
     credits: u64,
-) -> Result<crate::accounts::Account, StartError> {
+) -> Result<store::accounts::Account, StartError> {
     if let Some(account) = state.accounts.account_by_name(name).await? {
         return Ok(account);
     }
@@ -513,7 +513,7 @@ async fn seed_account(
 }
 
 /// Stores a seeded key; one already stored (by another pod, or before a restart) is kept.
-async fn seed_key(state: &AppState, key: crate::accounts::KeyRecord) -> Result<(), StartError> {
+async fn seed_key(state: &AppState, key: store::accounts::KeyRecord) -> Result<(), StartError> {
     match state.accounts.insert_key(key).await {
         Err(StoreError::Conflict(_)) => {
             tracing::info!("seeded key already stored; keeping it");

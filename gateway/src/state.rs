@@ -5,11 +5,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::accounts::Accounts;
 use crate::client_address::TrustedProxies;
 use crate::dashboard::settings::DashboardConfig;
-use crate::developers::DeveloperStore;
-use crate::ledger::Ledger;
 use crate::limits::{AddressBrake, Limiter};
 use crate::payments::reload::AutoReloads;
 use crate::payments::{Books, PaymentProvider};
@@ -20,6 +17,9 @@ use crate::seal::Sealer;
 use crate::shutdown::Shutdown;
 use crate::tokens::Tokenizer;
 use crate::turn::Turns;
+use store::accounts::Accounts;
+use store::developers::DeveloperStore;
+use store::ledger::Ledger;
 
 pub struct Services {
     /// Replaced whole when a new config is published; a turn keeps the models it resolved.

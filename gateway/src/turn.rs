@@ -17,9 +17,6 @@ use tracing::Instrument;
 use crds::config::{Affinity, Upstream};
 
 use crate::auth::Principal;
-use crate::ledger::{
-    Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement,
-};
 use crate::limits::{AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderError, ProviderEvent, Providers};
 use crate::routing::{fallback, Catalog, Conversation, Model, Needs, Price};
@@ -27,9 +24,11 @@ use crate::shutdown::Shutdown;
 use crate::telemetry::{self, TurnTelemetry};
 use crate::tokens::{TokenError, Tokenizer};
 use crate::validate;
-use crate::wire::anthropic::{
-    Delta, InputBlock, MessagesRequest, OutputBlock, StopReason, TokenUsage, Usage,
+use crate::wire::anthropic::{Delta, InputBlock, MessagesRequest, OutputBlock, Usage};
+use store::ledger::{
+    Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement,
 };
+use store::usage::{StopReason, TokenUsage};
 
 /// What a turn uses: the part of the gateway's state below the edge, with the catalog as it
 /// was when the turn began.

@@ -10,8 +10,8 @@ use thiserror::Error;
 use time::macros::format_description;
 use time::{Date, Duration, OffsetDateTime};
 
-use crate::ledger::{Ledger, LedgerError, UsageTotals};
 use crate::routing::Catalog;
+use store::ledger::{Ledger, LedgerError, UsageTotals};
 
 #[derive(Debug, Error)]
 pub enum UsageError {

@@ -14,7 +14,7 @@ pub enum Error {
     #[error("gateway pod {pod} reports no `{metric}` metric")]
     MissingMetric { pod: String, metric: &'static str },
     #[error("the promotion sweep failed: {0}")]
-    Sweep(#[from] gateway::accounts::StoreError),
+    Sweep(#[from] store::accounts::StoreError),
     #[error("no valid configuration compiled yet, so no promotion thresholds")]
     NoRules,
 }

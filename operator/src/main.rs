@@ -22,9 +22,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use crds::config::{GatewayConfig, Route, Secret};
-use gateway::accounts::{Accounts, PostgresAccounts, PromotionRules};
-use gateway::db::Database;
 use kube::{Api, Client};
+use store::accounts::{Accounts, PostgresAccounts, PromotionRules};
+use store::db::Database;
 use tokio::sync::watch;
 
 #[derive(Parser)]

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway::accounts::Promotion;
+use store::accounts::Promotion;
 use tokio::sync::watch;
 
 use crate::error::Result;

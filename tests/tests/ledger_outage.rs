@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use e2e::{
     count_body, message, poll_until, Cluster, GatewayBuilder, KeySpec, PgBouncer, PostgresServer,
 };
-use gateway::db::{Database, DbError};
+use store::db::{Database, DbError};
 
 /// One pod whose database calls give up after a second.
 async fn one_pod(database: impl Fn(GatewayBuilder) -> GatewayBuilder) -> Cluster {

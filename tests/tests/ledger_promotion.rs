@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::PostgresServer;
-use gateway::accounts::{
+use gateway::auth::{mint, KeySpec};
+use store::accounts::{
     Accounts, KeyKind, MemoryAccounts, PostgresAccounts, Promotion, PromotionRules,
 };
-use gateway::auth::{mint, KeySpec};
-use gateway::db::Database;
-use gateway::ledger::{Ledger, MemoryLedger, NewTopUp, PostgresLedger};
+use store::db::Database;
+use store::ledger::{Ledger, MemoryLedger, NewTopUp, PostgresLedger};
 
 fn rules() -> PromotionRules {
     PromotionRules::new([

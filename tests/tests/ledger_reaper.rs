@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use e2e::sse::SseStream;
 use e2e::{message, message_stream, poll_until, ApiKey, Cluster, KeySpec, PostgresServer};
-use gateway::accounts::{Accounts, PostgresAccounts};
-use gateway::db::Database;
-use gateway::ledger::{
+use store::accounts::{Accounts, PostgresAccounts};
+use store::db::Database;
+use store::ledger::{
     Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
 };
-use gateway::wire::anthropic::TokenUsage;
+use store::usage::TokenUsage;
 
 const CREDITS: u64 = 5_000_000;
 

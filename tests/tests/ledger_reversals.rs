@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::{PgBouncer, PostgresServer};
-use gateway::accounts::{Accounts, PostgresAccounts};
-use gateway::db::{Database, Pooler};
-use gateway::ledger::{
+use store::accounts::{Accounts, PostgresAccounts};
+use store::db::{Database, Pooler};
+use store::ledger::{
     DisputeStage, Ledger, LedgerError, MemoryLedger, MessageRecord, MessageStatus, NewReservation,
     NewTopUp, PostgresLedger, ReversalKind, Settlement,
 };
-use gateway::wire::anthropic::TokenUsage;
+use store::usage::TokenUsage;
 
 /// Credits per cent, as at the default rate.
 const PER_CENT: u64 = 1_000;

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use e2e::PostgresServer;
-use gateway::db::Database;
 use gateway::responses_store::{
     MemoryLimits, MemoryResponseStore, PostgresResponseStore, ResponseStore, Retention,
     StoredResponse,
 };
 use serde_json::json;
+use store::db::Database;
 use time::OffsetDateTime;
 
 async fn store(pg: &PostgresServer, retention: Retention) -> PostgresResponseStore {

@@ -14,8 +14,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
-use crate::accounts::promotion::{self, ENTERPRISE};
-use crate::accounts::{Account, AccountStatus, KeyKind};
 use crate::api::body::JsonBody;
 use crate::api::{method_not_allowed, not_found};
 use crate::auth::{self, KeySpec};
@@ -23,6 +21,8 @@ use crate::error::ApiError;
 use crate::payments;
 use crate::state::AppState;
 use crate::telemetry;
+use store::accounts::promotion::{self, ENTERPRISE};
+use store::accounts::{Account, AccountStatus, KeyKind};
 
 #[derive(Clone)]
 struct Admin {
@@ -315,7 +315,7 @@ async fn create_key(
                 .balance(&account.id)
                 .await?
                 .lifetime_top_up_cents;
-            promotion::standing(&state.catalog(), lifetime).tier
+            promotion::standing(state.catalog().tiers(), lifetime).tier
         }
         Some(ENTERPRISE) => ENTERPRISE.to_owned(),
         Some(other) => {

@@ -29,7 +29,7 @@ use crate::state::AppState;
 use crate::turn::{self, Collected, Endpoint, Turn, TurnEvent, TurnRequest};
 use crate::wire::anthropic::{
     Delta, ImageSource, InputBlock, InputMessage, MessagesRequest, Metadata, OutputBlock, Role,
-    StopReason, Tool, ToolChoice, Usage,
+    Tool, ToolChoice, Usage,
 };
 use crate::wire::one_or_many::StringOr;
 use crate::wire::openai::{
@@ -37,6 +37,7 @@ use crate::wire::openai::{
     ChatUsage, Choice, ChunkChoice, ChunkDelta, ContentPart, FinishReason, FunctionCall,
     FunctionDelta, PromptTokensDetails, ToolCall, ToolCallDelta, ToolChoiceMode,
 };
+use store::usage::StopReason;
 
 pub async fn create(
     State(state): State<AppState>,

@@ -9,9 +9,9 @@ use serde_json::{json, Map, Value};
 
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::ledger::UsageTotals;
 use crate::state::AppState;
 use crate::usage_report::{format_date, report, UsageQuery};
+use store::ledger::UsageTotals;
 
 pub async fn get(
     State(state): State<AppState>,

@@ -7,9 +7,9 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 use time::OffsetDateTime;
 
-use crate::accounts::{Account, AccountStatus, Accounts, KeyHash, KeyKind, KeyRecord, StoreError};
 use crate::ids;
 use crate::routing::Catalog;
+use store::accounts::{Account, AccountStatus, Accounts, KeyHash, KeyKind, KeyRecord, StoreError};
 
 #[derive(Debug, Error)]
 pub enum AuthError {

@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use crds::config::SCOPES;
 
-use crate::db::Pooler;
 use crate::limits::OutagePolicy;
 use crate::responses_store::ResponsesStoreArgs;
 use crate::telemetry::LogFormat;
 use published::SecretRef;
+use store::db::Pooler;
 
 #[derive(Debug, Parser)]
 #[command(name = "gateway", version, about = "LLM API gateway")]

@@ -14,10 +14,10 @@ use super::layout::{bare, notice, with_status};
 use super::session::{self, SignedIn, CSRF_COOKIE, SESSION_COOKIE};
 use super::DashboardError;
 use crate::client_address::{AddressBucket, ClientAddress};
-use crate::developers::User;
 use crate::ids;
 use crate::limits::{AddressBrake, LimitError};
 use crate::state::AppState;
+use store::developers::User;
 
 const MIN_PASSWORD_CHARS: usize = 10;
 const MAX_PASSWORD_CHARS: usize = 256;

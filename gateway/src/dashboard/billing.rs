@@ -13,13 +13,13 @@ use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
 use super::session::{secure, SignedIn};
 use super::DashboardError;
-use crate::developers::{Checkout, CheckoutStatus, Session};
 use crate::error::ApiError;
 use crate::ids;
-use crate::ledger::ReversalKind;
 use crate::payments::reload::MAX_DECLINES;
 use crate::payments::{credits_for, parse_usd, Order, Started, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
 use crate::state::AppState;
+use store::developers::{Checkout, CheckoutStatus, Session};
+use store::ledger::ReversalKind;
 
 pub const PACKS_CENTS: [u64; 7] = [1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000];
 

@@ -13,13 +13,13 @@ use super::form::HtmlForm;
 use super::layout::{datetime, notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
-use crate::accounts::promotion::standing;
-use crate::accounts::{KeyKind, KeyRecord};
 use crate::auth::{self, KeySpec};
-use crate::developers::Session;
-use crate::ledger::KeySpend;
 use crate::state::AppState;
 use crds::config::SCOPES;
+use store::accounts::promotion::standing;
+use store::accounts::{KeyKind, KeyRecord};
+use store::developers::Session;
+use store::ledger::KeySpend;
 
 const MAX_NAME_CHARS: usize = 64;
 
@@ -272,7 +272,7 @@ pub async fn mint(
         name: name.to_owned(),
         kind,
         scopes: form.scopes,
-        tier: standing(&state.catalog(), lifetime).tier,
+        tier: standing(state.catalog().tiers(), lifetime).tier,
         secret: None,
         expires_at,
         spend_cap,

@@ -6,8 +6,8 @@ use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 
 use super::DashboardError;
-use crate::developers::Session;
 use crate::error::ApiError;
+use store::developers::Session;
 
 pub const STYLE: &str = include_str!("style.css");
 

@@ -21,11 +21,11 @@ use axum::Router;
 use thiserror::Error;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::accounts::StoreError;
-use crate::ledger::LedgerError;
 use crate::limits::LimitError;
 use crate::state::AppState;
 use crate::usage_report::UsageError;
+use store::accounts::StoreError;
+use store::ledger::LedgerError;
 
 pub use settings::DashboardConfig;
 

@@ -8,11 +8,11 @@ use time::{Date, OffsetDateTime};
 use super::layout::{datetime, dollars, page, thousands, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
-use crate::accounts::promotion::standing;
-use crate::ledger::MessageStatus;
 use crate::payments::MIN_TOP_UP_CENTS;
 use crate::state::AppState;
 use crate::usage_report::{format_date, report, UsageQuery};
+use store::accounts::promotion::standing;
+use store::ledger::MessageStatus;
 
 const RECENT_MESSAGES: usize = 10;
 
@@ -38,7 +38,7 @@ pub async fn show(
 ) -> Result<Markup, DashboardError> {
     let account_id = &session.account_id;
     let balance = state.ledger.balance(account_id).await?;
-    let standing = standing(&state.catalog(), balance.lifetime_top_up_cents);
+    let standing = standing(state.catalog().tiers(), balance.lifetime_top_up_cents);
     let limits = state.catalog().tier_limits(&standing.tier);
     let today = OffsetDateTime::now_utc().date();
     let month = report(

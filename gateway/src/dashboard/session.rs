@@ -12,10 +12,10 @@ use subtle::ConstantTimeEq;
 use time::{Duration, OffsetDateTime};
 
 use super::DashboardError;
-use crate::accounts::KeyHash;
-use crate::developers::Session;
 use crate::ids;
 use crate::state::AppState;
+use store::accounts::KeyHash;
+use store::developers::Session;
 
 pub const SESSION_COOKIE: &str = "svc_session";
 /// The CSRF token of the signed-out forms (sign-in, sign-up): a double-submit cookie.

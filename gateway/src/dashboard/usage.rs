@@ -37,7 +37,7 @@ impl Range {
 fn matrix(
     report: &UsageReport,
     models: &[String],
-    counter: impl Fn(&crate::ledger::UsageTotals) -> u64,
+    counter: impl Fn(&store::ledger::UsageTotals) -> u64,
 ) -> (Vec<String>, Vec<Vec<u64>>) {
     let days_count = (report.end - report.start).whole_days() + 1;
     let days: Vec<_> = (0..days_count)

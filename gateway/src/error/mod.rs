@@ -6,11 +6,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::accounts::StoreError;
 use crate::auth::AuthError;
 use crate::cpu::JobFailed;
 use crate::dashboard::DashboardError;
-use crate::ledger::LedgerError;
 use crate::limits::LimitError;
 use crate::payments::{CheckoutError, PaymentError};
 use crate::providers::ProviderError;
@@ -20,6 +18,8 @@ use crate::tokens::TokenError;
 use crate::turn::TurnError;
 use crate::usage_report::UsageError;
 use crate::validate;
+use store::accounts::StoreError;
+use store::ledger::LedgerError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

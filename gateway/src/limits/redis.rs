@@ -18,7 +18,7 @@ use fred::types::scripts::Script;
 
 use super::{decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
 use crate::ids;
-use crate::telemetry::metrics;
+use store::metrics;
 
 /// Reads the window and live leases; admits when the rules of `limits::decide` allow.
 /// Returns the counts before admission, 1 if it admitted (0 refused, 2 past its deadline: the

@@ -14,10 +14,10 @@ use thiserror::Error;
 
 pub use provider::{CheckoutError, NoPayments, Order, PaymentProvider, Started, TestPayments};
 
-use crate::accounts::{Accounts, StoreError};
-use crate::developers::DeveloperStore;
-use crate::ledger::{Confirmation, Ledger, LedgerError, NewTopUp};
 use reload::AutoReloads;
+use store::accounts::{Accounts, StoreError};
+use store::developers::DeveloperStore;
+use store::ledger::{Confirmation, Ledger, LedgerError, NewTopUp};
 
 /// What payments move and record: the accounts credited, the ledger, the saved cards of
 /// auto-reload, the dashboard's checkouts, and the price of a credit.

@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 use super::stripe::{Stripe, StripeError};
 use super::webhook::{receive, SIGNATURE_HEADER};
 use super::{signature, Books, PaymentError};
-use crate::accounts::StoreError;
+use store::accounts::StoreError;
 
 #[derive(Debug, Error)]
 pub enum CheckoutError {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::signature;
 use super::{confirm, Books, PaymentError, TopUpRequest};
-use crate::ledger::TopUp;
+use store::ledger::TopUp;
 
 pub const SIGNATURE_HEADER: &str = "payment-signature";
 

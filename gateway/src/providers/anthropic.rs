@@ -15,7 +15,8 @@ use super::blocks::Blocks;
 use super::http::{self, Clients, Decoder, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::ids;
-use crate::wire::anthropic::{Delta, OutputBlock, StopReason, TokenUsage};
+use crate::wire::anthropic::{Delta, OutputBlock};
+use store::usage::{StopReason, TokenUsage};
 
 const API_VERSION: &str = "2023-06-01";
 

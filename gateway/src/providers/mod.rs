@@ -24,7 +24,8 @@ pub use simulated::Simulated;
 
 use crate::routing::breaker::{BreakerPolicy, Breakers};
 use crate::tokens::Tokenizer;
-use crate::wire::anthropic::{Delta, MessagesRequest, OutputBlock, StopReason, TokenUsage};
+use crate::wire::anthropic::{Delta, MessagesRequest, OutputBlock};
+use store::usage::{StopReason, TokenUsage};
 
 /// What a provider streams back, in the Messages API's block structure.
 #[derive(Clone, Debug, PartialEq)]

@@ -27,10 +27,10 @@ use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::ids;
 use crate::tokens::Tokenizer;
 use crate::wire::anthropic::{
-    Delta, ImageSource, InputBlock, InputMessage, MessagesRequest, OutputBlock, Role, StopReason,
-    TokenUsage, ToolChoice,
+    Delta, ImageSource, InputBlock, InputMessage, MessagesRequest, OutputBlock, Role, ToolChoice,
 };
 use crate::wire::one_or_many::StringOr;
+use store::usage::{StopReason, TokenUsage};
 
 pub struct OpenAi {
     clients: Clients,

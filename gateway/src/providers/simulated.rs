@@ -17,9 +17,8 @@ use sha2::{Digest, Sha256};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::ids;
 use crate::tokens::Tokenizer;
-use crate::wire::anthropic::{
-    Delta, InputBlock, MessagesRequest, OutputBlock, Role, StopReason, TokenUsage, ToolChoice,
-};
+use crate::wire::anthropic::{Delta, InputBlock, MessagesRequest, OutputBlock, Role, ToolChoice};
+use store::usage::{StopReason, TokenUsage};
 
 /// Tokens per streamed text chunk.
 const TOKENS_PER_CHUNK: usize = 4;

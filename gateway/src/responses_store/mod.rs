@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::Database;
+use store::db::Database;
 
 /// The flags of the stored responses, in both modes.
 #[derive(Clone, Debug, clap::Args)]

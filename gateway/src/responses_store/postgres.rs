@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{to_micros, ResponseStore, Retention, StoreError, StoredResponse};
-use crate::db::{Database, DbError};
+use store::db::{Database, DbError};
 
 /// Rows one purge statement deletes, so that a large backlog never holds long locks.
 const PURGE_BATCH: i64 = 1_000;

@@ -84,7 +84,7 @@ mod tests {
 
     use super::*;
     use crate::routing::breaker::BreakerPolicy;
-    use crate::wire::anthropic::{StopReason, TokenUsage};
+    use store::usage::{StopReason, TokenUsage};
 
     fn events(items: Vec<Result<ProviderEvent, ProviderError>>) -> EventStream {
         Box::pin(futures::stream::iter(items))

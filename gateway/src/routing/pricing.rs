@@ -4,7 +4,8 @@
 
 use crds::config::Pricing;
 
-use crate::wire::anthropic::{CacheWrites, TokenUsage};
+use crate::wire::anthropic::CacheWrites;
+use store::usage::TokenUsage;
 
 /// micro-dollars per dollar times tokens per million.
 const SCALE: u128 = 1_000_000 * 1_000_000;

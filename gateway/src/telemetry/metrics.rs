@@ -66,19 +66,8 @@ struct MoveLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StoreLabels {
-    store: &'static str,
-    op: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StepLabels {
     step: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LedgerLabels {
-    op: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -106,20 +95,10 @@ fn ttft_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.01, 2.0, 14))
 }
 
-/// Store calls are bounded by their timeouts (250 ms by default): 0.1 ms .. ~1.6 s.
-fn store_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.000_1, 2.0, 15))
-}
-
 /// A turn's own steps take tenths of a millisecond to a timeout: 0.05 ms .. ~2 s, finely
 /// enough (x1.5) to tell where a millisecond of added latency went.
 fn step_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 1.5, 27))
-}
-
-/// Turns per ledger statement: 1 .. 128, the largest batch.
-fn batch_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(1.0, 2.0, 8))
 }
 
 struct Metrics {
@@ -135,11 +114,7 @@ struct Metrics {
     upstream_input: Family<UpstreamTokenLabels, Counter>,
     affinity_moves: Family<MoveLabels, Counter>,
     circuit_state: Family<UpstreamLabels, Gauge>,
-    store_latency: Histograms<StoreLabels>,
-    store_errors: Family<StoreLabels, Counter>,
     turn_steps: Histograms<StepLabels>,
-    ledger_batch: Histograms<LedgerLabels>,
-    ledger_refused: Family<LedgerLabels, Counter>,
     config: Family<ConfigLabels, Gauge>,
 }
 
@@ -158,11 +133,7 @@ impl Metrics {
             upstream_input: Family::default(),
             affinity_moves: Family::default(),
             circuit_state: Family::default(),
-            store_latency: Family::new_with_constructor(store_histogram),
-            store_errors: Family::default(),
             turn_steps: Family::new_with_constructor(step_histogram),
-            ledger_batch: Family::new_with_constructor(batch_histogram),
-            ledger_refused: Family::default(),
             config: Family::default(),
         };
         let r = &mut m.registry;
@@ -221,30 +192,12 @@ impl Metrics {
             "Circuit breaker state per upstream: 0 closed, 1 half-open, 2 open",
             m.circuit_state.clone(),
         );
-        r.register(
-            "gateway_store_call_duration_seconds",
-            "Latency of calls to Redis and Postgres, by store and operation",
-            m.store_latency.clone(),
-        );
-        r.register(
-            "gateway_store_call_errors",
-            "Failed or timed-out calls to Redis and Postgres, by store and operation",
-            m.store_errors.clone(),
-        );
+        // Redis and Postgres calls and the ledger's batches: the store crate's families.
+        store::metrics::register(r);
         r.register(
             "gateway_turn_step_duration_seconds",
             "Time a model turn spends in each of the gateway's own steps (admission, reservation, settle)",
             m.turn_steps.clone(),
-        );
-        r.register(
-            "gateway_ledger_batch_turns",
-            "Turns carried by one reserve, settle or write statement (batched when Postgres is busy)",
-            m.ledger_batch.clone(),
-        );
-        r.register(
-            "gateway_ledger_refused",
-            "Turns whose ledger statement Postgres refused (a constraint), by op; never retried",
-            m.ledger_refused.clone(),
         );
         r.register(
             "gateway_config_info",
@@ -391,40 +344,12 @@ pub fn circuit_state(upstream: &str, state: CircuitState) {
         .set(state as i64);
 }
 
-/// One call to an external store (`redis`, `postgres`): its latency, and whether it failed.
-pub fn store_call(store: &'static str, op: &'static str, elapsed: Duration, ok: bool) {
-    let labels = StoreLabels { store, op };
-    METRICS
-        .store_latency
-        .get_or_create(&labels)
-        .observe(elapsed.as_secs_f64());
-    if !ok {
-        METRICS.store_errors.get_or_create(&labels).inc();
-    }
-}
-
 /// One of a turn's own steps (`admission`, `reservation`, `settle`) took `elapsed`.
 pub fn turn_step(step: &'static str, elapsed: Duration) {
     METRICS
         .turn_steps
         .get_or_create(&StepLabels { step })
         .observe(elapsed.as_secs_f64());
-}
-
-/// One ledger statement (`reserve`, `settle`, `write`) carrying `turns` turns.
-pub fn ledger_batch(op: &'static str, turns: usize) {
-    METRICS
-        .ledger_batch
-        .get_or_create(&LedgerLabels { op })
-        .observe(turns as f64);
-}
-
-/// A turn's `settle`, `write` or `void` that Postgres refused (a constraint).
-pub fn ledger_refused(op: &'static str) {
-    METRICS
-        .ledger_refused
-        .get_or_create(&LedgerLabels { op })
-        .inc();
 }
 
 /// The configuration now in use; the previous version's series is removed.
@@ -451,7 +376,7 @@ mod tests {
     #[test]
     fn exposition_names_follow_prometheus_conventions() {
         request("/v1/messages", "svc/sonnet", 200);
-        store_call("redis", "admit", Duration::from_millis(2), false);
+        store::metrics::store_call("redis", "admit", Duration::from_millis(2), false);
         config_version("v1");
         config_version("v2");
         let text = render();

@@ -14,10 +14,10 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::metrics::{self, StreamGauge};
 use super::request::CONTEXT;
-use crate::ledger::MessageStatus;
 use crate::limits::LimitError;
 use crate::providers::ProviderError;
-use crate::wire::anthropic::{StopReason, TokenUsage};
+use store::ledger::MessageStatus;
+use store::usage::{StopReason, TokenUsage};
 
 /// Travels with the turn (inside its meter) until it is settled.
 pub struct TurnTelemetry {

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use store::usage::{StopReason, TokenUsage};
 
 use super::one_or_many::StringOr;
 
@@ -427,34 +428,12 @@ pub enum OutputBlock {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    EndTurn,
-    MaxTokens,
-    StopSequence,
-    ToolUse,
-}
-
 /// The prompt cache a request lets the upstream write to, dearest last.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CacheWrites {
     None,
     FiveMinutes,
     OneHour,
-}
-
-/// Token counts of a turn, as the Messages API reports them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct TokenUsage {
-    pub input_tokens: u32,
-    pub output_tokens: u32,
-    pub cache_creation_input_tokens: u32,
-    pub cache_read_input_tokens: u32,
-    /// The part of `cache_creation_input_tokens` written to the 1-hour cache, billed at its
-    /// own price. Billed, not shown: clients see the writes' total, as before.
-    #[serde(skip)]
-    pub cache_creation_1h_input_tokens: u32,
 }
 
 /// The usage object of a response: token counts plus the service's `credits_consumed`, which

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use e2e::PostgresServer;
-use gateway::accounts::{
+use store::accounts::{
     AccountStatus, Accounts, KeyHash, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
 };
-use gateway::ledger::{Ledger, MemoryLedger, NewTopUp};
+use store::ledger::{Ledger, MemoryLedger, NewTopUp};
 
 use super::{database, key_record as key, unique};
 
@@ -32,7 +32,7 @@ async fn postgres() -> Store {
     let (pg, db) = database().await;
     Store {
         accounts: Arc::new(PostgresAccounts::new(db.clone())),
-        ledger: Arc::new(gateway::ledger::PostgresLedger::new(db)),
+        ledger: Arc::new(store::ledger::PostgresLedger::new(db)),
         _pg: Some(pg),
     }
 }

@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use e2e::PostgresServer;
 use futures::future::join_all;
-use gateway::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
-use gateway::ledger::{
-    Ledger, MemoryLedger, MessageRecord, MessageStatus, NewReservation, PostgresLedger,
-};
 use gateway::payments::reload::{
     AutoReloads, Due, MemoryAutoReloads, Outcome, PostgresAutoReloads, MAX_DECLINES,
 };
-use gateway::wire::anthropic::TokenUsage;
+use store::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
+use store::ledger::{
+    Ledger, MemoryLedger, MessageRecord, MessageStatus, NewReservation, PostgresLedger,
+};
+use store::usage::TokenUsage;
 use time::OffsetDateTime;
 
 use super::{database, unique};

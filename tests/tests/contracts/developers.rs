@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use e2e::PostgresServer;
-use gateway::accounts::{Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
-use gateway::developers::{
+use store::accounts::{Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
+use store::developers::{
     Checkout, CheckoutStatus, DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore,
     Session, User,
 };
-use gateway::ledger::MemoryLedger;
+use store::ledger::MemoryLedger;
 use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use e2e::PostgresServer;
 use futures::future::join_all;
-use gateway::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
-use gateway::ledger::{
+use store::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
+use store::ledger::{
     Ledger, LedgerError, MemoryLedger, MessageRecord, MessageStatus, NewReservation, NewTopUp,
     PostgresLedger, Settlement,
 };
-use gateway::wire::anthropic::{StopReason, TokenUsage};
+use store::usage::{StopReason, TokenUsage};
 use time::OffsetDateTime;
 
 use super::{database, key_record, unique};

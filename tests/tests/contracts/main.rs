@@ -12,8 +12,8 @@ mod limiter;
 use std::time::Duration;
 
 use e2e::PostgresServer;
-use gateway::accounts::{KeyHash, KeyKind, KeyRecord};
-use gateway::db::Database;
+use store::accounts::{KeyHash, KeyKind, KeyRecord};
+use store::db::Database;
 use time::OffsetDateTime;
 
 /// A fresh Postgres with the gateway's migrations applied.

@@ -13,11 +13,12 @@ use crate::providers::ProviderEvent;
 use crate::seal::{Sealer, Thinking};
 use crate::tokens::Tokenizer;
 use crate::turn::TurnEvent;
-use crate::wire::anthropic::{Delta, OutputBlock, StopReason, Usage};
+use crate::wire::anthropic::{Delta, OutputBlock, Usage};
 use crate::wire::responses::{
     IncompleteDetails, InputTokensDetails, OutputContent, OutputItem, OutputTokensDetails,
     ResponseError, ResponseObject, ResponseUsage, Status, StreamEvent, SummaryText,
 };
+use store::usage::StopReason;
 
 /// How the output is shown to this client.
 pub struct Shape {

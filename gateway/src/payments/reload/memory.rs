@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 
 use super::{AutoReload, AutoReloads, Due, Outcome, MAX_DECLINES};
-use crate::accounts::StoreError;
-use crate::ledger::Ledger;
+use store::accounts::StoreError;
+use store::ledger::Ledger;
 
 #[derive(Default)]
 struct Rule {

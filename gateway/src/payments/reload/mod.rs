@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 pub use memory::MemoryAutoReloads;
 pub use postgres::PostgresAutoReloads;
 
-use crate::accounts::StoreError;
 use crate::payments::PaymentProvider;
+use store::accounts::StoreError;
 
 /// Declines in a row after which auto-reload turns itself off.
 pub const MAX_DECLINES: u32 = 3;

@@ -7,8 +7,8 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::{AutoReload, AutoReloads, Due, Outcome, MAX_DECLINES};
-use crate::accounts::StoreError;
-use crate::db::{from_db, to_db, Database};
+use store::accounts::StoreError;
+use store::db::{from_db, to_db, Database};
 
 pub struct PostgresAutoReloads {
     db: Database,

@@ -22,9 +22,9 @@ use http::HeaderMap;
 
 use super::events::{self, Charge, Dispute, Event, PaymentIntent, Session};
 use super::Stripe;
-use crate::developers::CheckoutStatus;
-use crate::ledger::DisputeStage;
 use crate::payments::{confirm, signature, Books, PaymentError, TopUpRequest};
+use store::developers::CheckoutStatus;
+use store::ledger::DisputeStage;
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
 

@@ -24,8 +24,8 @@ use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
 use super::allotment::Written;
 use super::Lease;
 use crate::db::{from_db, name_of, to_db, Database, DbError};
-use crate::telemetry::metrics;
-use crate::wire::anthropic::{StopReason, TokenUsage};
+use crate::metrics;
+use crate::usage::{StopReason, TokenUsage};
 
 /// Holds, per turn, what its account's available credits allow between `min` and `max`, and
 /// writes its message row `reserved`; a turn whose account has less than `min` holds nothing

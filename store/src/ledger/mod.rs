@@ -16,7 +16,7 @@ pub use memory::MemoryLedger;
 pub use postgres::{PostgresLedger, CLOSE_WAIT};
 pub use reversal::{DisputeStage, Reversal, ReversalKind};
 
-use crate::wire::anthropic::{StopReason, TokenUsage};
+use crate::usage::{StopReason, TokenUsage};
 
 #[derive(Debug, Error)]
 pub enum LedgerError {

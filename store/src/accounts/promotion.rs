@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crds::config::{GatewayConfig, TIER_IDS};
+use crds::config::{GatewayConfig, TierConfig, TIER_IDS};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::Accounts;
-use crate::routing::Catalog;
 
 /// Tiers a key can be promoted into, in promotion order, with their thresholds (US cents).
 /// Tiers without a threshold (enterprise) are absent: keys in them are never touched.
@@ -68,9 +67,13 @@ pub struct Standing {
     pub next: Option<(String, u64)>,
 }
 
-pub fn standing(catalog: &Catalog, lifetime_cents: u64) -> Standing {
-    let mut ladder: Vec<(&String, u64)> = catalog
-        .tiers()
+/// The standing of `lifetime_cents` among `tiers` (the compiled config's).
+pub fn standing<'a>(
+    tiers: impl IntoIterator<Item = (&'a String, &'a TierConfig)>,
+    lifetime_cents: u64,
+) -> Standing {
+    let mut ladder: Vec<(&String, u64)> = tiers
+        .into_iter()
         .filter_map(|(id, t)| t.promotion_at_lifetime_cents.map(|at| (id, at)))
         .collect();
     ladder.sort_by_key(|(_, at)| *at);

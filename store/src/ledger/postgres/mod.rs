@@ -47,8 +47,8 @@ use super::{
 };
 use crate::db::{from_db, parse_name, to_db, Database, DbError};
 use crate::ids;
-use crate::telemetry::metrics;
-use crate::wire::anthropic::{StopReason, TokenUsage};
+use crate::metrics;
+use crate::usage::{StopReason, TokenUsage};
 
 const STATUSES: [MessageStatus; 7] = [
     MessageStatus::Reserved,

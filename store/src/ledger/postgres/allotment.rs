@@ -432,7 +432,7 @@ mod tests {
 
     use super::*;
     use crate::ledger::MessageStatus;
-    use crate::wire::anthropic::TokenUsage;
+    use crate::usage::TokenUsage;
 
     const MAX: u64 = 100;
 

@@ -1,7 +1,7 @@
 //! The developer dashboard's own records: users (one per account), their sessions, failed
 //! sign-ins for throttling, and checkouts started from the billing page. A trait so that the
 //! Postgres store of cluster mode can take the in-process one's place; handlers never know
-//! which. The pages are `dashboard/`.
+//! which. The pages are the gateway's `dashboard/`.
 
 mod postgres;
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use thiserror::Error;
 
-use crate::telemetry::metrics;
+use crate::metrics;
 
 pub use pool::{DbPool, Pooler};
 
