@@ -35,6 +35,7 @@ pub mod gateway;
 pub mod helm;
 pub mod kube;
 pub mod leak;
+pub mod ledger;
 pub mod otlp;
 pub mod pgbouncer;
 pub mod postgres;

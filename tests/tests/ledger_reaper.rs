@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use e2e::ledger::turn_record;
 use e2e::sse::SseStream;
 use e2e::{message, message_stream, poll_until, ApiKey, Cluster, KeySpec, PostgresServer};
 use store::accounts::{Accounts, PostgresAccounts};
@@ -181,23 +182,9 @@ fn reservation(account_id: &str, id: &str, age: time::Duration) -> NewReservatio
     NewReservation {
         spend_cap: None,
         record: MessageRecord {
-            id: id.to_owned(),
-            account_id: account_id.to_owned(),
-            key_id: "key_reaper".to_owned(),
-            model: "svc/haiku".to_owned(),
-            served_model: "svc/haiku".to_owned(),
-            provider: "simulated".to_owned(),
-            upstream: "simulated".to_owned(),
-            upstream_model: "simulated-haiku".to_owned(),
-            endpoint: "messages",
             stream: true,
-            status: MessageStatus::Reserved,
-            reserved: 0,
-            billed: 0,
-            usage: TokenUsage::default(),
-            stop_reason: None,
             created_at: time::OffsetDateTime::now_utc() - age,
-            latency_ms: None,
+            ..turn_record(id, account_id, "key_reaper")
         },
         min: 1_000,
         max: 1_000,

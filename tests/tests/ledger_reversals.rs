@@ -9,12 +9,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use e2e::ledger::turn_record;
 use e2e::{PgBouncer, PostgresServer};
 use store::accounts::{Accounts, PostgresAccounts};
 use store::db::{Database, Pooler};
 use store::ledger::{
-    DisputeStage, Ledger, LedgerError, MemoryLedger, MessageRecord, MessageStatus, NewReservation,
-    NewTopUp, PostgresLedger, ReversalKind, Settlement,
+    DisputeStage, Ledger, LedgerError, MemoryLedger, MessageStatus, NewReservation, NewTopUp,
+    PostgresLedger, ReversalKind, Settlement,
 };
 use store::usage::TokenUsage;
 
@@ -92,25 +93,7 @@ impl Books {
 
     /// Bills a turn of `credits`.
     async fn spend(&self, message_id: &str, credits: u64) {
-        let record = MessageRecord {
-            id: message_id.to_owned(),
-            account_id: self.account_id.clone(),
-            key_id: "key_reversals".to_owned(),
-            model: "svc/haiku".to_owned(),
-            served_model: "svc/haiku".to_owned(),
-            provider: "simulated".to_owned(),
-            upstream: "simulated".to_owned(),
-            upstream_model: "simulated-haiku".to_owned(),
-            endpoint: "messages",
-            stream: false,
-            status: MessageStatus::Reserved,
-            reserved: 0,
-            billed: 0,
-            usage: TokenUsage::default(),
-            stop_reason: None,
-            created_at: time::OffsetDateTime::now_utc(),
-            latency_ms: None,
-        };
+        let record = turn_record(message_id, &self.account_id, "key_reversals");
         let ledger = self.ledger(0);
         let held = ledger
             .reserve(NewReservation {

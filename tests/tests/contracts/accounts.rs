@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use e2e::PostgresServer;
 use store::accounts::{
-    AccountStatus, Accounts, KeyHash, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
+    Account, AccountStatus, Accounts, KeyHash, MemoryAccounts, PostgresAccounts, PromotionRules,
+    StoreError,
 };
 use store::ledger::{Ledger, MemoryLedger, NewTopUp};
 
@@ -17,6 +18,16 @@ pub struct Store {
     /// Where top-ups land, which the promotion sweep reads.
     ledger: Arc<dyn Ledger>,
     _pg: Option<PostgresServer>,
+}
+
+impl Store {
+    /// A new account of its own.
+    async fn account(&self) -> Account {
+        self.accounts
+            .create_account(&unique("acme"))
+            .await
+            .expect("created")
+    }
 }
 
 async fn in_process() -> Store {
@@ -109,11 +120,7 @@ async fn an_account_is_found_by_id_and_by_name_and_a_taken_name_is_refused(store
 }
 
 async fn a_suspended_account_is_suspended_on_its_keys_lookups(store: Store) {
-    let account = store
-        .accounts
-        .create_account(&unique("acme"))
-        .await
-        .expect("created");
+    let account = store.account().await;
     let (record, secret) = key(&account.id, "free", 0);
     store.accounts.insert_key(record).await.expect("key");
     let hash = KeyHash::of(&secret);
@@ -147,11 +154,7 @@ async fn a_suspended_account_is_suspended_on_its_keys_lookups(store: Store) {
 }
 
 async fn a_key_is_found_by_the_hash_of_its_secret_revoked_or_not(store: Store) {
-    let account = store
-        .accounts
-        .create_account(&unique("acme"))
-        .await
-        .expect("created");
+    let account = store.account().await;
     let (record, secret) = key(&account.id, "tier1", 0);
     store
         .accounts
@@ -221,11 +224,7 @@ async fn a_key_is_found_by_the_hash_of_its_secret_revoked_or_not(store: Store) {
 }
 
 async fn a_key_whose_id_or_secret_is_taken_is_refused(store: Store) {
-    let account = store
-        .accounts
-        .create_account(&unique("acme"))
-        .await
-        .expect("created");
+    let account = store.account().await;
     let (first, secret) = key(&account.id, "free", 0);
     store
         .accounts
@@ -260,16 +259,8 @@ async fn a_key_whose_id_or_secret_is_taken_is_refused(store: Store) {
 }
 
 async fn an_accounts_keys_are_listed_newest_first_revoked_ones_included(store: Store) {
-    let account = store
-        .accounts
-        .create_account(&unique("acme"))
-        .await
-        .expect("created");
-    let other = store
-        .accounts
-        .create_account(&unique("acme"))
-        .await
-        .expect("created");
+    let account = store.account().await;
+    let other = store.account().await;
     let mut ids = Vec::new();
     for minutes_ago in [30, 10, 20] {
         let (record, _) = key(&account.id, "free", minutes_ago);
@@ -298,11 +289,7 @@ async fn an_accounts_keys_are_listed_newest_first_revoked_ones_included(store: S
 }
 
 async fn promotion_moves_live_keys_up_to_the_tier_their_lifetime_top_up_reaches_once(store: Store) {
-    let account = store
-        .accounts
-        .create_account(&unique("acme"))
-        .await
-        .expect("created");
+    let account = store.account().await;
     let (free, _) = key(&account.id, "free", 0);
     let (revoked, _) = key(&account.id, "free", 0);
     let (enterprise, _) = key(&account.id, "enterprise", 0);
@@ -320,11 +307,7 @@ async fn promotion_moves_live_keys_up_to_the_tier_their_lifetime_top_up_reaches_
         .await
         .expect("revoke")
         .expect("the key");
-    let untouched = store
-        .accounts
-        .create_account(&unique("acme"))
-        .await
-        .expect("created");
+    let untouched = store.account().await;
     let (poor, _) = key(&untouched.id, "free", 0);
     store
         .accounts

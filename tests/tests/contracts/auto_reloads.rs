@@ -4,17 +4,14 @@
 
 use std::sync::Arc;
 
+use e2e::ledger::turn_record;
 use e2e::PostgresServer;
 use futures::future::join_all;
 use gateway::payments::reload::{
     AutoReloads, Due, MemoryAutoReloads, Outcome, PostgresAutoReloads, MAX_DECLINES,
 };
 use store::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
-use store::ledger::{
-    Ledger, MemoryLedger, MessageRecord, MessageStatus, NewReservation, PostgresLedger,
-};
-use store::usage::TokenUsage;
-use time::OffsetDateTime;
+use store::ledger::{Ledger, MemoryLedger, NewReservation, PostgresLedger};
 
 use super::{database, unique};
 
@@ -87,25 +84,7 @@ impl Store {
 
     /// Holds `credits` of the account's balance, as a running turn does.
     async fn hold(&self, account_id: &str, credits: u64) {
-        let record = MessageRecord {
-            id: unique("msg"),
-            account_id: account_id.to_owned(),
-            key_id: unique("key"),
-            model: "svc/haiku".to_owned(),
-            served_model: "svc/haiku".to_owned(),
-            provider: "simulated".to_owned(),
-            upstream: "simulated".to_owned(),
-            upstream_model: "simulated-haiku".to_owned(),
-            endpoint: "messages",
-            stream: false,
-            status: MessageStatus::Reserved,
-            reserved: 0,
-            billed: 0,
-            usage: TokenUsage::default(),
-            stop_reason: None,
-            created_at: OffsetDateTime::now_utc(),
-            latency_ms: None,
-        };
+        let record = turn_record(&unique("msg"), account_id, &unique("key"));
         let held = self
             .ledger
             .reserve(NewReservation {

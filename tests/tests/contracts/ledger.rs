@@ -6,12 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use e2e::ledger::turn_record;
 use e2e::PostgresServer;
 use futures::future::join_all;
 use store::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
 use store::ledger::{
-    Ledger, LedgerError, MemoryLedger, MessageRecord, MessageStatus, NewReservation, NewTopUp,
-    PostgresLedger, Settlement,
+    Ledger, LedgerError, MemoryLedger, MessageStatus, NewReservation, NewTopUp, PostgresLedger,
+    Settlement,
 };
 use store::usage::{StopReason, TokenUsage};
 use time::OffsetDateTime;
@@ -86,7 +87,7 @@ impl Books {
         spend_cap: Option<u64>,
     ) -> Result<(String, u64), LedgerError> {
         let id = unique("msg");
-        let record = record(&id, account_id, key_id);
+        let record = turn_record(&id, account_id, key_id);
         let held = self
             .ledger
             .reserve(NewReservation {
@@ -110,28 +111,6 @@ impl Books {
     async fn money(&self, account_id: &str) -> (u64, u64) {
         let b = self.ledger.balance(account_id).await.expect("balance");
         (b.balance, b.reserved)
-    }
-}
-
-fn record(id: &str, account_id: &str, key_id: &str) -> MessageRecord {
-    MessageRecord {
-        id: id.to_owned(),
-        account_id: account_id.to_owned(),
-        key_id: key_id.to_owned(),
-        model: "svc/haiku".to_owned(),
-        served_model: "svc/haiku".to_owned(),
-        provider: "simulated".to_owned(),
-        upstream: "simulated".to_owned(),
-        upstream_model: "simulated-haiku".to_owned(),
-        endpoint: "messages",
-        stream: false,
-        status: MessageStatus::Reserved,
-        reserved: 0,
-        billed: 0,
-        usage: TokenUsage::default(),
-        stop_reason: None,
-        created_at: OffsetDateTime::now_utc(),
-        latency_ms: None,
     }
 }
 

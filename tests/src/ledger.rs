@@ -1,0 +1,29 @@
+//! Ledger rows for the tests that drive a `Ledger` directly (the contracts, reversals, the
+//! reaper): a turn of svc/haiku on the simulated upstream, before its reservation.
+
+use store::ledger::{MessageRecord, MessageStatus};
+use store::usage::TokenUsage;
+use time::OffsetDateTime;
+
+/// The row of a new turn `id` of the account's key: nothing held, billed or used yet.
+pub fn turn_record(id: &str, account_id: &str, key_id: &str) -> MessageRecord {
+    MessageRecord {
+        id: id.to_owned(),
+        account_id: account_id.to_owned(),
+        key_id: key_id.to_owned(),
+        model: "svc/haiku".to_owned(),
+        served_model: "svc/haiku".to_owned(),
+        provider: "simulated".to_owned(),
+        upstream: "simulated".to_owned(),
+        upstream_model: "simulated-haiku".to_owned(),
+        endpoint: "messages",
+        stream: false,
+        status: MessageStatus::Reserved,
+        reserved: 0,
+        billed: 0,
+        usage: TokenUsage::default(),
+        stop_reason: None,
+        created_at: OffsetDateTime::now_utc(),
+        latency_ms: None,
+    }
+}
