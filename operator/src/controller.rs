@@ -146,57 +146,36 @@ mod tests {
 
     use super::*;
     use crate::testing::{
-        api_server, expect, fail, list, no_check, route, simulated, tiers, Expect, CRDS, NS,
+        api_server, expect, fail, no_check, reading, route, simulated, Expect, CRDS, NS,
     };
 
     /// The requests of a reconcile of a valid namespace that publishes.
     fn publishing() -> Vec<Expect> {
-        vec![
-            expect(
-                Method::GET,
-                &format!("{CRDS}/tiers"),
-                list(tiers(true)),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                &format!("{CRDS}/modelroutes"),
-                list(vec![route(simulated())]),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                &format!("{CRDS}/apikeys"),
-                list(vec![]),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                "/api/v1/namespaces/gw/secrets",
-                list(vec![]),
-                no_check,
-            ),
-            expect(
-                Method::PATCH,
-                &format!("{CRDS}/modelroutes/svc-fast/status"),
-                route(simulated()),
-                no_check,
-            ),
-            expect(
-                Method::PATCH,
-                "/api/v1/namespaces/gw/secrets/gateway-config",
-                serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        reading(
+            vec![route(simulated())],
+            vec![
+                expect(
+                    Method::PATCH,
+                    &format!("{CRDS}/modelroutes/svc-fast/status"),
+                    route(simulated()),
+                    no_check,
+                ),
+                expect(
+                    Method::PATCH,
+                    "/api/v1/namespaces/gw/secrets/gateway-config",
+                    serde_json::json!({"apiVersion": "v1", "kind": "Secret",
                        "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
-                no_check,
-            ),
-            expect(
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/gw/events",
-                serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                    no_check,
+                ),
+                expect(
+                    Method::POST,
+                    "/apis/events.k8s.io/v1/namespaces/gw/events",
+                    serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
                        "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
-                no_check,
-            ),
-        ]
+                    no_check,
+                ),
+            ],
+        )
     }
 
     /// The API server refuses the first list: the operator's RBAC is missing.

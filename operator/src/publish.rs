@@ -324,7 +324,7 @@ mod tests {
 
     use super::*;
     use crate::testing::{
-        api_server, expect, list, no_check, route, simulated, tiers, Expect, CRDS, NS,
+        api_server, expect, no_check, reading, route, simulated, Expect, CRDS, NS,
     };
 
     async fn reconcile_against(expected: Vec<Expect>) -> Outcome {
@@ -367,67 +367,46 @@ mod tests {
 
     #[tokio::test]
     async fn a_valid_set_is_published_and_only_changed_statuses_are_written() {
-        let outcome = reconcile_against(vec![
-            expect(
-                Method::GET,
-                &format!("{CRDS}/tiers"),
-                list(tiers(true)),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                &format!("{CRDS}/modelroutes"),
-                list(vec![route(simulated())]),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                &format!("{CRDS}/apikeys"),
-                list(vec![]),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                "/api/v1/namespaces/gw/secrets",
-                list(vec![]),
-                no_check,
-            ),
-            expect(
-                Method::PATCH,
-                &format!("{CRDS}/modelroutes/svc-fast/status"),
-                route(simulated()),
-                |body| {
-                    assert_eq!(body["kind"], "ModelRoute");
-                    assert_eq!(ready(body)["status"], "True");
-                    assert_eq!(ready(body)["reason"], "Published");
-                    assert_eq!(body["status"]["observedGeneration"], 2);
-                },
-            ),
-            expect(
-                Method::PATCH,
-                "/api/v1/namespaces/gw/secrets/gateway-config",
-                json!({"apiVersion": "v1", "kind": "Secret",
+        let outcome = reconcile_against(reading(
+            vec![route(simulated())],
+            vec![
+                expect(
+                    Method::PATCH,
+                    &format!("{CRDS}/modelroutes/svc-fast/status"),
+                    route(simulated()),
+                    |body| {
+                        assert_eq!(body["kind"], "ModelRoute");
+                        assert_eq!(ready(body)["status"], "True");
+                        assert_eq!(ready(body)["reason"], "Published");
+                        assert_eq!(body["status"]["observedGeneration"], 2);
+                    },
+                ),
+                expect(
+                    Method::PATCH,
+                    "/api/v1/namespaces/gw/secrets/gateway-config",
+                    json!({"apiVersion": "v1", "kind": "Secret",
                        "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
-                |body| {
-                    let config = published(body);
-                    assert!(config.models.contains_key("svc/fast"), "{config:?}");
-                    assert_eq!(
-                        body["metadata"]["annotations"][VERSION_ANNOTATION],
-                        json!(config.version)
-                    );
-                },
-            ),
-            expect(
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/gw/events",
-                json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                    |body| {
+                        let config = published(body);
+                        assert!(config.models.contains_key("svc/fast"), "{config:?}");
+                        assert_eq!(
+                            body["metadata"]["annotations"][VERSION_ANNOTATION],
+                            json!(config.version)
+                        );
+                    },
+                ),
+                expect(
+                    Method::POST,
+                    "/apis/events.k8s.io/v1/namespaces/gw/events",
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
                        "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
-                |body| {
-                    assert_eq!(body["reason"], "Published");
-                    assert_eq!(body["regarding"]["name"], "gateway-config");
-                },
-            ),
-        ])
+                    |body| {
+                        assert_eq!(body["reason"], "Published");
+                        assert_eq!(body["regarding"]["name"], "gateway-config");
+                    },
+                ),
+            ],
+        ))
         .await;
         assert!(matches!(outcome, Outcome::Published(_)), "{outcome:?}");
     }
@@ -441,73 +420,52 @@ mod tests {
             "baseUrl": "https://api.anthropic.com",
             "apiKeySecretRef": {"name": "missing", "key": "apiKey"},
         });
-        let outcome = reconcile_against(vec![
-            expect(
-                Method::GET,
-                &format!("{CRDS}/tiers"),
-                list(tiers(true)),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                &format!("{CRDS}/modelroutes"),
-                list(vec![route(broken.clone())]),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                &format!("{CRDS}/apikeys"),
-                list(vec![]),
-                no_check,
-            ),
-            expect(
-                Method::GET,
-                "/api/v1/namespaces/gw/secrets",
-                list(vec![]),
-                no_check,
-            ),
-            // The tiers are already Published: no write for them.
-            expect(
-                Method::PATCH,
-                &format!("{CRDS}/modelroutes/svc-fast/status"),
-                route(broken),
-                |body| {
-                    assert_eq!(ready(body)["status"], "False");
-                    assert_eq!(ready(body)["reason"], "Invalid");
-                    let message = ready(body)["message"].as_str().unwrap_or_default();
-                    assert!(message.contains("Secret missing not found"), "{message}");
-                    assert!(message.ends_with("left out of the gateway configuration"));
-                },
-            ),
-            expect(
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/gw/events",
-                json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        let outcome = reconcile_against(reading(
+            vec![route(broken.clone())],
+            vec![
+                // The tiers are already Published: no write for them.
+                expect(
+                    Method::PATCH,
+                    &format!("{CRDS}/modelroutes/svc-fast/status"),
+                    route(broken),
+                    |body| {
+                        assert_eq!(ready(body)["status"], "False");
+                        assert_eq!(ready(body)["reason"], "Invalid");
+                        let message = ready(body)["message"].as_str().unwrap_or_default();
+                        assert!(message.contains("Secret missing not found"), "{message}");
+                        assert!(message.ends_with("left out of the gateway configuration"));
+                    },
+                ),
+                expect(
+                    Method::POST,
+                    "/apis/events.k8s.io/v1/namespaces/gw/events",
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
                        "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
-                |body| {
-                    assert_eq!(body["type"], "Warning");
-                    assert_eq!(body["regarding"]["name"], "svc-fast");
-                },
-            ),
-            expect(
-                Method::PATCH,
-                "/api/v1/namespaces/gw/secrets/gateway-config",
-                json!({"apiVersion": "v1", "kind": "Secret",
+                    |body| {
+                        assert_eq!(body["type"], "Warning");
+                        assert_eq!(body["regarding"]["name"], "svc-fast");
+                    },
+                ),
+                expect(
+                    Method::PATCH,
+                    "/api/v1/namespaces/gw/secrets/gateway-config",
+                    json!({"apiVersion": "v1", "kind": "Secret",
                        "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
-                |body| {
-                    let config = published(body);
-                    assert_eq!(config.tiers.len(), 4, "{config:?}");
-                    assert!(!config.models.contains_key("svc/fast"), "{config:?}");
-                },
-            ),
-            expect(
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/gw/events",
-                json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                    |body| {
+                        let config = published(body);
+                        assert_eq!(config.tiers.len(), 4, "{config:?}");
+                        assert!(!config.models.contains_key("svc/fast"), "{config:?}");
+                    },
+                ),
+                expect(
+                    Method::POST,
+                    "/apis/events.k8s.io/v1/namespaces/gw/events",
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
                        "metadata": {"name": "e2", "namespace": NS}, "eventTime": null}),
-                |body| assert_eq!(body["reason"], "Published"),
-            ),
-        ])
+                    |body| assert_eq!(body["reason"], "Published"),
+                ),
+            ],
+        ))
         .await;
         assert!(matches!(outcome, Outcome::Published(_)), "{outcome:?}");
     }
@@ -526,56 +484,35 @@ mod tests {
         let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
                            "metadata": {"name": "e1", "namespace": NS}, "eventTime": null});
         let outcome = reconcile_then(
-            vec![
-                expect(
-                    Method::GET,
-                    &format!("{CRDS}/tiers"),
-                    list(tiers(true)),
-                    no_check,
-                ),
-                expect(
-                    Method::GET,
-                    &format!("{CRDS}/modelroutes"),
-                    list(vec![route(broken.clone())]),
-                    no_check,
-                ),
-                expect(
-                    Method::GET,
-                    &format!("{CRDS}/apikeys"),
-                    list(vec![]),
-                    no_check,
-                ),
-                expect(
-                    Method::GET,
-                    "/api/v1/namespaces/gw/secrets",
-                    list(vec![]),
-                    no_check,
-                ),
-                expect(
-                    Method::PATCH,
-                    &format!("{CRDS}/modelroutes/svc-fast/status"),
-                    route(broken),
-                    no_check,
-                ),
-                expect(
-                    Method::POST,
-                    "/apis/events.k8s.io/v1/namespaces/gw/events",
-                    event.clone(),
-                    no_check,
-                ),
-                expect(
-                    Method::PATCH,
-                    "/api/v1/namespaces/gw/secrets/gateway-config",
-                    secret,
-                    no_check,
-                ),
-                expect(
-                    Method::POST,
-                    "/apis/events.k8s.io/v1/namespaces/gw/events",
-                    event,
-                    no_check,
-                ),
-            ],
+            reading(
+                vec![route(broken.clone())],
+                vec![
+                    expect(
+                        Method::PATCH,
+                        &format!("{CRDS}/modelroutes/svc-fast/status"),
+                        route(broken),
+                        no_check,
+                    ),
+                    expect(
+                        Method::POST,
+                        "/apis/events.k8s.io/v1/namespaces/gw/events",
+                        event.clone(),
+                        no_check,
+                    ),
+                    expect(
+                        Method::PATCH,
+                        "/api/v1/namespaces/gw/secrets/gateway-config",
+                        secret,
+                        no_check,
+                    ),
+                    expect(
+                        Method::POST,
+                        "/apis/events.k8s.io/v1/namespaces/gw/events",
+                        event,
+                        no_check,
+                    ),
+                ],
+            ),
             |ctx| {
                 assert!(
                     ctx.depends_on_secret("missing"),

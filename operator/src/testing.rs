@@ -111,6 +111,22 @@ pub fn fail(method: Method, path: &str, status: u16, reason: &str) -> Expect {
 
 pub fn no_check(_: &Value) {}
 
+/// What a reconcile asks first (the tiers, the routes, the keys and the secrets of the
+/// namespace: published tiers, `routes`, no key, no secret), then `then`.
+pub fn reading(routes: Vec<Value>, then: Vec<Expect>) -> Vec<Expect> {
+    let lists = [
+        (format!("{CRDS}/tiers"), list(tiers(true))),
+        (format!("{CRDS}/modelroutes"), list(routes)),
+        (format!("{CRDS}/apikeys"), list(vec![])),
+        ("/api/v1/namespaces/gw/secrets".to_owned(), list(vec![])),
+    ];
+    lists
+        .into_iter()
+        .map(|(path, answer)| expect(Method::GET, &path, answer, no_check))
+        .chain(then)
+        .collect()
+}
+
 /// Serves `expected` in order, then asserts the reconcile made no further request.
 pub async fn api_server(mut handle: Handle<Request<Body>, Response<Body>>, expected: Vec<Expect>) {
     for e in expected {
