@@ -16,10 +16,10 @@ use sha2::{Digest, Sha256};
 use crate::error::ApiError;
 use crate::seal::Sealer;
 use crate::wire::anthropic::{
-    ImageSource, InputBlock, InputMessage, MessagesRequest, Metadata, Role, Thinking, Tool,
-    ToolChoice,
+    InputBlock, InputMessage, MessagesRequest, Metadata, Role, Thinking, Tool, ToolChoice,
 };
 use crate::wire::one_or_many::StringOr;
+use crate::wire::openai::translate::image_from_url;
 use crate::wire::openai::ReasoningEffort;
 use crate::wire::responses::{
     ContentPart, InputItem, ItemKind, ItemRole, RequestTool, ResponsesRequest, TextFormat,
@@ -449,7 +449,7 @@ fn content_blocks(
                     continue;
                 }
                 let source = match (image_url, file_id) {
-                    (Some(url), _) => ImageSource::from_url(&url).ok_or_else(|| {
+                    (Some(url), _) => image_from_url(&url).ok_or_else(|| {
                         ApiError::invalid(format!(
                             "{path}[{j}].image_url: expected an https URL or a base64 data URL"
                         ))

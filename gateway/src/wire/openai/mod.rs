@@ -1,44 +1,51 @@
-//! The Chat Completions wire format (`/v1/chat/completions`).
+//! The Chat Completions wire format (`/v1/chat/completions`): what the endpoint reads from
+//! clients and writes back, and what the `openai` adapter writes to an upstream and reads back,
+//! one type each. Fields the serving side leaves out are left out of the JSON
+//! (`skip_serializing_if`), so an upstream sees only what it was asked. Translation to and from
+//! the canonical request is [`translate`].
+
+pub mod translate;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::anthropic::Thinking;
+use super::null_as_default;
 use super::one_or_many::StringOr;
 use crate::validate::MIN_THINKING_BUDGET;
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StringOr<String>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ChatTool>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ChatToolChoice>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     /// Names the conversation for upstream affinity (prompt caching).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_cache_key: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<ReasoningEffort>,
 }
 
@@ -80,13 +87,13 @@ impl ReasoningEffort {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum ChatMessage {
     System {
@@ -99,9 +106,10 @@ pub enum ChatMessage {
         content: StringOr<ContentPart>,
     },
     Assistant {
+        /// `null` (sent, not left out) when the turn is only tool calls.
         #[serde(default)]
         content: Option<StringOr<ContentPart>>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_calls: Option<Vec<ToolCall>>,
     },
     Tool {
@@ -110,14 +118,14 @@ pub enum ChatMessage {
     },
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
     Text { text: String },
     ImageUrl { image_url: ImageUrl },
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct ImageUrl {
     pub url: String,
 }
@@ -136,31 +144,35 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct ChatTool {
     #[serde(rename = "type", default = "function_type")]
     pub kind: String,
     pub function: FunctionDef,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct FunctionDef {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
 }
 
 /// `"none" | "auto" | "required"` or `{"type": "function", "function": {"name": ...}}`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum ChatToolChoice {
     Mode(ToolChoiceMode),
-    Named { function: NamedFunction },
+    Named {
+        #[serde(rename = "type", default = "function_type")]
+        kind: String,
+        function: NamedFunction,
+    },
 }
 
-#[derive(Clone, Copy, Debug, Deserialize)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolChoiceMode {
     None,
@@ -168,7 +180,7 @@ pub enum ToolChoiceMode {
     Required,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct NamedFunction {
     pub name: String,
 }
@@ -207,71 +219,110 @@ pub struct AssistantMessage {
     pub refusal: Option<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Why a choice ended. The gateway writes only `stop`, `length` and `tool_calls`; what else an
+/// upstream may send is read as the end of the turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     Stop,
     Length,
     ToolCalls,
+    ContentFilter,
+    #[serde(other)]
+    Other,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
 pub struct ChatUsage {
+    #[serde(default)]
     pub prompt_tokens: u32,
+    #[serde(default)]
     pub completion_tokens: u32,
+    #[serde(default)]
     pub total_tokens: u32,
-    pub prompt_tokens_details: PromptTokensDetails,
-    /// A service extension: the authoritative credits charged for this turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// Where some compatible upstreams report cache hits instead of `prompt_tokens_details`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u32>,
+    /// A service extension: the authoritative credits charged for this turn. Ours alone: an
+    /// upstream's figure is not read.
+    #[serde(skip_deserializing)]
     pub credits_consumed: u64,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
 pub struct PromptTokensDetails {
+    #[serde(default)]
     pub cached_tokens: u32,
 }
 
-#[derive(Debug, Serialize)]
+/// One chunk of a stream. An adapter reads only the choices and the usage: the chunk's id,
+/// `created` and model are the serving side's own (a client never sees an upstream's).
+#[derive(Debug, Deserialize, Serialize)]
 pub struct ChatChunk<'a> {
+    #[serde(skip_deserializing)]
     pub id: &'a str,
+    #[serde(skip_deserializing)]
     pub object: &'static str,
+    #[serde(skip_deserializing)]
     pub created: i64,
+    #[serde(skip_deserializing)]
     pub model: &'a str,
+    #[serde(default)]
     pub choices: Vec<ChunkChoice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ChatUsage>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 pub struct ChunkChoice {
+    #[serde(default)]
     pub index: u32,
+    #[serde(default)]
     pub delta: ChunkDelta,
+    #[serde(default)]
     pub finish_reason: Option<FinishReason>,
+    #[serde(default)]
     pub logprobs: Option<Value>,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 pub struct ChunkDelta {
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Only ever `assistant`, in the first chunk; not read from an upstream.
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// A thinking model's reasoning, as compatible upstreams stream it; never sent to a client
+    /// (thinking is not shown in this format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallDelta>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 pub struct ToolCallDelta {
+    #[serde(default)]
     pub index: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    /// Only ever `function`, with a call's first fragment; not read from an upstream.
+    #[serde(
+        rename = "type",
+        skip_deserializing,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub kind: Option<&'static str>,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub function: FunctionDelta,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 pub struct FunctionDelta {
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub arguments: String,
 }
