@@ -665,4 +665,90 @@ mod tests {
         assert_eq!(req.messages.len(), 1);
         assert!(req.messages[0].text().ends_with("</system-reminder>"));
     }
+
+    #[test]
+    fn a_count_left_out_of_message_delta_keeps_what_message_start_said() {
+        let start: StreamEvent<UsageReport> = serde_json::from_value(json!({
+            "type": "message_start", "message": {"id": "msg_1", "type": "message",
+            "role": "assistant", "content": [], "model": "upstream", "stop_reason": null,
+            "usage": {"input_tokens": 12, "output_tokens": 1, "cache_read_input_tokens": 4,
+                      "cache_creation_input_tokens": 6,
+                      "cache_creation": {"ephemeral_1h_input_tokens": 9}}}}))
+        .expect("message_start");
+        let delta: StreamEvent<UsageReport> = serde_json::from_value(json!({
+            "type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+            "usage": {"output_tokens": 30}}))
+        .expect("message_delta");
+        let mut usage = TokenUsage::default();
+        let StreamEvent::MessageStart { message } = start else {
+            panic!("message_start")
+        };
+        message.usage.merge_into(&mut usage);
+        let StreamEvent::MessageDelta {
+            delta,
+            usage: report,
+        } = delta
+        else {
+            panic!("message_delta")
+        };
+        report.merge_into(&mut usage);
+        assert_eq!(delta.stop_reason, Some(StopReason::ToolUse));
+        assert_eq!(
+            usage,
+            TokenUsage {
+                input_tokens: 12,
+                output_tokens: 30,
+                cache_creation_input_tokens: 6,
+                cache_read_input_tokens: 4,
+                cache_creation_1h_input_tokens: 6,
+            },
+            "the 1-hour writes are capped at the writes' total"
+        );
+    }
+
+    #[test]
+    fn a_stop_reason_the_api_added_later_ends_the_turn() {
+        let body: MessageDeltaBody =
+            serde_json::from_value(json!({"stop_reason": "pause_turn"})).unwrap();
+        assert_eq!(body.stop_reason, Some(StopReason::EndTurn));
+    }
+
+    #[test]
+    fn the_events_the_endpoint_writes_read_back_as_an_adapter_reads_them() {
+        let written: StreamEvent = StreamEvent::ContentBlockStart {
+            index: 0,
+            content_block: OutputBlock::ToolUse {
+                id: "toolu_1".into(),
+                name: "f".into(),
+                input: json!({}),
+            },
+        };
+        let read: StreamEvent<UsageReport> =
+            serde_json::from_str(&serde_json::to_string(&written).unwrap()).unwrap();
+        let StreamEvent::ContentBlockStart { content_block, .. } = read else {
+            panic!("content_block_start")
+        };
+        let StreamEvent::ContentBlockStart {
+            content_block: expected,
+            ..
+        } = written
+        else {
+            unreachable!()
+        };
+        assert_eq!(content_block, expected);
+    }
+
+    #[test]
+    fn a_block_type_the_api_added_later_does_not_parse_so_a_reader_skips_it() {
+        let event = json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "redacted_thinking", "data": "x"}});
+        assert!(serde_json::from_value::<StreamEvent<UsageReport>>(event).is_err());
+    }
+
+    #[test]
+    fn empty_lists_are_left_out_of_a_request_sent_upstream() {
+        let req = request(json!([{"role": "user", "content": "hi"}]));
+        let sent = serde_json::to_value(&req).unwrap();
+        assert!(sent.get("tools").is_none() && sent.get("stop_sequences").is_none());
+    }
 }

@@ -5,6 +5,8 @@
 //! [`RequestTool::Hosted`] and unknown input item types as [`ItemKind::Other`]), strict where a
 //! known field is malformed: serde names its path (`input[2].call_id: invalid type ...`).
 
+pub mod translate;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
