@@ -22,7 +22,7 @@ use crate::state::AppState;
 use crate::turn::{self, Collected, Endpoint, Turn, TurnEvent, TurnRequest};
 use crate::wire::anthropic::{Delta, OutputBlock};
 use crate::wire::openai::translate::{
-    message_to_chat, request_from_chat, stop_to_chat, usage_to_chat,
+    message_to_chat, request_from_chat, stop_to_chat, tool_call_start_to_chat, usage_to_chat,
 };
 use crate::wire::openai::{
     ChatChunk, ChatCompletion, ChatRequest, Choice, ChunkChoice, ChunkDelta, FinishReason,
@@ -111,12 +111,7 @@ fn chunks(turn: Turn, include_usage: bool) -> impl Stream<Item = Result<Event, I
                     let ordinal = tool_index.len() as u32;
                     tool_index.insert(index, ordinal);
                     yield chunk(ChunkDelta {
-                        tool_calls: vec![ToolCallDelta {
-                            index: ordinal,
-                            id: Some(ids::openai_call(&call_id)),
-                            kind: Some("function"),
-                            function: FunctionDelta { name: Some(name), arguments: String::new() },
-                        }],
+                        tool_calls: vec![tool_call_start_to_chat(ordinal, &call_id, name)],
                         ..ChunkDelta::default()
                     }, None);
                 }

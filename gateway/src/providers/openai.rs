@@ -10,14 +10,15 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use serde_json::{Map, Value};
 
 use super::blocks::Blocks;
 use super::http::{self, Clients, Decoder, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::tokens::Tokenizer;
 use crate::wire::anthropic::{Delta, OutputBlock};
-use crate::wire::openai::translate::{request_to_chat, stop_from_chat, usage_from_chat};
+use crate::wire::openai::translate::{
+    request_to_chat, stop_from_chat, tool_use_from_chat, usage_from_chat,
+};
 use crate::wire::openai::{
     ChatChunk, ChatRequest, ChatUsage, FinishReason, StreamOptions, ToolCallDelta,
 };
@@ -125,11 +126,7 @@ impl Stream {
                 return;
             }
             None => {
-                let block = OutputBlock::ToolUse {
-                    id: call.id.unwrap_or_else(crate::ids::tool_use),
-                    name: function.name.unwrap_or_default(),
-                    input: Value::Object(Map::new()),
-                };
+                let block = tool_use_from_chat(call.id, function.name);
                 let key = self.switch_to(Open::Tool(call.index), block, out);
                 self.tools.insert(call.index, key);
                 key

@@ -9,10 +9,8 @@ pub mod translate;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::anthropic::Thinking;
 use super::null_as_default;
 use super::one_or_many::StringOr;
-use crate::validate::MIN_THINKING_BUDGET;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct ChatRequest {
@@ -50,8 +48,8 @@ pub struct ChatRequest {
 }
 
 /// How hard a reasoning model should think: chat completions' `reasoning_effort` and the
-/// Responses API's `reasoning.effort`. It becomes a thinking budget; on a model without
-/// thinking it is accepted and left out of the turn (`validate::fit_thinking`).
+/// Responses API's `reasoning.effort`. It becomes a thinking budget (`translate`); on a model
+/// without thinking it is accepted and left out of the turn (`validate::fit_thinking`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReasoningEffort {
@@ -61,30 +59,6 @@ pub enum ReasoningEffort {
     Medium,
     High,
     Xhigh,
-}
-
-impl ReasoningEffort {
-    /// The canonical request's `thinking` for this effort. The budget stays below max_tokens
-    /// when the client set one (thinking is left out when the minimum budget would not fit);
-    /// with max_tokens left open it is fitted once the turn's cap is known.
-    pub fn thinking(self, max_tokens: Option<u32>) -> Option<Thinking> {
-        let budget = match self {
-            Self::None => return None,
-            Self::Minimal | Self::Low => MIN_THINKING_BUDGET,
-            Self::Medium => 4 * MIN_THINKING_BUDGET,
-            Self::High => 16 * MIN_THINKING_BUDGET,
-            Self::Xhigh => 31 * MIN_THINKING_BUDGET,
-        };
-        let budget = match max_tokens {
-            Some(max) if budget >= max => {
-                max.checked_sub(1).filter(|b| *b >= MIN_THINKING_BUDGET)?
-            }
-            _ => budget,
-        };
-        Some(Thinking::Enabled {
-            budget_tokens: budget,
-        })
-    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]

@@ -30,16 +30,40 @@ use store::usage::{StopReason, TokenUsage};
 
 use super::{
     AssistantMessage, ChatMessage, ChatRequest, ChatTool, ChatToolChoice, ChatUsage, ContentPart,
-    FinishReason, FunctionCall, FunctionDef, ImageUrl, NamedFunction, PromptTokensDetails,
-    ToolCall, ToolChoiceMode,
+    FinishReason, FunctionCall, FunctionDef, FunctionDelta, ImageUrl, NamedFunction,
+    PromptTokensDetails, ReasoningEffort, ToolCall, ToolCallDelta, ToolChoiceMode,
 };
 use crate::ids;
-use crate::validate::Invalid;
+use crate::validate::{Invalid, MIN_THINKING_BUDGET};
 use crate::wire::anthropic::{
-    ImageSource, InputBlock, InputMessage, MessagesRequest, Metadata, OutputBlock, Role, Tool,
-    ToolChoice, Usage,
+    ImageSource, InputBlock, InputMessage, MessagesRequest, Metadata, OutputBlock, Role, Thinking,
+    Tool, ToolChoice, Usage,
 };
 use crate::wire::one_or_many::StringOr;
+
+impl ReasoningEffort {
+    /// The canonical request's `thinking` for this effort. The budget stays below max_tokens
+    /// when the client set one (thinking is left out when the minimum budget would not fit);
+    /// with max_tokens left open it is fitted once the turn's cap is known.
+    pub fn thinking(self, max_tokens: Option<u32>) -> Option<Thinking> {
+        let budget = match self {
+            Self::None => return None,
+            Self::Minimal | Self::Low => MIN_THINKING_BUDGET,
+            Self::Medium => 4 * MIN_THINKING_BUDGET,
+            Self::High => 16 * MIN_THINKING_BUDGET,
+            Self::Xhigh => 31 * MIN_THINKING_BUDGET,
+        };
+        let budget = match max_tokens {
+            Some(max) if budget >= max => {
+                max.checked_sub(1).filter(|b| *b >= MIN_THINKING_BUDGET)?
+            }
+            _ => budget,
+        };
+        Some(Thinking::Enabled {
+            budget_tokens: budget,
+        })
+    }
+}
 
 /// A client's request as the canonical request, and whether max_tokens was left open.
 pub fn request_from_chat(chat: ChatRequest) -> Result<(MessagesRequest, bool), Invalid> {
@@ -325,6 +349,30 @@ pub fn message_to_chat(content: Vec<OutputBlock>) -> AssistantMessage {
     }
 }
 
+/// The first fragment of a streamed tool call as a client sees it: its `call_` id and name
+/// (the arguments follow).
+pub fn tool_call_start_to_chat(index: u32, id: &str, name: String) -> ToolCallDelta {
+    ToolCallDelta {
+        index,
+        id: Some(ids::openai_call(id)),
+        kind: Some("function"),
+        function: FunctionDelta {
+            name: Some(name),
+            arguments: String::new(),
+        },
+    }
+}
+
+/// The tool_use block an upstream's first fragment of a tool call opens, its input to follow;
+/// a call the upstream sent without an id gets one.
+pub fn tool_use_from_chat(id: Option<String>, name: Option<String>) -> OutputBlock {
+    OutputBlock::ToolUse {
+        id: id.unwrap_or_else(ids::tool_use),
+        name: name.unwrap_or_default(),
+        input: Value::Object(serde_json::Map::new()),
+    }
+}
+
 /// A tool_use block as a chat tool call, under `id`: the form its reader takes.
 fn tool_call(id: String, name: String, input: &Value) -> ToolCall {
     ToolCall {
@@ -518,6 +566,51 @@ mod tests {
             reply.content, None,
             "a reply of only tool calls has no text"
         );
+    }
+
+    #[test]
+    fn a_streamed_tool_call_keeps_its_id_from_the_upstream_to_the_client() {
+        let chunk: ChatChunk = serde_json::from_str(
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_9",
+                "type":"function","function":{"name":"f","arguments":""}}]}}]}"#,
+        )
+        .expect("a chunk");
+        let call = &chunk.choices[0].delta.tool_calls[0];
+        let OutputBlock::ToolUse { id, name, .. } =
+            tool_use_from_chat(call.id.clone(), call.function.name.clone())
+        else {
+            panic!("a tool_use block")
+        };
+        let start = tool_call_start_to_chat(0, &id, name);
+        assert_eq!(
+            serde_json::to_value(start).unwrap(),
+            json!({"index": 0, "id": "call_9", "type": "function",
+                   "function": {"name": "f", "arguments": ""}})
+        );
+        let OutputBlock::ToolUse { id, .. } = tool_use_from_chat(None, None) else {
+            panic!("a tool_use block")
+        };
+        assert!(id.starts_with("toolu_"), "a call without an id gets one");
+    }
+
+    #[test]
+    fn reasoning_effort_is_a_thinking_budget_that_stays_below_max_tokens() {
+        let high = |max_tokens: Option<u32>| ReasoningEffort::High.thinking(max_tokens);
+        assert!(matches!(
+            high(None),
+            Some(Thinking::Enabled { budget_tokens }) if budget_tokens == 16 * MIN_THINKING_BUDGET
+        ));
+        assert!(matches!(
+            high(Some(5_000)),
+            Some(Thinking::Enabled {
+                budget_tokens: 4_999
+            })
+        ));
+        assert!(
+            high(Some(MIN_THINKING_BUDGET)).is_none(),
+            "no room to think"
+        );
+        assert!(ReasoningEffort::None.thinking(None).is_none());
     }
 
     #[test]
