@@ -399,13 +399,14 @@ pub struct Metadata {
 //
 // Written by the endpoint and read by the `anthropic` adapter. `U` is the usage object: the
 // endpoint writes [`Usage`], whole; an adapter reads [`UsageReport`], where a count may be
-// left out. What the adapter does not need is read leniently (left-out fields default), and
-// the message's id and model are never read: a client sees the gateway's.
+// left out. An adapter reads leniently (a string left out or `null` is empty), and never
+// reads a message's id, content or model: a client sees the gateway's, and the content
+// streams as blocks.
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(bound(deserialize = "U: Deserialize<'de> + Default"))]
 pub struct MessageResponse<U = Usage> {
-    #[serde(default)]
+    #[serde(skip_deserializing)]
     pub id: String,
     /// Always `message`; not read.
     #[serde(rename = "type", skip_deserializing)]
@@ -413,9 +414,9 @@ pub struct MessageResponse<U = Usage> {
     /// Always `assistant`; not read.
     #[serde(skip_deserializing)]
     pub role: &'static str,
-    #[serde(default)]
+    #[serde(skip_deserializing)]
     pub content: Vec<OutputBlock>,
-    #[serde(default)]
+    #[serde(skip_deserializing)]
     pub model: String,
     #[serde(default, deserialize_with = "stop_reason_or_end_turn")]
     pub stop_reason: Option<StopReason>,
@@ -429,21 +430,21 @@ pub struct MessageResponse<U = Usage> {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputBlock {
     Text {
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         text: String,
     },
     ToolUse {
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         id: String,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         name: String,
         #[serde(default)]
         input: Value,
     },
     Thinking {
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         thinking: String,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         signature: String,
     },
 }
@@ -509,22 +510,22 @@ impl UsageReport {
 pub enum Delta {
     #[serde(rename = "text_delta")]
     Text {
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         text: String,
     },
     #[serde(rename = "input_json_delta")]
     InputJson {
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         partial_json: String,
     },
     #[serde(rename = "thinking_delta")]
     Thinking {
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         thinking: String,
     },
     #[serde(rename = "signature_delta")]
     Signature {
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         signature: String,
     },
 }
@@ -567,12 +568,12 @@ pub enum StreamEvent<U = Usage> {
     },
 }
 
+/// An upstream's stream error: only its type is read (its message is the upstream's, never
+/// passed on).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct StreamError {
     #[serde(rename = "type")]
     pub kind: String,
-    #[serde(default)]
-    pub message: String,
 }
 
 impl<U> StreamEvent<U> {
@@ -750,5 +751,23 @@ mod tests {
         let req = request(json!([{"role": "user", "content": "hi"}]));
         let sent = serde_json::to_value(&req).unwrap();
         assert!(sent.get("tools").is_none() && sent.get("stop_sequences").is_none());
+    }
+
+    #[test]
+    fn a_compatible_upstreams_null_where_text_belongs_reads_as_empty() {
+        let event: StreamEvent<UsageReport> = serde_json::from_value(json!({
+            "type": "content_block_start", "index": 0,
+            "content_block": {"type": "thinking", "thinking": "", "signature": null}}))
+        .expect("parses");
+        let StreamEvent::ContentBlockStart { content_block, .. } = event else {
+            panic!("content_block_start")
+        };
+        assert_eq!(
+            content_block,
+            OutputBlock::Thinking {
+                thinking: String::new(),
+                signature: String::new()
+            }
+        );
     }
 }

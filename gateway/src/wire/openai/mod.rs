@@ -212,7 +212,8 @@ pub struct ChatUsage {
     pub prompt_tokens: u32,
     #[serde(default)]
     pub completion_tokens: u32,
-    #[serde(default)]
+    /// Derived (prompt plus completion): written, not read.
+    #[serde(skip_deserializing)]
     pub total_tokens: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
