@@ -12,7 +12,7 @@ use crate::wire::anthropic::{InputBlock, MessagesRequest, Role, Thinking, ToolCh
 pub struct Invalid(pub String);
 
 impl Invalid {
-    fn new(message: impl Into<String>) -> Self {
+    pub fn new(message: impl Into<String>) -> Self {
         Self(message.into())
     }
 }

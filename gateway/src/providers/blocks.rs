@@ -12,7 +12,6 @@ enum Slot {
     Open(usize),
     /// A text block with nothing in it yet.
     PendingText,
-    Skipped,
 }
 
 #[derive(Default)]
@@ -33,11 +32,6 @@ impl Blocks {
                 out.push(ProviderEvent::BlockStart { index, block });
             }
         }
-    }
-
-    /// A block of a kind the client cannot be shown (redacted thinking): its events are dropped.
-    pub fn skip(&mut self, key: usize) {
-        self.slots.insert(key, Slot::Skipped);
     }
 
     pub fn delta(&mut self, key: usize, delta: Delta, out: &mut Vec<ProviderEvent>) {
@@ -62,7 +56,7 @@ impl Blocks {
                 });
                 index
             }
-            Some(Slot::Skipped) | None => return,
+            None => return,
         };
         out.push(ProviderEvent::BlockDelta { index, delta });
     }
@@ -80,7 +74,7 @@ impl Blocks {
             .drain()
             .filter_map(|(_, slot)| match slot {
                 Slot::Open(index) => Some(index),
-                Slot::PendingText | Slot::Skipped => None,
+                Slot::PendingText => None,
             })
             .collect();
         open.sort_unstable();

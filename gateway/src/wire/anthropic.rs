@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use store::usage::{StopReason, TokenUsage};
 
+use super::null_as_default;
 use super::one_or_many::StringOr;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -23,11 +24,20 @@ pub struct MessagesRequest {
     pub top_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
-    #[serde(default, deserialize_with = "null_as_default")]
+    /// Empty lists are left out when sent: the API rejects some of them.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub stop_sequences: Vec<String>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub stream: bool,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub tools: Vec<Tool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
@@ -150,6 +160,21 @@ impl MessagesRequest {
 }
 
 impl StringOr<InputBlock> {
+    /// Plain text of message or tool result content: the string, or its text blocks joined.
+    pub fn text(&self) -> String {
+        match self {
+            Self::String(s) => s.clone(),
+            Self::Many(blocks) => blocks
+                .iter()
+                .filter_map(|b| match b {
+                    InputBlock::Text { text, .. } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
     fn into_blocks(self) -> Vec<InputBlock> {
         match self {
             Self::String(text) => vec![InputBlock::Text {
@@ -238,17 +263,7 @@ impl InputMessage {
 
     /// Plain text of the message: string content, or its text blocks joined.
     pub fn text(&self) -> String {
-        match &self.content {
-            StringOr::String(s) => s.clone(),
-            StringOr::Many(blocks) => blocks
-                .iter()
-                .filter_map(|b| match b {
-                    InputBlock::Text { text, .. } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join("\n"),
-        }
+        self.content.text()
     }
 }
 
@@ -336,22 +351,6 @@ pub enum ImageSource {
     Url { url: String },
 }
 
-impl ImageSource {
-    /// An image as the OpenAI formats give it: a `data:<type>;base64,` URL or an http(s) URL.
-    pub fn from_url(url: &str) -> Option<Self> {
-        if let Some(rest) = url.strip_prefix("data:") {
-            let (media_type, data) = rest.split_once(";base64,")?;
-            return Some(Self::Base64 {
-                media_type: media_type.to_owned(),
-                data: data.to_owned(),
-            });
-        }
-        (url.starts_with("https://") || url.starts_with("http://")).then(|| Self::Url {
-            url: url.to_owned(),
-        })
-    }
-}
-
 #[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct Tool {
     pub name: String,
@@ -397,33 +396,55 @@ pub struct Metadata {
 }
 
 // ---- responses ----
+//
+// Written by the endpoint and read by the `anthropic` adapter. `U` is the usage object: the
+// endpoint writes [`Usage`], whole; an adapter reads [`UsageReport`], where a count may be
+// left out. An adapter reads leniently (a string left out or `null` is empty), and never
+// reads a message's id, content or model: a client sees the gateway's, and the content
+// streams as blocks.
 
-#[derive(Clone, Debug, Serialize)]
-pub struct MessageResponse {
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(bound(deserialize = "U: Deserialize<'de> + Default"))]
+pub struct MessageResponse<U = Usage> {
+    #[serde(skip_deserializing)]
     pub id: String,
-    #[serde(rename = "type")]
+    /// Always `message`; not read.
+    #[serde(rename = "type", skip_deserializing)]
     pub kind: &'static str,
+    /// Always `assistant`; not read.
+    #[serde(skip_deserializing)]
     pub role: &'static str,
+    #[serde(skip_deserializing)]
     pub content: Vec<OutputBlock>,
+    #[serde(skip_deserializing)]
     pub model: String,
+    #[serde(default, deserialize_with = "stop_reason_or_end_turn")]
     pub stop_reason: Option<StopReason>,
+    #[serde(default)]
     pub stop_sequence: Option<String>,
-    pub usage: Usage,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub usage: U,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputBlock {
     Text {
+        #[serde(default, deserialize_with = "null_as_default")]
         text: String,
     },
     ToolUse {
+        #[serde(default, deserialize_with = "null_as_default")]
         id: String,
+        #[serde(default, deserialize_with = "null_as_default")]
         name: String,
+        #[serde(default)]
         input: Value,
     },
     Thinking {
+        #[serde(default, deserialize_with = "null_as_default")]
         thinking: String,
+        #[serde(default, deserialize_with = "null_as_default")]
         signature: String,
     },
 }
@@ -447,25 +468,80 @@ pub struct Usage {
     pub credits_consumed: Option<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// The usage object as an upstream reports it: a `message_delta` may carry only the counts
+/// that changed, so a count left out keeps what `message_start` said; cache writes may be
+/// split by cache lifetime.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+pub struct UsageReport {
+    pub input_tokens: Option<u32>,
+    pub output_tokens: Option<u32>,
+    pub cache_creation_input_tokens: Option<u32>,
+    pub cache_read_input_tokens: Option<u32>,
+    pub cache_creation: Option<CacheCreation>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+pub struct CacheCreation {
+    pub ephemeral_1h_input_tokens: Option<u32>,
+}
+
+impl UsageReport {
+    /// `usage` with this report's counts laid over it.
+    pub fn merge_into(self, usage: &mut TokenUsage) {
+        usage.input_tokens = self.input_tokens.unwrap_or(usage.input_tokens);
+        usage.output_tokens = self.output_tokens.unwrap_or(usage.output_tokens);
+        usage.cache_creation_input_tokens = self
+            .cache_creation_input_tokens
+            .unwrap_or(usage.cache_creation_input_tokens);
+        if let Some(one_hour) = self
+            .cache_creation
+            .and_then(|c| c.ephemeral_1h_input_tokens)
+        {
+            usage.cache_creation_1h_input_tokens = one_hour.min(usage.cache_creation_input_tokens);
+        }
+        usage.cache_read_input_tokens = self
+            .cache_read_input_tokens
+            .unwrap_or(usage.cache_read_input_tokens);
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "type")]
 pub enum Delta {
     #[serde(rename = "text_delta")]
-    Text { text: String },
+    Text {
+        #[serde(default, deserialize_with = "null_as_default")]
+        text: String,
+    },
     #[serde(rename = "input_json_delta")]
-    InputJson { partial_json: String },
+    InputJson {
+        #[serde(default, deserialize_with = "null_as_default")]
+        partial_json: String,
+    },
     #[serde(rename = "thinking_delta")]
-    Thinking { thinking: String },
+    Thinking {
+        #[serde(default, deserialize_with = "null_as_default")]
+        thinking: String,
+    },
     #[serde(rename = "signature_delta")]
-    Signature { signature: String },
+    Signature {
+        #[serde(default, deserialize_with = "null_as_default")]
+        signature: String,
+    },
 }
 
-/// Server-sent events of a streamed message; the SSE event name is the `type` field.
-#[derive(Clone, Debug, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum StreamEvent {
+/// Server-sent events of a streamed message; the SSE event name is the `type` field. An
+/// event, block or delta of a type not listed here (one the API added later) does not parse,
+/// and a reader skips it.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(
+    tag = "type",
+    rename_all = "snake_case",
+    bound(deserialize = "U: Deserialize<'de> + Default")
+)]
+pub enum StreamEvent<U = Usage> {
     MessageStart {
-        message: MessageResponse,
+        message: MessageResponse<U>,
     },
     ContentBlockStart {
         index: usize,
@@ -481,12 +557,26 @@ pub enum StreamEvent {
     },
     MessageDelta {
         delta: MessageDeltaBody,
-        usage: Usage,
+        #[serde(default, deserialize_with = "null_as_default")]
+        usage: U,
     },
     MessageStop,
+    /// An error in the middle of a stream. The endpoint writes its own from `ApiError`'s
+    /// envelope; an upstream's is read here.
+    Error {
+        error: StreamError,
+    },
 }
 
-impl StreamEvent {
+/// An upstream's stream error: only its type is read (its message is the upstream's, never
+/// passed on).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct StreamError {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+impl<U> StreamEvent<U> {
     pub fn name(&self) -> &'static str {
         match self {
             Self::MessageStart { .. } => "message_start",
@@ -496,23 +586,32 @@ impl StreamEvent {
             Self::ContentBlockStop { .. } => "content_block_stop",
             Self::MessageDelta { .. } => "message_delta",
             Self::MessageStop => "message_stop",
+            Self::Error { .. } => "error",
         }
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct MessageDeltaBody {
+    #[serde(default, deserialize_with = "stop_reason_or_end_turn")]
     pub stop_reason: Option<StopReason>,
+    #[serde(default)]
     pub stop_sequence: Option<String>,
 }
 
-/// Lets clients send `null` where a list or flag is optional.
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+/// Stop reasons the API may add (`pause_turn`, `refusal`) end the turn as far as clients of
+/// the public API know.
+fn stop_reason_or_end_turn<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<StopReason>, D::Error> {
+    Ok(
+        Option::<String>::deserialize(d)?.map(|reason| match reason.as_str() {
+            "max_tokens" => StopReason::MaxTokens,
+            "stop_sequence" => StopReason::StopSequence,
+            "tool_use" => StopReason::ToolUse,
+            _ => StopReason::EndTurn,
+        }),
+    )
 }
 
 #[cfg(test)]
@@ -566,5 +665,109 @@ mod tests {
         req.fold_system_messages();
         assert_eq!(req.messages.len(), 1);
         assert!(req.messages[0].text().ends_with("</system-reminder>"));
+    }
+
+    #[test]
+    fn a_count_left_out_of_message_delta_keeps_what_message_start_said() {
+        let start: StreamEvent<UsageReport> = serde_json::from_value(json!({
+            "type": "message_start", "message": {"id": "msg_1", "type": "message",
+            "role": "assistant", "content": [], "model": "upstream", "stop_reason": null,
+            "usage": {"input_tokens": 12, "output_tokens": 1, "cache_read_input_tokens": 4,
+                      "cache_creation_input_tokens": 6,
+                      "cache_creation": {"ephemeral_1h_input_tokens": 9}}}}))
+        .expect("message_start");
+        let delta: StreamEvent<UsageReport> = serde_json::from_value(json!({
+            "type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+            "usage": {"output_tokens": 30}}))
+        .expect("message_delta");
+        let mut usage = TokenUsage::default();
+        let StreamEvent::MessageStart { message } = start else {
+            panic!("message_start")
+        };
+        message.usage.merge_into(&mut usage);
+        let StreamEvent::MessageDelta {
+            delta,
+            usage: report,
+        } = delta
+        else {
+            panic!("message_delta")
+        };
+        report.merge_into(&mut usage);
+        assert_eq!(delta.stop_reason, Some(StopReason::ToolUse));
+        assert_eq!(
+            usage,
+            TokenUsage {
+                input_tokens: 12,
+                output_tokens: 30,
+                cache_creation_input_tokens: 6,
+                cache_read_input_tokens: 4,
+                cache_creation_1h_input_tokens: 6,
+            },
+            "the 1-hour writes are capped at the writes' total"
+        );
+    }
+
+    #[test]
+    fn a_stop_reason_the_api_added_later_ends_the_turn() {
+        let body: MessageDeltaBody =
+            serde_json::from_value(json!({"stop_reason": "pause_turn"})).unwrap();
+        assert_eq!(body.stop_reason, Some(StopReason::EndTurn));
+    }
+
+    #[test]
+    fn the_events_the_endpoint_writes_read_back_as_an_adapter_reads_them() {
+        let written: StreamEvent = StreamEvent::ContentBlockStart {
+            index: 0,
+            content_block: OutputBlock::ToolUse {
+                id: "toolu_1".into(),
+                name: "f".into(),
+                input: json!({}),
+            },
+        };
+        let read: StreamEvent<UsageReport> =
+            serde_json::from_str(&serde_json::to_string(&written).unwrap()).unwrap();
+        let StreamEvent::ContentBlockStart { content_block, .. } = read else {
+            panic!("content_block_start")
+        };
+        let StreamEvent::ContentBlockStart {
+            content_block: expected,
+            ..
+        } = written
+        else {
+            unreachable!()
+        };
+        assert_eq!(content_block, expected);
+    }
+
+    #[test]
+    fn a_block_type_the_api_added_later_does_not_parse_so_a_reader_skips_it() {
+        let event = json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "redacted_thinking", "data": "x"}});
+        assert!(serde_json::from_value::<StreamEvent<UsageReport>>(event).is_err());
+    }
+
+    #[test]
+    fn empty_lists_are_left_out_of_a_request_sent_upstream() {
+        let req = request(json!([{"role": "user", "content": "hi"}]));
+        let sent = serde_json::to_value(&req).unwrap();
+        assert!(sent.get("tools").is_none() && sent.get("stop_sequences").is_none());
+    }
+
+    #[test]
+    fn a_compatible_upstreams_null_where_text_belongs_reads_as_empty() {
+        let event: StreamEvent<UsageReport> = serde_json::from_value(json!({
+            "type": "content_block_start", "index": 0,
+            "content_block": {"type": "thinking", "thinking": "", "signature": null}}))
+        .expect("parses");
+        let StreamEvent::ContentBlockStart { content_block, .. } = event else {
+            panic!("content_block_start")
+        };
+        assert_eq!(
+            content_block,
+            OutputBlock::Thinking {
+                thinking: String::new(),
+                signature: String::new()
+            }
+        );
     }
 }

@@ -1,12 +1,12 @@
 //! `/v1/responses`: the OpenAI Responses API as a third surface on the turn path. A request
-//! becomes the canonical Messages request (`request`), the turn's events become output items
-//! and stream events (`output`); stored responses live in the account's `ResponseStore`.
+//! becomes the canonical Messages request (`wire::responses::translate`), the turn's events
+//! become output items and stream events (`output`); stored responses live in the account's
+//! `ResponseStore`.
 //!
 //! `POST /v1/responses` (JSON, or SSE with `stream: true`), `GET /v1/responses/{id}`,
 //! `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`.
 
 mod output;
-mod request;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,7 +22,6 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use self::output::{Assembler, Shape};
-use self::request::{normalized_items, Labeled};
 use super::body::{self, JsonBody};
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -31,6 +30,7 @@ use crate::responses_store::StoredResponse;
 use crate::state::AppState;
 use crate::turn::{self, Endpoint, Turn, TurnRequest};
 use crate::wire::one_or_many::StringOr;
+use crate::wire::responses::translate::{self, normalized_items, Labeled};
 use crate::wire::responses::{
     InputItem, ResponseObject, ResponsesRequest, Sequenced, Status, StreamEvent, SummaryMode,
 };
@@ -87,7 +87,7 @@ pub async fn create(
         .catalog()
         .model(&req.model)
         .is_some_and(|m| m.config.capabilities.thinking);
-    let translated = request::translate(&req, items, thinking_capable, &state.reasoning_seal)?;
+    let translated = translate::translate(&req, items, thinking_capable, &state.reasoning_seal)?;
     let id = ids::response();
     let store = req.store.unwrap_or(true);
     let mut input_items = inherited;

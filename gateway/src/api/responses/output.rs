@@ -7,16 +7,16 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::request::ToolNames;
 use crate::error::ApiError;
 use crate::providers::ProviderEvent;
 use crate::seal::{Sealer, Thinking};
 use crate::tokens::Tokenizer;
 use crate::turn::TurnEvent;
 use crate::wire::anthropic::{Delta, OutputBlock, Usage};
+use crate::wire::responses::translate::{usage_to_responses, ToolNames};
 use crate::wire::responses::{
-    IncompleteDetails, InputTokensDetails, OutputContent, OutputItem, OutputTokensDetails,
-    ResponseError, ResponseObject, ResponseUsage, Status, StreamEvent, SummaryText,
+    IncompleteDetails, OutputContent, OutputItem, ResponseError, ResponseObject, ResponseUsage,
+    Status, StreamEvent, SummaryText,
 };
 use store::usage::StopReason;
 
@@ -168,27 +168,14 @@ impl Assembler {
     }
 
     fn usage(&self, usage: &Usage) -> ResponseUsage {
-        let t = &usage.tokens;
-        let input = t.input_tokens + t.cache_creation_input_tokens + t.cache_read_input_tokens;
         // Upstreams count thinking within the output without a separate figure: the gateway's
         // count of the thinking text stands for it.
         let reasoning = self
             .shape
             .tokens
             .count(&self.reasoning_text)
-            .min(t.output_tokens);
-        ResponseUsage {
-            input_tokens: input,
-            input_tokens_details: InputTokensDetails {
-                cached_tokens: t.cache_read_input_tokens,
-            },
-            output_tokens: t.output_tokens,
-            output_tokens_details: OutputTokensDetails {
-                reasoning_tokens: reasoning,
-            },
-            total_tokens: input + t.output_tokens,
-            credits_consumed: usage.credits_consumed.unwrap_or_default(),
-        }
+            .min(usage.tokens.output_tokens);
+        usage_to_responses(usage, reasoning)
     }
 
     fn push_item(&mut self, item: OutputItem, events: &mut Vec<StreamEvent>) -> usize {

@@ -1,4 +1,6 @@
-//! A Responses API request translated into the canonical Messages request.
+//! A Responses API request translated into the canonical Messages request, and the canonical
+//! usage back into the response's (`api/responses/` serves the endpoint; the stream's output
+//! items are its `output.rs`, which holds the stream's state).
 //!
 //! Rules: `instructions` open the system prompt; `system` and `developer` messages join it
 //! (later ones are folded into the conversation as the Messages API does); consecutive items of
@@ -13,18 +15,18 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
+use super::{
+    ContentPart, InputItem, InputTokensDetails, ItemKind, ItemRole, OutputTokensDetails,
+    RequestTool, ResponseUsage, ResponsesRequest, TextFormat, ToolChoiceMode, ToolChoiceParam,
+};
 use crate::seal::Sealer;
+use crate::validate::Invalid;
 use crate::wire::anthropic::{
-    ImageSource, InputBlock, InputMessage, MessagesRequest, Metadata, Role, Thinking, Tool,
-    ToolChoice,
+    InputBlock, InputMessage, MessagesRequest, Metadata, Role, Thinking, Tool, ToolChoice, Usage,
 };
 use crate::wire::one_or_many::StringOr;
+use crate::wire::openai::translate::image_from_url;
 use crate::wire::openai::ReasoningEffort;
-use crate::wire::responses::{
-    ContentPart, InputItem, ItemKind, ItemRole, RequestTool, ResponsesRequest, TextFormat,
-    ToolChoiceMode, ToolChoiceParam,
-};
 
 /// The most characters of a tool name an upstream takes.
 const MAX_TOOL_NAME: usize = 64;
@@ -94,12 +96,12 @@ pub fn translate(
     items: Vec<Labeled>,
     thinking_capable: bool,
     sealer: &Sealer,
-) -> Result<Translated, ApiError> {
+) -> Result<Translated, Invalid> {
     if req.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
-        return Err(ApiError::invalid("temperature: must be between 0 and 2"));
+        return Err(Invalid::new("temperature: must be between 0 and 2"));
     }
     if req.background == Some(true) {
-        return Err(ApiError::invalid(
+        return Err(Invalid::new(
             "background: background responses are not supported; stream instead",
         ));
     }
@@ -168,7 +170,7 @@ pub fn translate(
     };
     request.fold_system_messages();
     if request.messages.is_empty() {
-        return Err(ApiError::invalid(
+        return Err(Invalid::new(
             "input: at least one user message is required (or previous_response_id)",
         ));
     }
@@ -216,7 +218,7 @@ fn tool_choice(
     req: &ResponsesRequest,
     tools: &[Tool],
     names: &ToolNames,
-) -> Result<Option<ToolChoice>, ApiError> {
+) -> Result<Option<ToolChoice>, Invalid> {
     let disable_parallel_tool_use = req.parallel_tool_calls.map(|p| !p);
     if tools.is_empty() {
         // Nothing to choose from (hosted tools are not offered): the model answers in text.
@@ -235,7 +237,7 @@ fn tool_choice(
         Some(ToolChoiceParam::Mode(ToolChoiceMode::Required)) => Some(any),
         Some(ToolChoiceParam::Object { kind, name, .. }) if kind == "function" => {
             let Some(name) = name else {
-                return Err(ApiError::invalid(
+                return Err(Invalid::new(
                     "tool_choice.name: required for a `function` tool choice",
                 ));
             };
@@ -311,28 +313,28 @@ fn item_blocks(
     item: InputItem,
     path: &str,
     sealer: &Sealer,
-) -> Result<Option<(Role, Vec<InputBlock>)>, ApiError> {
+) -> Result<Option<(Role, Vec<InputBlock>)>, Invalid> {
     let kind = match (item.kind, item.role) {
         (Some(kind), _) => kind,
         (None, Some(_)) => ItemKind::Message,
         (None, None) => {
-            return Err(ApiError::invalid(format!(
+            return Err(Invalid::new(format!(
                 "{path}.type: required (or `role`, for a message)"
             )))
         }
     };
     let required = |value: Option<String>, field: &str| {
-        value.ok_or_else(|| ApiError::invalid(format!("{path}.{field}: required")))
+        value.ok_or_else(|| Invalid::new(format!("{path}.{field}: required")))
     };
     Ok(Some(match kind {
         ItemKind::Message => {
             let Some(role) = item.role else {
-                return Err(ApiError::invalid(format!(
+                return Err(Invalid::new(format!(
                     "{path}.role: required for a message"
                 )));
             };
             let Some(content) = item.content else {
-                return Err(ApiError::invalid(format!("{path}.content: required")));
+                return Err(Invalid::new(format!("{path}.content: required")));
             };
             let role = match role {
                 ItemRole::User => Role::User,
@@ -360,7 +362,7 @@ fn item_blocks(
                     json!({})
                 } else {
                     serde_json::from_str(&arguments).map_err(|_| {
-                        ApiError::invalid(format!("{path}.arguments: not valid JSON"))
+                        Invalid::new(format!("{path}.arguments: not valid JSON"))
                     })?
                 }
             } else {
@@ -403,7 +405,7 @@ fn item_blocks(
             };
             let thinking = sealer
                 .open(&sealed)
-                .map_err(|e| ApiError::invalid(format!("{path}.encrypted_content: {e}")))?;
+                .map_err(|e| Invalid::new(format!("{path}.encrypted_content: {e}")))?;
             // Thinking streamed without a signature (an OpenAI-compatible upstream's
             // reasoning) cannot be replayed to an upstream that checks one.
             if thinking.signature.is_empty() {
@@ -418,7 +420,7 @@ fn item_blocks(
             )
         }
         ItemKind::ItemReference => {
-            return Err(ApiError::invalid(format!(
+            return Err(Invalid::new(format!(
                 "{path}.type: `item_reference` is not supported; resend the item, or continue with previous_response_id"
             )))
         }
@@ -430,7 +432,7 @@ fn content_blocks(
     content: StringOr<ContentPart>,
     path: &str,
     role: Role,
-) -> Result<Vec<InputBlock>, ApiError> {
+) -> Result<Vec<InputBlock>, Invalid> {
     let parts = match content {
         StringOr::String(text) if text.is_empty() => return Ok(Vec::new()),
         StringOr::String(text) => return Ok(vec![InputBlock::text(text)]),
@@ -449,18 +451,18 @@ fn content_blocks(
                     continue;
                 }
                 let source = match (image_url, file_id) {
-                    (Some(url), _) => ImageSource::from_url(&url).ok_or_else(|| {
-                        ApiError::invalid(format!(
+                    (Some(url), _) => image_from_url(&url).ok_or_else(|| {
+                        Invalid::new(format!(
                             "{path}[{j}].image_url: expected an https URL or a base64 data URL"
                         ))
                     })?,
                     (None, Some(_)) => {
-                        return Err(ApiError::invalid(format!(
+                        return Err(Invalid::new(format!(
                             "{path}[{j}].file_id: file ids are not supported; send the image as image_url"
                         )))
                     }
                     (None, None) => {
-                        return Err(ApiError::invalid(format!("{path}[{j}].image_url: required")))
+                        return Err(Invalid::new(format!("{path}[{j}].image_url: required")))
                     }
                 };
                 blocks.push(InputBlock::Image {
@@ -470,7 +472,7 @@ fn content_blocks(
                 continue;
             }
             ContentPart::InputFile {} => {
-                return Err(ApiError::invalid(format!(
+                return Err(Invalid::new(format!(
                     "{path}[{j}].type: `input_file` is not supported"
                 )))
             }
@@ -481,6 +483,23 @@ fn content_blocks(
         }
     }
     Ok(blocks)
+}
+
+/// The canonical usage as the response's: cached prompt tokens are cache reads, counted in
+/// `input_tokens`; `reasoning_tokens` is the part of the output that was thinking.
+pub fn usage_to_responses(usage: &Usage, reasoning_tokens: u32) -> ResponseUsage {
+    let t = &usage.tokens;
+    let input = t.input_tokens + t.cache_creation_input_tokens + t.cache_read_input_tokens;
+    ResponseUsage {
+        input_tokens: input,
+        input_tokens_details: InputTokensDetails {
+            cached_tokens: t.cache_read_input_tokens,
+        },
+        output_tokens: t.output_tokens,
+        output_tokens_details: OutputTokensDetails { reasoning_tokens },
+        total_tokens: input + t.output_tokens,
+        credits_consumed: usage.credits_consumed.unwrap_or_default(),
+    }
 }
 
 /// The input items as stored and listed: a string input becomes a user message, every item
@@ -620,7 +639,7 @@ mod tests {
         let err = translate(&req, items, false, &Sealer::new(None))
             .err()
             .expect("refused");
-        assert!(err.message.starts_with("input:"), "{}", err.message);
+        assert!(err.0.starts_with("input:"), "{}", err.0);
     }
 
     #[test]
@@ -647,11 +666,27 @@ mod tests {
         let err = translate(&req, items, true, &sealer)
             .err()
             .expect("refused");
-        assert_eq!(err.status, 400);
-        assert!(
-            err.message.starts_with("input[1].encrypted_content"),
-            "{}",
-            err.message
+        assert!(err.0.starts_with("input[1].encrypted_content"), "{}", err.0);
+    }
+
+    #[test]
+    fn cached_prompt_tokens_count_in_input_tokens_and_are_shown_as_cached() {
+        let usage = usage_to_responses(
+            &Usage {
+                tokens: store::usage::TokenUsage {
+                    input_tokens: 10,
+                    output_tokens: 4,
+                    cache_creation_input_tokens: 2,
+                    cache_read_input_tokens: 5,
+                    ..Default::default()
+                },
+                credits_consumed: Some(3),
+            },
+            1,
         );
+        assert_eq!((usage.input_tokens, usage.total_tokens), (17, 21));
+        assert_eq!(usage.input_tokens_details.cached_tokens, 5);
+        assert_eq!(usage.output_tokens_details.reasoning_tokens, 1);
+        assert_eq!(usage.credits_consumed, 3);
     }
 }

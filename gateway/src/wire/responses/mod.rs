@@ -5,9 +5,12 @@
 //! [`RequestTool::Hosted`] and unknown input item types as [`ItemKind::Other`]), strict where a
 //! known field is malformed: serde names its path (`input[2].call_id: invalid type ...`).
 
-use serde::{Deserialize, Deserializer, Serialize};
+pub mod translate;
+
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::null_as_default;
 use super::one_or_many::StringOr;
 use super::openai::{FunctionDef, ReasoningEffort};
 
@@ -497,13 +500,4 @@ pub struct Sequenced<'a> {
     #[serde(flatten)]
     pub event: &'a StreamEvent,
     pub sequence_number: u64,
-}
-
-/// Lets clients send `null` where a list is optional.
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
