@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crds::config::Limits;
-use gateway::limits::{AdmissionRequest, Limiter, RedisLimiter};
+use gateway::limits::{AdmissionRequest, Limiter, RedisLimiter, RedisSettings};
 
 mod support;
 use support::{env_u64, ms, open_loop, percentile};
@@ -194,9 +194,13 @@ fn main() {
         .expect("tokio runtime");
     runtime.block_on(async move {
         let limiter = Arc::new(
-            RedisLimiter::connect(&url, TIMEOUT, LEASE)
-                .await
-                .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}")),
+            RedisLimiter::connect(&RedisSettings {
+                url: url.clone(),
+                timeout: TIMEOUT,
+                lease: LEASE,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}")),
         );
         let keys = key_names();
         // Loads the scripts and fills the connection's buffers; also checks Redis answers.

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use gateway::ids;
 use store::accounts::{Accounts, PostgresAccounts};
-use store::db::{Database, Pooler};
+use store::db::{Database, DbSettings, Pooler};
 use store::ledger::{
     Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
 };
@@ -214,8 +214,13 @@ fn main() {
         let db = Database::connect(&url, pool, TIMEOUT).expect("DATABASE_URL");
         db.migrate().await.expect("migrations");
         let db = match std::env::var("LEDGER_BENCH_POOLER_URL") {
-            Ok(pooler) => Database::connect_through(&pooler, pool, TIMEOUT, Pooler::Transaction)
-                .expect("LEDGER_BENCH_POOLER_URL"),
+            Ok(url) => Database::connect_with(&DbSettings {
+                url,
+                pool_size: pool,
+                timeout: TIMEOUT,
+                pooler: Pooler::Transaction,
+            })
+            .expect("LEDGER_BENCH_POOLER_URL"),
             Err(_) => db,
         };
         let store = PostgresAccounts::new(db.clone());

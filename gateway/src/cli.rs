@@ -2,13 +2,12 @@
 //! `migrate`, `keys create|revoke`, `accounts topup`, `messages show`. Each prints JSON on
 //! stdout, so scripts and tests can read it.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::auth::{self, KeySpec};
-use crate::config::{AccountsCommand, DatabaseArgs, KeysCommand, KindArg, MessagesCommand};
+use crate::config::commands::{AccountsCommand, KeysCommand, KindArg, MessagesCommand};
+use crate::config::database::DatabaseArgs;
 use crate::payments::{self, PaymentError, TopUpRequest};
 use store::accounts::promotion::{standing, ENTERPRISE};
 use store::accounts::{Accounts, KeyKind, PostgresAccounts, StoreError};
@@ -29,13 +28,12 @@ pub enum CliError {
     Usage(String),
 }
 
+/// The commands make `--database-url` required, so clap has refused a command line without it.
 fn connect(args: &DatabaseArgs) -> Result<Database, CliError> {
-    Ok(Database::connect_through(
-        &args.database_url,
-        args.database_pool_size,
-        Duration::from_millis(args.database_timeout_ms),
-        args.database_pooler,
-    )?)
+    let settings = args
+        .settings()
+        .ok_or_else(|| CliError::Usage("--database-url is required".to_owned()))?;
+    Ok(Database::connect_with(&settings)?)
 }
 
 fn print(value: Value) {
@@ -123,7 +121,7 @@ pub async fn accounts(command: AccountsCommand) -> Result<(), CliError> {
         name,
         usd,
         reference,
-        credits_per_usd,
+        rate,
     } = command;
     let usd_cents = payments::parse_usd(&usd).ok_or_else(|| {
         CliError::Usage(format!(
@@ -143,7 +141,7 @@ pub async fn accounts(command: AccountsCommand) -> Result<(), CliError> {
         usd_cents,
         payment_id: None,
     };
-    let confirmation = payments::confirm(&accounts, &ledger, credits_per_usd, request).await?;
+    let confirmation = payments::confirm(&accounts, &ledger, rate.credits_per_usd, request).await?;
     let balance = ledger.balance(&account.id).await?;
     let mut out = json!(confirmation.top_up);
     out["replayed"] = json!(!confirmation.first);

@@ -15,6 +15,7 @@ pub mod ids;
 pub mod limits;
 pub mod payments;
 pub mod providers;
+pub mod reaper;
 pub mod responses_store;
 pub mod routing;
 pub mod seal;

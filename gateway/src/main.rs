@@ -27,7 +27,7 @@ static MALLOC_CONF: Option<&u8> =
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let telemetry = match telemetry::init(cli.log_format) {
+    let telemetry = match telemetry::init(cli.telemetry.log_format) {
         Ok(telemetry) => telemetry,
         Err(e) => {
             eprintln!("gateway: {e}");

@@ -23,7 +23,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::body::BodyDeadline;
 use crate::client_address::Peer;
-use crate::config::CommonArgs;
 use crate::state::AppState;
 use crate::{admin, api, telemetry};
 
@@ -64,19 +63,6 @@ pub struct Edge {
     pub header_read_timeout: Duration,
     pub body: BodyDeadline,
     pub max_connections: usize,
-}
-
-impl Edge {
-    pub fn from_args(args: &CommonArgs) -> Self {
-        Self {
-            header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
-            body: BodyDeadline {
-                base: Duration::from_secs(args.body_read_timeout_secs.max(1)),
-                min_bytes_per_sec: args.body_min_bytes_per_sec.max(1),
-            },
-            max_connections: args.max_connections.max(1),
-        }
-    }
 }
 
 /// File descriptors kept free of client connections: the admin listener and its probes,

@@ -3,33 +3,30 @@
 //! the background sweeps, then both listeners.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
-use tokio_util::sync::CancellationToken;
 
 use crate::auth::{self, KeySpec};
-use crate::client_address::TrustedProxies;
+use crate::config::dev_account::DevAccountArgs;
+use crate::config::payments::PaymentsArgs;
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
-use crate::dashboard::DashboardConfig;
 use crate::ids;
 use crate::limits::{
     AddressBrake, Dimension, Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter,
 };
 use crate::payments::reload::{self, AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
-use crate::payments::stripe::{StripeConfig, StripeConfigError};
+use crate::payments::stripe::StripeConfigError;
 use crate::payments::{self, NoPayments, PaymentError, PaymentProvider, TestPayments};
 use crate::providers::Providers;
+use crate::reaper;
 use crate::responses_store::Backend as ResponsesBackend;
-use crate::routing::breaker::BreakerPolicy;
 use crate::routing::Catalog;
-use crate::seal::Sealer;
 use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
 use crate::shutdown::Shutdown;
-use crate::state::{AppState, Services};
+use crate::state::{AppState, Services, Settings};
 use crate::tokens::Tokenizer;
 use store::accounts::promotion::{standing, ENTERPRISE};
 use store::accounts::{
@@ -73,16 +70,10 @@ pub enum StartError {
 
 /// Stripe when it is configured, `otherwise` when it is not.
 fn payments(
-    args: &CommonArgs,
+    args: &PaymentsArgs,
     otherwise: impl PaymentProvider + 'static,
 ) -> Result<Arc<dyn PaymentProvider>, StartError> {
-    let stripe = StripeConfig {
-        api_key: args.stripe_api_key.as_deref(),
-        webhook_secret: args.stripe_webhook_secret.as_deref(),
-        api_base: &args.stripe_api_base,
-    }
-    .build()?;
-    Ok(match stripe {
+    Ok(match args.stripe().build()? {
         Some(stripe) => Arc::new(stripe),
         None => Arc::new(otherwise),
     })
@@ -110,19 +101,20 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     // The test payment provider confirms through the signed webhook, so it needs a secret;
     // without one given, a random one only this process knows.
     args.common
+        .payments
         .payment_webhook_secret
         .get_or_insert_with(ids::session_token);
     // Nobody else knows a secret made here, so it is shown once, on the ready line.
     let common = &mut args.common;
-    if common.admin_token.is_none() {
+    if common.server.admin_token.is_none() {
         let token = ids::admin_token();
         common.generated.push(("admin_token", token.clone()));
-        common.admin_token = Some(token);
+        common.server.admin_token = Some(token);
     }
-    if common.dev_key.is_none() {
+    if common.dev_account.dev_key.is_none() {
         let key = ids::key_secret();
         common.generated.push(("key", key.clone()));
-        common.dev_key = Some(key);
+        common.dev_account.dev_key = Some(key);
     }
     let ledger = Arc::new(MemoryLedger::default());
     let stores = Stores {
@@ -131,19 +123,19 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
         payments: payments(
-            &args.common,
+            &args.common.payments,
             TestPayments {
-                webhook_secret: args.common.payment_webhook_secret.clone(),
+                webhook_secret: args.common.payments.payment_webhook_secret.clone(),
             },
         )?,
         developers: Arc::new(MemoryDeveloperStore::default()),
-        responses: ResponsesBackend::memory(&args.common.responses_store),
+        responses: ResponsesBackend::memory(args.common.responses.memory_limits()),
     };
-    let interval = Duration::from_secs(args.promotion_interval_secs);
-    let config = crds::manifests::load_dir(&args.common.manifests)?;
+    let interval = args.promotion.interval();
+    let config = crds::manifests::load_dir(&args.common.catalog.manifests)?;
     warnings::standalone(
         &config,
-        args.common.listen,
+        args.common.server.listen,
         stores.payments.stripe().is_some(),
     );
     run(args.common, stores, config, None, None, |state, rules| {
@@ -160,18 +152,17 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
 /// `gateway serve`: limits shared through Redis under the chosen outage policy; accounts,
 /// keys and credits in Postgres with `--database-url`, with the reaper running in every pod.
 pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
-    if args.common.admin_token.is_none() {
+    if args.common.server.admin_token.is_none() {
         return Err(StartError::NoAdminToken);
     }
     // Alive from the start, whatever the stores and the config do meanwhile.
-    let admin = Some(serve::WaitingAdmin::bind(args.common.admin_listen).await?);
-    let redis = RedisLimiter::connect(
-        &args.redis_url,
-        Duration::from_millis(args.redis_timeout_ms),
-        Duration::from_secs(args.stream_lease_secs.max(1)),
-    )
-    .await?;
-    let limiter = Arc::new(Failover::new(redis, args.redis_outage, args.pods));
+    let admin = Some(serve::WaitingAdmin::bind(args.common.server.admin_listen).await?);
+    let redis = RedisLimiter::connect(&args.redis.settings()).await?;
+    let limiter = Arc::new(Failover::new(
+        redis,
+        args.outage.redis_outage,
+        args.outage.pods,
+    ));
     let (config, published) = match &args.config_secret {
         Some(secret) => {
             let mut published = Published::connect(secret.clone()).await?;
@@ -181,42 +172,36 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
                 .ok_or(StartError::NoPublishedConfig)?;
             (config, Some(published))
         }
-        None => (crds::manifests::load_dir(&args.common.manifests)?, None),
+        None => (
+            crds::manifests::load_dir(&args.common.catalog.manifests)?,
+            None,
+        ),
     };
-    let Some(url) = &args.database_url else {
+    let Some(database) = args.database.settings() else {
         let ledger = Arc::new(MemoryLedger::default());
         let stores = Stores {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
             auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
             ledger,
             limiter,
-            payments: payments(&args.common, NoPayments)?,
+            payments: payments(&args.common.payments, NoPayments)?,
             developers: Arc::new(MemoryDeveloperStore::default()),
-            responses: ResponsesBackend::memory(&args.common.responses_store),
+            responses: ResponsesBackend::memory(args.common.responses.memory_limits()),
         };
         return run(args.common, stores, config, published, admin, |_, _| {}).await;
     };
-    let db = Database::connect_through(
-        url,
-        args.database_pool_size,
-        Duration::from_millis(args.database_timeout_ms),
-        args.database_pooler,
-    )?;
+    let db = Database::connect_with(&database)?;
     if args.migrate {
         db.migrate().await?;
     }
-    let reaping = Reaping {
-        stale: Duration::from_secs(args.reaper_stale_secs.max(1)),
-        max_turn: Duration::from_secs(args.reaper_max_turn_secs.max(1)),
-        // The longest a stopping process may still write after SIGTERM.
-        draining: Duration::from_secs(args.common.shutdown_grace_secs)
-            + HARD_STOP_AFTER_GRACE
-            + CLOSE_WAIT,
-    };
+    // The longest a stopping process may still write after SIGTERM.
+    let draining = args.common.server.shutdown_grace() + HARD_STOP_AFTER_GRACE + CLOSE_WAIT;
+    let reaping = args.ledger.reaping(draining);
     // Allotments are spent only while the heartbeat is younger than half the stale time, so
     // a process cut off from Postgres stops before the reaper returns them.
     let ledger = Arc::new(
-        PostgresLedger::new(db.clone()).with_allotments(args.allotment_turns, reaping.stale / 2),
+        PostgresLedger::new(db.clone())
+            .with_allotments(args.ledger.allotment_turns, reaping.stale / 2),
     );
     // Registered before serving, so the first turns hold a lease and can use allotments.
     if let Err(e) = ledger.heartbeat().await {
@@ -227,56 +212,18 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         auto_reloads: Arc::new(PostgresAutoReloads::new(db.clone())),
         ledger: ledger.clone(),
         limiter,
-        payments: payments(&args.common, NoPayments)?,
+        payments: payments(&args.common.payments, NoPayments)?,
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
-        responses: ResponsesBackend::postgres(db, &args.common.responses_store),
+        responses: ResponsesBackend::postgres(db, args.common.responses.retention()),
     };
     run(args.common, stores, config, published, admin, |state, _| {
-        tokio::spawn(reaper(ledger, reaping, state.shutdown.draining.clone()));
+        tokio::spawn(reaper::run(
+            ledger,
+            reaping,
+            state.shutdown.draining.clone(),
+        ));
     })
     .await
-}
-
-#[derive(Clone, Copy)]
-struct Reaping {
-    stale: Duration,
-    max_turn: Duration,
-    /// How long a stopping process announces it may still write.
-    draining: Duration,
-}
-
-/// Beats this process' heartbeat and releases orphaned reservations, every third of `stale`.
-/// Every pod runs it; the release is idempotent, so they never conflict. The heartbeat goes
-/// on through shutdown, until the ledger has written its last row (a stopping process is not
-/// dead); from SIGTERM the process announces how long it may take and stops reaping.
-async fn reaper(ledger: Arc<PostgresLedger>, reaping: Reaping, draining: CancellationToken) {
-    let mut ticks = tokio::time::interval(reaping.stale / 3);
-    let mut announced = false;
-    loop {
-        tokio::select! {
-            _ = ledger.closed() => return,
-            _ = draining.cancelled(), if !announced => {
-                announced = true;
-                if let Err(e) = ledger.drain(reaping.draining).await {
-                    tracing::warn!(error = %e, "could not announce the drain; the heartbeat keeps the lease");
-                }
-                continue;
-            }
-            _ = ticks.tick() => {}
-        }
-        if let Err(e) = ledger.heartbeat().await {
-            tracing::warn!(error = %e, "ledger heartbeat failed");
-            continue;
-        }
-        if announced || !ledger.may_reap(reaping.stale) {
-            continue;
-        }
-        match ledger.reap(reaping.stale, reaping.max_turn).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(released = n, "released orphaned reservations"),
-            Err(e) => tracing::warn!(error = %e, "reaper failed; retrying at the next tick"),
-        }
-    }
 }
 
 /// Runs the gateway on `config`, then on each version `published` brings.
@@ -289,8 +236,8 @@ async fn run(
     background: impl FnOnce(&AppState, PromotionRules),
 ) -> Result<(), StartError> {
     let rules = PromotionRules::from_config(&config);
-    let delay = args.simulated_chunk_delay_ms;
-    let credits_per_usd = args.credits_per_usd;
+    let delay = args.catalog.simulated_chunk_delay_ms;
+    let credits_per_usd = args.payments.credits_per_usd();
     let catalog = move |mut config: GatewayConfig| {
         if let Some(delay) = delay {
             override_simulated_delay(&mut config, delay);
@@ -308,53 +255,46 @@ async fn run(
         unauthenticated: AddressBrake::new(
             "ip",
             Dimension::Unauthenticated,
-            args.unauthenticated_per_minute,
+            args.brakes.unauthenticated_per_minute,
             stores.limiter.clone(),
         ),
         sign_ins: AddressBrake::new(
             "signin",
             Dimension::SignIns,
-            args.sign_ins_per_minute,
+            args.brakes.sign_ins_per_minute,
             stores.limiter.clone(),
         ),
         sign_ups: AddressBrake::new(
             "signup",
             Dimension::SignUps,
-            args.sign_ups_per_minute,
+            args.brakes.sign_ups_per_minute,
             stores.limiter.clone(),
         ),
-        trusted_proxies: TrustedProxies::new(args.trusted_proxies.clone()),
         limiter: stores.limiter,
-        providers: Arc::new(Providers::new(
-            tokens,
-            BreakerPolicy {
-                failures: args.breaker_failures.max(1),
-                cooldown: Duration::from_millis(args.breaker_cooldown_ms),
-            },
-        )),
+        providers: Arc::new(Providers::new(tokens, (&args.breaker).into())),
         shutdown: Shutdown::default(),
-        credits_per_usd: args.credits_per_usd,
-        payment_webhook_secret: args.payment_webhook_secret.clone(),
         developers: stores.developers,
         payments: stores.payments,
         auto_reloads: stores.auto_reloads,
         responses: responses.store(),
-        reasoning_seal: Sealer::new(args.responses_secret.as_deref()),
-        dashboard: DashboardConfig {
-            secure_cookies: args.dashboard_secure_cookies,
-            signup_credits: args.signup_credits,
+        reasoning_seal: args.responses.sealer(),
+        settings: Settings {
+            credits_per_usd,
+            dashboard: (&args.dashboard).into(),
+            payment_webhook_secret: args.payments.payment_webhook_secret.clone(),
+            trusted_proxies: args.server.trusted_proxies(),
         },
     });
     seed_granted_keys(&state).await?;
-    if let Some(dev_key) = &args.dev_key {
-        seed_dev_key(&state, &args, dev_key).await?;
+    if let Some(dev_key) = &args.dev_account.dev_key {
+        seed_dev_key(&state, &args.dev_account, dev_key).await?;
     }
     background(&state, rules);
     if state.payments.stripe().is_some() {
         tokio::spawn(reload::every(
             state.payments.clone(),
             state.auto_reloads.clone(),
-            Duration::from_millis(args.auto_reload_interval_ms.max(1)),
+            args.payments.auto_reload_interval(),
             state.shutdown.draining.clone(),
         ));
     }
@@ -370,27 +310,15 @@ async fn run(
             move |pods| limiter.set_pods(pods),
         ));
     }
-    let admin_token = args.admin_token.clone().ok_or(StartError::NoAdminToken)?;
-    let edge = serve::Edge::from_args(&args);
     let admin_bound = match admin {
         Some(admin) => Some(admin.hand_over().await?),
         None => None,
     };
-    serve::run(
-        state,
-        serve::Listen {
-            api: args.listen,
-            admin: args.admin_listen,
-            admin_bound,
-            metrics: args.metrics_listen,
-            admin_token,
-            generated: args.generated,
-            delay: Duration::from_secs(args.shutdown_delay_secs),
-            grace: Duration::from_secs(args.shutdown_grace_secs),
-            edge,
-        },
-    )
-    .await?;
+    let listen = args
+        .server
+        .listen(admin_bound, args.generated)
+        .ok_or(StartError::NoAdminToken)?;
+    serve::run(state, listen).await?;
     Ok(())
 }
 
@@ -453,7 +381,7 @@ async fn seed_top_up(
     let confirmed = payments::confirm(
         state.accounts.as_ref(),
         state.ledger.as_ref(),
-        state.credits_per_usd,
+        state.settings.credits_per_usd,
         request,
     )
     .await;
@@ -525,7 +453,11 @@ async fn seed_key(state: &AppState, key: store::accounts::KeyRecord) -> Result<(
 
 /// The dev account, with its confirmed top-up (once, by its reference) when one is asked
 /// for, and its key, at the tier that top-up gives unless it is granted enterprise.
-async fn seed_dev_key(state: &AppState, args: &CommonArgs, key: &str) -> Result<(), StartError> {
+async fn seed_dev_key(
+    state: &AppState,
+    args: &DevAccountArgs,
+    key: &str,
+) -> Result<(), StartError> {
     let account = seed_account(state, "dev", args.dev_credits).await?;
     let usd_cents = payments::parse_usd(&args.dev_top_up_usd)
         .ok_or_else(|| StartError::DevTopUp(args.dev_top_up_usd.clone()))?;

@@ -1,4 +1,5 @@
-//! The one `AppState` every handler gets: the stores and services, chosen once at start-up.
+//! The one `AppState` every handler gets: the stores and services, chosen once at start-up,
+//! and the settings the handlers read.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -34,11 +35,8 @@ pub struct Services {
     pub sign_ins: AddressBrake,
     /// Dashboard sign-ups, per client address (each one is an account and its free credits).
     pub sign_ups: AddressBrake,
-    /// Whose `X-Forwarded-For` names the client.
-    pub trusted_proxies: TrustedProxies,
     pub providers: Arc<Providers>,
     pub shutdown: Shutdown,
-    pub credits_per_usd: u64,
     /// Dashboard users, sessions and checkouts.
     pub developers: Arc<dyn DeveloperStore>,
     pub payments: Arc<dyn PaymentProvider>,
@@ -48,9 +46,17 @@ pub struct Services {
     pub responses: Arc<dyn ResponseStore>,
     /// Seals the thinking handed to stateless Responses API clients.
     pub reasoning_seal: Sealer,
+    pub settings: Settings,
+}
+
+/// What the operator chose at start-up (`config/`), apart from the services built from it.
+pub struct Settings {
+    pub credits_per_usd: u64,
     pub dashboard: DashboardConfig,
     /// The payment provider's webhook secret; the webhook is off without it.
     pub payment_webhook_secret: Option<String>,
+    /// Whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: TrustedProxies,
 }
 
 #[derive(Clone)]
@@ -89,7 +95,7 @@ impl AppState {
             ledger: self.ledger.clone(),
             auto_reloads: self.auto_reloads.clone(),
             checkouts: self.developers.clone(),
-            credits_per_usd: self.credits_per_usd,
+            credits_per_usd: self.settings.credits_per_usd,
         }
     }
 }

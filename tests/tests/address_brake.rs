@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::gateway::client_address::AddressBucket;
-use ::gateway::limits::{self, AddressBrake, Dimension, LimitError, MemoryLimiter, RedisLimiter};
+use ::gateway::limits::{
+    self, AddressBrake, Dimension, LimitError, MemoryLimiter, RedisLimiter, RedisSettings,
+};
 use e2e::cluster::PAYG;
 use e2e::*;
 use futures::StreamExt;
@@ -316,11 +318,11 @@ async fn the_redis_cluster_brake_store_keeps_the_contract_across_two_pods() {
 
 /// A brake on its own connection to `redis`, as a pod has.
 async fn redis_brake(redis: &impl SharedRedis) -> AddressBrake {
-    let limiter = RedisLimiter::connect(
-        &redis.url(),
-        Duration::from_millis(2_000),
-        Duration::from_secs(10),
-    )
+    let limiter = RedisLimiter::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: Duration::from_millis(2_000),
+        lease: Duration::from_secs(10),
+    })
     .await
     .expect("redis limiter");
     brake(Arc::new(limiter))

@@ -12,7 +12,7 @@ use std::time::Duration;
 use e2e::ledger::turn_record;
 use e2e::{PgBouncer, PostgresServer};
 use store::accounts::{Accounts, PostgresAccounts};
-use store::db::{Database, Pooler};
+use store::db::{Database, DbSettings, Pooler};
 use store::ledger::{
     DisputeStage, Ledger, LedgerError, MemoryLedger, MessageStatus, NewReservation, NewTopUp,
     PostgresLedger, ReversalKind, Settlement,
@@ -39,12 +39,12 @@ async fn postgres() -> Books {
 async fn postgres_through_pgbouncer() -> Books {
     let pg = PostgresServer::start().await;
     let bouncer = PgBouncer::start(&pg).await;
-    let db = Database::connect_through(
-        &bouncer.url(),
-        4,
-        Duration::from_secs(5),
-        Pooler::Transaction,
-    )
+    let db = Database::connect_with(&DbSettings {
+        url: bouncer.url(),
+        pool_size: 4,
+        timeout: Duration::from_secs(5),
+        pooler: Pooler::Transaction,
+    })
     .expect("url");
     on_postgres(db, pg, Some(bouncer)).await
 }

@@ -256,7 +256,7 @@ async fn top_up(
     let top_up = payments::confirm(
         state.accounts.as_ref(),
         state.ledger.as_ref(),
-        state.credits_per_usd,
+        state.settings.credits_per_usd,
         request,
     )
     .await?

@@ -32,7 +32,7 @@ pub async fn get(
             "balance": balance.balance,
             "reserved": balance.reserved,
             "available": balance.balance.saturating_sub(balance.reserved),
-            "credits_per_usd": state.credits_per_usd,
+            "credits_per_usd": state.settings.credits_per_usd,
         },
         "lifetime_top_up_cents": balance.lifetime_top_up_cents,
         "key": {

@@ -210,7 +210,7 @@ pub async fn sign_up(
     let account = state.accounts.create_account(&email).await?;
     state
         .ledger
-        .grant(&account.id, state.dashboard.signup_credits)
+        .grant(&account.id, state.settings.dashboard.signup_credits)
         .await?;
     let user = User {
         id: ids::user(),

@@ -114,7 +114,7 @@ async fn render(
     let reversals = state.ledger.reversals(&session.account_id).await?;
     let reload = state.auto_reloads.settings(&session.account_id).await?;
     let stripe = state.payments.stripe().is_some();
-    let per_usd = state.credits_per_usd;
+    let per_usd = state.settings.credits_per_usd;
     let mut history: Vec<HistoryRow> = confirmed
         .iter()
         .map(|t| HistoryRow {

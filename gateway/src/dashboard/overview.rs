@@ -57,7 +57,7 @@ pub async fn show(
         .recent_messages(account_id, RECENT_MESSAGES)
         .await?;
     let available = balance.balance.saturating_sub(balance.reserved);
-    let per_usd = state.credits_per_usd.max(1);
+    let per_usd = state.settings.credits_per_usd.max(1);
     let content = html! {
         section.cards aria-label="Summary" {
             div.card.stat {

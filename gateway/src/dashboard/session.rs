@@ -60,7 +60,7 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// `Secure` when the operator says the dashboard is behind TLS, or the proxy in front says
 /// this request came over https.
 pub(super) fn secure(state: &AppState, headers: &HeaderMap) -> bool {
-    state.dashboard.secure_cookies
+    state.settings.dashboard.secure_cookies
         || headers
             .get("x-forwarded-proto")
             .and_then(|v| v.to_str().ok())

@@ -25,9 +25,13 @@ use crate::state::AppState;
 /// whatever key it sends now, so a guess that hits cannot show. Each request that fails to
 /// authenticate is counted against its address, and its 401 carries that limit's headers.
 pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let client = ClientAddress::of(&state.trusted_proxies, req.extensions(), req.headers())
-        .0
-        .map(AddressBucket::of);
+    let client = ClientAddress::of(
+        &state.settings.trusted_proxies,
+        req.extensions(),
+        req.headers(),
+    )
+    .0
+    .map(AddressBucket::of);
     if let Some(refusal) = client.and_then(|c| state.unauthenticated.refused(c)) {
         return address_refusal(refusal);
     }

@@ -17,7 +17,7 @@ impl FromRequestParts<AppState> for ClientAddress {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         Ok(Self::of(
-            &state.trusted_proxies,
+            &state.settings.trusted_proxies,
             &parts.extensions,
             &parts.headers,
         ))

@@ -17,7 +17,7 @@ pub async fn payments(
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>, ApiError> {
-    let Some(secret) = state.payment_webhook_secret.as_deref() else {
+    let Some(secret) = state.settings.payment_webhook_secret.as_deref() else {
         return Err(ApiError::not_found("no such path"));
     };
     let top_up = webhook::receive(&state.books(), secret, &headers, &body).await?;

@@ -20,7 +20,7 @@ use thiserror::Error;
 pub use address::{standing_of, AddressBrake, AddressLimit};
 pub use failover::{Failover, OutagePolicy};
 pub use memory::MemoryLimiter;
-pub use redis::RedisLimiter;
+pub use redis::{RedisLimiter, RedisSettings};
 
 pub const WINDOW_SECS: u64 = 60;
 

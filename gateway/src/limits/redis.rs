@@ -141,6 +141,17 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Where the shared limits live and how long a call to them may take.
+#[derive(Clone)]
+pub struct RedisSettings {
+    /// `redis://host:port[/db]` or `redis-cluster://host:port`; may hold a password.
+    pub url: String,
+    /// Bound on every call.
+    pub timeout: Duration,
+    /// Lifetime of a stream slot's lease.
+    pub lease: Duration,
+}
+
 const STARTUP_WAIT: Duration = Duration::from_secs(5);
 
 /// No offset learnt yet.
@@ -152,11 +163,13 @@ impl RedisLimiter {
     /// itself when Redis returns. Start-up waits a few seconds for the first connection, then
     /// goes on without it: until Redis answers, calls fail with `Unavailable` and the outage
     /// policy decides.
-    pub async fn connect(
-        url: &str,
-        timeout: Duration,
-        lease: Duration,
-    ) -> Result<Self, LimitError> {
+    pub async fn connect(settings: &RedisSettings) -> Result<Self, LimitError> {
+        let RedisSettings {
+            url,
+            timeout,
+            lease,
+        } = settings;
+        let (timeout, lease) = (*timeout, *lease);
         let config = Config::from_url(url).map_err(unavailable)?;
         // One write per command, so a script whose answer was lost is not run twice; on a
         // Redis Cluster a second, since fred counts following a MOVED or ASK redirection (the

@@ -27,27 +27,6 @@ use tokio_util::sync::CancellationToken;
 
 use store::db::Database;
 
-/// The flags of the stored responses, in both modes.
-#[derive(Clone, Debug, clap::Args)]
-pub struct ResponsesStoreArgs {
-    /// How long a stored response (`store: true`) can be retrieved or continued; older ones
-    /// are purged. 30 days by default, as OpenAI keeps them.
-    #[arg(long, env = "GATEWAY_RESPONSES_RETENTION_SECS", default_value_t = Retention::DEFAULT_HOURS * 3600)]
-    pub responses_retention_secs: u64,
-    /// In-process store (no `--database-url`): the most responses kept; the oldest go first.
-    #[arg(long, env = "GATEWAY_RESPONSES_CAPACITY", default_value_t = 10_000)]
-    pub responses_capacity: usize,
-    /// In-process store: the most bytes (as JSON) the responses take; the oldest go first.
-    #[arg(long, env = "GATEWAY_RESPONSES_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
-    pub responses_max_bytes: usize,
-}
-
-impl ResponsesStoreArgs {
-    fn retention(&self) -> Retention {
-        Retention(Duration::from_secs(self.responses_retention_secs))
-    }
-}
-
 /// The store chosen at start-up, kept concrete for its retention purge.
 #[derive(Clone)]
 pub enum Backend {
@@ -56,16 +35,12 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub fn memory(args: &ResponsesStoreArgs) -> Self {
-        Self::Memory(Arc::new(MemoryResponseStore::new(MemoryLimits {
-            max_responses: args.responses_capacity,
-            max_bytes: args.responses_max_bytes,
-            retention: args.retention(),
-        })))
+    pub fn memory(limits: MemoryLimits) -> Self {
+        Self::Memory(Arc::new(MemoryResponseStore::new(limits)))
     }
 
-    pub fn postgres(db: Database, args: &ResponsesStoreArgs) -> Self {
-        Self::Postgres(Arc::new(PostgresResponseStore::new(db, args.retention())))
+    pub fn postgres(db: Database, retention: Retention) -> Self {
+        Self::Postgres(Arc::new(PostgresResponseStore::new(db, retention)))
     }
 
     pub fn store(&self) -> Arc<dyn ResponseStore> {

@@ -58,6 +58,20 @@ impl DbError {
     }
 }
 
+/// What [`Database::connect_with`] connects to, and how. No `Debug`: the URL may hold a
+/// password.
+#[derive(Clone)]
+pub struct DbSettings {
+    /// `postgres://user:password@host:port/db` (also `?host=/socket/dir`).
+    pub url: String,
+    /// Connections per process.
+    pub pool_size: u32,
+    /// Bound on every call.
+    pub timeout: Duration,
+    /// What listens at `url`.
+    pub pooler: Pooler,
+}
+
 #[derive(Clone)]
 pub struct Database {
     pool: DbPool,
@@ -70,16 +84,23 @@ impl Database {
     /// A pool to `url` (`postgres://user:password@host:port/db`); connections are opened on
     /// demand, so a gateway starts (and recovers) while Postgres is away.
     pub fn connect(url: &str, pool_size: u32, timeout: Duration) -> Result<Self, DbError> {
-        Self::connect_through(url, pool_size, timeout, Pooler::None)
+        Self::connect_with(&DbSettings {
+            url: url.to_owned(),
+            pool_size,
+            timeout,
+            pooler: Pooler::None,
+        })
     }
 
-    /// [`Database::connect`] to `url` through `pooler` (what listens at `url`).
-    pub fn connect_through(
-        url: &str,
-        pool_size: u32,
-        timeout: Duration,
-        pooler: Pooler,
-    ) -> Result<Self, DbError> {
+    /// [`Database::connect`] with every setting, a pooler among them.
+    pub fn connect_with(settings: &DbSettings) -> Result<Self, DbError> {
+        let DbSettings {
+            url,
+            pool_size,
+            timeout,
+            pooler,
+        } = settings;
+        let (pool_size, timeout, pooler) = (*pool_size, *timeout, *pooler);
         let options = PgConnectOptions::from_str(url)?.application_name("gateway");
         let options = match pooler {
             Pooler::None => options.options([(

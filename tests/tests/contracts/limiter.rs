@@ -10,6 +10,7 @@ use e2e::RedisServer;
 use futures::future::join_all;
 use gateway::limits::{
     current_window, AdmissionRequest, Dimension, LimitError, Limiter, MemoryLimiter, RedisLimiter,
+    RedisSettings,
 };
 
 use super::unique;
@@ -28,11 +29,11 @@ async fn in_process() -> Store {
 
 async fn redis() -> Store {
     let redis = RedisServer::start().await;
-    let limiter = RedisLimiter::connect(
-        &redis.url(),
-        Duration::from_secs(5),
-        Duration::from_secs(30),
-    )
+    let limiter = RedisLimiter::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: Duration::from_secs(5),
+        lease: Duration::from_secs(30),
+    })
     .await
     .expect("connected");
     Store {

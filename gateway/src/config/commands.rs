@@ -1,0 +1,96 @@
+//! The operator commands against the database of cluster mode (`gateway keys|accounts|
+//! messages`); each makes `--database-url` required, since it has nothing to work on without.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use crds::config::SCOPES;
+
+use super::database::{DatabaseArgs, URL};
+use super::payments::CreditRateArgs;
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Creates a key (and its account when new); prints the secret once.
+    #[command(mut_arg(URL, |a| a.required(true)))]
+    Create {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Account name.
+        #[arg(long)]
+        account: String,
+        /// Grants the key the enterprise tier (custom limits via its ApiKey resource). Without
+        /// it the key starts at the tier its account's confirmed lifetime top-up gives (by the
+        /// Tier manifests in --manifests) and only the promotion sweep moves it.
+        #[arg(long)]
+        enterprise: bool,
+        /// Folder of the Tier manifests that set the starting tier.
+        #[arg(long, env = "GATEWAY_MANIFESTS", default_value = "deploy/standalone")]
+        manifests: PathBuf,
+        /// When the key stops working (RFC 3339, e.g. 2027-01-31T00:00:00Z); default never.
+        #[arg(long, value_parser = rfc3339)]
+        expires_at: Option<time::OffsetDateTime>,
+        /// Credits the key may spend per UTC month; default no cap.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        spend_cap: Option<u64>,
+        /// apiCredits granted to the account when it is created (not a top-up).
+        #[arg(long, default_value_t = 0)]
+        credits: u64,
+        #[arg(long, value_enum, default_value = "api")]
+        kind: KindArg,
+        /// Surfaces the key may use (messages, chat, responses, models, account); none: all.
+        #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(SCOPES))]
+        scopes: Vec<String>,
+        #[arg(long, default_value = "key")]
+        name: String,
+    },
+    /// Revokes a key by id.
+    #[command(mut_arg(URL, |a| a.required(true)))]
+    Revoke {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        id: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum KindArg {
+    Api,
+    Cli,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountsCommand {
+    /// Confirms a top-up; idempotent by payment reference.
+    #[command(mut_arg(URL, |a| a.required(true)))]
+    Topup {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Account name.
+        name: String,
+        /// US dollars, e.g. 25 or 25.50 ($10 to $10,000).
+        #[arg(long)]
+        usd: String,
+        /// The payment's unique reference.
+        #[arg(long)]
+        reference: String,
+        #[command(flatten)]
+        rate: CreditRateArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MessagesCommand {
+    /// Prints the ledger row of a message as JSON.
+    #[command(mut_arg(URL, |a| a.required(true)))]
+    Show {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        id: String,
+    },
+}
+
+fn rfc3339(value: &str) -> Result<time::OffsetDateTime, String> {
+    time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| format!("expected an RFC 3339 time like 2027-01-31T00:00:00Z: {e}"))
+}
