@@ -30,10 +30,9 @@ use gateway::ids;
 use store::accounts::{Accounts, PostgresAccounts};
 use store::db::{Database, DbSettings, Pooler};
 use store::ledger::{
-    Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
+    fixtures::turn_record, Ledger, MessageStatus, NewReservation, PostgresLedger, Settlement,
 };
 use store::usage::{StopReason, TokenUsage};
-use time::OffsetDateTime;
 
 mod support;
 use support::{env_u64, ms, open_loop, percentile, OpenLoop};
@@ -83,25 +82,7 @@ impl Samples {
 /// One turn: reserve, then settle; both latencies recorded.
 async fn turn(ledger: &PostgresLedger, account_id: &str, samples: &mut Samples) {
     let id = ids::message();
-    let record = MessageRecord {
-        id: id.clone(),
-        account_id: account_id.to_owned(),
-        key_id: "key_bench".to_owned(),
-        model: "svc/haiku".to_owned(),
-        served_model: "svc/haiku".to_owned(),
-        provider: "simulated".to_owned(),
-        upstream: "simulated".to_owned(),
-        upstream_model: "simulated-haiku".to_owned(),
-        endpoint: "messages",
-        stream: false,
-        status: MessageStatus::Reserved,
-        reserved: 0,
-        billed: 0,
-        usage: TokenUsage::default(),
-        stop_reason: None,
-        created_at: OffsetDateTime::now_utc(),
-        latency_ms: None,
-    };
+    let record = turn_record(&id, account_id, "key_bench");
     let t = Instant::now();
     let reserved = ledger
         .reserve(NewReservation {

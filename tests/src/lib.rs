@@ -35,7 +35,6 @@ pub mod gateway;
 pub mod helm;
 pub mod kube;
 pub mod leak;
-pub mod ledger;
 pub mod otlp;
 pub mod pgbouncer;
 pub mod postgres;

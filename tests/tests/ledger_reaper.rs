@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
-use e2e::ledger::turn_record;
 use e2e::sse::SseStream;
 use e2e::{message, message_stream, poll_until, ApiKey, Cluster, KeySpec, PostgresServer};
 use store::accounts::{Accounts, PostgresAccounts};
 use store::db::Database;
+use store::ledger::fixtures::turn_record;
 use store::ledger::{
     Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
 };

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e::ledger::turn_record;
 use e2e::{PgBouncer, PostgresServer};
 use store::accounts::{Accounts, PostgresAccounts};
 use store::db::{Database, DbSettings, Pooler};
+use store::ledger::fixtures::turn_record;
 use store::ledger::{
     DisputeStage, Ledger, LedgerError, MemoryLedger, MessageStatus, NewReservation, NewTopUp,
     PostgresLedger, ReversalKind, Settlement,

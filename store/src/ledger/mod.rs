@@ -3,6 +3,8 @@
 //! A trait with an in-process implementation (standalone) and a Postgres one (cluster).
 
 mod coalesce;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 mod memory;
 mod postgres;
 mod reversal;

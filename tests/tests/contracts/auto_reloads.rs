@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use e2e::ledger::turn_record;
 use e2e::PostgresServer;
 use futures::future::join_all;
 use gateway::payments::reload::{
     AutoReloads, Due, MemoryAutoReloads, Outcome, PostgresAutoReloads, MAX_DECLINES,
 };
 use store::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
+use store::ledger::fixtures::turn_record;
 use store::ledger::{Ledger, MemoryLedger, NewReservation, PostgresLedger};
 
 use super::{database, unique};

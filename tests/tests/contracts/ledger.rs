@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e::ledger::turn_record;
 use e2e::PostgresServer;
 use futures::future::join_all;
 use store::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
+use store::ledger::fixtures::turn_record;
 use store::ledger::{
     Ledger, LedgerError, MemoryLedger, MessageStatus, NewReservation, NewTopUp, PostgresLedger,
     Settlement,

@@ -428,9 +428,8 @@ pub async fn reap(db: &Database) -> Result<u64, DbError> {
 
 #[cfg(test)]
 mod tests {
-    use time::OffsetDateTime;
-
     use super::*;
+    use crate::ledger::fixtures::turn_record;
     use crate::ledger::MessageStatus;
     use crate::usage::TokenUsage;
 
@@ -439,25 +438,7 @@ mod tests {
     fn turn(id: &str) -> NewReservation {
         NewReservation {
             spend_cap: None,
-            record: MessageRecord {
-                id: id.into(),
-                account_id: "acct".into(),
-                key_id: "key".into(),
-                model: "svc/haiku".into(),
-                served_model: "svc/haiku".into(),
-                provider: "simulated".into(),
-                upstream: "u".into(),
-                upstream_model: "m".into(),
-                endpoint: "messages",
-                stream: false,
-                status: MessageStatus::Reserved,
-                reserved: 0,
-                billed: 0,
-                usage: TokenUsage::default(),
-                stop_reason: None,
-                created_at: OffsetDateTime::now_utc(),
-                latency_ms: None,
-            },
+            record: turn_record(id, "acct", "key"),
             min: MAX,
             max: MAX,
         }

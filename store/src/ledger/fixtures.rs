@@ -1,9 +1,11 @@
-//! Ledger rows for the tests that drive a `Ledger` directly (the contracts, reversals, the
-//! reaper): a turn of svc/haiku on the simulated upstream, before its reservation.
+//! The row of a turn as the tests and the ledger benchmark reserve it: a turn of svc/haiku on
+//! the simulated upstream. Compiled for the store's own unit tests and, through the `fixtures`
+//! feature, for the end-to-end tests and the gateway's benches; never into a binary.
 
-use store::ledger::{MessageRecord, MessageStatus};
-use store::usage::TokenUsage;
 use time::OffsetDateTime;
+
+use super::{MessageRecord, MessageStatus};
+use crate::usage::TokenUsage;
 
 /// The row of a new turn `id` of the account's key: nothing held, billed or used yet.
 pub fn turn_record(id: &str, account_id: &str, key_id: &str) -> MessageRecord {
