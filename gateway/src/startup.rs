@@ -163,7 +163,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         args.outage.redis_outage,
         args.outage.pods,
     ));
-    let (config, published) = match &args.config_secret {
+    let (config, published) = match &args.published.config_secret {
         Some(secret) => {
             let mut published = Published::connect(secret.clone()).await?;
             let config = published
@@ -177,7 +177,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             None,
         ),
     };
-    let Some(database) = args.database.settings() else {
+    let Some(database) = args.database.connection.settings() else {
         let ledger = Arc::new(MemoryLedger::default());
         let stores = Stores {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
@@ -191,7 +191,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         return run(args.common, stores, config, published, admin, |_, _| {}).await;
     };
     let db = Database::connect_with(&database)?;
-    if args.migrate {
+    if args.database.migrate {
         db.migrate().await?;
     }
     // The longest a stopping process may still write after SIGTERM.

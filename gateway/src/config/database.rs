@@ -1,5 +1,6 @@
 //! The Postgres flags, declared once: `serve` takes them with the URL optional (without it the
-//! stores stay in process), the database commands with it required.
+//! stores stay in process) and `--migrate` beside them, the database commands with the URL
+//! required.
 
 use std::time::Duration;
 
@@ -38,4 +39,14 @@ impl DatabaseArgs {
             pooler: self.database_pooler,
         })
     }
+}
+
+/// `serve`'s database section: the connection, and whether to migrate at start.
+#[derive(Debug, Args)]
+pub struct ServeDatabaseArgs {
+    #[command(flatten)]
+    pub connection: DatabaseArgs,
+    /// Apply the database migrations at start.
+    #[arg(long, env = "GATEWAY_MIGRATE")]
+    pub migrate: bool,
 }

@@ -25,15 +25,14 @@ mod tests;
 use clap::{Args, Parser, Subcommand};
 
 use breaker::BreakerArgs;
-use catalog::CatalogArgs;
+use catalog::{CatalogArgs, PublishedArgs};
 use commands::{AccountsCommand, KeysCommand, MessagesCommand};
 use dashboard::DashboardArgs;
-use database::DatabaseArgs;
+use database::{DatabaseArgs, ServeDatabaseArgs};
 use dev_account::DevAccountArgs;
 use ledger::{LedgerArgs, PromotionArgs};
 use limits::{AddressBrakeArgs, OutageArgs};
 use payments::PaymentsArgs;
-use published::SecretRef;
 use redis::RedisArgs;
 use responses::ResponsesArgs;
 use server::ServerArgs;
@@ -88,15 +87,10 @@ pub struct ServeArgs {
     pub redis: RedisArgs,
     #[command(flatten)]
     pub outage: OutageArgs,
-    /// `NAMESPACE/NAME` of the Secret the operator publishes the config in, followed through
-    /// the Kubernetes API (KUBECONFIG or the pod's service account) instead of `--manifests`.
-    #[arg(long, env = "GATEWAY_CONFIG_SECRET")]
-    pub config_secret: Option<SecretRef>,
     #[command(flatten)]
-    pub database: DatabaseArgs,
-    /// Apply the database migrations at start.
-    #[arg(long, env = "GATEWAY_MIGRATE")]
-    pub migrate: bool,
+    pub published: PublishedArgs,
+    #[command(flatten)]
+    pub database: ServeDatabaseArgs,
     #[command(flatten)]
     pub ledger: LedgerArgs,
 }

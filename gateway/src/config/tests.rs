@@ -346,17 +346,21 @@ fn assert_serve(args: &ServeArgs, log_format: LogFormat) {
     assert_eq!(redis.lease, Duration::from_secs(20));
     assert_eq!(args.outage.redis_outage, OutagePolicy::FailOpen);
     assert_eq!(args.outage.pods, 3);
-    let secret = args.config_secret.as_ref().expect("a config secret");
+    let secret = args
+        .published
+        .config_secret
+        .as_ref()
+        .expect("a config secret");
     assert_eq!(
         (secret.namespace.as_str(), secret.name.as_str()),
         ("gateway", "gateway-config")
     );
-    let db = args.database.settings().expect("a database url");
+    let db = args.database.connection.settings().expect("a database url");
     assert_eq!(db.url, "postgres://u:p@db:5432/gw");
     assert_eq!(db.timeout, Duration::from_millis(900));
     assert_eq!(db.pool_size, 4);
     assert_eq!(db.pooler, Pooler::Transaction);
-    assert!(args.migrate);
+    assert!(args.database.migrate);
     let reaping = args.ledger.reaping(Duration::from_secs(1));
     assert_eq!(reaping.stale, Duration::from_secs(40));
     assert_eq!(reaping.max_turn, Duration::from_secs(1800));
@@ -452,12 +456,15 @@ fn the_defaults_are_unchanged() {
     assert_eq!(redis.lease, Duration::from_secs(10));
     assert_eq!(args.outage.redis_outage, OutagePolicy::FailClosed);
     assert_eq!(args.outage.pods, 1);
-    assert!(args.config_secret.is_none());
-    assert!(args.database.settings().is_none(), "no database url");
-    assert_eq!(args.database.database_timeout_ms, 2_000);
-    assert_eq!(args.database.database_pool_size, 16);
-    assert_eq!(args.database.database_pooler, Pooler::None);
-    assert!(!args.migrate);
+    assert!(args.published.config_secret.is_none());
+    assert!(
+        args.database.connection.settings().is_none(),
+        "no database url"
+    );
+    assert_eq!(args.database.connection.database_timeout_ms, 2_000);
+    assert_eq!(args.database.connection.database_pool_size, 16);
+    assert_eq!(args.database.connection.database_pooler, Pooler::None);
+    assert!(!args.database.migrate);
     let reaping = args.ledger.reaping(Duration::from_secs(1));
     assert_eq!(reaping.stale, Duration::from_secs(30));
     assert_eq!(reaping.max_turn, Duration::from_secs(3_600));
