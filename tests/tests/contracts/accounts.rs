@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use e2e::PostgresServer;
 use store::accounts::{
-    Account, AccountStatus, Accounts, KeyHash, MemoryAccounts, PostgresAccounts, PromotionRules,
-    StoreError,
+    Account, AccountStatus, Accounts, KeyHash, KeyRecord, MemoryAccounts, PostgresAccounts,
+    PromotionRules, StoreError,
 };
 use store::ledger::{Ledger, MemoryLedger, NewTopUp};
 
@@ -27,6 +27,19 @@ impl Store {
             .create_account(&unique("acme"))
             .await
             .expect("created")
+    }
+
+    // Lookups the rules expect to answer; `None` is "not found".
+    async fn account_by_id(&self, id: &str) -> Option<Account> {
+        self.accounts.account(id).await.expect("lookup")
+    }
+
+    async fn account_named(&self, name: &str) -> Option<Account> {
+        self.accounts.account_by_name(name).await.expect("lookup")
+    }
+
+    async fn key_by_hash(&self, hash: &KeyHash) -> Option<(KeyRecord, Account)> {
+        self.accounts.key_by_hash(hash).await.expect("lookup")
     }
 }
 
@@ -77,46 +90,21 @@ async fn an_account_is_found_by_id_and_by_name_and_a_taken_name_is_refused(store
         (account.name.as_str(), account.status),
         (name.as_str(), AccountStatus::Active)
     );
-    let by_id = store
-        .accounts
-        .account(&account.id)
-        .await
-        .expect("lookup")
-        .expect("found by id");
+    let by_id = store.account_by_id(&account.id).await.expect("found by id");
     assert_eq!(by_id.name, name);
-    let by_name = store
-        .accounts
-        .account_by_name(&name)
-        .await
-        .expect("lookup")
-        .expect("found by name");
+    let by_name = store.account_named(&name).await.expect("found by name");
     assert_eq!(by_name.id, account.id);
     assert!(matches!(
         store.accounts.create_account(&name).await,
         Err(StoreError::Conflict(_))
     ));
-    let still = store
-        .accounts
-        .account_by_name(&name)
-        .await
-        .expect("lookup")
-        .expect("found by name");
+    let still = store.account_named(&name).await.expect("found by name");
     assert_eq!(
         still.id, account.id,
         "the refused account took nothing over"
     );
-    assert!(store
-        .accounts
-        .account(&unique("acct"))
-        .await
-        .expect("lookup")
-        .is_none());
-    assert!(store
-        .accounts
-        .account_by_name(&unique("nobody"))
-        .await
-        .expect("lookup")
-        .is_none());
+    assert!(store.account_by_id(&unique("acct")).await.is_none());
+    assert!(store.account_named(&unique("nobody")).await.is_none());
 }
 
 async fn a_suspended_account_is_suspended_on_its_keys_lookups(store: Store) {
@@ -124,12 +112,7 @@ async fn a_suspended_account_is_suspended_on_its_keys_lookups(store: Store) {
     let (record, secret) = key(&account.id, "free", 0);
     store.accounts.insert_key(record).await.expect("key");
     let hash = KeyHash::of(&secret);
-    let (_, owner) = store
-        .accounts
-        .key_by_hash(&hash)
-        .await
-        .expect("lookup")
-        .expect("found");
+    let (_, owner) = store.key_by_hash(&hash).await.expect("found");
     assert_eq!(owner.status, AccountStatus::Active);
     let suspended = store
         .accounts
@@ -138,12 +121,7 @@ async fn a_suspended_account_is_suspended_on_its_keys_lookups(store: Store) {
         .expect("set")
         .expect("the account");
     assert_eq!(suspended.status, AccountStatus::Suspended);
-    let (_, owner) = store
-        .accounts
-        .key_by_hash(&hash)
-        .await
-        .expect("lookup")
-        .expect("found");
+    let (_, owner) = store.key_by_hash(&hash).await.expect("found");
     assert_eq!(owner.status, AccountStatus::Suspended);
     assert!(store
         .accounts
@@ -162,10 +140,8 @@ async fn a_key_is_found_by_the_hash_of_its_secret_revoked_or_not(store: Store) {
         .await
         .expect("inserted");
     let (found, owner) = store
-        .accounts
         .key_by_hash(&KeyHash::of(&secret))
         .await
-        .expect("lookup")
         .expect("found");
     assert_eq!(owner.id, account.id);
     assert_eq!(
@@ -203,17 +179,13 @@ async fn a_key_is_found_by_the_hash_of_its_secret_revoked_or_not(store: Store) {
         .expect("the key");
     assert!(revoked.revoked);
     let (found, _) = store
-        .accounts
         .key_by_hash(&KeyHash::of(&secret))
         .await
-        .expect("lookup")
         .expect("a revoked key is still found, to be refused by name");
     assert!(found.revoked);
     assert!(store
-        .accounts
         .key_by_hash(&KeyHash::of("sk-svc-never-issued"))
         .await
-        .expect("lookup")
         .is_none());
     assert!(store
         .accounts
@@ -244,10 +216,8 @@ async fn a_key_whose_id_or_secret_is_taken_is_refused(store: Store) {
         Err(StoreError::Conflict(_))
     ));
     let (found, _) = store
-        .accounts
         .key_by_hash(&KeyHash::of(&secret))
         .await
-        .expect("lookup")
         .expect("found");
     assert_eq!(
         (found.id, found.tier),

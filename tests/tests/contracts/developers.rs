@@ -61,6 +61,22 @@ impl Store {
         user
     }
 
+    // Lookups the rules expect to answer; `None` is "not found".
+    async fn user_by_email(&self, email: &str) -> Option<User> {
+        self.developers.user_by_email(email).await.expect("lookup")
+    }
+
+    async fn session_of(&self, token_hash: &KeyHash) -> Option<Session> {
+        self.developers.session(token_hash).await.expect("lookup")
+    }
+
+    async fn sign_in_failures(&self, email: &str) -> Option<(u32, OffsetDateTime)> {
+        self.developers
+            .sign_in_failures(email)
+            .await
+            .expect("lookup")
+    }
+
     fn session(user: &User, token: &str, expires_at: OffsetDateTime) -> Session {
         Session {
             token_hash: KeyHash::of(token),
@@ -75,12 +91,7 @@ impl Store {
 
 async fn a_user_is_found_by_email_and_a_taken_email_is_refused(store: Store) {
     let user = store.user().await;
-    let found = store
-        .developers
-        .user_by_email(&user.email)
-        .await
-        .expect("lookup")
-        .expect("found");
+    let found = store.user_by_email(&user.email).await.expect("found");
     assert_eq!(
         (
             &found.id,
@@ -101,19 +112,9 @@ async fn a_user_is_found_by_email_and_a_taken_email_is_refused(store: Store) {
         !store.developers.insert_user(again).await.expect("answered"),
         "the email is taken"
     );
-    let still = store
-        .developers
-        .user_by_email(&user.email)
-        .await
-        .expect("lookup")
-        .expect("found");
+    let still = store.user_by_email(&user.email).await.expect("found");
     assert_eq!(still.id, user.id);
-    assert!(store
-        .developers
-        .user_by_email("nobody@example.com")
-        .await
-        .expect("lookup")
-        .is_none());
+    assert!(store.user_by_email("nobody@example.com").await.is_none());
 }
 
 async fn a_session_is_found_by_its_token_hash_until_it_expires_or_is_deleted(store: Store) {
@@ -128,10 +129,8 @@ async fn a_session_is_found_by_its_token_hash_until_it_expires_or_is_deleted(sto
             .expect("inserted");
     }
     let found = store
-        .developers
-        .session(&live.token_hash)
+        .session_of(&live.token_hash)
         .await
-        .expect("lookup")
         .expect("a live session");
     assert_eq!(
         (
@@ -149,33 +148,18 @@ async fn a_session_is_found_by_its_token_hash_until_it_expires_or_is_deleted(sto
             live.expires_at
         )
     );
-    assert!(store
-        .developers
-        .session(&expired.token_hash)
-        .await
-        .expect("lookup")
-        .is_none());
+    assert!(store.session_of(&expired.token_hash).await.is_none());
     store
         .developers
         .delete_session(&live.token_hash)
         .await
         .expect("deleted");
-    assert!(store
-        .developers
-        .session(&live.token_hash)
-        .await
-        .expect("lookup")
-        .is_none());
+    assert!(store.session_of(&live.token_hash).await.is_none());
 }
 
 async fn sign_in_failures_count_within_their_window_until_cleared(store: Store) {
     let email = format!("{}@example.com", unique("dev"));
-    assert!(store
-        .developers
-        .sign_in_failures(&email)
-        .await
-        .expect("lookup")
-        .is_none());
+    assert!(store.sign_in_failures(&email).await.is_none());
     for n in 1..=3 {
         let counted = store
             .developers
@@ -184,12 +168,7 @@ async fn sign_in_failures_count_within_their_window_until_cleared(store: Store) 
             .expect("counted");
         assert_eq!(counted, n);
     }
-    let (failures, ends) = store
-        .developers
-        .sign_in_failures(&email)
-        .await
-        .expect("lookup")
-        .expect("failures");
+    let (failures, ends) = store.sign_in_failures(&email).await.expect("failures");
     assert_eq!(failures, 3);
     assert!(ends > now() + Duration::minutes(14) && ends <= now() + Duration::minutes(16));
     store
@@ -197,12 +176,7 @@ async fn sign_in_failures_count_within_their_window_until_cleared(store: Store) 
         .clear_sign_in_failures(&email)
         .await
         .expect("cleared");
-    assert!(store
-        .developers
-        .sign_in_failures(&email)
-        .await
-        .expect("lookup")
-        .is_none());
+    assert!(store.sign_in_failures(&email).await.is_none());
 }
 
 async fn a_sign_in_failure_after_its_window_ended_starts_a_new_count(store: Store) {
@@ -216,12 +190,7 @@ async fn a_sign_in_failure_after_its_window_ended_starts_a_new_count(store: Stor
     }
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(
-        store
-            .developers
-            .sign_in_failures(&email)
-            .await
-            .expect("lookup")
-            .is_none(),
+        store.sign_in_failures(&email).await.is_none(),
         "the window has ended"
     );
     let counted = store

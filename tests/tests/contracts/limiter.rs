@@ -9,8 +9,8 @@ use crds::config::Limits;
 use e2e::RedisServer;
 use futures::future::join_all;
 use gateway::limits::{
-    current_window, AdmissionRequest, Dimension, LimitError, Limiter, MemoryLimiter, RedisLimiter,
-    RedisSettings,
+    current_window, Admission, AdmissionRequest, Dimension, LimitError, Limiter, MemoryLimiter,
+    RedisLimiter, RedisSettings, Snapshot, StreamLease,
 };
 
 use super::unique;
@@ -66,10 +66,33 @@ async fn fresh_key() -> String {
     unique("key")
 }
 
-fn dimension(result: Result<gateway::limits::Admission, LimitError>) -> Dimension {
-    match result {
-        Err(LimitError::Exceeded { dimension, .. }) => dimension,
-        other => panic!("expected a limit, got {other:?}"),
+/// The calls the rules make, each expected to succeed (or, `refused`, to be refused); `why` is
+/// what the rule expects, said when it does not hold.
+impl Store {
+    async fn admit(&self, key: &str, request: AdmissionRequest, why: &str) -> Admission {
+        self.limiter
+            .admit(key, &LIMITS, request)
+            .await
+            .unwrap_or_else(|e| panic!("{why}: {e}"))
+    }
+
+    /// The dimension that refuses `request`.
+    async fn refused(&self, key: &str, request: AdmissionRequest) -> Dimension {
+        match self.limiter.admit(key, &LIMITS, request).await {
+            Err(LimitError::Exceeded { dimension, .. }) => dimension,
+            other => panic!("expected a limit, got {other:?}"),
+        }
+    }
+
+    async fn finish(&self, key: &str, lease: Option<StreamLease>, estimated: u64, actual: u64) {
+        self.limiter
+            .finish(key, lease, estimated, actual)
+            .await
+            .expect("finished");
+    }
+
+    async fn snapshot(&self, key: &str) -> Snapshot {
+        self.limiter.snapshot(key).await.expect("snapshot")
     }
 }
 
@@ -77,17 +100,15 @@ async fn the_request_past_the_rpm_cap_is_rejected_and_changes_nothing(store: Sto
     let key = fresh_key().await;
     for n in 1..=2 {
         let admitted = store
-            .limiter
-            .admit(&key, &LIMITS, request(1, false))
-            .await
-            .expect("admitted under the cap");
+            .admit(&key, request(1, false), "admitted under the cap")
+            .await;
         assert_eq!(admitted.snapshot.requests, n);
         assert!(
             admitted.lease.is_none(),
             "a request that does not stream holds no slot"
         );
     }
-    let before = store.limiter.snapshot(&key).await.expect("snapshot");
+    let before = store.snapshot(&key).await;
     assert_eq!((before.requests, before.input_tokens), (2, 2));
     match store.limiter.admit(&key, &LIMITS, request(1, false)).await {
         Err(LimitError::Exceeded {
@@ -102,27 +123,25 @@ async fn the_request_past_the_rpm_cap_is_rejected_and_changes_nothing(store: Sto
         }
         other => panic!("expected the rpm limit, got {other:?}"),
     }
-    let after = store.limiter.snapshot(&key).await.expect("snapshot");
+    let after = store.snapshot(&key).await;
     assert_eq!(
         (after.requests, after.input_tokens, after.streams),
         (before.requests, before.input_tokens, before.streams)
     );
     let other = store
-        .limiter
-        .admit(&unique("key"), &LIMITS, request(1, false))
-        .await
-        .expect("another key has its own window");
+        .admit(
+            &unique("key"),
+            request(1, false),
+            "another key has its own window",
+        )
+        .await;
     assert_eq!(other.snapshot.requests, 1);
 }
 
 async fn a_check_that_counts_no_request_only_checks_tokens_and_streams(store: Store) {
     let key = fresh_key().await;
     for _ in 0..2 {
-        store
-            .limiter
-            .admit(&key, &LIMITS, request(1, false))
-            .await
-            .expect("admitted");
+        store.admit(&key, request(1, false), "admitted").await;
     }
     let turn = AdmissionRequest {
         input_tokens: 10,
@@ -130,10 +149,12 @@ async fn a_check_that_counts_no_request_only_checks_tokens_and_streams(store: St
         count_request: false,
     };
     let admitted = store
-        .limiter
-        .admit(&key, &LIMITS, turn)
-        .await
-        .expect("the turn's own admission, after its request was counted");
+        .admit(
+            &key,
+            turn,
+            "the turn's own admission, after its request was counted",
+        )
+        .await;
     assert_eq!(
         (admitted.snapshot.requests, admitted.snapshot.input_tokens),
         (2, 12)
@@ -143,91 +164,40 @@ async fn a_check_that_counts_no_request_only_checks_tokens_and_streams(store: St
 async fn a_stream_holds_a_slot_until_it_finishes(store: Store) {
     let key = fresh_key().await;
     let first = store
-        .limiter
-        .admit(&key, &LIMITS, request(1, true))
-        .await
-        .expect("the first stream admitted");
+        .admit(&key, request(1, true), "the first stream admitted")
+        .await;
     assert_eq!(first.snapshot.streams, 1);
     let lease = first.lease.expect("a stream holds a slot");
     assert_eq!(
-        dimension(store.limiter.admit(&key, &LIMITS, request(1, true)).await),
+        store.refused(&key, request(1, true)).await,
         Dimension::Streams
     );
     store
-        .limiter
-        .admit(&key, &LIMITS, request(1, false))
-        .await
-        .expect("a request that does not stream needs no slot");
-    store
-        .limiter
-        .finish(&key, Some(lease), 1, 1)
-        .await
-        .expect("finished");
-    assert_eq!(
-        store
-            .limiter
-            .snapshot(&key)
-            .await
-            .expect("snapshot")
-            .streams,
-        0
-    );
+        .admit(
+            &key,
+            request(1, false),
+            "a request that does not stream needs no slot",
+        )
+        .await;
+    store.finish(&key, Some(lease), 1, 1).await;
+    assert_eq!(store.snapshot(&key).await.streams, 0);
     let fresh = fresh_key().await;
-    let again = store
-        .limiter
-        .admit(&fresh, &LIMITS, request(1, true))
-        .await
-        .expect("admitted");
+    let again = store.admit(&fresh, request(1, true), "admitted").await;
+    store.finish(&fresh, again.lease, 1, 1).await;
     store
-        .limiter
-        .finish(&fresh, again.lease, 1, 1)
-        .await
-        .expect("finished");
-    store
-        .limiter
-        .admit(&fresh, &LIMITS, request(1, true))
-        .await
-        .expect("the slot is free again");
+        .admit(&fresh, request(1, true), "the slot is free again")
+        .await;
 }
 
 async fn finishing_corrects_the_token_estimate_to_the_actual_count(store: Store) {
     let key = fresh_key().await;
-    store
-        .limiter
-        .admit(&key, &LIMITS, request(80, false))
-        .await
-        .expect("admitted");
-    store
-        .limiter
-        .finish(&key, None, 80, 10)
-        .await
-        .expect("finished");
+    store.admit(&key, request(80, false), "admitted").await;
+    store.finish(&key, None, 80, 10).await;
+    assert_eq!(store.snapshot(&key).await.input_tokens, 10);
+    store.admit(&key, request(20, false), "admitted").await;
+    store.finish(&key, None, 20, 50).await;
     assert_eq!(
-        store
-            .limiter
-            .snapshot(&key)
-            .await
-            .expect("snapshot")
-            .input_tokens,
-        10
-    );
-    store
-        .limiter
-        .admit(&key, &LIMITS, request(20, false))
-        .await
-        .expect("admitted");
-    store
-        .limiter
-        .finish(&key, None, 20, 50)
-        .await
-        .expect("finished");
-    assert_eq!(
-        store
-            .limiter
-            .snapshot(&key)
-            .await
-            .expect("snapshot")
-            .input_tokens,
+        store.snapshot(&key).await.input_tokens,
         60,
         "an estimate below the actual count is corrected upwards"
     );
@@ -237,29 +207,24 @@ async fn a_request_over_the_tpm_cap_starts_while_the_minute_has_room_then_others
     store: Store,
 ) {
     let key = fresh_key().await;
+    store.admit(&key, request(60, false), "fits").await;
     store
-        .limiter
-        .admit(&key, &LIMITS, request(60, false))
-        .await
-        .expect("fits");
-    store
-        .limiter
-        .admit(&key, &LIMITS, request(60, false))
-        .await
-        .expect("does not fit, but the minute still has room to start it");
+        .admit(
+            &key,
+            request(60, false),
+            "does not fit, but the minute still has room to start it",
+        )
+        .await;
     let large = fresh_key().await;
     store
-        .limiter
-        .admit(&large, &LIMITS, request(150, false))
-        .await
-        .expect("larger than the whole minute, started in a fresh one");
+        .admit(
+            &large,
+            request(150, false),
+            "larger than the whole minute, started in a fresh one",
+        )
+        .await;
     assert_eq!(
-        dimension(
-            store
-                .limiter
-                .admit(&large, &LIMITS, request(1, false))
-                .await
-        ),
+        store.refused(&large, request(1, false)).await,
         Dimension::InputTokens
     );
 }
@@ -286,7 +251,7 @@ async fn requests_admitted_at_once_never_exceed_the_cap(store: Store) {
     let streams = admitted.iter().filter(|a| a.lease.is_some()).count();
     assert!(admitted.len() <= 25, "{} admitted", admitted.len());
     assert!(streams <= 5, "{streams} streams");
-    let snapshot = store.limiter.snapshot(&key).await.expect("snapshot");
+    let snapshot = store.snapshot(&key).await;
     assert_eq!(snapshot.requests as usize, admitted.len());
     assert_eq!(snapshot.streams as usize, streams);
 }
