@@ -194,7 +194,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     tracing::info!(%api_addr, %admin_addr, config_version = %state.catalog().version, "gateway listening; base URL http://{api_addr}");
 
     telemetry::metrics::config_version(&state.catalog().version);
-    let shutdown = state.shutdown.clone();
+    let shutdown = state.shutdown().clone();
     tokio::spawn(watch_signals(shutdown.clone(), listen.delay, listen.grace));
     let edge = listen.edge;
     let max_connections = connection_cap(edge.max_connections);
@@ -252,7 +252,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     }
     shutdown.tasks.close();
     shutdown.tasks.wait().await;
-    state.ledger.close().await;
+    state.ledger().close().await;
     tracing::info!("gateway stopped");
     Ok(())
 }

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 
@@ -116,21 +115,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         common.generated.push(("key", key.clone()));
         common.dev_account.dev_key = Some(key);
     }
-    let ledger = Arc::new(MemoryLedger::default());
-    let stores = Stores {
-        accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
-        auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
-        ledger,
-        limiter: Arc::new(MemoryLimiter::default()),
-        payments: payments(
-            &args.common.payments,
-            TestPayments {
-                webhook_secret: args.common.payments.payment_webhook_secret.clone(),
-            },
-        )?,
-        developers: Arc::new(MemoryDeveloperStore::default()),
-        responses: ResponsesBackend::memory(args.common.responses.memory_limits()),
-    };
+    let stores = in_process_stores(&args.common)?;
     let interval = args.promotion.interval();
     let config = crds::manifests::load_dir(&args.common.catalog.manifests)?;
     warnings::standalone(
@@ -138,15 +123,51 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
         args.common.server.listen,
         stores.payments.stripe().is_some(),
     );
-    run(args.common, stores, config, None, None, |state, rules| {
-        tokio::spawn(promotion::every(
-            state.accounts.clone(),
-            rules,
-            interval,
-            state.shutdown.draining.clone(),
-        ));
-    })
+    run(
+        args.common,
+        stores,
+        config,
+        None,
+        None,
+        |services, rules| {
+            tokio::spawn(promotion::every(
+                services.accounts.clone(),
+                rules,
+                interval,
+                services.shutdown.draining.clone(),
+            ));
+        },
+    )
     .await
+}
+
+/// The edge's state as `standalone` builds it from `args` (in-process stores, the config of
+/// the manifest folder, the seeded keys), without its background tasks or listeners: what the
+/// router tests serve (`gateway/tests/router.rs`).
+pub async fn in_process(args: &CommonArgs) -> Result<AppState, StartError> {
+    let stores = in_process_stores(args)?;
+    let config = crds::manifests::load_dir(&args.catalog.manifests)?;
+    let (services, _) = assemble(args, stores, catalog_builder(args)(config)).await?;
+    Ok(AppState::new(services))
+}
+
+/// `standalone`'s stores: all in process.
+fn in_process_stores(args: &CommonArgs) -> Result<Stores, StartError> {
+    let ledger = Arc::new(MemoryLedger::default());
+    Ok(Stores {
+        accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
+        auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
+        ledger,
+        limiter: Arc::new(MemoryLimiter::default()),
+        payments: payments(
+            &args.payments,
+            TestPayments {
+                webhook_secret: args.payments.payment_webhook_secret.clone(),
+            },
+        )?,
+        developers: Arc::new(MemoryDeveloperStore::default()),
+        responses: ResponsesBackend::memory(args.responses.memory_limits()),
+    })
 }
 
 /// `gateway serve`: limits shared through Redis under the chosen outage policy; accounts,
@@ -216,39 +237,47 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
         responses: ResponsesBackend::postgres(db, args.common.responses.retention()),
     };
-    run(args.common, stores, config, published, admin, |state, _| {
-        tokio::spawn(reaper::run(
-            ledger,
-            reaping,
-            state.shutdown.draining.clone(),
-        ));
-    })
+    run(
+        args.common,
+        stores,
+        config,
+        published,
+        admin,
+        |services, _| {
+            tokio::spawn(reaper::run(
+                ledger,
+                reaping,
+                services.shutdown.draining.clone(),
+            ));
+        },
+    )
     .await
 }
 
-/// Runs the gateway on `config`, then on each version `published` brings.
-async fn run(
-    args: CommonArgs,
-    stores: Stores,
-    config: GatewayConfig,
-    published: Option<Published>,
-    admin: Option<serve::WaitingAdmin>,
-    background: impl FnOnce(&AppState, PromotionRules),
-) -> Result<(), StartError> {
-    let rules = PromotionRules::from_config(&config);
+/// How a mode turns a config into its catalog: the prices in credits, and the simulated
+/// upstreams' delay when `--simulated-chunk-delay-ms` overrides it.
+fn catalog_builder(args: &CommonArgs) -> impl Fn(GatewayConfig) -> Catalog + Send + 'static {
     let delay = args.catalog.simulated_chunk_delay_ms;
     let credits_per_usd = args.payments.credits_per_usd();
-    let catalog = move |mut config: GatewayConfig| {
+    move |mut config: GatewayConfig| {
         if let Some(delay) = delay {
             override_simulated_delay(&mut config, delay);
         }
         Catalog::new(config, credits_per_usd)
-    };
-    let version = config.version.clone();
+    }
+}
+
+/// Every service of a mode on its stores, and the keys it seeds: the one wiring both modes,
+/// and the router tests, share.
+async fn assemble(
+    args: &CommonArgs,
+    stores: Stores,
+    catalog: Catalog,
+) -> Result<(Services, ResponsesBackend), StartError> {
     let tokens = Tokenizer::default();
     let responses = stores.responses;
-    let state = AppState::new(Services {
-        catalog: ArcSwap::from_pointee(catalog(config)),
+    let services = Services {
+        catalog,
         tokens,
         accounts: stores.accounts,
         ledger: stores.ledger,
@@ -279,31 +308,50 @@ async fn run(
         responses: responses.store(),
         reasoning_seal: args.responses.sealer(),
         settings: Settings {
-            credits_per_usd,
+            credits_per_usd: args.payments.credits_per_usd(),
             dashboard: (&args.dashboard).into(),
             payment_webhook_secret: args.payments.payment_webhook_secret.clone(),
             trusted_proxies: args.server.trusted_proxies(),
         },
-    });
-    seed_granted_keys(&state).await?;
+    };
+    seed_granted_keys(&services).await?;
     if let Some(dev_key) = &args.dev_account.dev_key {
-        seed_dev_key(&state, &args.dev_account, dev_key).await?;
+        seed_dev_key(&services, &args.dev_account, dev_key).await?;
     }
-    background(&state, rules);
-    if state.payments.stripe().is_some() {
+    Ok((services, responses))
+}
+
+/// Runs the gateway on `config`, then on each version `published` brings.
+async fn run(
+    args: CommonArgs,
+    stores: Stores,
+    config: GatewayConfig,
+    published: Option<Published>,
+    admin: Option<serve::WaitingAdmin>,
+    background: impl FnOnce(&Services, PromotionRules),
+) -> Result<(), StartError> {
+    let rules = PromotionRules::from_config(&config);
+    let catalog = catalog_builder(&args);
+    let version = config.version.clone();
+    let (services, responses) = assemble(&args, stores, catalog(config)).await?;
+    background(&services, rules);
+    let draining = services.shutdown.draining.clone();
+    if services.payments.stripe().is_some() {
         tokio::spawn(reload::every(
-            state.payments.clone(),
-            state.auto_reloads.clone(),
+            services.payments.clone(),
+            services.auto_reloads.clone(),
             args.payments.auto_reload_interval(),
-            state.shutdown.draining.clone(),
+            draining.clone(),
         ));
     }
-    tokio::spawn(responses.purge_until(state.shutdown.draining.clone()));
+    tokio::spawn(responses.purge_until(draining));
+    let limiter = services.limiter.clone();
+    let state = AppState::new(services);
     if let Some(published) = published {
         if let Some(pods) = published.pods() {
-            state.limiter.set_pods(pods);
+            limiter.set_pods(pods);
         }
-        let (state, limiter) = (state.clone(), state.limiter.clone());
+        let state = state.clone();
         tokio::spawn(published.follow(
             version,
             move |config| state.replace_catalog(catalog(config)),
@@ -335,9 +383,9 @@ fn override_simulated_delay(config: &mut GatewayConfig, delay: u64) {
 
 /// Creates the keys that ApiKey manifests seed from a Secret, with their accounts (and their
 /// accounts' top-ups, which give the keys their tiers).
-async fn seed_granted_keys(state: &AppState) -> Result<(), StartError> {
-    let seeds: Vec<(String, bool, crds::config::KeySeed)> = state
-        .catalog()
+async fn seed_granted_keys(services: &Services) -> Result<(), StartError> {
+    let seeds: Vec<(String, bool, crds::config::KeySeed)> = services
+        .catalog
         .grants()
         .filter_map(|(id, g)| {
             let enterprise = g.tier.as_deref() == Some(ENTERPRISE);
@@ -345,13 +393,13 @@ async fn seed_granted_keys(state: &AppState) -> Result<(), StartError> {
         })
         .collect();
     for (key_id, enterprise, seed) in seeds {
-        let account = seed_account(state, &seed.account, 0).await?;
+        let account = seed_account(services, &seed.account, 0).await?;
         if let Some(usd_cents) = seed.top_up_usd_cents {
-            seed_top_up(state, &account.id, &format!("seed-{key_id}"), usd_cents).await?;
+            seed_top_up(services, &account.id, &format!("seed-{key_id}"), usd_cents).await?;
         }
         let minted = auth::mint(KeySpec {
             id: Some(key_id.clone()),
-            tier: starting_tier(state, &account.id, enterprise).await?,
+            tier: starting_tier(services, &account.id, enterprise).await?,
             account_id: account.id,
             name: key_id,
             kind: KeyKind::Api,
@@ -360,14 +408,14 @@ async fn seed_granted_keys(state: &AppState) -> Result<(), StartError> {
             expires_at: None,
             spend_cap: None,
         });
-        seed_key(state, minted.record).await?;
+        seed_key(services, minted.record).await?;
     }
     Ok(())
 }
 
 /// Confirms a seeded account's top-up once, by its reference, as if it had been paid.
 async fn seed_top_up(
-    state: &AppState,
+    services: &Services,
     account_id: &str,
     reference: &str,
     usd_cents: u64,
@@ -379,9 +427,9 @@ async fn seed_top_up(
         payment_id: None,
     };
     let confirmed = payments::confirm(
-        state.accounts.as_ref(),
-        state.ledger.as_ref(),
-        state.settings.credits_per_usd,
+        services.accounts.as_ref(),
+        services.ledger.as_ref(),
+        services.settings.credits_per_usd,
         request,
     )
     .await;
@@ -401,48 +449,48 @@ async fn seed_top_up(
 
 /// The tier a seeded key starts at: enterprise when granted, else its account's top-up tier.
 async fn starting_tier(
-    state: &AppState,
+    services: &Services,
     account_id: &str,
     enterprise: bool,
 ) -> Result<String, StartError> {
     if enterprise {
         return Ok(ENTERPRISE.to_owned());
     }
-    let lifetime = state
+    let lifetime = services
         .ledger
         .balance(account_id)
         .await?
         .lifetime_top_up_cents;
-    Ok(standing(state.catalog().tiers(), lifetime).tier)
+    Ok(standing(services.catalog.tiers(), lifetime).tier)
 }
 
 /// The account of this name, created with `credits` when new (a database shared by pods or
 /// kept across restarts already has it).
 async fn seed_account(
-    state: &AppState,
+    services: &Services,
     name: &str,
     credits: u64,
 ) -> Result<store::accounts::Account, StartError> {
-    if let Some(account) = state.accounts.account_by_name(name).await? {
+    if let Some(account) = services.accounts.account_by_name(name).await? {
         return Ok(account);
     }
-    let account = match state.accounts.create_account(name).await {
+    let account = match services.accounts.create_account(name).await {
         Ok(account) => account,
         // Another pod created it first.
-        Err(StoreError::Conflict(_)) => state
+        Err(StoreError::Conflict(_)) => services
             .accounts
             .account_by_name(name)
             .await?
             .ok_or_else(|| StoreError::Conflict(format!("account `{name}` vanished")))?,
         Err(e) => return Err(e.into()),
     };
-    state.ledger.grant(&account.id, credits).await?;
+    services.ledger.grant(&account.id, credits).await?;
     Ok(account)
 }
 
 /// Stores a seeded key; one already stored (by another pod, or before a restart) is kept.
-async fn seed_key(state: &AppState, key: store::accounts::KeyRecord) -> Result<(), StartError> {
-    match state.accounts.insert_key(key).await {
+async fn seed_key(services: &Services, key: store::accounts::KeyRecord) -> Result<(), StartError> {
+    match services.accounts.insert_key(key).await {
         Err(StoreError::Conflict(_)) => {
             tracing::info!("seeded key already stored; keeping it");
             Ok(())
@@ -454,17 +502,17 @@ async fn seed_key(state: &AppState, key: store::accounts::KeyRecord) -> Result<(
 /// The dev account, with its confirmed top-up (once, by its reference) when one is asked
 /// for, and its key, at the tier that top-up gives unless it is granted enterprise.
 async fn seed_dev_key(
-    state: &AppState,
+    services: &Services,
     args: &DevAccountArgs,
     key: &str,
 ) -> Result<(), StartError> {
-    let account = seed_account(state, "dev", args.dev_credits).await?;
+    let account = seed_account(services, "dev", args.dev_credits).await?;
     let usd_cents = payments::parse_usd(&args.dev_top_up_usd)
         .ok_or_else(|| StartError::DevTopUp(args.dev_top_up_usd.clone()))?;
     if usd_cents > 0 {
-        seed_top_up(state, &account.id, DEV_TOP_UP_REFERENCE, usd_cents).await?;
+        seed_top_up(services, &account.id, DEV_TOP_UP_REFERENCE, usd_cents).await?;
     }
-    let tier = starting_tier(state, &account.id, args.dev_enterprise).await?;
+    let tier = starting_tier(services, &account.id, args.dev_enterprise).await?;
     let minted = auth::mint(KeySpec {
         id: Some(DEV_KEY_ID.to_owned()),
         account_id: account.id,
@@ -476,5 +524,5 @@ async fn seed_dev_key(
         expires_at: None,
         spend_cap: None,
     });
-    seed_key(state, minted.record).await
+    seed_key(services, minted.record).await
 }

@@ -1,10 +1,13 @@
-//! The one `AppState` every handler gets: the stores and services, chosen once at start-up,
-//! and the settings the handlers read.
+//! The state of the HTTP edge, per surface. Start-up hands over every store and setting at once
+//! ([`Services`]); [`AppState::new`] cuts them into what each surface uses, once, and axum's
+//! `FromRef` gives each handler and layer its surface's part (`State<Arc<TurnApi>>`, ...), so a
+//! handler sees only what it uses and a request clones one `Arc` for it.
 
 use std::ops::Deref;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use axum::extract::FromRef;
 
 use crate::client_address::TrustedProxies;
 use crate::dashboard::settings::DashboardConfig;
@@ -17,14 +20,14 @@ use crate::routing::Catalog;
 use crate::seal::Sealer;
 use crate::shutdown::Shutdown;
 use crate::tokens::Tokenizer;
-use crate::turn::Turns;
+use crate::turn::{TurnServices, Turns};
 use store::accounts::Accounts;
 use store::developers::DeveloperStore;
 use store::ledger::Ledger;
 
+/// Every store and setting start-up chose, before they are cut per surface.
 pub struct Services {
-    /// Replaced whole when a new config is published; a turn keeps the models it resolved.
-    pub catalog: ArcSwap<Catalog>,
+    pub catalog: Catalog,
     pub tokens: Tokenizer,
     pub accounts: Arc<dyn Accounts>,
     pub ledger: Arc<dyn Ledger>,
@@ -59,50 +62,267 @@ pub struct Settings {
     pub trusted_proxies: TrustedProxies,
 }
 
+/// The catalog every surface reads, replaced whole when a new config is published; a reader
+/// keeps the snapshot it loaded (a turn, the models it resolved) whatever is published meanwhile.
 #[derive(Clone)]
-pub struct AppState(Arc<Services>);
+pub struct LiveCatalog(Arc<ArcSwap<Catalog>>);
 
-impl AppState {
-    pub fn new(services: Services) -> Self {
-        Self(Arc::new(services))
+impl LiveCatalog {
+    fn new(catalog: Catalog) -> Self {
+        Self(Arc::new(ArcSwap::from_pointee(catalog)))
     }
 
-    pub fn catalog(&self) -> Arc<Catalog> {
-        self.0.catalog.load_full()
-    }
-
-    pub fn replace_catalog(&self, catalog: Catalog) {
-        self.0.catalog.store(Arc::new(catalog));
-    }
-
-    /// What a turn uses, with the catalog as it is now: the turn keeps the models it resolved
-    /// whatever config is published meanwhile.
-    pub fn turns(&self) -> Turns {
-        Turns {
-            catalog: self.catalog(),
-            tokens: self.tokens,
-            limiter: self.limiter.clone(),
-            ledger: self.ledger.clone(),
-            providers: self.providers.clone(),
-            shutdown: self.shutdown.clone(),
-        }
-    }
-
-    /// What the payment paths move and record.
-    pub fn books(&self) -> Books {
-        Books {
-            accounts: self.accounts.clone(),
-            ledger: self.ledger.clone(),
-            auto_reloads: self.auto_reloads.clone(),
-            checkouts: self.developers.clone(),
-            credits_per_usd: self.settings.credits_per_usd,
-        }
+    pub fn load(&self) -> Arc<Catalog> {
+        self.0.load_full()
     }
 }
 
-impl Deref for AppState {
-    type Target = Services;
-    fn deref(&self) -> &Services {
-        &self.0
+/// The `/v1` model endpoints (messages, chat completions, responses, count_tokens, models):
+/// what a turn uses, and the Responses API's stored responses and seal.
+pub struct TurnApi {
+    catalog: LiveCatalog,
+    /// Held once, so a turn clones two `Arc`s: this and its catalog snapshot.
+    services: Arc<TurnServices>,
+    pub responses: Arc<dyn ResponseStore>,
+    pub reasoning_seal: Sealer,
+}
+
+impl TurnApi {
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.load()
     }
+
+    /// What a turn uses, with the catalog as it is now.
+    pub fn turns(&self) -> Turns {
+        Turns::new(self.catalog(), self.services.clone())
+    }
+}
+
+/// count_tokens reads the tokenizer and the limiter as a turn would.
+impl Deref for TurnApi {
+    type Target = TurnServices;
+    fn deref(&self) -> &TurnServices {
+        &self.services
+    }
+}
+
+/// `/v1/account` and `/v1/usage`: the caller's balance and usage.
+pub struct AccountApi {
+    catalog: LiveCatalog,
+    pub ledger: Arc<dyn Ledger>,
+    pub credits_per_usd: u64,
+}
+
+impl AccountApi {
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.load()
+    }
+}
+
+/// The layers every `/v1` request passes: the address brake and the key lookup (auth), the
+/// early request count and the rate-limit headers (the limiter).
+pub struct Gate {
+    catalog: LiveCatalog,
+    pub accounts: Arc<dyn Accounts>,
+    pub limiter: Arc<dyn Limiter>,
+    pub unauthenticated: AddressBrake,
+    pub trusted_proxies: Arc<TrustedProxies>,
+}
+
+impl Gate {
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.load()
+    }
+}
+
+/// The `/developers` pages: users and sessions, keys, balances and usage, billing.
+pub struct DashboardState {
+    catalog: LiveCatalog,
+    pub accounts: Arc<dyn Accounts>,
+    pub ledger: Arc<dyn Ledger>,
+    pub developers: Arc<dyn DeveloperStore>,
+    pub payments: Arc<dyn PaymentProvider>,
+    pub auto_reloads: Arc<dyn AutoReloads>,
+    /// What a checkout moves and records.
+    pub books: Books,
+    pub sign_ins: AddressBrake,
+    pub sign_ups: AddressBrake,
+    pub config: DashboardConfig,
+    pub credits_per_usd: u64,
+}
+
+impl DashboardState {
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.load()
+    }
+}
+
+/// The payment webhooks: the provider, the generic webhook's secret, and the books a confirmed
+/// payment moves.
+pub struct Webhooks {
+    pub books: Books,
+    pub payments: Arc<dyn PaymentProvider>,
+    /// The generic webhook is off (404) without it.
+    pub payment_webhook_secret: Option<String>,
+}
+
+/// The admin API and the probes: accounts, keys, top-ups, the stores' reachability, draining.
+pub struct AdminState {
+    catalog: LiveCatalog,
+    pub accounts: Arc<dyn Accounts>,
+    pub ledger: Arc<dyn Ledger>,
+    pub limiter: Arc<dyn Limiter>,
+    pub shutdown: Shutdown,
+    pub credits_per_usd: u64,
+}
+
+impl AdminState {
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.load()
+    }
+}
+
+/// The whole edge's state: each surface's part, built once. Cloned per request (one `Arc`),
+/// then narrowed by `FromRef` (one more).
+#[derive(Clone)]
+pub struct AppState(Arc<Surfaces>);
+
+struct Surfaces {
+    catalog: LiveCatalog,
+    /// The process' own uses: shutdown, and the stores it closes.
+    turn_services: Arc<TurnServices>,
+    turn_api: Arc<TurnApi>,
+    account_api: Arc<AccountApi>,
+    gate: Arc<Gate>,
+    dashboard: Arc<DashboardState>,
+    webhooks: Arc<Webhooks>,
+    admin: Arc<AdminState>,
+    trusted_proxies: Arc<TrustedProxies>,
+}
+
+impl AppState {
+    pub fn new(services: Services) -> Self {
+        let Services {
+            catalog,
+            tokens,
+            accounts,
+            ledger,
+            limiter,
+            unauthenticated,
+            sign_ins,
+            sign_ups,
+            providers,
+            shutdown,
+            developers,
+            payments,
+            auto_reloads,
+            responses,
+            reasoning_seal,
+            settings,
+        } = services;
+        let catalog = LiveCatalog::new(catalog);
+        let trusted_proxies = Arc::new(settings.trusted_proxies);
+        let credits_per_usd = settings.credits_per_usd;
+        let books = Books {
+            accounts: accounts.clone(),
+            ledger: ledger.clone(),
+            auto_reloads: auto_reloads.clone(),
+            checkouts: developers.clone(),
+            credits_per_usd,
+        };
+        let turn_services = Arc::new(TurnServices {
+            tokens,
+            limiter: limiter.clone(),
+            ledger: ledger.clone(),
+            providers,
+            shutdown: shutdown.clone(),
+        });
+        Self(Arc::new(Surfaces {
+            turn_api: Arc::new(TurnApi {
+                catalog: catalog.clone(),
+                services: turn_services.clone(),
+                responses,
+                reasoning_seal,
+            }),
+            account_api: Arc::new(AccountApi {
+                catalog: catalog.clone(),
+                ledger: ledger.clone(),
+                credits_per_usd,
+            }),
+            gate: Arc::new(Gate {
+                catalog: catalog.clone(),
+                accounts: accounts.clone(),
+                limiter: limiter.clone(),
+                unauthenticated,
+                trusted_proxies: trusted_proxies.clone(),
+            }),
+            dashboard: Arc::new(DashboardState {
+                catalog: catalog.clone(),
+                accounts: accounts.clone(),
+                ledger: ledger.clone(),
+                developers,
+                payments: payments.clone(),
+                auto_reloads,
+                books: books.clone(),
+                sign_ins,
+                sign_ups,
+                config: settings.dashboard,
+                credits_per_usd,
+            }),
+            webhooks: Arc::new(Webhooks {
+                books,
+                payments,
+                payment_webhook_secret: settings.payment_webhook_secret,
+            }),
+            admin: Arc::new(AdminState {
+                catalog: catalog.clone(),
+                accounts,
+                ledger,
+                limiter,
+                shutdown,
+                credits_per_usd,
+            }),
+            catalog,
+            turn_services,
+            trusted_proxies,
+        }))
+    }
+
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.0.catalog.load()
+    }
+
+    pub fn replace_catalog(&self, catalog: Catalog) {
+        self.0.catalog.0.store(Arc::new(catalog));
+    }
+
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.0.turn_services.shutdown
+    }
+
+    /// The ledger, for the process to close once the last settlement is written.
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.0.turn_services.ledger
+    }
+}
+
+/// `FromRef` for each surface's part: a handler names the part it uses.
+macro_rules! surface {
+    ($($field:ident: $part:ty),* $(,)?) => {$(
+        impl FromRef<AppState> for Arc<$part> {
+            fn from_ref(state: &AppState) -> Self {
+                state.0.$field.clone()
+            }
+        }
+    )*};
+}
+
+surface! {
+    turn_api: TurnApi,
+    account_api: AccountApi,
+    gate: Gate,
+    dashboard: DashboardState,
+    webhooks: Webhooks,
+    admin: AdminState,
+    trusted_proxies: TrustedProxies,
 }

@@ -31,15 +31,35 @@ use store::ledger::{
 use store::usage::{StopReason, TokenUsage};
 
 /// What a turn uses: the part of the gateway's state below the edge, with the catalog as it
-/// was when the turn began.
+/// was when the turn began. Cloning it (a turn does, for its meter and its stream) is two
+/// `Arc`s.
 #[derive(Clone)]
 pub struct Turns {
     pub catalog: Arc<Catalog>,
+    services: Arc<TurnServices>,
+}
+
+/// The services of every turn, built once at start-up.
+pub struct TurnServices {
     pub tokens: Tokenizer,
     pub limiter: Arc<dyn Limiter>,
     pub ledger: Arc<dyn Ledger>,
     pub providers: Arc<Providers>,
     pub shutdown: Shutdown,
+}
+
+impl Turns {
+    pub fn new(catalog: Arc<Catalog>, services: Arc<TurnServices>) -> Self {
+        Self { catalog, services }
+    }
+}
+
+/// A turn reads its services as its own fields.
+impl std::ops::Deref for Turns {
+    type Target = TurnServices;
+    fn deref(&self) -> &TurnServices {
+        &self.services
+    }
 }
 
 /// Why a turn was refused or ended early; the edge turns each into the spec's envelope.

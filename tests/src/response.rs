@@ -23,6 +23,12 @@ impl Resp {
             .text()
             .await
             .unwrap_or_else(|e| panic!("reading a {status} body failed: {e}"));
+        Resp::checked(status, headers, text)
+    }
+
+    /// A response read some other way (the router tests call the router in process), with
+    /// the same provider-name checks as [`read`](Self::read).
+    pub fn checked(status: u16, headers: HeaderMap, text: String) -> Resp {
         let resp = Resp {
             status,
             headers,

@@ -55,6 +55,20 @@ impl SseStream {
         }
     }
 
+    /// A stream whose body was read whole some other way (the router tests call the router
+    /// in process); its events are read from `body` as from the wire.
+    pub fn from_body(status: u16, headers: HeaderMap, body: Vec<u8>) -> SseStream {
+        leak::assert_headers_clean(&headers);
+        SseStream {
+            status,
+            headers,
+            response: None,
+            buf: body,
+            pending: None,
+            transport_error: None,
+        }
+    }
+
     /// The `Content-Type` header.
     pub fn content_type(&self) -> String {
         self.headers

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRef, Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
@@ -19,20 +19,20 @@ use crate::api::{method_not_allowed, not_found};
 use crate::auth::{self, KeySpec};
 use crate::error::ApiError;
 use crate::payments;
-use crate::state::AppState;
+use crate::state::{AdminState, AppState};
 use crate::telemetry;
 use store::accounts::promotion::{self, ENTERPRISE};
 use store::accounts::{Account, AccountStatus, KeyKind};
 
 #[derive(Clone)]
 struct Admin {
-    state: AppState,
+    state: Arc<AdminState>,
     token: Arc<str>,
 }
 
 pub fn router(state: AppState, token: &str) -> Router {
     let admin = Admin {
-        state,
+        state: Arc::from_ref(&state),
         token: token.into(),
     };
     Router::new()
@@ -53,7 +53,7 @@ pub fn router(state: AppState, token: &str) -> Router {
 /// The scrape and the probes alone, for the `--metrics-listen` listener.
 pub fn metrics_router(state: AppState) -> Router {
     scrape_and_probes().with_state(Admin {
-        state,
+        state: Arc::from_ref(&state),
         token: Arc::from(""),
     })
 }
@@ -151,7 +151,7 @@ async fn require_token(State(admin): State<Admin>, req: Request, next: Next) -> 
     }
 }
 
-async fn account_json(state: &AppState, account: &Account) -> Result<Value, ApiError> {
+async fn account_json(state: &AdminState, account: &Account) -> Result<Value, ApiError> {
     let balance = state.ledger.balance(&account.id).await?;
     Ok(json!({
         "id": account.id,
@@ -165,7 +165,7 @@ async fn account_json(state: &AppState, account: &Account) -> Result<Value, ApiE
     }))
 }
 
-async fn existing_account(state: &AppState, id: &str) -> Result<Account, ApiError> {
+async fn existing_account(state: &AdminState, id: &str) -> Result<Account, ApiError> {
     state
         .accounts
         .account(id)
@@ -256,7 +256,7 @@ async fn top_up(
     let top_up = payments::confirm(
         state.accounts.as_ref(),
         state.ledger.as_ref(),
-        state.settings.credits_per_usd,
+        state.credits_per_usd,
         request,
     )
     .await?

@@ -8,10 +8,10 @@ use serde_json::{json, Value};
 
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::AccountApi;
 
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<Arc<AccountApi>>,
     Extension(principal): Extension<Arc<Principal>>,
 ) -> Result<Json<Value>, ApiError> {
     let balance = state.ledger.balance(&principal.account.id).await?;
@@ -32,7 +32,7 @@ pub async fn get(
             "balance": balance.balance,
             "reserved": balance.reserved,
             "available": balance.balance.saturating_sub(balance.reserved),
-            "credits_per_usd": state.settings.credits_per_usd,
+            "credits_per_usd": state.credits_per_usd,
         },
         "lifetime_top_up_cents": balance.lifetime_top_up_cents,
         "key": {

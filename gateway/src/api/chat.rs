@@ -18,7 +18,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::ids;
 use crate::providers::ProviderEvent;
-use crate::state::AppState;
+use crate::state::TurnApi;
 use crate::turn::{self, Collected, Endpoint, Turn, TurnEvent, TurnRequest};
 use crate::wire::anthropic::{Delta, OutputBlock};
 use crate::wire::openai::translate::{
@@ -30,7 +30,7 @@ use crate::wire::openai::{
 };
 
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     JsonBody(chat): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {

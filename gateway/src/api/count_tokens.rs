@@ -12,12 +12,12 @@ use super::body::JsonBody;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::limits::AdmissionRequest;
-use crate::state::AppState;
+use crate::state::TurnApi;
 use crate::validate;
 use crate::wire::anthropic::{CountTokensRequest, MessagesRequest};
 
 pub async fn count(
-    State(state): State<AppState>,
+    State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     JsonBody(body): JsonBody<CountTokensRequest>,
 ) -> Result<Response, ApiError> {

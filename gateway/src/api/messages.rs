@@ -15,14 +15,14 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::ids;
 use crate::providers::ProviderEvent;
-use crate::state::AppState;
+use crate::state::TurnApi;
 use crate::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
 use crate::wire::anthropic::{
     MessageDeltaBody, MessageResponse, MessagesRequest, StreamEvent, Usage,
 };
 
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     headers: HeaderMap,
     JsonBody(mut request): JsonBody<MessagesRequest>,

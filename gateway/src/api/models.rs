@@ -2,6 +2,8 @@
 //! list (`data`, `has_more`, `first_id`, `last_id`; `type`, `display_name`, `created_at`) and
 //! the Chat Completions one (`object`, `created`, `owned_by`), plus the spec's limits.
 
+use std::sync::Arc;
+
 use axum::extract::{Path, State};
 use axum::Json;
 use serde::Serialize;
@@ -9,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::routing::Model;
-use crate::state::AppState;
+use crate::state::TurnApi;
 
 /// The API's launch date (v0.1.0), the creation time reported for every virtual model.
 const CREATED: i64 = 1_778_284_800;
@@ -45,7 +47,7 @@ fn record(model: &Model) -> ModelRecord<'_> {
     }
 }
 
-pub async fn list(State(state): State<AppState>) -> Json<Value> {
+pub async fn list(State(state): State<Arc<TurnApi>>) -> Json<Value> {
     let catalog = state.catalog();
     let data: Vec<ModelRecord> = catalog.models().map(|m| record(m)).collect();
     Json(json!({
@@ -59,7 +61,7 @@ pub async fn list(State(state): State<AppState>) -> Json<Value> {
 }
 
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<Arc<TurnApi>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let catalog = state.catalog();

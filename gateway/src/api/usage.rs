@@ -9,12 +9,12 @@ use serde_json::{json, Map, Value};
 
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::AccountApi;
 use crate::usage_report::{format_date, report, UsageQuery};
 use store::ledger::UsageTotals;
 
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<Arc<AccountApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     uri: Uri,
 ) -> Result<Json<Value>, ApiError> {

@@ -2,6 +2,8 @@
 //! address) and sign-out. A user owns exactly one account, created with it, named by the
 //! user's email.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -16,7 +18,7 @@ use super::DashboardError;
 use crate::client_address::{AddressBucket, ClientAddress};
 use crate::ids;
 use crate::limits::{AddressBrake, LimitError};
-use crate::state::AppState;
+use crate::state::DashboardState;
 use store::developers::User;
 
 const MIN_PASSWORD_CHARS: usize = 10;
@@ -90,7 +92,7 @@ fn form(which: Which, csrf: &str, email: &str, error: Option<&str>) -> Markup {
 
 /// A signed-out form with a fresh double-submit CSRF token (cookie and hidden field).
 fn render(
-    state: &AppState,
+    state: &DashboardState,
     headers: &HeaderMap,
     status: StatusCode,
     which: Which,
@@ -112,7 +114,7 @@ const FORM_EXPIRED: &str = "This form has expired; please submit it again.";
 
 /// The form `which` again, with `message` and the status that says why it was refused.
 fn refusal<'a>(
-    state: &'a AppState,
+    state: &'a DashboardState,
     headers: &'a HeaderMap,
     which: Which,
     email: &'a str,
@@ -153,16 +155,22 @@ fn plausible_email(email: &str) -> bool {
         && !email.chars().any(|c| c.is_whitespace() || c.is_control())
 }
 
-pub async fn sign_in_form(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn sign_in_form(
+    State(state): State<Arc<DashboardState>>,
+    headers: HeaderMap,
+) -> Response {
     render(&state, &headers, StatusCode::OK, Which::SignIn, "", None)
 }
 
-pub async fn sign_up_form(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn sign_up_form(
+    State(state): State<Arc<DashboardState>>,
+    headers: HeaderMap,
+) -> Response {
     render(&state, &headers, StatusCode::OK, Which::SignUp, "", None)
 }
 
 pub async fn sign_up(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     client: ClientAddress,
     headers: HeaderMap,
     HtmlForm(form): HtmlForm<Credentials>,
@@ -210,7 +218,7 @@ pub async fn sign_up(
     let account = state.accounts.create_account(&email).await?;
     state
         .ledger
-        .grant(&account.id, state.settings.dashboard.signup_credits)
+        .grant(&account.id, state.config.signup_credits)
         .await?;
     let user = User {
         id: ids::user(),
@@ -253,7 +261,7 @@ async fn client_wait(
 }
 
 pub async fn sign_in(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     client: ClientAddress,
     headers: HeaderMap,
     HtmlForm(form): HtmlForm<Credentials>,
@@ -314,7 +322,7 @@ pub async fn sign_in(
 }
 
 pub async fn sign_out(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     headers: HeaderMap,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<CsrfOnly>,

@@ -2,6 +2,8 @@
 //! the payment provider (Stripe sends the browser to its own page and back), and the history
 //! of top-ups with their status, refunds and disputes, and any credits owed.
 
+use std::sync::Arc;
+
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -17,7 +19,7 @@ use crate::error::ApiError;
 use crate::ids;
 use crate::payments::reload::MAX_DECLINES;
 use crate::payments::{credits_for, parse_usd, Order, Started, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
-use crate::state::AppState;
+use crate::state::DashboardState;
 use store::developers::{Checkout, CheckoutStatus, Session};
 use store::ledger::ReversalKind;
 
@@ -102,7 +104,7 @@ fn signed_thousands(credits: i128) -> String {
 }
 
 async fn render(
-    state: &AppState,
+    state: &DashboardState,
     session: &Session,
     status: StatusCode,
     message: Option<(&str, &str)>,
@@ -114,7 +116,7 @@ async fn render(
     let reversals = state.ledger.reversals(&session.account_id).await?;
     let reload = state.auto_reloads.settings(&session.account_id).await?;
     let stripe = state.payments.stripe().is_some();
-    let per_usd = state.settings.credits_per_usd;
+    let per_usd = state.credits_per_usd;
     let mut history: Vec<HistoryRow> = confirmed
         .iter()
         .map(|t| HistoryRow {
@@ -263,7 +265,7 @@ async fn render(
 }
 
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     SignedIn(session): SignedIn,
     Query(shown): Query<Shown>,
 ) -> Result<Response, DashboardError> {
@@ -303,7 +305,7 @@ pub async fn show(
 }
 
 /// This page's absolute URL as the browser reached it, for the payment provider's way back.
-fn billing_url(state: &AppState, headers: &HeaderMap) -> String {
+fn billing_url(state: &DashboardState, headers: &HeaderMap) -> String {
     let scheme = if secure(state, headers) {
         "https"
     } else {
@@ -317,7 +319,7 @@ fn billing_url(state: &AppState, headers: &HeaderMap) -> String {
 }
 
 pub async fn checkout(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     headers: HeaderMap,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<CheckoutForm>,
@@ -353,7 +355,7 @@ pub async fn checkout(
             created_at: OffsetDateTime::now_utc(),
         })
         .await?;
-    let started = state.payments.checkout(&state.books(), &order).await;
+    let started = state.payments.checkout(&state.books, &order).await;
     if let Ok(Started::Redirect(url)) = &started {
         return Ok(Redirect::to(url).into_response());
     }
@@ -377,7 +379,7 @@ pub async fn checkout(
 
 /// Saves the auto-reload rule: a threshold in credits and an amount within the top-up range.
 pub async fn auto_reload(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<AutoReloadForm>,
 ) -> Result<Response, DashboardError> {

@@ -2,6 +2,8 @@
 //! revoke one after a confirmation. Keys are looked up by hash on every request with no cache,
 //! so a revoked key stops on every pod sharing the account store at once.
 
+use std::sync::Arc;
+
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -14,7 +16,7 @@ use super::layout::{datetime, notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
 use crate::auth::{self, KeySpec};
-use crate::state::AppState;
+use crate::state::DashboardState;
 use crds::config::SCOPES;
 use store::accounts::promotion::standing;
 use store::accounts::{KeyKind, KeyRecord};
@@ -54,7 +56,10 @@ pub struct Listed {
 }
 
 /// The account's keys with their caps and this month's spend.
-pub async fn listed(state: &AppState, account_id: &str) -> Result<Vec<Listed>, DashboardError> {
+pub async fn listed(
+    state: &DashboardState,
+    account_id: &str,
+) -> Result<Vec<Listed>, DashboardError> {
     let keys = state.accounts.keys_of(account_id).await?;
     let catalog = state.catalog();
     let mut listed = Vec::with_capacity(keys.len());
@@ -192,7 +197,7 @@ fn view(session: &Session, keys: &[Listed], flash: Flash<'_>) -> Markup {
 }
 
 async fn render(
-    state: &AppState,
+    state: &DashboardState,
     session: &Session,
     status: StatusCode,
     flash: Flash<'_>,
@@ -202,14 +207,14 @@ async fn render(
 }
 
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     SignedIn(session): SignedIn,
 ) -> Result<Response, DashboardError> {
     render(&state, &session, StatusCode::OK, Flash::None).await
 }
 
 pub async fn mint(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<MintForm>,
 ) -> Result<Response, DashboardError> {
@@ -291,7 +296,7 @@ pub async fn mint(
 }
 
 async fn own_key(
-    state: &AppState,
+    state: &DashboardState,
     session: &Session,
     id: &str,
 ) -> Result<KeyRecord, DashboardError> {
@@ -305,7 +310,7 @@ async fn own_key(
 }
 
 pub async fn confirm_revoke(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     SignedIn(session): SignedIn,
     Path(id): Path<String>,
 ) -> Result<Response, DashboardError> {
@@ -345,7 +350,7 @@ fn already_revoked(key: &KeyRecord) -> String {
 }
 
 pub async fn revoke(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     signed_in: SignedIn,
     Path(id): Path<String>,
     HtmlForm(form): HtmlForm<RevokeForm>,

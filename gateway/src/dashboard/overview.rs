@@ -1,6 +1,8 @@
 //! `/developers`: balance, tier and its limits, the way to the next tier, this month's spend
 //! and the latest messages.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use maud::{html, Markup};
 use time::{Date, OffsetDateTime};
@@ -9,7 +11,7 @@ use super::layout::{datetime, dollars, page, thousands, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
 use crate::payments::MIN_TOP_UP_CENTS;
-use crate::state::AppState;
+use crate::state::DashboardState;
 use crate::usage_report::{format_date, report, UsageQuery};
 use store::accounts::promotion::standing;
 use store::ledger::MessageStatus;
@@ -33,7 +35,7 @@ fn status_label(status: MessageStatus) -> &'static str {
 }
 
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     SignedIn(session): SignedIn,
 ) -> Result<Markup, DashboardError> {
     let account_id = &session.account_id;
@@ -57,7 +59,7 @@ pub async fn show(
         .recent_messages(account_id, RECENT_MESSAGES)
         .await?;
     let available = balance.balance.saturating_sub(balance.reserved);
-    let per_usd = state.settings.credits_per_usd.max(1);
+    let per_usd = state.credits_per_usd.max(1);
     let content = html! {
         section.cards aria-label="Summary" {
             div.card.stat {

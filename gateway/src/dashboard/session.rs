@@ -1,10 +1,12 @@
 //! Signing in: argon2id password hashes, the session cookie (a random token whose SHA-256 is
 //! what the store keeps), CSRF tokens, and the `SignedIn` extractor of every page behind it.
 
+use std::sync::Arc;
+
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -13,7 +15,7 @@ use time::{Duration, OffsetDateTime};
 
 use super::DashboardError;
 use crate::ids;
-use crate::state::AppState;
+use crate::state::DashboardState;
 use store::accounts::KeyHash;
 use store::developers::Session;
 
@@ -59,8 +61,8 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// `Secure` when the operator says the dashboard is behind TLS, or the proxy in front says
 /// this request came over https.
-pub(super) fn secure(state: &AppState, headers: &HeaderMap) -> bool {
-    state.settings.dashboard.secure_cookies
+pub(super) fn secure(state: &DashboardState, headers: &HeaderMap) -> bool {
+    state.config.secure_cookies
         || headers
             .get("x-forwarded-proto")
             .and_then(|v| v.to_str().ok())
@@ -68,7 +70,7 @@ pub(super) fn secure(state: &AppState, headers: &HeaderMap) -> bool {
 }
 
 pub fn set_cookie(
-    state: &AppState,
+    state: &DashboardState,
     headers: &HeaderMap,
     name: &str,
     value: &str,
@@ -91,7 +93,7 @@ pub fn set_cookie(
 
 /// Starts a session for a user; returns its cookie.
 pub async fn start(
-    state: &AppState,
+    state: &DashboardState,
     headers: &HeaderMap,
     user_id: &str,
     email: &str,
@@ -147,15 +149,16 @@ impl IntoResponse for NotSignedIn {
     }
 }
 
-impl FromRequestParts<AppState> for SignedIn {
+impl<S> FromRequestParts<S> for SignedIn
+where
+    S: Send + Sync,
+    Arc<DashboardState>: FromRef<S>,
+{
     type Rejection = NotSignedIn;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let token = cookie(&parts.headers, SESSION_COOKIE).ok_or(NotSignedIn::Redirect)?;
-        let session = state
+        let session = Arc::<DashboardState>::from_ref(state)
             .developers
             .session(&KeyHash::of(token))
             .await

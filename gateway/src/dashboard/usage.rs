@@ -1,6 +1,8 @@
 //! `/developers/usage`: credits and tokens by day and model over a chosen range, as charts, a
 //! table and a CSV download. The numbers come from the very function behind `GET /v1/usage`.
 
+use std::sync::Arc;
+
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -13,7 +15,7 @@ use super::keys::{self, Listed};
 use super::layout::{notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
 use super::DashboardError;
-use crate::state::AppState;
+use crate::state::DashboardState;
 use crate::usage_report::{format_date, report, UsageError, UsageQuery, UsageReport};
 
 #[derive(Deserialize)]
@@ -68,7 +70,7 @@ fn models_of(report: &UsageReport) -> Vec<String> {
 }
 
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     SignedIn(session): SignedIn,
     Query(range): Query<Range>,
 ) -> Result<Response, DashboardError> {
@@ -209,7 +211,7 @@ fn csv_field(s: &str) -> String {
 }
 
 pub async fn csv(
-    State(state): State<AppState>,
+    State(state): State<Arc<DashboardState>>,
     SignedIn(session): SignedIn,
     Query(range): Query<Range>,
 ) -> Result<Response, DashboardError> {

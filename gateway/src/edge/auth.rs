@@ -14,7 +14,7 @@ use crate::client_address::{AddressBucket, ClientAddress};
 use crate::edge::rate_limit_headers;
 use crate::error::ApiError;
 use crate::limits::{standing_of, AddressLimit, LimitError};
-use crate::state::AppState;
+use crate::state::Gate;
 
 /// Tower middleware for `/v1/*`: identifies the key (401), checks it may use this surface
 /// (403), and hands the [`Principal`] to the handlers. The principal also rides on the
@@ -24,14 +24,10 @@ use crate::state::AppState;
 /// address that sent too many requests without a valid key this minute is refused (429)
 /// whatever key it sends now, so a guess that hits cannot show. Each request that fails to
 /// authenticate is counted against its address, and its 401 carries that limit's headers.
-pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let client = ClientAddress::of(
-        &state.settings.trusted_proxies,
-        req.extensions(),
-        req.headers(),
-    )
-    .0
-    .map(AddressBucket::of);
+pub async fn layer(State(state): State<Arc<Gate>>, mut req: Request, next: Next) -> Response {
+    let client = ClientAddress::of(&state.trusted_proxies, req.extensions(), req.headers())
+        .0
+        .map(AddressBucket::of);
     if let Some(refusal) = client.and_then(|c| state.unauthenticated.refused(c)) {
         return address_refusal(refusal);
     }
@@ -58,7 +54,7 @@ pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) 
 /// The 401 of a request without a valid key, counted against its address: 429 instead once
 /// the address is over its limit. While the brake's store cannot be read the 401 goes out
 /// without headers, as authenticated answers do then.
-async fn unidentified(state: &AppState, client: Option<AddressBucket>, e: AuthError) -> Response {
+async fn unidentified(state: &Gate, client: Option<AddressBucket>, e: AuthError) -> Response {
     let Some(client) = client else {
         return ApiError::from(e).into_response();
     };

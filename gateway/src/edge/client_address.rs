@@ -2,22 +2,23 @@
 //! say it is ([`TrustedProxies`](crate::client_address::TrustedProxies)).
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 
-use crate::client_address::ClientAddress;
-use crate::state::AppState;
+use crate::client_address::{ClientAddress, TrustedProxies};
 
-impl FromRequestParts<AppState> for ClientAddress {
+impl<S> FromRequestParts<S> for ClientAddress
+where
+    S: Send + Sync,
+    Arc<TrustedProxies>: FromRef<S>,
+{
     type Rejection = Infallible;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         Ok(Self::of(
-            &state.settings.trusted_proxies,
+            &Arc::<TrustedProxies>::from_ref(state),
             &parts.extensions,
             &parts.headers,
         ))

@@ -13,9 +13,9 @@ use crate::api::body;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::limits::{AdmissionRequest, Snapshot};
-use crate::state::AppState;
+use crate::state::Gate;
 
-pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn layer(State(state): State<Arc<Gate>>, req: Request, next: Next) -> Response {
     let Some(principal) = req.extensions().get::<Arc<Principal>>().cloned() else {
         // The auth layer runs first and always sets the principal; without one, nothing here
         // can be counted, and the handler refuses anyway.

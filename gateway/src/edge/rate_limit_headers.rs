@@ -20,9 +20,9 @@ use crds::config::Limits;
 
 use crate::auth::Principal;
 use crate::limits::{AddressLimit, Snapshot};
-use crate::state::AppState;
+use crate::state::Gate;
 
-pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn layer(State(state): State<Arc<Gate>>, req: Request, next: Next) -> Response {
     let mut response = next.run(req).await;
     let Some(principal) = response.extensions().get::<Arc<Principal>>().cloned() else {
         return response;

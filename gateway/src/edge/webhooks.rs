@@ -2,6 +2,8 @@
 //! and `POST /webhooks/stripe`. No API key: the signature over the raw body is the
 //! authentication (`payments::signature`). A path whose provider is not configured is 404.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -10,17 +12,17 @@ use serde_json::{json, Value};
 use crate::api::body::RawBody;
 use crate::error::ApiError;
 use crate::payments::{stripe, webhook};
-use crate::state::AppState;
+use crate::state::Webhooks;
 
 pub async fn payments(
-    State(state): State<AppState>,
+    State(state): State<Arc<Webhooks>>,
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>, ApiError> {
-    let Some(secret) = state.settings.payment_webhook_secret.as_deref() else {
+    let Some(secret) = state.payment_webhook_secret.as_deref() else {
         return Err(ApiError::not_found("no such path"));
     };
-    let top_up = webhook::receive(&state.books(), secret, &headers, &body).await?;
+    let top_up = webhook::receive(&state.books, secret, &headers, &body).await?;
     Ok(Json(json!({
         "received": true,
         "reference": top_up.reference,
@@ -32,15 +34,14 @@ pub async fn payments(
 }
 
 pub async fn stripe(
-    State(state): State<AppState>,
+    State(state): State<Arc<Webhooks>>,
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>, ApiError> {
     let Some(stripe) = state.payments.stripe() else {
         return Err(ApiError::not_found("no such path"));
     };
-    let (event, outcome) =
-        stripe::webhook::receive(&state.books(), stripe, &headers, &body).await?;
+    let (event, outcome) = stripe::webhook::receive(&state.books, stripe, &headers, &body).await?;
     Ok(Json(json!({
         "received": true,
         "id": event.id,

@@ -27,7 +27,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::ids;
 use crate::responses_store::StoredResponse;
-use crate::state::AppState;
+use crate::state::TurnApi;
 use crate::turn::{self, Endpoint, Turn, TurnRequest};
 use crate::wire::one_or_many::StringOr;
 use crate::wire::responses::translate::{self, normalized_items, Labeled};
@@ -38,7 +38,7 @@ use crate::wire::responses::{
 const ENCRYPTED_REASONING: &str = "reasoning.encrypted_content";
 
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     JsonBody(raw): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
@@ -179,7 +179,7 @@ fn in_progress(
 
 /// What storing a finished response needs.
 struct Keep {
-    state: AppState,
+    state: Arc<TurnApi>,
     account_id: String,
     input_items: Vec<Value>,
 }
@@ -271,7 +271,7 @@ fn unknown_response(field: &str, id: &str) -> ApiError {
 }
 
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -284,7 +284,7 @@ pub async fn get(
 }
 
 pub async fn delete(
-    State(state): State<AppState>,
+    State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -319,7 +319,7 @@ const MAX_ITEMS: usize = 100;
 /// The stored input items, newest first unless `order=asc`, `limit` (1 to 100, default 20) at a
 /// time after the item id `after`.
 pub async fn input_items(
-    State(state): State<AppState>,
+    State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
     uri: Uri,
