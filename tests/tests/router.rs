@@ -12,6 +12,7 @@ use axum::Router;
 use clap::Parser;
 use e2e::bodies::{chat_body, chat_stream_body, count_body, message, message_stream};
 use e2e::gateway::DEV_KEY;
+use e2e::mentions_seconds;
 use e2e::response::{RateLimit, RequestLimit, Resp};
 use e2e::sse::{assemble_chat_stream, assemble_message_stream, SseStream};
 use gateway::client_address::Peer;
@@ -105,40 +106,68 @@ async fn stream(router: &Router, req: Request<Body>) -> SseStream {
 #[tokio::test]
 async fn a_v1_request_without_a_key_is_401_authentication_error() {
     let router = router(&[]).await;
-    for (method, path) in [
-        (Method::POST, "/v1/messages"),
-        (Method::GET, "/v1/models"),
-        (Method::GET, "/v1/account"),
-    ] {
-        send(&router, request(method, path, None, None))
+    send(
+        &router,
+        request(
+            Method::POST,
+            "/v1/messages",
+            None,
+            Some(&message("svc/haiku", "hi", 16)),
+        ),
+    )
+    .await
+    .expect_error(401, "authentication_error");
+    for path in ["/v1/models", "/v1/account", "/v1/usage"] {
+        send(&router, request(Method::GET, path, None, None))
             .await
             .expect_error(401, "authentication_error");
     }
 }
 
 #[tokio::test]
-async fn a_malformed_authorization_header_is_401() {
+async fn a_malformed_authorization_header_is_401_and_never_echoes_the_key() {
     let router = router(&[]).await;
-    for value in ["Basic abc", "Bearer", "Bearer   ", DEV_KEY] {
+    for value in [
+        "Basic dXNlcjpwYXNz".to_owned(),
+        "Bearer".to_owned(),
+        "Bearer   ".to_owned(),
+        DEV_KEY.to_owned(),
+        format!("Token {DEV_KEY}"),
+        format!("Bearer {DEV_KEY} extra"),
+    ] {
         let req = Request::get("/v1/models")
             .header(header::AUTHORIZATION, value)
             .body(Body::empty())
             .expect("a valid request");
-        send(&router, req)
+        let message = send(&router, req)
             .await
             .expect_error(401, "authentication_error");
+        assert!(
+            !message.contains(DEV_KEY),
+            "the 401 echoes the key: {message}"
+        );
     }
 }
 
 #[tokio::test]
 async fn an_unknown_key_is_401_and_the_x_api_key_header_authenticates_like_bearer() {
     let router = router(&[]).await;
-    send(
-        &router,
-        request(Method::GET, "/v1/models", Some("sk-svc-nope"), None),
-    )
-    .await
-    .expect_error(401, "authentication_error");
+    for key in [
+        "sk-svc-0000000000000000000000000000000000000000",
+        "nonsense",
+        "sk-svc-",
+    ] {
+        send(&router, request(Method::GET, "/v1/models", Some(key), None))
+            .await
+            .expect_error(401, "authentication_error");
+        let req = Request::get("/v1/models")
+            .header("x-api-key", key)
+            .body(Body::empty())
+            .expect("a valid request");
+        send(&router, req)
+            .await
+            .expect_error(401, "authentication_error");
+    }
     let req = Request::get("/v1/models")
         .header("x-api-key", DEV_KEY)
         .body(Body::empty())
@@ -228,7 +257,12 @@ async fn a_wrong_method_is_405_in_the_envelope() {
 #[tokio::test]
 async fn a_body_over_16_mib_is_413_request_too_large() {
     let router = router(&[]).await;
-    for path in ["/v1/messages", "/v1/chat/completions", "/webhooks/payments"] {
+    for path in [
+        "/v1/messages",
+        "/v1/chat/completions",
+        "/v1/messages/count_tokens",
+        "/webhooks/payments",
+    ] {
         let req = Request::post(path)
             .header(header::AUTHORIZATION, format!("Bearer {DEV_KEY}"))
             .header(header::CONTENT_TYPE, "application/json")
@@ -243,7 +277,15 @@ async fn a_body_over_16_mib_is_413_request_too_large() {
 #[tokio::test]
 async fn malformed_json_is_400_invalid_request_error() {
     let router = router(&[]).await;
-    for raw in ["{", "{\"model\": }", "not json", ""] {
+    for raw in [
+        "{",
+        "{\"model\": }",
+        "{\"model\": \"svc/haiku\",}",
+        "not json",
+        "",
+        "[1, 2",
+        "\u{0}",
+    ] {
         let req = Request::post("/v1/messages")
             .header(header::AUTHORIZATION, format!("Bearer {DEV_KEY}"))
             .header(header::CONTENT_TYPE, "application/json")
@@ -275,8 +317,15 @@ async fn a_body_without_a_json_content_type_is_400() {
 #[tokio::test]
 async fn an_unknown_model_in_a_body_is_400_naming_model() {
     let router = router(&[]).await;
+    let mut without_model = message("svc/haiku", "hi", 16);
+    without_model
+        .as_object_mut()
+        .expect("an object")
+        .remove("model");
     for (path, body) in [
         ("/v1/messages", message("svc/nope", "hi", 16)),
+        ("/v1/messages", message("claude-3-haiku", "hi", 16)),
+        ("/v1/messages", without_model),
         ("/v1/messages/count_tokens", count_body("svc/nope", "hi")),
         (
             "/v1/chat/completions",
@@ -293,9 +342,10 @@ async fn an_unknown_model_in_a_body_is_400_naming_model() {
 async fn an_unknown_model_id_on_the_models_endpoint_is_404() {
     let router = router(&[]).await;
     for path in ["/v1/models/svc/nope", "/v1/models/nope"] {
-        send(&router, get(path))
+        let message = send(&router, get(path))
             .await
             .expect_error(404, "not_found_error");
+        assert!(message.contains("model"), "{message}");
     }
 }
 
@@ -376,7 +426,8 @@ async fn a_key_past_its_requests_per_minute_gets_429_with_retry_after_and_its_he
     let resp = send(&router, count()).await;
     let message = resp.expect_error(429, "rate_limit_error");
     assert!(message.contains("requests per minute"), "{message}");
-    assert!(resp.header_u64("retry-after") >= 1, "{resp}");
+    assert!(mentions_seconds(&message), "names no delay: {message}");
+    assert!((1..=60).contains(&resp.header_u64("retry-after")), "{resp}");
     let limits = resp.rate_limit();
     assert_eq!(
         (limits.tier.as_str(), limits.remaining_requests),
@@ -522,13 +573,18 @@ async fn a_turn_the_balance_cannot_cover_is_402_insufficient_quota() {
 #[tokio::test]
 async fn a_malformed_usage_query_is_400_naming_the_parameter() {
     let router = router(&[]).await;
-    for (query, field) in [
-        ("start_date=yesterday", "start_date"),
-        ("group_by=week", "group_by"),
+    for (query, fields) in [
+        ("start_date=yesterday", &["start_date"][..]),
+        ("end_date=2026-13-40", &["end_date"]),
+        ("group_by=week", &["group_by"]),
+        (
+            "start_date=2026-05-09&end_date=2026-05-01",
+            &["start_date", "end_date"],
+        ),
     ] {
         send(&router, get(&format!("/v1/usage?{query}")))
             .await
-            .expect_invalid(&[field]);
+            .expect_invalid(fields);
     }
 }
 
