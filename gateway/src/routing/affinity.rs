@@ -22,8 +22,7 @@
 use crds::config::Upstream;
 use sha2::{Digest, Sha256};
 
-use crate::wire::anthropic::{InputBlock, MessagesRequest, Role};
-use crate::wire::one_or_many::StringOr;
+use crate::conversation::{Content, InputBlock, Request, Role};
 
 /// At most this much of each prefix part is hashed: enough to tell conversations apart,
 /// and the cost of a huge prompt stays bounded on the async workers.
@@ -36,7 +35,7 @@ pub struct Conversation([u8; 32]);
 impl Conversation {
     /// The conversation a turn belongs to; `explicit` is a key the client sent outside the
     /// request body (header or `prompt_cache_key`).
-    pub fn of(explicit: Option<&str>, request: &MessagesRequest) -> Self {
+    pub fn of(explicit: Option<&str>, request: &Request) -> Self {
         let user = request.metadata.as_ref().and_then(|m| m.user_id.as_deref());
         match explicit.or(user).filter(|k| !k.is_empty()) {
             Some(key) => Self::keyed(key),
@@ -50,7 +49,7 @@ impl Conversation {
         Self(hash.finalize().into())
     }
 
-    fn prefix(request: &MessagesRequest) -> Self {
+    fn prefix(request: &Request) -> Self {
         let mut hash = Sha256::new();
         part(
             &mut hash,
@@ -62,8 +61,8 @@ impl Conversation {
         }
         if let Some(first) = request.messages.iter().find(|m| m.role == Role::User) {
             match &first.content {
-                StringOr::String(text) => part(&mut hash, b"user", text),
-                StringOr::Many(blocks) => {
+                Content::Text(text) => part(&mut hash, b"user", text),
+                Content::Blocks(blocks) => {
                     for block in blocks {
                         if let InputBlock::Text { text, .. } = block {
                             part(&mut hash, b"user", text);
@@ -127,9 +126,9 @@ mod tests {
         }
     }
 
-    fn request(body: serde_json::Value) -> MessagesRequest {
+    fn request(body: serde_json::Value) -> Request {
         match serde_json::from_value(body) {
-            Ok(r) => r,
+            Ok(r) => crate::wire::anthropic::translate::request_from_messages(r),
             Err(e) => panic!("a valid request: {e}"),
         }
     }

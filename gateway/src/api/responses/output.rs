@@ -7,12 +7,12 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
+use crate::conversation::{Delta, OutputBlock, Usage};
 use crate::error::ApiError;
 use crate::providers::ProviderEvent;
 use crate::seal::{Sealer, Thinking};
 use crate::tokens::Tokenizer;
 use crate::turn::TurnEvent;
-use crate::wire::anthropic::{Delta, OutputBlock, Usage};
 use crate::wire::responses::translate::{usage_to_responses, ToolNames};
 use crate::wire::responses::{
     IncompleteDetails, OutputContent, OutputItem, ResponseError, ResponseObject, ResponseUsage,
