@@ -1,6 +1,6 @@
-//! `POST /v1/chat/completions`: the Chat Completions format, translated into the canonical
-//! Messages request and back (`wire::openai::translate`, which holds the rules), in JSON and
-//! in SSE chunks ending with `data: [DONE]`.
+//! `POST /v1/chat/completions`: the Chat Completions format, translated into the
+//! conversation (`crate::conversation`) and back (`wire::openai::translate`, which holds the
+//! rules), in JSON and in SSE chunks ending with `data: [DONE]`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;

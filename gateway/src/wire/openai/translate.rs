@@ -1,9 +1,9 @@
-//! Chat Completions and the canonical request, both ways, written once for both sides: the
-//! endpoint (`api/chat.rs`) reads a client's request with [`request_from_chat`] and answers
-//! with [`message_to_chat`], [`stop_to_chat`] and [`usage_to_chat`]; the `openai` adapter
-//! (`providers/openai.rs`) writes an upstream's request with [`request_to_chat`] and reads the
-//! answer with [`stop_from_chat`] and [`usage_from_chat`]. What stays with each side is its
-//! own: HTTP, SSE framing, the turn, the state of a stream.
+//! Chat Completions and the conversation (`crate::conversation`, "canonical" below), both ways,
+//! written once for both sides: the endpoint (`api/chat.rs`) reads a client's request with
+//! [`request_from_chat`] and answers with [`message_to_chat`], [`stop_to_chat`] and
+//! [`usage_to_chat`]; the `openai` adapter (`providers/openai.rs`) writes an upstream's request
+//! with [`request_to_chat`] and reads the answer with [`stop_from_chat`] and [`usage_from_chat`].
+//! What stays with each side is its own: HTTP, SSE framing, the turn, the state of a stream.
 //!
 //! Client to canonical: `system` and `developer` messages form the system prompt; consecutive
 //! messages of one role merge (tool results join the following user turn) so the canonical
@@ -42,7 +42,7 @@ use crate::validate::{Invalid, MIN_THINKING_BUDGET};
 use crate::wire::one_or_many::StringOr;
 
 impl ReasoningEffort {
-    /// The canonical request's `thinking` for this effort. The budget stays below max_tokens
+    /// The conversation's `thinking` for this effort. The budget stays below max_tokens
     /// when the client set one (thinking is left out when the minimum budget would not fit);
     /// with max_tokens left open it is fitted once the turn's cap is known.
     pub fn thinking(self, max_tokens: Option<u32>) -> Option<Thinking> {
@@ -65,7 +65,7 @@ impl ReasoningEffort {
     }
 }
 
-/// A client's request as the canonical request, and whether max_tokens was left open.
+/// A client's request as the conversation, and whether max_tokens was left open.
 pub fn request_from_chat(chat: ChatRequest) -> Result<(Request, bool), Invalid> {
     if chat.n.is_some_and(|n| n != 1) {
         return Err(Invalid::new("n: only 1 choice per request is supported"));
@@ -151,7 +151,7 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(Request, bool), Invalid> 
     Ok((request, max_tokens.is_none()))
 }
 
-/// The canonical request as an upstream's chat request for `model` (the upstream's name for
+/// The conversation as an upstream's chat request for `model` (the upstream's name for
 /// it). Whether to stream is the adapter's to say.
 pub fn request_to_chat(req: &Request, model: &str) -> ChatRequest {
     let mut messages = Vec::new();

@@ -1,5 +1,5 @@
-//! A Responses API request translated into the canonical Messages request, and the canonical
-//! usage back into the response's (`api/responses/` serves the endpoint; the stream's output
+//! A Responses API request translated into the conversation (`crate::conversation`), and the
+//! turn's usage back into the response's (`api/responses/` serves the endpoint; the stream's output
 //! items are its `output.rs`, which holds the stream's state).
 //!
 //! Rules: `instructions` open the system prompt; `system` and `developer` messages join it
@@ -31,7 +31,7 @@ use crate::wire::openai::ReasoningEffort;
 /// The most characters of a tool name an upstream takes.
 const MAX_TOOL_NAME: usize = 64;
 
-/// The canonical request, with what is needed to answer in the Responses format.
+/// The conversation, with what is needed to answer in the Responses format.
 pub struct Translated {
     pub request: Request,
     /// The client left `max_output_tokens` out: reserve as chat completions does.
@@ -485,7 +485,7 @@ fn content_blocks(
     Ok(blocks)
 }
 
-/// The canonical usage as the response's: cached prompt tokens are cache reads, counted in
+/// A settled turn's usage as the response's: cached prompt tokens are cache reads, counted in
 /// `input_tokens`; `reasoning_tokens` is the part of the output that was thinking.
 pub fn usage_to_responses(usage: &Usage, reasoning_tokens: u32) -> ResponseUsage {
     let t = &usage.tokens;
