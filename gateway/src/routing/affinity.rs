@@ -126,10 +126,48 @@ mod tests {
         }
     }
 
-    fn request(body: serde_json::Value) -> Request {
-        match serde_json::from_value(body) {
-            Ok(r) => crate::wire::anthropic::translate::request_from_messages(r),
-            Err(e) => panic!("a valid request: {e}"),
+    use crate::conversation::{Message, Metadata, Tool};
+
+    /// A request of `messages` that uses one tool, `read`, with no system prompt or user id
+    /// unless a test sets them.
+    fn request(messages: Vec<Message>) -> Request {
+        Request {
+            model: "svc/haiku".into(),
+            max_tokens: 10,
+            messages,
+            system: None,
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            stop_sequences: Vec::new(),
+            stream: false,
+            tools: vec![Tool {
+                name: "read".into(),
+                description: None,
+                input_schema: serde_json::json!({}),
+                cache_control: None,
+            }],
+            tool_choice: None,
+            thinking: None,
+            metadata: None,
+        }
+    }
+
+    fn say(role: Role, text: &str) -> Message {
+        Message {
+            role,
+            content: Content::Text(text.into()),
+        }
+    }
+
+    fn user_block(text: &str, cache_control: Option<serde_json::Value>) -> Message {
+        Message {
+            role: Role::User,
+            content: Content::Blocks(vec![InputBlock::Text {
+                text: text.into(),
+                cache_control,
+                citations: None,
+            }]),
         }
     }
 
@@ -140,21 +178,16 @@ mod tests {
     #[test]
     fn every_turn_of_a_conversation_has_the_same_order_and_later_turns_keep_its_prefix() {
         let upstreams = [upstream("a", 3), upstream("b", 1), upstream("c", 1)];
-        let turn1 = request(serde_json::json!({
-            "model": "svc/haiku", "max_tokens": 10, "system": "you are terse",
-            "tools": [{"name": "read", "input_schema": {}}],
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "fix the bug",
-                          "cache_control": {"type": "ephemeral"}}]}]
-        }));
-        let turn2 = request(serde_json::json!({
-            "model": "svc/haiku", "max_tokens": 10, "system": "you are terse",
-            "tools": [{"name": "read", "input_schema": {}}],
-            "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "fix the bug"}]},
-                {"role": "assistant", "content": "done"},
-                {"role": "user", "content": "thanks"}
-            ]
-        }));
+        let ephemeral = Some(serde_json::json!({"type": "ephemeral"}));
+        let mut turn1 = request(vec![user_block("fix the bug", ephemeral)]);
+        let mut turn2 = request(vec![
+            user_block("fix the bug", None),
+            say(Role::Assistant, "done"),
+            say(Role::User, "thanks"),
+        ]);
+        for turn in [&mut turn1, &mut turn2] {
+            turn.system = Some(Content::Text("you are terse".into()));
+        }
         let (c1, c2) = (
             Conversation::of(None, &turn1),
             Conversation::of(None, &turn2),
@@ -165,14 +198,13 @@ mod tests {
 
     #[test]
     fn an_explicit_key_wins_over_metadata_and_the_prefix() {
-        let with_user = request(serde_json::json!({
-            "model": "svc/haiku", "max_tokens": 10, "metadata": {"user_id": "u-1"},
-            "messages": [{"role": "user", "content": "hello"}]
-        }));
-        let other_prompt = request(serde_json::json!({
-            "model": "svc/haiku", "max_tokens": 10, "metadata": {"user_id": "u-1"},
-            "messages": [{"role": "user", "content": "something else"}]
-        }));
+        let mut with_user = request(vec![say(Role::User, "hello")]);
+        let mut other_prompt = request(vec![say(Role::User, "something else")]);
+        for turn in [&mut with_user, &mut other_prompt] {
+            turn.metadata = Some(Metadata {
+                user_id: Some("u-1".into()),
+            });
+        }
         assert_eq!(
             Conversation::of(None, &with_user),
             Conversation::of(None, &other_prompt)
