@@ -7,6 +7,7 @@ pub mod auth;
 pub mod cli;
 pub mod client_address;
 pub mod config;
+pub mod conversation;
 pub mod cpu;
 pub mod dashboard;
 pub mod edge;

@@ -8,8 +8,7 @@ use base64::Engine;
 use thiserror::Error;
 use tiktoken_rs::CoreBPE;
 
-use crate::wire::anthropic::{ImageSource, InputBlock, MessagesRequest};
-use crate::wire::one_or_many::StringOr;
+use crate::conversation::{Content, ImageSource, InputBlock, Request};
 
 /// Framing tokens for each message (role and separators), and for priming the reply.
 const MESSAGE_OVERHEAD: u32 = 3;
@@ -65,8 +64,8 @@ impl Tokenizer {
     /// request is handed back.
     pub async fn count_request_off_workers(
         &self,
-        req: MessagesRequest,
-    ) -> Result<(MessagesRequest, u32), TokenError> {
+        req: Request,
+    ) -> Result<(Request, u32), TokenError> {
         if !heavy(&req) {
             let tokens = self.count_request(&req)?;
             return Ok((req, tokens));
@@ -81,7 +80,7 @@ impl Tokenizer {
     }
 
     /// Input tokens of a request: system prompt, tools and every message.
-    pub fn count_request(&self, req: &MessagesRequest) -> Result<u32, TokenError> {
+    pub fn count_request(&self, req: &Request) -> Result<u32, TokenError> {
         let mut total = MESSAGE_OVERHEAD;
         if let Some(system) = req.system_text() {
             total = total.saturating_add(self.count(&system) + MESSAGE_OVERHEAD);
@@ -103,10 +102,10 @@ impl Tokenizer {
         Ok(total)
     }
 
-    fn count_content(&self, content: &StringOr<InputBlock>, path: &str) -> Result<u32, TokenError> {
+    fn count_content(&self, content: &Content<InputBlock>, path: &str) -> Result<u32, TokenError> {
         match content {
-            StringOr::String(text) => Ok(self.count(text)),
-            StringOr::Many(blocks) => blocks.iter().enumerate().try_fold(0u32, |sum, (i, b)| {
+            Content::Text(text) => Ok(self.count(text)),
+            Content::Blocks(blocks) => blocks.iter().enumerate().try_fold(0u32, |sum, (i, b)| {
                 Ok(sum.saturating_add(self.count_block(b, &format!("{path}[{i}]"))?))
             }),
         }
@@ -131,11 +130,11 @@ impl Tokenizer {
 
 /// Whether tokenizing `req` may take long: its text passes [`crate::cpu::INLINE_BYTES`], or it
 /// carries base64 images. A walk over the blocks, never over the text itself.
-fn heavy(req: &MessagesRequest) -> bool {
-    fn content(c: &StringOr<InputBlock>, bytes: &mut usize) -> bool {
+fn heavy(req: &Request) -> bool {
+    fn content(c: &Content<InputBlock>, bytes: &mut usize) -> bool {
         match c {
-            StringOr::String(text) => *bytes += text.len(),
-            StringOr::Many(blocks) => {
+            Content::Text(text) => *bytes += text.len(),
+            Content::Blocks(blocks) => {
                 for block in blocks {
                     match block {
                         InputBlock::Text { text, .. } => *bytes += text.len(),
@@ -169,8 +168,8 @@ fn heavy(req: &MessagesRequest) -> bool {
     }
     let system = match &req.system {
         None => 0,
-        Some(StringOr::String(text)) => text.len(),
-        Some(StringOr::Many(blocks)) => blocks.iter().map(|b| b.text.len()).sum(),
+        Some(Content::Text(text)) => text.len(),
+        Some(Content::Blocks(blocks)) => blocks.iter().map(|b| b.text.len()).sum(),
     };
     bytes + system > crate::cpu::INLINE_BYTES
 }

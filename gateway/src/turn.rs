@@ -17,6 +17,7 @@ use tracing::Instrument;
 use crds::config::{Affinity, Upstream};
 
 use crate::auth::Principal;
+use crate::conversation::{Delta, InputBlock, OutputBlock, Request, Usage};
 use crate::limits::{AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderError, ProviderEvent, Providers};
 use crate::routing::{fallback, Catalog, Conversation, Model, Needs, Price};
@@ -24,7 +25,6 @@ use crate::shutdown::Shutdown;
 use crate::telemetry::{self, TurnTelemetry};
 use crate::tokens::{TokenError, Tokenizer};
 use crate::validate;
-use crate::wire::anthropic::{Delta, InputBlock, MessagesRequest, OutputBlock, Usage};
 use store::ledger::{
     Ledger, LedgerError, MessageRecord, MessageStatus, NewReservation, ServedBy, Settlement,
 };
@@ -103,7 +103,7 @@ impl Endpoint {
 pub struct TurnRequest {
     pub id: String,
     pub endpoint: Endpoint,
-    pub request: MessagesRequest,
+    pub request: Request,
     /// The client left max_tokens out (chat completions): the turn may produce as many tokens
     /// as the model's limits and the balance allow, and never fails only for want of a cap.
     pub open_max_tokens: bool,
@@ -349,12 +349,7 @@ fn resolve_model(state: &Turns, id: &str) -> Result<Arc<Model>, TurnError> {
 /// An open max_tokens needs room for one output token; the cap then follows the serving model.
 /// Thinking counts only where the requested model offers it (svc/auto when its route says
 /// so), since elsewhere it is left out of the turn.
-fn needs(
-    request: &MessagesRequest,
-    requested: &Model,
-    input_tokens: u32,
-    open_max_tokens: bool,
-) -> Needs {
+fn needs(request: &Request, requested: &Model, input_tokens: u32, open_max_tokens: bool) -> Needs {
     let vision = request
         .messages
         .iter()
@@ -407,7 +402,7 @@ fn metered(
                     yield TurnEvent::Finished {
                         stop_reason,
                         stop_sequence,
-                        usage: Usage { tokens: usage, credits_consumed: Some(credits) },
+                        usage: Usage { tokens: usage, credits },
                     };
                     return;
                 }

@@ -4,7 +4,7 @@
 
 use crds::config::ModelConfig;
 
-use crate::wire::anthropic::{InputBlock, MessagesRequest, Role, Thinking, ToolChoice};
+use crate::conversation::{InputBlock, Request, Role, Thinking, ToolChoice};
 
 /// Why a request cannot be served as sent: the spec's 400 `invalid_request_error`.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ const MAX_USER_ID: usize = 256;
 
 /// `open_max_tokens`: the client left max_tokens out (chat completions), so it is not checked.
 pub fn request(
-    req: &MessagesRequest,
+    req: &Request,
     model_id: &str,
     model: &ModelConfig,
     open_max_tokens: bool,
@@ -46,7 +46,7 @@ pub fn request(
     Ok(())
 }
 
-fn max_tokens(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
+fn max_tokens(req: &Request, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
     let value = req.max_tokens;
     if value == 0 {
         return Err(Invalid::new("max_tokens: must be a positive integer"));
@@ -70,12 +70,12 @@ fn max_tokens(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Res
 }
 
 /// Claude Code's system prompt names it (its main loop's and its subagents' alike).
-fn looks_like_claude_code(req: &MessagesRequest) -> bool {
+fn looks_like_claude_code(req: &Request) -> bool {
     req.system_text()
         .is_some_and(|system| system.contains("Claude Code"))
 }
 
-fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
+fn messages(req: &Request, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
     let Some(last) = req.messages.last() else {
         return Err(Invalid::new("messages: at least one message is required"));
     };
@@ -99,11 +99,7 @@ fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Resul
     }
     let mut previous_tool_uses: Vec<&str> = Vec::new();
     for (i, message) in req.messages.iter().enumerate() {
-        let empty = match &message.content {
-            crate::wire::one_or_many::StringOr::String(s) => s.is_empty(),
-            crate::wire::one_or_many::StringOr::Many(blocks) => blocks.is_empty(),
-        };
-        if empty {
+        if message.content.is_empty() {
             return Err(Invalid::new(format!(
                 "messages[{i}].content: must not be empty"
             )));
@@ -143,7 +139,7 @@ fn messages(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Resul
     Ok(())
 }
 
-fn sampling(req: &MessagesRequest) -> Result<(), Invalid> {
+fn sampling(req: &Request) -> Result<(), Invalid> {
     for (name, value) in [("temperature", req.temperature), ("top_p", req.top_p)] {
         if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
             return Err(Invalid::new(format!("{name}: must be between 0 and 1")));
@@ -163,7 +159,7 @@ fn sampling(req: &MessagesRequest) -> Result<(), Invalid> {
     Ok(())
 }
 
-fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
+fn tools(req: &Request, model_id: &str, model: &ModelConfig) -> Result<(), Invalid> {
     if !req.tools.is_empty() && !model.capabilities.tools {
         return Err(Invalid::new(format!(
             "tools: {model_id} does not support tools"
@@ -208,7 +204,7 @@ fn tools(req: &MessagesRequest, model_id: &str, model: &ModelConfig) -> Result<(
 /// max_tokens (left open by the client and settled only once the turn is reserved) is lowered
 /// to fit, and thinking is left out when less than the minimum budget would fit. Run on the
 /// final request, just before the provider call.
-pub fn fit_thinking(req: &mut MessagesRequest, model: &ModelConfig) {
+pub fn fit_thinking(req: &mut Request, model: &ModelConfig) {
     if !model.capabilities.thinking {
         req.thinking = None;
         return;
@@ -222,11 +218,7 @@ pub fn fit_thinking(req: &mut MessagesRequest, model: &ModelConfig) {
     }
 }
 
-fn thinking(
-    req: &MessagesRequest,
-    model: &ModelConfig,
-    open_max_tokens: bool,
-) -> Result<(), Invalid> {
+fn thinking(req: &Request, model: &ModelConfig, open_max_tokens: bool) -> Result<(), Invalid> {
     let budget_tokens = match req.thinking {
         None | Some(Thinking::Disabled) => return Ok(()),
         Some(Thinking::Adaptive) => None,

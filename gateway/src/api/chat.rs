@@ -1,6 +1,6 @@
-//! `POST /v1/chat/completions`: the Chat Completions format, translated into the canonical
-//! Messages request and back (`wire::openai::translate`, which holds the rules), in JSON and
-//! in SSE chunks ending with `data: [DONE]`.
+//! `POST /v1/chat/completions`: the Chat Completions format, translated into the
+//! conversation (`crate::conversation`) and back (`wire::openai::translate`, which holds the
+//! rules), in JSON and in SSE chunks ending with `data: [DONE]`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -15,12 +15,12 @@ use time::OffsetDateTime;
 
 use super::body::JsonBody;
 use crate::auth::Principal;
+use crate::conversation::{Delta, OutputBlock};
 use crate::error::ApiError;
 use crate::ids;
 use crate::providers::ProviderEvent;
 use crate::state::TurnApi;
 use crate::turn::{self, Collected, Endpoint, Turn, TurnEvent, TurnRequest};
-use crate::wire::anthropic::{Delta, OutputBlock};
 use crate::wire::openai::translate::{
     message_to_chat, request_from_chat, stop_to_chat, tool_call_start_to_chat, usage_to_chat,
 };

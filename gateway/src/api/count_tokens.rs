@@ -14,14 +14,15 @@ use crate::error::ApiError;
 use crate::limits::AdmissionRequest;
 use crate::state::TurnApi;
 use crate::validate;
-use crate::wire::anthropic::{CountTokensRequest, MessagesRequest};
+use crate::wire::anthropic::translate::request_from_count_tokens;
+use crate::wire::anthropic::CountTokensRequest;
 
 pub async fn count(
     State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     JsonBody(body): JsonBody<CountTokensRequest>,
 ) -> Result<Response, ApiError> {
-    let mut request = MessagesRequest::from(body);
+    let mut request = request_from_count_tokens(body);
     request.fold_system_messages();
     let model = state
         .catalog()

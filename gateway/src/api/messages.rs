@@ -17,6 +17,9 @@ use crate::ids;
 use crate::providers::ProviderEvent;
 use crate::state::TurnApi;
 use crate::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
+use crate::wire::anthropic::translate::{
+    block_to_messages, delta_to_messages, request_from_messages, usage_to_messages,
+};
 use crate::wire::anthropic::{
     MessageDeltaBody, MessageResponse, MessagesRequest, StreamEvent, Usage,
 };
@@ -25,8 +28,9 @@ pub async fn create(
     State(state): State<Arc<TurnApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     headers: HeaderMap,
-    JsonBody(mut request): JsonBody<MessagesRequest>,
+    JsonBody(request): JsonBody<MessagesRequest>,
 ) -> Result<Response, ApiError> {
+    let mut request = request_from_messages(request);
     request.fold_system_messages();
     let stream = request.stream;
     let turn = turn::start(
@@ -52,11 +56,11 @@ pub async fn create(
             id,
             kind: "message",
             role: "assistant",
-            content: done.content,
+            content: done.content.into_iter().map(block_to_messages).collect(),
             model,
             stop_reason: Some(done.stop_reason),
             stop_sequence: done.stop_sequence,
-            usage: done.usage,
+            usage: usage_to_messages(done.usage),
         })
         .into_response()
     };
@@ -110,10 +114,10 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
         while let Some(event) = events.next().await {
             match event {
                 TurnEvent::Provider(ProviderEvent::BlockStart { index, block }) => {
-                    yield sse(&StreamEvent::ContentBlockStart { index, content_block: block });
+                    yield sse(&StreamEvent::ContentBlockStart { index, content_block: block_to_messages(block) });
                 }
                 TurnEvent::Provider(ProviderEvent::BlockDelta { index, delta }) => {
-                    yield sse(&StreamEvent::ContentBlockDelta { index, delta });
+                    yield sse(&StreamEvent::ContentBlockDelta { index, delta: delta_to_messages(delta) });
                 }
                 TurnEvent::Provider(ProviderEvent::BlockStop { index }) => {
                     yield sse(&StreamEvent::ContentBlockStop { index });
@@ -122,7 +126,7 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
                 TurnEvent::Finished { stop_reason, stop_sequence, usage } => {
                     yield sse(&StreamEvent::MessageDelta {
                         delta: MessageDeltaBody { stop_reason: Some(stop_reason), stop_sequence },
-                        usage,
+                        usage: usage_to_messages(usage),
                     });
                     yield sse(&StreamEvent::MessageStop);
                 }

@@ -1,12 +1,10 @@
 //! The `anthropic` adapter: the Messages API (`POST {base_url}/v1/messages`, `x-api-key`,
-//! `anthropic-version`). The canonical request is already this format (`wire::anthropic`, whose
-//! types both ways this adapter uses), so the request goes out as the client shaped it (tool
-//! call ids made safe for it), with the upstream's model name and `stream: true`, and with the
-//! client's `anthropic-beta` features, which a request shaped for them (Claude Code's) may
-//! need; the stream comes back event by event through [`Blocks`], which keeps indexes dense and
-//! drops empty text blocks; blocks of other types (redacted thinking) are left out.
-
-use std::borrow::Cow;
+//! `anthropic-version`). The request and the stream's blocks are translated by
+//! `wire::anthropic::translate` (the rules are there), so the request goes out as the client
+//! shaped it, with `stream: true`, and with the client's `anthropic-beta` features, which a
+//! request shaped for them (Claude Code's) may need; the stream comes back event by event
+//! through [`Blocks`], which keeps indexes dense and drops empty text blocks; blocks of other
+//! types (redacted thinking) are left out.
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -14,11 +12,11 @@ use serde_json::Value;
 use super::blocks::Blocks;
 use super::http::{self, Clients, Decoder, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
-use crate::ids;
-use crate::wire::anthropic::{
-    Delta, InputBlock, InputMessage, MessagesRequest, OutputBlock, StreamEvent, UsageReport,
+use crate::conversation::{Delta, OutputBlock};
+use crate::wire::anthropic::translate::{
+    block_from_messages, delta_from_messages, request_to_messages,
 };
-use crate::wire::one_or_many::StringOr;
+use crate::wire::anthropic::{MessagesRequest, StreamEvent, UsageReport};
 use store::usage::{StopReason, TokenUsage};
 
 const API_VERSION: &str = "2023-06-01";
@@ -36,16 +34,10 @@ impl Provider for Anthropic {
             tracing::error!(upstream = %upstream.name, "anthropic upstream without a base URL");
             ProviderError::Unavailable
         })?;
-        let mut body = MessagesRequest {
-            model: upstream.model.clone(),
+        let body = MessagesRequest {
             stream: true,
-            ..call.request.as_ref().clone()
+            ..request_to_messages(&call.request, &upstream.model)
         };
-        // An empty system list is left out like the other empty lists: the API rejects it.
-        if matches!(&body.system, Some(StringOr::Many(blocks)) if blocks.is_empty()) {
-            body.system = None;
-        }
-        safe_tool_ids(&mut body.messages);
         let (client, upstream_call) = self.clients.get(upstream)?;
         let mut request = client
             .post(format!("{}/v1/messages", base.trim_end_matches('/')))
@@ -59,28 +51,6 @@ impl Provider for Anthropic {
             request = request.header("anthropic-beta", features);
         }
         http::open(request, upstream_call, upstream.timeouts, Stream::default()).await
-    }
-}
-
-/// Tool call ids a chat-completions client sent back (any form: `call_…`, another
-/// provider's) in the form the Messages API takes, tool_use and tool_result alike.
-fn safe_tool_ids(messages: &mut [InputMessage]) {
-    let blocks = messages
-        .iter_mut()
-        .filter_map(|m| match &mut m.content {
-            StringOr::Many(blocks) => Some(blocks),
-            StringOr::String(_) => None,
-        })
-        .flatten();
-    for block in blocks {
-        let id = match block {
-            InputBlock::ToolUse { id, .. } => id,
-            InputBlock::ToolResult { tool_use_id, .. } => tool_use_id,
-            _ => continue,
-        };
-        if let Cow::Owned(safe) = ids::tool_call_for_upstream(id, "toolu_") {
-            *id = safe;
-        }
     }
 }
 
@@ -151,9 +121,10 @@ impl Decoder for Stream {
             StreamEvent::ContentBlockStart {
                 index,
                 content_block,
-            } => self.block_start(index, content_block, &mut out),
+            } => self.block_start(index, block_from_messages(content_block), &mut out),
             StreamEvent::ContentBlockDelta { index, delta } => {
-                self.blocks.delta(index, delta, &mut out)
+                self.blocks
+                    .delta(index, delta_from_messages(delta), &mut out)
             }
             StreamEvent::ContentBlockStop { index } => self.blocks.stop(index, &mut out),
             StreamEvent::MessageDelta { delta, usage } => {

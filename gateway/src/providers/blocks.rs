@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::ProviderEvent;
-use crate::wire::anthropic::{Delta, OutputBlock};
+use crate::conversation::{Delta, OutputBlock};
 
 enum Slot {
     Open(usize),

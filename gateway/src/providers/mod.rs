@@ -1,5 +1,5 @@
-//! Upstream model providers. Each adapter turns a canonical request into a stream of
-//! canonical events; everything else (billing, limits, wire formats) is done around them.
+//! Upstream model providers. Each adapter turns the conversation (`crate::conversation`) into a
+//! stream of its events; everything else (billing, limits, wire formats) is done around them.
 //! The `simulated` provider answers without any upstream account; `anthropic` speaks the
 //! Messages API and `openai` any OpenAI-compatible chat-completions upstream. Which upstream
 //! serves a turn, and what happens when it fails, is `routing::fallback`'s business.
@@ -22,12 +22,12 @@ pub use anthropic::Anthropic;
 pub use openai::OpenAi;
 pub use simulated::Simulated;
 
+use crate::conversation::{Delta, OutputBlock, Request};
 use crate::routing::breaker::{BreakerPolicy, Breakers};
 use crate::tokens::Tokenizer;
-use crate::wire::anthropic::{Delta, MessagesRequest, OutputBlock};
 use store::usage::{StopReason, TokenUsage};
 
-/// What a provider streams back, in the Messages API's block structure.
+/// What a provider streams back: blocks of the conversation's output.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProviderEvent {
     /// The prompt side of the usage, from upstreams that report it before any content (cache
@@ -87,7 +87,7 @@ impl ProviderError {
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<ProviderEvent, ProviderError>> + Send>>;
 
 pub struct ProviderCall {
-    pub request: Arc<MessagesRequest>,
+    pub request: Arc<Request>,
     /// The client's beta features; only the `anthropic` adapter sends them on (another API's
     /// upstream would not know them, and the request is translated for it anyway).
     pub anthropic_beta: Option<String>,

@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use super::blocks::Blocks;
 use super::http::{self, Clients, Decoder, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
+use crate::conversation::{Delta, OutputBlock};
 use crate::tokens::Tokenizer;
-use crate::wire::anthropic::{Delta, OutputBlock};
 use crate::wire::openai::translate::{
     request_to_chat, stop_from_chat, tool_use_from_chat, usage_from_chat,
 };

@@ -1,5 +1,5 @@
 //! The built-in `simulated` provider: deterministic replies with real token counts, so the
-//! whole product (limits, billing, both wire formats, SDKs) runs with no upstream account.
+//! whole product (limits, billing, every wire format, SDKs) runs with no upstream account.
 //!
 //! The reply is `This is a simulated reply from <model>. You said: <last user text>`, cut at
 //! `max_tokens` (stop_reason `max_tokens`) or at the first stop sequence in it. With tools, a
@@ -15,9 +15,11 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
+use crate::conversation::{
+    Content, Delta, InputBlock, OutputBlock, Request, Role, Tool, ToolChoice,
+};
 use crate::ids;
 use crate::tokens::Tokenizer;
-use crate::wire::anthropic::{Delta, InputBlock, MessagesRequest, OutputBlock, Role, ToolChoice};
 use store::usage::{StopReason, TokenUsage};
 
 /// Tokens per streamed text chunk.
@@ -223,7 +225,7 @@ impl Script {
     }
 }
 
-fn last_user_text(req: &MessagesRequest) -> String {
+fn last_user_text(req: &Request) -> String {
     req.messages
         .iter()
         .rev()
@@ -233,14 +235,14 @@ fn last_user_text(req: &MessagesRequest) -> String {
 }
 
 /// The text of the tool results in the last user turn, if it carries any.
-fn tool_result_text(req: &MessagesRequest) -> Option<String> {
+fn tool_result_text(req: &Request) -> Option<String> {
     let last = req.messages.last()?;
     let results: Vec<String> = last
         .blocks()
         .filter_map(|b| match b {
             InputBlock::ToolResult { content, .. } => Some(match content {
-                Some(crate::wire::one_or_many::StringOr::String(s)) => s.clone(),
-                Some(crate::wire::one_or_many::StringOr::Many(blocks)) => blocks
+                Some(Content::Text(s)) => s.clone(),
+                Some(Content::Blocks(blocks)) => blocks
                     .iter()
                     .filter_map(|b| match b {
                         InputBlock::Text { text, .. } => Some(text.as_str()),
@@ -256,7 +258,7 @@ fn tool_result_text(req: &MessagesRequest) -> Option<String> {
     (!results.is_empty()).then(|| results.join("; "))
 }
 
-fn chosen_tool(req: &MessagesRequest) -> Option<&crate::wire::anthropic::Tool> {
+fn chosen_tool(req: &Request) -> Option<&Tool> {
     if req.tools.is_empty() {
         return None;
     }

@@ -22,8 +22,7 @@
 use crds::config::Upstream;
 use sha2::{Digest, Sha256};
 
-use crate::wire::anthropic::{InputBlock, MessagesRequest, Role};
-use crate::wire::one_or_many::StringOr;
+use crate::conversation::{Content, InputBlock, Request, Role};
 
 /// At most this much of each prefix part is hashed: enough to tell conversations apart,
 /// and the cost of a huge prompt stays bounded on the async workers.
@@ -36,7 +35,7 @@ pub struct Conversation([u8; 32]);
 impl Conversation {
     /// The conversation a turn belongs to; `explicit` is a key the client sent outside the
     /// request body (header or `prompt_cache_key`).
-    pub fn of(explicit: Option<&str>, request: &MessagesRequest) -> Self {
+    pub fn of(explicit: Option<&str>, request: &Request) -> Self {
         let user = request.metadata.as_ref().and_then(|m| m.user_id.as_deref());
         match explicit.or(user).filter(|k| !k.is_empty()) {
             Some(key) => Self::keyed(key),
@@ -50,7 +49,7 @@ impl Conversation {
         Self(hash.finalize().into())
     }
 
-    fn prefix(request: &MessagesRequest) -> Self {
+    fn prefix(request: &Request) -> Self {
         let mut hash = Sha256::new();
         part(
             &mut hash,
@@ -62,8 +61,8 @@ impl Conversation {
         }
         if let Some(first) = request.messages.iter().find(|m| m.role == Role::User) {
             match &first.content {
-                StringOr::String(text) => part(&mut hash, b"user", text),
-                StringOr::Many(blocks) => {
+                Content::Text(text) => part(&mut hash, b"user", text),
+                Content::Blocks(blocks) => {
                     for block in blocks {
                         if let InputBlock::Text { text, .. } = block {
                             part(&mut hash, b"user", text);
@@ -127,10 +126,48 @@ mod tests {
         }
     }
 
-    fn request(body: serde_json::Value) -> MessagesRequest {
-        match serde_json::from_value(body) {
-            Ok(r) => r,
-            Err(e) => panic!("a valid request: {e}"),
+    use crate::conversation::{Message, Metadata, Tool};
+
+    /// A request of `messages` that uses one tool, `read`, with no system prompt or user id
+    /// unless a test sets them.
+    fn request(messages: Vec<Message>) -> Request {
+        Request {
+            model: "svc/haiku".into(),
+            max_tokens: 10,
+            messages,
+            system: None,
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            stop_sequences: Vec::new(),
+            stream: false,
+            tools: vec![Tool {
+                name: "read".into(),
+                description: None,
+                input_schema: serde_json::json!({}),
+                cache_control: None,
+            }],
+            tool_choice: None,
+            thinking: None,
+            metadata: None,
+        }
+    }
+
+    fn say(role: Role, text: &str) -> Message {
+        Message {
+            role,
+            content: Content::Text(text.into()),
+        }
+    }
+
+    fn user_block(text: &str, cache_control: Option<serde_json::Value>) -> Message {
+        Message {
+            role: Role::User,
+            content: Content::Blocks(vec![InputBlock::Text {
+                text: text.into(),
+                cache_control,
+                citations: None,
+            }]),
         }
     }
 
@@ -141,21 +178,16 @@ mod tests {
     #[test]
     fn every_turn_of_a_conversation_has_the_same_order_and_later_turns_keep_its_prefix() {
         let upstreams = [upstream("a", 3), upstream("b", 1), upstream("c", 1)];
-        let turn1 = request(serde_json::json!({
-            "model": "svc/haiku", "max_tokens": 10, "system": "you are terse",
-            "tools": [{"name": "read", "input_schema": {}}],
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "fix the bug",
-                          "cache_control": {"type": "ephemeral"}}]}]
-        }));
-        let turn2 = request(serde_json::json!({
-            "model": "svc/haiku", "max_tokens": 10, "system": "you are terse",
-            "tools": [{"name": "read", "input_schema": {}}],
-            "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "fix the bug"}]},
-                {"role": "assistant", "content": "done"},
-                {"role": "user", "content": "thanks"}
-            ]
-        }));
+        let ephemeral = Some(serde_json::json!({"type": "ephemeral"}));
+        let mut turn1 = request(vec![user_block("fix the bug", ephemeral)]);
+        let mut turn2 = request(vec![
+            user_block("fix the bug", None),
+            say(Role::Assistant, "done"),
+            say(Role::User, "thanks"),
+        ]);
+        for turn in [&mut turn1, &mut turn2] {
+            turn.system = Some(Content::Text("you are terse".into()));
+        }
         let (c1, c2) = (
             Conversation::of(None, &turn1),
             Conversation::of(None, &turn2),
@@ -166,14 +198,13 @@ mod tests {
 
     #[test]
     fn an_explicit_key_wins_over_metadata_and_the_prefix() {
-        let with_user = request(serde_json::json!({
-            "model": "svc/haiku", "max_tokens": 10, "metadata": {"user_id": "u-1"},
-            "messages": [{"role": "user", "content": "hello"}]
-        }));
-        let other_prompt = request(serde_json::json!({
-            "model": "svc/haiku", "max_tokens": 10, "metadata": {"user_id": "u-1"},
-            "messages": [{"role": "user", "content": "something else"}]
-        }));
+        let mut with_user = request(vec![say(Role::User, "hello")]);
+        let mut other_prompt = request(vec![say(Role::User, "something else")]);
+        for turn in [&mut with_user, &mut other_prompt] {
+            turn.metadata = Some(Metadata {
+                user_id: Some("u-1".into()),
+            });
+        }
         assert_eq!(
             Conversation::of(None, &with_user),
             Conversation::of(None, &other_prompt)

@@ -14,15 +14,15 @@ use std::sync::Arc;
 use crds::config::Upstream;
 use futures::StreamExt;
 
+use crate::conversation::Request;
 use crate::providers::{EventStream, ProviderCall, ProviderError, ProviderEvent, Providers};
 use crate::routing::breaker::Breakers;
 use crate::telemetry;
-use crate::wire::anthropic::MessagesRequest;
 
 pub struct Attempt<'a> {
     pub model: &'a str,
     pub plan: &'a [Upstream],
-    pub request: Arc<MessagesRequest>,
+    pub request: Arc<Request>,
     pub anthropic_beta: Option<&'a str>,
     pub input_tokens: u32,
 }

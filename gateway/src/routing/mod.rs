@@ -14,7 +14,7 @@ use crds::config::{
 };
 use rand::Rng;
 
-use crate::wire::anthropic::CacheWrites;
+use crate::conversation::CacheWrites;
 pub use affinity::Conversation;
 pub use pricing::Price;
 

@@ -4,7 +4,7 @@
 
 use crds::config::Pricing;
 
-use crate::wire::anthropic::CacheWrites;
+use crate::conversation::CacheWrites;
 use store::usage::TokenUsage;
 
 /// micro-dollars per dollar times tokens per million.

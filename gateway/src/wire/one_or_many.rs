@@ -15,16 +15,6 @@ pub enum StringOr<T> {
     Many(Vec<T>),
 }
 
-impl<T> StringOr<T> {
-    /// The blocks of the array form; nothing for the string form.
-    pub fn many(&self) -> impl Iterator<Item = &T> {
-        match self {
-            Self::String(_) => [].iter(),
-            Self::Many(items) => items.iter(),
-        }
-    }
-}
-
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for StringOr<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<T>(PhantomData<T>);

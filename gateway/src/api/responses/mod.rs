@@ -1,5 +1,5 @@
 //! `/v1/responses`: the OpenAI Responses API as a third surface on the turn path. A request
-//! becomes the canonical Messages request (`wire::responses::translate`), the turn's events
+//! becomes the conversation (`wire::responses::translate`), the turn's events
 //! become output items and stream events (`output`); stored responses live in the account's
 //! `ResponseStore`.
 //!

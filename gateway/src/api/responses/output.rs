@@ -1,18 +1,18 @@
-//! A turn's events as a Responses API response: each canonical block becomes an output item
-//! (text a `message` with one `output_text` part, `tool_use` a `function_call`, thinking a
-//! `reasoning` item), and each event the stream events that grow it. The JSON answer is the
-//! same fold with the events thrown away, so both forms always agree.
+//! A turn's events as a Responses API response: each block of the turn's output becomes an output
+//! item (text a `message` with one `output_text` part, `tool_use` a `function_call`, thinking a
+//! `reasoning` item), and each event the stream events that grow it. The JSON answer is the same
+//! fold with the events thrown away, so both forms always agree.
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
+use crate::conversation::{Delta, OutputBlock, Usage};
 use crate::error::ApiError;
 use crate::providers::ProviderEvent;
 use crate::seal::{Sealer, Thinking};
 use crate::tokens::Tokenizer;
 use crate::turn::TurnEvent;
-use crate::wire::anthropic::{Delta, OutputBlock, Usage};
 use crate::wire::responses::translate::{usage_to_responses, ToolNames};
 use crate::wire::responses::{
     IncompleteDetails, OutputContent, OutputItem, ResponseError, ResponseObject, ResponseUsage,

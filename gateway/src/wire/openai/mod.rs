@@ -2,7 +2,7 @@
 //! clients and writes back, and what the `openai` adapter writes to an upstream and reads back,
 //! one type each. Fields the serving side leaves out are left out of the JSON
 //! (`skip_serializing_if`), so an upstream sees only what it was asked. Translation to and from
-//! the canonical request is [`translate`].
+//! the conversation (`crate::conversation`) is [`translate`].
 
 pub mod translate;
 

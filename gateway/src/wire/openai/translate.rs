@@ -1,9 +1,9 @@
-//! Chat Completions and the canonical request, both ways, written once for both sides: the
-//! endpoint (`api/chat.rs`) reads a client's request with [`request_from_chat`] and answers
-//! with [`message_to_chat`], [`stop_to_chat`] and [`usage_to_chat`]; the `openai` adapter
-//! (`providers/openai.rs`) writes an upstream's request with [`request_to_chat`] and reads the
-//! answer with [`stop_from_chat`] and [`usage_from_chat`]. What stays with each side is its
-//! own: HTTP, SSE framing, the turn, the state of a stream.
+//! Chat Completions and the conversation (`crate::conversation`, "canonical" below), both ways,
+//! written once for both sides: the endpoint (`api/chat.rs`) reads a client's request with
+//! [`request_from_chat`] and answers with [`message_to_chat`], [`stop_to_chat`] and
+//! [`usage_to_chat`]; the `openai` adapter (`providers/openai.rs`) writes an upstream's request
+//! with [`request_to_chat`] and reads the answer with [`stop_from_chat`] and [`usage_from_chat`].
+//! What stays with each side is its own: HTTP, SSE framing, the turn, the state of a stream.
 //!
 //! Client to canonical: `system` and `developer` messages form the system prompt; consecutive
 //! messages of one role merge (tool results join the following user turn) so the canonical
@@ -33,16 +33,16 @@ use super::{
     FinishReason, FunctionCall, FunctionDef, FunctionDelta, ImageUrl, NamedFunction,
     PromptTokensDetails, ReasoningEffort, ToolCall, ToolCallDelta, ToolChoiceMode,
 };
-use crate::ids;
-use crate::validate::{Invalid, MIN_THINKING_BUDGET};
-use crate::wire::anthropic::{
-    ImageSource, InputBlock, InputMessage, MessagesRequest, Metadata, OutputBlock, Role, Thinking,
+use crate::conversation::{
+    Content, ImageSource, InputBlock, Message, Metadata, OutputBlock, Request, Role, Thinking,
     Tool, ToolChoice, Usage,
 };
+use crate::ids;
+use crate::validate::{Invalid, MIN_THINKING_BUDGET};
 use crate::wire::one_or_many::StringOr;
 
 impl ReasoningEffort {
-    /// The canonical request's `thinking` for this effort. The budget stays below max_tokens
+    /// The conversation's `thinking` for this effort. The budget stays below max_tokens
     /// when the client set one (thinking is left out when the minimum budget would not fit);
     /// with max_tokens left open it is fitted once the turn's cap is known.
     pub fn thinking(self, max_tokens: Option<u32>) -> Option<Thinking> {
@@ -65,8 +65,8 @@ impl ReasoningEffort {
     }
 }
 
-/// A client's request as the canonical request, and whether max_tokens was left open.
-pub fn request_from_chat(chat: ChatRequest) -> Result<(MessagesRequest, bool), Invalid> {
+/// A client's request as the conversation, and whether max_tokens was left open.
+pub fn request_from_chat(chat: ChatRequest) -> Result<(Request, bool), Invalid> {
     if chat.n.is_some_and(|n| n != 1) {
         return Err(Invalid::new("n: only 1 choice per request is supported"));
     }
@@ -74,7 +74,7 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(MessagesRequest, bool), I
         return Err(Invalid::new("temperature: must be between 0 and 2"));
     }
     let mut system: Vec<String> = Vec::new();
-    let mut messages: Vec<InputMessage> = Vec::new();
+    let mut messages: Vec<Message> = Vec::new();
     for (i, message) in chat.messages.into_iter().enumerate() {
         let (role, blocks) = match message {
             ChatMessage::System { content } | ChatMessage::Developer { content } => {
@@ -93,13 +93,13 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(MessagesRequest, bool), I
                 Role::User,
                 vec![InputBlock::ToolResult {
                     tool_use_id: tool_call_id,
-                    content: Some(StringOr::String(text_of(&content))),
+                    content: Some(Content::Text(text_of(&content))),
                     is_error: None,
                     cache_control: None,
                 }],
             ),
         };
-        InputMessage::append(&mut messages, role, blocks);
+        Message::append(&mut messages, role, blocks);
     }
     let tools = chat
         .tools
@@ -125,11 +125,11 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(MessagesRequest, bool), I
         .collect::<Result<Vec<_>, _>>()?;
     let parallel_tool_calls = chat.parallel_tool_calls;
     let max_tokens = chat.max_completion_tokens.or(chat.max_tokens);
-    let request = MessagesRequest {
+    let request = Request {
         model: chat.model,
         max_tokens: max_tokens.unwrap_or(0),
         messages,
-        system: (!system.is_empty()).then(|| StringOr::String(system.join("\n"))),
+        system: (!system.is_empty()).then(|| Content::Text(system.join("\n"))),
         temperature: chat.temperature.map(|t| t.min(1.0)),
         top_p: chat.top_p,
         top_k: None,
@@ -151,9 +151,9 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(MessagesRequest, bool), I
     Ok((request, max_tokens.is_none()))
 }
 
-/// The canonical request as an upstream's chat request for `model` (the upstream's name for
+/// The conversation as an upstream's chat request for `model` (the upstream's name for
 /// it). Whether to stream is the adapter's to say.
-pub fn request_to_chat(req: &MessagesRequest, model: &str) -> ChatRequest {
+pub fn request_to_chat(req: &Request, model: &str) -> ChatRequest {
     let mut messages = Vec::new();
     if let Some(system) = req.system_text() {
         messages.push(ChatMessage::System {
@@ -309,7 +309,7 @@ pub fn usage_to_chat(usage: &Usage) -> ChatUsage {
             cached_tokens: t.cache_read_input_tokens,
         }),
         cached_tokens: None,
-        credits_consumed: usage.credits_consumed.unwrap_or_default(),
+        credits_consumed: usage.credits,
     }
 }
 
@@ -446,15 +446,15 @@ fn assistant_blocks(
     Ok(blocks)
 }
 
-fn user_to_chat(message: &InputMessage, out: &mut Vec<ChatMessage>) {
+fn user_to_chat(message: &Message, out: &mut Vec<ChatMessage>) {
     let blocks = match &message.content {
-        StringOr::String(text) => {
+        Content::Text(text) => {
             out.push(ChatMessage::User {
                 content: StringOr::String(text.clone()),
             });
             return;
         }
-        StringOr::Many(blocks) => blocks,
+        Content::Blocks(blocks) => blocks,
     };
     let mut parts = Vec::new();
     for block in blocks {
@@ -465,7 +465,7 @@ fn user_to_chat(message: &InputMessage, out: &mut Vec<ChatMessage>) {
                 is_error,
                 ..
             } => {
-                let text = content.as_ref().map(StringOr::text).unwrap_or_default();
+                let text = content.as_ref().map(Content::text).unwrap_or_default();
                 let text = if *is_error == Some(true) {
                     format!("Error: {text}")
                 } else {
@@ -494,12 +494,12 @@ fn user_to_chat(message: &InputMessage, out: &mut Vec<ChatMessage>) {
     }
 }
 
-fn assistant_to_chat(message: &InputMessage) -> ChatMessage {
+fn assistant_to_chat(message: &Message) -> ChatMessage {
     let mut text = Vec::new();
     let mut calls = Vec::new();
     match &message.content {
-        StringOr::String(s) => text.push(s.clone()),
-        StringOr::Many(blocks) => {
+        Content::Text(s) => text.push(s.clone()),
+        Content::Blocks(blocks) => {
             for block in blocks {
                 match block {
                     InputBlock::Text { text: t, .. } => text.push(t.clone()),
@@ -530,11 +530,13 @@ mod tests {
         serde_json::from_value(body).expect("a valid chat request")
     }
 
-    fn canonical(body: Value) -> MessagesRequest {
-        serde_json::from_value(body).expect("a valid canonical request")
+    fn canonical(body: Value) -> Request {
+        crate::wire::anthropic::translate::request_from_messages(
+            serde_json::from_value(body).expect("a valid Messages request"),
+        )
     }
 
-    fn upstream_json(req: &MessagesRequest) -> Value {
+    fn upstream_json(req: &Request) -> Value {
         serde_json::to_value(request_to_chat(req, "upstream-model")).expect("serializes")
     }
 
@@ -705,10 +707,7 @@ mod tests {
         for choice in [named, any, ToolChoice::None] {
             let (chat_choice, parallel) = tool_choice_to_chat(&choice);
             let back = tool_choice_from_chat(chat_choice, parallel);
-            assert_eq!(
-                serde_json::to_value(&back).unwrap(),
-                serde_json::to_value(&choice).unwrap()
-            );
+            assert_eq!(back, choice);
         }
         let (required, _) = tool_choice_to_chat(&ToolChoice::Any {
             disable_parallel_tool_use: None,
@@ -755,10 +754,7 @@ mod tests {
             cache_read_input_tokens: 5,
             ..TokenUsage::default()
         };
-        let chat = usage_to_chat(&Usage {
-            tokens,
-            credits_consumed: Some(7),
-        });
+        let chat = usage_to_chat(&Usage { tokens, credits: 7 });
         assert_eq!((chat.prompt_tokens, chat.total_tokens), (15, 18));
         let wire = serde_json::to_value(chat).unwrap();
         assert_eq!(wire["prompt_tokens_details"]["cached_tokens"], 5);

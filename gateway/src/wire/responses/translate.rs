@@ -1,5 +1,5 @@
-//! A Responses API request translated into the canonical Messages request, and the canonical
-//! usage back into the response's (`api/responses/` serves the endpoint; the stream's output
+//! A Responses API request translated into the conversation (`crate::conversation`), and the
+//! turn's usage back into the response's (`api/responses/` serves the endpoint; the stream's output
 //! items are its `output.rs`, which holds the stream's state).
 //!
 //! Rules: `instructions` open the system prompt; `system` and `developer` messages join it
@@ -19,11 +19,11 @@ use super::{
     ContentPart, InputItem, InputTokensDetails, ItemKind, ItemRole, OutputTokensDetails,
     RequestTool, ResponseUsage, ResponsesRequest, TextFormat, ToolChoiceMode, ToolChoiceParam,
 };
+use crate::conversation::{
+    Content, InputBlock, Message, Metadata, Request, Role, Thinking, Tool, ToolChoice, Usage,
+};
 use crate::seal::Sealer;
 use crate::validate::Invalid;
-use crate::wire::anthropic::{
-    InputBlock, InputMessage, MessagesRequest, Metadata, Role, Thinking, Tool, ToolChoice, Usage,
-};
 use crate::wire::one_or_many::StringOr;
 use crate::wire::openai::translate::image_from_url;
 use crate::wire::openai::ReasoningEffort;
@@ -31,9 +31,9 @@ use crate::wire::openai::ReasoningEffort;
 /// The most characters of a tool name an upstream takes.
 const MAX_TOOL_NAME: usize = 64;
 
-/// The canonical request, with what is needed to answer in the Responses format.
+/// The conversation, with what is needed to answer in the Responses format.
 pub struct Translated {
-    pub request: MessagesRequest,
+    pub request: Request,
     /// The client left `max_output_tokens` out: reserve as chat completions does.
     pub open_max_tokens: bool,
     pub names: ToolNames,
@@ -108,11 +108,11 @@ pub fn translate(
     let mut names = ToolNames::default();
     let tools = tools(&req.tools, None, &mut names);
 
-    let mut messages: Vec<InputMessage> = Vec::new();
+    let mut messages: Vec<Message> = Vec::new();
     if let Some(instructions) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
-        messages.push(InputMessage {
+        messages.push(Message {
             role: Role::System,
-            content: StringOr::String(instructions.clone()),
+            content: Content::Text(instructions.clone()),
         });
     }
     if let Some(instruction) = req
@@ -120,9 +120,9 @@ pub fn translate(
         .as_ref()
         .and_then(|t| format_instruction(&t.format))
     {
-        messages.push(InputMessage {
+        messages.push(Message {
             role: Role::System,
-            content: StringOr::String(instruction),
+            content: Content::Text(instruction),
         });
     }
     // Calls of hosted tools are skipped, and so are their outputs, wherever they come from.
@@ -145,13 +145,13 @@ pub fn translate(
         }
         if let Some((role, blocks)) = item_blocks(item, &path, sealer)? {
             if !blocks.is_empty() {
-                InputMessage::append(&mut messages, role, blocks);
+                Message::append(&mut messages, role, blocks);
             }
         }
     }
 
     let max_tokens = req.max_output_tokens;
-    let mut request = MessagesRequest {
+    let mut request = Request {
         model: req.model.clone(),
         max_tokens: max_tokens.unwrap_or(0),
         messages,
@@ -281,7 +281,7 @@ fn format_instruction(format: &Option<TextFormat>) -> Option<String> {
 /// `reasoning_effort` (`ReasoningEffort::thinking`, within max_output_tokens); no thinking
 /// when `tool_choice` forces a tool, or when the turn continues a tool call made without
 /// thinking (upstreams refuse to think in either case).
-fn thinking(req: &ResponsesRequest, request: &MessagesRequest) -> Option<Thinking> {
+fn thinking(req: &ResponsesRequest, request: &Request) -> Option<Thinking> {
     let effort = req
         .reasoning
         .as_ref()?
@@ -343,9 +343,9 @@ fn item_blocks(
             };
             let blocks = content_blocks(content, &format!("{path}.content"), role)?;
             if role == Role::System {
-                let text = InputMessage {
+                let text = Message {
                     role,
-                    content: StringOr::Many(blocks),
+                    content: Content::Blocks(blocks),
                 }
                 .text();
                 (role, vec![InputBlock::text(text)])
@@ -382,8 +382,8 @@ fn item_blocks(
             let call_id = required(item.call_id, "call_id")?;
             let content = match item.output {
                 None => None,
-                Some(StringOr::String(text)) => Some(StringOr::String(text)),
-                Some(parts) => Some(StringOr::Many(content_blocks(
+                Some(StringOr::String(text)) => Some(Content::Text(text)),
+                Some(parts) => Some(Content::Blocks(content_blocks(
                     parts,
                     &format!("{path}.output"),
                     Role::User,
@@ -485,7 +485,7 @@ fn content_blocks(
     Ok(blocks)
 }
 
-/// The canonical usage as the response's: cached prompt tokens are cache reads, counted in
+/// A settled turn's usage as the response's: cached prompt tokens are cache reads, counted in
 /// `input_tokens`; `reasoning_tokens` is the part of the output that was thinking.
 pub fn usage_to_responses(usage: &Usage, reasoning_tokens: u32) -> ResponseUsage {
     let t = &usage.tokens;
@@ -498,7 +498,7 @@ pub fn usage_to_responses(usage: &Usage, reasoning_tokens: u32) -> ResponseUsage
         output_tokens: t.output_tokens,
         output_tokens_details: OutputTokensDetails { reasoning_tokens },
         total_tokens: input + t.output_tokens,
-        credits_consumed: usage.credits_consumed.unwrap_or_default(),
+        credits_consumed: usage.credits,
     }
 }
 
@@ -680,7 +680,7 @@ mod tests {
                     cache_read_input_tokens: 5,
                     ..Default::default()
                 },
-                credits_consumed: Some(3),
+                credits: 3,
             },
             1,
         );

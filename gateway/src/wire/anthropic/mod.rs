@@ -1,5 +1,6 @@
-//! The Messages API wire format (`/v1/messages`), which is also the gateway's canonical
-//! request shape: the chat-completions endpoint translates into it, providers consume it.
+//! The Messages API wire format (`/v1/messages`), as a client sends it to the endpoint and
+//! the `anthropic` adapter sends it upstream; `translate.rs` maps it to and from the
+//! conversation a turn serves (`crate::conversation`).
 //!
 //! Unknown fields are ignored rather than rejected, so requests written for the public
 //! Messages API (which grows fields over time) keep working; see the README's field policy.
@@ -10,6 +11,8 @@ use store::usage::{StopReason, TokenUsage};
 
 use super::null_as_default;
 use super::one_or_many::StringOr;
+
+pub mod translate;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct MessagesRequest {
@@ -47,146 +50,6 @@ pub struct MessagesRequest {
     pub metadata: Option<Metadata>,
 }
 
-impl MessagesRequest {
-    /// The text of the system prompt, blocks joined by newlines.
-    pub fn system_text(&self) -> Option<String> {
-        self.system.as_ref().map(|s| match s {
-            StringOr::String(text) => text.clone(),
-            StringOr::Many(blocks) => blocks
-                .iter()
-                .map(|b| b.text.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
-        })
-    }
-
-    /// Which cache the upstream may write part of the prompt to, and so bill at a dearer
-    /// price than plain input: only where a block or tool carries `cache_control`, the 1-hour
-    /// cache where one of them asks for `"ttl": "1h"`.
-    pub fn cache_writes(&self) -> CacheWrites {
-        let system = self
-            .system
-            .iter()
-            .flat_map(|s| s.many())
-            .map(|b| &b.cache_control);
-        let tools = self.tools.iter().map(|t| &t.cache_control);
-        let blocks = self
-            .messages
-            .iter()
-            .flat_map(InputMessage::blocks)
-            .map(InputBlock::cache_control);
-        system
-            .chain(tools)
-            .chain(blocks)
-            .flatten()
-            .map(|c| match c.get("ttl").and_then(Value::as_str) {
-                Some("1h") => CacheWrites::OneHour,
-                _ => CacheWrites::FiveMinutes,
-            })
-            .max()
-            .unwrap_or(CacheWrites::None)
-    }
-
-    /// The most tokens thinking may take, when thinking is on; adaptive thinking decides for
-    /// itself within max_tokens, and is given half of it.
-    pub fn thinking_budget(&self) -> Option<u32> {
-        match self.thinking {
-            Some(Thinking::Enabled { budget_tokens }) => Some(budget_tokens),
-            Some(Thinking::Adaptive) => Some(self.max_tokens / 2),
-            Some(Thinking::Disabled) | None => None,
-        }
-    }
-}
-
-impl MessagesRequest {
-    /// Folds `system` messages inside the conversation into what every upstream accepts:
-    /// leading ones join the system prompt; later ones become a `<system-reminder>` text block
-    /// at the start of the next user turn (or at the end of the last one).
-    pub fn fold_system_messages(&mut self) {
-        if !self.messages.iter().any(|m| m.role == Role::System) {
-            return;
-        }
-        let mut kept: Vec<InputMessage> = Vec::new();
-        let mut carried: Vec<InputBlock> = Vec::new();
-        for mut message in std::mem::take(&mut self.messages) {
-            match message.role {
-                Role::System if kept.is_empty() => self.append_system(message.text()),
-                Role::System => carried.push(InputBlock::Text {
-                    text: format!("<system-reminder>\n{}\n</system-reminder>", message.text()),
-                    cache_control: None,
-                    citations: None,
-                }),
-                Role::User if !carried.is_empty() => {
-                    let mut blocks = std::mem::take(&mut carried);
-                    blocks.extend(message.content.into_blocks());
-                    message.content = StringOr::Many(blocks);
-                    kept.push(message);
-                }
-                Role::User | Role::Assistant => kept.push(message),
-            }
-        }
-        if !carried.is_empty() {
-            match kept.last_mut() {
-                Some(last) if last.role == Role::User => {
-                    let mut blocks =
-                        std::mem::replace(&mut last.content, StringOr::Many(Vec::new()))
-                            .into_blocks();
-                    blocks.extend(carried);
-                    last.content = StringOr::Many(blocks);
-                }
-                _ => kept.push(InputMessage {
-                    role: Role::User,
-                    content: StringOr::Many(carried),
-                }),
-            }
-        }
-        self.messages = kept;
-    }
-
-    fn append_system(&mut self, text: String) {
-        self.system = Some(match self.system.take() {
-            None => StringOr::String(text),
-            Some(StringOr::String(prompt)) => StringOr::String(format!("{prompt}\n\n{text}")),
-            Some(StringOr::Many(mut blocks)) => {
-                blocks.push(TextBlock {
-                    kind: TextType::Text,
-                    text,
-                    cache_control: None,
-                });
-                StringOr::Many(blocks)
-            }
-        });
-    }
-}
-
-impl StringOr<InputBlock> {
-    /// Plain text of message or tool result content: the string, or its text blocks joined.
-    pub fn text(&self) -> String {
-        match self {
-            Self::String(s) => s.clone(),
-            Self::Many(blocks) => blocks
-                .iter()
-                .filter_map(|b| match b {
-                    InputBlock::Text { text, .. } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join("\n"),
-        }
-    }
-
-    fn into_blocks(self) -> Vec<InputBlock> {
-        match self {
-            Self::String(text) => vec![InputBlock::Text {
-                text,
-                cache_control: None,
-                citations: None,
-            }],
-            Self::Many(blocks) => blocks,
-        }
-    }
-}
-
 /// The body of `/v1/messages/count_tokens`: the message request without `max_tokens`.
 #[derive(Clone, Debug, Deserialize)]
 pub struct CountTokensRequest {
@@ -202,33 +65,12 @@ pub struct CountTokensRequest {
     pub thinking: Option<Thinking>,
 }
 
-impl From<CountTokensRequest> for MessagesRequest {
-    fn from(r: CountTokensRequest) -> Self {
-        Self {
-            model: r.model,
-            max_tokens: 1,
-            messages: r.messages,
-            system: r.system,
-            temperature: None,
-            top_p: None,
-            top_k: None,
-            stop_sequences: Vec::new(),
-            stream: false,
-            tools: r.tools,
-            tool_choice: r.tool_choice,
-            thinking: r.thinking,
-            metadata: None,
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     User,
     Assistant,
-    /// A system message inside the conversation (a Messages API beta Claude Code sends);
-    /// folded away by [`MessagesRequest::fold_system_messages`] before anything else runs.
+    /// A system message inside the conversation (a Messages API beta Claude Code sends).
     System,
 }
 
@@ -236,35 +78,6 @@ pub enum Role {
 pub struct InputMessage {
     pub role: Role,
     pub content: StringOr<InputBlock>,
-}
-
-impl InputMessage {
-    /// Appends `blocks` to the conversation as a turn of `role`, joining the last turn when it
-    /// has the same role: the OpenAI formats split one canonical turn into several messages or
-    /// items (tool results, then the user's text), and the canonical conversation alternates.
-    pub fn append(messages: &mut Vec<InputMessage>, role: Role, blocks: Vec<InputBlock>) {
-        match messages.last_mut() {
-            Some(last) if last.role == role => {
-                let existing = std::mem::replace(&mut last.content, StringOr::Many(Vec::new()));
-                let mut joined = existing.into_blocks();
-                joined.extend(blocks);
-                last.content = StringOr::Many(joined);
-            }
-            _ => messages.push(InputMessage {
-                role,
-                content: StringOr::Many(blocks),
-            }),
-        }
-    }
-
-    pub fn blocks(&self) -> impl Iterator<Item = &InputBlock> {
-        self.content.many()
-    }
-
-    /// Plain text of the message: string content, or its text blocks joined.
-    pub fn text(&self) -> String {
-        self.content.text()
-    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -322,26 +135,6 @@ pub enum InputBlock {
     RedactedThinking {
         data: String,
     },
-}
-
-impl InputBlock {
-    pub fn text(text: String) -> Self {
-        Self::Text {
-            text,
-            cache_control: None,
-            citations: None,
-        }
-    }
-
-    fn cache_control(&self) -> &Option<Value> {
-        match self {
-            Self::Text { cache_control, .. }
-            | Self::Image { cache_control, .. }
-            | Self::ToolUse { cache_control, .. }
-            | Self::ToolResult { cache_control, .. } => cache_control,
-            Self::Thinking { .. } | Self::RedactedThinking { .. } => &None,
-        }
-    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -447,14 +240,6 @@ pub enum OutputBlock {
         #[serde(default, deserialize_with = "null_as_default")]
         signature: String,
     },
-}
-
-/// The prompt cache a request lets the upstream write to, dearest last.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum CacheWrites {
-    None,
-    FiveMinutes,
-    OneHour,
 }
 
 /// The usage object of a response: token counts plus the service's `credits_consumed`, which
@@ -623,48 +408,6 @@ mod tests {
         serde_json::from_value(json!({"model": "svc/opus", "max_tokens": 10,
             "system": "Be brief.", "messages": messages}))
         .expect("a valid request")
-    }
-
-    #[test]
-    fn leading_system_messages_join_the_system_prompt() {
-        let mut req = request(json!([
-            {"role": "system", "content": "Use metric units."},
-            {"role": "user", "content": "hi"}
-        ]));
-        req.fold_system_messages();
-        assert_eq!(
-            req.system_text().as_deref(),
-            Some("Be brief.\n\nUse metric units.")
-        );
-        assert_eq!(req.messages.len(), 1);
-    }
-
-    #[test]
-    fn a_mid_conversation_system_message_opens_the_next_user_turn() {
-        let mut req = request(json!([
-            {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "hello"},
-            {"role": "system", "content": "The user is on mobile."},
-            {"role": "user", "content": "weather?"}
-        ]));
-        req.fold_system_messages();
-        let roles: Vec<Role> = req.messages.iter().map(|m| m.role).collect();
-        assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
-        assert_eq!(
-            req.messages[2].text(),
-            "<system-reminder>\nThe user is on mobile.\n</system-reminder>\nweather?"
-        );
-    }
-
-    #[test]
-    fn a_trailing_system_message_joins_the_last_user_turn() {
-        let mut req = request(json!([
-            {"role": "user", "content": "hi"},
-            {"role": "system", "content": "Answer in French."}
-        ]));
-        req.fold_system_messages();
-        assert_eq!(req.messages.len(), 1);
-        assert!(req.messages[0].text().ends_with("</system-reminder>"));
     }
 
     #[test]
