@@ -124,6 +124,15 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(Request, bool), Invalid> 
         })
         .collect::<Result<Vec<_>, _>>()?;
     let parallel_tool_calls = chat.parallel_tool_calls;
+    let tool_choice = match chat.tool_choice {
+        Some(choice) => Some(tool_choice_from_chat(choice, parallel_tool_calls)),
+        // `parallel_tool_calls: false` alone still asks for one call at a time: the default
+        // choice (auto) with parallel use off, as OpenAI applies it.
+        None if parallel_tool_calls == Some(false) && !tools.is_empty() => Some(ToolChoice::Auto {
+            disable_parallel_tool_use: Some(true),
+        }),
+        None => None,
+    };
     let max_tokens = chat.max_completion_tokens.or(chat.max_tokens);
     let request = Request {
         model: chat.model,
@@ -140,9 +149,7 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(Request, bool), Invalid> 
         },
         stream: chat.stream.unwrap_or(false),
         tools,
-        tool_choice: chat
-            .tool_choice
-            .map(|c| tool_choice_from_chat(c, parallel_tool_calls)),
+        tool_choice,
         thinking: chat.reasoning_effort.and_then(|e| e.thinking(max_tokens)),
         metadata: chat.user.map(|user_id| Metadata {
             user_id: Some(user_id),
@@ -713,6 +720,39 @@ mod tests {
             disable_parallel_tool_use: None,
         });
         assert_eq!(serde_json::to_value(required).unwrap(), json!("required"));
+    }
+
+    #[test]
+    fn parallel_tool_calls_false_without_a_tool_choice_still_allows_one_call_at_a_time() {
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let (req, _) = request_from_chat(chat(json!({"model": "svc/gpt", "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": tools, "parallel_tool_calls": false})))
+        .expect("translates");
+        assert_eq!(
+            req.tool_choice,
+            Some(ToolChoice::Auto {
+                disable_parallel_tool_use: Some(true)
+            })
+        );
+        for (extra, why) in [
+            (
+                json!({"tools": tools, "parallel_tool_calls": true}),
+                "parallel calls are the default",
+            ),
+            (
+                json!({"parallel_tool_calls": false}),
+                "no tools, nothing to call",
+            ),
+        ] {
+            let mut body = json!({"model": "svc/gpt", "max_tokens": 16,
+                "messages": [{"role": "user", "content": "hi"}]});
+            body.as_object_mut()
+                .expect("an object")
+                .extend(extra.as_object().expect("an object").clone());
+            let (req, _) = request_from_chat(chat(body)).expect("translates");
+            assert_eq!(req.tool_choice, None, "{why}");
+        }
     }
 
     #[test]
