@@ -11,7 +11,6 @@ use std::time::Instant;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 use thiserror::Error;
-use time::OffsetDateTime;
 use tracing::Instrument;
 
 use crds::config::{Affinity, Upstream};
@@ -251,13 +250,7 @@ pub async fn start(
         upstream_model: upstream.model.clone(),
         endpoint: endpoint.name(),
         stream: request.stream,
-        status: MessageStatus::Reserved,
-        reserved: 0,
-        billed: 0,
-        usage: TokenUsage::default(),
-        stop_reason: None,
-        created_at: OffsetDateTime::now_utc(),
-        latency_ms: None,
+        ..MessageRecord::default()
     };
     let reservation = state.ledger.reserve(NewReservation {
         record,

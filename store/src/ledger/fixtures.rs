@@ -2,10 +2,7 @@
 //! the simulated upstream. Compiled for the store's own unit tests and, through the `fixtures`
 //! feature, for the end-to-end tests and the gateway's benches; never into a binary.
 
-use time::OffsetDateTime;
-
-use super::{MessageRecord, MessageStatus};
-use crate::usage::TokenUsage;
+use super::MessageRecord;
 
 /// The row of a new turn `id` of the account's key: nothing held, billed or used yet.
 pub fn turn_record(id: &str, account_id: &str, key_id: &str) -> MessageRecord {
@@ -19,13 +16,6 @@ pub fn turn_record(id: &str, account_id: &str, key_id: &str) -> MessageRecord {
         upstream: "simulated".to_owned(),
         upstream_model: "simulated-haiku".to_owned(),
         endpoint: "messages",
-        stream: false,
-        status: MessageStatus::Reserved,
-        reserved: 0,
-        billed: 0,
-        usage: TokenUsage::default(),
-        stop_reason: None,
-        created_at: OffsetDateTime::now_utc(),
-        latency_ms: None,
+        ..MessageRecord::default()
     }
 }

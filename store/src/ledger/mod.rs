@@ -117,6 +117,33 @@ pub struct MessageRecord {
     pub latency_ms: Option<u64>,
 }
 
+/// A turn's row as it is created, before its reservation: nothing held, billed or used yet.
+/// Whoever creates a turn names it (ids, models, upstream, endpoint) and takes the rest from
+/// here: `MessageRecord { id, .., ..MessageRecord::default() }`.
+impl Default for MessageRecord {
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            account_id: String::new(),
+            key_id: String::new(),
+            model: String::new(),
+            served_model: String::new(),
+            provider: String::new(),
+            upstream: String::new(),
+            upstream_model: String::new(),
+            endpoint: "",
+            stream: false,
+            status: MessageStatus::Reserved,
+            reserved: 0,
+            billed: 0,
+            usage: TokenUsage::default(),
+            stop_reason: None,
+            created_at: OffsetDateTime::now_utc(),
+            latency_ms: None,
+        }
+    }
+}
+
 /// What a key's turns were billed and hold in the current UTC month: what its monthly spend
 /// cap is measured against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
