@@ -16,9 +16,9 @@ use crate::ids;
 use crate::limits::{
     AddressBrake, Dimension, Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter,
 };
-use crate::payments::reload::{self, AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
-use crate::payments::stripe::StripeConfigError;
-use crate::payments::{self, NoPayments, PaymentError, PaymentProvider, TestPayments};
+use crate::payments::reload::{AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
+use crate::payments::stripe::{self, StripeConfigError};
+use crate::payments::{self, NoPayments, PaymentError, PaymentProvider, Payments, TestPayments};
 use crate::providers::Providers;
 use crate::reaper;
 use crate::responses_store::Backend as ResponsesBackend;
@@ -71,10 +71,10 @@ pub enum StartError {
 fn payments(
     args: &PaymentsArgs,
     otherwise: impl PaymentProvider + 'static,
-) -> Result<Arc<dyn PaymentProvider>, StartError> {
+) -> Result<Payments, StartError> {
     Ok(match args.stripe().build()? {
-        Some(stripe) => Arc::new(stripe),
-        None => Arc::new(otherwise),
+        Some(stripe) => Payments::stripe(stripe),
+        None => Payments::other(otherwise),
     })
 }
 
@@ -89,7 +89,7 @@ struct Stores {
     accounts: Arc<dyn Accounts>,
     ledger: Arc<dyn Ledger>,
     limiter: Arc<dyn Limiter>,
-    payments: Arc<dyn PaymentProvider>,
+    payments: Payments,
     auto_reloads: Arc<dyn AutoReloads>,
     developers: Arc<dyn DeveloperStore>,
     responses: ResponsesBackend,
@@ -121,7 +121,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     warnings::standalone(
         &config,
         args.common.server.listen,
-        stores.payments.stripe().is_some(),
+        stores.payments.stripe.is_some(),
     );
     run(
         args.common,
@@ -336,9 +336,9 @@ async fn run(
     let (services, responses) = assemble(&args, stores, catalog(config)).await?;
     background(&services, rules);
     let draining = services.shutdown.draining.clone();
-    if services.payments.stripe().is_some() {
-        tokio::spawn(reload::every(
-            services.payments.clone(),
+    if let Some(stripe) = services.payments.stripe.clone() {
+        tokio::spawn(stripe::reloads::every(
+            stripe,
             services.auto_reloads.clone(),
             args.payments.auto_reload_interval(),
             draining.clone(),

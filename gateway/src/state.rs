@@ -13,7 +13,7 @@ use crate::client_address::TrustedProxies;
 use crate::dashboard::settings::DashboardConfig;
 use crate::limits::{AddressBrake, Limiter};
 use crate::payments::reload::AutoReloads;
-use crate::payments::{Books, PaymentProvider};
+use crate::payments::{Books, Payments};
 use crate::providers::Providers;
 use crate::responses_store::ResponseStore;
 use crate::routing::Catalog;
@@ -42,7 +42,7 @@ pub struct Services {
     pub shutdown: Shutdown,
     /// Dashboard users, sessions and checkouts.
     pub developers: Arc<dyn DeveloperStore>,
-    pub payments: Arc<dyn PaymentProvider>,
+    pub payments: Payments,
     /// Auto-reload rules and saved cards.
     pub auto_reloads: Arc<dyn AutoReloads>,
     /// Stored responses of `/v1/responses`.
@@ -141,7 +141,7 @@ pub struct DashboardState {
     pub accounts: Arc<dyn Accounts>,
     pub ledger: Arc<dyn Ledger>,
     pub developers: Arc<dyn DeveloperStore>,
-    pub payments: Arc<dyn PaymentProvider>,
+    pub payments: Payments,
     pub auto_reloads: Arc<dyn AutoReloads>,
     /// What a checkout moves and records.
     pub books: Books,
@@ -161,7 +161,7 @@ impl DashboardState {
 /// payment moves.
 pub struct Webhooks {
     pub books: Books,
-    pub payments: Arc<dyn PaymentProvider>,
+    pub payments: Payments,
     /// The generic webhook is off (404) without it.
     pub payment_webhook_secret: Option<String>,
 }

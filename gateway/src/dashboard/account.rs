@@ -11,10 +11,10 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use time::{Duration, OffsetDateTime};
 
+use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{bare, notice, with_status};
 use super::session::{self, SignedIn, CSRF_COOKIE, SESSION_COOKIE};
-use super::DashboardError;
 use crate::client_address::{AddressBucket, ClientAddress};
 use crate::ids;
 use crate::limits::{AddressBrake, LimitError};

@@ -11,10 +11,10 @@ use maud::html;
 use serde::Deserialize;
 use time::OffsetDateTime;
 
+use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
 use super::session::{secure, SignedIn};
-use super::DashboardError;
 use crate::error::ApiError;
 use crate::ids;
 use crate::payments::reload::MAX_DECLINES;
@@ -115,7 +115,7 @@ async fn render(
     let checkouts = state.developers.checkouts(&session.account_id).await?;
     let reversals = state.ledger.reversals(&session.account_id).await?;
     let reload = state.auto_reloads.settings(&session.account_id).await?;
-    let stripe = state.payments.stripe().is_some();
+    let stripe = state.payments.stripe.is_some();
     let per_usd = state.credits_per_usd;
     let mut history: Vec<HistoryRow> = confirmed
         .iter()
@@ -355,7 +355,7 @@ pub async fn checkout(
             created_at: OffsetDateTime::now_utc(),
         })
         .await?;
-    let started = state.payments.checkout(&state.books, &order).await;
+    let started = state.payments.provider.checkout(&state.books, &order).await;
     if let Ok(Started::Redirect(url)) = &started {
         return Ok(Redirect::to(url).into_response());
     }

@@ -5,7 +5,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use serde::de::DeserializeOwned;
 
-use super::DashboardError;
+use super::error::DashboardError;
 
 pub struct HtmlForm<T>(pub T);
 

@@ -11,10 +11,10 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use time::OffsetDateTime;
 
+use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{datetime, notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
-use super::DashboardError;
 use crate::auth::{self, KeySpec};
 use crate::state::DashboardState;
 use crds::config::SCOPES;

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 
-use super::DashboardError;
+use super::error::DashboardError;
 use crate::error::ApiError;
 use store::developers::Session;
 

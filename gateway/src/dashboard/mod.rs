@@ -6,6 +6,7 @@ mod account;
 mod billing;
 mod changelog;
 mod charts;
+pub mod error;
 mod form;
 mod keys;
 mod layout;
@@ -18,40 +19,12 @@ use axum::http::{header, HeaderValue};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use thiserror::Error;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::limits::LimitError;
 use crate::state::AppState;
-use crate::usage_report::UsageError;
-use store::accounts::StoreError;
-use store::ledger::LedgerError;
+use error::DashboardError;
 
 pub use settings::DashboardConfig;
-
-#[derive(Debug, Error)]
-pub enum DashboardError {
-    #[error(
-        "this form has expired or did not come from this dashboard; reload the page and try again"
-    )]
-    Csrf,
-    #[error("the form could not be read; reload the page and try again")]
-    BadForm,
-    #[error("no such page")]
-    NotFound,
-    #[error("password hashing failed")]
-    PasswordHash,
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-    /// A usage range the `/v1` API would refuse the same way.
-    #[error(transparent)]
-    Usage(#[from] UsageError),
-    /// The client address brake could not count the attempt.
-    #[error(transparent)]
-    Limit(#[from] LimitError),
-}
 
 pub fn router() -> Router<AppState> {
     Router::new()

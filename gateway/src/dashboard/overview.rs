@@ -7,9 +7,9 @@ use axum::extract::State;
 use maud::{html, Markup};
 use time::{Date, OffsetDateTime};
 
+use super::error::DashboardError;
 use super::layout::{datetime, dollars, page, thousands, Nav};
 use super::session::SignedIn;
-use super::DashboardError;
 use crate::payments::MIN_TOP_UP_CENTS;
 use crate::state::DashboardState;
 use crate::usage_report::{format_date, report, UsageQuery};

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use subtle::ConstantTimeEq;
 use time::{Duration, OffsetDateTime};
 
-use super::DashboardError;
+use super::error::DashboardError;
 use crate::ids;
 use crate::state::DashboardState;
 use store::accounts::KeyHash;

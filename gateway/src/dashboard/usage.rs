@@ -11,10 +11,10 @@ use serde::Deserialize;
 use time::Duration;
 
 use super::charts::{stacked, Stacked};
+use super::error::DashboardError;
 use super::keys::{self, Listed};
 use super::layout::{notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
-use super::DashboardError;
 use crate::state::DashboardState;
 use crate::usage_report::{format_date, report, UsageError, UsageQuery, UsageReport};
 

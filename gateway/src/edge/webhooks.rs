@@ -38,7 +38,7 @@ pub async fn stripe(
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Json<Value>, ApiError> {
-    let Some(stripe) = state.payments.stripe() else {
+    let Some(stripe) = state.payments.stripe.as_deref() else {
         return Err(ApiError::not_found("no such path"));
     };
     let (event, outcome) = stripe::webhook::receive(&state.books, stripe, &headers, &body).await?;

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::auth::AuthError;
 use crate::cpu::JobFailed;
-use crate::dashboard::DashboardError;
+use crate::dashboard::error::DashboardError;
 use crate::limits::LimitError;
 use crate::payments::{CheckoutError, PaymentError};
 use crate::providers::ProviderError;

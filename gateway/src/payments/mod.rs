@@ -14,10 +14,37 @@ use thiserror::Error;
 
 pub use provider::{CheckoutError, NoPayments, Order, PaymentProvider, Started, TestPayments};
 
+use stripe::Stripe;
+
 use reload::AutoReloads;
 use store::accounts::{Accounts, StoreError};
 use store::developers::DeveloperStore;
 use store::ledger::{Confirmation, Ledger, LedgerError, NewTopUp};
+
+/// The payment provider chosen at start-up, and Stripe itself when it is the one: its webhook
+/// and the auto-reload sweep need Stripe, not just a provider.
+#[derive(Clone)]
+pub struct Payments {
+    pub provider: Arc<dyn PaymentProvider>,
+    pub stripe: Option<Arc<Stripe>>,
+}
+
+impl Payments {
+    pub fn stripe(stripe: Stripe) -> Self {
+        let stripe = Arc::new(stripe);
+        Self {
+            provider: stripe.clone(),
+            stripe: Some(stripe),
+        }
+    }
+
+    pub fn other(provider: impl PaymentProvider + 'static) -> Self {
+        Self {
+            provider: Arc::new(provider),
+            stripe: None,
+        }
+    }
+}
 
 /// What payments move and record: the accounts credited, the ledger, the saved cards of
 /// auto-reload, the dashboard's checkouts, and the price of a credit.

@@ -9,7 +9,6 @@ use serde_json::json;
 use thiserror::Error;
 use time::OffsetDateTime;
 
-use super::stripe::{Stripe, StripeError};
 use super::webhook::{receive, SIGNATURE_HEADER};
 use super::{signature, Books, PaymentError};
 use store::accounts::StoreError;
@@ -20,8 +19,9 @@ pub enum CheckoutError {
     NoProvider,
     #[error("the payment provider's confirmation was refused: {0}")]
     Confirmation(PaymentError),
+    /// The provider refused or could not be reached; its own words stay in the log.
     #[error(transparent)]
-    Provider(StripeError),
+    Provider(Box<dyn std::error::Error + Send + Sync>),
     #[error(transparent)]
     Store(StoreError),
 }
@@ -48,11 +48,6 @@ pub struct Order {
 pub trait PaymentProvider: Send + Sync {
     /// Starts paying an order. The account is credited only by the webhook's confirmation.
     async fn checkout(&self, books: &Books, order: &Order) -> Result<Started, CheckoutError>;
-
-    /// The Stripe provider, whose webhook `POST /webhooks/stripe` serves.
-    fn stripe(&self) -> Option<&Stripe> {
-        None
-    }
 }
 
 /// The test provider of standalone mode: every checkout is paid at once, and confirmed the

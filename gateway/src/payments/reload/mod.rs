@@ -1,6 +1,6 @@
 //! Auto-reload: "when the balance falls below X credits, add $Y", charged off-session to the
 //! card an account saved at its first Stripe checkout and credited by the same webhook as any
-//! top-up. Every pod sweeps ([`every`]); a reload starts in the store's one atomic step that
+//! top-up. Every pod sweeps (`stripe::reloads`, when Stripe is the provider); a reload starts in the store's one atomic step that
 //! disarms it ([`AutoReloads::due`]), so one crossing is one charge whichever pods sweep. It
 //! is re-armed when the balance is back at the threshold, or after a failed attempt (the next
 //! sweep retries); [`MAX_DECLINES`] declines in a row turn it off.
@@ -8,16 +8,11 @@
 mod memory;
 mod postgres;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
 
 pub use memory::MemoryAutoReloads;
 pub use postgres::PostgresAutoReloads;
 
-use crate::payments::PaymentProvider;
 use store::accounts::StoreError;
 
 /// Declines in a row after which auto-reload turns itself off.
@@ -88,40 +83,4 @@ pub trait AutoReloads: Send + Sync {
     async fn due(&self) -> Result<Vec<Due>, StoreError>;
     /// Records how a started reload went.
     async fn finish(&self, due: &Due, outcome: &Outcome) -> Result<(), StoreError>;
-}
-
-/// Runs a sweep every `interval` until `draining`, when Stripe is the payment provider.
-pub async fn every(
-    payments: Arc<dyn PaymentProvider>,
-    store: Arc<dyn AutoReloads>,
-    interval: Duration,
-    draining: CancellationToken,
-) {
-    let mut ticks = tokio::time::interval(interval);
-    loop {
-        tokio::select! {
-            _ = draining.cancelled() => return,
-            _ = ticks.tick() => sweep(payments.as_ref(), store.as_ref()).await,
-        }
-    }
-}
-
-async fn sweep(payments: &dyn PaymentProvider, store: &dyn AutoReloads) {
-    let Some(stripe) = payments.stripe() else {
-        return;
-    };
-    let due = match store.due().await {
-        Ok(due) => due,
-        Err(e) => {
-            tracing::warn!(error = %e, "auto-reload sweep failed; retrying at the next tick");
-            return;
-        }
-    };
-    for reload in due {
-        let outcome = stripe.charge(&reload).await;
-        tracing::info!(account = %reload.account_id, attempt = reload.attempt, ?outcome, "auto-reload");
-        if let Err(e) = store.finish(&reload, &outcome).await {
-            tracing::warn!(error = %e, account = %reload.account_id, "auto-reload outcome not recorded");
-        }
-    }
 }

@@ -7,6 +7,7 @@
 
 mod api;
 mod events;
+pub mod reloads;
 pub mod webhook;
 
 use async_trait::async_trait;
@@ -184,12 +185,8 @@ impl PaymentProvider for Stripe {
                 &session_form(order, !saved),
             )
             .await
-            .map_err(CheckoutError::Provider)?;
+            .map_err(|e| CheckoutError::Provider(Box::new(e)))?;
         Ok(Started::Redirect(session.url))
-    }
-
-    fn stripe(&self) -> Option<&Stripe> {
-        Some(self)
     }
 }
 
