@@ -21,8 +21,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::body::BodyDeadline;
 use crate::client_address::Peer;
+use crate::edge::body::BodyDeadline;
 use crate::state::AppState;
 use crate::{admin, api, telemetry};
 

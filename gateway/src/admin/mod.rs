@@ -14,9 +14,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
-use crate::api::body::JsonBody;
 use crate::api::{method_not_allowed, not_found};
 use crate::auth::{self, KeySpec};
+use crate::edge::body::JsonBody;
 use crate::error::ApiError;
 use crate::payments;
 use crate::state::{AdminState, AppState};

@@ -13,9 +13,9 @@ use axum::{Extension, Json};
 use futures::{Stream, StreamExt};
 use time::OffsetDateTime;
 
-use super::body::JsonBody;
 use crate::auth::Principal;
 use crate::conversation::{Delta, OutputBlock};
+use crate::edge::body::JsonBody;
 use crate::error::ApiError;
 use crate::ids;
 use crate::providers::ProviderEvent;

@@ -8,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::json;
 
-use super::body::JsonBody;
 use crate::auth::Principal;
+use crate::edge::body::JsonBody;
 use crate::error::ApiError;
 use crate::limits::AdmissionRequest;
 use crate::state::TurnApi;

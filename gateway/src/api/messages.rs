@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::{Stream, StreamExt};
 
-use super::body::JsonBody;
 use crate::auth::Principal;
+use crate::edge::body::JsonBody;
 use crate::error::ApiError;
 use crate::ids;
 use crate::providers::ProviderEvent;

@@ -3,7 +3,6 @@
 //! `/v1` even unknown paths and wrong methods need a key, like every `/v1/*` request.
 
 mod account;
-pub mod body;
 mod chat;
 mod count_tokens;
 mod messages;
@@ -20,7 +19,7 @@ use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::edge::{auth, pre_admission, rate_limit_headers, request_telemetry, webhooks};
+use crate::edge::{auth, body, pre_admission, rate_limit_headers, request_telemetry, webhooks};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::{dashboard, version};

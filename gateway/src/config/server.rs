@@ -8,8 +8,8 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 use super::secrets::long_secret;
-use crate::api::body::BodyDeadline;
 use crate::client_address::TrustedProxies;
+use crate::edge::body::BodyDeadline;
 use crate::serve;
 
 #[derive(Debug, Args)]

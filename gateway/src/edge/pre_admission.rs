@@ -9,7 +9,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::api::body;
+use super::body;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::limits::{AdmissionRequest, Snapshot};

@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::api::body::RawBody;
+use super::body::RawBody;
 use crate::error::ApiError;
 use crate::payments::{stripe, webhook};
 use crate::state::Webhooks;

@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use self::output::{Assembler, Shape};
-use super::body::{self, JsonBody};
 use crate::auth::Principal;
+use crate::edge::body::{self, JsonBody};
 use crate::error::ApiError;
 use crate::ids;
 use crate::responses_store::StoredResponse;
