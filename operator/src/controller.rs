@@ -146,7 +146,8 @@ mod tests {
 
     use super::*;
     use crate::testing::{
-        api_server, expect, fail, no_check, reading, route, simulated, Expect, CRDS, NS,
+        api_server, expect, fail, no_check, reading, records_event, route, simulated,
+        writes_config, Expect, CRDS, NS,
     };
 
     /// The requests of a reconcile of a valid namespace that publishes.
@@ -160,20 +161,8 @@ mod tests {
                     route(simulated()),
                     no_check,
                 ),
-                expect(
-                    Method::PATCH,
-                    "/api/v1/namespaces/gw/secrets/gateway-config",
-                    serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-                       "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
-                    no_check,
-                ),
-                expect(
-                    Method::POST,
-                    "/apis/events.k8s.io/v1/namespaces/gw/events",
-                    serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                       "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
-                    no_check,
-                ),
+                writes_config(no_check),
+                records_event("e1", no_check),
             ],
         )
     }

@@ -324,7 +324,8 @@ mod tests {
 
     use super::*;
     use crate::testing::{
-        api_server, expect, no_check, reading, route, simulated, Expect, CRDS, NS,
+        api_server, expect, missing_key_upstream, no_check, reading, records_event, route,
+        simulated, writes_config, Expect, CRDS, NS,
     };
 
     async fn reconcile_against(expected: Vec<Expect>) -> Outcome {
@@ -381,30 +382,18 @@ mod tests {
                         assert_eq!(body["status"]["observedGeneration"], 2);
                     },
                 ),
-                expect(
-                    Method::PATCH,
-                    "/api/v1/namespaces/gw/secrets/gateway-config",
-                    json!({"apiVersion": "v1", "kind": "Secret",
-                       "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
-                    |body| {
-                        let config = published(body);
-                        assert!(config.models.contains_key("svc/fast"), "{config:?}");
-                        assert_eq!(
-                            body["metadata"]["annotations"][VERSION_ANNOTATION],
-                            json!(config.version)
-                        );
-                    },
-                ),
-                expect(
-                    Method::POST,
-                    "/apis/events.k8s.io/v1/namespaces/gw/events",
-                    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                       "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
-                    |body| {
-                        assert_eq!(body["reason"], "Published");
-                        assert_eq!(body["regarding"]["name"], "gateway-config");
-                    },
-                ),
+                writes_config(|body| {
+                    let config = published(body);
+                    assert!(config.models.contains_key("svc/fast"), "{config:?}");
+                    assert_eq!(
+                        body["metadata"]["annotations"][VERSION_ANNOTATION],
+                        json!(config.version)
+                    );
+                }),
+                records_event("e1", |body| {
+                    assert_eq!(body["reason"], "Published");
+                    assert_eq!(body["regarding"]["name"], "gateway-config");
+                }),
             ],
         ))
         .await;
@@ -413,13 +402,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_invalid_route_gets_a_condition_and_an_event_and_the_rest_is_published() {
-        let broken = json!({
-            "name": "anthropic",
-            "provider": "anthropic",
-            "model": "claude",
-            "baseUrl": "https://api.anthropic.com",
-            "apiKeySecretRef": {"name": "missing", "key": "apiKey"},
-        });
+        let broken = missing_key_upstream();
         let outcome = reconcile_against(reading(
             vec![route(broken.clone())],
             vec![
@@ -436,34 +419,16 @@ mod tests {
                         assert!(message.ends_with("left out of the gateway configuration"));
                     },
                 ),
-                expect(
-                    Method::POST,
-                    "/apis/events.k8s.io/v1/namespaces/gw/events",
-                    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                       "metadata": {"name": "e1", "namespace": NS}, "eventTime": null}),
-                    |body| {
-                        assert_eq!(body["type"], "Warning");
-                        assert_eq!(body["regarding"]["name"], "svc-fast");
-                    },
-                ),
-                expect(
-                    Method::PATCH,
-                    "/api/v1/namespaces/gw/secrets/gateway-config",
-                    json!({"apiVersion": "v1", "kind": "Secret",
-                       "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
-                    |body| {
-                        let config = published(body);
-                        assert_eq!(config.tiers.len(), 4, "{config:?}");
-                        assert!(!config.models.contains_key("svc/fast"), "{config:?}");
-                    },
-                ),
-                expect(
-                    Method::POST,
-                    "/apis/events.k8s.io/v1/namespaces/gw/events",
-                    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                       "metadata": {"name": "e2", "namespace": NS}, "eventTime": null}),
-                    |body| assert_eq!(body["reason"], "Published"),
-                ),
+                records_event("e1", |body| {
+                    assert_eq!(body["type"], "Warning");
+                    assert_eq!(body["regarding"]["name"], "svc-fast");
+                }),
+                writes_config(|body| {
+                    let config = published(body);
+                    assert_eq!(config.tiers.len(), 4, "{config:?}");
+                    assert!(!config.models.contains_key("svc/fast"), "{config:?}");
+                }),
+                records_event("e2", |body| assert_eq!(body["reason"], "Published")),
             ],
         ))
         .await;
@@ -472,17 +437,9 @@ mod tests {
 
     #[tokio::test]
     async fn only_the_secrets_a_resource_refers_to_and_the_config_secret_call_for_a_recompile() {
-        let broken = json!({
-            "name": "anthropic",
-            "provider": "anthropic",
-            "model": "claude",
-            "baseUrl": "https://api.anthropic.com",
-            "apiKeySecretRef": {"name": "missing", "key": "apiKey"},
-        });
+        let broken = missing_key_upstream();
         let secret = json!({"apiVersion": "v1", "kind": "Secret",
                             "metadata": {"name": "gateway-config", "namespace": NS}});
-        let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                           "metadata": {"name": "e1", "namespace": NS}, "eventTime": null});
         let outcome = reconcile_then(
             reading(
                 vec![route(broken.clone())],
@@ -493,24 +450,14 @@ mod tests {
                         route(broken),
                         no_check,
                     ),
-                    expect(
-                        Method::POST,
-                        "/apis/events.k8s.io/v1/namespaces/gw/events",
-                        event.clone(),
-                        no_check,
-                    ),
+                    records_event("e1", no_check),
                     expect(
                         Method::PATCH,
                         "/api/v1/namespaces/gw/secrets/gateway-config",
                         secret,
                         no_check,
                     ),
-                    expect(
-                        Method::POST,
-                        "/apis/events.k8s.io/v1/namespaces/gw/events",
-                        event,
-                        no_check,
-                    ),
+                    records_event("e1", no_check),
                 ],
             ),
             |ctx| {

@@ -74,6 +74,17 @@ pub fn simulated() -> Value {
     json!({"name": "sim", "provider": "simulated", "model": "sim-1"})
 }
 
+/// An anthropic upstream whose API key Secret (`missing`) does not exist.
+pub fn missing_key_upstream() -> Value {
+    json!({
+        "name": "anthropic",
+        "provider": "anthropic",
+        "model": "claude",
+        "baseUrl": "https://api.anthropic.com",
+        "apiKeySecretRef": {"name": "missing", "key": "apiKey"},
+    })
+}
+
 pub fn list(items: Vec<Value>) -> Value {
     json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items})
 }
@@ -110,6 +121,28 @@ pub fn fail(method: Method, path: &str, status: u16, reason: &str) -> Expect {
 }
 
 pub fn no_check(_: &Value) {}
+
+/// The reconcile writes the config Secret, `check`ed; the API server answers it as `u1`.
+pub fn writes_config(check: fn(&Value)) -> Expect {
+    expect(
+        Method::PATCH,
+        "/api/v1/namespaces/gw/secrets/gateway-config",
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
+        check,
+    )
+}
+
+/// The reconcile records an Event, `check`ed; the API server names it `name`.
+pub fn records_event(name: &str, check: fn(&Value)) -> Expect {
+    expect(
+        Method::POST,
+        "/apis/events.k8s.io/v1/namespaces/gw/events",
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+               "metadata": {"name": name, "namespace": NS}, "eventTime": null}),
+        check,
+    )
+}
 
 /// What a reconcile asks first (the tiers, the routes, the keys and the secrets of the
 /// namespace: published tiers, `routes`, no key, no secret), then `then`.

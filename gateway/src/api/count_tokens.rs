@@ -22,8 +22,7 @@ pub async fn count(
     Extension(principal): Extension<Arc<Principal>>,
     JsonBody(body): JsonBody<CountTokensRequest>,
 ) -> Result<Response, ApiError> {
-    let mut request = request_from_count_tokens(body);
-    request.fold_system_messages();
+    let request = request_from_count_tokens(body);
     let model = state
         .catalog()
         .model(&request.model)

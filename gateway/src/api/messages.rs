@@ -30,8 +30,7 @@ pub async fn create(
     headers: HeaderMap,
     JsonBody(request): JsonBody<MessagesRequest>,
 ) -> Result<Response, ApiError> {
-    let mut request = request_from_messages(request);
-    request.fold_system_messages();
+    let request = request_from_messages(request);
     let stream = request.stream;
     let turn = turn::start(
         &state.turns(),

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 pub use output::{Delta, OutputBlock, Usage};
 
-#[derive(Clone, Debug)]
+/// `Default` is an empty request; the translations fill every field, tests only theirs.
+#[derive(Clone, Debug, Default)]
 pub struct Request {
     pub model: String,
     pub max_tokens: u32,
@@ -344,7 +345,7 @@ pub enum CacheWrites {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn request(messages: Vec<Message>) -> Request {
@@ -353,19 +354,12 @@ mod tests {
             max_tokens: 10,
             messages,
             system: Some(Content::Text("Be brief.".into())),
-            temperature: None,
-            top_p: None,
-            top_k: None,
-            stop_sequences: Vec::new(),
-            stream: false,
-            tools: Vec::new(),
-            tool_choice: None,
-            thinking: None,
-            metadata: None,
+            ..Request::default()
         }
     }
 
-    fn say(role: Role, text: &str) -> Message {
+    /// A message of plain text.
+    pub(crate) fn say(role: Role, text: &str) -> Message {
         Message {
             role,
             content: Content::Text(text.into()),

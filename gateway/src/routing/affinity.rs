@@ -126,6 +126,7 @@ mod tests {
         }
     }
 
+    use crate::conversation::tests::say;
     use crate::conversation::{Message, Metadata, Tool};
 
     /// A request of `messages` that uses one tool, `read`, with no system prompt or user id
@@ -135,28 +136,13 @@ mod tests {
             model: "svc/haiku".into(),
             max_tokens: 10,
             messages,
-            system: None,
-            temperature: None,
-            top_p: None,
-            top_k: None,
-            stop_sequences: Vec::new(),
-            stream: false,
             tools: vec![Tool {
                 name: "read".into(),
                 description: None,
                 input_schema: serde_json::json!({}),
                 cache_control: None,
             }],
-            tool_choice: None,
-            thinking: None,
-            metadata: None,
-        }
-    }
-
-    fn say(role: Role, text: &str) -> Message {
-        Message {
-            role,
-            content: Content::Text(text.into()),
+            ..Request::default()
         }
     }
 

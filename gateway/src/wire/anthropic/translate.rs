@@ -21,9 +21,10 @@ use crate::conversation::{self, Content, Message, SystemBlock};
 use crate::ids;
 use crate::wire::one_or_many::StringOr;
 
-/// A client's request as the conversation, its strings moved, not copied.
+/// A client's request as the conversation, its strings moved, not copied; `system` messages
+/// inside it folded into what every upstream accepts.
 pub fn request_from_messages(r: MessagesRequest) -> conversation::Request {
-    conversation::Request {
+    let mut request = conversation::Request {
         model: r.model,
         max_tokens: r.max_tokens,
         messages: r.messages.into_iter().map(message_from).collect(),
@@ -39,7 +40,9 @@ pub fn request_from_messages(r: MessagesRequest) -> conversation::Request {
         metadata: r
             .metadata
             .map(|m| conversation::Metadata { user_id: m.user_id }),
-    }
+    };
+    request.fold_system_messages();
+    request
 }
 
 /// A count_tokens body as the conversation it would be: one output token, not streamed.
