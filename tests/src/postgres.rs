@@ -99,27 +99,34 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut last_error = String::new();
-        for _ in 0..5 {
-            let mut server = PostgresServer {
-                port: free_port(),
-                dir: dir.clone(),
-                bin: bin.clone(),
-                user,
-                process: ServerProcess::new("postgres"),
-            };
-            let command = server_command(&bin, &dir, server.port, user);
-            let port = server.port;
-            match server
-                .process
-                .launch(command, READY_TIMEOUT, || answers(&bin, port))
+        let mut errors = Vec::new();
+        // No `PostgresServer` exists until a launch succeeds: its drop removes `dir`, the data
+        // the next attempt (on another port, the first one taken) needs.
+        for attempt in 1..=5 {
+            let port = free_port();
+            let mut process = ServerProcess::new("postgres");
+            match process
+                .launch(
+                    server_command(&bin, &dir, port, user),
+                    READY_TIMEOUT,
+                    || answers(&bin, port),
+                )
                 .await
             {
-                Ok(()) => return server,
-                Err(e) => last_error = e,
+                Ok(()) => {
+                    return PostgresServer {
+                        port,
+                        dir,
+                        bin,
+                        user,
+                        process,
+                    }
+                }
+                Err(e) => errors.push(format!("attempt {attempt} (port {port}): {e}")),
             }
         }
-        panic!("postgres did not start: {last_error}");
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("postgres did not start:\n{}", errors.join("\n"));
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.

@@ -74,37 +74,43 @@ impl Reply {
 impl RedisServer {
     /// Starts `redis-server` on a free loopback port and waits until it answers PING.
     pub async fn start() -> RedisServer {
-        Self::start_with(Vec::new()).await
+        Self::start_with(Vec::new).await
     }
 
-    /// [`start`](Self::start) with `extra` arguments on its command line, kept for restarts.
-    pub async fn start_with(extra: Vec<String>) -> RedisServer {
+    /// [`start`](Self::start) with the arguments `extra()` returns added to its command line.
+    /// A failed launch asks `extra` again (a cluster node's bus port may have been taken
+    /// too); the arguments of the launch that succeeded are kept for restarts.
+    pub async fn start_with(extra: impl Fn() -> Vec<String>) -> RedisServer {
         let dir = std::env::temp_dir().join(unique_name("e2e-redis"));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-        let mut last_error = String::new();
+        let mut errors = Vec::new();
         // A port that was free when asked may be taken before redis binds it: try a few.
-        for _ in 0..5 {
-            let port = free_port();
-            let mut server = RedisServer {
-                port,
-                dir: dir.clone(),
-                extra: extra.clone(),
-                process: ServerProcess::new("redis-server"),
-                frozen: false,
-            };
-            match server
-                .process
+        // No `RedisServer` exists until a launch succeeds: its drop removes `dir`, which the
+        // next attempt needs (it once turned one taken port into five "No such file" errors).
+        for attempt in 1..=5 {
+            let (port, extra) = (free_port(), extra());
+            let mut process = ServerProcess::new("redis-server");
+            match process
                 .launch(server_command(port, &dir, &extra), READY_TIMEOUT, || {
                     pong(port)
                 })
                 .await
             {
-                Ok(()) => return server,
-                Err(e) => last_error = e,
+                Ok(()) => {
+                    return RedisServer {
+                        port,
+                        dir,
+                        extra,
+                        process,
+                        frozen: false,
+                    }
+                }
+                Err(e) => errors.push(format!("attempt {attempt} (port {port}): {e}")),
             }
         }
-        panic!("redis-server did not start: {last_error}");
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("redis-server did not start:\n{}", errors.join("\n"));
     }
 
     /// `redis://127.0.0.1:PORT`.

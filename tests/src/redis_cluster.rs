@@ -73,23 +73,25 @@ impl RedisCluster {
     /// every replica is in sync with its master.
     pub async fn start() -> RedisCluster {
         let starts = (0..MASTERS * 2).map(|_| {
-            RedisServer::start_with(vec![
-                "--cluster-enabled".into(),
-                "yes".into(),
-                "--cluster-config-file".into(),
-                "nodes.conf".into(),
-                "--cluster-port".into(),
-                free_port().to_string(),
-                "--cluster-node-timeout".into(),
-                "1000".into(),
-                "--cluster-require-full-coverage".into(),
-                "no".into(),
-                // A replica whose link broke a moment ago may still be elected.
-                "--cluster-replica-validity-factor".into(),
-                "0".into(),
-                "--repl-diskless-sync-delay".into(),
-                "0".into(),
-            ])
+            RedisServer::start_with(|| {
+                vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-config-file".into(),
+                    "nodes.conf".into(),
+                    "--cluster-port".into(),
+                    free_port().to_string(),
+                    "--cluster-node-timeout".into(),
+                    "1000".into(),
+                    "--cluster-require-full-coverage".into(),
+                    "no".into(),
+                    // A replica whose link broke a moment ago may still be elected.
+                    "--cluster-replica-validity-factor".into(),
+                    "0".into(),
+                    "--repl-diskless-sync-delay".into(),
+                    "0".into(),
+                ]
+            })
         });
         let cluster = RedisCluster {
             nodes: futures::future::join_all(starts).await,
