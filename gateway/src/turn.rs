@@ -29,6 +29,8 @@ use store::ledger::{
 };
 use store::usage::{StopReason, TokenUsage};
 
+mod detached;
+
 /// What a turn uses: the part of the gateway's state below the edge, with the catalog as it
 /// was when the turn began. Cloning it (a turn does, for its meter and its stream) is two
 /// `Arc`s.
@@ -252,12 +254,13 @@ pub async fn start(
         stream: request.stream,
         ..MessageRecord::default()
     };
-    let reservation = state.ledger.reserve(NewReservation {
+    let reservation = NewReservation {
         record,
         spend_cap: principal.spend_cap,
         min: floor,
         max: ceiling,
-    });
+    };
+    let reservation = detached::reserve(&state.ledger, &state.shutdown.tasks, reservation);
     let reserved = match meter.telemetry.step("reservation", reservation).await {
         Ok(amount) => amount,
         Err(e) => {
@@ -478,8 +481,14 @@ impl Meter {
     async fn release(&mut self) {
         let lease = self.lease.take();
         let (key, estimate) = (self.key_id.clone(), self.estimated_input.into());
-        if let Err(e) = self.state.limiter.finish(&key, lease, estimate, 0).await {
-            tracing::warn!(error = %e, "could not release an admission");
+        let services = self.state.services.clone();
+        let release = async move {
+            if let Err(e) = services.limiter.finish(&key, lease, estimate, 0).await {
+                tracing::warn!(error = %e, "could not release an admission");
+            }
+        };
+        if let Err(e) = detached::run(&self.state.shutdown.tasks, release).await {
+            tracing::error!(error = %e, "releasing an admission failed");
         }
     }
 
@@ -501,9 +510,9 @@ impl Meter {
         };
         let lease = self.lease.take();
         let (key, estimate) = (self.key_id.clone(), u64::from(self.estimated_input));
-        let finish = async {
-            if let Err(e) = self
-                .state
+        let services = self.state.services.clone();
+        let finish = async move {
+            if let Err(e) = services
                 .limiter
                 .finish(&key, lease, estimate, usage.input_tokens.into())
                 .await
@@ -520,21 +529,29 @@ impl Meter {
             stop_reason,
             latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         });
+        let tasks = &self.state.shutdown.tasks;
         let Some(settlement) = settlement else {
-            finish.await;
+            if let Err(e) = detached::run(tasks, finish).await {
+                tracing::error!(error = %e, "finishing an admission failed");
+            }
             return 0;
         };
         // The admission (Redis) and the credits (Postgres) are independent: the turn's end
         // waits for the slower of the two, not their sum.
-        let settle = self.state.ledger.settle(settlement);
-        let ((), settled) = self
+        let ledger = self.state.ledger.clone();
+        let settle = async move { tokio::join!(finish, ledger.settle(settlement)).1 };
+        let settled = self
             .telemetry
-            .step("settle", async { tokio::join!(finish, settle) })
+            .step("settle", detached::run(tasks, settle))
             .await;
         let billed = match settled {
-            Ok(billed) => billed,
-            Err(e) => {
+            Ok(Ok(billed)) => billed,
+            Ok(Err(e)) => {
                 tracing::error!(error = %e, message_id = %self.message_id, "settle failed; told 0");
+                0
+            }
+            Err(e) => {
+                tracing::error!(error = %e, message_id = %self.message_id, "the settle's task failed; told 0");
                 0
             }
         };

@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::gateway::{gateway_bin, unique_name, workspace_root};
@@ -174,6 +175,57 @@ impl PostgresServer {
             .unwrap_or_else(|_| panic!("{sql:?} returned {text:?}, not an integer"))
     }
 
+    /// Opens a psql session that runs `sql` (a `SELECT … FOR UPDATE`) inside a transaction and
+    /// keeps it open, holding the locks it took, until [`HeldLocks::release`] commits it.
+    pub async fn hold_locks(&self, sql: &str) -> HeldLocks {
+        let name = unique_name("e2e-locks");
+        let psql = if self.bin.join("psql").is_file() {
+            self.bin.join("psql")
+        } else {
+            PathBuf::from("psql")
+        };
+        let mut session = Command::new(psql)
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
+            .env("PGAPPNAME", &name)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run psql: {e}"));
+        let mut stdin = session.stdin.take().expect("psql's stdin is piped");
+        stdin
+            .write_all(format!("BEGIN;\n{sql};\n").as_bytes())
+            .await
+            .expect("write to psql");
+        stdin.flush().await.expect("flush psql's stdin");
+        let held = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}' AND state = 'idle in transaction'"
+        );
+        crate::poll_until(
+            "the psql session to hold its locks",
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || async { (self.query_i64(&held).await == 1).then_some(()) },
+        )
+        .await;
+        HeldLocks { session, stdin }
+    }
+
+    /// How many sessions are waiting for a lock.
+    pub async fn lock_waiters(&self) -> i64 {
+        self.query_i64("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            .await
+    }
+
     /// `gateway <args> --database-url URL`; its stdout parsed as JSON, or its stderr as the error.
     pub async fn gateway_cli(&self, args: &[&str]) -> Result<Value, String> {
         let out = Command::new(gateway_bin())
@@ -192,6 +244,29 @@ impl PostgresServer {
                 String::from_utf8_lossy(&out.stdout)
             )
         })
+    }
+}
+
+/// A psql session holding locks in an open transaction (see [`PostgresServer::hold_locks`]);
+/// dropped, it is killed and its transaction rolled back.
+pub struct HeldLocks {
+    session: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+}
+
+impl HeldLocks {
+    /// Commits the transaction, releasing the locks, and waits for psql to exit.
+    pub async fn release(mut self) {
+        self.stdin
+            .write_all(b"COMMIT;\n")
+            .await
+            .expect("write to psql");
+        drop(self.stdin);
+        let status = self.session.wait().await.expect("wait for psql");
+        assert!(
+            status.success(),
+            "psql holding the locks exited with {status}"
+        );
     }
 }
 

@@ -192,6 +192,19 @@ pub struct Settlement {
 }
 
 impl Settlement {
+    /// Ends a turn that never reached its client, billing nothing: what it held is released.
+    pub fn nothing(message_id: String, status: MessageStatus) -> Self {
+        Self {
+            message_id,
+            served_by: None,
+            status,
+            cost: 0,
+            usage: TokenUsage::default(),
+            stop_reason: None,
+            latency_ms: 0,
+        }
+    }
+
     /// What a turn that held `reserved` is billed: its cost, at most what it held; nothing
     /// when it failed.
     pub fn billed(&self, reserved: u64) -> u64 {

@@ -84,6 +84,9 @@ const LANES: usize = 1;
 /// land; it keeps its lease meanwhile.
 pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
+/// How many times a stopping process tries to return its allotments.
+const CLOSE_RETURN_ATTEMPTS: usize = 4;
+
 /// The longest pause between two attempts of a void.
 const VOID_RETRY_MAX: Duration = Duration::from_secs(2);
 
@@ -128,6 +131,17 @@ struct Allotting {
     pools: Pools,
     writes: Coalescer<Written, Result<Option<u64>, LedgerError>>,
     stop: CancellationToken,
+    /// Allotments whose return failed: retried at the next tick, and at close.
+    unreturned: Mutex<Vec<Release>>,
+    /// The loop returning idle allotments; close waits for it, so that no return is in flight
+    /// (and no failure unrecorded) when close returns the rest.
+    returning: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Allotting {
+    fn unreturned(&self) -> std::sync::MutexGuard<'_, Vec<Release>> {
+        self.unreturned.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl PostgresLedger {
@@ -174,12 +188,19 @@ impl PostgresLedger {
             |w: &Written| w.record.id.as_str(),
             |db, lease, batch| async move { turns::write(&db, &lease.id, &batch).await },
         );
-        self.allotting = Some(Arc::new(Allotting {
+        let allotting = Arc::new(Allotting {
             pools: Pools::new(turns, fresh_for),
             writes,
             stop: CancellationToken::new(),
-        }));
-        tokio::spawn(self.clone().return_idle_allotments());
+            unreturned: Mutex::new(Vec::new()),
+            returning: Mutex::new(None),
+        });
+        self.allotting = Some(allotting.clone());
+        let returning = tokio::spawn(self.clone().return_idle_allotments());
+        *allotting
+            .returning
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(returning);
         self
     }
 
@@ -295,19 +316,58 @@ impl PostgresLedger {
             return;
         };
         let mut ticks = tokio::time::interval(IDLE / 4);
-        let mut failed: Vec<Release> = Vec::new();
         loop {
             tokio::select! {
                 _ = a.stop.cancelled() => return,
                 _ = ticks.tick() => {}
             }
-            let due: Vec<Release> = failed.drain(..).chain(a.pools.idle(IDLE)).collect();
-            for r in due {
-                if let Err(e) = allotment::release(&self.db, &r).await {
-                    tracing::warn!(error = %e, "could not return an allotment; retrying");
-                    failed.push(r);
-                }
+            let due: Vec<Release> = std::mem::take(&mut *a.unreturned())
+                .into_iter()
+                .chain(a.pools.idle(IDLE))
+                .collect();
+            self.release(&a, due).await;
+        }
+    }
+
+    /// Returns `due` to their accounts; those that fail are kept in `unreturned`.
+    async fn release(&self, a: &Allotting, due: Vec<Release>) {
+        for r in due {
+            if let Err(e) = allotment::release(&self.db, &r).await {
+                tracing::warn!(error = %e, allotment = %r.pool, account_id = %r.account_id, "could not return an allotment; retrying");
+                a.unreturned().push(r);
             }
+        }
+    }
+
+    /// At close: returns every allotment, those whose return failed before included, trying a
+    /// few times. What is still held after that waits for another pod's reaper (the lease is
+    /// given up next, so it does not wait for the stale time, only for a reaper's turn).
+    async fn return_all_allotments(&self, a: &Allotting) {
+        a.stop.cancel();
+        let returning = a.returning.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(returning) = returning {
+            if let Err(e) = returning.await {
+                tracing::error!(error = %e, "the allotment returns ended abnormally");
+            }
+        }
+        let attempts = async {
+            for _ in 0..CLOSE_RETURN_ATTEMPTS {
+                let due: Vec<Release> = std::mem::take(&mut *a.unreturned())
+                    .into_iter()
+                    .chain(a.pools.idle(Duration::ZERO))
+                    .collect();
+                self.release(a, due).await;
+                if a.unreturned().is_empty() {
+                    return;
+                }
+                tokio::time::sleep(IDLE / 4).await;
+            }
+        };
+        if tokio::time::timeout(CLOSE_WAIT, attempts).await.is_err() {
+            tracing::warn!("returning the allotments at stop timed out");
+        }
+        for r in a.unreturned().iter() {
+            tracing::warn!(allotment = %r.pool, account_id = %r.account_id, "stopping with an allotment not returned; another pod's reaper will return it");
         }
     }
 
@@ -497,16 +557,10 @@ impl PostgresLedger {
         let ledger = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(ledger.db.timeout() * 2).await;
-            let release = Settlement {
-                message_id,
-                served_by: None,
-                status: MessageStatus::Failed,
-                cost: 0,
-                usage: TokenUsage::default(),
-                stop_reason: None,
-                latency_ms: 0,
-            };
-            match ledger.settle(release).await {
+            match ledger
+                .settle(Settlement::nothing(message_id, MessageStatus::Failed))
+                .await
+            {
                 Ok(_) | Err(LedgerError::UnknownMessage) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "could not release a timed-out reservation; the reaper will")
@@ -856,12 +910,7 @@ impl Ledger for PostgresLedger {
             tracing::error!("stopping with voids not landed: those turns' rows may not match what their clients were told");
         }
         if let Some(a) = &self.allotting {
-            a.stop.cancel();
-            for r in a.pools.idle(Duration::ZERO) {
-                if let Err(e) = allotment::release(&self.db, &r).await {
-                    tracing::warn!(error = %e, "could not return an allotment; the reaper will");
-                }
-            }
+            self.return_all_allotments(a).await;
         }
         // Gone, the lease takes no reaper's stale time for what it still holds (nothing,
         // unless a release above failed) to be released.

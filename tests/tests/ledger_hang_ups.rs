@@ -1,0 +1,185 @@
+//! Clients that hang up while their turn waits for Postgres. hyper drops a request's future
+//! when its client goes away; the turn's reservation and settlement run on their own tasks, so
+//! what they moved is finished all the same: nothing stays held, and the books balance. Each
+//! rule is checked with turns reserved one by one in Postgres and with allotments.
+//!
+//! A psql session locks the account's row, so that the turn's statement waits for it; the
+//! client hangs up while it waits, then the lock is let go.
+
+use std::time::Duration;
+
+use e2e::{message, Cluster, Gateway, KeySpec, PostgresServer};
+use reqwest::Method;
+
+const CREDITS: u64 = 50_000_000;
+
+/// The simulated upstream repeats what it is told, four tokens a chunk, a chunk every 100 ms:
+/// this takes it a few seconds.
+const SLOW_REPLY: &str = "one two three four five six seven eight nine ten eleven twelve \
+    thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two \
+    twenty-three twenty-four twenty-five twenty-six twenty-seven twenty-eight twenty-nine thirty";
+
+#[derive(Clone, Copy, Debug)]
+enum Reserving {
+    /// `--allotment-turns 0`: every turn reserved in Postgres.
+    TurnByTurn,
+    /// `--allotment-turns 16`: turns take from an allotment the pod holds for the account.
+    FromAllotments,
+}
+
+/// One pod on `pg`, its simulated upstream slow enough (100 ms a chunk, see [`SLOW_REPLY`]) to
+/// lock the account between a turn's reservation and its settlement.
+async fn pod(pg: &PostgresServer, reserving: Reserving) -> Cluster {
+    Cluster::start(1, |b| {
+        let b = b.database(&pg.url()).chunk_delay_ms(100);
+        match reserving {
+            Reserving::TurnByTurn => b.arg("--allotment-turns").arg("0"),
+            Reserving::FromAllotments => b.arg("--allotment-turns").arg("16"),
+        }
+    })
+    .await
+}
+
+fn lock_account(account_id: &str) -> String {
+    format!("SELECT 1 FROM accounts WHERE id = '{account_id}' FOR UPDATE")
+}
+
+/// Starts a turn whose client will hang up (the returned task aborted).
+fn turn_to_hang_up(gw: &Gateway, secret: &str) -> tokio::task::JoinHandle<()> {
+    let request = gw
+        .request(Method::POST, "/v1/messages", Some(secret))
+        .json(&message("svc/haiku", SLOW_REPLY, 256));
+    tokio::spawn(async move {
+        let _ = request.send().await;
+    })
+}
+
+/// Waits until a statement waits for the lock, then hangs the client up, and gives the
+/// gateway a moment to see its connection close before the lock goes.
+async fn hang_up_while_waiting(pg: &PostgresServer, client: tokio::task::JoinHandle<()>) {
+    e2e::poll_until(
+        "a statement to wait for the locked account",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { (pg.lock_waiters().await > 0).then_some(()) },
+    )
+    .await;
+    client.abort();
+    let _ = client.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Nothing held once the allotments are idle, and what the account lost is what its rows
+/// billed. Returns the turn's row: (status, billed).
+async fn books(gw: &Gateway, pg: &PostgresServer, account_id: &str) -> (String, u64) {
+    let account = gw.wait_settled(account_id).await;
+    let balance = account["balance"].as_u64().expect("balance");
+    let row = pg
+        .query(&format!(
+            "SELECT status, billed FROM messages WHERE account_id = '{account_id}'"
+        ))
+        .await;
+    let (status, billed) = row
+        .split_once('|')
+        .unwrap_or_else(|| panic!("one row for the turn, found {row:?}"));
+    let billed: u64 = billed.parse().expect("billed");
+    assert_eq!(
+        CREDITS - balance,
+        billed,
+        "the balance lost what the turn's row billed: {account}"
+    );
+    assert_eq!(
+        pg.query_i64(&format!(
+            "SELECT count(*) FROM allotments WHERE account_id = '{account_id}'"
+        ))
+        .await,
+        0,
+        "an allotment is still held"
+    );
+    (status.to_string(), billed)
+}
+
+async fn hang_up_while_reserving(reserving: Reserving) {
+    let pg = PostgresServer::start().await;
+    let cluster = pod(&pg, reserving).await;
+    let gw = &cluster.pods[0];
+    let key = gw.new_key(CREDITS, &KeySpec::tier("enterprise")).await;
+    let lock = pg.hold_locks(&lock_account(&key.account_id)).await;
+
+    let client = turn_to_hang_up(gw, &key.secret);
+    hang_up_while_waiting(&pg, client).await;
+    lock.release().await;
+
+    let (status, billed) = books(gw, &pg, &key.account_id).await;
+    assert_eq!(
+        (status.as_str(), billed),
+        ("client_disconnected", 0),
+        "{reserving:?}: the turn never reached its client"
+    );
+    // The pod serves the account as before.
+    gw.post_messages(&key.secret, &message("svc/haiku", "hello", 16))
+        .await
+        .expect_ok();
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_while_its_turn_is_reserved_in_postgres_leaves_nothing_held_and_pays_nothing(
+) {
+    hang_up_while_reserving(Reserving::TurnByTurn).await;
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_while_its_allotment_is_granted_leaves_nothing_held_and_pays_nothing(
+) {
+    hang_up_while_reserving(Reserving::FromAllotments).await;
+}
+
+async fn hang_up_while_settling(reserving: Reserving) {
+    let pg = PostgresServer::start().await;
+    let cluster = pod(&pg, reserving).await;
+    let gw = &cluster.pods[0];
+    let key = gw.new_key(CREDITS, &KeySpec::tier("enterprise")).await;
+    let id = &key.account_id;
+
+    let client = turn_to_hang_up(gw, &key.secret);
+    // Reserved (a row, or the allotment it took from), and the upstream still answering.
+    let reserved = match reserving {
+        Reserving::TurnByTurn => format!(
+            "SELECT count(*) FROM messages WHERE account_id = '{id}' AND status = 'reserved'"
+        ),
+        Reserving::FromAllotments => {
+            format!("SELECT count(*) FROM allotments WHERE account_id = '{id}'")
+        }
+    };
+    e2e::poll_until(
+        "the turn's credits to be reserved",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || async { (pg.query_i64(&reserved).await > 0).then_some(()) },
+    )
+    .await;
+    let lock = pg.hold_locks(&lock_account(id)).await;
+    hang_up_while_waiting(&pg, client).await;
+    lock.release().await;
+
+    // The bill was settled before the answer could be sent: it stands, and is all it moved.
+    let (status, billed) = books(gw, &pg, id).await;
+    assert_eq!(status, "completed", "{reserving:?}");
+    assert!(
+        billed > 0,
+        "{reserving:?}: a completed turn bills its usage"
+    );
+    gw.post_messages(&key.secret, &message("svc/haiku", "hello", 16))
+        .await
+        .expect_ok();
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_while_its_turn_is_settled_in_postgres_leaves_nothing_held() {
+    hang_up_while_settling(Reserving::TurnByTurn).await;
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_while_its_allotted_turn_is_written_leaves_nothing_held() {
+    hang_up_while_settling(Reserving::FromAllotments).await;
+}
