@@ -17,7 +17,7 @@ use crds::config::{Affinity, Upstream};
 
 use crate::auth::Principal;
 use crate::conversation::{Delta, InputBlock, OutputBlock, Request, Usage};
-use crate::limits::{AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
+use crate::limits::{Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderError, ProviderEvent, Providers};
 use crate::routing::{fallback, Catalog, Conversation, Model, Needs, Price};
 use crate::shutdown::Shutdown;
@@ -195,16 +195,7 @@ pub async fn start(
     let admission = telemetry
         .step(
             "admission",
-            state.limiter.admit(
-                &principal.key.id,
-                &principal.limits,
-                AdmissionRequest {
-                    input_tokens: input_tokens.into(),
-                    stream: request.stream,
-                    // Counted by the pre-admission, before the body was read.
-                    count_request: false,
-                },
-            ),
+            admit(state, principal, input_tokens, request.stream),
         )
         .await;
     let admission = telemetry.admission(admission)?;
@@ -254,13 +245,15 @@ pub async fn start(
         stream: request.stream,
         ..MessageRecord::default()
     };
-    let reservation = NewReservation {
-        record,
-        spend_cap: principal.spend_cap,
-        min: floor,
-        max: ceiling,
-    };
-    let reservation = detached::reserve(&state.ledger, &state.shutdown.tasks, reservation);
+    let reservation = reserve(
+        state,
+        NewReservation {
+            record,
+            spend_cap: principal.spend_cap,
+            min: floor,
+            max: ceiling,
+        },
+    );
     let reserved = match meter.telemetry.step("reservation", reservation).await {
         Ok(amount) => amount,
         Err(e) => {
@@ -327,6 +320,64 @@ pub async fn start(
         snapshot: admission.snapshot,
         events: Box::pin(metered(state.clone(), Box::pin(upstream_events), meter)),
     })
+}
+
+/// Admits the turn against its key's limits (see [`detached`]: an admission that lands for a
+/// turn already gone is finished at once).
+async fn admit(
+    state: &Turns,
+    principal: &Principal,
+    input_tokens: u32,
+    stream: bool,
+) -> Result<Admission, LimitError> {
+    let limiter = state.limiter.clone();
+    let (key, limits) = (principal.key.id.clone(), principal.limits);
+    let request = AdmissionRequest {
+        input_tokens: input_tokens.into(),
+        stream,
+        // Counted by the pre-admission, before the body was read.
+        count_request: false,
+    };
+    let undo = {
+        let (limiter, key) = (limiter.clone(), key.clone());
+        move |admission: Admission| async move {
+            let estimate = u64::from(input_tokens);
+            if let Err(e) = limiter.finish(&key, admission.lease, estimate, 0).await {
+                tracing::warn!(error = %e, "could not finish the admission of a turn whose client left");
+            }
+        }
+    };
+    let admit = async move { limiter.admit(&key, &limits, request).await };
+    detached::hand_over(&state.shutdown.tasks, admit, undo)
+        .await
+        .unwrap_or_else(|| {
+            Err(LimitError::Unavailable(
+                "the admission's task ended without an answer".into(),
+            ))
+        })
+}
+
+/// Reserves the turn's credits (see [`detached`]: a reservation that lands for a turn already
+/// gone is released at once, its row `client_disconnected`, billed nothing).
+async fn reserve(state: &Turns, r: NewReservation) -> Result<u64, LedgerError> {
+    let ledger = state.ledger.clone();
+    let undo = {
+        let (ledger, message_id) = (ledger.clone(), r.record.id.clone());
+        move |_held: u64| async move {
+            let release = Settlement::nothing(message_id, MessageStatus::ClientDisconnected);
+            if let Err(e) = ledger.settle(release).await {
+                tracing::warn!(error = %e, "could not release the reservation of a turn whose client left; the reaper will");
+            }
+        }
+    };
+    let reserve = async move { ledger.reserve(r).await };
+    detached::hand_over(&state.shutdown.tasks, reserve, undo)
+        .await
+        .unwrap_or_else(|| {
+            Err(LedgerError::Unavailable(
+                "the reservation's task ended without an answer".into(),
+            ))
+        })
 }
 
 /// The provider kind as the ledger names it (internal only, never sent to clients).
