@@ -340,7 +340,8 @@ async fn admit(
     };
     let undo = {
         let (limiter, key) = (limiter.clone(), key.clone());
-        move |admission: Admission| async move {
+        move |admitted: Result<Admission, LimitError>| async move {
+            let Ok(admission) = admitted else { return };
             let estimate = u64::from(input_tokens);
             if let Err(e) = limiter.finish(&key, admission.lease, estimate, 0).await {
                 tracing::warn!(error = %e, "could not finish the admission of a turn whose client left");
@@ -348,13 +349,7 @@ async fn admit(
         }
     };
     let admit = async move { limiter.admit(&key, &limits, request).await };
-    detached::hand_over(&state.shutdown.tasks, admit, undo)
-        .await
-        .unwrap_or_else(|| {
-            Err(LimitError::Unavailable(
-                "the admission's task ended without an answer".into(),
-            ))
-        })
+    detached::finish_or_undo(&state.shutdown.tasks, admit, undo).await
 }
 
 /// Reserves the turn's credits (see [`detached`]: a reservation that lands for a turn already
@@ -363,7 +358,10 @@ async fn reserve(state: &Turns, r: NewReservation) -> Result<u64, LedgerError> {
     let ledger = state.ledger.clone();
     let undo = {
         let (ledger, message_id) = (ledger.clone(), r.record.id.clone());
-        move |_held: u64| async move {
+        move |reserved: Result<u64, LedgerError>| async move {
+            if reserved.is_err() {
+                return;
+            }
             let release = Settlement::nothing(message_id, MessageStatus::ClientDisconnected);
             if let Err(e) = ledger.settle(release).await {
                 tracing::warn!(error = %e, "could not release the reservation of a turn whose client left; the reaper will");
@@ -371,13 +369,7 @@ async fn reserve(state: &Turns, r: NewReservation) -> Result<u64, LedgerError> {
         }
     };
     let reserve = async move { ledger.reserve(r).await };
-    detached::hand_over(&state.shutdown.tasks, reserve, undo)
-        .await
-        .unwrap_or_else(|| {
-            Err(LedgerError::Unavailable(
-                "the reservation's task ended without an answer".into(),
-            ))
-        })
+    detached::finish_or_undo(&state.shutdown.tasks, reserve, undo).await
 }
 
 /// The provider kind as the ledger names it (internal only, never sent to clients).
@@ -538,9 +530,7 @@ impl Meter {
                 tracing::warn!(error = %e, "could not release an admission");
             }
         };
-        if let Err(e) = detached::run(&self.state.shutdown.tasks, release).await {
-            tracing::error!(error = %e, "releasing an admission failed");
-        }
+        detached::finish(&self.state.shutdown.tasks, release).await;
     }
 
     /// Settles the reservation and the admission; returns the credits billed.
@@ -582,9 +572,7 @@ impl Meter {
         });
         let tasks = &self.state.shutdown.tasks;
         let Some(settlement) = settlement else {
-            if let Err(e) = detached::run(tasks, finish).await {
-                tracing::error!(error = %e, "finishing an admission failed");
-            }
+            detached::finish(tasks, finish).await;
             return 0;
         };
         // The admission (Redis) and the credits (Postgres) are independent: the turn's end
@@ -593,16 +581,12 @@ impl Meter {
         let settle = async move { tokio::join!(finish, ledger.settle(settlement)).1 };
         let settled = self
             .telemetry
-            .step("settle", detached::run(tasks, settle))
+            .step("settle", detached::finish(tasks, settle))
             .await;
         let billed = match settled {
-            Ok(Ok(billed)) => billed,
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, message_id = %self.message_id, "settle failed; told 0");
-                0
-            }
+            Ok(billed) => billed,
             Err(e) => {
-                tracing::error!(error = %e, message_id = %self.message_id, "the settle's task failed; told 0");
+                tracing::error!(error = %e, message_id = %self.message_id, "settle failed; told 0");
                 0
             }
         };

@@ -11,100 +11,100 @@
 //! - an admission that landed for a turn already gone kept its stream slot until the slot's
 //!   lease ran out.
 //!
-//! On its own task a step always finishes, and its bookkeeping with it. What a step gives to
-//! a turn that is gone by then is undone at once: a reservation released (its row ends
-//! `client_disconnected`, billed nothing), an admission finished.
+//! Such a step is boxed and polled in place while its turn waits for it; dropped before it
+//! ends, the rest of it runs on a task of the shutdown tracker, so it always finishes, and its
+//! bookkeeping with it. What it gives to a turn that is gone by then is undone at once: a
+//! reservation released (its row ends `client_disconnected`, billed nothing), an admission
+//! finished. A step that ends while polled hands its result over within that poll, so no
+//! result is lost between the two. (A task for every step instead cost 7,600 instructions a
+//! step, a tenth of a standalone turn: docs/benchmarks.md, "Instructions per request".)
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 
-use tokio::sync::oneshot;
-use tokio::task::JoinError;
+use futures::future::BoxFuture;
 use tokio_util::task::TaskTracker;
 
-/// Runs `step` to its end on a task of `tasks` (a stopping process waits for them), whatever
-/// becomes of the future awaiting its result.
-pub(super) async fn run<F>(tasks: &TaskTracker, step: F) -> Result<F::Output, JoinError>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    tasks.spawn(step).await
-}
+/// What to do with the result of a step that was dropped before it ended.
+type Undo<T> = Box<dyn FnOnce(T) -> BoxFuture<'static, ()> + Send>;
 
-/// Runs `step` on a task of `tasks` and hands what it gives over to the caller; when the
-/// caller is gone before taking it, `undo` runs on it instead. `None`: the task ended without
-/// an answer (it panicked).
-pub(super) async fn hand_over<T, E, F, U, UF>(
-    tasks: &TaskTracker,
-    step: F,
-    undo: U,
-) -> Option<Result<T, E>>
+/// `step`, finished on a task of `tasks` (a stopping process waits for them) if dropped before
+/// it ends.
+pub(super) fn finish<F, T>(tasks: &TaskTracker, step: F) -> Finishing<T>
 where
+    F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
-    E: Send + 'static,
-    F: Future<Output = Result<T, E>> + Send + 'static,
-    U: FnOnce(T) -> UF + Send + 'static,
-    UF: Future<Output = ()> + Send + 'static,
 {
-    let (answer, answered) = oneshot::channel();
-    let undo_on = tasks.clone();
-    tasks.spawn(async move {
-        let given = step.await.map(|value| Unclaimed {
-            value: Some(value),
-            undo: Some(undo),
-            tasks: undo_on,
-        });
-        // Refused when the caller is gone: the answer is dropped here, and undone.
-        let _ = answer.send(given);
-    });
-    let given = answered.await.ok()?;
-    given.map(Unclaimed::claim).transpose()
-}
-
-/// What a step gave and no caller has taken yet: undone when dropped so (with the turn that
-/// was waiting for it, or in the channel on its way there).
-struct Unclaimed<T, U, UF>
-where
-    T: Send + 'static,
-    U: FnOnce(T) -> UF,
-    UF: Future<Output = ()> + Send + 'static,
-{
-    value: Option<T>,
-    undo: Option<U>,
-    tasks: TaskTracker,
-}
-
-impl<T, U, UF> Unclaimed<T, U, UF>
-where
-    T: Send + 'static,
-    U: FnOnce(T) -> UF,
-    UF: Future<Output = ()> + Send + 'static,
-{
-    /// The value, now the caller's: nothing is undone.
-    fn claim(mut self) -> Option<T> {
-        self.undo = None;
-        self.value.take()
+    Finishing {
+        step: Some(Box::pin(step)),
+        undo: None,
+        tasks: tasks.clone(),
     }
 }
 
-impl<T, U, UF> Drop for Unclaimed<T, U, UF>
+/// [`finish`], and then `undo` run on what the step gave, since no turn will take it.
+pub(super) fn finish_or_undo<F, T, U, UF>(tasks: &TaskTracker, step: F, undo: U) -> Finishing<T>
 where
+    F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
-    U: FnOnce(T) -> UF,
+    U: FnOnce(T) -> UF + Send + 'static,
     UF: Future<Output = ()> + Send + 'static,
 {
+    Finishing {
+        step: Some(Box::pin(step)),
+        undo: Some(Box::new(move |given| -> BoxFuture<'static, ()> {
+            Box::pin(undo(given))
+        })),
+        tasks: tasks.clone(),
+    }
+}
+
+/// A step that finishes whatever becomes of its caller: see [`finish`] and [`finish_or_undo`].
+///
+/// The step is boxed as a trait object: a step's own type carries the lifetimes of the function
+/// that made it, and a `'static` bound on it here would not hold for the compiler wherever a
+/// handler's future must be `Send`.
+pub(super) struct Finishing<T: Send + 'static> {
+    /// `None` once it ended and handed its result over.
+    step: Option<BoxFuture<'static, T>>,
+    undo: Option<Undo<T>>,
+    tasks: TaskTracker,
+}
+
+impl<T: Send + 'static> Future for Finishing<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        // Polled again after it ended (a misuse): it never ends twice.
+        let Some(step) = self.step.as_mut() else {
+            return Poll::Pending;
+        };
+        let given = ready!(step.as_mut().poll(cx));
+        self.step = None;
+        Poll::Ready(given)
+    }
+}
+
+impl<T: Send + 'static> Drop for Finishing<T> {
     fn drop(&mut self) {
-        let (Some(value), Some(undo)) = (self.value.take(), self.undo.take()) else {
+        let Some(step) = self.step.take() else {
             return;
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                self.tasks.spawn_on(undo(value), &runtime);
-            }
-            Err(_) => tracing::error!(
-                "a step's result nobody took, dropped while exiting: not undone (the reaper and the leases' expiry will)"
-            ),
-        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::error!("a step cut off while exiting: not finished (the reaper and the leases' expiry will see to it)");
+            return;
+        };
+        let undo = self.undo.take();
+        self.tasks.spawn_on(
+            async move {
+                let given = step.await;
+                if let Some(undo) = undo {
+                    undo(given).await;
+                }
+            },
+            &runtime,
+        );
     }
 }
 
@@ -112,8 +112,6 @@ where
 mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
-
-    use futures::future::BoxFuture;
 
     use super::*;
 
@@ -124,17 +122,26 @@ mod tests {
     }
 
     /// A step giving `value` after `after`.
-    async fn step(value: Result<u64, &'static str>, after: Duration) -> Result<u64, &'static str> {
+    async fn step(value: Given, after: Duration) -> Given {
         tokio::time::sleep(after).await;
         value
     }
 
-    /// An undo recording what it undid, and its record.
-    fn undoing() -> (impl FnOnce(u64) -> BoxFuture<'static, ()>, Record<Vec<u64>>) {
+    type Given = Result<u64, &'static str>;
+
+    /// An undo recording what it undid (what a step gave; nothing for an error), and its record.
+    fn undoing() -> (
+        impl FnOnce(Given) -> BoxFuture<'static, ()>,
+        Record<Vec<u64>>,
+    ) {
         let undone: Record<Vec<u64>> = Record::default();
         let record = undone.clone();
-        let undo = move |v: u64| -> BoxFuture<'static, ()> {
-            Box::pin(async move { record.lock().unwrap_or_else(|e| e.into_inner()).push(v) })
+        let undo = move |given: Given| -> BoxFuture<'static, ()> {
+            Box::pin(async move {
+                if let Ok(v) = given {
+                    record.lock().unwrap_or_else(|e| e.into_inner()).push(v);
+                }
+            })
         };
         (undo, undone)
     }
@@ -152,7 +159,7 @@ mod tests {
     async fn what_a_step_gives_to_a_caller_that_is_gone_is_undone_once_it_lands() {
         let tasks = TaskTracker::new();
         let (undo, undone) = undoing();
-        let waiting = hand_over(&tasks, step(Ok(7), LANDS_AFTER), undo);
+        let waiting = finish_or_undo(&tasks, step(Ok(7), LANDS_AFTER), undo);
         let gone = tokio::time::timeout(GIVES_UP_AFTER, waiting).await;
         assert!(gone.is_err(), "the caller gave up before the step landed");
         settle(&tasks).await;
@@ -163,8 +170,8 @@ mod tests {
     async fn what_the_caller_takes_is_its_own_and_nothing_is_undone() {
         let tasks = TaskTracker::new();
         let (undo, undone) = undoing();
-        let taken = hand_over(&tasks, step(Ok(7), GIVES_UP_AFTER), undo).await;
-        assert_eq!(taken, Some(Ok(7)));
+        let taken = finish_or_undo(&tasks, step(Ok(7), GIVES_UP_AFTER), undo).await;
+        assert_eq!(taken, Ok(7));
         settle(&tasks).await;
         assert!(read(&undone).is_empty());
     }
@@ -173,11 +180,11 @@ mod tests {
     async fn a_failed_step_passes_its_error_on_and_has_nothing_to_undo() {
         let tasks = TaskTracker::new();
         let (undo, undone) = undoing();
-        let failed = hand_over(&tasks, step(Err("refused"), Duration::ZERO), undo).await;
-        assert_eq!(failed, Some(Err("refused")));
+        let failed = finish_or_undo(&tasks, step(Err("refused"), Duration::ZERO), undo).await;
+        assert_eq!(failed, Err("refused"));
 
         let (undo, undone_while_gone) = undoing();
-        let waiting = hand_over(&tasks, step(Err("refused"), LANDS_AFTER), undo);
+        let waiting = finish_or_undo(&tasks, step(Err("refused"), LANDS_AFTER), undo);
         assert!(tokio::time::timeout(GIVES_UP_AFTER, waiting).await.is_err());
         settle(&tasks).await;
         assert!(read(&undone).is_empty());
@@ -187,13 +194,13 @@ mod tests {
     #[tokio::test]
     async fn a_step_runs_to_its_end_when_its_caller_is_gone() {
         let tasks = TaskTracker::new();
-        let ended: Record<Option<Result<u64, &str>>> = Record::default();
+        let ended: Record<Option<Given>> = Record::default();
         let record = ended.clone();
         let whole = async move {
             let value = step(Ok(7), LANDS_AFTER).await;
             *record.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
         };
-        let gone = tokio::time::timeout(GIVES_UP_AFTER, run(&tasks, whole)).await;
+        let gone = tokio::time::timeout(GIVES_UP_AFTER, finish(&tasks, whole)).await;
         assert!(gone.is_err(), "the caller gave up before the step ended");
         settle(&tasks).await;
         assert_eq!(read(&ended), Some(Ok(7)));
