@@ -1,5 +1,5 @@
-//! A turn's steps that hold something (its admission, its credits) run on tasks of their own,
-//! so that a hang-up cannot cut one in half.
+//! A turn's steps that hold something (its admission, its credits) finish even when the turn
+//! is dropped in their middle, so that a hang-up cannot cut one in half.
 //!
 //! hyper drops a request's future when its client goes away, wherever that future is waiting.
 //! A step dropped while it waited for Redis or Postgres has usually landed, or is about to:
