@@ -14,10 +14,12 @@ use reqwest::Method;
 const CREDITS: u64 = 50_000_000;
 
 /// The simulated upstream repeats what it is told, four tokens a chunk, a chunk every 100 ms:
-/// this takes it a few seconds.
+/// this takes it about three seconds, time enough to lock the account before it settles.
 const SLOW_REPLY: &str = "one two three four five six seven eight nine ten eleven twelve \
     thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two \
-    twenty-three twenty-four twenty-five twenty-six twenty-seven twenty-eight twenty-nine thirty";
+    twenty-three twenty-four twenty-five twenty-six twenty-seven twenty-eight twenty-nine thirty \
+    thirty-one thirty-two thirty-three thirty-four thirty-five thirty-six thirty-seven \
+    thirty-eight thirty-nine forty forty-one forty-two forty-three forty-four forty-five";
 
 #[derive(Clone, Copy, Debug)]
 enum Reserving {
@@ -31,7 +33,12 @@ enum Reserving {
 /// lock the account between a turn's reservation and its settlement.
 async fn pod(pg: &PostgresServer, reserving: Reserving) -> Cluster {
     Cluster::start(1, |b| {
-        let b = b.database(&pg.url()).chunk_delay_ms(100);
+        // The statements wait for the lock far longer than the test holds it.
+        let b = b
+            .database(&pg.url())
+            .arg("--database-timeout-ms")
+            .arg("10000")
+            .chunk_delay_ms(100);
         match reserving {
             Reserving::TurnByTurn => b.arg("--allotment-turns").arg("0"),
             Reserving::FromAllotments => b.arg("--allotment-turns").arg("16"),
@@ -55,7 +62,8 @@ fn turn_to_hang_up(gw: &Gateway, secret: &str) -> tokio::task::JoinHandle<()> {
 }
 
 /// Waits until a statement waits for the lock, then hangs the client up, and gives the
-/// gateway a moment to see its connection close before the lock goes.
+/// gateway time to see its connection close before the lock goes (had it not, a turn hung up
+/// during its reservation would be served and billed, and its test would fail).
 async fn hang_up_while_waiting(pg: &PostgresServer, client: tokio::task::JoinHandle<()>) {
     e2e::poll_until(
         "a statement to wait for the locked account",
@@ -66,7 +74,9 @@ async fn hang_up_while_waiting(pg: &PostgresServer, client: tokio::task::JoinHan
     .await;
     client.abort();
     let _ = client.await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing to poll for: a dropped turn leaves no trace until its step lands. The close
+    // reaches the gateway at once on loopback; the second is for a loaded machine's scheduler.
+    tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
 /// Nothing held once the allotments are idle, and what the account lost is what its rows
