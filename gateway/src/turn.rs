@@ -341,15 +341,27 @@ async fn admit(
     let undo = {
         let (limiter, key) = (limiter.clone(), key.clone());
         move |admitted: Result<Admission, LimitError>| async move {
-            let Ok(admission) = admitted else { return };
-            let estimate = u64::from(input_tokens);
-            if let Err(e) = limiter.finish(&key, admission.lease, estimate, 0).await {
-                tracing::warn!(error = %e, "could not finish the admission of a turn whose client left");
+            if let Ok(admission) = admitted {
+                end_admission(limiter, key, admission.lease, input_tokens.into(), 0).await;
             }
         }
     };
     let admit = async move { limiter.admit(&key, &limits, request).await };
     detached::finish_or_undo(&state.shutdown.tasks, admit, undo).await
+}
+
+/// Ends an admission: gives its stream slot back and corrects the window's token count from
+/// the estimate to the actual input tokens.
+async fn end_admission(
+    limiter: Arc<dyn Limiter>,
+    key: String,
+    lease: Option<StreamLease>,
+    estimate: u64,
+    actual: u64,
+) {
+    if let Err(e) = limiter.finish(&key, lease, estimate, actual).await {
+        tracing::warn!(error = %e, "could not finish an admission");
+    }
 }
 
 /// Reserves the turn's credits (see [`detached`]: a reservation that lands for a turn already
@@ -524,12 +536,7 @@ impl Meter {
     async fn release(&mut self) {
         let lease = self.lease.take();
         let (key, estimate) = (self.key_id.clone(), self.estimated_input.into());
-        let services = self.state.services.clone();
-        let release = async move {
-            if let Err(e) = services.limiter.finish(&key, lease, estimate, 0).await {
-                tracing::warn!(error = %e, "could not release an admission");
-            }
-        };
+        let release = end_admission(self.state.limiter.clone(), key, lease, estimate, 0);
         detached::finish(&self.state.shutdown.tasks, release).await;
     }
 
@@ -551,16 +558,8 @@ impl Meter {
         };
         let lease = self.lease.take();
         let (key, estimate) = (self.key_id.clone(), u64::from(self.estimated_input));
-        let services = self.state.services.clone();
-        let finish = async move {
-            if let Err(e) = services
-                .limiter
-                .finish(&key, lease, estimate, usage.input_tokens.into())
-                .await
-            {
-                tracing::warn!(error = %e, "could not finish an admission");
-            }
-        };
+        let actual = usage.input_tokens.into();
+        let finish = end_admission(self.state.limiter.clone(), key, lease, estimate, actual);
         let settlement = std::mem::take(&mut self.reserved).then(|| Settlement {
             message_id: self.message_id.clone(),
             served_by: self.served_by.take(),

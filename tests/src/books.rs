@@ -1,8 +1,6 @@
 //! The books of an account after a burst of turns: what its clients were told they consumed
 //! is exactly the balance decrease and the ledger's debits, with nothing left reserved.
 
-use std::time::{Duration, Instant};
-
 use serde_json::Value;
 
 use crate::gateway::Gateway;
@@ -88,34 +86,28 @@ pub async fn assert_books_balance(
 /// [`Gateway::wait_settled`], saying on time out what still holds the account's credits: the
 /// allotments by process, the turns still reserved, and the processes' leases.
 async fn settled(gw: &Gateway, pg: &PostgresServer, id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let account = gw.admin_account(id).await;
-        if account["reserved"].as_i64() == Some(0) {
-            return account;
-        }
-        if Instant::now() > deadline {
-            let allotments = pg
-                .query(&format!(
-                    "SELECT id, instance_id, credits FROM allotments WHERE account_id = '{id}'"
-                ))
-                .await;
-            let reserved = pg
-                .query(&format!(
-                    "SELECT id, instance_id, reserved, created_at FROM messages
-                     WHERE account_id = '{id}' AND status = 'reserved'"
-                ))
-                .await;
-            let leases = pg
-                .query("SELECT id, epoch, heartbeat_at, draining_until FROM gateway_instances")
-                .await;
-            panic!(
-                "{id}: credits still reserved after 10 s: {account}\n\
-                 allotments (id|process|credits):\n{allotments}\n\
-                 reserved turns (id|process|credits|created):\n{reserved}\n\
-                 leases (process|epoch|heartbeat|draining until):\n{leases}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let account = match gw.try_wait_settled(id).await {
+        Ok(account) => return account,
+        Err(account) => account,
+    };
+    let allotments = pg
+        .query(&format!(
+            "SELECT id, instance_id, credits FROM allotments WHERE account_id = '{id}'"
+        ))
+        .await;
+    let reserved = pg
+        .query(&format!(
+            "SELECT id, instance_id, reserved, created_at FROM messages
+             WHERE account_id = '{id}' AND status = 'reserved'"
+        ))
+        .await;
+    let leases = pg
+        .query("SELECT id, epoch, heartbeat_at, draining_until FROM gateway_instances")
+        .await;
+    panic!(
+        "{id}: credits still reserved after 10 s: {account}\n\
+         allotments (id|process|credits):\n{allotments}\n\
+         reserved turns (id|process|credits|created):\n{reserved}\n\
+         leases (process|epoch|heartbeat|draining until):\n{leases}"
+    );
 }

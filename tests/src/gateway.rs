@@ -727,16 +727,25 @@ impl Gateway {
 
     /// Polls the admin account until nothing is reserved any more (every turn settled).
     pub async fn wait_settled(&self, account_id: &str) -> Value {
-        crate::poll_until(
-            "the account's reservations to be settled",
-            Duration::from_secs(10),
-            Duration::from_millis(50),
-            || async {
-                let account = self.admin_account(account_id).await;
-                (account["reserved"].as_i64() == Some(0)).then_some(account)
-            },
-        )
-        .await
+        self.try_wait_settled(account_id).await.unwrap_or_else(|account| {
+            panic!("timed out after 10s waiting for the account's reservations to be settled: {account}")
+        })
+    }
+
+    /// [`wait_settled`](Self::wait_settled), the account as last read when 10 s pass with
+    /// credits still reserved.
+    pub async fn try_wait_settled(&self, account_id: &str) -> Result<Value, Value> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let account = self.admin_account(account_id).await;
+            if account["reserved"].as_i64() == Some(0) {
+                return Ok(account);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(account);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use tokio::process::Command;
 
 use crate::gateway::unique_name;
 use crate::postgres::{bin_dir, chown, psql, server_user, PostgresServer};
-use crate::server::{free_port, ServerProcess};
+use crate::server::{on_a_free_port, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// Server connections per database and user: what all the pods behind it share.
@@ -79,9 +79,8 @@ impl PgBouncer {
         let userlist = dir.join("userlist.txt");
         std::fs::write(&userlist, "\"postgres\" \"\"\n").expect("write userlist.txt");
         chown(&userlist, user);
-        let mut last_error = String::new();
-        for _ in 0..5 {
-            let port = free_port();
+        let psql_dir = bin_dir();
+        let started = on_a_free_port(|port| {
             let ini = dir.join("pgbouncer.ini");
             std::fs::write(&ini, config(port, postgres.port, &dir)).expect("write pgbouncer.ini");
             chown(&ini, user);
@@ -90,20 +89,22 @@ impl PgBouncer {
             if let Some((uid, gid)) = user {
                 cmd.uid(uid).gid(gid);
             }
-            let mut process = ServerProcess::new("pgbouncer");
-            let psql_dir = bin_dir();
-            match process
-                .launch(cmd, READY_TIMEOUT, || {
-                    let psql_dir = psql_dir.clone();
-                    async move { psql(&psql_dir, port, "SELECT 1").await.is_ok() }
-                })
-                .await
-            {
-                Ok(()) => return PgBouncer { port, dir, process },
-                Err(e) => last_error = e,
+            let psql_dir = &psql_dir;
+            async move {
+                let mut process = ServerProcess::new("pgbouncer");
+                let ready = || async move { psql(psql_dir, port, "SELECT 1").await.is_ok() };
+                process.launch(cmd, READY_TIMEOUT, ready).await?;
+                Ok((port, process))
+            }
+        })
+        .await;
+        match started {
+            Ok((port, process)) => PgBouncer { port, dir, process },
+            Err(errors) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                panic!("pgbouncer did not start:\n{errors}");
             }
         }
-        panic!("pgbouncer did not start: {last_error}");
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`, PgBouncer's port.

@@ -16,7 +16,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::gateway::{gateway_bin, unique_name, workspace_root};
-use crate::server::{free_port, ServerProcess};
+use crate::server::{on_a_free_port, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -100,34 +100,31 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut errors = Vec::new();
-        // No `PostgresServer` exists until a launch succeeds: its drop removes `dir`, the data
-        // the next attempt (on another port, the first one taken) needs.
-        for attempt in 1..=5 {
-            let port = free_port();
-            let mut process = ServerProcess::new("postgres");
-            match process
-                .launch(
-                    server_command(&bin, &dir, port, user),
-                    READY_TIMEOUT,
-                    || answers(&bin, port),
-                )
-                .await
-            {
-                Ok(()) => {
-                    return PostgresServer {
-                        port,
-                        dir,
-                        bin,
-                        user,
-                        process,
-                    }
-                }
-                Err(e) => errors.push(format!("attempt {attempt} (port {port}): {e}")),
+        let started = on_a_free_port(|port| {
+            let (bin, dir) = (&bin, &dir);
+            async move {
+                let mut process = ServerProcess::new("postgres");
+                let command = server_command(bin, dir, port, user);
+                process
+                    .launch(command, READY_TIMEOUT, || answers(bin, port))
+                    .await?;
+                Ok((port, process))
+            }
+        })
+        .await;
+        match started {
+            Ok((port, process)) => PostgresServer {
+                port,
+                dir,
+                bin,
+                user,
+                process,
+            },
+            Err(errors) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                panic!("postgres did not start:\n{errors}");
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
-        panic!("postgres did not start:\n{}", errors.join("\n"));
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
@@ -179,12 +176,7 @@ impl PostgresServer {
     /// keeps it open, holding the locks it took, until [`HeldLocks::release`] commits it.
     pub async fn hold_locks(&self, sql: &str) -> HeldLocks {
         let name = unique_name("e2e-locks");
-        let psql = if self.bin.join("psql").is_file() {
-            self.bin.join("psql")
-        } else {
-            PathBuf::from("psql")
-        };
-        let mut session = Command::new(psql)
+        let mut session = Command::new(psql_path(&self.bin))
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
             .args([
                 "-p",
@@ -296,13 +288,17 @@ fn server_command(bin: &Path, dir: &Path, port: u16, user: Option<(u32, u32)>) -
 }
 
 /// Runs `sql` with psql against the server on `port`: its unaligned output, or its stderr.
-pub(crate) async fn psql(bin: &Path, port: u16, sql: &str) -> Result<String, String> {
-    let psql = if bin.join("psql").is_file() {
+/// `psql` beside `postgres`, else the one on PATH.
+fn psql_path(bin: &Path) -> PathBuf {
+    if bin.join("psql").is_file() {
         bin.join("psql")
     } else {
         PathBuf::from("psql")
-    };
-    let out = Command::new(psql)
+    }
+}
+
+pub(crate) async fn psql(bin: &Path, port: u16, sql: &str) -> Result<String, String> {
+    let out = Command::new(psql_path(bin))
         .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
         .args(["-p", &port.to_string(), "-U", "postgres", "-d", "postgres"])
         .args(["-c", sql])

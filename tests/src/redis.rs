@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use tokio::process::Command;
 
 use crate::gateway::unique_name;
-use crate::server::{free_port, ServerProcess};
+use crate::server::{on_a_free_port, ServerProcess};
 
 /// How long `redis-server` may take to answer PING after it was started.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -84,33 +84,31 @@ impl RedisServer {
         let dir = std::env::temp_dir().join(unique_name("e2e-redis"));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-        let mut errors = Vec::new();
-        // A port that was free when asked may be taken before redis binds it: try a few.
-        // No `RedisServer` exists until a launch succeeds: its drop removes `dir`, which the
-        // next attempt needs (it once turned one taken port into five "No such file" errors).
-        for attempt in 1..=5 {
-            let (port, extra) = (free_port(), extra());
-            let mut process = ServerProcess::new("redis-server");
-            match process
-                .launch(server_command(port, &dir, &extra), READY_TIMEOUT, || {
-                    pong(port)
-                })
-                .await
-            {
-                Ok(()) => {
-                    return RedisServer {
-                        port,
-                        dir,
-                        extra,
-                        process,
-                        frozen: false,
-                    }
-                }
-                Err(e) => errors.push(format!("attempt {attempt} (port {port}): {e}")),
+        let started = on_a_free_port(|port| {
+            let (dir, extra) = (&dir, extra());
+            async move {
+                let mut process = ServerProcess::new("redis-server");
+                let command = server_command(port, dir, &extra);
+                process
+                    .launch(command, READY_TIMEOUT, || pong(port))
+                    .await?;
+                Ok((port, extra, process))
+            }
+        })
+        .await;
+        match started {
+            Ok((port, extra, process)) => RedisServer {
+                port,
+                dir,
+                extra,
+                process,
+                frozen: false,
+            },
+            Err(errors) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                panic!("redis-server did not start:\n{errors}");
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
-        panic!("redis-server did not start:\n{}", errors.join("\n"));
     }
 
     /// `redis://127.0.0.1:PORT`.

@@ -18,6 +18,26 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// Starts a server on a free loopback port: `launch(port)` tries one, up to five times, since a
+/// port free when asked may be taken before the server binds it. The error lists every
+/// attempt's. A caller builds its server (whose drop cleans its folder up) only once a launch
+/// succeeded: a failed attempt must leave the folder to the next one.
+pub(crate) async fn on_a_free_port<T, F, Fut>(mut launch: F) -> Result<T, String>
+where
+    F: FnMut(u16) -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let mut errors = Vec::new();
+    for attempt in 1..=5 {
+        let port = free_port();
+        match launch(port).await {
+            Ok(started) => return Ok(started),
+            Err(e) => errors.push(format!("attempt {attempt} (port {port}): {e}")),
+        }
+    }
+    Err(errors.join("\n"))
+}
+
 pub(crate) fn signal(child: &Child, sig: libc::c_int) {
     let pid = child.id().expect("child not yet reaped") as i32;
     // SAFETY: kill(2) on a child we spawned and have not reaped.

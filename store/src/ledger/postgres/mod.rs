@@ -142,6 +142,12 @@ impl Allotting {
     fn unreturned(&self) -> std::sync::MutexGuard<'_, Vec<Release>> {
         self.unreturned.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The allotments to return now: those whose return failed, and those idle for `idle`.
+    fn due(&self, idle: Duration) -> Vec<Release> {
+        let failed = std::mem::take(&mut *self.unreturned());
+        failed.into_iter().chain(self.pools.idle(idle)).collect()
+    }
 }
 
 impl PostgresLedger {
@@ -321,11 +327,7 @@ impl PostgresLedger {
                 _ = a.stop.cancelled() => return,
                 _ = ticks.tick() => {}
             }
-            let due: Vec<Release> = std::mem::take(&mut *a.unreturned())
-                .into_iter()
-                .chain(a.pools.idle(IDLE))
-                .collect();
-            self.release(&a, due).await;
+            self.release(&a, a.due(IDLE)).await;
         }
     }
 
@@ -352,11 +354,7 @@ impl PostgresLedger {
         }
         let attempts = async {
             for _ in 0..CLOSE_RETURN_ATTEMPTS {
-                let due: Vec<Release> = std::mem::take(&mut *a.unreturned())
-                    .into_iter()
-                    .chain(a.pools.idle(Duration::ZERO))
-                    .collect();
-                self.release(a, due).await;
+                self.release(a, a.due(Duration::ZERO)).await;
                 if a.unreturned().is_empty() {
                     return;
                 }
