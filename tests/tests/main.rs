@@ -1,0 +1,55 @@
+//! The end-to-end suite, one test binary: every module below starts the real gateway (or the
+//! store, router or operator it tests) and speaks to it as a client would. One binary links the
+//! harness once, so a change relinks once (fifty binaries each linking it made a 43 GB target).
+
+mod address_brake;
+mod auth;
+mod changelog;
+mod cheap_rejection;
+mod cluster_limits;
+mod cluster_outage;
+mod cluster_streams;
+mod contracts;
+mod credits;
+mod dashboard;
+mod eight_pods;
+mod errors;
+mod fuzz;
+mod helm_install;
+mod key_controls;
+mod ledger_allotments;
+mod ledger_cli;
+mod ledger_concurrency;
+mod ledger_faults;
+mod ledger_hang_ups;
+mod ledger_outage;
+mod ledger_promotion;
+mod ledger_reaper;
+mod ledger_reversals;
+mod ledger_webhook;
+mod limits;
+mod metrics;
+mod models;
+mod operator_cluster;
+mod pgbouncer;
+mod prompt_cache;
+mod readiness;
+mod redis_cluster_failover;
+mod responses;
+mod responses_store;
+mod router;
+mod secrets;
+mod shutdown;
+mod slow_clients;
+mod streaming;
+mod stripe_dashboard;
+mod stripe_payments;
+mod tiers;
+mod tracing;
+mod upstream_affinity;
+mod upstream_claude_code;
+mod upstream_codex;
+mod upstream_failover;
+mod upstream_http2;
+mod upstream_node_clients;
+mod upstream_translation;
