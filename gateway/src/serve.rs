@@ -1,7 +1,9 @@
-//! Binding both listeners, the ready line, and shutdown: on SIGTERM report not ready, keep
+//! Binding the listeners, the ready line, and shutdown: on SIGTERM report not ready, keep
 //! accepting for the shutdown delay (load balancers still send traffic while they learn the
-//! pod is going), then stop accepting, give open turns the grace period, then end them (they settle what was generated) and wait for every
-//! pending settlement before exiting.
+//! pod is going), then stop accepting, give open turns the grace period, then end them (they
+//! settle what was generated) and wait for every pending settlement before exiting. The admin
+//! and metrics listeners (probes, `/metrics`) stay open until then: a draining pod is alive,
+//! not ready, and its last numbers can still be scraped.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -217,11 +219,17 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
         },
     );
     // The admin listener (probes, metrics, operators) is not counted in the cap, so a flood
-    // of clients never fails a liveness probe.
+    // of clients never fails a liveness probe. It and the metrics listener close last, once
+    // the public listener has drained and the settlements are written.
+    let exiting = CancellationToken::new();
+    let probes_closing = || Closing {
+        hint: shutdown.stopping.clone(),
+        now: exiting.clone(),
+    };
     let admin = serve_http1(
         admin_listener,
         admin::router(state.clone(), &listen.admin_token),
-        Closing::on(&shutdown),
+        probes_closing(),
         Http1Limits {
             header_read_timeout: edge.header_read_timeout,
             max_connections: None,
@@ -232,7 +240,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
             serve_http1(
                 listener,
                 admin::metrics_router(state.clone()),
-                Closing::on(&shutdown),
+                probes_closing(),
                 Http1Limits {
                     header_read_timeout: edge.header_read_timeout,
                     max_connections: None,
@@ -241,21 +249,42 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
             .await;
         }
     };
-    let servers = async { tokio::join!(api, admin, metrics) };
     let hard_stop = async {
         shutdown.expired.cancelled().await;
         tokio::time::sleep(HARD_STOP_AFTER_GRACE).await;
     };
+    let drain = async {
+        tokio::select! {
+            () = api => {}
+            () = hard_stop => tracing::warn!("connections still open after the grace period; exiting"),
+        }
+        shutdown.tasks.close();
+        shutdown.tasks.wait().await;
+        state.ledger().close().await;
+        exiting.cancel();
+    };
+    let probes = async {
+        tokio::join!(admin, metrics);
+    };
+    tokio::pin!(probes);
     tokio::select! {
-        _ = servers => {}
-        _ = hard_stop => tracing::warn!("connections still open after the grace period; exiting"),
+        // Not before the drain: they close when `exiting` fires.
+        () = &mut probes => {}
+        () = drain => {
+            // A probe or a scrape in flight gets a moment to be answered; nothing waits for
+            // more.
+            if tokio::time::timeout(PROBES_LINGER, probes).await.is_err() {
+                tracing::debug!("an admin request was still open at exit");
+            }
+        }
     }
-    shutdown.tasks.close();
-    shutdown.tasks.wait().await;
-    state.ledger().close().await;
     tracing::info!("gateway stopped");
     Ok(())
 }
+
+/// How long answers in flight on the admin and metrics listeners may take once the process
+/// has drained.
+const PROBES_LINGER: Duration = Duration::from_secs(1);
 
 /// Serves `router` over HTTP/1.1 until `draining` fires, then stops accepting and lets every
 /// open connection finish its response in flight. Once the process is `stopping`, responses

@@ -225,6 +225,33 @@ def test_an_ingress_exists_only_when_enabled() -> None:
     assert ingress["spec"]["tls"][0]["secretName"] == "llm-example-com-tls"
 
 
+def test_readiness_notices_a_drain_within_the_shutdown_delay_and_the_grace_covers_the_drain() -> None:
+    spec = named(rendered("defaults.yaml"), "Deployment", "gw-gateway")["spec"]["template"]["spec"]
+    gateway = spec["containers"][0]
+    flag = lambda name: int(next(a.split("=", 1)[1] for a in gateway["args"] if a.startswith(f"--{name}=")))
+    delay, grace = flag("shutdown-delay-secs"), flag("shutdown-grace-secs")
+    readiness = gateway["readinessProbe"]
+    assert readiness["periodSeconds"] * readiness["failureThreshold"] < delay
+    # The delay, the grace, the gateway's 5 s hard stop after it, and time to write the last bills.
+    assert spec["terminationGracePeriodSeconds"] >= delay + grace + 5
+
+
+def test_behind_the_ingress_the_gateway_trusts_the_private_ranges_x_forwarded_for() -> None:
+    def trusted(objects: list[dict]) -> list[str]:
+        args = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]["args"]
+        return [a for a in args if a.startswith("--trusted-proxies")]
+
+    private = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7"
+    assert trusted(rendered("defaults.yaml")) == []
+    assert trusted(rendered("ingress.yaml")) == [f"--trusted-proxies={private}"]
+    narrowed = render(
+        "-f", str(VALUES_DIR / "ingress.yaml"),
+        "--set-json", 'gateway.ingress.trustedProxies=["10.244.0.0/16"]',
+        "--set-json", 'gateway.trustedProxies=["203.0.113.7"]',
+    )
+    assert trusted(narrowed) == ["--trusted-proxies=203.0.113.7,10.244.0.0/16"]
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -7,6 +7,7 @@
 //! - [`RedisCluster`]: a throwaway Redis Cluster (three masters, three replicas; failover, kill).
 //! - [`PostgresServer`]: a throwaway Postgres (start, stop, restart, SQL, the operator CLI).
 //! - [`PgBouncer`]: a throwaway PgBouncer in transaction pooling mode in front of it.
+//! - [`Nginx`]: a throwaway nginx reverse proxy in front of a gateway, as ingress-nginx forwards.
 //! - [`TcpProxy`]: a loopback TCP proxy a test can cut (one process partitioned from a server).
 //! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
@@ -35,6 +36,7 @@ pub mod gateway;
 pub mod helm;
 pub mod kube;
 pub mod leak;
+pub mod nginx;
 pub mod otlp;
 pub mod pgbouncer;
 pub mod postgres;
@@ -52,6 +54,7 @@ pub mod visitor;
 pub use bodies::*;
 pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
+pub use nginx::Nginx;
 pub use otlp::OtlpReceiver;
 pub use pgbouncer::PgBouncer;
 pub use postgres::PostgresServer;

@@ -120,11 +120,30 @@ pub async fn identify(
     secret: &str,
 ) -> Result<Principal, AuthError> {
     let hash = KeyHash::of(secret);
-    let (key, account) = accounts
-        .key_by_hash(&hash)
-        .await?
-        .ok_or(AuthError::Invalid)?;
-    if !bool::from(key.hash.ct_eq(&hash)) || key.revoked {
+    let found = accounts.key_by_hash(&hash).await?;
+    principal(catalog, &hash, found)
+}
+
+/// [`identify`], when the account store can answer without asking the database
+/// ([`Accounts::cached_key_by_hash`]); `None` when it cannot.
+pub fn identify_cached(
+    accounts: &dyn Accounts,
+    catalog: &Catalog,
+    secret: &str,
+) -> Option<Result<Principal, AuthError>> {
+    let hash = KeyHash::of(secret);
+    let found = accounts.cached_key_by_hash(&hash)?;
+    Some(principal(catalog, &hash, found))
+}
+
+/// The principal of the key found under `hash` (and its account), or why it is none.
+fn principal(
+    catalog: &Catalog,
+    hash: &KeyHash,
+    found: Option<(KeyRecord, Account)>,
+) -> Result<Principal, AuthError> {
+    let (key, account) = found.ok_or(AuthError::Invalid)?;
+    if !bool::from(key.hash.ct_eq(hash)) || key.revoked {
         return Err(AuthError::Invalid);
     }
     if let Some(at) = key

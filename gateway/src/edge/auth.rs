@@ -1,6 +1,6 @@
 //! The `/v1` authentication middleware: the API key from `Authorization: Bearer` (the spec) or
-//! `x-api-key` (what the Anthropic SDKs send), the client address's key-guessing brake before
-//! it, and the [`Principal`] handed to the handlers.
+//! `x-api-key` (what the Anthropic SDKs send), the client address's key-guessing brake for
+//! requests without a valid key, and the [`Principal`] handed to the handlers.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::auth::{identify, permit, AuthError};
+use crate::auth::{identify, identify_cached, permit, AuthError, Principal};
 use crate::client_address::{AddressBucket, ClientAddress};
 use crate::edge::rate_limit_headers;
 use crate::error::ApiError;
@@ -20,24 +20,31 @@ use crate::state::Gate;
 /// (403), and hands the [`Principal`] to the handlers. The principal also rides on the
 /// response, so the rate-limit headers reach every authenticated answer, refusals included.
 ///
-/// First of all, before the key is looked up, the client address's key-guessing brake: an
-/// address that sent too many requests without a valid key this minute is refused (429)
-/// whatever key it sends now, so a guess that hits cannot show. Each request that fails to
-/// authenticate is counted against its address, and its 401 carries that limit's headers.
+/// Each request that fails to authenticate is counted against its client address (the
+/// key-guessing brake), and its 401 carries that limit's headers; once the address is over
+/// the limit, requests from it without a valid key are refused (429) until the window ends.
+/// A valid key is served whatever its address's count: the address may be a proxy or a NAT
+/// that other clients share, and one client's wrong keys must not lock the others out.
 pub async fn layer(State(state): State<Arc<Gate>>, mut req: Request, next: Next) -> Response {
     let client = ClientAddress::of(&state.trusted_proxies, req.extensions(), req.headers())
         .0
         .map(AddressBucket::of);
-    if let Some(refusal) = client.and_then(|c| state.unauthenticated.refused(c)) {
-        return address_refusal(refusal);
-    }
-    let identified = match presented_key(req.headers()) {
-        Ok(secret) => identify(state.accounts.as_ref(), &state.catalog(), secret).await,
-        Err(e) => Err(e),
+    let refusal = client.and_then(|c| state.unauthenticated.refused(c));
+    let identified = match (presented_key(req.headers()), client) {
+        (Err(e), _) => Err(e),
+        (Ok(secret), Some(client)) if refusal.is_some() => {
+            identify_braked(&state, client, secret).await
+        }
+        (Ok(secret), _) => identify(state.accounts.as_ref(), &state.catalog(), secret).await,
     };
     let principal = match identified {
         Ok(principal) => Arc::new(principal),
-        Err(e) if e.unidentified() => return unidentified(&state, client, e).await,
+        Err(e) if e.unidentified() => {
+            return match refusal {
+                Some(refusal) => address_refusal(refusal),
+                None => unidentified(&state, client, e).await,
+            };
+        }
         Err(e) => return ApiError::from(e).into_response(),
     };
     let mut response = match permit(&principal, scope_of(req.uri().path())) {
@@ -49,6 +56,26 @@ pub async fn layer(State(state): State<Arc<Gate>>, mut req: Request, next: Next)
     };
     response.extensions_mut().insert(principal);
     response
+}
+
+/// The key of a braked address, identified as cheaply as the store allows: from its cache
+/// when it knows the key, else by a lookup while the address has any left
+/// ([`AddressBrake::take_lookup`](crate::limits::AddressBrake::take_lookup)). A key neither
+/// cached nor looked up is taken for invalid, so the address is refused as for a wrong key,
+/// without the store being asked.
+async fn identify_braked(
+    state: &Gate,
+    client: AddressBucket,
+    secret: &str,
+) -> Result<Principal, AuthError> {
+    let catalog = state.catalog();
+    if let Some(identified) = identify_cached(state.accounts.as_ref(), &catalog, secret) {
+        return identified;
+    }
+    if !state.unauthenticated.take_lookup(client) {
+        return Err(AuthError::Invalid);
+    }
+    identify(state.accounts.as_ref(), &catalog, secret).await
 }
 
 /// The 401 of a request without a valid key, counted against its address: 429 instead once

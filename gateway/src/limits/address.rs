@@ -5,8 +5,13 @@
 //! (`ip:203.0.113.9`, `signin:2001:db8::/64`), so it lives where the key limits live: in
 //! process in standalone, in Redis shared by every pod in a cluster, under the same outage
 //! policy. A refusal is also remembered in the pod until the window ends, so an address over
-//! its limit is refused for the price of a map lookup, before anything else is looked at
-//! (for `/v1`, before its key is looked up: otherwise a guess that hit would still show).
+//! its limit is refused for the price of a map lookup, before anything else is looked at.
+//!
+//! For `/v1` a braked address is refused only a key that is not valid: the address may be a
+//! proxy or a NAT that other clients share, whose valid keys must still be served. Its keys
+//! are answered from the account store's cache where they can be; beyond that, the pod looks
+//! up as many keys again for it in the window as the limit allows ([`AddressBrake::take_lookup`]),
+//! so an address over its limit cannot send the database a stream of made-up keys.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,8 +32,16 @@ pub struct AddressBrake {
     dimension: Dimension,
     per_minute: u32,
     limiter: Arc<dyn Limiter>,
-    /// Addresses refused until the given instant (the end of the window the store reported).
-    refused: DashMap<AddressBucket, Instant>,
+    /// Addresses over their limit, until the end of the window the store reported.
+    refused: DashMap<AddressBucket, Braked>,
+}
+
+/// An address over its limit in this pod.
+#[derive(Clone, Copy, Debug)]
+struct Braked {
+    until: Instant,
+    /// Store lookups still allowed for its keys in this window ([`AddressBrake::take_lookup`]).
+    lookups_left: u32,
 }
 
 /// An address's standing under a brake, for the X-RateLimit-* headers.
@@ -77,7 +90,7 @@ impl AddressBrake {
     /// The refusal of an address already known to be over its limit in this window, without
     /// asking the store.
     pub fn refused(&self, bucket: AddressBucket) -> Option<LimitError> {
-        let until = *self.refused.get(&bucket)?;
+        let until = self.refused.get(&bucket)?.until;
         let now = Instant::now();
         if until <= now {
             self.refused.remove(&bucket);
@@ -95,6 +108,22 @@ impl AddressBrake {
                 ..Snapshot::default()
             },
         })
+    }
+
+    /// Takes one of the key lookups a braked address is still allowed in this window: as many
+    /// as the limit, so a braked address costs the store at most its limit again, while a
+    /// valid key sent from it (another client behind the same proxy, or the same client with
+    /// its right key) is still looked up. False once they are used up, or when the address is
+    /// not braked.
+    pub fn take_lookup(&self, bucket: AddressBucket) -> bool {
+        let Some(mut braked) = self.refused.get_mut(&bucket) else {
+            return false;
+        };
+        if braked.lookups_left == 0 {
+            return false;
+        }
+        braked.lookups_left -= 1;
+        true
     }
 
     /// Counts one attempt of the address: its standing after it, or the refusal once it is
@@ -134,10 +163,13 @@ impl AddressBrake {
     fn remember(&self, bucket: AddressBucket, reset_secs: u64) {
         let now = Instant::now();
         if self.refused.len() > SWEEP_ABOVE {
-            self.refused.retain(|_, until| *until > now);
+            self.refused.retain(|_, braked| braked.until > now);
         }
-        self.refused
-            .insert(bucket, now + Duration::from_secs(reset_secs));
+        let braked = Braked {
+            until: now + Duration::from_secs(reset_secs),
+            lookups_left: self.per_minute(),
+        };
+        self.refused.insert(bucket, braked);
     }
 }
 
@@ -184,5 +216,29 @@ mod tests {
             .count(ip("203.0.113.10"))
             .await
             .expect("another address");
+    }
+
+    #[tokio::test]
+    async fn a_braked_address_gets_as_many_key_lookups_again_as_its_limit_and_no_more() {
+        let brake = AddressBrake::new(
+            "ip",
+            Dimension::Unauthenticated,
+            2,
+            Arc::new(MemoryLimiter::default()),
+        );
+        let guesser = ip("203.0.113.9");
+        assert!(!brake.take_lookup(guesser), "not braked: nothing to take");
+        brake.count(guesser).await.expect("first");
+        brake.count(guesser).await.expect("second");
+        assert!(
+            !brake.take_lookup(guesser),
+            "within the limit: nothing to take"
+        );
+        brake.count(guesser).await.expect_err("third");
+        assert!(brake.take_lookup(guesser));
+        assert!(brake.take_lookup(guesser));
+        assert!(!brake.take_lookup(guesser), "the allowance is used up");
+        assert!(brake.refused(guesser).is_some(), "still braked");
+        assert!(!brake.take_lookup(ip("203.0.113.10")), "another address");
     }
 }

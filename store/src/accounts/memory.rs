@@ -33,6 +33,12 @@ impl MemoryAccounts {
             ledger,
         }
     }
+
+    fn lookup(&self, hash: &KeyHash) -> Option<(KeyRecord, Account)> {
+        let id = self.by_hash.get(hash).map(|id| id.clone())?;
+        let key = self.keys.get(&id).map(|k| k.clone())?;
+        self.accounts.get(&key.account_id).map(|a| (key, a.clone()))
+    }
 }
 
 #[async_trait]
@@ -96,13 +102,11 @@ impl Accounts for MemoryAccounts {
         &self,
         hash: &KeyHash,
     ) -> Result<Option<(KeyRecord, Account)>, StoreError> {
-        let Some(id) = self.by_hash.get(hash).map(|id| id.clone()) else {
-            return Ok(None);
-        };
-        let Some(key) = self.keys.get(&id).map(|k| k.clone()) else {
-            return Ok(None);
-        };
-        Ok(self.accounts.get(&key.account_id).map(|a| (key, a.clone())))
+        Ok(self.lookup(hash))
+    }
+
+    fn cached_key_by_hash(&self, hash: &KeyHash) -> Option<Option<(KeyRecord, Account)>> {
+        Some(self.lookup(hash))
     }
 
     async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {

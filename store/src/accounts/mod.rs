@@ -130,6 +130,11 @@ pub trait Accounts: Send + Sync {
     /// The key with this hash and its account, revoked keys included.
     async fn key_by_hash(&self, hash: &KeyHash)
         -> Result<Option<(KeyRecord, Account)>, StoreError>;
+    /// What [`key_by_hash`](Self::key_by_hash) would answer, when this process knows it without
+    /// asking the database (a lookup still fresh in its cache, or an in-process store); `None`
+    /// when only the database can tell. Costs a map lookup: the key-guessing brake answers a
+    /// braked address with it.
+    fn cached_key_by_hash(&self, hash: &KeyHash) -> Option<Option<(KeyRecord, Account)>>;
     async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
     /// The account's keys, revoked ones included, newest first.
     async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError>;

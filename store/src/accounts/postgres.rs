@@ -248,6 +248,12 @@ impl Accounts for PostgresAccounts {
         }
     }
 
+    fn cached_key_by_hash(&self, hash: &KeyHash) -> Option<Option<(KeyRecord, Account)>> {
+        let cached = self.keys.get(hash)?;
+        let (at, found) = cached.value();
+        (at.elapsed() < FRESH).then(|| found.clone())
+    }
+
     async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
         let row = self
             .db

@@ -1,0 +1,124 @@
+//! A throwaway nginx (Debian's) as a reverse proxy in front of a gateway, configured the way
+//! ingress-nginx forwards: `X-Forwarded-For` with the peer appended, `X-Real-IP`, streaming
+//! unbuffered. A free loopback port, its files in a temporary folder; killed on drop.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::gateway::unique_name;
+use crate::server::{on_a_free_port, ServerProcess};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Nginx {
+    pub port: u16,
+    dir: PathBuf,
+    process: ServerProcess,
+}
+
+/// `nginx` on PATH, else Debian's /usr/sbin/nginx (sbin is not on every user's PATH).
+fn nginx_bin() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("nginx"))
+                .find(|bin| bin.is_file())
+        })
+        .unwrap_or_else(|| PathBuf::from("/usr/sbin/nginx"))
+}
+
+fn config(port: u16, upstream: &str, dir: &Path) -> String {
+    let dir = dir.display();
+    // One process, no workers: nothing outlives the process the test kills.
+    format!(
+        "master_process off;
+daemon off;
+pid {dir}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream gateway {{ server {upstream}; keepalive 16; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://gateway;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Real-IP $remote_addr;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_buffering off;
+        }}
+    }}
+}}
+"
+    )
+}
+
+impl Nginx {
+    /// Starts nginx proxying to `upstream` (`127.0.0.1:PORT`) and waits until it answers.
+    pub async fn start(upstream: &str) -> Nginx {
+        let bin = nginx_bin();
+        assert!(
+            bin.is_file(),
+            "nginx not found; install it (Debian: apt-get install nginx-light, or scripts/test does)"
+        );
+        let dir = std::env::temp_dir().join(unique_name("e2e-nginx"));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let started = on_a_free_port(|port| {
+            let conf = dir.join("nginx.conf");
+            std::fs::write(&conf, config(port, upstream, &dir)).expect("write nginx.conf");
+            let mut cmd = Command::new(&bin);
+            cmd.arg("-e")
+                .arg("stderr")
+                .arg("-p")
+                .arg(&dir)
+                .arg("-c")
+                .arg(&conf);
+            async move {
+                let mut process = ServerProcess::new("nginx");
+                let ready = || async move {
+                    tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .is_ok()
+                };
+                process.launch(cmd, READY_TIMEOUT, ready).await?;
+                Ok((port, process))
+            }
+        })
+        .await;
+        match started {
+            Ok((port, process)) => Nginx { port, dir, process },
+            Err(errors) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                panic!("nginx did not start:\n{errors}");
+            }
+        }
+    }
+
+    /// `http://127.0.0.1:PORT{path}`, through nginx.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn logs(&self) -> String {
+        self.process.logs()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        self.process.abandon(libc::SIGKILL);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
