@@ -195,6 +195,41 @@ async fn a_key_is_found_by_the_hash_of_its_secret_revoked_or_not(store: Store) {
         .is_none());
 }
 
+/// What the key-guessing brake relies on: the cached lookup answers what the lookup answered
+/// (a fresh lookup, found or not, is cached), or nothing; never a stale revocation.
+async fn a_cached_key_lookup_answers_as_the_lookup_did_or_not_at_all(store: Store) {
+    let account = store.account().await;
+    let (record, secret) = key(&account.id, "tier1", 0);
+    store
+        .accounts
+        .insert_key(record.clone())
+        .await
+        .expect("inserted");
+    let hash = KeyHash::of(&secret);
+    let unknown = KeyHash::of(&unique("sk-svc-never-issued"));
+    let ids = |found: Option<(KeyRecord, Account)>| found.map(|(k, a)| (k.id, a.id));
+    let expected = Some((record.id.clone(), account.id.clone()));
+    if let Some(found) = store.accounts.cached_key_by_hash(&hash) {
+        assert_eq!(ids(found), expected, "answered before any lookup");
+    }
+    store.key_by_hash(&hash).await.expect("found");
+    assert!(store.key_by_hash(&unknown).await.is_none());
+    let cached = store
+        .accounts
+        .cached_key_by_hash(&hash)
+        .expect("a fresh lookup is cached");
+    assert_eq!(ids(cached), expected);
+    assert!(store
+        .accounts
+        .cached_key_by_hash(&unknown)
+        .expect("a fresh miss is cached")
+        .is_none());
+    store.accounts.revoke_key(&record.id).await.expect("revoke");
+    if let Some(found) = store.accounts.cached_key_by_hash(&hash) {
+        assert!(found.expect("still found").0.revoked, "revoked here");
+    }
+}
+
 async fn a_key_whose_id_or_secret_is_taken_is_refused(store: Store) {
     let account = store.account().await;
     let (first, secret) = key(&account.id, "free", 0);
@@ -344,6 +379,7 @@ e2e::contract! {
         an_account_is_found_by_id_and_by_name_and_a_taken_name_is_refused,
         a_suspended_account_is_suspended_on_its_keys_lookups,
         a_key_is_found_by_the_hash_of_its_secret_revoked_or_not,
+        a_cached_key_lookup_answers_as_the_lookup_did_or_not_at_all,
         a_key_whose_id_or_secret_is_taken_is_refused,
         an_accounts_keys_are_listed_newest_first_revoked_ones_included,
         promotion_moves_live_keys_up_to_the_tier_their_lifetime_top_up_reaches_once,
