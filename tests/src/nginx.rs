@@ -70,7 +70,7 @@ impl Nginx {
         let bin = nginx_bin();
         assert!(
             bin.is_file(),
-            "nginx not found; install it (Debian: apt-get install nginx-light, or scripts/test does)"
+            "nginx not found; install it (Debian: apt-get install nginx, or scripts/test does)"
         );
         let dir = std::env::temp_dir().join(unique_name("e2e-nginx"));
         std::fs::create_dir_all(&dir)
