@@ -234,7 +234,8 @@ impl Load {
                             continue;
                         };
                         // Every kind on every pod (the pod is picked by n, the kind by n / 2).
-                        let what = ["messages", "messages-stream", "chat", "chat-stream"][n / 2 % 4];
+                        let what =
+                            ["messages", "messages-stream", "chat", "chat-stream"][n / 2 % 4];
                         let text = if n % 5 == 0 { long.as_str() } else { "hello" };
                         let one = turn(&http, (pod, &api), &key, what, text).await;
                         let status = one.status;
