@@ -31,6 +31,8 @@ use store::usage::{StopReason, TokenUsage};
 
 mod detached;
 
+pub use detached::DROPPED_MID_STEP;
+
 /// What a turn uses: the part of the gateway's state below the edge, with the catalog as it
 /// was when the turn began. Cloning it (a turn does, for its meter and its stream) is two
 /// `Arc`s.
@@ -120,6 +122,12 @@ pub enum TurnEvent {
     Finished {
         stop_reason: StopReason,
         stop_sequence: Option<String>,
+        usage: Usage,
+    },
+    /// The shutdown grace period ran out before the turn ended: its stream stops here, billed
+    /// what it sent (`usage`, told to the client in its last event, since a retry is billed
+    /// again). A JSON turn's client received nothing: it is billed nothing and gets 503.
+    Interrupted {
         usage: Usage,
     },
     Failed(TurnError),
@@ -419,7 +427,7 @@ fn needs(request: &Request, requested: &Model, input_tokens: u32, open_max_token
 }
 
 /// Passes the provider's events through, settles on the last one, renews the stream slot's
-/// lease while it runs, and ends the turn with an error event when the shutdown grace period
+/// lease while it runs, and ends the turn, telling its bill, when the shutdown grace period
 /// runs out.
 fn metered(
     state: Turns,
@@ -437,8 +445,9 @@ fn metered(
             let next = tokio::select! {
                 biased;
                 _ = state.shutdown.expired.cancelled() => {
-                    meter.settle(MessageStatus::Interrupted, None).await;
-                    yield TurnEvent::Failed(ProviderError::ShuttingDown.into());
+                    let tokens = meter.partial_usage();
+                    let credits = meter.settle(MessageStatus::Interrupted, None).await;
+                    yield TurnEvent::Interrupted { usage: Usage { tokens, credits } };
                     return;
                 }
                 _ = tick(&mut renewal) => {
@@ -681,6 +690,7 @@ impl Turn {
                         usage,
                     })
                 }
+                TurnEvent::Interrupted { .. } => return Err(ProviderError::ShuttingDown.into()),
                 TurnEvent::Failed(e) => return Err(e),
             }
         }

@@ -1,9 +1,10 @@
 //! The books of an account after a burst of turns: what its clients were told they consumed
-//! is exactly the balance decrease and the ledger's debits, with nothing left reserved.
+//! is exactly the balance decrease and the ledger's debits, with nothing left reserved; and
+//! what a stream cut short costs, from what its client received.
 
 use serde_json::Value;
 
-use crate::gateway::Gateway;
+use crate::gateway::{workspace_root, Gateway};
 use crate::postgres::PostgresServer;
 use crate::response::Resp;
 
@@ -35,16 +36,26 @@ pub fn tally<'a>(
     (accepted, consumed)
 }
 
-/// The account `id` started at `start`; what its clients were told they consumed is the
-/// balance decrease and the ledger's debits, one completed row per accepted turn, nothing held.
+/// The account `id` started at `start`, and its test expects at least `served_at_least` of
+/// its turns served (so that books kept by refusing everything do not pass): at least that
+/// many were; what its clients were told they consumed is the balance decrease and the
+/// ledger's debits, one completed row per accepted turn, nothing held.
 pub async fn assert_books_balance(
     gw: &Gateway,
     pg: &PostgresServer,
     id: &str,
     start: u64,
-    accepted: u64,
-    consumed: u64,
+    served_at_least: u64,
+    (accepted, consumed): (u64, u64),
 ) {
+    assert!(
+        accepted >= served_at_least,
+        "{id}: {accepted} turns served (200), and at least {served_at_least} were expected"
+    );
+    assert!(
+        accepted == 0 || consumed > 0,
+        "{id}: {accepted} turns served and told 0 credits in all"
+    );
     let account = settled(gw, pg, id).await;
     let balance = account["balance"].as_i64().expect("balance");
     let debits = pg
@@ -83,6 +94,23 @@ pub async fn assert_books_balance(
     );
 }
 
+/// `gw`'s turns holding credits, by its own gauge (`gateway_turns_in_flight`).
+pub async fn turns_in_flight(gw: &Gateway) -> u64 {
+    gw.metrics().await.value("gateway_turns_in_flight", &[]) as u64
+}
+
+/// Waits until `gw` has at least `n` turns holding credits, so that a fault injected next hits
+/// turns in flight (observed, not assumed); returns how many it had.
+pub async fn wait_for_turns_in_flight(gw: &Gateway, n: u64) -> u64 {
+    crate::poll_until(
+        &format!("{n} turns in flight"),
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(10),
+        || async { Some(turns_in_flight(gw).await).filter(|&now| now >= n) },
+    )
+    .await
+}
+
 /// [`Gateway::wait_settled`], saying on time out what still holds the account's credits: the
 /// allotments by process, the turns still reserved, and the processes' leases.
 async fn settled(gw: &Gateway, pg: &PostgresServer, id: &str) -> Value {
@@ -110,4 +138,103 @@ async fn settled(gw: &Gateway, pg: &PostgresServer, id: &str) -> Value {
          reserved turns (id|process|credits|created):\n{reserved}\n\
          leases (process|epoch|heartbeat|draining until):\n{leases}"
     );
+}
+
+/// The output tokens of `text` as the gateway counts a stream cut short: o200k_base, the
+/// vocabulary of gateway/src/tokens.rs, over the deltas' text run together.
+pub fn output_tokens(text: &str) -> u64 {
+    tiktoken_rs::o200k_base_singleton()
+        .encode_ordinary(text)
+        .len() as u64
+}
+
+/// The output a client of a stream received, from its events' payloads, in order: the text,
+/// thinking and tool-input deltas of a Messages stream, the content and tool-argument deltas of
+/// a chat-completions stream, the text and argument deltas of a Responses stream.
+pub fn received_text<'a>(payloads: impl IntoIterator<Item = &'a Value>) -> String {
+    let mut text = String::new();
+    for payload in payloads {
+        let messages = &payload["delta"];
+        let chat = &payload["choices"][0]["delta"];
+        let pieces = [
+            &messages["text"],
+            &messages["thinking"],
+            &messages["partial_json"],
+            &chat["content"],
+            &chat["tool_calls"][0]["function"]["arguments"],
+        ];
+        for piece in pieces {
+            text.push_str(piece.as_str().unwrap_or_default());
+        }
+        let responses_delta = payload["type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("response.") && t.ends_with(".delta"));
+        if responses_delta {
+            text.push_str(messages.as_str().unwrap_or_default());
+        }
+    }
+    text
+}
+
+/// A virtual model's prices as its route in deploy/standalone/models.yaml states them, in
+/// micro-USD per million tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct RoutePrice {
+    pub input: u64,
+    pub output: u64,
+}
+
+impl RoutePrice {
+    /// The prices of `model` (`svc/haiku`), read from the standalone manifests the harness
+    /// runs (and [`crate::upstream::RoutedManifests`] copies).
+    pub fn of(model: &str) -> RoutePrice {
+        let path = workspace_root().join("deploy/standalone/models.yaml");
+        let routes = std::fs::read_to_string(&path).expect("read the standalone models");
+        let route = routes
+            .split("\n---")
+            .find(|route| route.lines().any(|l| l.trim() == format!("model: {model}")))
+            .unwrap_or_else(|| panic!("no route for {model} in {}", path.display()));
+        let usd = |field: &str| -> u64 {
+            let value = route
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(&format!("{field}:")))
+                .unwrap_or_else(|| panic!("{model}: no {field}"))
+                .trim()
+                .trim_matches('"');
+            let (whole, fraction) = value.split_once('.').unwrap_or((value, ""));
+            let micros = format!("{fraction:0<6}");
+            whole.parse::<u64>().expect("USD") * 1_000_000
+                + micros[..6].parse::<u64>().expect("micro-USD")
+        };
+        RoutePrice {
+            input: usd("inputUsdPerMTok"),
+            output: usd("outputUsdPerMTok"),
+        }
+    }
+
+    /// What `input` and `output` tokens cost at the default 100,000 credits per USD, rounded
+    /// up as the gateway rounds.
+    pub fn credits(&self, input: u64, output: u64) -> u64 {
+        let micro_usd_times_mtok = input * self.input + output * self.output;
+        (micro_usd_times_mtok * 100_000).div_ceil(1_000_000 * 1_000_000)
+    }
+
+    /// What a stream cut short costs: its input and the output tokens of the text its client
+    /// `received`.
+    pub fn cut_stream(&self, input: u64, received: &str) -> u64 {
+        self.credits(input, output_tokens(received))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_prices_are_read_in_micro_usd() {
+        let haiku = RoutePrice::of("svc/haiku");
+        assert_eq!((haiku.input, haiku.output), (800_000, 4_000_000));
+        // 1,000 input tokens at $0.80/MTok and 100 output at $4/MTok: $0.0012, 120 credits.
+        assert_eq!(haiku.credits(1_000, 100), 120);
+    }
 }

@@ -199,6 +199,25 @@ impl KubeApi {
         self.kubectl_with_input(args, None)
     }
 
+    /// `kubectl auth can-i VERB WHAT EXTRA…` as service account `who` of [`NAMESPACE`]: its
+    /// answer, yes or no. Any other outcome (kubectl failing, the server unreachable) fails the
+    /// test, so that a negative check cannot pass on an error.
+    pub fn can(&self, who: &str, verb: &str, what: &str, extra: &[&str]) -> bool {
+        let user = format!("--as=system:serviceaccount:{NAMESPACE}:{who}");
+        let mut args = vec!["auth", "can-i", verb, what, user.as_str()];
+        args.extend_from_slice(extra);
+        let out = self.kubectl(&args);
+        let answer = String::from_utf8_lossy(&out.stdout);
+        // kubectl exits 0 with "yes", 1 with "no" (possibly followed by a reason).
+        match (out.status.code(), answer.trim()) {
+            (Some(0), "yes") => true,
+            (Some(1), no) if no == "no" || no.starts_with("no ") => false,
+            _ => panic!(
+                "kubectl auth can-i {verb} {what} as {who} {extra:?} neither said yes nor no: {out:?}"
+            ),
+        }
+    }
+
     /// `kubectl apply -f -` of `yaml` as admin; the output, successful or not.
     pub fn apply(&self, yaml: &str) -> Output {
         self.kubectl_with_input(&["apply", "-f", "-"], Some(yaml))

@@ -155,13 +155,8 @@ async fn the_chart_identities_may_write_only_the_objects_of_their_release() {
         return;
     };
     trial.helm("install", &[]);
-    let can = |who: &str, verb: &str, what: &str, extra: &[&str]| -> bool {
-        let user = format!("--as=system:serviceaccount:{NAMESPACE}:{who}");
-        let mut args = vec!["auth", "can-i", verb, what, user.as_str()];
-        args.extend_from_slice(extra);
-        let out = trial.api.kubectl(&args);
-        String::from_utf8_lossy(&out.stdout).trim() == "yes"
-    };
+    let can =
+        |who: &str, verb: &str, what: &str, extra: &[&str]| trial.api.can(who, verb, what, extra);
     let scale = ["--subresource=scale"];
     let operator = "gw-gateway-operator";
     assert!(can(operator, "patch", "deployments/gw-gateway", &scale));

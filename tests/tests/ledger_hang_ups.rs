@@ -4,11 +4,13 @@
 //! rule is checked with turns reserved one by one in Postgres and with allotments.
 //!
 //! A psql session locks the account's row, so that the turn's statement waits for it; the
-//! client hangs up while it waits, then the lock is let go.
+//! client hangs up while it waits; once the gateway logs that it dropped the turn in the middle
+//! of that step, the lock is let go.
 
 use std::time::Duration;
 
 use e2e::{message, Cluster, Gateway, KeySpec, PostgresServer};
+use gateway::turn::DROPPED_MID_STEP;
 use reqwest::Method;
 
 const CREDITS: u64 = 50_000_000;
@@ -61,10 +63,14 @@ fn turn_to_hang_up(gw: &Gateway, secret: &str) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Waits until a statement waits for the lock, then hangs the client up, and gives the
-/// gateway time to see its connection close before the lock goes (had it not, a turn hung up
-/// during its reservation would be served and billed, and its test would fail).
-async fn hang_up_while_waiting(pg: &PostgresServer, client: tokio::task::JoinHandle<()>) {
+/// Waits until a statement waits for the lock, then hangs the client up, and waits for the
+/// gateway to say it dropped the turn in the middle of that step, before the lock goes: the
+/// proof that the hang-up happened where the test means it to.
+async fn hang_up_while_waiting(
+    gw: &Gateway,
+    pg: &PostgresServer,
+    client: tokio::task::JoinHandle<()>,
+) {
     e2e::poll_until(
         "a statement to wait for the locked account",
         Duration::from_secs(10),
@@ -72,11 +78,16 @@ async fn hang_up_while_waiting(pg: &PostgresServer, client: tokio::task::JoinHan
         || async { (pg.lock_waiters().await > 0).then_some(()) },
     )
     .await;
+    let before = gw.stderr().matches(DROPPED_MID_STEP).count();
     client.abort();
     let _ = client.await;
-    // Nothing to poll for: a dropped turn leaves no trace until its step lands. The close
-    // reaches the gateway at once on loopback; the second is for a loaded machine's scheduler.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    e2e::poll_until(
+        "the gateway to drop the turn in the middle of its step",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { (gw.stderr().matches(DROPPED_MID_STEP).count() > before).then_some(()) },
+    )
+    .await;
 }
 
 /// Nothing held once the allotments are idle, and what the account lost is what its rows
@@ -117,7 +128,7 @@ async fn hang_up_while_reserving(reserving: Reserving) {
     let lock = pg.hold_locks(&lock_account(&key.account_id)).await;
 
     let client = turn_to_hang_up(gw, &key.secret);
-    hang_up_while_waiting(&pg, client).await;
+    hang_up_while_waiting(gw, &pg, client).await;
     lock.release().await;
 
     let (status, billed) = books(gw, &pg, &key.account_id).await;
@@ -169,7 +180,7 @@ async fn hang_up_while_settling(reserving: Reserving) {
     )
     .await;
     let lock = pg.hold_locks(&lock_account(id)).await;
-    hang_up_while_waiting(&pg, client).await;
+    hang_up_while_waiting(gw, &pg, client).await;
     lock.release().await;
 
     // The bill was settled before the answer could be sent: it stands, and is all it moved.

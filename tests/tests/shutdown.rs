@@ -1,15 +1,18 @@
 //! SIGTERM: the gateway reports not ready and, after its shutdown delay, stops accepting, lets
 //! open turns finish within the grace period, ends
-//! the rest (a stream with an SSE `error` event, a JSON turn with 503), settles each once, and
-//! exits 0. A stream is billed for what its client was sent; a JSON turn cut before its answer
-//! is billed nothing, since its client got nothing and will pay for its retry.
+//! the rest (a stream with an SSE `error` event that tells its bill, a JSON turn with 503),
+//! settles each once, and exits 0. A stream is billed for what its client was sent, and told
+//! so; a JSON turn cut before its answer is billed nothing, since its client got nothing and
+//! will pay for its retry.
 //!
 //! The billing tests run `serve` on Postgres, whose ledger can be read after the process exits.
 
 use std::time::{Duration, Instant};
 
-use e2e::sse::assemble_message_stream;
+use e2e::books::{received_text, RoutePrice};
+use e2e::sse::{assemble_message_stream, SseEvent};
 use e2e::*;
+use serde_json::{json, Value};
 
 #[tokio::test]
 async fn sigterm_with_no_open_stream_exits_0_promptly() {
@@ -219,79 +222,141 @@ async fn exits_0(gw: &mut Gateway) {
     );
 }
 
+/// A stream of each endpoint, on `svc/haiku`: (path, body).
+fn one_stream_of_each_endpoint() -> [(&'static str, Value); 3] {
+    let text = words(30);
+    [
+        ("/v1/messages", message_stream("svc/haiku", &text, 256)),
+        (
+            "/v1/chat/completions",
+            chat_stream_body("svc/haiku", &text, Some(256)),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "svc/haiku", "input": text, "stream": true, "max_output_tokens": 256}),
+        ),
+    ]
+}
+
+/// The turn id a stream's first event carries.
+fn stream_id(path: &str, first: &Value) -> String {
+    let id = match path {
+        "/v1/messages" => &first["message"]["id"],
+        "/v1/responses" => &first["response"]["id"],
+        _ => &first["id"],
+    };
+    id.as_str()
+        .unwrap_or_else(|| panic!("{path}: no id in the first event: {first}"))
+        .to_owned()
+}
+
+/// What the last event of a stream cut by shutdown says: (its usage, its error message).
+fn cut_stream_end(path: &str, last: &SseEvent) -> (Value, String) {
+    let data = last.json();
+    let (usage, error) = match path {
+        "/v1/responses" => {
+            assert_eq!(last.name(), "response.failed", "{data}");
+            (&data["response"]["usage"], &data["response"]["error"])
+        }
+        _ => {
+            assert_eq!(data["type"], "error", "{path}: {data}");
+            assert_eq!(data["error"]["type"], "api_error", "{data}");
+            (&data["usage"], &data["error"])
+        }
+    };
+    let message = error["message"].as_str().unwrap_or_default().to_owned();
+    (usage.clone(), message)
+}
+
 #[tokio::test]
-async fn a_stream_that_outlives_the_grace_period_ends_with_an_error_event_and_is_billed_once_for_what_it_sent(
+async fn a_stream_that_outlives_the_grace_period_ends_telling_its_bill_which_is_the_price_of_what_it_sent(
 ) {
     let pg = PostgresServer::start().await;
     let mut cluster = pod_on_postgres(&pg, 1_000, 1).await;
     let gw = &mut cluster.pods[0];
     let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let (before, _) = account_books(&pg, &key.account_id).await;
-    let mut stream = gw
-        .stream(
-            "/v1/messages",
-            &key.secret,
-            &message_stream("svc/haiku", &words(30), 256),
-        )
-        .await;
-    stream.expect_sse();
-    let mut events = Vec::new();
-    let start = stream.read_until("message_start", &mut events).await;
-    let id = start.json()["message"]["id"]
-        .as_str()
-        .expect("message id")
-        .to_string();
+    let mut streams = Vec::new();
+    for (path, body) in one_stream_of_each_endpoint() {
+        let mut stream = gw.stream(path, &key.secret, &body).await;
+        stream.expect_sse();
+        let first = stream
+            .next_event_within(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("{path}: no first event"));
+        let id = stream_id(path, &first.json());
+        streams.push((path, id, stream, vec![first]));
+    }
     assert!(
         account_books(&pg, &key.account_id).await.1 > 0,
-        "no credits held for the turn in flight"
+        "no credits held for the turns in flight"
     );
 
     gw.send_sigterm();
     let signalled = Instant::now();
-    // Hanging here is the failure: the cut comes after the 1 s grace period.
-    while let Some(event) = stream.next_event_within(Duration::from_secs(30)).await {
-        events.push(event);
+    let price = RoutePrice::of("svc/haiku");
+    let mut told_total = 0;
+    let mut cut = Vec::new();
+    for (path, id, mut stream, mut events) in streams {
+        // Hanging here is the failure: the cut comes after the 1 s grace period.
+        while let Some(event) = stream.next_event_within(Duration::from_secs(30)).await {
+            events.push(event);
+        }
+        assert!(
+            signalled.elapsed() >= Duration::from_millis(900),
+            "{path}: cut before the grace period"
+        );
+        let last = events.last().expect("events");
+        let (usage, message) = cut_stream_end(path, last);
+        assert!(
+            message.contains("billed") && !message.contains("retry"),
+            "{path}: the error must say the part sent is billed, not invite a blind retry: {message}"
+        );
+        let told = usage["credits_consumed"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{path}: the last event does not tell the bill: {usage}"));
+        let input = usage["input_tokens"]
+            .as_u64()
+            .or(usage["prompt_tokens"].as_u64())
+            .expect("input tokens");
+        let payloads: Vec<Value> = events
+            .iter()
+            .filter_map(|e| serde_json::from_str(&e.data).ok())
+            .collect();
+        let received = received_text(&payloads);
+        assert!(
+            !received.is_empty(),
+            "{path}: nothing streamed before the cut"
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| ["message_stop", "response.completed"].contains(&e.name())),
+            "{path}: finished and cut: {events:#?}"
+        );
+        told_total += told;
+        cut.push((path, id, told, price.cut_stream(input, &received), received));
     }
-    let cut_after = signalled.elapsed();
-    let last = events.last().expect("events");
-    assert_eq!(
-        last.name(),
-        "error",
-        "the stream does not end with an error event: {events:#?}"
-    );
-    let error = last.json();
-    assert_eq!(error["type"], "error");
-    assert_eq!(error["error"]["type"], "api_error", "{error}");
-    assert!(
-        error["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{error}"
-    );
-    assert!(
-        !events.iter().any(|e| e.name() == "message_stop"),
-        "message_stop and error: {events:#?}"
-    );
-    assert!(
-        cut_after >= Duration::from_millis(900),
-        "cut before the grace period: {cut_after:?}"
-    );
     exits_0(gw).await;
 
-    // The books after the process is gone: one settled row, billed what the client was sent
-    // (its input at least) within the reservation, and the balance down by exactly that.
-    let (status, reserved, billed) = ledger_row(&pg, &id).await;
-    assert_eq!(status, "interrupted", "{}", gw.logs());
-    assert!(
-        (1..=reserved).contains(&billed),
-        "billed {billed} for a turn that streamed its client some output, reserved {reserved}"
-    );
+    // The books after the process is gone: each row settled once, billed what it told, which
+    // is the price of its input and of the output its client received; the balance down by
+    // exactly that.
+    for (path, id, told, price_of_received, received) in cut {
+        let (status, _, billed) = ledger_row(&pg, &id).await;
+        assert_eq!(status, "interrupted", "{path}\n{}", gw.logs());
+        assert_eq!(billed, told, "{path}: told other than billed");
+        assert_eq!(
+            billed, price_of_received,
+            "{path}: billed other than its input and the output received ({received:?})"
+        );
+    }
     let (after, held) = account_books(&pg, &key.account_id).await;
     assert_eq!(held, 0, "credits still held after the pod exited");
     assert_eq!(
         before - after,
-        billed as i64,
-        "the balance moved by other than the bill"
+        told_total as i64,
+        "the balance moved by other than the bills told"
     );
 }
 

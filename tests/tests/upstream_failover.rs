@@ -6,8 +6,12 @@
 
 use std::time::Duration;
 
+use e2e::books::{output_tokens, received_text, RoutePrice};
 use e2e::*;
 use serde_json::Value;
+
+/// Chunks a client that hangs up mid-stream may be billed past the events it read.
+const CHUNKS_IN_FLIGHT: usize = 2;
 
 /// Weight that makes an upstream the first choice in all but one draw in a million.
 const FIRST: u32 = 1_000_000;
@@ -308,7 +312,8 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_call_and_pays
             output: 400,
             ..MockUsage::default()
         };
-        mock.push([Reply::text(&words(200))
+        let reply = words(200);
+        mock.push([Reply::text(&reply)
             .usage(usage)
             .chunk_delay(Duration::from_millis(30))]);
         let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
@@ -327,6 +332,9 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_call_and_pays
             stream.read_until("content_block_delta", &mut seen).await;
         }
         stream.disconnect();
+        let payloads: Vec<Value> = seen.iter().map(|e| e.json()).collect();
+        let received = received_text(&payloads);
+        assert!(reply.starts_with(&received), "{received:?}");
 
         poll_until(
             "the upstream stream to be dropped",
@@ -337,15 +345,29 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_call_and_pays
         .await;
         gw.wait_settled(&key.account_id).await;
         let row: Value = gw.message_record(&id).await;
+        // The upstream's own count (400) never came: the gateway counts the text it took from
+        // the upstream, a mock chunk (6 characters) at a time: what the client received, and
+        // at most the chunks on their way when it hung up (one in its buffers or on the wire,
+        // one taken before the gateway saw the close).
+        let generated = |chars: usize| &reply[..(received.len() + chars).min(reply.len())];
+        let (least, most) = (
+            output_tokens(&received),
+            output_tokens(generated(CHUNKS_IN_FLIGHT * 6)),
+        );
         let output = row["usage"]["output_tokens"]
             .as_u64()
             .expect("output_tokens");
         assert!(
-            output > 0 && output < 400,
-            "openai={openai}: the generated part, not the whole: {row}"
+            (least..=most).contains(&output),
+            "openai={openai}: {output} output tokens billed, {least} received ({received:?}), {most} with the chunks in flight: {row}"
         );
+        let input = row["usage"]["input_tokens"].as_u64().expect("input_tokens");
         let billed = row["billed"].as_u64().expect("billed");
-        assert!(billed > 0, "{row}");
+        assert_eq!(
+            billed,
+            RoutePrice::of("svc/opus").credits(input, output),
+            "openai={openai}: billed other than the route's price of its tokens: {row}"
+        );
         assert_eq!(row["status"], "client_disconnected", "{row}");
     }
 }

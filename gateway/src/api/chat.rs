@@ -146,6 +146,10 @@ fn chunks(turn: Turn, include_usage: bool) -> impl Stream<Item = Result<Event, I
                     }
                     yield Ok(Event::default().data("[DONE]"));
                 }
+                TurnEvent::Interrupted { usage } => {
+                    // Told whether or not the client asked for usage chunks: it is a bill.
+                    yield Ok(Event::default().data(ApiError::interrupted_stream_json(&usage_to_chat(&usage))));
+                }
                 TurnEvent::Failed(error) => {
                     yield Ok(Event::default().data(ApiError::from(error).envelope_json()));
                 }

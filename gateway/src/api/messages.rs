@@ -129,6 +129,10 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
                     });
                     yield sse(&StreamEvent::MessageStop);
                 }
+                TurnEvent::Interrupted { usage } => {
+                    let data = ApiError::interrupted_stream_json(&usage_to_messages(usage));
+                    yield Ok(Event::default().event("error").data(data));
+                }
                 TurnEvent::Failed(error) => {
                     yield Ok(Event::default().event("error").data(ApiError::from(error).envelope_json()));
                 }

@@ -145,6 +145,33 @@ impl ApiError {
         serde_json::to_string(&self.envelope()).unwrap_or_default()
     }
 
+    /// The last event of a stream cut by the end of the shutdown grace period: the envelope
+    /// and the stream's `usage` (the endpoint's usage object, `credits_consumed` included).
+    pub fn interrupted_stream_json(usage: &impl Serialize) -> String {
+        #[derive(Serialize)]
+        struct Interrupted<'a, U> {
+            #[serde(flatten)]
+            envelope: Envelope<'a>,
+            usage: U,
+        }
+        let error = Self::interrupted_stream();
+        let event = Interrupted {
+            envelope: error.envelope(),
+            usage,
+        };
+        serde_json::to_string(&event).unwrap_or_default()
+    }
+
+    /// A stream cut by the end of the shutdown grace period. Its client was sent part of the
+    /// answer and billed for it: a blind retry would pay for that part again.
+    pub fn interrupted_stream() -> Self {
+        Self::unavailable(
+            "the server shut down before this response was finished: it ends here, billed for \
+             the output sent so far (usage.credits_consumed); a new request is a new turn, \
+             billed again",
+        )
+    }
+
     /// The `error` event of a Responses API stream: the envelope, plus the fields that stream's
     /// error event has (`code`, `message`, `param`, `sequence_number`).
     pub fn responses_stream_error(&self, sequence_number: u64) -> String {

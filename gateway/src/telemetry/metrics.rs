@@ -110,6 +110,7 @@ struct Metrics {
     credits: Family<ModelLabels, Counter>,
     rate_limited: Family<DimensionLabels, Counter>,
     streams_in_flight: Gauge,
+    turns_in_flight: Gauge,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
     upstream_input: Family<UpstreamTokenLabels, Counter>,
     affinity_moves: Family<MoveLabels, Counter>,
@@ -129,6 +130,7 @@ impl Metrics {
             credits: Family::default(),
             rate_limited: Family::default(),
             streams_in_flight: Gauge::default(),
+            turns_in_flight: Gauge::default(),
             upstream_errors: Family::default(),
             upstream_input: Family::default(),
             affinity_moves: Family::default(),
@@ -171,6 +173,11 @@ impl Metrics {
             "gateway_streams_in_flight",
             "Streaming turns open in this process",
             m.streams_in_flight.clone(),
+        );
+        r.register(
+            "gateway_turns_in_flight",
+            "Model turns holding credits (reserved, not yet settled) in this process",
+            m.turns_in_flight.clone(),
         );
         r.register(
             "gateway_upstream_errors",
@@ -272,16 +279,29 @@ pub fn rate_limited(dimension: &'static str) {
 }
 
 /// Counts an open stream until the returned guard is dropped.
-pub fn stream_opened() -> StreamGauge {
-    METRICS.streams_in_flight.inc();
-    StreamGauge(())
+pub fn stream_opened() -> InFlight {
+    InFlight::count(&METRICS.streams_in_flight)
 }
 
-pub struct StreamGauge(());
+/// Counts a turn holding credits (reserved, not yet settled) until the returned guard is
+/// dropped.
+pub fn turn_reserved() -> InFlight {
+    InFlight::count(&METRICS.turns_in_flight)
+}
 
-impl Drop for StreamGauge {
+/// One unit of a gauge of things in flight, given back when dropped.
+pub struct InFlight(&'static Gauge);
+
+impl InFlight {
+    fn count(gauge: &'static Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlight {
     fn drop(&mut self) {
-        METRICS.streams_in_flight.dec();
+        self.0.dec();
     }
 }
 

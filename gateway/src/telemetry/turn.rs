@@ -12,7 +12,7 @@ use opentelemetry::{Array, StringValue, Value};
 use tracing::{Instrument, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::metrics::{self, StreamGauge};
+use super::metrics::{self, InFlight};
 use super::request::CONTEXT;
 use crate::limits::LimitError;
 use crate::providers::ProviderError;
@@ -25,7 +25,9 @@ pub struct TurnTelemetry {
     model: String,
     arrived: Instant,
     upstream: Option<Upstream>,
-    stream: Option<StreamGauge>,
+    stream: Option<InFlight>,
+    /// Counted while the turn holds credits.
+    reserved: Option<InFlight>,
 }
 
 struct Upstream {
@@ -43,6 +45,7 @@ impl Default for TurnTelemetry {
             arrived: Instant::now(),
             upstream: None,
             stream: None,
+            reserved: None,
         }
     }
 }
@@ -74,6 +77,7 @@ impl TurnTelemetry {
             arrived,
             upstream: None,
             stream: None,
+            reserved: None,
         }
     }
 
@@ -107,9 +111,10 @@ impl TurnTelemetry {
             .set_attribute("svc.input_tokens.estimated", i64::from(estimate));
     }
 
-    pub fn reserved(&self, credits: u64) {
+    pub fn reserved(&mut self, credits: u64) {
         self.request
             .set_attribute("svc.credits.reserved", int(credits));
+        self.reserved = Some(metrics::turn_reserved());
     }
 
     /// The upstream call starts: everything until now was the gateway's own latency. Returns
@@ -191,6 +196,7 @@ impl TurnTelemetry {
     ) {
         let upstream = self.upstream.take();
         self.stream = None;
+        self.reserved = None;
         let status = status.as_str();
         let model = &self.model;
         if let Some(upstream) = upstream.filter(|u| !u.name.is_empty()) {

@@ -26,6 +26,10 @@ use std::task::{ready, Context, Poll};
 use futures::future::BoxFuture;
 use tokio_util::task::TaskTracker;
 
+/// The log line of a turn dropped (its client gone) while one of its steps ran.
+pub const DROPPED_MID_STEP: &str =
+    "a turn was dropped (its client went away) in the middle of a step; the step finishes on its own task";
+
 /// What to do with the result of a step that was dropped before it ended.
 type Undo<T> = Box<dyn FnOnce(T) -> BoxFuture<'static, ()> + Send>;
 
@@ -95,6 +99,8 @@ impl<T: Send + 'static> Drop for Finishing<T> {
             tracing::error!("a step cut off while exiting: not finished (the reaper and the leases' expiry will see to it)");
             return;
         };
+        // Said, so that a hang-up in the middle of a step can be told apart from none.
+        tracing::info!("{DROPPED_MID_STEP}");
         let undo = self.undo.take();
         self.tasks.spawn_on(
             async move {

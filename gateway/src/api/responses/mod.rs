@@ -26,9 +26,10 @@ use crate::auth::Principal;
 use crate::edge::body::{self, JsonBody};
 use crate::error::ApiError;
 use crate::ids;
+use crate::providers::ProviderError;
 use crate::responses_store::StoredResponse;
 use crate::state::TurnApi;
-use crate::turn::{self, Endpoint, Turn, TurnRequest};
+use crate::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
 use crate::wire::one_or_many::StringOr;
 use crate::wire::responses::translate::{self, normalized_items, Labeled};
 use crate::wire::responses::{
@@ -208,6 +209,10 @@ async fn complete(
 ) -> Result<ResponseObject, ApiError> {
     let mut events = turn.events;
     while let Some(event) = events.next().await {
+        if let TurnEvent::Interrupted { .. } = event {
+            // Its client received nothing: billed nothing, and free to retry.
+            return Err(ProviderError::ShuttingDown.into());
+        }
         let step = assembler.step(event);
         if let Some(error) = step.failed {
             return Err(error);
@@ -244,7 +249,9 @@ fn events(
             for event in &step.events {
                 yield sse(event, &mut sequence);
             }
-            if let Some(error) = step.failed {
+            // A response that tells its bill (a stream cut by shutdown) ends on `response.failed`,
+            // not on an error event without it.
+            if let Some(error) = step.failed.filter(|_| assembler.response.usage.is_none()) {
                 let data = error.responses_stream_error(sequence);
                 sequence += 1;
                 yield Ok(Event::default().event("error").data(data));

@@ -132,21 +132,28 @@ impl Assembler {
                 step.events.push(response);
                 step.done = true;
             }
-            TurnEvent::Failed(error) => {
-                let error = ApiError::from(error);
-                self.response.status = Status::Failed;
-                self.response.error = Some(ResponseError {
-                    code: "server_error",
-                    message: error.message.clone(),
-                });
-                step.events.push(StreamEvent::Failed {
-                    response: self.response.clone(),
-                });
-                step.failed = Some(error);
-                step.done = true;
+            TurnEvent::Interrupted { usage } => {
+                // A stream cut short: its failed response tells what the part sent was billed.
+                self.response.usage = Some(self.usage(&usage));
+                self.fail(ApiError::interrupted_stream(), &mut step);
             }
+            TurnEvent::Failed(error) => self.fail(ApiError::from(error), &mut step),
         }
         step
+    }
+
+    /// Ends the response `failed` with `error`.
+    fn fail(&mut self, error: ApiError, step: &mut Step) {
+        self.response.status = Status::Failed;
+        self.response.error = Some(ResponseError {
+            code: "server_error",
+            message: error.message.clone(),
+        });
+        step.events.push(StreamEvent::Failed {
+            response: self.response.clone(),
+        });
+        step.failed = Some(error);
+        step.done = true;
     }
 
     /// The response as stored: reasoning items always carry their sealed thinking.
