@@ -5,6 +5,7 @@
 mod address_brake;
 mod auth;
 mod changelog;
+mod chart_containers;
 mod cheap_rejection;
 mod cluster_limits;
 mod cluster_outage;
@@ -16,6 +17,7 @@ mod eight_pods;
 mod errors;
 mod fuzz;
 mod helm_install;
+mod image;
 mod key_controls;
 mod ledger_allotments;
 mod ledger_cli;
