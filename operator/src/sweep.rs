@@ -163,11 +163,19 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(metrics.sweep_failing.get(), 1);
         tokio::time::sleep(RETRY_AFTER_FAILURE).await;
-        assert_eq!(calls.load(Ordering::SeqCst), 2, "retried before the interval");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "retried before the interval"
+        );
 
         leading.send_replace(false);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(metrics.sweep_failing.get(), 0, "a follower is not failing a sweep");
+        assert_eq!(
+            metrics.sweep_failing.get(),
+            0,
+            "a follower is not failing a sweep"
+        );
         task.abort();
     }
 }

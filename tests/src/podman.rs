@@ -60,7 +60,10 @@ pub fn podman(args: &[&str]) -> Output {
 /// CI) when it is not.
 pub fn image_available() -> bool {
     let image = image();
-    let reason = match std::process::Command::new("podman").arg("--version").output() {
+    let reason = match std::process::Command::new("podman")
+        .arg("--version")
+        .output()
+    {
         Err(_) => Some("podman is not installed".to_owned()),
         Ok(_) if !podman(&["image", "exists", &image]).status.success() => Some(format!(
             "no image {image}: build it with `scripts/image target/debug` (scripts/test does)"

@@ -29,8 +29,7 @@ use e2e::kube::{operator_bin, Identity, KubeApi, NAMESPACE};
 use e2e::podman::DEFAULT_IMAGE;
 use e2e::server::free_port;
 use e2e::{
-    message, MockUpstream, PostgresServer, RedisServer, Resp, RoutedManifests, Scrape,
-    UpstreamDef,
+    message, MockUpstream, PostgresServer, RedisServer, Resp, RoutedManifests, Scrape, UpstreamDef,
 };
 use serde::Deserialize as _;
 use serde_json::Value;
@@ -138,7 +137,9 @@ impl Chart {
                 )
             })
             .collect();
-        let out = api.apply(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string());
+        let out = api.apply(
+            &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string(),
+        );
         helm::assert_ok("kubectl apply of the rendered RBAC", &out);
         let mock = MockUpstream::start().await;
         let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
@@ -225,7 +226,12 @@ impl Chart {
     }
 
     /// The program, arguments and environment the container's image runs, as a process.
-    fn command(&self, image: &str, pod: &str, container: &Value) -> (String, tokio::process::Command) {
+    fn command(
+        &self,
+        image: &str,
+        pod: &str,
+        container: &Value,
+    ) -> (String, tokio::process::Command) {
         let name = format!("{pod}/{}", container["name"].as_str().unwrap_or_default());
         assert_eq!(container["image"], image, "{name} runs another image");
         let (binary, kind) = match container["command"].as_array().map(Vec::as_slice) {
@@ -356,10 +362,20 @@ impl Chart {
     async fn check_the_gateway_serves_a_turn(&mut self) {
         let created = self
             .pg
-            .gateway_cli(&["keys", "create", "--account", "chart", "--credits", "100000000"])
+            .gateway_cli(&[
+                "keys",
+                "create",
+                "--account",
+                "chart",
+                "--credits",
+                "100000000",
+            ])
             .await
             .expect("keys create");
-        let key = created["key"].as_str().expect("the key's secret").to_owned();
+        let key = created["key"]
+            .as_str()
+            .expect("the key's secret")
+            .to_owned();
         let gateway = self.running(&format!("{RELEASE}-0/gateway"));
         let url = format!("http://127.0.0.1:{}/v1/messages", gateway.port("http"));
         let response = client()
@@ -376,7 +392,11 @@ impl Chart {
             "{}",
             gateway.logs()
         );
-        assert_eq!(self.mock.request_count(), 1, "the turn reached the upstream");
+        assert_eq!(
+            self.mock.request_count(),
+            1,
+            "the turn reached the upstream"
+        );
     }
 }
 
@@ -424,7 +444,10 @@ impl Running {
         let probe = &container["readinessProbe"]["httpGet"];
         let port = match &probe["port"] {
             Value::String(name) => self.port(name),
-            Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()).expect("a port"),
+            Value::Number(n) => n
+                .as_u64()
+                .and_then(|n| u16::try_from(n).ok())
+                .expect("a port"),
             other => panic!("{}: a readiness probe on {other}", self.name),
         };
         let url = format!("http://127.0.0.1:{port}{}", str_at(probe, "path"));
@@ -470,7 +493,8 @@ impl Secrets {
     }
 
     fn add(&mut self, name: &str, key: &str, value: &str) {
-        self.0.insert((name.to_owned(), key.to_owned()), value.to_owned());
+        self.0
+            .insert((name.to_owned(), key.to_owned()), value.to_owned());
     }
 
     fn get(&self, name: &str, key: &str) -> Option<String> {
@@ -506,12 +530,7 @@ fn env_read_by(binary: &Path, subcommand: &str) -> Vec<String> {
     let help = String::from_utf8_lossy(&out.stdout);
     help.split("[env: ")
         .skip(1)
-        .map(|rest| {
-            rest.split(['=', ']'])
-                .next()
-                .unwrap_or_default()
-                .to_owned()
-        })
+        .map(|rest| rest.split(['=', ']']).next().unwrap_or_default().to_owned())
         .collect()
 }
 
