@@ -2,8 +2,9 @@
 //! the chart runs it: read-only root filesystem, user 65532, every capability dropped, host
 //! network. The gateway answers its probes, serves a turn through its public port and stops with
 //! exit code 0 on SIGTERM within the grace; `gateway migrate` migrates a database; the operator
-//! (the image's other binary, run by `command` as the chart does) sweeps, is ready and stops
-//! cleanly too.
+//! (the image's other binary, run by `command` as the chart does) sweeps and is ready, reports
+//! not ready while its database is down (and ready again once it is back), and stops cleanly
+//! too.
 //!
 //! The image is built once per suite run by `scripts/test` (`GATEWAY_IMAGE`); without podman or
 //! the image these tests fail under CI and skip elsewhere.
@@ -40,6 +41,43 @@ fn uid_and_capabilities(container: &Container) -> (String, String) {
             .join(" ")
     };
     (field("Uid:"), field("CapEff:"))
+}
+
+/// Polls the operator's `/readyz` status and `gateway_operator_sweep_failing` until they are
+/// `want`, after at least one good sweep; the scrape then.
+async fn operator_state(
+    client: &reqwest::Client,
+    metrics: &str,
+    what: &str,
+    want: (u16, f64),
+) -> Scrape {
+    poll_until(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async move {
+            let ready = client
+                .get(format!("http://{metrics}/readyz"))
+                .send()
+                .await
+                .ok()?
+                .status()
+                .as_u16();
+            let text = client
+                .get(format!("http://{metrics}/metrics"))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            let scrape = Scrape::parse(&text);
+            let failing = scrape.get("gateway_operator_sweep_failing", &[])?;
+            let swept = scrape.get("gateway_operator_sweeps_total", &[])? >= 1.0;
+            (swept && (ready, failing) == want).then_some(scrape)
+        },
+    )
+    .await
 }
 
 fn run(line: &[OsString], args: &[&str]) -> std::process::Output {
@@ -128,14 +166,14 @@ async fn gateway_migrate_in_the_image_migrates_the_database() {
 }
 
 #[tokio::test]
-async fn the_operator_in_the_image_sweeps_reports_ready_and_stops_on_sigterm() {
+async fn the_operator_in_the_image_is_not_ready_while_its_sweep_fails_and_stops_on_sigterm() {
     if !podman::image_available() {
         return;
     }
     let Some(api) = KubeApi::start_with_gateway_resources().await else {
         return;
     };
-    let pg = PostgresServer::start().await;
+    let mut pg = PostgresServer::start().await;
     pg.gateway_cli(&["migrate"]).await.expect("migrate");
     let kubeconfig = api.kubeconfig(Identity::Operator);
     let kubeconfig_path = kubeconfig.to_str().expect("a UTF-8 path");
@@ -150,7 +188,7 @@ async fn the_operator_in_the_image_sweeps_reports_ready_and_stops_on_sigterm() {
     cmd.args(&line[1..])
         .args(["run", "--namespace", e2e::kube::NAMESPACE])
         .args(["--identity", "operator-0", "--metrics-listen", &metrics])
-        .args(["--database-url", &url])
+        .args(["--database-url", &url, "--sweep-interval", "2s"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
@@ -168,28 +206,29 @@ async fn the_operator_in_the_image_sweeps_reports_ready_and_stops_on_sigterm() {
             String::from_utf8_lossy(&out.stderr)
         )
     };
-    poll_until(
+    operator_state(
+        &client,
+        &metrics,
         "the operator to be ready after a sweep",
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-        || async {
-            let ready = client
-                .get(format!("http://{metrics}/readyz"))
-                .send()
-                .await
-                .ok()?
-                .status();
-            let text = client
-                .get(format!("http://{metrics}/metrics"))
-                .send()
-                .await
-                .ok()?
-                .text()
-                .await
-                .ok()?;
-            let sweeps = Scrape::parse(&text).get("gateway_operator_sweeps_total", &[])?;
-            (ready == 200 && sweeps >= 1.0).then_some(())
-        },
+        (200, 0.0),
+    )
+    .await;
+
+    pg.stop().await;
+    let scrape = operator_state(
+        &client,
+        &metrics,
+        "a failed sweep to make it not ready",
+        (503, 1.0),
+    )
+    .await;
+    assert!(scrape.get("gateway_operator_sweep_failures_total", &[]) >= Some(1.0));
+    pg.restart().await;
+    operator_state(
+        &client,
+        &metrics,
+        "a good sweep to make it ready again",
+        (200, 0.0),
     )
     .await;
 
