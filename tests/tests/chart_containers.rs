@@ -161,9 +161,8 @@ impl Chart {
         })
     }
 
-    /// Runs the hook Jobs, then every Deployment running `image` (init containers first, the
-    /// operator before the gateway, whose readiness waits for the config the operator
-    /// publishes), checks each is ready and does its job.
+    /// Runs the hook Jobs, then starts every Deployment running `image` (each pod's init
+    /// containers first), checks each container is ready and does its job.
     async fn run_every_container(&mut self, image: &str) {
         self.map_in_cluster_stores(image);
         let objects = self.objects.clone();
@@ -179,8 +178,11 @@ impl Chart {
             .filter(|o| o["kind"] == "Deployment")
             .filter(|d| runs_image(d, image))
             .collect();
-        deployments.sort_by_key(|d| !name(d).ends_with("-operator"));
         assert_eq!(deployments.len(), 2, "the gateway and the operator");
+        // As on a cluster, every pod starts at once (each after its init containers), and
+        // none waits for another to be ready: the gateway needs the operator's config, the
+        // operator's sweep the database a gateway pod's init container migrates.
+        let mut started = Vec::new();
         for deployment in deployments {
             let pod_name = format!("{}-0", name(deployment));
             let pod = &deployment["spec"]["template"]["spec"];
@@ -188,10 +190,12 @@ impl Chart {
                 self.run_to_completion(image, &pod_name, container).await;
             }
             for container in array(&pod["containers"]) {
-                let mut running = self.start_container(image, &pod_name, container);
-                running.wait_ready(container).await;
-                self.running.push(running);
+                started.push((self.start_container(image, &pod_name, container), container));
             }
+        }
+        for (mut running, container) in started {
+            running.wait_ready(container).await;
+            self.running.push(running);
         }
 
         assert!(
