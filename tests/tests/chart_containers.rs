@@ -173,7 +173,7 @@ impl Chart {
                 self.run_to_completion(image, &name(job), container).await;
             }
         }
-        let mut deployments: Vec<&Value> = objects
+        let deployments: Vec<&Value> = objects
             .iter()
             .filter(|o| o["kind"] == "Deployment")
             .filter(|d| runs_image(d, image))
