@@ -14,12 +14,27 @@ use std::process::Output;
 
 use crate::gateway::{unique_name, workspace_root};
 
-/// The chart's default image, which `scripts/image` tags.
-pub const DEFAULT_IMAGE: &str = "localhost/svc-gateway:0.1.0";
+/// The chart's `appVersion`: the tag of its default image.
+pub fn app_version() -> String {
+    let chart = std::fs::read_to_string(workspace_root().join("charts/gateway/Chart.yaml"))
+        .expect("read Chart.yaml");
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .expect("Chart.yaml has an appVersion")
+        .trim()
+        .trim_matches('"')
+        .to_owned()
+}
 
-/// `$GATEWAY_IMAGE`, else [`DEFAULT_IMAGE`].
+/// The chart's default image, which `scripts/image` tags: `localhost/svc-gateway:APPVERSION`.
+pub fn default_image() -> String {
+    format!("localhost/svc-gateway:{}", app_version())
+}
+
+/// `$GATEWAY_IMAGE`, else [`default_image`].
 pub fn image() -> String {
-    std::env::var("GATEWAY_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.to_owned())
+    std::env::var("GATEWAY_IMAGE").unwrap_or_else(|_| default_image())
 }
 
 /// `podman` with this machine's global options and containers.conf, as a command line

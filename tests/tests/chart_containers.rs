@@ -26,7 +26,7 @@ use base64::Engine as _;
 use e2e::gateway::{gateway_bin, unique_name};
 use e2e::helm;
 use e2e::kube::{operator_bin, Identity, KubeApi, NAMESPACE};
-use e2e::podman::DEFAULT_IMAGE;
+use e2e::podman::{app_version, default_image};
 use e2e::server::free_port;
 use e2e::{
     message, MockUpstream, PostgresServer, RedisServer, Resp, RoutedManifests, Scrape, UpstreamDef,
@@ -66,7 +66,7 @@ async fn every_container_of_the_readmes_install_starts_and_does_its_job() {
     chart.secrets.add("gateway-redis", "url", &redis);
     chart.secrets.add("gateway-postgres", "url", &pg);
     chart
-        .run_every_container(&format!("{REGISTRY}/svc-gateway:0.1.0"))
+        .run_every_container(&format!("{REGISTRY}/svc-gateway:{}", app_version()))
         .await;
 }
 
@@ -77,7 +77,7 @@ async fn every_container_of_the_in_cluster_values_starts_and_does_its_job() {
         return;
     };
     // Without values naming one, the chart's image is what scripts/image tags.
-    chart.run_every_container(DEFAULT_IMAGE).await;
+    chart.run_every_container(&default_image()).await;
 }
 
 /// The rendered chart, the stores and API server its containers run against, and the processes.
