@@ -134,8 +134,8 @@ mod tests {
     #[tokio::test]
     async fn a_failed_sweep_is_counted_marks_the_replica_failing_and_changes_nothing() {
         let metrics = Metrics::default();
-        let failed = sweep_once(&metrics, &|| async { Err(crate::error::Error::NoRules) }).await;
-        assert!(!failed);
+        let succeeded = sweep_once(&metrics, &|| async { Err(crate::error::Error::NoRules) }).await;
+        assert!(!succeeded);
         assert_eq!(metrics.sweep_failures.get(), 1);
         assert_eq!(metrics.sweep_failing.get(), 1);
         assert_eq!(metrics.sweeps.get(), 0);
