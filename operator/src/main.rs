@@ -25,6 +25,7 @@ use crds::config::{GatewayConfig, Route, Secret};
 use kube::{Api, Client};
 use store::accounts::{Accounts, PostgresAccounts, PromotionRules};
 use store::db::Database;
+use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 #[derive(Parser)]
@@ -257,9 +258,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // Every replica publishes: the result is the same and idempotent, so config changes do
     // not wait for a leader to be elected.
+    let mut terminate = signal(SignalKind::terminate()).context("cannot wait for SIGTERM")?;
     tokio::select! {
         () = controller::run(controller::State::new(ctx, args.resync)) => {}
         signal = tokio::signal::ctrl_c() => signal.context("cannot wait for ctrl-c")?,
+        // The kubelet stops a pod with SIGTERM, which a container's first process ignores
+        // unless it handles it: the pod would wait out its whole grace period for SIGKILL.
+        _ = terminate.recv() => tracing::info!("SIGTERM: the operator stops"),
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The operator's Prometheus metrics, served on `--metrics-listen` with the probes: `/livez`
-//! and `/readyz` answer while the runtime serves requests (the operator takes no traffic, so
-//! there is nothing else for readiness to gate).
+//! answers while the runtime serves requests; `/readyz` too, except while this replica's last
+//! promotion sweep failed (a database it cannot reach, say), so that a sweep that stopped
+//! working shows in `kubectl get pods` and in alerts on readiness, not only in a log line.
 //!
 //! A plain hyper server rather than a router: three fixed paths do not need one, and it keeps
 //! axum out of the operator's dependencies.
@@ -28,6 +29,8 @@ pub struct Metrics {
     pub sweeps: Counter,
     pub sweep_failures: Counter,
     pub promotions: Counter,
+    /// 1 while the last promotion sweep of this replica failed; readiness follows it.
+    pub sweep_failing: Gauge,
     pub leading: Gauge,
     pub desired_replicas: Gauge,
 }
@@ -38,6 +41,7 @@ impl Default for Metrics {
         let sweeps = Counter::default();
         let sweep_failures = Counter::default();
         let promotions = Counter::default();
+        let sweep_failing = Gauge::default();
         let leading = Gauge::default();
         let desired_replicas = Gauge::default();
         // Counters are registered without `_total`: the encoder appends it.
@@ -57,6 +61,11 @@ impl Default for Metrics {
             promotions.clone(),
         );
         registry.register(
+            "gateway_operator_sweep_failing",
+            "1 while this process's last promotion sweep failed (it then reports not ready)",
+            sweep_failing.clone(),
+        );
+        registry.register(
             "gateway_operator_leading",
             "1 while this process holds the leader Lease",
             leading.clone(),
@@ -71,6 +80,7 @@ impl Default for Metrics {
             sweeps,
             sweep_failures,
             promotions,
+            sweep_failing,
             leading,
             desired_replicas,
         }
@@ -120,7 +130,14 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<String> {
     let (status, content_type, body) = match request.uri().path() {
         "/metrics" => (StatusCode::OK, OPENMETRICS, metrics.render()),
-        "/livez" | "/readyz" => (StatusCode::OK, "text/plain", "ok".to_owned()),
+        "/livez" => (StatusCode::OK, "text/plain", "ok".to_owned()),
+        "/readyz" if metrics.sweep_failing.get() != 0 => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "the promotion sweep is failing (see the log and gateway_operator_sweep_failures_total)"
+                .to_owned(),
+        ),
+        "/readyz" => (StatusCode::OK, "text/plain", "ok".to_owned()),
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found".to_owned()),
     };
     let mut response = Response::new(body);
@@ -178,6 +195,8 @@ mod tests {
             "gateway_operator_sweep_failures_total 0",
             "# TYPE gateway_operator_promotions counter",
             "gateway_operator_promotions_total 2",
+            "# TYPE gateway_operator_sweep_failing gauge",
+            "gateway_operator_sweep_failing 0",
             "# TYPE gateway_operator_leading gauge",
             "gateway_operator_leading 0",
             "# TYPE gateway_operator_desired_replicas gauge",
@@ -194,5 +213,17 @@ mod tests {
         assert_eq!(get(&format!("{url}/readyz")).await.0, 200);
         assert_eq!(get(&format!("{url}/")).await.0, 404);
         assert_eq!(get(&format!("{url}/metrics/extra")).await.0, 404);
+    }
+
+    #[tokio::test]
+    async fn a_failing_sweep_makes_the_replica_not_ready_but_still_live() {
+        let (url, metrics) = server().await;
+        metrics.sweep_failing.set(1);
+        let (status, _, body) = get(&format!("{url}/readyz")).await;
+        assert_eq!(status, 503);
+        assert!(body.contains("promotion sweep is failing"), "{body}");
+        assert_eq!(get(&format!("{url}/livez")).await.0, 200);
+        metrics.sweep_failing.set(0);
+        assert_eq!(get(&format!("{url}/readyz")).await.0, 200);
     }
 }

@@ -361,3 +361,12 @@ def test_a_pod_monitor_scrapes_the_metrics_port_of_both_components_when_enabled(
     for deployment in of_kind(objects, "Deployment"):
         ports = [p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0].get("ports", [])]
         assert "metrics" in ports, deployment["metadata"]["name"]
+
+
+def test_the_operator_runs_the_images_operator_binary_on_the_migrations_database() -> None:
+    for objects in (rendered("defaults.yaml"), render("--set", "postgres.poolerSecret=gateway-pgbouncer")):
+        operator = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]
+        job = named(objects, "Job", "gw-gateway-migrate")["spec"]["template"]["spec"]["containers"][0]
+        assert operator["command"] == ["/usr/local/bin/operator"]
+        assert operator["image"] == job["image"]
+        assert [e for e in operator["env"] if e["name"] == "DATABASE_URL"] == job["env"]

@@ -93,6 +93,9 @@ pub struct GatewayBuilder {
     max_open_files: Option<u64>,
     /// The admin listener's address, when a test must know it before the start.
     admin_listen: Option<String>,
+    /// A command line that runs the gateway binary with the arguments appended (a container
+    /// of the image: [`crate::podman`]); the binary itself when `None`.
+    launcher: Option<Vec<std::ffi::OsString>>,
 }
 
 impl GatewayBuilder {
@@ -208,6 +211,13 @@ impl GatewayBuilder {
         self
     }
 
+    /// Runs the gateway through `launcher` (program first), which appends its arguments to
+    /// the gateway binary's: the image under podman, say.
+    pub fn launched_by(mut self, launcher: Vec<std::ffi::OsString>) -> Self {
+        self.launcher = Some(launcher);
+        self
+    }
+
     /// Spawns the gateway and waits (at most 30 s) for its ready line.
     pub async fn start(self) -> Gateway {
         let manifests = self
@@ -232,7 +242,15 @@ impl GatewayBuilder {
             args.extend(["--redis-timeout-ms".to_string(), "2000".to_string()]);
         }
         args.extend(self.args);
-        Gateway::spawn(self.mode, &manifests, args, self.envs, self.max_open_files).await
+        Gateway::spawn(
+            self.mode,
+            &manifests,
+            args,
+            self.envs,
+            self.max_open_files,
+            self.launcher,
+        )
+        .await
     }
 }
 
@@ -338,10 +356,18 @@ impl Gateway {
         extra: Vec<String>,
         envs: Vec<(String, std::ffi::OsString)>,
         max_open_files: Option<u64>,
+        launcher: Option<Vec<std::ffi::OsString>>,
     ) -> Gateway {
         let bin = gateway_bin();
         let root = workspace_root();
-        let mut cmd = Command::new(&bin);
+        let mut cmd = match &launcher {
+            Some(line) => {
+                let mut cmd = Command::new(&line[0]);
+                cmd.args(&line[1..]);
+                cmd
+            }
+            None => Command::new(&bin),
+        };
         cmd.arg(mode.subcommand())
             .args(["--listen", "127.0.0.1:0"])
             .arg("--manifests")

@@ -60,6 +60,27 @@ fn chart_for_old_api_server(dir: &Path) -> PathBuf {
     chart
 }
 
+/// Whether helm is installed; says why not (a failure under CI) when it is not.
+pub fn helm_available() -> bool {
+    let available = helm_bin().exists();
+    if !available {
+        crate::missing_dependency(&format!("{} is not installed", helm_bin().display()));
+    }
+    available
+}
+
+/// `helm template ARGS` of `charts/gateway` (no API server needed): the rendered YAML.
+pub fn template(args: &[&str]) -> String {
+    let out = std::process::Command::new(helm_bin())
+        .arg("template")
+        .args(args)
+        .current_dir(workspace_root())
+        .output()
+        .expect("run helm");
+    assert_ok("helm template", &out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn assert_ok(what: &str, out: &Output) {
     assert!(
         out.status.success(),
@@ -83,8 +104,7 @@ pub struct Trial {
 impl Trial {
     /// `None` (after saying why; a failure under CI) when helm or the API server is missing.
     pub async fn start(release: &'static str) -> Option<Trial> {
-        if !helm_bin().exists() {
-            crate::missing_dependency(&format!("{} is not installed", helm_bin().display()));
+        if !helm_available() {
             return None;
         }
         let api = KubeApi::start().await?;

@@ -176,6 +176,31 @@ impl KubeApi {
         Some(api)
     }
 
+    /// [`KubeApi::start`], then the CRDs (once served), the RBAC of `deploy/rbac/` and the
+    /// standalone resources of `deploy/standalone/`: what an operator needs to publish a config.
+    pub async fn start_with_gateway_resources() -> Option<KubeApi> {
+        let api = KubeApi::start().await?;
+        api.apply_crds();
+        api.wait_for_crds().await;
+        api.apply_path("deploy/rbac/");
+        api.apply_path("deploy/standalone/");
+        Some(api)
+    }
+
+    /// Waits until the API serves the applied CRDs' resources.
+    pub async fn wait_for_crds(&self) {
+        poll_until(
+            "the CRDs to be served",
+            Duration::from_secs(20),
+            Duration::from_millis(200),
+            || async {
+                let out = self.kubectl(&["get", "tiers,modelroutes,apikeys"]);
+                out.status.success().then_some(())
+            },
+        )
+        .await;
+    }
+
     fn write_kubeconfig(&self, id: Identity) {
         let config = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    \
@@ -310,7 +335,7 @@ fn on_path(command: &str) -> bool {
 }
 
 /// `$OPERATOR_BIN`, else the operator next to the gateway binary the tests use.
-fn operator_bin() -> PathBuf {
+pub fn operator_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("OPERATOR_BIN") {
         return PathBuf::from(bin);
     }

@@ -8,6 +8,7 @@
 //! - [`PostgresServer`]: a throwaway Postgres (start, stop, restart, SQL, the operator CLI).
 //! - [`PgBouncer`]: a throwaway PgBouncer in transaction pooling mode in front of it.
 //! - [`Nginx`]: a throwaway nginx reverse proxy in front of a gateway, as ingress-nginx forwards.
+//! - [`podman`]: the gateway's image run under podman as the chart runs it.
 //! - [`TcpProxy`]: a loopback TCP proxy a test can cut (one process partitioned from a server).
 //! - [`cluster`]: several `serve` pods on one Redis, and the keys the cluster manifests seed.
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
@@ -39,6 +40,7 @@ pub mod leak;
 pub mod nginx;
 pub mod otlp;
 pub mod pgbouncer;
+pub mod podman;
 pub mod postgres;
 pub mod proxy;
 pub mod redis;

@@ -5,6 +5,7 @@
 mod address_brake;
 mod auth;
 mod changelog;
+mod chart_containers;
 mod cheap_rejection;
 mod cluster_limits;
 mod cluster_outage;
@@ -18,6 +19,7 @@ mod errors;
 mod fuzz;
 mod helm_install;
 mod ingress_brake;
+mod image;
 mod key_controls;
 mod ledger_allotments;
 mod ledger_cli;

@@ -20,21 +20,7 @@ const POLL: Duration = Duration::from_millis(200);
 
 /// The API server with the CRDs, the RBAC and the standalone resources applied.
 async fn cluster() -> Option<KubeApi> {
-    let api = KubeApi::start().await?;
-    api.apply_crds();
-    poll_until(
-        "the CRDs to be served",
-        Duration::from_secs(20),
-        POLL,
-        || async {
-            let out = api.kubectl(&["get", "tiers,modelroutes,apikeys"]);
-            out.status.success().then_some(())
-        },
-    )
-    .await;
-    api.apply_path("deploy/rbac/");
-    api.apply_path("deploy/standalone/");
-    Some(api)
+    KubeApi::start_with_gateway_resources().await
 }
 
 async fn published_version(api: &KubeApi) -> String {
