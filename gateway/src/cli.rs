@@ -107,7 +107,7 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
             let accounts = PostgresAccounts::new(db.clone());
             let account = match (account, new_account) {
                 (Some(id), _) => existing_account(&db, &id).await?,
-                (None, Some(name)) => self::new_account(&db, &name, credits).await?,
+                (None, Some(name)) => self::new_account(&db, &name, credits.unwrap_or(0)).await?,
                 (None, None) => {
                     return Err(CliError::Usage(
                         "pass --account acct_… or --new-account NAME".to_owned(),

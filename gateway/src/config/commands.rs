@@ -43,8 +43,8 @@ pub enum KeysCommand {
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         spend_cap: Option<u64>,
         /// apiCredits granted to the new account (not a top-up).
-        #[arg(long, default_value_t = 0, requires = "new_account")]
-        credits: u64,
+        #[arg(long, conflicts_with = "account")]
+        credits: Option<u64>,
         #[arg(long, value_enum, default_value = "api")]
         kind: KindArg,
         /// Surfaces the key may use (messages, chat, responses, models, account); none: all.
