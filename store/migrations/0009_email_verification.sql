@@ -1,6 +1,8 @@
 -- Sign-up verifies the email before the account can hold keys or credits from anyone else. Users
 -- of before this migration are unverified too: their next dashboard sign-in asks them to verify.
 ALTER TABLE dashboard_users ADD COLUMN email_verified_at timestamptz;
+-- Whose account it is, when the operator keys or credits an account by its id.
+CREATE INDEX dashboard_users_account ON dashboard_users (account_id);
 
 -- A link sent to the email: only the SHA-256 of its token is kept, with the password hash of
 -- the sign-up that asked for it (confirming sets that password, so whoever chose the password
