@@ -10,8 +10,9 @@ use crate::config::commands::{AccountsCommand, KeysCommand, KindArg, MessagesCom
 use crate::config::database::DatabaseArgs;
 use crate::payments::{self, PaymentError, TopUpRequest};
 use store::accounts::promotion::{standing, ENTERPRISE};
-use store::accounts::{Accounts, KeyKind, PostgresAccounts, StoreError};
+use store::accounts::{Account, Accounts, KeyKind, PostgresAccounts, StoreError};
 use store::db::{Database, DbError};
+use store::developers::{owner_verified, PostgresDeveloperStore};
 use store::ledger::{Ledger, LedgerError, PostgresLedger};
 
 #[derive(Debug, Error)]
@@ -36,6 +37,45 @@ fn connect(args: &DatabaseArgs) -> Result<Database, CliError> {
     Ok(Database::connect_with(&settings)?)
 }
 
+/// The account `id`, when it may take keys and credits from the operator: it exists, and it
+/// is not a dashboard account whose email is unverified (anyone can sign up as anyone).
+async fn existing_account(db: &Database, id: &str) -> Result<Account, CliError> {
+    let account = PostgresAccounts::new(db.clone())
+        .account(id)
+        .await?
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "account `{id}` does not exist; pass the id (acct_…) its owner's dashboard shows"
+            ))
+        })?;
+    let developers = PostgresDeveloperStore::new(db.clone());
+    if !owner_verified(&developers, &account.id).await? {
+        return Err(CliError::Usage(format!(
+            "account `{id}` belongs to a dashboard user whose email is not verified yet; it \
+             takes no keys or credits until its owner follows the link sent to it"
+        )));
+    }
+    Ok(account)
+}
+
+/// A new account named `name` with `credits` granted; never an existing one.
+async fn new_account(db: &Database, name: &str, credits: u64) -> Result<Account, CliError> {
+    let created = PostgresAccounts::new(db.clone())
+        .create_account(name)
+        .await
+        .map_err(|e| match e {
+            StoreError::Conflict(_) => CliError::Usage(format!(
+                "an account named `{name}` exists; to key or credit an existing account, pass \
+                 its id with --account acct_… (its owner's dashboard shows it)"
+            )),
+            other => other.into(),
+        })?;
+    PostgresLedger::new(db.clone())
+        .grant(&created.id, credits)
+        .await?;
+    Ok(created)
+}
+
 fn print(value: Value) {
     println!("{value}");
 }
@@ -51,6 +91,7 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
         KeysCommand::Create {
             db,
             account,
+            new_account,
             enterprise,
             manifests,
             expires_at,
@@ -64,14 +105,13 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
                 .map_err(|e| CliError::Usage(format!("--expires-at: {e}")))?;
             let db = connect(&db)?;
             let accounts = PostgresAccounts::new(db.clone());
-            let account = match accounts.account_by_name(&account).await? {
-                Some(existing) => existing,
-                None => {
-                    let created = accounts.create_account(&account).await?;
-                    PostgresLedger::new(db.clone())
-                        .grant(&created.id, credits)
-                        .await?;
-                    created
+            let account = match (account, new_account) {
+                (Some(id), _) => existing_account(&db, &id).await?,
+                (None, Some(name)) => self::new_account(&db, &name, credits.unwrap_or(0)).await?,
+                (None, None) => {
+                    return Err(CliError::Usage(
+                        "pass --account acct_… or --new-account NAME".to_owned(),
+                    ))
                 }
             };
             let tier = if enterprise {
@@ -118,7 +158,7 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
 pub async fn accounts(command: AccountsCommand) -> Result<(), CliError> {
     let AccountsCommand::Topup {
         db,
-        name,
+        account,
         usd,
         reference,
         rate,
@@ -129,12 +169,9 @@ pub async fn accounts(command: AccountsCommand) -> Result<(), CliError> {
         ))
     })?;
     let db = connect(&db)?;
+    let account = existing_account(&db, &account).await?;
     let accounts = PostgresAccounts::new(db.clone());
     let ledger = PostgresLedger::new(db);
-    let account = accounts
-        .account_by_name(&name)
-        .await?
-        .ok_or_else(|| CliError::Usage(format!("account `{name}` does not exist")))?;
     let request = TopUpRequest {
         account_id: &account.id,
         reference: &reference,

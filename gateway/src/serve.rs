@@ -180,6 +180,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
         None => bind(listen.admin).await?,
     };
     let api_addr = api_listener.local_addr()?;
+    state.api_listening_on(api_addr);
     let admin_addr = admin_listener.local_addr()?;
     let metrics_listener = match listen.metrics {
         Some(addr) => Some(bind(addr).await?),

@@ -176,6 +176,12 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     if args.common.server.admin_token.is_none() {
         return Err(StartError::NoAdminToken);
     }
+    if args.common.dashboard.public_url.is_none() {
+        tracing::warn!(
+            "no --public-url: the dashboard's email links and Stripe's return URLs name this \
+             pod's own address, which browsers outside the cluster cannot reach"
+        );
+    }
     // Alive from the start, whatever the stores and the config do meanwhile.
     let admin = Some(serve::WaitingAdmin::bind(args.common.server.admin_listen).await?);
     let redis = RedisLimiter::connect(&args.redis.settings()).await?;

@@ -171,6 +171,8 @@ pub struct AdminState {
     catalog: LiveCatalog,
     pub accounts: Arc<dyn Accounts>,
     pub ledger: Arc<dyn Ledger>,
+    /// Whose email a dashboard account's owner verified: none takes keys or credits before.
+    pub developers: Arc<dyn DeveloperStore>,
     pub limiter: Arc<dyn Limiter>,
     pub shutdown: Shutdown,
     pub credits_per_usd: u64,
@@ -201,6 +203,12 @@ struct Surfaces {
 }
 
 impl AppState {
+    /// The API listener is bound: links the dashboard sends go there when no public URL is
+    /// configured.
+    pub fn api_listening_on(&self, addr: std::net::SocketAddr) {
+        self.0.dashboard.config.public_url.listening_on(addr);
+    }
+
     pub fn new(services: Services) -> Self {
         let Services {
             catalog,
@@ -260,7 +268,7 @@ impl AppState {
                 catalog: catalog.clone(),
                 accounts: accounts.clone(),
                 ledger: ledger.clone(),
-                developers,
+                developers: developers.clone(),
                 payments: payments.clone(),
                 auto_reloads,
                 books: books.clone(),
@@ -278,6 +286,7 @@ impl AppState {
                 catalog: catalog.clone(),
                 accounts,
                 ledger,
+                developers,
                 limiter,
                 shutdown,
                 credits_per_usd,

@@ -209,6 +209,19 @@ impl Browser {
 
 impl Browser {
     /// Ends the session, which closes the browser.
+    /// After the sign-up form of `gw` was submitted for `email`: follows the link mailed to
+    /// it (the gateway's log), confirms, and signs in with `password`, as a user would.
+    pub async fn verify_and_sign_in(&self, gw: &crate::Gateway, email: &str, password: &str) {
+        let link = crate::visitor::verification_link(gw, email).await;
+        self.goto(&link).await;
+        self.click_and_load("#confirm").await;
+        self.goto(&format!("{}/developers/sign-in", gw.api)).await;
+        self.fill("#email", email).await;
+        self.fill("#password", password).await;
+        self.click_and_load("button[type=submit]").await;
+        self.wait_for_path("/developers").await;
+    }
+
     pub async fn quit(self) {
         let _ = self.client.clone().close().await;
     }

@@ -1,8 +1,15 @@
 //! A dashboard visitor speaking plain HTTP (no browser): sign-up, sign-in and forms with the
 //! session's CSRF token, cookies carried by hand, redirects not followed (so that the tests
-//! see the cookies and the `Location` they carry).
+//! see the cookies and the `Location` they carry). The mails the gateway sends are read from
+//! its log, where it writes them with no mail server configured.
+
+use std::time::Duration;
 
 use crate::gateway::{unique_name, Gateway};
+use crate::poll_until;
+
+/// Where a verification link leads.
+pub const VERIFY_PATH: &str = "/developers/verify-email";
 
 /// The password every visitor signs up with.
 pub const PASSWORD: &str = "correct horse battery";
@@ -18,11 +25,53 @@ pub struct Visitor<'a> {
 }
 
 pub fn hidden_csrf(html: &str) -> String {
-    html.split("name=\"csrf\" value=\"")
+    hidden_field(html, "csrf")
+}
+
+/// The value of the form field `name` in `html`.
+pub fn hidden_field(html: &str, name: &str) -> String {
+    html.split(&format!("name=\"{name}\" value=\""))
         .nth(1)
         .and_then(|rest| rest.split('"').next())
-        .expect("a csrf field")
+        .unwrap_or_else(|| panic!("a {name} field in {html}"))
         .to_owned()
+}
+
+/// The log lines of the mails the gateway sent to `email` so far, oldest first.
+pub fn mails_to(gw: &Gateway, email: &str) -> Vec<String> {
+    let to = format!("\"{email}\"");
+    gw.stderr()
+        .lines()
+        .filter(|line| line.contains("gateway::mail") && line.contains(&to))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The newest verification link mailed to `email` (waiting for it a few seconds).
+pub async fn verification_link(gw: &Gateway, email: &str) -> String {
+    poll_until(
+        "a verification link in the gateway's log",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            mails_to(gw, email)
+                .iter()
+                .rev()
+                .find_map(|line| link_in(line))
+        },
+    )
+    .await
+}
+
+/// The verification link in a mail's log line.
+fn link_in(line: &str) -> Option<String> {
+    let path = line.find(&format!("{VERIFY_PATH}?token="))?;
+    let start = line[..path].rfind("http")?;
+    let token_start = path + VERIFY_PATH.len() + "?token=".len();
+    let token_len = line[token_start..]
+        .find(|c: char| !c.is_ascii_alphanumeric())
+        .unwrap_or(line.len() - token_start);
+    Some(line[start..token_start + token_len].to_owned())
 }
 
 impl<'a> Visitor<'a> {
@@ -106,10 +155,37 @@ impl<'a> Visitor<'a> {
         (status, response.text().await.expect("body"), set)
     }
 
+    /// Signs up as a user would: submits the form, follows the link mailed to `email` and
+    /// signs in. Returns the sign-in's Set-Cookie lines (the session).
     pub async fn sign_up(&mut self, email: &str, headers: &[(&str, &str)]) -> Vec<String> {
-        let (status, _, set) = self.try_sign_up(email, headers).await;
-        assert_eq!(status, 303, "sign-up redirects to the overview");
+        let (status, page, _) = self.try_sign_up(email, headers).await;
+        assert_eq!(status, 200, "sign-up asks to check the email: {page}");
+        let (status, page) = self.verify_email(email).await;
+        assert_eq!(status, 200, "the link verifies the email: {page}");
+        let (_, form) = self.get("/developers/sign-in").await;
+        let csrf = hidden_csrf(&form);
+        let (status, page, set) = self
+            .post(
+                "/developers/sign-in",
+                &[("csrf", &csrf), ("email", email), ("password", PASSWORD)],
+                headers,
+            )
+            .await;
+        assert_eq!(status, 303, "sign-in redirects to the overview: {page}");
         set
+    }
+
+    /// Follows the newest verification link mailed to `email`, as its owner would: opens it
+    /// and confirms. The confirmation's status and page.
+    pub async fn verify_email(&mut self, email: &str) -> (u16, String) {
+        let link = verification_link(self.gw, email).await;
+        // Under the gateway's public URL, which routes to this gateway.
+        let path = &link[link.find(VERIFY_PATH).unwrap_or_default()..];
+        let (status, page) = self.get(path).await;
+        assert_eq!(status, 200, "{page}");
+        let token = hidden_field(&page, "token");
+        let (status, page, _) = self.post(VERIFY_PATH, &[("token", &token)], &[]).await;
+        (status, page)
     }
 
     /// Submits the sign-up form: the status, the page and the cookies set.

@@ -1,9 +1,13 @@
 //! The operator CLI on the gateway binary, against the same Postgres as a running gateway:
 //! `keys create` prints a working key once, `keys revoke` stops it, `accounts topup` is
 //! idempotent by reference, `messages show` prints the ledger row, `migrate` can run again.
+//! An existing account is keyed or credited only by its id, and a dashboard account only once
+//! its owner verified the email: a name is anyone's to sign up with.
 
 use std::time::Duration;
 
+use e2e::gateway::unique_name;
+use e2e::visitor::Visitor;
 use e2e::{message, poll_until, Cluster, PostgresServer};
 
 #[tokio::test]
@@ -16,7 +20,7 @@ async fn keys_created_by_the_cli_work_until_the_cli_revokes_them() {
         .gateway_cli(&[
             "keys",
             "create",
-            "--account",
+            "--new-account",
             "cli-acme",
             "--credits",
             "2000000",
@@ -74,16 +78,19 @@ async fn keys_created_by_the_cli_work_until_the_cli_revokes_them() {
 async fn a_cli_top_up_is_idempotent_by_reference_and_counts_toward_lifetime() {
     let pg = PostgresServer::start().await;
     pg.gateway_cli(&["migrate"]).await.expect("migrate");
-    pg.gateway_cli(&["keys", "create", "--account", "cli-topup"])
+    let created = pg
+        .gateway_cli(&["keys", "create", "--new-account", "cli-topup"])
         .await
         .expect("keys create");
+    let account_id = created["account_id"].as_str().expect("the account");
     let topup = |usd: &'static str, reference: &'static str| {
         let pg = &pg;
         async move {
             pg.gateway_cli(&[
                 "accounts",
                 "topup",
-                "cli-topup",
+                "--account",
+                account_id,
                 "--usd",
                 usd,
                 "--reference",
@@ -119,27 +126,39 @@ async fn a_cli_top_up_is_idempotent_by_reference_and_counts_toward_lifetime() {
 async fn the_cli_sets_no_tier_by_hand_a_new_key_starts_at_its_accounts_top_up_tier_or_enterprise() {
     let pg = PostgresServer::start().await;
     pg.gateway_cli(&["migrate"]).await.expect("migrate");
-    let create = |extra: &'static [&'static str]| {
-        let pg = &pg;
-        async move {
-            let mut args = vec!["keys", "create", "--account", "cli-tiers"];
-            args.extend_from_slice(extra);
-            pg.gateway_cli(&args).await
-        }
-    };
     for tier in ["free", "pay_as_you_go", "high_volume", "enterprise"] {
         let refused = pg
-            .gateway_cli(&["keys", "create", "--account", "cli-tiers", "--tier", tier])
+            .gateway_cli(&[
+                "keys",
+                "create",
+                "--new-account",
+                "cli-tiers",
+                "--tier",
+                tier,
+            ])
             .await
             .expect_err("--tier is gone");
         assert!(refused.contains("--tier"), "{refused}");
     }
-    let first = create(&[]).await.expect("keys create");
+    let first = pg
+        .gateway_cli(&["keys", "create", "--new-account", "cli-tiers"])
+        .await
+        .expect("keys create");
     assert_eq!(first["tier"], "free", "{first}");
+    let account_id = first["account_id"].as_str().expect("the account");
+    let create = |extra: &'static [&'static str]| {
+        let pg = &pg;
+        async move {
+            let mut args = vec!["keys", "create", "--account", account_id];
+            args.extend_from_slice(extra);
+            pg.gateway_cli(&args).await
+        }
+    };
     pg.gateway_cli(&[
         "accounts",
         "topup",
-        "cli-tiers",
+        "--account",
+        account_id,
         "--usd",
         "10",
         "--reference",
@@ -163,7 +182,7 @@ async fn the_cli_mints_a_key_with_an_expiry_and_refuses_one_already_past() {
         .gateway_cli(&[
             "keys",
             "create",
-            "--account",
+            "--new-account",
             "cli-expiry",
             "--expires-at",
             "2099-01-31T00:00:00Z",
@@ -182,12 +201,102 @@ async fn the_cli_mints_a_key_with_an_expiry_and_refuses_one_already_past() {
         .gateway_cli(&[
             "keys",
             "create",
-            "--account",
-            "cli-expiry",
+            "--new-account",
+            "cli-expiry-past",
             "--expires-at",
             "2020-01-01T00:00:00Z",
         ])
         .await
         .expect_err("an expiry in the past");
     assert!(refused.contains("must be in the future"), "{refused}");
+}
+
+#[tokio::test]
+async fn the_cli_keys_and_credits_an_existing_account_only_by_its_id_once_its_email_is_verified() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
+    let gw = &cluster.pods[0];
+    // A squatter signs up with a customer's email before the customer does.
+    let email = format!("ceo@{}.example", unique_name("bigcustomer"));
+    let (status, page, _) = Visitor::new(gw).try_sign_up(&email, &[]).await;
+    assert_eq!(status, 200, "{page}");
+
+    // The operator, told to key the customer's account by its name, is refused, however asked.
+    let by_name = pg
+        .gateway_cli(&["keys", "create", "--account", &email, "--enterprise"])
+        .await
+        .expect_err("a name is not an account id");
+    assert!(by_name.contains("does not exist"), "{by_name}");
+    let as_new = pg
+        .gateway_cli(&["keys", "create", "--new-account", &email, "--enterprise"])
+        .await
+        .expect_err("the name is taken");
+    assert!(as_new.contains("--account acct_"), "{as_new}");
+    let top_up_by_name = pg
+        .gateway_cli(&[
+            "accounts",
+            "topup",
+            "--account",
+            &email,
+            "--usd",
+            "100",
+            "--reference",
+            "pay_ceo",
+        ])
+        .await
+        .expect_err("a name is not an account id");
+    assert!(
+        top_up_by_name.contains("does not exist"),
+        "{top_up_by_name}"
+    );
+
+    // By the account's id, not before its email is verified.
+    let account_id = pg
+        .query(&format!(
+            "SELECT account_id FROM dashboard_users WHERE email = '{email}'"
+        ))
+        .await;
+    let top_up = |reference: &'static str| {
+        let (pg, account_id) = (&pg, account_id.clone());
+        async move {
+            pg.gateway_cli(&[
+                "accounts",
+                "topup",
+                "--account",
+                &account_id,
+                "--usd",
+                "100",
+                "--reference",
+                reference,
+            ])
+            .await
+        }
+    };
+    let unverified = pg
+        .gateway_cli(&["keys", "create", "--account", &account_id, "--enterprise"])
+        .await
+        .expect_err("the email is not verified");
+    assert!(unverified.contains("not verified"), "{unverified}");
+    let unverified = top_up("pay_ceo")
+        .await
+        .expect_err("the email is not verified");
+    assert!(unverified.contains("not verified"), "{unverified}");
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT count(*) || '|' || (SELECT lifetime_top_up_cents FROM accounts WHERE id = '{account_id}')
+             FROM api_keys WHERE account_id = '{account_id}'"
+        ))
+        .await,
+        "0|0"
+    );
+
+    // Verified by the mailbox's owner, the account takes the operator's key and top-up.
+    Visitor::new(gw).verify_email(&email).await;
+    let key = pg
+        .gateway_cli(&["keys", "create", "--account", &account_id, "--enterprise"])
+        .await
+        .expect("keys create by id");
+    assert_eq!(key["account_id"], account_id.as_str(), "{key}");
+    let credited = top_up("pay_ceo").await.expect("top-up by id");
+    assert_eq!(credited["lifetime_top_up_cents"], 10_000, "{credited}");
 }

@@ -239,11 +239,45 @@ async fn one_refund_applied_by_many_at_once_takes_credits_back_once(books: Books
     assert_eq!(books.money().await, (2_000_000, 2_000, 0));
 }
 
+async fn a_dispute_won_after_a_full_refund_adds_nothing_to_the_lifetime_top_up(books: Books) {
+    books.top_up("pay_rev_6", "pi_rev_6", 2_000).await;
+    let refund = books.ledger(0).refund("pi_rev_6", 2_000).await;
+    assert!(refund.expect("refund").is_some());
+    assert_eq!(books.money().await, (0, 0, 0));
+    let opened = books
+        .ledger(1)
+        .dispute("dp_rev_6", "pi_rev_6", 2_000, DisputeStage::Opened)
+        .await
+        .expect("dispute");
+    assert!(opened.is_some());
+    let won = books
+        .ledger(0)
+        .dispute("dp_rev_6", "pi_rev_6", 2_000, DisputeStage::Won)
+        .await
+        .expect("dispute");
+    assert!(won.is_some());
+    assert_eq!(
+        books.money().await,
+        (0, 0, 0),
+        "the payer has the $20 back: no tier may count it"
+    );
+    // A top-up kept whole counts in full, and a reversal of another top-up never moves it.
+    books.top_up("pay_rev_7", "pi_rev_7", 3_000).await;
+    let opened_again = books
+        .ledger(1)
+        .dispute("dp_rev_6b", "pi_rev_6", 2_000, DisputeStage::Opened)
+        .await
+        .expect("dispute");
+    assert!(opened_again.is_some());
+    assert_eq!(books.money().await.1, 3_000);
+}
+
 e2e::contract! {
     fixtures { postgres, postgres_through_pgbouncer, in_process }
     rules {
         a_refund_never_takes_the_balance_below_zero_and_the_next_top_up_pays_what_is_owed,
         a_dispute_won_returns_what_it_took_clearing_what_is_owed_first,
         one_refund_applied_by_many_at_once_takes_credits_back_once,
+        a_dispute_won_after_a_full_refund_adds_nothing_to_the_lifetime_top_up,
     }
 }

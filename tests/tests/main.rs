@@ -44,6 +44,7 @@ mod responses_store;
 mod router;
 mod secrets;
 mod shutdown;
+mod sign_up;
 mod slow_clients;
 mod streaming;
 mod stripe_dashboard;

@@ -412,10 +412,11 @@ async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep()
         .start()
         .await;
     let created = pg
-        .gateway_cli(&["keys", "create", "--account", "sweep"])
+        .gateway_cli(&["keys", "create", "--new-account", "sweep"])
         .await
         .expect("keys create");
     let secret = created["key"].as_str().expect("the secret").to_owned();
+    let account_id = created["account_id"].as_str().expect("the account");
     let first = gw
         .count_tokens(&secret, &count_body("svc/haiku", "hi"))
         .await;
@@ -425,7 +426,8 @@ async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep()
     pg.gateway_cli(&[
         "accounts",
         "topup",
-        "sweep",
+        "--account",
+        account_id,
         "--usd",
         "25",
         "--reference",

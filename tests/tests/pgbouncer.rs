@@ -44,7 +44,14 @@ async fn through_pgbouncer_migrations_are_refused_naming_the_direct_way_and_the_
 
     let (code, stdout, stderr) = through_pooler(
         &bouncer,
-        &["keys", "create", "--account", "acme", "--credits", "1000"],
+        &[
+            "keys",
+            "create",
+            "--new-account",
+            "acme",
+            "--credits",
+            "1000",
+        ],
     )
     .await;
     assert_eq!(code, Some(0), "keys create through PgBouncer: {stderr}");

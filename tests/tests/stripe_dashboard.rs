@@ -57,11 +57,12 @@ async fn a_developer_buys_credits_through_stripe_sees_a_refund_and_an_auto_reloa
     let b = Browser::start().await;
     let billing = format!("{}/developers/billing", first.api);
 
+    let email = new_email();
     b.goto(&format!("{}/developers/sign-up", first.api)).await;
-    b.fill("#email", &new_email()).await;
+    b.fill("#email", &email).await;
     b.fill("#password", PASSWORD).await;
     b.click_and_load("button[type=submit]").await;
-    b.wait_for_path("/developers").await;
+    b.verify_and_sign_in(first, &email, PASSWORD).await;
 
     // A $25 pack: to Stripe and back; pending until the webhook, which reaches the other pod.
     b.goto(&billing).await;

@@ -449,3 +449,41 @@ async fn a_gateway_given_only_half_of_the_stripe_configuration_refuses_to_start(
         );
     }
 }
+
+#[tokio::test]
+async fn stripe_sends_the_browser_back_to_the_public_url_never_to_the_requests_host() {
+    let stripe = MockStripe::start().await;
+    let configured = with_stripe(Gateway::builder(), &stripe)
+        .arg("--public-url")
+        .arg("https://gateway.example.com/")
+        .start()
+        .await;
+    let unconfigured = with_stripe(Gateway::builder(), &stripe).start().await;
+    for (gw, base) in [
+        (&configured, "https://gateway.example.com".to_owned()),
+        // Without one, the listener's own address.
+        (&unconfigured, unconfigured.api.clone()),
+    ] {
+        let mut visitor = Visitor::new(gw);
+        visitor.sign_up(&new_email(), &[]).await;
+        let (_, page) = visitor.get("/developers/billing").await;
+        let csrf = hidden_csrf(&page);
+        visitor.location = None;
+        let (status, body, _) = visitor
+            .post(
+                "/developers/billing/checkout",
+                &[("csrf", &csrf), ("amount", "25")],
+                &[("host", "attacker.example"), ("x-forwarded-proto", "https")],
+            )
+            .await;
+        assert_eq!(status, 303, "{body}");
+        let session = stripe.session_at(visitor.location.as_deref().expect("a Location"));
+        for field in ["success_url", "cancel_url"] {
+            let url = session.field(field);
+            assert!(
+                url.starts_with(&format!("{base}/developers/billing?")),
+                "{field}: {url}"
+            );
+        }
+    }
+}

@@ -22,7 +22,8 @@ use crate::payments;
 use crate::state::{AdminState, AppState};
 use crate::telemetry;
 use store::accounts::promotion::{self, ENTERPRISE};
-use store::accounts::{Account, AccountStatus, KeyKind};
+use store::accounts::{Account, AccountStatus, KeyKind, StoreError};
+use store::developers::owner_verified;
 
 #[derive(Clone)]
 struct Admin {
@@ -173,6 +174,20 @@ async fn existing_account(state: &AdminState, id: &str) -> Result<Account, ApiEr
         .ok_or_else(|| ApiError::not_found(format!("account `{id}` does not exist")))
 }
 
+/// The account `id`, when it may take keys and credits from the operator: not a dashboard
+/// account whose email is unverified (anyone can sign up with anyone's email).
+async fn creditable_account(state: &AdminState, id: &str) -> Result<Account, ApiError> {
+    let account = existing_account(state, id).await?;
+    if !owner_verified(state.developers.as_ref(), &account.id).await? {
+        return Err(StoreError::Conflict(format!(
+            "account `{id}` belongs to a dashboard user whose email is not verified yet; it \
+             takes no keys or credits until its owner follows the link sent to it"
+        ))
+        .into());
+    }
+    Ok(account)
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewAccount {
@@ -246,7 +261,7 @@ async fn top_up(
     JsonBody(body): JsonBody<NewTopUp>,
 ) -> Result<Json<Value>, ApiError> {
     let state = &admin.state;
-    let account = existing_account(state, &id).await?;
+    let account = creditable_account(state, &id).await?;
     let request = payments::TopUpRequest {
         account_id: &account.id,
         reference: &body.reference,
@@ -299,7 +314,7 @@ async fn create_key(
     JsonBody(body): JsonBody<NewKey>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let state = &admin.state;
-    let account = existing_account(state, &body.account_id).await?;
+    let account = creditable_account(state, &body.account_id).await?;
     if let Some(bad) = body.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
         return Err(ApiError::invalid(format!(
             "scopes: unknown scope `{bad}`; known: {}",

@@ -11,14 +11,23 @@ use super::payments::CreditRateArgs;
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
-    /// Creates a key (and its account when new); prints the secret once.
+    /// Creates a key for an existing account (by id) or a new one (by name); prints the
+    /// secret once.
     #[command(mut_arg(URL, |a| a.required(true)))]
     Create {
         #[command(flatten)]
         db: DatabaseArgs,
-        /// Account name.
+        /// The existing account's id (acct_…, shown on its owner's dashboard). Never a name: a
+        /// stranger may have signed up under any name.
+        #[arg(
+            long,
+            required_unless_present = "new_account",
+            conflicts_with = "new_account"
+        )]
+        account: Option<String>,
+        /// Creates an account of this name for the key; refused when the name is taken.
         #[arg(long)]
-        account: String,
+        new_account: Option<String>,
         /// Grants the key the enterprise tier (custom limits via its ApiKey resource). Without
         /// it the key starts at the tier its account's confirmed lifetime top-up gives (by the
         /// Tier manifests in --manifests) and only the promotion sweep moves it.
@@ -33,9 +42,9 @@ pub enum KeysCommand {
         /// Credits the key may spend per UTC month; default no cap.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         spend_cap: Option<u64>,
-        /// apiCredits granted to the account when it is created (not a top-up).
-        #[arg(long, default_value_t = 0)]
-        credits: u64,
+        /// apiCredits granted to the new account (not a top-up).
+        #[arg(long, conflicts_with = "account")]
+        credits: Option<u64>,
         #[arg(long, value_enum, default_value = "api")]
         kind: KindArg,
         /// Surfaces the key may use (messages, chat, responses, models, account); none: all.
@@ -66,8 +75,9 @@ pub enum AccountsCommand {
     Topup {
         #[command(flatten)]
         db: DatabaseArgs,
-        /// Account name.
-        name: String,
+        /// The account's id (acct_…, shown on its owner's dashboard), never its name.
+        #[arg(long)]
+        account: String,
         /// US dollars, e.g. 25 or 25.50 ($10 to $10,000).
         #[arg(long)]
         usd: String,

@@ -2,6 +2,7 @@
 
 use clap::Args;
 
+use crate::dashboard::settings::PublicUrl;
 use crate::dashboard::DashboardConfig;
 
 #[derive(Debug, Args)]
@@ -10,10 +11,24 @@ pub struct DashboardArgs {
     /// `Secure` only when `X-Forwarded-Proto: https` says the request came over TLS.
     #[arg(long, env = "GATEWAY_DASHBOARD_SECURE_COOKIES")]
     pub dashboard_secure_cookies: bool,
-    /// apiCredits granted to each account signed up in the dashboard (a trial; not a top-up,
-    /// so it does not count towards tiers).
+    /// apiCredits granted to each account signed up in the dashboard once its email is
+    /// verified (a trial; not a top-up, so it does not count towards tiers).
     #[arg(long, env = "GATEWAY_SIGNUP_CREDITS", default_value_t = 0)]
     pub signup_credits: u64,
+    /// The URL browsers reach the gateway at (e.g. https://gateway.example.com): the base of
+    /// the email verification links and of the payment provider's return URLs. Without it,
+    /// the API listener's own address (loopback when it listens on every address).
+    #[arg(long, env = "GATEWAY_PUBLIC_URL", value_parser = public_url)]
+    pub public_url: Option<String>,
+}
+
+fn public_url(value: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(value).map_err(|e| format!("not a URL: {e}"))?;
+    let bare = matches!(url.path(), "" | "/") && url.query().is_none() && url.fragment().is_none();
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() || !bare {
+        return Err("expected http(s)://host[:port] with no path".to_owned());
+    }
+    Ok(value.to_owned())
 }
 
 impl From<&DashboardArgs> for DashboardConfig {
@@ -21,6 +36,7 @@ impl From<&DashboardArgs> for DashboardConfig {
         Self {
             secure_cookies: args.dashboard_secure_cookies,
             signup_credits: args.signup_credits,
+            public_url: PublicUrl::configured(args.public_url.as_deref()),
         }
     }
 }

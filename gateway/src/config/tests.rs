@@ -485,7 +485,8 @@ fn the_database_commands_require_a_database_url_and_serve_does_not() {
             "gateway",
             "accounts",
             "topup",
-            "a",
+            "--account",
+            "acct_1",
             "--usd",
             "10",
             "--reference",
@@ -503,4 +504,59 @@ fn the_database_commands_require_a_database_url_and_serve_does_not() {
         assert!(Cli::try_parse_from(&with_url).is_ok(), "{with_url:?}");
     }
     assert!(Cli::try_parse_from(["gateway", "serve", "--redis-url", "redis://r"]).is_ok());
+}
+
+#[test]
+fn keys_create_takes_an_existing_account_by_id_or_a_new_one_by_name_and_credits_only_a_new_one() {
+    use clap::error::ErrorKind;
+    let db = ["--database-url", "postgres://db"];
+    for (args, kind) in [
+        (
+            &["gateway", "keys", "create"][..],
+            ErrorKind::MissingRequiredArgument,
+        ),
+        (
+            &[
+                "gateway",
+                "keys",
+                "create",
+                "--account",
+                "acct_1",
+                "--new-account",
+                "a",
+            ],
+            ErrorKind::ArgumentConflict,
+        ),
+        (
+            &[
+                "gateway",
+                "keys",
+                "create",
+                "--account",
+                "acct_1",
+                "--credits",
+                "5",
+            ],
+            ErrorKind::ArgumentConflict,
+        ),
+    ] {
+        let line: Vec<&str> = args.iter().chain(&db).copied().collect();
+        let error = Cli::try_parse_from(&line).expect_err("refused");
+        assert_eq!(error.kind(), kind, "{line:?}");
+    }
+    for args in [
+        &["gateway", "keys", "create", "--account", "acct_1"][..],
+        &[
+            "gateway",
+            "keys",
+            "create",
+            "--new-account",
+            "a",
+            "--credits",
+            "5",
+        ],
+    ] {
+        let line: Vec<&str> = args.iter().chain(&db).copied().collect();
+        assert!(Cli::try_parse_from(&line).is_ok(), "{line:?}");
+    }
 }

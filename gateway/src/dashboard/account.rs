@@ -1,6 +1,12 @@
-//! Sign-up (throttled per client address), sign-in (throttled per email and per client
-//! address) and sign-out. A user owns exactly one account, created with it, named by the
-//! user's email.
+//! Sign-up (throttled per client address), email verification, sign-in (throttled per
+//! client address, and per email from each client address) and sign-out. A user owns exactly
+//! one account, created with it, named by the user's email.
+//!
+//! Sign-up answers alike whatever the email, so it tells nobody which emails have accounts:
+//! it mails a verification link (a new user, or one not verified yet) or a notice (a verified
+//! one), and signs nobody in. Following the link verifies the email, sets the password chosen
+//! with that sign-up and grants the sign-up credits; until then the account takes no keys and
+//! no credits from anyone.
 
 use std::sync::Arc;
 
@@ -14,17 +20,23 @@ use time::{Duration, OffsetDateTime};
 use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{bare, notice, with_status};
-use super::session::{self, SignedIn, CSRF_COOKIE, SESSION_COOKIE};
+use super::mail::{self, Mail};
+use super::session::{self, AnySession, CSRF_COOKIE, SESSION_COOKIE};
 use crate::client_address::{AddressBucket, ClientAddress};
 use crate::ids;
 use crate::limits::{AddressBrake, LimitError};
 use crate::state::DashboardState;
-use store::developers::User;
+use store::accounts::KeyHash;
+use store::developers::{EmailVerification, User};
 
 const MIN_PASSWORD_CHARS: usize = 10;
 const MAX_PASSWORD_CHARS: usize = 256;
-/// Failed sign-ins allowed per email within the window before sign-in is refused.
+/// Failed sign-ins allowed per email from one client address within the window before
+/// sign-in from that address is refused: a stranger's failures never lock the owner out
+/// from their own address, and each address gets this many guesses per window.
 const MAX_FAILURES: u32 = 5;
+/// How long a verification link works.
+const LINK_LIFETIME: Duration = Duration::hours(24);
 const FAILURE_WINDOW: Duration = Duration::minutes(15);
 /// A valid argon2id hash of no one's password, checked for unknown emails so that their
 /// answer takes as long as a wrong password.
@@ -39,6 +51,12 @@ pub struct Credentials {
     password: String,
     #[serde(default)]
     csrf: String,
+}
+
+#[derive(Deserialize)]
+pub struct VerificationLink {
+    #[serde(default)]
+    token: String,
 }
 
 #[derive(Deserialize)]
@@ -203,39 +221,141 @@ pub async fn sign_up(
             secs,
         );
     }
-    if state.developers.user_by_email(&email).await?.is_some() {
-        return refuse(
-            StatusCode::CONFLICT,
-            "An account with this email already exists; sign in instead.",
-        );
-    }
     let password = form.password;
-    // argon2 takes 19 MiB and tens of milliseconds: on the bounded CPU pool, so memory stays
-    // bounded whatever the number of concurrent sign-ups.
+    // Hashed whether or not the email has an account, so that the answer takes as long
+    // either way. argon2 takes 19 MiB and tens of milliseconds: on the bounded CPU pool, so
+    // memory stays bounded whatever the number of concurrent sign-ups.
     let password_hash = crate::cpu::run(move || session::hash_password(&password))
         .await
         .map_err(|_| DashboardError::PasswordHash)??;
-    let account = state.accounts.create_account(&email).await?;
-    state
-        .ledger
-        .grant(&account.id, state.config.signup_credits)
-        .await?;
-    let user = User {
-        id: ids::user(),
-        email: email.clone(),
-        password_hash,
-        account_id: account.id.clone(),
-        created_at: OffsetDateTime::now_utc(),
+    let user = match state.developers.user_by_email(&email).await? {
+        Some(user) => user,
+        None => {
+            let account = state.accounts.create_account(&email).await?;
+            let user = User {
+                id: ids::user(),
+                email: email.clone(),
+                password_hash: password_hash.clone(),
+                account_id: account.id,
+                created_at: OffsetDateTime::now_utc(),
+                email_verified_at: None,
+            };
+            if state.developers.insert_user(user.clone()).await? {
+                user
+            } else {
+                // Another sign-up of the same email won the race: answer as for it.
+                state
+                    .developers
+                    .user_by_email(&email)
+                    .await?
+                    .ok_or(DashboardError::NotFound)?
+            }
+        }
     };
-    let user_id = user.id.clone();
-    if !state.developers.insert_user(user).await? {
-        return refuse(
-            StatusCode::CONFLICT,
-            "An account with this email already exists; sign in instead.",
+    if user.email_verified_at.is_some() {
+        mail::send(
+            &state.config.public_url,
+            Mail::AlreadySignedUp { to: &email },
+        );
+    } else {
+        let token = ids::session_token();
+        state
+            .developers
+            .insert_email_verification(EmailVerification {
+                token_hash: KeyHash::of(&token),
+                user_id: user.id,
+                password_hash,
+                expires_at: OffsetDateTime::now_utc() + LINK_LIFETIME,
+            })
+            .await?;
+        mail::send(
+            &state.config.public_url,
+            Mail::Verify {
+                to: &email,
+                token: &token,
+            },
         );
     }
-    let cookie = session::start(&state, &headers, &user_id, &email, &account.id).await?;
-    Ok(([cookie], Redirect::to("/developers")).into_response())
+    Ok(check_your_email(&email))
+}
+
+/// What every plausible sign-up is answered, whether or not the email has an account.
+fn check_your_email(email: &str) -> Response {
+    with_status(
+        StatusCode::OK,
+        bare(
+            "Check your email",
+            html! {
+                (notice("info", &format!("We sent a message to {email}. Follow its link to confirm the address; then sign in.")))
+                p.hint { "The link works once, within 24 hours. No message? Sign up again with the same email to get a new link." }
+                p.alt { a href="/developers/sign-in" { "Sign in" } }
+            },
+        ),
+    )
+}
+
+/// A verification link's token as the link carries it, or `None` for anything else.
+fn link_token(token: &str) -> Option<&str> {
+    (token.len() == ids::SESSION_TOKEN_CHARS && token.chars().all(|c| c.is_ascii_alphanumeric()))
+        .then_some(token)
+}
+
+/// The page a verification link opens: a button that confirms. Following the link changes
+/// nothing by itself, so a mail scanner that fetches links does not spend it.
+pub async fn verify_email_form(
+    axum::extract::Query(link): axum::extract::Query<VerificationLink>,
+) -> Result<Response, DashboardError> {
+    let token = link_token(&link.token).ok_or(DashboardError::NotFound)?;
+    Ok(with_status(
+        StatusCode::OK,
+        bare(
+            "Confirm your email",
+            html! {
+                form.stack method="post" action=(mail::VERIFY_PATH) {
+                    input type="hidden" name="token" value=(token);
+                    button.primary #confirm type="submit" { "Confirm my email" }
+                }
+            },
+        ),
+    ))
+}
+
+pub async fn verify_email(
+    State(state): State<Arc<DashboardState>>,
+    HtmlForm(link): HtmlForm<VerificationLink>,
+) -> Result<Response, DashboardError> {
+    let verified = match link_token(&link.token) {
+        Some(token) => state.developers.verify_email(&KeyHash::of(token)).await?,
+        None => None,
+    };
+    let Some(user) = verified else {
+        return Ok(with_status(
+            StatusCode::GONE,
+            bare(
+                "Link expired",
+                html! {
+                    (notice("error", "This link has expired or was already used. Sign up again with the same email for a new one, or sign in."))
+                    p.alt { a href="/developers/sign-in" { "Sign in" } }
+                },
+            ),
+        ));
+    };
+    // A link verifies a user once (the store takes only unverified users), so this is granted
+    // once.
+    state
+        .ledger
+        .grant(&user.account_id, state.config.signup_credits)
+        .await?;
+    Ok(with_status(
+        StatusCode::OK,
+        bare(
+            "Email confirmed",
+            html! {
+                (notice("success", "Your email is confirmed. Sign in to start."))
+                p.alt { a href="/developers/sign-in" { "Sign in" } }
+            },
+        ),
+    ))
 }
 
 /// Counts an attempt against the client address under `brake`: how long to wait when it is
@@ -283,22 +403,26 @@ pub async fn sign_in(
     // Every attempt is counted as a failure before its password is checked, in one atomic
     // step of the store (a row upsert in Postgres), and cleared only when it succeeds: so of
     // any number of concurrent attempts, on any number of pods, at most MAX_FAILURES are
-    // checked per window. Checking first and counting after let 40 concurrent guesses through.
+    // checked per window from one client address. Checking first and counting after let 40
+    // concurrent guesses through. Counted per address so that nobody else's failures lock
+    // the owner out: a guesser with many addresses gets MAX_FAILURES per address and window.
+    let from = client.0.map(AddressBucket::of).map(|b| b.to_string());
+    let from = from.as_deref().unwrap_or_default();
     let attempts = state
         .developers
-        .record_sign_in_failure(&email, FAILURE_WINDOW)
+        .record_sign_in_failure(&email, from, FAILURE_WINDOW)
         .await?;
     if attempts > MAX_FAILURES {
         let now = OffsetDateTime::now_utc();
         let until = state
             .developers
-            .sign_in_failures(&email)
+            .sign_in_failures(&email, from)
             .await?
             .map_or(now + FAILURE_WINDOW, |(_, until)| until);
         let minutes = ((until - now).whole_seconds() + 59) / 60;
         return refuse(
             StatusCode::TOO_MANY_REQUESTS,
-            &format!("Too many failed sign-ins for this email. Try again in {minutes} minute(s)."),
+            &format!("Too many failed sign-ins for this email from your network. Try again in {minutes} minute(s)."),
         );
     }
     let user = state.developers.user_by_email(&email).await?;
@@ -312,9 +436,11 @@ pub async fn sign_in(
         .unwrap_or(false);
     match user {
         Some(user) if verified => {
-            state.developers.clear_sign_in_failures(&email).await?;
-            let cookie =
-                session::start(&state, &headers, &user.id, &user.email, &user.account_id).await?;
+            state
+                .developers
+                .clear_sign_in_failures(&email, from)
+                .await?;
+            let cookie = session::start(&state, &headers, &user).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())
         }
         _ => refuse(StatusCode::UNAUTHORIZED, "Wrong email or password."),
@@ -324,7 +450,7 @@ pub async fn sign_in(
 pub async fn sign_out(
     State(state): State<Arc<DashboardState>>,
     headers: HeaderMap,
-    signed_in: SignedIn,
+    signed_in: AnySession,
     HtmlForm(form): HtmlForm<CsrfOnly>,
 ) -> Result<Response, DashboardError> {
     signed_in.check_csrf(&form.csrf)?;

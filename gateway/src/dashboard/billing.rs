@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
-use super::session::{secure, SignedIn};
+use super::session::SignedIn;
 use crate::error::ApiError;
 use crate::ids;
 use crate::payments::reload::MAX_DECLINES;
@@ -304,23 +304,15 @@ pub async fn show(
     render(&state, &session, StatusCode::OK, message, "").await
 }
 
-/// This page's absolute URL as the browser reached it, for the payment provider's way back.
-fn billing_url(state: &DashboardState, headers: &HeaderMap) -> String {
-    let scheme = if secure(state, headers) {
-        "https"
-    } else {
-        "http"
-    };
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("localhost");
-    format!("{scheme}://{host}/developers/billing")
+/// This page's absolute URL under the configured public URL, for the payment provider's way
+/// back: never from the request's `Host`, which would let whoever sent it choose where the
+/// provider sends the browser.
+fn billing_url(state: &DashboardState) -> String {
+    state.config.public_url.to("/developers/billing")
 }
 
 pub async fn checkout(
     State(state): State<Arc<DashboardState>>,
-    headers: HeaderMap,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<CheckoutForm>,
 ) -> Result<Response, DashboardError> {
@@ -343,7 +335,7 @@ pub async fn checkout(
         reference: ids::payment_reference(),
         account_id: session.account_id.clone(),
         usd_cents,
-        return_url: billing_url(&state, &headers),
+        return_url: billing_url(&state),
     };
     state
         .developers

@@ -10,6 +10,7 @@ pub mod error;
 mod form;
 mod keys;
 mod layout;
+mod mail;
 mod overview;
 mod session;
 pub mod settings;
@@ -37,6 +38,10 @@ pub fn router() -> Router<AppState> {
         .route(
             "/developers/sign-in",
             get(account::sign_in_form).post(account::sign_in),
+        )
+        .route(
+            mail::VERIFY_PATH,
+            get(account::verify_email_form).post(account::verify_email),
         )
         .route("/developers/sign-out", post(account::sign_out))
         .route("/developers/keys", get(keys::show).post(keys::mint))

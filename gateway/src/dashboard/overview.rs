@@ -94,6 +94,8 @@ pub async fn show(
                 p.hint { "credits · " (thousands(month.totals.requests)) " requests · ≈ " (dollars(month.totals.credits * 100 / per_usd)) }
             }
         }
+        // The operator credits or keys an account by this id, never by its name.
+        p.hint { "Account ID (give it to your operator for credits or keys): " code #account-id { (account_id) } }
         section.card {
             div.card-head {
                 h2 { "Recent messages" }

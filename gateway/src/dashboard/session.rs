@@ -8,16 +8,19 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use argon2::Argon2;
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use subtle::ConstantTimeEq;
 use time::{Duration, OffsetDateTime};
 
+use maud::html;
+
 use super::error::DashboardError;
+use super::layout::{bare, notice, with_status};
 use crate::ids;
 use crate::state::DashboardState;
 use store::accounts::KeyHash;
-use store::developers::Session;
+use store::developers::{Session, User};
 
 pub const SESSION_COOKIE: &str = "svc_session";
 /// The CSRF token of the signed-out forms (sign-in, sign-up): a double-submit cookie.
@@ -61,7 +64,7 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// `Secure` when the operator says the dashboard is behind TLS, or the proxy in front says
 /// this request came over https.
-pub(super) fn secure(state: &DashboardState, headers: &HeaderMap) -> bool {
+fn secure(state: &DashboardState, headers: &HeaderMap) -> bool {
     state.config.secure_cookies
         || headers
             .get("x-forwarded-proto")
@@ -95,18 +98,17 @@ pub fn set_cookie(
 pub async fn start(
     state: &DashboardState,
     headers: &HeaderMap,
-    user_id: &str,
-    email: &str,
-    account_id: &str,
+    user: &User,
 ) -> Result<(header::HeaderName, HeaderValue), DashboardError> {
     let token = ids::session_token();
     state
         .developers
         .insert_session(Session {
             token_hash: KeyHash::of(&token),
-            user_id: user_id.to_owned(),
-            email: email.to_owned(),
-            account_id: account_id.to_owned(),
+            user_id: user.id.clone(),
+            email: user.email.clone(),
+            account_id: user.account_id.clone(),
+            email_verified: user.email_verified_at.is_some(),
             csrf: ids::session_token(),
             expires_at: OffsetDateTime::now_utc() + SESSION_LIFETIME,
         })
@@ -120,23 +122,41 @@ pub async fn start(
     ))
 }
 
-/// A signed-in request: its session. Pages behind sign-in take this; without a valid session
-/// the browser is sent to the sign-in page.
+/// A signed-in request of a user whose email is verified: its session. Pages behind sign-in
+/// take this; without a valid session the browser is sent to the sign-in page, and a user not
+/// verified yet gets the page that asks to verify (nothing of the account is shown or changed
+/// before).
 pub struct SignedIn(pub Session);
+
+/// A signed-in request, verified or not: signing out takes this.
+pub struct AnySession(pub Session);
+
+fn check_csrf(session: &Session, token: &str) -> Result<(), DashboardError> {
+    if tokens_match(token, &session.csrf) {
+        Ok(())
+    } else {
+        Err(DashboardError::Csrf)
+    }
+}
 
 impl SignedIn {
     /// Refuses a form whose CSRF token is not this session's.
     pub fn check_csrf(&self, token: &str) -> Result<(), DashboardError> {
-        if tokens_match(token, &self.0.csrf) {
-            Ok(())
-        } else {
-            Err(DashboardError::Csrf)
-        }
+        check_csrf(&self.0, token)
+    }
+}
+
+impl AnySession {
+    pub fn check_csrf(&self, token: &str) -> Result<(), DashboardError> {
+        check_csrf(&self.0, token)
     }
 }
 
 pub enum NotSignedIn {
     Redirect,
+    /// Signed in, email not verified yet: the page that says so (200 for a page, 403 for a
+    /// form it would have changed something with).
+    Unverified(Session, bool),
     Failed(DashboardError),
 }
 
@@ -144,9 +164,46 @@ impl IntoResponse for NotSignedIn {
     fn into_response(self) -> Response {
         match self {
             Self::Redirect => Redirect::to("/developers/sign-in").into_response(),
+            Self::Unverified(session, read_only) => {
+                let status = if read_only {
+                    StatusCode::OK
+                } else {
+                    StatusCode::FORBIDDEN
+                };
+                with_status(status, verify_first(&session))
+            }
             Self::Failed(e) => e.into_response(),
         }
     }
+}
+
+/// What a user whose email is not verified sees of the dashboard.
+fn verify_first(session: &Session) -> maud::Markup {
+    bare(
+        "Verify your email",
+        html! {
+            (notice("info", &format!("Follow the link we sent to {} to confirm the address. Until then you cannot create keys or add credits.", session.email)))
+            p.hint { "No message, or the link expired? Sign up again with the same email and password to get a new link." }
+            form method="post" action="/developers/sign-out" {
+                input type="hidden" name="csrf" value=(session.csrf);
+                button type="submit" { "Sign out" }
+            }
+        },
+    )
+}
+
+async fn session_of<S>(parts: &Parts, state: &S) -> Result<Session, NotSignedIn>
+where
+    S: Send + Sync,
+    Arc<DashboardState>: FromRef<S>,
+{
+    let token = cookie(&parts.headers, SESSION_COOKIE).ok_or(NotSignedIn::Redirect)?;
+    Arc::<DashboardState>::from_ref(state)
+        .developers
+        .session(&KeyHash::of(token))
+        .await
+        .map_err(|e| NotSignedIn::Failed(e.into()))?
+        .ok_or(NotSignedIn::Redirect)
 }
 
 impl<S> FromRequestParts<S> for SignedIn
@@ -157,13 +214,23 @@ where
     type Rejection = NotSignedIn;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let token = cookie(&parts.headers, SESSION_COOKIE).ok_or(NotSignedIn::Redirect)?;
-        let session = Arc::<DashboardState>::from_ref(state)
-            .developers
-            .session(&KeyHash::of(token))
-            .await
-            .map_err(|e| NotSignedIn::Failed(e.into()))?
-            .ok_or(NotSignedIn::Redirect)?;
+        let session = session_of(parts, state).await?;
+        if !session.email_verified {
+            let read_only = matches!(parts.method, Method::GET | Method::HEAD);
+            return Err(NotSignedIn::Unverified(session, read_only));
+        }
         Ok(Self(session))
+    }
+}
+
+impl<S> FromRequestParts<S> for AnySession
+where
+    S: Send + Sync,
+    Arc<DashboardState>: FromRef<S>,
+{
+    type Rejection = NotSignedIn;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(session_of(parts, state).await?))
     }
 }

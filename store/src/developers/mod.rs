@@ -1,5 +1,5 @@
-//! The developer dashboard's own records: users (one per account), their sessions, failed
-//! sign-ins for throttling, and checkouts started from the billing page. A trait so that the
+//! The developer dashboard's own records: users (one per account), the links that verify
+//! their emails, their sessions, failed sign-ins for throttling, and checkouts started from the billing page. A trait so that the
 //! Postgres store of cluster mode can take the in-process one's place; handlers never know
 //! which. The pages are the gateway's `dashboard/`.
 
@@ -23,6 +23,21 @@ pub struct User {
     pub password_hash: String,
     pub account_id: String,
     pub created_at: OffsetDateTime,
+    /// When a link sent to the email was followed; until then the account takes no keys and
+    /// no credits from anyone.
+    pub email_verified_at: Option<OffsetDateTime>,
+}
+
+/// A link sent to a user's email: following it verifies the email and sets the password of
+/// the sign-up that asked for it.
+#[derive(Clone, Debug)]
+pub struct EmailVerification {
+    /// SHA-256 of the link's token; the token itself is never stored.
+    pub token_hash: KeyHash,
+    pub user_id: String,
+    /// Argon2id of the password chosen with this sign-up.
+    pub password_hash: String,
+    pub expires_at: OffsetDateTime,
 }
 
 #[derive(Clone, Debug)]
@@ -32,6 +47,9 @@ pub struct Session {
     pub user_id: String,
     pub email: String,
     pub account_id: String,
+    /// Whether the user's email was verified when the session started (verifying ends every
+    /// session of the user, so it cannot change during one).
+    pub email_verified: bool,
     /// The CSRF token every form of this session carries.
     pub csrf: String,
     pub expires_at: OffsetDateTime,
@@ -56,27 +74,56 @@ pub struct Checkout {
     pub created_at: OffsetDateTime,
 }
 
+/// Whether the account may take keys or credits from the operator: not while it belongs to a
+/// dashboard user whose email is unverified, since anyone can sign up with anyone's email.
+pub async fn owner_verified(
+    developers: &dyn DeveloperStore,
+    account_id: &str,
+) -> Result<bool, StoreError> {
+    Ok(developers
+        .user_by_account(account_id)
+        .await?
+        .is_none_or(|user| user.email_verified_at.is_some()))
+}
+
 #[async_trait]
 pub trait DeveloperStore: Send + Sync {
     /// Stores a new user; `false` when the email is taken.
     async fn insert_user(&self, user: User) -> Result<bool, StoreError>;
     async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError>;
+    /// The user who owns the account, if it was signed up in the dashboard.
+    async fn user_by_account(&self, account_id: &str) -> Result<Option<User>, StoreError>;
+    /// Stores a link sent to the user's email (and drops expired ones of anyone).
+    async fn insert_email_verification(
+        &self,
+        verification: EmailVerification,
+    ) -> Result<(), StoreError>;
+    /// Follows a link, once and before it expires, of a user not verified yet: the user's
+    /// email is verified, its password
+    /// becomes the link's, and every other link and every session of the user ends (a session
+    /// started with another password before must not outlive the proof). The user after, or
+    /// `None` for an unknown, used or expired link.
+    async fn verify_email(&self, token_hash: &KeyHash) -> Result<Option<User>, StoreError>;
     async fn insert_session(&self, session: Session) -> Result<(), StoreError>;
     /// The session of this token hash, if it has not expired.
     async fn session(&self, token_hash: &KeyHash) -> Result<Option<Session>, StoreError>;
     async fn delete_session(&self, token_hash: &KeyHash) -> Result<(), StoreError>;
-    /// Counts a failed sign-in for the email; returns the failures within `window`.
+    /// Counts a failed sign-in for the email from `client` (an address bucket); returns the
+    /// failures within `window`. Counted per client, so that nobody else's failures lock the
+    /// owner out.
     async fn record_sign_in_failure(
         &self,
         email: &str,
+        client: &str,
         window: Duration,
     ) -> Result<u32, StoreError>;
-    /// Failures within the window, and when the window ends.
+    /// Failures for the email from `client` within the window, and when the window ends.
     async fn sign_in_failures(
         &self,
         email: &str,
+        client: &str,
     ) -> Result<Option<(u32, OffsetDateTime)>, StoreError>;
-    async fn clear_sign_in_failures(&self, email: &str) -> Result<(), StoreError>;
+    async fn clear_sign_in_failures(&self, email: &str, client: &str) -> Result<(), StoreError>;
     async fn insert_checkout(&self, checkout: Checkout) -> Result<(), StoreError>;
     async fn set_checkout_status(
         &self,
@@ -90,8 +137,9 @@ pub trait DeveloperStore: Send + Sync {
 #[derive(Default)]
 pub struct MemoryDeveloperStore {
     users: DashMap<String, User>,
+    verifications: DashMap<KeyHash, EmailVerification>,
     sessions: DashMap<KeyHash, Session>,
-    failures: DashMap<String, (u32, OffsetDateTime)>,
+    failures: DashMap<(String, String), (u32, OffsetDateTime)>,
     checkouts: DashMap<String, Checkout>,
 }
 
@@ -109,6 +157,49 @@ impl DeveloperStore for MemoryDeveloperStore {
 
     async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError> {
         Ok(self.users.get(email).map(|u| u.clone()))
+    }
+
+    async fn user_by_account(&self, account_id: &str) -> Result<Option<User>, StoreError> {
+        Ok(self
+            .users
+            .iter()
+            .find(|u| u.account_id == account_id)
+            .map(|u| u.clone()))
+    }
+
+    async fn insert_email_verification(
+        &self,
+        verification: EmailVerification,
+    ) -> Result<(), StoreError> {
+        let now = OffsetDateTime::now_utc();
+        self.verifications.retain(|_, v| v.expires_at > now);
+        self.verifications
+            .insert(verification.token_hash, verification);
+        Ok(())
+    }
+
+    async fn verify_email(&self, token_hash: &KeyHash) -> Result<Option<User>, StoreError> {
+        let now = OffsetDateTime::now_utc();
+        let Some((_, link)) = self
+            .verifications
+            .remove_if(token_hash, |_, v| v.expires_at > now)
+        else {
+            return Ok(None);
+        };
+        let Some(mut user) = self
+            .users
+            .iter_mut()
+            .find(|u| u.id == link.user_id && u.email_verified_at.is_none())
+        else {
+            return Ok(None);
+        };
+        user.password_hash = link.password_hash;
+        user.email_verified_at = Some(now);
+        let verified = user.clone();
+        drop(user);
+        self.verifications.retain(|_, v| v.user_id != verified.id);
+        self.sessions.retain(|_, s| s.user_id != verified.id);
+        Ok(Some(verified))
     }
 
     async fn insert_session(&self, session: Session) -> Result<(), StoreError> {
@@ -137,12 +228,13 @@ impl DeveloperStore for MemoryDeveloperStore {
     async fn record_sign_in_failure(
         &self,
         email: &str,
+        client: &str,
         window: Duration,
     ) -> Result<u32, StoreError> {
         let now = OffsetDateTime::now_utc();
         let mut entry = self
             .failures
-            .entry(email.to_owned())
+            .entry((email.to_owned(), client.to_owned()))
             .or_insert((0, now + window));
         if entry.1 <= now {
             *entry = (0, now + window);
@@ -154,17 +246,18 @@ impl DeveloperStore for MemoryDeveloperStore {
     async fn sign_in_failures(
         &self,
         email: &str,
+        client: &str,
     ) -> Result<Option<(u32, OffsetDateTime)>, StoreError> {
         let now = OffsetDateTime::now_utc();
         Ok(self
             .failures
-            .get(email)
+            .get(&(email.to_owned(), client.to_owned()))
             .map(|f| *f)
             .filter(|(_, ends)| *ends > now))
     }
 
-    async fn clear_sign_in_failures(&self, email: &str) -> Result<(), StoreError> {
-        self.failures.remove(email);
+    async fn clear_sign_in_failures(&self, email: &str, client: &str) -> Result<(), StoreError> {
+        self.failures.remove(&(email.to_owned(), client.to_owned()));
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use time::{Duration, OffsetDateTime};
 
-use super::{Checkout, CheckoutStatus, DeveloperStore, Session, User};
+use super::{Checkout, CheckoutStatus, DeveloperStore, EmailVerification, Session, User};
 use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
 use crate::db::{from_db, to_db, Database, DbError};
@@ -28,6 +28,7 @@ fn user_of(row: &PgRow) -> Result<User, sqlx::Error> {
         password_hash: row.try_get("password_hash")?,
         account_id: row.try_get("account_id")?,
         created_at: row.try_get("created_at")?,
+        email_verified_at: row.try_get("email_verified_at")?,
     })
 }
 
@@ -41,6 +42,7 @@ fn session_of(row: &PgRow) -> Result<Option<Session>, sqlx::Error> {
         user_id: row.try_get("user_id")?,
         email: row.try_get("email")?,
         account_id: row.try_get("account_id")?,
+        email_verified: row.try_get("email_verified")?,
         csrf: row.try_get("csrf")?,
         expires_at: row.try_get("expires_at")?,
     }))
@@ -75,14 +77,16 @@ impl DeveloperStore for PostgresDeveloperStore {
             .db
             .bounded(
                 sqlx::query(
-                    "INSERT INTO dashboard_users (id, email, password_hash, account_id, created_at)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (email) DO NOTHING",
+                    "INSERT INTO dashboard_users
+                         (id, email, password_hash, account_id, created_at, email_verified_at)
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (email) DO NOTHING",
                 )
                 .bind(&user.id)
                 .bind(&user.email)
                 .bind(&user.password_hash)
                 .bind(&user.account_id)
                 .bind(user.created_at)
+                .bind(user.email_verified_at)
                 .execute(self.db.pool()),
             )
             .await?;
@@ -96,6 +100,84 @@ impl DeveloperStore for PostgresDeveloperStore {
                 sqlx::query("SELECT * FROM dashboard_users WHERE email = $1")
                     .bind(email)
                     .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(user_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn user_by_account(&self, account_id: &str) -> Result<Option<User>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query("SELECT * FROM dashboard_users WHERE account_id = $1 LIMIT 1")
+                    .bind(account_id)
+                    .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(user_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn insert_email_verification(
+        &self,
+        verification: EmailVerification,
+    ) -> Result<(), StoreError> {
+        // Expired links of anyone go with it, so the table does not grow without bound.
+        self.db
+            .bounded(
+                sqlx::query(
+                    "WITH expired AS (
+                         DELETE FROM dashboard_email_verifications WHERE expires_at <= now()
+                     )
+                     INSERT INTO dashboard_email_verifications
+                         (token_hash, user_id, password_hash, expires_at)
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(verification.token_hash.as_bytes())
+                .bind(&verification.user_id)
+                .bind(&verification.password_hash)
+                .bind(verification.expires_at)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn verify_email(&self, token_hash: &KeyHash) -> Result<Option<User>, StoreError> {
+        // One statement, so a link is followed once however many follow it at once: the
+        // link's row is deleted and its user updated together, then the user's other links
+        // and sessions go.
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "WITH link AS (
+                         DELETE FROM dashboard_email_verifications
+                         WHERE token_hash = $1 AND expires_at > now()
+                         RETURNING user_id, password_hash
+                     ), verified AS (
+                         UPDATE dashboard_users u
+                         SET password_hash = link.password_hash, email_verified_at = now()
+                         FROM link WHERE u.id = link.user_id AND u.email_verified_at IS NULL
+                         RETURNING u.*
+                     ), other_links AS (
+                         DELETE FROM dashboard_email_verifications
+                         WHERE user_id IN (SELECT id FROM verified) AND token_hash <> $1
+                     ), sessions AS (
+                         DELETE FROM dashboard_sessions
+                         WHERE user_id IN (SELECT id FROM verified)
+                     )
+                     SELECT * FROM verified",
+                )
+                .bind(token_hash.as_bytes())
+                .fetch_optional(self.db.pool()),
             )
             .await?;
         Ok(row
@@ -127,7 +209,8 @@ impl DeveloperStore for PostgresDeveloperStore {
             .db
             .bounded(
                 sqlx::query(
-                    "SELECT s.token_hash, s.user_id, s.csrf, s.expires_at, u.email, u.account_id
+                    "SELECT s.token_hash, s.user_id, s.csrf, s.expires_at, u.email, u.account_id,
+                            u.email_verified_at IS NOT NULL AS email_verified
                      FROM dashboard_sessions s JOIN dashboard_users u ON u.id = s.user_id
                      WHERE s.token_hash = $1 AND s.expires_at > now()",
                 )
@@ -160,6 +243,7 @@ impl DeveloperStore for PostgresDeveloperStore {
     async fn record_sign_in_failure(
         &self,
         email: &str,
+        client: &str,
         window: Duration,
     ) -> Result<u32, StoreError> {
         // One statement: a failure after the window ended starts a new window.
@@ -167,9 +251,9 @@ impl DeveloperStore for PostgresDeveloperStore {
             .db
             .bounded(
                 sqlx::query(
-                    "INSERT INTO dashboard_sign_in_failures AS f (email, failures, window_ends)
-                     VALUES ($1, 1, now() + $2 * interval '1 second')
-                     ON CONFLICT (email) DO UPDATE SET
+                    "INSERT INTO dashboard_sign_in_failures AS f (email, client, failures, window_ends)
+                     VALUES ($1, $3, 1, now() + $2 * interval '1 second')
+                     ON CONFLICT (email, client) DO UPDATE SET
                          failures = CASE WHEN f.window_ends <= now() THEN 1 ELSE f.failures + 1 END,
                          window_ends = CASE WHEN f.window_ends <= now() THEN EXCLUDED.window_ends
                                             ELSE f.window_ends END
@@ -177,6 +261,7 @@ impl DeveloperStore for PostgresDeveloperStore {
                 )
                 .bind(email)
                 .bind(window.as_seconds_f64())
+                .bind(client)
                 .fetch_one(self.db.pool()),
             )
             .await?;
@@ -187,15 +272,17 @@ impl DeveloperStore for PostgresDeveloperStore {
     async fn sign_in_failures(
         &self,
         email: &str,
+        client: &str,
     ) -> Result<Option<(u32, OffsetDateTime)>, StoreError> {
         let row = self
             .db
             .bounded(
                 sqlx::query(
                     "SELECT failures, window_ends FROM dashboard_sign_in_failures
-                     WHERE email = $1 AND window_ends > now()",
+                     WHERE email = $1 AND client = $2 AND window_ends > now()",
                 )
                 .bind(email)
+                .bind(client)
                 .fetch_optional(self.db.pool()),
             )
             .await?;
@@ -207,12 +294,15 @@ impl DeveloperStore for PostgresDeveloperStore {
         Ok(Some((u32::try_from(failures).unwrap_or(0), ends)))
     }
 
-    async fn clear_sign_in_failures(&self, email: &str) -> Result<(), StoreError> {
+    async fn clear_sign_in_failures(&self, email: &str, client: &str) -> Result<(), StoreError> {
         self.db
             .bounded(
-                sqlx::query("DELETE FROM dashboard_sign_in_failures WHERE email = $1")
-                    .bind(email)
-                    .execute(self.db.pool()),
+                sqlx::query(
+                    "DELETE FROM dashboard_sign_in_failures WHERE email = $1 AND client = $2",
+                )
+                .bind(email)
+                .bind(client)
+                .execute(self.db.pool()),
             )
             .await?;
         Ok(())

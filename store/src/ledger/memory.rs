@@ -7,7 +7,9 @@ use crossbeam_queue::ArrayQueue;
 use dashmap::DashMap;
 use time::{Date, OffsetDateTime};
 
-use super::reversal::{dispute_step, give, share, take, DisputeStatus, Movement};
+use super::reversal::{
+    dispute_step, give, kept_cents, moved_lifetime, share, take, DisputeStatus, Movement,
+};
 use super::{
     month_of, Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
     MessageStatus, NewReservation, NewTopUp, Reversal, ReversalKind, Settlement, TopUp, UsageRow,
@@ -75,6 +77,17 @@ impl MemoryLedger {
         usd_cents: u64,
     ) -> Result<Reversal, LedgerError> {
         let credits = share(top_up.credits, usd_cents, top_up.usd_cents);
+        let earlier: Vec<(ReversalKind, u64)> = self
+            .reversals
+            .iter()
+            .filter(|r| r.reference == top_up.reference)
+            .map(|r| (r.kind, r.usd_cents))
+            .collect();
+        let kept_before = kept_cents(top_up.usd_cents, earlier.iter().copied());
+        let kept_after = kept_cents(
+            top_up.usd_cents,
+            earlier.into_iter().chain([(kind, usd_cents)]),
+        );
         let mut balance = self
             .balances
             .get_mut(&top_up.account_id)
@@ -84,18 +97,17 @@ impl MemoryLedger {
                 let (cleared, given) = give(balance.owed, credits);
                 balance.owed -= cleared;
                 balance.balance += given;
-                balance.lifetime_top_up_cents += usd_cents;
                 (given, cleared)
             }
             ReversalKind::Refund | ReversalKind::Dispute => {
                 let (taken, owed) = take(balance.balance.saturating_sub(balance.reserved), credits);
                 balance.balance -= taken;
                 balance.owed += owed;
-                balance.lifetime_top_up_cents =
-                    balance.lifetime_top_up_cents.saturating_sub(usd_cents);
                 (taken, owed)
             }
         };
+        balance.lifetime_top_up_cents =
+            moved_lifetime(balance.lifetime_top_up_cents, kept_before, kept_after);
         drop(balance);
         let reversal = Reversal {
             id: id.clone(),

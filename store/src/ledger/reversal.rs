@@ -131,6 +131,29 @@ pub fn give(owed: u64, credits: u64) -> (u64, u64) {
     (cleared, credits - cleared)
 }
 
+/// What of a top-up of `paid_cents` the payer has paid and kept after the reversals `moved`
+/// (each one's kind and cents): its part of the lifetime top-up. A reversal moves the lifetime
+/// by the change of this, so a dispute won after a full refund gives back nothing: the money
+/// went back to the payer by the refund, and the dispute's opening took nothing more.
+pub fn kept_cents(paid_cents: u64, moved: impl IntoIterator<Item = (ReversalKind, u64)>) -> u64 {
+    let (taken, returned) = moved.into_iter().fold(
+        (0u64, 0u64),
+        |(taken, returned), (kind, cents)| match kind {
+            ReversalKind::Refund | ReversalKind::Dispute => (taken.saturating_add(cents), returned),
+            ReversalKind::DisputeWon => (taken, returned.saturating_add(cents)),
+        },
+    );
+    paid_cents
+        .saturating_add(returned)
+        .saturating_sub(taken)
+        .min(paid_cents)
+}
+
+/// `lifetime` once a top-up's kept part went from `before` to `after` cents.
+pub fn moved_lifetime(lifetime: u64, before: u64, after: u64) -> u64 {
+    lifetime.saturating_add(after).saturating_sub(before)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +171,20 @@ mod tests {
         assert_eq!(take(5_000, 1_000), (1_000, 0));
         assert_eq!(give(700, 1_000), (700, 300));
         assert_eq!(give(0, 1_000), (0, 1_000));
+    }
+
+    #[test]
+    fn a_top_up_keeps_what_was_neither_refunded_nor_held_by_a_dispute() {
+        use ReversalKind as K;
+        assert_eq!(kept_cents(100, []), 100);
+        assert_eq!(kept_cents(100, [(K::Refund, 30)]), 70);
+        assert_eq!(
+            kept_cents(100, [(K::Dispute, 100), (K::DisputeWon, 100)]),
+            100
+        );
+        let refunded_then_won = [(K::Refund, 100), (K::Dispute, 100), (K::DisputeWon, 100)];
+        assert_eq!(kept_cents(100, refunded_then_won), 0);
+        assert_eq!(kept_cents(100, [(K::Refund, 100), (K::Dispute, 100)]), 0);
     }
 
     #[test]

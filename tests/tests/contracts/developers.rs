@@ -7,13 +7,16 @@ use std::sync::Arc;
 use e2e::PostgresServer;
 use store::accounts::{Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
 use store::developers::{
-    Checkout, CheckoutStatus, DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore,
-    Session, User,
+    owner_verified, Checkout, CheckoutStatus, DeveloperStore, EmailVerification,
+    MemoryDeveloperStore, PostgresDeveloperStore, Session, User,
 };
 use store::ledger::MemoryLedger;
 use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};
+
+/// The client address bucket sign-in failures are counted under.
+const CLIENT: &str = "203.0.113.1";
 
 pub struct Store {
     developers: Arc<dyn DeveloperStore>,
@@ -52,6 +55,7 @@ impl Store {
             password_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA".to_owned(),
             account_id: account.id,
             created_at: now(),
+            email_verified_at: None,
         };
         assert!(self
             .developers
@@ -71,10 +75,36 @@ impl Store {
     }
 
     async fn sign_in_failures(&self, email: &str) -> Option<(u32, OffsetDateTime)> {
+        self.failures_from(email, CLIENT).await
+    }
+
+    async fn failures_from(&self, email: &str, client: &str) -> Option<(u32, OffsetDateTime)> {
         self.developers
-            .sign_in_failures(email)
+            .sign_in_failures(email, client)
             .await
             .expect("lookup")
+    }
+
+    /// A link for `user` setting `password_hash`, expiring at `expires_at`; its token.
+    async fn link(&self, user: &User, password_hash: &str, expires_at: OffsetDateTime) -> String {
+        let token = unique("link");
+        self.developers
+            .insert_email_verification(EmailVerification {
+                token_hash: KeyHash::of(&token),
+                user_id: user.id.clone(),
+                password_hash: password_hash.to_owned(),
+                expires_at,
+            })
+            .await
+            .expect("stored");
+        token
+    }
+
+    async fn verify(&self, token: &str) -> Option<User> {
+        self.developers
+            .verify_email(&KeyHash::of(token))
+            .await
+            .expect("answered")
     }
 
     fn session(user: &User, token: &str, expires_at: OffsetDateTime) -> Session {
@@ -83,6 +113,7 @@ impl Store {
             user_id: user.id.clone(),
             email: user.email.clone(),
             account_id: user.account_id.clone(),
+            email_verified: false,
             csrf: unique("csrf"),
             expires_at,
         }
@@ -163,7 +194,7 @@ async fn sign_in_failures_count_within_their_window_until_cleared(store: Store) 
     for n in 1..=3 {
         let counted = store
             .developers
-            .record_sign_in_failure(&email, Duration::minutes(15))
+            .record_sign_in_failure(&email, CLIENT, Duration::minutes(15))
             .await
             .expect("counted");
         assert_eq!(counted, n);
@@ -173,7 +204,7 @@ async fn sign_in_failures_count_within_their_window_until_cleared(store: Store) 
     assert!(ends > now() + Duration::minutes(14) && ends <= now() + Duration::minutes(16));
     store
         .developers
-        .clear_sign_in_failures(&email)
+        .clear_sign_in_failures(&email, CLIENT)
         .await
         .expect("cleared");
     assert!(store.sign_in_failures(&email).await.is_none());
@@ -184,7 +215,7 @@ async fn a_sign_in_failure_after_its_window_ended_starts_a_new_count(store: Stor
     for _ in 0..2 {
         store
             .developers
-            .record_sign_in_failure(&email, Duration::milliseconds(20))
+            .record_sign_in_failure(&email, CLIENT, Duration::milliseconds(20))
             .await
             .expect("counted");
     }
@@ -195,7 +226,7 @@ async fn a_sign_in_failure_after_its_window_ended_starts_a_new_count(store: Stor
     );
     let counted = store
         .developers
-        .record_sign_in_failure(&email, Duration::minutes(15))
+        .record_sign_in_failure(&email, CLIENT, Duration::minutes(15))
         .await
         .expect("counted");
     assert_eq!(counted, 1);
@@ -260,6 +291,106 @@ async fn an_accounts_checkouts_are_listed_newest_first_with_their_status(store: 
         .is_empty());
 }
 
+async fn sign_in_failures_from_one_client_never_count_for_another(store: Store) {
+    let email = format!("{}@example.com", unique("dev"));
+    for _ in 0..6 {
+        store
+            .developers
+            .record_sign_in_failure(&email, "198.51.100.9", Duration::minutes(15))
+            .await
+            .expect("counted");
+    }
+    assert!(store.sign_in_failures(&email).await.is_none());
+    let counted = store
+        .developers
+        .record_sign_in_failure(&email, CLIENT, Duration::minutes(15))
+        .await
+        .expect("counted");
+    assert_eq!(counted, 1, "the owner's address starts its own count");
+    store
+        .developers
+        .clear_sign_in_failures(&email, CLIENT)
+        .await
+        .expect("cleared");
+    let (stranger, _) = store
+        .failures_from(&email, "198.51.100.9")
+        .await
+        .expect("the stranger's count stays");
+    assert_eq!(stranger, 6);
+}
+
+async fn a_link_verifies_once_sets_its_password_and_ends_the_users_sessions_and_other_links(
+    store: Store,
+) {
+    let user = store.user().await;
+    assert!(!owner_verified(store.developers.as_ref(), &user.account_id)
+        .await
+        .expect("answered"));
+    let session = Store::session(&user, &unique("token"), now() + Duration::hours(1));
+    store
+        .developers
+        .insert_session(session.clone())
+        .await
+        .expect("inserted");
+    assert!(
+        !store
+            .session_of(&session.token_hash)
+            .await
+            .expect("live")
+            .email_verified
+    );
+    let other = store
+        .link(&user, "other-hash", now() + Duration::hours(1))
+        .await;
+    let token = store
+        .link(&user, "chosen-hash", now() + Duration::hours(1))
+        .await;
+
+    let verified = store.verify(&token).await.expect("verified");
+    assert_eq!(verified.id, user.id);
+    assert_eq!(verified.password_hash, "chosen-hash");
+    assert!(verified.email_verified_at.is_some());
+    let found = store.user_by_email(&user.email).await.expect("found");
+    assert_eq!(found.password_hash, "chosen-hash");
+    assert!(found.email_verified_at.is_some());
+    let owner = store
+        .developers
+        .user_by_account(&user.account_id)
+        .await
+        .expect("answered")
+        .expect("the account's user");
+    assert_eq!(owner.id, user.id);
+    assert!(owner_verified(store.developers.as_ref(), &user.account_id)
+        .await
+        .expect("answered"));
+
+    assert!(store.verify(&token).await.is_none(), "used once");
+    assert!(store.verify(&other).await.is_none(), "the other link ended");
+    assert!(
+        store.session_of(&session.token_hash).await.is_none(),
+        "a session of before the proof ended"
+    );
+    // A link made for a user verified since changes nothing.
+    let late = store
+        .link(&user, "late-hash", now() + Duration::hours(1))
+        .await;
+    assert!(store.verify(&late).await.is_none());
+    let found = store.user_by_email(&user.email).await.expect("found");
+    assert_eq!(found.password_hash, "chosen-hash");
+}
+
+async fn an_expired_link_verifies_nothing(store: Store) {
+    let user = store.user().await;
+    let token = store
+        .link(&user, "chosen-hash", now() - Duration::seconds(1))
+        .await;
+    assert!(store.verify(&token).await.is_none());
+    assert!(store.verify("never-issued").await.is_none());
+    let found = store.user_by_email(&user.email).await.expect("found");
+    assert!(found.email_verified_at.is_none());
+    assert_eq!(found.password_hash, user.password_hash);
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -268,5 +399,8 @@ e2e::contract! {
         sign_in_failures_count_within_their_window_until_cleared,
         a_sign_in_failure_after_its_window_ended_starts_a_new_count,
         an_accounts_checkouts_are_listed_newest_first_with_their_status,
+        sign_in_failures_from_one_client_never_count_for_another,
+        a_link_verifies_once_sets_its_password_and_ends_the_users_sessions_and_other_links,
+        an_expired_link_verifies_nothing,
     }
 }

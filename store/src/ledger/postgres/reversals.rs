@@ -8,7 +8,8 @@ use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
 
 use super::super::reversal::{
-    dispute_step, give, share, take, DisputeStatus, Movement, Reversal, ReversalKind,
+    dispute_step, give, kept_cents, moved_lifetime, share, take, DisputeStatus, Movement, Reversal,
+    ReversalKind,
 };
 use super::super::{DisputeStage, LedgerError};
 use crate::db::{from_db, to_db, DbPool};
@@ -56,8 +57,30 @@ async fn reverse(
     usd_cents: u64,
 ) -> Result<Reversal, sqlx::Error> {
     let credits = share(paid.credits, usd_cents, paid.usd_cents);
+    let earlier = sqlx::query(
+        "SELECT kind, sum(usd_cents)::bigint AS cents FROM payment_reversals
+         WHERE reference = $1 GROUP BY kind",
+    )
+    .bind(&paid.reference)
+    .persistent(false)
+    .fetch_all(&mut **tx)
+    .await?
+    .iter()
+    .map(|row| {
+        let kind: String = row.try_get("kind")?;
+        let kind = ReversalKind::parse(&kind)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown reversal kind `{kind}`").into()))?;
+        Ok((kind, from_db(row.try_get("cents")?)))
+    })
+    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let kept_before = kept_cents(paid.usd_cents, earlier.iter().copied());
+    let kept_after = kept_cents(
+        paid.usd_cents,
+        earlier.into_iter().chain([(kind, usd_cents)]),
+    );
     let account = sqlx::query(
-        "SELECT balance, reserved, owed_credits FROM accounts WHERE id = $1 FOR UPDATE",
+        "SELECT balance, reserved, owed_credits, lifetime_top_up_cents FROM accounts
+         WHERE id = $1 FOR UPDATE",
     )
     .bind(&paid.account_id)
     .persistent(false)
@@ -66,6 +89,11 @@ async fn reverse(
     let balance = from_db(account.try_get("balance")?);
     let reserved = from_db(account.try_get("reserved")?);
     let owed = from_db(account.try_get("owed_credits")?);
+    let lifetime = moved_lifetime(
+        from_db(account.try_get("lifetime_top_up_cents")?),
+        kept_before,
+        kept_after,
+    );
     let (moved, owed_part, statement) = match kind {
         ReversalKind::DisputeWon => {
             let (cleared, given) = give(owed, credits);
@@ -73,7 +101,7 @@ async fn reverse(
                 given,
                 cleared,
                 "UPDATE accounts SET balance = balance + $2, owed_credits = owed_credits - $3,
-                        lifetime_top_up_cents = lifetime_top_up_cents + $4
+                        lifetime_top_up_cents = $4
                  WHERE id = $1",
             )
         }
@@ -83,7 +111,7 @@ async fn reverse(
                 taken,
                 owed,
                 "UPDATE accounts SET balance = balance - $2, owed_credits = owed_credits + $3,
-                        lifetime_top_up_cents = greatest(lifetime_top_up_cents - $4, 0)
+                        lifetime_top_up_cents = $4
                  WHERE id = $1",
             )
         }
@@ -92,7 +120,7 @@ async fn reverse(
         .bind(&paid.account_id)
         .bind(to_db(moved))
         .bind(to_db(owed_part))
-        .bind(to_db(usd_cents))
+        .bind(to_db(lifetime))
         .persistent(false)
         .execute(&mut **tx)
         .await?;
