@@ -369,7 +369,7 @@ impl Chart {
             .gateway_cli(&[
                 "keys",
                 "create",
-                "--account",
+                "--new-account",
                 "chart",
                 "--credits",
                 "100000000",
