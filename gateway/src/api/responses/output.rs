@@ -132,21 +132,25 @@ impl Assembler {
                 step.events.push(response);
                 step.done = true;
             }
-            TurnEvent::Failed(error) => {
-                let error = ApiError::from(error);
-                self.response.status = Status::Failed;
-                self.response.error = Some(ResponseError {
-                    code: "server_error",
-                    message: error.message.clone(),
-                });
-                step.events.push(StreamEvent::Failed {
-                    response: self.response.clone(),
-                });
-                step.failed = Some(error);
-                step.done = true;
-            }
+            TurnEvent::Failed(error) => return self.fail(ApiError::from(error)),
         }
         step
+    }
+
+    /// Ends the response as failed: `response.failed`, then the stream's `error` event.
+    pub fn fail(&mut self, error: ApiError) -> Step {
+        self.response.status = Status::Failed;
+        self.response.error = Some(ResponseError {
+            code: "server_error",
+            message: error.message.clone(),
+        });
+        Step {
+            events: vec![StreamEvent::Failed {
+                response: self.response.clone(),
+            }],
+            failed: Some(error),
+            done: true,
+        }
     }
 
     /// The response as stored: reasoning items always carry their sealed thinking.
