@@ -34,10 +34,22 @@ async fn hosted_tool_items_a_stored_response_keeps_are_billed_as_input() {
     let gw = Gateway::start().await;
     let key = gw.new_key(CREDITS, &KeySpec::tier("pay_as_you_go")).await;
     let before = gw.balance(&key.secret).await;
+    let unstored = |words| {
+        let mut body = with_hosted_call("What is new?", words);
+        body["store"] = json!(false);
+        body
+    };
+    // Neither stored nor sent: the hosted call costs nothing, whatever its size.
     let plain = gw
-        .post_json(PATH, &key.secret, &with_hosted_call("What is new?", 0))
+        .post_json(PATH, &key.secret, &unstored(0))
         .await
         .expect_ok();
+    let unstored = gw
+        .post_json(PATH, &key.secret, &unstored(3_000))
+        .await
+        .expect_ok();
+    assert_eq!(input_tokens(&unstored), input_tokens(&plain));
+    // Stored: its 3,000 words are billed as input.
     let hosted = gw
         .post_json(PATH, &key.secret, &with_hosted_call("What is new?", 3_000))
         .await
@@ -49,12 +61,6 @@ async fn hosted_tool_items_a_stored_response_keeps_are_billed_as_input() {
         hosted["usage"]
     );
     assert!(credits_of(&hosted) > credits_of(&plain));
-
-    // Not stored and not sent: nothing to bill.
-    let mut unstored = with_hosted_call("What is new?", 3_000);
-    unstored["store"] = json!(false);
-    let unstored = gw.post_json(PATH, &key.secret, &unstored).await.expect_ok();
-    assert_eq!(input_tokens(&unstored), input_tokens(&plain));
 
     gw.wait_settled(&key.account_id).await;
     let billed = credits_of(&plain) + credits_of(&hosted) + credits_of(&unstored);
