@@ -241,7 +241,11 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         limiter,
         payments: payments(&args.common.payments, NoPayments)?,
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
-        responses: ResponsesBackend::postgres(db, args.common.responses.retention()),
+        responses: ResponsesBackend::postgres(
+            db,
+            args.common.responses.retention(),
+            args.common.responses.quota(),
+        ),
     };
     run(
         args.common,

@@ -115,6 +115,10 @@ pub struct TurnRequest {
     /// A conversation key the client sent outside the request body (Claude Code's session
     /// header, `prompt_cache_key`): the upstream affinity's first choice.
     pub conversation: Option<String>,
+    /// Input the upstream never sees but the gateway keeps (a stored response's hosted-tool
+    /// items and unread fields, as JSON text): billed as input tokens on top of the upstream's
+    /// count, since it is stored. Empty on the other surfaces.
+    pub unsent_input: String,
 }
 
 pub enum TurnEvent {
@@ -164,22 +168,26 @@ pub async fn start(
         open_max_tokens,
         anthropic_beta,
         conversation,
+        unsent_input,
     } = turn;
     let requested = resolve_model(state, &request.model)?;
     let telemetry = TurnTelemetry::begin(&id, &requested.id, request.max_tokens, request.stream);
     validate::request(&request, &requested.id, &requested.config, open_max_tokens)?;
-    let (mut request, input_tokens) = state.tokens.count_request_off_workers(request).await?;
+    let (mut request, sent_tokens) = state.tokens.count_request_off_workers(request).await?;
+    let unsent_tokens = count_unsent(state.tokens, unsent_input).await?;
+    // The model's context holds what is sent; the bill covers what is stored too.
+    let input_tokens = sent_tokens.saturating_add(unsent_tokens);
     telemetry.input_tokens(input_tokens);
     let context = requested.config.context_window;
-    if input_tokens >= context {
+    if sent_tokens >= context {
         return Err(TurnError::Invalid(format!(
-            "messages: the input is {input_tokens} tokens, past the context window of {context} tokens of {}",
+            "messages: the input is {sent_tokens} tokens, past the context window of {context} tokens of {}",
             requested.id
         )));
     }
-    if !open_max_tokens && input_tokens + request.max_tokens > context {
+    if !open_max_tokens && sent_tokens + request.max_tokens > context {
         return Err(TurnError::Invalid(format!(
-            "max_tokens: input ({input_tokens} tokens) plus max_tokens ({}) exceeds the context window of {context} tokens of {}",
+            "max_tokens: input ({sent_tokens} tokens) plus max_tokens ({}) exceeds the context window of {context} tokens of {}",
             request.max_tokens, requested.id
         )));
     }
@@ -187,7 +195,7 @@ pub async fn start(
         .catalog
         .serving_model(
             &requested,
-            &needs(&request, &requested, input_tokens, open_max_tokens),
+            &needs(&request, &requested, sent_tokens, open_max_tokens),
         )
         .ok_or_else(|| {
             TurnError::Invalid(format!(
@@ -196,7 +204,7 @@ pub async fn start(
             ))
         })?;
     if open_max_tokens {
-        let room = served.config.context_window.saturating_sub(input_tokens);
+        let room = served.config.context_window.saturating_sub(sent_tokens);
         request.max_tokens = served.config.max_output_tokens.min(room);
     }
 
@@ -214,6 +222,7 @@ pub async fn start(
         message_id: id.clone(),
         price: served.price,
         estimated_input: input_tokens,
+        unsent_tokens,
         usage: TokenUsage {
             input_tokens,
             ..TokenUsage::default()
@@ -286,7 +295,7 @@ pub async fn start(
         plan: &plan,
         request: Arc::new(request),
         anthropic_beta: anthropic_beta.as_deref(),
-        input_tokens,
+        input_tokens: sent_tokens,
     };
     let mut upstream_events = match fallback::start(&state.providers, attempt)
         .instrument(upstream_span)
@@ -317,7 +326,7 @@ pub async fn start(
     if let Some(Ok(ProviderEvent::Started { usage })) =
         std::pin::Pin::new(&mut upstream_events).peek().await
     {
-        prompt = *usage;
+        prompt = meter.with_unsent(*usage);
         upstream_events.next().await;
     }
     meter.usage = prompt;
@@ -392,6 +401,15 @@ async fn reserve(state: &Turns, r: NewReservation) -> Result<u64, LedgerError> {
     detached::finish_or_undo(&state.shutdown.tasks, reserve, undo).await
 }
 
+/// Tokens of [`TurnRequest::unsent_input`]: counted in place when small, on a blocking
+/// thread of [`crate::cpu`] otherwise, like the request itself.
+async fn count_unsent(tokens: Tokenizer, text: String) -> Result<u32, TokenError> {
+    if text.len() <= crate::cpu::INLINE_BYTES {
+        return Ok(tokens.count(&text));
+    }
+    Ok(crate::cpu::run(move || tokens.count(&text)).await?)
+}
+
 /// The provider kind as the ledger names it (internal only, never sent to clients).
 fn provider_name(upstream: &Upstream) -> String {
     format!("{:?}", upstream.provider).to_lowercase()
@@ -458,6 +476,7 @@ fn metered(
             };
             match next {
                 Some(Ok(ProviderEvent::Finish { stop_reason, stop_sequence, usage })) => {
+                    let usage = meter.with_unsent(usage);
                     let credits = meter.settle(MessageStatus::Completed, Some((usage, stop_reason))).await;
                     yield TurnEvent::Finished {
                         stop_reason,
@@ -506,6 +525,8 @@ struct Meter {
     message_id: String,
     price: Price,
     estimated_input: u32,
+    /// Tokens of the input the upstream never saw, added to the upstream's own count.
+    unsent_tokens: u32,
     usage: TokenUsage,
     /// Streamed output so far, counted only if the turn ends before the provider's usage.
     generated: String,
@@ -521,6 +542,12 @@ struct Meter {
 }
 
 impl Meter {
+    /// The upstream's usage with the input it never saw added: that input is billed too.
+    fn with_unsent(&self, mut usage: TokenUsage) -> TokenUsage {
+        usage.input_tokens = usage.input_tokens.saturating_add(self.unsent_tokens);
+        usage
+    }
+
     fn observe(&mut self, event: &ProviderEvent) {
         self.telemetry.upstream_event();
         if let ProviderEvent::BlockDelta { delta, .. } = event {
@@ -630,6 +657,7 @@ impl Drop for Meter {
             message_id: std::mem::take(&mut self.message_id),
             price: self.price,
             estimated_input: self.estimated_input,
+            unsent_tokens: self.unsent_tokens,
             usage: self.usage,
             generated: std::mem::take(&mut self.generated),
             delivered_as_generated: self.delivered_as_generated,

@@ -40,6 +40,7 @@ mod prompt_cache;
 mod readiness;
 mod redis_cluster_failover;
 mod responses;
+mod responses_quota;
 mod responses_store;
 mod router;
 mod secrets;

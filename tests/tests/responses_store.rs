@@ -1,22 +1,28 @@
 //! The contract every `ResponseStore` keeps (`mod contract` below), run against both stores,
-//! in process and on a real Postgres, and the Postgres retention purge. The suite lives here,
+//! in process and on a real Postgres (each with a small per-account quota, [`QUOTA`]), the
+//! in-process store's shared bound, and the Postgres retention purge. The suite lives here,
 //! not in the gateway crate, so that its assertions never compile into the binary.
 
 use std::time::Duration;
 
 use e2e::PostgresServer;
 use gateway::responses_store::{
-    MemoryLimits, MemoryResponseStore, PostgresResponseStore, ResponseStore, Retention,
-    StoredResponse,
+    MemoryLimits, MemoryResponseStore, PostgresResponseStore, Quota, ResponseStore, Retention,
+    StoreError, StoredResponse,
 };
 use serde_json::json;
 use store::db::Database;
 use time::OffsetDateTime;
 
+/// Small enough that the quota rules run in a few puts.
+const QUOTA: Quota = Quota {
+    account_max_bytes: 64 * 1024,
+};
+
 async fn store(pg: &PostgresServer, retention: Retention) -> PostgresResponseStore {
-    let db = Database::connect(&pg.url(), 4, Duration::from_secs(5)).expect("a pool");
+    let db = Database::connect(&pg.url(), 8, Duration::from_secs(5)).expect("a pool");
     db.migrate().await.expect("migrations");
-    PostgresResponseStore::new(db, retention)
+    PostgresResponseStore::new(db, retention, QUOTA)
 }
 
 #[tokio::test]
@@ -24,9 +30,28 @@ async fn the_in_process_store_passes_the_store_contract() {
     let retention = Retention::hours(1);
     let store = MemoryResponseStore::new(MemoryLimits {
         retention,
+        quota: QUOTA,
         ..MemoryLimits::default()
     });
     contract::run_all(&store, retention).await;
+}
+
+#[tokio::test]
+async fn the_in_process_store_full_of_other_accounts_refuses_rather_than_evicting_theirs() {
+    let store = MemoryResponseStore::new(MemoryLimits {
+        max_bytes: 3 * QUOTA.account_max_bytes / 2,
+        quota: QUOTA,
+        ..MemoryLimits::default()
+    });
+    let now = OffsetDateTime::now_utc();
+    let first = contract::sized("resp_a", "acct_a", now, QUOTA.account_max_bytes * 9 / 10);
+    store.put(first).await.expect("put");
+    let second = contract::sized("resp_b", "acct_b", now, QUOTA.account_max_bytes * 9 / 10);
+    assert!(
+        matches!(store.put(second).await, Err(StoreError::Full)),
+        "the shared bound is reached and acct_b has nothing of its own to evict"
+    );
+    assert!(store.get("acct_a", "resp_a").await.expect("get").is_some());
 }
 
 #[tokio::test]
@@ -75,7 +100,7 @@ mod contract {
     use serde_json::json;
     use time::OffsetDateTime;
 
-    use gateway::responses_store::{ResponseStore, Retention, StoredResponse};
+    use gateway::responses_store::{size_of, ResponseStore, Retention, StoreError, StoredResponse};
 
     /// Ids unique to one run, so the suite can run against a database that other runs share.
     fn unique(prefix: &str) -> String {
@@ -107,6 +132,101 @@ mod contract {
         storing_an_id_again_replaces_the_response(store).await;
         a_response_past_retention_reads_as_absent(store, retention).await;
         an_unknown_id_reads_as_absent(store).await;
+        past_its_quota_an_account_loses_its_own_oldest_and_never_another_accounts(store).await;
+        a_response_larger_than_the_quota_is_refused_and_evicts_nothing(store).await;
+        concurrent_puts_never_leave_an_account_past_its_quota(store).await;
+    }
+
+    /// A response whose [`size_of`] is `bytes` (a hosted-tool item padded to fit).
+    pub fn sized(id: &str, account_id: &str, at: OffsetDateTime, bytes: usize) -> StoredResponse {
+        let padded = |query: usize| {
+            let mut response = stored(id, account_id, at);
+            response
+                .input_items
+                .push(json!({"type": "web_search_call", "id": "ws_1",
+                "action": {"query": "q".repeat(query)}}));
+            response
+        };
+        let unpadded = size_of(&padded(0));
+        padded(bytes.saturating_sub(unpadded))
+    }
+
+    /// The bytes of an account's responses among `ids` that are still stored.
+    async fn held(store: &dyn ResponseStore, account: &str, ids: &[String]) -> usize {
+        let mut bytes = 0;
+        for id in ids {
+            if let Some(got) = store.get(account, id).await.expect("get") {
+                bytes += size_of(&got);
+            }
+        }
+        bytes
+    }
+
+    pub async fn past_its_quota_an_account_loses_its_own_oldest_and_never_another_accounts(
+        store: &dyn ResponseStore,
+    ) {
+        let quota = store.quota().account_max_bytes;
+        let (victim, flooder) = (unique("acct"), unique("acct"));
+        let start = OffsetDateTime::now_utc();
+        let kept = unique("resp");
+        store
+            .put(sized(&kept, &victim, start, quota / 2))
+            .await
+            .expect("put");
+        // Ten responses of a quarter quota each: the flooder holds at most its last four.
+        let mut ids = Vec::new();
+        for i in 0..10 {
+            let id = unique("resp");
+            let at = start + time::Duration::milliseconds(i + 1);
+            store
+                .put(sized(&id, &flooder, at, quota / 4))
+                .await
+                .expect("put");
+            ids.push(id);
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let present = store.get(&flooder, id).await.expect("get").is_some();
+            assert_eq!(present, i >= 6, "the flooder's response {i} of 10");
+        }
+        assert!(held(store, &flooder, &ids).await <= quota);
+        assert!(
+            store.get(&victim, &kept).await.expect("get").is_some(),
+            "another account's flood evicted the victim's response"
+        );
+    }
+
+    pub async fn a_response_larger_than_the_quota_is_refused_and_evicts_nothing(
+        store: &dyn ResponseStore,
+    ) {
+        let quota = store.quota().account_max_bytes;
+        let (id, account) = (unique("resp"), unique("acct"));
+        let now = OffsetDateTime::now_utc();
+        store.put(stored(&id, &account, now)).await.expect("put");
+        let huge = sized(&unique("resp"), &account, now, quota + 1024);
+        assert!(
+            matches!(store.put(huge).await, Err(StoreError::TooLarge { .. })),
+            "a response past the whole quota"
+        );
+        assert!(store.get(&account, &id).await.expect("get").is_some());
+    }
+
+    pub async fn concurrent_puts_never_leave_an_account_past_its_quota(store: &dyn ResponseStore) {
+        let quota = store.quota().account_max_bytes;
+        let account = unique("acct");
+        let now = OffsetDateTime::now_utc();
+        let ids: Vec<String> = (0..16).map(|_| unique("resp")).collect();
+        let puts = ids
+            .iter()
+            .map(|id| store.put(sized(id, &account, now, quota / 3)));
+        for put in futures::future::join_all(puts).await {
+            put.expect("put");
+        }
+        let bytes = held(store, &account, &ids).await;
+        assert!(
+            bytes <= quota,
+            "{bytes} bytes held, past the quota of {quota}"
+        );
+        assert!(bytes > 0, "every response was evicted");
     }
 
     pub async fn a_stored_response_reads_back_whole(store: &dyn ResponseStore) {

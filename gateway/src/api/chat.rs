@@ -48,6 +48,7 @@ pub async fn create(
             open_max_tokens,
             anthropic_beta: None,
             conversation,
+            unsent_input: String::new(),
         },
     )
     .await?;

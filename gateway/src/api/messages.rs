@@ -42,6 +42,7 @@ pub async fn create(
             open_max_tokens: false,
             anthropic_beta: anthropic_beta(&headers),
             conversation: session_id(&headers),
+            unsent_input: String::new(),
         },
     )
     .await?;

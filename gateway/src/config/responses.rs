@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::secrets::long_secret;
-use crate::responses_store::{MemoryLimits, Retention};
+use crate::responses_store::{MemoryLimits, Quota, Retention};
 use crate::seal::Sealer;
 
 #[derive(Clone, Debug, Args)]
@@ -25,12 +25,19 @@ pub struct ResponsesArgs {
     /// are purged. 30 days by default, as OpenAI keeps them.
     #[arg(long, env = "GATEWAY_RESPONSES_RETENTION_SECS", default_value_t = Retention::DEFAULT_HOURS * 3600)]
     pub responses_retention_secs: u64,
-    /// In-process store (no `--database-url`): the most responses kept; the oldest go first.
+    /// In-process store (no `--database-url`): the most responses one account keeps; its
+    /// oldest go first.
     #[arg(long, env = "GATEWAY_RESPONSES_CAPACITY", default_value_t = 10_000)]
     pub responses_capacity: usize,
-    /// In-process store: the most bytes (as JSON) the responses take; the oldest go first.
+    /// In-process store: the most bytes all accounts' responses take together; past it an
+    /// account evicts its own oldest, and one with none is refused.
     #[arg(long, env = "GATEWAY_RESPONSES_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub responses_max_bytes: usize,
+    /// Either store: the most bytes one account's stored responses take (their compact JSON
+    /// and a small overhead each); past it the account's oldest go first, and one response
+    /// larger than this is refused with 413.
+    #[arg(long, env = "GATEWAY_RESPONSES_ACCOUNT_MAX_BYTES", default_value_t = Quota::default().account_max_bytes)]
+    pub responses_account_max_bytes: usize,
 }
 
 impl ResponsesArgs {
@@ -42,11 +49,18 @@ impl ResponsesArgs {
         Retention(Duration::from_secs(self.responses_retention_secs))
     }
 
+    pub fn quota(&self) -> Quota {
+        Quota {
+            account_max_bytes: self.responses_account_max_bytes,
+        }
+    }
+
     /// The bounds of the in-process store.
     pub fn memory_limits(&self) -> MemoryLimits {
         MemoryLimits {
             max_responses: self.responses_capacity,
             max_bytes: self.responses_max_bytes,
+            quota: self.quota(),
             retention: self.retention(),
         }
     }

@@ -442,6 +442,7 @@ fn the_defaults_are_unchanged() {
         (memory.max_responses, memory.max_bytes),
         (10_000, 256 * 1024 * 1024)
     );
+    assert_eq!(memory.quota.account_max_bytes, 32 * 1024 * 1024);
     let brakes = &common.brakes;
     assert_eq!(
         (

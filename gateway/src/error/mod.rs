@@ -247,20 +247,36 @@ impl From<StoreError> for ApiError {
 impl From<ResponseStoreError> for ApiError {
     fn from(e: ResponseStoreError) -> Self {
         match e {
-            ResponseStoreError::TooLarge { .. } => Self::invalid(format!(
-                "store: {e}; send `store: false` to get the response without storing it"
-            )),
+            ResponseStoreError::TooLarge { .. } => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorType::InvalidRequestError,
+                format!("store: {e}; send `store: false` to get the response without storing it"),
+            ),
+            ResponseStoreError::Full => Self {
+                retry_after_secs: Some(STORE_FULL_RETRY_SECS),
+                ..Self::unavailable(format!(
+                    "store: {e}; retry later, or send `store: false` to get the response without storing it"
+                ))
+            },
             ResponseStoreError::IdTaken(_) => {
                 tracing::error!(error = %e, "a fresh response id was taken");
                 Self::internal()
             }
             ResponseStoreError::Unavailable(detail) => {
                 tracing::error!(error = %detail, "response store failed");
-                Self::unavailable("stored responses temporarily unavailable; retry with backoff")
+                Self {
+                    retry_after_secs: Some(STORE_RETRY_SECS),
+                    ..Self::unavailable("stored responses temporarily unavailable; retry with backoff")
+                }
             }
         }
     }
 }
+
+/// When to retry a store that failed (a database timeout or outage is usually short), and one
+/// full of other accounts' responses (freed as they are deleted or expire).
+const STORE_RETRY_SECS: u64 = 5;
+const STORE_FULL_RETRY_SECS: u64 = 60;
 
 impl From<LimitError> for ApiError {
     fn from(e: LimitError) -> Self {

@@ -1,28 +1,42 @@
 //! The in-process store: one map under one lock (every call is a few map operations, never
-//! awaited while held), bounded in count and in bytes, the oldest put evicted first, and
-//! responses past retention invisible at once and purged as puts and the timer come by.
+//! awaited while held). Each response is held as its compact JSON text, parsed again when read,
+//! so that the bytes it is counted for are the memory it takes (a parsed `serde_json::Value`
+//! takes several times its text). Each account is bounded by its quota and its count, its own
+//! oldest evicted first; the whole store by its bytes, and when other accounts' responses fill
+//! it a put is refused ([`StoreError::Full`]) rather than evicting theirs. Responses past
+//! retention are invisible at once and purged by the timer.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
-use super::{size_of, to_micros, ResponseStore, Retention, StoreError, StoredResponse};
+use super::{
+    compact, size_of, to_micros, Quota, ResponseStore, Retention, StoreError, StoredResponse,
+};
+
+/// What each entry costs beyond its JSON text and ids: the map slots and the order index
+/// (measured: a store of 10,000 one-line responses grows the heap by about this per entry).
+pub const ENTRY_OVERHEAD: usize = 256;
 
 #[derive(Clone, Copy, Debug)]
 pub struct MemoryLimits {
+    /// The most responses one account keeps.
     pub max_responses: usize,
+    /// The most bytes all accounts' responses take together.
     pub max_bytes: usize,
+    pub quota: Quota,
     pub retention: Retention,
 }
 
 impl Default for MemoryLimits {
-    /// 10,000 responses, 256 MiB, 30 days.
+    /// 10,000 responses an account, 256 MiB in all, 32 MiB an account, 30 days.
     fn default() -> Self {
         Self {
             max_responses: 10_000,
             max_bytes: 256 * 1024 * 1024,
+            quota: Quota::default(),
             retention: Retention::hours(Retention::DEFAULT_HOURS),
         }
     }
@@ -36,14 +50,23 @@ pub struct MemoryResponseStore {
 #[derive(Default)]
 struct Inner {
     by_id: HashMap<String, Entry>,
-    /// Put order: sequence number -> id, the oldest first.
-    order: BTreeMap<u64, String>,
+    accounts: HashMap<String, Account>,
     next: u64,
     bytes: usize,
 }
 
+/// One account's responses: their bytes, and their ids in put order, the oldest first.
+#[derive(Default)]
+struct Account {
+    bytes: usize,
+    order: BTreeMap<u64, String>,
+}
+
 struct Entry {
-    stored: StoredResponse,
+    account_id: String,
+    created_at: OffsetDateTime,
+    /// The response and its input items, as compact JSON text.
+    json: Arc<[u8]>,
     seq: u64,
     bytes: usize,
 }
@@ -51,17 +74,31 @@ struct Entry {
 impl Inner {
     fn remove(&mut self, id: &str) -> Option<Entry> {
         let entry = self.by_id.remove(id)?;
-        self.order.remove(&entry.seq);
         self.bytes -= entry.bytes;
+        if let Some(account) = self.accounts.get_mut(&entry.account_id) {
+            account.order.remove(&entry.seq);
+            account.bytes -= entry.bytes;
+            if account.order.is_empty() {
+                self.accounts.remove(&entry.account_id);
+            }
+        }
         Some(entry)
     }
 
-    fn evict_oldest(&mut self) {
-        if let Some((_, id)) = self.order.pop_first() {
-            if let Some(entry) = self.by_id.remove(&id) {
-                self.bytes -= entry.bytes;
-            }
-        }
+    /// Evicts the account's oldest response; false when it has none.
+    fn evict_oldest_of(&mut self, account_id: &str) -> bool {
+        let oldest = self
+            .accounts
+            .get(account_id)
+            .and_then(|a| a.order.first_key_value())
+            .map(|(_, id)| id.clone());
+        oldest.is_some_and(|id| self.remove(&id).is_some())
+    }
+
+    fn account(&self, account_id: &str) -> (usize, usize) {
+        self.accounts
+            .get(account_id)
+            .map_or((0, 0), |a| (a.order.len(), a.bytes))
     }
 }
 
@@ -86,7 +123,7 @@ impl MemoryResponseStore {
         let expired: Vec<String> = inner
             .by_id
             .iter()
-            .filter(|(_, e)| e.stored.created_at <= cutoff)
+            .filter(|(_, e)| e.created_at <= cutoff)
             .map(|(id, _)| id.clone())
             .collect();
         for id in &expired {
@@ -108,46 +145,84 @@ impl MemoryResponseStore {
 
 #[async_trait]
 impl ResponseStore for MemoryResponseStore {
-    async fn put(&self, mut stored: StoredResponse) -> Result<(), StoreError> {
-        stored.created_at = to_micros(stored.created_at);
+    async fn put(&self, stored: StoredResponse) -> Result<(), StoreError> {
         let bytes = size_of(&stored);
-        let limit = self.limits.max_bytes;
-        if bytes > limit {
-            return Err(StoreError::TooLarge { size: bytes, limit });
+        self.limits.quota.admit(bytes)?;
+        if bytes > self.limits.max_bytes {
+            return Err(StoreError::Full);
         }
+        let json: Arc<[u8]> = compact(&stored).into();
+        let StoredResponse {
+            id,
+            account_id,
+            created_at,
+            ..
+        } = stored;
         let mut inner = self.lock();
-        if let Some(existing) = inner.by_id.get(&stored.id) {
-            if existing.stored.account_id != stored.account_id {
-                return Err(StoreError::IdTaken(stored.id));
+        if let Some(existing) = inner.by_id.get(&id) {
+            if existing.account_id != account_id {
+                return Err(StoreError::IdTaken(id));
             }
-            let id = stored.id.clone();
             inner.remove(&id);
         }
-        while !inner.by_id.is_empty()
-            && (inner.by_id.len() >= self.limits.max_responses.max(1)
-                || inner.bytes + bytes > limit)
-        {
-            inner.evict_oldest();
+        // The account makes room within its own bounds, from its own oldest.
+        let max_responses = self.limits.max_responses.max(1);
+        loop {
+            let (count, held) = inner.account(&account_id);
+            let own_bound =
+                count >= max_responses || held + bytes > self.limits.quota.account_max_bytes;
+            let shared_bound = inner.bytes + bytes > self.limits.max_bytes;
+            if !own_bound && !shared_bound {
+                break;
+            }
+            if !inner.evict_oldest_of(&account_id) {
+                // Only the shared bound is left, and only other accounts' responses fill it.
+                return Err(StoreError::Full);
+            }
         }
         let seq = inner.next;
         inner.next += 1;
-        inner.order.insert(seq, stored.id.clone());
         inner.bytes += bytes;
-        inner
-            .by_id
-            .insert(stored.id.clone(), Entry { stored, seq, bytes });
+        let account = inner.accounts.entry(account_id.clone()).or_default();
+        account.bytes += bytes;
+        account.order.insert(seq, id.clone());
+        inner.by_id.insert(
+            id,
+            Entry {
+                account_id,
+                created_at: to_micros(created_at),
+                json,
+                seq,
+                bytes,
+            },
+        );
         Ok(())
     }
 
     async fn get(&self, account_id: &str, id: &str) -> Result<Option<StoredResponse>, StoreError> {
         let cutoff = self.limits.retention.cutoff(OffsetDateTime::now_utc());
-        let inner = self.lock();
-        Ok(inner
-            .by_id
-            .get(id)
-            .map(|e| &e.stored)
-            .filter(|s| s.account_id == account_id && s.created_at > cutoff)
-            .cloned())
+        let (created_at, json) = {
+            let inner = self.lock();
+            let Some(entry) = inner
+                .by_id
+                .get(id)
+                .filter(|e| e.account_id == account_id && e.created_at > cutoff)
+            else {
+                return Ok(None);
+            };
+            (entry.created_at, entry.json.clone())
+        };
+        // Parsed outside the lock: a large response never holds up the other accounts' calls.
+        let (response, input_items) = serde_json::from_slice(&json).map_err(|e| {
+            StoreError::Unavailable(format!("stored response is not valid JSON: {e}"))
+        })?;
+        Ok(Some(StoredResponse {
+            id: id.to_owned(),
+            account_id: account_id.to_owned(),
+            created_at,
+            response,
+            input_items,
+        }))
     }
 
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
@@ -155,8 +230,12 @@ impl ResponseStore for MemoryResponseStore {
         let owned = inner
             .by_id
             .get(id)
-            .is_some_and(|e| e.stored.account_id == account_id);
+            .is_some_and(|e| e.account_id == account_id);
         Ok(owned && inner.remove(id).is_some())
+    }
+
+    fn quota(&self) -> Quota {
+        self.limits.quota
     }
 }
 
@@ -191,10 +270,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn past_the_byte_limit_the_oldest_responses_are_evicted_and_one_too_large_is_refused() {
+    async fn past_the_quota_the_oldest_responses_are_evicted_and_one_too_large_is_refused() {
         let one = size_of(&response("resp_1", &"x".repeat(1000)));
         let store = MemoryResponseStore::new(MemoryLimits {
-            max_bytes: one * 2 + one / 2,
+            quota: Quota {
+                account_max_bytes: one * 2 + one / 2,
+            },
             ..MemoryLimits::default()
         });
         for id in ["resp_1", "resp_2", "resp_3"] {

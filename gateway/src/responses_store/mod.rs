@@ -3,11 +3,12 @@
 //! `previous_response_id`, for a retention period (30 days by default, as OpenAI keeps them).
 //!
 //! Two implementations behind one trait, chosen at start-up like the other stores:
-//! [`MemoryResponseStore`] (standalone and cluster mode without a database: bounded in count
-//! and bytes, oldest evicted first) and [`PostgresResponseStore`] (shared by every pod, purged
-//! periodically). Both pass the same contract suite (`tests/tests/responses_store.rs`). A
-//! response is only ever seen by the account that stored it: another account's id reads as
-//! absent.
+//! [`MemoryResponseStore`] (standalone and cluster mode without a database: bounded in bytes
+//! overall) and [`PostgresResponseStore`] (shared by every pod, purged periodically). Both keep
+//! each account within its [`Quota`]: past it, that account's oldest responses are evicted to
+//! make room, never another account's, and one response larger than the whole quota is
+//! refused. Both pass the same contract suite (`tests/tests/responses_store.rs`). A response
+//! is only ever seen by the account that stored it: another account's id reads as absent.
 
 mod memory;
 mod postgres;
@@ -18,7 +19,7 @@ use async_trait::async_trait;
 use thiserror::Error;
 use time::OffsetDateTime;
 
-pub use memory::{MemoryLimits, MemoryResponseStore};
+pub use memory::{MemoryLimits, MemoryResponseStore, ENTRY_OVERHEAD};
 pub use postgres::PostgresResponseStore;
 
 use std::sync::Arc;
@@ -39,8 +40,8 @@ impl Backend {
         Self::Memory(Arc::new(MemoryResponseStore::new(limits)))
     }
 
-    pub fn postgres(db: Database, retention: Retention) -> Self {
-        Self::Postgres(Arc::new(PostgresResponseStore::new(db, retention)))
+    pub fn postgres(db: Database, retention: Retention, quota: Quota) -> Self {
+        Self::Postgres(Arc::new(PostgresResponseStore::new(db, retention, quota)))
     }
 
     pub fn store(&self) -> Arc<dyn ResponseStore> {
@@ -96,9 +97,13 @@ pub struct StoredResponse {
 
 #[derive(Debug, Error)]
 pub enum StoreError {
-    /// One response larger than the whole in-process store may hold.
-    #[error("the response is {size} bytes, more than the {limit} bytes responses may take")]
+    /// One response larger than an account's whole quota.
+    #[error("the response is {size} bytes, more than the {limit} bytes an account's stored responses may take")]
     TooLarge { size: usize, limit: usize },
+    /// The in-process store is full of other accounts' responses, none of which this account
+    /// may evict.
+    #[error("the in-process response store is full")]
+    Full,
     /// The id is stored already, for another account (ids are random: never in practice).
     #[error("response id `{0}` is taken")]
     IdTaken(String),
@@ -113,6 +118,35 @@ pub trait ResponseStore: Send + Sync {
     async fn get(&self, account_id: &str, id: &str) -> Result<Option<StoredResponse>, StoreError>;
     /// Whether a response of this account was deleted.
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
+    /// The bytes one account's stored responses may take.
+    fn quota(&self) -> Quota;
+}
+
+/// The bytes (as [`size_of`] counts them) one account's stored responses may take together;
+/// past it the account's oldest are evicted, and one response larger than it is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    pub account_max_bytes: usize,
+}
+
+impl Default for Quota {
+    /// 32 MiB: a largest request (16 MiB body) and its answer fit.
+    fn default() -> Self {
+        Self {
+            account_max_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+impl Quota {
+    /// Refuses a response that could never fit, whatever is evicted.
+    pub fn admit(self, size: usize) -> Result<(), StoreError> {
+        let limit = self.account_max_bytes;
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
+        }
+        Ok(())
+    }
 }
 
 /// How long stored responses are kept.
@@ -146,11 +180,38 @@ fn to_micros(t: OffsetDateTime) -> OffsetDateTime {
         .unwrap_or(t)
 }
 
-/// The bytes a stored response takes, as its JSON text.
-fn size_of(stored: &StoredResponse) -> usize {
-    let json = |v: &serde_json::Value| serde_json::to_vec(v).map_or(0, |b| b.len());
-    stored.id.len()
+/// The bytes a stored response counts against its account: its compact JSON text (what the
+/// in-process store holds, and Postgres keeps as jsonb), its id and account, and a fixed
+/// [`ENTRY_OVERHEAD`] for the bookkeeping around each entry.
+pub fn size_of(stored: &StoredResponse) -> usize {
+    json_len(&(&stored.response, &stored.input_items))
+        + stored.id.len()
         + stored.account_id.len()
-        + json(&stored.response)
-        + stored.input_items.iter().map(json).sum::<usize>()
+        + ENTRY_OVERHEAD
+}
+
+/// The length of a value's compact JSON text, without writing it out.
+pub fn json_len(value: &impl serde::Serialize) -> usize {
+    let mut counter = Counter(0);
+    // Writing to a counter cannot fail, and every value here serializes.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
+
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The response and its input items as one compact JSON text.
+fn compact(stored: &StoredResponse) -> Vec<u8> {
+    serde_json::to_vec(&(&stored.response, &stored.input_items)).unwrap_or_default()
 }

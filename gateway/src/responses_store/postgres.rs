@@ -1,12 +1,18 @@
-//! Stored responses in Postgres (`stored_responses`, migration 0005), shared by every pod:
-//! one statement per call, each bounded by the database timeout; rows past retention are
-//! invisible at once and deleted by [`PostgresResponseStore::purge_expired`], which every
-//! pod runs on a timer (deleting is idempotent, so pods never conflict).
+//! Stored responses in Postgres (`stored_responses`, migrations 0005 and 0008), shared by every
+//! pod: each call bounded by the database timeout; rows past retention are invisible at once
+//! and deleted by [`PostgresResponseStore::purge_expired`], which every pod runs on a timer
+//! (deleting is idempotent, so pods never conflict).
+//!
+//! A put keeps its account within its [`Quota`] in one transaction: it takes the account's
+//! advisory lock (so two pods' puts for one account never both see room that only one of
+//! them has), evicts the account's oldest rows beyond what the new one leaves room for (their
+//! `bytes` summed over the `(account_id, created_at)` index), and writes the row.
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
-use super::{to_micros, ResponseStore, Retention, StoreError, StoredResponse};
+use super::{size_of, to_micros, Quota, ResponseStore, Retention, StoreError, StoredResponse};
+use store::db::to_db;
 use store::db::{Database, DbError};
 
 /// Rows one purge statement deletes, so that a large backlog never holds long locks.
@@ -15,6 +21,7 @@ const PURGE_BATCH: i64 = 1_000;
 pub struct PostgresResponseStore {
     db: Database,
     retention: Retention,
+    quota: Quota,
 }
 
 fn unavailable(e: DbError) -> StoreError {
@@ -26,8 +33,12 @@ fn malformed(e: serde_json::Error) -> StoreError {
 }
 
 impl PostgresResponseStore {
-    pub fn new(db: Database, retention: Retention) -> Self {
-        Self { db, retention }
+    pub fn new(db: Database, retention: Retention, quota: Quota) -> Self {
+        Self {
+            db,
+            retention,
+            quota,
+        }
     }
 
     pub fn retention(&self) -> Retention {
@@ -65,31 +76,66 @@ impl PostgresResponseStore {
 #[async_trait]
 impl ResponseStore for PostgresResponseStore {
     async fn put(&self, stored: StoredResponse) -> Result<(), StoreError> {
+        let bytes = size_of(&stored);
+        self.quota.admit(bytes)?;
         // JSON text cast to jsonb in the statement: the pool's sqlx has no JSON type support.
         let response = serde_json::to_string(&stored.response).map_err(malformed)?;
         let items = serde_json::to_string(&stored.input_items).map_err(malformed)?;
-        let written = self
-            .db
-            .bounded(
-                sqlx::query(
-                    "INSERT INTO stored_responses (id, account_id, created_at, response, input_items)
-                     VALUES ($1, $2, $3, $4::jsonb, $5::jsonb)
-                     ON CONFLICT (id) DO UPDATE SET
-                         created_at = EXCLUDED.created_at,
-                         response = EXCLUDED.response,
-                         input_items = EXCLUDED.input_items
-                     WHERE stored_responses.account_id = EXCLUDED.account_id",
-                )
-                .bind(&stored.id)
-                .bind(&stored.account_id)
-                .bind(to_micros(stored.created_at))
-                .bind(response)
-                .bind(items)
-                .execute(self.db.pool()),
+        let room = self.quota.account_max_bytes - bytes;
+        let pool = self.db.pool();
+        let put = async {
+            let mut tx = pool.begin().await?;
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock(hashtextextended('stored_responses:' || $1, 0))",
             )
-            .await
-            .map_err(unavailable)?
+            .bind(&stored.account_id)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await?;
+            // Keeps the newest rows that fit in the room the new one leaves; a row the put
+            // replaces is not counted, since it goes anyway.
+            sqlx::query(
+                "DELETE FROM stored_responses WHERE id IN (
+                    SELECT id FROM (
+                        SELECT id, sum(bytes) OVER (ORDER BY created_at DESC, id DESC) AS held
+                        FROM stored_responses WHERE account_id = $1 AND id <> $2
+                    ) newest WHERE held > $3)",
+            )
+            .bind(&stored.account_id)
+            .bind(&stored.id)
+            .bind(to_db(room as u64))
+            .persistent(false)
+            .execute(&mut *tx)
+            .await?;
+            let written = sqlx::query(
+                "INSERT INTO stored_responses (id, account_id, created_at, response, input_items, bytes)
+                 VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, $6)
+                 ON CONFLICT (id) DO UPDATE SET
+                     created_at = EXCLUDED.created_at,
+                     response = EXCLUDED.response,
+                     input_items = EXCLUDED.input_items,
+                     bytes = EXCLUDED.bytes
+                 WHERE stored_responses.account_id = EXCLUDED.account_id",
+            )
+            .bind(&stored.id)
+            .bind(&stored.account_id)
+            .bind(to_micros(stored.created_at))
+            .bind(response)
+            .bind(items)
+            .bind(to_db(bytes as u64))
+            .persistent(false)
+            .execute(&mut *tx)
+            .await?
             .rows_affected();
+            if written == 0 {
+                // Another account's id: nothing of this account is evicted for it.
+                tx.rollback().await?;
+            } else {
+                tx.commit().await?;
+            }
+            Ok::<_, sqlx::Error>(written)
+        };
+        let written = self.db.bounded(put).await.map_err(unavailable)?;
         if written == 0 {
             return Err(StoreError::IdTaken(stored.id));
         }
@@ -137,5 +183,9 @@ impl ResponseStore for PostgresResponseStore {
             .map_err(unavailable)?
             .rows_affected();
         Ok(deleted > 0)
+    }
+
+    fn quota(&self) -> Quota {
+        self.quota
     }
 }

@@ -27,11 +27,12 @@ use crate::edge::body::{self, JsonBody};
 use crate::error::ApiError;
 use crate::ids;
 use crate::providers::ProviderError;
-use crate::responses_store::StoredResponse;
+use crate::responses_store::{json_len, StoreError, StoredResponse};
 use crate::state::TurnApi;
 use crate::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
 use crate::wire::one_or_many::StringOr;
 use crate::wire::responses::translate::{self, normalized_items, Labeled};
+use crate::wire::responses::unsent::unsent_text;
 use crate::wire::responses::{
     InputItem, ResponseObject, ResponsesRequest, Sequenced, Status, StreamEvent, SummaryMode,
 };
@@ -93,6 +94,14 @@ pub async fn create(
     let store = req.store.unwrap_or(true);
     let mut input_items = inherited;
     input_items.extend(normalized_items(raw.get("input").unwrap_or(&Value::Null)));
+    // What is stored and never sent is billed as input; a response whose input alone is past
+    // the account's quota is refused before anything is billed.
+    let unsent_input = if store {
+        state.responses.quota().admit(json_len(&input_items))?;
+        unsent_text(&raw, &translated.skipped)
+    } else {
+        String::new()
+    };
     let summary = req
         .reasoning
         .as_ref()
@@ -116,6 +125,7 @@ pub async fn create(
             open_max_tokens: translated.open_max_tokens,
             anthropic_beta: None,
             conversation: req.prompt_cache_key.clone(),
+            unsent_input,
         },
     )
     .await?;
@@ -187,8 +197,10 @@ struct Keep {
 
 impl Keep {
     /// Stores the response before the client sees it finished, so that it can be retrieved or
-    /// continued as soon as it is. A store failure loses the stored copy, not the answer.
-    async fn put(self, assembler: &Assembler) {
+    /// continued as soon as it is. A store that fails is the client's error (503, or 413 past
+    /// the quota), never a response whose id then reads as absent. The turn was generated and
+    /// settled before: the error says what it was billed.
+    async fn put(self, assembler: &Assembler) -> Result<(), ApiError> {
         let stored = StoredResponse {
             id: assembler.response.id.clone(),
             account_id: self.account_id,
@@ -196,10 +208,26 @@ impl Keep {
             response: assembler.stored(),
             input_items: self.input_items,
         };
-        if let Err(e) = self.state.responses.put(stored).await {
-            tracing::warn!(error = %e, "could not store a response");
-        }
+        self.state
+            .responses
+            .put(stored)
+            .await
+            .map_err(|e| not_stored(e, assembler))
     }
+}
+
+fn not_stored(e: StoreError, assembler: &Assembler) -> ApiError {
+    let credits = assembler
+        .response
+        .usage
+        .as_ref()
+        .map_or(0, |u| u.credits_consumed);
+    let mut error = ApiError::from(e);
+    error.message = format!(
+        "{}; response {} was generated and billed {credits} credits but is not stored",
+        error.message, assembler.response.id
+    );
+    error
 }
 
 async fn complete(
@@ -219,7 +247,7 @@ async fn complete(
         }
         if step.done {
             if let Some(keep) = keep {
-                keep.put(&assembler).await;
+                keep.put(&assembler).await?;
             }
             return Ok(assembler.response);
         }
@@ -239,18 +267,24 @@ fn events(
             yield sse(&event, &mut sequence);
         }
         while let Some(event) = turn_events.next().await {
-            let step = assembler.step(event);
+            let mut step = assembler.step(event);
             let finished = step.done && step.failed.is_none();
             if finished {
                 if let Some(keep) = keep.take() {
-                    keep.put(&assembler).await;
+                    if let Err(error) = keep.put(&assembler).await {
+                        // Everything but the closing `response.completed`, then the failure.
+                        step.events.pop();
+                        let failed = assembler.fail(error);
+                        step.events.extend(failed.events);
+                        step.failed = failed.failed;
+                    }
                 }
             }
             for event in &step.events {
                 yield sse(event, &mut sequence);
             }
-            // A response that tells its bill (a stream cut by shutdown) ends on `response.failed`,
-            // not on an error event without it.
+            // A response that tells its bill (a stream cut by shutdown, or one billed but not
+            // stored) ends on `response.failed`, not on an error event without it.
             if let Some(error) = step.failed.filter(|_| assembler.response.usage.is_none()) {
                 let data = error.responses_stream_error(sequence);
                 sequence += 1;

@@ -135,25 +135,28 @@ impl Assembler {
             TurnEvent::Interrupted { usage } => {
                 // A stream cut short: its failed response tells what the part sent was billed.
                 self.response.usage = Some(self.usage(&usage));
-                self.fail(ApiError::interrupted_stream(), &mut step);
+                return self.fail(ApiError::interrupted_stream());
             }
-            TurnEvent::Failed(error) => self.fail(ApiError::from(error), &mut step),
+            TurnEvent::Failed(error) => return self.fail(ApiError::from(error)),
         }
         step
     }
 
-    /// Ends the response `failed` with `error`.
-    fn fail(&mut self, error: ApiError, step: &mut Step) {
+    /// Ends the response as failed: `response.failed`, then (written by the caller) the
+    /// stream's `error` event unless the failure told a bill.
+    pub fn fail(&mut self, error: ApiError) -> Step {
         self.response.status = Status::Failed;
         self.response.error = Some(ResponseError {
             code: "server_error",
             message: error.message.clone(),
         });
-        step.events.push(StreamEvent::Failed {
-            response: self.response.clone(),
-        });
-        step.failed = Some(error);
-        step.done = true;
+        Step {
+            events: vec![StreamEvent::Failed {
+                response: self.response.clone(),
+            }],
+            failed: Some(error),
+            done: true,
+        }
     }
 
     /// The response as stored: reasoning items always carry their sealed thinking.

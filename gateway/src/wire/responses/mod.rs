@@ -6,6 +6,7 @@
 //! known field is malformed: serde names its path (`input[2].call_id: invalid type ...`).
 
 pub mod translate;
+pub mod unsent;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -37,6 +37,9 @@ pub struct Translated {
     /// The client left `max_output_tokens` out: reserve as chat completions does.
     pub open_max_tokens: bool,
     pub names: ToolNames,
+    /// The paths of the items that carried nothing for the model (hosted-tool calls and their
+    /// outputs, reasoning without sealed thinking): stored, never sent.
+    pub skipped: Vec<String>,
 }
 
 /// Upstream tool names and the (namespace, name) the client knows them by: a namespaced
@@ -127,6 +130,7 @@ pub fn translate(
     }
     // Calls of hosted tools are skipped, and so are their outputs, wherever they come from.
     let mut hosted_calls: HashSet<String> = HashSet::new();
+    let mut skipped = Vec::new();
     for Labeled { path, item } in items {
         let call_id = item.call_id.clone().unwrap_or_default();
         match item.kind {
@@ -134,19 +138,22 @@ pub fn translate(
                 if !call_id.is_empty() {
                     hosted_calls.insert(call_id);
                 }
+                skipped.push(path);
                 continue;
             }
             Some(ItemKind::FunctionCallOutput | ItemKind::CustomToolCallOutput)
                 if hosted_calls.contains(&call_id) =>
             {
+                skipped.push(path);
                 continue;
             }
             _ => {}
         }
-        if let Some((role, blocks)) = item_blocks(item, &path, sealer)? {
-            if !blocks.is_empty() {
+        match item_blocks(item, &path, sealer)? {
+            Some((role, blocks)) if !blocks.is_empty() => {
                 Message::append(&mut messages, role, blocks);
             }
+            _ => skipped.push(path),
         }
     }
 
@@ -187,6 +194,7 @@ pub fn translate(
         request,
         open_max_tokens: max_tokens.is_none(),
         names,
+        skipped,
     })
 }
 
