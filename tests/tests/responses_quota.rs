@@ -178,8 +178,19 @@ async fn a_store_write_that_fails_is_a_503_naming_its_bill_and_never_a_200_whose
     let stream = assemble_response_stream(&stream.collect().await);
     lock.release().await;
     assert_eq!(stream.end, "response.failed", "{:?}", stream.names());
-    let error = stream.error.expect("an error event after response.failed");
-    let (stream_id, stream_credits) = named_in(error["message"].as_str().unwrap_or_default());
+    // A failed response that tells its bill ends on `response.failed` (docs/ledger.md), its
+    // message in the response's `error` and its bill in `usage`, with no error event after it.
+    assert!(stream.error.is_none(), "{:?}", stream.names());
+    let message = stream.response["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    let (stream_id, stream_credits) = named_in(message);
+    assert_eq!(
+        stream.response["usage"]["credits_consumed"].as_u64(),
+        Some(stream_credits),
+        "{}",
+        stream.response
+    );
 
     // The database answers again after its failing window (one timeout).
     tokio::time::sleep(Duration::from_millis(1500)).await;
