@@ -16,6 +16,7 @@ mod eight_pods;
 mod errors;
 mod fuzz;
 mod helm_install;
+mod hostile_bodies;
 mod key_controls;
 mod ledger_allotments;
 mod ledger_cli;
