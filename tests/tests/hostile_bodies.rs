@@ -37,7 +37,7 @@ fn head(path: &str, headers: &[(&str, &str)], length: usize) -> String {
 
 /// Reads until the server closes the connection (or [`NO_HANG`] passes): the answer, or
 /// `None` when the server kept the connection open.
-async fn answer(reader: &mut (impl AsyncReadExt + Unpin)) -> Option<String> {
+async fn read_answer(reader: &mut (impl AsyncReadExt + Unpin)) -> Option<String> {
     let mut buf = Vec::new();
     tokio::time::timeout(NO_HANG, async {
         let mut chunk = [0u8; 4096];
@@ -78,7 +78,7 @@ async fn trickle_a_sign_in(api: SocketAddr) -> Option<String> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    let answer = answer(&mut reader).await;
+    let answer = read_answer(&mut reader).await;
     trickle.abort();
     answer
 }
@@ -248,34 +248,34 @@ async fn a_body_needing_more_than_the_whole_budget_is_413_before_it_is_read() {
     assert!(message.contains("memory"), "{message}");
 }
 
+/// The input tokens count_tokens finds in `body`.
+async fn input_tokens(gw: &Gateway, body: Vec<u8>) -> u64 {
+    let request = gw
+        .request(
+            reqwest::Method::POST,
+            "/v1/messages/count_tokens",
+            Some(&gw.key),
+        )
+        .header("content-type", "application/json")
+        .body(body);
+    let answer = tokio::time::timeout(NO_HANG, gw.send(request))
+        .await
+        .expect("counting did not finish");
+    answer.expect_ok()["input_tokens"]
+        .as_u64()
+        .expect("input_tokens")
+}
+
 #[tokio::test]
 async fn counting_a_15_mib_word_costs_memory_and_cpu_in_proportion_to_its_size() {
     let gw = Gateway::builder().dev_enterprise().start().await;
-    let count = |body: Vec<u8>| {
-        let request = gw
-            .request(
-                reqwest::Method::POST,
-                "/v1/messages/count_tokens",
-                Some(&gw.key),
-            )
-            .header("content-type", "application/json")
-            .body(body);
-        async move {
-            let answer = tokio::time::timeout(NO_HANG, gw.send(request))
-                .await
-                .expect("counting did not finish");
-            answer.expect_ok()["input_tokens"]
-                .as_u64()
-                .expect("input_tokens")
-        }
-    };
     let started = gw.cpu_time();
-    let spaced_tokens = count(count_body_of(15 * MIB, "hello ")).await;
+    let spaced_tokens = input_tokens(&gw, count_body_of(15 * MIB, "hello ")).await;
     let spaced_cpu = gw.cpu_time() - started;
 
     let before = gw.peak_rss();
     let started = gw.cpu_time();
-    let word_tokens = count(count_body_of(15 * MIB, "a")).await;
+    let word_tokens = input_tokens(&gw, count_body_of(15 * MIB, "a")).await;
     let word_cpu = gw.cpu_time() - started;
     let grown = gw.peak_rss().saturating_sub(before);
     eprintln!(
@@ -313,7 +313,7 @@ async fn unsigned_webhooks_are_refused_before_their_body_is_read() {
     let json = [("content-type", "application/json")];
     let unsigned = head("/webhooks/payments", &json, 60 * 1024);
     stream.write_all(unsigned.as_bytes()).await.expect("write");
-    let answer = answer(&mut stream).await.expect("the answer");
+    let answer = read_answer(&mut stream).await.expect("the answer");
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     envelope_of(&answer);
     // Signed, but larger than any payment event: 413 before a byte of it is read.
@@ -329,7 +329,7 @@ async fn unsigned_webhooks_are_refused_before_their_body_is_read() {
     ];
     let large = head("/webhooks/payments", &signed, 4 * MIB);
     stream.write_all(large.as_bytes()).await.expect("write");
-    let answer = answer(&mut stream).await.expect("the answer");
+    let answer = read_answer(&mut stream).await.expect("the answer");
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     envelope_of(&answer);
 }
@@ -341,7 +341,7 @@ async fn a_form_larger_than_the_forms_cap_is_413_before_it_is_read() {
     let form_type = [("content-type", "application/x-www-form-urlencoded")];
     let large = head("/developers/sign-up", &form_type, 15 * MIB);
     stream.write_all(large.as_bytes()).await.expect("write");
-    let answer = answer(&mut stream).await.expect("the answer");
+    let answer = read_answer(&mut stream).await.expect("the answer");
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
 
@@ -357,4 +357,32 @@ async fn a_path_parameter_that_does_not_decode_is_refused_in_the_envelope() {
         .admin_send(gw.admin_request(reqwest::Method::GET, "/admin/accounts/%FF"))
         .await;
     answer.expect_error(400, "invalid_request_error");
+}
+
+#[tokio::test]
+async fn counting_stops_when_its_client_hangs_up() {
+    let gw = Gateway::builder().dev_enterprise().start().await;
+    let body = count_body_of(15 * MIB, "a");
+    let mut stream = TcpStream::connect(addr(&gw.api)).await.expect("connect");
+    let auth = format!("Bearer {}", gw.key);
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let head = head("/v1/messages/count_tokens", &headers, body.len());
+    stream.write_all(head.as_bytes()).await.expect("write");
+    stream.write_all(&body).await.expect("write");
+    // Long enough for the body to be parsed and the counting to start; then hang up.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after_hang_up = gw.cpu_time();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let since = gw.cpu_time() - after_hang_up;
+    eprintln!("benchmark: CPU used in the 3 s after the client hung up: {since:?}");
+    // An idle gateway: well under a core-second in three seconds.
+    assert!(
+        since < Duration::from_millis(1_000),
+        "the gateway used {since:?} of CPU after its client left"
+    );
 }
