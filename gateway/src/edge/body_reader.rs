@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use axum::body::{Body, BodyDataStream};
+use axum::body::{Body, BodyDataStream, HttpBody};
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_LENGTH;
 use futures::StreamExt;
@@ -107,6 +107,11 @@ impl<S: Send + Sync> FromRequest<S> for UnreadBody {
 }
 
 impl UnreadBody {
+    /// Refuses a declared length over the cap, before anything else is checked.
+    pub fn check_declared(&self) -> Result<(), BodyError> {
+        self.bounds.check_declared()
+    }
+
     /// The whole body, under its bounds (a declared length over the cap refused first).
     pub async fn read(self) -> Result<Vec<u8>, BodyError> {
         self.bounds.read(self.body).await
@@ -135,7 +140,12 @@ impl Bounds {
                 .headers()
                 .get(CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<usize>().ok()),
+                .and_then(|v| v.parse::<usize>().ok())
+                // A body built in process, or whose framing fixes its length, says it itself.
+                .or_else(|| {
+                    let exact = req.body().size_hint().exact()?;
+                    usize::try_from(exact).ok()
+                }),
             deadline: BodyDeadline::of(req),
             held: req.extensions().get::<Held>().cloned(),
         }

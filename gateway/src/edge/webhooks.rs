@@ -21,6 +21,7 @@ pub async fn payments(
     headers: HeaderMap,
     body: UnreadBody,
 ) -> Result<Json<Value>, ApiError> {
+    body.check_declared()?;
     let Some(secret) = state.payment_webhook_secret.as_deref() else {
         return Err(ApiError::not_found("no such path"));
     };
@@ -41,6 +42,7 @@ pub async fn stripe(
     headers: HeaderMap,
     body: UnreadBody,
 ) -> Result<Json<Value>, ApiError> {
+    body.check_declared()?;
     let Some(stripe) = state.payments.stripe.as_deref() else {
         return Err(ApiError::not_found("no such path"));
     };
