@@ -4,7 +4,8 @@
 //! the async workers; and the memory such jobs take (argon2 alone takes 19 MiB) stays bounded
 //! whatever the concurrency.
 
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use thiserror::Error;
 use tokio::sync::Semaphore;
@@ -32,4 +33,39 @@ pub async fn run<T: Send + 'static>(
         tracing::error!(error = %e, "a CPU-bound job failed");
         JobFailed
     })
+}
+
+/// Set when whoever awaited a job of [`run_abandonable`] has gone (its client hung up); the
+/// job checks it between steps and stops.
+#[derive(Debug, Default)]
+pub struct Abandoned(AtomicBool);
+
+impl Abandoned {
+    /// A flag never set, for work done in place.
+    pub fn never() -> &'static Self {
+        static NEVER: Abandoned = Abandoned(AtomicBool::new(false));
+        &NEVER
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Sets its flag when dropped: when the future awaiting the job is.
+struct AbandonOnDrop(Arc<Abandoned>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0 .0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// [`run`], for a job that stops early (checking its [`Abandoned`]) once nobody awaits it.
+pub async fn run_abandonable<T: Send + 'static>(
+    job: impl FnOnce(&Abandoned) -> T + Send + 'static,
+) -> Result<T, JobFailed> {
+    let abandoned = Arc::new(Abandoned::default());
+    let _guard = AbandonOnDrop(abandoned.clone());
+    run(move || job(&abandoned)).await
 }

@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::client_address::Peer;
-use crate::edge::body::BodyDeadline;
+use crate::edge::body_reader::BodyDeadline;
 use crate::state::AppState;
 use crate::{admin, api, telemetry};
 
@@ -65,6 +65,8 @@ pub struct Edge {
     pub header_read_timeout: Duration,
     pub body: BodyDeadline,
     pub max_connections: usize,
+    /// The process' memory budget for request bodies (`edge::budget`).
+    pub body_memory_budget_mib: usize,
 }
 
 /// File descriptors kept free of client connections: the admin listener and its probes,
@@ -200,6 +202,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     let shutdown = state.shutdown().clone();
     tokio::spawn(watch_signals(shutdown.clone(), listen.delay, listen.grace));
     let edge = listen.edge;
+    crate::edge::budget::configure(edge.body_memory_budget_mib);
     let max_connections = connection_cap(edge.max_connections);
     if max_connections < edge.max_connections {
         tracing::warn!(
@@ -229,7 +232,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
     };
     let admin = serve_http1(
         admin_listener,
-        admin::router(state.clone(), &listen.admin_token),
+        admin::router(state.clone(), &listen.admin_token).layer(axum::Extension(edge.body)),
         probes_closing(),
         Http1Limits {
             header_read_timeout: edge.header_read_timeout,

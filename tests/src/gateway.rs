@@ -489,6 +489,45 @@ impl Gateway {
         self.child.id().expect("gateway still running") as i32
     }
 
+    /// The process' peak resident memory so far (`VmHWM`), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        self.proc_status_kib("VmHWM:") * 1024
+    }
+
+    /// The process' resident memory now (`VmRSS`), in bytes.
+    pub fn rss(&self) -> u64 {
+        self.proc_status_kib("VmRSS:") * 1024
+    }
+
+    fn proc_status_kib(&self, field: &str) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{field} in /proc/{}/status", self.pid()))
+    }
+
+    /// The CPU time the process has used so far (user and system, from `/proc/<pid>/stat`).
+    pub fn cpu_time(&self) -> Duration {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("proc stat");
+        // Fields after the command name (which may hold spaces), from field 3: utime is 14,
+        // stime 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks: u64 = fields[11..13]
+            .iter()
+            .map(|f| f.parse::<u64>().expect("a tick count"))
+            .sum();
+        // SAFETY: sysconf reads a constant of the system.
+        let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_millis(ticks * 1000 / per_sec)
+    }
+
     /// SIGKILL (no shutdown, no grace: a crashed pod), then reaps the process.
     pub async fn kill_9(&mut self) {
         // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).

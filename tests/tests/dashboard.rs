@@ -448,22 +448,11 @@ async fn sign_ups_from_one_client_address_are_throttled_across_pods_before_any_a
     }
 }
 
-/// The peak resident memory of a process (VmHWM), in bytes.
-fn peak_rss(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmHWM")
-        * 1024
-}
-
 #[tokio::test]
 async fn memory_stays_bounded_under_150_concurrent_sign_ins_for_unknown_emails() {
     // 150 clients (each its own address), so that no per-client throttle refuses any.
     let gw = behind_a_trusted_proxy().await;
-    let before = peak_rss(gw.pid());
+    let before = gw.peak_rss();
     let attempts = (0..150).map(|i| {
         let gw = &gw;
         async move {
@@ -480,7 +469,7 @@ async fn memory_stays_bounded_under_150_concurrent_sign_ins_for_unknown_emails()
     });
     let statuses = futures::future::join_all(attempts).await;
     assert!(statuses.iter().all(|&s| s == 401), "{statuses:?}");
-    let grown = peak_rss(gw.pid()).saturating_sub(before);
+    let grown = gw.peak_rss().saturating_sub(before);
     eprintln!(
         "benchmark: peak RSS grew by {} MiB over 150 concurrent sign-ins",
         grown / (1024 * 1024)

@@ -18,6 +18,7 @@ mod eight_pods;
 mod errors;
 mod fuzz;
 mod helm_install;
+mod hostile_bodies;
 mod image;
 mod ingress_brake;
 mod key_controls;

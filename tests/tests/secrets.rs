@@ -234,3 +234,24 @@ async fn standalone_warns_loudly_when_it_seeds_the_public_example_key() {
         "the warning names the id, not the secret"
     );
 }
+
+#[tokio::test]
+async fn a_refused_secret_flag_is_named_but_its_value_never_printed() {
+    for flag in [
+        "--admin-token",
+        "--payment-webhook-secret",
+        "--responses-secret",
+        "--dev-key",
+    ] {
+        let mut args = vec!["standalone"];
+        args.extend(LOOPBACK);
+        args.extend([flag, "short-CANARY"]);
+        let (code, stderr) = run_to_exit(&args, &[]).await;
+        assert_eq!(code, Some(2), "{flag}: {stderr}");
+        assert!(stderr.contains(flag), "the refusal names {flag}: {stderr}");
+        assert!(
+            !stderr.contains("CANARY"),
+            "the refused value of {flag} was printed: {stderr}"
+        );
+    }
+}

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{FromRef, Path, Request, State};
+use axum::extract::{FromRef, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use crds::config::SCOPES;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -17,6 +17,9 @@ use subtle::ConstantTimeEq;
 use crate::api::{method_not_allowed, not_found};
 use crate::auth::{self, KeySpec};
 use crate::edge::body::JsonBody;
+use crate::edge::body_reader::BodyCap;
+use crate::edge::budget;
+use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::payments;
 use crate::state::{AdminState, AppState};
@@ -46,6 +49,8 @@ pub fn router(state: AppState, token: &str) -> Router {
         .route("/admin/keys/{id}", delete(revoke_key))
         .route("/admin/messages/{id}", get(message))
         .route_layer(from_fn_with_state(admin.clone(), require_token))
+        .layer(Extension(BodyCap::ADMIN))
+        .layer(axum::middleware::from_fn(budget::hold))
         // Probes and the scrape need no token: the admin port is never exposed outside.
         .merge(scrape_and_probes())
         .with_state(admin)

@@ -1,5 +1,5 @@
-//! The public `/v1` API: routes, and the layers every request passes (body cap, auth,
-//! rate-limit headers, panic guard). Every non-2xx leaves as the spec's error envelope; under
+//! The public `/v1` API: routes, and the layers every request passes (each surface's body cap
+//! and the body memory budget, auth, rate-limit headers, panic guard). Every non-2xx leaves as the spec's error envelope; under
 //! `/v1` even unknown paths and wrong methods need a key, like every `/v1/*` request.
 
 mod account;
@@ -15,11 +15,12 @@ use axum::http::HeaderValue;
 use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Extension, Router};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::edge::{auth, body, pre_admission, rate_limit_headers, request_telemetry, webhooks};
+use crate::edge::body_reader::BodyCap;
+use crate::edge::{auth, budget, pre_admission, rate_limit_headers, request_telemetry, webhooks};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::{dashboard, version};
@@ -49,6 +50,7 @@ pub fn router(state: AppState) -> Router {
         .route("/usage", get(usage::get))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(Extension(BodyCap::API))
         .layer(from_fn_with_state(state.clone(), auth::layer))
         .layer(from_fn_with_state(state.clone(), rate_limit_headers::layer))
         .layer(SetResponseHeaderLayer::overriding(
@@ -57,12 +59,21 @@ pub fn router(state: AppState) -> Router {
         ));
     Router::new()
         .nest("/v1", v1)
-        .merge(dashboard::router())
-        .route("/webhooks/payments", post(webhooks::payments))
-        .route("/webhooks/stripe", post(webhooks::stripe))
+        .merge(dashboard::router().layer(Extension(BodyCap::FORM)))
+        .route(
+            "/webhooks/payments",
+            post(webhooks::payments).layer(Extension(BodyCap::WEBHOOK)),
+        )
+        .route(
+            "/webhooks/stripe",
+            post(webhooks::stripe).layer(Extension(BodyCap::WEBHOOK)),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        // Every body is read by `edge::body_reader`; should one of axum's own extractors ever
+        // read one, it gets the smallest cap.
+        .layer(DefaultBodyLimit::max(BodyCap::FORM.0))
+        .layer(axum::middleware::from_fn(budget::hold))
         .layer(axum::middleware::from_fn(header_limit))
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("handler panicked");

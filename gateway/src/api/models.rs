@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::routing::Model;
 use crate::state::TurnApi;

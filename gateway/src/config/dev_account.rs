@@ -2,14 +2,14 @@
 
 use clap::Args;
 
-use super::secrets::dev_key;
+use super::secrets::DEV_KEY;
 
 #[derive(Debug, Args)]
 pub struct DevAccountArgs {
     /// The development API key to create (`sk-svc-` and at least 20 characters); without it,
     /// `standalone` makes a random one and shows it once on the ready line, and `serve` creates
     /// no dev account.
-    #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true, value_parser = dev_key)]
+    #[arg(long, env = "GATEWAY_DEV_KEY", hide_env_values = true, value_parser = DEV_KEY)]
     pub dev_key: Option<String>,
     /// A confirmed top-up of the development account, in US dollars (0: none), as if it had
     /// paid: its key starts at the tier that top-up gives (the default, $10, gives

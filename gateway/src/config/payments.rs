@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::secrets::long_secret;
+use super::secrets::LONG_SECRET;
 use crate::payments::stripe::StripeConfig;
 
 /// Shared by the payment paths and `accounts topup`, which must credit alike.
@@ -25,7 +25,7 @@ pub struct PaymentsArgs {
         long,
         env = "GATEWAY_PAYMENT_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_parser = long_secret
+        value_parser = LONG_SECRET
     )]
     pub payment_webhook_secret: Option<String>,
     /// Stripe secret API key (`sk_live_...`, `sk_test_...` or a restricted `rk_...` key that

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::secrets::long_secret;
+use super::secrets::LONG_SECRET;
 use crate::responses_store::{MemoryLimits, Quota, Retention};
 use crate::seal::Sealer;
 
@@ -18,7 +18,7 @@ pub struct ResponsesArgs {
         long,
         env = "GATEWAY_RESPONSES_SECRET",
         hide_env_values = true,
-        value_parser = long_secret
+        value_parser = LONG_SECRET
     )]
     pub responses_secret: Option<String>,
     /// How long a stored response (`store: true`) can be retrieved or continued; older ones

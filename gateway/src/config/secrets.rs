@@ -1,5 +1,11 @@
 //! Value parsers of the secrets given on the command line: refused at start when empty, short
-//! or malformed (the message names the flag, never the value).
+//! or malformed (the message names the flag, never the value: clap's own message for a
+//! refused value quotes it, so these build theirs).
+
+use std::ffi::OsStr;
+
+use clap::builder::TypedValueParser;
+use clap::error::ErrorKind;
 
 /// The shortest admin token, webhook secret or responses secret accepted. An empty one used to
 /// turn admin authentication off or let anyone sign a webhook; a short one can be guessed.
@@ -9,18 +15,55 @@ pub const MIN_DEV_KEY_CHARS: usize = 20;
 /// What every API key starts with, so that secret scanners recognise a leaked one.
 pub const KEY_PREFIX: &str = "sk-svc-";
 
-pub(super) fn long_secret(value: &str) -> Result<String, String> {
+/// The value parser of a secret flag: `check` says why a value is refused, and the refusal names
+/// the flag alone.
+#[derive(Clone, Copy)]
+pub(super) struct Secret {
+    check: fn(&str) -> Result<(), String>,
+}
+
+/// Parser of the admin token and the webhook and responses secrets.
+pub(super) const LONG_SECRET: Secret = Secret { check: long_secret };
+/// Parser of `--dev-key`.
+pub(super) const DEV_KEY: Secret = Secret { check: dev_key };
+
+impl TypedValueParser for Secret {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<String, clap::Error> {
+        let flag = arg.map_or_else(|| "a secret flag".to_owned(), |a| format!("'{a}'"));
+        let refuse = |why: String| {
+            clap::Error::raw(
+                ErrorKind::ValueValidation,
+                format!("invalid value for {flag}: {why}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let value = value
+            .to_str()
+            .ok_or_else(|| refuse("must be UTF-8 text".to_owned()))?;
+        (self.check)(value).map_err(refuse)?;
+        Ok(value.to_owned())
+    }
+}
+
+fn long_secret(value: &str) -> Result<(), String> {
     if value.trim().chars().count() < MIN_SECRET_CHARS {
         return Err(format!(
             "must be at least {MIN_SECRET_CHARS} characters (an empty or short secret would let \
              anyone in); generate one with `openssl rand -hex 24`"
         ));
     }
-    Ok(value.to_owned())
+    Ok(())
 }
 
-/// Value parser of `--dev-key`: it must look like the keys the gateway issues.
-pub(super) fn dev_key(value: &str) -> Result<String, String> {
+/// `--dev-key` must look like the keys the gateway issues.
+fn dev_key(value: &str) -> Result<(), String> {
     if !value.starts_with(KEY_PREFIX)
         || value.chars().count() < MIN_DEV_KEY_CHARS
         || value.chars().any(|c| c.is_whitespace() || c.is_control())
@@ -30,12 +73,27 @@ pub(super) fn dev_key(value: &str) -> Result<String, String> {
              without spaces, e.g. `{KEY_PREFIX}` followed by `openssl rand -hex 20`"
         ));
     }
-    Ok(value.to_owned())
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_secret_is_not_quoted_in_the_error() {
+        let cmd = clap::Command::new("gateway").arg(
+            clap::Arg::new("admin_token")
+                .long("admin-token")
+                .value_parser(LONG_SECRET),
+        );
+        let Err(e) = cmd.try_get_matches_from(["gateway", "--admin-token", "short-CANARY"]) else {
+            panic!("a short secret was accepted");
+        };
+        let text = e.render().to_string();
+        assert!(text.contains("--admin-token"), "{text}");
+        assert!(!text.contains("CANARY"), "{text}");
+    }
 
     #[test]
     fn empty_and_short_secrets_are_refused() {

@@ -7,9 +7,10 @@ use std::time::Duration;
 use clap::Args;
 use tokio::net::TcpListener;
 
-use super::secrets::long_secret;
+use super::secrets::LONG_SECRET;
 use crate::client_address::TrustedProxies;
-use crate::edge::body::BodyDeadline;
+use crate::edge::body_reader::BodyDeadline;
+use crate::edge::budget;
 use crate::serve;
 
 #[derive(Debug, Args)]
@@ -26,7 +27,7 @@ pub struct ServerArgs {
     pub metrics_listen: Option<SocketAddr>,
     /// Bearer token of the admin API (at least 16 characters); without it, `standalone` makes a
     /// random one and shows it once on the ready line, and `serve` refuses to start.
-    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true, value_parser = long_secret)]
+    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true, value_parser = LONG_SECRET)]
     pub admin_token: Option<String>,
     /// Seconds open streams may take to finish after SIGTERM.
     #[arg(long, env = "GATEWAY_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
@@ -50,6 +51,14 @@ pub struct ServerArgs {
     /// The slowest upload rate a request body may keep up past `--body-read-timeout-secs`.
     #[arg(long, env = "GATEWAY_BODY_MIN_BYTES_PER_SEC", default_value_t = 32 * 1024)]
     pub body_min_bytes_per_sec: u64,
+    /// MiB of memory for the request bodies being read, parsed and tokenized at once, across
+    /// all listeners; each body byte past the first 16 KiB counts four times (its parsed and
+    /// translated copies). Past it a large body waits two seconds, then gets 503 with
+    /// `Retry-After`; one that alone needs more gets 413. The default suits the chart's 1 GiB
+    /// memory limit.
+    #[arg(long, env = "GATEWAY_BODY_MEMORY_BUDGET_MIB", default_value_t = budget::DEFAULT_MIB,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_048_576))]
+    pub body_memory_budget_mib: usize,
     /// Open client connections of the public listener at most; more wait to be accepted.
     /// Lowered at start to leave 256 file descriptors (or a quarter of the limit, whichever is
     /// smaller) for the admin listener, probes, upstream, Redis and Postgres connections.
@@ -101,6 +110,7 @@ impl ServerArgs {
                 min_bytes_per_sec: self.body_min_bytes_per_sec.max(1),
             },
             max_connections: self.max_connections.max(1),
+            body_memory_budget_mib: self.body_memory_budget_mib,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use thiserror::Error;
 
+use crate::edge::body_reader::BodyError;
 use crate::limits::LimitError;
 use crate::usage_report::UsageError;
 use store::accounts::StoreError;
@@ -16,6 +17,9 @@ pub enum DashboardError {
     Csrf,
     #[error("the form could not be read; reload the page and try again")]
     BadForm,
+    /// Too large, too slow, or past the memory budget.
+    #[error(transparent)]
+    Body(#[from] BodyError),
     #[error("no such page")]
     NotFound,
     #[error("password hashing failed")]

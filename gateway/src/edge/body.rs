@@ -1,56 +1,14 @@
-//! The JSON body extractor of every POST: content type, the 16 MiB cap (413), and serde
-//! errors that name the field path (`messages[1].content[0].type: unknown variant ...`).
+//! The JSON extractor of every POST: content type, the body read by [`super::body_reader`]
+//! (its surface's cap, its deadline, the memory budget), and serde errors that name the field
+//! path (`messages[1].content[0].type: unknown variant ...`).
 
-use std::time::Duration;
-
-use tokio::time::Instant;
-
-use axum::body::{Body, BodyDataStream};
 use axum::extract::{FromRequest, Request};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use futures::StreamExt;
+use axum::http::header::CONTENT_TYPE;
 use serde::de::DeserializeOwned;
 
+use super::body_reader::read_request;
 use crate::cpu;
 use crate::error::ApiError;
-
-pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
-/// How much of an oversized body is read and dropped before the 413, and for how long: a
-/// client still uploading when the server closes gets a connection reset instead of the 413,
-/// so the gateway keeps reading (within these bounds) until the client can read its answer.
-const DRAIN_BYTES: usize = 4 * MAX_BODY_BYTES;
-const DRAIN_TIME: Duration = Duration::from_secs(5);
-
-/// How long a request body may take to arrive: `base`, plus a second for every
-/// `min_bytes_per_sec` bytes received, so a client that keeps up the minimum rate always gets
-/// its body in and one trickling a byte at a time is cut after `base`. Set by the server as a
-/// request extension; the default applies where none is set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BodyDeadline {
-    pub base: Duration,
-    pub min_bytes_per_sec: u64,
-}
-
-impl Default for BodyDeadline {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_secs(30),
-            min_bytes_per_sec: 32 * 1024,
-        }
-    }
-}
-
-impl BodyDeadline {
-    fn of(req: &Request) -> Self {
-        req.extensions().get::<Self>().copied().unwrap_or_default()
-    }
-
-    /// The time by which the body must be in, having received `received` bytes so far.
-    fn until(&self, started: Instant, received: usize) -> Instant {
-        let earned = Duration::from_secs_f64(received as f64 / self.min_bytes_per_sec as f64);
-        started + self.base + earned
-    }
-}
 
 pub struct JsonBody<T>(pub T);
 
@@ -78,70 +36,6 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Js
         // Parsing megabytes takes milliseconds to seconds: off the async workers.
         cpu::run(move || parse(&bytes)).await?.map(JsonBody)
     }
-}
-
-/// A body of any content type, read whole under the same cap and 413 as [`JsonBody`] (the
-/// payment webhook signs the raw bytes).
-pub struct RawBody(pub Vec<u8>);
-
-impl<S: Send + Sync> FromRequest<S> for RawBody {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        read_request(req).await.map(RawBody)
-    }
-}
-
-/// The request's whole body, under the cap, its declared length and its deadline.
-async fn read_request(req: Request) -> Result<Vec<u8>, ApiError> {
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    let deadline = BodyDeadline::of(&req);
-    read_capped(req.into_body(), declared, deadline).await
-}
-
-async fn read_capped(
-    body: Body,
-    declared: Option<usize>,
-    deadline: BodyDeadline,
-) -> Result<Vec<u8>, ApiError> {
-    let started = Instant::now();
-    let mut stream = body.into_data_stream();
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
-        drain(stream).await;
-        return Err(ApiError::too_large(MAX_BODY_BYTES));
-    }
-    let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(MAX_BODY_BYTES));
-    loop {
-        let until = deadline.until(started, bytes.len());
-        let Ok(next) = tokio::time::timeout_at(until, stream.next()).await else {
-            return Err(ApiError::body_timeout());
-        };
-        let Some(chunk) = next else { break };
-        let chunk = chunk.map_err(|_| ApiError::invalid("could not read the request body"))?;
-        if bytes.len() + chunk.len() > MAX_BODY_BYTES {
-            drain(stream).await;
-            return Err(ApiError::too_large(MAX_BODY_BYTES));
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok(bytes)
-}
-
-pub(crate) async fn drain(mut stream: BodyDataStream) {
-    let _ = tokio::time::timeout(DRAIN_TIME, async {
-        let mut read = 0;
-        while let Some(Ok(chunk)) = stream.next().await {
-            read += chunk.len();
-            if read > DRAIN_BYTES {
-                break;
-            }
-        }
-    })
-    .await;
 }
 
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {

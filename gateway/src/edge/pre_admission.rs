@@ -9,7 +9,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::body;
+use super::body_reader;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::limits::{AdmissionRequest, Snapshot};
@@ -49,7 +49,7 @@ pub async fn layer(State(state): State<Arc<Gate>>, req: Request, next: Next) -> 
         Err(e) => {
             // Read (and drop) what the client is still sending, within bounds, so that it can
             // read the 429 instead of a reset connection.
-            body::drain(req.into_body().into_data_stream()).await;
+            body_reader::drain(req.into_body().into_data_stream()).await;
             ApiError::from(e).into_response()
         }
     }

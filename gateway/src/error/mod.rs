@@ -2,6 +2,7 @@
 //! becomes a status, an `error.type` and a message. Internal detail (store errors, upstream
 //! bodies) is logged here and never put in a response.
 
+use axum::extract::rejection::PathRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -9,6 +10,8 @@ use serde::Serialize;
 use crate::auth::AuthError;
 use crate::cpu::JobFailed;
 use crate::dashboard::error::DashboardError;
+use crate::edge::body_reader::BodyError;
+use crate::edge::budget::{self, BudgetError};
 use crate::limits::LimitError;
 use crate::payments::{CheckoutError, PaymentError};
 use crate::providers::ProviderError;
@@ -88,29 +91,11 @@ impl ApiError {
         )
     }
 
-    pub fn too_large(limit_bytes: usize) -> Self {
-        Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorType::RequestTooLarge,
-            format!("request body exceeds the {limit_bytes} byte limit"),
-        )
-    }
-
     pub fn headers_too_large(limit_bytes: usize) -> Self {
         Self::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorType::InvalidRequestError,
             format!("request headers exceed the {limit_bytes} byte limit"),
-        )
-    }
-
-    /// The body did not arrive in time (see `--body-read-timeout-secs`); hyper then closes
-    /// the connection, since the rest of the body was never read.
-    pub fn body_timeout() -> Self {
-        Self::new(
-            StatusCode::REQUEST_TIMEOUT,
-            ErrorType::InvalidRequestError,
-            "the request body was not received in time; send it faster or in one piece",
         )
     }
 
@@ -204,6 +189,46 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+}
+
+impl From<BodyError> for ApiError {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::TooLarge { .. } | BodyError::Budget(BudgetError::TooLarge { .. }) => {
+                Self::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    ErrorType::RequestTooLarge,
+                    e.to_string(),
+                )
+            }
+            // hyper then closes the connection, since the rest of the body was never read.
+            BodyError::Timeout => Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                ErrorType::InvalidRequestError,
+                e.to_string(),
+            ),
+            BodyError::Unreadable => Self::invalid(e.to_string()),
+            BodyError::Budget(BudgetError::Busy) => Self {
+                retry_after_secs: Some(budget::RETRY_AFTER_SECS),
+                ..Self::unavailable(format!(
+                    "{e}; retry after {} second(s)",
+                    budget::RETRY_AFTER_SECS
+                ))
+            },
+        }
+    }
+}
+
+/// A path parameter that does not decode (`/v1/responses/%FF`): refused in the envelope, not
+/// with axum's plain text.
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        if e.status().is_server_error() {
+            tracing::error!(error = %e.body_text(), "a route's path parameters do not fit");
+            return Self::internal();
+        }
+        Self::invalid(format!("path: {}", e.body_text()))
     }
 }
 
@@ -443,6 +468,7 @@ impl From<DashboardError> for ApiError {
                 e.to_string(),
             ),
             DashboardError::BadForm => Self::invalid(e.to_string()),
+            DashboardError::Body(inner) => inner.into(),
             DashboardError::NotFound => Self::not_found(e.to_string()),
             DashboardError::PasswordHash => {
                 tracing::error!("password hashing failed");

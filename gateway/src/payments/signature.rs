@@ -46,8 +46,15 @@ pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
     )
 }
 
-/// Checks `header` against `body` at time `now` (unix seconds), in constant time.
-pub fn verify(secret: &str, header: &str, body: &[u8], now: i64) -> Result<(), SignatureError> {
+/// A signature header taken apart: its timestamp and its tags.
+struct Signed {
+    timestamp: i64,
+    tags: Vec<Vec<u8>>,
+}
+
+/// Takes `header` apart and checks its timestamp against `now`: all that can be checked
+/// without the body.
+fn parse(header: &str, now: i64) -> Result<Signed, SignatureError> {
     let mut timestamp = None;
     let mut tags = Vec::new();
     for part in header.split(',') {
@@ -66,17 +73,43 @@ pub fn verify(secret: &str, header: &str, body: &[u8], now: i64) -> Result<(), S
     if tags.is_empty() {
         return Err(SignatureError::Malformed);
     }
-    let expected = mac(secret, timestamp, body).ok_or(SignatureError::Mismatch)?;
-    if !tags
+    if (now - timestamp).abs() > TOLERANCE_SECS {
+        return Err(SignatureError::Expired);
+    }
+    Ok(Signed { timestamp, tags })
+}
+
+/// Checks `header` against `body` at time `now` (unix seconds), in constant time.
+pub fn verify(secret: &str, header: &str, body: &[u8], now: i64) -> Result<(), SignatureError> {
+    let signed = parse(header, now)?;
+    let expected = mac(secret, signed.timestamp, body).ok_or(SignatureError::Mismatch)?;
+    if !signed
+        .tags
         .iter()
         .any(|tag| expected.clone().verify_slice(tag).is_ok())
     {
         return Err(SignatureError::Mismatch);
     }
-    if (now - timestamp).abs() > TOLERANCE_SECS {
-        return Err(SignatureError::Expired);
-    }
     Ok(())
+}
+
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, SignatureError> {
+    headers
+        .get(name)
+        .ok_or(SignatureError::Missing)?
+        .to_str()
+        .map_err(|_| SignatureError::Malformed)
+}
+
+/// What can be checked of a delivery's signature header `name` before its body is read: that
+/// it is there, well formed and fresh. Unsigned or stale deliveries are refused without
+/// buffering their body.
+pub fn check_header(headers: &HeaderMap, name: &str) -> Result<(), SignatureError> {
+    parse(
+        header(headers, name)?,
+        OffsetDateTime::now_utc().unix_timestamp(),
+    )
+    .map(|_| ())
 }
 
 /// Checks the signature header `name` of a delivery against its raw `body`, now.
@@ -86,14 +119,9 @@ pub fn verify_delivery(
     name: &str,
     body: &[u8],
 ) -> Result<(), SignatureError> {
-    let header = headers
-        .get(name)
-        .ok_or(SignatureError::Missing)?
-        .to_str()
-        .map_err(|_| SignatureError::Malformed)?;
     verify(
         secret,
-        header,
+        header(headers, name)?,
         body,
         OffsetDateTime::now_utc().unix_timestamp(),
     )

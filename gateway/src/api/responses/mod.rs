@@ -11,7 +11,7 @@ mod output;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::Uri;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -24,6 +24,7 @@ use time::OffsetDateTime;
 use self::output::{Assembler, Shape};
 use crate::auth::Principal;
 use crate::edge::body::{self, JsonBody};
+use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::ids;
 use crate::providers::ProviderError;

@@ -1,0 +1,388 @@
+//! Hostile request bodies from clients that need no key or only a free one: every surface's
+//! body has a read deadline and a cap fitting it (the dashboard's forms and the webhooks
+//! small), the bodies read and parsed at once share one memory budget (past it 503 with
+//! `Retry-After`, a body larger than all of it 413), and counting the tokens of a body of any
+//! shape costs memory and CPU in proportion to its size. Memory is read from the gateway's
+//! `/proc/<pid>/status`; CPU time from `/proc/<pid>/stat` is compared with the same work on
+//! an ordinary body, never with a clock.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use e2e::response::assert_envelope;
+use e2e::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MIB: usize = 1024 * 1024;
+/// Generous "no hang" bound: how long a client waits before the test calls the server stuck.
+const NO_HANG: Duration = Duration::from_secs(60);
+
+fn addr(base: &str) -> SocketAddr {
+    base.trim_start_matches("http://")
+        .parse()
+        .expect("a socket address")
+}
+
+/// A request head declaring `length` body bytes.
+fn head(path: &str, headers: &[(&str, &str)], length: usize) -> String {
+    let mut head = format!("POST {path} HTTP/1.1\r\nhost: gateway\r\ncontent-length: {length}\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
+/// Reads until the server closes the connection (or [`NO_HANG`] passes): the answer, or
+/// `None` when the server kept the connection open.
+async fn read_answer(reader: &mut (impl AsyncReadExt + Unpin)) -> Option<String> {
+    let mut buf = Vec::new();
+    tokio::time::timeout(NO_HANG, async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match reader.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The envelope of a raw HTTP answer, checked.
+fn envelope_of(answer: &str) -> String {
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let text = body.lines().find(|l| l.starts_with('{')).unwrap_or(body);
+    assert_envelope(text)
+}
+
+/// Sends a form body to the sign-in page one byte every 200 ms; returns the gateway's answer
+/// once it closes the connection.
+async fn trickle_a_sign_in(api: SocketAddr) -> Option<String> {
+    let stream = TcpStream::connect(api).await.expect("connect");
+    let (mut reader, mut writer) = stream.into_split();
+    let form_type = [("content-type", "application/x-www-form-urlencoded")];
+    writer
+        .write_all(head("/developers/sign-in", &form_type, 4_000).as_bytes())
+        .await
+        .expect("write the head");
+    let trickle = tokio::spawn(async move {
+        for _ in 0..4_000 {
+            if writer.write_all(b"a").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let answer = read_answer(&mut reader).await;
+    trickle.abort();
+    answer
+}
+
+#[tokio::test]
+async fn trickled_form_bodies_are_cut_at_the_deadline_while_a_valid_key_is_served() {
+    const CONNECTIONS: usize = 20;
+    let gw = Gateway::builder()
+        .arg("--max-connections")
+        .arg(&CONNECTIONS.to_string())
+        .arg("--body-read-timeout-secs")
+        .arg("2")
+        .arg("--body-min-bytes-per-sec")
+        .arg("1024")
+        .start()
+        .await;
+    let api = addr(&gw.api);
+    // Every connection the listener takes, held by a sign-in form sent a byte at a time.
+    let tricklers: Vec<_> = (0..CONNECTIONS)
+        .map(|_| tokio::spawn(trickle_a_sign_in(api)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let served = tokio::time::timeout(NO_HANG, gw.get("/v1/models", &gw.key))
+        .await
+        .expect("a valid key's request waited behind the trickled forms");
+    served.expect_ok();
+    for trickler in tricklers {
+        let answer = trickler
+            .await
+            .expect("the trickler")
+            .expect("a trickled form held its connection open");
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+}
+
+/// A body of `size` bytes, the text of a count_tokens request: `word` repeated.
+fn count_body_of(size: usize, word: &str) -> Vec<u8> {
+    let text = word.repeat(size / word.len());
+    serde_json::to_vec(&count_body("svc/haiku", &text)).expect("JSON")
+}
+
+#[tokio::test]
+async fn stalled_large_bodies_hold_no_more_memory_than_the_body_budget() {
+    const BUDGET_MIB: u64 = 64;
+    const STALLED: usize = 40;
+    let gw = Gateway::builder()
+        .env("GATEWAY_BODY_MEMORY_BUDGET_MIB", BUDGET_MIB.to_string())
+        .dev_enterprise()
+        .start()
+        .await;
+    gw.count_tokens(&gw.key, &count_body("svc/haiku", "warm up"))
+        .await
+        .expect_ok();
+    let before = gw.peak_rss();
+    let api = addr(&gw.api);
+    // Each declares 15 MiB, sends 8 MiB of it and stalls.
+    let sent = Arc::new(vec![b' '; 8 * MIB]);
+    let auth = format!("Bearer {}", gw.key);
+    let stalled: Vec<_> = (0..STALLED)
+        .map(|_| {
+            let (sent, auth) = (sent.clone(), auth.clone());
+            tokio::spawn(async move {
+                let mut stream = TcpStream::connect(api).await.expect("connect");
+                let headers = [
+                    ("authorization", auth.as_str()),
+                    ("content-type", "application/json"),
+                ];
+                let head = head("/v1/messages/count_tokens", &headers, 15 * MIB);
+                let _ = tokio::time::timeout(NO_HANG, async {
+                    stream.write_all(head.as_bytes()).await?;
+                    stream.write_all(&sent).await
+                })
+                .await;
+                stream
+            })
+        })
+        .collect();
+    let mut open = Vec::new();
+    for stalled in stalled {
+        open.push(stalled.await.expect("a stalled client"));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let grown = gw.peak_rss().saturating_sub(before);
+    eprintln!(
+        "benchmark: {STALLED} stalled 15 MiB bodies (8 MiB sent each), budget {BUDGET_MIB} MiB: \
+         peak RSS +{} MiB",
+        grown / MIB as u64
+    );
+    assert!(
+        grown <= BUDGET_MIB * MIB as u64,
+        "peak RSS grew by {} MiB, past the {BUDGET_MIB} MiB budget",
+        grown / MIB as u64
+    );
+    // The stalled bodies keep no valid key out.
+    tokio::time::timeout(NO_HANG, gw.get("/v1/models", &gw.key))
+        .await
+        .expect("a valid key's request waited behind the stalled bodies")
+        .expect_ok();
+    drop(open);
+}
+
+#[tokio::test]
+async fn parallel_large_bodies_stay_within_the_budget_or_get_503_with_retry_after() {
+    const BUDGET_MIB: u64 = 128;
+    const PARALLEL: usize = 16;
+    let gw = Gateway::builder()
+        .env("GATEWAY_BODY_MEMORY_BUDGET_MIB", BUDGET_MIB.to_string())
+        .dev_enterprise()
+        .start()
+        .await;
+    gw.count_tokens(&gw.key, &count_body("svc/haiku", "warm up"))
+        .await
+        .expect_ok();
+    let before = gw.peak_rss();
+    let body = count_body_of(15 * MIB, "hello world ");
+    let requests = (0..PARALLEL).map(|_| {
+        let request = gw
+            .request(
+                reqwest::Method::POST,
+                "/v1/messages/count_tokens",
+                Some(&gw.key),
+            )
+            .header("content-type", "application/json")
+            .body(body.clone());
+        gw.send(request)
+    });
+    let answers = futures::future::join_all(requests).await;
+    let grown = gw.peak_rss().saturating_sub(before);
+    let counted = answers.iter().filter(|a| a.status == 200).count();
+    eprintln!(
+        "benchmark: {PARALLEL} parallel 15 MiB count_tokens, budget {BUDGET_MIB} MiB: \
+         {counted} counted, the rest 503; peak RSS +{} MiB",
+        grown / MIB as u64
+    );
+    assert!(counted > 0, "none was counted");
+    for answer in &answers {
+        if answer.status != 200 {
+            answer.expect_error(503, "api_error");
+            assert!(answer.retry_after() > 0, "{}", answer.text);
+        }
+    }
+    assert!(
+        grown <= BUDGET_MIB * MIB as u64,
+        "peak RSS grew by {} MiB, past the {BUDGET_MIB} MiB budget",
+        grown / MIB as u64
+    );
+}
+
+#[tokio::test]
+async fn a_body_needing_more_than_the_whole_budget_is_413_before_it_is_read() {
+    let gw = Gateway::builder()
+        .env("GATEWAY_BODY_MEMORY_BUDGET_MIB", "16")
+        .start()
+        .await;
+    let request = gw
+        .request(
+            reqwest::Method::POST,
+            "/v1/messages/count_tokens",
+            Some(&gw.key),
+        )
+        .header("content-type", "application/json")
+        .body(count_body_of(5 * MIB, "hello world "));
+    let message = gw
+        .send(request)
+        .await
+        .expect_error(413, "request_too_large");
+    assert!(message.contains("memory"), "{message}");
+}
+
+/// The input tokens count_tokens finds in `body`.
+async fn input_tokens(gw: &Gateway, body: Vec<u8>) -> u64 {
+    let request = gw
+        .request(
+            reqwest::Method::POST,
+            "/v1/messages/count_tokens",
+            Some(&gw.key),
+        )
+        .header("content-type", "application/json")
+        .body(body);
+    let answer = tokio::time::timeout(NO_HANG, gw.send(request))
+        .await
+        .expect("counting did not finish");
+    answer.expect_ok()["input_tokens"]
+        .as_u64()
+        .expect("input_tokens")
+}
+
+#[tokio::test]
+async fn counting_a_15_mib_word_costs_memory_and_cpu_in_proportion_to_its_size() {
+    let gw = Gateway::builder().dev_enterprise().start().await;
+    let started = gw.cpu_time();
+    let spaced_tokens = input_tokens(&gw, count_body_of(15 * MIB, "hello ")).await;
+    let spaced_cpu = gw.cpu_time() - started;
+
+    let before = gw.peak_rss();
+    let started = gw.cpu_time();
+    let word_tokens = input_tokens(&gw, count_body_of(15 * MIB, "a")).await;
+    let word_cpu = gw.cpu_time() - started;
+    let grown = gw.peak_rss().saturating_sub(before);
+    eprintln!(
+        "benchmark: count_tokens of 15 MiB: spaced {spaced_tokens} tokens, {spaced_cpu:?} CPU; \
+         one word {word_tokens} tokens, {word_cpu:?} CPU, peak RSS +{} MiB",
+        grown / MIB as u64
+    );
+    // Bytes bound the tokens of a byte-level BPE.
+    assert!(word_tokens > 0 && word_tokens <= 15 * MIB as u64);
+    // The spaced body's raw, parsed and counted copies; one word took +745 MiB.
+    assert!(
+        grown <= 128 * MIB as u64,
+        "peak RSS grew by {} MiB",
+        grown / MIB as u64
+    );
+    // One word took 60 times a spaced body's CPU (19.2 s against 0.3 s).
+    assert!(
+        word_cpu <= spaced_cpu * 10 + Duration::from_secs(1),
+        "one word took {word_cpu:?} of CPU, a spaced body {spaced_cpu:?}"
+    );
+}
+
+#[tokio::test]
+async fn unsigned_webhooks_are_refused_before_their_body_is_read() {
+    let gw = Gateway::builder()
+        .arg("--payment-webhook-secret")
+        .arg("whsec-0123456789abcdef")
+        .arg("--body-read-timeout-secs")
+        .arg("2")
+        .start()
+        .await;
+    let api = addr(&gw.api);
+    // No signature header, and a body that never comes: refused at once, not after 408.
+    let mut stream = TcpStream::connect(api).await.expect("connect");
+    let json = [("content-type", "application/json")];
+    let unsigned = head("/webhooks/payments", &json, 60 * 1024);
+    stream.write_all(unsigned.as_bytes()).await.expect("write");
+    let answer = read_answer(&mut stream).await.expect("the answer");
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    envelope_of(&answer);
+    // Signed, but larger than any payment event: 413 before a byte of it is read.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let signature = format!("t={now},v1=00");
+    let mut stream = TcpStream::connect(api).await.expect("connect");
+    let signed = [
+        ("content-type", "application/json"),
+        ("payment-signature", signature.as_str()),
+    ];
+    let large = head("/webhooks/payments", &signed, 4 * MIB);
+    stream.write_all(large.as_bytes()).await.expect("write");
+    let answer = read_answer(&mut stream).await.expect("the answer");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    envelope_of(&answer);
+}
+
+#[tokio::test]
+async fn a_form_larger_than_the_forms_cap_is_413_before_it_is_read() {
+    let gw = Gateway::start().await;
+    let mut stream = TcpStream::connect(addr(&gw.api)).await.expect("connect");
+    let form_type = [("content-type", "application/x-www-form-urlencoded")];
+    let large = head("/developers/sign-up", &form_type, 15 * MIB);
+    stream.write_all(large.as_bytes()).await.expect("write");
+    let answer = read_answer(&mut stream).await.expect("the answer");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_path_parameter_that_does_not_decode_is_refused_in_the_envelope() {
+    let gw = Gateway::start().await;
+    for path in ["/v1/responses/%FF", "/v1/responses/%FF/input_items"] {
+        let answer = gw.get(path, &gw.key).await;
+        let message = answer.expect_error(400, "invalid_request_error");
+        assert!(message.contains("path"), "{path}: {message}");
+    }
+    let answer = gw
+        .admin_send(gw.admin_request(reqwest::Method::GET, "/admin/accounts/%FF"))
+        .await;
+    answer.expect_error(400, "invalid_request_error");
+}
+
+#[tokio::test]
+async fn counting_stops_when_its_client_hangs_up() {
+    let gw = Gateway::builder().dev_enterprise().start().await;
+    let body = count_body_of(15 * MIB, "a");
+    let mut stream = TcpStream::connect(addr(&gw.api)).await.expect("connect");
+    let auth = format!("Bearer {}", gw.key);
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let head = head("/v1/messages/count_tokens", &headers, body.len());
+    stream.write_all(head.as_bytes()).await.expect("write");
+    stream.write_all(&body).await.expect("write");
+    // Long enough for the body to be parsed and the counting to start; then hang up.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after_hang_up = gw.cpu_time();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let since = gw.cpu_time() - after_hang_up;
+    eprintln!("benchmark: CPU used in the 3 s after the client hung up: {since:?}");
+    // An idle gateway: well under a core-second in three seconds.
+    assert!(
+        since < Duration::from_millis(1_000),
+        "the gateway used {since:?} of CPU after its client left"
+    );
+}
