@@ -190,7 +190,7 @@ async fn a_401_carries_the_client_addresses_rate_limit_headers() {
 }
 
 #[tokio::test]
-async fn an_address_past_its_unauthenticated_limit_is_429_whatever_key_it_sends() {
+async fn an_address_past_its_unauthenticated_limit_is_429_for_wrong_keys_and_serves_a_valid_one() {
     let router = router(&["--unauthenticated-per-minute", "2"]).await;
     let peer = "192.0.2.8:5000";
     let unauthenticated = || from_peer(request(Method::GET, "/v1/models", None, None), peer);
@@ -202,9 +202,20 @@ async fn an_address_past_its_unauthenticated_limit_is_429_whatever_key_it_sends(
     send(&router, unauthenticated())
         .await
         .expect_error(429, "rate_limit_error");
-    let resp = send(&router, from_peer(get("/v1/models"), peer)).await;
+    let wrong_key = request(
+        Method::GET,
+        "/v1/models",
+        Some("sk-svc-not-a-key-0000000000"),
+        None,
+    );
+    let resp = send(&router, from_peer(wrong_key, peer)).await;
     resp.expect_error(429, "rate_limit_error");
     assert!(resp.header("retry-after").is_some(), "{resp}");
+    // A valid key is served whatever its address's count: the address may be shared (an
+    // ingress, a NAT) and one client's wrong keys must lock no other client out.
+    send(&router, from_peer(get("/v1/models"), peer))
+        .await
+        .expect_ok();
     // Another address is not braked.
     send(&router, from_peer(get("/v1/models"), "192.0.2.9:5000"))
         .await
