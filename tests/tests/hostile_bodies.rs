@@ -248,6 +248,52 @@ async fn a_body_needing_more_than_the_whole_budget_is_413_before_it_is_read() {
     assert!(message.contains("memory"), "{message}");
 }
 
+/// A `/v1/messages` body with a tool whose schema holds `objects` one-key objects.
+fn tool_schema_body(objects: usize) -> Vec<u8> {
+    let items: Vec<_> = (0..objects)
+        .map(|i| serde_json::json!({"u": i % 10}))
+        .collect();
+    serde_json::to_vec(&serde_json::json!({
+        "model": "svc/haiku",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "t", "input_schema": {"type": "object", "enum": items}}],
+    }))
+    .expect("JSON")
+}
+
+#[tokio::test]
+async fn a_body_of_many_tiny_objects_is_charged_for_its_parsed_size_not_its_bytes() {
+    const BUDGET_MIB: usize = 64;
+    let gw = Gateway::builder()
+        .env("GATEWAY_BODY_MEMORY_BUDGET_MIB", BUDGET_MIB.to_string())
+        .dev_enterprise()
+        .start()
+        .await;
+    let post = |body: Vec<u8>| {
+        let request = gw
+            .request(reqwest::Method::POST, "/v1/messages", Some(&gw.key))
+            .header("content-type", "application/json")
+            .body(body);
+        gw.send(request)
+    };
+    // About 1 MiB, 4 MiB of budget by its bytes; parsed, 100,000 objects take ~150 MB.
+    let objects = tool_schema_body(100_000);
+    assert!(objects.len() * 4 < BUDGET_MIB * MIB / 8);
+    let message = post(objects.clone())
+        .await
+        .expect_error(413, "request_too_large");
+    assert!(message.contains("memory"), "{message}");
+    // The same bytes as text fit.
+    let text = serde_json::to_vec(&serde_json::json!({
+        "model": "svc/haiku",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hello ".repeat(objects.len() / 6)}],
+    }))
+    .expect("JSON");
+    post(text).await.expect_ok();
+}
+
 /// The input tokens count_tokens finds in `body`.
 async fn input_tokens(gw: &Gateway, body: Vec<u8>) -> u64 {
     let request = gw

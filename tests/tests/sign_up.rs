@@ -5,9 +5,16 @@
 //! of the sign-up that asked for it, once. A stranger's wrong passwords never lock the owner
 //! out from their own address. The mails are read from the gateway's log (no mail server).
 
-use e2e::visitor::{hidden_csrf, mails_to, new_email, Visitor, PASSWORD, VERIFY_PATH};
+use std::time::Duration;
+
+use e2e::visitor::{
+    hidden_csrf, mails_to, new_email, verification_link, Visitor, PASSWORD, VERIFY_PATH,
+};
 use e2e::*;
 use serde_json::json;
+use store::accounts::KeyHash;
+use store::db::Database;
+use store::developers::{DeveloperStore, PostgresDeveloperStore};
 
 /// The squatter's password: not the owner's.
 const SQUATTER_PASSWORD: &str = "squatter's own password";
@@ -170,6 +177,48 @@ async fn the_admin_api_gives_no_key_or_top_up_to_an_account_whose_email_is_unver
         .admin_post("/admin/keys", &json!({ "account_id": account_id }))
         .await;
     assert_eq!(key.status, 201, "{}", key.text);
+}
+
+#[tokio::test]
+async fn sign_up_credits_lost_to_a_crash_after_the_confirmation_are_granted_at_sign_in_once() {
+    const CREDITS: &str = "500";
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| {
+        b.database(&pg.url()).env("GATEWAY_SIGNUP_CREDITS", CREDITS)
+    })
+    .await;
+    let gw = &cluster.pods[0];
+    let email = new_email();
+    let (status, _, _) = sign_up_with(&mut Visitor::new(gw), &email, PASSWORD).await;
+    assert_eq!(status, 200);
+    let balance = || async {
+        pg.query(&format!(
+            "SELECT a.balance FROM accounts a JOIN dashboard_users u ON u.account_id = a.id \
+             WHERE u.email = '{email}'"
+        ))
+        .await
+    };
+    // The confirmation commits (the store's own statement, as a pod runs it) and the pod stops
+    // before it grants.
+    let link = verification_link(gw, &email).await;
+    let token = &link[link.find("token=").expect("a token") + "token=".len()..];
+    let db = Database::connect(&pg.url(), 1, Duration::from_secs(5)).expect("database url");
+    let verified = PostgresDeveloperStore::new(db)
+        .verify_email(&KeyHash::of(token))
+        .await
+        .expect("verified");
+    assert!(verified.is_some(), "the link verified nobody");
+    assert_eq!(balance().await, "0");
+
+    // The first sign-in grants what the confirmation could not; the next ones, nothing.
+    for _ in 0..3 {
+        let (status, page) = Visitor::new(gw).sign_in(&email, PASSWORD).await;
+        assert_eq!(status, 303, "{page}");
+        assert_eq!(balance().await, CREDITS);
+    }
+    let (status, _) = Visitor::new(gw).verify_email(&email).await;
+    assert_eq!(status, 410, "a spent link");
+    assert_eq!(balance().await, CREDITS);
 }
 
 #[tokio::test]

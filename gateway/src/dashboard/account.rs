@@ -5,8 +5,9 @@
 //! Sign-up answers alike whatever the email, so it tells nobody which emails have accounts:
 //! it mails a verification link (a new user, or one not verified yet) or a notice (a verified
 //! one), and signs nobody in. Following the link verifies the email, sets the password chosen
-//! with that sign-up and grants the sign-up credits; until then the account takes no keys and
-//! no credits from anyone.
+//! with that sign-up and grants the sign-up credits (once per user, asked again at sign-in in
+//! case a crash fell between the two); until then the account takes no keys and no credits
+//! from anyone.
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use crate::limits::{AddressBrake, LimitError};
 use crate::state::DashboardState;
 use store::accounts::KeyHash;
 use store::developers::{EmailVerification, User};
+use store::ledger::signup_grant;
 
 const MIN_PASSWORD_CHARS: usize = 10;
 const MAX_PASSWORD_CHARS: usize = 256;
@@ -340,12 +342,7 @@ pub async fn verify_email(
             ),
         ));
     };
-    // A link verifies a user once (the store takes only unverified users), so this is granted
-    // once.
-    state
-        .ledger
-        .grant(&user.account_id, state.config.signup_credits)
-        .await?;
+    grant_signup_credits(&state, &user).await?;
     Ok(with_status(
         StatusCode::OK,
         bare(
@@ -356,6 +353,19 @@ pub async fn verify_email(
             },
         ),
     ))
+}
+
+/// Grants a verified user's sign-up credits, once whatever happens: asked when the link is
+/// followed, and again at each sign-in, in case the process stopped between the two.
+async fn grant_signup_credits(state: &DashboardState, user: &User) -> Result<(), DashboardError> {
+    let credits = state.config.signup_credits;
+    if credits > 0 {
+        state
+            .ledger
+            .grant_once(&user.account_id, credits, &signup_grant(&user.id))
+            .await?;
+    }
+    Ok(())
 }
 
 /// Counts an attempt against the client address under `brake`: how long to wait when it is
@@ -440,6 +450,9 @@ pub async fn sign_in(
                 .developers
                 .clear_sign_in_failures(&email, from)
                 .await?;
+            if user.email_verified_at.is_some() {
+                grant_signup_credits(&state, &user).await?;
+            }
             let cookie = session::start(&state, &headers, &user).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())
         }

@@ -2,7 +2,8 @@
 //! deadline ([`BodyDeadline`]) and the process' memory budget ([`super::budget`]): a declared
 //! length over the cap is refused before anything is read, a body that grows past it is cut,
 //! one that trickles past its deadline gets 408 (and its connection is closed, the rest of the
-//! body unread). No surface reads a body any other way.
+//! body unread); a whole body then holds the budget its parsed form needs. No surface reads a
+//! body any other way.
 
 use std::time::Duration;
 
@@ -195,6 +196,9 @@ impl Bounds {
             }
             bytes.extend_from_slice(&chunk);
         }
+        // Only now is the body's shape known: many small values parse to far more memory
+        // than their bytes.
+        reservation.grow_to_parsed(&bytes).await?;
         if let Some(held) = &self.held {
             held.keep(reservation);
         }

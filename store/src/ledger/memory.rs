@@ -34,6 +34,8 @@ pub struct MemoryLedger {
     /// Per key: the month its spend counts, and that spend. Locked after its account's
     /// balance entry, as the Postgres statements lock the rows.
     keys: DashMap<String, (Date, KeySpend)>,
+    /// The references of the grants made once.
+    grants: DashMap<String, ()>,
 }
 
 impl Default for MemoryLedger {
@@ -49,6 +51,7 @@ impl Default for MemoryLedger {
             reversals: DashMap::new(),
             usage: DashMap::new(),
             keys: DashMap::new(),
+            grants: DashMap::new(),
         }
     }
 }
@@ -158,6 +161,27 @@ impl Ledger for MemoryLedger {
         let mut balance = self.balances.entry(account_id.to_owned()).or_default();
         balance.balance += credits;
         Ok(*balance)
+    }
+
+    async fn grant_once(
+        &self,
+        account_id: &str,
+        credits: u64,
+        reference: &str,
+    ) -> Result<bool, LedgerError> {
+        // The reference's entry stays locked while the balance is credited, so a concurrent
+        // call waits and then finds it taken.
+        match self.grants.entry(reference.to_owned()) {
+            dashmap::Entry::Occupied(_) => Ok(false),
+            dashmap::Entry::Vacant(vacant) => {
+                self.balances
+                    .entry(account_id.to_owned())
+                    .or_default()
+                    .balance += credits;
+                vacant.insert(());
+                Ok(true)
+            }
+        }
     }
 
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError> {

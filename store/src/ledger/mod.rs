@@ -296,6 +296,11 @@ pub struct UsageRow {
     pub totals: UsageTotals,
 }
 
+/// The reference under which a dashboard user's sign-up credits are granted, once.
+pub fn signup_grant(user_id: &str) -> String {
+    format!("signup:{user_id}")
+}
+
 #[async_trait]
 pub trait Ledger: Send + Sync {
     /// Whether the store behind the ledger answers now (readiness); in-process ones always do.
@@ -308,6 +313,15 @@ pub trait Ledger: Send + Sync {
 
     /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
     async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
+    /// Grants `credits` once per `reference` (a sign-up's credits: [`signup_grant`]), however
+    /// often or concurrently it is asked: true when this call credited the account. A caller
+    /// that may have crashed before its grant asks again.
+    async fn grant_once(
+        &self,
+        account_id: &str,
+        credits: u64,
+        reference: &str,
+    ) -> Result<bool, LedgerError>;
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError>;
     /// Confirms a top-up once per payment reference, crediting the account (what it owes
     /// first) and its lifetime top-up; a replay returns the first confirmation and changes

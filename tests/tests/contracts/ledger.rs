@@ -148,6 +148,36 @@ async fn a_new_account_holds_nothing_and_a_grant_adds_to_its_balance(books: Book
     );
 }
 
+async fn a_grant_by_reference_credits_once_however_often_and_concurrently_asked(books: Books) {
+    let account = books.account(0).await;
+    let reference = unique("signup");
+    let books = Arc::new(books);
+    let asked = join_all((0..16).map(|_| {
+        let (books, account, reference) = (books.clone(), account.clone(), reference.clone());
+        async move { books.ledger.grant_once(&account, 700, &reference).await }
+    }))
+    .await;
+    let credited = asked
+        .into_iter()
+        .map(|a| a.expect("grant_once"))
+        .filter(|credited| *credited)
+        .count();
+    assert_eq!(credited, 1);
+    assert_eq!(books.money(&account).await, (700, 0));
+    assert!(!books
+        .ledger
+        .grant_once(&account, 700, &reference)
+        .await
+        .expect("grant_once"));
+    let other = unique("signup");
+    assert!(books
+        .ledger
+        .grant_once(&account, 300, &other)
+        .await
+        .expect("grant_once"));
+    assert_eq!(books.money(&account).await, (1_000, 0));
+}
+
 async fn a_top_up_is_credited_once_per_reference_and_a_reused_reference_is_refused(books: Books) {
     let account = books.account(0).await;
     let other = books.account(0).await;
@@ -474,6 +504,7 @@ e2e::contract! {
     fixtures { in_process, postgres, postgres_with_allotments }
     rules {
         a_new_account_holds_nothing_and_a_grant_adds_to_its_balance,
+        a_grant_by_reference_credits_once_however_often_and_concurrently_asked,
         a_top_up_is_credited_once_per_reference_and_a_reused_reference_is_refused,
         top_ups_are_listed_newest_first,
         a_reservation_holds_what_the_balance_allows_between_min_and_max,

@@ -730,6 +730,36 @@ impl Ledger for PostgresLedger {
         Ok(balance_of(&row).map_err(DbError::Sql)?)
     }
 
+    async fn grant_once(
+        &self,
+        account_id: &str,
+        credits: u64,
+        reference: &str,
+    ) -> Result<bool, LedgerError> {
+        // One statement: the reference's row and the credit commit together or not at all.
+        let credited = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "WITH granted AS (
+                         INSERT INTO ledger_grants (reference, account_id, credits)
+                         VALUES ($3, $1, $2)
+                         ON CONFLICT (reference) DO NOTHING
+                         RETURNING account_id, credits
+                     )
+                     UPDATE accounts a SET balance = a.balance + granted.credits
+                     FROM granted WHERE a.id = granted.account_id
+                     RETURNING a.id",
+                )
+                .bind(account_id)
+                .bind(to_db(credits))
+                .bind(reference)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(credited.is_some())
+    }
+
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError> {
         let row = self
             .db
