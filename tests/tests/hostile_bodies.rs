@@ -120,6 +120,12 @@ fn count_body_of(size: usize, word: &str) -> Vec<u8> {
     serde_json::to_vec(&count_body("svc/haiku", &text)).expect("JSON")
 }
 
+/// An enterprise key on each of `n` new accounts.
+async fn accounts_keys(gw: &Gateway, n: usize) -> Vec<ApiKey> {
+    let spec = KeySpec::tier("enterprise");
+    futures::future::join_all((0..n).map(|_| gw.new_key(1_000_000, &spec))).await
+}
+
 #[tokio::test]
 async fn stalled_large_bodies_hold_no_more_memory_than_the_body_budget() {
     const BUDGET_MIB: u64 = 64;
@@ -132,14 +138,16 @@ async fn stalled_large_bodies_hold_no_more_memory_than_the_body_budget() {
     gw.count_tokens(&gw.key, &count_body("svc/haiku", "warm up"))
         .await
         .expect_ok();
+    // One account each: one account's bodies are held to a quarter of the budget anyway.
+    let keys = accounts_keys(&gw, STALLED).await;
     let before = gw.peak_rss();
     let api = addr(&gw.api);
     // Each declares 15 MiB, sends 8 MiB of it and stalls.
     let sent = Arc::new(vec![b' '; 8 * MIB]);
-    let auth = format!("Bearer {}", gw.key);
-    let stalled: Vec<_> = (0..STALLED)
-        .map(|_| {
-            let (sent, auth) = (sent.clone(), auth.clone());
+    let stalled: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (sent, auth) = (sent.clone(), format!("Bearer {}", key.secret));
             tokio::spawn(async move {
                 let mut stream = TcpStream::connect(api).await.expect("connect");
                 let headers = [
@@ -192,14 +200,15 @@ async fn parallel_large_bodies_stay_within_the_budget_or_get_503_with_retry_afte
     gw.count_tokens(&gw.key, &count_body("svc/haiku", "warm up"))
         .await
         .expect_ok();
+    let keys = accounts_keys(&gw, PARALLEL).await;
     let before = gw.peak_rss();
     let body = count_body_of(15 * MIB, "hello world ");
-    let requests = (0..PARALLEL).map(|_| {
+    let requests = keys.iter().map(|key| {
         let request = gw
             .request(
                 reqwest::Method::POST,
                 "/v1/messages/count_tokens",
-                Some(&gw.key),
+                Some(&key.secret),
             )
             .header("content-type", "application/json")
             .body(body.clone());
@@ -292,6 +301,91 @@ async fn a_body_of_many_tiny_objects_is_charged_for_its_parsed_size_not_its_byte
     }))
     .expect("JSON");
     post(text).await.expect_ok();
+}
+
+/// Opens a connection that declares `length` body bytes of a count_tokens request with `key`,
+/// sends `sent` of them and waits; returns the reader for the answer and the writer, whose
+/// drop ends the body.
+async fn stall_a_body(
+    api: SocketAddr,
+    key: &str,
+    length: usize,
+    sent: usize,
+) -> (
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf,
+) {
+    let stream = TcpStream::connect(api).await.expect("connect");
+    let (reader, mut writer) = stream.into_split();
+    let auth = format!("Bearer {key}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let head = head("/v1/messages/count_tokens", &headers, length);
+    writer.write_all(head.as_bytes()).await.expect("the head");
+    writer.write_all(&vec![b' '; sent]).await.expect("the body");
+    (reader, writer)
+}
+
+#[tokio::test]
+async fn a_body_that_stops_sending_is_cut_after_the_idle_timeout_whatever_it_sent_before() {
+    let gw = Gateway::builder()
+        .arg("--body-read-timeout-secs")
+        .arg("600")
+        .arg("--body-idle-timeout-secs")
+        .arg("2")
+        .start()
+        .await;
+    // Half of 4 MiB at once earns minutes at the minimum rate; then nothing more comes.
+    let (mut reader, _writer) = stall_a_body(addr(&gw.api), &gw.key, 4 * MIB, 2 * MIB).await;
+    let answer = read_answer(&mut reader)
+        .await
+        .expect("the stalled body held its connection and its budget");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    envelope_of(&answer);
+}
+
+#[tokio::test]
+async fn one_accounts_stalled_bodies_never_keep_another_accounts_large_body_out() {
+    const BUDGET_MIB: usize = 64;
+    let gw = Gateway::builder()
+        .env("GATEWAY_BODY_MEMORY_BUDGET_MIB", BUDGET_MIB.to_string())
+        .arg("--body-idle-timeout-secs")
+        .arg("60")
+        .dev_enterprise()
+        .start()
+        .await;
+    let api = addr(&gw.api);
+    // Each declares 3 MiB (12 MiB of budget): five of them would hold 60 of the 64 MiB.
+    let mut stalled = Vec::new();
+    for _ in 0..5 {
+        stalled.push(stall_a_body(api, &gw.key, 3 * MIB, MIB).await);
+    }
+    // The account's first body is held; its others pass its quarter and are 503 at once.
+    let mut refused = 0;
+    for (reader, _) in stalled.iter_mut().skip(1) {
+        let answer = read_answer(reader).await.expect("an answer");
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        refused += 1;
+    }
+    assert_eq!(refused, 4);
+    let other = gw.new_key(1_000_000, &KeySpec::tier("enterprise")).await;
+    let request = gw
+        .request(
+            reqwest::Method::POST,
+            "/v1/messages/count_tokens",
+            Some(&other.secret),
+        )
+        .header("content-type", "application/json")
+        .body(count_body_of(3 * MIB, "hello world "));
+    let tokens = tokio::time::timeout(NO_HANG, gw.send(request))
+        .await
+        .expect("the other account's body waited")
+        .expect_ok()["input_tokens"]
+        .as_u64();
+    assert!(tokens.is_some_and(|t| t > 0));
+    drop(stalled);
 }
 
 /// The input tokens count_tokens finds in `body`.

@@ -51,9 +51,14 @@ pub struct ServerArgs {
     /// The slowest upload rate a request body may keep up past `--body-read-timeout-secs`.
     #[arg(long, env = "GATEWAY_BODY_MIN_BYTES_PER_SEC", default_value_t = 32 * 1024)]
     pub body_min_bytes_per_sec: u64,
+    /// Seconds a request body may send nothing before it is cut with 408, however much of it
+    /// has arrived.
+    #[arg(long, env = "GATEWAY_BODY_IDLE_TIMEOUT_SECS", default_value_t = 10)]
+    pub body_idle_timeout_secs: u64,
     /// MiB of memory for the request bodies being read, parsed and tokenized at once, across
-    /// all listeners; each body byte past the first 16 KiB counts four times (its parsed and
-    /// translated copies). Past it a large body waits two seconds, then gets 503 with
+    /// all listeners; a body counts four times its bytes (its parsed and translated copies)
+    /// plus what its JSON values and objects take parsed, and one account's bodies at most a
+    /// quarter of it. Past it a large body waits two seconds, then gets 503 with
     /// `Retry-After`; one that alone needs more gets 413. The default suits the chart's 1 GiB
     /// memory limit.
     #[arg(long, env = "GATEWAY_BODY_MEMORY_BUDGET_MIB", default_value_t = budget::DEFAULT_MIB,
@@ -108,6 +113,7 @@ impl ServerArgs {
             body: BodyDeadline {
                 base: Duration::from_secs(self.body_read_timeout_secs.max(1)),
                 min_bytes_per_sec: self.body_min_bytes_per_sec.max(1),
+                idle: Duration::from_secs(self.body_idle_timeout_secs.max(1)),
             },
             max_connections: self.max_connections.max(1),
             body_memory_budget_mib: self.body_memory_budget_mib,

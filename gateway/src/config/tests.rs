@@ -136,6 +136,11 @@ const COMMON: &[Flag] = &[
         "GATEWAY_BODY_MIN_BYTES_PER_SEC",
         Some("1024"),
     ),
+    (
+        "--body-idle-timeout-secs",
+        "GATEWAY_BODY_IDLE_TIMEOUT_SECS",
+        Some("5"),
+    ),
     ("--max-connections", "GATEWAY_MAX_CONNECTIONS", Some("99")),
     (
         "--trusted-proxies",
@@ -413,6 +418,7 @@ fn the_defaults_are_unchanged() {
         (30, 30)
     );
     assert_eq!(server.body_min_bytes_per_sec, 32 * 1024);
+    assert_eq!(server.body_idle_timeout_secs, 10);
     assert_eq!(server.max_connections, 10_000);
     assert!(server.trusted_proxies.is_empty());
     assert_eq!(common.catalog.manifests, Path::new("deploy/standalone"));

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::auth::{identify, identify_cached, permit, AuthError, Principal};
 use crate::client_address::{AddressBucket, ClientAddress};
+use crate::edge::budget::BudgetOwner;
 use crate::edge::rate_limit_headers;
 use crate::error::ApiError;
 use crate::limits::{standing_of, AddressLimit, LimitError};
@@ -50,6 +51,8 @@ pub async fn layer(State(state): State<Arc<Gate>>, mut req: Request, next: Next)
     let mut response = match permit(&principal, scope_of(req.uri().path())) {
         Ok(()) => {
             req.extensions_mut().insert(principal.clone());
+            let owner = BudgetOwner(Arc::from(principal.account.id.as_str()));
+            req.extensions_mut().insert(owner);
             next.run(req).await
         }
         Err(e) => ApiError::from(e).into_response(),

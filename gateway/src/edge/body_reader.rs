@@ -14,7 +14,7 @@ use futures::StreamExt;
 use thiserror::Error;
 use tokio::time::Instant;
 
-use super::budget::{BudgetError, Held, Reservation};
+use super::budget::{BudgetError, BudgetOwner, Held, Reservation};
 
 /// The largest body a surface accepts; set per surface as a request extension. Where none is
 /// set, the smallest ([`BodyCap::FORM`]) applies.
@@ -47,12 +47,15 @@ const DRAIN_TIME: Duration = Duration::from_secs(5);
 
 /// How long a request body may take to arrive: `base`, plus a second for every
 /// `min_bytes_per_sec` bytes received, so a client that keeps up the minimum rate always gets
-/// its body in and one trickling a byte at a time is cut after `base`. Set by the server as a
+/// its body in and one trickling a byte at a time is cut after `base`; and at most `idle`
+/// between two pieces, so a client that sends half its body fast and stalls does not hold its
+/// share of the memory budget for the time its first half earned. Set by the server as a
 /// request extension; the default applies where none is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BodyDeadline {
     pub base: Duration,
     pub min_bytes_per_sec: u64,
+    pub idle: Duration,
 }
 
 impl Default for BodyDeadline {
@@ -60,6 +63,7 @@ impl Default for BodyDeadline {
         Self {
             base: Duration::from_secs(30),
             min_bytes_per_sec: 32 * 1024,
+            idle: Duration::from_secs(10),
         }
     }
 }
@@ -131,6 +135,7 @@ struct Bounds {
     declared: Option<usize>,
     deadline: BodyDeadline,
     held: Option<Held>,
+    owner: Option<BudgetOwner>,
 }
 
 impl Bounds {
@@ -149,6 +154,7 @@ impl Bounds {
                 }),
             deadline: BodyDeadline::of(req),
             held: req.extensions().get::<Held>().cloned(),
+            owner: req.extensions().get::<BudgetOwner>().cloned(),
         }
     }
 
@@ -172,15 +178,16 @@ impl Bounds {
             return refuse(stream, e).await;
         }
         let mut reservation = match self.declared {
-            Some(n) => match Reservation::for_body(n).await {
+            Some(n) => match Reservation::for_body(self.owner.clone(), n).await {
                 Ok(reservation) => reservation,
                 Err(e) => return refuse(stream, e.into()).await,
             },
-            None => Reservation::default(),
+            None => Reservation::of(self.owner.clone()),
         };
         let mut bytes = Vec::with_capacity(self.declared.unwrap_or(0));
         loop {
-            let until = self.deadline.until(started, bytes.len());
+            let idle_until = Instant::now() + self.deadline.idle;
+            let until = self.deadline.until(started, bytes.len()).min(idle_until);
             let Ok(next) = tokio::time::timeout_at(until, stream.next()).await else {
                 return Err(BodyError::Timeout);
             };

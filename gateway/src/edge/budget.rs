@@ -5,8 +5,11 @@
 //! has its answer ([`hold`]). Past the budget a body waits [`WAIT`], then gets 503 with
 //! `Retry-After`; one that could never fit gets 413. Cheap bodies ([`FREE_BYTES`]: the forms,
 //! most `/v1` calls) take no share, so large bodies held open cannot keep them out; their
-//! memory is bounded by the connection cap instead.
+//! memory is bounded by the connection cap instead. One account ([`BudgetOwner`]) holds at
+//! most its first body or [`OWNER_SHARE`] of the budget, whichever is more, so one account's
+//! bodies held open cannot keep another account's large bodies out either.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -34,6 +37,10 @@ pub const BYTES_PER_OBJECT: usize = 1536;
 pub const FREE_BYTES: usize = 64 * 1024;
 /// How long a body waits for its share before the 503.
 pub const WAIT: Duration = Duration::from_secs(2);
+/// The fraction of the budget one account's bodies may hold together (beyond its first body,
+/// which may be as large as the budget allows): a quarter, so three other accounts' largest
+/// bodies still fit beside it.
+pub const OWNER_SHARE: usize = 4;
 /// What the 503 tells the client to wait.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -67,6 +74,8 @@ pub enum BudgetError {
 struct Budget {
     kib: Semaphore,
     total_kib: usize,
+    /// KiB held by each owner's bodies; an owner is removed when it holds none.
+    owners: Mutex<HashMap<BudgetOwner, usize>>,
 }
 
 impl Budget {
@@ -75,14 +84,53 @@ impl Budget {
         Self {
             kib: Semaphore::new(total_kib),
             total_kib,
+            owners: Mutex::default(),
+        }
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<BudgetOwner, usize>> {
+        // Each update is one map operation that cannot panic: a poisoned map is still whole.
+        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts `more` KiB against `owner`, whose body holds `held` already: refused when the
+    /// owner's other bodies hold some and all would pass its share.
+    fn take_share(&self, owner: &BudgetOwner, held: usize, more: usize) -> Result<(), BudgetError> {
+        let mut owners = self.owners();
+        let total = owners.entry(owner.clone()).or_default();
+        let others = *total - held;
+        if others > 0 && *total + more > self.total_kib / OWNER_SHARE {
+            if *total == 0 {
+                owners.remove(owner);
+            }
+            return Err(BudgetError::Busy);
+        }
+        *total += more;
+        Ok(())
+    }
+
+    fn give_share(&self, owner: &BudgetOwner, kib: usize) {
+        let mut owners = self.owners();
+        if let Some(total) = owners.get_mut(owner) {
+            *total = total.saturating_sub(kib);
+            if *total == 0 {
+                owners.remove(owner);
+            }
         }
     }
 }
+
+/// Whose bodies a body's share is counted with: its API key's account, set by `/v1`'s
+/// authentication before the body is read. Bodies without one (forms, webhooks, the admin
+/// API) are small or trusted, and count only against the whole budget.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BudgetOwner(pub Arc<str>);
 
 /// The share of the budget one body holds; given back on drop.
 #[derive(Debug, Default)]
 pub struct Reservation {
     permits: Option<SemaphorePermit<'static>>,
+    owner: Option<BudgetOwner>,
     /// Body bytes received so far (for the 413's message).
     body_bytes: usize,
 }
@@ -90,10 +138,22 @@ pub struct Reservation {
 impl Reservation {
     /// Takes the share of a body of `body_bytes` in all (its declared length), waiting
     /// at most [`WAIT`].
-    pub async fn for_body(body_bytes: usize) -> Result<Self, BudgetError> {
-        let mut reservation = Self::default();
+    pub async fn for_body(
+        owner: Option<BudgetOwner>,
+        body_bytes: usize,
+    ) -> Result<Self, BudgetError> {
+        let mut reservation = Self::of(owner);
         reservation.grow_to(body_bytes).await?;
         Ok(reservation)
+    }
+
+    /// A reservation holding nothing yet, counted with `owner`'s.
+    pub fn of(owner: Option<BudgetOwner>) -> Self {
+        Self {
+            permits: None,
+            owner,
+            body_bytes: 0,
+        }
     }
 
     /// Extends the share to cover a body of `body_bytes` so far (for bodies that declared no
@@ -124,11 +184,18 @@ impl Reservation {
                 budget_bytes: budget.total_kib * KIB,
             });
         }
-        let more = u32::try_from(needed - held).map_err(|_| BudgetError::Busy)?;
-        let permit = tokio::time::timeout(WAIT, budget.kib.acquire_many(more))
-            .await
-            .map_err(|_| BudgetError::Busy)?
-            .map_err(|_| BudgetError::Busy)?;
+        let more_kib = needed - held;
+        let more = u32::try_from(more_kib).map_err(|_| BudgetError::Busy)?;
+        if let Some(owner) = &self.owner {
+            budget.take_share(owner, held, more_kib)?;
+        }
+        let acquired = tokio::time::timeout(WAIT, budget.kib.acquire_many(more)).await;
+        let Ok(Ok(permit)) = acquired else {
+            if let Some(owner) = &self.owner {
+                budget.give_share(owner, more_kib);
+            }
+            return Err(BudgetError::Busy);
+        };
         match &mut self.permits {
             Some(held) => held.merge(permit),
             None => self.permits = Some(permit),
@@ -138,6 +205,14 @@ impl Reservation {
 
     fn held_kib(&self) -> usize {
         self.permits.as_ref().map_or(0, |p| p.num_permits())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(owner) = &self.owner {
+            budget().give_share(owner, self.held_kib());
+        }
     }
 }
 
