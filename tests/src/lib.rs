@@ -24,6 +24,7 @@
 //! - [`browser`]: headless chromium through chromedriver, for the dashboard.
 //! - [`visitor`]: a dashboard visitor over plain HTTP (sign-up, forms, checkouts).
 //! - [`stripe`]: a mock Stripe API and webhook sender speaking Stripe's wire format.
+//! - [`smtp`]: an SMTP server (aiosmtpd) keeping the dashboard's mail in a maildir.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
@@ -48,6 +49,7 @@ pub mod redis_cluster;
 pub mod response;
 pub mod scrape;
 pub mod server;
+pub mod smtp;
 pub mod sse;
 pub mod stripe;
 pub mod upstream;

@@ -63,8 +63,8 @@ pub async fn verification_link(gw: &Gateway, email: &str) -> String {
     .await
 }
 
-/// The verification link in a mail's log line.
-fn link_in(line: &str) -> Option<String> {
+/// The verification link in a mail (or the log line of one).
+pub fn link_in(line: &str) -> Option<String> {
     let path = line.find(&format!("{VERIFY_PATH}?token="))?;
     let start = line[..path].rfind("http")?;
     let token_start = path + VERIFY_PATH.len() + "?token=".len();
@@ -179,6 +179,11 @@ impl<'a> Visitor<'a> {
     /// and confirms. The confirmation's status and page.
     pub async fn verify_email(&mut self, email: &str) -> (u16, String) {
         let link = verification_link(self.gw, email).await;
+        self.follow_verification_link(&link).await
+    }
+
+    /// Opens a verification link and confirms on the page it opens: the status and page.
+    pub async fn follow_verification_link(&mut self, link: &str) -> (u16, String) {
         // Under the gateway's public URL, which routes to this gateway.
         let path = &link[link.find(VERIFY_PATH).unwrap_or_default()..];
         let (status, page) = self.get(path).await;

@@ -33,6 +33,7 @@ mod ledger_reaper;
 mod ledger_reversals;
 mod ledger_webhook;
 mod limits;
+mod mail_smtp;
 mod metrics;
 mod models;
 mod operator_cluster;

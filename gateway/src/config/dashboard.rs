@@ -1,7 +1,11 @@
 //! The dashboard's settings.
 
-use clap::Args;
+use std::sync::Arc;
 
+use clap::Args;
+use lettre::message::Mailbox;
+
+use crate::dashboard::mail::{LogMailer, Mailer, SmtpMailer, SmtpServer};
 use crate::dashboard::settings::PublicUrl;
 use crate::dashboard::DashboardConfig;
 
@@ -20,6 +24,22 @@ pub struct DashboardArgs {
     /// the API listener's own address (loopback when it listens on every address).
     #[arg(long, env = "GATEWAY_PUBLIC_URL", value_parser = public_url)]
     pub public_url: Option<String>,
+    /// The SMTP server that delivers the dashboard's mail (verification links):
+    /// `smtp://host:25`, `smtp://user:password@host:587?tls=required` (STARTTLS) or
+    /// `smtps://user:password@host:465`. Without it each mail is written to the log instead,
+    /// for the operator to deliver.
+    #[arg(long, env = "GATEWAY_SMTP_URL", hide_env_values = true, value_parser = SmtpServer::parse)]
+    pub smtp_url: Option<SmtpServer>,
+    /// The sender of the dashboard's mail.
+    #[arg(long, env = "GATEWAY_MAIL_FROM", default_value = "svc gateway <no-reply@localhost>",
+          value_parser = mailbox)]
+    pub mail_from: Mailbox,
+}
+
+fn mailbox(value: &str) -> Result<Mailbox, String> {
+    value
+        .parse()
+        .map_err(|e| format!("not a mailbox (`Name <address>` or `address`): {e}"))
 }
 
 fn public_url(value: &str) -> Result<String, String> {
@@ -37,6 +57,11 @@ impl From<&DashboardArgs> for DashboardConfig {
             secure_cookies: args.dashboard_secure_cookies,
             signup_credits: args.signup_credits,
             public_url: PublicUrl::configured(args.public_url.as_deref()),
+            mailer: match &args.smtp_url {
+                Some(server) => Arc::new(SmtpMailer::new(server.clone(), args.mail_from.clone()))
+                    as Arc<dyn Mailer>,
+                None => Arc::new(LogMailer),
+            },
         }
     }
 }

@@ -256,8 +256,11 @@ pub async fn sign_up(
     };
     if user.email_verified_at.is_some() {
         mail::send(
-            &state.config.public_url,
-            Mail::AlreadySignedUp { to: &email },
+            state.config.mailer.as_ref(),
+            Mail::AlreadySignedUp {
+                to: &email,
+                link: state.config.public_url.to("/developers/sign-in"),
+            },
         );
     } else {
         let token = ids::session_token();
@@ -271,10 +274,13 @@ pub async fn sign_up(
             })
             .await?;
         mail::send(
-            &state.config.public_url,
+            state.config.mailer.as_ref(),
             Mail::Verify {
                 to: &email,
-                token: &token,
+                link: state
+                    .config
+                    .public_url
+                    .to(&format!("{}?token={token}", mail::VERIFY_PATH)),
             },
         );
     }

@@ -1,44 +1,172 @@
 //! The emails the dashboard sends: the link that verifies an address, and the notice to an
-//! address that already has an account. No mail server is configured in this build: each is
-//! written to the log at info level (target `gateway::mail`), its link the only secret in it,
-//! for the operator to deliver by hand (and for tests to read).
+//! address that already has an account. Delivered by the [`Mailer`] chosen at start: an SMTP
+//! server (`--smtp-url`), or, without one, the log (info level, target `gateway::mail`, the
+//! link the only secret in it) for the operator to deliver by hand and for tests to read.
+//!
+//! Through SMTP a mail is sent in the background, so a slow mail server never holds a
+//! sign-up's answer (nor tells by its timing which answer it was); at most [`IN_FLIGHT`] at
+//! once, each within [`SEND_TIMEOUT`]. A mail that cannot be sent is logged without its link;
+//! its user signs up again for a new one.
 
-use super::settings::PublicUrl;
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
+use lettre::message::Mailbox;
+use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use thiserror::Error;
+use tokio::sync::Semaphore;
+
+/// A mail to write; each names its link, under the public URL.
 pub enum Mail<'a> {
     /// Confirms `to` for the sign-up that chose a password: the link verifies the address.
-    Verify { to: &'a str, token: &'a str },
-    /// Someone signed up with the address of an existing, verified account: its owner is told,
-    /// and nothing else happens.
-    AlreadySignedUp { to: &'a str },
+    Verify { to: &'a str, link: String },
+    /// Someone signed up with the address of an existing, verified account: its owner is told
+    /// (the link is the sign-in page), and nothing else happens.
+    AlreadySignedUp { to: &'a str, link: String },
 }
 
 /// The path of a verification link (under the public URL).
 pub const VERIFY_PATH: &str = "/developers/verify-email";
+/// Mails being sent at once; past it a mail is dropped (and logged as such).
+pub const IN_FLIGHT: usize = 32;
+/// How long one mail may take to reach the mail server.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn send(public_url: &PublicUrl, mail: Mail<'_>) {
+static SENDING: LazyLock<Arc<Semaphore>> = LazyLock::new(|| Arc::new(Semaphore::new(IN_FLIGHT)));
+
+/// One mail, written.
+#[derive(Debug)]
+pub struct Letter {
+    pub to: String,
+    pub subject: &'static str,
+    pub text: String,
+    /// The link the text names (a secret for a verification mail).
+    pub link: String,
+}
+
+#[derive(Debug, Error)]
+pub enum MailError {
+    #[error("the address is not a mailbox: {0}")]
+    Address(#[from] lettre::address::AddressError),
+    #[error("the mail could not be built: {0}")]
+    Build(#[from] lettre::error::Error),
+    #[error("the mail server refused or could not be reached: {0}")]
+    Smtp(#[from] lettre::transport::smtp::Error),
+}
+
+/// Where mail goes; chosen once at start. Sending never waits for delivery.
+pub trait Mailer: fmt::Debug + Send + Sync {
+    fn send(&self, letter: Letter);
+}
+
+/// No mail server: the log, at once.
+#[derive(Debug)]
+pub struct LogMailer;
+
+impl Mailer for LogMailer {
+    fn send(&self, letter: Letter) {
+        tracing::info!(
+            target: "gateway::mail",
+            to = letter.to,
+            subject = letter.subject,
+            link = %letter.link,
+            "mail: {}",
+            letter.text
+        );
+    }
+}
+
+/// An SMTP server (`--smtp-url`), sending from `--mail-from`.
+#[derive(Debug)]
+pub struct SmtpMailer {
+    server: SmtpServer,
+    from: Mailbox,
+}
+
+impl SmtpMailer {
+    pub fn new(server: SmtpServer, from: Mailbox) -> Self {
+        Self { server, from }
+    }
+
+    async fn deliver(server: SmtpServer, from: Mailbox, letter: Letter) -> Result<(), MailError> {
+        let message = Message::builder()
+            .from(from)
+            .to(Mailbox::new(None, letter.to.parse()?))
+            .subject(letter.subject)
+            .body(format!("{}\n\n{}\n", letter.text, letter.link))?;
+        server.0.send(message).await?;
+        Ok(())
+    }
+}
+
+impl Mailer for SmtpMailer {
+    fn send(&self, letter: Letter) {
+        let Ok(slot) = SENDING.clone().try_acquire_owned() else {
+            tracing::warn!(target: "gateway::mail", subject = letter.subject,
+                "mail not sent: {IN_FLIGHT} mails are being sent already");
+            return;
+        };
+        let (server, from) = (self.server.clone(), self.from.clone());
+        tokio::spawn(async move {
+            let subject = letter.subject;
+            let sent = tokio::time::timeout(SEND_TIMEOUT, Self::deliver(server, from, letter));
+            match sent.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(target: "gateway::mail", subject, error = %e, "mail not sent")
+                }
+                Err(_) => tracing::warn!(target: "gateway::mail", subject,
+                    "mail not sent: the mail server took too long"),
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// A mail server's transport, parsed from `--smtp-url` at start (so a bad URL stops the
+/// process then, not a sign-up later). Its `Debug` names nothing: the URL holds a password.
+#[derive(Clone)]
+pub struct SmtpServer(AsyncSmtpTransport<Tokio1Executor>);
+
+impl SmtpServer {
+    /// `smtp://host:port` (plain, or `?tls=required` for STARTTLS), `smtps://host:port` (TLS),
+    /// with `user:password@` when the server asks for it.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        AsyncSmtpTransport::<Tokio1Executor>::from_url(url)
+            .map(|builder| Self(builder.timeout(Some(SEND_TIMEOUT)).build()))
+            .map_err(|e| format!("not an SMTP URL: {e}"))
+    }
+}
+
+impl fmt::Debug for SmtpServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SmtpServer(..)")
+    }
+}
+
+/// Writes `mail` and hands it to `mailer`.
+pub fn send(mailer: &dyn Mailer, mail: Mail<'_>) {
+    mailer.send(letter(mail));
+}
+
+fn letter(mail: Mail<'_>) -> Letter {
     match mail {
-        Mail::Verify { to, token } => {
-            let link = public_url.to(&format!("{VERIFY_PATH}?token={token}"));
-            tracing::info!(
-                target: "gateway::mail",
-                to,
-                subject = "Confirm your email",
-                link = %link,
-                "mail: follow the link to confirm this address and finish signing up \
-                 (it works once, within 24 hours; ignore it if you did not sign up)"
-            );
-        }
-        Mail::AlreadySignedUp { to } => {
-            let sign_in = public_url.to("/developers/sign-in");
-            tracing::info!(
-                target: "gateway::mail",
-                to,
-                subject = "You already have an account",
-                link = %sign_in,
-                "mail: someone tried to sign up with this address, which already has an \
-                 account; sign in instead (nothing changed)"
-            );
-        }
+        Mail::Verify { to, link } => Letter {
+            to: to.to_owned(),
+            subject: "Confirm your email",
+            text: "Follow the link to confirm this address and finish signing up (it works \
+                   once, within 24 hours; ignore it if you did not sign up)."
+                .to_owned(),
+            link,
+        },
+        Mail::AlreadySignedUp { to, link } => Letter {
+            to: to.to_owned(),
+            subject: "You already have an account",
+            text: "Someone tried to sign up with this address, which already has an account; \
+                   sign in instead (nothing changed)."
+                .to_owned(),
+            link,
+        },
     }
 }

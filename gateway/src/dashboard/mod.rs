@@ -10,7 +10,7 @@ pub mod error;
 mod form;
 mod keys;
 mod layout;
-mod mail;
+pub mod mail;
 mod overview;
 mod session;
 pub mod settings;

@@ -2,16 +2,20 @@
 //! them without depending on the pages.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use super::mail::Mailer;
 
 /// Start-up settings of the dashboard.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct DashboardConfig {
     /// Mark cookies `Secure` on every request, not only those a proxy says came over https.
     pub secure_cookies: bool,
     /// apiCredits an account gets once its email is verified.
     pub signup_credits: u64,
     pub public_url: PublicUrl,
+    /// Where the verification links and notices go.
+    pub mailer: Arc<dyn Mailer>,
 }
 
 /// Where browsers reach the gateway: the base of the links the dashboard mails (email
