@@ -237,15 +237,16 @@ async fn standalone_warns_loudly_when_it_seeds_the_public_example_key() {
 
 #[tokio::test]
 async fn a_refused_secret_flag_is_named_but_its_value_never_printed() {
-    for flag in [
-        "--admin-token",
-        "--payment-webhook-secret",
-        "--responses-secret",
-        "--dev-key",
+    for (flag, value) in [
+        ("--admin-token", "short-CANARY"),
+        ("--payment-webhook-secret", "short-CANARY"),
+        ("--responses-secret", "short-CANARY"),
+        ("--dev-key", "short-CANARY"),
+        ("--smtp-url", "smtpx://user:CANARY@host"),
     ] {
         let mut args = vec!["standalone"];
         args.extend(LOOPBACK);
-        args.extend([flag, "short-CANARY"]);
+        args.extend([flag, value]);
         let (code, stderr) = run_to_exit(&args, &[]).await;
         assert_eq!(code, Some(2), "{flag}: {stderr}");
         assert!(stderr.contains(flag), "the refusal names {flag}: {stderr}");

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use clap::Args;
 use lettre::message::Mailbox;
 
+use super::secrets::SMTP_URL;
 use crate::dashboard::mail::{LogMailer, Mailer, SmtpMailer, SmtpServer};
 use crate::dashboard::settings::PublicUrl;
 use crate::dashboard::DashboardConfig;
@@ -28,7 +29,7 @@ pub struct DashboardArgs {
     /// `smtp://host:25`, `smtp://user:password@host:587?tls=required` (STARTTLS) or
     /// `smtps://user:password@host:465`. Without it each mail is written to the log instead,
     /// for the operator to deliver.
-    #[arg(long, env = "GATEWAY_SMTP_URL", hide_env_values = true, value_parser = SmtpServer::parse)]
+    #[arg(long, env = "GATEWAY_SMTP_URL", hide_env_values = true, value_parser = SMTP_URL)]
     pub smtp_url: Option<SmtpServer>,
     /// The sender of the dashboard's mail.
     #[arg(long, env = "GATEWAY_MAIL_FROM", default_value = "svc gateway <no-reply@localhost>",

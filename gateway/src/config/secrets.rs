@@ -7,6 +7,8 @@ use std::ffi::OsStr;
 use clap::builder::TypedValueParser;
 use clap::error::ErrorKind;
 
+use crate::dashboard::mail::SmtpServer;
+
 /// The shortest admin token, webhook secret or responses secret accepted. An empty one used to
 /// turn admin authentication off or let anyone sign a webhook; a short one can be guessed.
 pub const MIN_SECRET_CHARS: usize = 16;
@@ -15,27 +17,35 @@ pub const MIN_DEV_KEY_CHARS: usize = 20;
 /// What every API key starts with, so that secret scanners recognise a leaked one.
 pub const KEY_PREFIX: &str = "sk-svc-";
 
-/// The value parser of a secret flag: `check` says why a value is refused, and the refusal names
-/// the flag alone.
+/// The value parser of a secret flag: `parse` takes the value or says why it is refused, and
+/// the refusal names the flag alone.
 #[derive(Clone, Copy)]
-pub(super) struct Secret {
-    check: fn(&str) -> Result<(), String>,
+pub(super) struct Secret<T> {
+    parse: fn(&str) -> Result<T, String>,
 }
 
 /// Parser of the admin token and the webhook and responses secrets.
-pub(super) const LONG_SECRET: Secret = Secret { check: long_secret };
+pub(super) const LONG_SECRET: Secret<String> = Secret {
+    parse: |value| long_secret(value).map(|()| value.to_owned()),
+};
 /// Parser of `--dev-key`.
-pub(super) const DEV_KEY: Secret = Secret { check: dev_key };
+pub(super) const DEV_KEY: Secret<String> = Secret {
+    parse: |value| dev_key(value).map(|()| value.to_owned()),
+};
+/// Parser of `--smtp-url`, whose password is a secret too.
+pub(super) const SMTP_URL: Secret<SmtpServer> = Secret {
+    parse: SmtpServer::parse,
+};
 
-impl TypedValueParser for Secret {
-    type Value = String;
+impl<T: Clone + Send + Sync + 'static> TypedValueParser for Secret<T> {
+    type Value = T;
 
     fn parse_ref(
         &self,
         cmd: &clap::Command,
         arg: Option<&clap::Arg>,
         value: &OsStr,
-    ) -> Result<String, clap::Error> {
+    ) -> Result<T, clap::Error> {
         let flag = arg.map_or_else(|| "a secret flag".to_owned(), |a| format!("'{a}'"));
         let refuse = |why: String| {
             clap::Error::raw(
@@ -47,8 +57,7 @@ impl TypedValueParser for Secret {
         let value = value
             .to_str()
             .ok_or_else(|| refuse("must be UTF-8 text".to_owned()))?;
-        (self.check)(value).map_err(refuse)?;
-        Ok(value.to_owned())
+        (self.parse)(value).map_err(refuse)
     }
 }
 

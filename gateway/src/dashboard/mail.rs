@@ -135,7 +135,11 @@ impl SmtpServer {
     pub fn parse(url: &str) -> Result<Self, String> {
         AsyncSmtpTransport::<Tokio1Executor>::from_url(url)
             .map(|builder| Self(builder.timeout(Some(SEND_TIMEOUT)).build()))
-            .map_err(|e| format!("not an SMTP URL: {e}"))
+            // Not lettre's message: it may quote the URL, password and all.
+            .map_err(|_| {
+                "expected smtp://[user:password@]host[:port][?tls=required] or smtps://..."
+                    .to_owned()
+            })
     }
 }
 
