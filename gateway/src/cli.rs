@@ -5,10 +5,10 @@
 use serde_json::{json, Value};
 use thiserror::Error;
 
-use crate::auth::{self, KeySpec};
 use crate::config::commands::{AccountsCommand, KeysCommand, KindArg, MessagesCommand};
 use crate::config::database::DatabaseArgs;
-use crate::payments::{self, PaymentError, TopUpRequest};
+use gateway_core::auth::{self, KeySpec};
+use gateway_core::payments::{self, PaymentError, TopUpRequest};
 use store::accounts::promotion::{standing, ENTERPRISE};
 use store::accounts::{Account, Accounts, KeyKind, PostgresAccounts, StoreError};
 use store::db::{Database, DbError};

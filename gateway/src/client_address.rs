@@ -8,11 +8,10 @@
 //! the first untrusted address from the right is the client; what lies to the left of it is
 //! the client's own claim and is ignored.
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use http::{Extensions, HeaderMap};
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::IpNet;
 
 /// The peer of the connection a request came on, set by the listener on every request.
 #[derive(Clone, Copy, Debug)]
@@ -80,32 +79,6 @@ pub fn parse_network(value: &str) -> Result<IpNet, String> {
         .parse::<IpNet>()
         .or_else(|_| value.parse::<IpAddr>().map(IpNet::from))
         .map_err(|_| format!("`{value}` is neither an address nor a network like 10.0.0.0/8"))
-}
-
-/// What a per-address limit counts by: an IPv4 address, or the /64 network of an IPv6 one (a
-/// single host usually holds a whole /64, so counting its addresses one by one would give it
-/// 2^64 allowances).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct AddressBucket(IpNet);
-
-impl AddressBucket {
-    pub fn of(ip: IpAddr) -> Self {
-        match ip.to_canonical() {
-            IpAddr::V4(v4) => Self(IpNet::from(IpAddr::V4(v4))),
-            IpAddr::V6(v6) => Self(IpNet::V6(
-                Ipv6Net::new(v6, 64).map_or_else(|_| v6.into(), |net| net.trunc()),
-            )),
-        }
-    }
-}
-
-impl fmt::Display for AddressBucket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            IpNet::V4(net) => write!(f, "{}", net.addr()),
-            IpNet::V6(net) => write!(f, "{net}"),
-        }
-    }
 }
 
 /// The client's address of a request, as [`TrustedProxies::client`] tells it; `None` when the
@@ -200,26 +173,6 @@ mod tests {
         );
         let headers = forwarded(&["[2001:db8::1]:443"]);
         assert_eq!(trusted.client(ip("127.0.0.1"), &headers), ip("2001:db8::1"));
-    }
-
-    #[test]
-    fn ipv6_clients_are_counted_by_their_64_network_and_ipv4_by_address() {
-        assert_eq!(
-            AddressBucket::of(ip("2001:db8:1:2:aaaa::1")),
-            AddressBucket::of(ip("2001:db8:1:2:bbbb::2"))
-        );
-        assert_ne!(
-            AddressBucket::of(ip("2001:db8:1:2::1")),
-            AddressBucket::of(ip("2001:db8:1:3::1"))
-        );
-        assert_eq!(
-            AddressBucket::of(ip("2001:db8:1:2:aaaa::1")).to_string(),
-            "2001:db8:1:2::/64"
-        );
-        assert_eq!(
-            AddressBucket::of(ip("203.0.113.9")).to_string(),
-            "203.0.113.9"
-        );
     }
 
     #[test]

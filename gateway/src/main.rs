@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use gateway::config::{Cli, Command};
-use gateway::{cli, startup, telemetry};
+use gateway::{cli, startup};
+use gateway_core::telemetry;
 
 /// jemalloc rather than glibc's malloc: an open stream holds four 8 KiB hyper buffers (read and
 /// write, on the client's connection and on the upstream's) of which it uses a few hundred

@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 use crate::client_address::Peer;
 use crate::edge::body_reader::BodyDeadline;
 use crate::state::AppState;
-use crate::{admin, api, telemetry};
+use crate::{admin, api};
+use gateway_core::telemetry;
 
 /// How long connections may linger after the grace period before the process exits anyway.
 pub const HARD_STOP_AFTER_GRACE: Duration = Duration::from_secs(5);
@@ -371,7 +372,7 @@ struct Closing {
 }
 
 impl Closing {
-    fn on(shutdown: &crate::shutdown::Shutdown) -> Self {
+    fn on(shutdown: &gateway_core::shutdown::Shutdown) -> Self {
         Self {
             hint: shutdown.stopping.clone(),
             now: shutdown.draining.clone(),
@@ -385,7 +386,11 @@ struct Http1Limits {
     max_connections: Option<usize>,
 }
 
-async fn watch_signals(shutdown: crate::shutdown::Shutdown, delay: Duration, grace: Duration) {
+async fn watch_signals(
+    shutdown: gateway_core::shutdown::Shutdown,
+    delay: Duration,
+    grace: Duration,
+) {
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),

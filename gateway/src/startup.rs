@@ -7,26 +7,28 @@ use std::sync::Arc;
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 
-use crate::auth::{self, KeySpec};
 use crate::config::dev_account::DevAccountArgs;
 use crate::config::payments::PaymentsArgs;
 use crate::config::published::{Published, PublishedError};
 use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
-use crate::ids;
-use crate::limits::{
+use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
+use crate::state::{AppState, Services, Settings};
+use gateway_core::auth::{self, KeySpec};
+use gateway_core::ids;
+use gateway_core::limits::{
     AddressBrake, Dimension, Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter,
 };
-use crate::payments::reload::{AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
-use crate::payments::stripe::{self, StripeConfigError};
-use crate::payments::{self, NoPayments, PaymentError, PaymentProvider, Payments, TestPayments};
-use crate::providers::Providers;
-use crate::reaper;
-use crate::responses_store::Backend as ResponsesBackend;
-use crate::routing::Catalog;
-use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
-use crate::shutdown::Shutdown;
-use crate::state::{AppState, Services, Settings};
-use crate::tokens::Tokenizer;
+use gateway_core::payments::reload::{AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
+use gateway_core::payments::stripe::{self, StripeConfigError};
+use gateway_core::payments::{
+    self, NoPayments, PaymentError, PaymentProvider, Payments, TestPayments,
+};
+use gateway_core::providers::Providers;
+use gateway_core::reaper;
+use gateway_core::responses_store::Backend as ResponsesBackend;
+use gateway_core::routing::Catalog;
+use gateway_core::shutdown::Shutdown;
+use gateway_core::tokens::Tokenizer;
 use store::accounts::promotion::{standing, ENTERPRISE};
 use store::accounts::{
     promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,

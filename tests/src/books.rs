@@ -141,7 +141,7 @@ async fn settled(gw: &Gateway, pg: &PostgresServer, id: &str) -> Value {
 }
 
 /// The output tokens of `text` as the gateway counts a stream cut short: o200k_base, the
-/// vocabulary of gateway/src/tokens.rs, over the deltas' text run together.
+/// vocabulary of gateway-core/src/tokens.rs, over the deltas' text run together.
 pub fn output_tokens(text: &str) -> u64 {
     tiktoken_rs::o200k_base_singleton()
         .encode_ordinary(text)

@@ -10,9 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::gateway::client_address::AddressBucket;
-use ::gateway::limits::{
-    self, AddressBrake, Dimension, LimitError, MemoryLimiter, RedisLimiter, RedisSettings,
+use ::gateway_core::limits::{
+    self, AddressBrake, AddressBucket, Dimension, LimitError, MemoryLimiter, RedisLimiter,
+    RedisSettings,
 };
 use e2e::cluster::PAYG;
 use e2e::*;

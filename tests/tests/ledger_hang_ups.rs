@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use e2e::{message, Cluster, Gateway, KeySpec, PostgresServer};
-use gateway::turn::DROPPED_MID_STEP;
+use gateway_core::turn::DROPPED_MID_STEP;
 use reqwest::Method;
 
 const CREDITS: u64 = 50_000_000;

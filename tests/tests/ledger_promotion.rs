@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::PostgresServer;
-use gateway::auth::{mint, KeySpec};
+use gateway_core::auth::{mint, KeySpec};
 use store::accounts::{
     Accounts, KeyKind, MemoryAccounts, PostgresAccounts, Promotion, PromotionRules,
 };

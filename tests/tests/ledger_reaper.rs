@@ -375,7 +375,7 @@ async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_tu
         },
     )
     .await;
-    let metrics = e2e::Scrape::parse(&gateway::telemetry::metrics::render());
+    let metrics = e2e::Scrape::parse(&gateway_core::telemetry::metrics::render());
     assert_eq!(
         metrics.get("gateway_ledger_refused_total", &[("op", "settle")]),
         Some(1.0),

@@ -4,7 +4,7 @@
 //! $10..$10,000 or an unknown account is refused with a clear error and moves no money.
 
 use e2e::{Cluster, Gateway, KeySpec, PostgresServer, Resp};
-use gateway::payments::signature::{sign, TOLERANCE_SECS};
+use gateway_core::payments::signature::{sign, TOLERANCE_SECS};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_e2e_0123456789";

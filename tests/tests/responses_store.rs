@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use e2e::PostgresServer;
-use gateway::responses_store::{
+use gateway_core::responses_store::{
     MemoryLimits, MemoryResponseStore, PostgresResponseStore, Quota, ResponseStore, Retention,
     StoreError, StoredResponse,
 };
@@ -100,11 +100,13 @@ mod contract {
     use serde_json::json;
     use time::OffsetDateTime;
 
-    use gateway::responses_store::{size_of, ResponseStore, Retention, StoreError, StoredResponse};
+    use gateway_core::responses_store::{
+        size_of, ResponseStore, Retention, StoreError, StoredResponse,
+    };
 
     /// Ids unique to one run, so the suite can run against a database that other runs share.
     fn unique(prefix: &str) -> String {
-        format!("{prefix}_{}", gateway::ids::request())
+        format!("{prefix}_{}", gateway_core::ids::request())
     }
 
     fn stored(id: &str, account_id: &str, created_at: OffsetDateTime) -> StoredResponse {

@@ -15,15 +15,15 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
 use crate::api::{method_not_allowed, not_found};
-use crate::auth::{self, KeySpec};
 use crate::edge::body::JsonBody;
 use crate::edge::body_reader::BodyCap;
 use crate::edge::budget;
 use crate::edge::path::Path;
 use crate::error::ApiError;
-use crate::payments;
 use crate::state::{AdminState, AppState};
-use crate::telemetry;
+use gateway_core::auth::{self, KeySpec};
+use gateway_core::payments;
+use gateway_core::telemetry;
 use store::accounts::promotion::{self, ENTERPRISE};
 use store::accounts::{Account, AccountStatus, KeyKind, StoreError};
 use store::developers::owner_verified;

@@ -6,9 +6,9 @@ use axum::extract::State;
 use axum::{Extension, Json};
 use serde_json::{json, Value};
 
-use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::state::AccountApi;
+use gateway_core::auth::Principal;
 
 pub async fn get(
     State(state): State<Arc<AccountApi>>,

@@ -1,5 +1,5 @@
 //! `POST /v1/chat/completions`: the Chat Completions format, translated into the
-//! conversation (`crate::conversation`) and back (`wire::openai::translate`, which holds the
+//! conversation (`gateway_core::conversation`) and back (`wire::openai::translate`, which holds the
 //! rules), in JSON and in SSE chunks ending with `data: [DONE]`.
 
 use std::collections::HashMap;
@@ -13,18 +13,18 @@ use axum::{Extension, Json};
 use futures::{Stream, StreamExt};
 use time::OffsetDateTime;
 
-use crate::auth::Principal;
-use crate::conversation::{Delta, OutputBlock};
 use crate::edge::body::JsonBody;
 use crate::error::ApiError;
-use crate::ids;
-use crate::providers::ProviderEvent;
 use crate::state::TurnApi;
-use crate::turn::{self, Collected, Endpoint, Turn, TurnEvent, TurnRequest};
-use crate::wire::openai::translate::{
+use gateway_core::auth::Principal;
+use gateway_core::conversation::{Delta, OutputBlock};
+use gateway_core::ids;
+use gateway_core::providers::ProviderEvent;
+use gateway_core::turn::{self, Collected, Endpoint, Turn, TurnEvent, TurnRequest};
+use gateway_core::wire::openai::translate::{
     message_to_chat, request_from_chat, stop_to_chat, tool_call_start_to_chat, usage_to_chat,
 };
-use crate::wire::openai::{
+use gateway_core::wire::openai::{
     ChatChunk, ChatCompletion, ChatRequest, Choice, ChunkChoice, ChunkDelta, FinishReason,
     FunctionDelta, ToolCallDelta,
 };

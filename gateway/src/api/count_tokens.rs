@@ -8,14 +8,14 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::json;
 
-use crate::auth::Principal;
 use crate::edge::body::JsonBody;
 use crate::error::ApiError;
-use crate::limits::AdmissionRequest;
 use crate::state::TurnApi;
-use crate::validate;
-use crate::wire::anthropic::translate::request_from_count_tokens;
-use crate::wire::anthropic::CountTokensRequest;
+use gateway_core::auth::Principal;
+use gateway_core::limits::AdmissionRequest;
+use gateway_core::validate;
+use gateway_core::wire::anthropic::translate::request_from_count_tokens;
+use gateway_core::wire::anthropic::CountTokensRequest;
 
 pub async fn count(
     State(state): State<Arc<TurnApi>>,

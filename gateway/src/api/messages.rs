@@ -10,17 +10,17 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::{Stream, StreamExt};
 
-use crate::auth::Principal;
 use crate::edge::body::JsonBody;
 use crate::error::ApiError;
-use crate::ids;
-use crate::providers::ProviderEvent;
 use crate::state::TurnApi;
-use crate::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
-use crate::wire::anthropic::translate::{
+use gateway_core::auth::Principal;
+use gateway_core::ids;
+use gateway_core::providers::ProviderEvent;
+use gateway_core::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
+use gateway_core::wire::anthropic::translate::{
     block_to_messages, delta_to_messages, request_from_messages, usage_to_messages,
 };
-use crate::wire::anthropic::{
+use gateway_core::wire::anthropic::{
     MessageDeltaBody, MessageResponse, MessagesRequest, StreamEvent, Usage,
 };
 

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use crate::edge::path::Path;
 use crate::error::ApiError;
-use crate::routing::Model;
 use crate::state::TurnApi;
+use gateway_core::routing::Model;
 
 /// The API's launch date (v0.1.0), the creation time reported for every virtual model.
 const CREATED: i64 = 1_778_284_800;

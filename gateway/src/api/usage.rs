@@ -7,10 +7,10 @@ use axum::http::Uri;
 use axum::{Extension, Json};
 use serde_json::{json, Map, Value};
 
-use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::state::AccountApi;
-use crate::usage_report::{format_date, report, UsageQuery};
+use gateway_core::auth::Principal;
+use gateway_core::usage_report::{format_date, report, UsageQuery};
 use store::ledger::UsageTotals;
 
 pub async fn get(

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::routing::breaker::BreakerPolicy;
+use gateway_core::routing::breaker::BreakerPolicy;
 
 #[derive(Debug, Args)]
 pub struct BreakerArgs {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::reaper::Reaping;
+use gateway_core::reaper::Reaping;
 
 /// `serve` with a database only.
 #[derive(Debug, Args)]

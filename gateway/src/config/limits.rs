@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use crate::limits::OutagePolicy;
+use gateway_core::limits::OutagePolicy;
 
 /// `serve` only: standalone keeps its limits in process and has no outage.
 #[derive(Debug, Args)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::secrets::LONG_SECRET;
-use crate::payments::stripe::StripeConfig;
+use gateway_core::payments::stripe::StripeConfig;
 
 /// Shared by the payment paths and `accounts topup`, which must credit alike.
 #[derive(Debug, Args)]

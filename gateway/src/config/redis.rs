@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::limits::RedisSettings;
+use gateway_core::limits::RedisSettings;
 
 #[derive(Debug, Args)]
 pub struct RedisArgs {

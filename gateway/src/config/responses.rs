@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::secrets::LONG_SECRET;
-use crate::responses_store::{MemoryLimits, Quota, Retention};
-use crate::seal::Sealer;
+use gateway_core::responses_store::{MemoryLimits, Quota, Retention};
+use gateway_core::seal::Sealer;
 
 #[derive(Clone, Debug, Args)]
 pub struct ResponsesArgs {

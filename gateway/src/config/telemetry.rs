@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use crate::telemetry::LogFormat;
+use gateway_core::telemetry::LogFormat;
 
 #[derive(Debug, Args)]
 pub struct TelemetryArgs {

@@ -10,9 +10,9 @@ use std::time::Duration;
 use clap::Parser;
 
 use super::{Cli, Command, CommonArgs, ServeArgs, StandaloneArgs};
-use crate::limits::OutagePolicy;
-use crate::routing::breaker::BreakerPolicy;
-use crate::telemetry::LogFormat;
+use gateway_core::limits::OutagePolicy;
+use gateway_core::routing::breaker::BreakerPolicy;
+use gateway_core::telemetry::LogFormat;
 use store::db::Pooler;
 
 /// A flag, its variable, and a value other than its default (`None`: a switch, set).

@@ -23,10 +23,11 @@ use super::form::HtmlForm;
 use super::layout::{bare, notice, with_status};
 use super::mail::{self, Mail};
 use super::session::{self, AnySession, CSRF_COOKIE, SESSION_COOKIE};
-use crate::client_address::{AddressBucket, ClientAddress};
-use crate::ids;
-use crate::limits::{AddressBrake, LimitError};
+use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
+use gateway_core::ids;
+use gateway_core::limits::AddressBucket;
+use gateway_core::limits::{AddressBrake, LimitError};
 use store::accounts::KeyHash;
 use store::developers::{EmailVerification, User};
 use store::ledger::signup_grant;
@@ -227,7 +228,7 @@ pub async fn sign_up(
     // Hashed whether or not the email has an account, so that the answer takes as long
     // either way. argon2 takes 19 MiB and tens of milliseconds: on the bounded CPU pool, so
     // memory stays bounded whatever the number of concurrent sign-ups.
-    let password_hash = crate::cpu::run(move || session::hash_password(&password))
+    let password_hash = gateway_core::cpu::run(move || session::hash_password(&password))
         .await
         .map_err(|_| DashboardError::PasswordHash)??;
     let user = match state.developers.user_by_email(&email).await? {
@@ -447,7 +448,7 @@ pub async fn sign_in(
         .map_or(DUMMY_HASH.to_owned(), |u| u.password_hash.clone());
     let password = form.password;
     // On the bounded CPU pool: argon2 takes 19 MiB per check.
-    let verified = crate::cpu::run(move || session::verify_password(&password, &hash))
+    let verified = gateway_core::cpu::run(move || session::verify_password(&password, &hash))
         .await
         .unwrap_or(false);
     match user {

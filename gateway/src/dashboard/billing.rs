@@ -16,10 +16,12 @@ use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
 use crate::error::ApiError;
-use crate::ids;
-use crate::payments::reload::MAX_DECLINES;
-use crate::payments::{credits_for, parse_usd, Order, Started, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS};
 use crate::state::DashboardState;
+use gateway_core::ids;
+use gateway_core::payments::reload::MAX_DECLINES;
+use gateway_core::payments::{
+    credits_for, parse_usd, Order, Started, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS,
+};
 use store::developers::{Checkout, CheckoutStatus, Session};
 use store::ledger::ReversalKind;
 

@@ -4,8 +4,8 @@
 use thiserror::Error;
 
 use crate::edge::body_reader::BodyError;
-use crate::limits::LimitError;
-use crate::usage_report::UsageError;
+use gateway_core::limits::LimitError;
+use gateway_core::usage_report::UsageError;
 use store::accounts::StoreError;
 use store::ledger::LedgerError;
 

@@ -10,9 +10,9 @@ use time::{Date, OffsetDateTime};
 use super::error::DashboardError;
 use super::layout::{datetime, dollars, page, thousands, Nav};
 use super::session::SignedIn;
-use crate::payments::MIN_TOP_UP_CENTS;
 use crate::state::DashboardState;
-use crate::usage_report::{format_date, report, UsageQuery};
+use gateway_core::payments::MIN_TOP_UP_CENTS;
+use gateway_core::usage_report::{format_date, report, UsageQuery};
 use store::accounts::promotion::standing;
 use store::ledger::MessageStatus;
 

@@ -17,8 +17,8 @@ use maud::html;
 
 use super::error::DashboardError;
 use super::layout::{bare, notice, with_status};
-use crate::ids;
 use crate::state::DashboardState;
+use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::developers::{Session, User};
 

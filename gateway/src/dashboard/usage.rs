@@ -16,7 +16,7 @@ use super::keys::{self, Listed};
 use super::layout::{notice, page, thousands, with_status, Nav};
 use super::session::SignedIn;
 use crate::state::DashboardState;
-use crate::usage_report::{format_date, report, UsageError, UsageQuery, UsageReport};
+use gateway_core::usage_report::{format_date, report, UsageError, UsageQuery, UsageReport};
 
 #[derive(Deserialize)]
 pub struct Range {

@@ -9,13 +9,14 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::auth::{identify, identify_cached, permit, AuthError, Principal};
-use crate::client_address::{AddressBucket, ClientAddress};
+use crate::client_address::ClientAddress;
 use crate::edge::budget::BudgetOwner;
 use crate::edge::rate_limit_headers;
 use crate::error::ApiError;
-use crate::limits::{standing_of, AddressLimit, LimitError};
 use crate::state::Gate;
+use gateway_core::auth::{identify, identify_cached, permit, AuthError, Principal};
+use gateway_core::limits::AddressBucket;
+use gateway_core::limits::{standing_of, AddressLimit, LimitError};
 
 /// Tower middleware for `/v1/*`: identifies the key (401), checks it may use this surface
 /// (403), and hands the [`Principal`] to the handlers. The principal also rides on the
@@ -63,7 +64,7 @@ pub async fn layer(State(state): State<Arc<Gate>>, mut req: Request, next: Next)
 
 /// The key of a braked address, identified as cheaply as the store allows: from its cache
 /// when it knows the key, else by a lookup while the address has any left
-/// ([`AddressBrake::take_lookup`](crate::limits::AddressBrake::take_lookup)). A key neither
+/// ([`AddressBrake::take_lookup`](gateway_core::limits::AddressBrake::take_lookup)). A key neither
 /// cached nor looked up is taken for invalid, so the address is refused as for a wrong key,
 /// without the store being asked.
 async fn identify_braked(

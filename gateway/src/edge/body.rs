@@ -7,8 +7,8 @@ use axum::http::header::CONTENT_TYPE;
 use serde::de::DeserializeOwned;
 
 use super::body_reader::read_request;
-use crate::cpu;
 use crate::error::ApiError;
+use gateway_core::cpu;
 
 pub struct JsonBody<T>(pub T);
 

@@ -10,10 +10,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::body_reader;
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::limits::{AdmissionRequest, Snapshot};
 use crate::state::Gate;
+use gateway_core::auth::Principal;
+use gateway_core::limits::{AdmissionRequest, Snapshot};
 
 pub async fn layer(State(state): State<Arc<Gate>>, req: Request, next: Next) -> Response {
     let Some(principal) = req.extensions().get::<Arc<Principal>>().cloned() else {

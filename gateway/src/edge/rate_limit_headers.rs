@@ -18,9 +18,9 @@ use axum::response::Response;
 
 use crds::config::Limits;
 
-use crate::auth::Principal;
-use crate::limits::{AddressLimit, Snapshot};
 use crate::state::Gate;
+use gateway_core::auth::Principal;
+use gateway_core::limits::{AddressLimit, Snapshot};
 
 pub async fn layer(State(state): State<Arc<Gate>>, req: Request, next: Next) -> Response {
     let mut response = next.run(req).await;

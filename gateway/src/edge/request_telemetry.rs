@@ -17,10 +17,10 @@ use opentelemetry::trace::Status;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::auth::Principal;
-use crate::ids;
-use crate::telemetry::request::{RequestContext, CONTEXT};
-use crate::telemetry::{metrics, propagation};
+use gateway_core::auth::Principal;
+use gateway_core::ids;
+use gateway_core::telemetry::request::{RequestContext, CONTEXT};
+use gateway_core::telemetry::{metrics, propagation};
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
 

@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 use super::body_reader::UnreadBody;
 use crate::error::ApiError;
-use crate::payments::{signature, stripe, webhook, PaymentError};
 use crate::state::Webhooks;
+use gateway_core::payments::{signature, stripe, webhook, PaymentError};
 
 pub async fn payments(
     State(state): State<Arc<Webhooks>>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use e2e::PostgresServer;
 use futures::future::join_all;
-use gateway::payments::reload::{
+use gateway_core::payments::reload::{
     AutoReloads, Due, MemoryAutoReloads, Outcome, PostgresAutoReloads, MAX_DECLINES,
 };
 use store::accounts::{Accounts, MemoryAccounts, PostgresAccounts};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crds::config::Limits;
 use e2e::RedisServer;
 use futures::future::join_all;
-use gateway::limits::{
+use gateway_core::limits::{
     current_window, Admission, AdmissionRequest, Dimension, LimitError, Limiter, MemoryLimiter,
     RedisLimiter, RedisSettings, Snapshot, StreamLease,
 };

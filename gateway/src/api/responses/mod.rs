@@ -22,19 +22,19 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use self::output::{Assembler, Shape};
-use crate::auth::Principal;
 use crate::edge::body::{self, JsonBody};
 use crate::edge::path::Path;
 use crate::error::ApiError;
-use crate::ids;
-use crate::providers::ProviderError;
-use crate::responses_store::{json_len, StoreError, StoredResponse};
 use crate::state::TurnApi;
-use crate::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
-use crate::wire::one_or_many::StringOr;
-use crate::wire::responses::translate::{self, normalized_items, Labeled};
-use crate::wire::responses::unsent::unsent_text;
-use crate::wire::responses::{
+use gateway_core::auth::Principal;
+use gateway_core::ids;
+use gateway_core::providers::ProviderError;
+use gateway_core::responses_store::{json_len, StoreError, StoredResponse};
+use gateway_core::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
+use gateway_core::wire::one_or_many::StringOr;
+use gateway_core::wire::responses::translate::{self, normalized_items, Labeled};
+use gateway_core::wire::responses::unsent::unsent_text;
+use gateway_core::wire::responses::{
     InputItem, ResponseObject, ResponsesRequest, Sequenced, Status, StreamEvent, SummaryMode,
 };
 

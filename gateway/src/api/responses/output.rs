@@ -7,14 +7,14 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use crate::conversation::{Delta, OutputBlock, Usage};
 use crate::error::ApiError;
-use crate::providers::ProviderEvent;
-use crate::seal::{Sealer, Thinking};
-use crate::tokens::Tokenizer;
-use crate::turn::TurnEvent;
-use crate::wire::responses::translate::{usage_to_responses, ToolNames};
-use crate::wire::responses::{
+use gateway_core::conversation::{Delta, OutputBlock, Usage};
+use gateway_core::providers::ProviderEvent;
+use gateway_core::seal::{Sealer, Thinking};
+use gateway_core::tokens::Tokenizer;
+use gateway_core::turn::TurnEvent;
+use gateway_core::wire::responses::translate::{usage_to_responses, ToolNames};
+use gateway_core::wire::responses::{
     IncompleteDetails, OutputContent, OutputItem, ResponseError, ResponseObject, ResponseUsage,
     Status, StreamEvent, SummaryText,
 };
@@ -210,7 +210,7 @@ impl Assembler {
         let open = match block {
             OutputBlock::Text { .. } => {
                 let item = OutputItem::Message {
-                    id: crate::ids::response_item("message"),
+                    id: gateway_core::ids::response_item("message"),
                     status: Status::InProgress,
                     role: "assistant",
                     content: Vec::new(),
@@ -236,8 +236,8 @@ impl Assembler {
             OutputBlock::ToolUse { id, name, .. } => {
                 let (namespace, name) = self.shape.names.client(&name);
                 let item = OutputItem::FunctionCall {
-                    id: crate::ids::response_item("function_call"),
-                    call_id: crate::ids::openai_call(&id),
+                    id: gateway_core::ids::response_item("function_call"),
+                    call_id: gateway_core::ids::openai_call(&id),
                     name,
                     namespace,
                     arguments: String::new(),
@@ -250,7 +250,7 @@ impl Assembler {
             }
             OutputBlock::Thinking { .. } => {
                 let item = OutputItem::Reasoning {
-                    id: crate::ids::response_item("reasoning"),
+                    id: gateway_core::ids::response_item("reasoning"),
                     summary: Vec::new(),
                     encrypted_content: None,
                     status: Status::InProgress,

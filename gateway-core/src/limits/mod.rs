@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use crds::config::Limits;
 use thiserror::Error;
 
-pub use address::{standing_of, AddressBrake, AddressLimit};
+pub use address::{standing_of, AddressBrake, AddressBucket, AddressLimit};
 pub use failover::{Failover, OutagePolicy};
 pub use memory::MemoryLimiter;
 pub use redis::{RedisLimiter, RedisSettings};

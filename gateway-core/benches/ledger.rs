@@ -26,7 +26,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gateway::ids;
+use gateway_core::ids;
 use store::accounts::{Accounts, PostgresAccounts};
 use store::db::{Database, DbSettings, Pooler};
 use store::ledger::{

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crds::config::Limits;
-use gateway::limits::{AdmissionRequest, Limiter, RedisLimiter, RedisSettings};
+use gateway_core::limits::{AdmissionRequest, Limiter, RedisLimiter, RedisSettings};
 
 mod support;
 use support::{env_u64, ms, open_loop, percentile};

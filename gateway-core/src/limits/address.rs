@@ -13,14 +13,42 @@
 //! up as many keys again for it in the window as the limit allows ([`AddressBrake::take_lookup`]),
 //! so an address over its limit cannot send the database a stream of made-up keys.
 
+use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crds::config::Limits;
 use dashmap::DashMap;
+use ipnet::{IpNet, Ipv6Net};
 
 use super::{AdmissionRequest, Dimension, LimitError, Limiter, Snapshot};
-use crate::client_address::AddressBucket;
+
+/// What a per-address limit counts by: an IPv4 address, or the /64 network of an IPv6 one (a
+/// single host usually holds a whole /64, so counting its addresses one by one would give it
+/// 2^64 allowances).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddressBucket(IpNet);
+
+impl AddressBucket {
+    pub fn of(ip: IpAddr) -> Self {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => Self(IpNet::from(IpAddr::V4(v4))),
+            IpAddr::V6(v6) => Self(IpNet::V6(
+                Ipv6Net::new(v6, 64).map_or_else(|_| v6.into(), |net| net.trunc()),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for AddressBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            IpNet::V4(net) => write!(f, "{}", net.addr()),
+            IpNet::V6(net) => write!(f, "{net}"),
+        }
+    }
+}
 
 /// Past this many remembered refusals the expired ones are swept out, so that a flood from
 /// many addresses cannot grow the map for ever.
@@ -193,6 +221,14 @@ mod tests {
 
     fn ip(s: &str) -> AddressBucket {
         AddressBucket::of(s.parse().expect("address"))
+    }
+
+    #[test]
+    fn ipv6_clients_are_counted_by_their_64_network_and_ipv4_by_address() {
+        assert_eq!(ip("2001:db8:1:2:aaaa::1"), ip("2001:db8:1:2:bbbb::2"));
+        assert_ne!(ip("2001:db8:1:2::1"), ip("2001:db8:1:3::1"));
+        assert_eq!(ip("2001:db8:1:2:aaaa::1").to_string(), "2001:db8:1:2::/64");
+        assert_eq!(ip("203.0.113.9").to_string(), "203.0.113.9");
     }
 
     #[tokio::test]
