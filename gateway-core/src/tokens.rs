@@ -49,7 +49,7 @@ pub enum TokenError {
     #[error("{path}: media_type must be one of image/png, image/jpeg, image/gif, image/webp")]
     MediaType { path: String },
     #[error(transparent)]
-    Job(#[from] crate::cpu::JobFailed),
+    Job(#[from] cpu::JobFailed),
     #[error("the request was abandoned by its client while it was counted")]
     Abandoned,
 }
@@ -256,7 +256,7 @@ fn heavy(req: &Request) -> bool {
     }
     let mut bytes = req.tools.len() * 1024;
     for message in &req.messages {
-        if content(&message.content, &mut bytes) || bytes > crate::cpu::INLINE_BYTES {
+        if content(&message.content, &mut bytes) || bytes > cpu::INLINE_BYTES {
             return true;
         }
     }
@@ -265,7 +265,7 @@ fn heavy(req: &Request) -> bool {
         Some(Content::Text(text)) => text.len(),
         Some(Content::Blocks(blocks)) => blocks.iter().map(|b| b.text.len()).sum(),
     };
-    bytes + system > crate::cpu::INLINE_BYTES
+    bytes + system > cpu::INLINE_BYTES
 }
 
 fn image_tokens(source: &ImageSource, path: &str) -> Result<u32, TokenError> {

@@ -323,8 +323,7 @@ pub async fn start(
         }
     };
     let mut prompt = meter.usage;
-    if let Some(Ok(ProviderEvent::Started { usage })) =
-        std::pin::Pin::new(&mut upstream_events).peek().await
+    if let Some(Ok(ProviderEvent::Started { usage })) = Pin::new(&mut upstream_events).peek().await
     {
         prompt = meter.with_unsent(*usage);
         upstream_events.next().await;

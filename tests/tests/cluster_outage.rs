@@ -89,7 +89,7 @@ impl Load {
             let json: Option<serde_json::Value> = serde_json::from_str(&resp.text).ok();
             if resp.status != 200 {
                 // Whatever the status, it is the error envelope.
-                e2e::response::assert_envelope(&resp.text);
+                response::assert_envelope(&resp.text);
             }
             let error_type = json
                 .as_ref()

@@ -87,7 +87,7 @@ async fn expect_stream_rejected(
 /// in the set until the next admission purges them).
 async fn live_leases(redis: &impl SharedRedis, key_id: &str) -> i64 {
     let now_ms = match redis.cmd(&["TIME"]).await {
-        e2e::redis::Reply::Array(parts) => {
+        redis::Reply::Array(parts) => {
             let secs = parts.first().and_then(|p| p.as_i64()).unwrap_or(0);
             let micros = parts.get(1).and_then(|p| p.as_i64()).unwrap_or(0);
             secs * 1000 + micros / 1000

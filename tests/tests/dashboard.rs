@@ -378,7 +378,7 @@ async fn sign_ins_from_one_client_address_are_throttled_across_pods_whatever_the
     let cluster = Cluster::start(2, |b| b.arg("--trusted-proxies").arg("127.0.0.1")).await;
     // Every attempt of the burst must land in one window.
     cluster.pods[0]
-        .wait_for_roomy_window(e2e::cluster::PAYG.secret, 20)
+        .wait_for_roomy_window(cluster::PAYG.secret, 20)
         .await;
     let from = |client: &'static str| [("x-forwarded-for", client)];
     let guesser = from("203.0.113.5");
@@ -413,7 +413,7 @@ const SIGN_UPS_PER_MINUTE: usize = 3;
 async fn sign_ups_from_one_client_address_are_throttled_across_pods_before_any_account_is_made() {
     let cluster = Cluster::start(2, |b| b.arg("--trusted-proxies").arg("127.0.0.1")).await;
     cluster.pods[0]
-        .wait_for_roomy_window(e2e::cluster::PAYG.secret, 20)
+        .wait_for_roomy_window(cluster::PAYG.secret, 20)
         .await;
     let from = |client: &'static str| [("x-forwarded-for", client)];
     let minter = from("203.0.113.7");

@@ -246,12 +246,12 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
         .await;
     eprintln!(
         "Postgres client backends after the run: {backends} (PgBouncer pool {})",
-        e2e::pgbouncer::POOL_SIZE
+        pgbouncer::POOL_SIZE
     );
     assert!(
-        backends <= i64::from(e2e::pgbouncer::POOL_SIZE) + 1,
+        backends <= i64::from(pgbouncer::POOL_SIZE) + 1,
         "{backends} Postgres backends behind a PgBouncer pool of {}",
-        e2e::pgbouncer::POOL_SIZE
+        pgbouncer::POOL_SIZE
     );
 
     let mut per_key: Vec<Vec<&Resp>> = vec![Vec::new(); KEYS];
@@ -307,7 +307,7 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
 /// The current rate-limit window by Redis' clock (the minute number) and its seconds left.
 async fn minute(redis: &RedisCluster) -> (i64, u64) {
     let secs = match redis.cmd(&["TIME"]).await {
-        e2e::redis::Reply::Array(parts) => parts.first().and_then(|p| p.as_i64()),
+        redis::Reply::Array(parts) => parts.first().and_then(|p| p.as_i64()),
         _ => None,
     }
     .expect("TIME answers seconds");

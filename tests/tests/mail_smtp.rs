@@ -65,7 +65,7 @@ async fn a_sign_ups_verification_link_is_mailed_through_smtp_and_never_logged() 
 
 #[tokio::test]
 async fn a_mail_server_that_cannot_be_reached_costs_the_mail_not_the_sign_up() {
-    let nobody = e2e::server::free_port();
+    let nobody = server::free_port();
     let gw = Gateway::builder()
         .arg("--smtp-url")
         .arg(&format!("smtp://127.0.0.1:{nobody}"))

@@ -77,7 +77,7 @@ async fn sign_up_answers_alike_whatever_the_email_and_mails_the_owner_instead_of
 #[tokio::test]
 async fn an_unverified_account_takes_no_keys_or_top_ups_and_the_owners_link_takes_the_email_back() {
     let gw = Gateway::start().await;
-    let email = format!("ceo@{}.example", e2e::gateway::unique_name("bigcustomer"));
+    let email = format!("ceo@{}.example", gateway::unique_name("bigcustomer"));
 
     // A squatter signs up with the CEO's email and signs in: the dashboard asks to verify.
     let mut squatter = Visitor::new(&gw);

@@ -90,7 +90,7 @@ async fn a_5xx_a_529_or_a_slow_first_byte_falls_back_before_anything_reached_the
             .await;
         stream.expect_sse();
         let events = stream.collect().await;
-        let message = e2e::sse::assemble_message_stream(&events);
+        let message = sse::assemble_message_stream(&events);
         assert_eq!(message.text(), "recovered", "failure #{i}");
         let received = mock.received();
         assert_eq!(received.len(), before + 2, "failure #{i}: one attempt each");

@@ -75,10 +75,7 @@ fn scrape_and_probes() -> Router<Admin> {
 
 async fn metrics() -> Response {
     (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            telemetry::metrics::CONTENT_TYPE,
-        )],
+        [(http::header::CONTENT_TYPE, telemetry::metrics::CONTENT_TYPE)],
         telemetry::metrics::render(),
     )
         .into_response()
@@ -145,7 +142,7 @@ pub fn waiting_router() -> Router {
 async fn require_token(State(admin): State<Admin>, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
-        .get(axum::http::header::AUTHORIZATION)
+        .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");

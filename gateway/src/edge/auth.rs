@@ -114,7 +114,7 @@ fn with_address_headers(mut response: Response, standing: &AddressLimit) -> Resp
 }
 
 fn presented_key(headers: &HeaderMap) -> Result<&str, AuthError> {
-    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
+    if let Some(value) = headers.get(http::header::AUTHORIZATION) {
         let value = value.to_str().map_err(|_| AuthError::Malformed)?;
         let (scheme, token) = value.split_once(' ').ok_or(AuthError::Malformed)?;
         let token = token.trim();
