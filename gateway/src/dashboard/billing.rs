@@ -359,6 +359,7 @@ pub async fn checkout(
             .set_checkout_status(&order.reference, CheckoutStatus::Failed)
             .await?;
         let refusal = ApiError::from(e);
+        refusal.record();
         return render(
             &state,
             session,

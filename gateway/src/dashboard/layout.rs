@@ -124,6 +124,7 @@ pub fn notice(kind: &str, message: &str) -> Markup {
 impl IntoResponse for DashboardError {
     fn into_response(self) -> Response {
         let error = ApiError::from(self);
+        error.record();
         let body = bare(
             "Something went wrong",
             html! {

@@ -1,6 +1,10 @@
 //! The error envelope of the spec, and the one place where every typed error of the gateway
 //! becomes a status, an `error.type` and a message. Internal detail (store errors, upstream
 //! bodies) is logged here and never put in a response.
+//!
+//! The `From` conversions only say what an error is; what is recorded of it (the log line, the
+//! 429 counter) happens once, when the response or stream event that carries it is made
+//! ([`ApiError::record`]), so a conversion whose result is not sent records nothing.
 
 use axum::extract::rejection::PathRejection;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -45,6 +49,28 @@ pub struct ApiError {
     pub kind: ErrorType,
     pub message: String,
     pub retry_after_secs: Option<u64>,
+    record: Option<Record>,
+}
+
+/// What [`ApiError::record`] records of an error when it is sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Record {
+    /// A 429, counted by the limit that refused it: every 429 passes here, whichever endpoint
+    /// admitted it.
+    RateLimited(&'static str),
+    /// Internal detail for the pod's log, never for the client.
+    Log {
+        level: Level,
+        what: &'static str,
+        detail: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Level {
+    Error,
+    Warn,
+    Debug,
 }
 
 #[derive(Serialize)]
@@ -68,6 +94,47 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after_secs: None,
+            record: None,
+        }
+    }
+
+    /// The same error, with a line for the log when it is sent.
+    fn logged(self, level: Level, what: &'static str, detail: Option<String>) -> Self {
+        Self {
+            record: Some(Record::Log {
+                level,
+                what,
+                detail,
+            }),
+            ..self
+        }
+    }
+
+    /// Records what the error's conversion noted (its log line, the 429 counter). Called once
+    /// per error sent: by `into_response`, the stream events' builders, and the dashboard's
+    /// pages, which render the message themselves.
+    pub fn record(&self) {
+        match &self.record {
+            None => {}
+            Some(Record::RateLimited(dimension)) => metrics::rate_limited(dimension),
+            Some(Record::Log {
+                level,
+                what,
+                detail: Some(detail),
+            }) => match level {
+                Level::Error => tracing::error!(error = %detail, "{what}"),
+                Level::Warn => tracing::warn!(error = %detail, "{what}"),
+                Level::Debug => tracing::debug!(error = %detail, "{what}"),
+            },
+            Some(Record::Log {
+                level,
+                what,
+                detail: None,
+            }) => match level {
+                Level::Error => tracing::error!("{what}"),
+                Level::Warn => tracing::warn!("{what}"),
+                Level::Debug => tracing::debug!("{what}"),
+            },
         }
     }
 
@@ -125,8 +192,9 @@ impl ApiError {
         }
     }
 
-    /// The envelope as JSON text, for SSE `error` events.
+    /// The envelope as JSON text, for SSE `error` events; the error is recorded as sent.
     pub fn envelope_json(&self) -> String {
+        self.record();
         serde_json::to_string(&self.envelope()).unwrap_or_default()
     }
 
@@ -160,6 +228,7 @@ impl ApiError {
     /// The `error` event of a Responses API stream: the envelope, plus the fields that stream's
     /// error event has (`code`, `message`, `param`, `sequence_number`).
     pub fn responses_stream_error(&self, sequence_number: u64) -> String {
+        self.record();
         #[derive(Serialize)]
         struct StreamError<'a> {
             #[serde(flatten)]
@@ -182,6 +251,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        self.record();
         let mut response = (self.status, axum::Json(self.envelope())).into_response();
         if let Some(secs) = self.retry_after_secs {
             response
@@ -225,8 +295,11 @@ impl From<BodyError> for ApiError {
 impl From<PathRejection> for ApiError {
     fn from(e: PathRejection) -> Self {
         if e.status().is_server_error() {
-            tracing::error!(error = %e.body_text(), "a route's path parameters do not fit");
-            return Self::internal();
+            return Self::internal().logged(
+                Level::Error,
+                "a route's path parameters do not fit",
+                Some(e.body_text()),
+            );
         }
         Self::invalid(format!("path: {}", e.body_text()))
     }
@@ -262,8 +335,8 @@ impl From<StoreError> for ApiError {
                 message,
             ),
             StoreError::Unavailable(detail) => {
-                tracing::error!(error = %detail, "account store failed");
                 Self::unavailable("account service temporarily unavailable; retry with backoff")
+                    .logged(Level::Error, "account store failed", Some(detail))
             }
         }
     }
@@ -283,17 +356,16 @@ impl From<ResponseStoreError> for ApiError {
                     "store: {e}; retry later, or send `store: false` to get the response without storing it"
                 ))
             },
-            ResponseStoreError::IdTaken(_) => {
-                tracing::error!(error = %e, "a fresh response id was taken");
-                Self::internal()
+            ResponseStoreError::IdTaken(_) => Self::internal().logged(
+                Level::Error,
+                "a fresh response id was taken",
+                Some(e.to_string()),
+            ),
+            ResponseStoreError::Unavailable(detail) => Self {
+                retry_after_secs: Some(STORE_RETRY_SECS),
+                ..Self::unavailable("stored responses temporarily unavailable; retry with backoff")
             }
-            ResponseStoreError::Unavailable(detail) => {
-                tracing::error!(error = %detail, "response store failed");
-                Self {
-                    retry_after_secs: Some(STORE_RETRY_SECS),
-                    ..Self::unavailable("stored responses temporarily unavailable; retry with backoff")
-                }
-            }
+            .logged(Level::Error, "response store failed", Some(detail)),
         }
     }
 }
@@ -310,22 +382,19 @@ impl From<LimitError> for ApiError {
                 retry_after_secs,
                 dimension,
                 ..
-            } => {
-                // Every 429 passes here, whichever endpoint admitted it.
-                metrics::rate_limited(dimension.label());
-                Self {
-                    retry_after_secs: Some(retry_after_secs),
-                    ..Self::new(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        ErrorType::RateLimitError,
-                        e.to_string(),
-                    )
-                }
-            }
+            } => Self {
+                retry_after_secs: Some(retry_after_secs),
+                record: Some(Record::RateLimited(dimension.label())),
+                ..Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ErrorType::RateLimitError,
+                    e.to_string(),
+                )
+            },
+            // The outage itself is logged once, when the limiter switches policy.
             LimitError::Unavailable(detail) => {
-                // The outage itself is logged once, when the limiter switches policy.
-                tracing::debug!(error = %detail, "rate limiter unavailable");
                 Self::unavailable("rate limiter temporarily unavailable; retry with backoff")
+                    .logged(Level::Debug, "rate limiter unavailable", Some(detail))
             }
         }
     }
@@ -334,13 +403,23 @@ impl From<LimitError> for ApiError {
 impl From<LedgerError> for ApiError {
     fn from(e: LedgerError) -> Self {
         match e {
-            LedgerError::InsufficientCredits { .. } | LedgerError::SpendCapReached { .. } => {
-                Self::new(
-                    StatusCode::PAYMENT_REQUIRED,
-                    ErrorType::InsufficientQuota,
-                    e.to_string(),
-                )
-            }
+            LedgerError::InsufficientCredits { needed, available } => Self::new(
+                StatusCode::PAYMENT_REQUIRED,
+                ErrorType::InsufficientQuota,
+                format!(
+                    "your apiCredits balance is too low for this turn: it may cost up to {needed} \
+                     credits and {available} are available; top up at /developers/billing"
+                ),
+            ),
+            LedgerError::SpendCapReached { cap, used, needed } => Self::new(
+                StatusCode::PAYMENT_REQUIRED,
+                ErrorType::InsufficientQuota,
+                format!(
+                    "this key's monthly spend cap of {cap} credits is reached: {used} credits are \
+                     spent or held this month and this turn may cost up to {needed}; raise the \
+                     key's cap at /developers/keys, or wait for the next month (UTC)"
+                ),
+            ),
             LedgerError::ReferenceConflict | LedgerError::TopUpMismatch => {
                 Self::invalid(format!("reference: {e}"))
             }
@@ -351,13 +430,12 @@ impl From<LedgerError> for ApiError {
                 format!("{e} yet; deliver the event again later"),
             ),
             LedgerError::UnknownAccount | LedgerError::UnknownMessage => {
-                tracing::error!(error = %e, "ledger inconsistency");
-                Self::internal()
+                Self::internal().logged(Level::Error, "ledger inconsistency", Some(e.to_string()))
             }
-            LedgerError::Unavailable(detail) | LedgerError::Refused(detail) => {
-                tracing::error!(error = %detail, "ledger unavailable");
-                Self::unavailable("billing temporarily unavailable; retry with backoff")
-            }
+            LedgerError::Unavailable(detail) | LedgerError::Refused(detail) => Self::unavailable(
+                "billing temporarily unavailable; retry with backoff",
+            )
+            .logged(Level::Error, "ledger unavailable", Some(detail)),
         }
     }
 }
@@ -387,8 +465,8 @@ impl From<PaymentError> for ApiError {
 
 impl From<ProviderError> for ApiError {
     fn from(e: ProviderError) -> Self {
-        tracing::warn!(error = %e, "upstream call failed");
-        match e {
+        let detail = Some(e.to_string());
+        let error = match e {
             ProviderError::Rejected(message) => Self::invalid(message),
             ProviderError::Upstream => Self::new(
                 StatusCode::BAD_GATEWAY,
@@ -411,7 +489,8 @@ impl From<ProviderError> for ApiError {
             ProviderError::ShuttingDown => Self::unavailable(
                 "the server is shutting down; retry the request, another instance will serve it",
             ),
-        }
+        };
+        error.logged(Level::Warn, "upstream call failed", detail)
     }
 }
 
@@ -471,8 +550,7 @@ impl From<DashboardError> for ApiError {
             DashboardError::Body(inner) => inner.into(),
             DashboardError::NotFound => Self::not_found(e.to_string()),
             DashboardError::PasswordHash => {
-                tracing::error!("password hashing failed");
-                Self::internal()
+                Self::internal().logged(Level::Error, "password hashing failed", None)
             }
             DashboardError::Store(inner) => inner.into(),
             DashboardError::Ledger(inner) => inner.into(),
@@ -486,24 +564,79 @@ impl From<CheckoutError> for ApiError {
     fn from(e: CheckoutError) -> Self {
         match e {
             CheckoutError::NoProvider => Self::unavailable(e.to_string()),
-            CheckoutError::Confirmation(inner) => {
-                tracing::warn!(error = %inner, "payment confirmation refused");
-                Self::new(
-                    StatusCode::BAD_GATEWAY,
-                    ErrorType::ApiError,
-                    "the payment could not be completed and nothing was charged; please try again",
-                )
-            }
+            CheckoutError::Confirmation(inner) => Self::new(
+                StatusCode::BAD_GATEWAY,
+                ErrorType::ApiError,
+                "the payment could not be completed and nothing was charged; please try again",
+            )
+            .logged(Level::Warn, "payment confirmation refused", Some(inner.to_string())),
             CheckoutError::Store(inner) => inner.into(),
             // Stripe's own text (its error objects, its host) stays in the log.
-            CheckoutError::Provider(inner) => {
-                tracing::warn!(error = %inner, "the payment provider refused a checkout");
-                Self::new(
-                    StatusCode::BAD_GATEWAY,
-                    ErrorType::ApiError,
-                    "the checkout could not be started and nothing was charged; please try again in a minute",
-                )
-            }
+            CheckoutError::Provider(inner) => Self::new(
+                StatusCode::BAD_GATEWAY,
+                ErrorType::ApiError,
+                "the checkout could not be started and nothing was charged; please try again in a minute",
+            )
+            .logged(Level::Warn, "the payment provider refused a checkout", Some(inner.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gateway_core::limits::{Dimension, Snapshot};
+
+    fn sign_up_429s() -> u64 {
+        let rendered = metrics::render();
+        rendered
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(r#"gateway_rate_limited_total{dimension="sign_ups"} "#)
+            })
+            .map_or(0, |n| n.trim().parse().unwrap_or(0))
+    }
+
+    #[test]
+    fn a_429_is_counted_once_when_it_is_sent_not_when_it_is_converted() {
+        let before = sign_up_429s();
+        let refusal = ApiError::from(LimitError::Exceeded {
+            dimension: Dimension::SignUps,
+            limit: 1,
+            retry_after_secs: 60,
+            snapshot: Snapshot::default(),
+        });
+        assert_eq!(sign_up_429s(), before, "converting counted it");
+        let response = refusal.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(sign_up_429s(), before + 1);
+    }
+
+    #[test]
+    fn the_ledger_says_what_happened_and_the_edge_says_where_to_go_about_it() {
+        let short = LedgerError::InsufficientCredits {
+            needed: 30,
+            available: 7,
+        };
+        assert!(!short.to_string().contains("/developers"), "{short}");
+        let refusal = ApiError::from(short);
+        assert_eq!(refusal.status, StatusCode::PAYMENT_REQUIRED);
+        assert!(
+            refusal.message.ends_with("top up at /developers/billing"),
+            "{}",
+            refusal.message
+        );
+        let capped = ApiError::from(LedgerError::SpendCapReached {
+            cap: 100,
+            used: 90,
+            needed: 30,
+        });
+        assert!(
+            capped
+                .message
+                .contains("raise the key's cap at /developers/keys"),
+            "{}",
+            capped.message
+        );
     }
 }

@@ -20,11 +20,15 @@ pub use reversal::{DisputeStage, Reversal, ReversalKind};
 
 use crate::usage::{StopReason, TokenUsage};
 
+/// What went wrong, in the ledger's terms; what a client reads (and where to go about it) is
+/// the gateway's edge's wording.
 #[derive(Debug, Error)]
 pub enum LedgerError {
-    #[error("your apiCredits balance is too low for this turn: it may cost up to {needed} credits and {available} are available; top up at /developers/billing")]
+    #[error(
+        "balance too low: the turn may cost up to {needed} credits and {available} are available"
+    )]
     InsufficientCredits { needed: u64, available: u64 },
-    #[error("this key's monthly spend cap of {cap} credits is reached: {used} credits are spent or held this month and this turn may cost up to {needed}; raise the key's cap at /developers/keys, or wait for the next month (UTC)")]
+    #[error("the key's monthly spend cap of {cap} credits is reached: {used} are spent or held this month and the turn may cost up to {needed}")]
     SpendCapReached { cap: u64, used: u64, needed: u64 },
     #[error("unknown account")]
     UnknownAccount,
