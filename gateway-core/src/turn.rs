@@ -19,6 +19,7 @@ use crate::auth::Principal;
 use crate::conversation::{Delta, InputBlock, OutputBlock, Request, Usage};
 use crate::limits::{Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderError, ProviderEvent, Providers};
+use crate::routing::breaker::Breakers;
 use crate::routing::{fallback, Catalog, Conversation, Model, Needs, Price};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{self, TurnTelemetry};
@@ -48,6 +49,8 @@ pub struct TurnServices {
     pub limiter: Arc<dyn Limiter>,
     pub ledger: Arc<dyn Ledger>,
     pub providers: Arc<Providers>,
+    /// The health of every upstream, which the fallback skips while its breaker is open.
+    pub breakers: Breakers,
     pub shutdown: Shutdown,
 }
 
@@ -297,7 +300,7 @@ pub async fn start(
         anthropic_beta: anthropic_beta.as_deref(),
         input_tokens: sent_tokens,
     };
-    let mut upstream_events = match fallback::start(&state.providers, attempt)
+    let mut upstream_events = match fallback::start(&state.providers, &state.breakers, attempt)
         .instrument(upstream_span)
         .await
     {

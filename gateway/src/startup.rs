@@ -26,6 +26,7 @@ use gateway_core::payments::{
 use gateway_core::providers::Providers;
 use gateway_core::reaper;
 use gateway_core::responses_store::Backend as ResponsesBackend;
+use gateway_core::routing::breaker::Breakers;
 use gateway_core::routing::Catalog;
 use gateway_core::shutdown::Shutdown;
 use gateway_core::tokens::Tokenizer;
@@ -312,7 +313,8 @@ async fn assemble(
             stores.limiter.clone(),
         ),
         limiter: stores.limiter,
-        providers: Arc::new(Providers::new(tokens, (&args.breaker).into())),
+        providers: Arc::new(Providers::new(tokens)),
+        breakers: Breakers::new((&args.breaker).into()),
         shutdown: Shutdown::default(),
         developers: stores.developers,
         payments: stores.payments,

@@ -16,6 +16,7 @@ use gateway_core::payments::reload::AutoReloads;
 use gateway_core::payments::{Books, Payments};
 use gateway_core::providers::Providers;
 use gateway_core::responses_store::ResponseStore;
+use gateway_core::routing::breaker::Breakers;
 use gateway_core::routing::Catalog;
 use gateway_core::seal::Sealer;
 use gateway_core::shutdown::Shutdown;
@@ -39,6 +40,7 @@ pub struct Services {
     /// Dashboard sign-ups, per client address (each one is an account and its free credits).
     pub sign_ups: AddressBrake,
     pub providers: Arc<Providers>,
+    pub breakers: Breakers,
     pub shutdown: Shutdown,
     /// Dashboard users, sessions and checkouts.
     pub developers: Arc<dyn DeveloperStore>,
@@ -220,6 +222,7 @@ impl AppState {
             sign_ins,
             sign_ups,
             providers,
+            breakers,
             shutdown,
             developers,
             payments,
@@ -243,6 +246,7 @@ impl AppState {
             limiter: limiter.clone(),
             ledger: ledger.clone(),
             providers,
+            breakers,
             shutdown: shutdown.clone(),
         });
         Self(Arc::new(Surfaces {

@@ -23,7 +23,6 @@ pub use openai::OpenAi;
 pub use simulated::Simulated;
 
 use crate::conversation::{Delta, OutputBlock, Request};
-use crate::routing::breaker::{BreakerPolicy, Breakers};
 use crate::tokens::Tokenizer;
 use store::usage::{StopReason, TokenUsage};
 
@@ -103,21 +102,19 @@ pub trait Provider: Send + Sync {
     async fn start(&self, call: ProviderCall) -> Result<EventStream, ProviderError>;
 }
 
-/// The adapters by provider kind, built once at start-up, and the health of every upstream.
+/// The adapters by provider kind, built once at start-up.
 pub struct Providers {
     simulated: Simulated,
     anthropic: Anthropic,
     openai: OpenAi,
-    breakers: Breakers,
 }
 
 impl Providers {
-    pub fn new(tokens: Tokenizer, breaker: BreakerPolicy) -> Self {
+    pub fn new(tokens: Tokenizer) -> Self {
         Self {
             simulated: Simulated::new(tokens),
             anthropic: Anthropic::default(),
             openai: OpenAi::new(tokens),
-            breakers: Breakers::new(breaker),
         }
     }
 
@@ -127,9 +124,5 @@ impl Providers {
             ProviderKind::Anthropic => &self.anthropic,
             ProviderKind::Openai => &self.openai,
         }
-    }
-
-    pub fn breakers(&self) -> &Breakers {
-        &self.breakers
     }
 }

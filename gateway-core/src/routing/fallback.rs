@@ -30,9 +30,9 @@ pub struct Attempt<'a> {
 /// Returns the events of the first upstream that answered, and that upstream.
 pub async fn start<'a>(
     providers: &Providers,
+    breakers: &Breakers,
     attempt: Attempt<'a>,
 ) -> Result<(EventStream, &'a Upstream), ProviderError> {
-    let breakers = providers.breakers();
     let mut last = ProviderError::Unavailable;
     for upstream in attempt.plan {
         let key = format!("{}/{}", attempt.model, upstream.name);
