@@ -20,7 +20,7 @@ use crate::conversation::{Delta, InputBlock, OutputBlock, Request, Usage};
 use crate::limits::{Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
 use crate::providers::{EventStream, ProviderError, ProviderEvent, Providers};
 use crate::routing::breaker::Breakers;
-use crate::routing::{fallback, Catalog, Conversation, Model, Needs, Price};
+use crate::routing::{fallback, AffinityKey, Catalog, Model, Needs, Price};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{self, TurnTelemetry};
 use crate::tokens::{TokenError, Tokenizer};
@@ -238,7 +238,7 @@ pub async fn start(
         telemetry,
     };
 
-    let plan = served.plan(|| Conversation::of(conversation.as_deref(), &request));
+    let plan = served.plan(|| AffinityKey::of(conversation.as_deref(), &request));
     let Some(upstream) = plan.first() else {
         meter.release().await;
         return Err(ProviderError::Unavailable.into());

@@ -28,11 +28,12 @@ use crate::conversation::{Content, InputBlock, Request, Role};
 /// and the cost of a huge prompt stays bounded on the async workers.
 const PREFIX_BYTES: usize = 64 * 1024;
 
-/// A conversation's routing key: a digest, never the client's text.
+/// A conversation's routing key (which upstream its turns go to): a digest, never the
+/// client's text. Not the conversation itself (`crate::conversation`), only its identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Conversation([u8; 32]);
+pub struct AffinityKey([u8; 32]);
 
-impl Conversation {
+impl AffinityKey {
     /// The conversation a turn belongs to; `explicit` is a key the client sent outside the
     /// request body (header or `prompt_cache_key`).
     pub fn of(explicit: Option<&str>, request: &Request) -> Self {
@@ -157,7 +158,7 @@ mod tests {
         }
     }
 
-    fn first(conversation: &Conversation, upstreams: &[Upstream]) -> String {
+    fn first(conversation: &AffinityKey, upstreams: &[Upstream]) -> String {
         conversation.order(upstreams)[0].name.clone()
     }
 
@@ -174,10 +175,7 @@ mod tests {
         for turn in [&mut turn1, &mut turn2] {
             turn.system = Some(Content::Text("you are terse".into()));
         }
-        let (c1, c2) = (
-            Conversation::of(None, &turn1),
-            Conversation::of(None, &turn2),
-        );
+        let (c1, c2) = (AffinityKey::of(None, &turn1), AffinityKey::of(None, &turn2));
         assert_eq!(c1, c2);
         assert_eq!(c1.order(&upstreams), c2.order(&upstreams));
     }
@@ -192,16 +190,16 @@ mod tests {
             });
         }
         assert_eq!(
-            Conversation::of(None, &with_user),
-            Conversation::of(None, &other_prompt)
+            AffinityKey::of(None, &with_user),
+            AffinityKey::of(None, &other_prompt)
         );
         assert_eq!(
-            Conversation::of(Some("session-9"), &with_user),
-            Conversation::of(Some("session-9"), &other_prompt)
+            AffinityKey::of(Some("session-9"), &with_user),
+            AffinityKey::of(Some("session-9"), &other_prompt)
         );
         assert_ne!(
-            Conversation::of(Some("session-9"), &with_user),
-            Conversation::of(None, &with_user)
+            AffinityKey::of(Some("session-9"), &with_user),
+            AffinityKey::of(None, &with_user)
         );
     }
 
@@ -210,7 +208,7 @@ mod tests {
         let upstreams = [upstream("heavy", 3), upstream("light", 1)];
         let n = 20_000;
         let heavy = (0..n)
-            .filter(|i| first(&Conversation::keyed(&format!("c{i}")), &upstreams) == "heavy")
+            .filter(|i| first(&AffinityKey::keyed(&format!("c{i}")), &upstreams) == "heavy")
             .count();
         let share = heavy as f64 / f64::from(n);
         assert!((share - 0.75).abs() < 0.015, "heavy share {share}");
@@ -221,7 +219,7 @@ mod tests {
         let before = [upstream("a", 1), upstream("b", 1)];
         let after = [upstream("a", 1), upstream("b", 1), upstream("c", 1)];
         for i in 0..2_000 {
-            let c = Conversation::keyed(&format!("c{i}"));
+            let c = AffinityKey::keyed(&format!("c{i}"));
             let now = first(&c, &after);
             assert!(now == "c" || now == first(&c, &before), "conversation {i}");
         }

@@ -15,7 +15,7 @@ use crds::config::{
 use rand::Rng;
 
 use crate::conversation::CacheWrites;
-pub use affinity::Conversation;
+pub use affinity::AffinityKey;
 pub use pricing::Price;
 
 pub struct Model {
@@ -35,10 +35,10 @@ impl Model {
     /// The upstreams one turn tries, in order. With conversation affinity, the
     /// conversation's own order (its home upstream first, see [`affinity`]); otherwise the
     /// first drawn by weight, then the others in the route's order of preference, as
-    /// fallbacks. The conversation is only worked out when the route needs it.
-    pub fn plan(&self, conversation: impl FnOnce() -> Conversation) -> Vec<Upstream> {
+    /// fallbacks. The affinity key is only worked out when the route needs it.
+    pub fn plan(&self, affinity_key: impl FnOnce() -> AffinityKey) -> Vec<Upstream> {
         if self.config.affinity == Affinity::Conversation {
-            return conversation().order(self.upstreams());
+            return affinity_key().order(self.upstreams());
         }
         let upstreams = self.upstreams();
         let total: u64 = upstreams.iter().map(|u| u64::from(u.weight)).sum();
