@@ -6,8 +6,8 @@ pub mod init;
 pub mod metrics;
 pub mod propagation;
 pub mod request;
-pub mod turn;
+pub mod turn_spans;
 
 pub use init::{init, log_format, LogFormat, Telemetry};
 pub use propagation::upstream_headers;
-pub use turn::TurnTelemetry;
+pub use turn_spans::TurnTelemetry;

@@ -1,8 +1,9 @@
-//! The spans and metrics of one model turn. The request span (opened by [`super::request`])
-//! gets the turn's attributes, named after the OpenTelemetry GenAI semantic conventions where
-//! one applies (`gen_ai.*`) and `svc.*` otherwise; child spans cover admission, reservation,
-//! the upstream call and the settlement. No attribute ever holds a key, a prompt or a
-//! completion: only ids, model names, counts and credits.
+//! The spans and metrics of one model turn (the turn itself is `turn.rs`). The request
+//! span (opened by [`super::request`]) gets the turn's attributes, named after the
+//! OpenTelemetry GenAI semantic conventions where one applies (`gen_ai.*`) and `svc.*`
+//! otherwise; child spans cover admission, reservation, the upstream call and the settlement.
+//! No attribute ever holds a key, a prompt or a completion: only ids, model names, counts and
+//! credits.
 
 use std::future::Future;
 use std::time::Instant;
