@@ -20,7 +20,9 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::edge::body_reader::BodyCap;
-use crate::edge::{auth, budget, pre_admission, rate_limit_headers, request_telemetry, webhooks};
+use crate::edge::{
+    authenticate, budget, pre_admission, rate_limit_headers, request_telemetry, webhooks,
+};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::{dashboard, version};
@@ -51,7 +53,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(Extension(BodyCap::API))
-        .layer(from_fn_with_state(state.clone(), auth::layer))
+        .layer(from_fn_with_state(state.clone(), authenticate::layer))
         .layer(from_fn_with_state(state.clone(), rate_limit_headers::layer))
         .layer(SetResponseHeaderLayer::overriding(
             version::HEADER,

@@ -4,7 +4,7 @@
 //! budget it draws on, the JSON and path extractors, and the payment webhooks. Handlers live
 //! with their surface (`api`, `dashboard`, `admin`).
 
-pub mod auth;
+pub mod authenticate;
 pub mod body;
 pub mod body_reader;
 pub mod budget;

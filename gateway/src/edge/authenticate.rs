@@ -1,6 +1,7 @@
-//! The `/v1` authentication middleware: the API key from `Authorization: Bearer` (the spec) or
-//! `x-api-key` (what the Anthropic SDKs send), the client address's key-guessing brake for
-//! requests without a valid key, and the [`Principal`] handed to the handlers.
+//! The `/v1` authentication layer (the key lookup itself is `gateway_core::auth`): the API key
+//! from `Authorization: Bearer` (the spec) or `x-api-key` (what the Anthropic SDKs send), the
+//! client address's key-guessing brake for requests without a valid key, and the
+//! [`Principal`] handed to the handlers.
 
 use std::sync::Arc;
 
