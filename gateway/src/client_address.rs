@@ -8,8 +8,12 @@
 //! the first untrusted address from the right is the client; what lies to the left of it is
 //! the client's own claim and is ignored.
 
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
 use http::{Extensions, HeaderMap};
 use ipnet::IpNet;
 
@@ -93,6 +97,24 @@ impl ClientAddress {
                 .get::<Peer>()
                 .map(|peer| proxies.client(peer.0.ip(), headers)),
         )
+    }
+}
+
+/// The client address as an extractor, for the handlers that count by it (the dashboard's
+/// sign-in and sign-up brakes).
+impl<S> FromRequestParts<S> for ClientAddress
+where
+    S: Send + Sync,
+    Arc<TrustedProxies>: FromRef<S>,
+{
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self::of(
+            &Arc::<TrustedProxies>::from_ref(state),
+            &parts.extensions,
+            &parts.headers,
+        ))
     }
 }
 

@@ -8,7 +8,6 @@ pub mod authenticate;
 pub mod body;
 pub mod body_reader;
 pub mod budget;
-mod client_address;
 pub mod path;
 pub mod pre_admission;
 pub mod rate_limit_headers;
