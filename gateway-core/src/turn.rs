@@ -589,11 +589,7 @@ impl Meter {
             Some((usage, reason)) => (usage, Some(reason)),
             None => (self.partial_usage(), None),
         };
-        let cost = if completed || self.delivered_as_generated {
-            self.price.credits(&usage)
-        } else {
-            0
-        };
+        let cost = cost(&self.price, &usage, completed, self.delivered_as_generated);
         let lease = self.lease.take();
         let (key, estimate) = (self.key_id.clone(), u64::from(self.estimated_input));
         let actual = usage.input_tokens.into();
@@ -636,6 +632,19 @@ impl Meter {
             output_tokens: self.state.tokens.count(&self.generated),
             ..self.usage
         }
+    }
+}
+
+/// What a turn costs by how it ended. A completed turn: its usage. A turn that ended before its
+/// end (its client left, shutdown interrupted it, its upstream failed): what it generated when
+/// its client received that as it was generated (a stream), nothing when the client was to get
+/// the whole answer at the end (JSON), since a retry would pay for it again. The ledger then
+/// bills at most what was reserved, and nothing of a failed turn (`Settlement::billed`).
+fn cost(price: &Price, usage: &TokenUsage, completed: bool, delivered_as_generated: bool) -> u64 {
+    if completed || delivered_as_generated {
+        price.credits(usage)
+    } else {
+        0
     }
 }
 
@@ -741,5 +750,52 @@ fn apply_delta(block: &mut OutputBlock, json: &mut String, delta: Delta) {
             signature.push_str(&s)
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crds::config::Pricing;
+
+    use super::*;
+
+    fn price() -> Price {
+        Price::new(
+            Pricing {
+                input_micros_per_mtok: 3_000_000,
+                output_micros_per_mtok: 15_000_000,
+                ..Pricing::default()
+            },
+            1_000_000,
+        )
+    }
+
+    fn usage() -> TokenUsage {
+        TokenUsage {
+            input_tokens: 1_000,
+            output_tokens: 200,
+            ..TokenUsage::default()
+        }
+    }
+
+    #[test]
+    fn a_completed_turn_costs_its_usage_streamed_or_not() {
+        let full = price().credits(&usage());
+        assert!(full > 0);
+        assert_eq!(cost(&price(), &usage(), true, true), full);
+        assert_eq!(cost(&price(), &usage(), true, false), full);
+    }
+
+    #[test]
+    fn a_stream_that_ends_early_costs_what_its_client_was_sent() {
+        assert_eq!(
+            cost(&price(), &usage(), false, true),
+            price().credits(&usage())
+        );
+    }
+
+    #[test]
+    fn a_json_turn_that_ends_early_costs_nothing_its_client_never_got_the_answer() {
+        assert_eq!(cost(&price(), &usage(), false, false), 0);
     }
 }

@@ -374,3 +374,32 @@ pub trait Ledger: Send + Sync {
     /// The account's confirmed top-ups, newest first.
     async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(status: MessageStatus, cost: u64) -> Settlement {
+        Settlement {
+            cost,
+            ..Settlement::nothing("msg_1".into(), status)
+        }
+    }
+
+    #[test]
+    fn a_turn_is_billed_its_cost_but_never_more_than_it_reserved() {
+        for status in [
+            MessageStatus::Completed,
+            MessageStatus::Interrupted,
+            MessageStatus::ClientDisconnected,
+        ] {
+            assert_eq!(ended(status, 40).billed(100), 40, "{status:?}");
+            assert_eq!(ended(status, 140).billed(100), 100, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_turn_is_billed_nothing_whatever_it_generated() {
+        assert_eq!(ended(MessageStatus::Failed, 40).billed(100), 0);
+    }
+}
