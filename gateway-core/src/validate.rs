@@ -243,3 +243,228 @@ fn thinking(req: &Request, model: &ModelConfig, open_max_tokens: bool) -> Result
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crds::config::{Affinity, Capabilities, Pricing, Route};
+
+    use super::*;
+    use crate::conversation::{Content, Message};
+
+    fn model(capabilities: Capabilities) -> ModelConfig {
+        ModelConfig {
+            display_name: "Test".into(),
+            context_window: 200_000,
+            max_output_tokens: 8_192,
+            capabilities,
+            pricing: Pricing::default(),
+            route: Route::Upstreams(Vec::new()),
+            affinity: Affinity::default(),
+        }
+    }
+
+    fn everything() -> ModelConfig {
+        model(Capabilities {
+            thinking: true,
+            vision: true,
+            tools: true,
+        })
+    }
+
+    fn say(role: Role, text: &str) -> Message {
+        Message {
+            role,
+            content: Content::Text(text.into()),
+        }
+    }
+
+    fn ask(text: &str) -> Request {
+        Request {
+            max_tokens: 1_024,
+            messages: vec![say(Role::User, text)],
+            ..Request::default()
+        }
+    }
+
+    fn refusal(req: &Request, model: &ModelConfig) -> String {
+        match request(req, "test-model", model, false) {
+            Ok(()) => panic!("accepted {req:?}"),
+            Err(Invalid(message)) => message,
+        }
+    }
+
+    #[test]
+    fn a_plain_question_within_the_models_limits_is_valid() {
+        assert!(request(&ask("hi"), "test-model", &everything(), false).is_ok());
+    }
+
+    #[test]
+    fn max_tokens_must_be_positive_and_at_most_the_models_output_limit() {
+        let mut req = ask("hi");
+        req.max_tokens = 0;
+        assert_eq!(
+            refusal(&req, &everything()),
+            "max_tokens: must be a positive integer"
+        );
+        req.max_tokens = 8_193;
+        let message = refusal(&req, &everything());
+        assert!(
+            message.starts_with("max_tokens: 8193 is above the maximum of 8192 for test-model"),
+            "{message}"
+        );
+        assert!(
+            message.ends_with("lower max_tokens to 8192 or less"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn max_tokens_left_open_by_the_client_is_not_checked() {
+        let mut req = ask("hi");
+        req.max_tokens = 1_000_000;
+        assert!(request(&req, "test-model", &everything(), true).is_ok());
+    }
+
+    #[test]
+    fn claude_code_over_max_tokens_is_told_the_setting_that_sizes_it() {
+        let mut req = ask("hi");
+        req.max_tokens = 32_000;
+        req.system = Some(Content::Text(
+            "You are Claude Code, Anthropic's CLI.".into(),
+        ));
+        let message = refusal(&req, &everything());
+        assert!(
+            message.contains("set CLAUDE_CODE_MAX_OUTPUT_TOKENS=8192"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn messages_start_and_end_with_the_user_and_alternate() {
+        let mut req = ask("hi");
+        req.messages.clear();
+        assert_eq!(
+            refusal(&req, &everything()),
+            "messages: at least one message is required"
+        );
+        req.messages = vec![say(Role::Assistant, "hello"), say(Role::User, "hi")];
+        assert!(refusal(&req, &everything()).starts_with("messages[0].role"));
+        req.messages = vec![say(Role::User, "hi"), say(Role::Assistant, "hello")];
+        assert_eq!(
+            refusal(&req, &everything()),
+            "messages: the last message must have role `user`"
+        );
+        req.messages = vec![say(Role::User, "hi"), say(Role::User, "again")];
+        assert_eq!(
+            refusal(&req, &everything()),
+            "messages[1].role: messages must alternate between `user` and `assistant`"
+        );
+        req.messages = vec![say(Role::User, "")];
+        assert_eq!(
+            refusal(&req, &everything()),
+            "messages[0].content: must not be empty"
+        );
+    }
+
+    #[test]
+    fn sampling_ranges_and_stop_sequences_are_checked_naming_the_field() {
+        let mut req = ask("hi");
+        req.temperature = Some(1.5);
+        assert_eq!(
+            refusal(&req, &everything()),
+            "temperature: must be between 0 and 1"
+        );
+        req.temperature = None;
+        req.top_p = Some(-0.1);
+        assert_eq!(
+            refusal(&req, &everything()),
+            "top_p: must be between 0 and 1"
+        );
+        req.top_p = None;
+        req.stop_sequences = vec!["a".into(); MAX_STOP_SEQUENCES + 1];
+        assert!(refusal(&req, &everything()).starts_with("stop_sequences: at most 4"));
+        req.stop_sequences = vec!["end".into(), " ".into()];
+        assert_eq!(
+            refusal(&req, &everything()),
+            "stop_sequences[1]: must contain non-whitespace text"
+        );
+    }
+
+    fn tool(name: &str) -> crate::conversation::Tool {
+        crate::conversation::Tool {
+            name: name.into(),
+            description: None,
+            input_schema: serde_json::json!({"type": "object"}),
+            cache_control: None,
+        }
+    }
+
+    #[test]
+    fn tools_need_a_model_with_tools_and_unique_well_formed_names() {
+        let mut req = ask("hi");
+        req.tools = vec![tool("get_weather")];
+        assert_eq!(
+            refusal(&req, &model(Capabilities::default())),
+            "tools: test-model does not support tools"
+        );
+        req.tools = vec![tool("get weather")];
+        assert!(refusal(&req, &everything()).starts_with("tools[0].name: 1 to 64"));
+        req.tools = vec![tool("a"), tool("a")];
+        assert_eq!(
+            refusal(&req, &everything()),
+            "tools[1].name: `a` is defined twice"
+        );
+    }
+
+    #[test]
+    fn thinking_on_a_model_without_it_is_accepted_and_left_out_of_the_turn() {
+        let mut req = ask("hi");
+        req.thinking = Some(Thinking::Enabled { budget_tokens: 10 });
+        let plain = model(Capabilities::default());
+        assert!(request(&req, "test-model", &plain, false).is_ok());
+        fit_thinking(&mut req, &plain);
+        assert_eq!(req.thinking, None);
+    }
+
+    #[test]
+    fn a_thinking_budget_is_at_least_the_minimum_and_below_max_tokens() {
+        let mut req = ask("hi");
+        req.max_tokens = 4_000;
+        req.thinking = Some(Thinking::Enabled {
+            budget_tokens: 1_000,
+        });
+        assert_eq!(
+            refusal(&req, &everything()),
+            "thinking.budget_tokens: must be at least 1024"
+        );
+        req.thinking = Some(Thinking::Enabled {
+            budget_tokens: 4_000,
+        });
+        assert_eq!(
+            refusal(&req, &everything()),
+            "thinking.budget_tokens: must be less than max_tokens"
+        );
+    }
+
+    #[test]
+    fn a_budget_that_does_not_fit_open_max_tokens_is_lowered_or_left_out() {
+        let mut req = ask("hi");
+        req.max_tokens = 2_000;
+        req.thinking = Some(Thinking::Enabled {
+            budget_tokens: 5_000,
+        });
+        fit_thinking(&mut req, &everything());
+        assert_eq!(
+            req.thinking,
+            Some(Thinking::Enabled {
+                budget_tokens: 1_999
+            })
+        );
+        req.max_tokens = 1_000;
+        req.thinking = Some(Thinking::Enabled {
+            budget_tokens: 5_000,
+        });
+        fit_thinking(&mut req, &everything());
+        assert_eq!(req.thinking, None, "less than the minimum budget would fit");
+    }
+}
