@@ -168,3 +168,153 @@ fn fits(model: &ModelConfig, needs: &Needs) -> bool {
         && u64::from(needs.input_tokens) + u64::from(needs.max_tokens)
             <= u64::from(model.context_window)
 }
+
+#[cfg(test)]
+mod tests {
+    use crds::config::{Capabilities, Pricing, ProviderKind, Timeouts};
+
+    use super::*;
+
+    fn upstream(name: &str, weight: u32) -> Upstream {
+        Upstream {
+            name: name.into(),
+            provider: ProviderKind::Simulated,
+            model: name.into(),
+            base_url: None,
+            api_key: None,
+            weight,
+            timeouts: Timeouts::default(),
+            http2: false,
+            chunk_delay_ms: 0,
+        }
+    }
+
+    fn model(capabilities: Capabilities, input_micros: u64, route: Route) -> ModelConfig {
+        ModelConfig {
+            display_name: "Test".into(),
+            context_window: 10_000,
+            max_output_tokens: 4_000,
+            capabilities,
+            pricing: Pricing {
+                input_micros_per_mtok: input_micros,
+                output_micros_per_mtok: input_micros * 5,
+                ..Pricing::default()
+            },
+            route,
+            affinity: Affinity::None,
+        }
+    }
+
+    const PLAIN: Capabilities = Capabilities {
+        thinking: false,
+        vision: false,
+        tools: true,
+    };
+    const THINKING: Capabilities = Capabilities {
+        thinking: true,
+        vision: true,
+        tools: true,
+    };
+
+    /// `svc/auto` over a cheap plain model and a dearer one with thinking and vision.
+    fn catalog() -> Catalog {
+        catalog_with_deep_output(4_000)
+    }
+
+    fn catalog_with_deep_output(max_output_tokens: u32) -> Catalog {
+        let direct = || Route::Upstreams(vec![upstream("u", 1)]);
+        let deep = ModelConfig {
+            max_output_tokens,
+            ..model(THINKING, 15_000_000, direct())
+        };
+        let auto = Route::Auto {
+            candidates: vec!["cheap".into(), "deep".into()],
+        };
+        let config = GatewayConfig {
+            models: [
+                ("cheap".to_owned(), model(PLAIN, 1_000_000, direct())),
+                ("deep".to_owned(), deep),
+                ("svc/auto".to_owned(), model(THINKING, 0, auto)),
+            ]
+            .into(),
+            ..GatewayConfig::default()
+        };
+        Catalog::new(config, 1_000)
+    }
+
+    fn needs() -> Needs {
+        Needs {
+            input_tokens: 100,
+            max_tokens: 100,
+            vision: false,
+            tools: false,
+            thinking: false,
+        }
+    }
+
+    fn served(catalog: &Catalog, needs: Needs) -> Option<String> {
+        let auto = catalog.model("svc/auto").expect("svc/auto");
+        catalog.serving_model(auto, &needs).map(|m| m.id.clone())
+    }
+
+    #[test]
+    fn a_direct_model_serves_its_own_turns() {
+        let catalog = catalog();
+        let cheap = catalog.model("cheap").expect("cheap");
+        let served = catalog.serving_model(cheap, &needs()).expect("served");
+        assert_eq!(served.id, "cheap");
+    }
+
+    #[test]
+    fn auto_picks_the_cheapest_candidate_that_has_what_the_turn_needs() {
+        let catalog = catalog();
+        assert_eq!(served(&catalog, needs()).as_deref(), Some("cheap"));
+        let images = Needs {
+            vision: true,
+            ..needs()
+        };
+        assert_eq!(served(&catalog, images).as_deref(), Some("deep"));
+    }
+
+    #[test]
+    fn thinking_is_a_preference_never_a_reason_to_refuse() {
+        let catalog = catalog();
+        let thinking = Needs {
+            thinking: true,
+            ..needs()
+        };
+        assert_eq!(served(&catalog, thinking).as_deref(), Some("deep"));
+        // Thinking and more output than the thinking model allows: the plain model serves it.
+        let plain_only = catalog_with_deep_output(50);
+        assert_eq!(served(&plain_only, thinking).as_deref(), Some("cheap"));
+    }
+
+    #[test]
+    fn auto_refuses_a_turn_no_candidate_has_room_for() {
+        let catalog = catalog();
+        let too_long = Needs {
+            input_tokens: 9_950,
+            ..needs()
+        };
+        assert_eq!(served(&catalog, too_long), None);
+    }
+
+    #[test]
+    fn without_affinity_the_first_upstream_is_drawn_by_weight_and_the_rest_follow_as_fallbacks() {
+        let route = Route::Upstreams(vec![
+            upstream("never", 0),
+            upstream("always", 5),
+            upstream("last", 0),
+        ]);
+        let model = Model {
+            id: "m".into(),
+            price: Price::new(Pricing::default(), 1_000),
+            config: model(PLAIN, 0, route),
+        };
+        for _ in 0..20 {
+            let plan = model.plan(|| unreachable!("no affinity key without affinity"));
+            let names: Vec<&str> = plan.iter().map(|u| u.name.as_str()).collect();
+            assert_eq!(names, ["always", "never", "last"]);
+        }
+    }
+}
