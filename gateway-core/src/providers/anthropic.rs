@@ -157,3 +157,84 @@ impl Decoder for Stream {
         Ok(Vec::new())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(stream: &mut Stream, events: &[&str]) -> Result<Vec<ProviderEvent>, ProviderError> {
+        let mut out = Vec::new();
+        for data in events {
+            out.extend(stream.event(SseEvent {
+                name: None,
+                data: (*data).to_owned(),
+            })?);
+        }
+        Ok(out)
+    }
+
+    const START: &str = r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":1}}}"#;
+
+    #[test]
+    fn a_stream_finishes_with_the_stop_reason_and_the_usage_of_message_start_and_message_delta() {
+        let mut stream = Stream::default();
+        let events = feed(
+            &mut stream,
+            &[
+                START,
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+                r#"{"type":"ping"}"#,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
+                r#"{"type":"content_block_stop","index":0}"#,
+                r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":7}}"#,
+                r#"{"type":"message_stop"}"#,
+            ],
+        )
+        .expect("a well-formed stream");
+        assert!(
+            matches!(events.first(), Some(ProviderEvent::Started { usage }) if usage.input_tokens == 12 && usage.output_tokens == 0)
+        );
+        assert!(events.contains(&ProviderEvent::BlockDelta {
+            index: 0,
+            delta: Delta::Text { text: "Hi".into() },
+        }));
+        match events.last() {
+            Some(ProviderEvent::Finish {
+                stop_reason, usage, ..
+            }) => {
+                assert_eq!(*stop_reason, StopReason::MaxTokens);
+                assert_eq!((usage.input_tokens, usage.output_tokens), (12, 7));
+            }
+            other => panic!("the stream did not finish: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_event_the_api_added_later_is_skipped_and_broken_json_is_an_error() {
+        let mut stream = Stream::default();
+        let skipped = feed(&mut stream, &[r#"{"type":"a_future_event","x":1}"#]);
+        assert_eq!(skipped.expect("skipped"), Vec::new());
+        assert!(matches!(
+            feed(&mut stream, &["{not json"]),
+            Err(ProviderError::Upstream)
+        ));
+    }
+
+    #[test]
+    fn an_error_event_is_told_apart_overloaded_timeout_or_upstream() {
+        let error = |kind: &str| {
+            let data = format!(r#"{{"type":"error","error":{{"type":"{kind}","message":"x"}}}}"#);
+            feed(&mut Stream::default(), &[data.as_str()]).expect_err("an error event")
+        };
+        assert!(matches!(
+            error("overloaded_error"),
+            ProviderError::Overloaded
+        ));
+        assert!(matches!(
+            error("rate_limit_error"),
+            ProviderError::Overloaded
+        ));
+        assert!(matches!(error("timeout_error"), ProviderError::Timeout));
+        assert!(matches!(error("api_error"), ProviderError::Upstream));
+    }
+}

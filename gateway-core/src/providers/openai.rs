@@ -215,3 +215,118 @@ impl Decoder for Stream {
         Ok(events)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use store::usage::StopReason;
+
+    use super::*;
+
+    fn stream() -> Stream {
+        Stream {
+            blocks: Blocks::default(),
+            tokens: Tokenizer::default(),
+            input_tokens: 9,
+            open: None,
+            keys: 0,
+            tools: HashMap::new(),
+            finish: None,
+            usage: None,
+            generated: String::new(),
+        }
+    }
+
+    fn feed(stream: &mut Stream, events: &[&str]) -> Vec<ProviderEvent> {
+        let mut out = Vec::new();
+        for data in events {
+            let event = SseEvent {
+                name: None,
+                data: (*data).to_owned(),
+            };
+            out.extend(stream.event(event).expect("a well-formed chunk"));
+        }
+        out
+    }
+
+    fn finish(events: &[ProviderEvent]) -> (StopReason, TokenUsage) {
+        match events.last() {
+            Some(ProviderEvent::Finish {
+                stop_reason, usage, ..
+            }) => (*stop_reason, *usage),
+            other => panic!("the stream did not finish: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_turn_ends_at_done_with_the_usage_chunk_that_follows_the_finish_reason() {
+        let mut s = stream();
+        let events = feed(
+            &mut s,
+            &[
+                r#"{"choices":[{"index":0,"delta":{"content":"Hel"}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"length"}]}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":2,"total_tokens":22}}"#,
+                "[DONE]",
+            ],
+        );
+        let (stop, usage) = finish(&events);
+        assert_eq!(stop, StopReason::MaxTokens);
+        assert_eq!((usage.input_tokens, usage.output_tokens), (20, 2));
+    }
+
+    #[test]
+    fn an_upstream_that_reports_no_usage_is_billed_by_the_gateways_count() {
+        let mut s = stream();
+        let events = feed(
+            &mut s,
+            &[
+                r#"{"choices":[{"index":0,"delta":{"content":"Hello there"},"finish_reason":"stop"}]}"#,
+                "[DONE]",
+            ],
+        );
+        let (stop, usage) = finish(&events);
+        assert_eq!(stop, StopReason::EndTurn);
+        assert_eq!(
+            usage.input_tokens, 9,
+            "the gateway's own count of the input"
+        );
+        assert_eq!(
+            usage.output_tokens,
+            Tokenizer::default().count("Hello there")
+        );
+    }
+
+    #[test]
+    fn a_body_that_ends_without_a_finish_reason_finishes_nothing() {
+        let mut s = stream();
+        feed(
+            &mut s,
+            &[r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#],
+        );
+        assert_eq!(s.end().expect("end"), Vec::new());
+    }
+
+    #[test]
+    fn a_tool_call_streams_as_a_tool_use_block_and_the_turn_stops_for_it() {
+        let mut s = stream();
+        let events = feed(
+            &mut s,
+            &[
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":\"Paris\"}"}}]},"finish_reason":"tool_calls"}]}"#,
+                "[DONE]",
+            ],
+        );
+        assert!(events.iter().any(|e| matches!(
+            e,
+            ProviderEvent::BlockStart { block: OutputBlock::ToolUse { name, .. }, .. } if name == "get_weather"
+        )));
+        assert!(events.contains(&ProviderEvent::BlockDelta {
+            index: 0,
+            delta: Delta::InputJson {
+                partial_json: r#"{"city":"Paris"}"#.into()
+            },
+        }));
+        assert_eq!(finish(&events).0, StopReason::ToolUse);
+    }
+}
