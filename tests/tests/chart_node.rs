@@ -1,0 +1,234 @@
+//! The chart's pods, running: `helm install` into the test cluster of `e2e::node` (a real
+//! kube-apiserver, kube-controller-manager and kube-scheduler, and a node running each pod's
+//! containers from the image with podman), with Redis and Postgres outside the cluster, named
+//! through the Secrets the README has the platform team create. nginx plays the Ingress
+//! controller in front of the Service's endpoints.
+//!
+//! Fails (never skips) when a tool it needs is missing: helm, the Kubernetes binaries
+//! (`scripts/kube-apiserver`, `scripts/kube-node`), podman or the image (`scripts/image`).
+
+use std::time::{Duration, Instant};
+
+use e2e::helm::{assert_ok, helm_waiting, Trial};
+use e2e::kube::KubeApi;
+use e2e::node::TestNode;
+use e2e::sdk::sdk_call;
+use e2e::{MockUpstream, Nginx, PostgresServer, RedisServer, RoutedManifests, UpstreamDef};
+use serde_json::Value;
+
+/// The release whose service accounts the chart names `gateway` and `gateway-operator`.
+const RELEASE: &str = "gateway";
+
+/// The running chart and what it runs against.
+struct Installed {
+    trial: Trial,
+    node: TestNode,
+    pg: PostgresServer,
+    mock: MockUpstream,
+    _redis: RedisServer,
+    _manifests: RoutedManifests,
+}
+
+impl Installed {
+    /// Starts the cluster and the stores, creates the stores' Secrets as the README says and
+    /// runs `helm install` (which returns once the pre-install migration Job has completed on
+    /// the node), then applies the tiers, keys and routes to a mock upstream.
+    async fn install(values: &[&str]) -> Installed {
+        let Some(trial) = Trial::start(RELEASE).await else {
+            panic!("helm or the Kubernetes API server is missing: see scripts/test");
+        };
+        let node = TestNode::start(&trial.api).await;
+        let (redis, pg, mock) = (
+            RedisServer::start().await,
+            PostgresServer::start().await,
+            MockUpstream::start().await,
+        );
+        let api = &trial.api;
+        for (secret, url) in [
+            ("gateway-redis", redis.url()),
+            ("gateway-postgres", pg.url()),
+        ] {
+            let literal = format!("--from-literal=url={url}");
+            let out = api.kubectl(&["create", "secret", "generic", secret, &literal]);
+            assert_ok(&format!("kubectl create secret {secret}"), &out);
+        }
+        let started = Instant::now();
+        // The 1.20 API server has no policy/v1 PodDisruptionBudget (see docs/kubernetes.md).
+        let mut args = vec![
+            "install",
+            RELEASE,
+            &trial.chart,
+            "--disable-openapi-validation",
+            "--set",
+            "gateway.pdb.enabled=false",
+            "--timeout",
+            "2m",
+        ];
+        args.extend_from_slice(values);
+        let out = helm_waiting(api, &args).await;
+        assert!(
+            out.status.success(),
+            "helm install failed:\n{}\n{}\nnode:\n{}\nmigrations:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            node.logs(),
+            node.pod_logs("gateway-migrate")
+        );
+        eprintln!(
+            "helm install (the migration Job included): {:?}",
+            started.elapsed()
+        );
+        let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
+        api.apply_path(manifests.path.to_str().expect("a UTF-8 path"));
+        Installed {
+            trial,
+            node,
+            pg,
+            mock,
+            _redis: redis,
+            _manifests: manifests,
+        }
+    }
+
+    fn api(&self) -> &KubeApi {
+        &self.trial.api
+    }
+
+    /// `kubectl rollout status` of the Deployment, asserted to succeed.
+    async fn rolled_out(&self, deployment: &str) {
+        let started = Instant::now();
+        let out = self
+            .api()
+            .kubectl_waiting(&[
+                "rollout",
+                "status",
+                &format!("deployment/{deployment}"),
+                "--timeout=240s",
+            ])
+            .await;
+        assert!(
+            out.status.success(),
+            "deployment/{deployment} did not roll out: {}\n{}\nnode:\n{}\npods:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.node.logs(),
+            self.node.pod_logs(deployment)
+        );
+        eprintln!("{deployment} rolled out: {:?}", started.elapsed());
+    }
+
+    /// The gateway pods as the API server has them.
+    fn gateway_pods(&self) -> Vec<Value> {
+        let out = self.api().kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=gateway",
+            "-o",
+            "json",
+        ]);
+        assert_ok("kubectl get pods", &out);
+        let list: Value = serde_json::from_slice(&out.stdout).expect("a pod list");
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// `ADDRESS:PORT` of every ready endpoint of the gateway Service, once there are `count`.
+    async fn service_endpoints(&self, count: usize) -> Vec<String> {
+        e2e::poll_until(
+            &format!("{count} ready endpoints of the Service"),
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || async {
+                let out = self
+                    .api()
+                    .kubectl(&["get", "endpoints", RELEASE, "-o", "json"]);
+                let endpoints: Value = serde_json::from_slice(&out.stdout).ok()?;
+                let subset = &endpoints["subsets"][0];
+                let port = subset["ports"][0]["port"].as_u64()?;
+                let addresses: Vec<String> = subset["addresses"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|a| a["ip"].as_str())
+                    .map(|ip| format!("{ip}:{port}"))
+                    .collect();
+                (addresses.len() == count).then_some(addresses)
+            },
+        )
+        .await
+    }
+
+    /// A key with credits, created with the gateway's own CLI against the ledger.
+    async fn key(&self) -> String {
+        let created = self
+            .pg
+            .gateway_cli(&[
+                "keys",
+                "create",
+                "--new-account",
+                "node",
+                "--credits",
+                "100000000",
+            ])
+            .await
+            .expect("keys create");
+        created["key"]
+            .as_str()
+            .expect("the key's secret")
+            .to_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_probes_and_the_ingress_serves_the_sdk(
+) {
+    let chart = Installed::install(&[]).await;
+    let migrations = chart
+        .pg
+        .query_i64("SELECT count(*) FROM _sqlx_migrations WHERE success")
+        .await;
+    assert!(migrations > 0, "the migration Job migrated nothing");
+
+    chart.rolled_out("gateway-operator").await;
+    chart.rolled_out(RELEASE).await;
+    // The operator's scaler raises the Deployment from the API server's one replica to the
+    // chart's gateway.replicas (2); both pods pass their readiness probes.
+    let endpoints = chart.service_endpoints(2).await;
+    let pods = chart.gateway_pods();
+    let ready: Vec<&Value> = pods
+        .iter()
+        .filter(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .collect();
+    assert_eq!(ready.len(), 2, "two ready gateway pods: {pods:#?}");
+    for pod in &ready {
+        let ip = pod["status"]["podIP"].as_str().expect("a pod IP");
+        assert!(
+            endpoints.contains(&format!("{ip}:8080")),
+            "the Service's endpoints {endpoints:?} lack the ready pod at {ip}"
+        );
+    }
+
+    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    let key = chart.key().await;
+    // Round robin: each pod serves one of the turns.
+    for turn in 1..=endpoints.len() {
+        match sdk_call(&nginx.url(""), &key).await {
+            Ok(id) => assert!(id.starts_with("msg_"), "{id}"),
+            Err(status) => panic!(
+                "the SDK got {status} through the ingress:\n{}\n{}",
+                nginx.logs(),
+                chart.node.pod_logs(RELEASE)
+            ),
+        }
+        assert_eq!(
+            chart.mock.request_count(),
+            turn,
+            "the turn reached the upstream"
+        );
+    }
+}
