@@ -351,7 +351,13 @@ impl Kubelet {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let mut run = PodRun::new(&self, &pod);
+        let mut run = match PodRun::new(&self, &pod) {
+            Ok(run) => run,
+            Err(e) => {
+                self.say(&format!("pod {name}: {e}"));
+                return;
+            }
+        };
         if stop.borrow().is_none() {
             run.report(&pods).await;
             let outcome = tokio::select! {
@@ -425,9 +431,6 @@ struct PodContext {
 
 struct PodRun {
     pod: Pod,
-    name: String,
-    ip: String,
-    dir: PathBuf,
     label: String,
     ctx: PodContext,
     phase: &'static str,
@@ -440,37 +443,28 @@ struct PodRun {
 }
 
 impl PodRun {
-    fn new(kubelet: &Kubelet, pod: &Pod) -> PodRun {
+    fn new(kubelet: &Kubelet, pod: &Pod) -> Result<PodRun, String> {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let dir = kubelet.dir.join("pods").join(&name);
-        let ip = match kubelet.pod_ip() {
-            Ok(ip) => ip,
-            Err(e) => {
-                kubelet.say(&e);
-                String::new()
-            }
-        };
+        let ip = kubelet.pod_ip()?;
         let grace = pod
             .spec
             .as_ref()
             .and_then(|s| s.termination_grace_period_seconds)
             .unwrap_or(30);
-        PodRun {
+        Ok(PodRun {
             pod: pod.clone(),
             ctx: PodContext {
-                name: name.clone(),
+                name,
                 node: kubelet.node.clone(),
-                ip: ip.clone(),
-                dir: dir.clone(),
+                ip,
+                dir,
                 grace,
                 http: reqwest::Client::builder()
                     .no_proxy()
                     .build()
                     .expect("a probe client"),
             },
-            name,
-            ip,
-            dir,
             label: format!("e2e-node={}", kubelet.node),
             phase: "Pending",
             message: None,
@@ -479,7 +473,7 @@ impl PodRun {
             ready_since: None,
             containers: Vec::new(),
             last_report: None,
-        }
+        })
     }
 
     fn spec(&self) -> k8s_openapi::api::core::v1::PodSpec {
@@ -489,7 +483,7 @@ impl PodRun {
     /// Runs the init containers to completion, then the containers until the pod ends (a
     /// pod that restarts its containers never ends: its worker is stopped by the deletion).
     async fn run(&mut self, kubelet: &Kubelet, pods: &Api<Pod>) -> Result<(), String> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&self.ctx.dir).map_err(|e| e.to_string())?;
         let mounts = self.prepare_volumes(kubelet).await?;
         let spec = self.spec();
         for init in spec.init_containers.clone().unwrap_or_default() {
@@ -551,7 +545,7 @@ impl PodRun {
         let namespace = self.pod.metadata.namespace.clone().unwrap_or_default();
         let mut volumes = HashMap::new();
         for volume in self.spec().volumes.unwrap_or_default() {
-            let host = self.dir.join("volumes").join(&volume.name);
+            let host = self.ctx.dir.join("volumes").join(&volume.name);
             std::fs::create_dir_all(&host).map_err(|e| e.to_string())?;
             let files: BTreeMap<String, Vec<u8>> = if let Some(secret) = &volume.secret {
                 let secrets: Api<Secret> = Api::namespaced(kubelet.client.clone(), &namespace);
@@ -673,7 +667,7 @@ impl PodRun {
         }
         if api_access {
             let namespace = self.pod.metadata.namespace.clone().unwrap_or_default();
-            let path = self.dir.join("kubeconfig");
+            let path = self.ctx.dir.join("kubeconfig");
             let config = format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    \
                  server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: pod\n  user:\n    \
@@ -700,7 +694,7 @@ impl PodRun {
 
     /// `0.0.0.0:PORT` (every address of the pod's own network) becomes `POD_IP:PORT`.
     fn on_pod_ip(&self, value: &str) -> String {
-        value.replace("0.0.0.0:", &format!("{}:", self.ip))
+        value.replace("0.0.0.0:", &format!("{}:", self.ctx.ip))
     }
 
     async fn env_value(&self, kubelet: &Kubelet, var: &EnvVar) -> Result<String, String> {
@@ -739,14 +733,14 @@ impl PodRun {
         if let Some(field) = from.field_ref {
             let meta = &self.pod.metadata;
             return match field.field_path.as_str() {
-                "metadata.name" => Ok(self.name.clone()),
+                "metadata.name" => Ok(self.ctx.name.clone()),
                 "metadata.namespace" => Ok(namespace),
                 "metadata.uid" => Ok(uid(&self.pod)),
                 "spec.nodeName" => Ok(kubelet.node.clone()),
                 "spec.serviceAccountName" => {
                     Ok(self.spec().service_account_name.unwrap_or_default())
                 }
-                "status.podIP" => Ok(self.ip.clone()),
+                "status.podIP" => Ok(self.ctx.ip.clone()),
                 "status.hostIP" => Ok("127.0.0.1".into()),
                 other => meta
                     .labels
@@ -797,8 +791,8 @@ impl PodRun {
         let mut status = json!({
             "phase": self.phase,
             "hostIP": "127.0.0.1",
-            "podIP": self.ip,
-            "podIPs": [{"ip": self.ip}],
+            "podIP": self.ctx.ip,
+            "podIPs": [{"ip": self.ctx.ip}],
             "startTime": self.start_time,
             "conditions": [
                 {"type": "PodScheduled", "status": "True"},
@@ -816,7 +810,11 @@ impl PodRun {
         }
         let patch = json!({"status": status});
         if pods
-            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(
+                &self.ctx.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
             .await
             .is_ok()
         {

@@ -25,7 +25,7 @@ struct Installed {
     node: TestNode,
     pg: PostgresServer,
     mock: MockUpstream,
-    _redis: RedisServer,
+    redis: RedisServer,
     _manifests: RoutedManifests,
 }
 
@@ -85,7 +85,7 @@ impl Installed {
             node,
             pg,
             mock,
-            _redis: redis,
+            redis,
             _manifests: manifests,
         }
     }
@@ -144,10 +144,11 @@ impl Installed {
                     .kubectl(&["get", "endpoints", RELEASE, "-o", "json"]);
                 let endpoints: Value = serde_json::from_slice(&out.stdout).ok()?;
                 let subset = &endpoints["subsets"][0];
-                let port = subset["ports"][0]["port"].as_u64()?;
+                let port = subset["ports"][0]["port"].as_u64().unwrap_or_default();
                 let addresses: Vec<String> = subset["addresses"]
-                    .as_array()?
-                    .iter()
+                    .as_array()
+                    .into_iter()
+                    .flatten()
                     .filter_map(|a| a["ip"].as_str())
                     .map(|ip| format!("{ip}:{port}"))
                     .collect();
@@ -231,4 +232,14 @@ async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_pr
             "the turn reached the upstream"
         );
     }
+
+    // Readiness is the probes' (fail-closed, the default): with Redis gone every pod turns
+    // not ready and leaves the Service; back when Redis is.
+    let mut chart = chart;
+    chart.redis.stop().await;
+    chart.service_endpoints(0).await;
+    chart.redis.restart().await;
+    let endpoints = chart.service_endpoints(2).await;
+    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    assert!(sdk_call(&nginx.url(""), &key).await.is_ok());
 }
