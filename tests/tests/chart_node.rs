@@ -16,6 +16,10 @@ use e2e::sdk::sdk_call;
 use e2e::{MockUpstream, Nginx, PostgresServer, RedisServer, RoutedManifests, UpstreamDef};
 use serde_json::Value;
 
+/// How soon an applied resource is served by every pod: the operator's publication and the
+/// gateways' watch of the config Secret (docs/operator.md).
+const PUBLISHED_WITHIN: Duration = Duration::from_secs(10);
+
 /// The release whose service accounts the chart names `gateway` and `gateway-operator`.
 const RELEASE: &str = "gateway";
 
@@ -158,6 +162,38 @@ impl Installed {
         .await
     }
 
+    /// Installs, waits for both Deployments to roll out and for the operator's scaler to
+    /// bring the gateway to two ready pods: their Service endpoints.
+    async fn serving() -> (Installed, Vec<String>) {
+        let chart = Installed::install(&[]).await;
+        chart.rolled_out("gateway-operator").await;
+        chart.rolled_out(RELEASE).await;
+        let endpoints = chart.service_endpoints(2).await;
+        (chart, endpoints)
+    }
+
+    /// A key with credits, created with the gateway's own CLI against the ledger: its id and
+    /// secret.
+    async fn key_with_id(&self) -> (String, String) {
+        let created = self
+            .pg
+            .gateway_cli(&[
+                "keys",
+                "create",
+                "--new-account",
+                "node",
+                "--credits",
+                "100000000",
+            ])
+            .await
+            .expect("keys create");
+        let id = created["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no key id in {created}"));
+        let secret = created["key"].as_str().expect("the key's secret");
+        (id.to_owned(), secret.to_owned())
+    }
+
     /// A key with credits, created with the gateway's own CLI against the ledger.
     async fn key(&self) -> String {
         let created = self
@@ -182,18 +218,14 @@ impl Installed {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_probes_and_the_ingress_serves_the_sdk(
 ) {
-    let chart = Installed::install(&[]).await;
+    let (chart, endpoints) = Installed::serving().await;
     let migrations = chart
         .pg
         .query_i64("SELECT count(*) FROM _sqlx_migrations WHERE success")
         .await;
     assert!(migrations > 0, "the migration Job migrated nothing");
-
-    chart.rolled_out("gateway-operator").await;
-    chart.rolled_out(RELEASE).await;
-    // The operator's scaler raises the Deployment from the API server's one replica to the
-    // chart's gateway.replicas (2); both pods pass their readiness probes.
-    let endpoints = chart.service_endpoints(2).await;
+    // The operator's scaler raised the Deployment from the API server's one replica to the
+    // chart's gateway.replicas (2); both pods passed their readiness probes.
     let pods = chart.gateway_pods();
     let ready: Vec<&Value> = pods
         .iter()
@@ -242,4 +274,47 @@ async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_pr
     let endpoints = chart.service_endpoints(2).await;
     let nginx = Nginx::start_in_front_of(&endpoints).await;
     assert!(sdk_call(&nginx.url(""), &key).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_of_an_enterprise_api_key_takes_effect_on_every_gateway_pod() {
+    let (chart, endpoints) = Installed::serving().await;
+    let (id, key) = chart.key_with_id().await;
+    let grant = format!(
+        "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: node-grant\n\
+         spec:\n  keyId: {id}\n  tier: enterprise\n  limits:\n    requestsPerMinute: 77\n    \
+         inputTokensPerMinute: 7777\n    concurrentStreams: 7\n"
+    );
+    let applied = Instant::now();
+    assert_ok("kubectl apply of the ApiKey", &chart.api().apply(&grant));
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client");
+    // Each pod directly (its Service endpoint), not through a balancer that could hide one.
+    for endpoint in &endpoints {
+        let limits = e2e::poll_until(
+            &format!("the grant to reach the pod at {endpoint}"),
+            PUBLISHED_WITHIN,
+            Duration::from_millis(200),
+            || async {
+                let response = client
+                    .post(format!("http://{endpoint}/v1/messages"))
+                    .bearer_auth(&key)
+                    .json(&e2e::message("svc/haiku", "hi", 16))
+                    .send()
+                    .await
+                    .ok()?;
+                let rl = e2e::Resp::read(response).await.rate_limit();
+                (rl.limit_requests == 77).then_some(rl)
+            },
+        )
+        .await;
+        assert_eq!(limits.tier, "enterprise");
+        assert_eq!(limits.limit_tokens, 7777);
+    }
+    eprintln!(
+        "the grant served by every pod after {:?}",
+        applied.elapsed()
+    );
 }
