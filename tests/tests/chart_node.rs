@@ -23,6 +23,36 @@ const PUBLISHED_WITHIN: Duration = Duration::from_secs(10);
 /// The release whose service accounts the chart names `gateway` and `gateway-operator`.
 const RELEASE: &str = "gateway";
 
+/// `helm install` of the chart copy, asserted to succeed: it returns once the pre-install
+/// migration Job has completed on the node.
+async fn helm_install(trial: &Trial, node: &TestNode) {
+    let started = Instant::now();
+    // The 1.20 API server has no policy/v1 PodDisruptionBudget (see docs/kubernetes.md).
+    let args = [
+        "install",
+        RELEASE,
+        &trial.chart,
+        "--disable-openapi-validation",
+        "--set",
+        "gateway.pdb.enabled=false",
+        "--timeout",
+        "2m",
+    ];
+    let out = helm_waiting(&trial.api, &args).await;
+    assert!(
+        out.status.success(),
+        "helm install failed:\n{}\n{}\nnode:\n{}\nmigrations:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        node.logs(),
+        node.pod_logs("gateway-migrate")
+    );
+    eprintln!(
+        "helm install (the migration Job included): {:?}",
+        started.elapsed()
+    );
+}
+
 /// The running chart and what it runs against.
 struct Installed {
     trial: Trial,
@@ -37,7 +67,7 @@ impl Installed {
     /// Starts the cluster and the stores, creates the stores' Secrets as the README says and
     /// runs `helm install` (which returns once the pre-install migration Job has completed on
     /// the node), then applies the tiers, keys and routes to a mock upstream.
-    async fn install(values: &[&str]) -> Installed {
+    async fn install() -> Installed {
         let Some(trial) = Trial::start(RELEASE).await else {
             panic!("helm or the Kubernetes API server is missing: see scripts/test");
         };
@@ -56,32 +86,7 @@ impl Installed {
             let out = api.kubectl(&["create", "secret", "generic", secret, &literal]);
             assert_ok(&format!("kubectl create secret {secret}"), &out);
         }
-        let started = Instant::now();
-        // The 1.20 API server has no policy/v1 PodDisruptionBudget (see docs/kubernetes.md).
-        let mut args = vec![
-            "install",
-            RELEASE,
-            &trial.chart,
-            "--disable-openapi-validation",
-            "--set",
-            "gateway.pdb.enabled=false",
-            "--timeout",
-            "2m",
-        ];
-        args.extend_from_slice(values);
-        let out = helm_waiting(api, &args).await;
-        assert!(
-            out.status.success(),
-            "helm install failed:\n{}\n{}\nnode:\n{}\nmigrations:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            node.logs(),
-            node.pod_logs("gateway-migrate")
-        );
-        eprintln!(
-            "helm install (the migration Job included): {:?}",
-            started.elapsed()
-        );
+        helm_install(&trial, &node).await;
         let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
         api.apply_path(manifests.path.to_str().expect("a UTF-8 path"));
         Installed {
@@ -165,7 +170,7 @@ impl Installed {
     /// Installs, waits for both Deployments to roll out and for the operator's scaler to
     /// bring the gateway to two ready pods: their Service endpoints.
     async fn serving() -> (Installed, Vec<String>) {
-        let chart = Installed::install(&[]).await;
+        let chart = Installed::install().await;
         chart.rolled_out("gateway-operator").await;
         chart.rolled_out(RELEASE).await;
         let endpoints = chart.service_endpoints(2).await;
@@ -317,4 +322,52 @@ async fn kubectl_apply_of_an_enterprise_api_key_takes_effect_on_every_gateway_po
         "the grant served by every pod after {:?}",
         applied.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_the_same_keys() {
+    let (chart, endpoints) = Installed::serving().await;
+    let key = chart.key().await;
+    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    assert!(sdk_call(&nginx.url(""), &key).await.is_ok());
+    drop(nginx);
+
+    let out = helm_waiting(chart.api(), &["uninstall", RELEASE, "--wait"]).await;
+    assert_ok("helm uninstall", &out);
+    // Every pod of the release stopped (podman stop with its grace) and gone.
+    e2e::poll_until(
+        "the release's pods to be gone",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let out = chart.api().kubectl(&[
+                "get",
+                "pods",
+                "-l",
+                &format!("app.kubernetes.io/instance={RELEASE}"),
+                "-o",
+                "name",
+            ]);
+            (out.status.success() && out.stdout.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let crds = chart
+        .api()
+        .kubectl(&["get", "apikeys,tiers,modelroutes", "-o", "name"]);
+    assert_ok("kubectl get of the custom resources", &crds);
+    assert!(
+        !crds.stdout.is_empty(),
+        "helm uninstall took the CRDs and their resources"
+    );
+
+    helm_install(&chart.trial, &chart.node).await;
+    chart.rolled_out("gateway-operator").await;
+    chart.rolled_out(RELEASE).await;
+    let endpoints = chart.service_endpoints(2).await;
+    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    match sdk_call(&nginx.url(""), &key).await {
+        Ok(id) => assert!(id.starts_with("msg_"), "{id}"),
+        Err(status) => panic!("the key from before the uninstall got {status}"),
+    }
 }
