@@ -371,3 +371,79 @@ async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_t
         Err(status) => panic!("the key from before the uninstall got {status}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_upgrade_with_a_changed_value_rolls_the_pods_without_the_service_losing_a_ready_endpoint(
+) {
+    let (chart, before) = Installed::serving().await;
+    let key = chart.key().await;
+    let out = helm_waiting(
+        chart.api(),
+        &[
+            "upgrade",
+            RELEASE,
+            &chart.trial.chart,
+            "--disable-openapi-validation",
+            "--set",
+            "gateway.pdb.enabled=false,gateway.logFormat=text",
+        ],
+    )
+    .await;
+    assert_ok("helm upgrade", &out);
+    // While the Deployment rolls (maxSurge 1, maxUnavailable 0), the Service always has both
+    // pods' worth of ready endpoints.
+    let rolled = chart.rolled_out(RELEASE);
+    let watch = async {
+        let mut fewest = usize::MAX;
+        loop {
+            let out = chart
+                .api()
+                .kubectl(&["get", "endpoints", RELEASE, "-o", "json"]);
+            if let Ok(endpoints) = serde_json::from_slice::<Value>(&out.stdout) {
+                let ready = endpoints["subsets"][0]["addresses"]
+                    .as_array()
+                    .map_or(0, Vec::len);
+                fewest = fewest.min(ready);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if fewest < 2 {
+                return fewest;
+            }
+        }
+    };
+    tokio::select! {
+        () = rolled => {}
+        fewest = watch => panic!("the Service fell to {fewest} ready endpoints during the roll"),
+    }
+    let after = chart.service_endpoints(2).await;
+    // The old pods may still be draining (terminating, out of the endpoints).
+    let pods = chart.gateway_pods();
+    let current = pods
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null());
+    for pod in current {
+        let args = pod["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            args.contains("--log-format=text"),
+            "a pod of the old template: {args}"
+        );
+    }
+    assert!(
+        after.iter().all(|e| !before.contains(e)),
+        "the old pods {before:?} are still the endpoints {after:?}"
+    );
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client");
+    for endpoint in &after {
+        let response = client
+            .post(format!("http://{endpoint}/v1/messages"))
+            .bearer_auth(&key)
+            .json(&e2e::message("svc/haiku", "hi", 16))
+            .send()
+            .await
+            .expect("POST /v1/messages");
+        e2e::Resp::read(response).await.expect_ok();
+    }
+}
