@@ -5,7 +5,7 @@
 //! on drop, its files in a temporary folder.
 //!
 //! There are no controllers, no kubelet and no pods: Deployments stay objects, which is all
-//! the operator needs.
+//! the operator needs. [`crate::node`] adds controllers and a node that runs the pods.
 
 use std::io::Write;
 use std::path::PathBuf;

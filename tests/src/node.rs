@@ -304,13 +304,23 @@ impl Kubelet {
                         "starting pod {}",
                         pod.metadata.name.clone().unwrap_or_default()
                     ));
-                    let (stop, stopped) = watch::channel(None);
+                    // A pod deleted before it ran only needs its deletion confirmed.
+                    let grace =
+                        deleting.then(|| pod.metadata.deletion_grace_period_seconds.unwrap_or(0));
+                    let (stop, stopped) = watch::channel(grace);
                     workers.insert(uid(&pod), stop);
                     tokio::spawn(self.clone().run_pod(pod, stopped));
                 }
                 Some(stop) if deleting => {
                     let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
-                    stop.send_if_modified(|g| g.replace(grace).is_none());
+                    // The first deletion's grace counts, as a kubelet's does.
+                    stop.send_if_modified(|g| {
+                        let first = g.is_none();
+                        if first {
+                            *g = Some(grace);
+                        }
+                        first
+                    });
                 }
                 Some(_) => {}
             }
