@@ -259,7 +259,7 @@ impl GatewayBuilder {
 pub(crate) struct LogTail(Arc<Mutex<String>>);
 
 impl LogTail {
-    fn push_line(&self, line: &str) {
+    pub(crate) fn push_line(&self, line: &str) {
         let mut buf = self.0.lock().unwrap_or_else(|e| e.into_inner());
         buf.push_str(line);
         buf.push('\n');

@@ -33,6 +33,21 @@ pub fn helm(api: &KubeApi, args: &[&str]) -> Output {
         .expect("run helm")
 }
 
+/// [`helm`] awaited without blocking the runtime: for commands that wait on what the test
+/// node ([`crate::node`]) runs on it (hook Jobs, `--wait`).
+pub async fn helm_waiting(api: &KubeApi, args: &[&str]) -> Output {
+    tokio::process::Command::new(helm_bin())
+        .args(args)
+        .arg("--namespace")
+        .arg(NAMESPACE)
+        .arg("--kubeconfig")
+        .arg(api.kubeconfig(Identity::Admin))
+        .current_dir(workspace_root())
+        .output()
+        .await
+        .expect("run helm")
+}
+
 /// A copy of `charts/gateway` whose `kubeVersion` admits the 1.20 API server.
 fn chart_for_old_api_server(dir: &Path) -> PathBuf {
     let chart = dir.join("gateway");

@@ -5,7 +5,7 @@
 //! on drop, its files in a temporary folder.
 //!
 //! There are no controllers, no kubelet and no pods: Deployments stay objects, which is all
-//! the operator needs.
+//! the operator needs. [`crate::node`] adds controllers and a node that runs the pods.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -56,7 +56,7 @@ pub struct KubeApi {
 }
 
 /// `$KUBE_APISERVER_BIN`, else the binary `scripts/kube-apiserver` caches.
-fn apiserver_bin() -> PathBuf {
+pub(crate) fn apiserver_bin() -> PathBuf {
     std::env::var_os("KUBE_APISERVER_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -214,6 +214,17 @@ impl KubeApi {
         std::fs::write(self.kubeconfig(id), config).expect("write a kubeconfig");
     }
 
+    /// `https://127.0.0.1:PORT`.
+    pub fn server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The key the API server verifies service account tokens with (the controller manager
+    /// signs them with it).
+    pub fn service_account_key(&self) -> PathBuf {
+        self.dir.join("sa.key")
+    }
+
     /// A kubeconfig that authenticates as `id`.
     pub fn kubeconfig(&self, id: Identity) -> PathBuf {
         self.dir.join(format!("{}.kubeconfig", id.name()))
@@ -222,6 +233,17 @@ impl KubeApi {
     /// `kubectl ARGS` as admin, in [`NAMESPACE`].
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_with_input(args, None)
+    }
+
+    /// [`KubeApi::kubectl`] awaited without blocking the runtime (`rollout status`, `wait`).
+    pub async fn kubectl_waiting(&self, args: &[&str]) -> Output {
+        tokio::process::Command::new("kubectl")
+            .env("KUBECONFIG", self.kubeconfig(Identity::Admin))
+            .args(["--namespace", NAMESPACE])
+            .args(args)
+            .output()
+            .await
+            .expect("run kubectl")
     }
 
     /// `kubectl auth can-i VERB WHAT EXTRA…` as service account `who` of [`NAMESPACE`]: its

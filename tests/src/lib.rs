@@ -14,6 +14,7 @@
 //! - [`Resp`]: a fully read response with envelope and rate-limit header accessors.
 //! - [`sse`]: Server-Sent Events parsing and the Anthropic / OpenAI stream grammars.
 //! - [`kube`]: a real kube-apiserver (with etcd) and operator processes for the operator tests.
+//! - [`node`]: the controller manager, the scheduler and a node running the chart's pods with podman.
 //! - [`leak`]: the rule that no response names an upstream provider.
 //! - [`bodies`]: request bodies used across the tests.
 //! - [`books`]: an account's books after a burst of turns (told = debited = balance decrease).
@@ -21,6 +22,7 @@
 //!   per test, and manifest folders that route every model to it.
 //! - [`Scrape`]: the samples of a `/metrics` scrape.
 //! - [`otlp`]: an OTLP/HTTP (json) trace receiver the gateway exports its spans to.
+//! - [`sdk`]: /v1/messages through the official `anthropic` Python SDK.
 //! - [`browser`]: headless chromium through chromedriver, for the dashboard.
 //! - [`visitor`]: a dashboard visitor over plain HTTP (sign-up, forms, checkouts).
 //! - [`stripe`]: a mock Stripe API and webhook sender speaking Stripe's wire format.
@@ -39,6 +41,7 @@ pub mod helm;
 pub mod kube;
 pub mod leak;
 pub mod nginx;
+pub mod node;
 pub mod otlp;
 pub mod pgbouncer;
 pub mod podman;
@@ -48,6 +51,7 @@ pub mod redis;
 pub mod redis_cluster;
 pub mod response;
 pub mod scrape;
+pub mod sdk;
 pub mod server;
 pub mod smtp;
 pub mod sse;

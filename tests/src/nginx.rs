@@ -29,8 +29,9 @@ fn nginx_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/sbin/nginx"))
 }
 
-fn config(port: u16, upstream: &str, dir: &Path) -> String {
+fn config(port: u16, upstreams: &[String], dir: &Path) -> String {
     let dir = dir.display();
+    let servers: String = upstreams.iter().map(|u| format!("server {u}; ")).collect();
     // One process, no workers: nothing outlives the process the test kills.
     format!(
         "master_process off;
@@ -45,7 +46,7 @@ http {{
     fastcgi_temp_path {dir}/fastcgi;
     uwsgi_temp_path {dir}/uwsgi;
     scgi_temp_path {dir}/scgi;
-    upstream gateway {{ server {upstream}; keepalive 16; }}
+    upstream gateway {{ {servers}keepalive 16; }}
     server {{
         listen 127.0.0.1:{port};
         location / {{
@@ -67,6 +68,12 @@ http {{
 impl Nginx {
     /// Starts nginx proxying to `upstream` (`127.0.0.1:PORT`) and waits until it answers.
     pub async fn start(upstream: &str) -> Nginx {
+        Nginx::start_in_front_of(&[upstream.to_owned()]).await
+    }
+
+    /// Starts nginx balancing over `upstreams` (`ADDRESS:PORT` each), as an ingress controller
+    /// over a Service's endpoints, and waits until it answers.
+    pub async fn start_in_front_of(upstreams: &[String]) -> Nginx {
         let bin = nginx_bin();
         assert!(
             bin.is_file(),
@@ -77,7 +84,7 @@ impl Nginx {
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let started = on_a_free_port(|port| {
             let conf = dir.join("nginx.conf");
-            std::fs::write(&conf, config(port, upstream, &dir)).expect("write nginx.conf");
+            std::fs::write(&conf, config(port, upstreams, &dir)).expect("write nginx.conf");
             let mut cmd = Command::new(&bin);
             cmd.arg("-e")
                 .arg("stderr")

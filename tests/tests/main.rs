@@ -6,6 +6,7 @@ mod address_brake;
 mod auth;
 mod changelog;
 mod chart_containers;
+mod chart_node;
 mod cheap_rejection;
 mod cluster_limits;
 mod cluster_outage;
