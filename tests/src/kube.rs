@@ -237,7 +237,7 @@ impl KubeApi {
 
     /// [`KubeApi::kubectl`] awaited without blocking the runtime (`rollout status`, `wait`).
     pub async fn kubectl_waiting(&self, args: &[&str]) -> Output {
-        tokio::process::Command::new("kubectl")
+        Command::new("kubectl")
             .env("KUBECONFIG", self.kubeconfig(Identity::Admin))
             .args(["--namespace", NAMESPACE])
             .args(args)
