@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::process::Command;
 
 use crate::gateway::unique_name;
-use crate::server::{on_a_free_port, ServerProcess};
+use crate::server::{listening_on, on_a_free_port, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -92,16 +92,7 @@ impl Nginx {
                 .arg(&dir)
                 .arg("-c")
                 .arg(&conf);
-            async move {
-                let mut process = ServerProcess::new("nginx");
-                let ready = || async move {
-                    tokio::net::TcpStream::connect(("127.0.0.1", port))
-                        .await
-                        .is_ok()
-                };
-                process.launch(cmd, READY_TIMEOUT, ready).await?;
-                Ok((port, process))
-            }
+            listening_on("nginx", cmd, port, READY_TIMEOUT)
         })
         .await;
         match started {

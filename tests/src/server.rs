@@ -38,6 +38,23 @@ where
     Err(errors.join("\n"))
 }
 
+/// Runs `cmd` as `name` and waits (at most `timeout`) until it accepts connections on `port`.
+pub(crate) async fn listening_on(
+    name: &'static str,
+    cmd: Command,
+    port: u16,
+    timeout: Duration,
+) -> Result<(u16, ServerProcess), String> {
+    let mut process = ServerProcess::new(name);
+    let accepts = || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    };
+    process.launch(cmd, timeout, accepts).await?;
+    Ok((port, process))
+}
+
 pub(crate) fn signal(child: &Child, sig: libc::c_int) {
     let pid = child.id().expect("child not yet reaped") as i32;
     // SAFETY: kill(2) on a child we spawned and have not reaped.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::process::Command;
 
 use crate::gateway::{unique_name, workspace_root};
-use crate::server::{on_a_free_port, ServerProcess};
+use crate::server::{listening_on, on_a_free_port, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -38,16 +38,7 @@ impl SmtpSink {
                 .arg(format!("127.0.0.1:{port}"))
                 .args(["--class", "aiosmtpd.handlers.Mailbox"])
                 .arg(&dir);
-            async move {
-                let mut process = ServerProcess::new("aiosmtpd");
-                let ready = || async move {
-                    tokio::net::TcpStream::connect(("127.0.0.1", port))
-                        .await
-                        .is_ok()
-                };
-                process.launch(cmd, READY_TIMEOUT, ready).await?;
-                Ok((port, process))
-            }
+            listening_on("aiosmtpd", cmd, port, READY_TIMEOUT)
         })
         .await;
         match started {

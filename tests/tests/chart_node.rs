@@ -201,22 +201,7 @@ impl Installed {
 
     /// A key with credits, created with the gateway's own CLI against the ledger.
     async fn key(&self) -> String {
-        let created = self
-            .pg
-            .gateway_cli(&[
-                "keys",
-                "create",
-                "--new-account",
-                "node",
-                "--credits",
-                "100000000",
-            ])
-            .await
-            .expect("keys create");
-        created["key"]
-            .as_str()
-            .expect("the key's secret")
-            .to_owned()
+        self.key_with_id().await.1
     }
 }
 
