@@ -1,7 +1,8 @@
 //! Past one machine's worth of pods: eight `serve` pods sharing one Redis Cluster (three
 //! masters, three replicas) and one Postgres behind PgBouncer in transaction pooling mode.
 //!
-//! 2,000 turns are sent at once from 50 keys (40 each): 40 pay-as-you-go keys (60 RPM, so
+//! 2,000 turns are sent from 50 keys (40 each), one every 10 ms so that the restart meets
+//! turns in flight at each of its steps, however fast or slow the machine: 40 pay-as-you-go keys (60 RPM, so
 //! all their turns fit) and 10 free keys (5 RPM, so the cap bites). Clients spread them over
 //! the live pods and, like a load balancer, try the next pod when one refuses the connection.
 //! While they run, the pods are replaced two at a time (a rolling update whose new pods were
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use e2e::books::{assert_books_balance, tally, turns_in_flight};
+use e2e::books::{assert_books_balance, tally, wait_for_turns_in_flight};
 use e2e::*;
 use futures::StreamExt;
 
@@ -39,6 +40,9 @@ const TURNS: usize = KEYS * TURNS_PER_KEY;
 const SURGE: usize = 2;
 /// The restart replaces two pods each time this many more answers are in: mid-burst.
 const RESTART_AFTER: usize = 250;
+/// One turn is sent every this often: 2,000 take 20 s, and the four restart steps fall in
+/// the first half of them.
+const SEND_EVERY: Duration = Duration::from_millis(10);
 /// The whole run (restart included) must fit in one rate-limit window for the caps to be
 /// exact: it starts with at least this many seconds left in the minute.
 const WINDOW_MARGIN_SECS: u64 = 50;
@@ -168,7 +172,10 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
         .map(|t| {
             let (key, _, _) = &keys[t % KEYS];
             let (rotation, http) = (&rotation, &http);
-            async move { (t % KEYS, rotation.turn(http, t, &key.secret).await) }
+            async move {
+                tokio::time::sleep(SEND_EVERY * t as u32).await;
+                (t % KEYS, rotation.turn(http, t, &key.secret).await)
+            }
         })
         .buffer_unordered(TURNS)
         .collect::<Vec<_>>();
@@ -184,7 +191,8 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
             )
             .await;
             for i in first..first + SURGE {
-                let in_flight = turns_in_flight(&cluster.pods[i]).await;
+                // The turns keep coming, so a pod has some in flight within moments.
+                let in_flight = wait_for_turns_in_flight(&cluster.pods[i], 1).await;
                 hit += in_flight;
                 let new = spares.pop().expect("a replacement pod");
                 let old = std::mem::replace(&mut cluster.pods[i], new);

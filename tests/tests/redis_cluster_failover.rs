@@ -35,6 +35,9 @@ const ADMITTED_BEFORE: usize = 20;
 /// Seconds the key's window must still have left when the load starts, so the whole run
 /// (failover included) counts in one window.
 const WINDOW_MARGIN_SECS: u64 = 30;
+/// How long the pods may take to follow the new master, at most: the cluster's node timeout
+/// and a slot-map refresh are seconds; the rest is room for a loaded 2-core machine.
+const RECOVERY: Duration = Duration::from_secs(90);
 
 const BEFORE: u8 = 0;
 const DURING: u8 = 1;
@@ -181,19 +184,23 @@ async fn failover_under_load(cluster: &mut Cluster<RedisCluster>, change: Change
         load.phase.store(AFTER, Ordering::SeqCst);
         // Recovered: each pod answers from Redis again (a 429 is counted there too), and the
         // key's cap has been reached.
-        poll_until(
-            "both pods to answer from Redis again and the cap to be reached",
-            Duration::from_secs(40),
-            Duration::from_millis(20),
-            || async {
-                let recovered = (0..2).all(|pod| {
-                    load.count(|s| s.pod == pod && s.phase == AFTER && s.status != 503) > 0
-                });
-                let capped = load.count(|s| s.phase == AFTER && s.status == 429) >= 4;
-                (recovered && capped).then_some(())
-            },
-        )
+        let recovered_and_capped = || {
+            let recovered = (0..2)
+                .all(|pod| load.count(|s| s.pod == pod && s.phase == AFTER && s.status != 503) > 0);
+            recovered && load.count(|s| s.phase == AFTER && s.status == 429) >= 4
+        };
+        let waited = tokio::time::timeout(RECOVERY, async {
+            while !recovered_and_capped() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
         .await;
+        assert!(
+            waited.is_ok(),
+            "within {RECOVERY:?} of the change, both pods did not answer from Redis again with \
+             the cap reached\n{}",
+            report(&load.samples())
+        );
         load.stop.store(true, Ordering::SeqCst);
     };
     tokio::join!(clients, script);

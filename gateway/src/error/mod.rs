@@ -16,7 +16,7 @@ use crate::edge::body_reader::BodyError;
 use crate::edge::budget::{self, BudgetError};
 use gateway_core::auth::AuthError;
 use gateway_core::cpu::JobFailed;
-use gateway_core::limits::LimitError;
+use gateway_core::limits::{LimitError, Snapshot};
 use gateway_core::payments::{CheckoutError, PaymentError};
 use gateway_core::providers::ProviderError;
 use gateway_core::responses_store::StoreError as ResponseStoreError;
@@ -49,6 +49,9 @@ pub struct ApiError {
     pub kind: ErrorType,
     pub message: String,
     pub retry_after_secs: Option<u64>,
+    /// The limiter's counts that refused a 429, so that its X-RateLimit-* headers and its
+    /// Retry-After come from one reading.
+    snapshot: Option<Snapshot>,
     record: Option<Record>,
 }
 
@@ -94,6 +97,7 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after_secs: None,
+            snapshot: None,
             record: None,
         }
     }
@@ -258,6 +262,9 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        if let Some(snapshot) = self.snapshot {
+            response.extensions_mut().insert(snapshot);
+        }
         response
     }
 }
@@ -381,9 +388,11 @@ impl From<LimitError> for ApiError {
             LimitError::Exceeded {
                 retry_after_secs,
                 dimension,
+                snapshot,
                 ..
             } => Self {
                 retry_after_secs: Some(retry_after_secs),
+                snapshot: Some(snapshot),
                 record: Some(Record::RateLimited(dimension.label())),
                 ..Self::new(
                     StatusCode::TOO_MANY_REQUESTS,
@@ -585,7 +594,7 @@ impl From<CheckoutError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gateway_core::limits::{Dimension, Snapshot};
+    use gateway_core::limits::Dimension;
 
     fn sign_up_429s() -> u64 {
         let rendered = metrics::render();
@@ -610,6 +619,25 @@ mod tests {
         let response = refusal.into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(sign_up_429s(), before + 1);
+    }
+
+    #[test]
+    fn a_429_carries_the_counts_that_refused_it_so_its_headers_and_retry_after_agree() {
+        let counts = Snapshot {
+            requests: 5,
+            input_tokens: 0,
+            streams: 0,
+            reset_secs: 58,
+        };
+        let response = ApiError::from(LimitError::Exceeded {
+            dimension: Dimension::Requests,
+            limit: 5,
+            retry_after_secs: counts.reset_secs,
+            snapshot: counts,
+        })
+        .into_response();
+        assert_eq!(response.extensions().get::<Snapshot>(), Some(&counts));
+        assert_eq!(response.headers()[header::RETRY_AFTER], "58");
     }
 
     #[test]
