@@ -18,6 +18,8 @@ use e2e::kube::KubeApi;
 use e2e::node::TestNode;
 use e2e::sdk::sdk_call;
 use e2e::sse::assemble_message_stream;
+use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
+use e2e::visitor::{hidden_csrf, new_email, Site, Visitor};
 use e2e::{
     Fault, MessageStream, MockUpstream, Nginx, PostgresServer, RedisServer, Reply, Resp,
     RoutedManifests, Scrape, SseStream, Unscripted, UpstreamDef,
@@ -79,6 +81,23 @@ struct Setup {
     secrets: Vec<(&'static str, Vec<String>)>,
     /// What the mock upstream answers; a short text by default.
     reply: Option<Reply>,
+}
+
+impl Setup {
+    fn value(mut self, key: &str, value: &str) -> Setup {
+        self.values.push(format!("{key}={value}"));
+        self
+    }
+
+    /// The environment variables `env` of the container at `path` (`gateway`, `operator`).
+    fn env(mut self, path: &str, env: &[(&str, &str)]) -> Setup {
+        for (i, (name, value)) in env.iter().enumerate() {
+            self = self
+                .value(&format!("{path}.env[{i}].name"), name)
+                .value(&format!("{path}.env[{i}].value"), value);
+        }
+        self
+    }
 }
 
 /// The running chart and what it runs against.
@@ -448,6 +467,117 @@ fn lasting_reply() -> Reply {
     Reply::text("one two three four five six seven eight nine ten")
         .fault(Fault::FirstByteDelay(Duration::from_millis(400)))
         .chunk_delay(Duration::from_millis(100))
+}
+
+/// Time between two promotion sweeps of the operator (5 minutes by default).
+const SWEEP_INTERVAL: &str = "2s";
+
+/// The dashboard through the ingress; the mails it sends in the gateway pods' logs (no mail
+/// server is configured).
+struct Ingress<'a> {
+    url: String,
+    node: &'a TestNode,
+}
+
+impl Site for Ingress<'_> {
+    fn api(&self) -> &str {
+        &self.url
+    }
+
+    fn log(&self) -> String {
+        self.node.pod_logs(RELEASE)
+    }
+}
+
+/// The tier the ingress serves `key` on (a count_tokens call, never billed), from the
+/// answer's X-RateLimit-Tier, refused (429: the free tier's 5 requests a minute) or not.
+async fn tier_through(ingress: &str, key: &str) -> String {
+    let response = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client")
+        .post(format!("{ingress}/v1/messages/count_tokens"))
+        .bearer_auth(key)
+        .json(&e2e::count_body("svc/haiku", "hi"))
+        .send()
+        .await
+        .expect("count_tokens through the ingress");
+    let resp = Resp::read(response).await;
+    assert!(
+        [200, 429].contains(&resp.status),
+        "count_tokens through the ingress: {resp}"
+    );
+    resp.rate_limit().tier
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_developer_signs_up_through_the_ingress_tops_up_through_stripe_and_the_operators_sweep_promotes_the_key(
+) {
+    let stripe = MockStripe::start().await;
+    let setup = Setup {
+        secrets: vec![(
+            "gateway-stripe",
+            vec![
+                format!("api-key={API_KEY}"),
+                format!("webhook-secret={WEBHOOK_SECRET}"),
+            ],
+        )],
+        ..Setup::default()
+    }
+    .value("gateway.stripeSecret", "gateway-stripe")
+    .env("gateway", &[("GATEWAY_STRIPE_API_BASE", &stripe.url)])
+    .env("operator", &[("OPERATOR_SWEEP_INTERVAL", SWEEP_INTERVAL)]);
+    let (chart, endpoints) = Installed::serving(setup).await;
+    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    let site = Ingress {
+        url: nginx.url(""),
+        node: &chart.node,
+    };
+
+    let mut visitor = Visitor::new(&site);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (_, page) = visitor.get("/developers/keys").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = visitor
+        .post(
+            "/developers/keys",
+            &[("csrf", &csrf), ("name", "node"), ("kind", "api")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "the keys page mints a key: {page}");
+    let key = page
+        .split("id=\"new-secret\"")
+        .nth(1)
+        .and_then(|rest| rest.split("value=\"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("the new key's secret on {page}"))
+        .to_owned();
+    assert_eq!(tier_through(&site.url, &key).await, "free");
+
+    // $10, then $490 more: a lifetime $500.
+    for (dollars, tier) in [("10", "pay_as_you_go"), ("490", "high_volume")] {
+        let (status, body, location) = visitor.checkout(dollars).await;
+        assert_eq!(status, 303, "the checkout redirects to Stripe: {body}");
+        let session = stripe.session_at(location.as_deref().expect("a Location"));
+        let paid = stripe.paid(&session);
+        let (status, body) = deliver(&site.url, &paid, &paid.signature()).await;
+        assert_eq!(status, 200, "Stripe's webhook through the ingress: {body}");
+        let confirmed = Instant::now();
+        // Within a sweep (and the gateways' reading of the key), with room for a loaded
+        // machine.
+        e2e::poll_until(
+            &format!("the sweep to move the key to {tier}"),
+            Duration::from_secs(30),
+            Duration::from_millis(500),
+            || async { (tier_through(&site.url, &key).await == tier).then_some(()) },
+        )
+        .await;
+        eprintln!(
+            "${dollars} confirmed: the key served as {tier} after {:?}",
+            confirmed.elapsed()
+        );
+    }
 }
 
 /// One turn is sent through the ingress this often while the pods roll.
