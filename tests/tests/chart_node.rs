@@ -37,17 +37,20 @@ const RELEASE: &str = "gateway";
 /// PodDisruptionBudget (see docs/kubernetes.md).
 const VALUES: &[&str] = &["gateway.pdb.enabled=false"];
 
-/// `helm VERB RELEASE CHART` with `values` (`KEY=VALUE` each, set one by one so that a value
-/// may hold commas) and `extra` arguments.
+/// A helm value: its flag (`--set`, `--set-string`) and `KEY=VALUE`.
+type HelmValue = (&'static str, String);
+
+/// `helm VERB RELEASE CHART` with `values` (a flag, `--set` or `--set-string`, and its
+/// `KEY=VALUE` each, set one by one so that a value may hold commas) and `extra` arguments.
 async fn helm_release(
     trial: &Trial,
     verb: &str,
-    values: &[String],
+    values: &[HelmValue],
     extra: &[&str],
 ) -> std::process::Output {
     let mut args = vec![verb, RELEASE, &trial.chart, "--disable-openapi-validation"];
-    for value in values {
-        args.extend(["--set", value]);
+    for (flag, value) in values {
+        args.extend([*flag, value]);
     }
     args.extend_from_slice(extra);
     helm_waiting(&trial.api, &args).await
@@ -55,7 +58,7 @@ async fn helm_release(
 
 /// `helm install` of the chart copy with `values`, asserted to succeed: it returns once the
 /// pre-install migration Job has completed on the node.
-async fn helm_install(trial: &Trial, node: &TestNode, values: &[String]) {
+async fn helm_install(trial: &Trial, node: &TestNode, values: &[HelmValue]) {
     let started = Instant::now();
     let out = helm_release(trial, "install", values, &["--timeout", "2m"]).await;
     assert!(
@@ -75,8 +78,7 @@ async fn helm_install(trial: &Trial, node: &TestNode, values: &[String]) {
 /// What a journey installs beyond [`VALUES`].
 #[derive(Default)]
 struct Setup {
-    /// `KEY=VALUE` values.
-    values: Vec<String>,
+    values: Vec<HelmValue>,
     /// Secrets created before the install: name and `KEY=VALUE` literals.
     secrets: Vec<(&'static str, Vec<String>)>,
     /// What the mock upstream answers; a short text by default.
@@ -85,16 +87,17 @@ struct Setup {
 
 impl Setup {
     fn value(mut self, key: &str, value: &str) -> Setup {
-        self.values.push(format!("{key}={value}"));
+        self.values.push(("--set", format!("{key}={value}")));
         self
     }
 
     /// The environment variables `env` of the container at `path` (`gateway`, `operator`).
     fn env(mut self, path: &str, env: &[(&str, &str)]) -> Setup {
         for (i, (name, value)) in env.iter().enumerate() {
-            self = self
-                .value(&format!("{path}.env[{i}].name"), name)
-                .value(&format!("{path}.env[{i}].value"), value);
+            self = self.value(&format!("{path}.env[{i}].name"), name);
+            // A value that looks like a number is still a string.
+            self.values
+                .push(("--set-string", format!("{path}.env[{i}].value={value}")));
         }
         self
     }
@@ -108,7 +111,7 @@ struct Installed {
     mock: MockUpstream,
     redis: RedisServer,
     /// The values it was installed with (an upgrade starts from them).
-    values: Vec<String>,
+    values: Vec<HelmValue>,
     _manifests: RoutedManifests,
 }
 
@@ -145,9 +148,9 @@ impl Installed {
                 &api.kubectl(&args),
             );
         }
-        let values: Vec<String> = VALUES
+        let values: Vec<HelmValue> = VALUES
             .iter()
-            .map(|v| (*v).to_owned())
+            .map(|v| ("--set", (*v).to_owned()))
             .chain(setup.values)
             .collect();
         helm_install(&trial, &node, &values).await;
@@ -266,7 +269,7 @@ impl Installed {
     /// `helm upgrade` with the install's values and `changed`, asserted to succeed.
     async fn upgrade(&self, changed: &[&str]) {
         let mut values = self.values.clone();
-        values.extend(changed.iter().map(|v| (*v).to_owned()));
+        values.extend(changed.iter().map(|v| ("--set", (*v).to_owned())));
         let out = helm_release(&self.trial, "upgrade", &values, &[]).await;
         assert_ok("helm upgrade", &out);
     }
@@ -331,6 +334,18 @@ impl Installed {
             assert_eq!(limits.limit_tokens, tpm);
         }
         applied.elapsed()
+    }
+
+    /// The ingress controller's work, once: reads the Service's ready endpoints and moves
+    /// `nginx` to them when they are not the `followed` ones (none ready: it keeps the last).
+    /// The ready endpoints.
+    async fn follow_endpoints(&self, nginx: &Nginx, followed: &mut Vec<String>) -> Vec<String> {
+        let ready = self.ready_endpoints().await;
+        if !ready.is_empty() && ready != *followed {
+            nginx.follow(&ready);
+            followed.clone_from(&ready);
+        }
+        ready
     }
 }
 
@@ -729,13 +744,9 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_stream
     let follow = async {
         let mut followed = before.clone();
         loop {
-            let ready = chart.ready_endpoints().await;
+            let ready = chart.follow_endpoints(&nginx, &mut followed).await;
             if ready.len() < 2 {
                 return ready;
-            }
-            if ready != followed {
-                nginx.follow(&ready);
-                followed = ready;
             }
             for pod in chart.gateway_pods() {
                 let name = pod["metadata"]["name"].as_str().unwrap_or_default();
@@ -827,4 +838,127 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_stream
         after.iter().all(|e| !before.contains(e)),
         "the old pods {before:?} are still the endpoints {after:?}"
     );
+}
+
+/// Streams the operator scales for in the scaling journey: held open through the ingress.
+const HELD_STREAMS: usize = 6;
+/// Open streams per gateway pod the operator aims at in that journey (200 by default): the
+/// held streams need three pods.
+const STREAMS_PER_POD: &str = "2";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_the_new_pod_serves()
+{
+    // Streams of ~25 events 600 ms apart: open for about 15 s.
+    let long = "a stream held open while the operator counts it and scales the gateway; ".repeat(2);
+    let setup = Setup {
+        reply: Some(Reply::text(&long).chunk_delay(Duration::from_millis(600))),
+        ..Setup::default()
+    }
+    .value("gateway.maxReplicas", "4")
+    .env(
+        "operator",
+        &[
+            ("OPERATOR_STREAMS_PER_POD", STREAMS_PER_POD),
+            ("OPERATOR_SCALE_EVERY", "1s"),
+        ],
+    );
+    let (chart, before) = Installed::serving(setup).await;
+    let key = chart.key_with_id().await;
+    // Room for the held streams (the free tier allows fewer at once).
+    chart.grant(&before, &key, (600, 1_000_000, 50)).await;
+    let nginx = Nginx::start_in_front_of(&before).await;
+    let mut followed = before.clone();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client");
+
+    let mut body = e2e::message("svc/haiku", "hold on", 256);
+    body["stream"] = json!(true);
+    let mut held = Vec::new();
+    for _ in 0..HELD_STREAMS {
+        let response = http
+            .post(nginx.url("/v1/messages"))
+            .bearer_auth(&key.secret)
+            .json(&body)
+            .send()
+            .await
+            .expect("a stream through the ingress");
+        let mut stream = SseStream::new(response);
+        stream.expect_sse();
+        let first = stream.next_event().await.expect("message_start");
+        held.push((first, stream));
+    }
+    let opened = Instant::now();
+
+    // ceil(6 streams / 2 per pod) = 3 pods, one more than the chart's two.
+    let after = loop {
+        let ready = chart.follow_endpoints(&nginx, &mut followed).await;
+        if ready.len() == 3 {
+            break ready;
+        }
+        assert!(
+            opened.elapsed() < Duration::from_secs(60),
+            "the gateway has the ready pods {ready:?} 60 s after {HELD_STREAMS} streams opened \
+             (replicas {})\noperator:\n{}",
+            chart.trial.replicas(),
+            chart.node.pod_logs("gateway-operator")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    eprintln!(
+        "3 ready gateway pods {:?} after the streams opened",
+        opened.elapsed()
+    );
+    assert_eq!(chart.trial.replicas(), "3", "the Deployment's replicas");
+    let new: Vec<&String> = after.iter().filter(|e| !before.contains(e)).collect();
+    assert_eq!(new.len(), 1, "one new pod among {after:?}");
+    let new_ip = new[0].split(':').next().unwrap_or_default();
+
+    // The new pod serves, and the ingress sends it its share.
+    let requests_on_new = || async {
+        let text = http
+            .get(format!("http://{new_ip}:9090/metrics"))
+            .send()
+            .await
+            .expect("the new pod's metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        Scrape::parse(&text)
+            .samples
+            .iter()
+            .filter(|s| s.name == "gateway_requests_total")
+            .map(|s| s.value)
+            .sum::<f64>()
+    };
+    let served_before = requests_on_new().await;
+    let turns = after.len() * 2;
+    // Short answers for these (the held streams were answered already).
+    chart
+        .mock
+        .push((0..turns).map(|_| Reply::text("served by whichever pod")));
+    for _ in 0..turns {
+        let response = http
+            .post(nginx.url("/v1/messages"))
+            .bearer_auth(&key.secret)
+            .json(&e2e::message("svc/haiku", "hi", 16))
+            .send()
+            .await
+            .expect("a turn through the ingress");
+        Resp::read(response).await.expect_ok();
+    }
+    let served = requests_on_new().await - served_before;
+    assert!(
+        served >= 1.0,
+        "the new pod at {new_ip} served none of the turns through the ingress"
+    );
+
+    // The held streams ran to their end through the scaling.
+    for (first, stream) in held {
+        let mut events = vec![first];
+        events.extend(stream.collect().await);
+        assert!(assemble_message_stream(&events).credits() > 0);
+    }
 }
