@@ -24,6 +24,7 @@ use e2e::{
     Fault, MessageStream, MockUpstream, Nginx, PostgresServer, RedisServer, Reply, Resp,
     RoutedManifests, Scrape, SseStream, Unscripted, UpstreamDef,
 };
+use futures::StreamExt;
 use serde_json::{json, Value};
 
 /// How soon an applied resource is served by every pod: the operator's publication and the
@@ -630,18 +631,18 @@ async fn turn_through(http: &reqwest::Client, ingress: &str, key: &str, streamed
     Answer::Streamed(assemble_message_stream(&stream.collect().await))
 }
 
-/// `gateway_turns_in_flight` of the gateway pod at `ip`, by its metrics port.
-async fn turns_in_flight_at(http: &reqwest::Client, ip: &str) -> Option<u64> {
+/// The chart's `gateway.metricsPort`.
+const METRICS_PORT: u16 = 9090;
+
+/// A scrape of the gateway pod at `ip` (its metrics port), `None` when it does not answer.
+async fn pod_metrics(http: &reqwest::Client, ip: &str) -> Option<Scrape> {
     let response = http
-        .get(format!("http://{ip}:9090/metrics"))
+        .get(format!("http://{ip}:{METRICS_PORT}/metrics"))
         .timeout(Duration::from_secs(2))
         .send()
         .await
         .ok()?;
-    let text = response.text().await.ok()?;
-    Scrape::parse(&text)
-        .get("gateway_turns_in_flight", &[])
-        .map(|v| v as u64)
+    Some(Scrape::parse(&response.text().await.ok()?))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -698,10 +699,10 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_stream
                         Some(turn) => running.push(turn),
                         None => break,
                     },
-                    Some(answer) = futures::StreamExt::next(&mut running) => answers.push(answer),
+                    Some(answer) = running.next() => answers.push(answer),
                 }
             }
-            while let Some(answer) = futures::StreamExt::next(&mut running).await {
+            while let Some(answer) = running.next().await {
                 answers.push(answer);
             }
             answers
@@ -755,7 +756,10 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_stream
                     continue;
                 }
                 let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
-                let in_flight = turns_in_flight_at(&http, ip).await;
+                let in_flight = pod_metrics(&http, ip)
+                    .await
+                    .and_then(|m| m.get("gateway_turns_in_flight", &[]))
+                    .map(|n| n as u64);
                 replaced
                     .lock()
                     .expect("replaced")
@@ -918,15 +922,9 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
 
     // The new pod serves, and the ingress sends it its share.
     let requests_on_new = || async {
-        let text = http
-            .get(format!("http://{new_ip}:9090/metrics"))
-            .send()
+        pod_metrics(&http, new_ip)
             .await
             .expect("the new pod's metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        Scrape::parse(&text)
             .samples
             .iter()
             .filter(|s| s.name == "gateway_requests_total")
