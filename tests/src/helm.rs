@@ -20,29 +20,27 @@ fn helm_bin() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join(".cache/venv/bin/helm"))
 }
 
-/// `helm ARGS` as admin in [`NAMESPACE`].
-pub fn helm(api: &KubeApi, args: &[&str]) -> Output {
-    std::process::Command::new(helm_bin())
-        .args(args)
+/// The command `helm ARGS` as admin in [`NAMESPACE`].
+fn helm_command(api: &KubeApi, args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(helm_bin());
+    cmd.args(args)
         .arg("--namespace")
         .arg(NAMESPACE)
         .arg("--kubeconfig")
         .arg(api.kubeconfig(Identity::Admin))
-        .current_dir(workspace_root())
-        .output()
-        .expect("run helm")
+        .current_dir(workspace_root());
+    cmd
+}
+
+/// `helm ARGS` as admin in [`NAMESPACE`].
+pub fn helm(api: &KubeApi, args: &[&str]) -> Output {
+    helm_command(api, args).output().expect("run helm")
 }
 
 /// [`helm`] awaited without blocking the runtime: for commands that wait on what the test
 /// node ([`crate::node`]) runs on it (hook Jobs, `--wait`).
 pub async fn helm_waiting(api: &KubeApi, args: &[&str]) -> Output {
-    tokio::process::Command::new(helm_bin())
-        .args(args)
-        .arg("--namespace")
-        .arg(NAMESPACE)
-        .arg("--kubeconfig")
-        .arg(api.kubeconfig(Identity::Admin))
-        .current_dir(workspace_root())
+    tokio::process::Command::from(helm_command(api, args))
         .output()
         .await
         .expect("run helm")

@@ -339,7 +339,7 @@ impl Drop for KubeApi {
     }
 }
 
-fn spawn(mut cmd: Command, log: &LogTail) -> Child {
+pub(crate) fn spawn(mut cmd: Command, log: &LogTail) -> Child {
     crate::tie_to_test(&mut cmd);
     let mut child = cmd.spawn().expect("spawn a Kubernetes process");
     if let Some(out) = child.stdout.take() {

@@ -1,6 +1,8 @@
 //! A throwaway nginx (Debian's) as a reverse proxy in front of a gateway, configured the way
 //! ingress-nginx forwards: `X-Forwarded-For` with the peer appended, `X-Real-IP`, streaming
-//! unbuffered. A free loopback port, its files in a temporary folder; killed on drop.
+//! unbuffered. A free loopback port, its files in a temporary folder; killed on drop. It can
+//! follow a Service's endpoints as they change (a reload), so it runs a master and one
+//! worker: a reload in nginx's single-process mode leaves it refusing every request.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -32,9 +34,17 @@ fn nginx_bin() -> PathBuf {
 fn config(port: u16, upstreams: &[String], dir: &Path) -> String {
     let dir = dir.display();
     let servers: String = upstreams.iter().map(|u| format!("server {u}; ")).collect();
-    // One process, no workers: nothing outlives the process the test kills.
+    // A worker started by root would run as nobody, who cannot write the temporary folders.
+    // SAFETY: geteuid(2) cannot fail.
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "user root;"
+    } else {
+        ""
+    };
+    // One worker, killed with its master on drop.
     format!(
-        "master_process off;
+        "{user}
+worker_processes 1;
 daemon off;
 pid {dir}/nginx.pid;
 error_log stderr warn;
@@ -104,6 +114,15 @@ impl Nginx {
         }
     }
 
+    /// Balances over `upstreams` from now on, as an ingress controller follows a Service's
+    /// endpoints: the config rewritten and reloaded (SIGHUP); requests in flight finish where
+    /// they are.
+    pub fn follow(&self, upstreams: &[String]) {
+        let conf = config(self.port, upstreams, &self.dir);
+        std::fs::write(self.dir.join("nginx.conf"), conf).expect("write nginx.conf");
+        self.process.signal(libc::SIGHUP);
+    }
+
     /// `http://127.0.0.1:PORT{path}`, through nginx.
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
@@ -114,9 +133,40 @@ impl Nginx {
     }
 }
 
+/// The processes whose parent is `pid`, from /proc.
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            // `pid (comm) state ppid ...`; comm may hold spaces, so after its last `)`.
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = &stat[stat.rfind(')')? + 1..];
+                    after.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
 impl Drop for Nginx {
     fn drop(&mut self) {
+        // A killed master leaves its worker running: the worker goes too (after the master,
+        // which would start another).
+        let master = std::fs::read_to_string(self.dir.join("nginx.pid"))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<i32>().ok());
+        let workers = master.map(children_of).unwrap_or_default();
         self.process.abandon(libc::SIGKILL);
+        for worker in workers {
+            // SAFETY: kill(2) of a worker of the nginx this harness started.
+            unsafe { libc::kill(worker, libc::SIGKILL) };
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -43,8 +43,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::gateway::{drain, unique_name, LogTail};
-use crate::kube::{Identity, KubeApi};
+use crate::gateway::{unique_name, LogTail};
+use crate::kube::{spawn, Identity, KubeApi};
 use crate::podman::podman_command;
 
 /// Where a pod mounts its service account's token.
@@ -204,18 +204,6 @@ impl Drop for TestNode {
 
 fn podman(args: &[&str]) -> std::process::Output {
     crate::podman::podman(args)
-}
-
-fn spawn(mut cmd: Command, log: &LogTail) -> Child {
-    crate::tie_to_test(&mut cmd);
-    let mut child = cmd.spawn().expect("spawn a Kubernetes process");
-    if let Some(out) = child.stdout.take() {
-        drain(out, log.clone(), None);
-    }
-    if let Some(err) = child.stderr.take() {
-        drain(err, log.clone(), None);
-    }
-    child
 }
 
 async fn client_for(kubeconfig: &Path) -> Client {

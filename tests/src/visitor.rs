@@ -1,7 +1,8 @@
 //! A dashboard visitor speaking plain HTTP (no browser): sign-up, sign-in and forms with the
 //! session's CSRF token, cookies carried by hand, redirects not followed (so that the tests
 //! see the cookies and the `Location` they carry). The mails the gateway sends are read from
-//! its log, where it writes them with no mail server configured.
+//! its log, where it writes them with no mail server configured. The site is one gateway
+//! process, or pods behind an ingress ([`Site`]).
 
 use std::time::Duration;
 
@@ -14,9 +15,27 @@ pub const VERIFY_PATH: &str = "/developers/verify-email";
 /// The password every visitor signs up with.
 pub const PASSWORD: &str = "correct horse battery";
 
+/// Where a visitor finds the dashboard, and the log the mails sent from it are written to.
+pub trait Site {
+    /// Base URL of the public API and the dashboard.
+    fn api(&self) -> &str;
+    /// The log lines of every gateway process serving the site.
+    fn log(&self) -> String;
+}
+
+impl Site for Gateway {
+    fn api(&self) -> &str {
+        &self.api
+    }
+
+    fn log(&self) -> String {
+        self.stderr()
+    }
+}
+
 /// A signed-out or signed-in visitor speaking plain HTTP, carrying its cookies by hand.
 pub struct Visitor<'a> {
-    gw: &'a Gateway,
+    gw: &'a dyn Site,
     /// Redirects are not followed, so that the cookies they set are seen.
     http: reqwest::Client,
     pub cookies: Vec<(String, String)>,
@@ -38,9 +57,9 @@ pub fn hidden_field(html: &str, name: &str) -> String {
 }
 
 /// The log lines of the mails the gateway sent to `email` so far, oldest first.
-pub fn mails_to(gw: &Gateway, email: &str) -> Vec<String> {
+pub fn mails_to(gw: &dyn Site, email: &str) -> Vec<String> {
     let to = format!("\"{email}\"");
-    gw.stderr()
+    gw.log()
         .lines()
         .filter(|line| line.contains("gateway::mail") && line.contains(&to))
         .map(str::to_owned)
@@ -48,7 +67,7 @@ pub fn mails_to(gw: &Gateway, email: &str) -> Vec<String> {
 }
 
 /// The newest verification link mailed to `email` (waiting for it a few seconds).
-pub async fn verification_link(gw: &Gateway, email: &str) -> String {
+pub async fn verification_link(gw: &dyn Site, email: &str) -> String {
     poll_until(
         "a verification link in the gateway's log",
         Duration::from_secs(10),
@@ -75,7 +94,7 @@ pub fn link_in(line: &str) -> Option<String> {
 }
 
 impl<'a> Visitor<'a> {
-    pub fn new(gw: &'a Gateway) -> Self {
+    pub fn new(gw: &'a dyn Site) -> Self {
         Self {
             gw,
             http: reqwest::Client::builder()
@@ -115,7 +134,7 @@ impl<'a> Visitor<'a> {
     pub async fn get(&mut self, path: &str) -> (u16, String) {
         let response = self
             .http
-            .get(format!("{}{path}", self.gw.api))
+            .get(format!("{}{path}", self.gw.api()))
             .header("cookie", self.cookie_header())
             .send()
             .await
@@ -134,7 +153,7 @@ impl<'a> Visitor<'a> {
     ) -> (u16, String, Vec<String>) {
         let mut request = self
             .http
-            .post(format!("{}{path}", self.gw.api))
+            .post(format!("{}{path}", self.gw.api()))
             .header("cookie", self.cookie_header())
             .header("content-type", "application/x-www-form-urlencoded")
             .body(

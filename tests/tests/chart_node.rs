@@ -7,14 +7,25 @@
 //! Fails (never skips) when a tool it needs is missing: helm, the Kubernetes binaries
 //! (`scripts/kube-apiserver`, `scripts/kube-node`), podman or the image (`scripts/image`).
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use e2e::books::{assert_books_balance, tally};
 use e2e::helm::{assert_ok, helm_waiting, Trial};
 use e2e::kube::KubeApi;
 use e2e::node::TestNode;
 use e2e::sdk::sdk_call;
-use e2e::{MockUpstream, Nginx, PostgresServer, RedisServer, RoutedManifests, UpstreamDef};
-use serde_json::Value;
+use e2e::sse::assemble_message_stream;
+use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
+use e2e::visitor::{hidden_csrf, new_email, Site, Visitor};
+use e2e::{
+    Fault, MessageStream, MockUpstream, Nginx, PostgresServer, RedisServer, Reply, Resp,
+    RoutedManifests, Scrape, SseStream, Unscripted, UpstreamDef,
+};
+use futures::StreamExt;
+use serde_json::{json, Value};
 
 /// How soon an applied resource is served by every pod: the operator's publication and the
 /// gateways' watch of the config Secret (docs/operator.md).
@@ -23,22 +34,34 @@ const PUBLISHED_WITHIN: Duration = Duration::from_secs(10);
 /// The release whose service accounts the chart names `gateway` and `gateway-operator`.
 const RELEASE: &str = "gateway";
 
-/// `helm install` of the chart copy, asserted to succeed: it returns once the pre-install
-/// migration Job has completed on the node.
-async fn helm_install(trial: &Trial, node: &TestNode) {
+/// The values every journey installs with: the 1.20 API server has no policy/v1
+/// PodDisruptionBudget (see docs/kubernetes.md).
+const VALUES: &[&str] = &["gateway.pdb.enabled=false"];
+
+/// A helm value: its flag (`--set`, `--set-string`) and `KEY=VALUE`.
+type HelmValue = (&'static str, String);
+
+/// `helm VERB RELEASE CHART` with `values` (a flag, `--set` or `--set-string`, and its
+/// `KEY=VALUE` each, set one by one so that a value may hold commas) and `extra` arguments.
+async fn helm_release(
+    trial: &Trial,
+    verb: &str,
+    values: &[HelmValue],
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![verb, RELEASE, &trial.chart, "--disable-openapi-validation"];
+    for (flag, value) in values {
+        args.extend([*flag, value]);
+    }
+    args.extend_from_slice(extra);
+    helm_waiting(&trial.api, &args).await
+}
+
+/// `helm install` of the chart copy with `values`, asserted to succeed: it returns once the
+/// pre-install migration Job has completed on the node.
+async fn helm_install(trial: &Trial, node: &TestNode, values: &[HelmValue]) {
     let started = Instant::now();
-    // The 1.20 API server has no policy/v1 PodDisruptionBudget (see docs/kubernetes.md).
-    let args = [
-        "install",
-        RELEASE,
-        &trial.chart,
-        "--disable-openapi-validation",
-        "--set",
-        "gateway.pdb.enabled=false",
-        "--timeout",
-        "2m",
-    ];
-    let out = helm_waiting(&trial.api, &args).await;
+    let out = helm_release(trial, "install", values, &["--timeout", "2m"]).await;
     assert!(
         out.status.success(),
         "helm install failed:\n{}\n{}\nnode:\n{}\nmigrations:\n{}",
@@ -53,6 +76,34 @@ async fn helm_install(trial: &Trial, node: &TestNode) {
     );
 }
 
+/// What a journey installs beyond [`VALUES`].
+#[derive(Default)]
+struct Setup {
+    values: Vec<HelmValue>,
+    /// Secrets created before the install: name and `KEY=VALUE` literals.
+    secrets: Vec<(&'static str, Vec<String>)>,
+    /// What the mock upstream answers; a short text by default.
+    reply: Option<Reply>,
+}
+
+impl Setup {
+    fn value(mut self, key: &str, value: &str) -> Setup {
+        self.values.push(("--set", format!("{key}={value}")));
+        self
+    }
+
+    /// The environment variables `env` of the container at `path` (`gateway`, `operator`).
+    fn env(mut self, path: &str, env: &[(&str, &str)]) -> Setup {
+        for (i, (name, value)) in env.iter().enumerate() {
+            self = self.value(&format!("{path}.env[{i}].name"), name);
+            // A value that looks like a number is still a string.
+            self.values
+                .push(("--set-string", format!("{path}.env[{i}].value={value}")));
+        }
+        self
+    }
+}
+
 /// The running chart and what it runs against.
 struct Installed {
     trial: Trial,
@@ -60,33 +111,50 @@ struct Installed {
     pg: PostgresServer,
     mock: MockUpstream,
     redis: RedisServer,
+    /// The values it was installed with (an upgrade starts from them).
+    values: Vec<HelmValue>,
     _manifests: RoutedManifests,
 }
 
 impl Installed {
-    /// Starts the cluster and the stores, creates the stores' Secrets as the README says and
-    /// runs `helm install` (which returns once the pre-install migration Job has completed on
-    /// the node), then applies the tiers, keys and routes to a mock upstream.
-    async fn install() -> Installed {
+    /// Starts the cluster and the stores, creates the stores' Secrets as the README says (and
+    /// the setup's) and runs `helm install` (which returns once the pre-install migration Job
+    /// has completed on the node), then applies the tiers, keys and routes to a mock upstream.
+    async fn install(setup: Setup) -> Installed {
         let Some(trial) = Trial::start(RELEASE).await else {
             panic!("helm or the Kubernetes API server is missing: see scripts/test");
         };
         let node = TestNode::start(&trial.api).await;
-        let (redis, pg, mock) = (
-            RedisServer::start().await,
-            PostgresServer::start().await,
-            MockUpstream::start().await,
-        );
+        let mock = match setup.reply {
+            Some(reply) => {
+                MockUpstream::serve("127.0.0.1:0", Unscripted::Always(reply), true).await
+            }
+            None => MockUpstream::start().await,
+        };
+        let (redis, pg) = (RedisServer::start().await, PostgresServer::start().await);
         let api = &trial.api;
-        for (secret, url) in [
-            ("gateway-redis", redis.url()),
-            ("gateway-postgres", pg.url()),
-        ] {
-            let literal = format!("--from-literal=url={url}");
-            let out = api.kubectl(&["create", "secret", "generic", secret, &literal]);
-            assert_ok(&format!("kubectl create secret {secret}"), &out);
+        let stores = [
+            ("gateway-redis", vec![format!("url={}", redis.url())]),
+            ("gateway-postgres", vec![format!("url={}", pg.url())]),
+        ];
+        for (secret, literals) in stores.into_iter().chain(setup.secrets) {
+            let mut args = vec!["create", "secret", "generic", secret];
+            let literals: Vec<String> = literals
+                .iter()
+                .map(|l| format!("--from-literal={l}"))
+                .collect();
+            args.extend(literals.iter().map(String::as_str));
+            assert_ok(
+                &format!("kubectl create secret {secret}"),
+                &api.kubectl(&args),
+            );
         }
-        helm_install(&trial, &node).await;
+        let values: Vec<HelmValue> = VALUES
+            .iter()
+            .map(|v| ("--set", (*v).to_owned()))
+            .chain(setup.values)
+            .collect();
+        helm_install(&trial, &node, &values).await;
         let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
         api.apply_path(manifests.path.to_str().expect("a UTF-8 path"));
         Installed {
@@ -95,6 +163,7 @@ impl Installed {
             pg,
             mock,
             redis,
+            values,
             _manifests: manifests,
         }
     }
@@ -148,19 +217,7 @@ impl Installed {
             Duration::from_secs(120),
             Duration::from_millis(500),
             || async {
-                let out = self
-                    .api()
-                    .kubectl(&["get", "endpoints", RELEASE, "-o", "json"]);
-                let endpoints: Value = serde_json::from_slice(&out.stdout).ok()?;
-                let subset = &endpoints["subsets"][0];
-                let port = subset["ports"][0]["port"].as_u64().unwrap_or_default();
-                let addresses: Vec<String> = subset["addresses"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|a| a["ip"].as_str())
-                    .map(|ip| format!("{ip}:{port}"))
-                    .collect();
+                let addresses = self.ready_endpoints().await;
                 (addresses.len() == count).then_some(addresses)
             },
         )
@@ -169,17 +226,17 @@ impl Installed {
 
     /// Installs, waits for both Deployments to roll out and for the operator's scaler to
     /// bring the gateway to two ready pods: their Service endpoints.
-    async fn serving() -> (Installed, Vec<String>) {
-        let chart = Installed::install().await;
+    async fn serving(setup: Setup) -> (Installed, Vec<String>) {
+        let chart = Installed::install(setup).await;
         chart.rolled_out("gateway-operator").await;
         chart.rolled_out(RELEASE).await;
         let endpoints = chart.service_endpoints(2).await;
         (chart, endpoints)
     }
 
-    /// A key with credits, created with the gateway's own CLI against the ledger: its id and
-    /// secret.
-    async fn key_with_id(&self) -> (String, String) {
+    /// A key with [`KEY_CREDITS`], created with the gateway's own CLI against the ledger.
+    async fn key_with_id(&self) -> CliKey {
+        let credits = KEY_CREDITS.to_string();
         let created = self
             .pg
             .gateway_cli(&[
@@ -188,27 +245,125 @@ impl Installed {
                 "--new-account",
                 "node",
                 "--credits",
-                "100000000",
+                &credits,
             ])
             .await
             .expect("keys create");
-        let id = created["id"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no key id in {created}"));
-        let secret = created["key"].as_str().expect("the key's secret");
-        (id.to_owned(), secret.to_owned())
+        let field = |name: &str| {
+            created[name]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {name} in {created}"))
+                .to_owned()
+        };
+        CliKey {
+            id: field("id"),
+            account_id: field("account_id"),
+            secret: field("key"),
+        }
     }
 
     /// A key with credits, created with the gateway's own CLI against the ledger.
     async fn key(&self) -> String {
-        self.key_with_id().await.1
+        self.key_with_id().await.secret
     }
+
+    /// `helm upgrade` with the install's values and `changed`, asserted to succeed.
+    async fn upgrade(&self, changed: &[&str]) {
+        let mut values = self.values.clone();
+        values.extend(changed.iter().map(|v| ("--set", (*v).to_owned())));
+        let out = helm_release(&self.trial, "upgrade", &values, &[]).await;
+        assert_ok("helm upgrade", &out);
+    }
+
+    /// The Service's ready endpoints (`ADDRESS:PORT`) now, as an ingress controller reads them.
+    async fn ready_endpoints(&self) -> Vec<String> {
+        let out = self
+            .api()
+            .kubectl_waiting(&["get", "endpoints", RELEASE, "-o", "json"])
+            .await;
+        let Ok(endpoints) = serde_json::from_slice::<Value>(&out.stdout) else {
+            return Vec::new();
+        };
+        let subset = &endpoints["subsets"][0];
+        let port = subset["ports"][0]["port"].as_u64().unwrap_or_default();
+        subset["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["ip"].as_str())
+            .map(|ip| format!("{ip}:{port}"))
+            .collect()
+    }
+
+    /// `kubectl apply` of an enterprise ApiKey giving `key` the limits (requests and input
+    /// tokens per minute, concurrent streams); waits until every pod at `endpoints` serves it
+    /// (each directly, not through a balancer that could hide one): how long that took.
+    async fn grant(&self, endpoints: &[String], key: &CliKey, limits: (u64, u64, u64)) -> Duration {
+        let (rpm, tpm, streams) = limits;
+        let grant = format!(
+            "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: node-grant\n\
+             spec:\n  keyId: {}\n  tier: enterprise\n  limits:\n    requestsPerMinute: {rpm}\n    \
+             inputTokensPerMinute: {tpm}\n    concurrentStreams: {streams}\n",
+            key.id
+        );
+        let applied = Instant::now();
+        assert_ok("kubectl apply of the ApiKey", &self.api().apply(&grant));
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("a client");
+        for endpoint in endpoints {
+            // count_tokens: limited and answered with the key's limits, never billed.
+            let limits = e2e::poll_until(
+                &format!("the grant to reach the pod at {endpoint}"),
+                PUBLISHED_WITHIN,
+                Duration::from_millis(200),
+                || async {
+                    let response = client
+                        .post(format!("http://{endpoint}/v1/messages/count_tokens"))
+                        .bearer_auth(&key.secret)
+                        .json(&e2e::count_body("svc/haiku", "hi"))
+                        .send()
+                        .await
+                        .ok()?;
+                    let rl = Resp::read(response).await.rate_limit();
+                    (rl.limit_requests == rpm).then_some(rl)
+                },
+            )
+            .await;
+            assert_eq!(limits.tier, "enterprise");
+            assert_eq!(limits.limit_tokens, tpm);
+        }
+        applied.elapsed()
+    }
+
+    /// The ingress controller's work, once: reads the Service's ready endpoints and moves
+    /// `nginx` to them when they are not the `followed` ones (none ready: it keeps the last).
+    /// The ready endpoints.
+    async fn follow_endpoints(&self, nginx: &Nginx, followed: &mut Vec<String>) -> Vec<String> {
+        let ready = self.ready_endpoints().await;
+        if !ready.is_empty() && ready != *followed {
+            nginx.follow(&ready);
+            followed.clone_from(&ready);
+        }
+        ready
+    }
+}
+
+/// Credits of a key [`Installed::key_with_id`] creates.
+const KEY_CREDITS: u64 = 100_000_000;
+
+/// A key created with the gateway's CLI.
+struct CliKey {
+    id: String,
+    account_id: String,
+    secret: String,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_probes_and_the_ingress_serves_the_sdk(
 ) {
-    let (chart, endpoints) = Installed::serving().await;
+    let (chart, endpoints) = Installed::serving(Setup::default()).await;
     let migrations = chart
         .pg
         .query_i64("SELECT count(*) FROM _sqlx_migrations WHERE success")
@@ -268,50 +423,15 @@ async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_pr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_of_an_enterprise_api_key_takes_effect_on_every_gateway_pod() {
-    let (chart, endpoints) = Installed::serving().await;
-    let (id, key) = chart.key_with_id().await;
-    let grant = format!(
-        "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: node-grant\n\
-         spec:\n  keyId: {id}\n  tier: enterprise\n  limits:\n    requestsPerMinute: 77\n    \
-         inputTokensPerMinute: 7777\n    concurrentStreams: 7\n"
-    );
-    let applied = Instant::now();
-    assert_ok("kubectl apply of the ApiKey", &chart.api().apply(&grant));
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("a client");
-    // Each pod directly (its Service endpoint), not through a balancer that could hide one.
-    for endpoint in &endpoints {
-        let limits = e2e::poll_until(
-            &format!("the grant to reach the pod at {endpoint}"),
-            PUBLISHED_WITHIN,
-            Duration::from_millis(200),
-            || async {
-                let response = client
-                    .post(format!("http://{endpoint}/v1/messages"))
-                    .bearer_auth(&key)
-                    .json(&e2e::message("svc/haiku", "hi", 16))
-                    .send()
-                    .await
-                    .ok()?;
-                let rl = e2e::Resp::read(response).await.rate_limit();
-                (rl.limit_requests == 77).then_some(rl)
-            },
-        )
-        .await;
-        assert_eq!(limits.tier, "enterprise");
-        assert_eq!(limits.limit_tokens, 7777);
-    }
-    eprintln!(
-        "the grant served by every pod after {:?}",
-        applied.elapsed()
-    );
+    let (chart, endpoints) = Installed::serving(Setup::default()).await;
+    let key = chart.key_with_id().await;
+    let took = chart.grant(&endpoints, &key, (77, 7777, 7)).await;
+    eprintln!("the grant served by every pod after {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_the_same_keys() {
-    let (chart, endpoints) = Installed::serving().await;
+    let (chart, endpoints) = Installed::serving(Setup::default()).await;
     let key = chart.key().await;
     let nginx = Nginx::start_in_front_of(&endpoints).await;
     assert!(sdk_call(&nginx.url(""), &key).await.is_ok());
@@ -346,7 +466,7 @@ async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_t
         "helm uninstall took the CRDs and their resources"
     );
 
-    helm_install(&chart.trial, &chart.node).await;
+    helm_install(&chart.trial, &chart.node, &chart.values).await;
     chart.rolled_out("gateway-operator").await;
     chart.rolled_out(RELEASE).await;
     let endpoints = chart.service_endpoints(2).await;
@@ -357,49 +477,354 @@ async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_t
     }
 }
 
+/// Turns that last (held back 400 ms, then streamed in chunks 100 ms apart): a pod told to
+/// stop has turns in flight to finish.
+fn lasting_reply() -> Reply {
+    Reply::text("one two three four five six seven eight nine ten")
+        .fault(Fault::FirstByteDelay(Duration::from_millis(400)))
+        .chunk_delay(Duration::from_millis(100))
+}
+
+/// Time between two promotion sweeps of the operator (5 minutes by default).
+const SWEEP_INTERVAL: &str = "2s";
+
+/// The dashboard through the ingress; the mails it sends in the gateway pods' logs (no mail
+/// server is configured).
+struct Ingress<'a> {
+    url: String,
+    node: &'a TestNode,
+}
+
+impl Site for Ingress<'_> {
+    fn api(&self) -> &str {
+        &self.url
+    }
+
+    fn log(&self) -> String {
+        self.node.pod_logs(RELEASE)
+    }
+}
+
+/// The tier the ingress serves `key` on (a count_tokens call, never billed), from the
+/// answer's X-RateLimit-Tier, refused (429: the free tier's 5 requests a minute) or not.
+async fn tier_through(ingress: &str, key: &str) -> String {
+    let response = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client")
+        .post(format!("{ingress}/v1/messages/count_tokens"))
+        .bearer_auth(key)
+        .json(&e2e::count_body("svc/haiku", "hi"))
+        .send()
+        .await
+        .expect("count_tokens through the ingress");
+    let resp = Resp::read(response).await;
+    assert!(
+        [200, 429].contains(&resp.status),
+        "count_tokens through the ingress: {resp}"
+    );
+    resp.rate_limit().tier
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_upgrade_with_a_changed_value_rolls_the_pods_without_the_service_losing_a_ready_endpoint(
+async fn a_developer_signs_up_through_the_ingress_tops_up_through_stripe_and_the_operators_sweep_promotes_the_key(
 ) {
-    let (chart, before) = Installed::serving().await;
-    let key = chart.key().await;
-    let out = helm_waiting(
-        chart.api(),
-        &[
-            "upgrade",
-            RELEASE,
-            &chart.trial.chart,
-            "--disable-openapi-validation",
-            "--set",
-            "gateway.pdb.enabled=false,gateway.logFormat=text",
-        ],
-    )
-    .await;
-    assert_ok("helm upgrade", &out);
-    // While the Deployment rolls (maxSurge 1, maxUnavailable 0), the Service always has both
-    // pods' worth of ready endpoints.
-    let rolled = chart.rolled_out(RELEASE);
-    let watch = async {
-        let mut fewest = usize::MAX;
+    let stripe = MockStripe::start().await;
+    let setup = Setup {
+        secrets: vec![(
+            "gateway-stripe",
+            vec![
+                format!("api-key={API_KEY}"),
+                format!("webhook-secret={WEBHOOK_SECRET}"),
+            ],
+        )],
+        ..Setup::default()
+    }
+    .value("gateway.stripeSecret", "gateway-stripe")
+    .env("gateway", &[("GATEWAY_STRIPE_API_BASE", &stripe.url)])
+    .env("operator", &[("OPERATOR_SWEEP_INTERVAL", SWEEP_INTERVAL)]);
+    let (chart, endpoints) = Installed::serving(setup).await;
+    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    let site = Ingress {
+        url: nginx.url(""),
+        node: &chart.node,
+    };
+
+    let mut visitor = Visitor::new(&site);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (_, page) = visitor.get("/developers/keys").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = visitor
+        .post(
+            "/developers/keys",
+            &[("csrf", &csrf), ("name", "node"), ("kind", "api")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "the keys page mints a key: {page}");
+    let key = page
+        .split("id=\"new-secret\"")
+        .nth(1)
+        .and_then(|rest| rest.split("value=\"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("the new key's secret on {page}"))
+        .to_owned();
+    assert_eq!(tier_through(&site.url, &key).await, "free");
+
+    // $10, then $490 more: a lifetime $500.
+    for (dollars, tier) in [("10", "pay_as_you_go"), ("490", "high_volume")] {
+        let (status, body, location) = visitor.checkout(dollars).await;
+        assert_eq!(status, 303, "the checkout redirects to Stripe: {body}");
+        let session = stripe.session_at(location.as_deref().expect("a Location"));
+        let paid = stripe.paid(&session);
+        let (status, body) = deliver(&site.url, &paid, &paid.signature()).await;
+        assert_eq!(status, 200, "Stripe's webhook through the ingress: {body}");
+        let confirmed = Instant::now();
+        // Within a sweep (and the gateways' reading of the key), with room for a loaded
+        // machine.
+        e2e::poll_until(
+            &format!("the sweep to move the key to {tier}"),
+            Duration::from_secs(30),
+            Duration::from_millis(500),
+            || async { (tier_through(&site.url, &key).await == tier).then_some(()) },
+        )
+        .await;
+        eprintln!(
+            "${dollars} confirmed: the key served as {tier} after {:?}",
+            confirmed.elapsed()
+        );
+    }
+}
+
+/// One turn is sent through the ingress this often while the pods roll.
+const SEND_EVERY: Duration = Duration::from_millis(100);
+/// Turns sent at most (two minutes' worth), however long the roll takes.
+const MOST_TURNS: usize = 1_200;
+
+/// What a client was told: the answer to a JSON turn or a refused stream, or a stream read to
+/// its end (any transport error fails the journey as it is read).
+enum Answer {
+    Whole(Resp),
+    Streamed(MessageStream),
+}
+
+/// One turn through the ingress, streamed or not; a connection error fails the journey.
+async fn turn_through(http: &reqwest::Client, ingress: &str, key: &str, streamed: bool) -> Answer {
+    let mut body = e2e::message("svc/haiku", "count to ten", 64);
+    if streamed {
+        body["stream"] = json!(true);
+    }
+    let response = http
+        .post(format!("{ingress}/v1/messages"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("a client met a connection error: {e:?}"));
+    if !streamed {
+        return Answer::Whole(Resp::read(response).await);
+    }
+    let stream = SseStream::new(response);
+    if stream.status != 200 {
+        return Answer::Whole(stream.into_resp().await);
+    }
+    Answer::Streamed(assemble_message_stream(&stream.collect().await))
+}
+
+/// The chart's `gateway.metricsPort`.
+const METRICS_PORT: u16 = 9090;
+
+/// A scrape of the gateway pod at `ip` (its metrics port), `None` when it does not answer.
+async fn pod_metrics(http: &reqwest::Client, ip: &str) -> Option<Scrape> {
+    let response = http
+        .get(format!("http://{ip}:{METRICS_PORT}/metrics"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    Some(Scrape::parse(&response.text().await.ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_streams_run_with_no_client_error_and_every_turn_billed_as_told(
+) {
+    let setup = Setup {
+        reply: Some(lasting_reply()),
+        ..Setup::default()
+    };
+    let (chart, before) = Installed::serving(setup).await;
+    let key = chart.key_with_id().await;
+    // Room for every turn of the roll (a key of the free tier would be refused most).
+    chart.grant(&before, &key, (6_000, 10_000_000, 200)).await;
+    let nginx = Nginx::start_in_front_of(&before).await;
+    let ingress = nginx.url("");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(90))
+        .build()
+        .expect("a client");
+
+    let rolling = AtomicBool::new(true);
+    let served = AtomicUsize::new(0);
+    // Clients: a turn every SEND_EVERY, JSON and streamed in turn, until the roll is done;
+    // each runs on its own while the next are sent.
+    let load = async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sender = async {
+            let mut sent = 0;
+            while rolling.load(Ordering::SeqCst) && sent < MOST_TURNS {
+                let (http, ingress, key) = (http.clone(), ingress.clone(), key.secret.clone());
+                let served = &served;
+                tx.send(async move {
+                    let answer = turn_through(&http, &ingress, &key, sent % 2 == 1).await;
+                    if matches!(&answer, Answer::Streamed(_))
+                        || matches!(&answer, Answer::Whole(r) if r.status == 200)
+                    {
+                        served.fetch_add(1, Ordering::SeqCst);
+                    }
+                    answer
+                })
+                .expect("the turns are collected");
+                sent += 1;
+                tokio::time::sleep(SEND_EVERY).await;
+            }
+            drop(tx);
+        };
+        let collector = async {
+            let mut running = futures::stream::FuturesUnordered::new();
+            let mut answers = Vec::new();
+            loop {
+                tokio::select! {
+                    next = rx.recv() => match next {
+                        Some(turn) => running.push(turn),
+                        None => break,
+                    },
+                    Some(answer) = running.next() => answers.push(answer),
+                }
+            }
+            while let Some(answer) = running.next().await {
+                answers.push(answer);
+            }
+            answers
+        };
+        tokio::join!(sender, collector).1
+    };
+    // The pods replaced (deleted) during the roll: their turns in flight at that moment.
+    let replaced: Mutex<BTreeMap<String, Option<u64>>> = Mutex::default();
+    let roll = async {
+        e2e::poll_until(
+            "turns served through the ingress before the upgrade",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || async { (served.load(Ordering::SeqCst) >= 10).then_some(()) },
+        )
+        .await;
+        chart.upgrade(&["gateway.logFormat=text"]).await;
+        chart.rolled_out(RELEASE).await;
+        // The clients go on until the old pods are gone (drained), not only out of the
+        // Service.
+        e2e::poll_until(
+            "the old pods to be gone",
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || async {
+                let pods = chart.gateway_pods();
+                let gone = pods.len() == 2
+                    && pods
+                        .iter()
+                        .all(|p| p["metadata"]["deletionTimestamp"].is_null());
+                gone.then_some(())
+            },
+        )
+        .await;
+        rolling.store(false, Ordering::SeqCst);
+    };
+    // The ingress controller: follows the Service's ready endpoints (asserted never to fall
+    // below the two pods' worth while the Deployment rolls with maxSurge 1, maxUnavailable 0),
+    // and notes the turns each pod being replaced has in flight.
+    let follow = async {
+        let mut followed = before.clone();
         loop {
-            let out = chart
-                .api()
-                .kubectl(&["get", "endpoints", RELEASE, "-o", "json"]);
-            if let Ok(endpoints) = serde_json::from_slice::<Value>(&out.stdout) {
-                let ready = endpoints["subsets"][0]["addresses"]
-                    .as_array()
-                    .map_or(0, Vec::len);
-                fewest = fewest.min(ready);
+            let ready = chart.follow_endpoints(&nginx, &mut followed).await;
+            if ready.len() < 2 {
+                return ready;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            if fewest < 2 {
-                return fewest;
+            for pod in chart.gateway_pods() {
+                let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+                let seen = replaced.lock().expect("replaced").contains_key(name);
+                if pod["metadata"]["deletionTimestamp"].is_null() || seen {
+                    continue;
+                }
+                let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+                let in_flight = pod_metrics(&http, ip)
+                    .await
+                    .and_then(|m| m.get("gateway_turns_in_flight", &[]))
+                    .map(|n| n as u64);
+                replaced
+                    .lock()
+                    .expect("replaced")
+                    .insert(name.to_owned(), in_flight);
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
-    tokio::select! {
-        () = rolled => {}
-        fewest = watch => panic!("the Service fell to {fewest} ready endpoints during the roll"),
+    let started = Instant::now();
+    let answers = tokio::select! {
+        (answers, ()) = async { tokio::join!(load, roll) } => answers,
+        ready = follow => panic!("the Service fell to the ready endpoints {ready:?} during the roll"),
+    };
+    let replaced = replaced.into_inner().expect("replaced");
+    let (mut by_status, mut whole, mut streams) =
+        (BTreeMap::<u16, usize>::new(), Vec::new(), Vec::new());
+    for answer in &answers {
+        match answer {
+            Answer::Whole(resp) => {
+                *by_status.entry(resp.status).or_default() += 1;
+                whole.push(resp);
+            }
+            Answer::Streamed(stream) => {
+                *by_status.entry(200).or_default() += 1;
+                streams.push(stream);
+            }
+        }
     }
+    eprintln!(
+        "{} turns ({} streamed and read whole) in {:?}: by status {by_status:?}; turns in \
+         flight on each replaced pod at its deletion: {replaced:?}",
+        answers.len(),
+        streams.len(),
+        started.elapsed()
+    );
+
+    // The roll met turns in flight: both pods of the old template were replaced while
+    // serving some.
+    assert!(
+        replaced.len() >= 2 && replaced.values().all(|n| n.is_some_and(|n| n > 0)),
+        "the pods were replaced with no turns in flight (or unseen): {replaced:?}"
+    );
+    // No client saw a 5xx but the documented 503 (in the envelope, with Retry-After): `tally`
+    // fails on any other answer.
+    for resp in whole.iter().filter(|r| r.status == 503) {
+        assert!(
+            resp.header("retry-after").is_some(),
+            "a 503 without Retry-After: {resp}"
+        );
+    }
+    let (accepted, consumed) = tally(whole.iter().copied(), &[]);
+    let streamed = streams.len() as u64;
+    let streamed_credits: u64 = streams.iter().map(|s| s.credits()).sum();
+    let served = accepted + streamed;
+    // Every turn is billed what its client was told; nearly all were served.
+    let served_at_least = answers.len() as u64 * 9 / 10;
+    assert_books_balance(
+        &chart.pg,
+        &key.account_id,
+        KEY_CREDITS,
+        served_at_least.max(1),
+        (served, consumed + streamed_credits),
+    )
+    .await;
+
     let after = chart.service_endpoints(2).await;
     // The old pods may still be draining (terminating, out of the endpoints).
     let pods = chart.gateway_pods();
@@ -417,18 +842,121 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_without_the_service_lo
         after.iter().all(|e| !before.contains(e)),
         "the old pods {before:?} are still the endpoints {after:?}"
     );
-    let client = reqwest::Client::builder()
+}
+
+/// Streams the operator scales for in the scaling journey: held open through the ingress.
+const HELD_STREAMS: usize = 6;
+/// Open streams per gateway pod the operator aims at in that journey (200 by default): the
+/// held streams need three pods.
+const STREAMS_PER_POD: &str = "2";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_the_new_pod_serves()
+{
+    // Streams of ~25 events 600 ms apart: open for about 15 s.
+    let long = "a stream held open while the operator counts it and scales the gateway; ".repeat(2);
+    let setup = Setup {
+        reply: Some(Reply::text(&long).chunk_delay(Duration::from_millis(600))),
+        ..Setup::default()
+    }
+    .value("gateway.maxReplicas", "4")
+    .env(
+        "operator",
+        &[
+            ("OPERATOR_STREAMS_PER_POD", STREAMS_PER_POD),
+            ("OPERATOR_SCALE_EVERY", "1s"),
+        ],
+    );
+    let (chart, before) = Installed::serving(setup).await;
+    let key = chart.key_with_id().await;
+    // Room for the held streams (the free tier allows fewer at once).
+    chart.grant(&before, &key, (600, 1_000_000, 50)).await;
+    let nginx = Nginx::start_in_front_of(&before).await;
+    let mut followed = before.clone();
+    let http = reqwest::Client::builder()
         .no_proxy()
         .build()
         .expect("a client");
-    for endpoint in &after {
-        let response = client
-            .post(format!("http://{endpoint}/v1/messages"))
-            .bearer_auth(&key)
+
+    let mut body = e2e::message("svc/haiku", "hold on", 256);
+    body["stream"] = json!(true);
+    let mut held = Vec::new();
+    for _ in 0..HELD_STREAMS {
+        let response = http
+            .post(nginx.url("/v1/messages"))
+            .bearer_auth(&key.secret)
+            .json(&body)
+            .send()
+            .await
+            .expect("a stream through the ingress");
+        let mut stream = SseStream::new(response);
+        stream.expect_sse();
+        let first = stream.next_event().await.expect("message_start");
+        held.push((first, stream));
+    }
+    let opened = Instant::now();
+
+    // ceil(6 streams / 2 per pod) = 3 pods, one more than the chart's two.
+    let after = loop {
+        let ready = chart.follow_endpoints(&nginx, &mut followed).await;
+        if ready.len() == 3 {
+            break ready;
+        }
+        assert!(
+            opened.elapsed() < Duration::from_secs(60),
+            "the gateway has the ready pods {ready:?} 60 s after {HELD_STREAMS} streams opened \
+             (replicas {})\noperator:\n{}",
+            chart.trial.replicas(),
+            chart.node.pod_logs("gateway-operator")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    eprintln!(
+        "3 ready gateway pods {:?} after the streams opened",
+        opened.elapsed()
+    );
+    assert_eq!(chart.trial.replicas(), "3", "the Deployment's replicas");
+    let new: Vec<&String> = after.iter().filter(|e| !before.contains(e)).collect();
+    assert_eq!(new.len(), 1, "one new pod among {after:?}");
+    let new_ip = new[0].split(':').next().unwrap_or_default();
+
+    // The new pod serves, and the ingress sends it its share.
+    let requests_on_new = || async {
+        pod_metrics(&http, new_ip)
+            .await
+            .expect("the new pod's metrics")
+            .samples
+            .iter()
+            .filter(|s| s.name == "gateway_requests_total")
+            .map(|s| s.value)
+            .sum::<f64>()
+    };
+    let served_before = requests_on_new().await;
+    let turns = after.len() * 2;
+    // Short answers for these (the held streams were answered already).
+    chart
+        .mock
+        .push((0..turns).map(|_| Reply::text("served by whichever pod")));
+    for _ in 0..turns {
+        let response = http
+            .post(nginx.url("/v1/messages"))
+            .bearer_auth(&key.secret)
             .json(&e2e::message("svc/haiku", "hi", 16))
             .send()
             .await
-            .expect("POST /v1/messages");
-        e2e::Resp::read(response).await.expect_ok();
+            .expect("a turn through the ingress");
+        Resp::read(response).await.expect_ok();
+    }
+    let served = requests_on_new().await - served_before;
+    assert!(
+        served >= 1.0,
+        "the new pod at {new_ip} served none of the turns through the ingress"
+    );
+
+    // The held streams ran to their end through the scaling.
+    for (first, stream) in held {
+        let mut events = vec![first];
+        events.extend(stream.collect().await);
+        assert!(assemble_message_stream(&events).credits() > 0);
     }
 }

@@ -44,6 +44,7 @@ struct Sample {
     error_type: Option<String>,
     credits: u64,
     has_rate_limit_headers: bool,
+    retry_after: Option<String>,
 }
 
 /// The load on every pod, and what the test changes under it.
@@ -108,6 +109,7 @@ impl Load {
                 error_type,
                 credits,
                 has_rate_limit_headers: RateLimit::from_headers(&resp.headers).is_ok(),
+                retry_after: resp.header("retry-after"),
             });
             tokio::time::sleep(LOAD_PAUSE).await;
         }
@@ -222,6 +224,8 @@ fn assert_fail_closed(samples: &[Sample], logs: &str) {
                 Some("api_error"),
                 "503 error.type: {s:?}"
             );
+            // A client's backoff has a hint, as with every other 503 of the gateway.
+            assert!(s.retry_after.is_some(), "a 503 without Retry-After: {s:?}");
         }
         if s.phase == OUTAGE {
             assert_eq!(

@@ -66,7 +66,7 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
         accepted < TURNS as u64,
         "every turn was accepted: the balance was not enforced"
     );
-    assert_books_balance(gw, pg, &key.account_id, start, FUNDED_TURNS, tallied).await;
+    assert_books_balance(pg, &key.account_id, start, FUNDED_TURNS, tallied).await;
 }
 
 #[tokio::test]
@@ -135,6 +135,6 @@ async fn each_account_bills_only_its_own(gw: &Gateway, pg: &PostgresServer) {
         // Each reservation it is funded for is one turn served (its bill, below the
         // reservation, may leave room for one more).
         let funded = (i / 2).min(TURNS_EACH) as u64;
-        assert_books_balance(gw, pg, &key.account_id, *start, funded, tallied).await;
+        assert_books_balance(pg, &key.account_id, *start, funded, tallied).await;
     }
 }

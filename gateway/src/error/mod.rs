@@ -382,6 +382,10 @@ impl From<ResponseStoreError> for ApiError {
 const STORE_RETRY_SECS: u64 = 5;
 const STORE_FULL_RETRY_SECS: u64 = 60;
 
+/// When to retry while the limits' Redis does not answer: a failover or a slow moment lasts
+/// seconds (docs/capacity.md).
+const LIMITER_RETRY_SECS: u64 = 1;
+
 impl From<LimitError> for ApiError {
     fn from(e: LimitError) -> Self {
         match e {
@@ -401,10 +405,11 @@ impl From<LimitError> for ApiError {
                 )
             },
             // The outage itself is logged once, when the limiter switches policy.
-            LimitError::Unavailable(detail) => {
-                Self::unavailable("rate limiter temporarily unavailable; retry with backoff")
-                    .logged(Level::Debug, "rate limiter unavailable", Some(detail))
+            LimitError::Unavailable(detail) => Self {
+                retry_after_secs: Some(LIMITER_RETRY_SECS),
+                ..Self::unavailable("rate limiter temporarily unavailable; retry with backoff")
             }
+            .logged(Level::Debug, "rate limiter unavailable", Some(detail)),
         }
     }
 }
