@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use reqwest::StatusCode;
 
@@ -209,7 +209,10 @@ pub struct SseEvent {
 /// Server-sent events from a byte stream, split at blank lines as they arrive.
 pub struct SseReader<S> {
     bytes: S,
-    buffer: Vec<u8>,
+    buffer: BytesMut,
+    /// Where the search for the blank line that ends the first event resumes: the bytes
+    /// before it hold none, so each byte is searched once however many events a chunk holds.
+    searched: usize,
 }
 
 impl<S> SseReader<S>
@@ -219,7 +222,8 @@ where
     pub fn new(bytes: S) -> Self {
         Self {
             bytes,
-            buffer: Vec::new(),
+            buffer: BytesMut::new(),
+            searched: 0,
         }
     }
 
@@ -246,10 +250,13 @@ where
     }
 
     fn take_event(&mut self) -> Result<Option<SseEvent>, ProviderError> {
-        let Some((end, gap)) = find_blank_line(&self.buffer) else {
+        let Some((end, gap)) = find_blank_line(&self.buffer, self.searched) else {
+            // A blank line's first bytes may be the last of what came: look at them again.
+            self.searched = self.buffer.len().saturating_sub(BLANK_LINE_MAX - 1);
             return Ok(None);
         };
-        let raw: Vec<u8> = self.buffer.drain(..end + gap).collect();
+        let raw = self.buffer.split_to(end + gap);
+        self.searched = 0;
         let text = std::str::from_utf8(&raw[..end]).map_err(|e| malformed("sse", e))?;
         let mut event = SseEvent::default();
         for line in text.lines() {
@@ -270,17 +277,23 @@ where
     }
 }
 
-/// Where the first event ends, and the length of the blank line that ends it.
-fn find_blank_line(buffer: &[u8]) -> Option<(usize, usize)> {
-    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buffer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
+/// The longest blank line that ends an event: `\r\n\r\n`.
+const BLANK_LINE_MAX: usize = 4;
+
+/// Where the first event ends (searching from `from`), and the length of the blank line that
+/// ends it (`\n\n` or `\r\n\r\n`). One pass over the line feeds.
+fn find_blank_line(buffer: &[u8], from: usize) -> Option<(usize, usize)> {
+    memchr::memchr_iter(b'\n', buffer.get(from..)?).find_map(|at| {
+        let lf = from + at;
+        if buffer.get(lf + 1) == Some(&b'\n') {
+            Some((lf, 2))
+        } else if lf >= 1 && buffer[lf - 1] == b'\r' && buffer.get(lf + 1..lf + 3) == Some(b"\r\n")
+        {
+            Some((lf - 1, 4))
+        } else {
+            None
+        }
+    })
 }
 
 #[cfg(test)]
@@ -328,5 +341,20 @@ mod tests {
         let got = events(&["data: 1\r\n\r\ndata: 2"]).await;
         assert_eq!(got.len(), 2);
         assert_eq!(got[1].data, "2");
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_into_chunks_at_any_two_points_reads_the_same_events() {
+        let whole =
+            "event: a\r\ndata: 1\r\n\r\ndata: 2\n\n: ping\n\nevent: b\ndata: 3\ndata: 4\n\n";
+        let expected = events(&[whole]).await;
+        assert_eq!(expected.len(), 3, "{expected:?}");
+        assert_eq!(expected[2].data, "3\n4");
+        for i in 0..=whole.len() {
+            for j in i..=whole.len() {
+                let got = events(&[&whole[..i], &whole[i..j], &whole[j..]]).await;
+                assert_eq!(got, expected, "cut at {i} and {j}");
+            }
+        }
     }
 }
