@@ -16,8 +16,8 @@ use tracing::Instrument;
 use crds::config::{Affinity, Upstream};
 
 use crate::auth::Principal;
-use crate::conversation::{Delta, InputBlock, OutputBlock, Request, Usage};
-use crate::limits::{Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
+use crate::conversation::{BilledUsage, Delta, InputBlock, OutputBlock, Request};
+use crate::limits::{Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamSlot};
 use crate::providers::{EventStream, ProviderError, ProviderEvent, Providers};
 use crate::routing::breaker::Breakers;
 use crate::routing::{fallback, AffinityKey, Catalog, Model, Needs, Price};
@@ -129,13 +129,13 @@ pub enum TurnEvent {
     Finished {
         stop_reason: StopReason,
         stop_sequence: Option<String>,
-        usage: Usage,
+        usage: BilledUsage,
     },
     /// The shutdown grace period ran out before the turn ended: its stream stops here, billed
     /// what it sent (`usage`, told to the client in its last event, since a retry is billed
     /// again). A JSON turn's client received nothing: it is billed nothing and gets 503.
     Interrupted {
-        usage: Usage,
+        usage: BilledUsage,
     },
     Failed(TurnError),
 }
@@ -156,7 +156,7 @@ pub struct Collected {
     pub content: Vec<OutputBlock>,
     pub stop_reason: StopReason,
     pub stop_sequence: Option<String>,
-    pub usage: Usage,
+    pub usage: BilledUsage,
 }
 
 pub async fn start(
@@ -221,7 +221,7 @@ pub async fn start(
     let mut meter = Meter {
         state: state.clone(),
         key_id: principal.key.id.clone(),
-        lease: admission.lease,
+        stream_slot: admission.stream_slot,
         message_id: id.clone(),
         price: served.price,
         estimated_input: input_tokens,
@@ -361,7 +361,7 @@ async fn admit(
         let (limiter, key) = (limiter.clone(), key.clone());
         move |admitted: Result<Admission, LimitError>| async move {
             if let Ok(admission) = admitted {
-                end_admission(limiter, key, admission.lease, input_tokens.into(), 0).await;
+                end_admission(limiter, key, admission.stream_slot, input_tokens.into(), 0).await;
             }
         }
     };
@@ -374,11 +374,11 @@ async fn admit(
 async fn end_admission(
     limiter: Arc<dyn Limiter>,
     key: String,
-    lease: Option<StreamLease>,
+    stream_slot: Option<StreamSlot>,
     estimate: u64,
     actual: u64,
 ) {
-    if let Err(e) = limiter.finish(&key, lease, estimate, actual).await {
+    if let Err(e) = limiter.finish(&key, stream_slot, estimate, actual).await {
         tracing::warn!(error = %e, "could not finish an admission");
     }
 }
@@ -446,9 +446,9 @@ fn needs(request: &Request, requested: &Model, input_tokens: u32, open_max_token
     }
 }
 
-/// Passes the provider's events through, settles on the last one, renews the stream slot's
-/// lease while it runs, and ends the turn, telling its bill, when the shutdown grace period
-/// runs out.
+/// Passes the provider's events through, settles on the last one, renews its stream slot
+/// while it runs, and ends the turn, telling its bill, when the shutdown grace period runs
+/// out.
 fn metered(
     state: Turns,
     mut upstream: EventStream,
@@ -456,8 +456,8 @@ fn metered(
 ) -> impl Stream<Item = TurnEvent> + Send {
     let renewal = state
         .limiter
-        .lease_renewal()
-        .filter(|_| meter.lease.is_some())
+        .slot_renewal()
+        .filter(|_| meter.stream_slot.is_some())
         .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
     async_stream::stream! {
         let mut renewal = renewal;
@@ -467,7 +467,7 @@ fn metered(
                 _ = state.shutdown.expired.cancelled() => {
                     let tokens = meter.partial_usage();
                     let credits = meter.settle(MessageStatus::Interrupted, None).await;
-                    yield TurnEvent::Interrupted { usage: Usage { tokens, credits } };
+                    yield TurnEvent::Interrupted { usage: BilledUsage { tokens, credits } };
                     return;
                 }
                 _ = tick(&mut renewal) => {
@@ -483,7 +483,7 @@ fn metered(
                     yield TurnEvent::Finished {
                         stop_reason,
                         stop_sequence,
-                        usage: Usage { tokens: usage, credits },
+                        usage: BilledUsage { tokens: usage, credits },
                     };
                     return;
                 }
@@ -508,7 +508,7 @@ fn metered(
     }
 }
 
-/// The next renewal tick; never, for limiters whose leases do not expire.
+/// The next renewal tick; never, for limiters whose stream slots do not expire.
 async fn tick(renewal: &mut Option<tokio::time::Interval>) {
     match renewal {
         Some(interval) => {
@@ -523,7 +523,7 @@ async fn tick(renewal: &mut Option<tokio::time::Interval>) {
 struct Meter {
     state: Turns,
     key_id: String,
-    lease: Option<StreamLease>,
+    stream_slot: Option<StreamSlot>,
     message_id: String,
     price: Price,
     estimated_input: u32,
@@ -563,18 +563,18 @@ impl Meter {
     }
 
     async fn renew(&self) {
-        if let Some(lease) = &self.lease {
-            if let Err(e) = self.state.limiter.renew(&self.key_id, lease).await {
-                tracing::warn!(error = %e, "could not renew a stream lease");
+        if let Some(stream_slot) = &self.stream_slot {
+            if let Err(e) = self.state.limiter.renew(&self.key_id, stream_slot).await {
+                tracing::warn!(error = %e, "could not renew a stream slot");
             }
         }
     }
 
     /// Gives back the admission when the turn ends before anything was reserved.
     async fn release(&mut self) {
-        let lease = self.lease.take();
+        let stream_slot = self.stream_slot.take();
         let (key, estimate) = (self.key_id.clone(), self.estimated_input.into());
-        let release = end_admission(self.state.limiter.clone(), key, lease, estimate, 0);
+        let release = end_admission(self.state.limiter.clone(), key, stream_slot, estimate, 0);
         detached::finish(&self.state.shutdown.tasks, release).await;
     }
 
@@ -590,10 +590,16 @@ impl Meter {
             None => (self.partial_usage(), None),
         };
         let cost = cost(&self.price, &usage, completed, self.delivered_as_generated);
-        let lease = self.lease.take();
+        let stream_slot = self.stream_slot.take();
         let (key, estimate) = (self.key_id.clone(), u64::from(self.estimated_input));
         let actual = usage.input_tokens.into();
-        let finish = end_admission(self.state.limiter.clone(), key, lease, estimate, actual);
+        let finish = end_admission(
+            self.state.limiter.clone(),
+            key,
+            stream_slot,
+            estimate,
+            actual,
+        );
         let settlement = std::mem::take(&mut self.reserved).then(|| Settlement {
             message_id: self.message_id.clone(),
             served_by: self.served_by.take(),
@@ -650,7 +656,7 @@ fn cost(price: &Price, usage: &TokenUsage, completed: bool, delivered_as_generat
 
 impl Drop for Meter {
     fn drop(&mut self) {
-        if !self.reserved && self.lease.is_none() {
+        if !self.reserved && self.stream_slot.is_none() {
             return;
         }
         // Once the process is exiting (the settlement tracker is closed, the runtime going away)
@@ -664,7 +670,7 @@ impl Drop for Meter {
         let mut rest = Meter {
             state: self.state.clone(),
             key_id: std::mem::take(&mut self.key_id),
-            lease: self.lease.take(),
+            stream_slot: self.stream_slot.take(),
             message_id: std::mem::take(&mut self.message_id),
             price: self.price,
             estimated_input: self.estimated_input,

@@ -50,8 +50,8 @@ pub struct ApiError {
     pub message: String,
     pub retry_after_secs: Option<u64>,
     /// The limiter's counts that refused a 429, so that its X-RateLimit-* headers and its
-    /// Retry-After come from one reading.
-    snapshot: Option<Snapshot>,
+    /// Retry-After come from one reading (boxed: it would make every `Result<_, ApiError>` large).
+    snapshot: Option<Box<Snapshot>>,
     record: Option<Record>,
 }
 
@@ -263,7 +263,7 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if let Some(snapshot) = self.snapshot {
-            response.extensions_mut().insert(snapshot);
+            response.extensions_mut().insert(*snapshot);
         }
         response
     }
@@ -392,7 +392,7 @@ impl From<LimitError> for ApiError {
                 ..
             } => Self {
                 retry_after_secs: Some(retry_after_secs),
-                snapshot: Some(snapshot),
+                snapshot: Some(Box::new(snapshot)),
                 record: Some(Record::RateLimited(dimension.label())),
                 ..Self::new(
                     StatusCode::TOO_MANY_REQUESTS,

@@ -16,7 +16,7 @@
 //! Each process holds a lease, its row in `gateway_instances`, renewed by a heartbeat; the
 //! reaper deletes the lease of a process that stopped beating and releases the reservations
 //! and allotments of leases that are gone (see [`PostgresLedger::reap`]). Allotments and
-//! reservations carry the lease's epoch, and a grant or a write under a lease that is gone is
+//! reservations carry the lease's epoch, and a refill or a write under a lease that is gone is
 //! refused by Postgres.
 //!
 //! What a client is told a turn cost is what the ledger bills: a turn's bill is told only once
@@ -230,11 +230,11 @@ impl PostgresLedger {
     }
 
     async fn grow(&self, g: &Grow) -> Result<(), LedgerError> {
-        let granted = allotment::grow(&self.db, &self.lease.id, g).await;
+        let refilled = allotment::grow(&self.db, &self.lease.id, g).await;
         if let Some(a) = &self.allotting {
-            a.pools.granted(g, granted.as_ref().ok().copied());
+            a.pools.refilled(g, refilled.as_ref().ok().copied());
         }
-        granted.map(drop).map_err(LedgerError::from)
+        refilled.map(drop).map_err(LedgerError::from)
     }
 
     /// Writes an allotted turn's row before its bill is told: what Postgres recorded is what
@@ -483,7 +483,7 @@ impl PostgresLedger {
     pub async fn reap(&self, stale: Duration, max_turn: Duration) -> Result<u64, LedgerError> {
         let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
         let max_turn_ms = i64::try_from(max_turn.as_millis()).unwrap_or(i64::MAX);
-        // The delete waits for the grants and writes that hold a lease (they lock its row) and
+        // The delete waits for the refills and writes that hold a lease (they lock its row) and
         // re-checks the heartbeat of a row renewed meanwhile, so a renewed lease is kept.
         let dead = self
             .db
@@ -713,7 +713,7 @@ impl Ledger for PostgresLedger {
         Ok(())
     }
 
-    async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
+    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
         let row = self
             .db
             .bounded(
@@ -730,7 +730,7 @@ impl Ledger for PostgresLedger {
         Ok(balance_of(&row).map_err(DbError::Sql)?)
     }
 
-    async fn grant_once(
+    async fn add_credits_once(
         &self,
         account_id: &str,
         credits: u64,
@@ -741,14 +741,14 @@ impl Ledger for PostgresLedger {
             .db
             .bounded(
                 sqlx::query(
-                    "WITH granted AS (
+                    "WITH added AS (
                          INSERT INTO ledger_grants (reference, account_id, credits)
                          VALUES ($3, $1, $2)
                          ON CONFLICT (reference) DO NOTHING
                          RETURNING account_id, credits
                      )
-                     UPDATE accounts a SET balance = a.balance + granted.credits
-                     FROM granted WHERE a.id = granted.account_id
+                     UPDATE accounts a SET balance = a.balance + added.credits
+                     FROM added WHERE a.id = added.account_id
                      RETURNING a.id",
                 )
                 .bind(account_id)
