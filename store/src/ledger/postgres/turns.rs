@@ -22,7 +22,7 @@ use time::OffsetDateTime;
 
 use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
 use super::allotment::Written;
-use super::Lease;
+use super::lease::Lease;
 use crate::db::{from_db, name_of, to_db, Database, DbError};
 use crate::metrics;
 use crate::usage::{StopReason, TokenUsage};
