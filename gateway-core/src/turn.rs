@@ -867,7 +867,7 @@ fn apply_delta(block: &mut OutputBlock, json: &mut String, delta: Delta) {
 
 #[cfg(test)]
 mod tests {
-    use crds::config::Pricing;
+    use crds::config::{Capabilities, ModelConfig, Pricing, Route};
 
     use super::*;
 
@@ -909,5 +909,85 @@ mod tests {
     #[test]
     fn a_json_turn_that_ends_early_costs_nothing_its_client_never_got_the_answer() {
         assert_eq!(cost(&price(), &usage(), false, false), 0);
+    }
+
+    fn model_of_context(context_window: u32) -> Model {
+        Model {
+            id: "svc/test".into(),
+            config: ModelConfig {
+                display_name: "Test".into(),
+                context_window,
+                max_output_tokens: 4_000,
+                capabilities: Capabilities {
+                    thinking: false,
+                    vision: false,
+                    tools: true,
+                },
+                pricing: Pricing::default(),
+                route: Route::Upstreams(Vec::new()),
+                affinity: Affinity::None,
+            },
+            price: price(),
+        }
+    }
+
+    fn asking(max_tokens: u32) -> Request {
+        Request {
+            max_tokens,
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn an_input_that_fills_the_context_window_is_refused_whatever_max_tokens() {
+        let model = model_of_context(10_000);
+        assert!(check_context_window(&model, &asking(1), 9_999, false).is_ok());
+        for open in [false, true] {
+            let refused = check_context_window(&model, &asking(1), 10_000, open);
+            assert!(
+                matches!(&refused, Err(TurnError::Invalid(m)) if m.starts_with("messages:")),
+                "open max_tokens {open}: {:?}",
+                refused.err()
+            );
+        }
+    }
+
+    #[test]
+    fn max_tokens_must_fit_beside_the_input_unless_the_client_left_it_open() {
+        let model = model_of_context(10_000);
+        assert!(check_context_window(&model, &asking(4_000), 6_000, false).is_ok());
+        let refused = check_context_window(&model, &asking(4_001), 6_000, false);
+        assert!(
+            matches!(&refused, Err(TurnError::Invalid(m)) if m.starts_with("max_tokens:")),
+            "{:?}",
+            refused.err()
+        );
+        assert!(check_context_window(&model, &asking(4_001), 6_000, true).is_ok());
+    }
+
+    #[test]
+    fn a_turn_reserves_its_most_possible_cost_input_stored_unsent_included() {
+        let input = Input {
+            sent: 1_000,
+            unsent: 500,
+        };
+        let most = price().ceiling(1_500, 200, CacheWrites::None);
+        assert_eq!(
+            credits_to_reserve(&price(), input, &asking(200), CacheWrites::None, false),
+            (most, most)
+        );
+    }
+
+    #[test]
+    fn an_open_max_tokens_reserves_from_one_output_tokens_worth_up_to_the_whole_ceiling() {
+        let input = Input {
+            sent: 1_000,
+            unsent: 0,
+        };
+        let (least, most) =
+            credits_to_reserve(&price(), input, &asking(4_000), CacheWrites::None, true);
+        assert_eq!(least, price().ceiling(1_000, 1, CacheWrites::None));
+        assert_eq!(most, price().ceiling(1_000, 4_000, CacheWrites::None));
+        assert!(least < most);
     }
 }
