@@ -209,9 +209,11 @@ pub async fn start(
                 input_tokens: input.billed(),
                 ..TokenUsage::default()
             },
+            generated: String::new(),
             delivered_as_generated: request.stream,
+            reserved_since: None,
+            served_by: None,
             telemetry,
-            ..OpenTurn::default()
         },
     };
 
