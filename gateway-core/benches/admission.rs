@@ -33,7 +33,7 @@ use support::{env_u64, ms, open_loop, percentile};
 const KEYS: usize = 1_000;
 const WARMUP: Duration = Duration::from_secs(1);
 const TIMEOUT: Duration = Duration::from_millis(250);
-const LEASE: Duration = Duration::from_secs(10);
+const SLOT_TTL: Duration = Duration::from_secs(10);
 
 const LIMITS: Limits = Limits {
     requests_per_minute: u32::MAX,
@@ -197,7 +197,7 @@ fn main() {
             RedisLimiter::connect(&RedisSettings {
                 url: url.clone(),
                 timeout: TIMEOUT,
-                lease: LEASE,
+                slot_ttl: SLOT_TTL,
             })
             .await
             .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}")),

@@ -214,9 +214,9 @@ fn main() {
                 None => store.create_account(&name).await.expect("create account"),
             };
             ledger
-                .grant(&account.id, 1_000_000_000_000)
+                .add_credits(&account.id, 1_000_000_000_000)
                 .await
-                .expect("grant");
+                .expect("add credits");
             ids.push(account.id);
         }
         let accounts = Arc::new(ids);

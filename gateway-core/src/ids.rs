@@ -61,7 +61,8 @@ pub fn admin_token() -> String {
     random(32)
 }
 
-pub fn lease() -> String {
+/// A stream slot's id in the shared limiter.
+pub fn stream_slot() -> String {
     random(16)
 }
 

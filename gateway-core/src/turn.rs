@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::stream::Peekable;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 use thiserror::Error;
@@ -16,8 +17,8 @@ use tracing::Instrument;
 use crds::config::{Affinity, Upstream};
 
 use crate::auth::Principal;
-use crate::conversation::{Delta, InputBlock, OutputBlock, Request, Usage};
-use crate::limits::{Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
+use crate::conversation::{BilledUsage, CacheWrites, Delta, InputBlock, OutputBlock, Request};
+use crate::limits::{Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamSlot};
 use crate::providers::{EventStream, ProviderError, ProviderEvent, Providers};
 use crate::routing::breaker::Breakers;
 use crate::routing::{fallback, AffinityKey, Catalog, Model, Needs, Price};
@@ -129,13 +130,13 @@ pub enum TurnEvent {
     Finished {
         stop_reason: StopReason,
         stop_sequence: Option<String>,
-        usage: Usage,
+        usage: BilledUsage,
     },
     /// The shutdown grace period ran out before the turn ended: its stream stops here, billed
     /// what it sent (`usage`, told to the client in its last event, since a retry is billed
     /// again). A JSON turn's client received nothing: it is billed nothing and gets 503.
     Interrupted {
-        usage: Usage,
+        usage: BilledUsage,
     },
     Failed(TurnError),
 }
@@ -156,9 +157,13 @@ pub struct Collected {
     pub content: Vec<OutputBlock>,
     pub stop_reason: StopReason,
     pub stop_sequence: Option<String>,
-    pub usage: Usage,
+    pub usage: BilledUsage,
 }
 
+/// A turn, in the order of the spec's steps: resolve the model, validate, count the input,
+/// check it fits the context window, choose the served model, admit, open the meter, reserve,
+/// call an upstream, then read the prompt's usage. The events it returns stream the answer and
+/// settle it ([`metered`]).
 pub async fn start(
     state: &Turns,
     principal: &Principal,
@@ -176,11 +181,126 @@ pub async fn start(
     let requested = resolve_model(state, &request.model)?;
     let telemetry = TurnTelemetry::begin(&id, &requested.id, request.max_tokens, request.stream);
     validate::request(&request, &requested.id, &requested.config, open_max_tokens)?;
-    let (mut request, sent_tokens) = state.tokens.count_request_off_workers(request).await?;
-    let unsent_tokens = count_unsent(state.tokens, unsent_input).await?;
-    // The model's context holds what is sent; the bill covers what is stored too.
-    let input_tokens = sent_tokens.saturating_add(unsent_tokens);
-    telemetry.input_tokens(input_tokens);
+    let (mut request, input) = count_input(state, request, unsent_input).await?;
+    telemetry.input_tokens(input.billed());
+    check_context_window(&requested, &request, input.sent, open_max_tokens)?;
+    let served = choose_served_model(state, &requested, &request, input.sent, open_max_tokens)?;
+    if open_max_tokens {
+        let room = served.config.context_window.saturating_sub(input.sent);
+        request.max_tokens = served.config.max_output_tokens.min(room);
+    }
+
+    let admission = telemetry
+        .step(
+            "admission",
+            admit(state, principal, input.billed(), request.stream),
+        )
+        .await;
+    let admission = telemetry.admission(admission)?;
+    let mut meter = Meter {
+        state: state.clone(),
+        turn: OpenTurn {
+            key_id: principal.key.id.clone(),
+            stream_slot: admission.stream_slot,
+            message_id: id.clone(),
+            price: served.price,
+            input,
+            usage: TokenUsage {
+                input_tokens: input.billed(),
+                ..TokenUsage::default()
+            },
+            generated: String::new(),
+            delivered_as_generated: request.stream,
+            reserved_since: None,
+            served_by: None,
+            telemetry,
+        },
+    };
+
+    let plan = served.plan(|| AffinityKey::of(conversation.as_deref(), &request));
+    let Some(upstream) = plan.first() else {
+        meter.release().await;
+        return Err(ProviderError::Unavailable.into());
+    };
+    let caching = request.cache_writes();
+    let (floor, ceiling) =
+        credits_to_reserve(&served.price, input, &request, caching, open_max_tokens);
+    let reservation = NewReservation {
+        record: message_record(
+            &id,
+            principal,
+            endpoint,
+            &requested,
+            &served,
+            upstream,
+            request.stream,
+        ),
+        spend_cap: principal.spend_cap,
+        min: floor,
+        max: ceiling,
+    };
+    let reserved = meter.reserve(reservation).await?;
+    if open_max_tokens {
+        request.max_tokens = served
+            .price
+            .affordable_output(reserved, input.billed(), request.max_tokens, caching)
+            .max(1);
+    }
+    validate::fit_thinking(&mut request, &served.config);
+
+    let stream = request.stream;
+    let attempt = fallback::Attempt {
+        model: &served.id,
+        plan: &plan,
+        request: Arc::new(request),
+        anthropic_beta: anthropic_beta.as_deref(),
+        input_tokens: input.sent,
+    };
+    let mut events = call_upstream(state, &mut meter, &served, attempt, stream).await?;
+    let prompt = read_prompt_usage(&mut meter, &mut events).await;
+    Ok(Turn {
+        id,
+        model: requested.id.clone(),
+        prompt,
+        snapshot: admission.snapshot,
+        events: Box::pin(metered(state.clone(), Box::pin(events), meter)),
+    })
+}
+
+/// A turn's input tokens: what the upstream is sent, and what the gateway keeps without
+/// sending it ([`TurnRequest::unsent_input`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Input {
+    sent: u32,
+    unsent: u32,
+}
+
+impl Input {
+    /// The model's context holds what is sent; the bill covers what is stored too.
+    fn billed(self) -> u32 {
+        self.sent.saturating_add(self.unsent)
+    }
+}
+
+/// Counts the request's tokens and the unsent input's, off the async workers when large.
+async fn count_input(
+    state: &Turns,
+    request: Request,
+    unsent_input: String,
+) -> Result<(Request, Input), TurnError> {
+    let (request, sent) = state.tokens.count_request_off_workers(request).await?;
+    let unsent = count_unsent(state.tokens, unsent_input).await?;
+    Ok((request, Input { sent, unsent }))
+}
+
+/// The input must leave room in the model's context window, and so must max_tokens unless the
+/// client left it open.
+fn check_context_window(
+    requested: &Model,
+    request: &Request,
+    sent_tokens: u32,
+    open_max_tokens: bool,
+) -> Result<(), TurnError> {
     let context = requested.config.context_window;
     if sent_tokens >= context {
         return Err(TurnError::Invalid(format!(
@@ -194,66 +314,62 @@ pub async fn start(
             request.max_tokens, requested.id
         )));
     }
-    let served = state
+    Ok(())
+}
+
+/// The served model: the requested one, or the one behind a virtual model that meets what the
+/// request needs.
+fn choose_served_model(
+    state: &Turns,
+    requested: &Arc<Model>,
+    request: &Request,
+    sent_tokens: u32,
+    open_max_tokens: bool,
+) -> Result<Arc<Model>, TurnError> {
+    let needs = needs(request, requested, sent_tokens, open_max_tokens);
+    state
         .catalog
-        .serving_model(
-            &requested,
-            &needs(&request, &requested, sent_tokens, open_max_tokens),
-        )
+        .serving_model(requested, &needs)
         .ok_or_else(|| {
             TurnError::Invalid(format!(
                 "model: no model behind {} can serve this request",
                 requested.id
             ))
-        })?;
-    if open_max_tokens {
-        let room = served.config.context_window.saturating_sub(sent_tokens);
-        request.max_tokens = served.config.max_output_tokens.min(room);
-    }
+        })
+}
 
-    let admission = telemetry
-        .step(
-            "admission",
-            admit(state, principal, input_tokens, request.stream),
-        )
-        .await;
-    let admission = telemetry.admission(admission)?;
-    let mut meter = Meter {
-        state: state.clone(),
-        key_id: principal.key.id.clone(),
-        lease: admission.lease,
-        message_id: id.clone(),
-        price: served.price,
-        estimated_input: input_tokens,
-        unsent_tokens,
-        usage: TokenUsage {
-            input_tokens,
-            ..TokenUsage::default()
-        },
-        generated: String::new(),
-        delivered_as_generated: request.stream,
-        started: Instant::now(),
-        reserved: false,
-        served_by: None,
-        telemetry,
-    };
-
-    let plan = served.plan(|| AffinityKey::of(conversation.as_deref(), &request));
-    let Some(upstream) = plan.first() else {
-        meter.release().await;
-        return Err(ProviderError::Unavailable.into());
-    };
-    let caching = request.cache_writes();
-    let ceiling = served
-        .price
-        .ceiling(input_tokens, request.max_tokens, caching);
+/// The least and the most a reservation holds: the turn's most possible cost, or with an open
+/// max_tokens at least one output token's worth (the reservation takes what the balance
+/// allows in between, and the turn's max_tokens follows).
+fn credits_to_reserve(
+    price: &Price,
+    input: Input,
+    request: &Request,
+    caching: CacheWrites,
+    open_max_tokens: bool,
+) -> (u64, u64) {
+    let ceiling = price.ceiling(input.billed(), request.max_tokens, caching);
     let floor = if open_max_tokens {
-        served.price.ceiling(input_tokens, 1, caching)
+        price.ceiling(input.billed(), 1, caching)
     } else {
         ceiling
     };
-    let record = MessageRecord {
-        id: id.clone(),
+    (floor, ceiling)
+}
+
+/// The ledger row a reservation writes, naming the first upstream of the plan (the settlement
+/// names another if fallback moved past it).
+fn message_record(
+    id: &str,
+    principal: &Principal,
+    endpoint: Endpoint,
+    requested: &Model,
+    served: &Model,
+    upstream: &Upstream,
+    stream: bool,
+) -> MessageRecord {
+    MessageRecord {
+        id: id.to_owned(),
         account_id: principal.account.id.clone(),
         key_id: principal.key.id.clone(),
         model: requested.id.clone(),
@@ -262,83 +378,58 @@ pub async fn start(
         upstream: upstream.name.clone(),
         upstream_model: upstream.model.clone(),
         endpoint: endpoint.name(),
-        stream: request.stream,
+        stream,
         ..MessageRecord::default()
-    };
-    let reservation = reserve(
-        state,
-        NewReservation {
-            record,
-            spend_cap: principal.spend_cap,
-            min: floor,
-            max: ceiling,
-        },
-    );
-    let reserved = match meter.telemetry.step("reservation", reservation).await {
-        Ok(amount) => amount,
-        Err(e) => {
-            meter.release().await;
-            return Err(e.into());
-        }
-    };
-    meter.reserved = true;
-    meter.telemetry.reserved(reserved);
-    if open_max_tokens {
-        request.max_tokens = served
-            .price
-            .affordable_output(reserved, input_tokens, request.max_tokens, caching)
-            .max(1);
     }
+}
 
-    validate::fit_thinking(&mut request, &served.config);
-
-    let upstream_span = meter.telemetry.calling(request.stream);
-    let attempt = fallback::Attempt {
-        model: &served.id,
-        plan: &plan,
-        request: Arc::new(request),
-        anthropic_beta: anthropic_beta.as_deref(),
-        input_tokens: sent_tokens,
-    };
-    let mut upstream_events = match fallback::start(&state.providers, &state.breakers, attempt)
+/// Calls the plan's upstreams in turn until one answers; the meter records which (a failure
+/// settles the turn as failed).
+async fn call_upstream(
+    state: &Turns,
+    meter: &mut Meter,
+    served: &Model,
+    attempt: fallback::Attempt<'_>,
+    stream: bool,
+) -> Result<Peekable<EventStream>, TurnError> {
+    let plan = attempt.plan;
+    let upstream_span = meter.turn.telemetry.calling(stream);
+    match fallback::start(&state.providers, &state.breakers, attempt)
         .instrument(upstream_span)
         .await
     {
         Ok((events, upstream)) => {
             meter
+                .turn
                 .telemetry
                 .upstream_selected(&served.id, &upstream.name);
             let home = &plan[0].name;
             if served.config.affinity == Affinity::Conversation && *home != upstream.name {
                 telemetry::metrics::affinity_moved(&served.id, home, &upstream.name);
             }
-            meter.served_by = Some(ServedBy {
+            meter.turn.served_by = Some(ServedBy {
                 provider: provider_name(upstream),
                 upstream: upstream.name.clone(),
                 upstream_model: upstream.model.clone(),
             });
-            events.peekable()
+            Ok(events.peekable())
         }
         Err(e) => {
-            meter.telemetry.upstream_failed(&e);
+            meter.turn.telemetry.upstream_failed(&e);
             meter.settle(MessageStatus::Failed, None).await;
-            return Err(e.into());
+            Err(e.into())
         }
-    };
-    let mut prompt = meter.usage;
-    if let Some(Ok(ProviderEvent::Started { usage })) = Pin::new(&mut upstream_events).peek().await
-    {
-        prompt = meter.with_unsent(*usage);
-        upstream_events.next().await;
     }
-    meter.usage = prompt;
-    Ok(Turn {
-        id,
-        model: requested.id.clone(),
-        prompt,
-        snapshot: admission.snapshot,
-        events: Box::pin(metered(state.clone(), Box::pin(upstream_events), meter)),
-    })
+}
+
+/// The prompt side of the usage: the upstream's own counts when its first event reports them
+/// (that event is consumed), else the gateway's count.
+async fn read_prompt_usage(meter: &mut Meter, events: &mut Peekable<EventStream>) -> TokenUsage {
+    if let Some(Ok(ProviderEvent::Started { usage })) = Pin::new(&mut *events).peek().await {
+        meter.turn.usage = meter.with_unsent(*usage);
+        events.next().await;
+    }
+    meter.turn.usage
 }
 
 /// Admits the turn against its key's limits (see [`detached`]: an admission that lands for a
@@ -361,7 +452,7 @@ async fn admit(
         let (limiter, key) = (limiter.clone(), key.clone());
         move |admitted: Result<Admission, LimitError>| async move {
             if let Ok(admission) = admitted {
-                end_admission(limiter, key, admission.lease, input_tokens.into(), 0).await;
+                end_admission(limiter, key, admission.stream_slot, input_tokens.into(), 0).await;
             }
         }
     };
@@ -374,11 +465,11 @@ async fn admit(
 async fn end_admission(
     limiter: Arc<dyn Limiter>,
     key: String,
-    lease: Option<StreamLease>,
+    stream_slot: Option<StreamSlot>,
     estimate: u64,
     actual: u64,
 ) {
-    if let Err(e) = limiter.finish(&key, lease, estimate, actual).await {
+    if let Err(e) = limiter.finish(&key, stream_slot, estimate, actual).await {
         tracing::warn!(error = %e, "could not finish an admission");
     }
 }
@@ -446,9 +537,9 @@ fn needs(request: &Request, requested: &Model, input_tokens: u32, open_max_token
     }
 }
 
-/// Passes the provider's events through, settles on the last one, renews the stream slot's
-/// lease while it runs, and ends the turn, telling its bill, when the shutdown grace period
-/// runs out.
+/// Passes the provider's events through, settles on the last one, renews its stream slot
+/// while it runs, and ends the turn, telling its bill, when the shutdown grace period runs
+/// out.
 fn metered(
     state: Turns,
     mut upstream: EventStream,
@@ -456,8 +547,8 @@ fn metered(
 ) -> impl Stream<Item = TurnEvent> + Send {
     let renewal = state
         .limiter
-        .lease_renewal()
-        .filter(|_| meter.lease.is_some())
+        .slot_renewal()
+        .filter(|_| meter.turn.stream_slot.is_some())
         .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
     async_stream::stream! {
         let mut renewal = renewal;
@@ -467,7 +558,7 @@ fn metered(
                 _ = state.shutdown.expired.cancelled() => {
                     let tokens = meter.partial_usage();
                     let credits = meter.settle(MessageStatus::Interrupted, None).await;
-                    yield TurnEvent::Interrupted { usage: Usage { tokens, credits } };
+                    yield TurnEvent::Interrupted { usage: BilledUsage { tokens, credits } };
                     return;
                 }
                 _ = tick(&mut renewal) => {
@@ -483,7 +574,7 @@ fn metered(
                     yield TurnEvent::Finished {
                         stop_reason,
                         stop_sequence,
-                        usage: Usage { tokens: usage, credits },
+                        usage: BilledUsage { tokens: usage, credits },
                     };
                     return;
                 }
@@ -492,13 +583,13 @@ fn metered(
                     yield TurnEvent::Provider(event);
                 }
                 Some(Err(e)) => {
-                    meter.telemetry.upstream_failed(&e);
+                    meter.turn.telemetry.upstream_failed(&e);
                     meter.settle(MessageStatus::Failed, None).await;
                     yield TurnEvent::Failed(e.into());
                     return;
                 }
                 None => {
-                    meter.telemetry.upstream_failed(&ProviderError::Upstream);
+                    meter.turn.telemetry.upstream_failed(&ProviderError::Upstream);
                     meter.settle(MessageStatus::Failed, None).await;
                     yield TurnEvent::Failed(ProviderError::Upstream.into());
                     return;
@@ -508,7 +599,7 @@ fn metered(
     }
 }
 
-/// The next renewal tick; never, for limiters whose leases do not expire.
+/// The next renewal tick; never, for limiters whose stream slots do not expire.
 async fn tick(renewal: &mut Option<tokio::time::Interval>) {
     match renewal {
         Some(interval) => {
@@ -518,17 +609,22 @@ async fn tick(renewal: &mut Option<tokio::time::Interval>) {
     }
 }
 
-/// What a turn holds (a stream slot, a reservation) and has generated so far, so that it is
-/// given back and billed exactly once, however the turn ends.
+/// A turn's services and what the turn holds, so that it is given back and billed exactly
+/// once, however the turn ends.
 struct Meter {
     state: Turns,
+    turn: OpenTurn,
+}
+
+/// What a turn holds (a stream slot, a reservation) and has generated so far. The default
+/// holds nothing: what a meter leaves behind once a dropped turn's settlement took it over.
+#[derive(Default)]
+struct OpenTurn {
     key_id: String,
-    lease: Option<StreamLease>,
+    stream_slot: Option<StreamSlot>,
     message_id: String,
     price: Price,
-    estimated_input: u32,
-    /// Tokens of the input the upstream never saw, added to the upstream's own count.
-    unsent_tokens: u32,
+    input: Input,
     usage: TokenUsage,
     /// Streamed output so far, counted only if the turn ends before the provider's usage.
     generated: String,
@@ -536,8 +632,8 @@ struct Meter {
     /// nothing until the turn completes, so a turn cut before then (shutdown, disconnect) has
     /// given it nothing to pay for: it would pay again for its retry.
     delivered_as_generated: bool,
-    started: Instant,
-    reserved: bool,
+    /// When its credits were reserved; `None` before, and once settled.
+    reserved_since: Option<Instant>,
     /// The upstream that answered, for the ledger row (fallback may have moved past the first).
     served_by: Option<ServedBy>,
     telemetry: TurnTelemetry,
@@ -546,35 +642,58 @@ struct Meter {
 impl Meter {
     /// The upstream's usage with the input it never saw added: that input is billed too.
     fn with_unsent(&self, mut usage: TokenUsage) -> TokenUsage {
-        usage.input_tokens = usage.input_tokens.saturating_add(self.unsent_tokens);
+        usage.input_tokens = usage.input_tokens.saturating_add(self.turn.input.unsent);
         usage
     }
 
     fn observe(&mut self, event: &ProviderEvent) {
-        self.telemetry.upstream_event();
+        self.turn.telemetry.upstream_event();
         if let ProviderEvent::BlockDelta { delta, .. } = event {
+            let generated = &mut self.turn.generated;
             match delta {
-                Delta::Text { text } => self.generated.push_str(text),
-                Delta::InputJson { partial_json } => self.generated.push_str(partial_json),
-                Delta::Thinking { thinking } => self.generated.push_str(thinking),
+                Delta::Text { text } => generated.push_str(text),
+                Delta::InputJson { partial_json } => generated.push_str(partial_json),
+                Delta::Thinking { thinking } => generated.push_str(thinking),
                 Delta::Signature { .. } => {}
             }
         }
     }
 
     async fn renew(&self) {
-        if let Some(lease) = &self.lease {
-            if let Err(e) = self.state.limiter.renew(&self.key_id, lease).await {
-                tracing::warn!(error = %e, "could not renew a stream lease");
+        if let Some(stream_slot) = &self.turn.stream_slot {
+            if let Err(e) = self
+                .state
+                .limiter
+                .renew(&self.turn.key_id, stream_slot)
+                .await
+            {
+                tracing::warn!(error = %e, "could not renew a stream slot");
+            }
+        }
+    }
+
+    /// Reserves the turn's credits; a refusal gives the admission back.
+    async fn reserve(&mut self, reservation: NewReservation) -> Result<u64, TurnError> {
+        let started = Instant::now();
+        let reservation = reserve(&self.state, reservation);
+        match self.turn.telemetry.step("reservation", reservation).await {
+            Ok(reserved) => {
+                self.turn.reserved_since = Some(started);
+                self.turn.telemetry.reserved(reserved);
+                Ok(reserved)
+            }
+            Err(e) => {
+                self.release().await;
+                Err(e.into())
             }
         }
     }
 
     /// Gives back the admission when the turn ends before anything was reserved.
     async fn release(&mut self) {
-        let lease = self.lease.take();
-        let (key, estimate) = (self.key_id.clone(), self.estimated_input.into());
-        let release = end_admission(self.state.limiter.clone(), key, lease, estimate, 0);
+        let stream_slot = self.turn.stream_slot.take();
+        let (key, estimate) = (self.turn.key_id.clone(), self.turn.input.billed().into());
+        let release = end_admission(self.state.limiter.clone(), key, stream_slot, estimate, 0);
         detached::finish(&self.state.shutdown.tasks, release).await;
     }
 
@@ -589,19 +708,26 @@ impl Meter {
             Some((usage, reason)) => (usage, Some(reason)),
             None => (self.partial_usage(), None),
         };
-        let cost = cost(&self.price, &usage, completed, self.delivered_as_generated);
-        let lease = self.lease.take();
-        let (key, estimate) = (self.key_id.clone(), u64::from(self.estimated_input));
+        let turn = &mut self.turn;
+        let cost = cost(&turn.price, &usage, completed, turn.delivered_as_generated);
+        let stream_slot = turn.stream_slot.take();
+        let (key, estimate) = (turn.key_id.clone(), u64::from(turn.input.billed()));
         let actual = usage.input_tokens.into();
-        let finish = end_admission(self.state.limiter.clone(), key, lease, estimate, actual);
-        let settlement = std::mem::take(&mut self.reserved).then(|| Settlement {
-            message_id: self.message_id.clone(),
-            served_by: self.served_by.take(),
+        let finish = end_admission(
+            self.state.limiter.clone(),
+            key,
+            stream_slot,
+            estimate,
+            actual,
+        );
+        let settlement = turn.reserved_since.take().map(|since| Settlement {
+            message_id: turn.message_id.clone(),
+            served_by: turn.served_by.take(),
             status,
             cost,
             usage,
             stop_reason,
-            latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            latency_ms: u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
         });
         let tasks = &self.state.shutdown.tasks;
         let Some(settlement) = settlement else {
@@ -612,25 +738,25 @@ impl Meter {
         // waits for the slower of the two, not their sum.
         let ledger = self.state.ledger.clone();
         let settle = async move { tokio::join!(finish, ledger.settle(settlement)).1 };
-        let settled = self
+        let settled = turn
             .telemetry
             .step("settle", detached::finish(tasks, settle))
             .await;
         let billed = match settled {
             Ok(billed) => billed,
             Err(e) => {
-                tracing::error!(error = %e, message_id = %self.message_id, "settle failed; told 0");
+                tracing::error!(error = %e, message_id = %turn.message_id, "settle failed; told 0");
                 0
             }
         };
-        self.telemetry.settled(status, &usage, billed, stop_reason);
+        turn.telemetry.settled(status, &usage, billed, stop_reason);
         billed
     }
 
     fn partial_usage(&self) -> TokenUsage {
         TokenUsage {
-            output_tokens: self.state.tokens.count(&self.generated),
-            ..self.usage
+            output_tokens: self.state.tokens.count(&self.turn.generated),
+            ..self.turn.usage
         }
     }
 }
@@ -650,7 +776,7 @@ fn cost(price: &Price, usage: &TokenUsage, completed: bool, delivered_as_generat
 
 impl Drop for Meter {
     fn drop(&mut self) {
-        if !self.reserved && self.lease.is_none() {
+        if self.turn.reserved_since.is_none() && self.turn.stream_slot.is_none() {
             return;
         }
         // Once the process is exiting (the settlement tracker is closed, the runtime going away)
@@ -658,24 +784,12 @@ impl Drop for Meter {
         // recovery to release.
         let runtime = tokio::runtime::Handle::try_current();
         let (Ok(runtime), false) = (runtime, self.state.shutdown.tasks.is_closed()) else {
-            tracing::error!(message_id = %self.message_id, "turn dropped while exiting; not settled");
+            tracing::error!(message_id = %self.turn.message_id, "turn dropped while exiting; not settled");
             return;
         };
         let mut rest = Meter {
             state: self.state.clone(),
-            key_id: std::mem::take(&mut self.key_id),
-            lease: self.lease.take(),
-            message_id: std::mem::take(&mut self.message_id),
-            price: self.price,
-            estimated_input: self.estimated_input,
-            unsent_tokens: self.unsent_tokens,
-            usage: self.usage,
-            generated: std::mem::take(&mut self.generated),
-            delivered_as_generated: self.delivered_as_generated,
-            started: self.started,
-            reserved: std::mem::take(&mut self.reserved),
-            served_by: self.served_by.take(),
-            telemetry: std::mem::take(&mut self.telemetry),
+            turn: std::mem::take(&mut self.turn),
         };
         let tasks = self.state.shutdown.tasks.clone();
         tasks.spawn_on(
@@ -755,7 +869,7 @@ fn apply_delta(block: &mut OutputBlock, json: &mut String, delta: Delta) {
 
 #[cfg(test)]
 mod tests {
-    use crds::config::Pricing;
+    use crds::config::{Capabilities, ModelConfig, Pricing, Route};
 
     use super::*;
 
@@ -797,5 +911,85 @@ mod tests {
     #[test]
     fn a_json_turn_that_ends_early_costs_nothing_its_client_never_got_the_answer() {
         assert_eq!(cost(&price(), &usage(), false, false), 0);
+    }
+
+    fn model_of_context(context_window: u32) -> Model {
+        Model {
+            id: "svc/test".into(),
+            config: ModelConfig {
+                display_name: "Test".into(),
+                context_window,
+                max_output_tokens: 4_000,
+                capabilities: Capabilities {
+                    thinking: false,
+                    vision: false,
+                    tools: true,
+                },
+                pricing: Pricing::default(),
+                route: Route::Upstreams(Vec::new()),
+                affinity: Affinity::None,
+            },
+            price: price(),
+        }
+    }
+
+    fn asking(max_tokens: u32) -> Request {
+        Request {
+            max_tokens,
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn an_input_that_fills_the_context_window_is_refused_whatever_max_tokens() {
+        let model = model_of_context(10_000);
+        assert!(check_context_window(&model, &asking(1), 9_999, false).is_ok());
+        for open in [false, true] {
+            let refused = check_context_window(&model, &asking(1), 10_000, open);
+            assert!(
+                matches!(&refused, Err(TurnError::Invalid(m)) if m.starts_with("messages:")),
+                "open max_tokens {open}: {:?}",
+                refused.err()
+            );
+        }
+    }
+
+    #[test]
+    fn max_tokens_must_fit_beside_the_input_unless_the_client_left_it_open() {
+        let model = model_of_context(10_000);
+        assert!(check_context_window(&model, &asking(4_000), 6_000, false).is_ok());
+        let refused = check_context_window(&model, &asking(4_001), 6_000, false);
+        assert!(
+            matches!(&refused, Err(TurnError::Invalid(m)) if m.starts_with("max_tokens:")),
+            "{:?}",
+            refused.err()
+        );
+        assert!(check_context_window(&model, &asking(4_001), 6_000, true).is_ok());
+    }
+
+    #[test]
+    fn a_turn_reserves_its_most_possible_cost_input_stored_unsent_included() {
+        let input = Input {
+            sent: 1_000,
+            unsent: 500,
+        };
+        let most = price().ceiling(1_500, 200, CacheWrites::None);
+        assert_eq!(
+            credits_to_reserve(&price(), input, &asking(200), CacheWrites::None, false),
+            (most, most)
+        );
+    }
+
+    #[test]
+    fn an_open_max_tokens_reserves_from_one_output_tokens_worth_up_to_the_whole_ceiling() {
+        let input = Input {
+            sent: 1_000,
+            unsent: 0,
+        };
+        let (least, most) =
+            credits_to_reserve(&price(), input, &asking(4_000), CacheWrites::None, true);
+        assert_eq!(least, price().ceiling(1_000, 1, CacheWrites::None));
+        assert_eq!(most, price().ceiling(1_000, 4_000, CacheWrites::None));
+        assert!(least < most);
     }
 }

@@ -5,8 +5,8 @@
 use serde_json::{json, Value};
 use thiserror::Error;
 
-use crate::config::commands::{AccountsCommand, KeysCommand, KindArg, MessagesCommand};
-use crate::config::database::DatabaseArgs;
+use crate::flags::commands::{AccountsCommand, KeysCommand, KindArg, MessagesCommand};
+use crate::flags::database::DatabaseArgs;
 use gateway_core::auth::{self, KeySpec};
 use gateway_core::payments::{self, PaymentError, TopUpRequest};
 use store::accounts::promotion::{standing, ENTERPRISE};
@@ -58,7 +58,7 @@ async fn existing_account(db: &Database, id: &str) -> Result<Account, CliError> 
     Ok(account)
 }
 
-/// A new account named `name` with `credits` granted; never an existing one.
+/// A new account named `name` with `credits` added; never an existing one.
 async fn new_account(db: &Database, name: &str, credits: u64) -> Result<Account, CliError> {
     let created = PostgresAccounts::new(db.clone())
         .create_account(name)
@@ -71,7 +71,7 @@ async fn new_account(db: &Database, name: &str, credits: u64) -> Result<Account,
             other => other.into(),
         })?;
     PostgresLedger::new(db.clone())
-        .grant(&created.id, credits)
+        .add_credits(&created.id, credits)
         .await?;
     Ok(created)
 }

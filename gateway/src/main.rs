@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use gateway::config::{Cli, Command};
+use gateway::flags::{Cli, Command};
 use gateway::{cli, startup};
 use gateway_core::telemetry;
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 
-use crate::config::dev_account::DevAccountArgs;
-use crate::config::payments::PaymentsArgs;
-use crate::config::published::{Published, PublishedError};
-use crate::config::{CommonArgs, ServeArgs, StandaloneArgs};
+use crate::flags::dev_account::DevAccountArgs;
+use crate::flags::payments::PaymentsArgs;
+use crate::flags::published::{Published, PublishedError};
+use crate::flags::{CommonArgs, ServeArgs, StandaloneArgs};
 use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
 use crate::state::{AppState, Services, Settings};
 use gateway_core::auth::{self, KeySpec};
@@ -19,7 +19,7 @@ use gateway_core::limits::{
     AddressBrake, Dimension, Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter,
 };
 use gateway_core::payments::reload::{AutoReloads, MemoryAutoReloads, PostgresAutoReloads};
-use gateway_core::payments::stripe::{self, StripeConfigError};
+use gateway_core::payments::stripe::{self, StripeSettingsError};
 use gateway_core::payments::{
     self, NoPayments, PaymentError, PaymentProvider, Payments, TestPayments,
 };
@@ -67,7 +67,7 @@ pub enum StartError {
     )]
     NoAdminToken,
     #[error(transparent)]
-    Stripe(#[from] StripeConfigError),
+    Stripe(#[from] StripeSettingsError),
 }
 
 /// Stripe when it is configured, `otherwise` when it is not.
@@ -498,7 +498,7 @@ async fn seed_account(
             .ok_or_else(|| StoreError::Conflict(format!("account `{name}` vanished")))?,
         Err(e) => return Err(e.into()),
     };
-    services.ledger.grant(&account.id, credits).await?;
+    services.ledger.add_credits(&account.id, credits).await?;
     Ok(account)
 }
 

@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use axum::extract::FromRef;
 
 use crate::client_address::TrustedProxies;
-use crate::dashboard::settings::DashboardConfig;
+use crate::dashboard::settings::DashboardSettings;
 use gateway_core::limits::{AddressBrake, Limiter};
 use gateway_core::payments::reload::AutoReloads;
 use gateway_core::payments::{Books, Payments};
@@ -54,10 +54,10 @@ pub struct Services {
     pub settings: Settings,
 }
 
-/// What the operator chose at start-up (`config/`), apart from the services built from it.
+/// What the operator chose at start-up (`flags/`), apart from the services built from it.
 pub struct Settings {
     pub credits_per_usd: u64,
-    pub dashboard: DashboardConfig,
+    pub dashboard: DashboardSettings,
     /// The payment provider's webhook secret; the webhook is off without it.
     pub payment_webhook_secret: Option<String>,
     /// Whose `X-Forwarded-For` names the client.
@@ -149,7 +149,7 @@ pub struct DashboardState {
     pub books: Books,
     pub sign_ins: AddressBrake,
     pub sign_ups: AddressBrake,
-    pub config: DashboardConfig,
+    pub settings: DashboardSettings,
     pub credits_per_usd: u64,
 }
 
@@ -208,7 +208,7 @@ impl AppState {
     /// The API listener is bound: links the dashboard sends go there when no public URL is
     /// configured.
     pub fn api_listening_on(&self, addr: std::net::SocketAddr) {
-        self.0.dashboard.config.public_url.listening_on(addr);
+        self.0.dashboard.settings.public_url.listening_on(addr);
     }
 
     pub fn new(services: Services) -> Self {
@@ -278,7 +278,7 @@ impl AppState {
                 books: books.clone(),
                 sign_ins,
                 sign_ups,
-                config: settings.dashboard,
+                settings: settings.dashboard,
                 credits_per_usd,
             }),
             webhooks: Arc::new(Webhooks {

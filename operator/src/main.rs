@@ -4,7 +4,7 @@
 
 mod controller;
 mod error;
-mod lease;
+mod leader_election;
 mod lenient;
 mod metrics;
 mod publish;
@@ -193,7 +193,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let (leading, is_leading) = watch::channel(false);
-    let elector = lease::Elector {
+    let elector = leader_election::Elector {
         api: Api::namespaced(client.clone(), &args.namespace),
         name: args.lease.clone(),
         identity: identity.clone(),

@@ -327,7 +327,7 @@ async fn redis_brake(redis: &impl SharedRedis) -> AddressBrake {
     let limiter = RedisLimiter::connect(&RedisSettings {
         url: redis.url(),
         timeout: Duration::from_millis(2_000),
-        lease: Duration::from_secs(10),
+        slot_ttl: Duration::from_secs(10),
     })
     .await
     .expect("redis limiter");

@@ -200,9 +200,9 @@ async fn database_with_an_account(pg: &PostgresServer) -> (Database, String) {
         .await
         .expect("account");
     PostgresLedger::new(db.clone())
-        .grant(&account.id, CREDITS)
+        .add_credits(&account.id, CREDITS)
         .await
-        .expect("grant");
+        .expect("add credits");
     (db, account.id)
 }
 
@@ -296,9 +296,9 @@ async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_tu
             .await
             .expect("account");
         PostgresLedger::new(db.clone())
-            .grant(&account.id, CREDITS)
+            .add_credits(&account.id, CREDITS)
             .await
-            .expect("grant");
+            .expect("add credits");
         others.push(account.id);
     }
     let (poisoned, lane) = (&others[0], &others[1]);

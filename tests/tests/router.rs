@@ -16,7 +16,7 @@ use e2e::mentions_seconds;
 use e2e::response::{RateLimit, RequestLimit, Resp};
 use e2e::sse::{assemble_chat_stream, assemble_message_stream, SseStream};
 use gateway::client_address::Peer;
-use gateway::config::{Cli, Command};
+use gateway::flags::{Cli, Command};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 

@@ -180,7 +180,7 @@ async fn the_admin_api_gives_no_key_or_top_up_to_an_account_whose_email_is_unver
 }
 
 #[tokio::test]
-async fn sign_up_credits_lost_to_a_crash_after_the_confirmation_are_granted_at_sign_in_once() {
+async fn sign_up_credits_lost_to_a_crash_after_the_confirmation_are_added_at_sign_in_once() {
     const CREDITS: &str = "500";
     let pg = PostgresServer::start().await;
     let cluster = Cluster::start(1, |b| {
@@ -199,7 +199,7 @@ async fn sign_up_credits_lost_to_a_crash_after_the_confirmation_are_granted_at_s
         .await
     };
     // The confirmation commits (the store's own statement, as a pod runs it) and the pod stops
-    // before it grants.
+    // before it adds the credits.
     let link = verification_link(gw, &email).await;
     let token = &link[link.find("token=").expect("a token") + "token=".len()..];
     let db = Database::connect(&pg.url(), 1, Duration::from_secs(5)).expect("database url");
@@ -210,7 +210,7 @@ async fn sign_up_credits_lost_to_a_crash_after_the_confirmation_are_granted_at_s
     assert!(verified.is_some(), "the link verified nobody");
     assert_eq!(balance().await, "0");
 
-    // The first sign-in grants what the confirmation could not; the next ones, nothing.
+    // The first sign-in adds what the confirmation could not; the next ones, nothing.
     for _ in 0..3 {
         let (status, page) = Visitor::new(gw).sign_in(&email, PASSWORD).await;
         assert_eq!(status, 303, "{page}");

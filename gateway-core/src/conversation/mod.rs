@@ -12,7 +12,7 @@ pub mod output;
 
 use serde_json::Value;
 
-pub use output::{Delta, OutputBlock, Usage};
+pub use output::{BilledUsage, Delta, OutputBlock};
 
 /// `Default` is an empty request; the translations fill every field, tests only theirs.
 #[derive(Clone, Debug, Default)]

@@ -39,7 +39,7 @@ pub enum Delta {
 
 /// A settled turn's token counts and the credits they cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
+pub struct BilledUsage {
     pub tokens: TokenUsage,
     pub credits: u64,
 }

@@ -15,7 +15,7 @@ use crds::config::Limits;
 
 use super::{
     Admission, AdmissionRequest, LimitError, Limiter, MemoryLimiter, RedisLimiter, Snapshot,
-    StreamLease,
+    StreamSlot,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -172,32 +172,32 @@ impl Limiter for Failover {
         }
     }
 
-    fn lease_renewal(&self) -> Option<Duration> {
-        self.shared.lease_renewal()
+    fn slot_renewal(&self) -> Option<Duration> {
+        self.shared.slot_renewal()
     }
 
-    async fn renew(&self, key_id: &str, lease: &StreamLease) -> Result<(), LimitError> {
-        self.shared.renew(key_id, lease).await
+    async fn renew(&self, key_id: &str, slot: &StreamSlot) -> Result<(), LimitError> {
+        self.shared.renew(key_id, slot).await
     }
 
     async fn finish(
         &self,
         key_id: &str,
-        lease: Option<StreamLease>,
+        slot: Option<StreamSlot>,
         estimated_tokens: u64,
         actual_tokens: u64,
     ) -> Result<(), LimitError> {
         // Stream slots go back where they were taken; while Redis is down, non-stream token
         // corrections stay local too rather than each waiting out the timeout.
-        let local = matches!(lease, Some(StreamLease::Local))
-            || (lease.is_none() && self.down.load(Ordering::Relaxed));
+        let local = matches!(slot, Some(StreamSlot::Local))
+            || (slot.is_none() && self.down.load(Ordering::Relaxed));
         if local {
             self.local
-                .finish(key_id, lease, estimated_tokens, actual_tokens)
+                .finish(key_id, slot, estimated_tokens, actual_tokens)
                 .await
         } else {
             self.shared
-                .finish(key_id, lease, estimated_tokens, actual_tokens)
+                .finish(key_id, slot, estimated_tokens, actual_tokens)
                 .await
         }
     }

@@ -6,7 +6,7 @@ use crds::config::Limits;
 use dashmap::DashMap;
 
 use super::{
-    current_window, decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease,
+    current_window, decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamSlot,
 };
 
 #[derive(Default)]
@@ -56,13 +56,13 @@ impl Limiter for MemoryLimiter {
         decide(limits, &window.snapshot(reset_secs), &request)?;
         window.requests += u32::from(request.count_request);
         window.input_tokens += request.input_tokens;
-        let lease = request.stream.then(|| {
+        let stream_slot = request.stream.then(|| {
             window.streams += 1;
-            StreamLease::Local
+            StreamSlot::Local
         });
         Ok(Admission {
             snapshot: window.snapshot(reset_secs),
-            lease,
+            stream_slot,
         })
     }
 
@@ -83,13 +83,13 @@ impl Limiter for MemoryLimiter {
     async fn finish(
         &self,
         key_id: &str,
-        lease: Option<StreamLease>,
+        slot: Option<StreamSlot>,
         estimated_tokens: u64,
         actual_tokens: u64,
     ) -> Result<(), LimitError> {
         let (number, _) = current_window();
         if let Some(mut window) = self.keys.get_mut(key_id) {
-            if lease.is_some() {
+            if slot.is_some() {
                 window.streams = window.streams.saturating_sub(1);
             }
             if window.number == number {

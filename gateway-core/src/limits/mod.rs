@@ -102,17 +102,17 @@ impl AdmissionRequest {
 
 /// A held stream slot; given back through [`Limiter::finish`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StreamLease {
+pub enum StreamSlot {
     /// Counted in this process.
     Local,
-    /// A lease shared by all pods, with its id; it expires unless renewed.
+    /// A slot shared by all pods, in Redis, with its id; it expires unless renewed.
     Shared(String),
 }
 
 #[derive(Debug)]
 pub struct Admission {
     pub snapshot: Snapshot,
-    pub lease: Option<StreamLease>,
+    pub stream_slot: Option<StreamSlot>,
 }
 
 #[derive(Debug, Error)]
@@ -165,12 +165,12 @@ pub trait Limiter: Send + Sync {
         *limits
     }
 
-    /// How often an open stream must renew its lease; `None` when leases do not expire.
-    fn lease_renewal(&self) -> Option<Duration> {
+    /// How often an open stream must renew its slot; `None` when slots do not expire.
+    fn slot_renewal(&self) -> Option<Duration> {
         None
     }
 
-    async fn renew(&self, _key_id: &str, _lease: &StreamLease) -> Result<(), LimitError> {
+    async fn renew(&self, _key_id: &str, _slot: &StreamSlot) -> Result<(), LimitError> {
         Ok(())
     }
 
@@ -179,7 +179,7 @@ pub trait Limiter: Send + Sync {
     async fn finish(
         &self,
         key_id: &str,
-        lease: Option<StreamLease>,
+        slot: Option<StreamSlot>,
         estimated_tokens: u64,
         actual_tokens: u64,
     ) -> Result<(), LimitError>;

@@ -3,8 +3,8 @@
 //!
 //! Per key id K: a hash `rl:{K}:w` with the current window (`win`, from Redis' own clock, so
 //! pods with skewed clocks still agree), its request count `req` and input tokens `tok`; and a
-//! sorted set `rl:{K}:s` of stream leases scored by expiry in ms. A stream renews its lease
-//! while it runs; a lease whose pod died expires and frees the slot. The `{K}` hash tag keeps
+//! sorted set `rl:{K}:s` of stream slots scored by expiry in ms. A stream renews its slot
+//! while it runs; a slot whose pod died expires and frees itself. The `{K}` hash tag keeps
 //! both keys in one slot, so the scripts work on Redis Cluster.
 
 use std::future::Future;
@@ -16,11 +16,11 @@ use crds::config::Limits;
 use fred::prelude::{Builder, Client, ClientLike, Config, ReconnectPolicy};
 use fred::types::scripts::Script;
 
-use super::{decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamLease};
+use super::{decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamSlot};
 use crate::ids;
 use store::metrics;
 
-/// Reads the window and live leases; admits when the rules of `limits::decide` allow.
+/// Reads the window and live stream slots; admits when the rules of `limits::decide` allow.
 /// Returns the counts before admission, 1 if it admitted (0 refused, 2 past its deadline: the
 /// caller already gave up on it, so it must count nothing), the seconds left, and Redis' time.
 const ADMIT: &str = r#"
@@ -41,7 +41,7 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local streams = redis.call('ZCARD', KEYS[2])
 local rpm, tpm, slots = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local input, stream, lease_ms = tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[7])
+local input, stream, ttl_ms = tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[7])
 local count = ARGV[9] == '1'
 local admitted = (not count or req < rpm) and (tok + input <= tpm or tok < tpm)
   and (not stream or streams < slots)
@@ -49,8 +49,8 @@ if admitted then
   redis.call('HSET', KEYS[1], 'win', win, 'req', req + (count and 1 or 0), 'tok', tok + input)
   redis.call('EXPIRE', KEYS[1], 120)
   if stream then
-    redis.call('ZADD', KEYS[2], now + lease_ms, ARGV[6])
-    redis.call('PEXPIRE', KEYS[2], lease_ms * 2)
+    redis.call('ZADD', KEYS[2], now + ttl_ms, ARGV[6])
+    redis.call('PEXPIRE', KEYS[2], ttl_ms * 2)
   end
 end
 return {req, tok, streams, 60 - secs % 60, admitted and 1 or 0, now}
@@ -69,7 +69,7 @@ end
 return {req, tok, redis.call('ZCOUNT', KEYS[2], now, '+inf'), 60 - secs % 60}
 "#;
 
-/// Frees the lease (if any) and moves the window's tokens by ARGV[2] (actual - estimate).
+/// Frees the stream slot (if any) and moves the window's tokens by ARGV[2] (actual - estimate).
 const FINISH: &str = r#"
 if ARGV[1] ~= '' then
   redis.call('ZREM', KEYS[2], ARGV[1])
@@ -103,7 +103,7 @@ pub struct RedisLimiter {
     snapshot: Script,
     finish: Script,
     renew: Script,
-    lease: Duration,
+    slot_ttl: Duration,
 }
 
 fn unavailable(e: fred::error::Error) -> LimitError {
@@ -121,13 +121,13 @@ async fn timed<T>(
     result.map_err(unavailable)
 }
 
-fn lease_key(key_id: &str) -> String {
+fn slots_key(key_id: &str) -> String {
     format!("rl:{{{key_id}}}:s")
 }
 
-/// The window hash and the lease set of a key, in the scripts' KEYS order.
+/// The window hash and the stream-slot set of a key, in the scripts' KEYS order.
 fn keys(key_id: &str) -> Vec<String> {
-    vec![format!("rl:{{{key_id}}}:w"), lease_key(key_id)]
+    vec![format!("rl:{{{key_id}}}:w"), slots_key(key_id)]
 }
 
 fn millis(d: Duration) -> u64 {
@@ -148,8 +148,8 @@ pub struct RedisSettings {
     pub url: String,
     /// Bound on every call.
     pub timeout: Duration,
-    /// Lifetime of a stream slot's lease.
-    pub lease: Duration,
+    /// How long a stream slot lives without renewal.
+    pub slot_ttl: Duration,
 }
 
 const STARTUP_WAIT: Duration = Duration::from_secs(5);
@@ -167,9 +167,9 @@ impl RedisLimiter {
         let RedisSettings {
             url,
             timeout,
-            lease,
+            slot_ttl,
         } = settings;
-        let (timeout, lease) = (*timeout, *lease);
+        let (timeout, slot_ttl) = (*timeout, *slot_ttl);
         let config = Config::from_url(url).map_err(unavailable)?;
         // One write per command, so a script whose answer was lost is not run twice; on a
         // Redis Cluster a second, since fred counts following a MOVED or ASK redirection (the
@@ -202,7 +202,7 @@ impl RedisLimiter {
             snapshot: Script::from_lua(SNAPSHOT),
             finish: Script::from_lua(FINISH),
             renew: Script::from_lua(RENEW),
-            lease,
+            slot_ttl,
         })
     }
 }
@@ -215,8 +215,8 @@ impl Limiter for RedisLimiter {
         limits: &Limits,
         request: AdmissionRequest,
     ) -> Result<Admission, LimitError> {
-        let lease_id = if request.stream {
-            ids::lease()
+        let slot_id = if request.stream {
+            ids::stream_slot()
         } else {
             String::new()
         };
@@ -248,8 +248,8 @@ impl Limiter for RedisLimiter {
                     limits.concurrent_streams.to_string(),
                     request.input_tokens.to_string(),
                     u8::from(request.stream).to_string(),
-                    lease_id.clone(),
-                    millis(self.lease).to_string(),
+                    slot_id.clone(),
+                    millis(self.slot_ttl).to_string(),
                     deadline.to_string(),
                     u8::from(request.count_request).to_string(),
                 ],
@@ -289,7 +289,7 @@ impl Limiter for RedisLimiter {
                 streams: streams + u32::from(request.stream),
                 reset_secs,
             },
-            lease: request.stream.then_some(StreamLease::Shared(lease_id)),
+            stream_slot: request.stream.then_some(StreamSlot::Shared(slot_id)),
         })
     }
 
@@ -308,20 +308,20 @@ impl Limiter for RedisLimiter {
         })
     }
 
-    fn lease_renewal(&self) -> Option<Duration> {
-        Some(self.lease / 3)
+    fn slot_renewal(&self) -> Option<Duration> {
+        Some(self.slot_ttl / 3)
     }
 
-    async fn renew(&self, key_id: &str, lease: &StreamLease) -> Result<(), LimitError> {
-        let StreamLease::Shared(id) = lease else {
+    async fn renew(&self, key_id: &str, slot: &StreamSlot) -> Result<(), LimitError> {
+        let StreamSlot::Shared(id) = slot else {
             return Ok(());
         };
         timed(
             "renew",
             self.renew.evalsha_with_reload::<i64, _, _>(
                 &self.client,
-                vec![lease_key(key_id)],
-                vec![id.clone(), millis(self.lease).to_string()],
+                vec![slots_key(key_id)],
+                vec![id.clone(), millis(self.slot_ttl).to_string()],
             ),
         )
         .await?;
@@ -331,12 +331,12 @@ impl Limiter for RedisLimiter {
     async fn finish(
         &self,
         key_id: &str,
-        lease: Option<StreamLease>,
+        slot: Option<StreamSlot>,
         estimated_tokens: u64,
         actual_tokens: u64,
     ) -> Result<(), LimitError> {
-        let lease_id = match lease {
-            Some(StreamLease::Shared(id)) => id,
+        let slot_id = match slot {
+            Some(StreamSlot::Shared(id)) => id,
             _ => String::new(),
         };
         let delta = i128::from(actual_tokens) - i128::from(estimated_tokens);
@@ -345,7 +345,7 @@ impl Limiter for RedisLimiter {
             self.finish.evalsha_with_reload::<i64, _, _>(
                 &self.client,
                 keys(key_id),
-                vec![lease_id, delta.to_string()],
+                vec![slot_id, delta.to_string()],
             ),
         )
         .await?;

@@ -10,7 +10,7 @@ use store::usage::TokenUsage;
 /// micro-dollars per dollar times tokens per million.
 const SCALE: u128 = 1_000_000 * 1_000_000;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Price {
     pricing: Pricing,
     credits_per_usd: u64,

@@ -6,10 +6,10 @@
 //! - a reservation that landed after its turn was dropped was settled by nobody, and held its
 //!   credits until the reaper's longest turn (an hour by default);
 //! - on a pod with allotments, a turn dropped between the write of its row and the pod's
-//!   bookkeeping, or while its allotment's grant was in flight, kept that allotment from ever
+//!   bookkeeping, or while its allotment's refill was in flight, kept that allotment from ever
 //!   going back to its account: its credits were held until the pod stopped;
-//! - an admission that landed for a turn already gone kept its stream slot until the slot's
-//!   lease ran out.
+//! - an admission that landed for a turn already gone kept its stream slot until the slot
+//!   expired.
 //!
 //! Such a step is boxed and polled in place while its turn waits for it; dropped before it
 //! ends, the rest of it runs on a task of the shutdown tracker, so it always finishes, and its
@@ -96,7 +96,7 @@ impl<T: Send + 'static> Drop for Finishing<T> {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::error!("a step cut off while exiting: not finished (the reaper and the leases' expiry will see to it)");
+            tracing::error!("a step cut off while exiting: not finished (the reaper and the stream slots' expiry will see to it)");
             return;
         };
         // Said, so that a hang-up in the middle of a step can be told apart from none.

@@ -207,7 +207,7 @@ async fn create_account(
         return Err(ApiError::invalid("name: must not be empty"));
     }
     let account = state.accounts.create_account(&body.name).await?;
-    state.ledger.grant(&account.id, body.credits).await?;
+    state.ledger.add_credits(&account.id, body.credits).await?;
     Ok((
         StatusCode::CREATED,
         Json(account_json(state, &account).await?),

@@ -21,7 +21,7 @@ use gateway_core::wire::anthropic::translate::{
     block_to_messages, delta_to_messages, request_from_messages, usage_to_messages,
 };
 use gateway_core::wire::anthropic::{
-    MessageDeltaBody, MessageResponse, MessagesRequest, StreamEvent, Usage,
+    MessageDeltaBody, MessageResponse, MessagesRequest, MessagesUsage, StreamEvent,
 };
 
 pub async fn create(
@@ -107,7 +107,7 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
                 model,
                 stop_reason: None,
                 stop_sequence: None,
-                usage: Usage { tokens: prompt, credits_consumed: None },
+                usage: MessagesUsage { tokens: prompt, credits_consumed: None },
             },
         });
         yield sse(&StreamEvent::Ping);

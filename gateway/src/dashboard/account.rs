@@ -5,7 +5,7 @@
 //! Sign-up answers alike whatever the email, so it tells nobody which emails have accounts:
 //! it mails a verification link (a new user, or one not verified yet) or a notice (a verified
 //! one), and signs nobody in. Following the link verifies the email, sets the password chosen
-//! with that sign-up and grants the sign-up credits (once per user, asked again at sign-in in
+//! with that sign-up and adds the sign-up credits (once per user, asked again at sign-in in
 //! case a crash fell between the two); until then the account takes no keys and no credits
 //! from anyone.
 
@@ -30,7 +30,7 @@ use gateway_core::limits::AddressBucket;
 use gateway_core::limits::{AddressBrake, LimitError};
 use store::accounts::KeyHash;
 use store::developers::{EmailVerification, User};
-use store::ledger::signup_grant;
+use store::ledger::signup_credits_reference;
 
 const MIN_PASSWORD_CHARS: usize = 10;
 const MAX_PASSWORD_CHARS: usize = 256;
@@ -215,7 +215,7 @@ pub async fn sign_up(
         );
     }
     // Counted once the form is plausible (a mistyped form is not a sign-up) and before the
-    // password hash and the account: a sign-up grants credits, so one client cannot mint
+    // password hash and the account: a sign-up adds credits, so one client cannot mint
     // accounts faster than this, whatever the emails.
     if let Some(secs) = client_wait(&state.sign_ups, client).await? {
         return too_many(
@@ -257,10 +257,10 @@ pub async fn sign_up(
     };
     if user.email_verified_at.is_some() {
         mail::send(
-            state.config.mailer.as_ref(),
+            state.settings.mailer.as_ref(),
             Mail::AlreadySignedUp {
                 to: &email,
-                link: state.config.public_url.to("/developers/sign-in"),
+                link: state.settings.public_url.to("/developers/sign-in"),
             },
         );
     } else {
@@ -275,11 +275,11 @@ pub async fn sign_up(
             })
             .await?;
         mail::send(
-            state.config.mailer.as_ref(),
+            state.settings.mailer.as_ref(),
             Mail::Verify {
                 to: &email,
                 link: state
-                    .config
+                    .settings
                     .public_url
                     .to(&format!("{}?token={token}", mail::VERIFY_PATH)),
             },
@@ -349,7 +349,7 @@ pub async fn verify_email(
             ),
         ));
     };
-    grant_signup_credits(&state, &user).await?;
+    add_signup_credits(&state, &user).await?;
     Ok(with_status(
         StatusCode::OK,
         bare(
@@ -362,14 +362,18 @@ pub async fn verify_email(
     ))
 }
 
-/// Grants a verified user's sign-up credits, once whatever happens: asked when the link is
+/// Adds a verified user's sign-up credits, once whatever happens: asked when the link is
 /// followed, and again at each sign-in, in case the process stopped between the two.
-async fn grant_signup_credits(state: &DashboardState, user: &User) -> Result<(), DashboardError> {
-    let credits = state.config.signup_credits;
+async fn add_signup_credits(state: &DashboardState, user: &User) -> Result<(), DashboardError> {
+    let credits = state.settings.signup_credits;
     if credits > 0 {
         state
             .ledger
-            .grant_once(&user.account_id, credits, &signup_grant(&user.id))
+            .add_credits_once(
+                &user.account_id,
+                credits,
+                &signup_credits_reference(&user.id),
+            )
             .await?;
     }
     Ok(())
@@ -458,7 +462,7 @@ pub async fn sign_in(
                 .clear_sign_in_failures(&email, from)
                 .await?;
             if user.email_verified_at.is_some() {
-                grant_signup_credits(&state, &user).await?;
+                add_signup_credits(&state, &user).await?;
             }
             let cookie = session::start(&state, &headers, &user).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())

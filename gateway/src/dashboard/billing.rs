@@ -310,7 +310,7 @@ pub async fn show(
 /// back: never from the request's `Host`, which would let whoever sent it choose where the
 /// provider sends the browser.
 fn billing_url(state: &DashboardState) -> String {
-    state.config.public_url.to("/developers/billing")
+    state.settings.public_url.to("/developers/billing")
 }
 
 pub async fn checkout(

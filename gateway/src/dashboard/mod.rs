@@ -25,7 +25,7 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use crate::state::AppState;
 use error::DashboardError;
 
-pub use settings::DashboardConfig;
+pub use settings::DashboardSettings;
 
 pub fn router() -> Router<AppState> {
     Router::new()

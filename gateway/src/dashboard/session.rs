@@ -65,7 +65,7 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// `Secure` when the operator says the dashboard is behind TLS, or the proxy in front says
 /// this request came over https.
 fn secure(state: &DashboardState, headers: &HeaderMap) -> bool {
-    state.config.secure_cookies
+    state.settings.secure_cookies
         || headers
             .get("x-forwarded-proto")
             .and_then(|v| v.to_str().ok())

@@ -8,7 +8,7 @@ use super::mail::Mailer;
 
 /// Start-up settings of the dashboard.
 #[derive(Clone, Debug)]
-pub struct DashboardConfig {
+pub struct DashboardSettings {
     /// Mark cookies `Secure` on every request, not only those a proxy says came over https.
     pub secure_cookies: bool,
     /// apiCredits an account gets once its email is verified.

@@ -34,8 +34,8 @@ pub struct MemoryLedger {
     /// Per key: the month its spend counts, and that spend. Locked after its account's
     /// balance entry, as the Postgres statements lock the rows.
     keys: DashMap<String, (Date, KeySpend)>,
-    /// The references of the grants made once.
-    grants: DashMap<String, ()>,
+    /// The references under which credits were added once.
+    credit_references: DashMap<String, ()>,
 }
 
 impl Default for MemoryLedger {
@@ -51,7 +51,7 @@ impl Default for MemoryLedger {
             reversals: DashMap::new(),
             usage: DashMap::new(),
             keys: DashMap::new(),
-            grants: DashMap::new(),
+            credit_references: DashMap::new(),
         }
     }
 }
@@ -157,13 +157,13 @@ impl MemoryLedger {
 
 #[async_trait]
 impl Ledger for MemoryLedger {
-    async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
+    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
         let mut balance = self.balances.entry(account_id.to_owned()).or_default();
         balance.balance += credits;
         Ok(*balance)
     }
 
-    async fn grant_once(
+    async fn add_credits_once(
         &self,
         account_id: &str,
         credits: u64,
@@ -171,7 +171,7 @@ impl Ledger for MemoryLedger {
     ) -> Result<bool, LedgerError> {
         // The reference's entry stays locked while the balance is credited, so a concurrent
         // call waits and then finds it taken.
-        match self.grants.entry(reference.to_owned()) {
+        match self.credit_references.entry(reference.to_owned()) {
             dashmap::Entry::Occupied(_) => Ok(false),
             dashmap::Entry::Vacant(vacant) => {
                 self.balances

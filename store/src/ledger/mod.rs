@@ -300,8 +300,8 @@ pub struct UsageRow {
     pub totals: UsageTotals,
 }
 
-/// The reference under which a dashboard user's sign-up credits are granted, once.
-pub fn signup_grant(user_id: &str) -> String {
+/// The reference under which a dashboard user's sign-up credits are added, once.
+pub fn signup_credits_reference(user_id: &str) -> String {
     format!("signup:{user_id}")
 }
 
@@ -316,11 +316,12 @@ pub trait Ledger: Send + Sync {
     async fn close(&self) {}
 
     /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
-    async fn grant(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
-    /// Grants `credits` once per `reference` (a sign-up's credits: [`signup_grant`]), however
-    /// often or concurrently it is asked: true when this call credited the account. A caller
-    /// that may have crashed before its grant asks again.
-    async fn grant_once(
+    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
+    /// Adds `credits` once per `reference` (a sign-up's credits: [`signup_credits_reference`]),
+    /// however often or concurrently it is asked: true when this call credited the account. A
+    /// caller that may have crashed before it added them asks again. (The references are kept
+    /// in the `ledger_grants` table, named before this method was.)
+    async fn add_credits_once(
         &self,
         account_id: &str,
         credits: u64,

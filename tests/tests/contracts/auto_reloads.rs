@@ -57,7 +57,10 @@ impl Store {
             .expect("account")
             .id;
         if credits > 0 {
-            self.ledger.grant(&account, credits).await.expect("grant");
+            self.ledger
+                .add_credits(&account, credits)
+                .await
+                .expect("add credits");
         }
         self.reloads
             .save_card(&account, "cus_contract", "pm_contract")
@@ -157,7 +160,11 @@ async fn a_balance_below_the_threshold_starts_one_reload_per_crossing(store: Sto
         store.due(&account).await.is_empty(),
         "still below the threshold: the same crossing"
     );
-    store.ledger.grant(&account, 2_000).await.expect("credited");
+    store
+        .ledger
+        .add_credits(&account, 2_000)
+        .await
+        .expect("credited");
     assert!(store.due(&account).await.is_empty(), "back above: re-armed");
     store.hold(&account, 1_500).await;
     let next = store.due(&account).await;

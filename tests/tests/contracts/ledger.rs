@@ -64,9 +64,9 @@ impl Books {
             .expect("account");
         if credits > 0 {
             self.ledger
-                .grant(&account.id, credits)
+                .add_credits(&account.id, credits)
                 .await
-                .expect("grant");
+                .expect("add credits");
         }
         account.id
     }
@@ -134,47 +134,62 @@ fn settlement(message_id: &str, status: MessageStatus, cost: u64) -> Settlement 
     }
 }
 
-async fn a_new_account_holds_nothing_and_a_grant_adds_to_its_balance(books: Books) {
+async fn a_new_account_holds_nothing_and_credits_added_go_to_its_balance(books: Books) {
     let account = books.account(0).await;
     assert_eq!(books.money(&account).await, (0, 0));
-    let after = books.ledger.grant(&account, 1_500).await.expect("grant");
+    let after = books
+        .ledger
+        .add_credits(&account, 1_500)
+        .await
+        .expect("add credits");
     assert_eq!((after.balance, after.reserved), (1_500, 0));
-    books.ledger.grant(&account, 500).await.expect("grant");
+    books
+        .ledger
+        .add_credits(&account, 500)
+        .await
+        .expect("add credits");
     let balance = books.ledger.balance(&account).await.expect("balance");
     assert_eq!(balance.balance, 2_000);
     assert_eq!(
         balance.lifetime_top_up_cents, 0,
-        "a grant is not a top-up: it counts for no tier"
+        "added credits are not a top-up: they count for no tier"
     );
 }
 
-async fn a_grant_by_reference_credits_once_however_often_and_concurrently_asked(books: Books) {
+async fn credits_added_under_a_reference_are_added_once_however_often_and_concurrently_asked(
+    books: Books,
+) {
     let account = books.account(0).await;
     let reference = unique("signup");
     let books = Arc::new(books);
     let asked = join_all((0..16).map(|_| {
         let (books, account, reference) = (books.clone(), account.clone(), reference.clone());
-        async move { books.ledger.grant_once(&account, 700, &reference).await }
+        async move {
+            books
+                .ledger
+                .add_credits_once(&account, 700, &reference)
+                .await
+        }
     }))
     .await;
     let credited = asked
         .into_iter()
-        .map(|a| a.expect("grant_once"))
+        .map(|a| a.expect("add_credits_once"))
         .filter(|credited| *credited)
         .count();
     assert_eq!(credited, 1);
     assert_eq!(books.money(&account).await, (700, 0));
     assert!(!books
         .ledger
-        .grant_once(&account, 700, &reference)
+        .add_credits_once(&account, 700, &reference)
         .await
-        .expect("grant_once"));
+        .expect("add_credits_once"));
     let other = unique("signup");
     assert!(books
         .ledger
-        .grant_once(&account, 300, &other)
+        .add_credits_once(&account, 300, &other)
         .await
-        .expect("grant_once"));
+        .expect("add_credits_once"));
     assert_eq!(books.money(&account).await, (1_000, 0));
 }
 
@@ -503,8 +518,8 @@ async fn turns_reserved_at_once_never_hold_more_than_the_balance(books: Books) {
 e2e::contract! {
     fixtures { in_process, postgres, postgres_with_allotments }
     rules {
-        a_new_account_holds_nothing_and_a_grant_adds_to_its_balance,
-        a_grant_by_reference_credits_once_however_often_and_concurrently_asked,
+        a_new_account_holds_nothing_and_credits_added_go_to_its_balance,
+        credits_added_under_a_reference_are_added_once_however_often_and_concurrently_asked,
         a_top_up_is_credited_once_per_reference_and_a_reused_reference_is_refused,
         top_ups_are_listed_newest_first,
         a_reservation_holds_what_the_balance_allows_between_min_and_max,

@@ -10,7 +10,7 @@ use e2e::RedisServer;
 use futures::future::join_all;
 use gateway_core::limits::{
     current_window, Admission, AdmissionRequest, Dimension, LimitError, Limiter, MemoryLimiter,
-    RedisLimiter, RedisSettings, Snapshot, StreamLease,
+    RedisLimiter, RedisSettings, Snapshot, StreamSlot,
 };
 
 use super::unique;
@@ -32,7 +32,7 @@ async fn redis() -> Store {
     let limiter = RedisLimiter::connect(&RedisSettings {
         url: redis.url(),
         timeout: Duration::from_secs(5),
-        lease: Duration::from_secs(30),
+        slot_ttl: Duration::from_secs(30),
     })
     .await
     .expect("connected");
@@ -84,9 +84,9 @@ impl Store {
         }
     }
 
-    async fn finish(&self, key: &str, lease: Option<StreamLease>, estimated: u64, actual: u64) {
+    async fn finish(&self, key: &str, slot: Option<StreamSlot>, estimated: u64, actual: u64) {
         self.limiter
-            .finish(key, lease, estimated, actual)
+            .finish(key, slot, estimated, actual)
             .await
             .expect("finished");
     }
@@ -104,7 +104,7 @@ async fn the_request_past_the_rpm_cap_is_rejected_and_changes_nothing(store: Sto
             .await;
         assert_eq!(admitted.snapshot.requests, n);
         assert!(
-            admitted.lease.is_none(),
+            admitted.stream_slot.is_none(),
             "a request that does not stream holds no slot"
         );
     }
@@ -167,7 +167,7 @@ async fn a_stream_holds_a_slot_until_it_finishes(store: Store) {
         .admit(&key, request(1, true), "the first stream admitted")
         .await;
     assert_eq!(first.snapshot.streams, 1);
-    let lease = first.lease.expect("a stream holds a slot");
+    let slot = first.stream_slot.expect("a stream holds a slot");
     assert_eq!(
         store.refused(&key, request(1, true)).await,
         Dimension::Streams
@@ -179,11 +179,11 @@ async fn a_stream_holds_a_slot_until_it_finishes(store: Store) {
             "a request that does not stream needs no slot",
         )
         .await;
-    store.finish(&key, Some(lease), 1, 1).await;
+    store.finish(&key, Some(slot), 1, 1).await;
     assert_eq!(store.snapshot(&key).await.streams, 0);
     let fresh = fresh_key().await;
     let again = store.admit(&fresh, request(1, true), "admitted").await;
-    store.finish(&fresh, again.lease, 1, 1).await;
+    store.finish(&fresh, again.stream_slot, 1, 1).await;
     store
         .admit(&fresh, request(1, true), "the slot is free again")
         .await;
@@ -248,7 +248,7 @@ async fn requests_admitted_at_once_never_exceed_the_cap(store: Store) {
     }))
     .await;
     let admitted: Vec<_> = answers.into_iter().filter_map(Result::ok).collect();
-    let streams = admitted.iter().filter(|a| a.lease.is_some()).count();
+    let streams = admitted.iter().filter(|a| a.stream_slot.is_some()).count();
     assert!(admitted.len() <= 25, "{} admitted", admitted.len());
     assert!(streams <= 5, "{streams} streams");
     let snapshot = store.snapshot(&key).await;

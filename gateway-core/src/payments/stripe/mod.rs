@@ -3,7 +3,7 @@
 //! [`webhook`]) says the session is paid. Refunds and disputes come through the same webhook.
 //!
 //! Configured by the API key and the webhook endpoint's signing secret, both or neither
-//! ([`StripeConfig::from_args`]); the API base URL can point at a mock for tests.
+//! ([`StripeSettings::from_args`]); the API base URL can point at a mock for tests.
 
 mod api;
 mod events;
@@ -24,7 +24,7 @@ use api::{Api, CheckoutSession, PaymentIntent};
 const LINE_ITEM: &str = "apiCredits top-up";
 
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum StripeConfigError {
+pub enum StripeSettingsError {
     #[error("Stripe is half-configured: --stripe-api-key (GATEWAY_STRIPE_API_KEY) and --stripe-webhook-secret (GATEWAY_STRIPE_WEBHOOK_SECRET) go together; {0} is missing")]
     HalfConfigured(&'static str),
     #[error(
@@ -37,7 +37,7 @@ pub enum StripeConfigError {
     Client(String),
 }
 
-pub struct StripeConfig<'a> {
+pub struct StripeSettings<'a> {
     pub api_key: Option<&'a str>,
     pub webhook_secret: Option<&'a str>,
     pub api_base: &'a str,
@@ -48,24 +48,26 @@ pub struct Stripe {
     webhook_secret: String,
 }
 
-impl StripeConfig<'_> {
+impl StripeSettings<'_> {
     /// Stripe when both secrets are given, nothing when neither is; an error otherwise, so a
     /// gateway never starts taking payments it cannot confirm (or the reverse).
-    pub fn build(&self) -> Result<Option<Stripe>, StripeConfigError> {
+    pub fn build(&self) -> Result<Option<Stripe>, StripeSettingsError> {
         let (key, secret) = match (self.api_key, self.webhook_secret) {
             (None, None) => return Ok(None),
-            (Some(_), None) => return Err(StripeConfigError::HalfConfigured("the webhook secret")),
-            (None, Some(_)) => return Err(StripeConfigError::HalfConfigured("the API key")),
+            (Some(_), None) => {
+                return Err(StripeSettingsError::HalfConfigured("the webhook secret"))
+            }
+            (None, Some(_)) => return Err(StripeSettingsError::HalfConfigured("the API key")),
             (Some(key), Some(secret)) => (key, secret),
         };
         if !secret.starts_with("whsec_") {
-            return Err(StripeConfigError::WebhookSecret);
+            return Err(StripeSettingsError::WebhookSecret);
         }
         if !(self.api_base.starts_with("https://") || self.api_base.starts_with("http://")) {
-            return Err(StripeConfigError::ApiBase(self.api_base.to_owned()));
+            return Err(StripeSettingsError::ApiBase(self.api_base.to_owned()));
         }
         let api =
-            Api::new(self.api_base, key).map_err(|e| StripeConfigError::Client(e.to_string()))?;
+            Api::new(self.api_base, key).map_err(|e| StripeSettingsError::Client(e.to_string()))?;
         Ok(Some(Stripe {
             api,
             webhook_secret: secret.to_owned(),
@@ -194,8 +196,8 @@ impl PaymentProvider for Stripe {
 mod tests {
     use super::*;
 
-    fn config<'a>(key: Option<&'a str>, secret: Option<&'a str>) -> StripeConfig<'a> {
-        StripeConfig {
+    fn config<'a>(key: Option<&'a str>, secret: Option<&'a str>) -> StripeSettings<'a> {
+        StripeSettings {
             api_key: key,
             webhook_secret: secret,
             api_base: "https://api.stripe.com",
@@ -222,7 +224,7 @@ mod tests {
         }
         assert_eq!(
             config(Some("sk_test_1"), Some("not-a-whsec")).build().err(),
-            Some(StripeConfigError::WebhookSecret)
+            Some(StripeSettingsError::WebhookSecret)
         );
     }
 

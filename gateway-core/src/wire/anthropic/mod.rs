@@ -191,14 +191,14 @@ pub struct Metadata {
 // ---- responses ----
 //
 // Written by the endpoint and read by the `anthropic` adapter. `U` is the usage object: the
-// endpoint writes [`Usage`], whole; an adapter reads [`UsageReport`], where a count may be
+// endpoint writes [`MessagesUsage`], whole; an adapter reads [`UsageReport`], where a count may be
 // left out. An adapter reads leniently (a string left out or `null` is empty), and never
 // reads a message's id, content or model: a client sees the gateway's, and the content
 // streams as blocks.
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(bound(deserialize = "U: Deserialize<'de> + Default"))]
-pub struct MessageResponse<U = Usage> {
+pub struct MessageResponse<U = MessagesUsage> {
     #[serde(skip_deserializing)]
     pub id: String,
     /// Always `message`; not read.
@@ -246,7 +246,7 @@ pub enum OutputBlock {
 /// is absent only from `message_start`, where it is not known yet (SDKs that accumulate a
 /// stream would otherwise keep a 0 from it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Usage {
+pub struct MessagesUsage {
     #[serde(flatten)]
     pub tokens: TokenUsage,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -324,7 +324,7 @@ pub enum Delta {
     rename_all = "snake_case",
     bound(deserialize = "U: Deserialize<'de> + Default")
 )]
-pub enum StreamEvent<U = Usage> {
+pub enum StreamEvent<U = MessagesUsage> {
     MessageStart {
         message: MessageResponse<U>,
     },

@@ -14,8 +14,8 @@
 //! chat-completions client may send back any form of id.
 
 use super::{
-    CountTokensRequest, Delta, ImageSource, InputBlock, InputMessage, MessagesRequest, Metadata,
-    OutputBlock, Role, TextBlock, TextType, Thinking, Tool, ToolChoice, Usage,
+    CountTokensRequest, Delta, ImageSource, InputBlock, InputMessage, MessagesRequest,
+    MessagesUsage, Metadata, OutputBlock, Role, TextBlock, TextType, Thinking, Tool, ToolChoice,
 };
 use crate::conversation::{self, Content, Message, SystemBlock};
 use crate::ids;
@@ -141,8 +141,8 @@ pub fn delta_from_messages(delta: Delta) -> conversation::Delta {
 }
 
 /// A settled turn's usage as the response's usage object, with the credits it cost.
-pub fn usage_to_messages(usage: conversation::Usage) -> Usage {
-    Usage {
+pub fn usage_to_messages(usage: conversation::BilledUsage) -> MessagesUsage {
+    MessagesUsage {
         tokens: usage.tokens,
         credits_consumed: Some(usage.credits),
     }

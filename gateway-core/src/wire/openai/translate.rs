@@ -34,8 +34,8 @@ use super::{
     PromptTokensDetails, ReasoningEffort, ToolCall, ToolCallDelta, ToolChoiceMode,
 };
 use crate::conversation::{
-    Content, ImageSource, InputBlock, Message, Metadata, OutputBlock, Request, Role, Thinking,
-    Tool, ToolChoice, Usage,
+    BilledUsage, Content, ImageSource, InputBlock, Message, Metadata, OutputBlock, Request, Role,
+    Thinking, Tool, ToolChoice,
 };
 use crate::ids;
 use crate::validate::{Invalid, MIN_THINKING_BUDGET};
@@ -305,7 +305,7 @@ pub fn stop_from_chat(finish: Option<FinishReason>, called: bool) -> StopReason 
     }
 }
 
-pub fn usage_to_chat(usage: &Usage) -> ChatUsage {
+pub fn usage_to_chat(usage: &BilledUsage) -> ChatUsage {
     let t = &usage.tokens;
     let prompt = t.input_tokens + t.cache_creation_input_tokens + t.cache_read_input_tokens;
     ChatUsage {
@@ -794,7 +794,7 @@ mod tests {
             cache_read_input_tokens: 5,
             ..TokenUsage::default()
         };
-        let chat = usage_to_chat(&Usage { tokens, credits: 7 });
+        let chat = usage_to_chat(&BilledUsage { tokens, credits: 7 });
         assert_eq!((chat.prompt_tokens, chat.total_tokens), (15, 18));
         let wire = serde_json::to_value(chat).unwrap();
         assert_eq!(wire["prompt_tokens_details"]["cached_tokens"], 5);

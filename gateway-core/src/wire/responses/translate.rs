@@ -20,7 +20,7 @@ use super::{
     RequestTool, ResponseUsage, ResponsesRequest, TextFormat, ToolChoiceMode, ToolChoiceParam,
 };
 use crate::conversation::{
-    Content, InputBlock, Message, Metadata, Request, Role, Thinking, Tool, ToolChoice, Usage,
+    BilledUsage, Content, InputBlock, Message, Metadata, Request, Role, Thinking, Tool, ToolChoice,
 };
 use crate::seal::Sealer;
 use crate::validate::Invalid;
@@ -495,7 +495,7 @@ fn content_blocks(
 
 /// A settled turn's usage as the response's: cached prompt tokens are cache reads, counted in
 /// `input_tokens`; `reasoning_tokens` is the part of the output that was thinking.
-pub fn usage_to_responses(usage: &Usage, reasoning_tokens: u32) -> ResponseUsage {
+pub fn usage_to_responses(usage: &BilledUsage, reasoning_tokens: u32) -> ResponseUsage {
     let t = &usage.tokens;
     let input = t.input_tokens + t.cache_creation_input_tokens + t.cache_read_input_tokens;
     ResponseUsage {
@@ -680,7 +680,7 @@ mod tests {
     #[test]
     fn cached_prompt_tokens_count_in_input_tokens_and_are_shown_as_cached() {
         let usage = usage_to_responses(
-            &Usage {
+            &BilledUsage {
                 tokens: store::usage::TokenUsage {
                     input_tokens: 10,
                     output_tokens: 4,

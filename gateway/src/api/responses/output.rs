@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use gateway_core::conversation::{Delta, OutputBlock, Usage};
+use gateway_core::conversation::{BilledUsage, Delta, OutputBlock};
 use gateway_core::providers::ProviderEvent;
 use gateway_core::seal::{Sealer, Thinking};
 use gateway_core::tokens::Tokenizer;
@@ -177,7 +177,7 @@ impl Assembler {
         serde_json::to_value(&response).unwrap_or_default()
     }
 
-    fn usage(&self, usage: &Usage) -> ResponseUsage {
+    fn usage(&self, usage: &BilledUsage) -> ResponseUsage {
         // Upstreams count thinking within the output without a separate figure: the gateway's
         // count of the thinking text stands for it.
         let reasoning = self

@@ -9,7 +9,7 @@
 //! debiting the bill from the allotment and the balance in one statement.
 //!
 //! The policy, for an account's last credits and for failures:
-//! - A grant takes at most a quarter of what the account has available, and none when that
+//! - A refill takes at most a quarter of what the account has available, and none when that
 //!   quarter would not cover half an allotment: an account running low is served turn by turn
 //!   (each reserved in Postgres), and the allotments it had serve what they hold and are
 //!   returned as soon as their turns are written, so they do not keep its last credits from
@@ -19,7 +19,7 @@
 //!   time): one cut off from Postgres stops spending them before the reaper can release them.
 //!   After a silence of the stale time, or once its lease was taken, it drops them all.
 //! - Allotments belong to a lease (the process and its epoch): the reaper returns those of a
-//!   lease it took, and a grant or a write under a lease that is gone bills nothing.
+//!   lease it took, and a refill or a write under a lease that is gone bills nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,11 +34,11 @@ use crate::ids;
 /// An allotment unused this long goes back to its account.
 pub const IDLE: Duration = Duration::from_secs(2);
 
-/// An allotment that needs another grant this soon after its last one serves a busy account:
+/// An allotment that needs another refill this soon after its last one serves a busy account:
 /// it doubles the turns it aims to hold, up to [`MAX_GROWTH`] times the configured count. With
 /// a fixed size, an account at 1,000 turns/s emptied a 32-turn allotment every 32 ms, so its
-/// turns waited for the refill whenever a grant took longer than the 16 ms left when it was
-/// asked for (the reservation's p99 was 21 ms), and the grants' commits were 30 a second.
+/// turns waited for the refill whenever a refill took longer than the 16 ms left when it was
+/// asked for (the reservation's p99 was 21 ms), and the refills' commits were 30 a second.
 const REFILL_SOON: Duration = Duration::from_secs(1);
 const MAX_GROWTH: u64 = 32;
 
@@ -58,7 +58,7 @@ struct State {
     fresh_until: Option<Instant>,
     /// When the last heartbeat Postgres recorded was sent.
     last_beat: Option<Instant>,
-    /// The lease epoch new allotments are granted under.
+    /// The lease epoch new allotments are filled under.
     epoch: i64,
     /// Every allotment, by id.
     pools: HashMap<String, Pool>,
@@ -70,7 +70,7 @@ struct State {
 
 struct Pool {
     account_id: String,
-    /// The lease it is granted under.
+    /// The lease it is filled under.
     epoch: i64,
     /// Credits held and not taken by any turn.
     free: u64,
@@ -78,11 +78,11 @@ struct Pool {
     open: usize,
     /// How many turns like the one asking it aims to hold (see [`REFILL_SOON`]).
     turns: u64,
-    /// When its last grant landed.
-    granted_at: Option<Instant>,
+    /// When its last refill landed.
+    refilled_at: Option<Instant>,
     last_used: Instant,
     growing: bool,
-    /// A grant was refused (the account runs low): no more grants; it serves what it has left
+    /// A refill was refused (the account runs low): no more refills; it serves what it has left
     /// and is returned once `open` is 0.
     retiring: bool,
 }
@@ -93,11 +93,11 @@ struct Taken {
     record: MessageRecord,
 }
 
-/// A grant to ask Postgres for.
+/// A refill to ask Postgres for.
 pub struct Grow {
     pub pool: String,
     pub account_id: String,
-    /// The lease epoch the allotment belongs to: a grant under any other is refused.
+    /// The lease epoch the allotment belongs to: a refill under any other is refused.
     pub epoch: i64,
     pub want: u64,
     pub need: u64,
@@ -107,7 +107,7 @@ pub struct Grow {
 pub struct Take {
     /// Credits taken from the allotment; `None`: reserve this turn in Postgres.
     pub amount: Option<u64>,
-    /// A grant to ask for: before retrying the turn when nothing was taken, else meanwhile.
+    /// A refill to ask for: before retrying the turn when nothing was taken, else meanwhile.
     pub grow: Option<Grow>,
 }
 
@@ -143,7 +143,7 @@ impl Pools {
     /// This process' heartbeat, sent at `sent`, was recorded under lease `epoch`. After a new
     /// lease, or a silence of the stale time (another process may have returned the
     /// allotments meanwhile), every allotment is dropped: their turns finish, no new turn
-    /// takes from them, and new ones are granted.
+    /// takes from them, and new ones are filled.
     pub fn beat(&self, sent: Instant, epoch: i64) {
         let mut state = self.state();
         let lapsed = state
@@ -165,7 +165,7 @@ impl Pools {
     }
 
     /// Takes the turn's most from its account's allotment. `may_grow`: whether to ask for a
-    /// grant when the allotment cannot cover it (once per turn).
+    /// refill when the allotment cannot cover it (once per turn).
     pub fn take(&self, r: &NewReservation, may_grow: bool) -> Take {
         let now = Instant::now();
         let mut guard = self.state();
@@ -190,7 +190,7 @@ impl Pools {
             free: 0,
             open: 0,
             turns: self.turns,
-            granted_at: None,
+            refilled_at: None,
             last_used: now,
             growing: false,
             retiring: false,
@@ -240,9 +240,9 @@ impl Pools {
         }
     }
 
-    /// Postgres granted `credits` to the allotment (0: refused, the account runs low or the
-    /// lease is gone; `None`: the grant failed, nothing known).
-    pub fn granted(&self, g: &Grow, credits: Option<u64>) {
+    /// Postgres added `credits` to the allotment (0: refused, the account runs low or the
+    /// lease is gone; `None`: the refill failed, nothing known).
+    pub fn refilled(&self, g: &Grow, credits: Option<u64>) {
         let mut state = self.state();
         let Some(p) = state.pools.get_mut(&g.pool) else {
             return;
@@ -252,12 +252,12 @@ impl Pools {
             Some(0) => p.retiring = true,
             Some(credits) => {
                 let now = Instant::now();
-                if p.granted_at
+                if p.refilled_at
                     .is_some_and(|at| now.duration_since(at) < REFILL_SOON)
                 {
                     p.turns = (p.turns * 2).min(self.turns * MAX_GROWTH);
                 }
-                p.granted_at = Some(now);
+                p.refilled_at = Some(now);
                 p.free += credits;
             }
             None => {}
@@ -332,8 +332,8 @@ impl Pools {
 /// account has available and nothing unless that covers `need` (half of `want`: an account
 /// with less than twice an allotment's worth available is served turn by turn, exactly).
 /// Nothing either unless the allotment's lease is this process' current one: the lease row is
-/// locked (the reaper deletes it) while credits move, so a grant cannot land on, or
-/// re-create, an allotment the reaper has returned. Returns the credits granted.
+/// locked (the reaper deletes it) while credits move, so a refill cannot land on, or
+/// re-create, an allotment the reaper has returned. Returns the credits refilled.
 pub async fn grow(db: &Database, instance: &str, g: &Grow) -> Result<u64, DbError> {
     let row = db
         .bounded(
@@ -344,17 +344,17 @@ pub async fn grow(db: &Database, instance: &str, g: &Grow) -> Result<u64, DbErro
                  ), account AS (
                      SELECT id, (balance - reserved) / 4 AS share FROM accounts
                      WHERE id = $3 AND EXISTS (SELECT 1 FROM lease) FOR NO KEY UPDATE
-                 ), granted AS (
+                 ), refilled AS (
                      SELECT id, least($4, share) AS credits FROM account WHERE share >= $5
                  ), held AS (
                      UPDATE accounts a SET reserved = a.reserved + g.credits
-                     FROM granted g WHERE a.id = g.id
+                     FROM refilled g WHERE a.id = g.id
                  ), pool AS (
                      INSERT INTO allotments (id, instance_id, account_id, credits, epoch)
-                     SELECT $1, $2, id, credits, $6 FROM granted
+                     SELECT $1, $2, id, credits, $6 FROM refilled
                      ON CONFLICT (id) DO UPDATE SET credits = allotments.credits + EXCLUDED.credits
                  )
-                 SELECT coalesce((SELECT credits FROM granted), 0)::bigint AS credits",
+                 SELECT coalesce((SELECT credits FROM refilled), 0)::bigint AS credits",
             )
             .bind(&g.pool)
             .bind(instance)
@@ -456,16 +456,16 @@ mod tests {
         }
     }
 
-    /// Pools of 4 turns, beaten, with `credits` granted to the account's allotment.
-    fn granted(credits: u64) -> Pools {
+    /// Pools of 4 turns, beaten, with `credits` put in the account's allotment.
+    fn refilled(credits: u64) -> Pools {
         let pools = Pools::new(4, Duration::from_secs(60));
         pools.beat(Instant::now(), 1);
         let grow = pools
             .take(&turn("first"), true)
             .grow
-            .expect("a grant to ask for");
+            .expect("a refill to ask for");
         assert_eq!((grow.want, grow.need), (4 * MAX, 2 * MAX));
-        pools.granted(&grow, Some(credits));
+        pools.refilled(&grow, Some(credits));
         pools
     }
 
@@ -482,13 +482,13 @@ mod tests {
 
     #[test]
     fn a_turn_takes_its_most_from_the_allotment_and_gets_back_what_it_did_not_cost() {
-        let pools = granted(4 * MAX);
+        let pools = refilled(4 * MAX);
         assert_eq!(pools.take(&turn("a"), false).amount, Some(MAX));
         let written = pools
             .settle(&settlement("a", MessageStatus::Completed, 30))
             .expect("an allotted turn");
         assert_eq!((written.record.reserved, written.record.billed), (MAX, 30));
-        // 400 granted, 30 billed: 370 free, three turns and some.
+        // 400 refilled, 30 billed: 370 free, three turns and some.
         for id in ["b", "c", "d"] {
             assert_eq!(pools.take(&turn(id), false).amount, Some(MAX), "{id}");
         }
@@ -497,7 +497,7 @@ mod tests {
 
     #[test]
     fn a_turn_billed_above_what_it_took_is_billed_what_it_took_and_a_failed_one_nothing() {
-        let pools = granted(4 * MAX);
+        let pools = refilled(4 * MAX);
         pools.take(&turn("a"), false);
         pools.take(&turn("b"), false);
         let over = pools.settle(&settlement("a", MessageStatus::Completed, 5 * MAX));
@@ -514,33 +514,33 @@ mod tests {
 
     #[test]
     fn the_allotment_asks_for_more_once_it_falls_below_half_and_only_once_at_a_time() {
-        let pools = granted(4 * MAX);
+        let pools = refilled(4 * MAX);
         assert!(pools.take(&turn("a"), false).grow.is_none());
         assert!(pools.take(&turn("b"), false).grow.is_none());
         let grow = pools.take(&turn("c"), false).grow.expect("below half");
         assert_eq!(grow.want, 3 * MAX);
         assert!(
             pools.take(&turn("d"), false).grow.is_none(),
-            "a second grant"
+            "a second refill"
         );
-        pools.granted(&grow, Some(3 * MAX));
+        pools.refilled(&grow, Some(3 * MAX));
         assert_eq!(pools.take(&turn("e"), false).amount, Some(MAX));
     }
 
     #[test]
     fn an_allotment_refilled_within_a_second_doubles_what_it_aims_to_hold_up_to_32_times() {
-        let pools = granted(4 * MAX);
+        let pools = refilled(4 * MAX);
         let mut wants = Vec::new();
         for round in 0..8 {
-            // Take until the allotment asks for more, then grant what it asked for at once.
+            // Take until the allotment asks for more, then refill what it asked for at once.
             let grow = (0..)
                 .find_map(|i| pools.take(&turn(&format!("{round}-{i}")), false).grow)
-                .expect("a grant to ask for");
+                .expect("a refill to ask for");
             wants.push(grow.want / MAX);
-            pools.granted(&grow, Some(grow.want));
+            pools.refilled(&grow, Some(grow.want));
         }
         // Asked one turn below half of what it aims to hold: the aim less what is left. The
-        // aim doubles from the second grant on (4, 8, 16, ... turns) and stops at 32 times 4.
+        // aim doubles from the second refill on (4, 8, 16, ... turns) and stops at 32 times 4.
         assert_eq!(
             wants,
             [
@@ -559,16 +559,19 @@ mod tests {
         // to go turn by turn because its allotment grew.
         let grow = (0..)
             .find_map(|i| pools.take(&turn(&format!("last-{i}")), false).grow)
-            .expect("a grant to ask for");
+            .expect("a refill to ask for");
         assert_eq!(grow.need, MAX);
     }
 
     #[test]
-    fn a_refused_grant_retires_the_allotment_it_serves_what_is_left_then_goes() {
-        let pools = granted(2 * MAX);
+    fn a_refused_refill_retires_the_allotment_it_serves_what_is_left_then_goes() {
+        let pools = refilled(2 * MAX);
         let take = pools.take(&turn("a"), false);
         assert_eq!(take.amount, Some(MAX));
-        pools.granted(&take.grow.expect("below half: a grant to ask for"), Some(0));
+        pools.refilled(
+            &take.grow.expect("below half: a refill to ask for"),
+            Some(0),
+        );
         let take = pools.take(&turn("b"), true);
         assert_eq!(take.amount, Some(MAX), "what was left not served");
         assert!(take.grow.is_none(), "a retiring allotment asked for more");
@@ -595,7 +598,7 @@ mod tests {
 
     #[test]
     fn an_unused_allotment_is_returned_after_the_idle_time_and_all_of_them_at_close() {
-        let pools = granted(4 * MAX);
+        let pools = refilled(4 * MAX);
         assert!(pools.idle(IDLE).is_empty(), "returned while fresh");
         assert_eq!(pools.idle(Duration::ZERO).len(), 1);
         assert!(pools.idle(Duration::ZERO).is_empty(), "returned twice");
@@ -603,18 +606,18 @@ mod tests {
 
     #[test]
     fn after_a_silence_of_the_stale_time_or_a_new_lease_no_turn_takes_from_the_old_allotments() {
-        let pools = granted(4 * MAX);
+        let pools = refilled(4 * MAX);
         let old = pools.take(&turn("a"), false);
         assert_eq!(old.amount, Some(MAX));
         // Beaten again two stale times later: the allotment may have been returned meanwhile.
         pools.beat(Instant::now() + Duration::from_secs(121), 1);
         let take = pools.take(&turn("b"), true);
         assert!(take.amount.is_none(), "took from a dropped allotment");
-        let grow = take.grow.expect("a grant for a new allotment");
+        let grow = take.grow.expect("a refill for a new allotment");
         let a = pools
             .settle(&settlement("a", MessageStatus::Completed, 10))
             .expect("the turn on the dropped allotment still settles");
-        assert_ne!(grow.pool, a.pool, "a grant for the dropped allotment");
+        assert_ne!(grow.pool, a.pool, "a refill for the dropped allotment");
         assert!(
             pools.idle(IDLE).is_empty(),
             "returned with its turn unwritten"
@@ -624,7 +627,7 @@ mod tests {
         assert_eq!(released.len(), 1, "the dropped allotment was not returned");
         assert_eq!(released[0].pool, a.pool);
 
-        pools.granted(&grow, Some(4 * MAX));
+        pools.refilled(&grow, Some(4 * MAX));
         assert_eq!(pools.take(&turn("c"), false).amount, Some(MAX));
         pools.beat(Instant::now(), 2);
         let take = pools.take(&turn("d"), true);

@@ -22,7 +22,7 @@ use time::OffsetDateTime;
 
 use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
 use super::allotment::Written;
-use super::Lease;
+use super::lease::Lease;
 use crate::db::{from_db, name_of, to_db, Database, DbError};
 use crate::metrics;
 use crate::usage::{StopReason, TokenUsage};
@@ -317,7 +317,7 @@ pub async fn write(
 /// fsync (6 ms p50, 25 ms p99 on the benchmark's disk) on every answer's path. Only a crash
 /// of the Postgres server itself can lose such a commit (the last `wal_writer_delay` × 3,
 /// 0.6 s by default), and what it loses is the rows and their debits together: those turns
-/// are under-billed, never billed twice or above what they were told. Reservations, grants,
+/// are under-billed, never billed twice or above what they were told. Reservations, refills,
 /// top-ups and voids keep synchronous commits.
 pub async fn write_rows(
     db: &Database,
@@ -344,7 +344,7 @@ pub async fn write_rows(
                      -- (see the function's doc); it is read, so it runs, before the commit.
                      SELECT set_config('synchronous_commit', 'off', true) AS setting
                  ), lease AS (
-                     -- Locked first, as the reaper's delete of it and the grants lock it.
+                     -- Locked first, as the reaper's delete of it and the refills lock it.
                      SELECT id, epoch FROM gateway_instances WHERE id = $22 FOR KEY SHARE
                  ), account AS (
                      SELECT id FROM accounts WHERE id IN (SELECT account_id FROM turn)

@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::secrets::LONG_SECRET;
-use gateway_core::payments::stripe::StripeConfig;
+use gateway_core::payments::stripe::StripeSettings;
 
 /// Shared by the payment paths and `accounts topup`, which must credit alike.
 #[derive(Debug, Args)]
@@ -54,8 +54,8 @@ impl PaymentsArgs {
         self.rate.credits_per_usd
     }
 
-    pub fn stripe(&self) -> StripeConfig<'_> {
-        StripeConfig {
+    pub fn stripe(&self) -> StripeSettings<'_> {
+        StripeSettings {
             api_key: self.stripe_api_key.as_deref(),
             webhook_secret: self.stripe_webhook_secret.as_deref(),
             api_base: &self.stripe_api_base,

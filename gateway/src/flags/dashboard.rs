@@ -8,7 +8,7 @@ use lettre::message::Mailbox;
 use super::secrets::SMTP_URL;
 use crate::dashboard::mail::{LogMailer, Mailer, SmtpMailer, SmtpServer};
 use crate::dashboard::settings::PublicUrl;
-use crate::dashboard::DashboardConfig;
+use crate::dashboard::DashboardSettings;
 
 #[derive(Debug, Args)]
 pub struct DashboardArgs {
@@ -52,7 +52,7 @@ fn public_url(value: &str) -> Result<String, String> {
     Ok(value.to_owned())
 }
 
-impl From<&DashboardArgs> for DashboardConfig {
+impl From<&DashboardArgs> for DashboardSettings {
     fn from(args: &DashboardArgs) -> Self {
         Self {
             secure_cookies: args.dashboard_secure_cookies,

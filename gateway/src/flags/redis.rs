@@ -14,7 +14,8 @@ pub struct RedisArgs {
     /// Bound on every Redis call.
     #[arg(long, env = "GATEWAY_REDIS_TIMEOUT_MS", default_value_t = 250)]
     pub redis_timeout_ms: u64,
-    /// Lifetime of a stream slot's lease, renewed every third of it while the stream runs.
+    /// How long a stream slot lives without renewal; renewed every third of it while the stream
+    /// runs.
     #[arg(long, env = "GATEWAY_STREAM_LEASE_SECS", default_value_t = 10)]
     pub stream_lease_secs: u64,
 }
@@ -24,8 +25,8 @@ impl RedisArgs {
         RedisSettings {
             url: self.redis_url.clone(),
             timeout: Duration::from_millis(self.redis_timeout_ms),
-            // A lease of zero would expire before its first renewal.
-            lease: Duration::from_secs(self.stream_lease_secs.max(1)),
+            // A slot living zero seconds would expire before its first renewal.
+            slot_ttl: Duration::from_secs(self.stream_lease_secs.max(1)),
         }
     }
 }

@@ -322,7 +322,7 @@ fn assert_common(common: &CommonArgs, log_format: LogFormat) {
     assert_eq!(stripe.webhook_secret, Some("whsec_123"));
     assert_eq!(stripe.api_base, "http://127.0.0.1:12111");
     assert_eq!(payments.auto_reload_interval(), Duration::from_millis(700));
-    let dashboard = crate::dashboard::DashboardConfig::from(&common.dashboard);
+    let dashboard = crate::dashboard::DashboardSettings::from(&common.dashboard);
     assert!(dashboard.secure_cookies);
     assert_eq!(dashboard.signup_credits, 500);
     let breaker = BreakerPolicy::from(&common.breaker);
@@ -348,7 +348,7 @@ fn assert_serve(args: &ServeArgs, log_format: LogFormat) {
     let redis = args.redis.settings();
     assert_eq!(redis.url, "redis://127.0.0.1:6390/2");
     assert_eq!(redis.timeout, Duration::from_millis(300));
-    assert_eq!(redis.lease, Duration::from_secs(20));
+    assert_eq!(redis.slot_ttl, Duration::from_secs(20));
     assert_eq!(args.outage.redis_outage, OutagePolicy::FailOpen);
     assert_eq!(args.outage.pods, 3);
     let secret = args
@@ -435,7 +435,7 @@ fn the_defaults_are_unchanged() {
     assert_eq!((stripe.api_key, stripe.webhook_secret), (None, None));
     assert_eq!(stripe.api_base, "https://api.stripe.com");
     assert_eq!(payments.auto_reload_interval(), Duration::from_secs(5));
-    let dashboard = crate::dashboard::DashboardConfig::from(&common.dashboard);
+    let dashboard = crate::dashboard::DashboardSettings::from(&common.dashboard);
     assert!(!dashboard.secure_cookies);
     assert_eq!(dashboard.signup_credits, 0);
     let breaker = BreakerPolicy::from(&common.breaker);
@@ -460,7 +460,7 @@ fn the_defaults_are_unchanged() {
     );
     let redis = args.redis.settings();
     assert_eq!(redis.timeout, Duration::from_millis(250));
-    assert_eq!(redis.lease, Duration::from_secs(10));
+    assert_eq!(redis.slot_ttl, Duration::from_secs(10));
     assert_eq!(args.outage.redis_outage, OutagePolicy::FailClosed);
     assert_eq!(args.outage.pods, 1);
     assert!(args.published.config_secret.is_none());
