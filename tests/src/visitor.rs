@@ -272,6 +272,20 @@ impl Visitor<'_> {
             .await;
         (status, body, self.location.clone())
     }
+
+    /// Mints an API key named `name` from the keys page: the status and the page.
+    pub async fn create_key(&mut self, name: &str) -> (u16, String) {
+        let (_, page) = self.get("/developers/keys").await;
+        let csrf = hidden_csrf(&page);
+        let (status, page, _) = self
+            .post(
+                "/developers/keys",
+                &[("csrf", &csrf), ("name", name), ("kind", "api")],
+                &[],
+            )
+            .await;
+        (status, page)
+    }
 }
 
 /// `n` with thousands separators, as the dashboard shows numbers.

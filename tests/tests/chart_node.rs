@@ -19,7 +19,7 @@ use e2e::node::TestNode;
 use e2e::sdk::sdk_call;
 use e2e::sse::assemble_message_stream;
 use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
-use e2e::visitor::{hidden_csrf, new_email, Site, Visitor};
+use e2e::visitor::{new_email, Site, Visitor};
 use e2e::{
     Fault, MessageStream, MockUpstream, Nginx, PostgresServer, RedisServer, Reply, Resp,
     RoutedManifests, Scrape, SseStream, Unscripted, UpstreamDef,
@@ -552,15 +552,7 @@ async fn a_developer_signs_up_through_the_ingress_tops_up_through_stripe_and_the
 
     let mut visitor = Visitor::new(&site);
     visitor.sign_up(&new_email(), &[]).await;
-    let (_, page) = visitor.get("/developers/keys").await;
-    let csrf = hidden_csrf(&page);
-    let (status, page, _) = visitor
-        .post(
-            "/developers/keys",
-            &[("csrf", &csrf), ("name", "node"), ("kind", "api")],
-            &[],
-        )
-        .await;
+    let (status, page) = visitor.create_key("node").await;
     assert_eq!(status, 200, "the keys page mints a key: {page}");
     let key = page
         .split("id=\"new-secret\"")
