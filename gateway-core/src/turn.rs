@@ -445,8 +445,7 @@ async fn admit(
     let request = AdmissionRequest {
         input_tokens: input_tokens.into(),
         stream,
-        // Counted by the pre-admission, before the body was read.
-        count_request: false,
+        count_request: principal.request_count.take(),
     };
     let undo = {
         let (limiter, key) = (limiter.clone(), key.clone());

@@ -197,18 +197,18 @@ async fn redis_calls_are_timed_and_failures_counted() {
         .expect_ok();
     let m = gw.metrics().await;
     let admit = [("store", "redis"), ("op", "admit")];
-    // Two admission calls per turn: the request count before the body is read, then the
-    // input tokens and the stream slot once it is tokenized.
+    // One admission call per turn: the request count, the input tokens and the stream slot
+    // together, once the body is tokenized. A JSON turn's token correction rides on the next
+    // admission (or a flush within a second), so it takes no call of its own.
     assert_eq!(
         m.value("gateway_store_call_duration_seconds_count", &admit),
-        2.0
-    );
-    assert_eq!(
-        m.value(
-            "gateway_store_call_duration_seconds_count",
-            &[("store", "redis"), ("op", "finish")]
-        ),
         1.0
+    );
+    let finish = [("store", "redis"), ("op", "finish")];
+    assert!(
+        m.get("gateway_store_call_duration_seconds_count", &finish)
+            .is_none_or(|n| n <= 1.0),
+        "at most one flush of the turn's token correction"
     );
     assert_eq!(m.get("gateway_store_call_errors_total", &admit), None);
 

@@ -8,6 +8,7 @@ use thiserror::Error;
 use time::OffsetDateTime;
 
 use crate::ids;
+use crate::limits::RequestCount;
 use crate::routing::Catalog;
 use store::accounts::{Account, AccountStatus, Accounts, KeyHash, KeyKind, KeyRecord, StoreError};
 
@@ -50,6 +51,8 @@ pub struct Principal {
     pub suspended: bool,
     /// The key's monthly spend cap: the ApiKey grant's, else the one it was minted with.
     pub spend_cap: Option<u64>,
+    /// This request's count against the key's requests per minute, not yet taken.
+    pub request_count: RequestCount,
 }
 
 /// A freshly minted key: the record to store and the secret to show once.
@@ -178,6 +181,7 @@ fn principal(
         scopes,
         suspended,
         spend_cap,
+        request_count: RequestCount::default(),
     })
 }
 

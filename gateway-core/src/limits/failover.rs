@@ -145,6 +145,15 @@ impl Limiter for Failover {
         result
     }
 
+    fn known_refusal(&self, key_id: &str, limits: &Limits) -> Option<LimitError> {
+        if self.policy == OutagePolicy::FailOpen && self.down.load(Ordering::Relaxed) {
+            self.local
+                .known_refusal(key_id, &share(limits, self.pods()))
+        } else {
+            self.shared.known_refusal(key_id, limits)
+        }
+    }
+
     async fn reachable(&self) -> Result<(), LimitError> {
         self.shared.reachable().await
     }

@@ -80,6 +80,19 @@ impl Limiter for MemoryLimiter {
         })
     }
 
+    fn known_refusal(&self, key_id: &str, limits: &Limits) -> Option<LimitError> {
+        // The counts are here: the answer is exact.
+        let (number, reset_secs) = current_window();
+        let mut window = self.keys.get_mut(key_id)?;
+        window.roll(number);
+        decide(
+            limits,
+            &window.snapshot(reset_secs),
+            &AdmissionRequest::REQUEST_ONLY,
+        )
+        .err()
+    }
+
     async fn finish(
         &self,
         key_id: &str,

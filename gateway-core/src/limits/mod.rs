@@ -7,10 +7,13 @@
 
 mod address;
 mod failover;
+mod known;
 mod memory;
 mod redis;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -85,19 +88,34 @@ pub struct Snapshot {
 pub struct AdmissionRequest {
     pub input_tokens: u64,
     pub stream: bool,
-    /// Checks and counts one request against RPM. The pre-admission of every model and
-    /// count_tokens call does, before its body is read; the turn's own admission, after the
-    /// input is tokenized, then only checks tokens and streams.
+    /// Checks and counts one request against RPM: the request's [`RequestCount`], taken by
+    /// its first admission.
     pub count_request: bool,
 }
 
 impl AdmissionRequest {
-    /// The request-count admission that comes before the body is read, parsed or tokenized.
+    /// The admission that only counts a request: one that ended before any other admission
+    /// counted it (an invalid body, say), and every request of the address brake.
     pub const REQUEST_ONLY: Self = Self {
         input_tokens: 0,
         stream: false,
         count_request: true,
     };
+}
+
+/// A request's one count against its key's requests per minute. The turn's admission (or
+/// count_tokens') takes it, so that the count rides on the call that admits the tokens and the
+/// stream slot instead of a call of its own before the body is read; a request that ends
+/// before any admission took it is counted then ([`Limiter::known_refusal`] is what still
+/// refuses a key over its limit before its body is read). Clones share the count.
+#[derive(Clone, Debug, Default)]
+pub struct RequestCount(Arc<AtomicBool>);
+
+impl RequestCount {
+    /// Whether the caller is the one to count the request (true once only).
+    pub fn take(&self) -> bool {
+        !self.0.swap(true, Ordering::Relaxed)
+    }
 }
 
 /// A held stream slot; given back through [`Limiter::finish`].
@@ -142,6 +160,12 @@ pub trait Limiter: Send + Sync {
     ) -> Result<Admission, LimitError>;
 
     async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError>;
+
+    /// The refusal of a request of `key_id`, with no round trip, when this process already
+    /// knows the key's requests or input tokens are used up for the current window (counts
+    /// only grow within a window, so what it knows stays true until the window ends); `None`
+    /// when it does not know, and the admission decides.
+    fn known_refusal(&self, key_id: &str, limits: &Limits) -> Option<LimitError>;
 
     /// Whether the shared store behind the limits answers now (readiness); in-process
     /// limiters always do.

@@ -6,23 +6,33 @@
 //! sorted set `rl:{K}:s` of stream slots scored by expiry in ms. A stream renews its slot
 //! while it runs; a slot whose pod died expires and frees itself. The `{K}` hash tag keeps
 //! both keys in one slot, so the scripts work on Redis Cluster.
+//!
+//! One call per turn: the request count rides on the turn's admission, and a finished turn's
+//! token correction (actual input tokens minus the estimate admitted) on the key's next
+//! admission from this process, or on a flush within [`FLUSH_CORRECTIONS_EVERY`] when none
+//! comes. Only a stream's end (its slot given back) is a call of its own.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use crds::config::Limits;
+use dashmap::DashMap;
 use fred::prelude::{Builder, Client, ClientLike, Config, ReconnectPolicy};
 use fred::types::scripts::Script;
+use futures::StreamExt;
 
+use super::known::OverLimit;
 use super::{decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamSlot};
 use crate::ids;
 use store::metrics;
 
-/// Reads the window and live stream slots; admits when the rules of `limits::decide` allow.
-/// Returns the counts before admission, 1 if it admitted (0 refused, 2 past its deadline: the
-/// caller already gave up on it, so it must count nothing), the seconds left, and Redis' time.
+/// Reads the window and live stream slots; applies the token correction it carries (ARGV[10],
+/// for the window ARGV[11]); admits when the rules of `limits::decide` allow. Returns the
+/// counts before admission, 1 if it admitted (0 refused, 2 past its deadline: the caller
+/// already gave up on it, so it must count nothing), the seconds left, and Redis' time.
 const ADMIT: &str = r#"
 local t = redis.call('TIME')
 local secs = tonumber(t[1])
@@ -34,9 +44,15 @@ end
 local win = math.floor(secs / 60)
 local w = redis.call('HMGET', KEYS[1], 'win', 'req', 'tok')
 local req, tok = 0, 0
-if tonumber(w[1]) == win then
+local current = tonumber(w[1]) == win
+if current then
   req = tonumber(w[2]) or 0
   tok = tonumber(w[3]) or 0
+end
+local delta = tonumber(ARGV[10])
+local corrected = delta ~= 0 and current and tonumber(ARGV[11]) == win
+if corrected then
+  tok = math.max(0, tok + delta)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local streams = redis.call('ZCARD', KEYS[2])
@@ -52,6 +68,8 @@ if admitted then
     redis.call('ZADD', KEYS[2], now + ttl_ms, ARGV[6])
     redis.call('PEXPIRE', KEYS[2], ttl_ms * 2)
   end
+elseif corrected then
+  redis.call('HSET', KEYS[1], 'tok', tok)
 end
 return {req, tok, streams, 60 - secs % 60, admitted and 1 or 0, now}
 "#;
@@ -69,7 +87,8 @@ end
 return {req, tok, redis.call('ZCOUNT', KEYS[2], now, '+inf'), 60 - secs % 60}
 "#;
 
-/// Frees the stream slot (if any) and moves the window's tokens by ARGV[2] (actual - estimate).
+/// Frees the stream slot (if any) and moves the tokens of window ARGV[3] by ARGV[2] (actual -
+/// estimate), if that window is still the current one.
 const FINISH: &str = r#"
 if ARGV[1] ~= '' then
   redis.call('ZREM', KEYS[2], ARGV[1])
@@ -77,8 +96,9 @@ end
 local delta = tonumber(ARGV[2])
 if delta ~= 0 then
   local secs = tonumber(redis.call('TIME')[1])
+  local win = math.floor(secs / 60)
   local w = redis.call('HMGET', KEYS[1], 'win', 'tok')
-  if tonumber(w[1]) == math.floor(secs / 60) then
+  if tonumber(w[1]) == win and tonumber(ARGV[3]) == win then
     redis.call('HSET', KEYS[1], 'tok', math.max(0, (tonumber(w[2]) or 0) + delta))
   end
 end
@@ -104,6 +124,70 @@ pub struct RedisLimiter {
     finish: Script,
     renew: Script,
     slot_ttl: Duration,
+    over_limit: OverLimit,
+    corrections: Arc<Corrections>,
+}
+
+/// How long a finished turn's token correction may wait for its key's next admission.
+pub const FLUSH_CORRECTIONS_EVERY: Duration = Duration::from_secs(1);
+
+/// The token corrections of finished turns not yet sent, per key: the window they belong to
+/// (a minute number in Redis' clock, as this process reckons it) and their sum.
+#[derive(Default)]
+struct Corrections(DashMap<String, (i64, i64)>);
+
+impl Corrections {
+    fn add(&self, key_id: &str, window: i64, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        let mut entry = self.0.entry(key_id.to_owned()).or_insert((window, 0));
+        if entry.0 != window {
+            // The estimate it corrects belongs to a window that has ended.
+            *entry = (window, 0);
+        }
+        entry.1 += delta;
+    }
+
+    /// The key's correction (window, delta), taken to be sent; (0, 0) when none.
+    fn take(&self, key_id: &str) -> (i64, i64) {
+        self.0.remove(key_id).map_or((0, 0), |(_, c)| c)
+    }
+}
+
+/// Sends the corrections that found no admission to ride on, every
+/// [`FLUSH_CORRECTIONS_EVERY`], until the limiter is gone.
+async fn flush_corrections(corrections: Weak<Corrections>, client: Client, finish: Script) {
+    loop {
+        tokio::time::sleep(FLUSH_CORRECTIONS_EVERY).await;
+        let Some(corrections) = corrections.upgrade() else {
+            return;
+        };
+        let pending: Vec<String> = corrections.0.iter().map(|e| e.key().clone()).collect();
+        let sends = pending.into_iter().filter_map(|key_id| {
+            let (window, delta) = corrections.take(&key_id);
+            (delta != 0).then(|| {
+                let (client, finish) = (&client, &finish);
+                async move {
+                    let sent = timed(
+                        "finish",
+                        finish.evalsha_with_reload::<i64, _, _>(
+                            client,
+                            keys(&key_id),
+                            vec![String::new(), delta.to_string(), window.to_string()],
+                        ),
+                    )
+                    .await;
+                    if let Err(e) = sent {
+                        tracing::debug!(error = %e, "a token correction was not sent");
+                    }
+                }
+            })
+        });
+        futures::stream::iter(sends)
+            .for_each_concurrent(16, |send| send)
+            .await;
+    }
 }
 
 fn unavailable(e: fred::error::Error) -> LimitError {
@@ -194,16 +278,32 @@ impl RedisLimiter {
         {
             tracing::warn!("redis not reachable at start-up; retrying in the background");
         }
+        let corrections = Arc::new(Corrections::default());
+        let finish = Script::from_lua(FINISH);
+        tokio::spawn(flush_corrections(
+            Arc::downgrade(&corrections),
+            client.clone(),
+            finish.clone(),
+        ));
         Ok(Self {
             client,
             timeout,
             clock_offset_ms: AtomicI64::new(UNKNOWN_OFFSET),
             admit: Script::from_lua(ADMIT),
             snapshot: Script::from_lua(SNAPSHOT),
-            finish: Script::from_lua(FINISH),
+            finish,
             renew: Script::from_lua(RENEW),
             slot_ttl,
+            over_limit: OverLimit::default(),
+            corrections,
         })
+    }
+
+    /// The current window's number in Redis' clock, as this process reckons it.
+    fn window_now(&self) -> i64 {
+        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
+        let offset = if offset == UNKNOWN_OFFSET { 0 } else { offset };
+        (now_ms() + offset).div_euclid(1_000 * 60)
     }
 }
 
@@ -230,6 +330,7 @@ impl Limiter for RedisLimiter {
         } else {
             sent + offset + i64::try_from(millis(self.timeout)).unwrap_or(i64::MAX)
         };
+        let (window, correction) = self.corrections.take(key_id);
         let (requests, input_tokens, streams, reset_secs, admitted, redis_now): (
             u32,
             u64,
@@ -252,6 +353,8 @@ impl Limiter for RedisLimiter {
                     millis(self.slot_ttl).to_string(),
                     deadline.to_string(),
                     u8::from(request.count_request).to_string(),
+                    correction.to_string(),
+                    window.to_string(),
                 ],
             ),
         )
@@ -270,6 +373,7 @@ impl Limiter for RedisLimiter {
             streams,
             reset_secs,
         };
+        self.over_limit.record(key_id, limits, before);
         if admitted == 0 {
             // The script applies the rules of `decide` to these very counts, so `decide`
             // names the dimension that refused.
@@ -282,13 +386,15 @@ impl Limiter for RedisLimiter {
                     snapshot: before,
                 }));
         }
+        let after = Snapshot {
+            requests: requests + u32::from(request.count_request),
+            input_tokens: input_tokens + request.input_tokens,
+            streams: streams + u32::from(request.stream),
+            reset_secs,
+        };
+        self.over_limit.record(key_id, limits, after);
         Ok(Admission {
-            snapshot: Snapshot {
-                requests: requests + u32::from(request.count_request),
-                input_tokens: input_tokens + request.input_tokens,
-                streams: streams + u32::from(request.stream),
-                reset_secs,
-            },
+            snapshot: after,
             stream_slot: request.stream.then_some(StreamSlot::Shared(slot_id)),
         })
     }
@@ -306,6 +412,10 @@ impl Limiter for RedisLimiter {
             streams,
             reset_secs,
         })
+    }
+
+    fn known_refusal(&self, key_id: &str, limits: &Limits) -> Option<LimitError> {
+        self.over_limit.refusal(key_id, limits)
     }
 
     fn slot_renewal(&self) -> Option<Duration> {
@@ -335,17 +445,21 @@ impl Limiter for RedisLimiter {
         estimated_tokens: u64,
         actual_tokens: u64,
     ) -> Result<(), LimitError> {
-        let slot_id = match slot {
-            Some(StreamSlot::Shared(id)) => id,
-            _ => String::new(),
+        let delta =
+            i64::try_from(i128::from(actual_tokens) - i128::from(estimated_tokens)).unwrap_or(0);
+        self.corrections.add(key_id, self.window_now(), delta);
+        let Some(StreamSlot::Shared(slot_id)) = slot else {
+            // Rides on the key's next admission, or the next flush.
+            return Ok(());
         };
-        let delta = i128::from(actual_tokens) - i128::from(estimated_tokens);
+        // The slot goes back now (another pod may be waiting for it), with what is pending.
+        let (window, delta) = self.corrections.take(key_id);
         timed(
             "finish",
             self.finish.evalsha_with_reload::<i64, _, _>(
                 &self.client,
                 keys(key_id),
-                vec![slot_id, delta.to_string()],
+                vec![slot_id, delta.to_string(), window.to_string()],
             ),
         )
         .await?;
@@ -354,5 +468,29 @@ impl Limiter for RedisLimiter {
 
     async fn reachable(&self) -> Result<(), LimitError> {
         timed("ping", self.client.ping::<()>(None)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrections_of_one_window_add_up_and_one_of_a_new_window_drops_the_ended_ones() {
+        let corrections = Corrections::default();
+        corrections.add("k", 7, -300);
+        corrections.add("k", 7, -200);
+        corrections.add("other", 7, 40);
+        assert_eq!(corrections.take("k"), (7, -500));
+        assert_eq!(corrections.take("k"), (0, 0), "taken once");
+        corrections.add("other", 8, -10);
+        assert_eq!(corrections.take("other"), (8, -10));
+    }
+
+    #[test]
+    fn a_turn_whose_estimate_was_exact_leaves_nothing_to_send() {
+        let corrections = Corrections::default();
+        corrections.add("k", 7, 0);
+        assert!(corrections.0.is_empty());
     }
 }

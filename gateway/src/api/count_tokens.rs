@@ -35,11 +35,10 @@ pub async fn count(
         .admit(
             &principal.key.id,
             &principal.limits,
-            // Counted by the pre-admission; this only reads the window for the headers.
             AdmissionRequest {
                 input_tokens: 0,
                 stream: false,
-                count_request: false,
+                count_request: principal.request_count.take(),
             },
         )
         .await?;

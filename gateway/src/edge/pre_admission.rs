@@ -1,7 +1,12 @@
-//! The request-count admission of every model and count_tokens call, right after
-//! authentication and before the body is read, parsed or tokenized: a key over its requests
-//! per minute (or with its minute's input tokens used up) is refused for the price of a
-//! counter, whatever it sends, and every request it makes counts, valid or not.
+//! The request count of every model and count_tokens call. A key this process already knows
+//! to be over its requests per minute (or with its minute's input tokens used up) is refused
+//! before the body is read, parsed or tokenized, for the price of a map lookup
+//! ([`Limiter::known_refusal`]). Otherwise the request is counted by its own admission (the
+//! turn's, or count_tokens'), in the call that admits its tokens and stream slot; one that ends
+//! before any admission counted it (an invalid body, an unknown model) is counted here, so
+//! every request counts, valid or not.
+//!
+//! [`Limiter::known_refusal`]: gateway_core::limits::Limiter::known_refusal
 
 use std::sync::Arc;
 
@@ -13,7 +18,7 @@ use super::body_reader;
 use crate::error::ApiError;
 use crate::state::Gate;
 use gateway_core::auth::Principal;
-use gateway_core::limits::{AdmissionRequest, Snapshot};
+use gateway_core::limits::{AdmissionRequest, LimitError};
 
 pub async fn layer(State(state): State<Arc<Gate>>, req: Request, next: Next) -> Response {
     let Some(principal) = req.extensions().get::<Arc<Principal>>().cloned() else {
@@ -21,36 +26,28 @@ pub async fn layer(State(state): State<Arc<Gate>>, req: Request, next: Next) -> 
         // can be counted, and the handler refuses anyway.
         return next.run(req).await;
     };
-    let admitted = state
-        .limiter
-        .admit(
-            &principal.key.id,
-            &principal.limits,
-            AdmissionRequest::REQUEST_ONLY,
-        )
-        .await;
-    match admitted {
-        Ok(admission) => {
-            let mut response = next.run(req).await;
-            // The request count as this request was counted (concurrent ones counted later
-            // must not show in its Remaining-Requests); the rest as the turn's admission saw
-            // it, when there was one.
-            let counted = admission.snapshot;
-            let snapshot = match response.extensions().get::<Snapshot>() {
-                Some(turn) => Snapshot {
-                    requests: counted.requests,
-                    ..*turn
-                },
-                None => counted,
-            };
+    let key_id = &principal.key.id;
+    if let Some(refusal) = state.limiter.known_refusal(key_id, &principal.limits) {
+        // Read (and drop) what the client is still sending, within bounds, so that it can
+        // read the 429 instead of a reset connection.
+        body_reader::drain(req.into_body().into_data_stream()).await;
+        return ApiError::from(refusal).into_response();
+    }
+    let mut response = next.run(req).await;
+    if principal.request_count.take() {
+        let counted = state
+            .limiter
+            .admit(key_id, &principal.limits, AdmissionRequest::REQUEST_ONLY)
+            .await;
+        // The answer stands (it was decided without this count); its headers show the count.
+        let snapshot = match counted {
+            Ok(admission) => Some(admission.snapshot),
+            Err(LimitError::Exceeded { snapshot, .. }) => Some(snapshot),
+            Err(LimitError::Unavailable(_)) => None,
+        };
+        if let Some(snapshot) = snapshot {
             response.extensions_mut().insert(snapshot);
-            response
-        }
-        Err(e) => {
-            // Read (and drop) what the client is still sending, within bounds, so that it can
-            // read the 429 instead of a reset connection.
-            body_reader::drain(req.into_body().into_data_stream()).await;
-            ApiError::from(e).into_response()
         }
     }
+    response
 }
