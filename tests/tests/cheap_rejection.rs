@@ -31,11 +31,8 @@ async fn refused_key(gw: &Gateway) -> ApiKey {
     key
 }
 
-#[tokio::test]
-async fn a_key_over_its_rpm_is_refused_with_429_before_its_body_is_parsed() {
-    let gw = Gateway::start().await;
-    let key = refused_key(&gw).await;
-    // Not even JSON: parsed first, it would be a 400.
+/// A body that is not even JSON: parsed first, it would be a 400.
+async fn expect_refused_before_parsing(gw: &Gateway, key: &ApiKey) {
     let mut garbage = vec![b'{'; 15 * MIB];
     garbage[1] = b'x';
     let rb = gw
@@ -43,6 +40,36 @@ async fn a_key_over_its_rpm_is_refused_with_429_before_its_body_is_parsed() {
         .header("content-type", "application/json")
         .body(garbage);
     gw.send(rb).await.expect_rate_limited("requests");
+}
+
+#[tokio::test]
+async fn a_key_over_its_rpm_is_refused_with_429_before_its_body_is_parsed() {
+    let gw = Gateway::start().await;
+    let key = refused_key(&gw).await;
+    expect_refused_before_parsing(&gw, &key).await;
+}
+
+/// With the limits in Redis, the pod knows from its own admissions that the key's minute is
+/// used up, and refuses with no call at all.
+#[tokio::test]
+async fn with_shared_limits_a_key_the_pod_saw_over_its_rpm_is_refused_before_its_body_is_parsed_with_no_redis_call(
+) {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder().serve(&redis.url()).start().await;
+    let key = refused_key(&gw).await;
+    let admit = [("store", "redis"), ("op", "admit")];
+    let calls = gw
+        .metrics()
+        .await
+        .value("gateway_store_call_duration_seconds_count", &admit);
+    expect_refused_before_parsing(&gw, &key).await;
+    assert_eq!(
+        gw.metrics()
+            .await
+            .value("gateway_store_call_duration_seconds_count", &admit),
+        calls,
+        "the refusal made no admission call"
+    );
 }
 
 #[tokio::test]
