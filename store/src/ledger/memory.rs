@@ -422,3 +422,57 @@ impl Ledger for MemoryLedger {
         Ok(top_ups)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::fixtures::turn_record;
+    use crate::usage::TokenUsage;
+
+    #[tokio::test]
+    async fn settled_rows_are_kept_up_to_the_bound_oldest_dropped_first() {
+        let ledger = MemoryLedger::default();
+        ledger
+            .add_credits("acct", 1_000_000)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let turns = KEPT_MESSAGES + 1;
+        for n in 0..turns {
+            let id = format!("msg_{n}");
+            ledger
+                .reserve(NewReservation {
+                    record: turn_record(&id, "acct", "key"),
+                    spend_cap: None,
+                    min: 1,
+                    max: 1,
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            ledger
+                .settle(Settlement {
+                    message_id: id,
+                    served_by: None,
+                    status: MessageStatus::Completed,
+                    cost: 1,
+                    usage: TokenUsage::default(),
+                    stop_reason: None,
+                    latency_ms: 1,
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let kept = |id: &str| ledger.messages.contains_key(id);
+        assert!(!kept("msg_0"), "the oldest row is dropped");
+        assert!(kept("msg_1") && kept(&format!("msg_{KEPT_MESSAGES}")));
+        assert_eq!(ledger.messages.len(), KEPT_MESSAGES);
+        let balance = ledger
+            .balance("acct")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            balance.balance,
+            1_000_000 - turns as u64,
+            "every turn billed"
+        );
+    }
+}
