@@ -35,8 +35,13 @@ impl Model {
     /// The upstreams one turn tries, in order. With conversation affinity, the
     /// conversation's own order (its home upstream first, see [`affinity`]); otherwise the
     /// first drawn by weight, then the others in the route's order of preference, as
-    /// fallbacks. The affinity key is only worked out when the route needs it.
+    /// fallbacks. The affinity key is only worked out when the route needs it: not for a
+    /// route of one upstream, whose plan is that upstream whatever the conversation (two
+    /// SHA-256 digests and a draw saved on every turn of the most common route).
     pub fn plan(&self, affinity_key: impl FnOnce() -> AffinityKey) -> Vec<Upstream> {
+        if self.upstreams().len() <= 1 {
+            return self.upstreams().to_vec();
+        }
         if self.config.affinity == Affinity::Conversation {
             return affinity_key().order(self.upstreams());
         }
@@ -255,6 +260,22 @@ mod tests {
     fn served(catalog: &Catalog, needs: Needs) -> Option<String> {
         let auto = catalog.model("svc/auto").expect("svc/auto");
         catalog.serving_model(auto, &needs).map(|m| m.id.clone())
+    }
+
+    #[test]
+    fn a_route_of_one_upstream_plans_it_without_working_out_the_conversation() {
+        let one = ModelConfig {
+            affinity: Affinity::Conversation,
+            ..model(PLAIN, 1_000_000, Route::Upstreams(vec![upstream("u", 1)]))
+        };
+        let config = GatewayConfig {
+            models: [("one".to_owned(), one)].into(),
+            ..GatewayConfig::default()
+        };
+        let catalog = Catalog::new(config, 1_000);
+        let one = catalog.model("one").expect("one");
+        let plan = one.plan(|| panic!("the affinity key was worked out"));
+        assert_eq!(plan, vec![upstream("u", 1)]);
     }
 
     #[test]
