@@ -464,10 +464,15 @@ pub async fn sign_in(
             if user.email_verified_at.is_some() {
                 add_signup_credits(&state, &user).await?;
             }
-            let cookie = session::start(&state, &headers, &user).await?;
+            let cookie = session::start(&state, &headers, &user, client).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())
         }
-        _ => refuse(StatusCode::UNAUTHORIZED, "Wrong email or password."),
+        Some(user) => {
+            let by = session::actor(&email, client);
+            state.developers.audit_refused_sign_in(&user, &by).await?;
+            refuse(StatusCode::UNAUTHORIZED, "Wrong email or password.")
+        }
+        None => refuse(StatusCode::UNAUTHORIZED, "Wrong email or password."),
     }
 }
 

@@ -1,0 +1,58 @@
+//! The in-process audit log of standalone mode. The in-process stores append to it while they
+//! hold the lock of the change they record. It keeps the latest [`KEPT_ROWS`] rows (oldest
+//! dropped first), as the in-process ledger bounds its messages: standalone keeps nothing
+//! across a restart anyway.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+
+use super::{AuditEntry, AuditLog, AuditQuery, AuditRecord};
+use crate::accounts::StoreError;
+
+const KEPT_ROWS: usize = 100_000;
+
+#[derive(Default)]
+pub struct MemoryAuditLog {
+    rows: Mutex<Rows>,
+}
+
+#[derive(Default)]
+struct Rows {
+    last_id: i64,
+    kept: VecDeque<AuditRecord>,
+}
+
+impl MemoryAuditLog {
+    /// Appends a row; callers hold the lock of the change it records.
+    pub(crate) fn append(&self, entry: AuditEntry) {
+        let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        rows.last_id += 1;
+        let record = AuditRecord {
+            id: rows.last_id,
+            at: OffsetDateTime::now_utc(),
+            entry,
+        };
+        if rows.kept.len() == KEPT_ROWS {
+            rows.kept.pop_front();
+        }
+        rows.kept.push_back(record);
+    }
+}
+
+#[async_trait]
+impl AuditLog for MemoryAuditLog {
+    async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
+        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(rows
+            .kept
+            .iter()
+            .rev()
+            .filter(|r| query.matches(r))
+            .take(query.limit)
+            .cloned()
+            .collect())
+    }
+}
