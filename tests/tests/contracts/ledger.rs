@@ -3,6 +3,7 @@
 //! from its allotments (`--allotment-turns`). Refunds and disputes have their own suite
 //! (`ledger_reversals.rs`).
 
+use e2e::contract::actor;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,7 +76,10 @@ impl Books {
     async fn key(&self, account_id: &str) -> String {
         let (record, _) = key_record(account_id, "free", 0);
         let id = record.id.clone();
-        self.accounts.insert_key(record).await.expect("key");
+        self.accounts
+            .insert_key(record, &actor())
+            .await
+            .expect("key");
         id
     }
 
@@ -197,7 +201,9 @@ async fn a_top_up_is_credited_once_per_reference_and_a_reused_reference_is_refus
     let account = books.account(0).await;
     let other = books.account(0).await;
     let reference = unique("pay");
+    let by = actor();
     let top_up = |account_id, usd_cents| NewTopUp {
+        by: &by,
         account_id,
         reference: &reference,
         usd_cents,
@@ -249,6 +255,7 @@ async fn top_ups_are_listed_newest_first(books: Books) {
         books
             .ledger
             .top_up(NewTopUp {
+                by: &actor(),
                 account_id: &account,
                 reference: &reference,
                 usd_cents: cents,
