@@ -13,6 +13,7 @@ use time::OffsetDateTime;
 
 use super::Admin;
 use crate::error::ApiError;
+use store::accounts::StoreError;
 use store::audit::{Action, ActorKind, AuditQuery, ACTIONS, ACTOR_KINDS};
 
 const DEFAULT_LIMIT: usize = 100;
@@ -106,7 +107,12 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     let Query(params) = params.map_err(|e| ApiError::invalid(format!("query: {e}")))?;
     let query = params.query()?;
-    let mut rows = admin.state.audit.list(&query).await?;
+    let mut rows = admin
+        .state
+        .audit
+        .list(&query)
+        .await
+        .map_err(StoreError::from)?;
     let has_more = rows.len() == query.limit;
     rows.truncate(query.limit - 1);
     Ok(Json(json!({

@@ -16,6 +16,7 @@ use super::layout::{datetime, notice, page, with_status, Nav};
 use super::session::SignedIn;
 use super::usage::csv_field;
 use crate::state::DashboardState;
+use store::accounts::StoreError;
 use store::audit::{Action, AuditQuery, AuditRecord, ACTIONS};
 use store::developers::Session;
 
@@ -74,7 +75,7 @@ pub async fn show(
         Ok(query) => (query, None),
         Err(message) => (own_rows(&session, PAGE_ROWS + 1), Some(message)),
     };
-    let mut rows = state.audit.list(&query).await?;
+    let mut rows = state.audit.list(&query).await.map_err(StoreError::from)?;
     let older = (rows.len() > PAGE_ROWS).then(|| rows[PAGE_ROWS - 1].id);
     rows.truncate(PAGE_ROWS);
     let chosen = query.action.map(Action::as_str).unwrap_or_default();
@@ -171,7 +172,7 @@ pub async fn csv(
     let Ok(query) = filter.query(&session, CSV_ROWS) else {
         return Err(DashboardError::NotFound);
     };
-    let rows = state.audit.list(&query).await?;
+    let rows = state.audit.list(&query).await.map_err(StoreError::from)?;
     let mut out = String::from("id,at,actor_kind,actor_id,client,action,target,before,after\n");
     for row in &rows {
         out.push_str(&csv_row(row));

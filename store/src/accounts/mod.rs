@@ -58,6 +58,12 @@ pub enum StoreError {
     Conflict(String),
 }
 
+impl From<crate::audit::AuditError> for StoreError {
+    fn from(e: crate::audit::AuditError) -> Self {
+        Self::Unavailable(e.to_string())
+    }
+}
+
 impl From<crate::db::DbError> for StoreError {
     fn from(e: crate::db::DbError) -> Self {
         Self::Unavailable(e.to_string())

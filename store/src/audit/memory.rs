@@ -9,8 +9,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
-use super::{AuditEntry, AuditLog, AuditQuery, AuditRecord};
-use crate::accounts::StoreError;
+use super::{AuditEntry, AuditError, AuditLog, AuditQuery, AuditRecord};
 
 const KEPT_ROWS: usize = 100_000;
 
@@ -44,7 +43,7 @@ impl MemoryAuditLog {
 
 #[async_trait]
 impl AuditLog for MemoryAuditLog {
-    async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
+    async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, AuditError> {
         let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
         Ok(rows
             .kept

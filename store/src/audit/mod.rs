@@ -11,13 +11,22 @@ mod postgres;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use thiserror::Error;
 use time::OffsetDateTime;
 
 pub use memory::MemoryAuditLog;
 pub(crate) use postgres::append_in;
 pub use postgres::PostgresAuditLog;
 
-use crate::accounts::StoreError;
+use crate::db::DbError;
+
+/// The log could not be read. (Its own error, not the account store's: the stores depend on
+/// the log, never the other way round.)
+#[derive(Debug, Error)]
+pub enum AuditError {
+    #[error("audit log unavailable: {0}")]
+    Unavailable(#[from] DbError),
+}
 
 /// Who made a change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,5 +181,5 @@ impl AuditQuery {
 #[async_trait]
 pub trait AuditLog: Send + Sync {
     /// The rows matching `query`, newest first, at most `query.limit`.
-    async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError>;
+    async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, AuditError>;
 }

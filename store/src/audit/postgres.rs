@@ -7,8 +7,7 @@ use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
-use super::{Action, Actor, ActorKind, AuditEntry, AuditLog, AuditQuery, AuditRecord};
-use crate::accounts::StoreError;
+use super::{Action, Actor, ActorKind, AuditEntry, AuditError, AuditLog, AuditQuery, AuditRecord};
 use crate::db::{Database, DbError};
 
 pub struct PostgresAuditLog {
@@ -82,7 +81,7 @@ fn record_of(row: &PgRow) -> Result<AuditRecord, sqlx::Error> {
 
 #[async_trait]
 impl AuditLog for PostgresAuditLog {
-    async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
+    async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, AuditError> {
         let rows = self
             .db
             .bounded(
