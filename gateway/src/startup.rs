@@ -162,7 +162,7 @@ fn in_process_stores(args: &CommonArgs) -> Result<Stores, StartError> {
     let audit = ledger.audit_log().clone();
     Ok(Stores {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
-        auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
+        auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone(), audit.clone())),
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
         payments: payments(
@@ -216,7 +216,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         let audit = ledger.audit_log().clone();
         let stores = Stores {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
-            auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
+            auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone(), audit.clone())),
             ledger,
             limiter,
             payments: payments(&args.common.payments, NoPayments)?,

@@ -208,6 +208,29 @@ async fn each_money_and_access_action_leaves_exactly_one_row_naming_its_actor() 
     )
     .await;
 
+    // The card the checkout saved (its payment already credited: no row), then an
+    // auto-reload rule saved on the billing page, left off.
+    deliver(stripe.checkout_intent_succeeded(&session)).await;
+    let (_, billing) = visitor.get("/developers/billing").await;
+    let csrf = hidden_csrf(&billing);
+    let (status, page, _) = visitor
+        .post(
+            "/developers/billing/auto-reload",
+            &[("csrf", &csrf), ("threshold", "1000"), ("amount", "25")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    step(
+        "an auto-reload rule saved",
+        Expect {
+            before: json!({ "enabled": false }),
+            after: json!({ "enabled": false, "threshold_credits": 1_000, "usd_cents": 2_500 }),
+            ..expect("dashboard_user", "auto_reload_changed", Some(&account))
+        },
+    )
+    .await;
+
     // The admin API: a top-up, an enterprise grant, a revocation, a suspension.
     let account = gw.create_account(0).await["id"]
         .as_str()

@@ -26,7 +26,7 @@ struct Rows {
 
 impl MemoryAuditLog {
     /// Appends a row; callers hold the lock of the change it records.
-    pub(crate) fn append(&self, entry: AuditEntry) {
+    pub fn append(&self, entry: AuditEntry) {
         let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
         rows.last_id += 1;
         let record = AuditRecord {

@@ -3,7 +3,9 @@
 //! made it, from where, and what it was before and after. The stores that make a change write
 //! its row themselves, in the same transaction (Postgres) or under the same lock (in process),
 //! so a change is never without its row nor a row without its change. Nothing edits or deletes
-//! a row: the trait has no such method, and Postgres refuses it (migration 0011).
+//! a row: the trait has no such method, and Postgres refuses it (migration 0011). Stores of
+//! other crates (gateway-core's auto-reload rules) append with [`append_in`] and
+//! [`MemoryAuditLog::append`] the same way.
 
 mod memory;
 mod postgres;
@@ -15,7 +17,7 @@ use thiserror::Error;
 use time::OffsetDateTime;
 
 pub use memory::MemoryAuditLog;
-pub(crate) use postgres::append_in;
+pub use postgres::append_in;
 pub use postgres::PostgresAuditLog;
 
 use crate::db::DbError;
@@ -90,9 +92,11 @@ pub enum Action {
     Refund,
     Dispute,
     TierPromoted,
+    /// The auto-reload rule (on or off, threshold, amount) was changed.
+    AutoReloadChanged,
 }
 
-pub const ACTIONS: [Action; 10] = [
+pub const ACTIONS: [Action; 11] = [
     Action::SignIn,
     Action::SignInFailed,
     Action::KeyCreated,
@@ -103,6 +107,7 @@ pub const ACTIONS: [Action; 10] = [
     Action::Refund,
     Action::Dispute,
     Action::TierPromoted,
+    Action::AutoReloadChanged,
 ];
 
 impl Action {

@@ -21,10 +21,7 @@ impl PostgresAuditLog {
 }
 
 /// Appends `entry` on `conn`, a transaction that also makes the change.
-pub(crate) async fn append_in(
-    conn: &mut PgConnection,
-    entry: &AuditEntry,
-) -> Result<(), sqlx::Error> {
+pub async fn append_in(conn: &mut PgConnection, entry: &AuditEntry) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO audit_log
              (actor_kind, actor_id, client, account_id, action, target, before, after)
