@@ -72,7 +72,7 @@ async fn new_account(db: &Database, name: &str, credits: u64) -> Result<Account,
             other => other.into(),
         })?;
     PostgresLedger::new(db.clone())
-        .add_credits(&created.id, credits)
+        .add_credits(&created.id, credits, &cli_actor())
         .await?;
     Ok(created)
 }

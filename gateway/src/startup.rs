@@ -513,7 +513,10 @@ async fn seed_account(
             .ok_or_else(|| StoreError::Conflict(format!("account `{name}` vanished")))?,
         Err(e) => return Err(e.into()),
     };
-    services.ledger.add_credits(&account.id, credits).await?;
+    services
+        .ledger
+        .add_credits(&account.id, credits, &seeder())
+        .await?;
     Ok(account)
 }
 

@@ -231,18 +231,28 @@ async fn each_money_and_access_action_leaves_exactly_one_row_naming_its_actor() 
     )
     .await;
 
-    // The admin API: a top-up, an enterprise grant, a revocation, a suspension.
-    let account = gw.create_account(0).await["id"]
+    // The admin API: starting credits, a top-up, an enterprise grant, a revocation, a
+    // suspension.
+    let since = newest(gw).await;
+    let account = gw.create_account(5_000).await["id"]
         .as_str()
         .expect("id")
         .to_owned();
-    let since = newest(gw).await;
     let step = async |what: &str, since: i64, e: Expect<'_>| {
         let row = one_row(gw, what, &account, since, e).await;
         assert_eq!(row["actor"]["id"], "admin", "{what}");
         assert_eq!(row["actor"]["client"], "127.0.0.1", "{what}");
         row["id"].as_i64().expect("id")
     };
+    let since = step(
+        "an account's starting credits",
+        since,
+        Expect {
+            after: json!({ "credits": 5_000 }),
+            ..expect("admin_token", "credits_added", Some(&account))
+        },
+    )
+    .await;
     let reference = unique_name("admin-top-up");
     gw.top_up(&account, 1_000, &reference).await.expect_ok();
     let since = step(

@@ -231,6 +231,7 @@ struct NewAccount {
 
 async fn create_account(
     State(admin): State<Admin>,
+    ByAdmin(by): ByAdmin,
     JsonBody(body): JsonBody<NewAccount>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let state = &admin.state;
@@ -238,7 +239,10 @@ async fn create_account(
         return Err(ApiError::invalid("name: must not be empty"));
     }
     let account = state.accounts.create_account(&body.name).await?;
-    state.ledger.add_credits(&account.id, body.credits).await?;
+    state
+        .ledger
+        .add_credits(&account.id, body.credits, &by)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(account_json(state, &account).await?),

@@ -94,9 +94,11 @@ pub enum Action {
     TierPromoted,
     /// The auto-reload rule (on or off, threshold, amount) was changed.
     AutoReloadChanged,
+    /// Credits given without a payment: an account's starting credits, a sign-up's.
+    CreditsAdded,
 }
 
-pub const ACTIONS: [Action; 11] = [
+pub const ACTIONS: [Action; 12] = [
     Action::SignIn,
     Action::SignInFailed,
     Action::KeyCreated,
@@ -108,6 +110,7 @@ pub const ACTIONS: [Action; 11] = [
     Action::Dispute,
     Action::TierPromoted,
     Action::AutoReloadChanged,
+    Action::CreditsAdded,
 ];
 
 impl Action {

@@ -169,9 +169,18 @@ impl MemoryLedger {
 
 #[async_trait]
 impl Ledger for MemoryLedger {
-    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
+    async fn add_credits(
+        &self,
+        account_id: &str,
+        credits: u64,
+        by: &Actor,
+    ) -> Result<Balance, LedgerError> {
         let mut balance = self.balances.entry(account_id.to_owned()).or_default();
         balance.balance += credits;
+        if credits > 0 {
+            self.audit
+                .append(audited::credits_added(account_id, credits, None, by));
+        }
         Ok(*balance)
     }
 
@@ -180,6 +189,7 @@ impl Ledger for MemoryLedger {
         account_id: &str,
         credits: u64,
         reference: &str,
+        by: &Actor,
     ) -> Result<bool, LedgerError> {
         // The reference's entry stays locked while the balance is credited, so a concurrent
         // call waits and then finds it taken.
@@ -190,6 +200,10 @@ impl Ledger for MemoryLedger {
                     .entry(account_id.to_owned())
                     .or_default()
                     .balance += credits;
+                if credits > 0 {
+                    let entry = audited::credits_added(account_id, credits, Some(reference), by);
+                    self.audit.append(entry);
+                }
                 vacant.insert(());
                 Ok(true)
             }

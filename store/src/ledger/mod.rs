@@ -318,17 +318,25 @@ pub trait Ledger: Send + Sync {
     /// Finishes what the ledger still does in the background, before the process exits.
     async fn close(&self) {}
 
-    /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
-    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
+    /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect),
+    /// audited as `by`'s when there are any.
+    async fn add_credits(
+        &self,
+        account_id: &str,
+        credits: u64,
+        by: &Actor,
+    ) -> Result<Balance, LedgerError>;
     /// Adds `credits` once per `reference` (a sign-up's credits: [`signup_credits_reference`]),
     /// however often or concurrently it is asked: true when this call credited the account. A
     /// caller that may have crashed before it added them asks again. (The references are kept
-    /// in the `ledger_grants` table, named before this method was.)
+    /// in the `ledger_grants` table, named before this method was.) Audited as `by`'s when it
+    /// credits any.
     async fn add_credits_once(
         &self,
         account_id: &str,
         credits: u64,
         reference: &str,
+        by: &Actor,
     ) -> Result<bool, LedgerError>;
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError>;
     /// Confirms a top-up once per payment reference, crediting the account (what it owes
@@ -390,6 +398,23 @@ mod audited {
     use super::reversal::DisputeStatus;
     use super::{Reversal, TopUp};
     use crate::audit::{Action, Actor, AuditEntry};
+
+    /// `credits` given to `account_id`, once under `reference` when there is one.
+    pub fn credits_added(
+        account_id: &str,
+        credits: u64,
+        reference: Option<&str>,
+        by: &Actor,
+    ) -> AuditEntry {
+        AuditEntry {
+            actor: by.clone(),
+            account_id: account_id.to_owned(),
+            action: Action::CreditsAdded,
+            target: reference.unwrap_or(account_id).to_owned(),
+            before: Value::Null,
+            after: json!({ "credits": credits }),
+        }
+    }
 
     pub fn top_up(top_up: &TopUp, payment_id: Option<&str>, by: &Actor) -> AuditEntry {
         AuditEntry {

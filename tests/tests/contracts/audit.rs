@@ -348,6 +348,38 @@ async fn rows_are_listed_newest_first_by_filter_and_page(store: Store) {
     assert!(later.is_empty());
 }
 
+async fn credits_given_are_a_row_once_and_none_given_none(store: Store) {
+    let account = store.account().await;
+    store
+        .ledger
+        .add_credits(&account, 0, &admin())
+        .await
+        .expect("nothing added");
+    store
+        .ledger
+        .add_credits(&account, 700, &admin())
+        .await
+        .expect("added");
+    let reference = unique("signup");
+    for _ in 0..2 {
+        store
+            .ledger
+            .add_credits_once(&account, 300, &reference, &actor())
+            .await
+            .expect("added once");
+    }
+    let rows = store.rows_of(&account).await;
+    assert_eq!(
+        summary(&rows),
+        [
+            (Action::CreditsAdded, ActorKind::AdminToken, account.clone()),
+            (Action::CreditsAdded, ActorKind::Cli, reference.clone()),
+        ]
+    );
+    assert_eq!(rows[1].entry.after, json!({ "credits": 700 }));
+    assert_eq!(rows[0].entry.after, json!({ "credits": 300 }));
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -356,5 +388,6 @@ e2e::contract! {
         a_top_up_its_refunds_and_its_dispute_leave_one_row_per_movement,
         sign_ins_and_refused_sign_ins_are_rows_of_the_users_account,
         rows_are_listed_newest_first_by_filter_and_page,
+        credits_given_are_a_row_once_and_none_given_none,
     }
 }

@@ -74,7 +74,7 @@ impl Store {
             .id;
         if credits > 0 {
             self.ledger
-                .add_credits(&account, credits)
+                .add_credits(&account, credits, &actor())
                 .await
                 .expect("add credits");
         }
@@ -178,7 +178,7 @@ async fn a_balance_below_the_threshold_starts_one_reload_per_crossing(store: Sto
     );
     store
         .ledger
-        .add_credits(&account, 2_000)
+        .add_credits(&account, 2_000, &actor())
         .await
         .expect("credited");
     assert!(store.due(&account).await.is_empty(), "back above: re-armed");

@@ -65,7 +65,7 @@ impl Books {
             .expect("account");
         if credits > 0 {
             self.ledger
-                .add_credits(&account.id, credits)
+                .add_credits(&account.id, credits, &actor())
                 .await
                 .expect("add credits");
         }
@@ -143,13 +143,13 @@ async fn a_new_account_holds_nothing_and_credits_added_go_to_its_balance(books: 
     assert_eq!(books.money(&account).await, (0, 0));
     let after = books
         .ledger
-        .add_credits(&account, 1_500)
+        .add_credits(&account, 1_500, &actor())
         .await
         .expect("add credits");
     assert_eq!((after.balance, after.reserved), (1_500, 0));
     books
         .ledger
-        .add_credits(&account, 500)
+        .add_credits(&account, 500, &actor())
         .await
         .expect("add credits");
     let balance = books.ledger.balance(&account).await.expect("balance");
@@ -171,7 +171,7 @@ async fn credits_added_under_a_reference_are_added_once_however_often_and_concur
         async move {
             books
                 .ledger
-                .add_credits_once(&account, 700, &reference)
+                .add_credits_once(&account, 700, &reference, &actor())
                 .await
         }
     }))
@@ -185,13 +185,13 @@ async fn credits_added_under_a_reference_are_added_once_however_often_and_concur
     assert_eq!(books.money(&account).await, (700, 0));
     assert!(!books
         .ledger
-        .add_credits_once(&account, 700, &reference)
+        .add_credits_once(&account, 700, &reference, &actor())
         .await
         .expect("add_credits_once"));
     let other = unique("signup");
     assert!(books
         .ledger
-        .add_credits_once(&account, 300, &other)
+        .add_credits_once(&account, 300, &other, &actor())
         .await
         .expect("add_credits_once"));
     assert_eq!(books.money(&account).await, (1_000, 0));

@@ -506,18 +506,32 @@ impl Ledger for PostgresLedger {
         Ok(())
     }
 
-    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
+    async fn add_credits(
+        &self,
+        account_id: &str,
+        credits: u64,
+        by: &Actor,
+    ) -> Result<Balance, LedgerError> {
         let row = self
             .db
-            .bounded(
-                sqlx::query(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let row = sqlx::query(
                     "UPDATE accounts SET balance = balance + $2 WHERE id = $1
                      RETURNING balance, reserved, lifetime_top_up_cents, owed_credits",
                 )
                 .bind(account_id)
                 .bind(to_db(credits))
-                .fetch_optional(self.db.pool()),
-            )
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if row.is_some() && credits > 0 {
+                    let entry = audited::credits_added(account_id, credits, None, by);
+                    append_in(&mut tx, &entry).await?;
+                }
+                tx.commit().await?;
+                Ok(row)
+            })
             .await?
             .ok_or(LedgerError::UnknownAccount)?;
         Ok(balance_of(&row).map_err(DbError::Sql)?)
@@ -528,12 +542,15 @@ impl Ledger for PostgresLedger {
         account_id: &str,
         credits: u64,
         reference: &str,
+        by: &Actor,
     ) -> Result<bool, LedgerError> {
-        // One statement: the reference's row and the credit commit together or not at all.
+        // One statement: the reference's row and the credit commit together or not at all,
+        // with the audit row in the same transaction.
         let credited = self
             .db
-            .bounded(
-                sqlx::query(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let credited = sqlx::query(
                     "WITH added AS (
                          INSERT INTO ledger_grants (reference, account_id, credits)
                          VALUES ($3, $1, $2)
@@ -547,10 +564,19 @@ impl Ledger for PostgresLedger {
                 .bind(account_id)
                 .bind(to_db(credits))
                 .bind(reference)
-                .fetch_optional(self.db.pool()),
-            )
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some();
+                if credited && credits > 0 {
+                    let entry = audited::credits_added(account_id, credits, Some(reference), by);
+                    append_in(&mut tx, &entry).await?;
+                }
+                tx.commit().await?;
+                Ok(credited)
+            })
             .await?;
-        Ok(credited.is_some())
+        Ok(credited)
     }
 
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError> {
