@@ -55,3 +55,47 @@ impl AuditLog for MemoryAuditLog {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::audit::{Action, Actor, ActorKind};
+
+    fn entry(n: usize) -> AuditEntry {
+        AuditEntry {
+            actor: Actor::new(ActorKind::Cli, "test", None),
+            account_id: "acct_1".to_owned(),
+            action: Action::KeyRevoked,
+            target: n.to_string(),
+            before: Value::Null,
+            after: Value::Null,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_in_process_log_keeps_its_latest_rows_and_drops_the_oldest_past_its_bound() {
+        let log = MemoryAuditLog::default();
+        for n in 0..KEPT_ROWS + 5 {
+            log.append(entry(n));
+        }
+        let all = AuditQuery {
+            limit: usize::MAX,
+            ..AuditQuery::default()
+        };
+        let rows = log.list(&all).await.expect("listed");
+        assert_eq!(rows.len(), KEPT_ROWS);
+        assert_eq!(
+            rows[0].entry.target,
+            (KEPT_ROWS + 4).to_string(),
+            "newest first"
+        );
+        assert_eq!(
+            rows[KEPT_ROWS - 1].entry.target,
+            "5",
+            "the five oldest dropped"
+        );
+        assert_eq!(rows[0].id, i64::try_from(KEPT_ROWS + 5).expect("fits"));
+    }
+}

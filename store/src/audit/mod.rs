@@ -38,9 +38,10 @@ pub enum ActorKind {
     DashboardUser,
     /// The admin API's bearer token; the id is `admin`.
     AdminToken,
-    /// The operator, from a custom resource.
+    /// The operator's custom resources: keys and top-ups seeded from the manifests (`seed`).
     Operator,
-    /// A Stripe event; the id is the event's.
+    /// A Stripe event; the id is the event's (`payment_webhook` for the generic payment
+    /// webhook's deliveries).
     StripeWebhook,
     /// The gateway's command line, run by whoever can reach its database.
     Cli,

@@ -1,5 +1,5 @@
 //! The developer dashboard's own records: users (one per account), the links that verify
-//! their emails, their sessions, failed sign-ins for throttling, and checkouts started from the billing page. A trait so that the
+//! their emails, their sessions (each start audited as a sign-in), failed sign-ins for throttling, and checkouts started from the billing page. A trait so that the
 //! Postgres store of cluster mode can take the in-process one's place; handlers never know
 //! which. The pages are the gateway's `dashboard/`.
 
@@ -7,10 +7,11 @@ mod postgres;
 
 pub use postgres::PostgresDeveloperStore;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use dashmap::DashMap;
 use serde_json::Value;
-use std::sync::Arc;
 use time::{Duration, OffsetDateTime};
 
 use crate::accounts::KeyHash;
