@@ -482,6 +482,64 @@ async fn the_dashboard_audit_page_and_its_csv_show_only_the_signed_in_accounts_r
         "{csv}"
     );
 
-    let (status, page) = me.get("/developers/audit?action=no_such_action").await;
-    assert_eq!(status, 400, "{page}");
+    for bad in ["action=no_such_action", "before=not-a-row"] {
+        let (status, page) = me.get(&format!("/developers/audit?{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {page}");
+        assert!(page.contains("notice error"), "{bad}: {page}");
+    }
+}
+
+#[tokio::test]
+async fn the_admin_audit_list_filters_pages_and_refuses_bad_filters_in_the_envelope() {
+    let gw = Gateway::start().await;
+    let key = gw.new_key(0, &KeySpec::api()).await;
+    let account = &key.account_id;
+    for _ in 0..2 {
+        gw.mint_key(account, &KeySpec::api()).await;
+    }
+    gw.revoke(&key.id).await;
+    let list = |query: String| {
+        let gw = &gw;
+        async move {
+            gw.admin_get(&format!("/admin/audit?account_id={account}{query}"))
+                .await
+                .expect_ok()
+        }
+    };
+    let all = list(String::new()).await;
+    let ids: Vec<&Value> = all["data"].as_array().expect("data").iter().collect();
+    assert_eq!(ids.len(), 4, "three keys and a revocation: {all:#}");
+    assert_eq!(all["has_more"], false);
+
+    let created = list("&action=key_created".to_owned()).await;
+    assert_eq!(created["data"].as_array().expect("data").len(), 3);
+    let by_cli = list("&actor_kind=cli".to_owned()).await;
+    assert!(by_cli["data"].as_array().expect("data").is_empty());
+    let later = list("&from=2999-01-01T00:00:00Z".to_owned()).await;
+    assert!(later["data"].as_array().expect("data").is_empty());
+
+    // Two pages of two, in order, and nothing after the last.
+    let first = list("&limit=2".to_owned()).await;
+    assert_eq!(first["has_more"], true);
+    let after = first["last_id"].as_str().expect("last_id");
+    let second = list(format!("&limit=2&after_id={after}")).await;
+    assert_eq!(second["has_more"], false);
+    let paged: Vec<Value> = [&first, &second]
+        .iter()
+        .flat_map(|p| p["data"].as_array().expect("data").clone())
+        .collect();
+    assert_eq!(paged, all["data"].as_array().expect("data").clone());
+
+    for bad in [
+        "action=no_such_action",
+        "actor_kind=robot",
+        "from=yesterday",
+        "limit=0",
+        "limit=1001",
+        "after_id=x",
+    ] {
+        let resp = gw.admin_get(&format!("/admin/audit?{bad}")).await;
+        let message = resp.expect_error(400, "invalid_request_error");
+        assert!(!message.is_empty(), "{bad}");
+    }
 }

@@ -28,8 +28,9 @@ const CSV_ROWS: usize = 10_000;
 #[derive(Deserialize)]
 pub struct Filter {
     action: Option<String>,
-    /// Only rows older than this id: the next page.
-    before: Option<i64>,
+    /// Only rows older than this id: the next page. Read as text, so that a mangled link is
+    /// this page's own error, not the extractor's.
+    before: Option<String>,
 }
 
 impl Filter {
@@ -41,9 +42,16 @@ impl Filter {
                 Some(Action::parse(name).ok_or_else(|| format!("There is no action “{name}”."))?)
             }
         };
+        let before_id = match self.before.as_deref().filter(|b| !b.is_empty()) {
+            None => None,
+            Some(id) => Some(
+                id.parse()
+                    .map_err(|_| format!("“{id}” is not a page of this log."))?,
+            ),
+        };
         Ok(AuditQuery {
             action,
-            before_id: self.before,
+            before_id,
             ..own_rows(session, limit)
         })
     }
