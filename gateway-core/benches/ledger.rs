@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use gateway_core::ids;
 use store::accounts::{Accounts, PostgresAccounts};
+use store::audit::{Actor, ActorKind};
 use store::db::{Database, DbSettings, Pooler};
 use store::ledger::{
     fixtures::turn_record, Ledger, MessageStatus, NewReservation, PostgresLedger, Settlement,
@@ -207,6 +208,7 @@ fn main() {
         let store = PostgresAccounts::new(db.clone());
         let ledger = Arc::new(PostgresLedger::new(db));
         let mut ids = Vec::with_capacity(ACCOUNTS);
+        let bench = Actor::new(ActorKind::Cli, "bench", None);
         for i in 0..ACCOUNTS {
             let name = format!("bench-{i:04}");
             let account = match store.account_by_name(&name).await.expect("lookup") {
@@ -214,7 +216,7 @@ fn main() {
                 None => store.create_account(&name).await.expect("create account"),
             };
             ledger
-                .add_credits(&account.id, 1_000_000_000_000)
+                .add_credits(&account.id, 1_000_000_000_000, &bench)
                 .await
                 .expect("add credits");
             ids.push(account.id);

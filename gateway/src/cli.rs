@@ -11,6 +11,7 @@ use gateway_core::auth::{self, KeySpec};
 use gateway_core::payments::{self, PaymentError, TopUpRequest};
 use store::accounts::promotion::{standing, ENTERPRISE};
 use store::accounts::{Account, Accounts, KeyKind, PostgresAccounts, StoreError};
+use store::audit::{Actor, ActorKind};
 use store::db::{Database, DbError};
 use store::developers::{owner_verified, PostgresDeveloperStore};
 use store::ledger::{Ledger, LedgerError, PostgresLedger};
@@ -71,9 +72,16 @@ async fn new_account(db: &Database, name: &str, credits: u64) -> Result<Account,
             other => other.into(),
         })?;
     PostgresLedger::new(db.clone())
-        .add_credits(&created.id, credits)
+        .add_credits(&created.id, credits, &cli_actor())
         .await?;
     Ok(created)
+}
+
+/// Whoever runs the command, as the audit log names them: the login of the shell (`cli` when
+/// it has none); the command line has no other identity than access to the database.
+fn cli_actor() -> Actor {
+    let login = std::env::var("USER").unwrap_or_else(|_| "cli".to_owned());
+    Actor::new(ActorKind::Cli, login, None)
 }
 
 fn print(value: Value) {
@@ -139,14 +147,16 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
                 expires_at,
                 spend_cap,
             });
-            accounts.insert_key(minted.record.clone()).await?;
+            accounts
+                .insert_key(minted.record.clone(), &cli_actor())
+                .await?;
             let mut out = json!(minted.record);
             out["key"] = json!(minted.secret);
             print(out);
         }
         KeysCommand::Revoke { db, id } => {
             let key = PostgresAccounts::new(connect(&db)?)
-                .revoke_key(&id)
+                .revoke_key(&id, &cli_actor())
                 .await?
                 .ok_or_else(|| CliError::Usage(format!("key `{id}` does not exist")))?;
             print(json!({ "id": key.id, "revoked": true }));
@@ -177,6 +187,7 @@ pub async fn accounts(command: AccountsCommand) -> Result<(), CliError> {
         reference: &reference,
         usd_cents,
         payment_id: None,
+        by: &cli_actor(),
     };
     let confirmation = payments::confirm(&accounts, &ledger, rate.credits_per_usd, request).await?;
     let balance = ledger.balance(&account.id).await?;

@@ -34,6 +34,7 @@ use store::accounts::promotion::{standing, ENTERPRISE};
 use store::accounts::{
     promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
 };
+use store::audit::{Actor, ActorKind, AuditLog, PostgresAuditLog};
 use store::db::{Database, DbError};
 use store::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
 use store::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
@@ -95,6 +96,7 @@ struct Stores {
     payments: Payments,
     auto_reloads: Arc<dyn AutoReloads>,
     developers: Arc<dyn DeveloperStore>,
+    audit: Arc<dyn AuditLog>,
     responses: ResponsesBackend,
 }
 
@@ -157,9 +159,10 @@ pub async fn in_process(args: &CommonArgs) -> Result<AppState, StartError> {
 /// `standalone`'s stores: all in process.
 fn in_process_stores(args: &CommonArgs) -> Result<Stores, StartError> {
     let ledger = Arc::new(MemoryLedger::default());
+    let audit = ledger.audit_log().clone();
     Ok(Stores {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
-        auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
+        auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone(), audit.clone())),
         ledger,
         limiter: Arc::new(MemoryLimiter::default()),
         payments: payments(
@@ -168,7 +171,8 @@ fn in_process_stores(args: &CommonArgs) -> Result<Stores, StartError> {
                 webhook_secret: args.payments.payment_webhook_secret.clone(),
             },
         )?,
-        developers: Arc::new(MemoryDeveloperStore::default()),
+        developers: Arc::new(MemoryDeveloperStore::new(audit.clone())),
+        audit,
         responses: ResponsesBackend::memory(args.responses.memory_limits()),
     })
 }
@@ -209,13 +213,15 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     };
     let Some(database) = args.database.connection.settings() else {
         let ledger = Arc::new(MemoryLedger::default());
+        let audit = ledger.audit_log().clone();
         let stores = Stores {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
-            auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
+            auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone(), audit.clone())),
             ledger,
             limiter,
             payments: payments(&args.common.payments, NoPayments)?,
-            developers: Arc::new(MemoryDeveloperStore::default()),
+            developers: Arc::new(MemoryDeveloperStore::new(audit.clone())),
+            audit,
             responses: ResponsesBackend::memory(args.common.responses.memory_limits()),
         };
         return run(args.common, stores, config, published, admin, |_, _| {}).await;
@@ -244,6 +250,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         limiter,
         payments: payments(&args.common.payments, NoPayments)?,
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
+        audit: Arc::new(PostgresAuditLog::new(db.clone())),
         responses: ResponsesBackend::postgres(
             db,
             args.common.responses.retention(),
@@ -317,6 +324,7 @@ async fn assemble(
         breakers: Breakers::new((&args.breaker).into()),
         shutdown: Shutdown::default(),
         developers: stores.developers,
+        audit: stores.audit,
         payments: stores.payments,
         auto_reloads: stores.auto_reloads,
         responses: responses.store(),
@@ -427,6 +435,12 @@ async fn seed_granted_keys(services: &Services) -> Result<(), StartError> {
     Ok(())
 }
 
+/// Who seeds keys and top-ups from the manifests (the operator's custom resources) and the
+/// dev-account flags, as the audit log names them.
+fn seeder() -> Actor {
+    Actor::new(ActorKind::Operator, "seed", None)
+}
+
 /// Confirms a seeded account's top-up once, by its reference, as if it had been paid.
 async fn seed_top_up(
     services: &Services,
@@ -439,6 +453,7 @@ async fn seed_top_up(
         reference,
         usd_cents,
         payment_id: None,
+        by: &seeder(),
     };
     let confirmed = payments::confirm(
         services.accounts.as_ref(),
@@ -498,13 +513,16 @@ async fn seed_account(
             .ok_or_else(|| StoreError::Conflict(format!("account `{name}` vanished")))?,
         Err(e) => return Err(e.into()),
     };
-    services.ledger.add_credits(&account.id, credits).await?;
+    services
+        .ledger
+        .add_credits(&account.id, credits, &seeder())
+        .await?;
     Ok(account)
 }
 
 /// Stores a seeded key; one already stored (by another pod, or before a restart) is kept.
 async fn seed_key(services: &Services, key: store::accounts::KeyRecord) -> Result<(), StartError> {
-    match services.accounts.insert_key(key).await {
+    match services.accounts.insert_key(key, &seeder()).await {
         Err(StoreError::Conflict(_)) => {
             tracing::info!("seeded key already stored; keeping it");
             Ok(())

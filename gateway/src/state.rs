@@ -23,6 +23,7 @@ use gateway_core::shutdown::Shutdown;
 use gateway_core::tokens::Tokenizer;
 use gateway_core::turn::{TurnServices, Turns};
 use store::accounts::Accounts;
+use store::audit::AuditLog;
 use store::developers::DeveloperStore;
 use store::ledger::Ledger;
 
@@ -44,6 +45,8 @@ pub struct Services {
     pub shutdown: Shutdown,
     /// Dashboard users, sessions and checkouts.
     pub developers: Arc<dyn DeveloperStore>,
+    /// The audit log's read side (the stores write it).
+    pub audit: Arc<dyn AuditLog>,
     pub payments: Payments,
     /// Auto-reload rules and saved cards.
     pub auto_reloads: Arc<dyn AutoReloads>,
@@ -143,6 +146,7 @@ pub struct DashboardState {
     pub accounts: Arc<dyn Accounts>,
     pub ledger: Arc<dyn Ledger>,
     pub developers: Arc<dyn DeveloperStore>,
+    pub audit: Arc<dyn AuditLog>,
     pub payments: Payments,
     pub auto_reloads: Arc<dyn AutoReloads>,
     /// What a checkout moves and records.
@@ -175,6 +179,7 @@ pub struct AdminState {
     pub ledger: Arc<dyn Ledger>,
     /// Whose email a dashboard account's owner verified: none takes keys or credits before.
     pub developers: Arc<dyn DeveloperStore>,
+    pub audit: Arc<dyn AuditLog>,
     pub limiter: Arc<dyn Limiter>,
     pub shutdown: Shutdown,
     pub credits_per_usd: u64,
@@ -225,6 +230,7 @@ impl AppState {
             breakers,
             shutdown,
             developers,
+            audit,
             payments,
             auto_reloads,
             responses,
@@ -273,6 +279,7 @@ impl AppState {
                 accounts: accounts.clone(),
                 ledger: ledger.clone(),
                 developers: developers.clone(),
+                audit: audit.clone(),
                 payments: payments.clone(),
                 auto_reloads,
                 books: books.clone(),
@@ -291,6 +298,7 @@ impl AppState {
                 accounts,
                 ledger,
                 developers,
+                audit,
                 limiter,
                 shutdown,
                 credits_per_usd,

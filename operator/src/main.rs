@@ -23,7 +23,8 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use crds::config::{GatewayConfig, Route, Secret};
 use kube::{Api, Client};
-use store::accounts::{Accounts, PostgresAccounts, PromotionRules};
+use store::accounts::{promotion, Accounts, PostgresAccounts, PromotionRules};
+use store::audit::{Actor, ActorKind};
 use store::db::Database;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
@@ -223,7 +224,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     async move {
                         let config = config.ok_or(error::Error::NoRules)?;
                         let rules = PromotionRules::from_config(&config);
-                        Ok(accounts.promote_tiers(&rules).await?)
+                        let by = Actor::new(ActorKind::Sweep, promotion::SWEEP, None);
+                        Ok(accounts.promote_tiers(&rules, &by).await?)
                     }
                 },
             ));

@@ -22,3 +22,8 @@ macro_rules! contract {
         }
     };
 }
+
+/// Who the rules' changes are audited as: the stores need an actor for every change.
+pub fn actor() -> store::audit::Actor {
+    store::audit::Actor::new(store::audit::ActorKind::Cli, "e2e", None)
+}

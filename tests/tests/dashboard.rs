@@ -195,6 +195,14 @@ async fn a_developer_signs_up_mints_a_key_calls_the_api_sees_usage_tops_up_and_r
     b.fill("#password", PASSWORD).await;
     b.click_and_load("button[type=submit]").await;
     b.wait_for_path("/developers").await;
+
+    // The audit log shows what the journey changed, the refused sign-in included.
+    b.goto(&format!("{base}/audit")).await;
+    let log = b.text("#audit-log").await;
+    for action in ["sign_in_failed", "key_created", "key_revoked", "top_up"] {
+        assert!(log.contains(action), "{action}: {log}");
+    }
+    shoot(&b, "audit").await;
     b.quit().await;
 }
 

@@ -3,6 +3,7 @@
 //! from the first cent, -> high_volume from $500), never down, never out of enterprise; a
 //! second sweep changes nothing.
 
+use e2e::contract::actor;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ async fn key(accounts: &dyn Accounts, account_id: &str, name: &str, tier: &str) 
     });
     let id = minted.record.id.clone();
     accounts
-        .insert_key(minted.record)
+        .insert_key(minted.record, &actor())
         .await
         .expect("insert key");
     id
@@ -59,6 +60,7 @@ async fn sweep_twice(accounts: &dyn Accounts, ledger: &dyn Ledger) {
     for (account, cents, reference) in [(&some, 1_000, "promo-1"), (&lots, 60_000, "promo-2")] {
         ledger
             .top_up(NewTopUp {
+                by: &actor(),
                 account_id: &account.id,
                 reference,
                 usd_cents: cents,
@@ -75,7 +77,10 @@ async fn sweep_twice(accounts: &dyn Accounts, ledger: &dyn Ledger) {
     let payg = key(accounts, &lots.id, "payg", "pay_as_you_go").await;
     let enterprise = key(accounts, &lots.id, "ent", "enterprise").await;
 
-    let mut promoted = accounts.promote_tiers(&rules()).await.expect("sweep");
+    let mut promoted = accounts
+        .promote_tiers(&rules(), &actor())
+        .await
+        .expect("sweep");
     promoted.sort_by(|a, b| a.key_id.cmp(&b.key_id));
     let mut expected = vec![
         Promotion {
@@ -103,7 +108,7 @@ async fn sweep_twice(accounts: &dyn Accounts, ledger: &dyn Ledger) {
         assert!(promoted.iter().all(|p| &p.key_id != untouched));
     }
     let again = accounts
-        .promote_tiers(&rules())
+        .promote_tiers(&rules(), &actor())
         .await
         .expect("second sweep");
     assert_eq!(again, Vec::new(), "a second sweep changed something");

@@ -6,6 +6,7 @@
 //! replayed afterwards changes nothing. A process taken for dead that was only cut off is
 //! fenced: what it then writes under its old lease bills nothing, and it is told so.
 
+use e2e::contract::actor;
 use std::time::Duration;
 
 use e2e::sse::SseStream;
@@ -200,7 +201,7 @@ async fn database_with_an_account(pg: &PostgresServer) -> (Database, String) {
         .await
         .expect("account");
     PostgresLedger::new(db.clone())
-        .add_credits(&account.id, CREDITS)
+        .add_credits(&account.id, CREDITS, &actor())
         .await
         .expect("add credits");
     (db, account.id)
@@ -296,7 +297,7 @@ async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_tu
             .await
             .expect("account");
         PostgresLedger::new(db.clone())
-            .add_credits(&account.id, CREDITS)
+            .add_credits(&account.id, CREDITS, &actor())
             .await
             .expect("add credits");
         others.push(account.id);

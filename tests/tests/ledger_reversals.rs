@@ -6,6 +6,7 @@
 //! transaction pooling mode (`--database-pooler transaction`), whose reversals are explicit
 //! transactions of unnamed statements.
 
+use e2e::contract::actor;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,6 +83,7 @@ impl Books {
 
     async fn top_up(&self, reference: &str, payment_id: &str, usd_cents: u64) {
         let top_up = NewTopUp {
+            by: &actor(),
             account_id: &self.account_id,
             reference,
             usd_cents,
@@ -136,7 +138,7 @@ async fn a_refund_never_takes_the_balance_below_zero_and_the_next_top_up_pays_wh
 
     let refund = books
         .ledger(0)
-        .refund("pi_rev_1", 1_000)
+        .refund("pi_rev_1", 1_000, &actor())
         .await
         .expect("refund")
         .expect("a reversal");
@@ -147,7 +149,7 @@ async fn a_refund_never_takes_the_balance_below_zero_and_the_next_top_up_pays_wh
     for total in [1_000, 400] {
         let again = books
             .ledger(1)
-            .refund("pi_rev_1", total)
+            .refund("pi_rev_1", total, &actor())
             .await
             .expect("refund");
         assert!(
@@ -158,7 +160,10 @@ async fn a_refund_never_takes_the_balance_below_zero_and_the_next_top_up_pays_wh
     books.top_up("pay_rev_2", "pi_rev_2", 1_000).await;
     assert_eq!(books.money().await, (500_000, 2_500, 0));
 
-    let unknown = books.ledger(0).refund("pi_never_paid", 1_000).await;
+    let unknown = books
+        .ledger(0)
+        .refund("pi_never_paid", 1_000, &actor())
+        .await;
     assert!(matches!(unknown, Err(LedgerError::UnknownPayment(_))));
     let history = books
         .ledger(1)
@@ -174,7 +179,7 @@ async fn a_dispute_won_returns_what_it_took_clearing_what_is_owed_first(books: B
     books.spend("msg_rev_3", 1_500_000).await;
     let opened = books
         .ledger(0)
-        .dispute("dp_rev", "pi_rev_3", 2_000, DisputeStage::Opened)
+        .dispute("dp_rev", "pi_rev_3", 2_000, DisputeStage::Opened, &actor())
         .await
         .expect("dispute")
         .expect("taken back");
@@ -183,7 +188,7 @@ async fn a_dispute_won_returns_what_it_took_clearing_what_is_owed_first(books: B
 
     let won = books
         .ledger(1)
-        .dispute("dp_rev", "pi_rev_3", 2_000, DisputeStage::Won)
+        .dispute("dp_rev", "pi_rev_3", 2_000, DisputeStage::Won, &actor())
         .await
         .expect("dispute")
         .expect("given back");
@@ -193,7 +198,7 @@ async fn a_dispute_won_returns_what_it_took_clearing_what_is_owed_first(books: B
     for stage in [DisputeStage::Opened, DisputeStage::Won, DisputeStage::Lost] {
         let late = books
             .ledger(0)
-            .dispute("dp_rev", "pi_rev_3", 2_000, stage)
+            .dispute("dp_rev", "pi_rev_3", 2_000, stage, &actor())
             .await
             .expect("dispute");
         assert!(late.is_none(), "{stage:?} after the close moves nothing");
@@ -202,13 +207,25 @@ async fn a_dispute_won_returns_what_it_took_clearing_what_is_owed_first(books: B
     // A dispute whose loss arrives before its opening is taken back once.
     let lost = books
         .ledger(0)
-        .dispute("dp_rev_lost", "pi_rev_3", 1_000, DisputeStage::Lost)
+        .dispute(
+            "dp_rev_lost",
+            "pi_rev_3",
+            1_000,
+            DisputeStage::Lost,
+            &actor(),
+        )
         .await
         .expect("dispute");
     assert!(lost.is_some());
     let opened_late = books
         .ledger(1)
-        .dispute("dp_rev_lost", "pi_rev_3", 1_000, DisputeStage::Opened)
+        .dispute(
+            "dp_rev_lost",
+            "pi_rev_3",
+            1_000,
+            DisputeStage::Opened,
+            &actor(),
+        )
         .await
         .expect("dispute");
     assert!(opened_late.is_none());
@@ -221,7 +238,7 @@ async fn one_refund_applied_by_many_at_once_takes_credits_back_once(books: Books
     let applied = futures::future::join_all((0..20).map(|i| async move {
         books
             .ledger(i)
-            .refund("pi_rev_4", 2_000)
+            .refund("pi_rev_4", 2_000, &actor())
             .await
             .expect("refund")
     }))
@@ -230,7 +247,13 @@ async fn one_refund_applied_by_many_at_once_takes_credits_back_once(books: Books
     let opened = futures::future::join_all((0..20).map(|i| async move {
         books
             .ledger(i)
-            .dispute("dp_rev_4", "pi_rev_4", 1_000, DisputeStage::Opened)
+            .dispute(
+                "dp_rev_4",
+                "pi_rev_4",
+                1_000,
+                DisputeStage::Opened,
+                &actor(),
+            )
             .await
             .expect("dispute")
     }))
@@ -241,18 +264,24 @@ async fn one_refund_applied_by_many_at_once_takes_credits_back_once(books: Books
 
 async fn a_dispute_won_after_a_full_refund_adds_nothing_to_the_lifetime_top_up(books: Books) {
     books.top_up("pay_rev_6", "pi_rev_6", 2_000).await;
-    let refund = books.ledger(0).refund("pi_rev_6", 2_000).await;
+    let refund = books.ledger(0).refund("pi_rev_6", 2_000, &actor()).await;
     assert!(refund.expect("refund").is_some());
     assert_eq!(books.money().await, (0, 0, 0));
     let opened = books
         .ledger(1)
-        .dispute("dp_rev_6", "pi_rev_6", 2_000, DisputeStage::Opened)
+        .dispute(
+            "dp_rev_6",
+            "pi_rev_6",
+            2_000,
+            DisputeStage::Opened,
+            &actor(),
+        )
         .await
         .expect("dispute");
     assert!(opened.is_some());
     let won = books
         .ledger(0)
-        .dispute("dp_rev_6", "pi_rev_6", 2_000, DisputeStage::Won)
+        .dispute("dp_rev_6", "pi_rev_6", 2_000, DisputeStage::Won, &actor())
         .await
         .expect("dispute");
     assert!(won.is_some());
@@ -265,7 +294,13 @@ async fn a_dispute_won_after_a_full_refund_adds_nothing_to_the_lifetime_top_up(b
     books.top_up("pay_rev_7", "pi_rev_7", 3_000).await;
     let opened_again = books
         .ledger(1)
-        .dispute("dp_rev_6b", "pi_rev_6", 2_000, DisputeStage::Opened)
+        .dispute(
+            "dp_rev_6b",
+            "pi_rev_6",
+            2_000,
+            DisputeStage::Opened,
+            &actor(),
+        )
         .await
         .expect("dispute");
     assert!(opened_again.is_some());

@@ -3,6 +3,7 @@
 //! harness once, so a change relinks once (fifty binaries each linking it made a 43 GB target).
 
 mod address_brake;
+mod audit_log;
 mod auth;
 mod changelog;
 mod chart_containers;

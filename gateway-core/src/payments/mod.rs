@@ -18,6 +18,7 @@ use stripe::Stripe;
 
 use reload::AutoReloads;
 use store::accounts::{Accounts, StoreError};
+use store::audit::Actor;
 use store::developers::DeveloperStore;
 use store::ledger::{Confirmation, Ledger, LedgerError, NewTopUp};
 
@@ -118,6 +119,7 @@ pub async fn confirm(
             usd_cents: top_up.usd_cents,
             credits,
             payment_id: top_up.payment_id,
+            by: top_up.by,
         })
         .await?)
 }
@@ -128,6 +130,8 @@ pub struct TopUpRequest<'a> {
     pub usd_cents: u64,
     /// The provider's payment (Stripe's PaymentIntent), when it can be refunded or disputed.
     pub payment_id: Option<&'a str>,
+    /// Who confirms it, for the audit log.
+    pub by: &'a Actor,
 }
 
 /// Dollars as typed by an operator (`25`, `25.5`, `25.50`) in cents.

@@ -9,9 +9,13 @@ use serde::Deserialize;
 
 use super::signature;
 use super::{confirm, Books, PaymentError, TopUpRequest};
+use store::audit::{Actor, ActorKind};
 use store::ledger::TopUp;
 
 pub const SIGNATURE_HEADER: &str = "payment-signature";
+
+/// The actor id of this webhook's audit rows (a payment webhook, though not Stripe's).
+const TEST_PROVIDER: &str = "payment_webhook";
 
 #[derive(Deserialize)]
 struct Event {
@@ -44,6 +48,7 @@ pub async fn receive(
         reference: &event.reference,
         usd_cents: event.usd_cents,
         payment_id: None,
+        by: &Actor::new(ActorKind::StripeWebhook, TEST_PROVIDER, None),
     };
     let confirmation = confirm(
         books.accounts.as_ref(),

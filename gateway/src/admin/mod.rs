@@ -1,9 +1,13 @@
 //! The internal admin API, on its own listener (loopback in standalone) behind a bearer
-//! admin token: accounts, keys, top-up confirmation, suspension, and message lookup.
+//! admin token: accounts, keys, top-up confirmation, suspension, message lookup, and the
+//! audit log (`audit`).
+
+mod audit;
 
 use std::sync::Arc;
 
-use axum::extract::{FromRef, Request, State};
+use axum::extract::{FromRef, FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
@@ -15,6 +19,7 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
 use crate::api::{method_not_allowed, not_found};
+use crate::client_address::{ClientAddress, TrustedProxies};
 use crate::edge::body::JsonBody;
 use crate::edge::body_reader::BodyCap;
 use crate::edge::budget;
@@ -26,6 +31,7 @@ use gateway_core::payments;
 use gateway_core::telemetry;
 use store::accounts::promotion::{self, ENTERPRISE};
 use store::accounts::{Account, AccountStatus, KeyKind, StoreError};
+use store::audit::{Actor, ActorKind};
 use store::developers::owner_verified;
 
 #[derive(Clone)]
@@ -48,6 +54,7 @@ pub fn router(state: AppState, token: &str) -> Router {
         .route("/admin/keys", post(create_key))
         .route("/admin/keys/{id}", delete(revoke_key))
         .route("/admin/messages/{id}", get(message))
+        .route("/admin/audit", get(audit::list))
         .route_layer(from_fn_with_state(admin.clone(), require_token))
         .layer(Extension(BodyCap::ADMIN))
         .layer(axum::middleware::from_fn(budget::hold))
@@ -154,6 +161,30 @@ async fn require_token(State(admin): State<Admin>, req: Request, next: Next) -> 
     }
 }
 
+/// The admin token's holder, as the audit log names them: `admin`, from the peer's address
+/// (the admin listener is reached directly, never through the public proxies).
+struct ByAdmin(Actor);
+
+/// The actor id of the admin API's audit rows: the token is one, so is its holder.
+const ADMIN: &str = "admin";
+
+impl<S: Send + Sync> FromRequestParts<S> for ByAdmin {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let client = ClientAddress::of(
+            &TrustedProxies::default(),
+            &parts.extensions,
+            &parts.headers,
+        );
+        Ok(Self(Actor::new(
+            ActorKind::AdminToken,
+            ADMIN,
+            client.0.map(|ip| ip.to_string()),
+        )))
+    }
+}
+
 async fn account_json(state: &AdminState, account: &Account) -> Result<Value, ApiError> {
     let balance = state.ledger.balance(&account.id).await?;
     Ok(json!({
@@ -200,6 +231,7 @@ struct NewAccount {
 
 async fn create_account(
     State(admin): State<Admin>,
+    ByAdmin(by): ByAdmin,
     JsonBody(body): JsonBody<NewAccount>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let state = &admin.state;
@@ -207,7 +239,10 @@ async fn create_account(
         return Err(ApiError::invalid("name: must not be empty"));
     }
     let account = state.accounts.create_account(&body.name).await?;
-    state.ledger.add_credits(&account.id, body.credits).await?;
+    state
+        .ledger
+        .add_credits(&account.id, body.credits, &by)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(account_json(state, &account).await?),
@@ -226,11 +261,12 @@ async fn set_status(
     admin: &Admin,
     id: &str,
     status: AccountStatus,
+    by: &Actor,
 ) -> Result<Json<Value>, ApiError> {
     let account = admin
         .state
         .accounts
-        .set_status(id, status)
+        .set_status(id, status, by)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("account `{id}` does not exist")))?;
     Ok(Json(account_json(&admin.state, &account).await?))
@@ -238,16 +274,18 @@ async fn set_status(
 
 async fn suspend(
     State(admin): State<Admin>,
+    ByAdmin(by): ByAdmin,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    set_status(&admin, &id, AccountStatus::Suspended).await
+    set_status(&admin, &id, AccountStatus::Suspended, &by).await
 }
 
 async fn resume(
     State(admin): State<Admin>,
+    ByAdmin(by): ByAdmin,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    set_status(&admin, &id, AccountStatus::Active).await
+    set_status(&admin, &id, AccountStatus::Active, &by).await
 }
 
 #[derive(Deserialize)]
@@ -259,6 +297,7 @@ struct NewTopUp {
 
 async fn top_up(
     State(admin): State<Admin>,
+    ByAdmin(by): ByAdmin,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<NewTopUp>,
 ) -> Result<Json<Value>, ApiError> {
@@ -269,6 +308,7 @@ async fn top_up(
         reference: &body.reference,
         usd_cents: body.usd_cents,
         payment_id: None,
+        by: &by,
     };
     let top_up = payments::confirm(
         state.accounts.as_ref(),
@@ -313,6 +353,7 @@ fn api_kind() -> KeyKind {
 
 async fn create_key(
     State(admin): State<Admin>,
+    ByAdmin(by): ByAdmin,
     JsonBody(body): JsonBody<NewKey>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let state = &admin.state;
@@ -353,7 +394,10 @@ async fn create_key(
         expires_at: body.expires_at,
         spend_cap: body.spend_cap_credits,
     });
-    state.accounts.insert_key(minted.record.clone()).await?;
+    state
+        .accounts
+        .insert_key(minted.record.clone(), &by)
+        .await?;
     let mut json = json!(minted.record);
     json["key"] = json!(minted.secret);
     Ok((StatusCode::CREATED, Json(json)))
@@ -361,12 +405,13 @@ async fn create_key(
 
 async fn revoke_key(
     State(admin): State<Admin>,
+    ByAdmin(by): ByAdmin,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     admin
         .state
         .accounts
-        .revoke_key(&id)
+        .revoke_key(&id, &by)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("key `{id}` does not exist")))?;
     Ok(Json(json!({ "id": id, "revoked": true })))

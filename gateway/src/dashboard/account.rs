@@ -331,6 +331,7 @@ pub async fn verify_email_form(
 
 pub async fn verify_email(
     State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
     HtmlForm(link): HtmlForm<VerificationLink>,
 ) -> Result<Response, DashboardError> {
     let verified = match link_token(&link.token) {
@@ -349,7 +350,7 @@ pub async fn verify_email(
             ),
         ));
     };
-    add_signup_credits(&state, &user).await?;
+    add_signup_credits(&state, &user, client).await?;
     Ok(with_status(
         StatusCode::OK,
         bare(
@@ -364,7 +365,12 @@ pub async fn verify_email(
 
 /// Adds a verified user's sign-up credits, once whatever happens: asked when the link is
 /// followed, and again at each sign-in, in case the process stopped between the two.
-async fn add_signup_credits(state: &DashboardState, user: &User) -> Result<(), DashboardError> {
+/// Audited as the user's, from `client`.
+async fn add_signup_credits(
+    state: &DashboardState,
+    user: &User,
+    client: ClientAddress,
+) -> Result<(), DashboardError> {
     let credits = state.settings.signup_credits;
     if credits > 0 {
         state
@@ -373,6 +379,7 @@ async fn add_signup_credits(state: &DashboardState, user: &User) -> Result<(), D
                 &user.account_id,
                 credits,
                 &signup_credits_reference(&user.id),
+                &session::actor(&user.email, client),
             )
             .await?;
     }
@@ -462,12 +469,17 @@ pub async fn sign_in(
                 .clear_sign_in_failures(&email, from)
                 .await?;
             if user.email_verified_at.is_some() {
-                add_signup_credits(&state, &user).await?;
+                add_signup_credits(&state, &user, client).await?;
             }
-            let cookie = session::start(&state, &headers, &user).await?;
+            let cookie = session::start(&state, &headers, &user, client).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())
         }
-        _ => refuse(StatusCode::UNAUTHORIZED, "Wrong email or password."),
+        Some(user) => {
+            let by = session::actor(&email, client);
+            state.developers.audit_refused_sign_in(&user, &by).await?;
+            refuse(StatusCode::UNAUTHORIZED, "Wrong email or password.")
+        }
+        None => refuse(StatusCode::UNAUTHORIZED, "Wrong email or password."),
     }
 }
 

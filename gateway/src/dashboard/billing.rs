@@ -14,11 +14,12 @@ use time::OffsetDateTime;
 use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
-use super::session::SignedIn;
+use super::session::{self, SignedIn};
+use crate::client_address::ClientAddress;
 use crate::error::ApiError;
 use crate::state::DashboardState;
 use gateway_core::ids;
-use gateway_core::payments::reload::MAX_DECLINES;
+use gateway_core::payments::reload::{Rule, MAX_DECLINES};
 use gateway_core::payments::{
     credits_for, parse_usd, Order, Started, MAX_TOP_UP_CENTS, MIN_TOP_UP_CENTS,
 };
@@ -375,6 +376,7 @@ pub async fn checkout(
 /// Saves the auto-reload rule: a threshold in credits and an amount within the top-up range.
 pub async fn auto_reload(
     State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<AutoReloadForm>,
 ) -> Result<Response, DashboardError> {
@@ -400,10 +402,15 @@ pub async fn auto_reload(
             .await
         }
     };
-    let enabled = form.enabled.is_some();
+    let rule = Rule {
+        enabled: form.enabled.is_some(),
+        threshold_credits: threshold,
+        usd_cents,
+    };
+    let by = session::actor(&session.email, client);
     let saved = state
         .auto_reloads
-        .configure(&session.account_id, enabled, threshold, usd_cents)
+        .configure(&session.account_id, rule, &by)
         .await?;
     let (status, message) = if saved {
         (StatusCode::OK, ("success", "Auto-reload saved."))

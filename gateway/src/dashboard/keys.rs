@@ -14,7 +14,8 @@ use time::OffsetDateTime;
 use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{datetime, notice, page, thousands, with_status, Nav};
-use super::session::SignedIn;
+use super::session::{self, SignedIn};
+use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
 use crds::config::SCOPES;
 use gateway_core::auth::{self, KeySpec};
@@ -215,6 +216,7 @@ pub async fn show(
 
 pub async fn mint(
     State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
     signed_in: SignedIn,
     HtmlForm(form): HtmlForm<MintForm>,
 ) -> Result<Response, DashboardError> {
@@ -282,7 +284,11 @@ pub async fn mint(
         expires_at,
         spend_cap,
     });
-    state.accounts.insert_key(minted.record.clone()).await?;
+    let by = session::actor(&session.email, client);
+    state
+        .accounts
+        .insert_key(minted.record.clone(), &by)
+        .await?;
     render(
         &state,
         session,
@@ -351,6 +357,7 @@ fn already_revoked(key: &KeyRecord) -> String {
 
 pub async fn revoke(
     State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
     signed_in: SignedIn,
     Path(id): Path<String>,
     HtmlForm(form): HtmlForm<RevokeForm>,
@@ -367,7 +374,8 @@ pub async fn revoke(
         )
         .await;
     }
-    state.accounts.revoke_key(&key.id).await?;
+    let by = session::actor(&session.email, client);
+    state.accounts.revoke_key(&key.id, &by).await?;
     let message = format!(
         "The key “{}” is revoked; requests with it now answer 401.",
         key.name

@@ -17,13 +17,15 @@ pub enum Nav {
     Keys,
     Usage,
     Billing,
+    Audit,
 }
 
-const NAV: [(Nav, &str, &str); 4] = [
+const NAV: [(Nav, &str, &str); 5] = [
     (Nav::Overview, "/developers", "Overview"),
     (Nav::Keys, "/developers/keys", "API keys"),
     (Nav::Usage, "/developers/usage", "Usage"),
     (Nav::Billing, "/developers/billing", "Billing"),
+    (Nav::Audit, "/developers/audit", "Audit log"),
 ];
 
 fn head(title: &str) -> Markup {

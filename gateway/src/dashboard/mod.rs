@@ -1,8 +1,9 @@
 //! The developer dashboard under `/developers`: sign-up and sign-in, the overview, API keys,
-//! usage charts and billing. Server-rendered HTML with plain forms (no script needed), its one
+//! usage charts, billing and the audit log. Server-rendered HTML with plain forms (no script needed), its one
 //! stylesheet embedded in the binary; served on the public listener in both modes.
 
 mod account;
+mod audit;
 mod billing;
 mod changelog;
 mod charts;
@@ -57,6 +58,8 @@ pub fn router() -> Router<AppState> {
             "/developers/billing/auto-reload",
             post(billing::auto_reload),
         )
+        .route("/developers/audit", get(audit::show))
+        .route("/developers/audit.csv", get(audit::csv))
         .route("/developers/changelog", get(changelog::show))
         .route("/developers/assets/style.css", get(style))
         .route("/developers/{*rest}", get(not_found).post(not_found))

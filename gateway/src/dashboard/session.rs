@@ -17,9 +17,11 @@ use maud::html;
 
 use super::error::DashboardError;
 use super::layout::{bare, notice, with_status};
+use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
+use store::audit::{Actor, ActorKind};
 use store::developers::{Session, User};
 
 pub const SESSION_COOKIE: &str = "svc_session";
@@ -94,24 +96,35 @@ pub fn set_cookie(
     )
 }
 
-/// Starts a session for a user; returns its cookie.
+/// Whoever uses the dashboard as `email` from `client`, as the audit log names them.
+pub fn actor(email: &str, client: ClientAddress) -> Actor {
+    Actor::new(
+        ActorKind::DashboardUser,
+        email,
+        client.0.map(|ip| ip.to_string()),
+    )
+}
+
+/// Starts a session for a user signing in from `client`; returns its cookie.
 pub async fn start(
     state: &DashboardState,
     headers: &HeaderMap,
     user: &User,
+    client: ClientAddress,
 ) -> Result<(header::HeaderName, HeaderValue), DashboardError> {
     let token = ids::session_token();
+    let session = Session {
+        token_hash: KeyHash::of(&token),
+        user_id: user.id.clone(),
+        email: user.email.clone(),
+        account_id: user.account_id.clone(),
+        email_verified: user.email_verified_at.is_some(),
+        csrf: ids::session_token(),
+        expires_at: OffsetDateTime::now_utc() + SESSION_LIFETIME,
+    };
     state
         .developers
-        .insert_session(Session {
-            token_hash: KeyHash::of(&token),
-            user_id: user.id.clone(),
-            email: user.email.clone(),
-            account_id: user.account_id.clone(),
-            email_verified: user.email_verified_at.is_some(),
-            csrf: ids::session_token(),
-            expires_at: OffsetDateTime::now_utc() + SESSION_LIFETIME,
-        })
+        .insert_session(session, &actor(&user.email, client))
         .await?;
     Ok(set_cookie(
         state,

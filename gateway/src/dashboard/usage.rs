@@ -202,11 +202,18 @@ pub async fn show(
     ))
 }
 
-fn csv_field(s: &str) -> String {
+/// A CSV cell: quoted when it holds a separator or a quote; one a spreadsheet would run as a
+/// formula (`=`, `+`, `-`, `@` first) is quoted with a leading `'`, so that it is read as text.
+pub(super) fn csv_field(s: &str) -> String {
+    let s = if s.starts_with(['=', '+', '-', '@']) {
+        format!("'{s}")
+    } else {
+        s.to_owned()
+    };
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
-        s.to_owned()
+        s
     }
 }
 

@@ -7,10 +7,11 @@ use dashmap::DashMap;
 use time::OffsetDateTime;
 
 use super::{
-    Account, AccountStatus, Accounts, KeyRecord, Promotion, PromotionRules, StoreError, KEY_TAKEN,
-    NAME_TAKEN,
+    audited, Account, AccountStatus, Accounts, KeyRecord, Promotion, PromotionRules, StoreError,
+    KEY_TAKEN, NAME_TAKEN,
 };
 use crate::accounts::KeyHash;
+use crate::audit::Actor;
 use crate::ids;
 use crate::ledger::MemoryLedger;
 
@@ -19,7 +20,7 @@ pub struct MemoryAccounts {
     names: DashMap<String, String>,
     keys: DashMap<String, KeyRecord>,
     by_hash: DashMap<KeyHash, String>,
-    /// Where the lifetime top-ups that drive promotions are kept.
+    /// Where the lifetime top-ups that drive promotions are kept, and the audit log.
     ledger: Arc<MemoryLedger>,
 }
 
@@ -77,14 +78,20 @@ impl Accounts for MemoryAccounts {
         &self,
         id: &str,
         status: AccountStatus,
+        by: &Actor,
     ) -> Result<Option<Account>, StoreError> {
         Ok(self.accounts.get_mut(id).map(|mut a| {
-            a.status = status;
+            let was = std::mem::replace(&mut a.status, status);
+            if was != status {
+                self.ledger
+                    .audit_log()
+                    .append(audited::status_set(&a, was, by));
+            }
             a.clone()
         }))
     }
 
-    async fn insert_key(&self, key: KeyRecord) -> Result<(), StoreError> {
+    async fn insert_key(&self, key: KeyRecord, by: &Actor) -> Result<(), StoreError> {
         // The hash's entry first, then the id's, in every caller: both are held together so
         // that a refused key changes neither.
         let dashmap::Entry::Vacant(by_hash) = self.by_hash.entry(key.hash) else {
@@ -93,6 +100,9 @@ impl Accounts for MemoryAccounts {
         let dashmap::Entry::Vacant(by_id) = self.keys.entry(key.id.clone()) else {
             return Err(StoreError::Conflict(KEY_TAKEN.to_owned()));
         };
+        self.ledger
+            .audit_log()
+            .append(audited::key_created(&key, by));
         by_hash.insert(key.id.clone());
         by_id.insert(key);
         Ok(())
@@ -109,9 +119,11 @@ impl Accounts for MemoryAccounts {
         Some(self.lookup(hash))
     }
 
-    async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+    async fn revoke_key(&self, id: &str, by: &Actor) -> Result<Option<KeyRecord>, StoreError> {
         Ok(self.keys.get_mut(id).map(|mut k| {
-            k.revoked = true;
+            if !std::mem::replace(&mut k.revoked, true) {
+                self.ledger.audit_log().append(audited::key_revoked(&k, by));
+            }
             k.clone()
         }))
     }
@@ -127,7 +139,11 @@ impl Accounts for MemoryAccounts {
         Ok(keys)
     }
 
-    async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError> {
+    async fn promote_tiers(
+        &self,
+        rules: &PromotionRules,
+        by: &Actor,
+    ) -> Result<Vec<Promotion>, StoreError> {
         let mut promotions = Vec::new();
         for mut key in self.keys.iter_mut() {
             if key.revoked {
@@ -135,12 +151,16 @@ impl Accounts for MemoryAccounts {
             }
             let lifetime = self.ledger.lifetime_top_up_cents(&key.account_id);
             if let Some(to) = rules.target(&key.tier, lifetime) {
-                promotions.push(Promotion {
+                let promotion = Promotion {
                     key_id: key.id.clone(),
                     account_id: key.account_id.clone(),
                     from: std::mem::replace(&mut key.tier, to.to_owned()),
                     to: to.to_owned(),
-                });
+                };
+                self.ledger
+                    .audit_log()
+                    .append(audited::promoted(&promotion, by));
+                promotions.push(promotion);
             }
         }
         Ok(promotions)

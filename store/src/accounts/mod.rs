@@ -12,6 +12,8 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 use time::OffsetDateTime;
 
+use crate::audit::Actor;
+
 pub use memory::MemoryAccounts;
 pub use postgres::PostgresAccounts;
 pub use promotion::{Promotion, PromotionRules};
@@ -54,6 +56,12 @@ pub enum StoreError {
     /// A unique name or key is already taken.
     #[error("{0}")]
     Conflict(String),
+}
+
+impl From<crate::audit::AuditError> for StoreError {
+    fn from(e: crate::audit::AuditError) -> Self {
+        Self::Unavailable(e.to_string())
+    }
 }
 
 impl From<crate::db::DbError> for StoreError {
@@ -121,12 +129,15 @@ pub trait Accounts: Send + Sync {
     async fn create_account(&self, name: &str) -> Result<Account, StoreError>;
     async fn account(&self, id: &str) -> Result<Option<Account>, StoreError>;
     async fn account_by_name(&self, name: &str) -> Result<Option<Account>, StoreError>;
+    /// Sets the account's status; a change is audited as `by`'s.
     async fn set_status(
         &self,
         id: &str,
         status: AccountStatus,
+        by: &Actor,
     ) -> Result<Option<Account>, StoreError>;
-    async fn insert_key(&self, key: KeyRecord) -> Result<(), StoreError>;
+    /// Stores a new key, audited as `by`'s.
+    async fn insert_key(&self, key: KeyRecord, by: &Actor) -> Result<(), StoreError>;
     /// The key with this hash and its account, revoked keys included.
     async fn key_by_hash(&self, hash: &KeyHash)
         -> Result<Option<(KeyRecord, Account)>, StoreError>;
@@ -135,10 +146,82 @@ pub trait Accounts: Send + Sync {
     /// when only the database can tell. Costs a map lookup: the key-guessing brake answers a
     /// braked address with it.
     fn cached_key_by_hash(&self, hash: &KeyHash) -> Option<Option<(KeyRecord, Account)>>;
-    async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
+    /// Revokes the key; the first revocation is audited as `by`'s.
+    async fn revoke_key(&self, id: &str, by: &Actor) -> Result<Option<KeyRecord>, StoreError>;
     /// The account's keys, revoked ones included, newest first.
     async fn keys_of(&self, account_id: &str) -> Result<Vec<KeyRecord>, StoreError>;
     /// Moves keys up to the tier their account's confirmed lifetime top-up reaches, never
-    /// down, never out of a tier the rules do not list; a second run changes nothing.
-    async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError>;
+    /// down, never out of a tier the rules do not list; a second run changes nothing. Each
+    /// move is audited as `by`'s (the sweep).
+    async fn promote_tiers(
+        &self,
+        rules: &PromotionRules,
+        by: &Actor,
+    ) -> Result<Vec<Promotion>, StoreError>;
+}
+
+/// The audit rows of the account store's changes, the same from both stores.
+mod audited {
+    use serde_json::{json, Value};
+
+    use super::{Account, AccountStatus, KeyRecord, Promotion};
+    use crate::audit::{Action, Actor, AuditEntry};
+
+    fn entry(by: &Actor, account_id: &str, action: Action, target: &str) -> AuditEntry {
+        AuditEntry {
+            actor: by.clone(),
+            account_id: account_id.to_owned(),
+            action,
+            target: target.to_owned(),
+            before: Value::Null,
+            after: Value::Null,
+        }
+    }
+
+    pub fn key_created(key: &KeyRecord, by: &Actor) -> AuditEntry {
+        AuditEntry {
+            after: json!({
+                "name": key.name,
+                "kind": key.kind,
+                "scopes": key.scopes,
+                "tier": key.tier,
+                "expires_at": key.expires_at.map(|at| at.unix_timestamp()),
+                "spend_cap": key.spend_cap,
+            }),
+            ..entry(by, &key.account_id, Action::KeyCreated, &key.id)
+        }
+    }
+
+    pub fn key_revoked(key: &KeyRecord, by: &Actor) -> AuditEntry {
+        AuditEntry {
+            before: json!({ "revoked": false }),
+            after: json!({ "revoked": true }),
+            ..entry(by, &key.account_id, Action::KeyRevoked, &key.id)
+        }
+    }
+
+    pub fn status_set(account: &Account, was: AccountStatus, by: &Actor) -> AuditEntry {
+        let action = match account.status {
+            AccountStatus::Suspended => Action::AccountSuspended,
+            AccountStatus::Active => Action::AccountResumed,
+        };
+        AuditEntry {
+            before: json!({ "status": was }),
+            after: json!({ "status": account.status }),
+            ..entry(by, &account.id, action, &account.id)
+        }
+    }
+
+    pub fn promoted(promotion: &Promotion, by: &Actor) -> AuditEntry {
+        AuditEntry {
+            before: json!({ "tier": promotion.from }),
+            after: json!({ "tier": promotion.to }),
+            ..entry(
+                by,
+                &promotion.account_id,
+                Action::TierPromoted,
+                &promotion.key_id,
+            )
+        }
+    }
 }

@@ -12,10 +12,11 @@ use sqlx::Row;
 use time::OffsetDateTime;
 
 use super::{
-    Account, AccountStatus, Accounts, KeyKind, KeyRecord, Promotion, PromotionRules, StoreError,
-    KEY_TAKEN, NAME_TAKEN,
+    audited, Account, AccountStatus, Accounts, KeyKind, KeyRecord, Promotion, PromotionRules,
+    StoreError, KEY_TAKEN, NAME_TAKEN,
 };
 use crate::accounts::KeyHash;
+use crate::audit::{append_in, Actor};
 use crate::db::{from_db, name_of, parse_name, to_db, Database, DbError};
 use crate::ids;
 
@@ -175,30 +176,47 @@ impl Accounts for PostgresAccounts {
         &self,
         id: &str,
         status: AccountStatus,
+        by: &Actor,
     ) -> Result<Option<Account>, StoreError> {
         let row = self
             .db
-            .bounded(
-                sqlx::query(&format!(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let was: Option<String> =
+                    sqlx::query_scalar("SELECT status FROM accounts WHERE id = $1 FOR UPDATE")
+                        .bind(id)
+                        .persistent(false)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let Some(was) = was else {
+                    return Ok(None);
+                };
+                let row = sqlx::query(&format!(
                     "UPDATE accounts SET status = $2 WHERE id = $1 RETURNING {ACCOUNT_COLUMNS}"
                 ))
                 .bind(id)
                 .bind(name_of(&status))
-                .fetch_optional(self.db.pool()),
-            )
+                .persistent(false)
+                .fetch_one(&mut *tx)
+                .await?;
+                let account = account_of(&row)?;
+                let was = status_of(&was);
+                if was != account.status {
+                    append_in(&mut tx, &audited::status_set(&account, was, by)).await?;
+                }
+                tx.commit().await?;
+                Ok(Some(account))
+            })
             .await?;
         self.keys
             .retain(|_, (_, found)| found.as_ref().is_none_or(|(key, _)| key.account_id != id));
-        Ok(row
-            .as_ref()
-            .map(account_of)
-            .transpose()
-            .map_err(DbError::Sql)?)
+        Ok(row)
     }
 
-    async fn insert_key(&self, key: KeyRecord) -> Result<(), StoreError> {
+    async fn insert_key(&self, key: KeyRecord, by: &Actor) -> Result<(), StoreError> {
         self.db
-            .bounded(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
                 sqlx::query(
                     "INSERT INTO api_keys (id, account_id, name, prefix, hash, kind, scopes, tier,
                          created_at, expires_at, spend_cap)
@@ -215,8 +233,12 @@ impl Accounts for PostgresAccounts {
                 .bind(key.created_at)
                 .bind(key.expires_at)
                 .bind(key.spend_cap.map(to_db))
-                .execute(self.db.pool()),
-            )
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+                append_in(&mut tx, &audited::key_created(&key, by)).await?;
+                tx.commit().await
+            })
             .await
             .map_err(|e| conflict_or_unavailable(e, KEY_TAKEN))?;
         self.keys.remove(&key.hash);
@@ -254,19 +276,37 @@ impl Accounts for PostgresAccounts {
         (at.elapsed() < FRESH).then(|| found.clone())
     }
 
-    async fn revoke_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
-        let row = self
+    async fn revoke_key(&self, id: &str, by: &Actor) -> Result<Option<KeyRecord>, StoreError> {
+        let key = self
             .db
-            .bounded(
-                sqlx::query(&format!(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let was_revoked: Option<bool> = sqlx::query_scalar(
+                    "SELECT revoked_at IS NOT NULL FROM api_keys WHERE id = $1 FOR UPDATE",
+                )
+                .bind(id)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(was_revoked) = was_revoked else {
+                    return Ok(None);
+                };
+                let row = sqlx::query(&format!(
                     "UPDATE api_keys k SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
                      RETURNING {KEY_COLUMNS}"
                 ))
                 .bind(id)
-                .fetch_optional(self.db.pool()),
-            )
+                .persistent(false)
+                .fetch_one(&mut *tx)
+                .await?;
+                let key = key_of(&row)?;
+                if !was_revoked {
+                    append_in(&mut tx, &audited::key_revoked(&key, by)).await?;
+                }
+                tx.commit().await?;
+                Ok(Some(key))
+            })
             .await?;
-        let key = row.as_ref().map(key_of).transpose().map_err(DbError::Sql)?;
         if let Some(key) = &key {
             self.keys.remove(&key.hash);
         }
@@ -292,18 +332,24 @@ impl Accounts for PostgresAccounts {
             .map_err(DbError::Sql)?)
     }
 
-    async fn promote_tiers(&self, rules: &PromotionRules) -> Result<Vec<Promotion>, StoreError> {
+    async fn promote_tiers(
+        &self,
+        rules: &PromotionRules,
+        by: &Actor,
+    ) -> Result<Vec<Promotion>, StoreError> {
         let (tiers, cents): (Vec<String>, Vec<i64>) = rules
             .tiers()
             .iter()
             .map(|(tier, cents)| (tier.clone(), to_db(*cents)))
             .unzip();
         // One statement: each key's target is the highest listed tier whose threshold its
-        // account's lifetime top-up reaches, applied only when it ranks above the key's tier.
-        let rows = self
+        // account's lifetime top-up reaches, applied only when it ranks above the key's tier;
+        // the moves' audit rows in the same transaction.
+        let promotions = self
             .db
-            .bounded(
-                sqlx::query(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let rows = sqlx::query(
                     "WITH rules AS (
                          SELECT tier, cents, rank
                          FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS r (tier, cents, rank)
@@ -325,21 +371,27 @@ impl Accounts for PostgresAccounts {
                 )
                 .bind(&tiers)
                 .bind(&cents)
-                .fetch_all(self.db.pool()),
-            )
-            .await?;
-        let promotions = rows
-            .iter()
-            .map(|row| {
-                Ok(Promotion {
-                    key_id: row.try_get("id")?,
-                    account_id: row.try_get("account_id")?,
-                    from: row.try_get("from_tier")?,
-                    to: row.try_get("to_tier")?,
-                })
+                .persistent(false)
+                .fetch_all(&mut *tx)
+                .await?;
+                let promotions = rows
+                    .iter()
+                    .map(|row| {
+                        Ok(Promotion {
+                            key_id: row.try_get("id")?,
+                            account_id: row.try_get("account_id")?,
+                            from: row.try_get("from_tier")?,
+                            to: row.try_get("to_tier")?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+                for promotion in &promotions {
+                    append_in(&mut tx, &audited::promoted(promotion, by)).await?;
+                }
+                tx.commit().await?;
+                Ok(promotions)
             })
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(DbError::Sql)?;
+            .await?;
         if !promotions.is_empty() {
             self.keys.clear();
         }

@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::Accounts;
+use crate::audit::{Actor, ActorKind};
 
 /// Tiers a key can be promoted into, in promotion order, with their thresholds (US cents).
 /// Tiers without a threshold (enterprise) are absent: keys in them are never touched.
@@ -60,6 +61,9 @@ impl PromotionRules {
 /// The tier only a manual grant gives (custom limits); never reached by top-ups.
 pub const ENTERPRISE: &str = "enterprise";
 
+/// The actor id of the promotion sweep's audit rows.
+pub const SWEEP: &str = "promotion_sweep";
+
 /// Where confirmed lifetime top-up puts an account: its tier, and the next tier with the
 /// top-up still needed to reach it. Enterprise is granted by hand, never reached this way.
 pub struct Standing {
@@ -97,12 +101,13 @@ pub async fn every(
     stop: CancellationToken,
 ) {
     let mut ticks = tokio::time::interval(interval.max(Duration::from_secs(1)));
+    let by = Actor::new(ActorKind::Sweep, SWEEP, None);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        match accounts.promote_tiers(&rules).await {
+        match accounts.promote_tiers(&rules, &by).await {
             Ok(promotions) => {
                 for p in promotions {
                     tracing::info!(key_id = %p.key_id, account_id = %p.account_id, from = %p.from, to = %p.to, "key promoted");

@@ -1,5 +1,5 @@
 //! The developer dashboard's own records: users (one per account), the links that verify
-//! their emails, their sessions, failed sign-ins for throttling, and checkouts started from the billing page. A trait so that the
+//! their emails, their sessions (each start audited as a sign-in), failed sign-ins for throttling, and checkouts started from the billing page. A trait so that the
 //! Postgres store of cluster mode can take the in-process one's place; handlers never know
 //! which. The pages are the gateway's `dashboard/`.
 
@@ -7,12 +7,16 @@ mod postgres;
 
 pub use postgres::PostgresDeveloperStore;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use dashmap::DashMap;
+use serde_json::Value;
 use time::{Duration, OffsetDateTime};
 
 use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
+use crate::audit::{Action, Actor, AuditEntry, MemoryAuditLog};
 
 #[derive(Clone, Debug)]
 pub struct User {
@@ -104,7 +108,8 @@ pub trait DeveloperStore: Send + Sync {
     /// started with another password before must not outlive the proof). The user after, or
     /// `None` for an unknown, used or expired link.
     async fn verify_email(&self, token_hash: &KeyHash) -> Result<Option<User>, StoreError>;
-    async fn insert_session(&self, session: Session) -> Result<(), StoreError>;
+    /// Starts a session, audited as a sign-in by `by` (its user, from its client address).
+    async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError>;
     /// The session of this token hash, if it has not expired.
     async fn session(&self, token_hash: &KeyHash) -> Result<Option<Session>, StoreError>;
     async fn delete_session(&self, token_hash: &KeyHash) -> Result<(), StoreError>;
@@ -124,6 +129,10 @@ pub trait DeveloperStore: Send + Sync {
         client: &str,
     ) -> Result<Option<(u32, OffsetDateTime)>, StoreError>;
     async fn clear_sign_in_failures(&self, email: &str, client: &str) -> Result<(), StoreError>;
+    /// Audits a sign-in to `user`'s account refused for its password, as `by`'s (the email
+    /// typed, from its client address). Only an append: every attempt was counted as a
+    /// failure before its password was checked. (An unknown email has no account to audit.)
+    async fn audit_refused_sign_in(&self, user: &User, by: &Actor) -> Result<(), StoreError>;
     async fn insert_checkout(&self, checkout: Checkout) -> Result<(), StoreError>;
     async fn set_checkout_status(
         &self,
@@ -134,13 +143,50 @@ pub trait DeveloperStore: Send + Sync {
     async fn checkouts(&self, account_id: &str) -> Result<Vec<Checkout>, StoreError>;
 }
 
-#[derive(Default)]
+/// The audit rows of sign-ins, the same from both stores.
+fn signed_in(session: &Session, by: &Actor) -> AuditEntry {
+    AuditEntry {
+        actor: by.clone(),
+        account_id: session.account_id.clone(),
+        action: Action::SignIn,
+        target: session.email.clone(),
+        before: Value::Null,
+        after: Value::Null,
+    }
+}
+
+fn sign_in_refused(user: &User, by: &Actor) -> AuditEntry {
+    AuditEntry {
+        actor: by.clone(),
+        account_id: user.account_id.clone(),
+        action: Action::SignInFailed,
+        target: user.email.clone(),
+        before: Value::Null,
+        after: Value::Null,
+    }
+}
+
 pub struct MemoryDeveloperStore {
     users: DashMap<String, User>,
     verifications: DashMap<KeyHash, EmailVerification>,
     sessions: DashMap<KeyHash, Session>,
     failures: DashMap<(String, String), (u32, OffsetDateTime)>,
     checkouts: DashMap<String, Checkout>,
+    audit: Arc<MemoryAuditLog>,
+}
+
+impl MemoryDeveloperStore {
+    /// Audits its sign-ins in `audit` (the in-process ledger's log).
+    pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
+        Self {
+            users: DashMap::new(),
+            verifications: DashMap::new(),
+            sessions: DashMap::new(),
+            failures: DashMap::new(),
+            checkouts: DashMap::new(),
+            audit,
+        }
+    }
 }
 
 #[async_trait]
@@ -202,8 +248,11 @@ impl DeveloperStore for MemoryDeveloperStore {
         Ok(Some(verified))
     }
 
-    async fn insert_session(&self, session: Session) -> Result<(), StoreError> {
-        self.sessions.insert(session.token_hash, session);
+    async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
+        // The session's entry is held while its row is appended.
+        let slot = self.sessions.entry(session.token_hash);
+        self.audit.append(signed_in(&session, by));
+        slot.insert(session);
         Ok(())
     }
 
@@ -258,6 +307,11 @@ impl DeveloperStore for MemoryDeveloperStore {
 
     async fn clear_sign_in_failures(&self, email: &str, client: &str) -> Result<(), StoreError> {
         self.failures.remove(&(email.to_owned(), client.to_owned()));
+        Ok(())
+    }
+
+    async fn audit_refused_sign_in(&self, user: &User, by: &Actor) -> Result<(), StoreError> {
+        self.audit.append(sign_in_refused(user, by));
         Ok(())
     }
 

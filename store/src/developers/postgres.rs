@@ -6,9 +6,13 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use time::{Duration, OffsetDateTime};
 
-use super::{Checkout, CheckoutStatus, DeveloperStore, EmailVerification, Session, User};
+use super::{
+    sign_in_refused, signed_in, Checkout, CheckoutStatus, DeveloperStore, EmailVerification,
+    Session, User,
+};
 use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
+use crate::audit::{append_in, Actor};
 use crate::db::{from_db, to_db, Database, DbError};
 
 pub struct PostgresDeveloperStore {
@@ -187,9 +191,10 @@ impl DeveloperStore for PostgresDeveloperStore {
             .map_err(DbError::Sql)?)
     }
 
-    async fn insert_session(&self, session: Session) -> Result<(), StoreError> {
+    async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
         self.db
-            .bounded(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
                 sqlx::query(
                     "INSERT INTO dashboard_sessions (token_hash, user_id, csrf, expires_at)
                      VALUES ($1, $2, $3, $4)",
@@ -198,8 +203,12 @@ impl DeveloperStore for PostgresDeveloperStore {
                 .bind(&session.user_id)
                 .bind(&session.csrf)
                 .bind(session.expires_at)
-                .execute(self.db.pool()),
-            )
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+                append_in(&mut tx, &signed_in(&session, by)).await?;
+                tx.commit().await
+            })
             .await?;
         Ok(())
     }
@@ -292,6 +301,17 @@ impl DeveloperStore for PostgresDeveloperStore {
         let failures: i32 = row.try_get("failures").map_err(DbError::Sql)?;
         let ends: OffsetDateTime = row.try_get("window_ends").map_err(DbError::Sql)?;
         Ok(Some((u32::try_from(failures).unwrap_or(0), ends)))
+    }
+
+    async fn audit_refused_sign_in(&self, user: &User, by: &Actor) -> Result<(), StoreError> {
+        self.db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                append_in(&mut tx, &sign_in_refused(user, by)).await?;
+                tx.commit().await
+            })
+            .await?;
+        Ok(())
     }
 
     async fn clear_sign_in_failures(&self, email: &str, client: &str) -> Result<(), StoreError> {

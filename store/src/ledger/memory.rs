@@ -2,6 +2,8 @@
 //! entry, so reserve and settle are atomic per account with no global lock. Settled message
 //! rows are kept for lookups up to a bound (oldest dropped first); usage aggregates are kept.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use crossbeam_queue::ArrayQueue;
 use dashmap::DashMap;
@@ -10,10 +12,12 @@ use time::{Date, OffsetDateTime};
 use super::reversal::{
     dispute_step, give, kept_cents, moved_lifetime, share, take, DisputeStatus, Movement,
 };
+use crate::audit::{Actor, MemoryAuditLog};
+
 use super::{
-    month_of, Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
-    MessageStatus, NewReservation, NewTopUp, Reversal, ReversalKind, Settlement, TopUp, UsageRow,
-    UsageTotals,
+    audited, month_of, Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError,
+    MessageRecord, MessageStatus, NewReservation, NewTopUp, Reversal, ReversalKind, Settlement,
+    TopUp, UsageRow, UsageTotals,
 };
 
 /// Settled rows kept for lookups (the dashboard's recent messages, a message by id). A row is
@@ -40,6 +44,8 @@ pub struct MemoryLedger {
     keys: DashMap<String, (Date, KeySpend)>,
     /// The references under which credits were added once.
     credit_references: DashMap<String, ()>,
+    /// Where this ledger's changes, and the in-process stores' built on it, are audited.
+    audit: Arc<MemoryAuditLog>,
 }
 
 impl Default for MemoryLedger {
@@ -56,11 +62,17 @@ impl Default for MemoryLedger {
             usage: DashMap::new(),
             keys: DashMap::new(),
             credit_references: DashMap::new(),
+            audit: Arc::default(),
         }
     }
 }
 
 impl MemoryLedger {
+    /// The audit log of this ledger and of the in-process stores built on it.
+    pub fn audit_log(&self) -> &Arc<MemoryAuditLog> {
+        &self.audit
+    }
+
     pub fn lifetime_top_up_cents(&self, account_id: &str) -> u64 {
         self.balances
             .get(account_id)
@@ -161,9 +173,18 @@ impl MemoryLedger {
 
 #[async_trait]
 impl Ledger for MemoryLedger {
-    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
+    async fn add_credits(
+        &self,
+        account_id: &str,
+        credits: u64,
+        by: &Actor,
+    ) -> Result<Balance, LedgerError> {
         let mut balance = self.balances.entry(account_id.to_owned()).or_default();
         balance.balance += credits;
+        if credits > 0 {
+            self.audit
+                .append(audited::credits_added(account_id, credits, None, by));
+        }
         Ok(*balance)
     }
 
@@ -172,6 +193,7 @@ impl Ledger for MemoryLedger {
         account_id: &str,
         credits: u64,
         reference: &str,
+        by: &Actor,
     ) -> Result<bool, LedgerError> {
         // The reference's entry stays locked while the balance is credited, so a concurrent
         // call waits and then finds it taken.
@@ -182,6 +204,10 @@ impl Ledger for MemoryLedger {
                     .entry(account_id.to_owned())
                     .or_default()
                     .balance += credits;
+                if credits > 0 {
+                    let entry = audited::credits_added(account_id, credits, Some(reference), by);
+                    self.audit.append(entry);
+                }
                 vacant.insert(());
                 Ok(true)
             }
@@ -232,6 +258,8 @@ impl Ledger for MemoryLedger {
         balance.owed -= cleared;
         balance.balance += credited;
         balance.lifetime_top_up_cents += t.usd_cents;
+        self.audit
+            .append(audited::top_up(&top_up, t.payment_id, t.by));
         Ok(Confirmation {
             top_up,
             first: true,
@@ -242,6 +270,7 @@ impl Ledger for MemoryLedger {
         &self,
         payment_id: &str,
         refunded_cents: u64,
+        by: &Actor,
     ) -> Result<Option<Reversal>, LedgerError> {
         let top_up = self.top_up_of_payment(payment_id)?;
         let mut refunded = self.refunded.entry(top_up.reference.clone()).or_default();
@@ -251,6 +280,8 @@ impl Ledger for MemoryLedger {
         }
         let id = format!("{payment_id}:refunded:{total}");
         let reversal = self.reverse(id, &top_up, ReversalKind::Refund, total - *refunded)?;
+        self.audit
+            .append(audited::refund(&reversal, payment_id, *refunded, by));
         *refunded = total;
         Ok(Some(reversal))
     }
@@ -261,6 +292,7 @@ impl Ledger for MemoryLedger {
         payment_id: &str,
         usd_cents: u64,
         stage: DisputeStage,
+        by: &Actor,
     ) -> Result<Option<Reversal>, LedgerError> {
         let top_up = self.top_up_of_payment(payment_id)?;
         let mut known = self.disputes.entry(dispute_id.to_owned()).or_default();
@@ -279,6 +311,14 @@ impl Ledger for MemoryLedger {
                 Some(self.reverse(id, &top_up, kind, cents)?)
             }
         };
+        self.audit.append(audited::dispute(
+            dispute_id,
+            &top_up.account_id,
+            *known,
+            status,
+            reversal.as_ref(),
+            by,
+        ));
         *known = Some(status);
         Ok(reversal)
     }

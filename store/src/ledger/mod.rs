@@ -18,6 +18,7 @@ pub use memory::MemoryLedger;
 pub use postgres::{PostgresLedger, CLOSE_WAIT};
 pub use reversal::{DisputeStage, Reversal, ReversalKind};
 
+use crate::audit::Actor;
 use crate::usage::{StopReason, TokenUsage};
 
 /// What went wrong, in the ledger's terms; what a client reads (and where to go about it) is
@@ -252,6 +253,8 @@ pub struct NewTopUp<'a> {
     pub usd_cents: u64,
     pub credits: u64,
     pub payment_id: Option<&'a str>,
+    /// Whose top-up it is, for the audit log (the Stripe webhook, the admin API).
+    pub by: &'a Actor,
 }
 
 /// A confirmed top-up, and whether this call confirmed it (`false`: a replay, nothing changed).
@@ -315,17 +318,25 @@ pub trait Ledger: Send + Sync {
     /// Finishes what the ledger still does in the background, before the process exits.
     async fn close(&self) {}
 
-    /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect).
-    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError>;
+    /// Gives a new account its starting credits (not a top-up: no lifetime, no tier effect),
+    /// audited as `by`'s when there are any.
+    async fn add_credits(
+        &self,
+        account_id: &str,
+        credits: u64,
+        by: &Actor,
+    ) -> Result<Balance, LedgerError>;
     /// Adds `credits` once per `reference` (a sign-up's credits: [`signup_credits_reference`]),
     /// however often or concurrently it is asked: true when this call credited the account. A
     /// caller that may have crashed before it added them asks again. (The references are kept
-    /// in the `ledger_grants` table, named before this method was.)
+    /// in the `ledger_grants` table, named before this method was.) Audited as `by`'s when it
+    /// credits any.
     async fn add_credits_once(
         &self,
         account_id: &str,
         credits: u64,
         reference: &str,
+        by: &Actor,
     ) -> Result<bool, LedgerError>;
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError>;
     /// Confirms a top-up once per payment reference, crediting the account (what it owes
@@ -335,19 +346,23 @@ pub trait Ledger: Send + Sync {
     /// Takes back what the refunds of a payment returned: `refunded_cents` is the payment's
     /// refunded total so far, which only grows, so a replayed or late event changes nothing.
     /// `None`: nothing new to take back.
+    /// A refund that takes something back is audited as `by`'s.
     async fn refund(
         &self,
         payment_id: &str,
         refunded_cents: u64,
+        by: &Actor,
     ) -> Result<Option<Reversal>, LedgerError>;
     /// Moves a dispute's money once: taken back when it opens (or is lost unseen), given back
-    /// when it is won after being opened; whatever order the stages arrive in.
+    /// when it is won after being opened; whatever order the stages arrive in. A stage that
+    /// changes the dispute is audited as `by`'s.
     async fn dispute(
         &self,
         dispute_id: &str,
         payment_id: &str,
         usd_cents: u64,
         stage: DisputeStage,
+        by: &Actor,
     ) -> Result<Option<Reversal>, LedgerError>;
     /// The account's refunds and disputes, newest first.
     async fn reversals(&self, account_id: &str) -> Result<Vec<Reversal>, LedgerError>;
@@ -374,6 +389,96 @@ pub trait Ledger: Send + Sync {
     async fn key_spend(&self, key_id: &str) -> Result<KeySpend, LedgerError>;
     /// The account's confirmed top-ups, newest first.
     async fn top_ups(&self, account_id: &str) -> Result<Vec<TopUp>, LedgerError>;
+}
+
+/// The audit rows of the ledger's changes, the same from both ledgers.
+mod audited {
+    use serde_json::{json, Value};
+
+    use super::reversal::DisputeStatus;
+    use super::{Reversal, TopUp};
+    use crate::audit::{Action, Actor, AuditEntry};
+
+    /// `credits` given to `account_id`, once under `reference` when there is one.
+    pub fn credits_added(
+        account_id: &str,
+        credits: u64,
+        reference: Option<&str>,
+        by: &Actor,
+    ) -> AuditEntry {
+        AuditEntry {
+            actor: by.clone(),
+            account_id: account_id.to_owned(),
+            action: Action::CreditsAdded,
+            target: reference.unwrap_or(account_id).to_owned(),
+            before: Value::Null,
+            after: json!({ "credits": credits }),
+        }
+    }
+
+    pub fn top_up(top_up: &TopUp, payment_id: Option<&str>, by: &Actor) -> AuditEntry {
+        AuditEntry {
+            actor: by.clone(),
+            account_id: top_up.account_id.clone(),
+            action: Action::TopUp,
+            target: top_up.reference.clone(),
+            before: Value::Null,
+            after: json!({
+                "usd_cents": top_up.usd_cents,
+                "credits": top_up.credits,
+                "payment_id": payment_id,
+            }),
+        }
+    }
+
+    fn moved(reversal: &Reversal) -> Value {
+        json!({
+            "kind": reversal.kind,
+            "reference": reversal.reference,
+            "usd_cents": reversal.usd_cents,
+            "credits": reversal.credits,
+            "owed": reversal.owed,
+        })
+    }
+
+    /// `refunded_before` and `refunded` are the payment's refunded totals in cents.
+    pub fn refund(
+        reversal: &Reversal,
+        payment_id: &str,
+        refunded_before: u64,
+        by: &Actor,
+    ) -> AuditEntry {
+        let mut after = moved(reversal);
+        after["refunded_cents"] = json!(refunded_before + reversal.usd_cents);
+        AuditEntry {
+            actor: by.clone(),
+            account_id: reversal.account_id.clone(),
+            action: Action::Refund,
+            target: payment_id.to_owned(),
+            before: json!({ "refunded_cents": refunded_before }),
+            after,
+        }
+    }
+
+    pub fn dispute(
+        dispute_id: &str,
+        account_id: &str,
+        known: Option<DisputeStatus>,
+        status: DisputeStatus,
+        reversal: Option<&Reversal>,
+        by: &Actor,
+    ) -> AuditEntry {
+        let mut after = reversal.map_or_else(|| json!({}), moved);
+        after["status"] = json!(status.as_str());
+        AuditEntry {
+            actor: by.clone(),
+            account_id: account_id.to_owned(),
+            action: Action::Dispute,
+            target: dispute_id.to_owned(),
+            before: json!({ "status": known.map(DisputeStatus::as_str) }),
+            after,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! Postgres one of cluster mode: accounts by id and by name, keys by the hash of their secret,
 //! revocation, and the promotion sweep.
 
+use e2e::contract::actor;
 use std::sync::Arc;
 
 use e2e::PostgresServer;
@@ -73,6 +74,7 @@ async fn top_up(store: &Store, account_id: &str, usd_cents: u64) {
     store
         .ledger
         .top_up(NewTopUp {
+            by: &actor(),
             account_id,
             reference: &unique("pay"),
             usd_cents,
@@ -110,13 +112,17 @@ async fn an_account_is_found_by_id_and_by_name_and_a_taken_name_is_refused(store
 async fn a_suspended_account_is_suspended_on_its_keys_lookups(store: Store) {
     let account = store.account().await;
     let (record, secret) = key(&account.id, "free", 0);
-    store.accounts.insert_key(record).await.expect("key");
+    store
+        .accounts
+        .insert_key(record, &actor())
+        .await
+        .expect("key");
     let hash = KeyHash::of(&secret);
     let (_, owner) = store.key_by_hash(&hash).await.expect("found");
     assert_eq!(owner.status, AccountStatus::Active);
     let suspended = store
         .accounts
-        .set_status(&account.id, AccountStatus::Suspended)
+        .set_status(&account.id, AccountStatus::Suspended, &actor())
         .await
         .expect("set")
         .expect("the account");
@@ -125,7 +131,7 @@ async fn a_suspended_account_is_suspended_on_its_keys_lookups(store: Store) {
     assert_eq!(owner.status, AccountStatus::Suspended);
     assert!(store
         .accounts
-        .set_status(&unique("acct"), AccountStatus::Suspended)
+        .set_status(&unique("acct"), AccountStatus::Suspended, &actor())
         .await
         .expect("set")
         .is_none());
@@ -136,7 +142,7 @@ async fn a_key_is_found_by_the_hash_of_its_secret_revoked_or_not(store: Store) {
     let (record, secret) = key(&account.id, "tier1", 0);
     store
         .accounts
-        .insert_key(record.clone())
+        .insert_key(record.clone(), &actor())
         .await
         .expect("inserted");
     let (found, owner) = store
@@ -173,7 +179,7 @@ async fn a_key_is_found_by_the_hash_of_its_secret_revoked_or_not(store: Store) {
     assert!(found.hash == record.hash);
     let revoked = store
         .accounts
-        .revoke_key(&record.id)
+        .revoke_key(&record.id, &actor())
         .await
         .expect("revoke")
         .expect("the key");
@@ -189,7 +195,7 @@ async fn a_key_is_found_by_the_hash_of_its_secret_revoked_or_not(store: Store) {
         .is_none());
     assert!(store
         .accounts
-        .revoke_key(&unique("key"))
+        .revoke_key(&unique("key"), &actor())
         .await
         .expect("revoke")
         .is_none());
@@ -202,7 +208,7 @@ async fn a_cached_key_lookup_answers_as_the_lookup_did_or_not_at_all(store: Stor
     let (record, secret) = key(&account.id, "tier1", 0);
     store
         .accounts
-        .insert_key(record.clone())
+        .insert_key(record.clone(), &actor())
         .await
         .expect("inserted");
     let hash = KeyHash::of(&secret);
@@ -224,7 +230,11 @@ async fn a_cached_key_lookup_answers_as_the_lookup_did_or_not_at_all(store: Stor
         .cached_key_by_hash(&unknown)
         .expect("a fresh miss is cached")
         .is_none());
-    store.accounts.revoke_key(&record.id).await.expect("revoke");
+    store
+        .accounts
+        .revoke_key(&record.id, &actor())
+        .await
+        .expect("revoke");
     if let Some(found) = store.accounts.cached_key_by_hash(&hash) {
         assert!(found.expect("still found").0.revoked, "revoked here");
     }
@@ -235,19 +245,19 @@ async fn a_key_whose_id_or_secret_is_taken_is_refused(store: Store) {
     let (first, secret) = key(&account.id, "free", 0);
     store
         .accounts
-        .insert_key(first.clone())
+        .insert_key(first.clone(), &actor())
         .await
         .expect("inserted");
     let (mut same_id, _) = key(&account.id, "tier2", 0);
     same_id.id.clone_from(&first.id);
     assert!(matches!(
-        store.accounts.insert_key(same_id).await,
+        store.accounts.insert_key(same_id, &actor()).await,
         Err(StoreError::Conflict(_))
     ));
     let (mut same_secret, _) = key(&account.id, "tier2", 0);
     same_secret.hash = first.hash;
     assert!(matches!(
-        store.accounts.insert_key(same_secret).await,
+        store.accounts.insert_key(same_secret, &actor()).await,
         Err(StoreError::Conflict(_))
     ));
     let (found, _) = store
@@ -270,13 +280,21 @@ async fn an_accounts_keys_are_listed_newest_first_revoked_ones_included(store: S
     for minutes_ago in [30, 10, 20] {
         let (record, _) = key(&account.id, "free", minutes_ago);
         ids.push((minutes_ago, record.id.clone()));
-        store.accounts.insert_key(record).await.expect("inserted");
+        store
+            .accounts
+            .insert_key(record, &actor())
+            .await
+            .expect("inserted");
     }
     let (theirs, _) = key(&other.id, "free", 0);
-    store.accounts.insert_key(theirs).await.expect("inserted");
     store
         .accounts
-        .revoke_key(&ids[0].1)
+        .insert_key(theirs, &actor())
+        .await
+        .expect("inserted");
+    store
+        .accounts
+        .revoke_key(&ids[0].1, &actor())
         .await
         .expect("revoke")
         .expect("the key");
@@ -302,13 +320,13 @@ async fn promotion_moves_live_keys_up_to_the_tier_their_lifetime_top_up_reaches_
     for k in [&free, &revoked, &enterprise, &higher] {
         store
             .accounts
-            .insert_key(k.clone())
+            .insert_key(k.clone(), &actor())
             .await
             .expect("inserted");
     }
     store
         .accounts
-        .revoke_key(&revoked.id)
+        .revoke_key(&revoked.id, &actor())
         .await
         .expect("revoke")
         .expect("the key");
@@ -316,21 +334,25 @@ async fn promotion_moves_live_keys_up_to_the_tier_their_lifetime_top_up_reaches_
     let (poor, _) = key(&untouched.id, "free", 0);
     store
         .accounts
-        .insert_key(poor.clone())
+        .insert_key(poor.clone(), &actor())
         .await
         .expect("inserted");
 
     assert!(
         store
             .accounts
-            .promote_tiers(&rules())
+            .promote_tiers(&rules(), &actor())
             .await
             .expect("sweep")
             .is_empty(),
         "no top-up, no move"
     );
     top_up(&store, &account.id, 600).await;
-    let promotions = store.accounts.promote_tiers(&rules()).await.expect("sweep");
+    let promotions = store
+        .accounts
+        .promote_tiers(&rules(), &actor())
+        .await
+        .expect("sweep");
     assert_eq!(promotions.len(), 1, "{promotions:?}");
     assert_eq!(
         (
@@ -344,7 +366,7 @@ async fn promotion_moves_live_keys_up_to_the_tier_their_lifetime_top_up_reaches_
     assert!(
         store
             .accounts
-            .promote_tiers(&rules())
+            .promote_tiers(&rules(), &actor())
             .await
             .expect("sweep")
             .is_empty(),

@@ -4,12 +4,15 @@
 
 use std::sync::Arc;
 
+use e2e::contract::actor;
 use e2e::PostgresServer;
 use futures::future::join_all;
 use gateway_core::payments::reload::{
-    AutoReloads, Due, MemoryAutoReloads, Outcome, PostgresAutoReloads, MAX_DECLINES,
+    AutoReloads, Due, MemoryAutoReloads, Outcome, PostgresAutoReloads, Rule, MAX_DECLINES,
 };
+use serde_json::json;
 use store::accounts::{Accounts, MemoryAccounts, PostgresAccounts};
+use store::audit::{Action, AuditLog, AuditQuery, PostgresAuditLog};
 use store::ledger::fixtures::turn_record;
 use store::ledger::{Ledger, MemoryLedger, NewReservation, PostgresLedger};
 
@@ -17,6 +20,8 @@ use super::{database, unique};
 
 pub struct Store {
     reloads: Arc<dyn AutoReloads>,
+    /// Where rule changes are audited.
+    audit: Arc<dyn AuditLog>,
     ledger: Arc<dyn Ledger>,
     accounts: Arc<dyn Accounts>,
     _pg: Option<PostgresServer>,
@@ -25,7 +30,11 @@ pub struct Store {
 async fn in_process() -> Store {
     let ledger = Arc::new(MemoryLedger::default());
     Store {
-        reloads: Arc::new(MemoryAutoReloads::new(ledger.clone())),
+        reloads: Arc::new(MemoryAutoReloads::new(
+            ledger.clone(),
+            ledger.audit_log().clone(),
+        )),
+        audit: ledger.audit_log().clone(),
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
         ledger,
         _pg: None,
@@ -38,6 +47,7 @@ async fn postgres() -> Store {
     ledger.heartbeat().await.expect("heartbeat");
     Store {
         reloads: Arc::new(PostgresAutoReloads::new(db.clone())),
+        audit: Arc::new(PostgresAuditLog::new(db.clone())),
         accounts: Arc::new(PostgresAccounts::new(db)),
         ledger: Arc::new(ledger),
         _pg: Some(pg),
@@ -46,6 +56,12 @@ async fn postgres() -> Store {
 
 const THRESHOLD: u64 = 1_000;
 const RELOAD_CENTS: u64 = 500;
+/// Auto-reload on, at the threshold, for the amount.
+const RULE: Rule = Rule {
+    enabled: true,
+    threshold_credits: THRESHOLD,
+    usd_cents: RELOAD_CENTS,
+};
 
 impl Store {
     /// An account holding `credits`, with a saved card and auto-reload on.
@@ -58,7 +74,7 @@ impl Store {
             .id;
         if credits > 0 {
             self.ledger
-                .add_credits(&account, credits)
+                .add_credits(&account, credits, &actor())
                 .await
                 .expect("add credits");
         }
@@ -68,7 +84,7 @@ impl Store {
             .expect("card");
         assert!(self
             .reloads
-            .configure(&account, true, THRESHOLD, RELOAD_CENTS)
+            .configure(&account, RULE, &actor())
             .await
             .expect("configured"));
         account
@@ -111,7 +127,7 @@ async fn a_rule_needs_a_saved_card(store: Store) {
         .id;
     assert!(!store
         .reloads
-        .configure(&account, true, THRESHOLD, RELOAD_CENTS)
+        .configure(&account, RULE, &actor())
         .await
         .expect("answered"));
     let shown = store.reloads.settings(&account).await.expect("settings");
@@ -123,7 +139,7 @@ async fn a_rule_needs_a_saved_card(store: Store) {
         .expect("card");
     assert!(store
         .reloads
-        .configure(&account, true, THRESHOLD, RELOAD_CENTS)
+        .configure(&account, RULE, &actor())
         .await
         .expect("configured"));
     let shown = store.reloads.settings(&account).await.expect("settings");
@@ -162,7 +178,7 @@ async fn a_balance_below_the_threshold_starts_one_reload_per_crossing(store: Sto
     );
     store
         .ledger
-        .add_credits(&account, 2_000)
+        .add_credits(&account, 2_000, &actor())
         .await
         .expect("credited");
     assert!(store.due(&account).await.is_empty(), "back above: re-armed");
@@ -211,7 +227,7 @@ async fn declines_in_a_row_turn_it_off_and_turning_it_on_again_clears_them(store
     assert!(store.due(&account).await.is_empty(), "turned off");
     assert!(store
         .reloads
-        .configure(&account, true, THRESHOLD, RELOAD_CENTS)
+        .configure(&account, RULE, &actor())
         .await
         .expect("configured"));
     let shown = store.reloads.settings(&account).await.expect("settings");
@@ -234,9 +250,52 @@ async fn sweeps_running_at_once_start_one_reload(store: Store) {
     assert_eq!(started, 1);
 }
 
+async fn a_rule_changed_is_audited_once_with_before_and_after_and_a_same_save_not(store: Store) {
+    let account = store.armed_account(5_000).await;
+    let off = Rule {
+        enabled: false,
+        ..RULE
+    };
+    for rule in [RULE, off, off] {
+        assert!(store
+            .reloads
+            .configure(&account, rule, &actor())
+            .await
+            .expect("configured"));
+    }
+    let rows = store
+        .audit
+        .list(&AuditQuery {
+            account_id: Some(account.clone()),
+            action: Some(Action::AutoReloadChanged),
+            limit: 10,
+            ..AuditQuery::default()
+        })
+        .await
+        .expect("listed");
+    let changes: Vec<_> = rows
+        .iter()
+        .rev()
+        .map(|r| {
+            (
+                r.entry.before["enabled"].clone(),
+                r.entry.after["enabled"].clone(),
+            )
+        })
+        .collect();
+    // Off to on when armed, then on to off; saving the same rule again changed nothing.
+    assert_eq!(
+        changes,
+        [(json!(false), json!(true)), (json!(true), json!(false))]
+    );
+    assert_eq!(rows[0].entry.after["threshold_credits"], THRESHOLD);
+    assert_eq!(rows[0].entry.actor, actor());
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
+        a_rule_changed_is_audited_once_with_before_and_after_and_a_same_save_not,
         a_rule_needs_a_saved_card,
         a_balance_below_the_threshold_starts_one_reload_per_crossing,
         an_unreachable_charge_is_retried_under_the_same_attempt,

@@ -2,6 +2,7 @@
 //! checkouts), kept alike by the in-process store of standalone mode and the Postgres one of
 //! cluster mode.
 
+use e2e::contract::actor;
 use std::sync::Arc;
 
 use e2e::PostgresServer;
@@ -27,7 +28,7 @@ pub struct Store {
 
 async fn in_process() -> Store {
     Store {
-        developers: Arc::new(MemoryDeveloperStore::default()),
+        developers: Arc::new(MemoryDeveloperStore::new(Default::default())),
         accounts: Arc::new(MemoryAccounts::new(Arc::new(MemoryLedger::default()))),
         _pg: None,
     }
@@ -155,7 +156,7 @@ async fn a_session_is_found_by_its_token_hash_until_it_expires_or_is_deleted(sto
     for s in [&live, &expired] {
         store
             .developers
-            .insert_session(s.clone())
+            .insert_session(s.clone(), &actor())
             .await
             .expect("inserted");
     }
@@ -329,7 +330,7 @@ async fn a_link_verifies_once_sets_its_password_and_ends_the_users_sessions_and_
     let session = Store::session(&user, &unique("token"), now() + Duration::hours(1));
     store
         .developers
-        .insert_session(session.clone())
+        .insert_session(session.clone(), &actor())
         .await
         .expect("inserted");
     assert!(

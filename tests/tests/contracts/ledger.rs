@@ -3,6 +3,7 @@
 //! from its allotments (`--allotment-turns`). Refunds and disputes have their own suite
 //! (`ledger_reversals.rs`).
 
+use e2e::contract::actor;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,7 +65,7 @@ impl Books {
             .expect("account");
         if credits > 0 {
             self.ledger
-                .add_credits(&account.id, credits)
+                .add_credits(&account.id, credits, &actor())
                 .await
                 .expect("add credits");
         }
@@ -75,7 +76,10 @@ impl Books {
     async fn key(&self, account_id: &str) -> String {
         let (record, _) = key_record(account_id, "free", 0);
         let id = record.id.clone();
-        self.accounts.insert_key(record).await.expect("key");
+        self.accounts
+            .insert_key(record, &actor())
+            .await
+            .expect("key");
         id
     }
 
@@ -139,13 +143,13 @@ async fn a_new_account_holds_nothing_and_credits_added_go_to_its_balance(books: 
     assert_eq!(books.money(&account).await, (0, 0));
     let after = books
         .ledger
-        .add_credits(&account, 1_500)
+        .add_credits(&account, 1_500, &actor())
         .await
         .expect("add credits");
     assert_eq!((after.balance, after.reserved), (1_500, 0));
     books
         .ledger
-        .add_credits(&account, 500)
+        .add_credits(&account, 500, &actor())
         .await
         .expect("add credits");
     let balance = books.ledger.balance(&account).await.expect("balance");
@@ -167,7 +171,7 @@ async fn credits_added_under_a_reference_are_added_once_however_often_and_concur
         async move {
             books
                 .ledger
-                .add_credits_once(&account, 700, &reference)
+                .add_credits_once(&account, 700, &reference, &actor())
                 .await
         }
     }))
@@ -181,13 +185,13 @@ async fn credits_added_under_a_reference_are_added_once_however_often_and_concur
     assert_eq!(books.money(&account).await, (700, 0));
     assert!(!books
         .ledger
-        .add_credits_once(&account, 700, &reference)
+        .add_credits_once(&account, 700, &reference, &actor())
         .await
         .expect("add_credits_once"));
     let other = unique("signup");
     assert!(books
         .ledger
-        .add_credits_once(&account, 300, &other)
+        .add_credits_once(&account, 300, &other, &actor())
         .await
         .expect("add_credits_once"));
     assert_eq!(books.money(&account).await, (1_000, 0));
@@ -197,7 +201,9 @@ async fn a_top_up_is_credited_once_per_reference_and_a_reused_reference_is_refus
     let account = books.account(0).await;
     let other = books.account(0).await;
     let reference = unique("pay");
+    let by = actor();
     let top_up = |account_id, usd_cents| NewTopUp {
+        by: &by,
         account_id,
         reference: &reference,
         usd_cents,
@@ -249,6 +255,7 @@ async fn top_ups_are_listed_newest_first(books: Books) {
         books
             .ledger
             .top_up(NewTopUp {
+                by: &actor(),
                 account_id: &account,
                 reference: &reference,
                 usd_cents: cents,

@@ -4,6 +4,7 @@
 //! and the ledger's refunds and disputes are `ledger_reversals.rs`.
 
 mod accounts;
+mod audit;
 mod auto_reloads;
 mod developers;
 mod ledger;

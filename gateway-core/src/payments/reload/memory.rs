@@ -8,6 +8,7 @@ use dashmap::DashMap;
 
 use super::{AutoReload, AutoReloads, Due, Outcome, MAX_DECLINES};
 use store::accounts::StoreError;
+use store::audit::{Actor, MemoryAuditLog};
 use store::ledger::Ledger;
 
 #[derive(Default)]
@@ -21,13 +22,16 @@ struct Rule {
 pub struct MemoryAutoReloads {
     ledger: Arc<dyn Ledger>,
     rules: DashMap<String, Rule>,
+    /// The in-process ledger's log, where rule changes are audited.
+    audit: Arc<MemoryAuditLog>,
 }
 
 impl MemoryAutoReloads {
-    pub fn new(ledger: Arc<dyn Ledger>) -> Self {
+    pub fn new(ledger: Arc<dyn Ledger>, audit: Arc<MemoryAuditLog>) -> Self {
         Self {
             ledger,
             rules: DashMap::new(),
+            audit,
         }
     }
 }
@@ -67,9 +71,8 @@ impl AutoReloads for MemoryAutoReloads {
     async fn configure(
         &self,
         account_id: &str,
-        enabled: bool,
-        threshold_credits: u64,
-        usd_cents: u64,
+        set: super::Rule,
+        by: &Actor,
     ) -> Result<bool, StoreError> {
         let Some(mut rule) = self.rules.get_mut(account_id) else {
             return Ok(false);
@@ -77,14 +80,22 @@ impl AutoReloads for MemoryAutoReloads {
         if rule.card.is_none() {
             return Ok(false);
         }
-        if enabled && !rule.shown.enabled {
+        let before = super::Rule {
+            enabled: rule.shown.enabled,
+            threshold_credits: rule.shown.threshold_credits,
+            usd_cents: rule.shown.usd_cents,
+        };
+        if set.enabled && !rule.shown.enabled {
             rule.shown.declines = 0;
             rule.shown.last_failure = None;
         }
-        rule.shown.enabled = enabled;
-        rule.shown.threshold_credits = threshold_credits;
-        rule.shown.usd_cents = usd_cents;
+        rule.shown.enabled = set.enabled;
+        rule.shown.threshold_credits = set.threshold_credits;
+        rule.shown.usd_cents = set.usd_cents;
         rule.armed = true;
+        if let Some(entry) = super::audited(account_id, before, set, by) {
+            self.audit.append(entry);
+        }
         Ok(true)
     }
 

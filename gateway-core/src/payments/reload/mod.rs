@@ -13,10 +13,39 @@ use async_trait::async_trait;
 pub use memory::MemoryAutoReloads;
 pub use postgres::PostgresAutoReloads;
 
+use serde_json::json;
 use store::accounts::StoreError;
+use store::audit::{Action, Actor, AuditEntry};
 
 /// Declines in a row after which auto-reload turns itself off.
 pub const MAX_DECLINES: u32 = 3;
+
+/// What the account sets of its auto-reload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub enabled: bool,
+    pub threshold_credits: u64,
+    pub usd_cents: u64,
+}
+
+/// The audit row of a rule changed from `before` to `after`; `None` when nothing changed.
+fn audited(account_id: &str, before: Rule, after: Rule, by: &Actor) -> Option<AuditEntry> {
+    let shown = |r: Rule| {
+        json!({
+            "enabled": r.enabled,
+            "threshold_credits": r.threshold_credits,
+            "usd_cents": r.usd_cents,
+        })
+    };
+    (before != after).then(|| AuditEntry {
+        actor: by.clone(),
+        account_id: account_id.to_owned(),
+        action: Action::AutoReloadChanged,
+        target: account_id.to_owned(),
+        before: shown(before),
+        after: shown(after),
+    })
+}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AutoReload {
@@ -70,14 +99,9 @@ pub trait AutoReloads: Send + Sync {
     ) -> Result<(), StoreError>;
     async fn settings(&self, account_id: &str) -> Result<AutoReload, StoreError>;
     /// Sets the rule; `false` when the account has no saved card. Turning it on clears the
-    /// declines.
-    async fn configure(
-        &self,
-        account_id: &str,
-        enabled: bool,
-        threshold_credits: u64,
-        usd_cents: u64,
-    ) -> Result<bool, StoreError>;
+    /// declines. A change is audited as `by`'s, with the change.
+    async fn configure(&self, account_id: &str, rule: Rule, by: &Actor)
+        -> Result<bool, StoreError>;
     /// Re-arms the reloads whose balance is back at the threshold, then disarms and returns
     /// those whose available balance is below it.
     async fn due(&self) -> Result<Vec<Due>, StoreError>;

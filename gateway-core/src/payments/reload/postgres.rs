@@ -6,8 +6,9 @@ use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::{AutoReload, AutoReloads, Due, Outcome, MAX_DECLINES};
+use super::{audited, AutoReload, AutoReloads, Due, Outcome, Rule, MAX_DECLINES};
 use store::accounts::StoreError;
+use store::audit::{append_in, Actor};
 use store::db::{from_db, to_db, Database};
 
 pub struct PostgresAutoReloads {
@@ -83,31 +84,50 @@ impl AutoReloads for PostgresAutoReloads {
         read().map_err(|e| StoreError::Unavailable(e.to_string()))
     }
 
-    async fn configure(
-        &self,
-        account_id: &str,
-        enabled: bool,
-        threshold_credits: u64,
-        usd_cents: u64,
-    ) -> Result<bool, StoreError> {
-        let updated = self
+    async fn configure(&self, account_id: &str, set: Rule, by: &Actor) -> Result<bool, StoreError> {
+        // The rule before, locked, the update and its audit row in one transaction.
+        let saved = self
             .db
-            .bounded(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let Some(row) = sqlx::query(
+                    "SELECT enabled, threshold_credits, usd_cents FROM auto_reloads
+                     WHERE account_id = $1 AND payment_method_id IS NOT NULL FOR UPDATE",
+                )
+                .bind(account_id)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?
+                else {
+                    return Ok(false);
+                };
+                let before = Rule {
+                    enabled: row.try_get("enabled")?,
+                    threshold_credits: from_db(row.try_get("threshold_credits")?),
+                    usd_cents: from_db(row.try_get("usd_cents")?),
+                };
                 sqlx::query(
                     "UPDATE auto_reloads
                      SET declines = CASE WHEN $2 AND NOT enabled THEN 0 ELSE declines END,
                          last_failure = CASE WHEN $2 AND NOT enabled THEN NULL ELSE last_failure END,
                          enabled = $2, threshold_credits = $3, usd_cents = $4, armed = true
-                     WHERE account_id = $1 AND payment_method_id IS NOT NULL",
+                     WHERE account_id = $1",
                 )
                 .bind(account_id)
-                .bind(enabled)
-                .bind(to_db(threshold_credits))
-                .bind(to_db(usd_cents))
-                .execute(self.db.pool()),
-            )
+                .bind(set.enabled)
+                .bind(to_db(set.threshold_credits))
+                .bind(to_db(set.usd_cents))
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+                if let Some(entry) = audited(account_id, before, set, by) {
+                    append_in(&mut tx, &entry).await?;
+                }
+                tx.commit().await?;
+                Ok(true)
+            })
             .await?;
-        Ok(updated.rows_affected() == 1)
+        Ok(saved)
     }
 
     async fn due(&self) -> Result<Vec<Due>, StoreError> {

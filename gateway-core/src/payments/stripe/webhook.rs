@@ -23,6 +23,7 @@ use http::HeaderMap;
 use super::events::{self, Charge, Dispute, Event, PaymentIntent, Session};
 use super::Stripe;
 use crate::payments::{confirm, signature, Books, PaymentError, TopUpRequest};
+use store::audit::{Actor, ActorKind};
 use store::developers::CheckoutStatus;
 use store::ledger::DisputeStage;
 
@@ -45,6 +46,7 @@ pub async fn receive(
 }
 
 async fn apply(state: &Books, event: &Event) -> Result<&'static str, PaymentError> {
+    let by = &Actor::new(ActorKind::StripeWebhook, &event.id, None);
     match event.kind.as_str() {
         "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
             let session: Session = events::object(event).map_err(PaymentError::Invalid)?;
@@ -52,11 +54,11 @@ async fn apply(state: &Books, event: &Event) -> Result<&'static str, PaymentErro
             if session.payment_status != "paid" {
                 return Ok("awaiting_payment");
             }
-            credit(state, &session).await
+            credit(state, &session, by).await
         }
         "payment_intent.succeeded" => {
             let intent: PaymentIntent = events::object(event).map_err(PaymentError::Invalid)?;
-            paid_intent(state, &intent).await
+            paid_intent(state, &intent, by).await
         }
         "checkout.session.async_payment_failed" | "checkout.session.expired" => {
             let session: Session = events::object(event).map_err(PaymentError::Invalid)?;
@@ -70,7 +72,10 @@ async fn apply(state: &Books, event: &Event) -> Result<&'static str, PaymentErro
         "charge.refunded" => {
             let charge: Charge = events::object(event).map_err(PaymentError::Invalid)?;
             let payment = payment_intent(charge.payment_intent.as_deref())?;
-            let reversal = state.ledger.refund(payment, charge.amount_refunded).await?;
+            let reversal = state
+                .ledger
+                .refund(payment, charge.amount_refunded, by)
+                .await?;
             Ok(reversal.map_or("already_applied", |_| "refunded"))
         }
         "charge.dispute.created" | "charge.dispute.closed" => {
@@ -84,7 +89,7 @@ async fn apply(state: &Books, event: &Event) -> Result<&'static str, PaymentErro
             let payment = payment_intent(dispute.payment_intent.as_deref())?;
             let reversal = state
                 .ledger
-                .dispute(&dispute.id, payment, dispute.amount, stage)
+                .dispute(&dispute.id, payment, dispute.amount, stage, by)
                 .await?;
             Ok(reversal.map_or("already_applied", |_| "disputed"))
         }
@@ -94,7 +99,11 @@ async fn apply(state: &Books, event: &Event) -> Result<&'static str, PaymentErro
 }
 
 /// Credits a paid session's top-up, once per reference.
-async fn credit(state: &Books, session: &Session) -> Result<&'static str, PaymentError> {
+async fn credit(
+    state: &Books,
+    session: &Session,
+    by: &Actor,
+) -> Result<&'static str, PaymentError> {
     let usd_cents = session
         .amount_total
         .ok_or_else(|| PaymentError::Invalid("data.object.amount_total: missing".into()))?;
@@ -105,12 +114,16 @@ async fn credit(state: &Books, session: &Session) -> Result<&'static str, Paymen
         currency,
         payment_id: session.payment_intent.as_deref(),
     };
-    confirm_paid(state, payment).await
+    confirm_paid(state, payment, by).await
 }
 
 /// A PaymentIntent paid: the top-up it is for (a checkout's, already credited by its
 /// session, or an auto-reload's), and the card it saved for auto-reload.
-async fn paid_intent(state: &Books, intent: &PaymentIntent) -> Result<&'static str, PaymentError> {
+async fn paid_intent(
+    state: &Books,
+    intent: &PaymentIntent,
+    by: &Actor,
+) -> Result<&'static str, PaymentError> {
     if !intent.metadata.contains_key("reference") {
         // Not one of ours (another integration on the same Stripe account).
         return Ok("ignored");
@@ -121,7 +134,7 @@ async fn paid_intent(state: &Books, intent: &PaymentIntent) -> Result<&'static s
         currency: &intent.currency,
         payment_id: Some(&intent.id),
     };
-    let outcome = confirm_paid(state, payment).await?;
+    let outcome = confirm_paid(state, payment, by).await?;
     let saved = (
         intent.setup_future_usage.as_deref(),
         &intent.customer,
@@ -144,7 +157,11 @@ struct Paid<'a> {
     payment_id: Option<&'a str>,
 }
 
-async fn confirm_paid(state: &Books, paid: Paid<'_>) -> Result<&'static str, PaymentError> {
+async fn confirm_paid(
+    state: &Books,
+    paid: Paid<'_>,
+    by: &Actor,
+) -> Result<&'static str, PaymentError> {
     if !paid.currency.eq_ignore_ascii_case("usd") {
         return Err(PaymentError::Invalid(format!(
             "data.object.currency: top-ups are in usd, not `{}`",
@@ -156,6 +173,7 @@ async fn confirm_paid(state: &Books, paid: Paid<'_>) -> Result<&'static str, Pay
         reference: field(paid.metadata, "reference")?,
         usd_cents: paid.usd_cents,
         payment_id: paid.payment_id,
+        by,
     };
     let confirmation = confirm(
         state.accounts.as_ref(),

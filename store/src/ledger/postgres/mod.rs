@@ -43,9 +43,10 @@ use self::allotment::{Grow, Pools, Release, Written, IDLE};
 use self::lease::Lease;
 use super::coalesce::Coalescer;
 use super::{
-    Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
+    audited, Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
     MessageStatus, NewReservation, NewTopUp, Reversal, Settlement, TopUp, UsageRow, UsageTotals,
 };
+use crate::audit::{append_in, Actor};
 use crate::db::{from_db, parse_name, to_db, Database, DbError};
 use crate::ids;
 use crate::metrics;
@@ -505,18 +506,32 @@ impl Ledger for PostgresLedger {
         Ok(())
     }
 
-    async fn add_credits(&self, account_id: &str, credits: u64) -> Result<Balance, LedgerError> {
+    async fn add_credits(
+        &self,
+        account_id: &str,
+        credits: u64,
+        by: &Actor,
+    ) -> Result<Balance, LedgerError> {
         let row = self
             .db
-            .bounded(
-                sqlx::query(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let row = sqlx::query(
                     "UPDATE accounts SET balance = balance + $2 WHERE id = $1
                      RETURNING balance, reserved, lifetime_top_up_cents, owed_credits",
                 )
                 .bind(account_id)
                 .bind(to_db(credits))
-                .fetch_optional(self.db.pool()),
-            )
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if row.is_some() && credits > 0 {
+                    let entry = audited::credits_added(account_id, credits, None, by);
+                    append_in(&mut tx, &entry).await?;
+                }
+                tx.commit().await?;
+                Ok(row)
+            })
             .await?
             .ok_or(LedgerError::UnknownAccount)?;
         Ok(balance_of(&row).map_err(DbError::Sql)?)
@@ -527,12 +542,15 @@ impl Ledger for PostgresLedger {
         account_id: &str,
         credits: u64,
         reference: &str,
+        by: &Actor,
     ) -> Result<bool, LedgerError> {
-        // One statement: the reference's row and the credit commit together or not at all.
+        // One statement: the reference's row and the credit commit together or not at all,
+        // with the audit row in the same transaction.
         let credited = self
             .db
-            .bounded(
-                sqlx::query(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let credited = sqlx::query(
                     "WITH added AS (
                          INSERT INTO ledger_grants (reference, account_id, credits)
                          VALUES ($3, $1, $2)
@@ -546,10 +564,19 @@ impl Ledger for PostgresLedger {
                 .bind(account_id)
                 .bind(to_db(credits))
                 .bind(reference)
-                .fetch_optional(self.db.pool()),
-            )
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some();
+                if credited && credits > 0 {
+                    let entry = audited::credits_added(account_id, credits, Some(reference), by);
+                    append_in(&mut tx, &entry).await?;
+                }
+                tx.commit().await?;
+                Ok(credited)
+            })
             .await?;
-        Ok(credited.is_some())
+        Ok(credited)
     }
 
     async fn balance(&self, account_id: &str) -> Result<Balance, LedgerError> {
@@ -574,12 +601,13 @@ impl Ledger for PostgresLedger {
 
     async fn top_up(&self, t: NewTopUp<'_>) -> Result<Confirmation, LedgerError> {
         // Inserts the top-up confirmed, or confirms a pending one of the same account and
-        // amount, and credits the account (what it owes first), in one statement; anything
-        // else changes nothing.
+        // amount, and credits the account (what it owes first), in one statement, and audits
+        // it in the same transaction; anything else changes nothing.
         let row = self
             .db
-            .bounded(
-                sqlx::query(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let row = sqlx::query(
                     "WITH confirmed AS (
                          INSERT INTO top_ups (reference, account_id, usd_cents, credits, status, confirmed_at, payment_id)
                          VALUES ($1, $2, $3, $4, 'confirmed', now(), $5)
@@ -604,18 +632,27 @@ impl Ledger for PostgresLedger {
                 .bind(to_db(t.usd_cents))
                 .bind(to_db(t.credits))
                 .bind(t.payment_id)
-                .fetch_optional(self.db.pool()),
-            )
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = row else {
+                    return Ok(None);
+                };
+                let top_up = top_up_of(&row)?;
+                append_in(&mut tx, &audited::top_up(&top_up, t.payment_id, t.by)).await?;
+                tx.commit().await?;
+                Ok(Some(top_up))
+            })
             .await;
-        let row = match row {
-            Ok(row) => row,
+        let confirmed = match row {
+            Ok(confirmed) => confirmed,
             // The account does not exist (foreign key).
             Err(e) if e.constraint().is_some() => return Err(LedgerError::UnknownAccount),
             Err(e) => return Err(e.into()),
         };
-        if let Some(row) = row {
+        if let Some(top_up) = confirmed {
             return Ok(Confirmation {
-                top_up: top_up_of(&row).map_err(DbError::Sql)?,
+                top_up,
                 first: true,
             });
         }
@@ -639,12 +676,14 @@ impl Ledger for PostgresLedger {
         &self,
         payment_id: &str,
         refunded_cents: u64,
+        by: &Actor,
     ) -> Result<Option<Reversal>, LedgerError> {
         self.db
             .bounded(reversals::refund(
                 self.db.pool(),
                 payment_id,
                 refunded_cents,
+                by,
             ))
             .await?
     }
@@ -655,12 +694,14 @@ impl Ledger for PostgresLedger {
         payment_id: &str,
         usd_cents: u64,
         stage: DisputeStage,
+        by: &Actor,
     ) -> Result<Option<Reversal>, LedgerError> {
         let dispute = reversals::Dispute {
             id: dispute_id,
             payment_id,
             usd_cents,
             stage,
+            by,
         };
         self.db
             .bounded(reversals::dispute(self.db.pool(), dispute))

@@ -11,7 +11,8 @@ use super::super::reversal::{
     dispute_step, give, kept_cents, moved_lifetime, share, take, DisputeStatus, Movement, Reversal,
     ReversalKind,
 };
-use super::super::{DisputeStage, LedgerError};
+use super::super::{audited, DisputeStage, LedgerError};
+use crate::audit::{append_in, Actor};
 use crate::db::{from_db, to_db, DbPool};
 
 type Outcome = Result<Option<Reversal>, LedgerError>;
@@ -146,6 +147,7 @@ pub async fn refund(
     pool: &DbPool,
     payment_id: &str,
     refunded_cents: u64,
+    by: &Actor,
 ) -> Result<Outcome, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let Some(paid) = lock_top_up(&mut tx, payment_id).await? else {
@@ -158,6 +160,8 @@ pub async fn refund(
     let id = format!("{payment_id}:refunded:{total}");
     let cents = total - paid.refunded_cents;
     let reversal = reverse(&mut tx, id, &paid, ReversalKind::Refund, cents).await?;
+    let entry = audited::refund(&reversal, payment_id, paid.refunded_cents, by);
+    append_in(&mut tx, &entry).await?;
     sqlx::query("UPDATE top_ups SET refunded_cents = $2 WHERE reference = $1")
         .bind(&paid.reference)
         .bind(to_db(total))
@@ -173,6 +177,7 @@ pub struct Dispute<'a> {
     pub payment_id: &'a str,
     pub usd_cents: u64,
     pub stage: DisputeStage,
+    pub by: &'a Actor,
 }
 
 pub async fn dispute(pool: &DbPool, d: Dispute<'_>) -> Result<Outcome, sqlx::Error> {
@@ -202,6 +207,15 @@ pub async fn dispute(pool: &DbPool, d: Dispute<'_>) -> Result<Outcome, sqlx::Err
             Some(reverse(&mut tx, id, &paid, kind, cents).await?)
         }
     };
+    let entry = audited::dispute(
+        d.id,
+        &paid.account_id,
+        known,
+        status,
+        reversal.as_ref(),
+        d.by,
+    );
+    append_in(&mut tx, &entry).await?;
     sqlx::query(
         "INSERT INTO payment_disputes (id, reference, status) VALUES ($1, $2, $3)
          ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status",
