@@ -466,6 +466,7 @@ impl Ledger for MemoryLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::audit::{Actor, ActorKind};
     use crate::ledger::fixtures::turn_record;
     use crate::usage::TokenUsage;
 
@@ -473,7 +474,7 @@ mod tests {
     async fn settled_rows_are_kept_up_to_the_bound_oldest_dropped_first() {
         let ledger = MemoryLedger::default();
         ledger
-            .add_credits("acct", 1_000_000)
+            .add_credits("acct", 1_000_000, &Actor::new(ActorKind::Cli, "test", None))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let turns = KEPT_MESSAGES + 1;
