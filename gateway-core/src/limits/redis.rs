@@ -153,6 +153,15 @@ impl Corrections {
     fn take(&self, key_id: &str) -> (i64, i64) {
         self.0.remove(key_id).map_or((0, 0), |(_, c)| c)
     }
+
+    /// The key's correction not yet sent for `window`: what this process' reading of the
+    /// window adds to what Redis holds.
+    fn pending(&self, key_id: &str, window: i64) -> i64 {
+        self.0
+            .get(key_id)
+            .filter(|c| c.0 == window)
+            .map_or(0, |c| c.1)
+    }
 }
 
 /// Sends the corrections that found no admission to ride on, every
@@ -406,9 +415,12 @@ impl Limiter for RedisLimiter {
                 .evalsha_with_reload(&self.client, keys(key_id), Vec::<String>::new()),
         )
         .await?;
+        // This process' own corrections count at once, as they do in-process; other pods see
+        // them with the next admission or flush.
+        let pending = self.corrections.pending(key_id, self.window_now());
         Ok(Snapshot {
             requests,
-            input_tokens,
+            input_tokens: input_tokens.saturating_add_signed(pending),
             streams,
             reset_secs,
         })
@@ -485,6 +497,15 @@ mod tests {
         assert_eq!(corrections.take("k"), (0, 0), "taken once");
         corrections.add("other", 8, -10);
         assert_eq!(corrections.take("other"), (8, -10));
+    }
+
+    #[test]
+    fn a_correction_not_yet_sent_counts_in_its_own_window_only() {
+        let corrections = Corrections::default();
+        corrections.add("k", 7, -300);
+        assert_eq!(corrections.pending("k", 7), -300);
+        assert_eq!(corrections.pending("k", 8), 0);
+        assert_eq!(corrections.pending("other", 7), 0);
     }
 
     #[test]
