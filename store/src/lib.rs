@@ -4,6 +4,7 @@
 //! tests and the benchmarks all use this crate; it knows nothing of HTTP.
 
 pub mod accounts;
+pub mod batches;
 pub mod db;
 pub mod developers;
 pub mod ids;
