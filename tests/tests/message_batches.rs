@@ -5,10 +5,13 @@
 //! stops the queued items, billed nothing; items not run by the expiry end `expired`; the
 //! per-key cap of batches in progress is refused with the envelope.
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use e2e::gateway::workspace_root;
 use e2e::*;
+use reqwest::Method;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 
 /// Creates a batch of `n` requests and one invalid (no `max_tokens`), optionally cancels it at
 /// once, waits for it to end, reads every result, lists the batches, and deletes it; prints
@@ -98,7 +101,7 @@ fn billed(rows: &HashMap<String, Value>) -> i64 {
 }
 
 /// 50 requests and an invalid one, through a free-tier key (5 requests a minute): all run,
-/// since batch items take none of the key's interactive limits.
+/// and the key's interactive window counts none of them.
 async fn a_batch_runs_to_completion_billed_per_item_at_half_price(gw: &Gateway) {
     const N: usize = 50;
     let key = gw.new_key(1_000_000, &KeySpec::api()).await;
@@ -151,6 +154,14 @@ async fn a_batch_runs_to_completion_billed_per_item_at_half_price(gw: &Gateway) 
     assert_eq!(
         (&run["deleted"], &run["gone"]),
         (&json!("message_batch_deleted"), &json!(true))
+    );
+
+    // The key's interactive window: one request (the batch's creation), none of its tokens.
+    let window = gw.get("/v1/models", &key.secret).await.rate_limit();
+    assert_eq!(window.remaining_tokens, window.limit_tokens, "{window:?}");
+    assert!(
+        window.remaining_requests + 1 >= window.limit_requests,
+        "{window:?}"
     );
 
     let rows = ledger_rows(gw, results).await;
@@ -366,4 +377,128 @@ async fn bad_batches_and_unknown_ids_get_the_envelope() {
     }
     let bad_limit = gw.get("/v1/messages/batches?limit=0", &key.secret).await;
     bad_limit.expect_status(400);
+}
+
+/// Two `serve` pods on one Postgres share a batch; the first is SIGKILLed with items in
+/// flight. Its items go back after their 3-second lease and the survivor runs them: every
+/// item ends with exactly one result and one completed ledger row, and the balance drops by
+/// exactly what the rows billed (the killed pod's reservations are released, billed nothing).
+#[tokio::test]
+async fn a_pod_killed_mid_batch_loses_no_item_and_bills_each_once() {
+    const N: usize = 24;
+    let pg = PostgresServer::start().await;
+    let mut cluster = Cluster::start(2, |b| {
+        b.database(&pg.url())
+            .chunk_delay_ms(40)
+            .arg("--batch-concurrency")
+            .arg("2")
+            .arg("--batch-lease-secs")
+            .arg("3")
+            .arg("--batch-poll-ms")
+            .arg("100")
+            .arg("--reaper-stale-secs")
+            .arg("2")
+            .arg("--allotment-turns")
+            .arg("0")
+    })
+    .await;
+    let key = cluster.pods[0].new_key(1_000_000, &KeySpec::api()).await;
+    let before = cluster.pods[1].balance(&key.secret).await;
+    let requests: Vec<Value> = (0..N)
+        .map(|i| {
+            json!({"custom_id": format!("req-{i}"), "params": {"model": "svc/haiku", "max_tokens": 32,
+                   "messages": [{"role": "user", "content": format!("Question number {i}")}]}})
+        })
+        .collect();
+    let created = cluster.pods[0]
+        .post_json(
+            "/v1/messages/batches",
+            &key.secret,
+            &json!({ "requests": requests }),
+        )
+        .await
+        .expect_ok();
+    let path = format!(
+        "/v1/messages/batches/{}",
+        created["id"].as_str().expect("id")
+    );
+    let succeeded = |batch: &Value| batch["request_counts"]["succeeded"].as_u64().unwrap_or(0);
+    poll_until(
+        "a few items to succeed",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            let batch = cluster.pods[1].get(&path, &key.secret).await.expect_ok();
+            (succeeded(&batch) >= 4).then_some(())
+        },
+    )
+    .await;
+    cluster.pods[0].kill_9().await;
+
+    let survivor = &cluster.pods[1];
+    let ended = poll_until(
+        "the batch to end on the survivor",
+        Duration::from_secs(90),
+        Duration::from_millis(200),
+        || async {
+            let batch = survivor.get(&path, &key.secret).await.expect_ok();
+            (batch["processing_status"] == "ended").then_some(batch)
+        },
+    )
+    .await;
+    assert_eq!(succeeded(&ended), N as u64, "{ended}");
+    // JSONL, not one JSON body: each line is checked for provider names as JSON.
+    let results = survivor
+        .request(Method::GET, &format!("{path}/results"), Some(&key.secret))
+        .send()
+        .await
+        .expect("results");
+    assert_eq!(results.status(), 200);
+    let text = results.text().await.expect("the results file");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    lines.iter().for_each(e2e::leak::assert_no_provider_names);
+    let ids: std::collections::HashSet<&str> = lines
+        .iter()
+        .filter_map(|l| l["custom_id"].as_str())
+        .collect();
+    assert_eq!((lines.len(), ids.len()), (N, N), "one result per item");
+
+    survivor.wait_settled(&key.account_id).await;
+    let account = &key.account_id;
+    let completed = pg
+        .query_i64(&format!(
+            "SELECT count(*) FROM messages WHERE account_id = '{account}' AND status = 'completed'"
+        ))
+        .await;
+    assert_eq!(completed, N as i64, "one completed ledger row per item");
+    let pods = pg
+        .query_i64(&format!(
+            "SELECT count(DISTINCT instance_id) FROM messages WHERE account_id = '{account}'"
+        ))
+        .await;
+    assert_eq!(pods, 2, "both pods ran items");
+    let billed = pg
+        .query_i64(&format!(
+            "SELECT sum(billed) FROM messages WHERE account_id = '{account}'"
+        ))
+        .await;
+    let cut_but_billed = pg
+        .query_i64(&format!(
+            "SELECT count(*) FROM messages WHERE account_id = '{account}' AND status <> 'completed' AND billed > 0"
+        ))
+        .await;
+    assert_eq!(
+        cut_but_billed, 0,
+        "an item cut by the kill is billed nothing"
+    );
+    let cut = pg
+        .query_i64(&format!(
+            "SELECT count(*) FROM messages WHERE account_id = '{account}' AND status <> 'completed'"
+        ))
+        .await;
+    assert!(cut > 0, "the kill cut items in flight, which ran again");
+    assert_eq!(before - survivor.balance(&key.secret).await, billed);
 }
