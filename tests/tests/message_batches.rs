@@ -459,7 +459,7 @@ async fn a_pod_killed_mid_batch_loses_no_item_and_bills_each_once() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect();
-    lines.iter().for_each(e2e::leak::assert_no_provider_names);
+    lines.iter().for_each(leak::assert_no_provider_names);
     let ids: std::collections::HashSet<&str> = lines
         .iter()
         .filter_map(|l| l["custom_id"].as_str())
