@@ -211,6 +211,47 @@ async fn in_postgres_a_batch_runs_to_completion_billed_per_item_at_half_price() 
     a_batch_runs_to_completion_billed_per_item_at_half_price(&cluster.pods[0]).await;
 }
 
+/// An account with credits for a few items: those run, the rest end `errored` with the 402
+/// envelope, billed nothing, and the balance drops by exactly the rows of those that ran.
+async fn items_past_the_balance_end_errored_with_402_unbilled(gw: &Gateway) {
+    const N: usize = 12;
+    let key = gw.new_key(20, &KeySpec::api()).await;
+    let run = sdk_run(gw, &key.secret, N, false).await;
+    let results = &run["results"];
+    let mut kinds: HashMap<String, usize> = HashMap::new();
+    for i in 0..N {
+        let result = &results[format!("req-{i}")];
+        let kind = match result["type"].as_str() {
+            Some("errored") => format!("errored:{}", result["error"].as_str().unwrap_or("")),
+            other => other.unwrap_or("").to_owned(),
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    let ran = kinds.get("succeeded").copied().unwrap_or(0);
+    let refused = kinds
+        .get("errored:insufficient_quota")
+        .copied()
+        .unwrap_or(0);
+    assert!(ran > 0 && refused > 0, "{kinds:?}");
+    assert_eq!(ran + refused, N, "{kinds:?}");
+    let rows = ledger_rows(gw, results).await;
+    gw.wait_settled(&key.account_id).await;
+    assert_eq!(20 - gw.balance(&key.secret).await, billed(&rows));
+}
+
+#[tokio::test]
+async fn standalone_items_past_the_balance_end_errored_with_402_unbilled() {
+    let gw = slow(Gateway::builder()).start().await;
+    items_past_the_balance_end_errored_with_402_unbilled(&gw).await;
+}
+
+#[tokio::test]
+async fn in_postgres_items_past_the_balance_end_errored_with_402_unbilled() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| slow(b.database(&pg.url()))).await;
+    items_past_the_balance_end_errored_with_402_unbilled(&cluster.pods[0]).await;
+}
+
 /// One item at a time, each slow: cancelled at once, most never run.
 async fn cancel_stops_the_queued_items_billed_nothing(gw: &Gateway) {
     const N: usize = 30;
