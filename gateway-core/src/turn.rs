@@ -95,6 +95,8 @@ pub enum Endpoint {
     Messages,
     ChatCompletions,
     Responses,
+    /// An item of a Message Batch (`/v1/messages/batches`), run by a worker.
+    MessageBatches,
 }
 
 impl Endpoint {
@@ -103,6 +105,7 @@ impl Endpoint {
             Self::Messages => "messages",
             Self::ChatCompletions => "chat_completions",
             Self::Responses => "responses",
+            Self::MessageBatches => "message_batches",
         }
     }
 }
@@ -169,6 +172,46 @@ pub async fn start(
     principal: &Principal,
     turn: TurnRequest,
 ) -> Result<Turn, TurnError> {
+    begin(state, principal, turn, Lane::Interactive).await
+}
+
+/// How a turn is let in and priced.
+#[derive(Clone, Copy, Debug)]
+enum Lane {
+    /// Against the key's RPM, TPM and stream slots, at the route's price.
+    Interactive,
+    /// A batch item: it takes nothing of the key's interactive limits (a batch's own
+    /// workers bound it) and costs `price_percent` of the interactive price.
+    Batch { price_percent: u32 },
+}
+
+/// A Message Batch item's turn ([`start`] otherwise): not streamed, never admitted against the
+/// key's interactive limits, billed at `price_percent` of the route's price.
+pub async fn start_batch_item(
+    state: &Turns,
+    principal: &Principal,
+    mut turn: TurnRequest,
+    price_percent: u32,
+) -> Result<Turn, TurnError> {
+    turn.request.stream = false;
+    turn.endpoint = Endpoint::MessageBatches;
+    begin(state, principal, turn, Lane::Batch { price_percent }).await
+}
+
+/// What [`start`] checks of a request before it costs anything: its model exists and the
+/// request is valid for it. A Message Batch checks each of its requests so at creation.
+pub fn check(state: &Turns, request: &Request) -> Result<(), TurnError> {
+    let requested = resolve_model(state, &request.model)?;
+    validate::request(request, &requested.id, &requested.config, false)?;
+    Ok(())
+}
+
+async fn begin(
+    state: &Turns,
+    principal: &Principal,
+    turn: TurnRequest,
+    lane: Lane,
+) -> Result<Turn, TurnError> {
     let TurnRequest {
         id,
         endpoint,
@@ -190,20 +233,33 @@ pub async fn start(
         request.max_tokens = served.config.max_output_tokens.min(room);
     }
 
-    let admission = telemetry
-        .step(
-            "admission",
-            admit(state, principal, input.billed(), request.stream),
-        )
-        .await;
-    let admission = telemetry.admission(admission)?;
+    let (admission, price) = match lane {
+        Lane::Interactive => {
+            let admission = telemetry
+                .step(
+                    "admission",
+                    admit(state, principal, input.billed(), request.stream),
+                )
+                .await;
+            (telemetry.admission(admission)?, served.price)
+        }
+        Lane::Batch { price_percent } => {
+            let unadmitted = Admission {
+                snapshot: Snapshot::default(),
+                stream_slot: None,
+            };
+            (unadmitted, served.price.percent(price_percent))
+        }
+    };
+    let admitted = matches!(lane, Lane::Interactive);
     let mut meter = Meter {
         state: state.clone(),
         turn: OpenTurn {
             key_id: principal.key.id.clone(),
+            admitted,
             stream_slot: admission.stream_slot,
             message_id: id.clone(),
-            price: served.price,
+            price,
             input,
             usage: TokenUsage {
                 input_tokens: input.billed(),
@@ -223,8 +279,7 @@ pub async fn start(
         return Err(ProviderError::Unavailable.into());
     };
     let caching = request.cache_writes();
-    let (floor, ceiling) =
-        credits_to_reserve(&served.price, input, &request, caching, open_max_tokens);
+    let (floor, ceiling) = credits_to_reserve(&price, input, &request, caching, open_max_tokens);
     let reservation = NewReservation {
         record: message_record(
             &id,
@@ -241,8 +296,7 @@ pub async fn start(
     };
     let reserved = meter.reserve(reservation).await?;
     if open_max_tokens {
-        request.max_tokens = served
-            .price
+        request.max_tokens = price
             .affordable_output(reserved, input.billed(), request.max_tokens, caching)
             .max(1);
     }
@@ -620,6 +674,8 @@ struct Meter {
 #[derive(Default)]
 struct OpenTurn {
     key_id: String,
+    /// Admitted against the key's limits, which its end gives back (a batch item is not).
+    admitted: bool,
     stream_slot: Option<StreamSlot>,
     message_id: String,
     price: Price,
@@ -690,10 +746,20 @@ impl Meter {
 
     /// Gives back the admission when the turn ends before anything was reserved.
     async fn release(&mut self) {
+        let release = self.end_admission(0);
+        detached::finish(&self.state.shutdown.tasks, release).await;
+    }
+
+    /// Ends the turn's admission with `actual` input tokens; nothing for a turn not admitted.
+    fn end_admission(&mut self, actual: u64) -> impl std::future::Future<Output = ()> + 'static {
         let stream_slot = self.turn.stream_slot.take();
         let (key, estimate) = (self.turn.key_id.clone(), self.turn.input.billed().into());
-        let release = end_admission(self.state.limiter.clone(), key, stream_slot, estimate, 0);
-        detached::finish(&self.state.shutdown.tasks, release).await;
+        let (limiter, admitted) = (self.state.limiter.clone(), self.turn.admitted);
+        async move {
+            if admitted {
+                end_admission(limiter, key, stream_slot, estimate, actual).await;
+            }
+        }
     }
 
     /// Settles the reservation and the admission; returns the credits billed.
@@ -707,18 +773,9 @@ impl Meter {
             Some((usage, reason)) => (usage, Some(reason)),
             None => (self.partial_usage(), None),
         };
+        let finish = self.end_admission(usage.input_tokens.into());
         let turn = &mut self.turn;
         let cost = cost(&turn.price, &usage, completed, turn.delivered_as_generated);
-        let stream_slot = turn.stream_slot.take();
-        let (key, estimate) = (turn.key_id.clone(), u64::from(turn.input.billed()));
-        let actual = usage.input_tokens.into();
-        let finish = end_admission(
-            self.state.limiter.clone(),
-            key,
-            stream_slot,
-            estimate,
-            actual,
-        );
         let settlement = turn.reserved_since.take().map(|since| Settlement {
             message_id: turn.message_id.clone(),
             served_by: turn.served_by.take(),

@@ -4,9 +4,11 @@
 
 use std::sync::Arc;
 
+use axum::extract::FromRef;
 use crds::config::{GatewayConfig, ProviderKind, Route};
 use thiserror::Error;
 
+use crate::api::message_batches;
 use crate::flags::dev_account::DevAccountArgs;
 use crate::flags::payments::PaymentsArgs;
 use crate::flags::published::{Published, PublishedError};
@@ -35,6 +37,7 @@ use store::accounts::{
     promotion, Accounts, KeyKind, MemoryAccounts, PostgresAccounts, PromotionRules, StoreError,
 };
 use store::audit::{Actor, ActorKind, AuditLog, PostgresAuditLog};
+use store::batches::{BatchStore, MemoryBatchStore, PostgresBatchStore};
 use store::db::{Database, DbError};
 use store::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
 use store::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
@@ -98,6 +101,7 @@ struct Stores {
     developers: Arc<dyn DeveloperStore>,
     audit: Arc<dyn AuditLog>,
     responses: ResponsesBackend,
+    batches: Arc<dyn BatchStore>,
 }
 
 /// `gateway standalone`: everything in process, the promotion sweep on a timer.
@@ -174,6 +178,7 @@ fn in_process_stores(args: &CommonArgs) -> Result<Stores, StartError> {
         developers: Arc::new(MemoryDeveloperStore::new(audit.clone())),
         audit,
         responses: ResponsesBackend::memory(args.responses.memory_limits()),
+        batches: Arc::new(MemoryBatchStore::default()),
     })
 }
 
@@ -223,6 +228,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             developers: Arc::new(MemoryDeveloperStore::new(audit.clone())),
             audit,
             responses: ResponsesBackend::memory(args.common.responses.memory_limits()),
+            batches: Arc::new(MemoryBatchStore::default()),
         };
         return run(args.common, stores, config, published, admin, |_, _| {}).await;
     };
@@ -251,6 +257,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         payments: payments(&args.common.payments, NoPayments)?,
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
         audit: Arc::new(PostgresAuditLog::new(db.clone())),
+        batches: Arc::new(PostgresBatchStore::new(db.clone())),
         responses: ResponsesBackend::postgres(
             db,
             args.common.responses.retention(),
@@ -329,11 +336,13 @@ async fn assemble(
         auto_reloads: stores.auto_reloads,
         responses: responses.store(),
         reasoning_seal: args.responses.sealer(),
+        batches: stores.batches,
         settings: Settings {
             credits_per_usd: args.payments.credits_per_usd(),
             dashboard: (&args.dashboard).into(),
             payment_webhook_secret: args.payments.payment_webhook_secret.clone(),
             trusted_proxies: args.server.trusted_proxies(),
+            batches: (&args.batches).into(),
         },
     };
     seed_granted_keys(&services).await?;
@@ -369,6 +378,10 @@ async fn run(
     tokio::spawn(responses.purge_until(draining));
     let limiter = services.limiter.clone();
     let state = AppState::new(services);
+    tokio::spawn(message_batches::worker::run(
+        FromRef::from_ref(&state),
+        state.shutdown().clone(),
+    ));
     if let Some(published) = published {
         if let Some(pods) = published.pods() {
             limiter.set_pods(pods);

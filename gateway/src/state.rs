@@ -9,6 +9,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use axum::extract::FromRef;
 
+use crate::api::message_batches::settings::BatchSettings;
 use crate::client_address::TrustedProxies;
 use crate::dashboard::settings::DashboardSettings;
 use gateway_core::limits::{AddressBrake, Limiter};
@@ -24,6 +25,7 @@ use gateway_core::tokens::Tokenizer;
 use gateway_core::turn::{TurnServices, Turns};
 use store::accounts::Accounts;
 use store::audit::AuditLog;
+use store::batches::BatchStore;
 use store::developers::DeveloperStore;
 use store::ledger::Ledger;
 
@@ -54,6 +56,8 @@ pub struct Services {
     pub responses: Arc<dyn ResponseStore>,
     /// Seals the thinking handed to stateless Responses API clients.
     pub reasoning_seal: Sealer,
+    /// Message Batches and their items.
+    pub batches: Arc<dyn BatchStore>,
     pub settings: Settings,
 }
 
@@ -65,6 +69,7 @@ pub struct Settings {
     pub payment_webhook_secret: Option<String>,
     /// Whose `X-Forwarded-For` names the client.
     pub trusted_proxies: TrustedProxies,
+    pub batches: BatchSettings,
 }
 
 /// The catalog every surface reads, replaced whole when a new config is published; a reader
@@ -109,6 +114,15 @@ impl Deref for TurnApi {
     fn deref(&self) -> &TurnServices {
         &self.services
     }
+}
+
+/// `/v1/messages/batches` and the worker every process runs for them: the turns, the batch
+/// store, the accounts an item's key is looked up in when it runs, the batch settings.
+pub struct BatchApi {
+    pub turns: Arc<TurnApi>,
+    pub batches: Arc<dyn BatchStore>,
+    pub accounts: Arc<dyn Accounts>,
+    pub settings: BatchSettings,
 }
 
 /// `/v1/account` and `/v1/usage`: the caller's balance and usage.
@@ -201,6 +215,7 @@ struct Surfaces {
     /// The process' own uses: shutdown, and the stores it closes.
     turn_services: Arc<TurnServices>,
     turn_api: Arc<TurnApi>,
+    batch_api: Arc<BatchApi>,
     account_api: Arc<AccountApi>,
     gate: Arc<Gate>,
     dashboard: Arc<DashboardState>,
@@ -235,6 +250,7 @@ impl AppState {
             auto_reloads,
             responses,
             reasoning_seal,
+            batches,
             settings,
         } = services;
         let catalog = LiveCatalog::new(catalog);
@@ -255,13 +271,20 @@ impl AppState {
             breakers,
             shutdown: shutdown.clone(),
         });
+        let turn_api = Arc::new(TurnApi {
+            catalog: catalog.clone(),
+            services: turn_services.clone(),
+            responses,
+            reasoning_seal,
+        });
         Self(Arc::new(Surfaces {
-            turn_api: Arc::new(TurnApi {
-                catalog: catalog.clone(),
-                services: turn_services.clone(),
-                responses,
-                reasoning_seal,
+            batch_api: Arc::new(BatchApi {
+                turns: turn_api.clone(),
+                batches,
+                accounts: accounts.clone(),
+                settings: settings.batches,
             }),
+            turn_api,
             account_api: Arc::new(AccountApi {
                 catalog: catalog.clone(),
                 ledger: ledger.clone(),
@@ -340,6 +363,7 @@ macro_rules! surface {
 
 surface! {
     turn_api: TurnApi,
+    batch_api: BatchApi,
     account_api: AccountApi,
     gate: Gate,
     dashboard: DashboardState,

@@ -5,6 +5,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod batches;
 pub mod db;
 pub mod developers;
 pub mod ids;

@@ -36,6 +36,7 @@ mod ledger_reversals;
 mod ledger_webhook;
 mod limits;
 mod mail_smtp;
+mod message_batches;
 mod metrics;
 mod models;
 mod operator_cluster;

@@ -122,9 +122,18 @@ pub async fn identify(
     catalog: &Catalog,
     secret: &str,
 ) -> Result<Principal, AuthError> {
-    let hash = KeyHash::of(secret);
-    let found = accounts.key_by_hash(&hash).await?;
-    principal(catalog, &hash, found)
+    identify_hash(accounts, catalog, &KeyHash::of(secret)).await
+}
+
+/// [`identify`] by the hash of the secret: a Message Batch runs its items as the key that
+/// created it, checked again (revoked, expired, suspended) when each item runs.
+pub async fn identify_hash(
+    accounts: &dyn Accounts,
+    catalog: &Catalog,
+    hash: &KeyHash,
+) -> Result<Principal, AuthError> {
+    let found = accounts.key_by_hash(hash).await?;
+    principal(catalog, hash, found)
 }
 
 /// [`identify`], when the account store can answer without asking the database

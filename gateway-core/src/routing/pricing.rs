@@ -24,6 +24,13 @@ impl Price {
         }
     }
 
+    /// This price at `percent` of itself (a batch item's): every rate scales alike, through
+    /// the credits a dollar buys.
+    pub fn percent(&self, percent: u32) -> Price {
+        let scaled = u128::from(self.credits_per_usd) * u128::from(percent) / 100;
+        Price::new(self.pricing, u64::try_from(scaled).unwrap_or(u64::MAX))
+    }
+
     pub fn credits(&self, usage: &TokenUsage) -> u64 {
         let p = &self.pricing;
         let one_hour = usage
@@ -120,6 +127,21 @@ mod tests {
             },
             100_000,
         )
+    }
+
+    #[test]
+    fn half_the_price_bills_half_the_credits_of_every_kind_of_token() {
+        let usage = TokenUsage {
+            input_tokens: 10_000,
+            output_tokens: 2_000,
+            cache_read_input_tokens: 4_000,
+            cache_creation_input_tokens: 1_000,
+            ..TokenUsage::default()
+        };
+        let full = sonnet().credits(&usage);
+        assert_eq!(full, 6_495);
+        assert_eq!(sonnet().percent(50).credits(&usage), full.div_ceil(2));
+        assert_eq!(sonnet().percent(100).credits(&usage), full);
     }
 
     #[test]

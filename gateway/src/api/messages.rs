@@ -16,7 +16,7 @@ use crate::state::TurnApi;
 use gateway_core::auth::Principal;
 use gateway_core::ids;
 use gateway_core::providers::ProviderEvent;
-use gateway_core::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
+use gateway_core::turn::{self, Endpoint, Turn, TurnError, TurnEvent, TurnRequest};
 use gateway_core::wire::anthropic::translate::{
     block_to_messages, delta_to_messages, request_from_messages, usage_to_messages,
 };
@@ -50,22 +50,26 @@ pub async fn create(
     let mut response = if stream {
         Sse::new(events(turn)).into_response()
     } else {
-        let (id, model) = (turn.id.clone(), turn.model.clone());
-        let done = turn.collect().await?;
-        Json(MessageResponse {
-            id,
-            kind: "message",
-            role: "assistant",
-            content: done.content.into_iter().map(block_to_messages).collect(),
-            model,
-            stop_reason: Some(done.stop_reason),
-            stop_sequence: done.stop_sequence,
-            usage: usage_to_messages(done.usage),
-        })
-        .into_response()
+        Json(collect(turn).await?).into_response()
     };
     response.extensions_mut().insert(snapshot);
     Ok(response)
+}
+
+/// A whole turn as one message, as a non-streaming call (or a batch item) answers it.
+pub(super) async fn collect(turn: Turn) -> Result<MessageResponse, TurnError> {
+    let (id, model) = (turn.id.clone(), turn.model.clone());
+    let done = turn.collect().await?;
+    Ok(MessageResponse {
+        id,
+        kind: "message",
+        role: "assistant",
+        content: done.content.into_iter().map(block_to_messages).collect(),
+        model,
+        stop_reason: Some(done.stop_reason),
+        stop_sequence: done.stop_sequence,
+        usage: usage_to_messages(done.usage),
+    })
 }
 
 /// The client's `anthropic-beta` features (the header may be repeated), comma-separated as

@@ -5,6 +5,7 @@
 mod account;
 mod chat;
 mod count_tokens;
+pub mod message_batches;
 mod messages;
 mod models;
 mod responses;
@@ -38,6 +39,22 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/messages/count_tokens",
             admitted(post(count_tokens::count)),
+        )
+        .route(
+            "/messages/batches",
+            admitted(post(message_batches::create)).get(message_batches::list),
+        )
+        .route(
+            "/messages/batches/{id}",
+            get(message_batches::get).delete(message_batches::delete),
+        )
+        .route(
+            "/messages/batches/{id}/cancel",
+            post(message_batches::cancel),
+        )
+        .route(
+            "/messages/batches/{id}/results",
+            get(message_batches::results),
         )
         .route("/chat/completions", admitted(post(chat::create)))
         .route("/responses", admitted(post(responses::create)))

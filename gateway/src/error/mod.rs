@@ -11,6 +11,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::api::message_batches::error::BatchError;
 use crate::dashboard::error::DashboardError;
 use crate::edge::body_reader::BodyError;
 use crate::edge::budget::{self, BudgetError};
@@ -513,6 +514,26 @@ impl From<TokenError> for ApiError {
         match e {
             TokenError::Job(inner) => inner.into(),
             e => Self::invalid(e.to_string()),
+        }
+    }
+}
+
+/// When to retry a batch refused for the key's cap: batches take minutes to hours.
+const BATCH_CAP_RETRY_SECS: u64 = 60;
+
+impl From<BatchError> for ApiError {
+    fn from(e: BatchError) -> Self {
+        match e {
+            BatchError::NotFound(_) => Self::not_found(e.to_string()),
+            BatchError::TooManyInProgress(_) => Self {
+                retry_after_secs: Some(BATCH_CAP_RETRY_SECS),
+                ..Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ErrorType::RateLimitError,
+                    e.to_string(),
+                )
+            },
+            BatchError::Processing(..) => Self::invalid(e.to_string()),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! secrets (the admin token, the dev key, ...) are never echoed by `--help` from the
 //! environment.
 
+pub mod batches;
 pub mod breaker;
 pub mod catalog;
 pub mod commands;
@@ -24,6 +25,7 @@ mod tests;
 
 use clap::{Args, Parser, Subcommand};
 
+use batches::BatchesArgs;
 use breaker::BreakerArgs;
 use catalog::{CatalogArgs, PublishedArgs};
 use commands::{AccountsCommand, KeysCommand, MessagesCommand};
@@ -112,6 +114,8 @@ pub struct CommonArgs {
     pub breaker: BreakerArgs,
     #[command(flatten)]
     pub responses: ResponsesArgs,
+    #[command(flatten)]
+    pub batches: BatchesArgs,
     #[command(flatten)]
     pub brakes: AddressBrakeArgs,
     /// Secrets `standalone` generated because none was given, shown once on the ready line.

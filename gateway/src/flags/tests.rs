@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use super::{Cli, Command, CommonArgs, ServeArgs, StandaloneArgs};
+use crate::api::message_batches::BatchSettings;
 use gateway_core::limits::OutagePolicy;
 use gateway_core::routing::breaker::BreakerPolicy;
 use gateway_core::telemetry::LogFormat;
@@ -121,6 +122,33 @@ const COMMON: &[Flag] = &[
         "GATEWAY_RESPONSES_MAX_BYTES",
         Some("4096"),
     ),
+    (
+        "--batch-concurrency",
+        "GATEWAY_BATCH_CONCURRENCY",
+        Some("3"),
+    ),
+    ("--batch-lease-secs", "GATEWAY_BATCH_LEASE_SECS", Some("45")),
+    (
+        "--batch-expiry-secs",
+        "GATEWAY_BATCH_EXPIRY_SECS",
+        Some("90"),
+    ),
+    (
+        "--batch-price-percent",
+        "GATEWAY_BATCH_PRICE_PERCENT",
+        Some("40"),
+    ),
+    (
+        "--batch-max-in-progress",
+        "GATEWAY_BATCH_MAX_IN_PROGRESS",
+        Some("2"),
+    ),
+    (
+        "--batch-max-requests",
+        "GATEWAY_BATCH_MAX_REQUESTS",
+        Some("500"),
+    ),
+    ("--batch-poll-ms", "GATEWAY_BATCH_POLL_MS", Some("250")),
     (
         "--header-read-timeout-secs",
         "GATEWAY_HEADER_READ_TIMEOUT_SECS",
@@ -336,6 +364,12 @@ fn assert_common(common: &CommonArgs, log_format: LogFormat) {
     let memory = responses.memory_limits();
     assert_eq!(memory.retention.0, Duration::from_secs(3600));
     assert_eq!((memory.max_responses, memory.max_bytes), (12, 4096));
+    let batches = BatchSettings::from(&common.batches);
+    assert_eq!((batches.concurrency, batches.price_percent), (3, 40));
+    assert_eq!(batches.lease, Duration::from_secs(45));
+    assert_eq!(batches.expiry, Duration::from_secs(90));
+    assert_eq!((batches.max_in_progress, batches.max_requests), (2, 500));
+    assert_eq!(batches.poll, Duration::from_millis(250));
     let brakes = &common.brakes;
     assert_eq!(brakes.unauthenticated_per_minute, 31);
     assert_eq!(brakes.sign_ins_per_minute, 12);
@@ -449,6 +483,15 @@ fn the_defaults_are_unchanged() {
         (10_000, 256 * 1024 * 1024)
     );
     assert_eq!(memory.quota.account_max_bytes, 32 * 1024 * 1024);
+    let batches = BatchSettings::from(&common.batches);
+    assert_eq!((batches.concurrency, batches.price_percent), (4, 50));
+    assert_eq!(batches.lease, Duration::from_secs(600));
+    assert_eq!(batches.expiry, Duration::from_secs(24 * 3600));
+    assert_eq!(
+        (batches.max_in_progress, batches.max_requests),
+        (10, 100_000)
+    );
+    assert_eq!(batches.poll, Duration::from_secs(1));
     let brakes = &common.brakes;
     assert_eq!(
         (

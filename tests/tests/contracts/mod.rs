@@ -9,6 +9,7 @@ mod auto_reloads;
 mod developers;
 mod ledger;
 mod limiter;
+mod message_batches;
 
 use std::time::Duration;
 

@@ -69,7 +69,12 @@ const STOP_REASONS: [StopReason; 4] = [
     StopReason::ToolUse,
 ];
 
-const ENDPOINTS: [&str; 3] = ["messages", "chat_completions", "responses"];
+const ENDPOINTS: [&str; 4] = [
+    "messages",
+    "chat_completions",
+    "responses",
+    "message_batches",
+];
 
 /// The most turns one reserve or settle statement carries.
 const MAX_BATCH: usize = 128;

@@ -1,0 +1,302 @@
+//! `/v1/messages/batches`: Anthropic's Message Batches API, as its SDKs call it. A batch is
+//! checked and stored whole (`store::batches`); the workers every process runs
+//! ([`worker`]) run its items through the same turn as `/v1/messages`, and its results are
+//! streamed back as JSONL once every item has ended.
+
+pub mod error;
+pub mod settings;
+pub mod worker;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderValue, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use self::error::BatchError;
+pub use self::settings::BatchSettings;
+use crate::edge::body::{from_value, JsonBody};
+use crate::edge::path::Path;
+use crate::error::ApiError;
+use crate::state::BatchApi;
+use gateway_core::auth::Principal;
+use gateway_core::cpu;
+use gateway_core::turn::{self, Turns};
+use gateway_core::wire::anthropic::translate::request_from_messages;
+use gateway_core::wire::anthropic::MessagesRequest;
+use store::accounts::StoreError;
+use store::batches::{
+    Batch, BatchStore, Cursor, Deleted, ItemResult, NewBatch, NewItem, ProcessingStatus,
+};
+use store::ids::random;
+
+/// The longest `custom_id` (Anthropic's limit).
+const MAX_CUSTOM_ID: usize = 64;
+/// Batches in a page of the list: the default, and the most.
+const DEFAULT_PAGE: u32 = 20;
+const MAX_PAGE: u32 = 1_000;
+/// Results read from the store per chunk of the JSONL stream.
+const RESULTS_PER_CHUNK: u32 = 500;
+
+#[derive(Deserialize)]
+pub struct CreateBatch {
+    requests: Vec<BatchRequest>,
+}
+
+#[derive(Deserialize)]
+struct BatchRequest {
+    custom_id: String,
+    params: Value,
+}
+
+/// `POST /v1/messages/batches`: every request is checked as `/v1/messages` checks it; one
+/// that fails ends `errored` with its envelope at once, the others are queued.
+pub async fn create(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    JsonBody(body): JsonBody<CreateBatch>,
+) -> Result<Json<Value>, ApiError> {
+    let requests = body.requests;
+    check_custom_ids(&requests, api.settings.max_requests)?;
+    let turns = api.turns.turns();
+    let items = cpu::run(move || {
+        requests
+            .into_iter()
+            .map(|r| item_of(&turns, r))
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let created_at = OffsetDateTime::now_utc();
+    let batch = NewBatch {
+        id: format!("msgbatch_{}", random(24)),
+        account_id: principal.account.id.clone(),
+        key_id: principal.key.id.clone(),
+        key_hash: principal.key.hash,
+        created_at,
+        expires_at: created_at + api.settings.expiry,
+        items,
+    };
+    let created = api
+        .batches
+        .create(batch, api.settings.max_in_progress)
+        .await?
+        .ok_or(BatchError::TooManyInProgress(api.settings.max_in_progress))?;
+    Ok(Json(object(&created)))
+}
+
+/// The batch's requests are 1 to `max` with distinct `custom_id`s of 1 to 64 letters,
+/// digits, `_` and `-`: otherwise nobody could match the results to them, so the whole batch
+/// is refused.
+fn check_custom_ids(requests: &[BatchRequest], max: usize) -> Result<(), ApiError> {
+    if requests.is_empty() || requests.len() > max {
+        return Err(ApiError::invalid(format!(
+            "requests: a batch holds 1 to {max} requests, not {}",
+            requests.len()
+        )));
+    }
+    let mut seen = HashSet::with_capacity(requests.len());
+    for (i, request) in requests.iter().enumerate() {
+        let id = &request.custom_id;
+        let valid = (1..=MAX_CUSTOM_ID).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !valid {
+            return Err(ApiError::invalid(format!(
+                "requests[{i}].custom_id: 1 to {MAX_CUSTOM_ID} letters, digits, `_` or `-`"
+            )));
+        }
+        if !seen.insert(id.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "requests[{i}].custom_id: `{id}` is used by another request of the batch"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A request as the batch stores it: queued when `/v1/messages` would take it, else ended
+/// with the `errored` result of the envelope `/v1/messages` would answer.
+fn item_of(turns: &Turns, request: BatchRequest) -> NewItem {
+    let params = request.params.to_string();
+    let checked = from_value::<MessagesRequest>(request.params)
+        .and_then(|r| Ok(turn::check(turns, &request_from_messages(r))?));
+    NewItem {
+        custom_id: request.custom_id,
+        params,
+        refused: checked.err().map(|e| errored(&e)),
+    }
+}
+
+/// The `errored` result of an item, with the envelope of its error.
+pub fn errored(error: &ApiError) -> String {
+    json!({"type": "errored", "error": error.envelope()}).to_string()
+}
+
+/// The batch object the SDKs read.
+fn object(batch: &Batch) -> Value {
+    let status = batch.status();
+    let results_url = (status == ProcessingStatus::Ended)
+        .then(|| format!("/v1/messages/batches/{}/results", batch.id));
+    json!({
+        "id": batch.id,
+        "type": "message_batch",
+        "processing_status": status,
+        "request_counts": batch.counts,
+        "ended_at": batch.ended_at.map(rfc3339),
+        "created_at": rfc3339(batch.created_at),
+        "expires_at": rfc3339(batch.expires_at),
+        "cancel_initiated_at": batch.cancel_initiated_at.map(rfc3339),
+        "archived_at": null,
+        "results_url": results_url,
+    })
+}
+
+fn rfc3339(at: OffsetDateTime) -> String {
+    at.format(&Rfc3339).unwrap_or_default()
+}
+
+async fn found(api: &BatchApi, principal: &Principal, id: &str) -> Result<Batch, ApiError> {
+    Ok(api
+        .batches
+        .batch(&principal.account.id, id)
+        .await?
+        .ok_or_else(|| BatchError::NotFound(id.to_owned()))?)
+}
+
+/// `GET /v1/messages/batches/{id}`
+pub async fn get(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(object(&found(&api, &principal, &id).await?)))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    before_id: Option<String>,
+    after_id: Option<String>,
+    limit: Option<u32>,
+}
+
+/// `GET /v1/messages/batches`: the account's batches, newest first, `limit` (1 to 1,000,
+/// default 20) at a time after `after_id` or before `before_id`.
+pub async fn list(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    uri: Uri,
+) -> Result<Json<Value>, ApiError> {
+    let axum::extract::Query(query) = axum::extract::Query::<ListQuery>::try_from_uri(&uri)
+        .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit: must be between 1 and {MAX_PAGE}"
+        )));
+    }
+    let cursor = match (query.before_id, query.after_id) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "before_id, after_id: give one of them, not both",
+            ))
+        }
+        (Some(before), None) => Cursor::Before(before),
+        (None, Some(after)) => Cursor::After(after),
+        (None, None) => Cursor::Newest,
+    };
+    let page = api
+        .batches
+        .list(&principal.account.id, cursor, limit)
+        .await?;
+    let data: Vec<Value> = page.batches.iter().map(object).collect();
+    Ok(Json(json!({
+        "data": data,
+        "has_more": page.has_more,
+        "first_id": page.batches.first().map(|b| &b.id),
+        "last_id": page.batches.last().map(|b| &b.id),
+    })))
+}
+
+/// `POST /v1/messages/batches/{id}/cancel`: its queued items end `canceled`, billed nothing;
+/// those running finish.
+pub async fn cancel(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let now = OffsetDateTime::now_utc();
+    let batch = api
+        .batches
+        .cancel(&principal.account.id, &id, now)
+        .await?
+        .ok_or(BatchError::NotFound(id))?;
+    Ok(Json(object(&batch)))
+}
+
+/// `DELETE /v1/messages/batches/{id}`: only once every item has ended.
+pub async fn delete(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    match api.batches.delete(&principal.account.id, &id).await? {
+        Deleted::Deleted => Ok(Json(json!({"id": id, "type": "message_batch_deleted"}))),
+        Deleted::Processing => Err(BatchError::Processing(id, "cancel it, or delete it").into()),
+        Deleted::NotFound => Err(BatchError::NotFound(id).into()),
+    }
+}
+
+/// `GET /v1/messages/batches/{id}/results`: one JSON line per request, in request order,
+/// read from the store a chunk at a time as the client takes them.
+pub async fn results(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let batch = found(&api, &principal, &id).await?;
+    if batch.status() != ProcessingStatus::Ended {
+        return Err(BatchError::Processing(id, "its results can be read").into());
+    }
+    let lines = result_lines(api.batches.clone(), batch.id);
+    let mut response = Body::from_stream(lines).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-jsonl"),
+    );
+    Ok(response)
+}
+
+/// The results file, a chunk of lines per read of the store.
+fn result_lines(
+    batches: Arc<dyn BatchStore>,
+    id: String,
+) -> impl Stream<Item = Result<Bytes, StoreError>> + Send {
+    async_stream::try_stream! {
+        let mut after = None;
+        loop {
+            let chunk = batches.results(&id, after, RESULTS_PER_CHUNK).await?;
+            let Some(last) = chunk.last() else { break };
+            after = Some(last.index);
+            let text: String = chunk.iter().map(line).collect();
+            yield Bytes::from(text);
+        }
+    }
+}
+
+/// One line of the results file.
+fn line(result: &ItemResult) -> String {
+    let custom_id = Value::String(result.custom_id.clone());
+    format!(
+        "{{\"custom_id\":{custom_id},\"result\":{}}}\n",
+        result.result
+    )
+}

@@ -1,0 +1,177 @@
+//! The batch worker every gateway process runs: it claims items from the batch store (any
+//! pod's batches: the store is shared in cluster mode) up to `--batch-concurrency` at a time,
+//! runs each through the same turn as `/v1/messages` (routing, fallback, translation, the
+//! ledger's reservation and settlement) at the batch price and outside the key's interactive
+//! limits, and writes its result once. It stops claiming when the process drains; an item a
+//! stopping process could not finish is left to its lease and runs again elsewhere.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+use time::OffsetDateTime;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::errored;
+use crate::api::messages;
+use crate::error::ApiError;
+use crate::state::BatchApi;
+use gateway_core::auth::{identify_hash, permit, Principal};
+use gateway_core::ids;
+use gateway_core::providers::ProviderError;
+use gateway_core::shutdown::Shutdown;
+use gateway_core::turn::{self, Endpoint, TurnError, TurnRequest};
+use gateway_core::wire::anthropic::translate::request_from_messages;
+use gateway_core::wire::anthropic::MessagesRequest;
+use store::batches::{ClaimedItem, ItemState, Outcome};
+
+/// Claims and runs items until the process drains.
+pub async fn run(api: Arc<BatchApi>, shutdown: Shutdown) {
+    let worker = store::ids::instance();
+    let slots = Arc::new(Semaphore::new(api.settings.concurrency));
+    let mut swept: Option<Instant> = None;
+    loop {
+        let first = tokio::select! {
+            () = shutdown.draining.cancelled() => return,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+        };
+        if swept.is_none_or(|at| at.elapsed() >= api.settings.poll) {
+            sweep(&api).await;
+            swept = Some(Instant::now());
+        }
+        let free = 1 + slots.available_permits();
+        let claimed = claim(&api, &worker, free).await;
+        if claimed.is_empty() {
+            drop(first);
+            tokio::select! {
+                () = shutdown.draining.cancelled() => return,
+                () = tokio::time::sleep(api.settings.poll) => continue,
+            }
+        }
+        let mut permit = Some(first);
+        for item in claimed {
+            let slot = match permit.take() {
+                Some(first) => first,
+                None => match slots.clone().acquire_owned().await {
+                    Ok(slot) => slot,
+                    Err(_) => return,
+                },
+            };
+            let (api, worker) = (api.clone(), worker.clone());
+            shutdown.tasks.spawn(run_item(api, worker, item, slot));
+        }
+    }
+}
+
+/// Ends the items of expired and cancelled batches that no worker holds.
+async fn sweep(api: &BatchApi) {
+    match api.batches.sweep(OffsetDateTime::now_utc()).await {
+        Ok(0) => {}
+        Ok(ended) => tracing::info!(ended, "batch items expired or cancelled"),
+        Err(e) => tracing::warn!(error = %e, "could not sweep batch items"),
+    }
+}
+
+async fn claim(api: &BatchApi, worker: &str, free: usize) -> Vec<ClaimedItem> {
+    let now = OffsetDateTime::now_utc();
+    let limit = u32::try_from(free).unwrap_or(u32::MAX);
+    match api
+        .batches
+        .claim(worker, limit, now, now + api.settings.lease)
+        .await
+    {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not claim batch items");
+            Vec::new()
+        }
+    }
+}
+
+/// Runs one item and writes its result, holding its slot until then.
+async fn run_item(
+    api: Arc<BatchApi>,
+    worker: String,
+    item: ClaimedItem,
+    _slot: OwnedSemaphorePermit,
+) {
+    let Some(outcome) = execute(&api, &item).await else {
+        tracing::info!(batch = %item.batch_id, index = item.index, "batch item interrupted by shutdown; it runs again after its lease");
+        return;
+    };
+    let now = OffsetDateTime::now_utc();
+    match api
+        .batches
+        .finish(&worker, &item.batch_id, item.index, outcome, now)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(batch = %item.batch_id, index = item.index, "batch item's lease ran out before it ended; its result was not written")
+        }
+        Err(e) => {
+            tracing::error!(error = %e, batch = %item.batch_id, index = item.index, "could not write a batch item's result; it runs again after its lease")
+        }
+    }
+}
+
+/// The item's outcome; `None` when shutdown cut its turn (nothing was billed for it: the
+/// answer was never delivered), so that it runs again.
+async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
+    let turns = api.turns.turns();
+    let principal = match principal(api, &turns.catalog, item).await {
+        Ok(principal) => principal,
+        Err(e) => return Some(ended_with(&e, None)),
+    };
+    let request = match serde_json::from_str::<MessagesRequest>(&item.params) {
+        Ok(request) => request_from_messages(request),
+        Err(e) => return Some(ended_with(&ApiError::invalid(format!("params: {e}")), None)),
+    };
+    let id = ids::message();
+    let request = TurnRequest {
+        id: id.clone(),
+        endpoint: Endpoint::MessageBatches,
+        request,
+        open_max_tokens: false,
+        anthropic_beta: None,
+        conversation: None,
+        unsent_input: String::new(),
+    };
+    let started = turn::start_batch_item(&turns, &principal, request, api.settings.price_percent);
+    let message = match started.await {
+        Ok(turn) => messages::collect(turn).await,
+        Err(e) => Err(e),
+    };
+    match message {
+        Ok(message) => Some(Outcome {
+            state: ItemState::Succeeded,
+            result: json!({"type": "succeeded", "message": message}).to_string(),
+            message_id: Some(id),
+        }),
+        Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
+        Err(e) => Some(ended_with(&ApiError::from(e), Some(id))),
+    }
+}
+
+/// The key that created the batch, checked now: a key revoked, expired or suspended since
+/// runs nothing more.
+async fn principal(
+    api: &BatchApi,
+    catalog: &gateway_core::routing::Catalog,
+    item: &ClaimedItem,
+) -> Result<Principal, ApiError> {
+    let principal = identify_hash(api.accounts.as_ref(), catalog, &item.key_hash).await?;
+    permit(&principal, "messages")?;
+    Ok(principal)
+}
+
+fn ended_with(error: &ApiError, message_id: Option<String>) -> Outcome {
+    Outcome {
+        state: ItemState::Errored,
+        result: errored(error),
+        message_id,
+    }
+}

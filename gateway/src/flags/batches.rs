@@ -1,0 +1,50 @@
+//! Message Batches: how many items each process runs at once, their lease, a batch's expiry,
+//! the batch price, and the per-key and per-batch caps.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::api::message_batches::settings::BatchSettings;
+
+#[derive(Clone, Debug, Args)]
+pub struct BatchesArgs {
+    /// Batch items each process runs at once. They take none of the keys' interactive limits,
+    /// so this (times the pods) is what batches take of the upstreams.
+    #[arg(long, env = "GATEWAY_BATCH_CONCURRENCY", default_value_t = 4)]
+    pub batch_concurrency: usize,
+    /// How long a claimed item is its worker's: an item of a killed pod runs again after it.
+    /// Longer than the slowest turn.
+    #[arg(long, env = "GATEWAY_BATCH_LEASE_SECS", default_value_t = 600)]
+    pub batch_lease_secs: u64,
+    /// How long after its creation a batch's items may run; those not run by then end
+    /// `expired`.
+    #[arg(long, env = "GATEWAY_BATCH_EXPIRY_SECS", default_value_t = 24 * 3600)]
+    pub batch_expiry_secs: u64,
+    /// What a batch item costs, in percent of the same turn sent alone.
+    #[arg(long, env = "GATEWAY_BATCH_PRICE_PERCENT", default_value_t = 50)]
+    pub batch_price_percent: u32,
+    /// Batches one key may have processing at once; one more is refused (429).
+    #[arg(long, env = "GATEWAY_BATCH_MAX_IN_PROGRESS", default_value_t = 10)]
+    pub batch_max_in_progress: u32,
+    /// Requests in one batch (Anthropic's limit). The request body cap of `/v1` applies too.
+    #[arg(long, env = "GATEWAY_BATCH_MAX_REQUESTS", default_value_t = 100_000)]
+    pub batch_max_requests: usize,
+    /// How often an idle worker looks for items, and sweeps expired and cancelled ones.
+    #[arg(long, env = "GATEWAY_BATCH_POLL_MS", default_value_t = 1_000)]
+    pub batch_poll_ms: u64,
+}
+
+impl From<&BatchesArgs> for BatchSettings {
+    fn from(args: &BatchesArgs) -> Self {
+        Self {
+            concurrency: args.batch_concurrency.max(1),
+            lease: Duration::from_secs(args.batch_lease_secs),
+            expiry: Duration::from_secs(args.batch_expiry_secs),
+            price_percent: args.batch_price_percent,
+            max_in_progress: args.batch_max_in_progress,
+            max_requests: args.batch_max_requests,
+            poll: Duration::from_millis(args.batch_poll_ms.max(10)),
+        }
+    }
+}

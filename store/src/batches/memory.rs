@@ -1,0 +1,324 @@
+//! The in-process batch store of standalone mode: one lock over every batch, held only for
+//! map updates.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+
+use super::{
+    Batch, BatchPage, BatchStore, ClaimedItem, Cursor, Deleted, ItemResult, ItemState, NewBatch,
+    Outcome, RequestCounts,
+};
+use crate::accounts::{KeyHash, StoreError};
+
+#[derive(Default)]
+pub struct MemoryBatchStore {
+    batches: Mutex<BTreeMap<String, Stored>>,
+}
+
+struct Stored {
+    account_id: String,
+    key_id: String,
+    key_hash: KeyHash,
+    created_at: OffsetDateTime,
+    expires_at: OffsetDateTime,
+    cancel_initiated_at: Option<OffsetDateTime>,
+    items: Vec<Item>,
+}
+
+struct Item {
+    custom_id: String,
+    params: String,
+    state: ItemState,
+    claimed_by: Option<String>,
+    lease_until: Option<OffsetDateTime>,
+    result: Option<String>,
+    ended_at: Option<OffsetDateTime>,
+}
+
+impl Item {
+    /// Queued, or running for a worker whose lease ran out.
+    fn free(&self, now: OffsetDateTime) -> bool {
+        match self.state {
+            ItemState::Queued => true,
+            ItemState::Running => self.lease_until.is_some_and(|at| at < now),
+            _ => false,
+        }
+    }
+
+    fn end(&mut self, state: ItemState, result: String, now: OffsetDateTime) {
+        self.state = state;
+        self.result = Some(result);
+        self.ended_at = Some(now);
+        self.claimed_by = None;
+        self.lease_until = None;
+    }
+}
+
+impl Stored {
+    fn view(&self, id: &str) -> Batch {
+        let mut counts = RequestCounts::default();
+        for item in &self.items {
+            counts.add(item.state, 1);
+        }
+        let ended_at = (counts.processing == 0)
+            .then(|| self.items.iter().filter_map(|i| i.ended_at).max())
+            .flatten()
+            .or((counts.processing == 0).then_some(self.created_at));
+        Batch {
+            id: id.to_owned(),
+            account_id: self.account_id.clone(),
+            key_id: self.key_id.clone(),
+            counts,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            cancel_initiated_at: self.cancel_initiated_at,
+            ended_at,
+        }
+    }
+
+    fn processing(&self) -> bool {
+        self.items.iter().any(|i| !i.state.ended())
+    }
+}
+
+impl MemoryBatchStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Stored>> {
+        self.batches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl BatchStore for MemoryBatchStore {
+    async fn create(
+        &self,
+        batch: NewBatch,
+        max_in_progress: u32,
+    ) -> Result<Option<Batch>, StoreError> {
+        let mut batches = self.lock();
+        let in_progress = batches
+            .values()
+            .filter(|b| b.key_id == batch.key_id && b.processing())
+            .count();
+        if in_progress >= max_in_progress as usize {
+            return Ok(None);
+        }
+        let items = batch
+            .items
+            .into_iter()
+            .map(|item| Item {
+                custom_id: item.custom_id,
+                params: item.params,
+                state: if item.refused.is_some() {
+                    ItemState::Errored
+                } else {
+                    ItemState::Queued
+                },
+                claimed_by: None,
+                lease_until: None,
+                ended_at: item.refused.is_some().then_some(batch.created_at),
+                result: item.refused,
+            })
+            .collect();
+        let stored = Stored {
+            account_id: batch.account_id,
+            key_id: batch.key_id,
+            key_hash: batch.key_hash,
+            created_at: batch.created_at,
+            expires_at: batch.expires_at,
+            cancel_initiated_at: None,
+            items,
+        };
+        let view = stored.view(&batch.id);
+        batches.insert(batch.id, stored);
+        Ok(Some(view))
+    }
+
+    async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {
+        Ok(self
+            .lock()
+            .get(id)
+            .filter(|b| b.account_id == account_id)
+            .map(|b| b.view(id)))
+    }
+
+    async fn list(
+        &self,
+        account_id: &str,
+        cursor: Cursor,
+        limit: u32,
+    ) -> Result<BatchPage, StoreError> {
+        let batches = self.lock();
+        let mut mine: Vec<Batch> = batches
+            .iter()
+            .filter(|(_, b)| b.account_id == account_id)
+            .map(|(id, b)| b.view(id))
+            .collect();
+        // Newest first.
+        mine.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+        let position = |id: &str| mine.iter().position(|b| b.id == id);
+        let limit = limit as usize;
+        let (batches, has_more) = match cursor {
+            Cursor::Newest => (
+                mine.iter().take(limit).cloned().collect(),
+                mine.len() > limit,
+            ),
+            Cursor::After(id) => {
+                let from = position(&id).map_or(mine.len(), |p| p + 1);
+                let rest = &mine[from..];
+                (
+                    rest.iter().take(limit).cloned().collect(),
+                    rest.len() > limit,
+                )
+            }
+            Cursor::Before(id) => {
+                let to = position(&id).unwrap_or(0);
+                let rest = &mine[..to];
+                let start = rest.len().saturating_sub(limit);
+                (rest[start..].to_vec(), start > 0)
+            }
+        };
+        Ok(BatchPage { batches, has_more })
+    }
+
+    async fn cancel(
+        &self,
+        account_id: &str,
+        id: &str,
+        now: OffsetDateTime,
+    ) -> Result<Option<Batch>, StoreError> {
+        let mut batches = self.lock();
+        let Some(batch) = batches.get_mut(id).filter(|b| b.account_id == account_id) else {
+            return Ok(None);
+        };
+        if batch.processing() && batch.cancel_initiated_at.is_none() {
+            batch.cancel_initiated_at = Some(now);
+            for item in batch.items.iter_mut() {
+                if item.state == ItemState::Queued {
+                    item.end(
+                        ItemState::Canceled,
+                        super::result_of(ItemState::Canceled),
+                        now,
+                    );
+                }
+            }
+        }
+        Ok(Some(batch.view(id)))
+    }
+
+    async fn delete(&self, account_id: &str, id: &str) -> Result<Deleted, StoreError> {
+        let mut batches = self.lock();
+        match batches.get(id).filter(|b| b.account_id == account_id) {
+            None => Ok(Deleted::NotFound),
+            Some(b) if b.processing() => Ok(Deleted::Processing),
+            Some(_) => {
+                batches.remove(id);
+                Ok(Deleted::Deleted)
+            }
+        }
+    }
+
+    async fn claim(
+        &self,
+        worker: &str,
+        limit: u32,
+        now: OffsetDateTime,
+        lease_until: OffsetDateTime,
+    ) -> Result<Vec<ClaimedItem>, StoreError> {
+        let mut batches = self.lock();
+        let mut claimed = Vec::new();
+        let open = batches
+            .iter_mut()
+            .filter(|(_, b)| b.expires_at > now && b.cancel_initiated_at.is_none());
+        for (id, batch) in open {
+            for (index, item) in batch.items.iter_mut().enumerate() {
+                if claimed.len() >= limit as usize {
+                    return Ok(claimed);
+                }
+                if !item.free(now) {
+                    continue;
+                }
+                item.state = ItemState::Running;
+                item.claimed_by = Some(worker.to_owned());
+                item.lease_until = Some(lease_until);
+                claimed.push(ClaimedItem {
+                    batch_id: id.clone(),
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    custom_id: item.custom_id.clone(),
+                    params: item.params.clone(),
+                    account_id: batch.account_id.clone(),
+                    key_hash: batch.key_hash,
+                });
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn finish(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        outcome: Outcome,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let mut batches = self.lock();
+        let item = batches
+            .get_mut(batch_id)
+            .and_then(|b| b.items.get_mut(index as usize))
+            .filter(|i| i.state == ItemState::Running && i.claimed_by.as_deref() == Some(worker));
+        let Some(item) = item else {
+            return Ok(false);
+        };
+        item.end(outcome.state, outcome.result, now);
+        Ok(true)
+    }
+
+    async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError> {
+        let mut batches = self.lock();
+        let mut ended = 0;
+        for batch in batches.values_mut() {
+            let state = if batch.cancel_initiated_at.is_some() {
+                ItemState::Canceled
+            } else if batch.expires_at <= now {
+                ItemState::Expired
+            } else {
+                continue;
+            };
+            for item in batch.items.iter_mut().filter(|i| i.free(now)) {
+                item.end(state, super::result_of(state), now);
+                ended += 1;
+            }
+        }
+        Ok(ended)
+    }
+
+    async fn results(
+        &self,
+        batch_id: &str,
+        after: Option<u32>,
+        limit: u32,
+    ) -> Result<Vec<ItemResult>, StoreError> {
+        let batches = self.lock();
+        let Some(batch) = batches.get(batch_id) else {
+            return Ok(Vec::new());
+        };
+        let from = after.map_or(0, |a| a as usize + 1);
+        Ok(batch
+            .items
+            .iter()
+            .enumerate()
+            .skip(from)
+            .filter_map(|(index, item)| {
+                Some(ItemResult {
+                    index: u32::try_from(index).ok()?,
+                    custom_id: item.custom_id.clone(),
+                    result: item.result.clone()?,
+                })
+            })
+            .take(limit as usize)
+            .collect())
+    }
+}

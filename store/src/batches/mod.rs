@@ -1,0 +1,233 @@
+//! Message Batches: a batch of Messages API requests run in the background by every gateway
+//! process, each request (an item) claimed by one worker under a lease and its result written
+//! once. A trait so that Postgres (cluster mode, shared by every pod) can take the in-process
+//! store's place (standalone); the API is the gateway's `api/message_batches`.
+
+mod memory;
+mod postgres;
+
+pub use memory::MemoryBatchStore;
+pub use postgres::PostgresBatchStore;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use crate::accounts::{KeyHash, StoreError};
+
+/// Where an item is: waiting, claimed by a worker, or ended with one of the four results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemState {
+    Queued,
+    Running,
+    Succeeded,
+    Errored,
+    Canceled,
+    Expired,
+}
+
+impl ItemState {
+    pub const ALL: [Self; 6] = [
+        Self::Queued,
+        Self::Running,
+        Self::Succeeded,
+        Self::Errored,
+        Self::Canceled,
+        Self::Expired,
+    ];
+
+    pub fn ended(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+}
+
+/// A request of a new batch: queued, or (a request that failed validation) ended already with
+/// its `errored` result.
+#[derive(Clone, Debug)]
+pub struct NewItem {
+    pub custom_id: String,
+    /// The request's params, as JSON text.
+    pub params: String,
+    /// The result JSON (`{"type":"errored",...}`) of a request refused before it was queued.
+    pub refused: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewBatch {
+    pub id: String,
+    pub account_id: String,
+    pub key_id: String,
+    /// The hash of the key that created it: its items run as that key, checked again then.
+    pub key_hash: KeyHash,
+    pub created_at: OffsetDateTime,
+    pub expires_at: OffsetDateTime,
+    pub items: Vec<NewItem>,
+}
+
+/// Items by where they are; `processing` counts the queued and the running.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RequestCounts {
+    pub processing: u64,
+    pub succeeded: u64,
+    pub errored: u64,
+    pub canceled: u64,
+    pub expired: u64,
+}
+
+impl RequestCounts {
+    fn add(&mut self, state: ItemState, n: u64) {
+        match state {
+            ItemState::Queued | ItemState::Running => self.processing += n,
+            ItemState::Succeeded => self.succeeded += n,
+            ItemState::Errored => self.errored += n,
+            ItemState::Canceled => self.canceled += n,
+            ItemState::Expired => self.expired += n,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessingStatus {
+    InProgress,
+    Canceling,
+    Ended,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    pub id: String,
+    pub account_id: String,
+    pub key_id: String,
+    pub counts: RequestCounts,
+    pub created_at: OffsetDateTime,
+    pub expires_at: OffsetDateTime,
+    pub cancel_initiated_at: Option<OffsetDateTime>,
+    /// When its last item ended; `None` while any is processing.
+    pub ended_at: Option<OffsetDateTime>,
+}
+
+impl Batch {
+    pub fn status(&self) -> ProcessingStatus {
+        match (self.counts.processing, self.cancel_initiated_at) {
+            (0, _) => ProcessingStatus::Ended,
+            (_, Some(_)) => ProcessingStatus::Canceling,
+            (_, None) => ProcessingStatus::InProgress,
+        }
+    }
+}
+
+/// An item a worker claimed: it runs it, then writes its result with [`BatchStore::finish`].
+#[derive(Clone, Debug)]
+pub struct ClaimedItem {
+    pub batch_id: String,
+    pub index: u32,
+    pub custom_id: String,
+    pub params: String,
+    pub account_id: String,
+    pub key_hash: KeyHash,
+}
+
+/// An item's ended result, for the results file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ItemResult {
+    pub index: u32,
+    pub custom_id: String,
+    /// `{"type":"succeeded","message":...}` and the like, as JSON text.
+    pub result: String,
+}
+
+/// How an item ended: its state and result JSON, and the ledger row of its turn, if any.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub state: ItemState,
+    pub result: String,
+    pub message_id: Option<String>,
+}
+
+/// A page of an account's batches, newest first.
+#[derive(Clone, Debug)]
+pub struct BatchPage {
+    pub batches: Vec<Batch>,
+    pub has_more: bool,
+}
+
+/// Where a page starts: the batches just older (`After`) or just newer (`Before`) than one.
+#[derive(Clone, Debug)]
+pub enum Cursor {
+    Newest,
+    After(String),
+    Before(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    Deleted,
+    /// Its items are not all ended: only an ended batch may be deleted.
+    Processing,
+    NotFound,
+}
+
+#[async_trait]
+pub trait BatchStore: Send + Sync {
+    /// Stores a new batch and its items, unless the key has `max_in_progress` batches with
+    /// items processing already (`None`), checked and written at once.
+    async fn create(
+        &self,
+        batch: NewBatch,
+        max_in_progress: u32,
+    ) -> Result<Option<Batch>, StoreError>;
+    /// The account's batch of this id.
+    async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
+    async fn list(
+        &self,
+        account_id: &str,
+        cursor: Cursor,
+        limit: u32,
+    ) -> Result<BatchPage, StoreError>;
+    /// Starts cancelling: its queued items end `canceled`; running ones finish. `None` when
+    /// the account has no such batch.
+    async fn cancel(
+        &self,
+        account_id: &str,
+        id: &str,
+        now: OffsetDateTime,
+    ) -> Result<Option<Batch>, StoreError>;
+    async fn delete(&self, account_id: &str, id: &str) -> Result<Deleted, StoreError>;
+    /// Claims up to `limit` items for `worker` until `lease_until`: queued ones, and running
+    /// ones whose lease ran out (their worker died), of batches neither expired nor cancelled;
+    /// no item is claimed by two workers at once.
+    async fn claim(
+        &self,
+        worker: &str,
+        limit: u32,
+        now: OffsetDateTime,
+        lease_until: OffsetDateTime,
+    ) -> Result<Vec<ClaimedItem>, StoreError>;
+    /// Writes a claimed item's result, if `worker` still holds it: `false` when it does not
+    /// (its lease ran out and it was claimed again, or it ended), and nothing is written.
+    async fn finish(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        outcome: Outcome,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
+    /// Ends the items no worker holds (queued, or their lease ran out) of batches past their
+    /// expiry (`expired`) or cancelled (`canceled`); returns how many ended.
+    async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError>;
+    /// Ended items' results, by index after `after` (all from the first when `None`).
+    async fn results(
+        &self,
+        batch_id: &str,
+        after: Option<u32>,
+        limit: u32,
+    ) -> Result<Vec<ItemResult>, StoreError>;
+}
+
+/// The result JSON of an item that ended without running.
+pub fn result_of(state: ItemState) -> String {
+    format!(r#"{{"type":"{}"}}"#, crate::db::name_of(&state))
+}

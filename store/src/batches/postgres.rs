@@ -1,0 +1,502 @@
+//! The Postgres batch store of cluster mode: every pod's workers claim items from the same
+//! tables with `FOR UPDATE SKIP LOCKED`, under a lease (`claimed_by`, `lease_until`); a result
+//! is written by a conditional update on the item's state and holder, so it is written once.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use time::OffsetDateTime;
+
+use super::{
+    result_of, Batch, BatchPage, BatchStore, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
+    NewBatch, Outcome, RequestCounts,
+};
+use crate::accounts::{KeyHash, StoreError};
+use crate::db::{from_db, name_of, parse_name, Database, DbError};
+
+/// Items written per statement when a batch is created (seven arrays of this many each).
+const INSERT_CHUNK: usize = 5_000;
+
+const BATCH_COLUMNS: &str = "id, account_id, key_id, created_at, expires_at, cancel_initiated_at";
+
+pub struct PostgresBatchStore {
+    db: Database,
+}
+
+impl PostgresBatchStore {
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+
+    /// The batches of these rows, with their counts.
+    async fn with_counts(&self, rows: Vec<PgRow>) -> Result<Vec<Batch>, StoreError> {
+        let mut batches = rows
+            .iter()
+            .map(batch_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DbError::Sql)?;
+        let ids: Vec<String> = batches.iter().map(|b| b.id.clone()).collect();
+        let counts = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT batch_id, state, count(*) AS n, max(ended_at) AS ended_at
+                     FROM message_batch_items WHERE batch_id = ANY($1) GROUP BY batch_id, state",
+                )
+                .bind(&ids)
+                .persistent(false)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let mut by_batch: HashMap<String, (RequestCounts, Option<OffsetDateTime>)> = HashMap::new();
+        for row in &counts {
+            let id: String = row.try_get("batch_id").map_err(DbError::Sql)?;
+            let state: String = row.try_get("state").map_err(DbError::Sql)?;
+            let n: i64 = row.try_get("n").map_err(DbError::Sql)?;
+            let ended: Option<OffsetDateTime> = row.try_get("ended_at").map_err(DbError::Sql)?;
+            let entry = by_batch.entry(id).or_default();
+            if let Some(state) = parse_name(&ItemState::ALL, &state) {
+                entry.0.add(state, from_db(n));
+            }
+            entry.1 = entry.1.max(ended);
+        }
+        for batch in &mut batches {
+            let (counts, last_ended) = by_batch.remove(&batch.id).unwrap_or_default();
+            batch.counts = counts;
+            batch.ended_at =
+                (counts.processing == 0).then(|| last_ended.unwrap_or(batch.created_at));
+        }
+        Ok(batches)
+    }
+
+    async fn one(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {BATCH_COLUMNS} FROM message_batches WHERE id = $1 AND account_id = $2"
+                ))
+                .bind(id)
+                .bind(account_id)
+                .persistent(false)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(self.with_counts(row.into_iter().collect()).await?.pop())
+    }
+}
+
+fn batch_of(row: &PgRow) -> Result<Batch, sqlx::Error> {
+    Ok(Batch {
+        id: row.try_get("id")?,
+        account_id: row.try_get("account_id")?,
+        key_id: row.try_get("key_id")?,
+        counts: RequestCounts::default(),
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        cancel_initiated_at: row.try_get("cancel_initiated_at")?,
+        ended_at: None,
+    })
+}
+
+fn index_of(row: &PgRow) -> Result<u32, sqlx::Error> {
+    let idx: i32 = row.try_get("idx")?;
+    Ok(u32::try_from(idx).unwrap_or(0))
+}
+
+async fn insert_batch(
+    db: &Database,
+    batch: NewBatch,
+    max_in_progress: u32,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    // One creation per key at a time, so two cannot both pass the cap.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 38))")
+        .bind(&batch.key_id)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    let in_progress: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM message_batches b WHERE b.key_id = $1 AND EXISTS (
+             SELECT 1 FROM message_batch_items i
+             WHERE i.batch_id = b.id AND i.state IN ('queued', 'running'))",
+    )
+    .bind(&batch.key_id)
+    .persistent(false)
+    .fetch_one(&mut *tx)
+    .await?;
+    if in_progress >= i64::from(max_in_progress) {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO message_batches (id, account_id, key_id, key_hash, created_at, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&batch.id)
+    .bind(&batch.account_id)
+    .bind(&batch.key_id)
+    .bind(batch.key_hash.as_bytes())
+    .bind(batch.created_at)
+    .bind(batch.expires_at)
+    .persistent(false)
+    .execute(&mut *tx)
+    .await?;
+    for (chunk_no, chunk) in batch.items.chunks(INSERT_CHUNK).enumerate() {
+        let first = chunk_no * INSERT_CHUNK;
+        let idx: Vec<i32> = (first..first + chunk.len())
+            .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
+            .collect();
+        let custom_ids: Vec<&str> = chunk.iter().map(|i| i.custom_id.as_str()).collect();
+        let params: Vec<&str> = chunk.iter().map(|i| i.params.as_str()).collect();
+        let states: Vec<String> = chunk
+            .iter()
+            .map(|i| match i.refused {
+                Some(_) => name_of(&ItemState::Errored),
+                None => name_of(&ItemState::Queued),
+            })
+            .collect();
+        let results: Vec<Option<&str>> = chunk.iter().map(|i| i.refused.as_deref()).collect();
+        sqlx::query(
+            "INSERT INTO message_batch_items (batch_id, idx, custom_id, params, state, result, ended_at)
+             SELECT $1, t.idx, t.custom_id, t.params, t.state, t.result,
+                    CASE WHEN t.result IS NULL THEN NULL ELSE $2 END
+             FROM UNNEST($3::int[], $4::text[], $5::text[], $6::text[], $7::text[])
+                  AS t (idx, custom_id, params, state, result)",
+        )
+        .bind(&batch.id)
+        .bind(batch.created_at)
+        .bind(&idx)
+        .bind(&custom_ids)
+        .bind(&params)
+        .bind(&states)
+        .bind(&results)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+async fn cancel_batch(
+    db: &Database,
+    account_id: &str,
+    id: &str,
+    now: OffsetDateTime,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    let found: Option<Option<OffsetDateTime>> = sqlx::query_scalar(
+        "SELECT cancel_initiated_at FROM message_batches
+         WHERE id = $1 AND account_id = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(account_id)
+    .persistent(false)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(cancelled) = found else {
+        return Ok(false);
+    };
+    if cancelled.is_none() {
+        let queued = sqlx::query(
+            "UPDATE message_batch_items SET state = 'canceled', result = $2, ended_at = $3
+             WHERE batch_id = $1 AND state = 'queued'",
+        )
+        .bind(id)
+        .bind(result_of(ItemState::Canceled))
+        .bind(now)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+        let running: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM message_batch_items WHERE batch_id = $1 AND state = 'running')",
+        )
+        .bind(id)
+        .persistent(false)
+        .fetch_one(&mut *tx)
+        .await?;
+        // An ended batch is not cancelled: there is nothing left to stop.
+        if queued.rows_affected() > 0 || running {
+            sqlx::query("UPDATE message_batches SET cancel_initiated_at = $2 WHERE id = $1")
+                .bind(id)
+                .bind(now)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+async fn delete_batch(db: &Database, account_id: &str, id: &str) -> Result<Deleted, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    let found: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM message_batches WHERE id = $1 AND account_id = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(account_id)
+    .persistent(false)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if found.is_none() {
+        return Ok(Deleted::NotFound);
+    }
+    let processing: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM message_batch_items
+                        WHERE batch_id = $1 AND state IN ('queued', 'running'))",
+    )
+    .bind(id)
+    .persistent(false)
+    .fetch_one(&mut *tx)
+    .await?;
+    if processing {
+        return Ok(Deleted::Processing);
+    }
+    sqlx::query("DELETE FROM message_batches WHERE id = $1")
+        .bind(id)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Deleted::Deleted)
+}
+
+#[async_trait]
+impl BatchStore for PostgresBatchStore {
+    async fn create(
+        &self,
+        batch: NewBatch,
+        max_in_progress: u32,
+    ) -> Result<Option<Batch>, StoreError> {
+        let (account_id, id) = (batch.account_id.clone(), batch.id.clone());
+        if !self
+            .db
+            .bounded(insert_batch(&self.db, batch, max_in_progress))
+            .await?
+        {
+            return Ok(None);
+        }
+        self.one(&account_id, &id).await
+    }
+
+    async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {
+        self.one(account_id, id).await
+    }
+
+    async fn list(
+        &self,
+        account_id: &str,
+        cursor: Cursor,
+        limit: u32,
+    ) -> Result<BatchPage, StoreError> {
+        let (condition, order, at) = match &cursor {
+            Cursor::Newest => ("TRUE", "DESC", None),
+            Cursor::After(id) => (
+                "(created_at, id) < (SELECT created_at, id FROM message_batches WHERE id = $3)",
+                "DESC",
+                Some(id),
+            ),
+            Cursor::Before(id) => (
+                "(created_at, id) > (SELECT created_at, id FROM message_batches WHERE id = $3)",
+                "ASC",
+                Some(id),
+            ),
+        };
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {BATCH_COLUMNS} FROM message_batches
+                     WHERE account_id = $1 AND {condition}
+                     ORDER BY created_at {order}, id {order} LIMIT $2"
+                ))
+                .bind(account_id)
+                .bind(i64::from(limit) + 1)
+                .bind(at)
+                .persistent(false)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let has_more = rows.len() > limit as usize;
+        let mut batches = self
+            .with_counts(rows.into_iter().take(limit as usize).collect())
+            .await?;
+        if matches!(cursor, Cursor::Before(_)) {
+            batches.reverse();
+        }
+        Ok(BatchPage { batches, has_more })
+    }
+
+    async fn cancel(
+        &self,
+        account_id: &str,
+        id: &str,
+        now: OffsetDateTime,
+    ) -> Result<Option<Batch>, StoreError> {
+        if !self
+            .db
+            .bounded(cancel_batch(&self.db, account_id, id, now))
+            .await?
+        {
+            return Ok(None);
+        }
+        self.one(account_id, id).await
+    }
+
+    async fn delete(&self, account_id: &str, id: &str) -> Result<Deleted, StoreError> {
+        Ok(self
+            .db
+            .bounded(delete_batch(&self.db, account_id, id))
+            .await?)
+    }
+
+    async fn claim(
+        &self,
+        worker: &str,
+        limit: u32,
+        now: OffsetDateTime,
+        lease_until: OffsetDateTime,
+    ) -> Result<Vec<ClaimedItem>, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "WITH picked AS (
+                         SELECT i.batch_id, i.idx FROM message_batch_items i
+                         JOIN message_batches b ON b.id = i.batch_id
+                         WHERE (i.state = 'queued' OR (i.state = 'running' AND i.lease_until < $2))
+                           AND b.expires_at > $2 AND b.cancel_initiated_at IS NULL
+                         ORDER BY b.created_at, i.batch_id, i.idx
+                         LIMIT $4
+                         FOR UPDATE OF i SKIP LOCKED)
+                     UPDATE message_batch_items i
+                     SET state = 'running', claimed_by = $1, lease_until = $3
+                     FROM picked, message_batches b
+                     WHERE i.batch_id = picked.batch_id AND i.idx = picked.idx AND b.id = i.batch_id
+                     RETURNING i.batch_id, i.idx, i.custom_id, i.params, b.account_id, b.key_hash",
+                )
+                .bind(worker)
+                .bind(now)
+                .bind(lease_until)
+                .bind(i64::from(limit))
+                .persistent(false)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let claimed = rows
+            .iter()
+            .map(|row| {
+                let hash: Vec<u8> = row.try_get("key_hash")?;
+                Ok(ClaimedItem {
+                    batch_id: row.try_get("batch_id")?,
+                    index: index_of(row)?,
+                    custom_id: row.try_get("custom_id")?,
+                    params: row.try_get("params")?,
+                    account_id: row.try_get("account_id")?,
+                    key_hash: KeyHash::from_bytes(&hash)
+                        .ok_or_else(|| sqlx::Error::Decode("key_hash is not 32 bytes".into()))?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(DbError::Sql)?;
+        Ok(claimed)
+    }
+
+    async fn finish(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        outcome: Outcome,
+        now: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let done = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "UPDATE message_batch_items
+                     SET state = $4, result = $5, message_id = $6, ended_at = $7,
+                         claimed_by = NULL, lease_until = NULL
+                     WHERE batch_id = $1 AND idx = $2 AND state = 'running' AND claimed_by = $3",
+                )
+                .bind(batch_id)
+                .bind(i32::try_from(index).unwrap_or(i32::MAX))
+                .bind(worker)
+                .bind(name_of(&outcome.state))
+                .bind(&outcome.result)
+                .bind(&outcome.message_id)
+                .bind(now)
+                .persistent(false)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError> {
+        let mut ended = 0;
+        for (state, condition) in [
+            (ItemState::Canceled, "b.cancel_initiated_at IS NOT NULL"),
+            (ItemState::Expired, "b.expires_at <= $1"),
+        ] {
+            let done = self
+                .db
+                .bounded(
+                    sqlx::query(&format!(
+                        "UPDATE message_batch_items i
+                         SET state = $2, result = $3, ended_at = $1, claimed_by = NULL, lease_until = NULL
+                         FROM message_batches b
+                         WHERE b.id = i.batch_id AND {condition}
+                           AND (i.state = 'queued' OR (i.state = 'running' AND i.lease_until < $1))"
+                    ))
+                    .bind(now)
+                    .bind(name_of(&state))
+                    .bind(result_of(state))
+                    .persistent(false)
+                    .execute(self.db.pool()),
+                )
+                .await?;
+            ended += done.rows_affected();
+        }
+        Ok(ended)
+    }
+
+    async fn results(
+        &self,
+        batch_id: &str,
+        after: Option<u32>,
+        limit: u32,
+    ) -> Result<Vec<ItemResult>, StoreError> {
+        let after = after.map_or(-1, i64::from);
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT idx, custom_id, result FROM message_batch_items
+                     WHERE batch_id = $1 AND idx > $2 AND result IS NOT NULL
+                     ORDER BY idx LIMIT $3",
+                )
+                .bind(batch_id)
+                .bind(after)
+                .bind(i64::from(limit))
+                .persistent(false)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let results = rows
+            .iter()
+            .map(|row| {
+                Ok(ItemResult {
+                    index: index_of(row)?,
+                    custom_id: row.try_get("custom_id")?,
+                    result: row.try_get("result")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(DbError::Sql)?;
+        Ok(results)
+    }
+}

@@ -1,0 +1,418 @@
+//! The `BatchStore` contract (Message Batches and their items), kept alike by the in-process
+//! store of standalone mode and the Postgres one of cluster mode: items claimed once under a
+//! lease, results written once, cancel, expiry, the per-key cap, pages and results.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use e2e::PostgresServer;
+use store::accounts::KeyHash;
+use store::batches::{
+    Batch, BatchStore, ClaimedItem, Cursor, Deleted, ItemState, MemoryBatchStore, NewBatch,
+    NewItem, Outcome, PostgresBatchStore, ProcessingStatus,
+};
+use time::{Duration, OffsetDateTime};
+
+use super::{database, now, unique};
+
+const LEASE: Duration = Duration::minutes(5);
+
+pub struct Store {
+    batches: Arc<dyn BatchStore>,
+    _pg: Option<PostgresServer>,
+}
+
+async fn in_process() -> Store {
+    Store {
+        batches: Arc::new(MemoryBatchStore::default()),
+        _pg: None,
+    }
+}
+
+async fn postgres() -> Store {
+    let (pg, db) = database().await;
+    Store {
+        batches: Arc::new(PostgresBatchStore::new(db)),
+        _pg: Some(pg),
+    }
+}
+
+/// A batch of `queued` requests, then `refused` ones ended already, of a key of its own.
+fn new_batch(account_id: &str, queued: usize, refused: usize, at: OffsetDateTime) -> NewBatch {
+    let items = (0..queued + refused)
+        .map(|i| NewItem {
+            custom_id: format!("req-{i}"),
+            params: format!(r#"{{"n":{i}}}"#),
+            refused: (i >= queued).then(|| r#"{"type":"errored"}"#.to_owned()),
+        })
+        .collect();
+    let key_id = unique("key");
+    NewBatch {
+        id: unique("msgbatch"),
+        account_id: account_id.to_owned(),
+        key_hash: KeyHash::of(&key_id),
+        key_id,
+        created_at: at,
+        expires_at: at + Duration::hours(24),
+        items,
+    }
+}
+
+fn succeeded() -> Outcome {
+    Outcome {
+        state: ItemState::Succeeded,
+        result: r#"{"type":"succeeded"}"#.to_owned(),
+        message_id: Some(unique("msg")),
+    }
+}
+
+impl Store {
+    async fn create(&self, batch: NewBatch) -> Batch {
+        self.batches
+            .create(batch, 10)
+            .await
+            .expect("store")
+            .expect("under the cap")
+    }
+
+    async fn get(&self, account_id: &str, id: &str) -> Batch {
+        self.batches
+            .batch(account_id, id)
+            .await
+            .expect("store")
+            .expect("found")
+    }
+
+    async fn claim(&self, worker: &str, limit: u32, at: OffsetDateTime) -> Vec<ClaimedItem> {
+        self.batches
+            .claim(worker, limit, at, at + LEASE)
+            .await
+            .expect("claim")
+    }
+
+    async fn finish(&self, worker: &str, item: &ClaimedItem, at: OffsetDateTime) -> bool {
+        self.batches
+            .finish(worker, &item.batch_id, item.index, succeeded(), at)
+            .await
+            .expect("finish")
+    }
+}
+
+async fn a_batch_counts_its_items_and_ends_when_the_last_one_does(s: Store) {
+    let at = now();
+    let created = s.create(new_batch("acct-a", 2, 1, at)).await;
+    assert_eq!(created.status(), ProcessingStatus::InProgress);
+    assert_eq!((created.counts.processing, created.counts.errored), (2, 1));
+    assert_eq!(created.ended_at, None);
+    let claimed = s.claim("w1", 10, at).await;
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(claimed[0].key_hash, KeyHash::of(&created.key_id));
+    let end = at + Duration::seconds(3);
+    for item in &claimed {
+        assert!(s.finish("w1", item, end).await);
+    }
+    let ended = s.get("acct-a", &created.id).await;
+    assert_eq!(ended.status(), ProcessingStatus::Ended);
+    assert_eq!((ended.counts.succeeded, ended.counts.errored), (2, 1));
+    assert_eq!(ended.counts.processing, 0);
+    assert_eq!(ended.ended_at, Some(end));
+    assert!(
+        s.batches
+            .batch("acct-other", &created.id)
+            .await
+            .expect("store")
+            .is_none(),
+        "another account's batch is not found"
+    );
+}
+
+async fn an_item_is_claimed_by_one_worker_until_its_lease_runs_out(s: Store) {
+    let at = now();
+    s.create(new_batch("acct-a", 3, 0, at)).await;
+    let first = s.claim("w1", 2, at).await;
+    assert_eq!(first.len(), 2);
+    let second = s.claim("w2", 10, at).await;
+    assert_eq!(second.len(), 1, "only the unclaimed item is left");
+    assert!(s
+        .claim("w3", 10, at + LEASE - Duration::seconds(1))
+        .await
+        .is_empty());
+    // w1 dies: after its lease its items go to another worker, and w1 can write nothing.
+    let again = s.claim("w3", 10, at + LEASE + Duration::seconds(1)).await;
+    let indexes: HashSet<u32> = again.iter().map(|i| i.index).collect();
+    let lost: HashSet<u32> = first
+        .iter()
+        .map(|i| i.index)
+        .chain([second[0].index])
+        .collect();
+    assert_eq!(indexes, lost);
+    assert!(
+        !s.finish("w1", &first[0], at).await,
+        "a lapsed lease writes nothing"
+    );
+}
+
+async fn a_result_is_written_once_by_the_worker_holding_the_item(s: Store) {
+    let at = now();
+    s.create(new_batch("acct-a", 1, 0, at)).await;
+    let item = s.claim("w1", 1, at).await.remove(0);
+    assert!(!s.finish("w2", &item, at).await, "not its holder");
+    assert!(s.finish("w1", &item, at).await);
+    assert!(!s.finish("w1", &item, at).await, "written already");
+    let results = s
+        .batches
+        .results(&item.batch_id, None, 10)
+        .await
+        .expect("results");
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].result, r#"{"type":"succeeded"}"#);
+}
+
+async fn concurrent_workers_never_claim_the_same_item(s: Store) {
+    let at = now();
+    s.create(new_batch("acct-a", 60, 0, at)).await;
+    let store = Arc::new(s);
+    let claims = (0..6).map(|w| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = store.claim(&format!("w{w}"), 3, at).await;
+                if got.is_empty() {
+                    return mine;
+                }
+                mine.extend(got.into_iter().map(|i| i.index));
+            }
+        })
+    });
+    let mut all = Vec::new();
+    for claim in claims {
+        all.extend(claim.await.expect("claimer"));
+    }
+    let distinct: HashSet<u32> = all.iter().copied().collect();
+    assert_eq!(all.len(), 60, "every item claimed once: {all:?}");
+    assert_eq!(distinct.len(), 60);
+}
+
+async fn cancel_ends_the_queued_items_and_lets_the_running_ones_finish(s: Store) {
+    let at = now();
+    let batch = s.create(new_batch("acct-a", 3, 0, at)).await;
+    let running = s.claim("w1", 1, at).await.remove(0);
+    let cancelled = s
+        .batches
+        .cancel("acct-a", &batch.id, at)
+        .await
+        .expect("store")
+        .expect("found");
+    assert_eq!(cancelled.status(), ProcessingStatus::Canceling);
+    assert_eq!(cancelled.cancel_initiated_at, Some(at));
+    assert_eq!(
+        (cancelled.counts.canceled, cancelled.counts.processing),
+        (2, 1)
+    );
+    assert!(
+        s.claim("w2", 10, at + LEASE * 2).await.is_empty(),
+        "nothing claimable"
+    );
+    assert!(s.finish("w1", &running, at).await);
+    let ended = s.get("acct-a", &batch.id).await;
+    assert_eq!(ended.status(), ProcessingStatus::Ended);
+    assert_eq!((ended.counts.succeeded, ended.counts.canceled), (1, 2));
+    assert!(s
+        .batches
+        .cancel("acct-b", &batch.id, at)
+        .await
+        .expect("store")
+        .is_none());
+}
+
+async fn a_cancelled_item_whose_worker_died_ends_canceled_after_its_lease(s: Store) {
+    let at = now();
+    let batch = s.create(new_batch("acct-a", 1, 0, at)).await;
+    s.claim("w1", 1, at).await;
+    s.batches
+        .cancel("acct-a", &batch.id, at)
+        .await
+        .expect("store");
+    assert_eq!(
+        s.batches.sweep(at).await.expect("sweep"),
+        0,
+        "its lease holds"
+    );
+    assert_eq!(s.batches.sweep(at + LEASE * 2).await.expect("sweep"), 1);
+    let ended = s.get("acct-a", &batch.id).await;
+    assert_eq!(
+        (ended.status(), ended.counts.canceled),
+        (ProcessingStatus::Ended, 1)
+    );
+}
+
+async fn items_not_run_by_the_expiry_end_expired_and_are_not_claimed(s: Store) {
+    let at = now();
+    let mut new = new_batch("acct-a", 3, 0, at);
+    new.expires_at = at + Duration::minutes(1);
+    let batch = s.create(new).await;
+    let running = s.claim("w1", 1, at).await.remove(0);
+    let later = at + Duration::minutes(2);
+    assert!(
+        s.claim("w2", 10, later).await.is_empty(),
+        "an expired batch offers nothing"
+    );
+    assert_eq!(s.batches.sweep(later).await.expect("sweep"), 2);
+    assert!(
+        s.finish("w1", &running, later).await,
+        "a running item still finishes"
+    );
+    let ended = s.get("acct-a", &batch.id).await;
+    assert_eq!((ended.counts.expired, ended.counts.succeeded), (2, 1));
+    let results = s
+        .batches
+        .results(&batch.id, None, 10)
+        .await
+        .expect("results");
+    let expired = results
+        .iter()
+        .filter(|r| r.result == r#"{"type":"expired"}"#)
+        .count();
+    assert_eq!(expired, 2);
+}
+
+async fn a_key_holds_at_most_its_cap_of_batches_in_progress(s: Store) {
+    let at = now();
+    let first = new_batch("acct-a", 1, 0, at);
+    let mut second = new_batch("acct-a", 1, 0, at);
+    second.key_id = first.key_id.clone();
+    let mut third = new_batch("acct-a", 1, 0, at);
+    third.key_id = first.key_id.clone();
+    s.batches
+        .create(first, 1)
+        .await
+        .expect("store")
+        .expect("under the cap");
+    assert!(
+        s.batches.create(second, 1).await.expect("store").is_none(),
+        "over the cap"
+    );
+    let other_key = new_batch("acct-a", 1, 0, at);
+    assert!(
+        s.batches
+            .create(other_key, 1)
+            .await
+            .expect("store")
+            .is_some(),
+        "a cap per key"
+    );
+    let item = s.claim("w1", 10, at).await;
+    for i in &item {
+        s.finish("w1", i, at).await;
+    }
+    assert!(
+        s.batches.create(third, 1).await.expect("store").is_some(),
+        "ended ones do not count"
+    );
+}
+
+async fn batches_are_listed_newest_first_in_pages_either_way(s: Store) {
+    let at = now();
+    let account = unique("acct");
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(
+            s.create(new_batch(&account, 1, 0, at + Duration::seconds(i)))
+                .await
+                .id,
+        );
+    }
+    ids.reverse();
+    let page = |cursor| {
+        let (batches, account) = (s.batches.clone(), account.clone());
+        async move {
+            let page = batches.list(&account, cursor, 2).await.expect("list");
+            (
+                page.batches.into_iter().map(|b| b.id).collect::<Vec<_>>(),
+                page.has_more,
+            )
+        }
+    };
+    assert_eq!(page(Cursor::Newest).await, (ids[0..2].to_vec(), true));
+    assert_eq!(
+        page(Cursor::After(ids[1].clone())).await,
+        (ids[2..4].to_vec(), true)
+    );
+    assert_eq!(
+        page(Cursor::After(ids[3].clone())).await,
+        (ids[4..5].to_vec(), false)
+    );
+    assert_eq!(
+        page(Cursor::Before(ids[4].clone())).await,
+        (ids[2..4].to_vec(), true)
+    );
+    assert_eq!(
+        page(Cursor::Before(ids[1].clone())).await,
+        (ids[0..1].to_vec(), false)
+    );
+    let others = s
+        .batches
+        .list("acct-none", Cursor::Newest, 2)
+        .await
+        .expect("list");
+    assert!(others.batches.is_empty());
+}
+
+async fn only_an_ended_batch_is_deleted(s: Store) {
+    let at = now();
+    let batch = s.create(new_batch("acct-a", 1, 0, at)).await;
+    let delete = |account: &'static str| s.batches.delete(account, &batch.id);
+    assert_eq!(delete("acct-a").await.expect("store"), Deleted::Processing);
+    assert_eq!(delete("acct-b").await.expect("store"), Deleted::NotFound);
+    let item = s.claim("w1", 1, at).await.remove(0);
+    s.finish("w1", &item, at).await;
+    assert_eq!(delete("acct-a").await.expect("store"), Deleted::Deleted);
+    assert!(s
+        .batches
+        .batch("acct-a", &batch.id)
+        .await
+        .expect("store")
+        .is_none());
+    assert!(s
+        .batches
+        .results(&batch.id, None, 10)
+        .await
+        .expect("store")
+        .is_empty());
+}
+
+async fn results_are_read_in_pages_by_index_ended_items_only(s: Store) {
+    let at = now();
+    let batch = s.create(new_batch("acct-a", 2, 3, at)).await;
+    let first = s
+        .batches
+        .results(&batch.id, None, 2)
+        .await
+        .expect("results");
+    assert_eq!(first.iter().map(|r| r.index).collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(first[0].custom_id, "req-2");
+    let rest = s
+        .batches
+        .results(&batch.id, Some(3), 2)
+        .await
+        .expect("results");
+    assert_eq!(rest.iter().map(|r| r.index).collect::<Vec<_>>(), [4]);
+}
+
+e2e::contract! {
+    fixtures { in_process, postgres }
+    rules {
+        a_batch_counts_its_items_and_ends_when_the_last_one_does,
+        an_item_is_claimed_by_one_worker_until_its_lease_runs_out,
+        a_result_is_written_once_by_the_worker_holding_the_item,
+        concurrent_workers_never_claim_the_same_item,
+        cancel_ends_the_queued_items_and_lets_the_running_ones_finish,
+        a_cancelled_item_whose_worker_died_ends_canceled_after_its_lease,
+        items_not_run_by_the_expiry_end_expired_and_are_not_claimed,
+        a_key_holds_at_most_its_cap_of_batches_in_progress,
+        batches_are_listed_newest_first_in_pages_either_way,
+        only_an_ended_batch_is_deleted,
+        results_are_read_in_pages_by_index_ended_items_only,
+    }
+}
