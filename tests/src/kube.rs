@@ -162,9 +162,11 @@ impl KubeApi {
         for id in [Identity::Admin, Identity::Operator, Identity::Gateway] {
             api.write_kubeconfig(id);
         }
+        // Generous: on two cores shared with builds, the 1.20 API server took over a minute
+        // to answer /readyz (a CI run failed at 60 s).
         poll_until(
             "the API server to be ready",
-            Duration::from_secs(60),
+            Duration::from_secs(180),
             Duration::from_millis(250),
             || async {
                 let out = api.kubectl(&["get", "--raw", "/readyz"]);
