@@ -15,6 +15,7 @@ mod cluster_streams;
 mod contracts;
 mod credits;
 mod dashboard;
+mod dashboard_sessions;
 mod drain_probes;
 mod eight_pods;
 mod errors;

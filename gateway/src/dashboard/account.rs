@@ -471,6 +471,13 @@ pub async fn sign_in(
             if user.email_verified_at.is_some() {
                 add_signup_credits(&state, &user, client).await?;
             }
+            // The session the browser had before, if any, ends: signing in never keeps it.
+            if let Some(before) = session::cookie(&headers, SESSION_COOKIE) {
+                state
+                    .developers
+                    .delete_session(&KeyHash::of(before))
+                    .await?;
+            }
             let cookie = session::start(&state, &headers, &user, client).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())
         }
@@ -493,6 +500,25 @@ pub async fn sign_out(
     state
         .developers
         .delete_session(&signed_in.0.token_hash)
+        .await?;
+    let cookie = session::set_cookie(&state, &headers, SESSION_COOKIE, "", Duration::ZERO);
+    Ok(([cookie], Redirect::to("/developers/sign-in")).into_response())
+}
+
+/// Ends every session of the user, on every browser, this one included: one store step,
+/// audited.
+pub async fn sign_out_everywhere(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    headers: HeaderMap,
+    signed_in: AnySession,
+    HtmlForm(form): HtmlForm<CsrfOnly>,
+) -> Result<Response, DashboardError> {
+    signed_in.check_csrf(&form.csrf)?;
+    let session = &signed_in.0;
+    state
+        .developers
+        .end_all_sessions(session, &session::actor(&session.email, client))
         .await?;
     let cookie = session::set_cookie(&state, &headers, SESSION_COOKIE, "", Duration::ZERO);
     Ok(([cookie], Redirect::to("/developers/sign-in")).into_response())

@@ -55,6 +55,10 @@ pub fn page(session: &Session, nav: Nav, title: &str, content: Markup) -> Markup
                             input type="hidden" name="csrf" value=(session.csrf);
                             button.link type="submit" { "Sign out" }
                         }
+                        form method="post" action="/developers/sign-out-everywhere" {
+                            input type="hidden" name="csrf" value=(session.csrf);
+                            button.link type="submit" title="Ends your sessions in every browser" { "Sign out everywhere" }
+                        }
                     }
                 }
                 div.shell {

@@ -45,6 +45,10 @@ pub fn router() -> Router<AppState> {
             get(account::verify_email_form).post(account::verify_email),
         )
         .route("/developers/sign-out", post(account::sign_out))
+        .route(
+            "/developers/sign-out-everywhere",
+            post(account::sign_out_everywhere),
+        )
         .route("/developers/keys", get(keys::show).post(keys::mint))
         .route(
             "/developers/keys/{id}/revoke",

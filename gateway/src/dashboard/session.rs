@@ -27,7 +27,6 @@ use store::developers::{Session, User};
 pub const SESSION_COOKIE: &str = "svc_session";
 /// The CSRF token of the signed-out forms (sign-in, sign-up): a double-submit cookie.
 pub const CSRF_COOKIE: &str = "svc_csrf";
-const SESSION_LIFETIME: Duration = Duration::hours(12);
 
 pub fn hash_password(password: &str) -> Result<String, DashboardError> {
     let salt = SaltString::generate(&mut OsRng);
@@ -86,6 +85,9 @@ pub fn set_cookie(
     } else {
         ""
     };
+    // `Lax`, not `Strict`: a link to the dashboard from mail or another site (the payment
+    // provider sending the browser back) arrives signed in. Cross-site POSTs still come
+    // without the cookie, and every form carries a CSRF token besides.
     let value = format!(
         "{name}={value}; Path=/developers; HttpOnly; SameSite=Lax; Max-Age={}{secure}",
         max_age.whole_seconds()
@@ -105,7 +107,9 @@ pub fn actor(email: &str, client: ClientAddress) -> Actor {
     )
 }
 
-/// Starts a session for a user signing in from `client`; returns its cookie.
+/// Starts a session for a user signing in from `client`; returns its cookie. Always a new
+/// token (a session the browser had before is ended by the caller), so a session id planted
+/// before sign-in never becomes a signed-in one.
 pub async fn start(
     state: &DashboardState,
     headers: &HeaderMap,
@@ -113,6 +117,8 @@ pub async fn start(
     client: ClientAddress,
 ) -> Result<(header::HeaderName, HeaderValue), DashboardError> {
     let token = ids::session_token();
+    let now = OffsetDateTime::now_utc();
+    let lifetime = state.settings.session_max;
     let session = Session {
         token_hash: KeyHash::of(&token),
         user_id: user.id.clone(),
@@ -120,19 +126,14 @@ pub async fn start(
         account_id: user.account_id.clone(),
         email_verified: user.email_verified_at.is_some(),
         csrf: ids::session_token(),
-        expires_at: OffsetDateTime::now_utc() + SESSION_LIFETIME,
+        expires_at: now + lifetime,
+        last_used_at: now,
     };
     state
         .developers
         .insert_session(session, &actor(&user.email, client))
         .await?;
-    Ok(set_cookie(
-        state,
-        headers,
-        SESSION_COOKIE,
-        &token,
-        SESSION_LIFETIME,
-    ))
+    Ok(set_cookie(state, headers, SESSION_COOKIE, &token, lifetime))
 }
 
 /// A signed-in request of a user whose email is verified: its session. Pages behind sign-in
@@ -211,9 +212,10 @@ where
     Arc<DashboardState>: FromRef<S>,
 {
     let token = cookie(&parts.headers, SESSION_COOKIE).ok_or(NotSignedIn::Redirect)?;
-    Arc::<DashboardState>::from_ref(state)
+    let state = Arc::<DashboardState>::from_ref(state);
+    state
         .developers
-        .session(&KeyHash::of(token))
+        .session(&KeyHash::of(token), state.settings.session_idle)
         .await
         .map_err(|e| NotSignedIn::Failed(e.into()))?
         .ok_or(NotSignedIn::Redirect)

@@ -4,6 +4,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 
+use time::Duration;
+
 use super::mail::Mailer;
 
 /// Start-up settings of the dashboard.
@@ -11,6 +13,10 @@ use super::mail::Mailer;
 pub struct DashboardSettings {
     /// Mark cookies `Secure` on every request, not only those a proxy says came over https.
     pub secure_cookies: bool,
+    /// A session unused this long is refused and deleted.
+    pub session_idle: Duration,
+    /// A session this old is refused and deleted, however busy.
+    pub session_max: Duration,
     /// apiCredits an account gets once its email is verified.
     pub signup_credits: u64,
     pub public_url: PublicUrl,

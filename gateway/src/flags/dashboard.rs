@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use lettre::message::Mailbox;
+use time::Duration;
 
 use super::secrets::SMTP_URL;
 use crate::dashboard::mail::{LogMailer, Mailer, SmtpMailer, SmtpServer};
@@ -16,6 +17,15 @@ pub struct DashboardArgs {
     /// `Secure` only when `X-Forwarded-Proto: https` says the request came over TLS.
     #[arg(long, env = "GATEWAY_DASHBOARD_SECURE_COOKIES")]
     pub dashboard_secure_cookies: bool,
+    /// Minutes a dashboard session may go unused before it ends (sign in again). Fractions
+    /// are allowed.
+    #[arg(long, env = "GATEWAY_DASHBOARD_SESSION_IDLE_MINS", default_value_t = 30.0,
+          value_parser = positive)]
+    pub dashboard_session_idle_mins: f64,
+    /// Hours after sign-in a dashboard session ends, however busy. Fractions are allowed.
+    #[arg(long, env = "GATEWAY_DASHBOARD_SESSION_MAX_HOURS", default_value_t = 12.0,
+          value_parser = positive)]
+    pub dashboard_session_max_hours: f64,
     /// apiCredits granted to each account signed up in the dashboard once its email is
     /// verified (a trial; not a top-up, so it does not count towards tiers).
     #[arg(long, env = "GATEWAY_SIGNUP_CREDITS", default_value_t = 0)]
@@ -37,6 +47,16 @@ pub struct DashboardArgs {
     pub mail_from: Mailbox,
 }
 
+/// A positive, finite number of at most a year's seconds, so its duration cannot overflow.
+fn positive(value: &str) -> Result<f64, String> {
+    let number: f64 = value.parse().map_err(|e| format!("not a number: {e}"))?;
+    if number.is_finite() && number > 0.0 && number <= 366.0 * 24.0 * 3600.0 {
+        Ok(number)
+    } else {
+        Err("expected a positive number".to_owned())
+    }
+}
+
 fn mailbox(value: &str) -> Result<Mailbox, String> {
     value
         .parse()
@@ -56,6 +76,8 @@ impl From<&DashboardArgs> for DashboardSettings {
     fn from(args: &DashboardArgs) -> Self {
         Self {
             secure_cookies: args.dashboard_secure_cookies,
+            session_idle: Duration::seconds_f64(args.dashboard_session_idle_mins * 60.0),
+            session_max: Duration::seconds_f64(args.dashboard_session_max_hours * 3600.0),
             signup_credits: args.signup_credits,
             public_url: PublicUrl::configured(args.public_url.as_deref()),
             mailer: match &args.smtp_url {

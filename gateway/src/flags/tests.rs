@@ -472,6 +472,8 @@ fn the_defaults_are_unchanged() {
     let dashboard = crate::dashboard::DashboardSettings::from(&common.dashboard);
     assert!(!dashboard.secure_cookies);
     assert_eq!(dashboard.signup_credits, 0);
+    assert_eq!(dashboard.session_idle, time::Duration::minutes(30));
+    assert_eq!(dashboard.session_max, time::Duration::hours(12));
     let breaker = BreakerPolicy::from(&common.breaker);
     assert_eq!(breaker.failures, BreakerPolicy::default().failures);
     assert_eq!(breaker.cooldown, BreakerPolicy::default().cooldown);

@@ -97,9 +97,11 @@ pub enum Action {
     AutoReloadChanged,
     /// Credits given without a payment: an account's starting credits, a sign-up's.
     CreditsAdded,
+    /// Every dashboard session of the user was ended at once, the acting one included.
+    SignedOutEverywhere,
 }
 
-pub const ACTIONS: [Action; 12] = [
+pub const ACTIONS: [Action; 13] = [
     Action::SignIn,
     Action::SignInFailed,
     Action::KeyCreated,
@@ -112,6 +114,7 @@ pub const ACTIONS: [Action; 12] = [
     Action::TierPromoted,
     Action::AutoReloadChanged,
     Action::CreditsAdded,
+    Action::SignedOutEverywhere,
 ];
 
 impl Action {

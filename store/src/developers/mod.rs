@@ -56,7 +56,37 @@ pub struct Session {
     pub email_verified: bool,
     /// The CSRF token every form of this session carries.
     pub csrf: String,
+    /// The absolute end: the session's start plus its longest lifetime, however busy.
     pub expires_at: OffsetDateTime,
+    /// When a request last used it, to within [`touch_after`] of its idle lifetime.
+    pub last_used_at: OffsetDateTime,
+}
+
+/// What a looked-up session is at `now`, given its idle lifetime.
+#[derive(Debug, PartialEq, Eq)]
+enum Standing {
+    /// Past its absolute end or unused for its idle lifetime: refused and deleted.
+    Ended,
+    /// Alive, and its stored last use old enough to be written again.
+    Touch,
+    Alive,
+}
+
+/// How stale the stored last use may grow before a request writes it again: a minute, or a
+/// quarter of the idle lifetime when that is shorter, so a page view does not cost a write
+/// each time and a busy session never looks idle.
+pub fn touch_after(idle: Duration) -> Duration {
+    (idle / 4_i32).min(Duration::minutes(1))
+}
+
+fn standing(session: &Session, idle: Duration, now: OffsetDateTime) -> Standing {
+    if session.expires_at <= now || session.last_used_at + idle <= now {
+        Standing::Ended
+    } else if session.last_used_at + touch_after(idle) <= now {
+        Standing::Touch
+    } else {
+        Standing::Alive
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,9 +140,18 @@ pub trait DeveloperStore: Send + Sync {
     async fn verify_email(&self, token_hash: &KeyHash) -> Result<Option<User>, StoreError>;
     /// Starts a session, audited as a sign-in by `by` (its user, from its client address).
     async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError>;
-    /// The session of this token hash, if it has not expired.
-    async fn session(&self, token_hash: &KeyHash) -> Result<Option<Session>, StoreError>;
+    /// The session of this token hash, if it is before its absolute end and was used within
+    /// `idle`; a session past either is deleted. Counts as a use: the stored last use is
+    /// written when it is older than [`touch_after`] `idle`.
+    async fn session(
+        &self,
+        token_hash: &KeyHash,
+        idle: Duration,
+    ) -> Result<Option<Session>, StoreError>;
     async fn delete_session(&self, token_hash: &KeyHash) -> Result<(), StoreError>;
+    /// Ends every session of `session`'s user, this one included, in one step, audited as
+    /// signing out everywhere by `by`. Returns how many ended.
+    async fn end_all_sessions(&self, session: &Session, by: &Actor) -> Result<u64, StoreError>;
     /// Counts a failed sign-in for the email from `client` (an address bucket); returns the
     /// failures within `window`. Counted per client, so that nobody else's failures lock the
     /// owner out.
@@ -152,6 +191,13 @@ fn signed_in(session: &Session, by: &Actor) -> AuditEntry {
         target: session.email.clone(),
         before: Value::Null,
         after: Value::Null,
+    }
+}
+
+fn signed_out_everywhere(session: &Session, by: &Actor) -> AuditEntry {
+    AuditEntry {
+        action: Action::SignedOutEverywhere,
+        ..signed_in(session, by)
     }
 }
 
@@ -256,22 +302,43 @@ impl DeveloperStore for MemoryDeveloperStore {
         Ok(())
     }
 
-    async fn session(&self, token_hash: &KeyHash) -> Result<Option<Session>, StoreError> {
+    async fn session(
+        &self,
+        token_hash: &KeyHash,
+        idle: Duration,
+    ) -> Result<Option<Session>, StoreError> {
         let now = OffsetDateTime::now_utc();
-        let session = self.sessions.get(token_hash).map(|s| s.clone());
-        match session {
-            Some(s) if s.expires_at > now => Ok(Some(s)),
-            Some(_) => {
+        let Some(mut entry) = self.sessions.get_mut(token_hash) else {
+            return Ok(None);
+        };
+        match standing(&entry, idle, now) {
+            Standing::Ended => {
+                drop(entry);
                 self.sessions.remove(token_hash);
                 Ok(None)
             }
-            None => Ok(None),
+            Standing::Touch => {
+                entry.last_used_at = now;
+                Ok(Some(entry.clone()))
+            }
+            Standing::Alive => Ok(Some(entry.clone())),
         }
     }
 
     async fn delete_session(&self, token_hash: &KeyHash) -> Result<(), StoreError> {
         self.sessions.remove(token_hash);
         Ok(())
+    }
+
+    async fn end_all_sessions(&self, session: &Session, by: &Actor) -> Result<u64, StoreError> {
+        let mut ended = 0;
+        self.sessions.retain(|_, s| {
+            let keep = s.user_id != session.user_id;
+            ended += u64::from(!keep);
+            keep
+        });
+        self.audit.append(signed_out_everywhere(session, by));
+        Ok(ended)
     }
 
     async fn record_sign_in_failure(

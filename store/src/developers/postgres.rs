@@ -7,8 +7,8 @@ use sqlx::Row;
 use time::{Duration, OffsetDateTime};
 
 use super::{
-    sign_in_refused, signed_in, Checkout, CheckoutStatus, DeveloperStore, EmailVerification,
-    Session, User,
+    sign_in_refused, signed_in, signed_out_everywhere, standing, Checkout, CheckoutStatus,
+    DeveloperStore, EmailVerification, Session, Standing, User,
 };
 use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
@@ -49,6 +49,7 @@ fn session_of(row: &PgRow) -> Result<Option<Session>, sqlx::Error> {
         email_verified: row.try_get("email_verified")?,
         csrf: row.try_get("csrf")?,
         expires_at: row.try_get("expires_at")?,
+        last_used_at: row.try_get("last_used_at")?,
     }))
 }
 
@@ -196,13 +197,14 @@ impl DeveloperStore for PostgresDeveloperStore {
             .bounded(async {
                 let mut tx = self.db.pool().begin().await?;
                 sqlx::query(
-                    "INSERT INTO dashboard_sessions (token_hash, user_id, csrf, expires_at)
-                     VALUES ($1, $2, $3, $4)",
+                    "INSERT INTO dashboard_sessions (token_hash, user_id, csrf, expires_at, last_used_at)
+                     VALUES ($1, $2, $3, $4, $5)",
                 )
                 .bind(session.token_hash.as_bytes())
                 .bind(&session.user_id)
                 .bind(&session.csrf)
                 .bind(session.expires_at)
+                .bind(session.last_used_at)
                 .persistent(false)
                 .execute(&mut *tx)
                 .await?;
@@ -213,26 +215,56 @@ impl DeveloperStore for PostgresDeveloperStore {
         Ok(())
     }
 
-    async fn session(&self, token_hash: &KeyHash) -> Result<Option<Session>, StoreError> {
+    async fn session(
+        &self,
+        token_hash: &KeyHash,
+        idle: Duration,
+    ) -> Result<Option<Session>, StoreError> {
         let row = self
             .db
             .bounded(
                 sqlx::query(
-                    "SELECT s.token_hash, s.user_id, s.csrf, s.expires_at, u.email, u.account_id,
+                    "SELECT s.token_hash, s.user_id, s.csrf, s.expires_at, s.last_used_at,
+                            u.email, u.account_id,
                             u.email_verified_at IS NOT NULL AS email_verified
                      FROM dashboard_sessions s JOIN dashboard_users u ON u.id = s.user_id
-                     WHERE s.token_hash = $1 AND s.expires_at > now()",
+                     WHERE s.token_hash = $1",
                 )
                 .bind(token_hash.as_bytes())
                 .fetch_optional(self.db.pool()),
             )
             .await?;
-        Ok(row
+        let Some(mut session) = row
             .as_ref()
             .map(session_of)
             .transpose()
             .map_err(DbError::Sql)?
-            .flatten())
+            .flatten()
+        else {
+            return Ok(None);
+        };
+        let now = OffsetDateTime::now_utc();
+        match standing(&session, idle, now) {
+            Standing::Ended => {
+                self.delete_session(token_hash).await?;
+                Ok(None)
+            }
+            Standing::Touch => {
+                self.db
+                    .bounded(
+                        sqlx::query(
+                            "UPDATE dashboard_sessions SET last_used_at = $2 WHERE token_hash = $1",
+                        )
+                        .bind(token_hash.as_bytes())
+                        .bind(now)
+                        .execute(self.db.pool()),
+                    )
+                    .await?;
+                session.last_used_at = now;
+                Ok(Some(session))
+            }
+            Standing::Alive => Ok(Some(session)),
+        }
     }
 
     async fn delete_session(&self, token_hash: &KeyHash) -> Result<(), StoreError> {
@@ -247,6 +279,24 @@ impl DeveloperStore for PostgresDeveloperStore {
             )
             .await?;
         Ok(())
+    }
+
+    async fn end_all_sessions(&self, session: &Session, by: &Actor) -> Result<u64, StoreError> {
+        let ended = self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let ended = sqlx::query("DELETE FROM dashboard_sessions WHERE user_id = $1")
+                    .bind(&session.user_id)
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                append_in(&mut tx, &signed_out_everywhere(session, by)).await?;
+                tx.commit().await.map(|()| ended)
+            })
+            .await?;
+        Ok(ended)
     }
 
     async fn record_sign_in_failure(

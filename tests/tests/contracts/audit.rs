@@ -214,7 +214,9 @@ async fn a_top_up_its_refunds_and_its_dispute_leave_one_row_per_movement(store: 
     assert_eq!(dispute.entry.after["usd_cents"], 1_000);
 }
 
-async fn sign_ins_and_refused_sign_ins_are_rows_of_the_users_account(store: Store) {
+async fn sign_ins_refused_sign_ins_and_signing_out_everywhere_are_rows_of_the_users_account(
+    store: Store,
+) {
     let account = store.account().await;
     let user = User {
         id: unique("user"),
@@ -247,12 +249,18 @@ async fn sign_ins_and_refused_sign_ins_are_rows_of_the_users_account(store: Stor
         email_verified: true,
         csrf: unique("csrf"),
         expires_at: now() + Duration::hours(1),
+        last_used_at: now(),
     };
     store
         .developers
-        .insert_session(session, &from)
+        .insert_session(session.clone(), &from)
         .await
         .expect("session");
+    store
+        .developers
+        .end_all_sessions(&session, &from)
+        .await
+        .expect("signed out everywhere");
     let rows = store.rows_of(&account).await;
     assert_eq!(
         summary(&rows),
@@ -263,6 +271,11 @@ async fn sign_ins_and_refused_sign_ins_are_rows_of_the_users_account(store: Stor
                 user.email.clone()
             ),
             (Action::SignIn, ActorKind::DashboardUser, user.email.clone()),
+            (
+                Action::SignedOutEverywhere,
+                ActorKind::DashboardUser,
+                user.email.clone()
+            ),
         ]
     );
     assert!(rows.iter().all(|r| r.entry.actor == from));
@@ -386,7 +399,7 @@ e2e::contract! {
         each_key_and_status_change_leaves_one_row_and_a_repeat_none,
         a_refused_change_leaves_no_row,
         a_top_up_its_refunds_and_its_dispute_leave_one_row_per_movement,
-        sign_ins_and_refused_sign_ins_are_rows_of_the_users_account,
+        sign_ins_refused_sign_ins_and_signing_out_everywhere_are_rows_of_the_users_account,
         rows_are_listed_newest_first_by_filter_and_page,
         credits_given_are_a_row_once_and_none_given_none,
     }

@@ -18,6 +18,8 @@ use super::{database, now, unique};
 
 /// The client address bucket sign-in failures are counted under.
 const CLIENT: &str = "203.0.113.1";
+/// The idle lifetime of the session lookups that do not test it.
+const IDLE: Duration = Duration::minutes(30);
 
 pub struct Store {
     developers: Arc<dyn DeveloperStore>,
@@ -72,7 +74,14 @@ impl Store {
     }
 
     async fn session_of(&self, token_hash: &KeyHash) -> Option<Session> {
-        self.developers.session(token_hash).await.expect("lookup")
+        self.session_idle(token_hash, IDLE).await
+    }
+
+    async fn session_idle(&self, token_hash: &KeyHash, idle: Duration) -> Option<Session> {
+        self.developers
+            .session(token_hash, idle)
+            .await
+            .expect("lookup")
     }
 
     async fn sign_in_failures(&self, email: &str) -> Option<(u32, OffsetDateTime)> {
@@ -117,8 +126,96 @@ impl Store {
             email_verified: false,
             csrf: unique("csrf"),
             expires_at,
+            last_used_at: now(),
         }
     }
+
+    async fn insert(&self, session: &Session) {
+        self.developers
+            .insert_session(session.clone(), &actor())
+            .await
+            .expect("inserted");
+    }
+}
+
+async fn a_session_unused_for_its_idle_lifetime_is_refused_and_deleted(store: Store) {
+    let user = store.user().await;
+    let mut idle = Store::session(&user, &unique("token"), now() + Duration::hours(1));
+    idle.last_used_at = now() - IDLE - Duration::seconds(1);
+    store.insert(&idle).await;
+    assert!(store.session_of(&idle.token_hash).await.is_none());
+    assert!(
+        store
+            .session_idle(&idle.token_hash, Duration::hours(2))
+            .await
+            .is_none(),
+        "the refused session was deleted, not only hidden"
+    );
+}
+
+async fn a_session_past_its_absolute_end_is_refused_however_recently_used(store: Store) {
+    let user = store.user().await;
+    let old = Store::session(&user, &unique("token"), now() - Duration::seconds(1));
+    store.insert(&old).await;
+    assert!(store.session_of(&old.token_hash).await.is_none());
+}
+
+async fn a_use_is_written_only_once_the_stored_last_use_is_stale(store: Store) {
+    let user = store.user().await;
+    let mut fresh = Store::session(&user, &unique("token"), now() + Duration::hours(1));
+    fresh.last_used_at = now() - Duration::seconds(10);
+    let mut stale = Store::session(&user, &unique("token"), now() + Duration::hours(1));
+    stale.last_used_at = now() - Duration::minutes(5);
+    store.insert(&fresh).await;
+    store.insert(&stale).await;
+
+    let seen = store.session_of(&fresh.token_hash).await.expect("alive");
+    assert!(
+        (seen.last_used_at - fresh.last_used_at).abs() < Duration::milliseconds(1),
+        "a last use ten seconds old is not written again"
+    );
+    let seen = store.session_of(&stale.token_hash).await.expect("alive");
+    assert!(seen.last_used_at > now() - Duration::seconds(10));
+    // Stored, not only answered: five minutes unused would be past a one-minute idle time.
+    assert!(store
+        .session_idle(&stale.token_hash, Duration::minutes(1))
+        .await
+        .is_some());
+}
+
+async fn two_sign_ins_of_one_user_are_two_sessions(store: Store) {
+    let user = store.user().await;
+    let first = Store::session(&user, &unique("token"), now() + Duration::hours(1));
+    let second = Store::session(&user, &unique("token"), now() + Duration::hours(1));
+    store.insert(&first).await;
+    store.insert(&second).await;
+    let (a, b) = (
+        store.session_of(&first.token_hash).await.expect("first"),
+        store.session_of(&second.token_hash).await.expect("second"),
+    );
+    assert_ne!(a.token_hash, b.token_hash);
+    assert_ne!(a.csrf, b.csrf);
+}
+
+async fn signing_out_everywhere_ends_every_session_of_the_user_and_no_other(store: Store) {
+    let (user, other) = (store.user().await, store.user().await);
+    let mine: Vec<Session> = (0..3)
+        .map(|_| Store::session(&user, &unique("token"), now() + Duration::hours(1)))
+        .collect();
+    let theirs = Store::session(&other, &unique("token"), now() + Duration::hours(1));
+    for s in mine.iter().chain([&theirs]) {
+        store.insert(s).await;
+    }
+    let ended = store
+        .developers
+        .end_all_sessions(&mine[0], &actor())
+        .await
+        .expect("ended");
+    assert_eq!(ended, 3);
+    for s in &mine {
+        assert!(store.session_of(&s.token_hash).await.is_none());
+    }
+    assert!(store.session_of(&theirs.token_hash).await.is_some());
 }
 
 async fn a_user_is_found_by_email_and_a_taken_email_is_refused(store: Store) {
@@ -403,5 +500,10 @@ e2e::contract! {
         sign_in_failures_from_one_client_never_count_for_another,
         a_link_verifies_once_sets_its_password_and_ends_the_users_sessions_and_other_links,
         an_expired_link_verifies_nothing,
+        a_session_unused_for_its_idle_lifetime_is_refused_and_deleted,
+        a_session_past_its_absolute_end_is_refused_however_recently_used,
+        a_use_is_written_only_once_the_stored_last_use_is_stale,
+        two_sign_ins_of_one_user_are_two_sessions,
+        signing_out_everywhere_ends_every_session_of_the_user_and_no_other,
     }
 }
