@@ -120,6 +120,8 @@ pub struct MessageRecord {
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     pub latency_ms: Option<u64>,
+    /// The Message Batch the turn ran for (`endpoint` is then `message_batches`).
+    pub batch_id: Option<String>,
 }
 
 /// A turn's row as it is created, before its reservation: nothing held, billed or used yet.
@@ -145,6 +147,7 @@ impl Default for MessageRecord {
             stop_reason: None,
             created_at: OffsetDateTime::now_utc(),
             latency_ms: None,
+            batch_id: None,
         }
     }
 }

@@ -495,6 +495,7 @@ fn message_of(row: &PgRow) -> Result<MessageRecord, sqlx::Error> {
         stop_reason: stop_reason.and_then(|s| parse_name(&STOP_REASONS, &s)),
         created_at: row.try_get("created_at")?,
         latency_ms: row.try_get::<Option<i64>, _>("latency_ms")?.map(from_db),
+        batch_id: row.try_get("batch_id")?,
     })
 }
 
