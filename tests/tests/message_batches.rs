@@ -177,6 +177,38 @@ async fn a_batch_runs_to_completion_billed_per_item_at_half_price(gw: &Gateway) 
         "the balance drops by the items' ledger rows"
     );
 
+    // GET /v1/usage counts the items among all turns and, apart, as batch spend.
+    let interactive = gw
+        .post_messages(
+            &key.secret,
+            &json!({"model": "svc/haiku", "max_tokens": 32,
+                    "messages": [{"role": "user", "content": "Question number 0"}]}),
+        )
+        .await
+        .expect_ok();
+    let interactive = gw
+        .message_record(interactive["id"].as_str().expect("id"))
+        .await;
+    gw.wait_settled(&key.account_id).await;
+    let usage = gw.get("/v1/usage", &key.secret).await.expect_ok();
+    let totals = &usage["totals"];
+    let interactive_billed = interactive["billed"].as_i64().expect("billed");
+    assert_eq!(
+        (
+            &totals["requests"],
+            &totals["credits"],
+            &totals["batch_requests"],
+            &totals["batch_credits"]
+        ),
+        (
+            &json!(N + 1),
+            &json!(billed(&rows) + interactive_billed),
+            &json!(N),
+            &json!(billed(&rows))
+        ),
+        "{usage}"
+    );
+
     // The same request sent alone costs twice as much (to the rounding of each bill).
     let rich = gw.new_key(1_000_000, &KeySpec::api()).await;
     let alone = gw
