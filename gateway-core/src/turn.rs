@@ -176,26 +176,36 @@ pub async fn start(
 }
 
 /// How a turn is let in and priced.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Lane {
     /// Against the key's RPM, TPM and stream slots, at the route's price.
     Interactive,
     /// A batch item: it takes nothing of the key's interactive limits (a batch's own
-    /// workers bound it) and costs `price_percent` of the interactive price.
-    Batch { price_percent: u32 },
+    /// workers bound it) and costs `price_percent` of the interactive price. Its ledger row
+    /// names its batch.
+    Batch {
+        price_percent: u32,
+        batch_id: String,
+    },
 }
 
 /// A Message Batch item's turn ([`start`] otherwise): not streamed, never admitted against the
-/// key's interactive limits, billed at `price_percent` of the route's price.
+/// key's interactive limits, billed at `price_percent` of the route's price, its ledger row
+/// naming `batch_id`.
 pub async fn start_batch_item(
     state: &Turns,
     principal: &Principal,
     mut turn: TurnRequest,
+    batch_id: &str,
     price_percent: u32,
 ) -> Result<Turn, TurnError> {
     turn.request.stream = false;
     turn.endpoint = Endpoint::MessageBatches;
-    begin(state, principal, turn, Lane::Batch { price_percent }).await
+    let lane = Lane::Batch {
+        price_percent,
+        batch_id: batch_id.to_owned(),
+    };
+    begin(state, principal, turn, lane).await
 }
 
 /// What [`start`] checks of a request before it costs anything: its model exists and the
@@ -233,7 +243,7 @@ async fn begin(
         request.max_tokens = served.config.max_output_tokens.min(room);
     }
 
-    let (admission, price) = match lane {
+    let (admission, price) = match &lane {
         Lane::Interactive => {
             let admission = telemetry
                 .step(
@@ -243,15 +253,18 @@ async fn begin(
                 .await;
             (telemetry.admission(admission)?, served.price)
         }
-        Lane::Batch { price_percent } => {
+        Lane::Batch { price_percent, .. } => {
             let unadmitted = Admission {
                 snapshot: Snapshot::default(),
                 stream_slot: None,
             };
-            (unadmitted, served.price.percent(price_percent))
+            (unadmitted, served.price.percent(*price_percent))
         }
     };
-    let admitted = matches!(lane, Lane::Interactive);
+    let (admitted, batch_id) = match lane {
+        Lane::Interactive => (true, None),
+        Lane::Batch { batch_id, .. } => (false, Some(batch_id)),
+    };
     let mut meter = Meter {
         state: state.clone(),
         turn: OpenTurn {
@@ -281,15 +294,18 @@ async fn begin(
     let caching = request.cache_writes();
     let (floor, ceiling) = credits_to_reserve(&price, input, &request, caching, open_max_tokens);
     let reservation = NewReservation {
-        record: message_record(
-            &id,
-            principal,
-            endpoint,
-            &requested,
-            &served,
-            upstream,
-            request.stream,
-        ),
+        record: MessageRecord {
+            batch_id,
+            ..message_record(
+                &id,
+                principal,
+                endpoint,
+                &requested,
+                &served,
+                upstream,
+                request.stream,
+            )
+        },
         spend_cap: principal.spend_cap,
         min: floor,
         max: ceiling,

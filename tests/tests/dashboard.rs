@@ -98,6 +98,14 @@ async fn a_developer_signs_up_mints_a_key_calls_the_api_sees_usage_tops_up_and_r
     assert_eq!(b.text("#total-requests").await, "1");
     assert_eq!(b.text("#total-credits").await, thousands(credits));
     assert_eq!(
+        b.text("#total-batch-credits").await,
+        thousands(
+            usage["totals"]["batch_credits"]
+                .as_u64()
+                .expect("batch credits")
+        )
+    );
+    assert_eq!(
         b.text("#total-output").await,
         thousands(usage["totals"]["output_tokens"].as_u64().expect("output"))
     );

@@ -78,8 +78,9 @@ async fn sdk_run(gw: &Gateway, key: &str, n: usize, cancel: bool) -> Value {
     })
 }
 
-/// The ledger rows of the succeeded results, by custom_id; each names the batch endpoint.
-async fn ledger_rows(gw: &Gateway, results: &Value) -> HashMap<String, Value> {
+/// The ledger rows of the succeeded results, by custom_id; each names the batch endpoint and
+/// the batch.
+async fn ledger_rows(gw: &Gateway, batch_id: &Value, results: &Value) -> HashMap<String, Value> {
     let mut rows = HashMap::new();
     for (custom_id, result) in results.as_object().expect("results") {
         if result["type"] != "succeeded" {
@@ -88,6 +89,7 @@ async fn ledger_rows(gw: &Gateway, results: &Value) -> HashMap<String, Value> {
         let id = result["message_id"].as_str().expect("a message id");
         let row = gw.message_record(id).await;
         assert_eq!(row["endpoint"], "message_batches", "{row}");
+        assert_eq!(&row["batch_id"], batch_id, "the row names its batch: {row}");
         assert_eq!(row["status"], "completed", "{row}");
         rows.insert(custom_id.clone(), row);
     }
@@ -164,7 +166,7 @@ async fn a_batch_runs_to_completion_billed_per_item_at_half_price(gw: &Gateway) 
         "{window:?}"
     );
 
-    let rows = ledger_rows(gw, results).await;
+    let rows = ledger_rows(gw, &created["id"], results).await;
     assert_eq!(rows.len(), N);
     gw.wait_settled(&key.account_id).await;
     let spent = before - gw.balance(&key.secret).await;
@@ -173,6 +175,38 @@ async fn a_batch_runs_to_completion_billed_per_item_at_half_price(gw: &Gateway) 
         spent,
         billed(&rows),
         "the balance drops by the items' ledger rows"
+    );
+
+    // GET /v1/usage counts the items among all turns and, apart, as batch spend.
+    let interactive = gw
+        .post_messages(
+            &key.secret,
+            &json!({"model": "svc/haiku", "max_tokens": 32,
+                    "messages": [{"role": "user", "content": "Question number 0"}]}),
+        )
+        .await
+        .expect_ok();
+    let interactive = gw
+        .message_record(interactive["id"].as_str().expect("id"))
+        .await;
+    gw.wait_settled(&key.account_id).await;
+    let usage = gw.get("/v1/usage", &key.secret).await.expect_ok();
+    let totals = &usage["totals"];
+    let interactive_billed = interactive["billed"].as_i64().expect("billed");
+    assert_eq!(
+        (
+            &totals["requests"],
+            &totals["credits"],
+            &totals["batch_requests"],
+            &totals["batch_credits"]
+        ),
+        (
+            &json!(N + 1),
+            &json!(billed(&rows) + interactive_billed),
+            &json!(N),
+            &json!(billed(&rows))
+        ),
+        "{usage}"
     );
 
     // The same request sent alone costs twice as much (to the rounding of each bill).
@@ -186,6 +220,11 @@ async fn a_batch_runs_to_completion_billed_per_item_at_half_price(gw: &Gateway) 
         .await
         .expect_ok();
     let interactive = gw.message_record(alone["id"].as_str().expect("id")).await;
+    assert_eq!(
+        interactive["batch_id"],
+        Value::Null,
+        "an interactive row names no batch: {interactive}"
+    );
     let item = &rows["req-0"];
     assert_eq!(interactive["usage"], item["usage"], "the same turn");
     let (full, half) = (
@@ -234,7 +273,7 @@ async fn items_past_the_balance_end_errored_with_402_unbilled(gw: &Gateway) {
         .unwrap_or(0);
     assert!(ran > 0 && refused > 0, "{kinds:?}");
     assert_eq!(ran + refused, N, "{kinds:?}");
-    let rows = ledger_rows(gw, results).await;
+    let rows = ledger_rows(gw, &run["created"]["id"], results).await;
     gw.wait_settled(&key.account_id).await;
     assert_eq!(20 - gw.balance(&key.secret).await, billed(&rows));
 }
@@ -283,7 +322,7 @@ async fn cancel_stops_the_queued_items_billed_nothing(gw: &Gateway) {
         (of_type("succeeded"), of_type("canceled")),
         (succeeded, cancelled)
     );
-    let rows = ledger_rows(gw, results).await;
+    let rows = ledger_rows(gw, &run["created"]["id"], results).await;
     gw.wait_settled(&key.account_id).await;
     assert_eq!(
         before - gw.balance(&key.secret).await,
@@ -330,7 +369,7 @@ async fn items_not_run_by_the_expiry_end_expired(gw: &Gateway) {
         .filter(|r| r["type"] == "expired")
         .count() as u64;
     assert_eq!(expired_results, expired);
-    let rows = ledger_rows(gw, results).await;
+    let rows = ledger_rows(gw, &run["created"]["id"], results).await;
     gw.wait_settled(&key.account_id).await;
     assert_eq!(before - gw.balance(&key.secret).await, billed(&rows));
 }

@@ -115,6 +115,7 @@ pub async fn show(
             div.card.stat { h2 { "Input tokens" } p.big #total-input { (thousands(report.totals.input_tokens)) } }
             div.card.stat { h2 { "Output tokens" } p.big #total-output { (thousands(report.totals.output_tokens)) } }
             div.card.stat { h2 { "Credits" } p.big #total-credits { (thousands(report.totals.credits)) } }
+            div.card.stat { h2 { "Credits of Message Batches" } p.big #total-batch-credits { (thousands(report.totals.batch_credits)) } }
             div.card.stat { h2 { "Saved by cache reads" } p.big #total-cache-saved { (thousands(report.cache_read_credits_saved)) } }
         }
         @if !capped.is_empty() {

@@ -400,7 +400,11 @@ impl Ledger for MemoryLedger {
             self.usage
                 .entry((record.account_id.clone(), day, record.model.clone()))
                 .or_default()
-                .add(&UsageTotals::of_turn(&s.usage, billed));
+                .add(&UsageTotals::of_turn(
+                    &s.usage,
+                    billed,
+                    record.batch_id.is_some(),
+                ));
         }
         drop(record);
         self.remember_settled(s.message_id);

@@ -120,6 +120,8 @@ pub struct MessageRecord {
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     pub latency_ms: Option<u64>,
+    /// The Message Batch the turn ran for (`endpoint` is then `message_batches`).
+    pub batch_id: Option<String>,
 }
 
 /// A turn's row as it is created, before its reservation: nothing held, billed or used yet.
@@ -145,6 +147,7 @@ impl Default for MessageRecord {
             stop_reason: None,
             created_at: OffsetDateTime::now_utc(),
             latency_ms: None,
+            batch_id: None,
         }
     }
 }
@@ -272,6 +275,9 @@ pub struct UsageTotals {
     pub cache_creation_input_tokens: u64,
     pub cache_read_input_tokens: u64,
     pub credits: u64,
+    /// Of `requests` and `credits`, those of Message Batch items.
+    pub batch_requests: u64,
+    pub batch_credits: u64,
 }
 
 impl UsageTotals {
@@ -282,9 +288,11 @@ impl UsageTotals {
         self.cache_creation_input_tokens += other.cache_creation_input_tokens;
         self.cache_read_input_tokens += other.cache_read_input_tokens;
         self.credits += other.credits;
+        self.batch_requests += other.batch_requests;
+        self.batch_credits += other.batch_credits;
     }
 
-    fn of_turn(usage: &TokenUsage, credits: u64) -> Self {
+    fn of_turn(usage: &TokenUsage, credits: u64, batch: bool) -> Self {
         Self {
             requests: 1,
             input_tokens: usage.input_tokens.into(),
@@ -292,6 +300,8 @@ impl UsageTotals {
             cache_creation_input_tokens: usage.cache_creation_input_tokens.into(),
             cache_read_input_tokens: usage.cache_read_input_tokens.into(),
             credits,
+            batch_requests: batch.into(),
+            batch_credits: if batch { credits } else { 0 },
         }
     }
 }

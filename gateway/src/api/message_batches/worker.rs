@@ -140,7 +140,13 @@ async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
         conversation: None,
         unsent_input: String::new(),
     };
-    let started = turn::start_batch_item(&turns, &principal, request, api.settings.price_percent);
+    let started = turn::start_batch_item(
+        &turns,
+        &principal,
+        request,
+        &item.batch_id,
+        api.settings.price_percent,
+    );
     let message = match started.await {
         Ok(turn) => messages::collect(turn).await,
         Err(e) => Err(e),

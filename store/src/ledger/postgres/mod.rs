@@ -495,6 +495,7 @@ fn message_of(row: &PgRow) -> Result<MessageRecord, sqlx::Error> {
         stop_reason: stop_reason.and_then(|s| parse_name(&STOP_REASONS, &s)),
         created_at: row.try_get("created_at")?,
         latency_ms: row.try_get::<Option<i64>, _>("latency_ms")?.map(from_db),
+        batch_id: row.try_get("batch_id")?,
     })
 }
 
@@ -814,7 +815,11 @@ impl Ledger for PostgresLedger {
                             sum(output_tokens)::bigint AS output_tokens,
                             sum(cache_creation_input_tokens)::bigint AS cache_creation_input_tokens,
                             sum(cache_read_input_tokens)::bigint AS cache_read_input_tokens,
-                            sum(billed)::bigint AS credits
+                            sum(billed)::bigint AS credits,
+                            count(*) FILTER (WHERE batch_id IS NOT NULL)::bigint
+                                AS batch_requests,
+                            coalesce(sum(billed) FILTER (WHERE batch_id IS NOT NULL), 0)::bigint
+                                AS batch_credits
                      FROM messages
                      WHERE account_id = $1 AND created_at >= $2 AND created_at < $3
                        AND status NOT IN ('reserved', 'failed', 'abandoned')
@@ -841,6 +846,8 @@ impl Ledger for PostgresLedger {
                         ),
                         cache_read_input_tokens: from_db(row.try_get("cache_read_input_tokens")?),
                         credits: from_db(row.try_get("credits")?),
+                        batch_requests: from_db(row.try_get("batch_requests")?),
+                        batch_credits: from_db(row.try_get("batch_credits")?),
                     },
                 })
             })

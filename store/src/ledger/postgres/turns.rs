@@ -107,9 +107,10 @@ async fn reserve_once(
                      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::text[], $9::text[], $10::bool[],
                          $11::timestamptz[],
-                         $12::bigint[], $13::bigint[], $16::bigint[]) WITH ORDINALITY
+                         $12::bigint[], $13::bigint[], $16::bigint[], $17::text[]) WITH ORDINALITY
                      AS t(id, account_id, key_id, model, served_model, provider, upstream,
-                          upstream_model, endpoint, stream, created_at, min, max, cap, ord)
+                          upstream_model, endpoint, stream, created_at, min, max, cap, batch_id,
+                          ord)
                  ), account AS (
                      SELECT id, balance - reserved AS available FROM accounts
                      WHERE id IN (SELECT account_id FROM turn)
@@ -171,10 +172,10 @@ async fn reserve_once(
                  ), message AS (
                      INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
                          upstream, upstream_model, endpoint, stream, status, reserved,
-                         instance_id, instance_epoch, created_at)
+                         instance_id, instance_epoch, created_at, batch_id)
                      SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
                          t.upstream, t.upstream_model, t.endpoint, t.stream, 'reserved',
-                         d.amount, $14, $15, t.created_at
+                         d.amount, $14, $15, t.created_at, t.batch_id
                      FROM turn t JOIN decided d ON d.id = t.id
                      WHERE d.amount IS NOT NULL
                  )
@@ -186,6 +187,7 @@ async fn reserve_once(
             .bind(&lease.id)
             .bind(lease.epoch())
             .bind(c.cap)
+            .bind(c.batch_id)
             .fetch_all(db.pool()),
         )
         .await?;
@@ -333,12 +335,13 @@ pub async fn write_rows(
                          $6::text[], $7::text[], $8::text[], $9::text[], $10::bool[],
                          $11::timestamptz[],
                          $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::bigint[],
-                         $17::bigint[], $18::bigint[], $19::bigint[], $20::text[], $21::bigint[])
+                         $17::bigint[], $18::bigint[], $19::bigint[], $20::text[], $21::bigint[],
+                         $23::text[])
                      AS t(id, account_id, key_id, model, served_model, provider, upstream,
                           upstream_model, endpoint, stream, created_at, pool_id, status,
                           reserved, billed, input_tokens, output_tokens,
                           cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
-                          latency_ms)
+                          latency_ms, batch_id)
                  ), unflushed AS (
                      -- This statement's commit does not wait for the WAL to reach the disk
                      -- (see the function's doc); it is read, so it runs, before the commit.
@@ -365,14 +368,14 @@ pub async fn write_rows(
                          upstream, upstream_model, endpoint, stream, status, reserved, billed,
                          input_tokens, output_tokens, cache_creation_input_tokens,
                          cache_read_input_tokens, stop_reason, latency_ms, instance_id,
-                         created_at, settled_at)
+                         created_at, settled_at, batch_id)
                      SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
                          t.upstream, t.upstream_model, t.endpoint, t.stream,
                          CASE WHEN pool.id IS NULL THEN 'unbilled' ELSE t.status END,
                          t.reserved, CASE WHEN pool.id IS NULL THEN 0 ELSE t.billed END,
                          t.input_tokens, t.output_tokens, t.cache_creation_input_tokens,
                          t.cache_read_input_tokens, t.stop_reason, t.latency_ms, $22,
-                         t.created_at, now()
+                         t.created_at, now(), t.batch_id
                      FROM turn t LEFT JOIN pool ON pool.id = t.pool_id
                      ON CONFLICT (id) DO NOTHING
                      RETURNING id, billed
@@ -411,6 +414,7 @@ pub async fn write_rows(
             .bind(c.billed)
             .bind_usage(c.usage)
             .bind(instance)
+            .bind(c.batch_id)
             .fetch_all(db.pool()),
         )
         .await
@@ -667,6 +671,7 @@ struct ReserveColumns<'a> {
     min: Vec<i64>,
     max: Vec<i64>,
     cap: Vec<Option<i64>>,
+    batch_id: Vec<Option<&'a str>>,
 }
 
 impl<'a> Batch<'a> for ReserveColumns<'a> {
@@ -677,6 +682,7 @@ impl<'a> Batch<'a> for ReserveColumns<'a> {
         self.min.push(to_db(t.min));
         self.max.push(to_db(t.max));
         self.cap.push(t.spend_cap.map(to_db));
+        self.batch_id.push(t.record.batch_id.as_deref());
     }
 }
 
@@ -717,6 +723,7 @@ struct WrittenColumns<'a> {
     reserved: Vec<i64>,
     billed: Vec<i64>,
     usage: UsageColumns,
+    batch_id: Vec<Option<&'a str>>,
 }
 
 impl<'a> Batch<'a> for WrittenColumns<'a> {
@@ -731,5 +738,6 @@ impl<'a> Batch<'a> for WrittenColumns<'a> {
         self.billed.push(to_db(m.billed));
         self.usage
             .push(&m.usage, m.stop_reason, m.latency_ms.unwrap_or(0));
+        self.batch_id.push(m.batch_id.as_deref());
     }
 }
