@@ -139,7 +139,8 @@ impl AccountApi {
 }
 
 /// The layers every `/v1` request passes: the address brake and the key lookup (auth), the
-/// early request count and the rate-limit headers (the limiter).
+/// refusal of a key known over its limit and the count of a request no admission counted,
+/// and the rate-limit headers (the limiter).
 pub struct Gate {
     catalog: LiveCatalog,
     pub accounts: Arc<dyn Accounts>,

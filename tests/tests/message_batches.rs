@@ -430,6 +430,33 @@ async fn a_key_past_its_cap_of_batches_in_progress_is_refused_with_429() {
         .expect_ok();
 }
 
+/// Creating a batch is a request against the key's RPM, counted before its items are
+/// checked or stored: a key that used its minute on one pod creates no batch on another,
+/// which has not seen it over its limit (so nothing refuses it before the handler).
+#[tokio::test]
+async fn a_key_over_its_rpm_creates_no_batch_on_a_pod_that_had_not_seen_it() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(2, |b| b.database(&pg.url())).await;
+    let (first, other) = (&cluster.pods[0], &cluster.pods[1]);
+    let key = first.new_key(1_000_000, &KeySpec::tier("free")).await;
+    first.wait_for_roomy_window(&key.secret, 30).await;
+    for _ in 0..5 {
+        first
+            .count_tokens(&key.secret, &count_body("svc/haiku", "hi"))
+            .await
+            .expect_ok();
+    }
+    other
+        .post_json("/v1/messages/batches", &key.secret, &one_batch(1))
+        .await
+        .expect_rate_limited("requests");
+    let listed = other
+        .get("/v1/messages/batches", &key.secret)
+        .await
+        .expect_ok();
+    assert_eq!(listed["data"], json!([]), "no batch was created: {listed}");
+}
+
 #[tokio::test]
 async fn bad_batches_and_unknown_ids_get_the_envelope() {
     let gw = Gateway::start().await;

@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::state::BatchApi;
 use gateway_core::auth::Principal;
 use gateway_core::cpu;
+use gateway_core::limits::AdmissionRequest;
 use gateway_core::turn::{self, Turns};
 use gateway_core::wire::anthropic::translate::request_from_messages;
 use gateway_core::wire::anthropic::MessagesRequest;
@@ -63,9 +64,24 @@ pub async fn create(
     State(api): State<Arc<BatchApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     JsonBody(body): JsonBody<CreateBatch>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let requests = body.requests;
     check_custom_ids(&requests, api.settings.max_requests)?;
+    // The create is a request against the key's requests per minute, counted before its
+    // items are checked or stored: a key over its minute creates no batch, on whichever pod.
+    let admission = api
+        .turns
+        .limiter
+        .admit(
+            &principal.key.id,
+            &principal.limits,
+            AdmissionRequest {
+                input_tokens: 0,
+                stream: false,
+                count_request: principal.request_count.take(),
+            },
+        )
+        .await?;
     let turns = api.turns.turns();
     let items = cpu::run(move || {
         requests
@@ -89,7 +105,9 @@ pub async fn create(
         .create(batch, api.settings.max_in_progress)
         .await?
         .ok_or(BatchError::TooManyInProgress(api.settings.max_in_progress))?;
-    Ok(Json(object(&created)))
+    let mut response = Json(object(&created)).into_response();
+    response.extensions_mut().insert(admission.snapshot);
+    Ok(response)
 }
 
 /// The batch's requests are 1 to `max` with distinct `custom_id`s of 1 to 64 letters,
