@@ -101,6 +101,16 @@ impl AdmissionRequest {
         stream: false,
         count_request: true,
     };
+
+    /// The admission of a request that has no input tokens or stream of its own to admit
+    /// (count_tokens, a batch's create): its count, if no admission took it yet.
+    pub fn counting(count: &RequestCount) -> Self {
+        Self {
+            input_tokens: 0,
+            stream: false,
+            count_request: count.take(),
+        }
+    }
 }
 
 /// A request's one count against its key's requests per minute. The turn's admission (or

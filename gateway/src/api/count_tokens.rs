@@ -35,11 +35,7 @@ pub async fn count(
         .admit(
             &principal.key.id,
             &principal.limits,
-            AdmissionRequest {
-                input_tokens: 0,
-                stream: false,
-                count_request: principal.request_count.take(),
-            },
+            AdmissionRequest::counting(&principal.request_count),
         )
         .await?;
     let mut response = Json(json!({ "input_tokens": input_tokens })).into_response();

@@ -75,11 +75,7 @@ pub async fn create(
         .admit(
             &principal.key.id,
             &principal.limits,
-            AdmissionRequest {
-                input_tokens: 0,
-                stream: false,
-                count_request: principal.request_count.take(),
-            },
+            AdmissionRequest::counting(&principal.request_count),
         )
         .await?;
     let turns = api.turns.turns();
