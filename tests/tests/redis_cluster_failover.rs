@@ -198,8 +198,10 @@ async fn failover_under_load(cluster: &mut Cluster<RedisCluster>, change: Change
         assert!(
             waited.is_ok(),
             "within {RECOVERY:?} of the change, both pods did not answer from Redis again with \
-             the cap reached\n{}",
-            report(&load.samples())
+             the cap reached\n{}\n===== pod 0 =====\n{}\n===== pod 1 =====\n{}",
+            report(&load.samples()),
+            pods[0].logs(),
+            pods[1].logs()
         );
         load.stop.store(true, Ordering::SeqCst);
     };

@@ -4,7 +4,9 @@
 //! the count the operator publishes as the scaler changes it). Each switch is
 //! logged once. While Redis is down, requests do not each wait out the timeout: one call per
 //! second probes Redis, the others follow the policy at once; recovery is by itself, on the
-//! first probe Redis answers.
+//! first probe Redis answers. A probe still failing [`RECONNECT_EVERY_MS`] after the last
+//! attempt makes the client's connections again, with the error logged: the way out of a client
+//! stuck on a stale connection or slot map while Redis itself is back.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,6 +27,8 @@ pub enum OutagePolicy {
 }
 
 const PROBE_EVERY_MS: u64 = 1_000;
+/// How long probes may fail before the connections are made again, and again after that.
+const RECONNECT_EVERY_MS: u64 = 5_000;
 
 pub struct Failover {
     shared: RedisLimiter,
@@ -34,6 +38,8 @@ pub struct Failover {
     down: AtomicBool,
     /// While down: when Redis may next be tried (ms since the epoch).
     next_probe_ms: AtomicU64,
+    /// While down: when the connections may next be made again (ms since the epoch).
+    next_reconnect_ms: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -41,6 +47,16 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+/// Whether `now` has reached the time in `next` (ms since the epoch), moving it `every` ms on
+/// for the one caller that wins: of callers at the same moment, one goes.
+fn claim(next: &AtomicU64, now: u64, every: u64) -> bool {
+    let due = next.load(Ordering::Relaxed);
+    now >= due
+        && next
+            .compare_exchange(due, now + every, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 impl Failover {
@@ -52,6 +68,7 @@ impl Failover {
             pods: AtomicU32::new(pods.max(1)),
             down: AtomicBool::new(false),
             next_probe_ms: AtomicU64::new(0),
+            next_reconnect_ms: AtomicU64::new(0),
         }
     }
 
@@ -60,18 +77,7 @@ impl Failover {
         if !self.down.load(Ordering::Relaxed) {
             return true;
         }
-        let now = now_ms();
-        let due = self.next_probe_ms.load(Ordering::Relaxed);
-        now >= due
-            && self
-                .next_probe_ms
-                .compare_exchange(
-                    due,
-                    now + PROBE_EVERY_MS,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+        claim(&self.next_probe_ms, now_ms(), PROBE_EVERY_MS)
     }
 
     fn skipped<T>() -> Result<T, LimitError> {
@@ -83,10 +89,16 @@ impl Failover {
     fn observe<T>(&self, result: &Result<T, LimitError>) {
         match result {
             Err(LimitError::Unavailable(detail)) => {
+                let now = now_ms();
                 self.next_probe_ms
-                    .store(now_ms() + PROBE_EVERY_MS, Ordering::Relaxed);
+                    .store(now + PROBE_EVERY_MS, Ordering::Relaxed);
                 if !self.down.swap(true, Ordering::Relaxed) {
+                    self.next_reconnect_ms
+                        .store(now + RECONNECT_EVERY_MS, Ordering::Relaxed);
                     tracing::error!(error = %detail, policy = ?self.policy, "redis unavailable; rate limiting switches to the outage policy");
+                } else if self.reconnect_due(now) {
+                    tracing::warn!(error = %detail, "redis still unavailable; making its connections again");
+                    self.shared.reconnect();
                 }
             }
             _ => {
@@ -95,6 +107,11 @@ impl Failover {
                 }
             }
         }
+    }
+
+    /// Whether this caller is the one to make the connections again now.
+    fn reconnect_due(&self, now: u64) -> bool {
+        claim(&self.next_reconnect_ms, now, RECONNECT_EVERY_MS)
     }
 
     fn pods(&self) -> u32 {
@@ -225,6 +242,18 @@ fn share(limits: &Limits, pods: u32) -> Limits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_or_a_reconnection_is_claimed_by_one_caller_per_interval() {
+        let next = AtomicU64::new(0);
+        assert!(claim(&next, 1_000, 500));
+        assert!(
+            !claim(&next, 1_000, 500),
+            "a second caller at the same moment"
+        );
+        assert!(!claim(&next, 1_499, 500));
+        assert!(claim(&next, 1_500, 500));
+    }
 
     #[test]
     fn failing_open_each_pod_takes_its_share_of_the_limits_rounded_up() {

@@ -20,8 +20,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use crds::config::Limits;
 use dashmap::DashMap;
+use fred::interfaces::LuaInterface;
 use fred::prelude::{Builder, Client, ClientLike, Config, ReconnectPolicy};
 use fred::types::scripts::Script;
+use fred::types::FromValue;
 use futures::StreamExt;
 
 use super::known::OverLimit;
@@ -180,8 +182,9 @@ async fn flush_corrections(corrections: Weak<Corrections>, client: Client, finis
                 async move {
                     let sent = timed(
                         "finish",
-                        finish.evalsha_with_reload::<i64, _, _>(
+                        run_script::<i64>(
                             client,
+                            finish,
                             keys(&key_id),
                             vec![String::new(), delta.to_string(), window.to_string()],
                         ),
@@ -196,6 +199,29 @@ async fn flush_corrections(corrections: Weak<Corrections>, client: Client, finis
         futures::stream::iter(sends)
             .for_each_concurrent(16, |send| send)
             .await;
+    }
+}
+
+/// Runs `script` by its hash. A node that does not hold it yet (the new master after a
+/// failover, a restarted node) is sent its text once with `EVAL`, which runs on the key's own
+/// node and caches it there. Fred's own reload (`evalsha_with_reload`) first loads the script
+/// into every master of its slot map, so one master that is unreachable, or a slot map that
+/// is behind, fails the call of a key on a healthy node.
+async fn run_script<R: FromValue>(
+    client: &Client,
+    script: &Script,
+    keys: Vec<String>,
+    args: Vec<String>,
+) -> Result<R, fred::error::Error> {
+    match client
+        .evalsha(script.sha1().clone(), keys.clone(), args.clone())
+        .await
+    {
+        Err(e) if e.details().starts_with("NOSCRIPT") => {
+            let lua = script.lua().cloned().unwrap_or_default();
+            client.eval(lua, keys, args).await
+        }
+        result => result,
     }
 }
 
@@ -308,6 +334,21 @@ impl RedisLimiter {
         })
     }
 
+    /// Drops every connection and makes them again in the background, re-reading a cluster's
+    /// slot map from its configured endpoint: the way out of a client state that keeps
+    /// failing while Redis itself answers.
+    pub fn reconnect(&self) {
+        let client = self.client.clone();
+        let bound = self.timeout.saturating_mul(4).max(STARTUP_WAIT);
+        tokio::spawn(async move {
+            match tokio::time::timeout(bound, client.force_reconnection()).await {
+                Ok(Ok(())) => tracing::info!("redis connections made again"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "redis connections not made again"),
+                Err(_) => tracing::warn!(?bound, "redis connections not made again in time"),
+            }
+        });
+    }
+
     /// The current window's number in Redis' clock, as this process reckons it.
     fn window_now(&self) -> i64 {
         let offset = self.clock_offset_ms.load(Ordering::Relaxed);
@@ -349,8 +390,9 @@ impl Limiter for RedisLimiter {
             i64,
         ) = timed(
             "admit",
-            self.admit.evalsha_with_reload(
+            run_script(
                 &self.client,
+                &self.admit,
                 keys(key_id),
                 vec![
                     limits.requests_per_minute.to_string(),
@@ -411,8 +453,7 @@ impl Limiter for RedisLimiter {
     async fn snapshot(&self, key_id: &str) -> Result<Snapshot, LimitError> {
         let (requests, input_tokens, streams, reset_secs): (u32, u64, u32, u64) = timed(
             "snapshot",
-            self.snapshot
-                .evalsha_with_reload(&self.client, keys(key_id), Vec::<String>::new()),
+            run_script(&self.client, &self.snapshot, keys(key_id), Vec::new()),
         )
         .await?;
         // This process' own corrections count at once, as they do in-process; other pods see
@@ -440,8 +481,9 @@ impl Limiter for RedisLimiter {
         };
         timed(
             "renew",
-            self.renew.evalsha_with_reload::<i64, _, _>(
+            run_script::<i64>(
                 &self.client,
+                &self.renew,
                 vec![slots_key(key_id)],
                 vec![id.clone(), millis(self.slot_ttl).to_string()],
             ),
@@ -468,8 +510,9 @@ impl Limiter for RedisLimiter {
         let (window, delta) = self.corrections.take(key_id);
         timed(
             "finish",
-            self.finish.evalsha_with_reload::<i64, _, _>(
+            run_script::<i64>(
                 &self.client,
+                &self.finish,
                 keys(key_id),
                 vec![slot_id, delta.to_string(), window.to_string()],
             ),
