@@ -13,8 +13,70 @@ use gateway_core::telemetry;
 /// bytes, and jemalloc keeps blocks of that size page-aligned with no header in front, so their
 /// untouched pages are not made resident. With the purging below, 1,000 streams held through an
 /// upstream cost about a fifth less resident memory than with glibc (docs/benchmarks.md).
+#[cfg(not(feature = "count-allocations"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[cfg(feature = "count-allocations")]
+#[global_allocator]
+static ALLOCATOR: counted::Counted = counted::Counted;
+
+/// jemalloc with a count of what it was asked for, printed at exit: the bytes and allocations
+/// per turn in docs/benchmarks.md are two runs' totals apart over their difference in turns.
+#[cfg(feature = "count-allocations")]
+mod counted {
+    use std::alloc::{GlobalAlloc, Layout};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use tikv_jemallocator::Jemalloc;
+
+    static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+
+    pub struct Counted;
+
+    fn count(bytes: usize) {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    // SAFETY: every call is passed to jemalloc unchanged; counting allocates nothing.
+    unsafe impl GlobalAlloc for Counted {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            count(layout.size());
+            // SAFETY: the caller's contract, passed on.
+            unsafe { Jemalloc.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            count(layout.size());
+            // SAFETY: the caller's contract, passed on.
+            unsafe { Jemalloc.alloc_zeroed(layout) }
+        }
+
+        /// A reallocation counts as an allocation of its new size: growing a buffer is the
+        /// cost being measured.
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            count(new_size);
+            // SAFETY: the caller's contract, passed on.
+            unsafe { Jemalloc.realloc(ptr, layout, new_size) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { Jemalloc.dealloc(ptr, layout) }
+        }
+    }
+
+    /// The line scripts/bench-instructions reads.
+    pub fn report() {
+        eprintln!(
+            "allocated: {} allocations, {} bytes",
+            ALLOCATIONS.load(Ordering::Relaxed),
+            BYTES.load(Ordering::Relaxed)
+        );
+    }
+}
 
 /// Read by jemalloc at start-up (the crate prefixes jemalloc's symbols with `_rjem_`). A
 /// background thread hands freed pages back to the kernel within about a second
@@ -44,6 +106,8 @@ async fn main() -> ExitCode {
         Command::Messages(command) => cli::messages(command).await.map_err(Into::into),
     };
     telemetry.shutdown().await;
+    #[cfg(feature = "count-allocations")]
+    counted::report();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
