@@ -177,6 +177,7 @@ async fn each_money_and_access_action_leaves_exactly_one_row_naming_its_actor() 
     )
     .await;
     assert_eq!(row["actor"]["id"], paid.id.as_str());
+    assert_eq!(row["actor"]["client"], "127.0.0.1", "the webhook's sender");
     // A replay changes nothing and leaves nothing: the refund's step finds its own row only.
     deliver(paid).await;
     deliver(stripe.refunded(&session, 1_000)).await;

@@ -82,7 +82,7 @@ impl PaymentProvider for TestPayments {
             CheckoutError::Confirmation(PaymentError::Invalid("unsendable signature".into()))
         })?;
         headers.insert(SIGNATURE_HEADER, value);
-        receive(books, secret, &headers, body.as_bytes())
+        receive(books, secret, &headers, body.as_bytes(), None)
             .await
             .map(|_| Started::Paid)
             .map_err(CheckoutError::Confirmation)

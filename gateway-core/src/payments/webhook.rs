@@ -4,6 +4,8 @@
 //! (other fields are ignored). A reference already confirmed is refused with 409 and changes
 //! nothing, so a replayed delivery can never credit twice.
 
+use std::net::IpAddr;
+
 use http::HeaderMap;
 use serde::Deserialize;
 
@@ -27,12 +29,14 @@ struct Event {
 }
 
 /// Verifies a delivery signed with `secret` and confirms the top-up it announces: the top-up,
-/// or [`PaymentError::Duplicate`] when its reference was confirmed already.
+/// or [`PaymentError::Duplicate`] when its reference was confirmed already. `client` is the
+/// sender's address, for the audit log.
 pub async fn receive(
     books: &Books,
     secret: &str,
     headers: &HeaderMap,
     body: &[u8],
+    client: Option<IpAddr>,
 ) -> Result<TopUp, PaymentError> {
     signature::verify_delivery(secret, headers, SIGNATURE_HEADER, body)?;
     let event: Event =
@@ -48,7 +52,11 @@ pub async fn receive(
         reference: &event.reference,
         usd_cents: event.usd_cents,
         payment_id: None,
-        by: &Actor::new(ActorKind::StripeWebhook, TEST_PROVIDER, None),
+        by: &Actor::new(
+            ActorKind::StripeWebhook,
+            TEST_PROVIDER,
+            client.map(|ip| ip.to_string()),
+        ),
     };
     let confirmation = confirm(
         books.accounts.as_ref(),

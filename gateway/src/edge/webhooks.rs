@@ -12,12 +12,14 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::body_reader::UnreadBody;
+use crate::client_address::ClientAddress;
 use crate::error::ApiError;
 use crate::state::Webhooks;
 use gateway_core::payments::{signature, stripe, webhook, PaymentError};
 
 pub async fn payments(
     State(state): State<Arc<Webhooks>>,
+    client: ClientAddress,
     headers: HeaderMap,
     body: UnreadBody,
 ) -> Result<Json<Value>, ApiError> {
@@ -26,7 +28,7 @@ pub async fn payments(
         return Err(ApiError::not_found("no such path"));
     };
     let body = signed_body(&headers, webhook::SIGNATURE_HEADER, body).await?;
-    let top_up = webhook::receive(&state.books, secret, &headers, &body).await?;
+    let top_up = webhook::receive(&state.books, secret, &headers, &body, client.0).await?;
     Ok(Json(json!({
         "received": true,
         "reference": top_up.reference,
@@ -39,6 +41,7 @@ pub async fn payments(
 
 pub async fn stripe(
     State(state): State<Arc<Webhooks>>,
+    client: ClientAddress,
     headers: HeaderMap,
     body: UnreadBody,
 ) -> Result<Json<Value>, ApiError> {
@@ -47,7 +50,8 @@ pub async fn stripe(
         return Err(ApiError::not_found("no such path"));
     };
     let body = signed_body(&headers, stripe::webhook::SIGNATURE_HEADER, body).await?;
-    let (event, outcome) = stripe::webhook::receive(&state.books, stripe, &headers, &body).await?;
+    let (event, outcome) =
+        stripe::webhook::receive(&state.books, stripe, &headers, &body, client.0).await?;
     Ok(Json(json!({
         "received": true,
         "id": event.id,

@@ -17,6 +17,7 @@
 //! later, after the payment.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 use http::HeaderMap;
 
@@ -30,23 +31,29 @@ use store::ledger::DisputeStage;
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
 
 /// Verifies a delivery with the endpoint's secret and applies its event: the event and what
-/// became of it (`credited`, `already_applied`, `ignored`, ...).
+/// became of it (`credited`, `already_applied`, `ignored`, ...). `client` is the sender's
+/// address, for the audit log.
 pub async fn receive(
     books: &Books,
     stripe: &Stripe,
     headers: &HeaderMap,
     body: &[u8],
+    client: Option<IpAddr>,
 ) -> Result<(Event, &'static str), PaymentError> {
     signature::verify_delivery(&stripe.webhook_secret, headers, SIGNATURE_HEADER, body)?;
     let event: Event =
         serde_json::from_slice(body).map_err(|e| PaymentError::Invalid(format!("body: {e}")))?;
-    let outcome = apply(books, &event).await?;
+    let by = Actor::new(
+        ActorKind::StripeWebhook,
+        &event.id,
+        client.map(|ip| ip.to_string()),
+    );
+    let outcome = apply(books, &event, &by).await?;
     tracing::info!(event = %event.id, kind = %event.kind, outcome, "stripe event");
     Ok((event, outcome))
 }
 
-async fn apply(state: &Books, event: &Event) -> Result<&'static str, PaymentError> {
-    let by = &Actor::new(ActorKind::StripeWebhook, &event.id, None);
+async fn apply(state: &Books, event: &Event, by: &Actor) -> Result<&'static str, PaymentError> {
     match event.kind.as_str() {
         "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
             let session: Session = events::object(event).map_err(PaymentError::Invalid)?;
