@@ -48,6 +48,11 @@ async fn turns_get_503_until_postgres_returns(cluster: &Cluster, pg: &mut Postgr
     let refused = gw.post_messages(&key.secret, &large).await;
     let took = started.elapsed();
     refused.expect_error(503, "api_error");
+    assert_eq!(
+        refused.retry_after(),
+        5,
+        "a database outage is usually short"
+    );
     assert!(
         took < Duration::from_secs(10),
         "the refusal took {took:?}: the database timeout was not applied"

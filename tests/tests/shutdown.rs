@@ -374,6 +374,7 @@ async fn a_json_turn_cut_by_shutdown_gets_503_and_is_billed_nothing() {
         gw.send_sigterm();
     });
     cut.expect_error(503, "api_error");
+    assert_eq!(cut.retry_after(), 1, "another pod serves the retry at once");
     let id = cut
         .header("request-id")
         .expect("request-id of the cut turn");

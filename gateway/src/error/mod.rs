@@ -342,10 +342,11 @@ impl From<StoreError> for ApiError {
                 ErrorType::InvalidRequestError,
                 message,
             ),
-            StoreError::Unavailable(detail) => {
-                Self::unavailable("account service temporarily unavailable; retry with backoff")
-                    .logged(Level::Error, "account store failed", Some(detail))
+            StoreError::Unavailable(detail) => Self {
+                retry_after_secs: Some(STORE_RETRY_SECS),
+                ..Self::unavailable("account service temporarily unavailable; retry with backoff")
             }
+            .logged(Level::Error, "account store failed", Some(detail)),
         }
     }
 }
@@ -386,6 +387,9 @@ const STORE_FULL_RETRY_SECS: u64 = 60;
 /// When to retry while the limits' Redis does not answer: a failover or a slow moment lasts
 /// seconds (docs/capacity.md).
 const LIMITER_RETRY_SECS: u64 = 1;
+
+/// When to retry a turn cut by this pod's shutdown: another pod serves it at once.
+const SHUTDOWN_RETRY_SECS: u64 = 1;
 
 impl From<LimitError> for ApiError {
     fn from(e: LimitError) -> Self {
@@ -447,9 +451,10 @@ impl From<LedgerError> for ApiError {
             LedgerError::UnknownAccount | LedgerError::UnknownMessage => {
                 Self::internal().logged(Level::Error, "ledger inconsistency", Some(e.to_string()))
             }
-            LedgerError::Unavailable(detail) | LedgerError::Refused(detail) => Self::unavailable(
-                "billing temporarily unavailable; retry with backoff",
-            )
+            LedgerError::Unavailable(detail) | LedgerError::Refused(detail) => Self {
+                retry_after_secs: Some(STORE_RETRY_SECS),
+                ..Self::unavailable("billing temporarily unavailable; retry with backoff")
+            }
             .logged(Level::Error, "ledger unavailable", Some(detail)),
         }
     }
@@ -501,9 +506,12 @@ impl From<ProviderError> for ApiError {
             ProviderError::Unavailable => {
                 Self::unavailable("the model is temporarily unavailable; retry with backoff")
             }
-            ProviderError::ShuttingDown => Self::unavailable(
-                "the server is shutting down; retry the request, another instance will serve it",
-            ),
+            ProviderError::ShuttingDown => Self {
+                retry_after_secs: Some(SHUTDOWN_RETRY_SECS),
+                ..Self::unavailable(
+                    "the server is shutting down; retry the request, another instance will serve it",
+                )
+            },
         };
         error.logged(Level::Warn, "upstream call failed", detail)
     }
