@@ -106,8 +106,28 @@ async fn each_money_and_access_action_leaves_exactly_one_row_naming_its_actor() 
     // The dashboard: sign-ins, keys, and a checkout Stripe pays, refunds and disputes.
     let email = new_email();
     let mut visitor = Visitor::new(gw);
+    let before_sign_up = newest(gw).await;
     visitor.sign_up(&email, &[]).await;
     let account = account_of(&pg, &email).await;
+    let signing_up: Vec<(String, String)> = rows_after(gw, &account, before_sign_up)
+        .await
+        .iter()
+        .map(|r| {
+            assert_eq!(r["actor"]["id"], email.as_str(), "{r:#}");
+            assert_eq!(r["actor"]["client"], "127.0.0.1", "{r:#}");
+            (r["actor"]["kind"].to_string(), r["action"].to_string())
+        })
+        .collect();
+    let user_did = |action: &str| ("\"dashboard_user\"".to_owned(), format!("\"{action}\""));
+    assert_eq!(
+        signing_up,
+        [
+            user_did("signed_up"),
+            user_did("email_verified"),
+            user_did("sign_in")
+        ],
+        "signing up, following the link and signing in: one row each"
+    );
     let mut since = newest(gw).await;
     let mut step = async |what: &str, e: Expect<'_>| {
         let row = one_row(gw, what, &account, since, e).await;
@@ -229,6 +249,20 @@ async fn each_money_and_access_action_leaves_exactly_one_row_naming_its_actor() 
             after: json!({ "enabled": false, "threshold_credits": 1_000, "usd_cents": 2_500 }),
             ..expect("dashboard_user", "auto_reload_changed", Some(&account))
         },
+    )
+    .await;
+    let (_, overview) = visitor.get("/developers").await;
+    let (status, page, _) = visitor
+        .post(
+            "/developers/sign-out",
+            &[("csrf", &hidden_csrf(&overview))],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 303, "{page}");
+    step(
+        "a sign-out",
+        expect("dashboard_user", "signed_out", Some(&email)),
     )
     .await;
 

@@ -204,7 +204,7 @@ async fn sign_up_credits_lost_to_a_crash_after_the_confirmation_are_added_at_sig
     let token = &link[link.find("token=").expect("a token") + "token=".len()..];
     let db = Database::connect(&pg.url(), 1, Duration::from_secs(5)).expect("database url");
     let verified = PostgresDeveloperStore::new(db)
-        .verify_email(&KeyHash::of(token))
+        .verify_email(&KeyHash::of(token), None)
         .await
         .expect("verified");
     assert!(verified.is_some(), "the link verified nobody");

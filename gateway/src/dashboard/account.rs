@@ -243,7 +243,8 @@ pub async fn sign_up(
                 created_at: OffsetDateTime::now_utc(),
                 email_verified_at: None,
             };
-            if state.developers.insert_user(user.clone()).await? {
+            let by = session::actor(&email, client);
+            if state.developers.insert_user(user.clone(), &by).await? {
                 user
             } else {
                 // Another sign-up of the same email won the race: answer as for it.
@@ -335,7 +336,12 @@ pub async fn verify_email(
     HtmlForm(link): HtmlForm<VerificationLink>,
 ) -> Result<Response, DashboardError> {
     let verified = match link_token(&link.token) {
-        Some(token) => state.developers.verify_email(&KeyHash::of(token)).await?,
+        Some(token) => {
+            state
+                .developers
+                .verify_email(&KeyHash::of(token), client.0.map(|ip| ip.to_string()))
+                .await?
+        }
         None => None,
     };
     let Some(user) = verified else {
@@ -492,14 +498,16 @@ pub async fn sign_in(
 
 pub async fn sign_out(
     State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
     headers: HeaderMap,
     signed_in: AnySession,
     HtmlForm(form): HtmlForm<CsrfOnly>,
 ) -> Result<Response, DashboardError> {
     signed_in.check_csrf(&form.csrf)?;
+    let session = &signed_in.0;
     state
         .developers
-        .delete_session(&signed_in.0.token_hash)
+        .sign_out(session, &session::actor(&session.email, client))
         .await?;
     let cookie = session::set_cookie(&state, &headers, SESSION_COOKIE, "", Duration::ZERO);
     Ok(([cookie], Redirect::to("/developers/sign-in")).into_response())

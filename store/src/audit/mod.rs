@@ -81,6 +81,10 @@ impl Actor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
+    /// A user signed up in the dashboard (its account created with it).
+    SignedUp,
+    /// A user followed the link mailed at sign-up; the password it chose took effect.
+    EmailVerified,
     SignIn,
     SignInFailed,
     /// A key was created; `after` carries its tier (`enterprise` when granted by hand),
@@ -97,11 +101,15 @@ pub enum Action {
     AutoReloadChanged,
     /// Credits given without a payment: an account's starting credits, a sign-up's.
     CreditsAdded,
+    /// One dashboard session was ended by its user.
+    SignedOut,
     /// Every dashboard session of the user was ended at once, the acting one included.
     SignedOutEverywhere,
 }
 
-pub const ACTIONS: [Action; 13] = [
+pub const ACTIONS: [Action; 16] = [
+    Action::SignedUp,
+    Action::EmailVerified,
     Action::SignIn,
     Action::SignInFailed,
     Action::KeyCreated,
@@ -114,6 +122,7 @@ pub const ACTIONS: [Action; 13] = [
     Action::TierPromoted,
     Action::AutoReloadChanged,
     Action::CreditsAdded,
+    Action::SignedOut,
     Action::SignedOutEverywhere,
 ];
 

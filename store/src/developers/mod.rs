@@ -16,7 +16,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
-use crate::audit::{Action, Actor, AuditEntry, MemoryAuditLog};
+use crate::audit::{Action, Actor, ActorKind, AuditEntry, MemoryAuditLog};
 
 #[derive(Clone, Debug)]
 pub struct User {
@@ -122,8 +122,9 @@ pub async fn owner_verified(
 
 #[async_trait]
 pub trait DeveloperStore: Send + Sync {
-    /// Stores a new user; `false` when the email is taken.
-    async fn insert_user(&self, user: User) -> Result<bool, StoreError>;
+    /// Stores a new user, audited as a sign-up by `by`; `false` (and no row) when the email
+    /// is taken.
+    async fn insert_user(&self, user: User, by: &Actor) -> Result<bool, StoreError>;
     async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError>;
     /// The user who owns the account, if it was signed up in the dashboard.
     async fn user_by_account(&self, account_id: &str) -> Result<Option<User>, StoreError>;
@@ -136,8 +137,13 @@ pub trait DeveloperStore: Send + Sync {
     /// email is verified, its password
     /// becomes the link's, and every other link and every session of the user ends (a session
     /// started with another password before must not outlive the proof). The user after, or
-    /// `None` for an unknown, used or expired link.
-    async fn verify_email(&self, token_hash: &KeyHash) -> Result<Option<User>, StoreError>;
+    /// `None` for an unknown, used or expired link. Audited as the user's, from `client`
+    /// (who followed the link is known only once it is followed).
+    async fn verify_email(
+        &self,
+        token_hash: &KeyHash,
+        client: Option<String>,
+    ) -> Result<Option<User>, StoreError>;
     /// Starts a session, audited as a sign-in by `by` (its user, from its client address).
     async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError>;
     /// The session of this token hash, if it is before its absolute end and was used within
@@ -148,7 +154,11 @@ pub trait DeveloperStore: Send + Sync {
         token_hash: &KeyHash,
         idle: Duration,
     ) -> Result<Option<Session>, StoreError>;
+    /// Deletes a session (and expired ones of anyone, so the table does not grow without
+    /// bound) unaudited: the one a browser brought to a new sign-in.
     async fn delete_session(&self, token_hash: &KeyHash) -> Result<(), StoreError>;
+    /// Ends `session` at its user's request, audited as signing out by `by`.
+    async fn sign_out(&self, session: &Session, by: &Actor) -> Result<(), StoreError>;
     /// Ends every session of `session`'s user, this one included, in one step, audited as
     /// signing out everywhere by `by`. Returns how many ended.
     async fn end_all_sessions(&self, session: &Session, by: &Actor) -> Result<u64, StoreError>;
@@ -194,6 +204,30 @@ fn signed_in(session: &Session, by: &Actor) -> AuditEntry {
     }
 }
 
+fn signed_out(session: &Session, by: &Actor) -> AuditEntry {
+    AuditEntry {
+        action: Action::SignedOut,
+        ..signed_in(session, by)
+    }
+}
+
+/// The rows of a user's sign-up and verification: the user's own, on its account.
+fn of_user(user: &User, action: Action, by: Actor) -> AuditEntry {
+    AuditEntry {
+        actor: by,
+        account_id: user.account_id.clone(),
+        action,
+        target: user.email.clone(),
+        before: Value::Null,
+        after: Value::Null,
+    }
+}
+
+fn verified_by(user: &User, client: Option<String>) -> AuditEntry {
+    let by = Actor::new(ActorKind::DashboardUser, &user.email, client);
+    of_user(user, Action::EmailVerified, by)
+}
+
 fn signed_out_everywhere(session: &Session, by: &Actor) -> AuditEntry {
     AuditEntry {
         action: Action::SignedOutEverywhere,
@@ -237,10 +271,13 @@ impl MemoryDeveloperStore {
 
 #[async_trait]
 impl DeveloperStore for MemoryDeveloperStore {
-    async fn insert_user(&self, user: User) -> Result<bool, StoreError> {
+    async fn insert_user(&self, user: User, by: &Actor) -> Result<bool, StoreError> {
         match self.users.entry(user.email.clone()) {
             dashmap::Entry::Occupied(_) => Ok(false),
             dashmap::Entry::Vacant(slot) => {
+                // The email's entry is held while its row is appended.
+                self.audit
+                    .append(of_user(&user, Action::SignedUp, by.clone()));
                 slot.insert(user);
                 Ok(true)
             }
@@ -270,7 +307,11 @@ impl DeveloperStore for MemoryDeveloperStore {
         Ok(())
     }
 
-    async fn verify_email(&self, token_hash: &KeyHash) -> Result<Option<User>, StoreError> {
+    async fn verify_email(
+        &self,
+        token_hash: &KeyHash,
+        client: Option<String>,
+    ) -> Result<Option<User>, StoreError> {
         let now = OffsetDateTime::now_utc();
         let Some((_, link)) = self
             .verifications
@@ -288,6 +329,7 @@ impl DeveloperStore for MemoryDeveloperStore {
         user.password_hash = link.password_hash;
         user.email_verified_at = Some(now);
         let verified = user.clone();
+        self.audit.append(verified_by(&verified, client));
         drop(user);
         self.verifications.retain(|_, v| v.user_id != verified.id);
         self.sessions.retain(|_, s| s.user_id != verified.id);
@@ -327,6 +369,13 @@ impl DeveloperStore for MemoryDeveloperStore {
 
     async fn delete_session(&self, token_hash: &KeyHash) -> Result<(), StoreError> {
         self.sessions.remove(token_hash);
+        Ok(())
+    }
+
+    async fn sign_out(&self, session: &Session, by: &Actor) -> Result<(), StoreError> {
+        if self.sessions.remove(&session.token_hash).is_some() {
+            self.audit.append(signed_out(session, by));
+        }
         Ok(())
     }
 

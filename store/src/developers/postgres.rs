@@ -7,12 +7,12 @@ use sqlx::Row;
 use time::{Duration, OffsetDateTime};
 
 use super::{
-    sign_in_refused, signed_in, signed_out_everywhere, standing, Checkout, CheckoutStatus,
-    DeveloperStore, EmailVerification, Session, Standing, User,
+    of_user, sign_in_refused, signed_in, signed_out, signed_out_everywhere, standing, verified_by,
+    Checkout, CheckoutStatus, DeveloperStore, EmailVerification, Session, Standing, User,
 };
 use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
-use crate::audit::{append_in, Actor};
+use crate::audit::{append_in, Action, Actor};
 use crate::db::{from_db, to_db, Database, DbError};
 
 pub struct PostgresDeveloperStore {
@@ -77,11 +77,12 @@ fn checkout_of(row: &PgRow) -> Result<Checkout, sqlx::Error> {
 
 #[async_trait]
 impl DeveloperStore for PostgresDeveloperStore {
-    async fn insert_user(&self, user: User) -> Result<bool, StoreError> {
+    async fn insert_user(&self, user: User, by: &Actor) -> Result<bool, StoreError> {
         let inserted = self
             .db
-            .bounded(
-                sqlx::query(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let inserted = sqlx::query(
                     "INSERT INTO dashboard_users
                          (id, email, password_hash, account_id, created_at, email_verified_at)
                      VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (email) DO NOTHING",
@@ -92,10 +93,19 @@ impl DeveloperStore for PostgresDeveloperStore {
                 .bind(&user.account_id)
                 .bind(user.created_at)
                 .bind(user.email_verified_at)
-                .execute(self.db.pool()),
-            )
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    == 1;
+                if inserted {
+                    append_in(&mut tx, &of_user(&user, Action::SignedUp, by.clone())).await?;
+                }
+                tx.commit().await?;
+                Ok(inserted)
+            })
             .await?;
-        Ok(inserted.rows_affected() == 1)
+        Ok(inserted)
     }
 
     async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError> {
@@ -155,14 +165,19 @@ impl DeveloperStore for PostgresDeveloperStore {
         Ok(())
     }
 
-    async fn verify_email(&self, token_hash: &KeyHash) -> Result<Option<User>, StoreError> {
+    async fn verify_email(
+        &self,
+        token_hash: &KeyHash,
+        client: Option<String>,
+    ) -> Result<Option<User>, StoreError> {
         // One statement, so a link is followed once however many follow it at once: the
         // link's row is deleted and its user updated together, then the user's other links
-        // and sessions go.
-        let row = self
+        // and sessions go; the audit row in the same transaction.
+        let verified = self
             .db
-            .bounded(
-                sqlx::query(
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let row = sqlx::query(
                     "WITH link AS (
                          DELETE FROM dashboard_email_verifications
                          WHERE token_hash = $1 AND expires_at > now()
@@ -182,14 +197,18 @@ impl DeveloperStore for PostgresDeveloperStore {
                      SELECT * FROM verified",
                 )
                 .bind(token_hash.as_bytes())
-                .fetch_optional(self.db.pool()),
-            )
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let verified = row.as_ref().map(user_of).transpose()?;
+                if let Some(user) = &verified {
+                    append_in(&mut tx, &verified_by(user, client)).await?;
+                }
+                tx.commit().await?;
+                Ok(verified)
+            })
             .await?;
-        Ok(row
-            .as_ref()
-            .map(user_of)
-            .transpose()
-            .map_err(DbError::Sql)?)
+        Ok(verified)
     }
 
     async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
@@ -277,6 +296,25 @@ impl DeveloperStore for PostgresDeveloperStore {
                 .bind(token_hash.as_bytes())
                 .execute(self.db.pool()),
             )
+            .await?;
+        Ok(())
+    }
+
+    async fn sign_out(&self, session: &Session, by: &Actor) -> Result<(), StoreError> {
+        self.db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let ended = sqlx::query("DELETE FROM dashboard_sessions WHERE token_hash = $1")
+                    .bind(session.token_hash.as_bytes())
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if ended > 0 {
+                    append_in(&mut tx, &signed_out(session, by)).await?;
+                }
+                tx.commit().await
+            })
             .await?;
         Ok(())
     }

@@ -11,7 +11,7 @@ use serde_json::json;
 use store::accounts::{AccountStatus, Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
 use store::audit::{Action, Actor, ActorKind, AuditLog, AuditQuery, AuditRecord, PostgresAuditLog};
 use store::developers::{
-    DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore, Session, User,
+    DeveloperStore, EmailVerification, MemoryDeveloperStore, PostgresDeveloperStore, Session, User,
 };
 use store::ledger::{DisputeStage, Ledger, MemoryLedger, NewTopUp, PostgresLedger};
 use time::Duration;
@@ -214,7 +214,7 @@ async fn a_top_up_its_refunds_and_its_dispute_leave_one_row_per_movement(store: 
     assert_eq!(dispute.entry.after["usd_cents"], 1_000);
 }
 
-async fn sign_ins_refused_sign_ins_and_signing_out_everywhere_are_rows_of_the_users_account(
+async fn a_users_sign_up_verification_sign_ins_and_sign_outs_are_rows_of_its_account_once_each(
     store: Store,
 ) {
     let account = store.account().await;
@@ -224,25 +224,48 @@ async fn sign_ins_refused_sign_ins_and_signing_out_everywhere_are_rows_of_the_us
         password_hash: "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA".to_owned(),
         account_id: account.clone(),
         created_at: now(),
-        email_verified_at: Some(now()),
+        email_verified_at: None,
     };
-    assert!(store
-        .developers
-        .insert_user(user.clone())
+    let client = Some("198.51.100.4".to_owned());
+    let from = Actor::new(ActorKind::DashboardUser, &user.email, client.clone());
+    let developers = &store.developers;
+    assert!(developers
+        .insert_user(user.clone(), &from)
         .await
         .expect("user"));
-    let from = Actor::new(
-        ActorKind::DashboardUser,
-        &user.email,
-        Some("198.51.100.4".to_owned()),
+    let again = User {
+        id: unique("user"),
+        ..user.clone()
+    };
+    assert!(
+        !developers
+            .insert_user(again, &from)
+            .await
+            .expect("answered"),
+        "the email is taken"
     );
-    store
-        .developers
+    let token = unique("link");
+    developers
+        .insert_email_verification(EmailVerification {
+            token_hash: KeyHash::of(&token),
+            user_id: user.id.clone(),
+            password_hash: user.password_hash.clone(),
+            expires_at: now() + Duration::hours(1),
+        })
+        .await
+        .expect("link");
+    for _ in 0..2 {
+        developers
+            .verify_email(&KeyHash::of(&token), client.clone())
+            .await
+            .expect("answered");
+    }
+    developers
         .audit_refused_sign_in(&user, &from)
         .await
         .expect("audited");
-    let session = Session {
-        token_hash: KeyHash::of(&unique("token")),
+    let session = |token: &str| Session {
+        token_hash: KeyHash::of(token),
         user_id: user.id.clone(),
         email: user.email.clone(),
         account_id: account.clone(),
@@ -251,32 +274,40 @@ async fn sign_ins_refused_sign_ins_and_signing_out_everywhere_are_rows_of_the_us
         expires_at: now() + Duration::hours(1),
         last_used_at: now(),
     };
-    store
-        .developers
-        .insert_session(session.clone(), &from)
+    let first = session(&unique("token"));
+    developers
+        .insert_session(first.clone(), &from)
         .await
         .expect("session");
-    store
-        .developers
-        .end_all_sessions(&session, &from)
+    for _ in 0..2 {
+        developers
+            .sign_out(&first, &from)
+            .await
+            .expect("signed out");
+    }
+    let second = session(&unique("token"));
+    developers
+        .insert_session(second.clone(), &from)
+        .await
+        .expect("session");
+    developers
+        .end_all_sessions(&second, &from)
         .await
         .expect("signed out everywhere");
     let rows = store.rows_of(&account).await;
+    let by_user = |action| (action, ActorKind::DashboardUser, user.email.clone());
     assert_eq!(
         summary(&rows),
         [
-            (
-                Action::SignInFailed,
-                ActorKind::DashboardUser,
-                user.email.clone()
-            ),
-            (Action::SignIn, ActorKind::DashboardUser, user.email.clone()),
-            (
-                Action::SignedOutEverywhere,
-                ActorKind::DashboardUser,
-                user.email.clone()
-            ),
-        ]
+            by_user(Action::SignedUp),
+            by_user(Action::EmailVerified),
+            by_user(Action::SignInFailed),
+            by_user(Action::SignIn),
+            by_user(Action::SignedOut),
+            by_user(Action::SignIn),
+            by_user(Action::SignedOutEverywhere),
+        ],
+        "one row each; the taken email, the used link and the second sign-out none"
     );
     assert!(rows.iter().all(|r| r.entry.actor == from));
 }
@@ -399,7 +430,7 @@ e2e::contract! {
         each_key_and_status_change_leaves_one_row_and_a_repeat_none,
         a_refused_change_leaves_no_row,
         a_top_up_its_refunds_and_its_dispute_leave_one_row_per_movement,
-        sign_ins_refused_sign_ins_and_signing_out_everywhere_are_rows_of_the_users_account,
+        a_users_sign_up_verification_sign_ins_and_sign_outs_are_rows_of_its_account_once_each,
         rows_are_listed_newest_first_by_filter_and_page,
         credits_given_are_a_row_once_and_none_given_none,
     }

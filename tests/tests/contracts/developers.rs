@@ -62,7 +62,7 @@ impl Store {
         };
         assert!(self
             .developers
-            .insert_user(user.clone())
+            .insert_user(user.clone(), &actor())
             .await
             .expect("inserted"));
         user
@@ -112,7 +112,7 @@ impl Store {
 
     async fn verify(&self, token: &str) -> Option<User> {
         self.developers
-            .verify_email(&KeyHash::of(token))
+            .verify_email(&KeyHash::of(token), None)
             .await
             .expect("answered")
     }
@@ -238,7 +238,11 @@ async fn a_user_is_found_by_email_and_a_taken_email_is_refused(store: Store) {
     let mut again = user.clone();
     again.id = unique("user");
     assert!(
-        !store.developers.insert_user(again).await.expect("answered"),
+        !store
+            .developers
+            .insert_user(again, &actor())
+            .await
+            .expect("answered"),
         "the email is taken"
     );
     let still = store.user_by_email(&user.email).await.expect("found");
