@@ -5,6 +5,7 @@
 mod account;
 mod chat;
 mod count_tokens;
+pub mod files;
 pub mod message_batches;
 mod messages;
 mod models;
@@ -56,6 +57,9 @@ pub fn router(state: AppState) -> Router {
             "/messages/batches/{id}/results",
             get(message_batches::results),
         )
+        .route("/files", post(files::upload).get(files::list))
+        .route("/files/{id}", get(files::get).delete(files::delete))
+        .route("/files/{id}/content", get(files::content))
         .route("/chat/completions", admitted(post(chat::create)))
         .route("/responses", admitted(post(responses::create)))
         .route(
