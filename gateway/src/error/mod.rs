@@ -543,9 +543,10 @@ impl From<FileError> for ApiError {
     fn from(e: FileError) -> Self {
         match e {
             FileError::NotFound(_) => Self::not_found(e.to_string()),
-            FileError::Purpose(_) | FileError::Multipart(_) | FileError::NotJsonl { .. } => {
-                Self::invalid(e.to_string())
-            }
+            FileError::Purpose(_)
+            | FileError::Multipart(_)
+            | FileError::NotJsonl { .. }
+            | FileError::Generated(_) => Self::invalid(e.to_string()),
         }
     }
 }

@@ -14,4 +14,6 @@ pub enum FileError {
         "file: a batch input file is JSONL, one JSON object a line; line {line} is not: {reason}"
     )]
     NotJsonl { line: usize, reason: String },
+    #[error("file_id: `{0}` is made by its batch and is kept with it")]
+    Generated(String),
 }

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use self::error::FileError;
+use super::batches::{self, Generated};
 use crate::edge::body_reader::read_request;
 use crate::edge::path::Path;
 use crate::error::ApiError;
@@ -146,7 +147,10 @@ pub async fn get(
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let info = api.files.file(&principal.account.id, &id).await?;
+    let info = match Generated::of(&id) {
+        Some(generated) => batches::generated_info(&api, &principal, &generated).await?,
+        None => api.files.file(&principal.account.id, &id).await?,
+    };
     Ok(Json(object(&info.ok_or(FileError::NotFound(id))?)))
 }
 
@@ -156,11 +160,14 @@ pub async fn content(
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let body = api
-        .files
-        .content(&principal.account.id, &id)
-        .await?
-        .map(Body::from);
+    let body = match Generated::of(&id) {
+        Some(generated) => batches::generated_content(&api, &principal, generated).await?,
+        None => api
+            .files
+            .content(&principal.account.id, &id)
+            .await?
+            .map(Body::from),
+    };
     let mut response = body.ok_or(FileError::NotFound(id))?.into_response();
     response.headers_mut().insert(
         CONTENT_TYPE,
@@ -222,6 +229,9 @@ pub async fn delete(
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    if Generated::of(&id).is_some() {
+        return Err(FileError::Generated(id).into());
+    }
     if !api.files.delete(&principal.account.id, &id).await? {
         return Err(FileError::NotFound(id).into());
     }
