@@ -84,6 +84,14 @@ malformed = client.files.create(file=("in.jsonl", (good + "\n" + good + "\n" +
     purpose="batch")
 failed = client.batches.create(input_file_id=malformed.id, endpoint="/v1/chat/completions",
                                completion_window="24h")
+# Just under the cap: a file of chat requests is kept as bytes, whatever it would take parsed.
+lines, size = [], 0
+while size < cap - 200_000:
+    lines.append(good.replace('"a"', f'"r{len(lines)}"'))
+    size += len(lines[-1]) + 1
+under_cap = client.files.create(file=("big.jsonl", "\n".join(lines).encode()), purpose="batch")
+# One line of a million tiny objects: a valid upload, too costly to parse at the create.
+tiny = client.files.create(file=("tiny.jsonl", ('{"custom_id": "t", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [' + ",".join(["{}"] * 1_000_000) + "]}}").encode()), purpose="batch")
 print(json.dumps({
     "wrong_purpose": refused(lambda: client.files.create(file=("in.jsonl", good.encode()), purpose="fine-tune")),
     "not_jsonl": refused(lambda: client.files.create(file=("in.jsonl", b"{\"a\": 1}\nnot json\n"), purpose="batch")),
@@ -97,6 +105,9 @@ print(json.dumps({
     "unknown_batch": refused(lambda: client.batches.retrieve("batch_nope")),
     "unknown_content": refused(lambda: client.files.content("file-nope")),
     "failed": failed.model_dump(mode="json"),
+    "under_cap": under_cap.bytes,
+    "tiny_objects": refused(lambda: client.batches.create(input_file_id=tiny.id,
+        endpoint="/v1/chat/completions", completion_window="24h")),
 }))
 "#;
 
@@ -274,6 +285,11 @@ async fn bad_input_gets_the_envelope_with_its_status(gw: &Gateway) {
     expect_envelope(&run, "wrong_window", 400, "invalid_request_error");
     expect_envelope(&run, "unknown_batch", 404, "not_found_error");
     expect_envelope(&run, "unknown_content", 404, "not_found_error");
+    expect_envelope(&run, "tiny_objects", 413, "request_too_large");
+    let under_cap = run["under_cap"]
+        .as_u64()
+        .expect("the upload under the cap is kept");
+    assert!(under_cap > cap as u64 - 300_000, "{under_cap}");
     let failed = &run["failed"];
     assert_eq!(failed["status"], "failed", "{failed}");
     assert!(failed["failed_at"].is_i64(), "{failed}");
@@ -305,4 +321,91 @@ async fn in_postgres_bad_input_gets_the_envelope_with_its_status() {
     let pg = PostgresServer::start().await;
     let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
     bad_input_gets_the_envelope_with_its_status(&cluster.pods[0]).await;
+}
+
+/// Creates a batch of `n` requests, then another (refused: the key's cap is one in progress),
+/// cancels the first, waits for it to end, reads its files, then creates the other again.
+const SDK_CANCEL: &str = r#"
+import sys, json, time, openai
+base, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+lines = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+                     "body": {"model": "svc/haiku", "max_tokens": 32,
+                              "messages": [{"role": "user", "content": f"Question number {i}"}]}})
+         for i in range(n)]
+uploaded = client.files.create(file=("input.jsonl", "\n".join(lines).encode()), purpose="batch")
+create = lambda: client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h")
+batch = create()
+try:
+    create()
+    second = {"status": 200}
+except openai.APIStatusError as e:
+    second = {"status": e.status_code, "body": e.response.json()}
+cancelling = client.batches.cancel(batch.id).model_dump(mode="json")
+deadline = time.time() + 60
+while batch.status not in ("cancelled", "completed"):
+    if time.time() > deadline:
+        raise SystemExit("the batch did not end: " + batch.model_dump_json())
+    time.sleep(0.2)
+    batch = client.batches.retrieve(batch.id)
+output = client.files.content(batch.output_file_id).text if batch.output_file_id else ""
+errors = client.files.content(batch.error_file_id).text
+third = create().status
+print(json.dumps({"second": second, "cancelling": cancelling, "ended": batch.model_dump(mode="json"),
+                  "output": output, "errors": errors, "third": third}))
+"#;
+
+/// A key's cap of batches in progress counts OpenAI batches (429 past it); cancel stops the
+/// queued items, which end in the error file as `batch_cancelled`, billed nothing.
+#[tokio::test]
+async fn cancel_ends_the_queued_items_in_the_error_file_and_frees_the_cap() {
+    const N: usize = 20;
+    let gw = Gateway::builder()
+        .chunk_delay_ms(40)
+        .arg("--batch-concurrency")
+        .arg("1")
+        .arg("--batch-max-in-progress")
+        .arg("1")
+        .start()
+        .await;
+    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let before = gw.balance(&key.secret).await;
+    let run = python(&gw, SDK_CANCEL, &[&key.secret, &N.to_string()]).await;
+    let second = &run["second"];
+    assert_eq!(second["status"], 429, "{second}");
+    assert_eq!(
+        second["body"]["error"]["type"], "rate_limit_error",
+        "{second}"
+    );
+    assert!(run["cancelling"]["cancelling_at"].is_i64(), "{run}");
+
+    let ended = &run["ended"];
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    assert!(ended["cancelled_at"].is_i64(), "{ended}");
+    let (output, errors) = (by_custom_id(&run["output"]), by_custom_id(&run["errors"]));
+    assert_eq!(output.len() + errors.len(), N, "every custom_id once");
+    assert!(!errors.is_empty(), "queued items were cancelled: {ended}");
+    for line in errors.values() {
+        assert_eq!(line["error"]["code"], "batch_cancelled", "{line}");
+        assert!(line["response"].is_null(), "{line}");
+    }
+    assert_eq!(
+        ended["request_counts"],
+        json!({"total": N, "completed": output.len(), "failed": errors.len()})
+    );
+    let mut billed = 0;
+    for line in output.values() {
+        let id = line["response"]["request_id"].as_str().expect("request_id");
+        billed += gw.message_record(id).await["billed"]
+            .as_i64()
+            .expect("billed");
+    }
+    gw.wait_settled(&key.account_id).await;
+    assert_eq!(
+        before - gw.balance(&key.secret).await,
+        billed,
+        "only the finished items are billed"
+    );
+    assert_eq!(run["third"], "in_progress", "the cap is free once it ended");
 }

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::{error_result, CHAT_COMPLETIONS};
 use crate::edge::body::from_value;
+use crate::edge::budget::parsed_cost;
 use crate::error::ApiError;
 use gateway_core::ids;
 use gateway_core::turn::{self, Turns};
@@ -40,6 +41,20 @@ struct Line {
     method: Value,
     url: Value,
     body: Value,
+}
+
+/// Where the line of `content` is that costs the most memory parsed.
+pub fn costliest_line(content: &[u8]) -> std::ops::Range<usize> {
+    let mut costliest = (0, 0..0);
+    let mut start = 0;
+    for line in content.split(|&b| b == b'\n') {
+        let cost = parsed_cost(line);
+        if cost > costliest.0 {
+            costliest = (cost, start..start + line.len());
+        }
+        start += line.len() + 1;
+    }
+    costliest.1
 }
 
 /// The items of `content`, or (any line malformed) none and the errors.

@@ -21,6 +21,8 @@ use time::OffsetDateTime;
 
 use crate::api::message_batches::error::BatchError;
 use crate::edge::body::JsonBody;
+use crate::edge::body_reader::BodyError;
+use crate::edge::budget::{BudgetOwner, Reservation};
 use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::state::BatchApi;
@@ -74,6 +76,7 @@ struct Details {
 pub async fn create(
     State(api): State<Arc<BatchApi>>,
     Extension(principal): Extension<Arc<Principal>>,
+    owner: Option<Extension<BudgetOwner>>,
     JsonBody(body): JsonBody<CreateBatch>,
 ) -> Result<Response, ApiError> {
     if body.endpoint != CHAT_COMPLETIONS {
@@ -108,6 +111,22 @@ pub async fn create(
                 body.input_file_id
             ))
         })?;
+    // Its lines are parsed one at a time into items held together: the file holds the memory
+    // budget of its bytes, or of its costliest line parsed when that is more.
+    let content = Arc::new(content);
+    let costliest = {
+        let content = content.clone();
+        cpu::run(move || input::costliest_line(&content)).await?
+    };
+    let mut parsing = Reservation::of(owner.map(|Extension(owner)| owner));
+    parsing
+        .grow_to_parsed(&content[costliest])
+        .await
+        .map_err(BodyError::from)?;
+    parsing
+        .grow_to(content.len())
+        .await
+        .map_err(BodyError::from)?;
     let turns = api.turns.turns();
     let max = api.settings.max_requests;
     let checked = cpu::run(move || input::read(&turns, &content, max)).await?;
