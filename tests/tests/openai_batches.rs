@@ -324,7 +324,8 @@ async fn in_postgres_bad_input_gets_the_envelope_with_its_status() {
 }
 
 /// Creates a batch of `n` requests, then another (refused: the key's cap is one in progress),
-/// cancels the first, waits for it to end, reads its files, then creates the other again.
+/// cancels the first, waits for it to end, reads its files, then creates the other again (and
+/// cancels it too, reading what of it ran).
 const SDK_CANCEL: &str = r#"
 import sys, json, time, openai
 base, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -342,18 +343,23 @@ try:
     second = {"status": 200}
 except openai.APIStatusError as e:
     second = {"status": e.status_code, "body": e.response.json()}
-cancelling = client.batches.cancel(batch.id).model_dump(mode="json")
-deadline = time.time() + 60
-while batch.status not in ("cancelled", "completed"):
-    if time.time() > deadline:
-        raise SystemExit("the batch did not end: " + batch.model_dump_json())
-    time.sleep(0.2)
-    batch = client.batches.retrieve(batch.id)
-output = client.files.content(batch.output_file_id).text if batch.output_file_id else ""
+def cancel(batch):
+    cancelling = client.batches.cancel(batch.id).model_dump(mode="json")
+    deadline = time.time() + 60
+    while batch.status not in ("cancelled", "completed"):
+        if time.time() > deadline:
+            raise SystemExit("the batch did not end: " + batch.model_dump_json())
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    output = client.files.content(batch.output_file_id).text if batch.output_file_id else ""
+    return cancelling, batch, output
+cancelling, batch, output = cancel(batch)
 errors = client.files.content(batch.error_file_id).text
-third = create().status
+third = create()
+_, _, third_output = cancel(third)
 print(json.dumps({"second": second, "cancelling": cancelling, "ended": batch.model_dump(mode="json"),
-                  "output": output, "errors": errors, "third": third}))
+                  "output": output, "errors": errors, "third": third.status,
+                  "third_output": third_output}))
 "#;
 
 /// A key's cap of batches in progress counts OpenAI batches (429 past it); cancel stops the
@@ -395,7 +401,8 @@ async fn cancel_ends_the_queued_items_in_the_error_file_and_frees_the_cap() {
         json!({"total": N, "completed": output.len(), "failed": errors.len()})
     );
     let mut billed = 0;
-    for line in output.values() {
+    let third = by_custom_id(&run["third_output"]);
+    for line in output.values().chain(third.values()) {
         let id = line["response"]["request_id"].as_str().expect("request_id");
         billed += gw.message_record(id).await["billed"]
             .as_i64()
@@ -408,4 +415,39 @@ async fn cancel_ends_the_queued_items_in_the_error_file_and_frees_the_cap() {
         "only the finished items are billed"
     );
     assert_eq!(run["third"], "in_progress", "the cap is free once it ended");
+}
+
+/// Uploads of one account past `--files-account-max-bytes` are refused with the envelope;
+/// another account's are not, and a deletion makes room.
+#[tokio::test]
+async fn uploads_past_the_account_quota_get_the_envelope() {
+    const SCRIPT: &str = r#"
+import sys, json, openai
+base, key, other_key = sys.argv[1], sys.argv[2], sys.argv[3]
+upload = lambda k: openai.OpenAI(base_url=base + "/v1", api_key=k, max_retries=0).files.create(
+    file=("in.jsonl", b'{"x": "' + b"x" * 590 + b'"}'), purpose="batch")
+first = upload(key)
+try:
+    upload(key)
+    second = {"status": 200}
+except openai.APIStatusError as e:
+    second = {"status": e.status_code, "body": e.response.json()}
+other = upload(other_key).bytes
+openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0).files.delete(first.id)
+print(json.dumps({"first": first.bytes, "second": second, "other": other, "after_delete": upload(key).bytes}))
+"#;
+    let gw = Gateway::builder()
+        .arg("--files-account-max-bytes")
+        .arg("1000")
+        .start()
+        .await;
+    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let other = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let run = python(&gw, SCRIPT, &[&key.secret, &other.secret]).await;
+    assert_eq!(run["first"], 599, "{run}");
+    expect_envelope(&run, "second", 400, "invalid_request_error");
+    assert_eq!(
+        (&run["other"], &run["after_delete"]),
+        (&json!(599), &json!(599))
+    );
 }

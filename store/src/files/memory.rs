@@ -21,10 +21,23 @@ impl MemoryFileStore {
 
 #[async_trait]
 impl FileStore for MemoryFileStore {
-    async fn create(&self, file: NewFile) -> Result<FileInfo, StoreError> {
+    async fn create(
+        &self,
+        file: NewFile,
+        max_account_bytes: u64,
+    ) -> Result<Option<FileInfo>, StoreError> {
         let info = file.info();
-        self.lock().insert(file.id.clone(), file);
-        Ok(info)
+        let mut files = self.lock();
+        let held: u64 = files
+            .values()
+            .filter(|f| f.account_id == file.account_id)
+            .map(|f| f.content.len() as u64)
+            .sum();
+        if held + info.bytes > max_account_bytes {
+            return Ok(None);
+        }
+        files.insert(file.id.clone(), file);
+        Ok(Some(info))
     }
 
     async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError> {

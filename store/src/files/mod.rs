@@ -44,7 +44,13 @@ pub struct FilePage {
 
 #[async_trait]
 pub trait FileStore: Send + Sync {
-    async fn create(&self, file: NewFile) -> Result<FileInfo, StoreError>;
+    /// Stores the file unless the account's files would then hold more than `max_account_bytes`
+    /// (`None`), checked and written at once.
+    async fn create(
+        &self,
+        file: NewFile,
+        max_account_bytes: u64,
+    ) -> Result<Option<FileInfo>, StoreError>;
     /// The account's file of this id.
     async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError>;
     /// The account's file's content.

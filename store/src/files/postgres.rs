@@ -31,28 +31,61 @@ fn info_of(row: &PgRow) -> Result<FileInfo, sqlx::Error> {
     })
 }
 
+async fn insert_file(
+    db: &Database,
+    file: &NewFile,
+    max_account_bytes: u64,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    // One upload per account at a time, so two cannot both pass the quota.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 15))")
+        .bind(&file.account_id)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    let held: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(bytes), 0)::bigint FROM files WHERE account_id = $1",
+    )
+    .bind(&file.account_id)
+    .persistent(false)
+    .fetch_one(&mut *tx)
+    .await?;
+    let bytes = i64::try_from(file.content.len()).unwrap_or(i64::MAX);
+    let max = i64::try_from(max_account_bytes).unwrap_or(i64::MAX);
+    if held.saturating_add(bytes) > max {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO files (id, account_id, filename, purpose, bytes, content, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(&file.id)
+    .bind(&file.account_id)
+    .bind(&file.filename)
+    .bind(&file.purpose)
+    .bind(bytes)
+    .bind(&file.content)
+    .bind(file.created_at)
+    .persistent(false)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 #[async_trait]
 impl FileStore for PostgresFileStore {
-    async fn create(&self, file: NewFile) -> Result<FileInfo, StoreError> {
+    async fn create(
+        &self,
+        file: NewFile,
+        max_account_bytes: u64,
+    ) -> Result<Option<FileInfo>, StoreError> {
         let info = file.info();
-        self.db
-            .bounded(
-                sqlx::query(
-                    "INSERT INTO files (id, account_id, filename, purpose, bytes, content, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                )
-                .bind(&file.id)
-                .bind(&file.account_id)
-                .bind(&file.filename)
-                .bind(&file.purpose)
-                .bind(i64::try_from(file.content.len()).unwrap_or(i64::MAX))
-                .bind(&file.content)
-                .bind(file.created_at)
-                .persistent(false)
-                .execute(self.db.pool()),
-            )
+        let stored = self
+            .db
+            .bounded(insert_file(&self.db, &file, max_account_bytes))
             .await?;
-        Ok(info)
+        Ok(stored.then_some(info))
     }
 
     async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError> {

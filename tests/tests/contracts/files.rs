@@ -10,6 +10,9 @@ use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};
 
+/// Bytes an account may keep, in the rules that are not about it.
+const QUOTA: u64 = 1 << 20;
+
 pub struct Store {
     files: Arc<dyn FileStore>,
     _pg: Option<PostgresServer>,
@@ -46,7 +49,12 @@ async fn a_file_is_read_back_whole_by_its_account_and_no_other(s: Store) {
     // Every byte value, past any text encoding.
     let content: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     let file = new_file(&owner, "batch", &content, now());
-    let created = s.files.create(file.clone()).await.expect("store");
+    let created = s
+        .files
+        .create(file.clone(), QUOTA)
+        .await
+        .expect("store")
+        .expect("under the quota");
     assert_eq!(
         (created.bytes, &created.filename, &created.purpose),
         (70_000, &file.filename, &file.purpose)
@@ -80,7 +88,11 @@ async fn files_are_listed_newest_first_in_pages_by_purpose(s: Store) {
         let purpose = if i == 2 { "other" } else { "batch" };
         let file = new_file(&account, purpose, b"{}\n", start + Duration::seconds(i));
         ids.push(file.id.clone());
-        s.files.create(file).await.expect("store");
+        s.files
+            .create(file, QUOTA)
+            .await
+            .expect("store")
+            .expect("under the quota");
     }
     let listed = |purpose, after: Option<String>, limit| {
         let files = s.files.clone();
@@ -120,7 +132,11 @@ async fn files_are_listed_newest_first_in_pages_by_purpose(s: Store) {
 async fn a_deleted_file_is_gone(s: Store) {
     let account = unique("acct");
     let file = new_file(&account, "batch", b"{}\n", now());
-    s.files.create(file.clone()).await.expect("store");
+    s.files
+        .create(file.clone(), QUOTA)
+        .await
+        .expect("store")
+        .expect("under the quota");
     assert!(s.files.delete(&account, &file.id).await.expect("store"));
     assert_eq!(s.files.file(&account, &file.id).await.expect("store"), None);
     assert_eq!(
@@ -130,11 +146,39 @@ async fn a_deleted_file_is_gone(s: Store) {
     assert!(!s.files.delete(&account, &file.id).await.expect("store"));
 }
 
+/// An account keeps at most its quota of bytes; another account's files count not, and a
+/// deleted file's bytes are free again.
+async fn an_account_keeps_at_most_its_quota_of_bytes(s: Store) {
+    let (account, other) = (unique("acct"), unique("acct"));
+    let at = now();
+    let first = new_file(&account, "batch", &[b'x'; 600], at);
+    let store = |file: NewFile| {
+        let files = s.files.clone();
+        async move { files.create(file, 1_000).await.expect("store") }
+    };
+    assert!(store(first.clone()).await.is_some());
+    assert!(store(new_file(&other, "batch", &[b'x'; 600], at))
+        .await
+        .is_some());
+    assert!(
+        store(new_file(&account, "batch", &[b'x'; 400], at))
+            .await
+            .is_some(),
+        "1,000 in all"
+    );
+    let over = new_file(&account, "batch", &[b'x'; 1], at);
+    assert!(store(over.clone()).await.is_none(), "1,001 in all");
+    assert_eq!(s.files.file(&account, &over.id).await.expect("store"), None);
+    assert!(s.files.delete(&account, &first.id).await.expect("store"));
+    assert!(store(over).await.is_some());
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
         a_file_is_read_back_whole_by_its_account_and_no_other,
         files_are_listed_newest_first_in_pages_by_purpose,
         a_deleted_file_is_gone,
+        an_account_keeps_at_most_its_quota_of_bytes,
     }
 }

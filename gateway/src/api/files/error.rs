@@ -14,6 +14,11 @@ pub enum FileError {
         "file: a batch input file is JSONL, one JSON object a line; line {line} is not: {reason}"
     )]
     NotJsonl { line: usize, reason: String },
+    /// The account's uploads would hold more than its quota.
+    #[error(
+        "file: this account's files may hold {0} bytes in all; delete some before uploading more"
+    )]
+    Quota(u64),
     #[error("file_id: `{0}` is made by its batch and is kept with it")]
     Generated(String),
 }

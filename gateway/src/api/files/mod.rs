@@ -71,7 +71,13 @@ pub async fn upload(
         content: Vec::from(content),
         created_at: OffsetDateTime::now_utc(),
     };
-    Ok(Json(object(&api.files.create(file).await?)))
+    let max = api.settings.files_account_max_bytes;
+    let created = api
+        .files
+        .create(file, max)
+        .await?
+        .ok_or(FileError::Quota(max))?;
+    Ok(Json(object(&created)))
 }
 
 struct Form {
