@@ -40,6 +40,7 @@ use store::audit::{Actor, ActorKind, AuditLog, PostgresAuditLog};
 use store::batches::{BatchStore, MemoryBatchStore, PostgresBatchStore};
 use store::db::{Database, DbError};
 use store::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
+use store::files::{FileStore, MemoryFileStore, PostgresFileStore};
 use store::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 
 mod warnings;
@@ -102,6 +103,7 @@ struct Stores {
     audit: Arc<dyn AuditLog>,
     responses: ResponsesBackend,
     batches: Arc<dyn BatchStore>,
+    files: Arc<dyn FileStore>,
 }
 
 /// `gateway standalone`: everything in process, the promotion sweep on a timer.
@@ -179,6 +181,7 @@ fn in_process_stores(args: &CommonArgs) -> Result<Stores, StartError> {
         audit,
         responses: ResponsesBackend::memory(args.responses.memory_limits()),
         batches: Arc::new(MemoryBatchStore::default()),
+        files: Arc::new(MemoryFileStore::default()),
     })
 }
 
@@ -229,6 +232,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             audit,
             responses: ResponsesBackend::memory(args.common.responses.memory_limits()),
             batches: Arc::new(MemoryBatchStore::default()),
+            files: Arc::new(MemoryFileStore::default()),
         };
         return run(args.common, stores, config, published, admin, |_, _| {}).await;
     };
@@ -258,6 +262,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
         audit: Arc::new(PostgresAuditLog::new(db.clone())),
         batches: Arc::new(PostgresBatchStore::new(db.clone())),
+        files: Arc::new(PostgresFileStore::new(db.clone())),
         responses: ResponsesBackend::postgres(
             db,
             args.common.responses.retention(),
@@ -337,6 +342,7 @@ async fn assemble(
         responses: responses.store(),
         reasoning_seal: args.responses.sealer(),
         batches: stores.batches,
+        files: stores.files,
         settings: Settings {
             credits_per_usd: args.payments.credits_per_usd(),
             dashboard: (&args.dashboard).into(),

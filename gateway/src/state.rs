@@ -27,6 +27,7 @@ use store::accounts::Accounts;
 use store::audit::AuditLog;
 use store::batches::BatchStore;
 use store::developers::DeveloperStore;
+use store::files::FileStore;
 use store::ledger::Ledger;
 
 /// Every store and setting start-up chose, before they are cut per surface.
@@ -58,6 +59,8 @@ pub struct Services {
     pub reasoning_seal: Sealer,
     /// Message Batches and their items.
     pub batches: Arc<dyn BatchStore>,
+    /// Uploads of `/v1/files`.
+    pub files: Arc<dyn FileStore>,
     pub settings: Settings,
 }
 
@@ -116,11 +119,13 @@ impl Deref for TurnApi {
     }
 }
 
-/// `/v1/messages/batches` and the worker every process runs for them: the turns, the batch
-/// store, the accounts an item's key is looked up in when it runs, the batch settings.
+/// `/v1/messages/batches`, `/v1/batches` and `/v1/files`, and the worker every process runs
+/// for the batches: the turns, the batch and file stores, the accounts an item's key is looked
+/// up in when it runs, the batch settings.
 pub struct BatchApi {
     pub turns: Arc<TurnApi>,
     pub batches: Arc<dyn BatchStore>,
+    pub files: Arc<dyn FileStore>,
     pub accounts: Arc<dyn Accounts>,
     pub settings: BatchSettings,
 }
@@ -252,6 +257,7 @@ impl AppState {
             responses,
             reasoning_seal,
             batches,
+            files,
             settings,
         } = services;
         let catalog = LiveCatalog::new(catalog);
@@ -282,6 +288,7 @@ impl AppState {
             batch_api: Arc::new(BatchApi {
                 turns: turn_api.clone(),
                 batches,
+                files,
                 accounts: accounts.clone(),
                 settings: settings.batches,
             }),

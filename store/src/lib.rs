@@ -8,6 +8,7 @@ pub mod audit;
 pub mod batches;
 pub mod db;
 pub mod developers;
+pub mod files;
 pub mod ids;
 pub mod ledger;
 pub mod metrics;

@@ -40,6 +40,7 @@ mod mail_smtp;
 mod message_batches;
 mod metrics;
 mod models;
+mod openai_batches;
 mod operator_cluster;
 mod pgbouncer;
 mod prompt_cache;

@@ -67,7 +67,7 @@ fn now() -> i64 {
     OffsetDateTime::now_utc().unix_timestamp()
 }
 
-fn completion(id: String, model: String, done: Collected) -> ChatCompletion {
+pub(super) fn completion(id: String, model: String, done: Collected) -> ChatCompletion {
     ChatCompletion {
         id,
         object: "chat.completion",

@@ -3,8 +3,10 @@
 //! `/v1` even unknown paths and wrong methods need a key, like every `/v1/*` request.
 
 mod account;
+pub mod batches;
 mod chat;
 mod count_tokens;
+pub mod files;
 pub mod message_batches;
 mod messages;
 mod models;
@@ -56,6 +58,15 @@ pub fn router(state: AppState) -> Router {
             "/messages/batches/{id}/results",
             get(message_batches::results),
         )
+        .route(
+            "/batches",
+            admitted(post(batches::create)).get(batches::list),
+        )
+        .route("/batches/{id}", get(batches::get))
+        .route("/batches/{id}/cancel", post(batches::cancel))
+        .route("/files", post(files::upload).get(files::list))
+        .route("/files/{id}", get(files::get).delete(files::delete))
+        .route("/files/{id}/content", get(files::content))
         .route("/chat/completions", admitted(post(chat::create)))
         .route("/responses", admitted(post(responses::create)))
         .route(

@@ -136,7 +136,11 @@ fn presented_key(headers: &HeaderMap) -> Result<&str, AuthError> {
 /// The scope a `/v1` path needs (see `crds::config::SCOPES`).
 fn scope_of(path: &str) -> &'static str {
     let path = path.strip_prefix("/v1").unwrap_or(path);
-    if path.starts_with("/chat") {
+    // OpenAI's Batch API and its files run Chat Completions.
+    if ["/chat", "/batches", "/files"]
+        .iter()
+        .any(|p| path.starts_with(p))
+    {
         "chat"
     } else if path.starts_with("/responses") {
         "responses"
@@ -157,6 +161,8 @@ mod tests {
     fn scopes_follow_the_surface() {
         assert_eq!(scope_of("/v1/messages/count_tokens"), "messages");
         assert_eq!(scope_of("/v1/chat/completions"), "chat");
+        assert_eq!(scope_of("/v1/batches/batch_1/cancel"), "chat");
+        assert_eq!(scope_of("/v1/files"), "chat");
         assert_eq!(scope_of("/v1/responses/resp_1/input_items"), "responses");
         assert_eq!(scope_of("/v1/models/svc/opus"), "models");
         assert_eq!(scope_of("/v1/usage"), "account");

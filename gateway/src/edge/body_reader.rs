@@ -119,7 +119,7 @@ impl UnreadBody {
 
     /// The whole body, under its bounds (a declared length over the cap refused first).
     pub async fn read(self) -> Result<Vec<u8>, BodyError> {
-        self.bounds.read(self.body).await
+        self.bounds.read(self.body, Shape::Parsed).await
     }
 }
 
@@ -127,7 +127,21 @@ impl UnreadBody {
 /// the memory budget (whose share the request then holds until it is answered).
 pub async fn read_request(req: Request) -> Result<Vec<u8>, BodyError> {
     let bounds = Bounds::of(&req);
-    bounds.read(req.into_body()).await
+    bounds.read(req.into_body(), Shape::Parsed).await
+}
+
+/// [`read_request`] for a body that is kept as bytes, never parsed whole (a file upload,
+/// checked a line at a time): it holds the budget of its bytes, not of their parsed form.
+pub async fn read_upload(req: Request) -> Result<Vec<u8>, BodyError> {
+    let bounds = Bounds::of(&req);
+    bounds.read(req.into_body(), Shape::Bytes).await
+}
+
+/// What a body becomes once read, and so the share of the memory budget it holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Parsed,
+    Bytes,
 }
 
 struct Bounds {
@@ -167,7 +181,7 @@ impl Bounds {
         }
     }
 
-    async fn read(self, body: Body) -> Result<Vec<u8>, BodyError> {
+    async fn read(self, body: Body, shape: Shape) -> Result<Vec<u8>, BodyError> {
         let started = Instant::now();
         let mut stream = body.into_data_stream();
         let refuse = |stream, e: BodyError| async move {
@@ -205,7 +219,9 @@ impl Bounds {
         }
         // Only now is the body's shape known: many small values parse to far more memory
         // than their bytes.
-        reservation.grow_to_parsed(&bytes).await?;
+        if shape == Shape::Parsed {
+            reservation.grow_to_parsed(&bytes).await?;
+        }
         if let Some(held) = &self.held {
             held.keep(reservation);
         }

@@ -11,6 +11,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::api::files::error::FileError;
 use crate::api::message_batches::error::BatchError;
 use crate::dashboard::error::DashboardError;
 use crate::edge::body_reader::BodyError;
@@ -542,6 +543,19 @@ impl From<BatchError> for ApiError {
                 )
             },
             BatchError::Processing(..) => Self::invalid(e.to_string()),
+        }
+    }
+}
+
+impl From<FileError> for ApiError {
+    fn from(e: FileError) -> Self {
+        match e {
+            FileError::NotFound(_) => Self::not_found(e.to_string()),
+            FileError::Purpose(_)
+            | FileError::Multipart(_)
+            | FileError::NotJsonl { .. }
+            | FileError::Quota(_)
+            | FileError::Generated(_) => Self::invalid(e.to_string()),
         }
     }
 }

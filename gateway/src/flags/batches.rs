@@ -33,6 +33,10 @@ pub struct BatchesArgs {
     /// How often an idle worker looks for items, and sweeps expired and cancelled ones.
     #[arg(long, env = "GATEWAY_BATCH_POLL_MS", default_value_t = 1_000)]
     pub batch_poll_ms: u64,
+    /// Bytes of uploads (`/v1/files`) one account may keep; an upload past it is refused (400)
+    /// until files are deleted. Standalone keeps them in memory.
+    #[arg(long, env = "GATEWAY_FILES_ACCOUNT_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub files_account_max_bytes: u64,
 }
 
 impl From<&BatchesArgs> for BatchSettings {
@@ -45,6 +49,7 @@ impl From<&BatchesArgs> for BatchSettings {
             max_in_progress: args.batch_max_in_progress,
             max_requests: args.batch_max_requests,
             poll: Duration::from_millis(args.batch_poll_ms.max(10)),
+            files_account_max_bytes: args.files_account_max_bytes,
         }
     }
 }

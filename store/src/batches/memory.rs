@@ -9,7 +9,7 @@ use time::OffsetDateTime;
 
 use super::{
     Batch, BatchPage, BatchStore, ClaimedItem, Cursor, Deleted, ItemResult, ItemState, NewBatch,
-    Outcome, RequestCounts,
+    Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 
@@ -25,6 +25,8 @@ struct Stored {
     created_at: OffsetDateTime,
     expires_at: OffsetDateTime,
     cancel_initiated_at: Option<OffsetDateTime>,
+    format: RequestFormat,
+    details: Option<String>,
     items: Vec<Item>,
 }
 
@@ -76,6 +78,8 @@ impl Stored {
             expires_at: self.expires_at,
             cancel_initiated_at: self.cancel_initiated_at,
             ended_at,
+            format: self.format,
+            details: self.details.clone(),
         }
     }
 
@@ -129,6 +133,8 @@ impl BatchStore for MemoryBatchStore {
             created_at: batch.created_at,
             expires_at: batch.expires_at,
             cancel_initiated_at: None,
+            format: batch.format,
+            details: batch.details,
             items,
         };
         let view = stored.view(&batch.id);
@@ -147,13 +153,14 @@ impl BatchStore for MemoryBatchStore {
     async fn list(
         &self,
         account_id: &str,
+        format: RequestFormat,
         cursor: Cursor,
         limit: u32,
     ) -> Result<BatchPage, StoreError> {
         let batches = self.lock();
         let mut mine: Vec<Batch> = batches
             .iter()
-            .filter(|(_, b)| b.account_id == account_id)
+            .filter(|(_, b)| b.account_id == account_id && b.format == format)
             .map(|(id, b)| b.view(id))
             .collect();
         // Newest first.
@@ -248,6 +255,7 @@ impl BatchStore for MemoryBatchStore {
                     index: u32::try_from(index).unwrap_or(u32::MAX),
                     custom_id: item.custom_id.clone(),
                     params: item.params.clone(),
+                    format: batch.format,
                     account_id: batch.account_id.clone(),
                     key_hash: batch.key_hash,
                 });
@@ -315,6 +323,7 @@ impl BatchStore for MemoryBatchStore {
                 Some(ItemResult {
                     index: u32::try_from(index).ok()?,
                     custom_id: item.custom_id.clone(),
+                    state: item.state,
                     result: item.result.clone()?,
                 })
             })

@@ -53,6 +53,21 @@ pub struct NewItem {
     pub refused: Option<String>,
 }
 
+/// Whose requests a batch's items are: the worker runs each as that API's turn, and each API
+/// lists only its own batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestFormat {
+    /// `/v1/messages/batches`: Messages API params.
+    Messages,
+    /// `/v1/batches`: Chat Completions bodies.
+    ChatCompletions,
+}
+
+impl RequestFormat {
+    pub const ALL: [Self; 2] = [Self::Messages, Self::ChatCompletions];
+}
+
 #[derive(Clone, Debug)]
 pub struct NewBatch {
     pub id: String,
@@ -62,6 +77,10 @@ pub struct NewBatch {
     pub key_hash: KeyHash,
     pub created_at: OffsetDateTime,
     pub expires_at: OffsetDateTime,
+    pub format: RequestFormat,
+    /// What the batch's API echoes back of its create, as JSON text (OpenAI's input file,
+    /// endpoint, metadata, and the errors of an input that failed validation).
+    pub details: Option<String>,
     pub items: Vec<NewItem>,
 }
 
@@ -106,6 +125,8 @@ pub struct Batch {
     pub cancel_initiated_at: Option<OffsetDateTime>,
     /// When its last item ended; `None` while any is processing.
     pub ended_at: Option<OffsetDateTime>,
+    pub format: RequestFormat,
+    pub details: Option<String>,
 }
 
 impl Batch {
@@ -125,6 +146,7 @@ pub struct ClaimedItem {
     pub index: u32,
     pub custom_id: String,
     pub params: String,
+    pub format: RequestFormat,
     pub account_id: String,
     pub key_hash: KeyHash,
 }
@@ -134,6 +156,7 @@ pub struct ClaimedItem {
 pub struct ItemResult {
     pub index: u32,
     pub custom_id: String,
+    pub state: ItemState,
     /// `{"type":"succeeded","message":...}` and the like, as JSON text.
     pub result: String,
 }
@@ -180,9 +203,11 @@ pub trait BatchStore: Send + Sync {
     ) -> Result<Option<Batch>, StoreError>;
     /// The account's batch of this id.
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
+    /// The account's batches of `format`.
     async fn list(
         &self,
         account_id: &str,
+        format: RequestFormat,
         cursor: Cursor,
         limit: u32,
     ) -> Result<BatchPage, StoreError>;

@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 
 use super::{
     result_of, Batch, BatchPage, BatchStore, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
-    NewBatch, Outcome, RequestCounts,
+    NewBatch, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 use crate::db::{from_db, name_of, parse_name, Database, DbError};
@@ -19,7 +19,8 @@ use crate::db::{from_db, name_of, parse_name, Database, DbError};
 /// Items written per statement when a batch is created (seven arrays of this many each).
 const INSERT_CHUNK: usize = 5_000;
 
-const BATCH_COLUMNS: &str = "id, account_id, key_id, created_at, expires_at, cancel_initiated_at";
+const BATCH_COLUMNS: &str =
+    "id, account_id, key_id, created_at, expires_at, cancel_initiated_at, format, details";
 
 pub struct PostgresBatchStore {
     db: Database,
@@ -88,6 +89,12 @@ impl PostgresBatchStore {
     }
 }
 
+fn format_of(row: &PgRow) -> Result<RequestFormat, sqlx::Error> {
+    let format: String = row.try_get("format")?;
+    parse_name(&RequestFormat::ALL, &format)
+        .ok_or_else(|| sqlx::Error::Decode(format!("unknown batch format `{format}`").into()))
+}
+
 fn batch_of(row: &PgRow) -> Result<Batch, sqlx::Error> {
     Ok(Batch {
         id: row.try_get("id")?,
@@ -98,6 +105,8 @@ fn batch_of(row: &PgRow) -> Result<Batch, sqlx::Error> {
         expires_at: row.try_get("expires_at")?,
         cancel_initiated_at: row.try_get("cancel_initiated_at")?,
         ended_at: None,
+        format: format_of(row)?,
+        details: row.try_get("details")?,
     })
 }
 
@@ -131,8 +140,9 @@ async fn insert_batch(
         return Ok(false);
     }
     sqlx::query(
-        "INSERT INTO message_batches (id, account_id, key_id, key_hash, created_at, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO message_batches
+             (id, account_id, key_id, key_hash, created_at, expires_at, format, details)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(&batch.id)
     .bind(&batch.account_id)
@@ -140,6 +150,8 @@ async fn insert_batch(
     .bind(batch.key_hash.as_bytes())
     .bind(batch.created_at)
     .bind(batch.expires_at)
+    .bind(name_of(&batch.format))
+    .bind(&batch.details)
     .persistent(false)
     .execute(&mut *tx)
     .await?;
@@ -289,6 +301,7 @@ impl BatchStore for PostgresBatchStore {
     async fn list(
         &self,
         account_id: &str,
+        format: RequestFormat,
         cursor: Cursor,
         limit: u32,
     ) -> Result<BatchPage, StoreError> {
@@ -310,12 +323,13 @@ impl BatchStore for PostgresBatchStore {
             .bounded(
                 sqlx::query(&format!(
                     "SELECT {BATCH_COLUMNS} FROM message_batches
-                     WHERE account_id = $1 AND {condition}
+                     WHERE account_id = $1 AND format = $4 AND {condition}
                      ORDER BY created_at {order}, id {order} LIMIT $2"
                 ))
                 .bind(account_id)
                 .bind(i64::from(limit) + 1)
                 .bind(at)
+                .bind(name_of(&format))
                 .persistent(false)
                 .fetch_all(self.db.pool()),
             )
@@ -376,7 +390,7 @@ impl BatchStore for PostgresBatchStore {
                      SET state = 'running', claimed_by = $1, lease_until = $3
                      FROM picked, message_batches b
                      WHERE i.batch_id = picked.batch_id AND i.idx = picked.idx AND b.id = i.batch_id
-                     RETURNING i.batch_id, i.idx, i.custom_id, i.params, b.account_id, b.key_hash",
+                     RETURNING i.batch_id, i.idx, i.custom_id, i.params, b.format, b.account_id, b.key_hash",
                 )
                 .bind(worker)
                 .bind(now)
@@ -395,6 +409,7 @@ impl BatchStore for PostgresBatchStore {
                     index: index_of(row)?,
                     custom_id: row.try_get("custom_id")?,
                     params: row.try_get("params")?,
+                    format: format_of(row)?,
                     account_id: row.try_get("account_id")?,
                     key_hash: KeyHash::from_bytes(&hash)
                         .ok_or_else(|| sqlx::Error::Decode("key_hash is not 32 bytes".into()))?,
@@ -475,7 +490,7 @@ impl BatchStore for PostgresBatchStore {
             .db
             .bounded(
                 sqlx::query(
-                    "SELECT idx, custom_id, result FROM message_batch_items
+                    "SELECT idx, custom_id, state, result FROM message_batch_items
                      WHERE batch_id = $1 AND idx > $2 AND result IS NOT NULL
                      ORDER BY idx LIMIT $3",
                 )
@@ -489,9 +504,13 @@ impl BatchStore for PostgresBatchStore {
         let results = rows
             .iter()
             .map(|row| {
+                let state: String = row.try_get("state")?;
                 Ok(ItemResult {
                     index: index_of(row)?,
                     custom_id: row.try_get("custom_id")?,
+                    state: parse_name(&ItemState::ALL, &state).ok_or_else(|| {
+                        sqlx::Error::Decode(format!("unknown item state `{state}`").into())
+                    })?,
                     result: row.try_get("result")?,
                 })
             })

@@ -9,7 +9,7 @@ use e2e::PostgresServer;
 use store::accounts::KeyHash;
 use store::batches::{
     Batch, BatchStore, ClaimedItem, Cursor, Deleted, ItemState, MemoryBatchStore, NewBatch,
-    NewItem, Outcome, PostgresBatchStore, ProcessingStatus,
+    NewItem, Outcome, PostgresBatchStore, ProcessingStatus, RequestFormat,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -54,6 +54,8 @@ fn new_batch(account_id: &str, queued: usize, refused: usize, at: OffsetDateTime
         key_id,
         created_at: at,
         expires_at: at + Duration::hours(24),
+        format: RequestFormat::Messages,
+        details: None,
         items,
     }
 }
@@ -327,7 +329,10 @@ async fn batches_are_listed_newest_first_in_pages_either_way(s: Store) {
     let page = |cursor| {
         let (batches, account) = (s.batches.clone(), account.clone());
         async move {
-            let page = batches.list(&account, cursor, 2).await.expect("list");
+            let page = batches
+                .list(&account, RequestFormat::Messages, cursor, 2)
+                .await
+                .expect("list");
             (
                 page.batches.into_iter().map(|b| b.id).collect::<Vec<_>>(),
                 page.has_more,
@@ -353,7 +358,7 @@ async fn batches_are_listed_newest_first_in_pages_either_way(s: Store) {
     );
     let others = s
         .batches
-        .list("acct-none", Cursor::Newest, 2)
+        .list("acct-none", RequestFormat::Messages, Cursor::Newest, 2)
         .await
         .expect("list");
     assert!(others.batches.is_empty());
@@ -392,12 +397,57 @@ async fn results_are_read_in_pages_by_index_ended_items_only(s: Store) {
         .expect("results");
     assert_eq!(first.iter().map(|r| r.index).collect::<Vec<_>>(), [2, 3]);
     assert_eq!(first[0].custom_id, "req-2");
+    assert_eq!(first[0].state, ItemState::Errored);
     let rest = s
         .batches
         .results(&batch.id, Some(3), 2)
         .await
         .expect("results");
     assert_eq!(rest.iter().map(|r| r.index).collect::<Vec<_>>(), [4]);
+}
+
+/// A batch keeps its format and details; an item is claimed with its batch's format; each API
+/// lists only the batches of its own format.
+async fn a_batch_keeps_its_format_and_each_format_lists_its_own(s: Store) {
+    let at = now();
+    let account = unique("acct");
+    let messages = s.create(new_batch(&account, 1, 0, at)).await;
+    let chat = s
+        .create(NewBatch {
+            format: RequestFormat::ChatCompletions,
+            details: Some(r#"{"endpoint":"/v1/chat/completions"}"#.to_owned()),
+            ..new_batch(&account, 1, 0, at + Duration::seconds(1))
+        })
+        .await;
+    let read = s.get(&account, &chat.id).await;
+    assert_eq!(read.format, RequestFormat::ChatCompletions);
+    assert_eq!(
+        read.details.as_deref(),
+        Some(r#"{"endpoint":"/v1/chat/completions"}"#)
+    );
+    assert_eq!(
+        s.get(&account, &messages.id).await.format,
+        RequestFormat::Messages
+    );
+    for (format, id) in [
+        (RequestFormat::Messages, &messages.id),
+        (RequestFormat::ChatCompletions, &chat.id),
+    ] {
+        let page = s
+            .batches
+            .list(&account, format, Cursor::Newest, 10)
+            .await
+            .expect("list");
+        let ids: Vec<&String> = page.batches.iter().map(|b| &b.id).collect();
+        assert_eq!(ids, [id], "{format:?}");
+    }
+    let claimed = s.claim("w1", 10, at).await;
+    let formats: HashSet<(String, RequestFormat)> = claimed
+        .iter()
+        .map(|c| (c.batch_id.clone(), c.format))
+        .collect();
+    assert!(formats.contains(&(messages.id.clone(), RequestFormat::Messages)));
+    assert!(formats.contains(&(chat.id.clone(), RequestFormat::ChatCompletions)));
 }
 
 e2e::contract! {
@@ -414,5 +464,6 @@ e2e::contract! {
         batches_are_listed_newest_first_in_pages_either_way,
         only_an_ended_batch_is_deleted,
         results_are_read_in_pages_by_index_ended_items_only,
+        a_batch_keeps_its_format_and_each_format_lists_its_own,
     }
 }

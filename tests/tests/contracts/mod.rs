@@ -7,6 +7,7 @@ mod accounts;
 mod audit;
 mod auto_reloads;
 mod developers;
+mod files;
 mod ledger;
 mod limiter;
 mod message_batches;

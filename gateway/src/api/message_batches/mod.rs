@@ -36,6 +36,7 @@ use gateway_core::wire::anthropic::MessagesRequest;
 use store::accounts::StoreError;
 use store::batches::{
     Batch, BatchStore, Cursor, Deleted, ItemResult, NewBatch, NewItem, ProcessingStatus,
+    RequestFormat,
 };
 use store::ids::random;
 
@@ -94,6 +95,8 @@ pub async fn create(
         key_hash: principal.key.hash,
         created_at,
         expires_at: created_at + api.settings.expiry,
+        format: RequestFormat::Messages,
+        details: None,
         items,
     };
     let created = api
@@ -178,11 +181,13 @@ fn rfc3339(at: OffsetDateTime) -> String {
     at.format(&Rfc3339).unwrap_or_default()
 }
 
+/// The account's Message Batch of this id (not one of `/v1/batches`).
 async fn found(api: &BatchApi, principal: &Principal, id: &str) -> Result<Batch, ApiError> {
     Ok(api
         .batches
         .batch(&principal.account.id, id)
         .await?
+        .filter(|b| b.format == RequestFormat::Messages)
         .ok_or_else(|| BatchError::NotFound(id.to_owned()))?)
 }
 
@@ -229,7 +234,12 @@ pub async fn list(
     };
     let page = api
         .batches
-        .list(&principal.account.id, cursor, limit)
+        .list(
+            &principal.account.id,
+            RequestFormat::Messages,
+            cursor,
+            limit,
+        )
         .await?;
     let data: Vec<Value> = page.batches.iter().map(object).collect();
     Ok(Json(json!({
@@ -247,6 +257,7 @@ pub async fn cancel(
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    found(&api, &principal, &id).await?;
     let now = OffsetDateTime::now_utc();
     let batch = api
         .batches
@@ -262,6 +273,7 @@ pub async fn delete(
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    found(&api, &principal, &id).await?;
     match api.batches.delete(&principal.account.id, &id).await? {
         Deleted::Deleted => Ok(Json(json!({"id": id, "type": "message_batch_deleted"}))),
         Deleted::Processing => Err(BatchError::Processing(id, "cancel it, or delete it").into()),

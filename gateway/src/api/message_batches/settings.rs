@@ -18,4 +18,6 @@ pub struct BatchSettings {
     pub max_requests: usize,
     /// How often an idle worker looks for items and sweeps.
     pub poll: Duration,
+    /// Bytes of uploads one account may keep.
+    pub files_account_max_bytes: u64,
 }

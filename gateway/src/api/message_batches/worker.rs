@@ -1,6 +1,7 @@
 //! The batch worker every gateway process runs: it claims items from the batch store (any
 //! pod's batches: the store is shared in cluster mode) up to `--batch-concurrency` at a time,
-//! runs each through the same turn as `/v1/messages` (routing, fallback, translation, the
+//! runs each through the same turn as `/v1/messages` or, for an item of `/v1/batches`,
+//! `/v1/chat/completions` (routing, fallback, translation, the
 //! ledger's reservation and settlement) at the batch price and outside the key's interactive
 //! limits, and writes its result once. It stops claiming when the process drains; an item a
 //! stopping process could not finish is left to its lease and runs again elsewhere.
@@ -13,17 +14,20 @@ use time::OffsetDateTime;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::errored;
-use crate::api::messages;
+use crate::api::batches::{error_result, response_result};
+use crate::api::{chat, messages};
 use crate::error::ApiError;
 use crate::state::BatchApi;
 use gateway_core::auth::{identify_hash, permit, Principal};
 use gateway_core::ids;
 use gateway_core::providers::ProviderError;
 use gateway_core::shutdown::Shutdown;
-use gateway_core::turn::{self, Endpoint, TurnError, TurnRequest};
+use gateway_core::turn::{self, Endpoint, TurnError, TurnRequest, Turns};
 use gateway_core::wire::anthropic::translate::request_from_messages;
 use gateway_core::wire::anthropic::MessagesRequest;
-use store::batches::{ClaimedItem, ItemState, Outcome};
+use gateway_core::wire::openai::translate::request_from_chat;
+use gateway_core::wire::openai::ChatRequest;
+use store::batches::{ClaimedItem, ItemState, Outcome, RequestFormat};
 
 /// Claims and runs items until the process drains.
 pub async fn run(api: Arc<BatchApi>, shutdown: Shutdown) {
@@ -124,8 +128,28 @@ async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
     let turns = api.turns.turns();
     let principal = match principal(api, &turns.catalog, item).await {
         Ok(principal) => principal,
-        Err(e) => return Some(ended_with(&e, None)),
+        Err(e) => {
+            return Some(match item.format {
+                RequestFormat::Messages => ended_with(&e, None),
+                RequestFormat::ChatCompletions => {
+                    chat_ended_with(&e, &ids::chat_completion(), None)
+                }
+            })
+        }
     };
+    match item.format {
+        RequestFormat::Messages => execute_message(api, &turns, &principal, item).await,
+        RequestFormat::ChatCompletions => execute_chat(api, &turns, &principal, item).await,
+    }
+}
+
+/// A Messages API item: its result is `succeeded` with the message, or `errored`.
+async fn execute_message(
+    api: &BatchApi,
+    turns: &Turns,
+    principal: &Principal,
+    item: &ClaimedItem,
+) -> Option<Outcome> {
     let request = match serde_json::from_str::<MessagesRequest>(&item.params) {
         Ok(request) => request_from_messages(request),
         Err(e) => return Some(ended_with(&ApiError::invalid(format!("params: {e}")), None)),
@@ -141,8 +165,8 @@ async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
         unsent_input: String::new(),
     };
     let started = turn::start_batch_item(
-        &turns,
-        &principal,
+        turns,
+        principal,
         request,
         &item.batch_id,
         api.settings.price_percent,
@@ -162,6 +186,59 @@ async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
     }
 }
 
+/// A Chat Completions item (`/v1/batches`): its result is the response
+/// `/v1/chat/completions` would have answered, a completion or an error envelope.
+async fn execute_chat(
+    api: &BatchApi,
+    turns: &Turns,
+    principal: &Principal,
+    item: &ClaimedItem,
+) -> Option<Outcome> {
+    let id = ids::chat_completion();
+    let request = match serde_json::from_str::<ChatRequest>(&item.params) {
+        Ok(chat) => request_from_chat(chat).map_err(ApiError::from),
+        Err(e) => Err(ApiError::invalid(format!("body: {e}"))),
+    };
+    let (request, open_max_tokens) = match request {
+        Ok(request) => request,
+        Err(e) => return Some(chat_ended_with(&e, &id, None)),
+    };
+    let request = TurnRequest {
+        id: id.clone(),
+        endpoint: Endpoint::ChatCompletions,
+        request,
+        open_max_tokens,
+        anthropic_beta: None,
+        conversation: None,
+        unsent_input: String::new(),
+    };
+    let started = turn::start_batch_item(
+        turns,
+        principal,
+        request,
+        &item.batch_id,
+        api.settings.price_percent,
+    );
+    let completion = match started.await {
+        Ok(turn) => {
+            let model = turn.model.clone();
+            turn.collect()
+                .await
+                .map(|done| chat::completion(id.clone(), model, done))
+        }
+        Err(e) => Err(e),
+    };
+    match completion {
+        Ok(completion) => Some(Outcome {
+            state: ItemState::Succeeded,
+            result: response_result(200, &id, &completion),
+            message_id: Some(id),
+        }),
+        Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
+        Err(e) => Some(chat_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
+    }
+}
+
 /// The key that created the batch, checked now: a key revoked, expired or suspended since
 /// runs nothing more.
 async fn principal(
@@ -170,8 +247,22 @@ async fn principal(
     item: &ClaimedItem,
 ) -> Result<Principal, ApiError> {
     let principal = identify_hash(api.accounts.as_ref(), catalog, &item.key_hash).await?;
-    permit(&principal, "messages")?;
+    let scope = match item.format {
+        RequestFormat::Messages => "messages",
+        RequestFormat::ChatCompletions => "chat",
+    };
+    permit(&principal, scope)?;
     Ok(principal)
+}
+
+/// A Chat Completions item ended with the error `/v1/chat/completions` would have answered
+/// to request `id`; `message_id` when its turn started.
+fn chat_ended_with(error: &ApiError, id: &str, message_id: Option<String>) -> Outcome {
+    Outcome {
+        state: ItemState::Errored,
+        result: error_result(error, id),
+        message_id,
+    }
 }
 
 fn ended_with(error: &ApiError, message_id: Option<String>) -> Outcome {

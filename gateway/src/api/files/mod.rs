@@ -1,0 +1,249 @@
+//! `/v1/files`: OpenAI's Files API, as its SDKs call it, for the input of a batch
+//! (`purpose=batch`, JSONL). Uploads are kept in the file store (`store::files`) of the
+//! account; a batch's output and error files are read from the batch store itself
+//! ([`super::batches`]).
+
+pub mod error;
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use time::OffsetDateTime;
+
+use self::error::FileError;
+use super::batches::{self, Generated};
+use crate::edge::body_reader::read_upload;
+use crate::edge::path::Path;
+use crate::error::ApiError;
+use crate::state::BatchApi;
+use gateway_core::auth::Principal;
+use gateway_core::cpu;
+use store::files::{FileInfo, NewFile};
+use store::ids::random;
+
+/// The only purpose accepted: the input of a batch.
+const BATCH: &str = "batch";
+/// Files in a page of the list: the default (OpenAI's), and the most.
+const MAX_PAGE: u32 = 10_000;
+
+/// `POST /v1/files`: a multipart form of `purpose` and `file`, read whole under the `/v1`
+/// body cap (a larger declared length refused before any of it is read) and the memory budget
+/// of its bytes (it is checked a line at a time, never parsed whole); a batch input must be
+/// JSONL, one JSON object a line.
+pub async fn upload(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    req: Request,
+) -> Result<Json<Value>, ApiError> {
+    let content_type = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let boundary = multer::parse_boundary(&content_type)
+        .map_err(|e| FileError::Multipart(format!("Content-Type: {e}")))?;
+    let body = Bytes::from(read_upload(req).await?);
+    let form = read_form(body, boundary).await?;
+    let purpose = form
+        .purpose
+        .ok_or_else(|| ApiError::invalid("purpose: field required"))?;
+    if purpose != BATCH {
+        return Err(FileError::Purpose(purpose).into());
+    }
+    let (filename, content) = form
+        .file
+        .ok_or_else(|| ApiError::invalid("file: field required"))?;
+    let content = cpu::run(move || check_jsonl(&content).map(|()| content)).await??;
+    let file = NewFile {
+        id: format!("file-{}", random(24)),
+        account_id: principal.account.id.clone(),
+        filename,
+        purpose,
+        content: Vec::from(content),
+        created_at: OffsetDateTime::now_utc(),
+    };
+    let max = api.settings.files_account_max_bytes;
+    let created = api
+        .files
+        .create(file, max)
+        .await?
+        .ok_or(FileError::Quota(max))?;
+    Ok(Json(object(&created)))
+}
+
+struct Form {
+    purpose: Option<String>,
+    /// Its file name and content.
+    file: Option<(String, Bytes)>,
+}
+
+async fn read_form(body: Bytes, boundary: String) -> Result<Form, FileError> {
+    let whole = futures::stream::once(async move { Ok::<_, std::convert::Infallible>(body) });
+    let mut multipart = multer::Multipart::new(whole, boundary);
+    let mut form = Form {
+        purpose: None,
+        file: None,
+    };
+    let bad = |e: multer::Error| FileError::Multipart(e.to_string());
+    while let Some(field) = multipart.next_field().await.map_err(bad)? {
+        match field.name() {
+            Some("purpose") => form.purpose = Some(field.text().await.map_err(bad)?),
+            Some("file") => {
+                let name = field.file_name().unwrap_or("file.jsonl").to_owned();
+                form.file = Some((name, field.bytes().await.map_err(bad)?));
+            }
+            _ => {}
+        }
+    }
+    Ok(form)
+}
+
+/// Every non-blank line is a JSON object: checked without building it (a line of many tiny
+/// values would take far more memory parsed than its bytes).
+fn check_jsonl(content: &[u8]) -> Result<(), FileError> {
+    let mut lines = 0;
+    for (i, line) in content.split(|&b| b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        lines += 1;
+        let not_jsonl = |reason: String| FileError::NotJsonl {
+            line: i + 1,
+            reason,
+        };
+        if line.trim_ascii_start().first() != Some(&b'{') {
+            return Err(not_jsonl("not an object".to_owned()));
+        }
+        if let Err(e) = serde_json::from_slice::<IgnoredAny>(line) {
+            return Err(not_jsonl(e.to_string()));
+        }
+    }
+    if lines == 0 {
+        return Err(FileError::NotJsonl {
+            line: 1,
+            reason: "the file is empty".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// The file object the SDKs read.
+pub fn object(file: &FileInfo) -> Value {
+    json!({
+        "id": file.id,
+        "object": "file",
+        "bytes": file.bytes,
+        "created_at": file.created_at.unix_timestamp(),
+        "filename": file.filename,
+        "purpose": file.purpose,
+        "status": "processed",
+        "status_details": null,
+        "expires_at": null,
+    })
+}
+
+/// `GET /v1/files/{id}`: an upload, or a batch's output or error file.
+pub async fn get(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let info = match Generated::of(&id) {
+        Some(generated) => batches::generated_info(&api, &principal, &generated).await?,
+        None => api.files.file(&principal.account.id, &id).await?,
+    };
+    Ok(Json(object(&info.ok_or(FileError::NotFound(id))?)))
+}
+
+/// `GET /v1/files/{id}/content`
+pub async fn content(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let body = match Generated::of(&id) {
+        Some(generated) => batches::generated_content(&api, &principal, generated).await?,
+        None => api
+            .files
+            .content(&principal.account.id, &id)
+            .await?
+            .map(Body::from),
+    };
+    let mut response = body.ok_or(FileError::NotFound(id))?.into_response();
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(response)
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    purpose: Option<String>,
+    after: Option<String>,
+    limit: Option<u32>,
+    order: Option<String>,
+}
+
+/// `GET /v1/files`: the account's uploads, newest first, `limit` (1 to 10,000, the default)
+/// at a time after the file `after`.
+pub async fn list(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    uri: Uri,
+) -> Result<Json<Value>, ApiError> {
+    let axum::extract::Query(query) = axum::extract::Query::<ListQuery>::try_from_uri(&uri)
+        .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+    let limit = query.limit.unwrap_or(MAX_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit: must be between 1 and {MAX_PAGE}"
+        )));
+    }
+    if query.order.as_deref().is_some_and(|o| o != "desc") {
+        return Err(ApiError::invalid(
+            "order: files are listed newest first (`desc`)",
+        ));
+    }
+    let page = api
+        .files
+        .list(
+            &principal.account.id,
+            query.purpose.as_deref(),
+            query.after.as_deref(),
+            limit,
+        )
+        .await?;
+    let data: Vec<Value> = page.files.iter().map(object).collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "has_more": page.has_more,
+        "first_id": page.files.first().map(|f| &f.id),
+        "last_id": page.files.last().map(|f| &f.id),
+    })))
+}
+
+/// `DELETE /v1/files/{id}`: an upload; a batch's output and error files go with their batch.
+pub async fn delete(
+    State(api): State<Arc<BatchApi>>,
+    Extension(principal): Extension<Arc<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if Generated::of(&id).is_some() {
+        return Err(FileError::Generated(id).into());
+    }
+    if !api.files.delete(&principal.account.id, &id).await? {
+        return Err(FileError::NotFound(id).into());
+    }
+    Ok(Json(json!({"id": id, "object": "file", "deleted": true})))
+}

@@ -1,0 +1,82 @@
+//! Files (`/v1/files`): what an account uploaded, such as the JSONL input of an OpenAI batch,
+//! kept whole until it is deleted. A trait so that Postgres (cluster mode, shared by every
+//! pod) can take the in-process store's place (standalone); the API is the gateway's
+//! `api/files`.
+
+mod memory;
+mod postgres;
+
+pub use memory::MemoryFileStore;
+pub use postgres::PostgresFileStore;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+
+use crate::accounts::StoreError;
+
+#[derive(Clone, Debug)]
+pub struct NewFile {
+    pub id: String,
+    pub account_id: String,
+    pub filename: String,
+    pub purpose: String,
+    pub content: Vec<u8>,
+    pub created_at: OffsetDateTime,
+}
+
+/// A file without its content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileInfo {
+    pub id: String,
+    pub account_id: String,
+    pub filename: String,
+    pub purpose: String,
+    pub bytes: u64,
+    pub created_at: OffsetDateTime,
+}
+
+/// A page of an account's files, newest first.
+#[derive(Clone, Debug)]
+pub struct FilePage {
+    pub files: Vec<FileInfo>,
+    pub has_more: bool,
+}
+
+#[async_trait]
+pub trait FileStore: Send + Sync {
+    /// Stores the file unless the account's files would then hold more than `max_account_bytes`
+    /// (`None`), checked and written at once.
+    async fn create(
+        &self,
+        file: NewFile,
+        max_account_bytes: u64,
+    ) -> Result<Option<FileInfo>, StoreError>;
+    /// The account's file of this id.
+    async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError>;
+    /// The account's file's content.
+    async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Up to `limit` of the account's files of `purpose` (any when `None`), newest first,
+    /// those older than the file `after` when given.
+    async fn list(
+        &self,
+        account_id: &str,
+        purpose: Option<&str>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<FilePage, StoreError>;
+    /// `false` when the account has no such file.
+    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
+}
+
+impl NewFile {
+    fn info(&self) -> FileInfo {
+        FileInfo {
+            id: self.id.clone(),
+            account_id: self.account_id.clone(),
+            filename: self.filename.clone(),
+            purpose: self.purpose.clone(),
+            bytes: self.content.len() as u64,
+            created_at: self.created_at,
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! The Postgres file store of cluster mode: a file is one row, its content a `bytea`.
+
+use async_trait::async_trait;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+
+use super::{FileInfo, FilePage, FileStore, NewFile};
+use crate::accounts::StoreError;
+use crate::db::{from_db, Database, DbError};
+
+const INFO_COLUMNS: &str = "id, account_id, filename, purpose, bytes, created_at";
+
+pub struct PostgresFileStore {
+    db: Database,
+}
+
+impl PostgresFileStore {
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+}
+
+fn info_of(row: &PgRow) -> Result<FileInfo, sqlx::Error> {
+    Ok(FileInfo {
+        id: row.try_get("id")?,
+        account_id: row.try_get("account_id")?,
+        filename: row.try_get("filename")?,
+        purpose: row.try_get("purpose")?,
+        bytes: from_db(row.try_get("bytes")?),
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+async fn insert_file(
+    db: &Database,
+    file: &NewFile,
+    max_account_bytes: u64,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    // One upload per account at a time, so two cannot both pass the quota.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 15))")
+        .bind(&file.account_id)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    let held: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(bytes), 0)::bigint FROM files WHERE account_id = $1",
+    )
+    .bind(&file.account_id)
+    .persistent(false)
+    .fetch_one(&mut *tx)
+    .await?;
+    let bytes = i64::try_from(file.content.len()).unwrap_or(i64::MAX);
+    let max = i64::try_from(max_account_bytes).unwrap_or(i64::MAX);
+    if held.saturating_add(bytes) > max {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO files (id, account_id, filename, purpose, bytes, content, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(&file.id)
+    .bind(&file.account_id)
+    .bind(&file.filename)
+    .bind(&file.purpose)
+    .bind(bytes)
+    .bind(&file.content)
+    .bind(file.created_at)
+    .persistent(false)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+#[async_trait]
+impl FileStore for PostgresFileStore {
+    async fn create(
+        &self,
+        file: NewFile,
+        max_account_bytes: u64,
+    ) -> Result<Option<FileInfo>, StoreError> {
+        let info = file.info();
+        let stored = self
+            .db
+            .bounded(insert_file(&self.db, &file, max_account_bytes))
+            .await?;
+        Ok(stored.then_some(info))
+    }
+
+    async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {INFO_COLUMNS} FROM files WHERE id = $1 AND account_id = $2"
+                ))
+                .bind(id)
+                .bind(account_id)
+                .persistent(false)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(info_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .db
+            .bounded(
+                sqlx::query_scalar("SELECT content FROM files WHERE id = $1 AND account_id = $2")
+                    .bind(id)
+                    .bind(account_id)
+                    .persistent(false)
+                    .fetch_optional(self.db.pool()),
+            )
+            .await?)
+    }
+
+    async fn list(
+        &self,
+        account_id: &str,
+        purpose: Option<&str>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<FilePage, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "SELECT {INFO_COLUMNS} FROM files
+                     WHERE account_id = $1 AND ($2::text IS NULL OR purpose = $2)
+                       AND ($3::text IS NULL OR (created_at, id) <
+                            (SELECT created_at, id FROM files WHERE id = $3 AND account_id = $1))
+                     ORDER BY created_at DESC, id DESC LIMIT $4"
+                ))
+                .bind(account_id)
+                .bind(purpose)
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .persistent(false)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let has_more = rows.len() > limit as usize;
+        let files = rows
+            .iter()
+            .take(limit as usize)
+            .map(info_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DbError::Sql)?;
+        Ok(FilePage { files, has_more })
+    }
+
+    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
+        let done = self
+            .db
+            .bounded(
+                sqlx::query("DELETE FROM files WHERE id = $1 AND account_id = $2")
+                    .bind(id)
+                    .bind(account_id)
+                    .persistent(false)
+                    .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

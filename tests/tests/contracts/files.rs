@@ -1,0 +1,184 @@
+//! The `FileStore` contract (the uploads of `/v1/files`), kept alike by the in-process store
+//! of standalone mode and the Postgres one of cluster mode: a file is read back whole by its
+//! account and no other, listed newest first in pages, and deleted by its account only.
+
+use std::sync::Arc;
+
+use e2e::PostgresServer;
+use store::files::{FileStore, MemoryFileStore, NewFile, PostgresFileStore};
+use time::{Duration, OffsetDateTime};
+
+use super::{database, now, unique};
+
+/// Bytes an account may keep, in the rules that are not about it.
+const QUOTA: u64 = 1 << 20;
+
+pub struct Store {
+    files: Arc<dyn FileStore>,
+    _pg: Option<PostgresServer>,
+}
+
+async fn in_process() -> Store {
+    Store {
+        files: Arc::new(MemoryFileStore::default()),
+        _pg: None,
+    }
+}
+
+async fn postgres() -> Store {
+    let (pg, db) = database().await;
+    Store {
+        files: Arc::new(PostgresFileStore::new(db)),
+        _pg: Some(pg),
+    }
+}
+
+fn new_file(account_id: &str, purpose: &str, content: &[u8], at: OffsetDateTime) -> NewFile {
+    NewFile {
+        id: unique("file"),
+        account_id: account_id.to_owned(),
+        filename: "input.jsonl".to_owned(),
+        purpose: purpose.to_owned(),
+        content: content.to_vec(),
+        created_at: at,
+    }
+}
+
+async fn a_file_is_read_back_whole_by_its_account_and_no_other(s: Store) {
+    let (owner, other) = (unique("acct"), unique("acct"));
+    // Every byte value, past any text encoding.
+    let content: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let file = new_file(&owner, "batch", &content, now());
+    let created = s
+        .files
+        .create(file.clone(), QUOTA)
+        .await
+        .expect("store")
+        .expect("under the quota");
+    assert_eq!(
+        (created.bytes, &created.filename, &created.purpose),
+        (70_000, &file.filename, &file.purpose)
+    );
+    let read = s.files.file(&owner, &file.id).await.expect("store");
+    assert_eq!(read.as_ref(), Some(&created));
+    let bytes = s.files.content(&owner, &file.id).await.expect("store");
+    assert!(bytes.as_deref() == Some(&content[..]), "the content, whole");
+
+    assert_eq!(s.files.file(&other, &file.id).await.expect("store"), None);
+    assert_eq!(
+        s.files.content(&other, &file.id).await.expect("store"),
+        None
+    );
+    let listed = s.files.list(&other, None, None, 10).await.expect("store");
+    assert!(listed.files.is_empty());
+    assert!(!s.files.delete(&other, &file.id).await.expect("store"));
+    assert!(s
+        .files
+        .file(&owner, &file.id)
+        .await
+        .expect("store")
+        .is_some());
+}
+
+async fn files_are_listed_newest_first_in_pages_by_purpose(s: Store) {
+    let account = unique("acct");
+    let start = now();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let purpose = if i == 2 { "other" } else { "batch" };
+        let file = new_file(&account, purpose, b"{}\n", start + Duration::seconds(i));
+        ids.push(file.id.clone());
+        s.files
+            .create(file, QUOTA)
+            .await
+            .expect("store")
+            .expect("under the quota");
+    }
+    let listed = |purpose, after: Option<String>, limit| {
+        let files = s.files.clone();
+        let account = account.clone();
+        async move {
+            let page = files
+                .list(&account, purpose, after.as_deref(), limit)
+                .await
+                .expect("store");
+            let ids: Vec<String> = page.files.into_iter().map(|f| f.id).collect();
+            (ids, page.has_more)
+        }
+    };
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(listed(None, None, 10).await, (newest_first.clone(), false));
+    assert_eq!(
+        listed(None, None, 2).await,
+        (newest_first[..2].to_vec(), true)
+    );
+    assert_eq!(
+        listed(None, Some(newest_first[1].clone()), 2).await,
+        (newest_first[2..4].to_vec(), true)
+    );
+    assert_eq!(
+        listed(None, Some(newest_first[3].clone()), 2).await,
+        (newest_first[4..].to_vec(), false)
+    );
+    let batch_only = vec![
+        ids[4].clone(),
+        ids[3].clone(),
+        ids[1].clone(),
+        ids[0].clone(),
+    ];
+    assert_eq!(listed(Some("batch"), None, 10).await, (batch_only, false));
+}
+
+async fn a_deleted_file_is_gone(s: Store) {
+    let account = unique("acct");
+    let file = new_file(&account, "batch", b"{}\n", now());
+    s.files
+        .create(file.clone(), QUOTA)
+        .await
+        .expect("store")
+        .expect("under the quota");
+    assert!(s.files.delete(&account, &file.id).await.expect("store"));
+    assert_eq!(s.files.file(&account, &file.id).await.expect("store"), None);
+    assert_eq!(
+        s.files.content(&account, &file.id).await.expect("store"),
+        None
+    );
+    assert!(!s.files.delete(&account, &file.id).await.expect("store"));
+}
+
+/// An account keeps at most its quota of bytes; another account's files count not, and a
+/// deleted file's bytes are free again.
+async fn an_account_keeps_at_most_its_quota_of_bytes(s: Store) {
+    let (account, other) = (unique("acct"), unique("acct"));
+    let at = now();
+    let first = new_file(&account, "batch", &[b'x'; 600], at);
+    let store = |file: NewFile| {
+        let files = s.files.clone();
+        async move { files.create(file, 1_000).await.expect("store") }
+    };
+    assert!(store(first.clone()).await.is_some());
+    assert!(store(new_file(&other, "batch", &[b'x'; 600], at))
+        .await
+        .is_some());
+    assert!(
+        store(new_file(&account, "batch", &[b'x'; 400], at))
+            .await
+            .is_some(),
+        "1,000 in all"
+    );
+    let over = new_file(&account, "batch", &[b'x'; 1], at);
+    assert!(store(over.clone()).await.is_none(), "1,001 in all");
+    assert_eq!(s.files.file(&account, &over.id).await.expect("store"), None);
+    assert!(s.files.delete(&account, &first.id).await.expect("store"));
+    assert!(store(over).await.is_some());
+}
+
+e2e::contract! {
+    fixtures { in_process, postgres }
+    rules {
+        a_file_is_read_back_whole_by_its_account_and_no_other,
+        files_are_listed_newest_first_in_pages_by_purpose,
+        a_deleted_file_is_gone,
+        an_account_keeps_at_most_its_quota_of_bytes,
+    }
+}
