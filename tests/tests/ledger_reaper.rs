@@ -389,6 +389,9 @@ async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_tu
         Some(1.0),
         "the refusal was not counted once (retried?)"
     );
+    for account in [&account_id, poisoned, lane] {
+        e2e::books::assert_rollups_match_rows(&pg, account).await;
+    }
 }
 
 #[tokio::test]

@@ -469,7 +469,6 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
                  UPDATE allotments al SET credits = al.credits + v.billed
                  FROM voided v, pool WHERE al.id = pool.id AND NOT v.held
                  RETURNING v.billed
-             )
              ), debited AS (
                  UPDATE accounts a
                  SET reserved = a.reserved - CASE WHEN v.held THEN v.reserved ELSE 0 END
