@@ -332,3 +332,53 @@ e2e::contract! {
     fixtures { in_process, postgres }
     rules { a_turn_settled_after_its_hour_ends_counts_once_in_the_hour_it_was_created }
 }
+
+/// 900 turns of one key and model are one rollup row per hour they started in, however many
+/// statements settled them. Prints what they take on disk (`--no-capture`; the figures of
+/// docs/benchmarks.md): the rows, the rollups, and the commits the database saw meanwhile.
+#[tokio::test]
+async fn the_turns_of_one_key_and_model_in_an_hour_are_one_rollup_row() {
+    let pg = PostgresServer::start().await;
+    let url = pg.url();
+    let cluster = Cluster::start(1, |b| b.database(&url).arg("--allotment-turns").arg("0")).await;
+    let gw = &cluster.pods[0];
+    let key = gw.new_key(CREDITS, &KeySpec::tier("enterprise")).await;
+    let body = message("svc/haiku", "hello", 16);
+    let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+    let before = pg.query_i64(commits).await;
+    let mut served = 0;
+    for _ in 0..30 {
+        let answers = join_all((0..30).map(|_| gw.post_messages(&key.secret, &body))).await;
+        served += answers.iter().filter(|a| a.status == 200).count();
+    }
+    assert_eq!(served, 900);
+    let account = &key.account_id;
+    let rows = assert_rollups_match_rows(&pg, account).await;
+    assert_eq!(rows, 900);
+    let hours = pg
+        .query_i64(&format!(
+            "SELECT count(DISTINCT date_trunc('hour', created_at, 'UTC')) FROM messages
+             WHERE account_id = '{account}'"
+        ))
+        .await;
+    let rollups = pg
+        .query_i64(&format!(
+            "SELECT count(*) FROM usage_rollups WHERE account_id = '{account}'"
+        ))
+        .await;
+    assert_eq!(rollups, hours);
+    let commits = pg.query_i64(commits).await - before;
+    let sizes = pg
+        .query(
+            "SELECT pg_total_relation_size('messages') || ' bytes of messages, '
+             || pg_total_relation_size('usage_rollups') || ' bytes of usage_rollups'",
+        )
+        .await;
+    let scrape = gw.metrics().await;
+    let statements = |op| scrape.get("gateway_ledger_batch_turns_count", &[("op", op)]);
+    eprintln!(
+        "900 turns: {sizes}; {commits} commits; ledger statements: reserve {:?}, settle {:?}",
+        statements("reserve"),
+        statements("settle")
+    );
+}
