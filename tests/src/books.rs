@@ -80,6 +80,57 @@ pub async fn assert_books_balance(
         accepted as i64, billed_turns,
         "{id}: accepted turns vs completed ledger rows"
     );
+    assert_rollups_match_rows(pg, id).await;
+}
+
+/// The account's usage rollups (store/migrations/0015_usage_rollups.sql) are exactly its
+/// final rows grouped by hour of creation, key and model; returns how many rows they sum.
+pub async fn assert_rollups_match_rows(pg: &PostgresServer, id: &str) -> i64 {
+    let differences = pg
+        .query(&format!(
+            "WITH grouped AS (
+                 SELECT account_id, date_trunc('hour', created_at, 'UTC') AS hour, key_id, model,
+                     count(*) FILTER (WHERE served) AS turns,
+                     count(*) FILTER (WHERE NOT served) AS errors,
+                     coalesce(sum(input_tokens) FILTER (WHERE served), 0) AS input_tokens,
+                     coalesce(sum(output_tokens) FILTER (WHERE served), 0) AS output_tokens,
+                     coalesce(sum(cache_creation_input_tokens) FILTER (WHERE served), 0) AS cw,
+                     coalesce(sum(cache_read_input_tokens) FILTER (WHERE served), 0) AS cr,
+                     sum(billed) AS credits,
+                     count(*) FILTER (WHERE served AND batch_id IS NOT NULL) AS batch_turns,
+                     coalesce(sum(billed) FILTER (WHERE batch_id IS NOT NULL), 0) AS batch_credits
+                 FROM (SELECT *, status NOT IN ('failed', 'abandoned') AS served FROM messages
+                       WHERE account_id = '{id}' AND status <> 'reserved') m
+                 GROUP BY 1, 2, 3, 4
+             ), rolled AS (
+                 SELECT account_id, hour, key_id, model, turns, errors, input_tokens,
+                     output_tokens, cache_creation_input_tokens AS cw,
+                     cache_read_input_tokens AS cr, credits, batch_turns, batch_credits
+                 FROM usage_rollups WHERE account_id = '{id}'
+             )
+             SELECT coalesce(string_agg(
+                 format('%s %s %s: rows %s, rollup %s', hour, key_id, model,
+                     row(g.turns, g.errors, g.input_tokens, g.output_tokens, g.cw, g.cr,
+                         g.credits, g.batch_turns, g.batch_credits),
+                     row(r.turns, r.errors, r.input_tokens, r.output_tokens, r.cw, r.cr,
+                         r.credits, r.batch_turns, r.batch_credits)), E'\n'), '')
+             FROM grouped g FULL JOIN rolled r USING (account_id, hour, key_id, model)
+             WHERE (g.turns, g.errors, g.input_tokens, g.output_tokens, g.cw, g.cr, g.credits,
+                    g.batch_turns, g.batch_credits)
+                 IS DISTINCT FROM (r.turns, r.errors, r.input_tokens, r.output_tokens, r.cw,
+                    r.cr, r.credits, r.batch_turns, r.batch_credits)"
+        ))
+        .await;
+    assert!(
+        differences.is_empty(),
+        "{id}: the usage rollups differ from the rows grouped by hour, key and model \
+         (turns, errors, input, output, cache write, cache read, credits, batch turns, batch \
+         credits):\n{differences}"
+    );
+    pg.query_i64(&format!(
+        "SELECT count(*) FROM messages WHERE account_id = '{id}' AND status <> 'reserved'"
+    ))
+    .await
 }
 
 /// `gw`'s turns holding credits, by its own gauge (`gateway_turns_in_flight`).

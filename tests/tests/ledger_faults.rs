@@ -691,5 +691,7 @@ async fn through_kills_drains_and_outages_every_turn_is_billed_what_its_client_w
             CREDITS as i64 - billed,
             "{account}: the balance is not what was granted minus the rows' bills"
         );
+        // Through kills, voids and the reaper, the rollups never fell behind the rows.
+        e2e::books::assert_rollups_match_rows(&pg, account).await;
     }
 }

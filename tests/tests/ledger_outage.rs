@@ -136,6 +136,7 @@ async fn allotted_turns_are_served_through_an_outage(cluster: &Cluster, pg: &mut
         .await,
         "unbilled|0"
     );
+    e2e::books::assert_rollups_match_rows(pg, id).await;
 }
 
 /// A request makes several database calls (its key, then its reservation): during an outage it

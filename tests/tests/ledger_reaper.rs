@@ -113,6 +113,13 @@ async fn a_stream_cut_by_sigkill_is_released_by_the_reaper_and_billed_nothing() 
     let after = survivor.admin_account(&key.account_id).await;
     assert_eq!(after["balance"].as_u64(), Some(CREDITS), "{after}");
     assert_eq!(after["reserved"].as_u64(), Some(0), "{after}");
+    // The release rolled the abandoned turn up as an error, once.
+    e2e::books::assert_rollups_match_rows(&pg, &key.account_id).await;
+    let errors = format!(
+        "SELECT coalesce(sum(errors), 0) FROM usage_rollups WHERE account_id = '{}'",
+        key.account_id
+    );
+    assert_eq!(pg.query_i64(&errors).await, 1);
 }
 
 #[tokio::test]
@@ -382,6 +389,9 @@ async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_tu
         Some(1.0),
         "the refusal was not counted once (retried?)"
     );
+    for account in [&account_id, poisoned, lane] {
+        e2e::books::assert_rollups_match_rows(&pg, account).await;
+    }
 }
 
 #[tokio::test]

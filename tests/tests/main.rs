@@ -66,3 +66,4 @@ mod upstream_failover;
 mod upstream_http2;
 mod upstream_node_clients;
 mod upstream_translation;
+mod usage_rollups;

@@ -1,7 +1,8 @@
 //! The in-process ledger of standalone mode. Each account's balance sits in its own map
 //! entry, so reserve and settle are atomic per account with no global lock. Settled message
-//! rows are kept for lookups up to a bound (oldest dropped first); usage aggregates are kept.
+//! rows are kept for lookups up to a bound (oldest dropped first); usage rollups are kept.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -38,7 +39,10 @@ pub struct MemoryLedger {
     /// `None` only while a dispute's first stage is being applied.
     disputes: DashMap<String, Option<DisputeStatus>>,
     reversals: DashMap<String, Reversal>,
-    usage: DashMap<(String, Date, String), UsageTotals>,
+    /// The usage rollups of the served turns, as Postgres keeps them (per account, hour, key
+    /// and model; see `usage_rollups`), updated at settle under the account's balance entry.
+    /// Failed turns are not counted: nothing reads an error count in process.
+    usage: DashMap<RollupKey, UsageTotals>,
     /// Per key: the month its spend counts, and that spend. Locked after its account's
     /// balance entry, as the Postgres statements lock the rows.
     keys: DashMap<String, (Date, KeySpend)>,
@@ -46,6 +50,28 @@ pub struct MemoryLedger {
     credit_references: DashMap<String, ()>,
     /// Where this ledger's changes, and the in-process stores' built on it, are audited.
     audit: Arc<MemoryAuditLog>,
+}
+
+/// A usage rollup's account, UTC hour of its turns' creation, key and model.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RollupKey {
+    account_id: String,
+    hour: OffsetDateTime,
+    key_id: String,
+    model: String,
+}
+
+impl RollupKey {
+    fn of(record: &MessageRecord) -> Self {
+        let created = record.created_at.to_offset(time::UtcOffset::UTC);
+        Self {
+            account_id: record.account_id.clone(),
+            hour: created.replace_time(time::Time::MIDNIGHT)
+                + time::Duration::hours(created.hour().into()),
+            key_id: record.key_id.clone(),
+            model: record.model.clone(),
+        }
+    }
 }
 
 impl Default for MemoryLedger {
@@ -393,19 +419,20 @@ impl Ledger for MemoryLedger {
             let mut key = self.key_entry(&record.key_id);
             key.1.reserved = key.1.reserved.saturating_sub(record.reserved);
             key.1.spent += billed;
+            drop(key);
+            // Under the account's entry, as Postgres locks a rollup row after its account.
+            if s.status != MessageStatus::Failed {
+                self.usage
+                    .entry(RollupKey::of(&record))
+                    .or_default()
+                    .add(&UsageTotals::of_turn(
+                        &s.usage,
+                        billed,
+                        record.batch_id.is_some(),
+                    ));
+            }
         }
         s.complete(&mut record, billed);
-        if s.status != MessageStatus::Failed {
-            let day = record.created_at.date();
-            self.usage
-                .entry((record.account_id.clone(), day, record.model.clone()))
-                .or_default()
-                .add(&UsageTotals::of_turn(
-                    &s.usage,
-                    billed,
-                    record.batch_id.is_some(),
-                ));
-        }
         drop(record);
         self.remember_settled(s.message_id);
         Ok(billed)
@@ -421,18 +448,26 @@ impl Ledger for MemoryLedger {
         from: Date,
         to: Date,
     ) -> Result<Vec<UsageRow>, LedgerError> {
-        let mut rows: Vec<UsageRow> = self
-            .usage
-            .iter()
-            .filter(|e| e.key().0 == account_id && e.key().1 >= from && e.key().1 <= to)
-            .map(|e| UsageRow {
-                date: e.key().1,
-                model: e.key().2.clone(),
-                totals: *e.value(),
+        let mut by_day: BTreeMap<(Date, String), UsageTotals> = BTreeMap::new();
+        for e in self.usage.iter() {
+            let (key, rollup) = (e.key(), e.value());
+            let day = key.hour.date();
+            let counted = key.account_id == account_id && (from..=to).contains(&day);
+            if counted {
+                by_day
+                    .entry((day, key.model.clone()))
+                    .or_default()
+                    .add(rollup);
+            }
+        }
+        Ok(by_day
+            .into_iter()
+            .map(|((date, model), totals)| UsageRow {
+                date,
+                model,
+                totals,
             })
-            .collect();
-        rows.sort_by(|a, b| (a.date, &a.model).cmp(&(b.date, &b.model)));
-        Ok(rows)
+            .collect())
     }
 
     async fn recent_messages(

@@ -190,7 +190,7 @@ impl PostgresLedger {
         let row = self
             .db
             .bounded(
-                sqlx::query(
+                sqlx::query(concat!(
                     "WITH orphans AS (
                          UPDATE messages m SET status = 'abandoned', billed = 0, settled_at = now()
                          WHERE m.status = 'reserved'
@@ -199,7 +199,10 @@ impl PostgresLedger {
                                 OR NOT EXISTS (
                                    SELECT 1 FROM gateway_instances g
                                    WHERE g.id = m.instance_id AND g.epoch = m.instance_epoch))
-                         RETURNING m.account_id, m.key_id, m.reserved
+                         RETURNING m.account_id, m.key_id, m.reserved, m.billed, m.model,
+                             m.created_at, m.batch_id, m.status, m.input_tokens,
+                             m.output_tokens, m.cache_creation_input_tokens,
+                             m.cache_read_input_tokens
                      ), released AS (
                          SELECT account_id, sum(reserved)::bigint AS credits, count(*) AS n
                          FROM orphans GROUP BY account_id
@@ -219,9 +222,13 @@ impl PostgresLedger {
                                FROM orphans GROUP BY key_id, account_id) r
                          JOIN account ON account.id = r.account_id
                          WHERE k.id = r.key_id
-                     )
-                     SELECT coalesce(sum(n), 0)::bigint AS reaped FROM accounts_released",
-                )
+                     ), ",
+                    rolled_up!(
+                        "SELECT o.*, 1 AS sign FROM orphans o JOIN account ON account.id = o.account_id"
+                    ),
+                    "
+                     SELECT coalesce(sum(n), 0)::bigint AS reaped FROM accounts_released"
+                ))
                 .bind(stale_ms)
                 .bind(max_turn_ms)
                 .fetch_one(self.db.pool()),

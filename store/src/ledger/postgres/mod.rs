@@ -23,6 +23,50 @@
 //! Postgres has recorded it; when it cannot be confirmed the client is told 0 and the turn is
 //! voided (written `unbilled`, billed nothing, whatever the unconfirmed statement did).
 
+/// The last CTE of a statement that makes message rows final (or changes a final row's bill):
+/// adds what those rows change to their `usage_rollups` rows (migration 0015), one upsert in
+/// the statement's own transaction, so the rollups are never behind the books. `$source` is
+/// a query of the rows' `account_id, key_id, model, created_at, batch_id, status, billed`
+/// and token columns, and a `sign`: 1 for a row's final state, -1 for a final state it
+/// leaves. Last in the statement, and its source joined to the statement's locked accounts
+/// where it has them: Postgres runs the unread CTEs in their order, so a rollup row is only
+/// ever locked after its account row, and in key order (the `ORDER BY`): no deadlock.
+macro_rules! rolled_up {
+    ($source:literal) => {
+        concat!(
+            "rolled_up AS (
+                 INSERT INTO usage_rollups AS r (account_id, hour, key_id, model, turns, errors,
+                     input_tokens, output_tokens, cache_creation_input_tokens,
+                     cache_read_input_tokens, credits, batch_turns, batch_credits)
+                 SELECT account_id, date_trunc('hour', created_at, 'UTC'), key_id, model,
+                     sum(sign * served), sum(sign * (1 - served)),
+                     sum(sign * served * input_tokens), sum(sign * served * output_tokens),
+                     sum(sign * served * cache_creation_input_tokens),
+                     sum(sign * served * cache_read_input_tokens),
+                     sum(sign * billed),
+                     coalesce(sum(sign * served) FILTER (WHERE batch_id IS NOT NULL), 0),
+                     coalesce(sum(sign * billed) FILTER (WHERE batch_id IS NOT NULL), 0)
+                 FROM (SELECT *, (status NOT IN ('failed', 'abandoned'))::int AS served
+                       FROM (",
+            $source,
+            ") final) d
+                 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+                 ON CONFLICT (account_id, hour, key_id, model) DO UPDATE SET
+                     turns = r.turns + EXCLUDED.turns, errors = r.errors + EXCLUDED.errors,
+                     input_tokens = r.input_tokens + EXCLUDED.input_tokens,
+                     output_tokens = r.output_tokens + EXCLUDED.output_tokens,
+                     cache_creation_input_tokens =
+                         r.cache_creation_input_tokens + EXCLUDED.cache_creation_input_tokens,
+                     cache_read_input_tokens =
+                         r.cache_read_input_tokens + EXCLUDED.cache_read_input_tokens,
+                     credits = r.credits + EXCLUDED.credits,
+                     batch_turns = r.batch_turns + EXCLUDED.batch_turns,
+                     batch_credits = r.batch_credits + EXCLUDED.batch_credits
+             )"
+        )
+    };
+}
+
 mod allotment;
 mod lease;
 mod reversals;
@@ -809,21 +853,20 @@ impl Ledger for PostgresLedger {
             .db
             .bounded(
                 sqlx::query(
-                    "SELECT (created_at AT TIME ZONE 'UTC')::date AS day, model,
-                            count(*)::bigint AS requests,
+                    // The rollups, not the rows (see `rolled_up!`): one index range of
+                    // an account's hours, however many turns they hold.
+                    "SELECT (hour AT TIME ZONE 'UTC')::date AS day, model,
+                            sum(turns)::bigint AS requests,
                             sum(input_tokens)::bigint AS input_tokens,
                             sum(output_tokens)::bigint AS output_tokens,
                             sum(cache_creation_input_tokens)::bigint AS cache_creation_input_tokens,
                             sum(cache_read_input_tokens)::bigint AS cache_read_input_tokens,
-                            sum(billed)::bigint AS credits,
-                            count(*) FILTER (WHERE batch_id IS NOT NULL)::bigint
-                                AS batch_requests,
-                            coalesce(sum(billed) FILTER (WHERE batch_id IS NOT NULL), 0)::bigint
-                                AS batch_credits
-                     FROM messages
-                     WHERE account_id = $1 AND created_at >= $2 AND created_at < $3
-                       AND status NOT IN ('reserved', 'failed', 'abandoned')
-                     GROUP BY 1, 2 ORDER BY 1, 2",
+                            sum(credits)::bigint AS credits,
+                            sum(batch_turns)::bigint AS batch_requests,
+                            sum(batch_credits)::bigint AS batch_credits
+                     FROM usage_rollups
+                     WHERE account_id = $1 AND hour >= $2 AND hour < $3
+                     GROUP BY 1, 2 HAVING sum(turns) > 0 ORDER BY 1, 2",
                 )
                 .bind(account_id)
                 .bind(midnight(from))

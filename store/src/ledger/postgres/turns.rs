@@ -227,7 +227,7 @@ async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u
     let c = SettleColumns::of(turns);
     let rows = db
         .bounded(
-            sqlx::query(
+            sqlx::query(concat!(
                 "WITH turn AS (
                      SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],
                          $5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::bigint[],
@@ -247,7 +247,9 @@ async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u
                          upstream = coalesce(t.upstream, m.upstream),
                          upstream_model = coalesce(t.upstream_model, m.upstream_model)
                      FROM turn t WHERE m.id = t.id AND m.status = 'reserved'
-                     RETURNING m.id, m.account_id, m.key_id, m.reserved, m.billed
+                     RETURNING m.id, m.account_id, m.key_id, m.reserved, m.billed, m.model,
+                         m.created_at, m.batch_id, m.status, m.input_tokens, m.output_tokens,
+                         m.cache_creation_input_tokens, m.cache_read_input_tokens
                  ), per_account AS (
                      SELECT account_id, sum(reserved)::bigint AS reserved,
                             sum(billed)::bigint AS billed
@@ -272,9 +274,13 @@ async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u
                          spend_month = utc_month()
                      FROM per_key p JOIN account ON account.id = p.account_id
                      WHERE k.id = p.key_id
-                 )
-                 SELECT id, billed FROM settled",
-            )
+                 ), ",
+                rolled_up!(
+                    "SELECT s.*, 1 AS sign FROM settled s JOIN account ON account.id = s.account_id"
+                ),
+                "
+                 SELECT id, billed FROM settled"
+            ))
             .bind(c.id)
             .bind(c.status)
             .bind(c.cost)
@@ -329,7 +335,7 @@ pub async fn write_rows(
     metrics::ledger_batch("write", turns.len());
     let c = WrittenColumns::of(turns);
     db.bounded(
-            sqlx::query(
+            sqlx::query(concat!(
                 "WITH turn AS (
                      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::text[], $9::text[], $10::bool[],
@@ -378,7 +384,9 @@ pub async fn write_rows(
                          t.created_at, now(), t.batch_id
                      FROM turn t LEFT JOIN pool ON pool.id = t.pool_id
                      ON CONFLICT (id) DO NOTHING
-                     RETURNING id, billed
+                     RETURNING id, billed, account_id, key_id, model, created_at, batch_id,
+                         status, input_tokens, output_tokens, cache_creation_input_tokens,
+                         cache_read_input_tokens
                  ), per_pool AS (
                      SELECT t.pool_id, t.account_id, sum(w.billed)::bigint AS billed
                      FROM written w JOIN turn t ON t.id = w.id
@@ -404,9 +412,14 @@ pub async fn write_rows(
                          spend_month = utc_month()
                      FROM per_key p JOIN account ON account.id = p.account_id
                      WHERE k.id = p.key_id AND p.billed > 0
-                 )
-                 SELECT id, billed FROM written, unflushed",
-            )
+                 ), ",
+                // Not joined to the locked accounts: a row written `unbilled` (its lease
+                // gone) locks none, and is rolled up all the same; such a statement locks
+                // nothing after its rollup rows, so it cannot close a cycle.
+                rolled_up!("SELECT w.*, 1 AS sign FROM written w"),
+                "
+                 SELECT id, billed FROM written, unflushed"
+            ))
             .bind_row(c.row)
             .bind(c.pool_id)
             .bind(c.status)
@@ -426,7 +439,7 @@ pub async fn write_rows(
 /// (failed, abandoned, unbilled) are left as they are; either way it ends billed 0.
 pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result<(), DbError> {
     db.bounded(
-        sqlx::query(
+        sqlx::query(concat!(
             "WITH old AS (
                  SELECT id, account_id, key_id, status, reserved, billed FROM messages
                  WHERE id = $1 FOR UPDATE
@@ -442,7 +455,9 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
                  FROM old JOIN account ON account.id = old.account_id
                  WHERE m.id = old.id AND old.status NOT IN ('failed', 'abandoned', 'unbilled')
                  RETURNING old.account_id, old.key_id, old.status = 'reserved' AS held,
-                     old.reserved, old.billed
+                     old.reserved, old.billed, old.status, m.model, m.created_at, m.batch_id,
+                     m.input_tokens, m.output_tokens, m.cache_creation_input_tokens,
+                     m.cache_read_input_tokens
              ), key_voided AS (
                  UPDATE api_keys k
                  SET month_reserved = CASE WHEN v.held
@@ -454,13 +469,28 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
                  UPDATE allotments al SET credits = al.credits + v.billed
                  FROM voided v, pool WHERE al.id = pool.id AND NOT v.held
                  RETURNING v.billed
-             )
-             UPDATE accounts a
-             SET reserved = a.reserved - CASE WHEN v.held THEN v.reserved ELSE 0 END
-                     + coalesce((SELECT sum(billed) FROM refilled), 0),
-                 balance = a.balance + CASE WHEN v.held THEN 0 ELSE v.billed END
-             FROM voided v WHERE a.id = v.account_id",
-        )
+             ), debited AS (
+                 UPDATE accounts a
+                 SET reserved = a.reserved - CASE WHEN v.held THEN v.reserved ELSE 0 END
+                         + coalesce((SELECT sum(billed) FROM refilled), 0),
+                     balance = a.balance + CASE WHEN v.held THEN 0 ELSE v.billed END
+                 FROM voided v WHERE a.id = v.account_id
+             ), ",
+            // The row ends `unbilled`, billed nothing; a bill it had is taken out again.
+            rolled_up!(
+                "SELECT account_id, key_id, model, created_at, batch_id, 'unbilled' AS status,
+                     0 AS billed, input_tokens, output_tokens, cache_creation_input_tokens,
+                     cache_read_input_tokens, 1 AS sign
+                 FROM voided
+                 UNION ALL
+                 SELECT account_id, key_id, model, created_at, batch_id, status, billed,
+                     input_tokens, output_tokens, cache_creation_input_tokens,
+                     cache_read_input_tokens, -1
+                 FROM voided WHERE NOT held"
+            ),
+            "
+             SELECT 1"
+        ))
         .bind(message_id)
         .bind(pool)
         .execute(db.pool()),
@@ -474,10 +504,16 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
 /// stays held for an operator to look at.
 pub async fn mark_unbilled(db: &Database, message_id: &str) -> Result<(), DbError> {
     db.bounded(
-        sqlx::query(
-            "UPDATE messages SET status = 'unbilled', billed = 0, settled_at = now()
-             WHERE id = $1 AND status = 'reserved'",
-        )
+        sqlx::query(concat!(
+            "WITH marked AS (
+                 UPDATE messages SET status = 'unbilled', billed = 0, settled_at = now()
+                 WHERE id = $1 AND status = 'reserved'
+                 RETURNING *
+             ), ",
+            rolled_up!("SELECT *, 1 AS sign FROM marked"),
+            "
+             SELECT 1"
+        ))
         .bind(message_id)
         .execute(db.pool()),
     )
