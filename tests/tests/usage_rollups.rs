@@ -191,8 +191,8 @@ async fn the_migrations_backfill_of_a_filled_ledger_equals_its_rows() {
     assert!(answered >= JSON_TURNS / 2, "only {answered} turns answered");
     drop(cluster);
 
-    // The ledger as today's code left it before migration 0015: rows, no rollups.
-    pg.query("DROP TABLE usage_rollups; DELETE FROM _sqlx_migrations WHERE version = 15")
+    // The ledger as today's code left it before migration 0017: rows, no rollups.
+    pg.query("DROP TABLE usage_rollups; DELETE FROM _sqlx_migrations WHERE version = 17")
         .await;
     pg.gateway_cli(&["migrate"]).await.expect("gateway migrate");
 
