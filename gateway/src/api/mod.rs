@@ -7,6 +7,7 @@ pub mod batches;
 mod chat;
 mod count_tokens;
 pub mod files;
+mod list_query;
 pub mod message_batches;
 mod messages;
 mod models;

@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::Uri;
 use axum::{Extension, Json};
 use serde_json::{json, Map, Value};
 
+use super::list_query;
 use crate::error::ApiError;
 use crate::state::AccountApi;
 use gateway_core::auth::Principal;
@@ -18,8 +19,7 @@ pub async fn get(
     Extension(principal): Extension<Arc<Principal>>,
     uri: Uri,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(query) = Query::<UsageQuery>::try_from_uri(&uri)
-        .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+    let query: UsageQuery = list_query::parse(&uri)?;
     let report = report(
         state.ledger.as_ref(),
         &state.catalog(),

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use time::OffsetDateTime;
 
+use super::list_query;
 use crate::api::message_batches::error::BatchError;
 use crate::edge::body::JsonBody;
 use crate::edge::body_reader::BodyError;
@@ -306,14 +307,8 @@ pub async fn list(
     Extension(principal): Extension<Arc<Principal>>,
     uri: Uri,
 ) -> Result<Json<Value>, ApiError> {
-    let axum::extract::Query(query) = axum::extract::Query::<ListQuery>::try_from_uri(&uri)
-        .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::invalid(format!(
-            "limit: must be between 1 and {MAX_PAGE}"
-        )));
-    }
+    let query: ListQuery = list_query::parse(&uri)?;
+    let limit = list_query::limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let cursor = query.after.map_or(Cursor::Newest, Cursor::After);
     let page = api
         .batches

@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 
 use self::error::FileError;
 use super::batches::{self, Generated};
+use super::list_query;
 use crate::edge::body_reader::read_upload;
 use crate::edge::path::Path;
 use crate::error::ApiError;
@@ -201,14 +202,8 @@ pub async fn list(
     Extension(principal): Extension<Arc<Principal>>,
     uri: Uri,
 ) -> Result<Json<Value>, ApiError> {
-    let axum::extract::Query(query) = axum::extract::Query::<ListQuery>::try_from_uri(&uri)
-        .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
-    let limit = query.limit.unwrap_or(MAX_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::invalid(format!(
-            "limit: must be between 1 and {MAX_PAGE}"
-        )));
-    }
+    let query: ListQuery = list_query::parse(&uri)?;
+    let limit = list_query::limit(query.limit, MAX_PAGE, MAX_PAGE)?;
     if query.order.as_deref().is_some_and(|o| o != "desc") {
         return Err(ApiError::invalid(
             "order: files are listed newest first (`desc`)",

@@ -23,6 +23,7 @@ use time::OffsetDateTime;
 
 use self::error::BatchError;
 pub use self::settings::BatchSettings;
+use super::list_query;
 use crate::edge::body::{from_value, JsonBody};
 use crate::edge::path::Path;
 use crate::error::ApiError;
@@ -214,14 +215,8 @@ pub async fn list(
     Extension(principal): Extension<Arc<Principal>>,
     uri: Uri,
 ) -> Result<Json<Value>, ApiError> {
-    let axum::extract::Query(query) = axum::extract::Query::<ListQuery>::try_from_uri(&uri)
-        .map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::invalid(format!(
-            "limit: must be between 1 and {MAX_PAGE}"
-        )));
-    }
+    let query: ListQuery = list_query::parse(&uri)?;
+    let limit = list_query::limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let cursor = match (query.before_id, query.after_id) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
