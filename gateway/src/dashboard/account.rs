@@ -509,8 +509,13 @@ pub async fn sign_out(
         .developers
         .sign_out(session, &session::actor(&session.email, client))
         .await?;
-    let cookie = session::set_cookie(&state, &headers, SESSION_COOKIE, "", Duration::ZERO);
-    Ok(([cookie], Redirect::to("/developers/sign-in")).into_response())
+    Ok(signed_out(&state, &headers))
+}
+
+/// The answer to a sign-out: the session cookie cleared, back to the sign-in page.
+fn signed_out(state: &DashboardState, headers: &HeaderMap) -> Response {
+    let cookie = session::set_cookie(state, headers, SESSION_COOKIE, "", Duration::ZERO);
+    ([cookie], Redirect::to("/developers/sign-in")).into_response()
 }
 
 /// Ends every session of the user, on every browser, this one included: one store step,
@@ -528,8 +533,7 @@ pub async fn sign_out_everywhere(
         .developers
         .end_all_sessions(session, &session::actor(&session.email, client))
         .await?;
-    let cookie = session::set_cookie(&state, &headers, SESSION_COOKIE, "", Duration::ZERO);
-    Ok(([cookie], Redirect::to("/developers/sign-in")).into_response())
+    Ok(signed_out(&state, &headers))
 }
 
 #[cfg(test)]

@@ -19,10 +19,11 @@ use crate::api::{chat, messages};
 use crate::error::ApiError;
 use crate::state::BatchApi;
 use gateway_core::auth::{identify_hash, permit, Principal};
+use gateway_core::conversation::Request;
 use gateway_core::ids;
 use gateway_core::providers::ProviderError;
 use gateway_core::shutdown::Shutdown;
-use gateway_core::turn::{self, Endpoint, TurnError, TurnRequest, Turns};
+use gateway_core::turn::{self, Endpoint, Turn, TurnError, TurnRequest, Turns};
 use gateway_core::wire::anthropic::translate::request_from_messages;
 use gateway_core::wire::anthropic::MessagesRequest;
 use gateway_core::wire::openai::translate::request_from_chat;
@@ -155,22 +156,7 @@ async fn execute_message(
         Err(e) => return Some(ended_with(&ApiError::invalid(format!("params: {e}")), None)),
     };
     let id = ids::message();
-    let request = TurnRequest {
-        id: id.clone(),
-        endpoint: Endpoint::MessageBatches,
-        request,
-        open_max_tokens: false,
-        anthropic_beta: None,
-        conversation: None,
-        unsent_input: String::new(),
-    };
-    let started = turn::start_batch_item(
-        turns,
-        principal,
-        request,
-        &item.batch_id,
-        api.settings.price_percent,
-    );
+    let started = start(api, turns, principal, item, &id, request, false);
     let message = match started.await {
         Ok(turn) => messages::collect(turn).await,
         Err(e) => Err(e),
@@ -203,22 +189,7 @@ async fn execute_chat(
         Ok(request) => request,
         Err(e) => return Some(chat_ended_with(&e, &id, None)),
     };
-    let request = TurnRequest {
-        id: id.clone(),
-        endpoint: Endpoint::ChatCompletions,
-        request,
-        open_max_tokens,
-        anthropic_beta: None,
-        conversation: None,
-        unsent_input: String::new(),
-    };
-    let started = turn::start_batch_item(
-        turns,
-        principal,
-        request,
-        &item.batch_id,
-        api.settings.price_percent,
-    );
+    let started = start(api, turns, principal, item, &id, request, open_max_tokens);
     let completion = match started.await {
         Ok(turn) => {
             let model = turn.model.clone();
@@ -237,6 +208,35 @@ async fn execute_chat(
         Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
         Err(e) => Some(chat_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
     }
+}
+
+/// The item's turn at the batch price (`start_batch_item` makes it a batch turn, not a stream).
+async fn start(
+    api: &BatchApi,
+    turns: &Turns,
+    principal: &Principal,
+    item: &ClaimedItem,
+    id: &str,
+    request: Request,
+    open_max_tokens: bool,
+) -> Result<Turn, TurnError> {
+    let request = TurnRequest {
+        id: id.to_owned(),
+        endpoint: Endpoint::MessageBatches,
+        request,
+        open_max_tokens,
+        anthropic_beta: None,
+        conversation: None,
+        unsent_input: String::new(),
+    };
+    turn::start_batch_item(
+        turns,
+        principal,
+        request,
+        &item.batch_id,
+        api.settings.price_percent,
+    )
+    .await
 }
 
 /// The key that created the batch, checked now: a key revoked, expired or suspended since
