@@ -530,13 +530,21 @@ async fn a_pod_killed_mid_batch_loses_no_item_and_bills_each_once() {
         created["id"].as_str().expect("id")
     );
     let succeeded = |batch: &Value| batch["request_counts"]["succeeded"].as_u64().unwrap_or(0);
+    // Killed once a few items have succeeded and at least three are in flight: each pod runs
+    // at most two at once, so the pod killed holds at least one.
+    let account = &key.account_id;
     poll_until(
-        "a few items to succeed",
+        "a few items to succeed and three in flight",
         Duration::from_secs(60),
-        Duration::from_millis(50),
+        Duration::from_millis(20),
         || async {
             let batch = cluster.pods[1].get(&path, &key.secret).await.expect_ok();
-            (succeeded(&batch) >= 4).then_some(())
+            let in_flight = pg
+                .query_i64(&format!(
+                    "SELECT count(*) FROM messages WHERE account_id = '{account}' AND status = 'reserved'"
+                ))
+                .await;
+            (succeeded(&batch) >= 4 && in_flight >= 3).then_some(())
         },
     )
     .await;
@@ -574,7 +582,6 @@ async fn a_pod_killed_mid_batch_loses_no_item_and_bills_each_once() {
     assert_eq!((lines.len(), ids.len()), (N, N), "one result per item");
 
     survivor.wait_settled(&key.account_id).await;
-    let account = &key.account_id;
     let completed = pg
         .query_i64(&format!(
             "SELECT count(*) FROM messages WHERE account_id = '{account}' AND status = 'completed'"
