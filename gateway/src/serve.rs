@@ -5,12 +5,12 @@
 //! and metrics listeners (probes, `/metrics`) stay open until then: a draining pod is alive,
 //! not ready, and its last numbers can still be scraped.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::{Listener, ListenerExt};
-use axum::Router;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION};
 use hyper::service::{service_fn, Service as _};
@@ -216,7 +216,7 @@ pub async fn run(state: AppState, listen: Listen) -> Result<(), ServeError> {
         api_listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         }),
-        api::router(state.clone()).layer(axum::Extension(edge.body)),
+        api::service(state.clone(), edge.body),
         Closing::on(&shutdown),
         Http1Limits {
             header_read_timeout: edge.header_read_timeout,
@@ -312,10 +312,18 @@ const PROBES_LINGER: Duration = Duration::from_secs(1);
 ///
 /// Every request carries its connection's [`Peer`] address (the per-address limits count by
 /// it).
-async fn serve_http1<L>(mut listener: L, router: Router, closing: Closing, limits: Http1Limits)
+async fn serve_http1<L, S>(mut listener: L, service: S, closing: Closing, limits: Http1Limits)
 where
     L: Listener<Addr = SocketAddr>,
     L::Io: Unpin,
+    S: tower::Service<
+            axum::extract::Request,
+            Response = axum::response::Response,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static,
 {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -336,11 +344,11 @@ where
             accepted = listener.accept() => accepted,
             () = draining.cancelled() => break,
         };
-        let router = TowerToHyperService::new(router.clone());
+        let routes = TowerToHyperService::new(service.clone());
         let stopping = closing.hint.clone();
-        let service = service_fn(move |mut req: hyper::Request<Incoming>| {
+        let connection_service = service_fn(move |mut req: hyper::Request<Incoming>| {
             req.extensions_mut().insert(Peer(addr));
-            let answer = router.call(req);
+            let answer = routes.call(req.map(axum::body::Body::new));
             let stopping = stopping.clone();
             async move {
                 let mut response: axum::response::Response = answer.await?;
@@ -349,10 +357,11 @@ where
                         .headers_mut()
                         .insert(CONNECTION, HeaderValue::from_static("close"));
                 }
-                Ok::<_, std::convert::Infallible>(response)
+                Ok::<_, Infallible>(response)
             }
         });
-        let connection = connections.watch(http.serve_connection(TokioIo::new(io), service));
+        let connection =
+            connections.watch(http.serve_connection(TokioIo::new(io), connection_service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "client connection ended with an error");

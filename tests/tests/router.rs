@@ -1,4 +1,4 @@
-//! The public router's rules, checked in process: the gateway's real `Router` on the stores and
+//! The public router's rules, checked in process: the gateway's real API service on the stores and
 //! the simulated provider that `standalone` runs with (`gateway::startup::in_process`), called
 //! with `tower::ServiceExt::oneshot`, no socket. Envelopes, statuses and headers are the
 //! router's own; what only a process shows (connections, timeouts, shutdown, two pods) stays
@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request};
-use axum::Router;
 use clap::Parser;
 use e2e::bodies::{chat_body, chat_stream_body, count_body, message, message_stream};
 use e2e::gateway::DEV_KEY;
@@ -18,12 +17,17 @@ use e2e::sse::{assemble_chat_stream, assemble_message_stream, SseStream};
 use gateway::client_address::Peer;
 use gateway::flags::{Cli, Command};
 use serde_json::{json, Value};
+use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
 
 const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/standalone");
 const SIXTEEN_MIB: usize = 16 * 1024 * 1024;
 
-/// The router `standalone` serves, its dev key at the tier its $10 top-up gives, with `args`
+/// The public listener's service, boxed to have a name.
+type Router =
+    BoxCloneSyncService<Request<Body>, axum::response::Response, std::convert::Infallible>;
+
+/// The service `standalone` serves, its dev key at the tier its $10 top-up gives, with `args`
 /// added to the command line.
 async fn router(args: &[&str]) -> Router {
     let mut line = vec![
@@ -43,7 +47,10 @@ async fn router(args: &[&str]) -> Router {
     let state = gateway::startup::in_process(&args.common)
         .await
         .expect("the standalone state builds");
-    gateway::api::router(state)
+    BoxCloneSyncService::new(gateway::api::service(
+        state,
+        gateway::edge::body_reader::BodyDeadline::default(),
+    ))
 }
 
 /// A request, with the dev key when `key` says so.

@@ -14,16 +14,19 @@ mod models;
 mod responses;
 pub mod usage;
 
-use axum::extract::DefaultBodyLimit;
+use std::convert::Infallible;
+
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::HeaderValue;
 use axum::middleware::from_fn_with_state;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
+use tower::{Service, ServiceBuilder};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::edge::body_reader::BodyCap;
+use crate::edge::body_reader::{BodyCap, BodyDeadline};
 use crate::edge::{
     authenticate, budget, pre_admission, rate_limit_headers, request_telemetry, webhooks,
 };
@@ -31,13 +34,63 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::{dashboard, version};
 
-pub fn router(state: AppState) -> Router {
+/// The public listener's service: the routes under the layers every request passes.
+///
+/// Each stack of layers wraps its router once, as a service, rather than through
+/// `Router::layer`, which wraps every route in a boxed service per layer: a request then cloned
+/// a chain of boxes at each layer it passed (127 of a proxied turn's 524 allocations,
+/// docs/benchmarks.md).
+pub fn service(
+    state: AppState,
+    deadline: BodyDeadline,
+) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    let routes = Router::new()
+        .nest_service("/v1", v1(state.clone()))
+        .merge(dashboard::router().layer(Extension(BodyCap::FORM)))
+        .route(
+            "/webhooks/payments",
+            post(webhooks::payments).layer(Extension(BodyCap::WEBHOOK)),
+        )
+        .route(
+            "/webhooks/stripe",
+            post(webhooks::stripe).layer(Extension(BodyCap::WEBHOOK)),
+        )
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state);
+    ServiceBuilder::new()
+        .layer(Extension(deadline))
+        .layer(axum::middleware::from_fn(request_telemetry::layer))
+        .layer(CatchPanicLayer::custom(|_| {
+            tracing::error!("handler panicked");
+            ApiError::internal().into_response()
+        }))
+        .layer(axum::middleware::from_fn(header_limit))
+        .layer(axum::middleware::from_fn(budget::hold))
+        // Every body is read by `edge::body_reader`; should one of axum's own extractors ever
+        // read one, it gets the smallest cap.
+        .layer(DefaultBodyLimit::max(BodyCap::FORM.0))
+        .service(routes)
+}
+
+/// `/v1`: every request needs a key, unknown paths and wrong methods too.
+fn v1(
+    state: AppState,
+) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
     // Model and count_tokens calls count against RPM before their body is read (the auth
     // layer, outside the router, has run already).
     let admitted = |handler: axum::routing::MethodRouter<AppState>| {
         handler.layer(from_fn_with_state(state.clone(), pre_admission::layer))
     };
-    let v1 = Router::new()
+    let routes = Router::new()
         .route("/messages", admitted(post(messages::create)))
         .route(
             "/messages/count_tokens",
@@ -81,47 +134,23 @@ pub fn router(state: AppState) -> Router {
         .route("/usage", get(usage::get))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(Extension(BodyCap::API))
-        .layer(from_fn_with_state(state.clone(), authenticate::layer))
-        .layer(from_fn_with_state(state.clone(), rate_limit_headers::layer))
+        .with_state(state.clone());
+    ServiceBuilder::new()
         .layer(SetResponseHeaderLayer::overriding(
             version::HEADER,
             HeaderValue::from_static(version::API_VERSION),
-        ));
-    Router::new()
-        .nest("/v1", v1)
-        .merge(dashboard::router().layer(Extension(BodyCap::FORM)))
-        .route(
-            "/webhooks/payments",
-            post(webhooks::payments).layer(Extension(BodyCap::WEBHOOK)),
-        )
-        .route(
-            "/webhooks/stripe",
-            post(webhooks::stripe).layer(Extension(BodyCap::WEBHOOK)),
-        )
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        // Every body is read by `edge::body_reader`; should one of axum's own extractors ever
-        // read one, it gets the smallest cap.
-        .layer(DefaultBodyLimit::max(BodyCap::FORM.0))
-        .layer(axum::middleware::from_fn(budget::hold))
-        .layer(axum::middleware::from_fn(header_limit))
-        .layer(CatchPanicLayer::custom(|_| {
-            tracing::error!("handler panicked");
-            ApiError::internal().into_response()
-        }))
-        .layer(axum::middleware::from_fn(request_telemetry::layer))
-        .with_state(state)
+        ))
+        .layer(from_fn_with_state(state.clone(), rate_limit_headers::layer))
+        .layer(from_fn_with_state(state, authenticate::layer))
+        .layer(Extension(BodyCap::API))
+        .service(routes)
 }
 
 /// The largest request header block answered normally; above it, 431 in the envelope. hyper
 /// itself cuts far larger blocks (past its read buffer, about 400 KiB) with a bare 431.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
-async fn header_limit(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
+async fn header_limit(req: Request, next: axum::middleware::Next) -> Response {
     let size: usize = req
         .headers()
         .iter()
