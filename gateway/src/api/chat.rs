@@ -3,16 +3,16 @@
 //! rules), in JSON and in SSE chunks ending with `data: [DONE]`.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use time::OffsetDateTime;
 
+use super::sse;
 use crate::edge::body::JsonBody;
 use crate::error::ApiError;
 use crate::state::TurnApi;
@@ -54,7 +54,7 @@ pub async fn create(
     .await?;
     let snapshot = turn.snapshot;
     let mut response = if stream {
-        Sse::new(chunks(turn, include_usage)).into_response()
+        sse::response(chunks(turn, include_usage))
     } else {
         let (id, model) = (turn.id.clone(), turn.model.clone());
         Json(completion(id, model, turn.collect().await?)).into_response()
@@ -84,7 +84,7 @@ pub(super) fn completion(id: String, model: String, done: Collected) -> ChatComp
     }
 }
 
-fn chunks(turn: Turn, include_usage: bool) -> impl Stream<Item = Result<Event, Infallible>> {
+fn chunks(turn: Turn, include_usage: bool) -> impl Stream<Item = Bytes> {
     let Turn {
         id,
         model,
@@ -145,20 +145,20 @@ fn chunks(turn: Turn, include_usage: bool) -> impl Stream<Item = Result<Event, I
                             usage: Some(usage_to_chat(&usage)),
                         });
                     }
-                    yield Ok(Event::default().data("[DONE]"));
+                    yield sse::text(None, "[DONE]");
                 }
                 TurnEvent::Interrupted { usage } => {
                     // Told whether or not the client asked for usage chunks: it is a bill.
-                    yield Ok(Event::default().data(ApiError::interrupted_stream_json(&usage_to_chat(&usage))));
+                    yield sse::text(None, &ApiError::interrupted_stream_json(&usage_to_chat(&usage)));
                 }
                 TurnEvent::Failed(error) => {
-                    yield Ok(Event::default().data(ApiError::from(error).envelope_json()));
+                    yield sse::text(None, &ApiError::from(error).envelope_json());
                 }
             }
         }
     }
 }
 
-fn data(chunk: &ChatChunk<'_>) -> Result<Event, Infallible> {
-    Ok(Event::default().data(serde_json::to_string(chunk).unwrap_or_default()))
+fn data(chunk: &ChatChunk<'_>) -> Bytes {
+    sse::json(None, chunk)
 }

@@ -1,15 +1,15 @@
 //! `POST /v1/messages`: the Messages API, as one JSON message or as SSE events.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
+use super::sse;
 use crate::edge::body::JsonBody;
 use crate::error::ApiError;
 use crate::state::TurnApi;
@@ -48,7 +48,7 @@ pub async fn create(
     .await?;
     let snapshot = turn.snapshot;
     let mut response = if stream {
-        Sse::new(events(turn)).into_response()
+        sse::response(events(turn))
     } else {
         Json(collect(turn).await?).into_response()
     };
@@ -93,7 +93,7 @@ fn anthropic_beta(headers: &HeaderMap) -> Option<String> {
     (!features.is_empty()).then(|| features.join(","))
 }
 
-fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
+fn events(turn: Turn) -> impl Stream<Item = Bytes> {
     let Turn {
         id,
         model,
@@ -102,7 +102,7 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
         ..
     } = turn;
     async_stream::stream! {
-        yield sse(&StreamEvent::MessageStart {
+        yield frame(&StreamEvent::MessageStart {
             message: MessageResponse {
                 id,
                 kind: "message",
@@ -114,39 +114,38 @@ fn events(turn: Turn) -> impl Stream<Item = Result<Event, Infallible>> {
                 usage: MessagesUsage { tokens: prompt, credits_consumed: None },
             },
         });
-        yield sse(&StreamEvent::Ping);
+        yield frame(&StreamEvent::Ping);
         while let Some(event) = events.next().await {
             match event {
                 TurnEvent::Provider(ProviderEvent::BlockStart { index, block }) => {
-                    yield sse(&StreamEvent::ContentBlockStart { index, content_block: block_to_messages(block) });
+                    yield frame(&StreamEvent::ContentBlockStart { index, content_block: block_to_messages(block) });
                 }
                 TurnEvent::Provider(ProviderEvent::BlockDelta { index, delta }) => {
-                    yield sse(&StreamEvent::ContentBlockDelta { index, delta: delta_to_messages(delta) });
+                    yield frame(&StreamEvent::ContentBlockDelta { index, delta: delta_to_messages(delta) });
                 }
                 TurnEvent::Provider(ProviderEvent::BlockStop { index }) => {
-                    yield sse(&StreamEvent::ContentBlockStop { index });
+                    yield frame(&StreamEvent::ContentBlockStop { index });
                 }
                 TurnEvent::Provider(ProviderEvent::Started { .. } | ProviderEvent::Finish { .. }) => {}
                 TurnEvent::Finished { stop_reason, stop_sequence, usage } => {
-                    yield sse(&StreamEvent::MessageDelta {
+                    yield frame(&StreamEvent::MessageDelta {
                         delta: MessageDeltaBody { stop_reason: Some(stop_reason), stop_sequence },
                         usage: usage_to_messages(usage),
                     });
-                    yield sse(&StreamEvent::MessageStop);
+                    yield frame(&StreamEvent::MessageStop);
                 }
                 TurnEvent::Interrupted { usage } => {
                     let data = ApiError::interrupted_stream_json(&usage_to_messages(usage));
-                    yield Ok(Event::default().event("error").data(data));
+                    yield sse::text(Some("error"), &data);
                 }
                 TurnEvent::Failed(error) => {
-                    yield Ok(Event::default().event("error").data(ApiError::from(error).envelope_json()));
+                    yield sse::text(Some("error"), &ApiError::from(error).envelope_json());
                 }
             }
         }
     }
 }
 
-fn sse(event: &StreamEvent) -> Result<Event, Infallible> {
-    let data = serde_json::to_string(event).unwrap_or_default();
-    Ok(Event::default().event(event.name()).data(data))
+fn frame(event: &StreamEvent) -> Bytes {
+    sse::json(Some(event.name()), event)
 }

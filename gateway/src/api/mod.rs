@@ -12,6 +12,7 @@ pub mod message_batches;
 mod messages;
 mod models;
 mod responses;
+mod sse;
 pub mod usage;
 
 use std::convert::Infallible;

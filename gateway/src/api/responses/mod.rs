@@ -8,14 +8,13 @@
 
 mod output;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::Uri;
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -138,7 +137,7 @@ pub async fn create(
     });
     let snapshot = turn.snapshot;
     let mut response = if stream {
-        Sse::new(events(turn, assembler, keep)).into_response()
+        super::sse::response(events(turn, assembler, keep))
     } else {
         Json(complete(turn, assembler, keep).await?).into_response()
     };
@@ -260,7 +259,7 @@ fn events(
     turn: Turn,
     mut assembler: Assembler,
     mut keep: Option<Keep>,
-) -> impl Stream<Item = Result<Event, Infallible>> {
+) -> impl Stream<Item = Bytes> {
     let mut turn_events = turn.events;
     async_stream::stream! {
         let mut sequence: u64 = 0;
@@ -289,7 +288,7 @@ fn events(
             if let Some(error) = step.failed.filter(|_| assembler.response.usage.is_none()) {
                 let data = error.responses_stream_error(sequence);
                 sequence += 1;
-                yield Ok(Event::default().event("error").data(data));
+                yield super::sse::text(Some("error"), &data);
             }
             if step.done {
                 return;
@@ -298,14 +297,16 @@ fn events(
     }
 }
 
-fn sse(event: &StreamEvent, sequence: &mut u64) -> Result<Event, Infallible> {
-    let data = serde_json::to_string(&Sequenced {
-        event,
-        sequence_number: *sequence,
-    })
-    .unwrap_or_default();
+fn sse(event: &StreamEvent, sequence: &mut u64) -> Bytes {
+    let frame = super::sse::json(
+        Some(event.name()),
+        &Sequenced {
+            event,
+            sequence_number: *sequence,
+        },
+    );
     *sequence += 1;
-    Ok(Event::default().event(event.name()).data(data))
+    frame
 }
 
 fn unknown_response(field: &str, id: &str) -> ApiError {
