@@ -13,7 +13,7 @@ use gateway_core::telemetry;
 /// bytes, and jemalloc keeps blocks of that size page-aligned with no header in front, so their
 /// untouched pages are not made resident. With the purging below, 1,000 streams held through an
 /// upstream cost about a fifth less resident memory than with glibc (docs/benchmarks.md).
-#[cfg(not(feature = "count-allocations"))]
+#[cfg(not(any(feature = "count-allocations", feature = "system-allocator")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -96,12 +96,12 @@ impl Stream {
 
 impl Decoder for Stream {
     fn event(&mut self, event: SseEvent) -> Result<Vec<ProviderEvent>, ProviderError> {
-        let parsed: StreamEvent<UsageReport> = match serde_json::from_str(&event.data) {
+        let parsed: StreamEvent<UsageReport> = match serde_json::from_slice(&event.data) {
             Ok(parsed) => parsed,
             Err(e) => {
                 // What the API added later is skipped (an event type, or a block we cannot
                 // show, such as redacted thinking, with its deltas); broken JSON is an error.
-                let value: Value = serde_json::from_str(&event.data)
+                let value: Value = serde_json::from_slice(&event.data)
                     .map_err(|_| http::malformed("anthropic event", e))?;
                 tracing::debug!(kind = ?value.get("type"), "skipped an unknown upstream event");
                 return Ok(Vec::new());
@@ -160,14 +160,15 @@ impl Decoder for Stream {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     fn feed(stream: &mut Stream, events: &[&str]) -> Result<Vec<ProviderEvent>, ProviderError> {
         let mut out = Vec::new();
         for data in events {
             out.extend(stream.event(SseEvent {
-                name: None,
-                data: (*data).to_owned(),
+                data: Bytes::copy_from_slice(data.as_bytes()),
             })?);
         }
         Ok(out)

@@ -200,10 +200,12 @@ pub fn malformed(what: &str, e: impl std::fmt::Display) -> ProviderError {
     ProviderError::Upstream
 }
 
+/// An event's data: its `data:` lines joined. The event's name is not kept: every format we
+/// read names the event inside its data too. A one-line event (nearly all) is a slice of the
+/// bytes that came, not a copy.
 #[derive(Debug, Default, PartialEq)]
 pub struct SseEvent {
-    pub name: Option<String>,
-    pub data: String,
+    pub data: Bytes,
 }
 
 /// Server-sent events from a byte stream, split at blank lines as they arrive.
@@ -255,25 +257,26 @@ where
             self.searched = self.buffer.len().saturating_sub(BLANK_LINE_MAX - 1);
             return Ok(None);
         };
-        let raw = self.buffer.split_to(end + gap);
+        let raw = self.buffer.split_to(end + gap).freeze();
         self.searched = 0;
         let text = std::str::from_utf8(&raw[..end]).map_err(|e| malformed("sse", e))?;
-        let mut event = SseEvent::default();
-        for line in text.lines() {
+        let mut lines = text.lines().filter_map(|line| {
             let (field, value) = line.split_once(':').unwrap_or((line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "event" => event.name = Some(value.to_owned()),
-                "data" => {
-                    if !event.data.is_empty() {
-                        event.data.push('\n');
-                    }
-                    event.data.push_str(value);
+            (field == "data").then(|| value.strip_prefix(' ').unwrap_or(value))
+        });
+        let data = match (lines.next(), lines.next()) {
+            (None, _) => Bytes::new(),
+            (Some(only), None) => raw.slice_ref(only.as_bytes()),
+            (Some(first), Some(second)) => {
+                let mut joined = BytesMut::from(first);
+                for line in std::iter::once(second).chain(lines) {
+                    joined.extend_from_slice(b"\n");
+                    joined.extend_from_slice(line.as_bytes());
                 }
-                _ => {}
+                joined.freeze()
             }
-        }
-        Ok(Some(event))
+        };
+        Ok(Some(SseEvent { data }))
     }
 }
 
@@ -325,12 +328,10 @@ mod tests {
             got,
             vec![
                 SseEvent {
-                    name: Some("a".into()),
-                    data: "{\"x\":1}".into()
+                    data: Bytes::from_static(b"{\"x\":1}")
                 },
                 SseEvent {
-                    name: None,
-                    data: "[DONE]".into()
+                    data: Bytes::from_static(b"[DONE]")
                 },
             ]
         );
@@ -340,7 +341,7 @@ mod tests {
     async fn crlf_separated_events_and_a_last_event_without_blank_line_are_read() {
         let got = events(&["data: 1\r\n\r\ndata: 2"]).await;
         assert_eq!(got.len(), 2);
-        assert_eq!(got[1].data, "2");
+        assert_eq!(got[1].data, "2".as_bytes());
     }
 
     #[tokio::test]
@@ -349,7 +350,7 @@ mod tests {
             "event: a\r\ndata: 1\r\n\r\ndata: 2\n\n: ping\n\nevent: b\ndata: 3\ndata: 4\n\n";
         let expected = events(&[whole]).await;
         assert_eq!(expected.len(), 3, "{expected:?}");
-        assert_eq!(expected[2].data, "3\n4");
+        assert_eq!(expected[2].data, "3\n4".as_bytes());
         for i in 0..=whole.len() {
             for j in i..=whole.len() {
                 let got = events(&[&whole[..i], &whole[i..j], &whole[j..]]).await;

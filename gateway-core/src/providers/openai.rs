@@ -165,11 +165,11 @@ impl Stream {
 
 impl Decoder for Stream {
     fn event(&mut self, event: SseEvent) -> Result<Vec<ProviderEvent>, ProviderError> {
-        if event.data.trim() == "[DONE]" {
+        if event.data.trim_ascii() == b"[DONE]" {
             return self.end();
         }
         let chunk: ChatChunk =
-            serde_json::from_str(&event.data).map_err(|e| http::malformed("openai chunk", e))?;
+            serde_json::from_slice(&event.data).map_err(|e| http::malformed("openai chunk", e))?;
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage);
         }
@@ -218,6 +218,7 @@ impl Decoder for Stream {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use store::usage::StopReason;
 
     use super::*;
@@ -240,8 +241,7 @@ mod tests {
         let mut out = Vec::new();
         for data in events {
             let event = SseEvent {
-                name: None,
-                data: (*data).to_owned(),
+                data: Bytes::copy_from_slice(data.as_bytes()),
             };
             out.extend(stream.event(event).expect("a well-formed chunk"));
         }
