@@ -336,3 +336,34 @@ async fn a_day_exports_to_an_s3_compatible_bucket_verified_and_idempotent() {
         .expect_err("a missing bucket");
     assert!(failed.contains("destination"), "{failed}");
 }
+
+/// The export's statements are a job's, not a request's: the first page sorts a whole day,
+/// and a migration may hold the table meanwhile. Behind a lock held three times the database
+/// timeout, the export waits and succeeds instead of timing out.
+#[tokio::test]
+async fn an_export_waits_out_longer_than_the_request_paths_database_timeout() {
+    let filled = filled().await;
+    let pg = &filled.pg;
+    let [first, _, _] = filled.days;
+    let dir = std::env::temp_dir().join(unique_name("ledger-export"));
+    let held = pg
+        .hold_locks("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .await;
+    let exporting = async {
+        let args = [
+            "--to-dir",
+            dir.to_str().expect("utf-8 path"),
+            "--database-timeout-ms",
+            "500",
+        ];
+        export(pg, (first, first), &args, &[]).await
+    };
+    let releasing = async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        held.release().await;
+    };
+    let (exported, ()) = tokio::join!(exporting, releasing);
+    let exported = exported.expect("an export behind a lock");
+    assert_eq!(exported["days"][0]["rows"], BULK_ROWS, "{exported}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

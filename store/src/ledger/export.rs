@@ -4,12 +4,18 @@
 //! day is exported only once it is over and none of its turns is still in flight, so the
 //! same day read twice gives the same rows in the same order.
 
+use std::time::Duration;
+
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
 use thiserror::Error;
 use time::{Date, OffsetDateTime};
 
 use crate::db::{from_db, Database, DbError};
+
+/// The bound on each statement of an export, instead of the request paths' database timeout:
+/// the first page sorts the whole day, and the export waits behind a migration's lock.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// One `messages` row, column for column.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,15 +70,20 @@ impl DayRows {
         }
         let mut tx = db.bounded(db.pool().begin()).await?;
         // One snapshot for the check and every page; read only, so it blocks no writer.
-        db.bounded(
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                .persistent(false)
-                .execute(&mut *tx),
-        )
-        .await?;
+        for setting in [
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY".to_owned(),
+            format!(
+                "SET LOCAL statement_timeout = {}",
+                STATEMENT_TIMEOUT.as_millis()
+            ),
+        ] {
+            db.bounded(sqlx::query(&setting).persistent(false).execute(&mut *tx))
+                .await?;
+        }
         let on_day = in_day(day);
         let in_flight: i64 = db
-            .bounded(
+            .bounded_by(
+                STATEMENT_TIMEOUT,
                 sqlx::query_scalar(&format!(
                     "SELECT count(*) FROM messages WHERE {on_day} AND status = 'reserved'"
                 ))
@@ -87,7 +98,8 @@ impl DayRows {
             });
         }
         // A cursor takes no bind parameters: the bounds are written in, from a `Date`.
-        db.bounded(
+        db.bounded_by(
+            STATEMENT_TIMEOUT,
             sqlx::query(&format!(
                 "DECLARE day_rows NO SCROLL CURSOR FOR
                  SELECT * FROM messages WHERE {on_day} ORDER BY created_at, id"
@@ -103,7 +115,8 @@ impl DayRows {
     pub async fn page(&mut self, size: u32) -> Result<Vec<LedgerRow>, DayError> {
         let rows = self
             .db
-            .bounded(
+            .bounded_by(
+                STATEMENT_TIMEOUT,
                 sqlx::query(&format!("FETCH {size} FROM day_rows"))
                     .persistent(false)
                     .fetch_all(&mut *self.tx),
