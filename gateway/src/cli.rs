@@ -219,6 +219,7 @@ pub async fn ledger(command: LedgerCommand) -> Result<(), CliError> {
         db,
         from,
         to,
+        reaper_max_turn_secs,
         to_dir,
         to_s3,
         s3_endpoint,
@@ -235,8 +236,13 @@ pub async fn ledger(command: LedgerCommand) -> Result<(), CliError> {
             ))
         }
     };
+    if from > to {
+        return Err(CliError::Usage(format!("--from {from} is after --to {to}")));
+    }
     let target = destination.open()?;
-    let exported = ledger_export::export_days(&connect(&db)?, &target, from, to).await?;
+    let longest_turn = std::time::Duration::from_secs(reaper_max_turn_secs);
+    let exported =
+        ledger_export::export_days(&connect(&db)?, &target, (from, to), longest_turn).await?;
     print(json!({ "destination": destination.to_string(), "days": exported }));
     Ok(())
 }

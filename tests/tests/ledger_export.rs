@@ -77,7 +77,13 @@ async fn filled() -> Filled {
         .add_credits(&account, 100_000_000, &actor())
         .await
         .expect("credits");
-    let now = OffsetDateTime::now_utc();
+    let mut now = OffsetDateTime::now_utc();
+    let final_at = now.replace_time(Time::MIDNIGHT) + time::Duration::minutes(2);
+    if now < final_at {
+        // Yesterday is final a minute after midnight (`export`).
+        tokio::time::sleep((final_at - now).unsigned_abs()).await;
+        now = OffsetDateTime::now_utc();
+    }
     let midnight = now.replace_time(Time::MIDNIGHT);
     let day = |back: i64| (midnight - time::Duration::days(back)).date();
     let days = [day(3), day(2), day(1)];
@@ -144,7 +150,12 @@ async fn export(
     env: &[(&str, &str)],
 ) -> Result<Value, String> {
     let (from, to) = (days.0.to_string(), days.1.to_string());
+    // Turns here are short: a day is final a minute after its end (`filled` keeps clear of
+    // that minute).
     let mut args = vec!["ledger", "export", "--from", &from, "--to", &to];
+    if !destination.contains(&"--reaper-max-turn-secs") {
+        args.extend_from_slice(&["--reaper-max-turn-secs", "60"]);
+    }
     args.extend_from_slice(destination);
     pg.gateway_cli_with_env(&args, env).await
 }
@@ -207,12 +218,20 @@ async fn each_day_is_one_verified_file_with_its_rows_and_credits_and_exporting_a
         .await
         .expect_err("a day with a turn in flight");
     assert!(refused.contains("still in flight"), "{refused}");
-    // Today is not over.
+    // Today is not over; yesterday is, but not for as long as turns may run.
     let today = OffsetDateTime::now_utc().date();
     let refused = export(pg, (today, today), &to_dir, &[])
         .await
         .expect_err("today");
-    assert!(refused.contains("not over"), "{refused}");
+    assert!(refused.contains("not final"), "{refused}");
+    let two_days = [to_dir[0], to_dir[1], "--reaper-max-turn-secs", "172800"];
+    let refused = export(pg, (yesterday, yesterday), &two_days, &[])
+        .await
+        .expect_err("a day over for less than the longest turn");
+    assert!(
+        refused.contains(&format!("{yesterday} is not final")),
+        "{refused}"
+    );
 
     // It settles after midnight, on another process: it belongs to yesterday, with its bill.
     assert_eq!(

@@ -15,6 +15,7 @@ mod parquet_file;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
@@ -85,13 +86,13 @@ pub struct Exported {
 pub async fn export_days(
     db: &Database,
     target: &Target,
-    from: Date,
-    to: Date,
+    (from, to): (Date, Date),
+    longest_turn: Duration,
 ) -> Result<Vec<Exported>, ExportError> {
     let mut exported = Vec::new();
     let mut day = from;
     while day <= to {
-        exported.push(export_day(db, target, day).await?);
+        exported.push(export_day(db, target, day, longest_turn).await?);
         match day.next_day() {
             Some(next) => day = next,
             None => break,
@@ -100,15 +101,17 @@ pub async fn export_days(
     Ok(exported)
 }
 
-/// Exports one day and verifies the copy at the destination.
+/// Exports one day, final once it has been over for `longest_turn`, and verifies the copy at
+/// the destination.
 pub async fn export_day(
     db: &Database,
     target: &Target,
     day: Date,
+    longest_turn: Duration,
 ) -> Result<Exported, ExportError> {
     let file = format!("messages-{day}.parquet");
     let local = TempFile::new(&file);
-    let mut rows = DayRows::open(db, day).await?;
+    let mut rows = DayRows::open(db, day, longest_turn).await?;
     let mut writer = DayWriter::create(std::fs::File::create(&local.0)?)?;
     loop {
         let page = rows.page(PAGE).await?;

@@ -113,9 +113,13 @@ pub enum LedgerCommand {
         /// The first day (UTC), e.g. 2026-11-01.
         #[arg(long, value_parser = day)]
         from: time::Date,
-        /// The last day (UTC), included; a day not over yet is refused.
+        /// The last day (UTC), included; a day not final yet is refused.
         #[arg(long, value_parser = day)]
         to: time::Date,
+        /// No turn runs longer (as `serve`'s flag): a day is final, and exported, once it has
+        /// been over this long.
+        #[arg(long, env = "GATEWAY_REAPER_MAX_TURN_SECS", default_value_t = 3_600)]
+        reaper_max_turn_secs: u64,
         /// A folder (made when missing).
         #[arg(long)]
         to_dir: Option<PathBuf>,

@@ -1,8 +1,9 @@
 //! The ledger's rows of one UTC day as they are exported (`gateway ledger export`): every
 //! column of `messages`, read in pages through a cursor, so a day of millions of rows is never
 //! held whole. A row belongs to the day its turn started (`created_at`), like the rollups; a
-//! day is exported only once it is over and none of its turns is still in flight, so the
-//! same day read twice gives the same rows in the same order.
+//! day is exported only once it is final: over for longer than the longest turn (a turn that
+//! started before midnight may write its row, or settle it, until then) and with none of its
+//! turns still in flight; so the same day read twice gives the same rows in the same order.
 
 use std::time::Duration;
 
@@ -48,8 +49,8 @@ pub struct LedgerRow {
 
 #[derive(Debug, Error)]
 pub enum DayError {
-    #[error("{0} is not over yet (UTC): its rows may still change")]
-    NotOver(Date),
+    #[error("{day} is not final until {final_at} (UTC): a turn started before its end may still write its row")]
+    NotFinal { day: Date, final_at: OffsetDateTime },
     #[error("{day} has {turns} turns still in flight; export it once they settle (or the reaper releases them)")]
     InFlight { day: Date, turns: u64 },
     #[error(transparent)]
@@ -63,10 +64,13 @@ pub struct DayRows {
 }
 
 impl DayRows {
-    /// Opens `day` for reading: refused while it is not over or has turns in flight.
-    pub async fn open(db: &Database, day: Date) -> Result<Self, DayError> {
-        if day >= OffsetDateTime::now_utc().date() {
-            return Err(DayError::NotOver(day));
+    /// Opens `day` for reading: refused until it has been over for `longest_turn`, and while
+    /// it has turns in flight.
+    pub async fn open(db: &Database, day: Date, longest_turn: Duration) -> Result<Self, DayError> {
+        let next = day.next_day().unwrap_or(day);
+        let final_at = next.midnight().assume_utc() + longest_turn;
+        if OffsetDateTime::now_utc() < final_at {
+            return Err(DayError::NotFinal { day, final_at });
         }
         let mut tx = db.bounded(db.pool().begin()).await?;
         // One snapshot for the check and every page; read only, so it blocks no writer.
