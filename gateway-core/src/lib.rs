@@ -8,6 +8,7 @@ pub mod auth;
 pub mod conversation;
 pub mod cpu;
 pub mod ids;
+pub mod ledger_export;
 pub mod limits;
 pub mod payments;
 pub mod providers;

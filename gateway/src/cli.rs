@@ -1,13 +1,16 @@
 //! The operator commands of the `gateway` binary, against the database of cluster mode:
-//! `migrate`, `keys create|revoke`, `accounts topup`, `messages show`. Each prints JSON on
-//! stdout, so scripts and tests can read it.
+//! `migrate`, `keys create|revoke`, `accounts topup`, `messages show`, `ledger export`. Each
+//! prints JSON on stdout, so scripts and tests can read it.
 
 use serde_json::{json, Value};
 use thiserror::Error;
 
-use crate::flags::commands::{AccountsCommand, KeysCommand, KindArg, MessagesCommand};
+use crate::flags::commands::{
+    AccountsCommand, KeysCommand, KindArg, LedgerCommand, MessagesCommand,
+};
 use crate::flags::database::DatabaseArgs;
 use gateway_core::auth::{self, KeySpec};
+use gateway_core::ledger_export::{self, Destination, ExportError};
 use gateway_core::payments::{self, PaymentError, TopUpRequest};
 use store::accounts::promotion::{standing, ENTERPRISE};
 use store::accounts::{Account, Accounts, KeyKind, PostgresAccounts, StoreError};
@@ -26,6 +29,8 @@ pub enum CliError {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Payment(#[from] PaymentError),
+    #[error(transparent)]
+    Export(#[from] ExportError),
     #[error("{0}")]
     Usage(String),
 }
@@ -206,5 +211,38 @@ pub async fn messages(command: MessagesCommand) -> Result<(), CliError> {
         .await?
         .ok_or_else(|| CliError::Usage(format!("message `{id}` is not in the ledger")))?;
     print(json!(record));
+    Ok(())
+}
+
+pub async fn ledger(command: LedgerCommand) -> Result<(), CliError> {
+    let LedgerCommand::Export {
+        db,
+        from,
+        to,
+        reaper_max_turn_secs,
+        to_dir,
+        to_s3,
+        s3_endpoint,
+    } = command;
+    let destination = match (to_dir, to_s3) {
+        (Some(dir), _) => Destination::Dir(dir),
+        (None, Some(url)) => Destination::S3 {
+            url,
+            endpoint: s3_endpoint,
+        },
+        (None, None) => {
+            return Err(CliError::Usage(
+                "pass --to-dir PATH or --to-s3 s3://bucket/prefix".to_owned(),
+            ))
+        }
+    };
+    if from > to {
+        return Err(CliError::Usage(format!("--from {from} is after --to {to}")));
+    }
+    let target = destination.open()?;
+    let longest_turn = std::time::Duration::from_secs(reaper_max_turn_secs);
+    let exported =
+        ledger_export::export_days(&connect(&db)?, &target, (from, to), longest_turn).await?;
+    print(json!({ "destination": destination.to_string(), "days": exported }));
     Ok(())
 }

@@ -104,6 +104,7 @@ async fn main() -> ExitCode {
         Command::Keys(command) => cli::keys(command).await.map_err(Into::into),
         Command::Accounts(command) => cli::accounts(command).await.map_err(Into::into),
         Command::Messages(command) => cli::messages(command).await.map_err(Into::into),
+        Command::Ledger(command) => cli::ledger(command).await.map_err(Into::into),
     };
     telemetry.shutdown().await;
     #[cfg(feature = "count-allocations")]

@@ -50,6 +50,7 @@ pub mod proxy;
 pub mod redis;
 pub mod redis_cluster;
 pub mod response;
+pub mod s3;
 pub mod scrape;
 pub mod sdk;
 pub mod server;

@@ -220,8 +220,18 @@ impl PostgresServer {
 
     /// `gateway <args> --database-url URL`; its stdout parsed as JSON, or its stderr as the error.
     pub async fn gateway_cli(&self, args: &[&str]) -> Result<Value, String> {
+        self.gateway_cli_with_env(args, &[]).await
+    }
+
+    /// [`PostgresServer::gateway_cli`] with these environment variables set.
+    pub async fn gateway_cli_with_env(
+        &self,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Value, String> {
         let out = Command::new(gateway_bin())
             .args(args)
+            .envs(env.iter().copied())
             .args(["--database-url", &self.url()])
             .current_dir(workspace_root())
             .output()

@@ -28,6 +28,7 @@ mod key_controls;
 mod ledger_allotments;
 mod ledger_cli;
 mod ledger_concurrency;
+mod ledger_export;
 mod ledger_faults;
 mod ledger_hang_ups;
 mod ledger_outage;

@@ -100,6 +100,44 @@ pub enum MessagesCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Exports each UTC day of ledger rows as a Parquet file with a JSON manifest (rows, sum
+    /// of `billed`, size, SHA-256), verified by reading it back; a day exported again is
+    /// only verified when its manifest already matches. Prints the manifests as JSON.
+    #[command(mut_arg(URL, |a| a.required(true)))]
+    #[command(group(clap::ArgGroup::new("destination").required(true).args(["to_dir", "to_s3"])))]
+    Export {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// The first day (UTC), e.g. 2026-11-01.
+        #[arg(long, value_parser = day)]
+        from: time::Date,
+        /// The last day (UTC), included; a day not final yet is refused.
+        #[arg(long, value_parser = day)]
+        to: time::Date,
+        /// No turn runs longer (as `serve`'s flag): a day is final, and exported, once it has
+        /// been over this long.
+        #[arg(long, env = "GATEWAY_REAPER_MAX_TURN_SECS", default_value_t = 3_600)]
+        reaper_max_turn_secs: u64,
+        /// A folder (made when missing).
+        #[arg(long)]
+        to_dir: Option<PathBuf>,
+        /// A bucket and prefix, `s3://bucket/prefix`; credentials and region from the usual
+        /// AWS_* variables.
+        #[arg(long)]
+        to_s3: Option<String>,
+        /// An S3-compatible server's URL (default: AWS_ENDPOINT, else AWS itself).
+        #[arg(long, env = "GATEWAY_S3_ENDPOINT", requires = "to_s3")]
+        s3_endpoint: Option<String>,
+    },
+}
+
+fn day(value: &str) -> Result<time::Date, String> {
+    let format = time::macros::format_description!("[year]-[month]-[day]");
+    time::Date::parse(value, &format).map_err(|e| format!("expected a day like 2026-11-01: {e}"))
+}
+
 fn rfc3339(value: &str) -> Result<time::OffsetDateTime, String> {
     time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
         .map_err(|e| format!("expected an RFC 3339 time like 2027-01-31T00:00:00Z: {e}"))

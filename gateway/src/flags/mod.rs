@@ -28,7 +28,7 @@ use clap::{Args, Parser, Subcommand};
 use batches::BatchesArgs;
 use breaker::BreakerArgs;
 use catalog::{CatalogArgs, PublishedArgs};
-use commands::{AccountsCommand, KeysCommand, MessagesCommand};
+use commands::{AccountsCommand, KeysCommand, LedgerCommand, MessagesCommand};
 use dashboard::DashboardArgs;
 use database::{DatabaseArgs, ServeDatabaseArgs};
 use dev_account::DevAccountArgs;
@@ -71,6 +71,9 @@ pub enum Command {
     /// The message ledger.
     #[command(subcommand)]
     Messages(MessagesCommand),
+    /// The ledger's days: their export to Parquet files.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
 }
 
 #[derive(Debug, Args)]

@@ -158,13 +158,23 @@ impl Database {
         &self,
         call: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, DbError> {
+        self.bounded_by(self.timeout, call).await
+    }
+
+    /// [`Database::bounded`] with a bound of its own, for the statements of a job (not of a
+    /// request) that may take longer; the job sets the server's `statement_timeout` to match.
+    pub async fn bounded_by<T>(
+        &self,
+        limit: Duration,
+        call: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, DbError> {
         if let Some(ago) = self.failing_for().filter(|ago| *ago < self.timeout) {
             return Err(DbError::Failing(ago));
         }
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, call).await {
+        let result = match tokio::time::timeout(limit, call).await {
             Ok(result) => result.map_err(DbError::from),
-            Err(_) => Err(DbError::Timeout(self.timeout)),
+            Err(_) => Err(DbError::Timeout(limit)),
         };
         // A refused constraint is an answer, not a failed call.
         let ok = match &result {

@@ -3,6 +3,7 @@
 //! A trait with an in-process implementation (standalone) and a Postgres one (cluster).
 
 mod coalesce;
+pub mod export;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 mod memory;
