@@ -122,7 +122,7 @@ fn view(
                                 td { (datetime(member.created_at)) }
                                 td {
                                     @if acting.may_manage(Some(member.role), None) || grantable(acting, Some(member.role)).any(|r| r != member.role) {
-                                        form.inline method="post" action=(format!("/developers/members/{}/role", member.id)) {
+                                        form.member-action method="post" action=(format!("/developers/members/{}/role", member.id)) {
                                             input type="hidden" name="csrf" value=(session.csrf);
                                             select name="role" aria-label=(format!("Role of {}", member.email)) {
                                                 @for role in grantable(acting, Some(member.role)) {
@@ -136,7 +136,7 @@ fn view(
                                 }
                                 td {
                                     @if acting.may_manage(Some(member.role), None) {
-                                        form.inline method="post" action=(format!("/developers/members/{}/remove", member.id)) {
+                                        form.member-action method="post" action=(format!("/developers/members/{}/remove", member.id)) {
                                             input type="hidden" name="csrf" value=(session.csrf);
                                             label.check { input type="checkbox" name="revoke_keys" value="on"; " revoke their keys" }
                                             " "
