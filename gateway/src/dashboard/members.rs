@@ -111,17 +111,15 @@ fn view(
             div.table-wrap {
                 table #members {
                     thead { tr {
-                        th scope="col" { "Email" } th scope="col" { "Role" } th scope="col" { "Joined" }
-                        th scope="col" { "Change role" } th scope="col" { span.sr-only { "Remove" } }
+                        th scope="col" { "Email" } th scope="col" { "Role" } th scope="col" { "Signed up" }
+                        th scope="col" { span.sr-only { "Remove" } }
                     } }
                     tbody {
                         @for member in members {
                             tr data-member=(member.email) {
                                 td { (member.email) @if member.id == session.user_id { " " span.hint { "(you)" } } }
-                                td.role { span.badge.role { (member.role.as_str()) } }
-                                td { (datetime(member.created_at)) }
-                                td {
-                                    @if acting.may_manage(Some(member.role), None) || grantable(acting, Some(member.role)).any(|r| r != member.role) {
+                                td.role {
+                                    @if acting.may_manage(Some(member.role), None) {
                                         form.member-action method="post" action=(format!("/developers/members/{}/role", member.id)) {
                                             input type="hidden" name="csrf" value=(session.csrf);
                                             select name="role" aria-label=(format!("Role of {}", member.email)) {
@@ -129,18 +127,19 @@ fn view(
                                                     option value=(role.as_str()) selected[role == member.role] { (role.as_str()) }
                                                 }
                                             }
-                                            " "
                                             button type="submit" { "Change" }
                                         }
+                                    } @else {
+                                        span.badge.role { (member.role.as_str()) }
                                     }
                                 }
+                                td { (datetime(member.created_at)) }
                                 td {
                                     @if acting.may_manage(Some(member.role), None) {
                                         form.member-action method="post" action=(format!("/developers/members/{}/remove", member.id)) {
                                             input type="hidden" name="csrf" value=(session.csrf);
-                                            label.check { input type="checkbox" name="revoke_keys" value="on"; " revoke their keys" }
-                                            " "
                                             button.danger type="submit" aria-label=(format!("Remove {}", member.email)) { "Remove" }
+                                            label.check { input type="checkbox" name="revoke_keys" value="on"; " and revoke their keys" }
                                         }
                                     }
                                 }
