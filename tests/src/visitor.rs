@@ -99,7 +99,7 @@ pub fn link_in(line: &str) -> Option<String> {
 }
 
 /// The link to `to` (a path with a `token` query) in a mail or its log line.
-fn link_to(line: &str, to: &str) -> Option<String> {
+pub fn link_to(line: &str, to: &str) -> Option<String> {
     let path = line.find(&format!("{to}?token="))?;
     let start = line[..path].rfind("http")?;
     let token_start = path + to.len() + "?token=".len();

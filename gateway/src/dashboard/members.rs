@@ -30,6 +30,10 @@ use store::developers::{
     Acceptance, Invitation, MemberChange, Refusal, Role, Session, User, ROLES,
 };
 
+/// Pending invitations an organization may have at once: each is a mail to any address, so a
+/// member cannot make the gateway mail strangers without bound.
+const MAX_PENDING_INVITATIONS: usize = 50;
+
 #[derive(Deserialize)]
 pub struct InviteForm {
     #[serde(default)]
@@ -249,6 +253,14 @@ pub async fn invite(
     let members = state.developers.members(&session.account_id).await?;
     if members.iter().any(|m| m.email == email) {
         return refuse(StatusCode::CONFLICT, "That address is a member already.").await;
+    }
+    let pending = state.developers.invitations(&session.account_id).await?;
+    if pending.len() >= MAX_PENDING_INVITATIONS {
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "This organization has 50 pending invitations; wait until some are accepted or expire.",
+        )
+        .await;
     }
     let token = ids::session_token();
     let now = OffsetDateTime::now_utc();
