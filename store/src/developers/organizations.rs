@@ -216,6 +216,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_role_has_the_permissions_of_its_description() {
+        use Permission::*;
+        let all = [Keys, AllKeys, Billing, Members, Audit];
+        let granted = |role: Role| all.into_iter().filter(|p| role.may(*p)).collect::<Vec<_>>();
+        assert_eq!(granted(Role::Owner), all);
+        assert_eq!(granted(Role::Admin), [Keys, AllKeys, Members, Audit]);
+        assert_eq!(granted(Role::Developer), [Keys]);
+        assert_eq!(granted(Role::Billing), [Billing]);
+    }
+
+    #[test]
     fn admins_manage_everyone_but_owners_and_never_make_one() {
         use Role::*;
         assert!(Owner.may_manage(Some(Owner), None));
