@@ -499,3 +499,52 @@ async fn the_members_page_in_a_browser_invites_lists_and_refuses_by_role() {
     b.screenshot(&dir, "refused", "desktop", DESKTOP).await;
     b.quit().await;
 }
+
+#[tokio::test]
+async fn in_a_browser_each_role_sees_only_its_pages_and_gets_the_refusal_page_by_address() {
+    let pg = PostgresServer::start().await;
+    let cluster = dashboard(&pg, &[]).await;
+    let gw = &cluster.pods[0];
+    let owner_email = new_email();
+    let mut owner = Visitor::new(gw);
+    owner.sign_up(&owner_email, &[]).await;
+    let mut emails = vec![owner_email];
+    for role in ["admin", "developer", "billing"] {
+        emails.push(join(gw, &mut owner, role).await.1);
+    }
+    let b = Browser::start().await;
+    for (index, email) in emails.iter().enumerate() {
+        b.goto(&format!("{}/developers/sign-in", gw.api)).await;
+        b.fill("#email", email).await;
+        b.fill("#password", PASSWORD).await;
+        b.click_and_load("button[type=submit]").await;
+        b.wait_for_path(OVERVIEW).await;
+        let navigation = b.text("nav.sidenav").await;
+        for (path, allowed) in PAGES.iter().filter(|(p, _)| !p.ends_with(".csv")) {
+            b.goto(&format!("{}{path}", gw.api)).await;
+            let heading = b.text("h1").await;
+            assert_eq!(
+                heading != REFUSED,
+                allowed[index],
+                "{email} (role {index}) on {path}: {heading}"
+            );
+            let label = match *path {
+                "/developers/keys" => Some("API keys"),
+                "/developers/billing" => Some("Billing"),
+                "/developers/audit" => Some("Audit log"),
+                "/developers/members" => Some("Members"),
+                _ => None,
+            };
+            if let Some(label) = label {
+                assert_eq!(
+                    navigation.contains(label),
+                    allowed[index],
+                    "{email}'s navigation and {label}: {navigation}"
+                );
+            }
+        }
+        b.click_and_load(".account button[type=submit]").await;
+        b.wait_for_path("/developers/sign-in").await;
+    }
+    b.quit().await;
+}
