@@ -1,5 +1,6 @@
 //! Signing in: argon2id password hashes, the session cookie (a random token whose SHA-256 is
-//! what the store keeps), CSRF tokens, and the `SignedIn` extractor of every page behind it.
+//! what the store keeps), CSRF tokens, the `SignedIn` extractor of every page behind it, and
+//! `Allowed<…>`, which also checks the member's role for the page.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
