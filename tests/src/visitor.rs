@@ -11,6 +11,8 @@ use crate::poll_until;
 
 /// Where a verification link leads.
 pub const VERIFY_PATH: &str = "/developers/verify-email";
+/// Where an invitation to an organization leads.
+pub const INVITATION_PATH: &str = "/developers/invitations/accept";
 
 /// The password every visitor signs up with.
 pub const PASSWORD: &str = "correct horse battery";
@@ -68,15 +70,24 @@ pub fn mails_to(gw: &dyn Site, email: &str) -> Vec<String> {
 
 /// The newest verification link mailed to `email` (waiting for it a few seconds).
 pub async fn verification_link(gw: &dyn Site, email: &str) -> String {
+    newest_link(gw, email, VERIFY_PATH).await
+}
+
+/// The newest invitation link mailed to `email` (waiting for it a few seconds).
+pub async fn invitation_link(gw: &dyn Site, email: &str) -> String {
+    newest_link(gw, email, INVITATION_PATH).await
+}
+
+async fn newest_link(gw: &dyn Site, email: &str, path: &str) -> String {
     poll_until(
-        "a verification link in the gateway's log",
+        &format!("a link to {path} in the gateway's log"),
         Duration::from_secs(10),
         Duration::from_millis(50),
         || async {
             mails_to(gw, email)
                 .iter()
                 .rev()
-                .find_map(|line| link_in(line))
+                .find_map(|line| link_to(line, path))
         },
     )
     .await
@@ -84,9 +95,14 @@ pub async fn verification_link(gw: &dyn Site, email: &str) -> String {
 
 /// The verification link in a mail (or the log line of one).
 pub fn link_in(line: &str) -> Option<String> {
-    let path = line.find(&format!("{VERIFY_PATH}?token="))?;
+    link_to(line, VERIFY_PATH)
+}
+
+/// The link to `to` (a path with a `token` query) in a mail or its log line.
+pub fn link_to(line: &str, to: &str) -> Option<String> {
+    let path = line.find(&format!("{to}?token="))?;
     let start = line[..path].rfind("http")?;
-    let token_start = path + VERIFY_PATH.len() + "?token=".len();
+    let token_start = path + to.len() + "?token=".len();
     let token_len = line[token_start..]
         .find(|c: char| !c.is_ascii_alphanumeric())
         .unwrap_or(line.len() - token_start);
@@ -271,6 +287,32 @@ impl Visitor<'_> {
             )
             .await;
         (status, body, self.location.clone())
+    }
+
+    /// Invites `email` as `role` from the members page: the status and the page.
+    pub async fn invite(&mut self, email: &str, role: &str) -> (u16, String) {
+        let (_, page) = self.get("/developers/members").await;
+        let csrf = hidden_csrf(&page);
+        let (status, page, _) = self
+            .post(
+                "/developers/members/invite",
+                &[("csrf", &csrf), ("email", email), ("role", role)],
+                &[],
+            )
+            .await;
+        (status, page)
+    }
+
+    /// Opens an invitation link and accepts on the page it opens: the status and page.
+    pub async fn accept_invitation(&mut self, link: &str) -> (u16, String) {
+        let path = &link[link.find(INVITATION_PATH).unwrap_or_default()..];
+        let (status, page) = self.get(path).await;
+        assert_eq!(status, 200, "{page}");
+        let (csrf, token) = (hidden_csrf(&page), hidden_field(&page, "token"));
+        let (status, page, _) = self
+            .post(INVITATION_PATH, &[("csrf", &csrf), ("token", &token)], &[])
+            .await;
+        (status, page)
     }
 
     /// Mints an API key named `name` from the keys page: the status and the page.

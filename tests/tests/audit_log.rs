@@ -389,6 +389,124 @@ async fn each_money_and_access_action_leaves_exactly_one_row_naming_its_actor() 
 }
 
 #[tokio::test]
+async fn each_member_action_leaves_exactly_one_row_naming_its_actor_with_before_and_after() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| {
+        b.database(&pg.url()).arg("--sign-ups-per-minute=100")
+    })
+    .await;
+    let gw = &cluster.pods[0];
+    let (owner_email, member_email) = (new_email(), new_email());
+    let mut owner = Visitor::new(gw);
+    owner.sign_up(&owner_email, &[]).await;
+    let mut member = Visitor::new(gw);
+    member.sign_up(&member_email, &[]).await;
+    let account = account_of(&pg, &owner_email).await;
+    let own_account = account_of(&pg, &member_email).await;
+    let by_owner = |row: &Value| {
+        assert_eq!(row["actor"]["id"], owner_email.as_str(), "{row:#}");
+        assert_eq!(row["actor"]["client"], "127.0.0.1", "{row:#}");
+    };
+
+    let since = newest(gw).await;
+    let (status, page) = owner.invite(&member_email, "developer").await;
+    assert_eq!(status, 200, "{page}");
+    let row = one_row(
+        gw,
+        "an invitation sent",
+        &account,
+        since,
+        Expect {
+            after: json!({ "role": "developer" }),
+            ..expect("dashboard_user", "invitation_sent", Some(&member_email))
+        },
+    )
+    .await;
+    by_owner(&row);
+
+    // Accepting moves the member and starts their session anew: the acceptance's row, then
+    // the new session's sign-in.
+    let since = row["id"].as_i64().expect("id");
+    let link = e2e::visitor::invitation_link(gw, &member_email).await;
+    let (status, page) = member.accept_invitation(&link).await;
+    assert_eq!(status, 303, "{page}");
+    let rows = rows_after(gw, &account, since).await;
+    let actions: Vec<&str> = rows.iter().filter_map(|r| r["action"].as_str()).collect();
+    assert_eq!(actions, ["invitation_accepted", "sign_in"], "{rows:#?}");
+    let accepted = &rows[0];
+    assert_eq!(accepted["actor"]["id"], member_email.as_str());
+    assert_eq!(accepted["target"], member_email.as_str());
+    assert_eq!(
+        (&accepted["before"], &accepted["after"]),
+        (
+            &json!({ "account_id": own_account, "role": "owner" }),
+            &json!({ "account_id": account, "role": "developer" })
+        )
+    );
+
+    let since = rows[1]["id"].as_i64().expect("id");
+    let member_id = pg
+        .query(&format!(
+            "SELECT id FROM dashboard_users WHERE email = '{member_email}'"
+        ))
+        .await;
+    let (_, page) = owner.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = owner
+        .post(
+            &format!("/developers/members/{member_id}/role"),
+            &[("csrf", &csrf), ("role", "billing")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let row = one_row(
+        gw,
+        "a member's role changed",
+        &account,
+        since,
+        Expect {
+            before: json!({ "role": "developer" }),
+            after: json!({ "role": "billing" }),
+            ..expect("dashboard_user", "member_role_changed", Some(&member_email))
+        },
+    )
+    .await;
+    by_owner(&row);
+    // The same role again changes nothing, and leaves nothing: the removal's step finds its
+    // own row only.
+    owner
+        .post(
+            &format!("/developers/members/{member_id}/role"),
+            &[("csrf", &csrf), ("role", "billing")],
+            &[],
+        )
+        .await;
+
+    let since = row["id"].as_i64().expect("id");
+    let (status, page, _) = owner
+        .post(
+            &format!("/developers/members/{member_id}/remove"),
+            &[("csrf", &csrf)],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let row = one_row(
+        gw,
+        "a member removed",
+        &account,
+        since,
+        Expect {
+            before: json!({ "role": "billing" }),
+            ..expect("dashboard_user", "member_removed", Some(&member_email))
+        },
+    )
+    .await;
+    by_owner(&row);
+}
+
+#[tokio::test]
 async fn the_promotion_sweep_leaves_one_row_per_key_it_moves() {
     let gw = Gateway::builder()
         .arg("--promotion-interval-secs")

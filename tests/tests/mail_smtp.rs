@@ -1,12 +1,13 @@
 //! The dashboard's mail through an SMTP server (`--smtp-url`, here aiosmtpd keeping a maildir):
 //! a sign-up's verification link arrives in the mailbox from `--mail-from` and never in the
 //! log, and following it verifies the email; a mail server that cannot be reached costs the
-//! mail (logged without its link), never the sign-up's answer.
+//! mail (logged without its link), never the sign-up's answer. An invitation to an
+//! organization is mailed the same way, and accepted in standalone mode's in-process stores.
 
 use std::time::Duration;
 
 use e2e::smtp::SmtpSink;
-use e2e::visitor::{link_in, new_email, Visitor, PASSWORD};
+use e2e::visitor::{link_in, link_to, new_email, Visitor, INVITATION_PATH, PASSWORD, VERIFY_PATH};
 use e2e::*;
 
 /// A mail's text with its quoted-printable soft line breaks and `=3D` undone (the links are
@@ -90,5 +91,63 @@ async fn a_mail_server_that_cannot_be_reached_costs_the_mail_not_the_sign_up() {
     assert!(
         !gw.stderr().contains("verify-email?token="),
         "a link reached the log"
+    );
+}
+
+/// The newest link to `path` in a mail to `email` in the sink's mailbox.
+async fn mailed_link(smtp: &SmtpSink, email: &str, path: &str) -> String {
+    poll_until(
+        &format!("a mail to {email} with a link to {path}"),
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async {
+            smtp.messages()
+                .into_iter()
+                .map(|m| unfolded(&m))
+                .filter(|m| m.contains(email))
+                .find_map(|m| link_to(&m, path))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn an_invitation_is_mailed_through_smtp_and_accepted_in_standalone_mode() {
+    let smtp = SmtpSink::start().await;
+    let gw = Gateway::builder()
+        .arg("--smtp-url")
+        .arg(&smtp.url())
+        .arg("--sign-ups-per-minute=100")
+        .start()
+        .await;
+    let (owner_email, invitee_email) = (new_email(), new_email());
+    let (mut owner, mut invitee) = (Visitor::new(&gw), Visitor::new(&gw));
+    for (visitor, email) in [(&mut owner, &owner_email), (&mut invitee, &invitee_email)] {
+        let (status, page, _) = visitor.try_sign_up(email, &[]).await;
+        assert_eq!(status, 200, "{page}");
+        let link = mailed_link(&smtp, email, VERIFY_PATH).await;
+        assert_eq!(visitor.follow_verification_link(&link).await.0, 200);
+        assert_eq!(visitor.sign_in(email, PASSWORD).await.0, 303);
+    }
+    let (status, page) = owner.invite(&invitee_email, "billing").await;
+    assert_eq!(status, 200, "{page}");
+    let link = mailed_link(&smtp, &invitee_email, INVITATION_PATH).await;
+    let token = &link[link.find("token=").expect("a token") + "token=".len()..];
+    assert!(
+        !gw.stderr().contains(token),
+        "the invitation's token is in the gateway's log"
+    );
+    let (status, page) = invitee.accept_invitation(&link).await;
+    assert_eq!(status, 303, "{page}");
+    assert_eq!(
+        invitee.get("/developers/billing").await.0,
+        200,
+        "billing now"
+    );
+    assert_eq!(invitee.get("/developers/keys").await.0, 403);
+    let (_, members) = owner.get("/developers/members").await;
+    assert!(
+        members.contains(&format!("data-member=\"{invitee_email}\"")),
+        "{members}"
     );
 }

@@ -43,6 +43,7 @@ mod metrics;
 mod models;
 mod openai_batches;
 mod operator_cluster;
+mod organizations;
 mod pgbouncer;
 mod prompt_cache;
 mod readiness;

@@ -92,6 +92,7 @@ pub fn mint(spec: KeySpec) -> MintedKey {
             created_at: OffsetDateTime::now_utc(),
             expires_at: spec.expires_at,
             spend_cap: spec.spend_cap,
+            created_by: None,
         },
         secret,
     }

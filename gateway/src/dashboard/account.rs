@@ -29,7 +29,7 @@ use gateway_core::ids;
 use gateway_core::limits::AddressBucket;
 use gateway_core::limits::{AddressBrake, LimitError};
 use store::accounts::KeyHash;
-use store::developers::{EmailVerification, User};
+use store::developers::{EmailVerification, Role, User};
 use store::ledger::signup_credits_reference;
 
 const MIN_PASSWORD_CHARS: usize = 10;
@@ -160,11 +160,11 @@ fn csrf_ok(headers: &HeaderMap, presented: &str) -> bool {
         .is_some_and(|expected| session::tokens_match(presented, expected))
 }
 
-fn normalize(email: &str) -> String {
+pub fn normalize(email: &str) -> String {
     email.trim().to_lowercase()
 }
 
-fn plausible_email(email: &str) -> bool {
+pub fn plausible_email(email: &str) -> bool {
     let Some((local, domain)) = email.split_once('@') else {
         return false;
     };
@@ -242,6 +242,7 @@ pub async fn sign_up(
                 account_id: account.id,
                 created_at: OffsetDateTime::now_utc(),
                 email_verified_at: None,
+                role: Role::Owner,
             };
             let by = session::actor(&email, client);
             if state.developers.insert_user(user.clone(), &by).await? {
@@ -304,8 +305,9 @@ fn check_your_email(email: &str) -> Response {
     )
 }
 
-/// A verification link's token as the link carries it, or `None` for anything else.
-fn link_token(token: &str) -> Option<&str> {
+/// A mailed link's token (verification, invitation) as the link carries it, or `None` for
+/// anything else.
+pub fn link_token(token: &str) -> Option<&str> {
     (token.len() == ids::SESSION_TOKEN_CHARS && token.chars().all(|c| c.is_ascii_alphanumeric()))
         .then_some(token)
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::error::DashboardError;
 use super::layout::{datetime, notice, page, with_status, Nav};
-use super::session::SignedIn;
+use super::session::{needs, Allowed};
 use super::usage::csv_field;
 use crate::state::DashboardState;
 use store::accounts::StoreError;
@@ -76,7 +76,7 @@ fn json_cell(value: &Value) -> String {
 
 pub async fn show(
     State(state): State<Arc<DashboardState>>,
-    SignedIn(session): SignedIn,
+    Allowed { session, .. }: Allowed<needs::Audit>,
     Query(filter): Query<Filter>,
 ) -> Result<Response, DashboardError> {
     let (query, error) = match filter.query(&session, PAGE_ROWS + 1) {
@@ -174,7 +174,7 @@ fn csv_row(row: &AuditRecord) -> String {
 
 pub async fn csv(
     State(state): State<Arc<DashboardState>>,
-    SignedIn(session): SignedIn,
+    Allowed { session, .. }: Allowed<needs::Audit>,
     Query(filter): Query<Filter>,
 ) -> Result<Response, DashboardError> {
     let Ok(query) = filter.query(&session, CSV_ROWS) else {

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{datetime, dollars, notice, page, thousands, with_status, Nav};
-use super::session::{self, SignedIn};
+use super::session::{self, needs, Allowed};
 use crate::client_address::ClientAddress;
 use crate::error::ApiError;
 use crate::state::DashboardState;
@@ -269,7 +269,7 @@ async fn render(
 
 pub async fn show(
     State(state): State<Arc<DashboardState>>,
-    SignedIn(session): SignedIn,
+    Allowed { session, .. }: Allowed<needs::Billing>,
     Query(shown): Query<Shown>,
 ) -> Result<Response, DashboardError> {
     let message = match shown.paid {
@@ -316,11 +316,11 @@ fn billing_url(state: &DashboardState) -> String {
 
 pub async fn checkout(
     State(state): State<Arc<DashboardState>>,
-    signed_in: SignedIn,
+    signed_in: Allowed<needs::Billing>,
     HtmlForm(form): HtmlForm<CheckoutForm>,
 ) -> Result<Response, DashboardError> {
     signed_in.check_csrf(&form.csrf)?;
-    let session = &signed_in.0;
+    let session = &signed_in.session;
     let usd_cents = match parse_amount(&form.amount) {
         Ok(cents) => cents,
         Err(message) => {
@@ -377,11 +377,11 @@ pub async fn checkout(
 pub async fn auto_reload(
     State(state): State<Arc<DashboardState>>,
     client: ClientAddress,
-    signed_in: SignedIn,
+    signed_in: Allowed<needs::Billing>,
     HtmlForm(form): HtmlForm<AutoReloadForm>,
 ) -> Result<Response, DashboardError> {
     signed_in.check_csrf(&form.csrf)?;
-    let session = &signed_in.0;
+    let session = &signed_in.session;
     let threshold: Result<u64, String> = form
         .threshold
         .trim()

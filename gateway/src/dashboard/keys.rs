@@ -14,14 +14,14 @@ use time::OffsetDateTime;
 use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{datetime, notice, page, thousands, with_status, Nav};
-use super::session::{self, SignedIn};
+use super::session::{self, needs, Allowed};
 use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
 use crds::config::SCOPES;
 use gateway_core::auth::{self, KeySpec};
 use store::accounts::promotion::standing;
 use store::accounts::{KeyKind, KeyRecord};
-use store::developers::Session;
+use store::developers::{Permission, Session};
 use store::ledger::KeySpend;
 
 const MAX_NAME_CHARS: usize = 64;
@@ -56,12 +56,13 @@ pub struct Listed {
     pub spend: KeySpend,
 }
 
-/// The account's keys with their caps and this month's spend.
+/// The keys of the session's account it may see (a developer's own, else all), with their
+/// caps and this month's spend.
 pub async fn listed(
     state: &DashboardState,
-    account_id: &str,
+    session: &Session,
 ) -> Result<Vec<Listed>, DashboardError> {
-    let keys = state.accounts.keys_of(account_id).await?;
+    let keys = visible_keys(state, session).await?;
     let catalog = state.catalog();
     let mut listed = Vec::with_capacity(keys.len());
     for key in keys {
@@ -203,13 +204,13 @@ async fn render(
     status: StatusCode,
     flash: Flash<'_>,
 ) -> Result<Response, DashboardError> {
-    let keys = listed(state, &session.account_id).await?;
+    let keys = listed(state, session).await?;
     Ok(with_status(status, view(session, &keys, flash)))
 }
 
 pub async fn show(
     State(state): State<Arc<DashboardState>>,
-    SignedIn(session): SignedIn,
+    Allowed { session, .. }: Allowed<needs::Keys>,
 ) -> Result<Response, DashboardError> {
     render(&state, &session, StatusCode::OK, Flash::None).await
 }
@@ -217,11 +218,11 @@ pub async fn show(
 pub async fn mint(
     State(state): State<Arc<DashboardState>>,
     client: ClientAddress,
-    signed_in: SignedIn,
+    signed_in: Allowed<needs::Keys>,
     HtmlForm(form): HtmlForm<MintForm>,
 ) -> Result<Response, DashboardError> {
     signed_in.check_csrf(&form.csrf)?;
-    let session = &signed_in.0;
+    let session = &signed_in.session;
     let refuse = |message| {
         render(
             &state,
@@ -285,30 +286,43 @@ pub async fn mint(
         spend_cap,
     });
     let by = session::actor(&session.email, client);
-    state
-        .accounts
-        .insert_key(minted.record.clone(), &by)
-        .await?;
+    let record = KeyRecord {
+        created_by: Some(session.user_id.clone()),
+        ..minted.record
+    };
+    state.accounts.insert_key(record.clone(), &by).await?;
     render(
         &state,
         session,
         StatusCode::OK,
         Flash::Minted {
-            key: &minted.record,
+            key: &record,
             secret: &minted.secret,
         },
     )
     .await
 }
 
+/// The account's keys the session's member may see and revoke: every key for owners and
+/// admins, the ones they created for a developer.
+async fn visible_keys(
+    state: &DashboardState,
+    session: &Session,
+) -> Result<Vec<KeyRecord>, DashboardError> {
+    let mut keys = state.accounts.keys_of(&session.account_id).await?;
+    if !session.role.may(Permission::AllKeys) {
+        keys.retain(|k| k.created_by.as_deref() == Some(session.user_id.as_str()));
+    }
+    Ok(keys)
+}
+
+/// A key the member may revoke; another's is "no such page" (404), as if it did not exist.
 async fn own_key(
     state: &DashboardState,
     session: &Session,
     id: &str,
 ) -> Result<KeyRecord, DashboardError> {
-    state
-        .accounts
-        .keys_of(&session.account_id)
+    visible_keys(state, session)
         .await?
         .into_iter()
         .find(|k| k.id == id)
@@ -317,7 +331,7 @@ async fn own_key(
 
 pub async fn confirm_revoke(
     State(state): State<Arc<DashboardState>>,
-    SignedIn(session): SignedIn,
+    Allowed { session, .. }: Allowed<needs::Keys>,
     Path(id): Path<String>,
 ) -> Result<Response, DashboardError> {
     let key = own_key(&state, &session, &id).await?;
@@ -358,12 +372,12 @@ fn already_revoked(key: &KeyRecord) -> String {
 pub async fn revoke(
     State(state): State<Arc<DashboardState>>,
     client: ClientAddress,
-    signed_in: SignedIn,
+    signed_in: Allowed<needs::Keys>,
     Path(id): Path<String>,
     HtmlForm(form): HtmlForm<RevokeForm>,
 ) -> Result<Response, DashboardError> {
     signed_in.check_csrf(&form.csrf)?;
-    let session = &signed_in.0;
+    let session = &signed_in.session;
     let key = own_key(&state, session, &id).await?;
     if key.revoked {
         return render(

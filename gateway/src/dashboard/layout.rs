@@ -7,7 +7,7 @@ use maud::{html, Markup, DOCTYPE};
 
 use super::error::DashboardError;
 use crate::error::ApiError;
-use store::developers::Session;
+use store::developers::{Permission, Session};
 
 pub const STYLE: &str = include_str!("style.css");
 
@@ -18,14 +18,39 @@ pub enum Nav {
     Usage,
     Billing,
     Audit,
+    Members,
+    /// A page outside the navigation (the refusal page).
+    None,
 }
 
-const NAV: [(Nav, &str, &str); 5] = [
-    (Nav::Overview, "/developers", "Overview"),
-    (Nav::Keys, "/developers/keys", "API keys"),
-    (Nav::Usage, "/developers/usage", "Usage"),
-    (Nav::Billing, "/developers/billing", "Billing"),
-    (Nav::Audit, "/developers/audit", "Audit log"),
+/// The navigation: each page with the permission it needs (none: every member's).
+const NAV: [(Nav, &str, &str, Option<Permission>); 6] = [
+    (Nav::Overview, "/developers", "Overview", None),
+    (
+        Nav::Keys,
+        "/developers/keys",
+        "API keys",
+        Some(Permission::Keys),
+    ),
+    (Nav::Usage, "/developers/usage", "Usage", None),
+    (
+        Nav::Billing,
+        "/developers/billing",
+        "Billing",
+        Some(Permission::Billing),
+    ),
+    (
+        Nav::Audit,
+        "/developers/audit",
+        "Audit log",
+        Some(Permission::Audit),
+    ),
+    (
+        Nav::Members,
+        "/developers/members",
+        "Members",
+        Some(Permission::Members),
+    ),
 ];
 
 fn head(title: &str) -> Markup {
@@ -50,7 +75,7 @@ pub fn page(session: &Session, nav: Nav, title: &str, content: Markup) -> Markup
                 header.topbar {
                     a.brand href="/developers" { span.logo aria-hidden="true" { "◆" } " svc " span.muted { "developers" } }
                     div.account {
-                        span.email { (session.email) }
+                        span.email { (session.email) " " span.badge.role { (session.role.as_str()) } }
                         form method="post" action="/developers/sign-out" {
                             input type="hidden" name="csrf" value=(session.csrf);
                             button.link type="submit" { "Sign out" }
@@ -64,14 +89,14 @@ pub fn page(session: &Session, nav: Nav, title: &str, content: Markup) -> Markup
                 div.shell {
                     nav.sidenav aria-label="Dashboard" {
                         ul {
-                            @for (item, href, label) in NAV {
-                                li {
+                            @for (item, href, label, needs) in NAV {
+                                @if needs.is_none_or(|p| session.role.may(p)) { li {
                                     @if item == nav {
                                         a.active href=(href) aria-current="page" { (label) }
                                     } @else {
                                         a href=(href) { (label) }
                                     }
-                                }
+                                } }
                             }
                         }
                         p.small { a href="/developers/changelog" { "API changelog" } }
@@ -84,6 +109,19 @@ pub fn page(session: &Session, nav: Nav, title: &str, content: Markup) -> Markup
             }
         }
     }
+}
+
+/// What a member sees of a page their role does not allow (403): the page frame and why.
+pub fn refused(session: &Session) -> Markup {
+    page(
+        session,
+        Nav::None,
+        "Not available to your role",
+        html! {
+            (notice("error", &format!("Your role in this organization ({}) does not allow this page or action. An owner or admin can change your role on the Members page.", session.role.as_str())))
+            p { a href="/developers" { "Back to the overview" } }
+        },
+    )
 }
 
 /// A signed-out page: sign-in, sign-up, errors before signing in.

@@ -24,10 +24,20 @@ pub enum Mail<'a> {
     /// Someone signed up with the address of an existing, verified account: its owner is told
     /// (the link is the sign-in page), and nothing else happens.
     AlreadySignedUp { to: &'a str, link: String },
+    /// `by` invites `to` to join their organization as `role`: the link opens the page that
+    /// accepts, for a user signed in with `to`.
+    Invitation {
+        to: &'a str,
+        by: &'a str,
+        role: &'a str,
+        link: String,
+    },
 }
 
 /// The path of a verification link (under the public URL).
 pub const VERIFY_PATH: &str = "/developers/verify-email";
+/// The path of an invitation link (under the public URL).
+pub const INVITATION_PATH: &str = "/developers/invitations/accept";
 /// Mails being sent at once; past it a mail is dropped (and logged as such).
 pub const IN_FLIGHT: usize = 32;
 /// How long one mail may take to reach the mail server.
@@ -170,6 +180,16 @@ fn letter(mail: Mail<'_>) -> Letter {
             text: "Someone tried to sign up with this address, which already has an account; \
                    sign in instead (nothing changed)."
                 .to_owned(),
+            link,
+        },
+        Mail::Invitation { to, by, role, link } => Letter {
+            to: to.to_owned(),
+            subject: "You are invited to an organization",
+            text: format!(
+                "{by} invites you to join their organization on svc developers as {role}. \
+                 Follow the link and sign in (or sign up) with this address to accept; it works \
+                 once, for this address only, and expires. Ignore it if you do not know them."
+            ),
             link,
         },
     }

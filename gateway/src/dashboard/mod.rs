@@ -1,5 +1,5 @@
 //! The developer dashboard under `/developers`: sign-up and sign-in, the overview, API keys,
-//! usage charts, billing and the audit log. Server-rendered HTML with plain forms (no script needed), its one
+//! usage charts, billing, the audit log and the organization's members. Server-rendered HTML with plain forms (no script needed), its one
 //! stylesheet embedded in the binary; served on the public listener in both modes.
 
 mod account;
@@ -12,6 +12,7 @@ mod form;
 mod keys;
 mod layout;
 pub mod mail;
+mod members;
 mod overview;
 mod session;
 pub mod settings;
@@ -61,6 +62,14 @@ pub fn router() -> Router<AppState> {
         .route(
             "/developers/billing/auto-reload",
             post(billing::auto_reload),
+        )
+        .route("/developers/members", get(members::show))
+        .route("/developers/members/invite", post(members::invite))
+        .route("/developers/members/{id}/role", post(members::change_role))
+        .route("/developers/members/{id}/remove", post(members::remove))
+        .route(
+            mail::INVITATION_PATH,
+            get(members::accept_form).post(members::accept),
         )
         .route("/developers/audit", get(audit::show))
         .route("/developers/audit.csv", get(audit::csv))

@@ -14,6 +14,7 @@ use crate::state::DashboardState;
 use gateway_core::payments::MIN_TOP_UP_CENTS;
 use gateway_core::usage_report::{format_date, report, UsageQuery};
 use store::accounts::promotion::standing;
+use store::developers::Permission;
 use store::ledger::MessageStatus;
 
 const RECENT_MESSAGES: usize = 10;
@@ -66,7 +67,9 @@ pub async fn show(
                 h2 { "apiCredits balance" }
                 p.big #balance { (thousands(available)) }
                 p.hint { "≈ " (dollars(available * 100 / per_usd)) @if balance.reserved > 0 { " · " (thousands(balance.reserved)) " held by running turns" } }
-                a.button.primary href="/developers/billing" { "Top up" }
+                @if session.role.may(Permission::Billing) {
+                    a.button.primary href="/developers/billing" { "Top up" }
+                }
             }
             div.card.stat {
                 h2 { "Tier" }
@@ -102,7 +105,7 @@ pub async fn show(
                 a href="/developers/usage" { "All usage →" }
             }
             @if recent.is_empty() {
-                p.empty { "No messages yet. Mint a key on the " a href="/developers/keys" { "API keys" } " page and send your first request." }
+                p.empty { "No messages yet." @if session.role.may(Permission::Keys) { " Mint a key on the " a href="/developers/keys" { "API keys" } " page and send your first request." } }
             } @else {
                 div.table-wrap {
                     table #recent-messages {

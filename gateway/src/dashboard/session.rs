@@ -1,6 +1,8 @@
 //! Signing in: argon2id password hashes, the session cookie (a random token whose SHA-256 is
-//! what the store keeps), CSRF tokens, and the `SignedIn` extractor of every page behind it.
+//! what the store keeps), CSRF tokens, the `SignedIn` extractor of every page behind it, and
+//! `Allowed<…>`, which also checks the member's role for the page.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use argon2::password_hash::rand_core::OsRng;
@@ -16,13 +18,13 @@ use time::{Duration, OffsetDateTime};
 use maud::html;
 
 use super::error::DashboardError;
-use super::layout::{bare, notice, with_status};
+use super::layout::{bare, notice, refused, with_status};
 use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::audit::{Actor, ActorKind};
-use store::developers::{Session, User};
+use store::developers::{Permission, Session, User};
 
 pub const SESSION_COOKIE: &str = "svc_session";
 /// The CSRF token of the signed-out forms (sign-in, sign-up): a double-submit cookie.
@@ -124,6 +126,7 @@ pub async fn start(
         user_id: user.id.clone(),
         email: user.email.clone(),
         account_id: user.account_id.clone(),
+        role: user.role,
         email_verified: user.email_verified_at.is_some(),
         csrf: ids::session_token(),
         expires_at: now + lifetime,
@@ -166,8 +169,53 @@ impl AnySession {
     }
 }
 
+/// A signed-in request of a verified member whose role has the permission `P` names: pages
+/// and forms beyond the overview and usage take this, so the check is in the handler's
+/// signature. Any other role gets the refusal page (403), never the page.
+pub struct Allowed<P> {
+    pub session: Session,
+    needs: PhantomData<P>,
+}
+
+/// The permission a page needs, named as a type for [`Allowed`].
+pub trait Needs {
+    const PERMISSION: Permission;
+}
+
+/// The marker types of [`Needs`].
+pub mod needs {
+    use super::{Needs, Permission};
+
+    /// Creating keys and revoking one's own.
+    pub struct Keys;
+    pub struct Billing;
+    pub struct Members;
+    pub struct Audit;
+
+    impl Needs for Keys {
+        const PERMISSION: Permission = Permission::Keys;
+    }
+    impl Needs for Billing {
+        const PERMISSION: Permission = Permission::Billing;
+    }
+    impl Needs for Members {
+        const PERMISSION: Permission = Permission::Members;
+    }
+    impl Needs for Audit {
+        const PERMISSION: Permission = Permission::Audit;
+    }
+}
+
+impl<P> Allowed<P> {
+    pub fn check_csrf(&self, token: &str) -> Result<(), DashboardError> {
+        check_csrf(&self.session, token)
+    }
+}
+
 pub enum NotSignedIn {
     Redirect,
+    /// Signed in, in a role without the page's permission: the refusal page (403).
+    Forbidden(Session),
     /// Signed in, email not verified yet: the page that says so (200 for a page, 403 for a
     /// form it would have changed something with).
     Unverified(Session, bool),
@@ -186,6 +234,7 @@ impl IntoResponse for NotSignedIn {
                 };
                 with_status(status, verify_first(&session))
             }
+            Self::Forbidden(session) => with_status(StatusCode::FORBIDDEN, refused(&session)),
             Self::Failed(e) => e.into_response(),
         }
     }
@@ -235,6 +284,26 @@ where
             return Err(NotSignedIn::Unverified(session, read_only));
         }
         Ok(Self(session))
+    }
+}
+
+impl<S, P> FromRequestParts<S> for Allowed<P>
+where
+    S: Send + Sync,
+    Arc<DashboardState>: FromRef<S>,
+    P: Needs,
+{
+    type Rejection = NotSignedIn;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let SignedIn(session) = SignedIn::from_request_parts(parts, state).await?;
+        if !session.role.may(P::PERMISSION) {
+            return Err(NotSignedIn::Forbidden(session));
+        }
+        Ok(Self {
+            session,
+            needs: PhantomData,
+        })
     }
 }
 

@@ -17,6 +17,8 @@ pub struct DashboardSettings {
     pub session_idle: Duration,
     /// A session this old is refused and deleted, however busy.
     pub session_max: Duration,
+    /// How long an invitation to an organization may be accepted.
+    pub invitation_lifetime: Duration,
     /// apiCredits an account gets once its email is verified.
     pub signup_credits: u64,
     pub public_url: PublicUrl,

@@ -90,7 +90,7 @@ pub async fn show(
         ),
         Err(e) => return Err(e.into()),
     };
-    let capped: Vec<Listed> = keys::listed(&state, &session.account_id)
+    let capped: Vec<Listed> = keys::listed(&state, &session)
         .await?
         .into_iter()
         .filter(|k| k.cap.is_some() && !k.key.revoked)

@@ -26,6 +26,10 @@ pub struct DashboardArgs {
     #[arg(long, env = "GATEWAY_DASHBOARD_SESSION_MAX_HOURS", default_value_t = 12.0,
           value_parser = positive)]
     pub dashboard_session_max_hours: f64,
+    /// Days an invitation to a dashboard organization may be accepted. Fractions are allowed.
+    #[arg(long, env = "GATEWAY_DASHBOARD_INVITATION_DAYS", default_value_t = 7.0,
+          value_parser = positive)]
+    pub dashboard_invitation_days: f64,
     /// apiCredits granted to each account signed up in the dashboard once its email is
     /// verified (a trial; not a top-up, so it does not count towards tiers).
     #[arg(long, env = "GATEWAY_SIGNUP_CREDITS", default_value_t = 0)]
@@ -78,6 +82,7 @@ impl From<&DashboardArgs> for DashboardSettings {
             secure_cookies: args.dashboard_secure_cookies,
             session_idle: Duration::seconds_f64(args.dashboard_session_idle_mins * 60.0),
             session_max: Duration::seconds_f64(args.dashboard_session_max_hours * 3600.0),
+            invitation_lifetime: Duration::seconds_f64(args.dashboard_invitation_days * 86_400.0),
             signup_credits: args.signup_credits,
             public_url: PublicUrl::configured(args.public_url.as_deref()),
             mailer: match &args.smtp_url {

@@ -116,6 +116,9 @@ pub struct KeyRecord {
     pub expires_at: Option<OffsetDateTime>,
     /// Credits the key may spend per UTC month.
     pub spend_cap: Option<u64>,
+    /// The dashboard user who created it; `None` for keys of the admin API, the CLI, the
+    /// manifests, and of before organizations. A developer sees only their own.
+    pub created_by: Option<String>,
 }
 
 impl KeyRecord {

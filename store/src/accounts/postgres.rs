@@ -98,7 +98,7 @@ impl PostgresAccounts {
 
 const KEY_COLUMNS: &str =
     "k.id, k.account_id, k.name, k.prefix, k.hash, k.kind, k.scopes, k.tier, k.revoked_at, k.created_at,
-     k.expires_at, k.spend_cap";
+     k.expires_at, k.spend_cap, k.created_by";
 
 const ACCOUNT_COLUMNS: &str = "id, name, status, created_at";
 
@@ -127,6 +127,7 @@ fn key_of(row: &PgRow) -> Result<KeyRecord, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         expires_at: row.try_get("expires_at")?,
         spend_cap: row.try_get::<Option<i64>, _>("spend_cap")?.map(from_db),
+        created_by: row.try_get("created_by")?,
     })
 }
 
@@ -219,8 +220,8 @@ impl Accounts for PostgresAccounts {
                 let mut tx = self.db.pool().begin().await?;
                 sqlx::query(
                     "INSERT INTO api_keys (id, account_id, name, prefix, hash, kind, scopes, tier,
-                         created_at, expires_at, spend_cap)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                         created_at, expires_at, spend_cap, created_by)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                 )
                 .bind(&key.id)
                 .bind(&key.account_id)
@@ -233,6 +234,7 @@ impl Accounts for PostgresAccounts {
                 .bind(key.created_at)
                 .bind(key.expires_at)
                 .bind(key.spend_cap.map(to_db))
+                .bind(&key.created_by)
                 .persistent(false)
                 .execute(&mut *tx)
                 .await?;

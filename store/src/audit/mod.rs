@@ -105,9 +105,17 @@ pub enum Action {
     SignedOut,
     /// Every dashboard session of the user was ended at once, the acting one included.
     SignedOutEverywhere,
+    /// An invitation to join the account's organization was mailed; `after`: the role.
+    InvitationSent,
+    /// An invitation was accepted; `before`/`after`: the user's account and role.
+    InvitationAccepted,
+    /// A member's role was changed; `before`/`after`: the role.
+    MemberRoleChanged,
+    /// A member was removed from the organization; `before`: the role.
+    MemberRemoved,
 }
 
-pub const ACTIONS: [Action; 16] = [
+pub const ACTIONS: [Action; 20] = [
     Action::SignedUp,
     Action::EmailVerified,
     Action::SignIn,
@@ -124,6 +132,10 @@ pub const ACTIONS: [Action; 16] = [
     Action::CreditsAdded,
     Action::SignedOut,
     Action::SignedOutEverywhere,
+    Action::InvitationSent,
+    Action::InvitationAccepted,
+    Action::MemberRoleChanged,
+    Action::MemberRemoved,
 ];
 
 impl Action {

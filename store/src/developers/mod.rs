@@ -3,11 +3,13 @@
 //! Postgres store of cluster mode can take the in-process one's place; handlers never know
 //! which. The pages are the gateway's `dashboard/`.
 
+mod organizations;
 mod postgres;
 
+pub use organizations::{Acceptance, Invitation, MemberChange, Permission, Refusal, Role, ROLES};
 pub use postgres::PostgresDeveloperStore;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
@@ -30,6 +32,8 @@ pub struct User {
     /// When a link sent to the email was followed; until then the account takes no keys and
     /// no credits from anyone.
     pub email_verified_at: Option<OffsetDateTime>,
+    /// In the organization that owns `account_id`: a sign-up makes its account's owner.
+    pub role: Role,
 }
 
 /// A link sent to a user's email: following it verifies the email and sets the password of
@@ -51,6 +55,8 @@ pub struct Session {
     pub user_id: String,
     pub email: String,
     pub account_id: String,
+    /// The user's role; a change of it ends the user's sessions, so it holds for the session.
+    pub role: Role,
     /// Whether the user's email was verified when the session started (verifying ends every
     /// session of the user, so it cannot change during one).
     pub email_verified: bool,
@@ -190,6 +196,42 @@ pub trait DeveloperStore: Send + Sync {
     ) -> Result<(), StoreError>;
     /// The account's checkouts, newest first.
     async fn checkouts(&self, account_id: &str) -> Result<Vec<Checkout>, StoreError>;
+    /// The members of the organization that owns the account, oldest first.
+    async fn members(&self, account_id: &str) -> Result<Vec<User>, StoreError>;
+    /// Stores an invitation (and drops expired ones of anyone), audited as sent by `by`.
+    async fn invite(&self, invitation: Invitation, by: &Actor) -> Result<(), StoreError>;
+    /// The account's invitations not accepted nor expired, oldest first.
+    async fn invitations(&self, account_id: &str) -> Result<Vec<Invitation>, StoreError>;
+    /// Accepts an invitation for `user` (as stored now, looked up by id): once, before it
+    /// expires, and only for the email it was sent to. The user moves to the invitation's
+    /// account in its role, every session of theirs ends, the invitation is spent; audited
+    /// as `by`'s.
+    async fn accept_invitation(
+        &self,
+        token_hash: &KeyHash,
+        user_id: &str,
+        by: &Actor,
+    ) -> Result<Acceptance, StoreError>;
+    /// Gives the member `user_id` of the account the role `role`, if a member in role
+    /// `acting` may and an owner remains; their sessions end. Audited as `by`'s.
+    async fn change_role(
+        &self,
+        account_id: &str,
+        user_id: &str,
+        role: Role,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<MemberChange, StoreError>;
+    /// Removes the member `user_id` from the account's organization (their user and every
+    /// session of theirs end), if a member in role `acting` may and an owner remains.
+    /// Audited as `by`'s.
+    async fn remove_member(
+        &self,
+        account_id: &str,
+        user_id: &str,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<MemberChange, StoreError>;
 }
 
 /// The audit rows of sign-ins, the same from both stores.
@@ -252,6 +294,10 @@ pub struct MemoryDeveloperStore {
     sessions: DashMap<KeyHash, Session>,
     failures: DashMap<(String, String), (u32, OffsetDateTime)>,
     checkouts: DashMap<String, Checkout>,
+    invitations: DashMap<KeyHash, Invitation>,
+    /// Held by every change of an organization's members, so that its checks (an owner
+    /// remains) and its change are one step.
+    organizations: Mutex<()>,
     audit: Arc<MemoryAuditLog>,
 }
 
@@ -264,9 +310,49 @@ impl MemoryDeveloperStore {
             sessions: DashMap::new(),
             failures: DashMap::new(),
             checkouts: DashMap::new(),
+            invitations: DashMap::new(),
+            organizations: Mutex::new(()),
             audit,
         }
     }
+
+    fn roles_of(&self, account_id: &str) -> Vec<(String, Role)> {
+        self.users
+            .iter()
+            .filter(|u| u.account_id == account_id)
+            .map(|u| (u.id.clone(), u.role))
+            .collect()
+    }
+
+    fn user_by_id(&self, user_id: &str) -> Option<User> {
+        self.users
+            .iter()
+            .find(|u| u.id == user_id)
+            .map(|u| u.clone())
+    }
+
+    /// The member `user_id` of the account, if `to` (`None`: removal) may be done to them by
+    /// `acting`; the refusal otherwise.
+    fn member_to_change(
+        &self,
+        account_id: &str,
+        user_id: &str,
+        to: Option<Role>,
+        acting: Role,
+    ) -> Result<User, Refusal> {
+        let member = self
+            .user_by_id(user_id)
+            .filter(|u| u.account_id == account_id)
+            .ok_or(Refusal::NoSuchMember)?;
+        match organizations::refusal(&self.roles_of(account_id), &member, to, acting) {
+            Some(refused) => Err(refused),
+            None => Ok(member),
+        }
+    }
+}
+
+fn lock(mutex: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[async_trait]
@@ -456,5 +542,119 @@ impl DeveloperStore for MemoryDeveloperStore {
             .collect();
         checkouts.sort_by_key(|x| std::cmp::Reverse(x.created_at));
         Ok(checkouts)
+    }
+
+    async fn members(&self, account_id: &str) -> Result<Vec<User>, StoreError> {
+        let mut members: Vec<User> = self
+            .users
+            .iter()
+            .filter(|u| u.account_id == account_id)
+            .map(|u| u.clone())
+            .collect();
+        members.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(members)
+    }
+
+    async fn invite(&self, invitation: Invitation, by: &Actor) -> Result<(), StoreError> {
+        let now = OffsetDateTime::now_utc();
+        self.invitations.retain(|_, i| i.expires_at > now);
+        let slot = self.invitations.entry(invitation.token_hash);
+        self.audit
+            .append(organizations::invitation_sent(&invitation, by));
+        slot.insert(invitation);
+        Ok(())
+    }
+
+    async fn invitations(&self, account_id: &str) -> Result<Vec<Invitation>, StoreError> {
+        let now = OffsetDateTime::now_utc();
+        let mut pending: Vec<Invitation> = self
+            .invitations
+            .iter()
+            .filter(|i| i.account_id == account_id && i.expires_at > now)
+            .map(|i| i.clone())
+            .collect();
+        pending.sort_by_key(|i| i.created_at);
+        Ok(pending)
+    }
+
+    async fn accept_invitation(
+        &self,
+        token_hash: &KeyHash,
+        user_id: &str,
+        by: &Actor,
+    ) -> Result<Acceptance, StoreError> {
+        let _organizations = lock(&self.organizations);
+        let now = OffsetDateTime::now_utc();
+        let Some(invitation) = self
+            .invitations
+            .get(token_hash)
+            .filter(|i| i.expires_at > now)
+            .map(|i| i.clone())
+        else {
+            return Ok(Acceptance::Unknown);
+        };
+        let Some(before) = self.user_by_id(user_id) else {
+            return Ok(Acceptance::Unknown);
+        };
+        if before.email != invitation.email {
+            return Ok(Acceptance::WrongEmail);
+        }
+        if !organizations::may_leave(&self.roles_of(&before.account_id), &before) {
+            return Ok(Acceptance::LastOwner);
+        }
+        self.invitations.remove(token_hash);
+        let Some(mut user) = self.users.get_mut(&before.email) else {
+            return Ok(Acceptance::Unknown);
+        };
+        user.account_id = invitation.account_id;
+        user.role = invitation.role;
+        let after = user.clone();
+        self.audit
+            .append(organizations::invitation_accepted(&before, &after, by));
+        drop(user);
+        self.sessions.retain(|_, s| s.user_id != after.id);
+        Ok(Acceptance::Accepted(after))
+    }
+
+    async fn change_role(
+        &self,
+        account_id: &str,
+        user_id: &str,
+        role: Role,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<MemberChange, StoreError> {
+        let _organizations = lock(&self.organizations);
+        let before = match self.member_to_change(account_id, user_id, Some(role), acting) {
+            Ok(member) => member,
+            Err(refused) => return Ok(MemberChange::Refused(refused)),
+        };
+        if let Some(mut user) = self.users.get_mut(&before.email) {
+            user.role = role;
+            self.audit
+                .append(organizations::role_changed(&before, role, by));
+        }
+        self.sessions.retain(|_, s| s.user_id != before.id);
+        Ok(MemberChange::Done(before))
+    }
+
+    async fn remove_member(
+        &self,
+        account_id: &str,
+        user_id: &str,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<MemberChange, StoreError> {
+        let _organizations = lock(&self.organizations);
+        let before = match self.member_to_change(account_id, user_id, None, acting) {
+            Ok(member) => member,
+            Err(refused) => return Ok(MemberChange::Refused(refused)),
+        };
+        if self.users.remove(&before.email).is_some() {
+            self.audit.append(organizations::removed(&before, by));
+        }
+        self.sessions.retain(|_, s| s.user_id != before.id);
+        self.verifications.retain(|_, v| v.user_id != before.id);
+        Ok(MemberChange::Done(before))
     }
 }

@@ -6,6 +6,7 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use time::{Duration, OffsetDateTime};
 
+use super::organizations::{self, Acceptance, Invitation, MemberChange, Refusal, Role};
 use super::{
     of_user, sign_in_refused, signed_in, signed_out, signed_out_everywhere, standing, verified_by,
     Checkout, CheckoutStatus, DeveloperStore, EmailVerification, Session, Standing, User,
@@ -33,7 +34,66 @@ fn user_of(row: &PgRow) -> Result<User, sqlx::Error> {
         account_id: row.try_get("account_id")?,
         created_at: row.try_get("created_at")?,
         email_verified_at: row.try_get("email_verified_at")?,
+        role: role_of(row)?,
     })
+}
+
+fn role_of(row: &PgRow) -> Result<Role, sqlx::Error> {
+    let role: String = row.try_get("role")?;
+    Role::parse(&role).ok_or_else(|| sqlx::Error::Decode(format!("unknown role {role}").into()))
+}
+
+fn invitation_of(row: &PgRow) -> Result<Option<Invitation>, sqlx::Error> {
+    let hash: Vec<u8> = row.try_get("token_hash")?;
+    let Some(token_hash) = KeyHash::from_bytes(&hash) else {
+        return Ok(None);
+    };
+    Ok(Some(Invitation {
+        token_hash,
+        account_id: row.try_get("account_id")?,
+        email: row.try_get("email")?,
+        role: role_of(row)?,
+        invited_by: row.try_get("invited_by")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+    }))
+}
+
+type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// The members of the account with their roles, locked until `tx` ends: every change of an
+/// organization's members takes these locks first, so its checks and its change are one step.
+async fn lock_members(tx: &mut Tx, account_id: &str) -> Result<Vec<User>, sqlx::Error> {
+    let rows =
+        sqlx::query("SELECT * FROM dashboard_users WHERE account_id = $1 ORDER BY id FOR UPDATE")
+            .bind(account_id)
+            .persistent(false)
+            .fetch_all(&mut **tx)
+            .await?;
+    rows.iter().map(user_of).collect()
+}
+
+fn roles(members: &[User]) -> Vec<(String, Role)> {
+    members.iter().map(|u| (u.id.clone(), u.role)).collect()
+}
+
+/// The member `user_id` among `members`, if `to` (`None`: removal) may be done to them by
+/// `acting`; the refusal otherwise.
+fn member_to_change(
+    members: &[User],
+    user_id: &str,
+    to: Option<Role>,
+    acting: Role,
+) -> Result<User, Refusal> {
+    let member = members
+        .iter()
+        .find(|u| u.id == user_id)
+        .cloned()
+        .ok_or(Refusal::NoSuchMember)?;
+    match organizations::refusal(&roles(members), &member, to, acting) {
+        Some(refused) => Err(refused),
+        None => Ok(member),
+    }
 }
 
 fn session_of(row: &PgRow) -> Result<Option<Session>, sqlx::Error> {
@@ -46,6 +106,7 @@ fn session_of(row: &PgRow) -> Result<Option<Session>, sqlx::Error> {
         user_id: row.try_get("user_id")?,
         email: row.try_get("email")?,
         account_id: row.try_get("account_id")?,
+        role: role_of(row)?,
         email_verified: row.try_get("email_verified")?,
         csrf: row.try_get("csrf")?,
         expires_at: row.try_get("expires_at")?,
@@ -84,8 +145,8 @@ impl DeveloperStore for PostgresDeveloperStore {
                 let mut tx = self.db.pool().begin().await?;
                 let inserted = sqlx::query(
                     "INSERT INTO dashboard_users
-                         (id, email, password_hash, account_id, created_at, email_verified_at)
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (email) DO NOTHING",
+                         (id, email, password_hash, account_id, created_at, email_verified_at, role)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (email) DO NOTHING",
                 )
                 .bind(&user.id)
                 .bind(&user.email)
@@ -93,6 +154,7 @@ impl DeveloperStore for PostgresDeveloperStore {
                 .bind(&user.account_id)
                 .bind(user.created_at)
                 .bind(user.email_verified_at)
+                .bind(user.role.as_str())
                 .persistent(false)
                 .execute(&mut *tx)
                 .await?
@@ -244,7 +306,7 @@ impl DeveloperStore for PostgresDeveloperStore {
             .bounded(
                 sqlx::query(
                     "SELECT s.token_hash, s.user_id, s.csrf, s.expires_at, s.last_used_at,
-                            u.email, u.account_id,
+                            u.email, u.account_id, u.role,
                             u.email_verified_at IS NOT NULL AS email_verified
                      FROM dashboard_sessions s JOIN dashboard_users u ON u.id = s.user_id
                      WHERE s.token_hash = $1",
@@ -467,5 +529,214 @@ impl DeveloperStore for PostgresDeveloperStore {
             .map(checkout_of)
             .collect::<Result<_, _>>()
             .map_err(DbError::Sql)?)
+    }
+
+    async fn members(&self, account_id: &str) -> Result<Vec<User>, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT * FROM dashboard_users WHERE account_id = $1
+                     ORDER BY created_at, id LIMIT 1000",
+                )
+                .bind(account_id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(user_of)
+            .collect::<Result<_, _>>()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn invite(&self, invitation: Invitation, by: &Actor) -> Result<(), StoreError> {
+        self.db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                // Expired invitations of anyone go with it, so the table does not grow
+                // without bound.
+                sqlx::query(
+                    "WITH expired AS (
+                         DELETE FROM dashboard_invitations WHERE expires_at <= now()
+                     )
+                     INSERT INTO dashboard_invitations
+                         (token_hash, account_id, email, role, invited_by, created_at, expires_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                )
+                .bind(invitation.token_hash.as_bytes())
+                .bind(&invitation.account_id)
+                .bind(&invitation.email)
+                .bind(invitation.role.as_str())
+                .bind(&invitation.invited_by)
+                .bind(invitation.created_at)
+                .bind(invitation.expires_at)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+                append_in(&mut tx, &organizations::invitation_sent(&invitation, by)).await?;
+                tx.commit().await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn invitations(&self, account_id: &str) -> Result<Vec<Invitation>, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT * FROM dashboard_invitations
+                     WHERE account_id = $1 AND expires_at > now()
+                     ORDER BY created_at LIMIT 1000",
+                )
+                .bind(account_id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let pending: Vec<Option<Invitation>> = rows
+            .iter()
+            .map(invitation_of)
+            .collect::<Result<_, _>>()
+            .map_err(DbError::Sql)?;
+        Ok(pending.into_iter().flatten().collect())
+    }
+
+    async fn accept_invitation(
+        &self,
+        token_hash: &KeyHash,
+        user_id: &str,
+        by: &Actor,
+    ) -> Result<Acceptance, StoreError> {
+        let accepted = self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                // The invitation's row is locked first: of two acceptances at once, the
+                // second finds it gone.
+                let row = sqlx::query(
+                    "SELECT * FROM dashboard_invitations
+                     WHERE token_hash = $1 AND expires_at > now() FOR UPDATE",
+                )
+                .bind(token_hash.as_bytes())
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(invitation) = row.as_ref().map(invitation_of).transpose()?.flatten()
+                else {
+                    return Ok(Acceptance::Unknown);
+                };
+                let row = sqlx::query("SELECT account_id FROM dashboard_users WHERE id = $1")
+                    .bind(user_id)
+                    .persistent(false)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(from) = row
+                    .map(|r| r.try_get::<String, _>("account_id"))
+                    .transpose()?
+                else {
+                    return Ok(Acceptance::Unknown);
+                };
+                let members = lock_members(&mut tx, &from).await?;
+                let Some(before) = members.iter().find(|u| u.id == user_id) else {
+                    return Ok(Acceptance::Unknown);
+                };
+                if before.email != invitation.email {
+                    return Ok(Acceptance::WrongEmail);
+                }
+                if !organizations::may_leave(&roles(&members), before) {
+                    return Ok(Acceptance::LastOwner);
+                }
+                let row = sqlx::query(
+                    "WITH spent AS (
+                         DELETE FROM dashboard_invitations WHERE token_hash = $1
+                     ), sessions AS (
+                         DELETE FROM dashboard_sessions WHERE user_id = $2
+                     )
+                     UPDATE dashboard_users SET account_id = $3, role = $4
+                     WHERE id = $2 RETURNING *",
+                )
+                .bind(token_hash.as_bytes())
+                .bind(user_id)
+                .bind(&invitation.account_id)
+                .bind(invitation.role.as_str())
+                .persistent(false)
+                .fetch_one(&mut *tx)
+                .await?;
+                let after = user_of(&row)?;
+                append_in(
+                    &mut tx,
+                    &organizations::invitation_accepted(before, &after, by),
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(Acceptance::Accepted(after))
+            })
+            .await?;
+        Ok(accepted)
+    }
+
+    async fn change_role(
+        &self,
+        account_id: &str,
+        user_id: &str,
+        role: Role,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<MemberChange, StoreError> {
+        let changed = self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let members = lock_members(&mut tx, account_id).await?;
+                let before = match member_to_change(&members, user_id, Some(role), acting) {
+                    Ok(member) => member,
+                    Err(refused) => return Ok(MemberChange::Refused(refused)),
+                };
+                sqlx::query(
+                    "WITH sessions AS (DELETE FROM dashboard_sessions WHERE user_id = $1)
+                     UPDATE dashboard_users SET role = $2 WHERE id = $1",
+                )
+                .bind(user_id)
+                .bind(role.as_str())
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+                append_in(&mut tx, &organizations::role_changed(&before, role, by)).await?;
+                tx.commit().await?;
+                Ok(MemberChange::Done(before))
+            })
+            .await?;
+        Ok(changed)
+    }
+
+    async fn remove_member(
+        &self,
+        account_id: &str,
+        user_id: &str,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<MemberChange, StoreError> {
+        let removed = self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let members = lock_members(&mut tx, account_id).await?;
+                let before = match member_to_change(&members, user_id, None, acting) {
+                    Ok(member) => member,
+                    Err(refused) => return Ok(MemberChange::Refused(refused)),
+                };
+                // Their sessions and links go with the user (ON DELETE CASCADE).
+                sqlx::query("DELETE FROM dashboard_users WHERE id = $1")
+                    .bind(user_id)
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?;
+                append_in(&mut tx, &organizations::removed(&before, by)).await?;
+                tx.commit().await?;
+                Ok(MemberChange::Done(before))
+            })
+            .await?;
+        Ok(removed)
     }
 }

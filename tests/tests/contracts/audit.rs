@@ -225,6 +225,7 @@ async fn a_users_sign_up_verification_sign_ins_and_sign_outs_are_rows_of_its_acc
         account_id: account.clone(),
         created_at: now(),
         email_verified_at: None,
+        role: store::developers::Role::Owner,
     };
     let client = Some("198.51.100.4".to_owned());
     let from = Actor::new(ActorKind::DashboardUser, &user.email, client.clone());
@@ -269,6 +270,7 @@ async fn a_users_sign_up_verification_sign_ins_and_sign_outs_are_rows_of_its_acc
         user_id: user.id.clone(),
         email: user.email.clone(),
         account_id: account.clone(),
+        role: user.role,
         email_verified: true,
         csrf: unique("csrf"),
         expires_at: now() + Duration::hours(1),

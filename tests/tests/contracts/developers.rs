@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use e2e::PostgresServer;
 use store::accounts::{Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
+use store::audit::{Action, AuditLog, AuditQuery, MemoryAuditLog, PostgresAuditLog};
 use store::developers::{
-    owner_verified, Checkout, CheckoutStatus, DeveloperStore, EmailVerification,
-    MemoryDeveloperStore, PostgresDeveloperStore, Session, User,
+    owner_verified, Acceptance, Checkout, CheckoutStatus, DeveloperStore, EmailVerification,
+    Invitation, MemberChange, MemoryDeveloperStore, PostgresDeveloperStore, Refusal, Role, Session,
+    User,
 };
 use store::ledger::MemoryLedger;
 use time::{Duration, OffsetDateTime};
@@ -25,13 +27,17 @@ pub struct Store {
     developers: Arc<dyn DeveloperStore>,
     /// Users and checkouts belong to accounts.
     accounts: Arc<dyn Accounts>,
+    /// Where the store audits its changes.
+    audit: Arc<dyn AuditLog>,
     _pg: Option<PostgresServer>,
 }
 
 async fn in_process() -> Store {
+    let audit = Arc::new(MemoryAuditLog::default());
     Store {
-        developers: Arc::new(MemoryDeveloperStore::new(Default::default())),
+        developers: Arc::new(MemoryDeveloperStore::new(audit.clone())),
         accounts: Arc::new(MemoryAccounts::new(Arc::new(MemoryLedger::default()))),
+        audit,
         _pg: None,
     }
 }
@@ -40,7 +46,8 @@ async fn postgres() -> Store {
     let (pg, db) = database().await;
     Store {
         developers: Arc::new(PostgresDeveloperStore::new(db.clone())),
-        accounts: Arc::new(PostgresAccounts::new(db)),
+        accounts: Arc::new(PostgresAccounts::new(db.clone())),
+        audit: Arc::new(PostgresAuditLog::new(db)),
         _pg: Some(pg),
     }
 }
@@ -59,6 +66,7 @@ impl Store {
             account_id: account.id,
             created_at: now(),
             email_verified_at: None,
+            role: Role::Owner,
         };
         assert!(self
             .developers
@@ -123,11 +131,93 @@ impl Store {
             user_id: user.id.clone(),
             email: user.email.clone(),
             account_id: user.account_id.clone(),
+            role: user.role,
             email_verified: false,
             csrf: unique("csrf"),
             expires_at,
             last_used_at: now(),
         }
+    }
+
+    /// An invitation to `owner`'s organization for `email` as `role`, expiring at
+    /// `expires_at`; its token.
+    async fn invitation(
+        &self,
+        owner: &User,
+        email: &str,
+        role: Role,
+        expires_at: OffsetDateTime,
+    ) -> String {
+        let token = unique("invitation");
+        self.developers
+            .invite(
+                Invitation {
+                    token_hash: KeyHash::of(&token),
+                    account_id: owner.account_id.clone(),
+                    email: email.to_owned(),
+                    role,
+                    invited_by: owner.email.clone(),
+                    created_at: now(),
+                    expires_at,
+                },
+                &actor(),
+            )
+            .await
+            .expect("invited");
+        token
+    }
+
+    async fn accept(&self, token: &str, user: &User) -> Acceptance {
+        self.developers
+            .accept_invitation(&KeyHash::of(token), &user.id, &actor())
+            .await
+            .expect("answered")
+    }
+
+    /// A new user who joined `owner`'s organization as `role` by invitation.
+    async fn member(&self, owner: &User, role: Role) -> User {
+        let user = self.user().await;
+        let token = self
+            .invitation(owner, &user.email, role, now() + Duration::days(7))
+            .await;
+        match self.accept(&token, &user).await {
+            Acceptance::Accepted(member) => member,
+            other => panic!("accepted: {other:?}"),
+        }
+    }
+
+    /// The members of `owner`'s organization, by email.
+    async fn members(&self, owner: &User) -> Vec<(String, Role)> {
+        let mut members: Vec<(String, Role)> = self
+            .developers
+            .members(&owner.account_id)
+            .await
+            .expect("members")
+            .into_iter()
+            .map(|u| (u.email, u.role))
+            .collect();
+        members.sort_by(|a, b| a.0.cmp(&b.0));
+        members
+    }
+
+    fn sorted(mut members: Vec<(String, Role)>) -> Vec<(String, Role)> {
+        members.sort_by(|a, b| a.0.cmp(&b.0));
+        members
+    }
+
+    /// The actions audited on the account, oldest first.
+    async fn audited(&self, account_id: &str) -> Vec<Action> {
+        let mut rows = self
+            .audit
+            .list(&AuditQuery {
+                account_id: Some(account_id.to_owned()),
+                limit: 1000,
+                ..AuditQuery::default()
+            })
+            .await
+            .expect("rows");
+        rows.reverse();
+        rows.into_iter().map(|r| r.entry.action).collect()
     }
 
     async fn insert(&self, session: &Session) {
@@ -493,6 +583,253 @@ async fn an_expired_link_verifies_nothing(store: Store) {
     assert_eq!(found.password_hash, user.password_hash);
 }
 
+async fn a_sign_up_is_its_accounts_owner_and_its_only_member(store: Store) {
+    let user = store.user().await;
+    let found = store.user_by_email(&user.email).await.expect("found");
+    assert_eq!(found.role, Role::Owner);
+    assert_eq!(store.members(&user).await, vec![(user.email, Role::Owner)]);
+}
+
+async fn an_invitation_is_accepted_once_only_by_its_email_and_only_before_it_expires(store: Store) {
+    let owner = store.user().await;
+    let (invitee, stranger) = (store.user().await, store.user().await);
+    let token = store
+        .invitation(
+            &owner,
+            &invitee.email,
+            Role::Developer,
+            now() + Duration::days(7),
+        )
+        .await;
+    let pending = store
+        .developers
+        .invitations(&owner.account_id)
+        .await
+        .expect("pending");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].email, invitee.email);
+
+    // Another user holding the link cannot use it, and it stays for its invitee.
+    assert!(matches!(
+        store.accept(&token, &stranger).await,
+        Acceptance::WrongEmail
+    ));
+    let session = Store::session(&invitee, &unique("token"), now() + Duration::hours(1));
+    store.insert(&session).await;
+    let Acceptance::Accepted(member) = store.accept(&token, &invitee).await else {
+        panic!("the invitee accepts");
+    };
+    assert_eq!(member.account_id, owner.account_id);
+    assert_eq!(member.role, Role::Developer);
+    assert!(
+        store.session_of(&session.token_hash).await.is_none(),
+        "the invitee's sessions of before ended"
+    );
+    assert_eq!(
+        store.members(&owner).await,
+        Store::sorted(vec![
+            (owner.email.clone(), Role::Owner),
+            (invitee.email.clone(), Role::Developer)
+        ])
+    );
+    assert!(store
+        .developers
+        .invitations(&owner.account_id)
+        .await
+        .expect("pending")
+        .is_empty());
+    // Single use.
+    assert!(matches!(
+        store.accept(&token, &invitee).await,
+        Acceptance::Unknown
+    ));
+    // Past its expiry, nothing.
+    let late = store.user().await;
+    let expired = store
+        .invitation(
+            &owner,
+            &late.email,
+            Role::Admin,
+            now() - Duration::seconds(1),
+        )
+        .await;
+    assert!(matches!(
+        store.accept(&expired, &late).await,
+        Acceptance::Unknown
+    ));
+    assert!(matches!(
+        store.accept("never-sent", &late).await,
+        Acceptance::Unknown
+    ));
+    assert_eq!(store.members(&owner).await.len(), 2);
+    assert_eq!(
+        store.audited(&owner.account_id).await,
+        [
+            Action::SignedUp,
+            Action::InvitationSent,
+            Action::InvitationAccepted,
+            Action::InvitationSent
+        ]
+    );
+}
+
+async fn an_admin_never_changes_or_removes_an_owner_and_an_organization_keeps_an_owner(
+    store: Store,
+) {
+    let owner = store.user().await;
+    let admin = store.member(&owner, Role::Admin).await;
+    let change = |user: &User, role, acting| {
+        let (developers, account, user) = (
+            store.developers.clone(),
+            owner.account_id.clone(),
+            user.id.clone(),
+        );
+        async move {
+            developers
+                .change_role(&account, &user, role, acting, &actor())
+                .await
+                .expect("answered")
+        }
+    };
+    let remove = |user: &User, acting| {
+        let (developers, account, user) = (
+            store.developers.clone(),
+            owner.account_id.clone(),
+            user.id.clone(),
+        );
+        async move {
+            developers
+                .remove_member(&account, &user, acting, &actor())
+                .await
+                .expect("answered")
+        }
+    };
+    assert!(matches!(
+        change(&owner, Role::Developer, Role::Admin).await,
+        MemberChange::Refused(Refusal::NotAllowed)
+    ));
+    assert!(matches!(
+        remove(&owner, Role::Admin).await,
+        MemberChange::Refused(Refusal::NotAllowed)
+    ));
+    assert!(matches!(
+        change(&admin, Role::Owner, Role::Admin).await,
+        MemberChange::Refused(Refusal::NotAllowed)
+    ));
+    // The last owner neither leaves nor steps down.
+    assert!(matches!(
+        change(&owner, Role::Admin, Role::Owner).await,
+        MemberChange::Refused(Refusal::LastOwner)
+    ));
+    assert!(matches!(
+        remove(&owner, Role::Owner).await,
+        MemberChange::Refused(Refusal::LastOwner)
+    ));
+    assert!(matches!(
+        change(&admin, Role::Admin, Role::Owner).await,
+        MemberChange::Refused(Refusal::Unchanged)
+    ));
+    // Nor does one of another organization's members count.
+    let stranger = store.user().await;
+    assert!(matches!(
+        remove(&stranger, Role::Owner).await,
+        MemberChange::Refused(Refusal::NoSuchMember)
+    ));
+    // With a second owner, the first may step down.
+    assert!(matches!(
+        change(&admin, Role::Owner, Role::Owner).await,
+        MemberChange::Done(_)
+    ));
+    assert!(matches!(
+        change(&owner, Role::Billing, Role::Owner).await,
+        MemberChange::Done(_)
+    ));
+    assert_eq!(
+        store.members(&owner).await,
+        Store::sorted(vec![
+            (owner.email.clone(), Role::Billing),
+            (admin.email.clone(), Role::Owner)
+        ])
+    );
+    let audited = store.audited(&owner.account_id).await;
+    assert_eq!(
+        audited
+            .iter()
+            .filter(|a| **a == Action::MemberRoleChanged)
+            .count(),
+        2,
+        "only the changes made are audited: {audited:?}"
+    );
+}
+
+async fn a_role_change_or_removal_ends_the_members_sessions_and_no_one_elses(store: Store) {
+    let owner = store.user().await;
+    let developer = store.member(&owner, Role::Developer).await;
+    let (mine, theirs) = (
+        Store::session(&owner, &unique("token"), now() + Duration::hours(1)),
+        Store::session(&developer, &unique("token"), now() + Duration::hours(1)),
+    );
+    store.insert(&mine).await;
+    store.insert(&theirs).await;
+    let changed = store
+        .developers
+        .change_role(
+            &owner.account_id,
+            &developer.id,
+            Role::Billing,
+            Role::Owner,
+            &actor(),
+        )
+        .await
+        .expect("changed");
+    assert!(matches!(changed, MemberChange::Done(ref before) if before.role == Role::Developer));
+    assert!(store.session_of(&theirs.token_hash).await.is_none());
+    assert!(store.session_of(&mine.token_hash).await.is_some());
+    let developer = store.user_by_email(&developer.email).await.expect("member");
+    assert_eq!(developer.role, Role::Billing);
+
+    let again = Store::session(&developer, &unique("token"), now() + Duration::hours(1));
+    store.insert(&again).await;
+    assert_eq!(
+        store.session_of(&again.token_hash).await.map(|s| s.role),
+        Some(Role::Billing)
+    );
+    let removed = store
+        .developers
+        .remove_member(&owner.account_id, &developer.id, Role::Owner, &actor())
+        .await
+        .expect("removed");
+    assert!(matches!(removed, MemberChange::Done(_)));
+    assert!(store.session_of(&again.token_hash).await.is_none());
+    assert!(store.session_of(&mine.token_hash).await.is_some());
+    assert!(store.user_by_email(&developer.email).await.is_none());
+    assert_eq!(store.members(&owner).await.len(), 1);
+    let mut audited = store.audited(&owner.account_id).await;
+    audited.retain(|a| matches!(a, Action::MemberRoleChanged | Action::MemberRemoved));
+    assert_eq!(audited, [Action::MemberRoleChanged, Action::MemberRemoved]);
+}
+
+async fn the_last_owner_of_an_organization_with_members_cannot_leave_it_by_invitation(
+    store: Store,
+) {
+    let owner = store.user().await;
+    store.member(&owner, Role::Developer).await;
+    let elsewhere = store.user().await;
+    let token = store
+        .invitation(
+            &elsewhere,
+            &owner.email,
+            Role::Admin,
+            now() + Duration::days(7),
+        )
+        .await;
+    assert!(matches!(
+        store.accept(&token, &owner).await,
+        Acceptance::LastOwner
+    ));
+    assert_eq!(store.members(&owner).await.len(), 2);
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -509,5 +846,10 @@ e2e::contract! {
         a_use_is_written_only_once_the_stored_last_use_is_stale,
         two_sign_ins_of_one_user_are_two_sessions,
         signing_out_everywhere_ends_every_session_of_the_user_and_no_other,
+        a_sign_up_is_its_accounts_owner_and_its_only_member,
+        an_invitation_is_accepted_once_only_by_its_email_and_only_before_it_expires,
+        an_admin_never_changes_or_removes_an_owner_and_an_organization_keeps_an_owner,
+        a_role_change_or_removal_ends_the_members_sessions_and_no_one_elses,
+        the_last_owner_of_an_organization_with_members_cannot_leave_it_by_invitation,
     }
 }

@@ -57,6 +57,7 @@ pub fn key_record(account_id: &str, tier: &str, minutes_ago: i64) -> (KeyRecord,
         created_at,
         expires_at: Some(created_at + time::Duration::days(30)),
         spend_cap: Some(5_000),
+        created_by: None,
     };
     (record, secret)
 }

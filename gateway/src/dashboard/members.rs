@@ -1,0 +1,498 @@
+//! `/developers/members` (owners and admins): the organization's members and pending
+//! invitations; inviting by email with a role, changing a role, removing a member (and, if
+//! asked, revoking the keys they created). `/developers/invitations/accept`: the page a mailed
+//! invitation opens, accepted by a user signed in with the invited email.
+//!
+//! The member rules (an admin never touches an owner nor makes one, an organization keeps an
+//! owner) are the store's, checked in the same step as the change; a change of a member's
+//! role or membership ends their sessions there, so their next request is signed out.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{html, Markup};
+use serde::Deserialize;
+use time::OffsetDateTime;
+
+use super::account::{link_token, normalize, plausible_email};
+use super::error::DashboardError;
+use super::form::HtmlForm;
+use super::layout::{bare, datetime, notice, page, with_status, Nav};
+use super::mail::{self, Mail, INVITATION_PATH};
+use super::session::{self, needs, Allowed, NotSignedIn, SignedIn};
+use crate::client_address::ClientAddress;
+use crate::state::DashboardState;
+use gateway_core::ids;
+use store::accounts::KeyHash;
+use store::developers::{
+    Acceptance, Invitation, MemberChange, Refusal, Role, Session, User, ROLES,
+};
+
+/// Pending invitations an organization may have at once: each is a mail to any address, so a
+/// member cannot make the gateway mail strangers without bound.
+const MAX_PENDING_INVITATIONS: usize = 50;
+
+#[derive(Deserialize)]
+pub struct InviteForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    role: String,
+}
+
+#[derive(Deserialize)]
+pub struct RoleForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    role: String,
+}
+
+#[derive(Deserialize)]
+pub struct RemoveForm {
+    #[serde(default)]
+    csrf: String,
+    /// Present (a checked box): revoke the keys the member created.
+    #[serde(default)]
+    revoke_keys: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct AcceptForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    token: String,
+}
+
+#[derive(Deserialize)]
+pub struct InvitationLink {
+    #[serde(default)]
+    token: String,
+}
+
+enum Flash<'a> {
+    None,
+    Done(&'a str),
+    Error(&'a str),
+}
+
+fn role_label(role: Role) -> &'static str {
+    match role {
+        Role::Owner => "Owner: billing, members, everything",
+        Role::Admin => "Admin: keys, caps, members other than owners",
+        Role::Developer => "Developer: their own keys, usage",
+        Role::Billing => "Billing: top-ups, invoices, usage; no keys",
+    }
+}
+
+/// The roles `acting` may give a member now in role `from` (`None`: an invitee).
+fn grantable(acting: Role, from: Option<Role>) -> impl Iterator<Item = Role> {
+    ROLES
+        .into_iter()
+        .filter(move |to| acting.may_manage(from, Some(*to)))
+}
+
+fn view(
+    session: &Session,
+    members: &[User],
+    invitations: &[Invitation],
+    flash: Flash<'_>,
+) -> Markup {
+    let acting = session.role;
+    let content = html! {
+        @match flash {
+            Flash::Done(message) => (notice("success", message)),
+            Flash::Error(message) => (notice("error", message)),
+            Flash::None => {}
+        }
+        section.card {
+            h2 { "Members" }
+            div.table-wrap {
+                table #members {
+                    thead { tr {
+                        th scope="col" { "Email" } th scope="col" { "Role" } th scope="col" { "Signed up" }
+                        th scope="col" { span.sr-only { "Remove" } }
+                    } }
+                    tbody {
+                        @for member in members {
+                            tr data-member=(member.email) {
+                                td { (member.email) @if member.id == session.user_id { " " span.hint { "(you)" } } }
+                                td.role {
+                                    @if acting.may_manage(Some(member.role), None) {
+                                        form.member-action method="post" action=(format!("/developers/members/{}/role", member.id)) {
+                                            input type="hidden" name="csrf" value=(session.csrf);
+                                            select name="role" aria-label=(format!("Role of {}", member.email)) {
+                                                @for role in grantable(acting, Some(member.role)) {
+                                                    option value=(role.as_str()) selected[role == member.role] { (role.as_str()) }
+                                                }
+                                            }
+                                            button type="submit" { "Change" }
+                                        }
+                                    } @else {
+                                        span.badge.role { (member.role.as_str()) }
+                                    }
+                                }
+                                td { (datetime(member.created_at)) }
+                                td {
+                                    @if acting.may_manage(Some(member.role), None) {
+                                        form.member-action method="post" action=(format!("/developers/members/{}/remove", member.id)) {
+                                            input type="hidden" name="csrf" value=(session.csrf);
+                                            button.danger type="submit" aria-label=(format!("Remove {}", member.email)) { "Remove" }
+                                            label.check { input type="checkbox" name="revoke_keys" value="on"; " and revoke their keys" }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        section.card {
+            h2 { "Pending invitations" }
+            @if invitations.is_empty() {
+                p.empty { "No pending invitations." }
+            } @else {
+                div.table-wrap {
+                    table #invitations {
+                        thead { tr {
+                            th scope="col" { "Email" } th scope="col" { "Role" }
+                            th scope="col" { "Invited by" } th scope="col" { "Expires" }
+                        } }
+                        tbody {
+                            @for invitation in invitations {
+                                tr data-invited=(invitation.email) {
+                                    td { (invitation.email) }
+                                    td { span.badge.role { (invitation.role.as_str()) } }
+                                    td { (invitation.invited_by) }
+                                    td { (datetime(invitation.expires_at)) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        section.card {
+            h2 { "Invite someone" }
+            form.grid-form method="post" action="/developers/members/invite" {
+                input type="hidden" name="csrf" value=(session.csrf);
+                div.field {
+                    label for="invite-email" { "Email" }
+                    input #invite-email type="email" name="email" required placeholder="colleague@example.com";
+                }
+                div.field {
+                    label for="invite-role" { "Role" }
+                    select #invite-role name="role" {
+                        @for role in grantable(acting, None) {
+                            option value=(role.as_str()) selected[role == Role::Developer] { (role_label(role)) }
+                        }
+                    }
+                }
+                div.field.actions { button.primary #invite type="submit" { "Send invitation" } }
+            }
+            p.hint { "The invitation is a link mailed to the address; it works once, only for a user signed in with that address, until it expires." }
+        }
+    };
+    page(session, Nav::Members, "Members", content)
+}
+
+async fn render(
+    state: &DashboardState,
+    session: &Session,
+    status: StatusCode,
+    flash: Flash<'_>,
+) -> Result<Response, DashboardError> {
+    let members = state.developers.members(&session.account_id).await?;
+    let invitations = state.developers.invitations(&session.account_id).await?;
+    Ok(with_status(
+        status,
+        view(session, &members, &invitations, flash),
+    ))
+}
+
+pub async fn show(
+    State(state): State<Arc<DashboardState>>,
+    Allowed { session, .. }: Allowed<needs::Members>,
+) -> Result<Response, DashboardError> {
+    render(&state, &session, StatusCode::OK, Flash::None).await
+}
+
+pub async fn invite(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    allowed: Allowed<needs::Members>,
+    HtmlForm(form): HtmlForm<InviteForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    let refuse = |status, message| render(&state, session, status, Flash::Error(message));
+    let email = normalize(&form.email);
+    if !plausible_email(&email) {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Enter a valid email address.",
+        )
+        .await;
+    }
+    let Some(role) = Role::parse(&form.role) else {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Choose a role from the list.",
+        )
+        .await;
+    };
+    if !session.role.may_manage(None, Some(role)) {
+        return refuse(StatusCode::FORBIDDEN, "Only an owner can invite an owner.").await;
+    }
+    let members = state.developers.members(&session.account_id).await?;
+    if members.iter().any(|m| m.email == email) {
+        return refuse(StatusCode::CONFLICT, "That address is a member already.").await;
+    }
+    let pending = state.developers.invitations(&session.account_id).await?;
+    if pending.len() >= MAX_PENDING_INVITATIONS {
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "This organization has 50 pending invitations; wait until some are accepted or expire.",
+        )
+        .await;
+    }
+    let token = ids::session_token();
+    let now = OffsetDateTime::now_utc();
+    state
+        .developers
+        .invite(
+            Invitation {
+                token_hash: KeyHash::of(&token),
+                account_id: session.account_id.clone(),
+                email: email.clone(),
+                role,
+                invited_by: session.email.clone(),
+                created_at: now,
+                expires_at: now + state.settings.invitation_lifetime,
+            },
+            &session::actor(&session.email, client),
+        )
+        .await?;
+    mail::send(
+        state.settings.mailer.as_ref(),
+        Mail::Invitation {
+            to: &email,
+            by: &session.email,
+            role: &role.as_str(),
+            link: state
+                .settings
+                .public_url
+                .to(&format!("{INVITATION_PATH}?token={token}")),
+        },
+    );
+    let message = format!("Invitation sent to {email} as {}.", role.as_str());
+    render(&state, session, StatusCode::OK, Flash::Done(&message)).await
+}
+
+/// The page after a refused or done change of a member, or, when the acting member changed
+/// themselves (their sessions ended with it), the way to sign in again.
+async fn after_change(
+    state: &DashboardState,
+    session: &Session,
+    change: MemberChange,
+    done: impl FnOnce(&User) -> String,
+) -> Result<Response, DashboardError> {
+    let (status, message) = match change {
+        MemberChange::Done(member) if member.id == session.user_id => {
+            return Ok(Redirect::to("/developers/sign-in").into_response());
+        }
+        MemberChange::Done(member) => {
+            let message = done(&member);
+            return render(state, session, StatusCode::OK, Flash::Done(&message)).await;
+        }
+        MemberChange::Refused(Refusal::Unchanged) => {
+            (StatusCode::OK, "Nothing changed: the member has that role.")
+        }
+        MemberChange::Refused(Refusal::NoSuchMember) => (
+            StatusCode::NOT_FOUND,
+            "No such member (perhaps removed in another tab).",
+        ),
+        MemberChange::Refused(Refusal::NotAllowed) => (
+            StatusCode::FORBIDDEN,
+            "Only an owner can change an owner or make one.",
+        ),
+        MemberChange::Refused(Refusal::LastOwner) => (
+            StatusCode::CONFLICT,
+            "The organization needs an owner: make someone else an owner first.",
+        ),
+    };
+    render(state, session, status, Flash::Error(message)).await
+}
+
+pub async fn change_role(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    allowed: Allowed<needs::Members>,
+    Path(user_id): Path<String>,
+    HtmlForm(form): HtmlForm<RoleForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    let Some(role) = Role::parse(&form.role) else {
+        return render(
+            &state,
+            session,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Flash::Error("Choose a role from the list."),
+        )
+        .await;
+    };
+    let change = state
+        .developers
+        .change_role(
+            &session.account_id,
+            &user_id,
+            role,
+            session.role,
+            &session::actor(&session.email, client),
+        )
+        .await?;
+    after_change(&state, session, change, |member| {
+        format!(
+            "{} is {} now; their sessions ended, so they sign in again.",
+            member.email,
+            role.as_str()
+        )
+    })
+    .await
+}
+
+pub async fn remove(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    allowed: Allowed<needs::Members>,
+    Path(user_id): Path<String>,
+    HtmlForm(form): HtmlForm<RemoveForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    let by = session::actor(&session.email, client);
+    let change = state
+        .developers
+        .remove_member(&session.account_id, &user_id, session.role, &by)
+        .await?;
+    let mut revoked = 0;
+    if matches!(change, MemberChange::Done(_)) && form.revoke_keys.is_some() {
+        for key in state.accounts.keys_of(&session.account_id).await? {
+            if !key.revoked && key.created_by.as_deref() == Some(user_id.as_str()) {
+                state.accounts.revoke_key(&key.id, &by).await?;
+                revoked += 1;
+            }
+        }
+    }
+    after_change(&state, session, change, |member| {
+        format!(
+            "{} was removed and signed out; {revoked} of their keys revoked.",
+            member.email
+        )
+    })
+    .await
+}
+
+fn gone() -> Response {
+    with_status(
+        StatusCode::GONE,
+        bare(
+            "Invitation expired",
+            html! {
+                (notice("error", "This invitation has expired or was already used. Ask for a new one."))
+                p.alt { a href="/developers" { "Go to the dashboard" } }
+            },
+        ),
+    )
+}
+
+/// The page an invitation link opens: for a signed-in user, a button that accepts (opening the
+/// link changes nothing, so a mail scanner does not spend it); otherwise how to sign in first.
+pub async fn accept_form(
+    signed_in: Result<SignedIn, NotSignedIn>,
+    Query(link): Query<InvitationLink>,
+) -> Result<Response, DashboardError> {
+    let Some(token) = link_token(&link.token) else {
+        return Ok(gone());
+    };
+    let content = match signed_in {
+        Ok(SignedIn(session)) => html! {
+            p { "You are signed in as " strong { (session.email) } ". Accepting moves you into the organization that invited you, in the role it chose, and signs you in again." }
+            form.stack method="post" action=(INVITATION_PATH) {
+                input type="hidden" name="csrf" value=(session.csrf);
+                input type="hidden" name="token" value=(token);
+                button.primary #accept type="submit" { "Accept the invitation" }
+            }
+        },
+        Err(NotSignedIn::Failed(e)) => return Err(e),
+        Err(NotSignedIn::Unverified(..) | NotSignedIn::Redirect | NotSignedIn::Forbidden(_)) => {
+            html! {
+                p { "Sign in with the address the invitation was sent to (or create an account with it and confirm the address), then open this link again." }
+                p.alt { a href="/developers/sign-in" { "Sign in" } " · " a href="/developers/sign-up" { "Create an account" } }
+            }
+        }
+    };
+    Ok(with_status(
+        StatusCode::OK,
+        bare("Join an organization", content),
+    ))
+}
+
+pub async fn accept(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    headers: HeaderMap,
+    signed_in: SignedIn,
+    HtmlForm(form): HtmlForm<AcceptForm>,
+) -> Result<Response, DashboardError> {
+    signed_in.check_csrf(&form.csrf)?;
+    let session = &signed_in.0;
+    let Some(token) = link_token(&form.token) else {
+        return Ok(gone());
+    };
+    let acceptance = state
+        .developers
+        .accept_invitation(
+            &KeyHash::of(token),
+            &session.user_id,
+            &session::actor(&session.email, client),
+        )
+        .await?;
+    let refused = |status, title, message: &str| {
+        with_status(
+            status,
+            bare(
+                title,
+                html! {
+                    (notice("error", message))
+                    p.alt { a href="/developers" { "Go to the dashboard" } }
+                },
+            ),
+        )
+    };
+    match acceptance {
+        // Every session of the user ended with the move: a new one, in the new role.
+        Acceptance::Accepted(user) => {
+            let cookie = session::start(&state, &headers, &user, client).await?;
+            Ok(([cookie], Redirect::to("/developers")).into_response())
+        }
+        Acceptance::Unknown => Ok(gone()),
+        Acceptance::WrongEmail => Ok(refused(
+            StatusCode::FORBIDDEN,
+            "Not your invitation",
+            "This invitation was sent to another address. Sign in with that address to accept it.",
+        )),
+        Acceptance::LastOwner => Ok(refused(
+            StatusCode::CONFLICT,
+            "You own an organization",
+            "You are the last owner of your organization, which has other members: make one of them an owner first.",
+        )),
+    }
+}
