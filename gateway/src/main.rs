@@ -89,6 +89,10 @@ static MALLOC_CONF: Option<&u8> =
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // reqwest 0.13 (the OTLP exporter's and the ledger export's client) takes the process's
+    // TLS provider and panics building a client without one: ring, as every other client here.
+    // An error means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     let telemetry = match telemetry::init(cli.telemetry.log_format) {
         Ok(telemetry) => telemetry,

@@ -54,8 +54,6 @@ impl Destination {
                 if bucket.is_empty() {
                     return Err(ExportError::Destination(format!("no bucket in `{url}`")));
                 }
-                // The client's TLS takes the process's provider; an error means one is there.
-                let _ = rustls::crypto::ring::default_provider().install_default();
                 let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
                 if let Some(endpoint) = endpoint {
                     builder = builder
