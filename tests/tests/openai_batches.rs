@@ -108,6 +108,9 @@ print(json.dumps({
     "under_cap": under_cap.bytes,
     "tiny_objects": refused(lambda: client.batches.create(input_file_id=tiny.id,
         endpoint="/v1/chat/completions", completion_window="24h")),
+    "newest_first": [f.id for f in client.files.list()],
+    "oldest_first": [f.id for f in client.files.list(order="asc")],
+    "bad_order": refused(lambda: client.files.list(order="sideways")),
 }))
 "#;
 
@@ -286,6 +289,13 @@ async fn bad_input_gets_the_envelope_with_its_status(gw: &Gateway) {
     expect_envelope(&run, "unknown_batch", 404, "not_found_error");
     expect_envelope(&run, "unknown_content", 404, "not_found_error");
     expect_envelope(&run, "tiny_objects", 413, "request_too_large");
+    expect_envelope(&run, "bad_order", 400, "invalid_request_error");
+    // `order=asc` lists the same files from the other end.
+    let newest_first = run["newest_first"].as_array().expect("a list");
+    let mut oldest_first = run["oldest_first"].as_array().expect("a list").clone();
+    assert!(newest_first.len() >= 4, "{run}");
+    oldest_first.reverse();
+    assert_eq!(&oldest_first, newest_first, "{run}");
     let under_cap = run["under_cap"]
         .as_u64()
         .expect("the upload under the cap is kept");

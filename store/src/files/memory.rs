@@ -5,7 +5,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::{FileInfo, FilePage, FileStore, NewFile};
+use super::{FileInfo, FilePage, FileStore, NewFile, Order};
 use crate::accounts::StoreError;
 
 #[derive(Default)]
@@ -62,6 +62,7 @@ impl FileStore for MemoryFileStore {
         purpose: Option<&str>,
         after: Option<&str>,
         limit: u32,
+        order: Order,
     ) -> Result<FilePage, StoreError> {
         let files = self.lock();
         let mut mine: Vec<FileInfo> = files
@@ -71,8 +72,10 @@ impl FileStore for MemoryFileStore {
             .map(NewFile::info)
             .collect();
         drop(files);
-        // Newest first.
-        mine.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+        mine.sort_by(|a, b| match order {
+            Order::NewestFirst => (b.created_at, &b.id).cmp(&(a.created_at, &a.id)),
+            Order::OldestFirst => (a.created_at, &a.id).cmp(&(b.created_at, &b.id)),
+        });
         let from = match after {
             Some(after) => mine
                 .iter()

@@ -42,6 +42,15 @@ pub struct FilePage {
     pub has_more: bool,
 }
 
+/// Which end of the account's files a list starts from (OpenAI's `order`: `desc`, the
+/// default, or `asc`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Order {
+    #[default]
+    NewestFirst,
+    OldestFirst,
+}
+
 #[async_trait]
 pub trait FileStore: Send + Sync {
     /// Stores the file unless the account's files would then hold more than `max_account_bytes`
@@ -55,14 +64,15 @@ pub trait FileStore: Send + Sync {
     async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError>;
     /// The account's file's content.
     async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
-    /// Up to `limit` of the account's files of `purpose` (any when `None`), newest first,
-    /// those older than the file `after` when given.
+    /// Up to `limit` of the account's files of `purpose` (any when `None`) in `order`, those
+    /// after the file `after` in that order when given.
     async fn list(
         &self,
         account_id: &str,
         purpose: Option<&str>,
         after: Option<&str>,
         limit: u32,
+        order: Order,
     ) -> Result<FilePage, StoreError>;
     /// `false` when the account has no such file.
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;

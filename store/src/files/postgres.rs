@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::{FileInfo, FilePage, FileStore, NewFile};
+use super::{FileInfo, FilePage, FileStore, NewFile, Order};
 use crate::accounts::StoreError;
 use crate::db::{from_db, Database, DbError};
 
@@ -127,16 +127,21 @@ impl FileStore for PostgresFileStore {
         purpose: Option<&str>,
         after: Option<&str>,
         limit: u32,
+        order: Order,
     ) -> Result<FilePage, StoreError> {
+        let (past, direction) = match order {
+            Order::NewestFirst => ("<", "DESC"),
+            Order::OldestFirst => (">", "ASC"),
+        };
         let rows = self
             .db
             .bounded(
                 sqlx::query(&format!(
                     "SELECT {INFO_COLUMNS} FROM files
                      WHERE account_id = $1 AND ($2::text IS NULL OR purpose = $2)
-                       AND ($3::text IS NULL OR (created_at, id) <
+                       AND ($3::text IS NULL OR (created_at, id) {past}
                             (SELECT created_at, id FROM files WHERE id = $3 AND account_id = $1))
-                     ORDER BY created_at DESC, id DESC LIMIT $4"
+                     ORDER BY created_at {direction}, id {direction} LIMIT $4"
                 ))
                 .bind(account_id)
                 .bind(purpose)

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use e2e::PostgresServer;
-use store::files::{FileStore, MemoryFileStore, NewFile, PostgresFileStore};
+use store::files::{FileStore, MemoryFileStore, NewFile, Order, PostgresFileStore};
 use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};
@@ -69,7 +69,11 @@ async fn a_file_is_read_back_whole_by_its_account_and_no_other(s: Store) {
         s.files.content(&other, &file.id).await.expect("store"),
         None
     );
-    let listed = s.files.list(&other, None, None, 10).await.expect("store");
+    let listed = s
+        .files
+        .list(&other, None, None, 10, Order::NewestFirst)
+        .await
+        .expect("store");
     assert!(listed.files.is_empty());
     assert!(!s.files.delete(&other, &file.id).await.expect("store"));
     assert!(s
@@ -80,7 +84,7 @@ async fn a_file_is_read_back_whole_by_its_account_and_no_other(s: Store) {
         .is_some());
 }
 
-async fn files_are_listed_newest_first_in_pages_by_purpose(s: Store) {
+async fn files_are_listed_newest_first_or_oldest_first_in_pages_by_purpose(s: Store) {
     let account = unique("acct");
     let start = now();
     let mut ids = Vec::new();
@@ -94,17 +98,20 @@ async fn files_are_listed_newest_first_in_pages_by_purpose(s: Store) {
             .expect("store")
             .expect("under the quota");
     }
-    let listed = |purpose, after: Option<String>, limit| {
+    let listed_in = |order, purpose, after: Option<String>, limit| {
         let files = s.files.clone();
         let account = account.clone();
         async move {
             let page = files
-                .list(&account, purpose, after.as_deref(), limit)
+                .list(&account, purpose, after.as_deref(), limit, order)
                 .await
                 .expect("store");
             let ids: Vec<String> = page.files.into_iter().map(|f| f.id).collect();
             (ids, page.has_more)
         }
+    };
+    let listed = |purpose, after: Option<String>, limit| {
+        listed_in(Order::NewestFirst, purpose, after, limit)
     };
     let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
     assert_eq!(listed(None, None, 10).await, (newest_first.clone(), false));
@@ -127,6 +134,15 @@ async fn files_are_listed_newest_first_in_pages_by_purpose(s: Store) {
         ids[0].clone(),
     ];
     assert_eq!(listed(Some("batch"), None, 10).await, (batch_only, false));
+    // `order=asc`: the same files from the other end, paged the same way.
+    assert_eq!(
+        listed_in(Order::OldestFirst, None, None, 2).await,
+        (ids[..2].to_vec(), true)
+    );
+    assert_eq!(
+        listed_in(Order::OldestFirst, None, Some(ids[1].clone()), 10).await,
+        (ids[2..].to_vec(), false)
+    );
 }
 
 async fn a_deleted_file_is_gone(s: Store) {
@@ -177,7 +193,7 @@ e2e::contract! {
     fixtures { in_process, postgres }
     rules {
         a_file_is_read_back_whole_by_its_account_and_no_other,
-        files_are_listed_newest_first_in_pages_by_purpose,
+        files_are_listed_newest_first_or_oldest_first_in_pages_by_purpose,
         a_deleted_file_is_gone,
         an_account_keeps_at_most_its_quota_of_bytes,
     }

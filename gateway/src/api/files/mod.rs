@@ -27,7 +27,7 @@ use crate::error::ApiError;
 use crate::state::BatchApi;
 use gateway_core::auth::Principal;
 use gateway_core::cpu;
-use store::files::{FileInfo, NewFile};
+use store::files::{FileInfo, NewFile, Order};
 use store::ids::random;
 
 /// The only purpose accepted: the input of a batch.
@@ -204,11 +204,11 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     let query: ListQuery = list_query::parse(&uri)?;
     let limit = list_query::limit(query.limit, MAX_PAGE, MAX_PAGE)?;
-    if query.order.as_deref().is_some_and(|o| o != "desc") {
-        return Err(ApiError::invalid(
-            "order: files are listed newest first (`desc`)",
-        ));
-    }
+    let order = match query.order.as_deref() {
+        None | Some("desc") => Order::NewestFirst,
+        Some("asc") => Order::OldestFirst,
+        Some(_) => return Err(ApiError::invalid("order: `asc` or `desc`")),
+    };
     let page = api
         .files
         .list(
@@ -216,6 +216,7 @@ pub async fn list(
             query.purpose.as_deref(),
             query.after.as_deref(),
             limit,
+            order,
         )
         .await?;
     let data: Vec<Value> = page.files.iter().map(object).collect();
