@@ -316,14 +316,7 @@ async fn serve_http1<L, S>(mut listener: L, service: S, closing: Closing, limits
 where
     L: Listener<Addr = SocketAddr>,
     L::Io: Unpin,
-    S: tower::Service<
-            axum::extract::Request,
-            Response = axum::response::Response,
-            Error = Infallible,
-            Future: Send + 'static,
-        > + Clone
-        + Send
-        + 'static,
+    S: api::HttpService,
 {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())

@@ -35,20 +35,33 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::{dashboard, version};
 
+/// A finished HTTP service as the listeners serve it: the public API, the admin API and the
+/// probes. Named once so the routers and `serve` state the same bound.
+pub trait HttpService:
+    Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// The public listener's service: the routes under the layers every request passes.
 ///
 /// Each stack of layers wraps its router once, as a service, rather than through
 /// `Router::layer`, which wraps every route in a boxed service per layer: a request then cloned
 /// a chain of boxes at each layer it passed (127 of a proxied turn's 524 allocations,
 /// docs/benchmarks.md).
-pub fn service(
-    state: AppState,
-    deadline: BodyDeadline,
-) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
-       + Clone
-       + Send
-       + Sync
-       + 'static {
+pub fn service(state: AppState, deadline: BodyDeadline) -> impl HttpService {
     let routes = Router::new()
         .nest_service("/v1", v1(state.clone()))
         .merge(dashboard::router().layer(Extension(BodyCap::FORM)))
@@ -79,13 +92,7 @@ pub fn service(
 }
 
 /// `/v1`: every request needs a key, unknown paths and wrong methods too.
-fn v1(
-    state: AppState,
-) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
-       + Clone
-       + Send
-       + Sync
-       + 'static {
+fn v1(state: AppState) -> impl HttpService {
     // Model and count_tokens calls count against RPM before their body is read (the auth
     // layer, outside the router, has run already).
     let admitted = |handler: axum::routing::MethodRouter<AppState>| {
