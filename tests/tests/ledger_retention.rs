@@ -443,6 +443,20 @@ async fn a_day_whose_archive_fails_or_is_not_configured_stays_in_postgres() {
     for day in filled.due {
         assert!(has_partition(pg, day).await, "{day} kept");
     }
+
+    // An export that does not match the partition (a row came in since): not dropped.
+    let db = Database::connect(&pg.url(), 2, Duration::from_secs(10)).expect("url");
+    let [day, _] = filled.due;
+    let exported = partitions::DayTotals {
+        rows: 2,
+        billed: 100 + 150 - 1,
+    };
+    let refused = partitions::drop_exported(&db, day, exported).await;
+    assert!(
+        matches!(refused, Err(partitions::DropError::Mismatch { .. })),
+        "{refused:?}"
+    );
+    assert!(has_partition(pg, day).await, "{day} kept");
     assert_eq!(pg.query(rows).await, before, "not a row lost");
 }
 

@@ -121,6 +121,9 @@ const ENDPOINTS: [&str; 4] = [
     "message_batches",
 ];
 
+/// How far back the recent messages are looked for first (see `recent_messages`).
+const RECENT: Duration = Duration::from_secs(7 * 24 * 3_600);
+
 /// The most turns one reserve or settle statement carries.
 const MAX_BATCH: usize = 128;
 
@@ -922,18 +925,28 @@ impl Ledger for PostgresLedger {
         account_id: &str,
         limit: usize,
     ) -> Result<Vec<MessageRecord>, LedgerError> {
-        let rows = self
-            .db
-            .bounded(
-                sqlx::query(
-                    "SELECT * FROM messages WHERE account_id = $1
-                     ORDER BY created_at DESC LIMIT $2",
+        // The last week's partitions first (an index range in each of a few); every day's
+        // only when the account has fewer turns than that (each partition's index then).
+        let mut rows = Vec::new();
+        for since in [Some(OffsetDateTime::now_utc() - RECENT), None] {
+            rows = self
+                .db
+                .bounded(
+                    sqlx::query(
+                        "SELECT * FROM messages WHERE account_id = $1
+                             AND created_at >= coalesce($3::timestamptz, '-infinity')
+                         ORDER BY created_at DESC LIMIT $2",
+                    )
+                    .bind(account_id)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .bind(since)
+                    .fetch_all(self.db.pool()),
                 )
-                .bind(account_id)
-                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                .fetch_all(self.db.pool()),
-            )
-            .await?;
+                .await?;
+            if rows.len() >= limit {
+                break;
+            }
+        }
         Ok(rows
             .iter()
             .map(message_of)
