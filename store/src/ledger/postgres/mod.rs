@@ -836,12 +836,15 @@ impl Ledger for PostgresLedger {
     async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {
         let mut row = None;
         if let Some(created_at) = message_id::created_at(id) {
+            // Unnamed: planned with its time, it locks one partition, not all (see
+            // `turns::settle_rows`).
             row = self
                 .db
                 .bounded(
                     sqlx::query("SELECT * FROM messages WHERE id = $1 AND created_at = $2")
                         .bind(id)
                         .bind(created_at)
+                        .persistent(false)
                         .fetch_optional(self.db.pool()),
                 )
                 .await?;
@@ -940,6 +943,7 @@ impl Ledger for PostgresLedger {
                     .bind(account_id)
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
                     .bind(since)
+                    .persistent(false)
                     .fetch_all(self.db.pool()),
                 )
                 .await?;

@@ -274,6 +274,7 @@ async fn settle_rows(
         .iter()
         .map(|t| lookup.created_at(&t.message_id))
         .collect();
+    let (from, to) = days_of(&c.created_at);
     let rows = db
         .bounded(
             sqlx::query(concat!(
@@ -296,11 +297,11 @@ async fn settle_rows(
                          upstream = coalesce(t.upstream, m.upstream),
                          upstream_model = coalesce(t.upstream_model, m.upstream_model)
                      FROM turn t WHERE m.id = t.id AND m.status = 'reserved'
-                         -- The row at the time its id carries; the bounds, known before the
-                         -- scan, leave out every partition but the batch's days.
+                         -- The row at the time its id carries; the batch's bounds leave
+                         -- out, when the statement is planned, every partition but its days'.
                          AND m.created_at = coalesce(t.created_at, m.created_at)
-                         AND m.created_at >= (SELECT min(coalesce(created_at, '-infinity')) FROM turn)
-                         AND m.created_at <= (SELECT max(coalesce(created_at, 'infinity')) FROM turn)
+                         AND m.created_at >= coalesce($14::timestamptz, '-infinity')
+                         AND m.created_at <= coalesce($15::timestamptz, 'infinity')
                      RETURNING m.id, m.account_id, m.key_id, m.reserved, m.billed, m.model,
                          m.created_at, m.batch_id, m.status, m.input_tokens, m.output_tokens,
                          m.cache_creation_input_tokens, m.cache_read_input_tokens
@@ -343,10 +344,26 @@ async fn settle_rows(
             .bind(c.upstream)
             .bind(c.upstream_model)
             .bind(c.created_at)
+            .bind(from)
+            .bind(to)
+            // Unnamed, so planned with its bounds each time: a cached generic plan locks every
+            // partition at each run (Postgres locks a generic plan's partitions before it
+            // prunes them): 4 locks a day, 1,600 for a year, past the lock table's size.
+            .persistent(false)
             .fetch_all(db.pool()),
         )
         .await;
     answer_billed(rows, turns.iter().map(|t| t.message_id.as_str()), n)
+}
+
+/// The first and last times of a batch's rows; `None` for an open end, when a row is looked
+/// for at any time.
+fn days_of(
+    created_at: &[Option<OffsetDateTime>],
+) -> (Option<OffsetDateTime>, Option<OffsetDateTime>) {
+    let times: Option<Vec<OffsetDateTime>> = created_at.iter().copied().collect();
+    let times = times.unwrap_or_default();
+    (times.iter().min().copied(), times.iter().max().copied())
 }
 
 /// Writes the rows of turns that took from allotments, settled, and debits each bill from its
@@ -575,6 +592,7 @@ async fn void_row(
             .bind(message_id)
             .bind(pool)
             .bind(lookup.created_at(message_id))
+            .persistent(false)
             .fetch_one(db.pool()),
         )
         .await?;
@@ -613,6 +631,7 @@ async fn mark_row_unbilled(
             ))
             .bind(message_id)
             .bind(lookup.created_at(message_id))
+            .persistent(false)
             .fetch_one(db.pool()),
         )
         .await?;
