@@ -1,14 +1,18 @@
 //! Ids and secrets: a type prefix and random base62, like the public APIs' ids. The ids the
-//! stores mint (accounts, instances, allotments) are `store::ids`.
+//! stores mint (accounts, instances, allotments) are `store::ids`. A turn's id (a message, a
+//! chat completion, a response) carries the microsecond it started, its ledger row's
+//! `created_at` ([`message_id`]): the ledger is partitioned by day, and the id tells which.
 
 use store::ids::random;
+pub use store::ledger::message_id;
+use time::OffsetDateTime;
 
 pub fn message() -> String {
-    format!("msg_{}", random(24))
+    message_id::mint("msg", OffsetDateTime::now_utc())
 }
 
 pub fn chat_completion() -> String {
-    format!("chatcmpl_{}", random(24))
+    message_id::mint("chatcmpl", OffsetDateTime::now_utc())
 }
 
 pub fn tool_use() -> String {
@@ -87,7 +91,7 @@ pub fn payment_reference() -> String {
 }
 
 pub fn response() -> String {
-    format!("resp_{}", random(24))
+    message_id::mint("resp", OffsetDateTime::now_utc())
 }
 
 /// The id of a Responses API item, prefixed by its type as the public API does.

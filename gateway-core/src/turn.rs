@@ -449,6 +449,9 @@ fn message_record(
         upstream_model: upstream.model.clone(),
         endpoint: endpoint.name(),
         stream,
+        // The instant the id was minted at: the row's day partition, found again from the id.
+        created_at: crate::ids::message_id::created_at(id)
+            .unwrap_or_else(time::OffsetDateTime::now_utc),
         ..MessageRecord::default()
     }
 }

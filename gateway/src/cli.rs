@@ -1,5 +1,5 @@
 //! The operator commands of the `gateway` binary, against the database of cluster mode:
-//! `migrate`, `keys create|revoke`, `accounts topup`, `messages show`, `ledger export`. Each
+//! `migrate`, `keys create|revoke`, `accounts topup`, `messages show`, `ledger export|retain`. Each
 //! prints JSON on stdout, so scripts and tests can read it.
 
 use serde_json::{json, Value};
@@ -10,6 +10,7 @@ use crate::flags::commands::{
 };
 use crate::flags::database::DatabaseArgs;
 use gateway_core::auth::{self, KeySpec};
+use gateway_core::ledger_export::retention::{retain, RetentionError};
 use gateway_core::ledger_export::{self, Destination, ExportError};
 use gateway_core::payments::{self, PaymentError, TopUpRequest};
 use store::accounts::promotion::{standing, ENTERPRISE};
@@ -31,6 +32,8 @@ pub enum CliError {
     Payment(#[from] PaymentError),
     #[error(transparent)]
     Export(#[from] ExportError),
+    #[error(transparent)]
+    Retention(#[from] RetentionError),
     #[error("{0}")]
     Usage(String),
 }
@@ -215,34 +218,60 @@ pub async fn messages(command: MessagesCommand) -> Result<(), CliError> {
 }
 
 pub async fn ledger(command: LedgerCommand) -> Result<(), CliError> {
-    let LedgerCommand::Export {
-        db,
-        from,
-        to,
-        reaper_max_turn_secs,
-        to_dir,
-        to_s3,
-        s3_endpoint,
-    } = command;
-    let destination = match (to_dir, to_s3) {
-        (Some(dir), _) => Destination::Dir(dir),
-        (None, Some(url)) => Destination::S3 {
-            url,
-            endpoint: s3_endpoint,
-        },
-        (None, None) => {
-            return Err(CliError::Usage(
-                "pass --to-dir PATH or --to-s3 s3://bucket/prefix".to_owned(),
-            ))
+    match command {
+        LedgerCommand::Export {
+            db,
+            from,
+            to,
+            reaper_max_turn_secs,
+            to_dir,
+            to_s3,
+            s3_endpoint,
+        } => {
+            let destination = match (to_dir, to_s3) {
+                (Some(dir), _) => Destination::Dir(dir),
+                (None, Some(url)) => Destination::S3 {
+                    url,
+                    endpoint: s3_endpoint,
+                },
+                (None, None) => {
+                    return Err(CliError::Usage(
+                        "pass --to-dir PATH or --to-s3 s3://bucket/prefix".to_owned(),
+                    ))
+                }
+            };
+            let longest_turn = std::time::Duration::from_secs(reaper_max_turn_secs);
+            export(&db, destination, (from, to), longest_turn).await
         }
-    };
+        LedgerCommand::Retain {
+            db,
+            retention,
+            reaper_max_turn_secs,
+            dry_run,
+            now: _,
+        } => {
+            let longest_turn = std::time::Duration::from_secs(reaper_max_turn_secs);
+            let retention = retention.retention(longest_turn);
+            let today = time::OffsetDateTime::now_utc().date();
+            let retained = retain(&connect(&db)?, &retention, today, dry_run).await?;
+            print(json!(retained));
+            Ok(())
+        }
+    }
+}
+
+async fn export(
+    db: &DatabaseArgs,
+    destination: Destination,
+    (from, to): (time::Date, time::Date),
+    longest_turn: std::time::Duration,
+) -> Result<(), CliError> {
     if from > to {
         return Err(CliError::Usage(format!("--from {from} is after --to {to}")));
     }
     let target = destination.open()?;
-    let longest_turn = std::time::Duration::from_secs(reaper_max_turn_secs);
     let exported =
-        ledger_export::export_days(&connect(&db)?, &target, (from, to), longest_turn).await?;
+        ledger_export::export_days(&connect(db)?, &target, (from, to), longest_turn).await?;
     print(json!({ "destination": destination.to_string(), "days": exported }));
     Ok(())
 }

@@ -17,6 +17,7 @@ use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
 use crate::state::{AppState, Services, Settings};
 use gateway_core::auth::{self, KeySpec};
 use gateway_core::ids;
+use gateway_core::ledger_export::retention;
 use gateway_core::limits::{
     AddressBrake, Dimension, Failover, LimitError, Limiter, MemoryLimiter, RedisLimiter,
 };
@@ -41,6 +42,7 @@ use store::batches::{BatchStore, MemoryBatchStore, PostgresBatchStore};
 use store::db::{Database, DbError};
 use store::developers::{DeveloperStore, MemoryDeveloperStore, PostgresDeveloperStore};
 use store::files::{FileStore, MemoryFileStore, PostgresFileStore};
+use store::ledger::partitions;
 use store::ledger::{Ledger, LedgerError, MemoryLedger, PostgresLedger, CLOSE_WAIT};
 
 mod warnings;
@@ -253,6 +255,14 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     if let Err(e) = ledger.heartbeat().await {
         tracing::warn!(error = %e, "ledger heartbeat failed");
     }
+    // Today's partition and the next days', before the first turn (every pod, idempotent);
+    // the hourly job keeps them ahead and retains.
+    let today = time::OffsetDateTime::now_utc().date();
+    if let Err(e) = partitions::create_ahead(&db, today).await {
+        tracing::warn!(error = %e, "could not create the ledger's partitions ahead; the hourly job retries");
+    }
+    let retention = args.ledger.retention.retention(reaping.max_turn);
+    let retention_db = db.clone();
     let stores = Stores {
         accounts: Arc::new(PostgresAccounts::new(db.clone())),
         auto_reloads: Arc::new(PostgresAutoReloads::new(db.clone())),
@@ -279,6 +289,11 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             tokio::spawn(reaper::run(
                 ledger,
                 reaping,
+                services.shutdown.draining.clone(),
+            ));
+            tokio::spawn(retention::every(
+                retention_db,
+                retention,
                 services.shutdown.draining.clone(),
             ));
         },

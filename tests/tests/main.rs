@@ -34,6 +34,7 @@ mod ledger_hang_ups;
 mod ledger_outage;
 mod ledger_promotion;
 mod ledger_reaper;
+mod ledger_retention;
 mod ledger_reversals;
 mod ledger_webhook;
 mod limits;

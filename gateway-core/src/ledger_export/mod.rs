@@ -11,6 +11,7 @@
 
 mod destination;
 mod parquet_file;
+pub mod retention;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;

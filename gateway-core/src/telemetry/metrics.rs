@@ -117,6 +117,7 @@ struct Metrics {
     circuit_state: Family<UpstreamLabels, Gauge>,
     turn_steps: Histograms<StepLabels>,
     config: Family<ConfigLabels, Gauge>,
+    ledger_partitions_awaiting_archive: Gauge,
 }
 
 impl Metrics {
@@ -137,6 +138,7 @@ impl Metrics {
             circuit_state: Family::default(),
             turn_steps: Family::new_with_constructor(step_histogram),
             config: Family::default(),
+            ledger_partitions_awaiting_archive: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -210,6 +212,11 @@ impl Metrics {
             "gateway_config_info",
             "The version of the compiled configuration in use (value 1)",
             m.config.clone(),
+        );
+        r.register(
+            "gateway_ledger_partitions_awaiting_archive",
+            "Ledger days older than the retention still in Postgres after the last retention run (no archive configured, or their export failed)",
+            m.ledger_partitions_awaiting_archive.clone(),
         );
         m
     }
@@ -362,6 +369,13 @@ pub fn circuit_state(upstream: &str, state: CircuitState) {
             upstream: upstream.to_owned(),
         })
         .set(state as i64);
+}
+
+/// The ledger days older than the retention that the last run kept.
+pub fn ledger_partitions_awaiting_archive(days: usize) {
+    METRICS
+        .ledger_partitions_awaiting_archive
+        .set(i64::try_from(days).unwrap_or(i64::MAX));
 }
 
 /// One of a turn's own steps (`admission`, `reservation`, `settle`) took `elapsed`.

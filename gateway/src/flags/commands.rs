@@ -7,6 +7,7 @@ use clap::Subcommand;
 use crds::config::SCOPES;
 
 use super::database::{DatabaseArgs, URL};
+use super::ledger::RetentionArgs;
 use super::payments::CreditRateArgs;
 
 #[derive(Debug, Subcommand)]
@@ -130,6 +131,26 @@ pub enum LedgerCommand {
         /// An S3-compatible server's URL (default: AWS_ENDPOINT, else AWS itself).
         #[arg(long, env = "GATEWAY_S3_ENDPOINT", requires = "to_s3")]
         s3_endpoint: Option<String>,
+    },
+    /// Runs the ledger's retention once, as `serve` does hourly: each day older than
+    /// --ledger-retention-days is exported to the archive, verified, then dropped. Prints
+    /// what it dropped, kept and why, as JSON.
+    #[command(mut_arg(URL, |a| a.required(true)))]
+    #[command(group(clap::ArgGroup::new("mode").required(true).args(["dry_run", "now"])))]
+    Retain {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[command(flatten)]
+        retention: RetentionArgs,
+        /// As `serve`'s flag: a day is final once it has been over this long.
+        #[arg(long, env = "GATEWAY_REAPER_MAX_TURN_SECS", default_value_t = 3_600)]
+        reaper_max_turn_secs: u64,
+        /// Lists the days due, changes nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Exports, verifies and drops the days due now.
+        #[arg(long)]
+        now: bool,
     },
 }
 

@@ -1,10 +1,13 @@
 //! The ledger's background work: cluster mode's allotments and reaper, standalone's promotion
 //! sweep.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 
+use gateway_core::ledger_export::retention::Retention;
+use gateway_core::ledger_export::Destination;
 use gateway_core::reaper::Reaping;
 
 /// `serve` with a database only.
@@ -24,6 +27,54 @@ pub struct LedgerArgs {
     /// docs/ledger.md, "Allotments".
     #[arg(long, env = "GATEWAY_ALLOTMENT_TURNS", default_value_t = 32)]
     pub allotment_turns: u64,
+    /// Boxed: the serve command's flags would outgrow the others' (clippy's
+    /// `large_enum_variant`).
+    #[command(flatten)]
+    pub retention: Box<RetentionArgs>,
+}
+
+/// How long the ledger's rows stay in Postgres, and where older days go
+/// (docs/capacity.md, "Partitions and retention").
+#[derive(Debug, Args)]
+pub struct RetentionArgs {
+    /// Days of ledger rows kept in Postgres (the usage rollups are kept forever); an older
+    /// day is exported to the archive, verified, then dropped whole.
+    #[arg(long, env = "GATEWAY_LEDGER_RETENTION_DAYS", default_value_t = 396,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub ledger_retention_days: u32,
+    /// The archive: a folder (without an archive, no day is ever dropped).
+    #[arg(
+        long,
+        env = "GATEWAY_LEDGER_ARCHIVE_DIR",
+        conflicts_with = "ledger_archive_s3"
+    )]
+    pub ledger_archive_dir: Option<PathBuf>,
+    /// The archive: a bucket and prefix, `s3://bucket/prefix`; credentials and region from the
+    /// usual AWS_* variables.
+    #[arg(long, env = "GATEWAY_LEDGER_ARCHIVE_S3")]
+    pub ledger_archive_s3: Option<String>,
+    /// The archive's S3-compatible server (default: AWS_ENDPOINT, else AWS itself).
+    #[arg(long, env = "GATEWAY_S3_ENDPOINT")]
+    pub ledger_archive_s3_endpoint: Option<String>,
+}
+
+impl RetentionArgs {
+    /// The retention, with `longest_turn` the reaper's longest turn.
+    pub fn retention(&self, longest_turn: Duration) -> Retention {
+        let archive = match (&self.ledger_archive_dir, &self.ledger_archive_s3) {
+            (Some(dir), _) => Some(Destination::Dir(dir.clone())),
+            (None, Some(url)) => Some(Destination::S3 {
+                url: url.clone(),
+                endpoint: self.ledger_archive_s3_endpoint.clone(),
+            }),
+            (None, None) => None,
+        };
+        Retention {
+            keep_days: self.ledger_retention_days,
+            archive,
+            longest_turn,
+        }
+    }
 }
 
 impl LedgerArgs {

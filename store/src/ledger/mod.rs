@@ -7,6 +7,8 @@ pub mod export;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 mod memory;
+pub mod message_id;
+pub mod partitions;
 mod postgres;
 mod reversal;
 

@@ -86,6 +86,7 @@ use tokio_util::task::TaskTracker;
 use self::allotment::{Grow, Pools, Release, Written, IDLE};
 use self::lease::Lease;
 use super::coalesce::Coalescer;
+use super::message_id;
 use super::{
     audited, Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
     MessageStatus, NewReservation, NewTopUp, Reversal, Settlement, TopUp, UsageRow, UsageTotals,
@@ -119,6 +120,9 @@ const ENDPOINTS: [&str; 4] = [
     "responses",
     "message_batches",
 ];
+
+/// How far back the recent messages are looked for first (see `recent_messages`).
+const RECENT: Duration = Duration::from_secs(7 * 24 * 3_600);
 
 /// The most turns one reserve or settle statement carries.
 const MAX_BATCH: usize = 128;
@@ -826,15 +830,35 @@ impl Ledger for PostgresLedger {
         self.give_up_lease().await;
     }
 
+    /// One probe of one partition when the id carries its time; an id of before 0020
+    /// (random, or of another form) is looked for by id alone, one probe per partition. A
+    /// row of a day retention dropped is not found.
     async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {
-        let row = self
-            .db
-            .bounded(
-                sqlx::query("SELECT * FROM messages WHERE id = $1")
-                    .bind(id)
-                    .fetch_optional(self.db.pool()),
-            )
-            .await?;
+        let mut row = None;
+        if let Some(created_at) = message_id::created_at(id) {
+            // Unnamed: planned with its time, it locks one partition, not all (see
+            // `turns::settle_rows`).
+            row = self
+                .db
+                .bounded(
+                    sqlx::query("SELECT * FROM messages WHERE id = $1 AND created_at = $2")
+                        .bind(id)
+                        .bind(created_at)
+                        .persistent(false)
+                        .fetch_optional(self.db.pool()),
+                )
+                .await?;
+        }
+        if row.is_none() {
+            row = self
+                .db
+                .bounded(
+                    sqlx::query("SELECT * FROM messages WHERE id = $1")
+                        .bind(id)
+                        .fetch_optional(self.db.pool()),
+                )
+                .await?;
+        }
         Ok(row
             .as_ref()
             .map(message_of)
@@ -904,18 +928,29 @@ impl Ledger for PostgresLedger {
         account_id: &str,
         limit: usize,
     ) -> Result<Vec<MessageRecord>, LedgerError> {
-        let rows = self
-            .db
-            .bounded(
-                sqlx::query(
-                    "SELECT * FROM messages WHERE account_id = $1
-                     ORDER BY created_at DESC LIMIT $2",
+        // The last week's partitions first (an index range in each of a few); every day's
+        // only when the account has fewer turns than that (each partition's index then).
+        let mut rows = Vec::new();
+        for since in [Some(OffsetDateTime::now_utc() - RECENT), None] {
+            rows = self
+                .db
+                .bounded(
+                    sqlx::query(
+                        "SELECT * FROM messages WHERE account_id = $1
+                             AND created_at >= coalesce($3::timestamptz, '-infinity')
+                         ORDER BY created_at DESC LIMIT $2",
+                    )
+                    .bind(account_id)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .bind(since)
+                    .persistent(false)
+                    .fetch_all(self.db.pool()),
                 )
-                .bind(account_id)
-                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                .fetch_all(self.db.pool()),
-            )
-            .await?;
+                .await?;
+            if rows.len() >= limit {
+                break;
+            }
+        }
         Ok(rows
             .iter()
             .map(message_of)

@@ -24,6 +24,7 @@ use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
 use super::allotment::Written;
 use super::lease::Lease;
 use crate::db::{from_db, name_of, to_db, Database, DbError};
+use crate::ledger::message_id;
 use crate::metrics;
 use crate::usage::{StopReason, TokenUsage};
 
@@ -218,23 +219,72 @@ async fn reserve_once(
 /// (nothing when it failed), and debits the accounts. `None` for a turn that was not
 /// `reserved` (already settled, or reaped): it changes nothing.
 pub async fn settle(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u64>, LedgerError>> {
-    isolating("settle", turns, |turns| Box::pin(settle_rows(db, turns))).await
+    let turns: Vec<&Settlement> = turns.iter().collect();
+    let mut answers = isolating("settle", &turns, |turns| {
+        Box::pin(settle_rows(db, turns, Lookup::ByTime))
+    })
+    .await;
+    // Not at the time its id carries: an id of before 0020 (random), or a row settled
+    // already (a replay); looked for again by id alone, in every partition.
+    let missed: Vec<usize> = (0..turns.len())
+        .filter(|&i| matches!(answers[i], Ok(None)) && by_time(&turns[i].message_id))
+        .collect();
+    if missed.is_empty() {
+        return answers;
+    }
+    let again: Vec<&Settlement> = missed.iter().map(|&i| turns[i]).collect();
+    let found = isolating("settle", &again, |turns| {
+        Box::pin(settle_rows(db, turns, Lookup::ById))
+    })
+    .await;
+    for (i, answer) in missed.into_iter().zip(found) {
+        answers[i] = answer;
+    }
+    answers
 }
 
-async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u64>, LedgerError>> {
+/// How a statement finds a turn's row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lookup {
+    /// At the time its id carries (when it carries one): one partition.
+    ByTime,
+    /// By id alone, in every partition: for ids minted before 0020.
+    ById,
+}
+
+impl Lookup {
+    /// The `created_at` a statement looks for `id`'s row at (`None`: any).
+    fn created_at(self, id: &str) -> Option<OffsetDateTime> {
+        match self {
+            Self::ByTime => message_id::created_at(id),
+            Self::ById => None,
+        }
+    }
+}
+
+async fn settle_rows(
+    db: &Database,
+    turns: &[&Settlement],
+    lookup: Lookup,
+) -> Vec<Result<Option<u64>, LedgerError>> {
     let n = turns.len();
     metrics::ledger_batch("settle", n);
-    let c = SettleColumns::of(turns);
+    let mut c = SettleColumns::of(turns.iter().copied());
+    c.created_at = turns
+        .iter()
+        .map(|t| lookup.created_at(&t.message_id))
+        .collect();
+    let (from, to) = days_of(&c.created_at);
     let rows = db
         .bounded(
             sqlx::query(concat!(
                 "WITH turn AS (
                      SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],
                          $5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::bigint[],
-                         $10::text[], $11::text[], $12::text[])
+                         $10::text[], $11::text[], $12::text[], $13::timestamptz[])
                      AS t(id, status, cost, input_tokens, output_tokens,
                           cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
-                          latency_ms, provider, upstream, upstream_model)
+                          latency_ms, provider, upstream, upstream_model, created_at)
                  ), settled AS (
                      UPDATE messages m SET status = t.status,
                          billed = CASE WHEN t.status = 'failed' THEN 0 ELSE least(t.cost, m.reserved) END,
@@ -247,6 +297,11 @@ async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u
                          upstream = coalesce(t.upstream, m.upstream),
                          upstream_model = coalesce(t.upstream_model, m.upstream_model)
                      FROM turn t WHERE m.id = t.id AND m.status = 'reserved'
+                         -- The row at the time its id carries; the batch's bounds leave
+                         -- out, when the statement is planned, every partition but its days'.
+                         AND m.created_at = coalesce(t.created_at, m.created_at)
+                         AND m.created_at >= coalesce($14::timestamptz, '-infinity')
+                         AND m.created_at <= coalesce($15::timestamptz, 'infinity')
                      RETURNING m.id, m.account_id, m.key_id, m.reserved, m.billed, m.model,
                          m.created_at, m.batch_id, m.status, m.input_tokens, m.output_tokens,
                          m.cache_creation_input_tokens, m.cache_read_input_tokens
@@ -288,10 +343,27 @@ async fn settle_rows(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u
             .bind(c.provider)
             .bind(c.upstream)
             .bind(c.upstream_model)
+            .bind(c.created_at)
+            .bind(from)
+            .bind(to)
+            // Unnamed, so planned with its bounds each time: a cached generic plan locks every
+            // partition at each run (Postgres locks a generic plan's partitions before it
+            // prunes them): 4 locks a day, 1,600 for a year, past the lock table's size.
+            .persistent(false)
             .fetch_all(db.pool()),
         )
         .await;
     answer_billed(rows, turns.iter().map(|t| t.message_id.as_str()), n)
+}
+
+/// The first and last times of a batch's rows; `None` for an open end, when a row is looked
+/// for at any time.
+fn days_of(
+    created_at: &[Option<OffsetDateTime>],
+) -> (Option<OffsetDateTime>, Option<OffsetDateTime>) {
+    let times: Option<Vec<OffsetDateTime>> = created_at.iter().copied().collect();
+    let times = times.unwrap_or_default();
+    (times.iter().min().copied(), times.iter().max().copied())
 }
 
 /// Writes the rows of turns that took from allotments, settled, and debits each bill from its
@@ -383,7 +455,7 @@ pub async fn write_rows(
                          t.cache_read_input_tokens, t.stop_reason, t.latency_ms, $22,
                          t.created_at, now(), t.batch_id
                      FROM turn t LEFT JOIN pool ON pool.id = t.pool_id
-                     ON CONFLICT (id) DO NOTHING
+                     ON CONFLICT (id, created_at) DO NOTHING
                      RETURNING id, billed, account_id, key_id, model, created_at, batch_id,
                          status, input_tokens, output_tokens, cache_creation_input_tokens,
                          cache_read_input_tokens
@@ -438,11 +510,34 @@ pub async fn write_rows(
 /// `pool` still holds it, as the write took it from there). Rows already billed nothing
 /// (failed, abandoned, unbilled) are left as they are; either way it ends billed 0.
 pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result<(), DbError> {
-    db.bounded(
-        sqlx::query(concat!(
-            "WITH old AS (
-                 SELECT id, account_id, key_id, status, reserved, billed FROM messages
-                 WHERE id = $1 FOR UPDATE
+    if !void_row(db, message_id, pool, Lookup::ByTime).await? && by_time(message_id) {
+        void_row(db, message_id, pool, Lookup::ById).await?;
+    }
+    Ok(())
+}
+
+/// Whether an id carries a time its row may not have (an id of before 0020): a statement
+/// that found nothing at that time looks again by id alone.
+fn by_time(message_id: &str) -> bool {
+    message_id::created_at(message_id).is_some()
+}
+
+/// [`void`] of the row found by `lookup`; whether there was one.
+async fn void_row(
+    db: &Database,
+    message_id: &str,
+    pool: Option<&str>,
+    lookup: Lookup,
+) -> Result<bool, DbError> {
+    let found: i64 = db
+        .bounded(
+            sqlx::query_scalar(concat!(
+                "WITH old AS (
+                 SELECT id, account_id, key_id, status, reserved, billed, created_at
+                 FROM messages
+                 WHERE id = $1 AND created_at >= coalesce($3::timestamptz, '-infinity')
+                     AND created_at <= coalesce($3::timestamptz, 'infinity')
+                 FOR UPDATE
              ), account AS (
                  SELECT id FROM accounts WHERE id IN (SELECT account_id FROM old)
                  FOR NO KEY UPDATE
@@ -453,7 +548,10 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
                  UPDATE messages m
                  SET status = 'unbilled', billed = 0, settled_at = coalesce(m.settled_at, now())
                  FROM old JOIN account ON account.id = old.account_id
-                 WHERE m.id = old.id AND old.status NOT IN ('failed', 'abandoned', 'unbilled')
+                 WHERE m.id = old.id AND m.created_at = old.created_at
+                     AND m.created_at >= coalesce($3::timestamptz, '-infinity')
+                     AND m.created_at <= coalesce($3::timestamptz, 'infinity')
+                     AND old.status NOT IN ('failed', 'abandoned', 'unbilled')
                  RETURNING old.account_id, old.key_id, old.status = 'reserved' AS held,
                      old.reserved, old.billed, old.status, m.model, m.created_at, m.batch_id,
                      m.input_tokens, m.output_tokens, m.cache_creation_input_tokens,
@@ -476,9 +574,9 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
                      balance = a.balance + CASE WHEN v.held THEN 0 ELSE v.billed END
                  FROM voided v WHERE a.id = v.account_id
              ), ",
-            // The row ends `unbilled`, billed nothing; a bill it had is taken out again.
-            rolled_up!(
-                "SELECT account_id, key_id, model, created_at, batch_id, 'unbilled' AS status,
+                // The row ends `unbilled`, billed nothing; a bill it had is taken out again.
+                rolled_up!(
+                    "SELECT account_id, key_id, model, created_at, batch_id, 'unbilled' AS status,
                      0 AS billed, input_tokens, output_tokens, cache_creation_input_tokens,
                      cache_read_input_tokens, 1 AS sign
                  FROM voided
@@ -487,38 +585,57 @@ pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result
                      input_tokens, output_tokens, cache_creation_input_tokens,
                      cache_read_input_tokens, -1
                  FROM voided WHERE NOT held"
-            ),
-            "
-             SELECT 1"
-        ))
-        .bind(message_id)
-        .bind(pool)
-        .execute(db.pool()),
-    )
-    .await?;
-    Ok(())
+                ),
+                "
+             SELECT count(*) FROM old"
+            ))
+            .bind(message_id)
+            .bind(pool)
+            .bind(lookup.created_at(message_id))
+            .persistent(false)
+            .fetch_one(db.pool()),
+        )
+        .await?;
+    Ok(found > 0)
 }
 
 /// Marks a turn whose release Postgres refuses (its account's books break a constraint) as
 /// billed nothing, moving no money: the row says what its client was told, and what it holds
 /// stays held for an operator to look at.
 pub async fn mark_unbilled(db: &Database, message_id: &str) -> Result<(), DbError> {
-    db.bounded(
-        sqlx::query(concat!(
-            "WITH marked AS (
-                 UPDATE messages SET status = 'unbilled', billed = 0, settled_at = now()
-                 WHERE id = $1 AND status = 'reserved'
-                 RETURNING *
-             ), ",
-            rolled_up!("SELECT *, 1 AS sign FROM marked"),
-            "
-             SELECT 1"
-        ))
-        .bind(message_id)
-        .execute(db.pool()),
-    )
-    .await?;
+    if !mark_row_unbilled(db, message_id, Lookup::ByTime).await? && by_time(message_id) {
+        mark_row_unbilled(db, message_id, Lookup::ById).await?;
+    }
     Ok(())
+}
+
+/// [`mark_unbilled`] of the row found by `lookup`; whether it was marked.
+async fn mark_row_unbilled(
+    db: &Database,
+    message_id: &str,
+    lookup: Lookup,
+) -> Result<bool, DbError> {
+    let marked: i64 = db
+        .bounded(
+            sqlx::query_scalar(concat!(
+                "WITH marked AS (
+                     UPDATE messages SET status = 'unbilled', billed = 0, settled_at = now()
+                     WHERE id = $1 AND status = 'reserved'
+                         AND created_at >= coalesce($2::timestamptz, '-infinity')
+                         AND created_at <= coalesce($2::timestamptz, 'infinity')
+                     RETURNING *
+                 ), ",
+                rolled_up!("SELECT *, 1 AS sign FROM marked"),
+                "
+                 SELECT count(*) FROM marked"
+            ))
+            .bind(message_id)
+            .bind(lookup.created_at(message_id))
+            .persistent(false)
+            .fetch_one(db.pool()),
+        )
+        .await?;
+    Ok(marked > 0)
 }
 
 /// Runs `statement` over the batch; when Postgres refused it (a constraint: one turn at fault
@@ -732,6 +849,8 @@ struct SettleColumns<'a> {
     provider: Vec<Option<&'a str>>,
     upstream: Vec<Option<&'a str>>,
     upstream_model: Vec<Option<&'a str>>,
+    /// Where each row is looked for (see [`Lookup`]).
+    created_at: Vec<Option<OffsetDateTime>>,
 }
 
 impl<'a> Batch<'a> for SettleColumns<'a> {

@@ -1,0 +1,482 @@
+//! The ledger by day and its retention (issue 35), on real Postgres, the real gateway binary
+//! and an S3-compatible server (moto): migration 0020 moves a ledger filled by the code of
+//! before into day partitions without losing a row or a credit; a lookup by id reads one
+//! partition; a day older than `--ledger-retention-days` is exported, verified, then dropped
+//! whole, so that its manifest's `billed` plus the remaining rows' equals the accounts'
+//! lifetime debits; a failed export, or no archive, leaves the day in place; a rerun changes
+//! nothing; a dropped message is a 404.
+
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+use e2e::contract::actor;
+use e2e::gateway::{unique_name, workspace_root};
+use e2e::s3::{S3Server, CREDENTIALS};
+use e2e::{poll_until, Cluster, PostgresServer};
+use serde_json::Value;
+use store::accounts::{Accounts, PostgresAccounts};
+use store::db::Database;
+use store::ledger::fixtures::turn_record;
+use store::ledger::message_id;
+use store::ledger::partitions;
+use store::ledger::{
+    Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
+};
+use time::{Date, OffsetDateTime, Time};
+
+const CREDITS: u64 = 100_000_000;
+
+/// Rows written straight into the ledger of before, over 60 days, to time the migration.
+const BULK_ROWS: i64 = 200_000;
+
+async fn reserve(ledger: &PostgresLedger, account: &str, id: &str, at: OffsetDateTime) {
+    let record = MessageRecord {
+        created_at: at,
+        ..turn_record(id, account, "key_retention")
+    };
+    ledger
+        .reserve(NewReservation {
+            record,
+            spend_cap: None,
+            min: 1_000,
+            max: 1_000,
+        })
+        .await
+        .expect("reserve");
+}
+
+async fn settle(ledger: &PostgresLedger, id: &str, cost: u64) -> u64 {
+    ledger
+        .settle(Settlement {
+            cost,
+            latency_ms: 1,
+            ..Settlement::nothing(id.to_owned(), MessageStatus::Completed)
+        })
+        .await
+        .expect("settle")
+}
+
+/// A turn started `at`, its id minted then as the gateway mints it, settled for `cost`.
+async fn turn(ledger: &PostgresLedger, account: &str, at: OffsetDateTime, cost: u64) -> String {
+    let id = message_id::mint("msg", at);
+    let at = message_id::created_at(&id).expect("a time");
+    reserve(ledger, account, &id, at).await;
+    assert_eq!(settle(ledger, &id, cost).await, cost);
+    id
+}
+
+async fn ledger_on(db: &Database) -> (PostgresLedger, String) {
+    let account = PostgresAccounts::new(db.clone())
+        .create_account(&unique_name("retention"))
+        .await
+        .expect("account")
+        .id;
+    let ledger = PostgresLedger::new(db.clone());
+    ledger.heartbeat().await.expect("heartbeat");
+    ledger
+        .add_credits(&account, CREDITS, &actor())
+        .await
+        .expect("credits");
+    (ledger, account)
+}
+
+/// What the account was debited over its life: what it was credited less what it has.
+async fn lifetime_debits(pg: &PostgresServer, account: &str) -> u64 {
+    let balance = pg
+        .query_i64(&format!(
+            "SELECT balance FROM accounts WHERE id = '{account}'"
+        ))
+        .await;
+    CREDITS - u64::try_from(balance).expect("a balance")
+}
+
+async fn rows_billed(pg: &PostgresServer, account: &str) -> u64 {
+    let billed = pg
+        .query_i64(&format!(
+            "SELECT coalesce(sum(billed), 0) FROM messages WHERE account_id = '{account}'"
+        ))
+        .await;
+    u64::try_from(billed).expect("a sum")
+}
+
+async fn has_partition(pg: &PostgresServer, day: Date) -> bool {
+    let name = format!("messages_{}", day.to_string().replace('-', ""));
+    pg.query(&format!("SELECT to_regclass('{name}') IS NOT NULL"))
+        .await
+        == "t"
+}
+
+#[tokio::test]
+async fn migration_0020_moves_a_ledger_of_before_into_day_partitions_keeping_every_row_and_credit()
+{
+    let pg = PostgresServer::start().await;
+    let pool = sqlx::PgPool::connect(&pg.url()).await.expect("pool");
+    let mut before = sqlx::migrate::Migrator::new(workspace_root().join("store/migrations"))
+        .await
+        .expect("migrations");
+    before.migrations = Cow::Owned(
+        before
+            .migrations
+            .iter()
+            .filter(|m| m.version < 20)
+            .cloned()
+            .collect(),
+    );
+    before.run(&pool).await.expect("the migrations of before");
+    pool.close().await;
+
+    // Turns through the ledger's statements, under ids of before (random), over three days;
+    // one started a second before midnight is still running when the migration comes.
+    let db = Database::connect(&pg.url(), 4, Duration::from_secs(60)).expect("url");
+    let (ledger, account) = ledger_on(&db).await;
+    let midnight = OffsetDateTime::now_utc().replace_time(Time::MIDNIGHT);
+    let mut settled = Vec::new();
+    for (back, cost) in [(2, 100), (1, 200), (0, 300)] {
+        let id = old_id();
+        let at = midnight - time::Duration::days(back) + time::Duration::hours(1);
+        reserve(&ledger, &account, &id, at).await;
+        assert_eq!(settle(&ledger, &id, cost).await, cost);
+        settled.push(id);
+    }
+    let across = old_id();
+    reserve(
+        &ledger,
+        &account,
+        &across,
+        midnight - time::Duration::seconds(1),
+    )
+    .await;
+    // And rows as an old ledger holds them, 60 days of them.
+    pg.query(&format!(
+        "INSERT INTO messages (id, account_id, key_id, model, served_model, provider, upstream,
+             upstream_model, endpoint, stream, status, reserved, billed, input_tokens,
+             output_tokens, instance_id, created_at, settled_at, latency_ms)
+         SELECT 'msg_bulk_' || i, '{account}', 'key_bulk', 'svc/haiku', 'svc/haiku',
+             'simulated', 'simulated', 'simulated-haiku', 'messages', i % 2 = 0, 'completed',
+             1000, i % 997, i, i % 300, 'inst_bulk',
+             now() - interval '60 days' + i * (interval '60 days' / {BULK_ROWS}),
+             now() - interval '60 days' + i * (interval '60 days' / {BULK_ROWS}), 7
+         FROM generate_series(1, {BULK_ROWS}) i"
+    ))
+    .await;
+    let totals = "SELECT count(*) || '|' || sum(billed) || '|' || sum(input_tokens) FROM messages";
+    let before = pg.query(totals).await;
+    let accounts = "SELECT balance || '|' || reserved FROM accounts ORDER BY id";
+    let balances = pg.query(accounts).await;
+
+    let started = Instant::now();
+    db.migrate().await.expect("0020 on a filled ledger");
+    let took = started.elapsed();
+    let rows = BULK_ROWS + 4;
+    eprintln!(
+        "migration 0020: {rows} rows in {took:?}, {:.1} s per million rows",
+        took.as_secs_f64() * 1e6 / rows as f64
+    );
+
+    assert_eq!(
+        pg.query(totals).await,
+        before,
+        "every row, credit and token"
+    );
+    assert_eq!(pg.query(accounts).await, balances, "the accounts unchanged");
+    assert_eq!(
+        pg.query_i64("SELECT count(*) FROM messages_default").await,
+        0,
+        "every row in its day's partition"
+    );
+    assert_eq!(
+        pg.query("SELECT relkind FROM pg_class WHERE relname = 'messages'")
+            .await,
+        "p",
+        "partitioned"
+    );
+    let today = midnight.date();
+    for ahead in 0..=7 {
+        assert!(has_partition(&pg, today + time::Duration::days(ahead)).await);
+    }
+    // Ids of before are found by id alone.
+    for (id, cost) in settled.iter().zip([100, 200, 300]) {
+        let row = ledger.message(id).await.expect("lookup").expect("found");
+        assert_eq!(row.billed, cost, "{id}");
+    }
+    // The turn in flight through the migration settles after it, across midnight, billed once.
+    assert_eq!(settle(&ledger, &across, 400).await, 400);
+    assert_eq!(
+        settle(&ledger, &across, 999).await,
+        400,
+        "a replay bills nothing"
+    );
+    let row = ledger
+        .message(&across)
+        .await
+        .expect("lookup")
+        .expect("found");
+    assert_eq!(
+        (row.status, row.created_at.date()),
+        (
+            MessageStatus::Completed,
+            (midnight - time::Duration::days(1)).date()
+        )
+    );
+    let billed = "SELECT sum(billed) FROM messages WHERE key_id = 'key_retention'";
+    assert_eq!(
+        lifetime_debits(&pg, &account).await,
+        u64::try_from(pg.query_i64(billed).await).expect("a sum"),
+        "the balance and the rows of the ledger's turns agree"
+    );
+    let reserved = format!("SELECT reserved FROM accounts WHERE id = '{account}'");
+    assert_eq!(pg.query_i64(&reserved).await, 0);
+}
+
+/// An id as the gateway minted them before 0020: random.
+fn old_id() -> String {
+    format!("msg_{}", store::ids::random(24))
+}
+
+/// A ledger of five days (its ids minted as the gateway mints them): four and five days ago
+/// are older than a retention of 3 days; yesterday's last turn started before midnight and
+/// settled after, on another pod. Four days ago has no partition: its rows sit in the default
+/// partition until the retention gives it one.
+struct Filled {
+    pg: PostgresServer,
+    account: String,
+    /// Five and four days ago.
+    due: [Date; 2],
+    /// A turn of five days ago.
+    dropped_id: String,
+    /// A turn of yesterday.
+    kept_id: String,
+}
+
+async fn filled() -> Filled {
+    let pg = PostgresServer::start().await;
+    let db = Database::connect(&pg.url(), 4, Duration::from_secs(60)).expect("url");
+    db.migrate().await.expect("migrate");
+    let (ledger, account) = ledger_on(&db).await;
+    let midnight = OffsetDateTime::now_utc().replace_time(Time::MIDNIGHT);
+    let day = |back: i64| (midnight - time::Duration::days(back)).date();
+    let due = [day(5), day(4)];
+    assert!(partitions::create(&db, day(5)).await.expect("a partition"));
+    let mut dropped_id = String::new();
+    for (back, cost) in [(5, 100), (5, 150), (4, 200), (1, 300)] {
+        let at = midnight - time::Duration::days(back) + time::Duration::hours(3);
+        let id = turn(&ledger, &account, at, cost).await;
+        if back == 5 {
+            dropped_id = id;
+        }
+    }
+    assert!(!has_partition(&pg, day(4)).await);
+    let settling = PostgresLedger::new(db.clone());
+    settling.heartbeat().await.expect("heartbeat");
+    let kept_id = message_id::mint("msg", midnight - time::Duration::microseconds(1));
+    let at = message_id::created_at(&kept_id).expect("a time");
+    reserve(&ledger, &account, &kept_id, at).await;
+    assert_eq!(settle(&settling, &kept_id, 700).await, 700);
+    Filled {
+        pg,
+        account,
+        due,
+        dropped_id,
+        kept_id,
+    }
+}
+
+async fn retain(pg: &PostgresServer, args: &[&str], env: &[(&str, &str)]) -> Value {
+    let mut all = vec![
+        "ledger",
+        "retain",
+        "--ledger-retention-days",
+        "3",
+        "--reaper-max-turn-secs",
+        "60",
+    ];
+    all.extend_from_slice(args);
+    pg.gateway_cli_with_env(&all, env)
+        .await
+        .unwrap_or_else(|e| panic!("gateway ledger retain {args:?}: {e}"))
+}
+
+fn days(printed: &Value, field: &str) -> Vec<String> {
+    printed[field]
+        .as_array()
+        .unwrap_or_else(|| panic!("{field} in {printed}"))
+        .iter()
+        .map(|d| {
+            d.as_str()
+                .map(str::to_owned)
+                .or_else(|| d["day"].as_str().map(str::to_owned))
+                .expect("a day")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_day_older_than_the_retention_is_archived_verified_then_dropped_and_the_books_still_add_up(
+) {
+    let filled = filled().await;
+    let pg = &filled.pg;
+    let due: Vec<String> = filled.due.iter().map(Date::to_string).collect();
+    let s3 = S3Server::start().await;
+    s3.create_bucket("ledger").await;
+    let endpoint = s3.url();
+    let archive = [
+        "--ledger-archive-s3",
+        "s3://ledger/archive",
+        "--ledger-archive-s3-endpoint",
+        &endpoint,
+    ];
+
+    // A dry run names the days due and drops nothing.
+    let dry = retain(pg, &["--dry-run"], &[]).await;
+    assert_eq!(days(&dry, "awaiting"), due, "{dry}");
+    assert!(has_partition(pg, filled.due[0]).await);
+
+    // The pod's hourly job (its first run is at start) archives and drops them.
+    let cluster = Cluster::start(1, |b| {
+        archive
+            .iter()
+            .fold(b.database(&pg.url()), |b, arg| b.arg(arg))
+            .arg("--ledger-retention-days=3")
+            .arg("--reaper-max-turn-secs=60")
+            .env(CREDENTIALS[0].0, CREDENTIALS[0].1)
+            .env(CREDENTIALS[1].0, CREDENTIALS[1].1)
+            .env(CREDENTIALS[2].0, CREDENTIALS[2].1)
+    })
+    .await;
+    let gw = &cluster.pods[0];
+    let remaining = format!(
+        "SELECT count(*) FROM messages WHERE created_at < '{}'",
+        OffsetDateTime::now_utc().date() - time::Duration::days(3)
+    );
+    poll_until(
+        "the pod to archive and drop the days due",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (pg.query_i64(&remaining).await == 0).then_some(()) },
+    )
+    .await;
+    for day in filled.due {
+        assert!(!has_partition(pg, day).await, "{day} dropped");
+    }
+
+    // The manifests' `billed` and the rows left add up to what the account was debited.
+    let mut archived = 0;
+    for day in &due {
+        let manifest = s3
+            .object("ledger", &format!("archive/messages-{day}.json"))
+            .await
+            .unwrap_or_else(|| panic!("no manifest for {day}\n{}", s3.logs()));
+        let manifest: Value = serde_json::from_slice(&manifest).expect("JSON");
+        archived += manifest["billed"].as_u64().expect("billed");
+    }
+    assert_eq!(archived, 100 + 150 + 200);
+    let debits = lifetime_debits(pg, &filled.account).await;
+    assert_eq!(
+        archived + rows_billed(pg, &filled.account).await,
+        debits,
+        "archived + remaining = lifetime debits"
+    );
+    // The rollups are kept whole.
+    assert_eq!(
+        pg.query_i64("SELECT sum(credits)::bigint FROM usage_rollups")
+            .await,
+        i64::try_from(debits).expect("debits")
+    );
+
+    // A message of a dropped day is not found; one kept (across midnight) still is.
+    let gone = gw
+        .admin_get(&format!("/admin/messages/{}", filled.dropped_id))
+        .await;
+    assert_eq!(gone.status, 404, "{gone}");
+    let kept = gw
+        .admin_get(&format!("/admin/messages/{}", filled.kept_id))
+        .await;
+    assert_eq!(kept.status, 200, "{kept}");
+    assert_eq!(kept.json()["billed"], 700, "{kept}");
+
+    // Again: nothing left to do, the archive as it was.
+    let file = format!("archive/messages-{}.parquet", due[0]);
+    let copy = s3.object("ledger", &file).await.expect("archived");
+    let again = retain(pg, &["--now"], &CREDENTIALS).await;
+    let mut with_archive = vec!["--now"];
+    with_archive.extend_from_slice(&archive);
+    let again_archived = retain(pg, &with_archive, &CREDENTIALS).await;
+    for printed in [&again, &again_archived] {
+        assert_eq!(printed["ran"], true, "{printed}");
+        assert!(days(printed, "awaiting").is_empty(), "{printed}");
+        assert!(days(printed, "dropped").is_empty(), "{printed}");
+    }
+    assert!(s3.object("ledger", &file).await == Some(copy));
+    assert_eq!(
+        archived + rows_billed(pg, &filled.account).await,
+        lifetime_debits(pg, &filled.account).await
+    );
+}
+
+#[tokio::test]
+async fn a_day_whose_archive_fails_or_is_not_configured_stays_in_postgres() {
+    let filled = filled().await;
+    let pg = &filled.pg;
+    let due: Vec<String> = filled.due.iter().map(Date::to_string).collect();
+    let s3 = S3Server::start().await;
+    let endpoint = s3.url();
+    let rows = "SELECT count(*) || '|' || sum(billed) FROM messages";
+    let before = pg.query(rows).await;
+
+    // No archive: the days are awaiting, nothing dropped.
+    let kept = retain(pg, &["--now"], &[]).await;
+    assert_eq!(days(&kept, "awaiting"), due, "{kept}");
+    assert!(days(&kept, "dropped").is_empty(), "{kept}");
+
+    // An archive that cannot be written (no such bucket): each day fails and stays.
+    let missing = [
+        "--now",
+        "--ledger-archive-s3",
+        "s3://no-such-bucket/archive",
+        "--ledger-archive-s3-endpoint",
+        &endpoint,
+    ];
+    let failed = retain(pg, &missing, &CREDENTIALS).await;
+    assert_eq!(days(&failed, "failed"), due, "{failed}");
+    assert_eq!(days(&failed, "awaiting"), due, "{failed}");
+    assert!(days(&failed, "dropped").is_empty(), "{failed}");
+    for day in filled.due {
+        assert!(has_partition(pg, day).await, "{day} kept");
+    }
+
+    // An export that does not match the partition (a row came in since): not dropped.
+    let db = Database::connect(&pg.url(), 2, Duration::from_secs(10)).expect("url");
+    let [day, _] = filled.due;
+    let exported = partitions::DayTotals {
+        rows: 2,
+        billed: 100 + 150 - 1,
+    };
+    let refused = partitions::drop_exported(&db, day, exported).await;
+    assert!(
+        matches!(refused, Err(partitions::DropError::Mismatch { .. })),
+        "{refused:?}"
+    );
+    assert!(has_partition(pg, day).await, "{day} kept");
+    assert_eq!(pg.query(rows).await, before, "not a row lost");
+}
+
+/// A lookup by id decodes the day from the id: the plan reads one partition, whatever the
+/// number of days.
+#[tokio::test]
+async fn a_lookup_by_id_reads_one_partition() {
+    let filled = filled().await;
+    let at = message_id::created_at(&filled.dropped_id).expect("a time");
+    let plan = filled
+        .pg
+        .query(&format!(
+            "EXPLAIN SELECT * FROM messages WHERE id = '{}' AND created_at = '{}'",
+            filled.dropped_id,
+            at.format(&time::format_description::well_known::Rfc3339)
+                .expect("format")
+        ))
+        .await;
+    let scans = plan.lines().filter(|l| l.contains(" on messages_")).count();
+    assert_eq!(scans, 1, "{plan}");
+    let day = at.date().to_string().replace('-', "");
+    assert!(plan.contains(&format!("messages_{day}_pkey")), "{plan}");
+}
