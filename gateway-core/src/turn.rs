@@ -97,6 +97,10 @@ pub enum Endpoint {
     Responses,
     /// An item of a Message Batch (`/v1/messages/batches`), run by a worker.
     MessageBatches,
+    /// An item of an OpenAI batch (`/v1/batches`) of `/v1/chat/completions`.
+    ChatCompletionsBatches,
+    /// An item of an OpenAI batch (`/v1/batches`) of `/v1/responses`.
+    ResponsesBatches,
 }
 
 impl Endpoint {
@@ -106,6 +110,17 @@ impl Endpoint {
             Self::ChatCompletions => "chat_completions",
             Self::Responses => "responses",
             Self::MessageBatches => "message_batches",
+            Self::ChatCompletionsBatches => "chat_completions_batches",
+            Self::ResponsesBatches => "responses_batches",
+        }
+    }
+
+    /// The endpoint of a batch item of this endpoint's requests.
+    fn batched(self) -> Self {
+        match self {
+            Self::Messages | Self::MessageBatches => Self::MessageBatches,
+            Self::ChatCompletions | Self::ChatCompletionsBatches => Self::ChatCompletionsBatches,
+            Self::Responses | Self::ResponsesBatches => Self::ResponsesBatches,
         }
     }
 }
@@ -200,7 +215,7 @@ pub async fn start_batch_item(
     price_percent: u32,
 ) -> Result<Turn, TurnError> {
     turn.request.stream = false;
-    turn.endpoint = Endpoint::MessageBatches;
+    turn.endpoint = turn.endpoint.batched();
     let lane = Lane::Batch {
         price_percent,
         batch_id: batch_id.to_owned(),

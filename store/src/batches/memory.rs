@@ -153,14 +153,14 @@ impl BatchStore for MemoryBatchStore {
     async fn list(
         &self,
         account_id: &str,
-        format: RequestFormat,
+        formats: &[RequestFormat],
         cursor: Cursor,
         limit: u32,
     ) -> Result<BatchPage, StoreError> {
         let batches = self.lock();
         let mut mine: Vec<Batch> = batches
             .iter()
-            .filter(|(_, b)| b.account_id == account_id && b.format == format)
+            .filter(|(_, b)| b.account_id == account_id && formats.contains(&b.format))
             .map(|(id, b)| b.view(id))
             .collect();
         // Newest first.

@@ -60,12 +60,16 @@ pub struct NewItem {
 pub enum RequestFormat {
     /// `/v1/messages/batches`: Messages API params.
     Messages,
-    /// `/v1/batches`: Chat Completions bodies.
+    /// `/v1/batches` of endpoint `/v1/chat/completions`: Chat Completions bodies.
     ChatCompletions,
+    /// `/v1/batches` of endpoint `/v1/responses`: Responses API bodies.
+    Responses,
 }
 
 impl RequestFormat {
-    pub const ALL: [Self; 2] = [Self::Messages, Self::ChatCompletions];
+    pub const ALL: [Self; 3] = [Self::Messages, Self::ChatCompletions, Self::Responses];
+    /// The formats of OpenAI's `/v1/batches`, which lists them together.
+    pub const OPENAI: [Self; 2] = [Self::ChatCompletions, Self::Responses];
 }
 
 #[derive(Clone, Debug)]
@@ -203,11 +207,11 @@ pub trait BatchStore: Send + Sync {
     ) -> Result<Option<Batch>, StoreError>;
     /// The account's batch of this id.
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
-    /// The account's batches of `format`.
+    /// The account's batches of any of `formats`.
     async fn list(
         &self,
         account_id: &str,
-        format: RequestFormat,
+        formats: &[RequestFormat],
         cursor: Cursor,
         limit: u32,
     ) -> Result<BatchPage, StoreError>;

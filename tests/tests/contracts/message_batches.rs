@@ -330,7 +330,7 @@ async fn batches_are_listed_newest_first_in_pages_either_way(s: Store) {
         let (batches, account) = (s.batches.clone(), account.clone());
         async move {
             let page = batches
-                .list(&account, RequestFormat::Messages, cursor, 2)
+                .list(&account, &[RequestFormat::Messages], cursor, 2)
                 .await
                 .expect("list");
             (
@@ -358,7 +358,7 @@ async fn batches_are_listed_newest_first_in_pages_either_way(s: Store) {
     );
     let others = s
         .batches
-        .list("acct-none", RequestFormat::Messages, Cursor::Newest, 2)
+        .list("acct-none", &[RequestFormat::Messages], Cursor::Newest, 2)
         .await
         .expect("list");
     assert!(others.batches.is_empty());
@@ -407,7 +407,7 @@ async fn results_are_read_in_pages_by_index_ended_items_only(s: Store) {
 }
 
 /// A batch keeps its format and details; an item is claimed with its batch's format; each API
-/// lists only the batches of its own format.
+/// lists only the batches of its own formats (OpenAI's, both of its endpoints).
 async fn a_batch_keeps_its_format_and_each_format_lists_its_own(s: Store) {
     let at = now();
     let account = unique("acct");
@@ -429,17 +429,28 @@ async fn a_batch_keeps_its_format_and_each_format_lists_its_own(s: Store) {
         s.get(&account, &messages.id).await.format,
         RequestFormat::Messages
     );
-    for (format, id) in [
-        (RequestFormat::Messages, &messages.id),
-        (RequestFormat::ChatCompletions, &chat.id),
+    let responses = s
+        .create(NewBatch {
+            format: RequestFormat::Responses,
+            ..new_batch(&account, 1, 0, at + Duration::seconds(2))
+        })
+        .await;
+    assert_eq!(
+        s.get(&account, &responses.id).await.format,
+        RequestFormat::Responses
+    );
+    for (formats, ids) in [
+        (&[RequestFormat::Messages][..], vec![&messages.id]),
+        (&[RequestFormat::ChatCompletions], vec![&chat.id]),
+        (&RequestFormat::OPENAI, vec![&responses.id, &chat.id]),
     ] {
         let page = s
             .batches
-            .list(&account, format, Cursor::Newest, 10)
+            .list(&account, formats, Cursor::Newest, 10)
             .await
             .expect("list");
-        let ids: Vec<&String> = page.batches.iter().map(|b| &b.id).collect();
-        assert_eq!(ids, [id], "{format:?}");
+        let listed: Vec<&String> = page.batches.iter().map(|b| &b.id).collect();
+        assert_eq!(listed, ids, "{formats:?}");
     }
     let claimed = s.claim("w1", 10, at).await;
     let formats: HashSet<(String, RequestFormat)> = claimed
