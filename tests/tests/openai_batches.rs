@@ -457,6 +457,57 @@ async fn in_postgres_a_responses_batch_answers_responses_objects_and_lists_its_f
     a_responses_batch_answers_responses_objects_and_lists_its_files(&cluster.pods[0]).await;
 }
 
+/// Creates a batch of `n` requests and one invalid, then lists the `batch_output` files until
+/// both of its files are there, never retrieving the batch; prints what it listed.
+const SDK_FILES_WITHOUT_RETRIEVE: &str = r#"
+import sys, json, time, openai
+base, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+line = lambda custom_id, body: json.dumps({"custom_id": custom_id, "method": "POST",
+                                           "url": "/v1/chat/completions", "body": body})
+lines = [line(f"req-{i}", {"model": "svc/haiku", "max_tokens": 16,
+              "messages": [{"role": "user", "content": f"Question number {i}"}]}) for i in range(n)]
+lines.append(line("invalid", {"model": "svc/haiku", "max_tokens": 16}))
+uploaded = client.files.create(file=("input.jsonl", "\n".join(lines).encode()), purpose="batch")
+batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")
+deadline = time.time() + 30
+listed = []
+while len(listed) < 2 and time.time() < deadline:
+    time.sleep(0.1)
+    listed = [f.model_dump(mode="json") for f in client.files.list(purpose="batch_output")]
+print(json.dumps({"batch": batch.id, "listed": listed}))
+"#;
+
+/// The worker that ends a batch's last item records its output and error files: they are
+/// listed by `GET /v1/files` without the batch ever being retrieved.
+#[tokio::test]
+async fn a_batchs_files_are_listed_once_its_last_item_ends() {
+    let gw = Gateway::builder()
+        .arg("--batch-poll-ms")
+        .arg("20")
+        .start()
+        .await;
+    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let run = python(&gw, SDK_FILES_WITHOUT_RETRIEVE, &[&key.secret, "8"]).await;
+    let batch = run["batch"].as_str().expect("batch id");
+    let mut names: Vec<&str> = run["listed"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|f| f["filename"].as_str().expect("filename"))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            format!("{batch}_errors.jsonl"),
+            format!("{batch}_output.jsonl")
+        ],
+        "{run}"
+    );
+}
+
 /// Creates a batch of `n` requests, then another (refused: the key's cap is one in progress),
 /// cancels the first, waits for it to end, reads its files, then creates the other again (and
 /// cancels it too, reading what of it ran).

@@ -284,6 +284,13 @@ impl BatchStore for MemoryBatchStore {
         Ok(true)
     }
 
+    async fn processing(&self, batch_id: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .lock()
+            .get(batch_id)
+            .is_some_and(|b| b.items.iter().any(|i| !i.state.ended())))
+    }
+
     async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError> {
         let mut batches = self.lock();
         let mut ended = 0;

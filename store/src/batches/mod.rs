@@ -244,6 +244,10 @@ pub trait BatchStore: Send + Sync {
         outcome: Outcome,
         now: OffsetDateTime,
     ) -> Result<bool, StoreError>;
+    /// Whether any of the batch's items is queued or running (`false` once it has ended, or
+    /// when there is no such batch): a worker that ended an item asks it to know whether that
+    /// was the batch's last.
+    async fn processing(&self, batch_id: &str) -> Result<bool, StoreError>;
     /// Ends the items no worker holds (queued, or their lease ran out) of batches past their
     /// expiry (`expired`) or cancelled (`canceled`); returns how many ended.
     async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError>;

@@ -451,6 +451,22 @@ impl BatchStore for PostgresBatchStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn processing(&self, batch_id: &str) -> Result<bool, StoreError> {
+        // The open items' partial index answers from its first entry.
+        Ok(self
+            .db
+            .bounded(
+                sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM message_batch_items
+                                    WHERE batch_id = $1 AND state IN ('queued', 'running'))",
+                )
+                .bind(batch_id)
+                .persistent(false)
+                .fetch_one(self.db.pool()),
+            )
+            .await?)
+    }
+
     async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError> {
         let mut ended = 0;
         for (state, condition) in [

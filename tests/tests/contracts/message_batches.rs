@@ -100,6 +100,7 @@ impl Store {
     }
 }
 
+/// A batch counts its items, is processing while any is open, and ends with the last one.
 async fn a_batch_counts_its_items_and_ends_when_the_last_one_does(s: Store) {
     let at = now();
     let created = s.create(new_batch("acct-a", 2, 1, at)).await;
@@ -110,9 +111,19 @@ async fn a_batch_counts_its_items_and_ends_when_the_last_one_does(s: Store) {
     assert_eq!(claimed.len(), 2);
     assert_eq!(claimed[0].key_hash, KeyHash::of(&created.key_id));
     let end = at + Duration::seconds(3);
+    let processing = |id: String| {
+        let batches = s.batches.clone();
+        async move { batches.processing(&id).await.expect("store") }
+    };
     for item in &claimed {
+        assert!(
+            processing(created.id.clone()).await,
+            "an item is still open"
+        );
         assert!(s.finish("w1", item, end).await);
     }
+    assert!(!processing(created.id.clone()).await, "the last item ended");
+    assert!(!processing("no-such-batch".to_owned()).await);
     let ended = s.get("acct-a", &created.id).await;
     assert_eq!(ended.status(), ProcessingStatus::Ended);
     assert_eq!((ended.counts.succeeded, ended.counts.errored), (2, 1));

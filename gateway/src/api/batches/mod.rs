@@ -4,7 +4,8 @@
 //! the same turn as `/v1/chat/completions`, at the batch price. Its input file is checked
 //! whole at the create (a malformed file fails the batch with its `errors`, no item queued);
 //! its output and error files are read from the items' results, and recorded in the file store
-//! (their size, for `/v1/files` to list and delete them) once the batch has ended.
+//! (their size, for `/v1/files` to list and delete them) by the worker that ends its last item,
+//! or (a batch ended by cancel or expiry) when it is next retrieved.
 
 mod input;
 
@@ -294,16 +295,16 @@ fn object(batch: &Batch) -> Value {
 }
 
 /// The account's batch of `/v1/batches` of this id.
-async fn owned(api: &BatchApi, principal: &Principal, id: &str) -> Result<Option<Batch>, ApiError> {
+async fn owned(api: &BatchApi, account_id: &str, id: &str) -> Result<Option<Batch>, ApiError> {
     Ok(api
         .batches
-        .batch(&principal.account.id, id)
+        .batch(account_id, id)
         .await?
         .filter(|b| RequestFormat::OPENAI.contains(&b.format)))
 }
 
 async fn found(api: &BatchApi, principal: &Principal, id: &str) -> Result<Batch, ApiError> {
-    Ok(owned(api, principal, id)
+    Ok(owned(api, &principal.account.id, id)
         .await?
         .ok_or_else(|| BatchError::NotFound(id.to_owned()))?)
 }
@@ -315,7 +316,7 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let batch = object(&found(&api, &principal, &id).await?);
-    record_generated(&api, &principal, &batch).await?;
+    record_generated(&api, &principal.account.id, &batch).await?;
     Ok(Json(batch))
 }
 
@@ -417,10 +418,10 @@ impl Generated {
 /// The generated file's batch, once it has ended with results for that file.
 async fn generated_batch(
     api: &BatchApi,
-    principal: &Principal,
+    account_id: &str,
     file: &Generated,
 ) -> Result<Option<Batch>, ApiError> {
-    let Some(batch) = owned(api, principal, &file.batch_id).await? else {
+    let Some(batch) = owned(api, account_id, &file.batch_id).await? else {
         return Ok(None);
     };
     let field = if file.errors {
@@ -437,13 +438,13 @@ async fn generated_batch(
 /// counted then from its lines; `None` when there is no such file, or it was deleted.
 pub async fn generated_info(
     api: &BatchApi,
-    principal: &Principal,
+    account_id: &str,
     file: &Generated,
 ) -> Result<Option<FileInfo>, ApiError> {
-    if let Some(info) = api.files.file(&principal.account.id, &file.id()).await? {
+    if let Some(info) = api.files.file(account_id, &file.id()).await? {
         return Ok(Some(info));
     }
-    let Some(batch) = generated_batch(api, principal, file).await? else {
+    let Some(batch) = generated_batch(api, account_id, file).await? else {
         return Ok(None);
     };
     let mut bytes = 0;
@@ -468,16 +469,23 @@ pub async fn generated_info(
     Ok(api.files.record_generated(generated).await?)
 }
 
+/// Records the output and error files of the account's batch, if it has ended: its worker
+/// calls this when it ended the batch's last item.
+pub async fn record_ended(api: &BatchApi, account_id: &str, id: &str) -> Result<(), ApiError> {
+    match owned(api, account_id, id).await? {
+        Some(batch) if batch.ended_at.is_some() => {
+            record_generated(api, account_id, &object(&batch)).await
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Records the output and error files of a batch that has ended, so that `/v1/files` lists
 /// them.
-async fn record_generated(
-    api: &BatchApi,
-    principal: &Principal,
-    batch: &Value,
-) -> Result<(), ApiError> {
+async fn record_generated(api: &BatchApi, account_id: &str, batch: &Value) -> Result<(), ApiError> {
     for field in ["output_file_id", "error_file_id"] {
         if let Some(file) = batch[field].as_str().and_then(Generated::of) {
-            generated_info(api, principal, &file).await?;
+            generated_info(api, account_id, &file).await?;
         }
     }
     Ok(())
@@ -489,7 +497,10 @@ pub async fn generated_content(
     principal: &Principal,
     file: Generated,
 ) -> Result<Option<Body>, ApiError> {
-    if generated_info(api, principal, &file).await?.is_none() {
+    if generated_info(api, &principal.account.id, &file)
+        .await?
+        .is_none()
+    {
         return Ok(None);
     }
     Ok(Some(Body::from_stream(file_lines(

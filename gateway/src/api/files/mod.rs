@@ -159,7 +159,7 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let info = match Generated::of(&id) {
-        Some(generated) => batches::generated_info(&api, &principal, &generated).await?,
+        Some(generated) => batches::generated_info(&api, &principal.account.id, &generated).await?,
         None => api.files.file(&principal.account.id, &id).await?,
     };
     Ok(Json(object(&info.ok_or(FileError::NotFound(id))?)))
@@ -238,7 +238,7 @@ pub async fn delete(
 ) -> Result<Json<Value>, ApiError> {
     if let Some(generated) = Generated::of(&id) {
         // Recorded first, if it was not yet, so that it stays deleted.
-        batches::generated_info(&api, &principal, &generated).await?;
+        batches::generated_info(&api, &principal.account.id, &generated).await?;
     }
     if !api.files.delete(&principal.account.id, &id).await? {
         return Err(FileError::NotFound(id).into());

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::errored;
-use crate::api::batches::{error_result, response_result};
+use crate::api::batches::{self, error_result, response_result};
 use crate::api::responses::{self, Unfinished};
 use crate::api::{chat, messages};
 use crate::error::ApiError;
@@ -114,13 +114,31 @@ async fn run_item(
         .finish(&worker, &item.batch_id, item.index, outcome, now)
         .await
     {
-        Ok(true) => {}
+        Ok(true) => {
+            if RequestFormat::OPENAI.contains(&item.format) {
+                record_files_once_ended(&api, &item).await;
+            }
+        }
         Ok(false) => {
             tracing::warn!(batch = %item.batch_id, index = item.index, "batch item's lease ran out before it ended; its result was not written")
         }
         Err(e) => {
             tracing::error!(error = %e, batch = %item.batch_id, index = item.index, "could not write a batch item's result; it runs again after its lease")
         }
+    }
+}
+
+/// Records an OpenAI batch's output and error files (their size, for `/v1/files`) when the
+/// item just ended was its last; a batch ended otherwise (cancel, expiry) has them recorded
+/// when it is next retrieved.
+async fn record_files_once_ended(api: &BatchApi, item: &ClaimedItem) {
+    let recorded = match api.batches.processing(&item.batch_id).await {
+        Ok(true) => Ok(()),
+        Ok(false) => batches::record_ended(api, &item.account_id, &item.batch_id).await,
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = recorded {
+        tracing::warn!(error = %e.message, batch = %item.batch_id, "could not record a batch's output files; they are recorded when it is retrieved");
     }
 }
 
