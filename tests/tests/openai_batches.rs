@@ -636,3 +636,35 @@ print(json.dumps({"first": first.bytes, "second": second, "other": other, "after
         (&json!(599), &json!(599))
     );
 }
+
+/// A batch of `/v1/responses` needs the key's `responses` scope as well as `chat`: a key of
+/// `chat` alone is refused at the create (403, the envelope) and may still batch chat requests.
+#[tokio::test]
+async fn a_responses_batch_needs_the_responses_scope() {
+    const SCRIPT: &str = r#"
+import sys, json, openai
+base, key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+def create(endpoint):
+    body = {"model": "svc/haiku", "max_output_tokens": 8, "input": "hi"} if endpoint == "/v1/responses" \
+        else {"model": "svc/haiku", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": endpoint, "body": body})
+    uploaded = client.files.create(file=("in.jsonl", line.encode()), purpose="batch")
+    try:
+        return {"status": 200, "body": client.batches.create(input_file_id=uploaded.id,
+            endpoint=endpoint, completion_window="24h").model_dump(mode="json")}
+    except openai.APIStatusError as e:
+        return {"status": e.status_code, "body": e.response.json()}
+print(json.dumps({"responses": create("/v1/responses"), "chat": create("/v1/chat/completions")}))
+"#;
+    let gw = Gateway::start().await;
+    let chat_only = KeySpec {
+        scopes: Some(vec!["chat".to_owned()]),
+        ..KeySpec::api()
+    };
+    let key = gw.new_key(1_000_000, &chat_only).await;
+    let run = python(&gw, SCRIPT, &[&key.secret]).await;
+    expect_envelope(&run, "responses", 403, "permission_error");
+    assert_eq!(run["chat"]["status"], 200, "{run}");
+    assert_eq!(run["chat"]["body"]["status"], "in_progress", "{run}");
+}

@@ -29,7 +29,7 @@ use crate::edge::budget::{BudgetOwner, Reservation};
 use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::state::BatchApi;
-use gateway_core::auth::Principal;
+use gateway_core::auth::{permit, Principal};
 use gateway_core::cpu;
 use gateway_core::limits::AdmissionRequest;
 use store::accounts::StoreError;
@@ -101,6 +101,11 @@ pub async fn create(
             body.endpoint
         )));
     };
+    // Its items run as `/v1/responses` turns, which the key's scopes must allow (checked again
+    // when each runs).
+    if format == RequestFormat::Responses {
+        permit(&principal, "responses")?;
+    }
     if body.completion_window != WINDOW {
         return Err(ApiError::invalid(format!(
             "completion_window: must be `{WINDOW}`"
