@@ -152,9 +152,9 @@ async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
             return Some(match item.format {
                 RequestFormat::Messages => ended_with(&e, None),
                 RequestFormat::ChatCompletions => {
-                    chat_ended_with(&e, &ids::chat_completion(), None)
+                    openai_ended_with(&e, &ids::chat_completion(), None)
                 }
-                RequestFormat::Responses => chat_ended_with(&e, &ids::response(), None),
+                RequestFormat::Responses => openai_ended_with(&e, &ids::response(), None),
             })
         }
     };
@@ -209,7 +209,7 @@ async fn execute_chat(
     };
     let (request, open_max_tokens) = match request {
         Ok(request) => request,
-        Err(e) => return Some(chat_ended_with(&e, &id, None)),
+        Err(e) => return Some(openai_ended_with(&e, &id, None)),
     };
     let request = turn_request(&id, Endpoint::ChatCompletions, request, open_max_tokens);
     let started = start(api, turns, principal, item, request);
@@ -229,7 +229,7 @@ async fn execute_chat(
             message_id: Some(id),
         }),
         Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
-        Err(e) => Some(chat_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
+        Err(e) => Some(openai_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
     }
 }
 
@@ -245,7 +245,7 @@ async fn execute_response(
         Ok(raw) => raw,
         Err(e) => {
             let error = ApiError::invalid(format!("body: {e}"));
-            return Some(chat_ended_with(&error, &ids::response(), None));
+            return Some(openai_ended_with(&error, &ids::response(), None));
         }
     };
     // The id of its response, once its turn is started (its ledger row's).
@@ -263,7 +263,7 @@ async fn execute_response(
             message_id: Some(response.id),
         }),
         Err(Unfinished::Interrupted) => None,
-        Err(Unfinished::Failed(e)) => Some(chat_ended_with(&e, &id, started)),
+        Err(Unfinished::Failed(e)) => Some(openai_ended_with(&e, &id, started)),
     }
 }
 
@@ -319,9 +319,9 @@ async fn principal(
     Ok(principal)
 }
 
-/// A Chat Completions item ended with the error `/v1/chat/completions` would have answered
-/// to request `id`; `message_id` when its turn started.
-fn chat_ended_with(error: &ApiError, id: &str, message_id: Option<String>) -> Outcome {
+/// An item of `/v1/batches` ended with the error its endpoint (`/v1/chat/completions` or
+/// `/v1/responses`) would have answered to request `id`; `message_id` when its turn started.
+fn openai_ended_with(error: &ApiError, id: &str, message_id: Option<String>) -> Outcome {
     Outcome {
         state: ItemState::Errored,
         result: error_result(error, id),
