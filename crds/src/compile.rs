@@ -447,7 +447,24 @@ fn compile_upstream_route(
         pricing,
         route: Route::Upstreams(upstreams),
         affinity: spec.affinity.unwrap_or_default(),
+        batch_price_per_million: spec
+            .batch_price_ratio
+            .map(|ratio| batch_price_per_million(resource, ratio, problems)),
     }
+}
+
+/// A route's batch price ratio in millionths, which must be more than 0 and at most 1.
+fn batch_price_per_million(resource: &ResourceRef, ratio: f64, problems: &mut Problems) -> u32 {
+    const MILLION: f64 = 1_000_000.0;
+    if !(ratio > 0.0 && ratio <= 1.0) {
+        problems.add(
+            resource,
+            format!("batchPriceRatio {ratio} must be more than 0 and at most 1"),
+        );
+        return MILLION as u32;
+    }
+    // In range, so the cast cannot overflow; at least one millionth.
+    ((ratio * MILLION).round() as u32).max(1)
 }
 
 fn compile_upstream(
@@ -548,6 +565,13 @@ fn compile_auto_route(
             "affinity is not allowed with auto: each candidate follows its own route's",
         );
     }
+    if spec.batch_price_ratio.is_some() {
+        problems.add(
+            resource,
+            "batchPriceRatio is not allowed with auto: a batch item is billed at the chosen \
+             candidate's",
+        );
+    }
     if spec.context_window.is_some() {
         problems.add(resource, format!("contextWindow is not allowed {derived}"));
     }
@@ -627,6 +651,7 @@ fn compile_auto_route(
         pricing: Pricing::default(),
         route: Route::Auto { candidates },
         affinity: Affinity::default(),
+        batch_price_per_million: None,
     }
 }
 

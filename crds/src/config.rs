@@ -67,6 +67,10 @@ pub struct ModelConfig {
     /// How a turn's first upstream is chosen among the route's upstreams.
     #[serde(default)]
     pub affinity: Affinity,
+    /// What a batch item served by this route costs, in millionths of the interactive price
+    /// (1 to 1,000,000); `None`: the gateway's default (`--batch-price-percent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_price_per_million: Option<u32>,
 }
 
 /// How a route spreads turns over its upstreams.

@@ -208,6 +208,13 @@ pub struct ModelRouteSpec {
     /// weight. Not allowed with `auto` (each candidate follows its own route's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// What a batch item (Message Batches, `/v1/batches`) served by this route costs, as a
+    /// fraction of the same turn sent alone: more than 0, at most 1 (the same price). Default:
+    /// the gateway's `--batch-price-percent` (50, half). Not allowed with `auto`, whose turns
+    /// are billed at the chosen candidate's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0), extend("exclusiveMinimum" = true))]
+    pub batch_price_ratio: Option<f64>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

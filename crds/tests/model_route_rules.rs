@@ -258,3 +258,35 @@ fn every_error_is_reported_not_only_the_first() {
         "{errors:#?}"
     );
 }
+
+#[test]
+fn batch_price_ratio_is_carried_in_millionths_and_absent_by_default() {
+    let mut m = standalone();
+    route(&mut m, "svc/haiku").spec.batch_price_ratio = Some(0.25);
+    route(&mut m, "svc/sonnet").spec.batch_price_ratio = Some(1.0);
+    let config = compiles(&m);
+    let per_million = |model: &str| config.models[model].batch_price_per_million;
+    assert_eq!(per_million("svc/haiku"), Some(250_000));
+    assert_eq!(per_million("svc/sonnet"), Some(1_000_000));
+    assert_eq!(per_million("svc/opus"), None, "the gateway's default");
+}
+
+#[test]
+fn batch_price_ratio_outside_zero_to_one_is_rejected() {
+    for ratio in [0.0, -0.5, 1.5, f64::NAN] {
+        let mut m = standalone();
+        route(&mut m, "svc/haiku").spec.batch_price_ratio = Some(ratio);
+        assert_rejected(&m, "ModelRoute svc-haiku:", "batchPriceRatio");
+    }
+}
+
+#[test]
+fn batch_price_ratio_on_an_auto_route_is_rejected() {
+    let mut m = standalone();
+    route(&mut m, "svc/auto").spec.batch_price_ratio = Some(0.5);
+    assert_rejected(
+        &m,
+        "ModelRoute svc-auto:",
+        "batchPriceRatio is not allowed with auto",
+    );
+}

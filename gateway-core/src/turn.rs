@@ -97,6 +97,10 @@ pub enum Endpoint {
     Responses,
     /// An item of a Message Batch (`/v1/messages/batches`), run by a worker.
     MessageBatches,
+    /// An item of an OpenAI batch (`/v1/batches`) of `/v1/chat/completions`.
+    ChatCompletionsBatches,
+    /// An item of an OpenAI batch (`/v1/batches`) of `/v1/responses`.
+    ResponsesBatches,
 }
 
 impl Endpoint {
@@ -106,6 +110,17 @@ impl Endpoint {
             Self::ChatCompletions => "chat_completions",
             Self::Responses => "responses",
             Self::MessageBatches => "message_batches",
+            Self::ChatCompletionsBatches => "chat_completions_batches",
+            Self::ResponsesBatches => "responses_batches",
+        }
+    }
+
+    /// The endpoint of a batch item of this endpoint's requests.
+    fn batched(self) -> Self {
+        match self {
+            Self::Messages | Self::MessageBatches => Self::MessageBatches,
+            Self::ChatCompletions | Self::ChatCompletionsBatches => Self::ChatCompletionsBatches,
+            Self::Responses | Self::ResponsesBatches => Self::ResponsesBatches,
         }
     }
 }
@@ -181,28 +196,28 @@ enum Lane {
     /// Against the key's RPM, TPM and stream slots, at the route's price.
     Interactive,
     /// A batch item: it takes nothing of the key's interactive limits (a batch's own
-    /// workers bound it) and costs `price_percent` of the interactive price. Its ledger row
-    /// names its batch.
+    /// workers bound it) and costs its route's batch price ratio of the interactive price,
+    /// `default_price_percent` where the route sets none. Its ledger row names its batch.
     Batch {
-        price_percent: u32,
+        default_price_percent: u32,
         batch_id: String,
     },
 }
 
 /// A Message Batch item's turn ([`start`] otherwise): not streamed, never admitted against the
-/// key's interactive limits, billed at `price_percent` of the route's price, its ledger row
-/// naming `batch_id`.
+/// key's interactive limits, billed at the served route's batch price ratio of its price
+/// (`default_price_percent` where it sets none), its ledger row naming `batch_id`.
 pub async fn start_batch_item(
     state: &Turns,
     principal: &Principal,
     mut turn: TurnRequest,
     batch_id: &str,
-    price_percent: u32,
+    default_price_percent: u32,
 ) -> Result<Turn, TurnError> {
     turn.request.stream = false;
-    turn.endpoint = Endpoint::MessageBatches;
+    turn.endpoint = turn.endpoint.batched();
     let lane = Lane::Batch {
-        price_percent,
+        default_price_percent,
         batch_id: batch_id.to_owned(),
     };
     begin(state, principal, turn, lane).await
@@ -253,12 +268,19 @@ async fn begin(
                 .await;
             (telemetry.admission(admission)?, served.price)
         }
-        Lane::Batch { price_percent, .. } => {
+        Lane::Batch {
+            default_price_percent,
+            ..
+        } => {
             let unadmitted = Admission {
                 snapshot: Snapshot::default(),
                 stream_slot: None,
             };
-            (unadmitted, served.price.percent(*price_percent))
+            let per_million = served
+                .config
+                .batch_price_per_million
+                .unwrap_or(default_price_percent.saturating_mul(10_000));
+            (unadmitted, served.price.per_million(per_million))
         }
     };
     let (admitted, batch_id) = match lane {
@@ -1003,6 +1025,7 @@ mod tests {
                 pricing: Pricing::default(),
                 route: Route::Upstreams(Vec::new()),
                 affinity: Affinity::None,
+                batch_price_per_million: None,
             },
             price: price(),
         }

@@ -260,6 +260,7 @@ mod tests {
             pricing: Pricing::default(),
             route: Route::Upstreams(Vec::new()),
             affinity: Affinity::default(),
+            batch_price_per_million: None,
         }
     }
 

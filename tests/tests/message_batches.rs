@@ -616,3 +616,89 @@ async fn a_pod_killed_mid_batch_loses_no_item_and_bills_each_once() {
     assert!(cut > 0, "the kill cut items in flight, which ran again");
     assert_eq!(before - survivor.balance(&key.secret).await, billed);
 }
+
+/// A route's `batchPriceRatio` is what its batch items cost of the same turn sent alone: at 1
+/// the same; unset, the deployment's default (`--batch-price-percent`, 50: half).
+#[tokio::test]
+async fn a_routes_batch_price_ratio_sets_what_its_items_cost() {
+    let mock = MockUpstream::start().await;
+    let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
+    let models = manifests.path.join("models.yaml");
+    let routes = std::fs::read_to_string(&models).expect("read models.yaml");
+    let sonnet = "\n  model: svc/sonnet\n";
+    assert!(routes.contains(sonnet), "{routes}");
+    let routes = routes.replace(sonnet, "\n  model: svc/sonnet\n  batchPriceRatio: 1.0\n");
+    std::fs::write(&models, routes).expect("write models.yaml");
+    let gw = Gateway::builder()
+        .manifests(&manifests.path)
+        .arg("--batch-poll-ms")
+        .arg("50")
+        .start()
+        .await;
+    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let params = |model: &str| {
+        json!({"model": model, "max_tokens": 64,
+               "messages": [{"role": "user", "content": "What does a batch item cost?"}]})
+    };
+    let requests: Vec<Value> = ["svc/sonnet", "svc/haiku"]
+        .iter()
+        .map(|model| json!({"custom_id": model.replace('/', "-"), "params": params(model)}))
+        .collect();
+    let created = gw
+        .post_json(
+            "/v1/messages/batches",
+            &key.secret,
+            &json!({"requests": requests}),
+        )
+        .await
+        .expect_ok();
+    let id = created["id"].as_str().expect("id");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let batch = gw
+            .get(&format!("/v1/messages/batches/{id}"), &key.secret)
+            .await
+            .expect_ok();
+        if batch["processing_status"] == "ended" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{batch}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let results = gw
+        .get(&format!("/v1/messages/batches/{id}/results"), &key.secret)
+        .await;
+    let mut items = HashMap::new();
+    for line in results.text.lines() {
+        let line: Value = serde_json::from_str(line).expect("a JSON line");
+        assert_eq!(line["result"]["type"], "succeeded", "{line}");
+        let message_id = line["result"]["message"]["id"].as_str().expect("id");
+        let row = gw.message_record(message_id).await;
+        items.insert(
+            line["custom_id"].as_str().expect("custom_id").to_owned(),
+            row,
+        );
+    }
+    for (model, same_price) in [("svc/sonnet", true), ("svc/haiku", false)] {
+        let alone = gw
+            .post_json("/v1/messages", &key.secret, &params(model))
+            .await
+            .expect_ok();
+        let interactive = gw.message_record(alone["id"].as_str().expect("id")).await;
+        let item = &items[&model.replace('/', "-")];
+        assert_eq!(interactive["usage"], item["usage"], "the same turn");
+        let (full, billed) = (
+            interactive["billed"].as_i64().expect("billed"),
+            item["billed"].as_i64().expect("billed"),
+        );
+        assert!(full > 1, "{interactive}");
+        if same_price {
+            assert_eq!(billed, full, "{model} at ratio 1 costs the same");
+        } else {
+            assert!(
+                (full / 2..=(full + 1) / 2).contains(&billed),
+                "{model} at the default costs half: {billed} of {full}"
+            );
+        }
+    }
+}

@@ -223,7 +223,7 @@ async fn a_batch_runs_to_completion_billed_per_item_at_the_batch_price(gw: &Gate
         let id = line["response"]["request_id"].as_str().expect("request_id");
         let row = gw.message_record(id).await;
         assert_eq!(&row["batch_id"], &created["id"], "{row}");
-        assert_eq!(row["endpoint"], "message_batches", "{row}");
+        assert_eq!(row["endpoint"], "chat_completions_batches", "{row}");
         assert_eq!(row["status"], "completed", "{row}");
         billed += row["billed"].as_i64().expect("billed");
         rows.insert(custom_id.clone(), row);
@@ -331,6 +331,181 @@ async fn in_postgres_bad_input_gets_the_envelope_with_its_status() {
     let pg = PostgresServer::start().await;
     let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
     bad_input_gets_the_envelope_with_its_status(&cluster.pods[0]).await;
+}
+
+/// A batch of `/v1/responses` requests and one invalid: waits for it to end, reads its output
+/// and error files, lists the files, deletes the output file and reads it again.
+const SDK_RESPONSES: &str = r#"
+import sys, json, time, openai
+base, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+line = lambda custom_id, body: json.dumps({"custom_id": custom_id, "method": "POST",
+                                           "url": "/v1/responses", "body": body})
+lines = [line(f"req-{i}", {"model": "svc/haiku", "max_output_tokens": 32,
+                           "instructions": "Be brief.", "input": f"Question number {i}"})
+         for i in range(n)]
+lines.append(line("invalid", {"model": "svc/haiku", "input": 42}))
+uploaded = client.files.create(file=("input.jsonl", "\n".join(lines).encode()), purpose="batch")
+batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/responses",
+                              completion_window="24h")
+deadline = time.time() + 180
+while batch.status not in ("completed", "failed", "expired", "cancelled"):
+    if time.time() > deadline:
+        raise SystemExit("the batch did not end: " + batch.model_dump_json())
+    time.sleep(0.2)
+    batch = client.batches.retrieve(batch.id)
+output = client.files.content(batch.output_file_id).text
+errors = client.files.content(batch.error_file_id).text
+listed = [f.model_dump(mode="json") for f in client.files.list(purpose="batch_output")]
+deleted = client.files.delete(batch.output_file_id).deleted
+try:
+    client.files.content(batch.output_file_id)
+    after_delete = 200
+except openai.APIStatusError as e:
+    after_delete = e.status_code
+print(json.dumps({"ended": batch.model_dump(mode="json"), "output": output, "errors": errors,
+                  "listed": listed, "deleted": deleted, "after_delete": after_delete,
+                  "listed_after": [f.id for f in client.files.list()]}))
+"#;
+
+/// A batch of `/v1/responses` runs each item through the same turn as `POST /v1/responses`:
+/// its output line holds a Responses object, its ledger row names the batch and the responses
+/// batch endpoint, the balance drops by exactly their bills; the invalid body ends in the
+/// error file with its 400. The output and error files are listed as `batch_output` with their
+/// size, and deleting one removes it.
+async fn a_responses_batch_answers_responses_objects_and_lists_its_files(gw: &Gateway) {
+    const N: usize = 12;
+    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let before = gw.balance(&key.secret).await;
+    let run = python(gw, SDK_RESPONSES, &[&key.secret, &N.to_string()]).await;
+    let ended = &run["ended"];
+    assert_eq!(ended["status"], "completed", "{ended}");
+    assert_eq!(ended["endpoint"], "/v1/responses", "{ended}");
+    assert_eq!(
+        ended["request_counts"],
+        json!({"total": N + 1, "completed": N, "failed": 1}),
+        "{ended}"
+    );
+    let output = by_custom_id(&run["output"]);
+    let errors = by_custom_id(&run["errors"]);
+    assert_eq!((output.len(), errors.len()), (N, 1), "{run}");
+    let mut billed = 0;
+    for i in 0..N {
+        let line = &output[&format!("req-{i}")];
+        let response = &line["response"];
+        assert_eq!(response["status_code"], 200, "{line}");
+        let body = &response["body"];
+        assert_eq!(
+            (&body["object"], &body["status"]),
+            (&json!("response"), &json!("completed")),
+            "{line}"
+        );
+        assert_eq!(body["id"], response["request_id"], "{line}");
+        assert_eq!(body["instructions"], "Be brief.", "{line}");
+        assert_eq!(body["output"][0]["type"], "message", "{line}");
+        let row = gw.message_record(body["id"].as_str().expect("id")).await;
+        assert_eq!(row["endpoint"], "responses_batches", "{row}");
+        assert_eq!(&row["batch_id"], &ended["id"], "{row}");
+        assert_eq!(
+            body["usage"]["credits_consumed"], row["billed"],
+            "the response tells its bill: {row}"
+        );
+        billed += row["billed"].as_i64().expect("billed");
+    }
+    let invalid = &errors["invalid"]["response"];
+    assert_eq!(invalid["status_code"], 400, "{invalid}");
+    assert_eq!(invalid["body"]["error"]["type"], "invalid_request_error");
+    gw.wait_settled(&key.account_id).await;
+    let spent = before - gw.balance(&key.secret).await;
+    assert!(spent > 0);
+    assert_eq!(spent, billed, "the balance drops by the items' ledger rows");
+
+    let listed = run["listed"].as_array().expect("a list");
+    let ids: Vec<&Value> = listed.iter().map(|f| &f["id"]).collect();
+    assert_eq!(ids.len(), 2, "{listed:?}");
+    assert!(ids.contains(&&ended["output_file_id"]) && ids.contains(&&ended["error_file_id"]));
+    for file in listed {
+        assert_eq!(file["purpose"], "batch_output", "{file}");
+        let content = if file["id"] == ended["output_file_id"] {
+            &run["output"]
+        } else {
+            &run["errors"]
+        };
+        assert_eq!(
+            file["bytes"].as_u64(),
+            content.as_str().map(|c| c.len() as u64),
+            "{file}"
+        );
+    }
+    assert_eq!(run["deleted"], true);
+    assert_eq!(run["after_delete"], 404, "a deleted output file is gone");
+    let after = run["listed_after"].as_array().expect("a list");
+    assert!(!after.contains(&ended["output_file_id"]), "{after:?}");
+    assert!(after.contains(&ended["error_file_id"]), "{after:?}");
+}
+
+#[tokio::test]
+async fn standalone_a_responses_batch_answers_responses_objects_and_lists_its_files() {
+    let gw = Gateway::start().await;
+    a_responses_batch_answers_responses_objects_and_lists_its_files(&gw).await;
+}
+
+#[tokio::test]
+async fn in_postgres_a_responses_batch_answers_responses_objects_and_lists_its_files() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
+    a_responses_batch_answers_responses_objects_and_lists_its_files(&cluster.pods[0]).await;
+}
+
+/// Creates a batch of `n` requests and one invalid, then lists the `batch_output` files until
+/// both of its files are there, never retrieving the batch; prints what it listed.
+const SDK_FILES_WITHOUT_RETRIEVE: &str = r#"
+import sys, json, time, openai
+base, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+line = lambda custom_id, body: json.dumps({"custom_id": custom_id, "method": "POST",
+                                           "url": "/v1/chat/completions", "body": body})
+lines = [line(f"req-{i}", {"model": "svc/haiku", "max_tokens": 16,
+              "messages": [{"role": "user", "content": f"Question number {i}"}]}) for i in range(n)]
+lines.append(line("invalid", {"model": "svc/haiku", "max_tokens": 16}))
+uploaded = client.files.create(file=("input.jsonl", "\n".join(lines).encode()), purpose="batch")
+batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")
+deadline = time.time() + 30
+listed = []
+while len(listed) < 2 and time.time() < deadline:
+    time.sleep(0.1)
+    listed = [f.model_dump(mode="json") for f in client.files.list(purpose="batch_output")]
+print(json.dumps({"batch": batch.id, "listed": listed}))
+"#;
+
+/// The worker that ends a batch's last item records its output and error files: they are
+/// listed by `GET /v1/files` without the batch ever being retrieved.
+#[tokio::test]
+async fn a_batchs_files_are_listed_once_its_last_item_ends() {
+    let gw = Gateway::builder()
+        .arg("--batch-poll-ms")
+        .arg("20")
+        .start()
+        .await;
+    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let run = python(&gw, SDK_FILES_WITHOUT_RETRIEVE, &[&key.secret, "8"]).await;
+    let batch = run["batch"].as_str().expect("batch id");
+    let mut names: Vec<&str> = run["listed"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|f| f["filename"].as_str().expect("filename"))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            format!("{batch}_errors.jsonl"),
+            format!("{batch}_output.jsonl")
+        ],
+        "{run}"
+    );
 }
 
 /// Creates a batch of `n` requests, then another (refused: the key's cap is one in progress),
@@ -460,4 +635,36 @@ print(json.dumps({"first": first.bytes, "second": second, "other": other, "after
         (&run["other"], &run["after_delete"]),
         (&json!(599), &json!(599))
     );
+}
+
+/// A batch of `/v1/responses` needs the key's `responses` scope as well as `chat`: a key of
+/// `chat` alone is refused at the create (403, the envelope) and may still batch chat requests.
+#[tokio::test]
+async fn a_responses_batch_needs_the_responses_scope() {
+    const SCRIPT: &str = r#"
+import sys, json, openai
+base, key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+def create(endpoint):
+    body = {"model": "svc/haiku", "max_output_tokens": 8, "input": "hi"} if endpoint == "/v1/responses" \
+        else {"model": "svc/haiku", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": endpoint, "body": body})
+    uploaded = client.files.create(file=("in.jsonl", line.encode()), purpose="batch")
+    try:
+        return {"status": 200, "body": client.batches.create(input_file_id=uploaded.id,
+            endpoint=endpoint, completion_window="24h").model_dump(mode="json")}
+    except openai.APIStatusError as e:
+        return {"status": e.status_code, "body": e.response.json()}
+print(json.dumps({"responses": create("/v1/responses"), "chat": create("/v1/chat/completions")}))
+"#;
+    let gw = Gateway::start().await;
+    let chat_only = KeySpec {
+        scopes: Some(vec!["chat".to_owned()]),
+        ..KeySpec::api()
+    };
+    let key = gw.new_key(1_000_000, &chat_only).await;
+    let run = python(&gw, SCRIPT, &[&key.secret]).await;
+    expect_envelope(&run, "responses", 403, "permission_error");
+    assert_eq!(run["chat"]["status"], 200, "{run}");
+    assert_eq!(run["chat"]["body"]["status"], "in_progress", "{run}");
 }

@@ -207,6 +207,7 @@ mod tests {
             },
             route,
             affinity: Affinity::None,
+            batch_price_per_million: None,
         }
     }
 
@@ -266,6 +267,7 @@ mod tests {
     fn a_route_of_one_upstream_plans_it_without_working_out_the_conversation() {
         let one = ModelConfig {
             affinity: Affinity::Conversation,
+            batch_price_per_million: None,
             ..model(PLAIN, 1_000_000, Route::Upstreams(vec![upstream("u", 1)]))
         };
         let config = GatewayConfig {

@@ -24,10 +24,10 @@ impl Price {
         }
     }
 
-    /// This price at `percent` of itself (a batch item's): every rate scales alike, through
-    /// the credits a dollar buys.
-    pub fn percent(&self, percent: u32) -> Price {
-        let scaled = u128::from(self.credits_per_usd) * u128::from(percent) / 100;
+    /// This price at `per_million` millionths of itself (a batch item's): every rate scales
+    /// alike, through the credits a dollar buys.
+    pub fn per_million(&self, per_million: u32) -> Price {
+        let scaled = u128::from(self.credits_per_usd) * u128::from(per_million) / 1_000_000;
         Price::new(self.pricing, u64::try_from(scaled).unwrap_or(u64::MAX))
     }
 
@@ -140,8 +140,11 @@ mod tests {
         };
         let full = sonnet().credits(&usage);
         assert_eq!(full, 6_495);
-        assert_eq!(sonnet().percent(50).credits(&usage), full.div_ceil(2));
-        assert_eq!(sonnet().percent(100).credits(&usage), full);
+        assert_eq!(
+            sonnet().per_million(500_000).credits(&usage),
+            full.div_ceil(2)
+        );
+        assert_eq!(sonnet().per_million(1_000_000).credits(&usage), full);
     }
 
     #[test]

@@ -554,8 +554,7 @@ impl From<FileError> for ApiError {
             FileError::Purpose(_)
             | FileError::Multipart(_)
             | FileError::NotJsonl { .. }
-            | FileError::Quota(_)
-            | FileError::Generated(_) => Self::invalid(e.to_string()),
+            | FileError::Quota(_) => Self::invalid(e.to_string()),
         }
     }
 }

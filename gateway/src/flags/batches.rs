@@ -21,7 +21,8 @@ pub struct BatchesArgs {
     /// `expired`.
     #[arg(long, env = "GATEWAY_BATCH_EXPIRY_SECS", default_value_t = 24 * 3600)]
     pub batch_expiry_secs: u64,
-    /// What a batch item costs, in percent of the same turn sent alone.
+    /// What a batch item costs, in percent of the same turn sent alone, on the routes that set
+    /// no `batchPriceRatio` of their own.
     #[arg(long, env = "GATEWAY_BATCH_PRICE_PERCENT", default_value_t = 50)]
     pub batch_price_percent: u32,
     /// Batches one key may have processing at once; one more is refused (429).

@@ -153,14 +153,14 @@ impl BatchStore for MemoryBatchStore {
     async fn list(
         &self,
         account_id: &str,
-        format: RequestFormat,
+        formats: &[RequestFormat],
         cursor: Cursor,
         limit: u32,
     ) -> Result<BatchPage, StoreError> {
         let batches = self.lock();
         let mut mine: Vec<Batch> = batches
             .iter()
-            .filter(|(_, b)| b.account_id == account_id && b.format == format)
+            .filter(|(_, b)| b.account_id == account_id && formats.contains(&b.format))
             .map(|(id, b)| b.view(id))
             .collect();
         // Newest first.
@@ -282,6 +282,13 @@ impl BatchStore for MemoryBatchStore {
         };
         item.end(outcome.state, outcome.result, now);
         Ok(true)
+    }
+
+    async fn processing(&self, batch_id: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .lock()
+            .get(batch_id)
+            .is_some_and(|b| b.items.iter().any(|i| !i.state.ended())))
     }
 
     async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError> {

@@ -60,12 +60,16 @@ pub struct NewItem {
 pub enum RequestFormat {
     /// `/v1/messages/batches`: Messages API params.
     Messages,
-    /// `/v1/batches`: Chat Completions bodies.
+    /// `/v1/batches` of endpoint `/v1/chat/completions`: Chat Completions bodies.
     ChatCompletions,
+    /// `/v1/batches` of endpoint `/v1/responses`: Responses API bodies.
+    Responses,
 }
 
 impl RequestFormat {
-    pub const ALL: [Self; 2] = [Self::Messages, Self::ChatCompletions];
+    pub const ALL: [Self; 3] = [Self::Messages, Self::ChatCompletions, Self::Responses];
+    /// The formats of OpenAI's `/v1/batches`, which lists them together.
+    pub const OPENAI: [Self; 2] = [Self::ChatCompletions, Self::Responses];
 }
 
 #[derive(Clone, Debug)]
@@ -203,11 +207,11 @@ pub trait BatchStore: Send + Sync {
     ) -> Result<Option<Batch>, StoreError>;
     /// The account's batch of this id.
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
-    /// The account's batches of `format`.
+    /// The account's batches of any of `formats`.
     async fn list(
         &self,
         account_id: &str,
-        format: RequestFormat,
+        formats: &[RequestFormat],
         cursor: Cursor,
         limit: u32,
     ) -> Result<BatchPage, StoreError>;
@@ -240,6 +244,10 @@ pub trait BatchStore: Send + Sync {
         outcome: Outcome,
         now: OffsetDateTime,
     ) -> Result<bool, StoreError>;
+    /// Whether any of the batch's items is queued or running (`false` once it has ended, or
+    /// when there is no such batch): a worker that ended an item asks it to know whether that
+    /// was the batch's last.
+    async fn processing(&self, batch_id: &str) -> Result<bool, StoreError>;
     /// Ends the items no worker holds (queued, or their lease ran out) of batches past their
     /// expiry (`expired`) or cancelled (`canceled`); returns how many ended.
     async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError>;

@@ -301,7 +301,7 @@ impl BatchStore for PostgresBatchStore {
     async fn list(
         &self,
         account_id: &str,
-        format: RequestFormat,
+        formats: &[RequestFormat],
         cursor: Cursor,
         limit: u32,
     ) -> Result<BatchPage, StoreError> {
@@ -323,13 +323,13 @@ impl BatchStore for PostgresBatchStore {
             .bounded(
                 sqlx::query(&format!(
                     "SELECT {BATCH_COLUMNS} FROM message_batches
-                     WHERE account_id = $1 AND format = $4 AND {condition}
+                     WHERE account_id = $1 AND format = ANY($4) AND {condition}
                      ORDER BY created_at {order}, id {order} LIMIT $2"
                 ))
                 .bind(account_id)
                 .bind(i64::from(limit) + 1)
                 .bind(at)
-                .bind(name_of(&format))
+                .bind(formats.iter().map(name_of).collect::<Vec<_>>())
                 .persistent(false)
                 .fetch_all(self.db.pool()),
             )
@@ -449,6 +449,22 @@ impl BatchStore for PostgresBatchStore {
             )
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn processing(&self, batch_id: &str) -> Result<bool, StoreError> {
+        // The open items' partial index answers from its first entry.
+        Ok(self
+            .db
+            .bounded(
+                sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM message_batch_items
+                                    WHERE batch_id = $1 AND state IN ('queued', 'running'))",
+                )
+                .bind(batch_id)
+                .persistent(false)
+                .fetch_one(self.db.pool()),
+            )
+            .await?)
     }
 
     async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError> {

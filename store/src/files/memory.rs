@@ -5,16 +5,40 @@ use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::{FileInfo, FilePage, FileStore, NewFile, Order};
+use super::{FileInfo, FilePage, FileStore, GeneratedFile, NewFile, Order};
 use crate::accounts::StoreError;
+
+/// An upload with its content, or a batch's generated file (`deleted` once it was).
+enum Stored {
+    Upload(NewFile),
+    Generated { file: GeneratedFile, deleted: bool },
+}
+
+impl Stored {
+    fn account_id(&self) -> &str {
+        match self {
+            Self::Upload(f) => &f.account_id,
+            Self::Generated { file, .. } => &file.account_id,
+        }
+    }
+
+    /// Its file object, unless it was deleted.
+    fn live(&self) -> Option<FileInfo> {
+        match self {
+            Self::Upload(f) => Some(f.info()),
+            Self::Generated { deleted: true, .. } => None,
+            Self::Generated { file, .. } => Some(file.info()),
+        }
+    }
+}
 
 #[derive(Default)]
 pub struct MemoryFileStore {
-    files: Mutex<HashMap<String, NewFile>>,
+    files: Mutex<HashMap<String, Stored>>,
 }
 
 impl MemoryFileStore {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, NewFile>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Stored>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -30,13 +54,17 @@ impl FileStore for MemoryFileStore {
         let mut files = self.lock();
         let held: u64 = files
             .values()
-            .filter(|f| f.account_id == file.account_id)
-            .map(|f| f.content.len() as u64)
+            .filter_map(|f| match f {
+                Stored::Upload(f) if f.account_id == file.account_id => {
+                    Some(f.content.len() as u64)
+                }
+                _ => None,
+            })
             .sum();
         if held + info.bytes > max_account_bytes {
             return Ok(None);
         }
-        files.insert(file.id.clone(), file);
+        files.insert(file.id.clone(), Stored::Upload(file));
         Ok(Some(info))
     }
 
@@ -44,16 +72,15 @@ impl FileStore for MemoryFileStore {
         Ok(self
             .lock()
             .get(id)
-            .filter(|f| f.account_id == account_id)
-            .map(NewFile::info))
+            .filter(|f| f.account_id() == account_id)
+            .and_then(Stored::live))
     }
 
     async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self
-            .lock()
-            .get(id)
-            .filter(|f| f.account_id == account_id)
-            .map(|f| f.content.clone()))
+        Ok(match self.lock().get(id) {
+            Some(Stored::Upload(f)) if f.account_id == account_id => Some(f.content.clone()),
+            _ => None,
+        })
     }
 
     async fn list(
@@ -67,9 +94,9 @@ impl FileStore for MemoryFileStore {
         let files = self.lock();
         let mut mine: Vec<FileInfo> = files
             .values()
-            .filter(|f| f.account_id == account_id)
+            .filter(|f| f.account_id() == account_id)
+            .filter_map(Stored::live)
             .filter(|f| purpose.is_none_or(|p| f.purpose == p))
-            .map(NewFile::info)
             .collect();
         drop(files);
         mine.sort_by(|a, b| match order {
@@ -93,10 +120,26 @@ impl FileStore for MemoryFileStore {
 
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
         let mut files = self.lock();
-        if files.get(id).is_some_and(|f| f.account_id == account_id) {
-            files.remove(id);
-            return Ok(true);
+        match files.get_mut(id) {
+            Some(Stored::Upload(f)) if f.account_id == account_id => {
+                files.remove(id);
+                Ok(true)
+            }
+            Some(Stored::Generated { file, deleted }) if file.account_id == account_id => {
+                Ok(!std::mem::replace(deleted, true))
+            }
+            _ => Ok(false),
         }
-        Ok(false)
+    }
+
+    async fn record_generated(&self, file: GeneratedFile) -> Result<Option<FileInfo>, StoreError> {
+        let mut files = self.lock();
+        let stored = files
+            .entry(file.id.clone())
+            .or_insert_with(|| Stored::Generated {
+                file,
+                deleted: false,
+            });
+        Ok(stored.live())
     }
 }

@@ -24,6 +24,19 @@ pub struct NewFile {
     pub created_at: OffsetDateTime,
 }
 
+/// A batch's output or error file: only its size is kept here, its content is read from the
+/// batch's results.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GeneratedFile {
+    pub id: String,
+    pub account_id: String,
+    pub batch_id: String,
+    pub filename: String,
+    pub purpose: String,
+    pub bytes: u64,
+    pub created_at: OffsetDateTime,
+}
+
 /// A file without its content.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileInfo {
@@ -74,8 +87,25 @@ pub trait FileStore: Send + Sync {
         limit: u32,
         order: Order,
     ) -> Result<FilePage, StoreError>;
-    /// `false` when the account has no such file.
+    /// `false` when the account has no such file. A generated file stays deleted: it is not
+    /// recorded again.
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
+    /// Records a batch's generated file, listed and deleted as an upload is and counted in no
+    /// quota, unless it was recorded before: the file as it now stands, `None` once deleted.
+    async fn record_generated(&self, file: GeneratedFile) -> Result<Option<FileInfo>, StoreError>;
+}
+
+impl GeneratedFile {
+    fn info(&self) -> FileInfo {
+        FileInfo {
+            id: self.id.clone(),
+            account_id: self.account_id.clone(),
+            filename: self.filename.clone(),
+            purpose: self.purpose.clone(),
+            bytes: self.bytes,
+            created_at: self.created_at,
+        }
+    }
 }
 
 impl NewFile {

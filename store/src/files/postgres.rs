@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::{FileInfo, FilePage, FileStore, NewFile, Order};
+use super::{FileInfo, FilePage, FileStore, GeneratedFile, NewFile, Order};
 use crate::accounts::StoreError;
 use crate::db::{from_db, Database, DbError};
 
@@ -44,7 +44,8 @@ async fn insert_file(
         .execute(&mut *tx)
         .await?;
     let held: i64 = sqlx::query_scalar(
-        "SELECT coalesce(sum(bytes), 0)::bigint FROM files WHERE account_id = $1",
+        "SELECT coalesce(sum(bytes), 0)::bigint FROM files
+         WHERE account_id = $1 AND batch_id IS NULL",
     )
     .bind(&file.account_id)
     .persistent(false)
@@ -93,7 +94,8 @@ impl FileStore for PostgresFileStore {
             .db
             .bounded(
                 sqlx::query(&format!(
-                    "SELECT {INFO_COLUMNS} FROM files WHERE id = $1 AND account_id = $2"
+                    "SELECT {INFO_COLUMNS} FROM files
+                     WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"
                 ))
                 .bind(id)
                 .bind(account_id)
@@ -112,11 +114,14 @@ impl FileStore for PostgresFileStore {
         Ok(self
             .db
             .bounded(
-                sqlx::query_scalar("SELECT content FROM files WHERE id = $1 AND account_id = $2")
-                    .bind(id)
-                    .bind(account_id)
-                    .persistent(false)
-                    .fetch_optional(self.db.pool()),
+                sqlx::query_scalar(
+                    "SELECT content FROM files
+                     WHERE id = $1 AND account_id = $2 AND batch_id IS NULL",
+                )
+                .bind(id)
+                .bind(account_id)
+                .persistent(false)
+                .fetch_optional(self.db.pool()),
             )
             .await?)
     }
@@ -138,7 +143,8 @@ impl FileStore for PostgresFileStore {
             .bounded(
                 sqlx::query(&format!(
                     "SELECT {INFO_COLUMNS} FROM files
-                     WHERE account_id = $1 AND ($2::text IS NULL OR purpose = $2)
+                     WHERE account_id = $1 AND deleted_at IS NULL
+                       AND ($2::text IS NULL OR purpose = $2)
                        AND ($3::text IS NULL OR (created_at, id) {past}
                             (SELECT created_at, id FROM files WHERE id = $3 AND account_id = $1))
                      ORDER BY created_at {direction}, id {direction} LIMIT $4"
@@ -165,13 +171,84 @@ impl FileStore for PostgresFileStore {
         let done = self
             .db
             .bounded(
-                sqlx::query("DELETE FROM files WHERE id = $1 AND account_id = $2")
-                    .bind(id)
-                    .bind(account_id)
-                    .persistent(false)
-                    .execute(self.db.pool()),
+                sqlx::query(
+                    "WITH generated AS (
+                         UPDATE files SET deleted_at = now()
+                         WHERE id = $1 AND account_id = $2 AND batch_id IS NOT NULL
+                           AND deleted_at IS NULL
+                         RETURNING id
+                     ), upload AS (
+                         DELETE FROM files WHERE id = $1 AND account_id = $2 AND batch_id IS NULL
+                         RETURNING id
+                     )
+                     SELECT count(*) FROM (SELECT id FROM generated UNION ALL SELECT id FROM upload) d",
+                )
+                .bind(id)
+                .bind(account_id)
+                .persistent(false)
+                .fetch_one(self.db.pool()),
             )
             .await?;
-        Ok(done.rows_affected() == 1)
+        let deleted: i64 = done.try_get(0).map_err(DbError::Sql)?;
+        Ok(deleted == 1)
+    }
+
+    async fn record_generated(&self, file: GeneratedFile) -> Result<Option<FileInfo>, StoreError> {
+        let bytes = i64::try_from(file.bytes).unwrap_or(i64::MAX);
+        let row = self
+            .db
+            .bounded(
+                sqlx::query(&format!(
+                    "WITH recorded AS (
+                         INSERT INTO files
+                             (id, account_id, filename, purpose, bytes, content, created_at, batch_id)
+                         VALUES ($1, $2, $3, $4, $5, '', $6, $7)
+                         ON CONFLICT (id) DO NOTHING
+                         RETURNING {INFO_COLUMNS}, deleted_at
+                     )
+                     SELECT {INFO_COLUMNS}, deleted_at FROM recorded
+                     UNION ALL
+                     SELECT {INFO_COLUMNS}, deleted_at FROM files WHERE id = $1 AND account_id = $2"
+                ))
+                .bind(&file.id)
+                .bind(&file.account_id)
+                .bind(&file.filename)
+                .bind(&file.purpose)
+                .bind(bytes)
+                .bind(file.created_at)
+                .bind(&file.batch_id)
+                .persistent(false)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        // Recorded by another pod at the same moment: its row was not in this statement's view.
+        let row = match row {
+            Some(row) => row,
+            None => {
+                let again = self
+                    .db
+                    .bounded(
+                        sqlx::query(&format!(
+                            "SELECT {INFO_COLUMNS}, deleted_at FROM files
+                             WHERE id = $1 AND account_id = $2"
+                        ))
+                        .bind(&file.id)
+                        .bind(&file.account_id)
+                        .persistent(false)
+                        .fetch_optional(self.db.pool()),
+                    )
+                    .await?;
+                let Some(row) = again else {
+                    return Ok(None);
+                };
+                row
+            }
+        };
+        let deleted: Option<time::OffsetDateTime> =
+            row.try_get("deleted_at").map_err(DbError::Sql)?;
+        if deleted.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(info_of(&row).map_err(DbError::Sql)?))
     }
 }

@@ -123,7 +123,8 @@ pub struct MessageRecord {
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     pub latency_ms: Option<u64>,
-    /// The Message Batch the turn ran for (`endpoint` is then `message_batches`).
+    /// The batch the turn ran for (`endpoint` is then `message_batches`,
+    /// `chat_completions_batches` or `responses_batches`).
     pub batch_id: Option<String>,
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use e2e::PostgresServer;
-use store::files::{FileStore, MemoryFileStore, NewFile, Order, PostgresFileStore};
+use store::files::{FileStore, GeneratedFile, MemoryFileStore, NewFile, Order, PostgresFileStore};
 use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};
@@ -189,9 +189,99 @@ async fn an_account_keeps_at_most_its_quota_of_bytes(s: Store) {
     assert!(store(over).await.is_some());
 }
 
+/// A batch's generated file is recorded once (a second record keeps the first's size), listed
+/// with the uploads by its purpose, read by its account only, counted in no upload quota, and
+/// once deleted is not recorded again.
+async fn a_generated_file_is_recorded_once_listed_and_stays_deleted(s: Store) {
+    let (account, other) = (unique("acct"), unique("acct"));
+    let at = now();
+    let generated = GeneratedFile {
+        id: unique("file-output"),
+        account_id: account.clone(),
+        batch_id: unique("batch"),
+        filename: "batch_output.jsonl".to_owned(),
+        purpose: "batch_output".to_owned(),
+        bytes: 5_000,
+        created_at: at,
+    };
+    let recorded = s
+        .files
+        .record_generated(generated.clone())
+        .await
+        .expect("store")
+        .expect("recorded");
+    assert_eq!(
+        (recorded.bytes, &recorded.purpose, &recorded.id),
+        (5_000, &generated.purpose, &generated.id)
+    );
+    let again = GeneratedFile {
+        bytes: 7,
+        ..generated.clone()
+    };
+    let kept = s.files.record_generated(again).await.expect("store");
+    assert_eq!(kept.as_ref(), Some(&recorded), "recorded once");
+    assert_eq!(
+        s.files.file(&account, &generated.id).await.expect("store"),
+        Some(recorded.clone())
+    );
+    assert_eq!(
+        s.files.file(&other, &generated.id).await.expect("store"),
+        None
+    );
+    let upload = new_file(&account, "batch", &[b'x'; 1_000], at + Duration::seconds(1));
+    assert!(
+        s.files
+            .create(upload.clone(), 1_000)
+            .await
+            .expect("store")
+            .is_some(),
+        "a generated file takes none of the quota"
+    );
+    let listed = |purpose: Option<&'static str>| {
+        let (files, account) = (s.files.clone(), account.clone());
+        async move {
+            let page = files
+                .list(&account, purpose, None, 10, Order::NewestFirst)
+                .await
+                .expect("store");
+            page.files.into_iter().map(|f| f.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        listed(None).await,
+        [upload.id.clone(), generated.id.clone()]
+    );
+    assert_eq!(
+        listed(Some("batch_output")).await,
+        std::slice::from_ref(&generated.id)
+    );
+    assert!(!s.files.delete(&other, &generated.id).await.expect("store"));
+    assert!(s
+        .files
+        .delete(&account, &generated.id)
+        .await
+        .expect("store"));
+    assert!(!s
+        .files
+        .delete(&account, &generated.id)
+        .await
+        .expect("store"));
+    assert_eq!(
+        s.files.file(&account, &generated.id).await.expect("store"),
+        None
+    );
+    assert_eq!(listed(None).await, std::slice::from_ref(&upload.id));
+    assert_eq!(
+        s.files.record_generated(generated).await.expect("store"),
+        None,
+        "a deleted generated file stays deleted"
+    );
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
+        a_generated_file_is_recorded_once_listed_and_stays_deleted,
         a_file_is_read_back_whole_by_its_account_and_no_other,
         files_are_listed_newest_first_or_oldest_first_in_pages_by_purpose,
         a_deleted_file_is_gone,

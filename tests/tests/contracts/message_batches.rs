@@ -100,6 +100,7 @@ impl Store {
     }
 }
 
+/// A batch counts its items, is processing while any is open, and ends with the last one.
 async fn a_batch_counts_its_items_and_ends_when_the_last_one_does(s: Store) {
     let at = now();
     let created = s.create(new_batch("acct-a", 2, 1, at)).await;
@@ -110,9 +111,19 @@ async fn a_batch_counts_its_items_and_ends_when_the_last_one_does(s: Store) {
     assert_eq!(claimed.len(), 2);
     assert_eq!(claimed[0].key_hash, KeyHash::of(&created.key_id));
     let end = at + Duration::seconds(3);
+    let processing = |id: String| {
+        let batches = s.batches.clone();
+        async move { batches.processing(&id).await.expect("store") }
+    };
     for item in &claimed {
+        assert!(
+            processing(created.id.clone()).await,
+            "an item is still open"
+        );
         assert!(s.finish("w1", item, end).await);
     }
+    assert!(!processing(created.id.clone()).await, "the last item ended");
+    assert!(!processing("no-such-batch".to_owned()).await);
     let ended = s.get("acct-a", &created.id).await;
     assert_eq!(ended.status(), ProcessingStatus::Ended);
     assert_eq!((ended.counts.succeeded, ended.counts.errored), (2, 1));
@@ -330,7 +341,7 @@ async fn batches_are_listed_newest_first_in_pages_either_way(s: Store) {
         let (batches, account) = (s.batches.clone(), account.clone());
         async move {
             let page = batches
-                .list(&account, RequestFormat::Messages, cursor, 2)
+                .list(&account, &[RequestFormat::Messages], cursor, 2)
                 .await
                 .expect("list");
             (
@@ -358,7 +369,7 @@ async fn batches_are_listed_newest_first_in_pages_either_way(s: Store) {
     );
     let others = s
         .batches
-        .list("acct-none", RequestFormat::Messages, Cursor::Newest, 2)
+        .list("acct-none", &[RequestFormat::Messages], Cursor::Newest, 2)
         .await
         .expect("list");
     assert!(others.batches.is_empty());
@@ -407,7 +418,7 @@ async fn results_are_read_in_pages_by_index_ended_items_only(s: Store) {
 }
 
 /// A batch keeps its format and details; an item is claimed with its batch's format; each API
-/// lists only the batches of its own format.
+/// lists only the batches of its own formats (OpenAI's, both of its endpoints).
 async fn a_batch_keeps_its_format_and_each_format_lists_its_own(s: Store) {
     let at = now();
     let account = unique("acct");
@@ -429,17 +440,28 @@ async fn a_batch_keeps_its_format_and_each_format_lists_its_own(s: Store) {
         s.get(&account, &messages.id).await.format,
         RequestFormat::Messages
     );
-    for (format, id) in [
-        (RequestFormat::Messages, &messages.id),
-        (RequestFormat::ChatCompletions, &chat.id),
+    let responses = s
+        .create(NewBatch {
+            format: RequestFormat::Responses,
+            ..new_batch(&account, 1, 0, at + Duration::seconds(2))
+        })
+        .await;
+    assert_eq!(
+        s.get(&account, &responses.id).await.format,
+        RequestFormat::Responses
+    );
+    for (formats, ids) in [
+        (&[RequestFormat::Messages][..], vec![&messages.id]),
+        (&[RequestFormat::ChatCompletions], vec![&chat.id]),
+        (&RequestFormat::OPENAI, vec![&responses.id, &chat.id]),
     ] {
         let page = s
             .batches
-            .list(&account, format, Cursor::Newest, 10)
+            .list(&account, formats, Cursor::Newest, 10)
             .await
             .expect("list");
-        let ids: Vec<&String> = page.batches.iter().map(|b| &b.id).collect();
-        assert_eq!(ids, [id], "{format:?}");
+        let listed: Vec<&String> = page.batches.iter().map(|b| &b.id).collect();
+        assert_eq!(listed, ids, "{formats:?}");
     }
     let claimed = s.claim("w1", 10, at).await;
     let formats: HashSet<(String, RequestFormat)> = claimed

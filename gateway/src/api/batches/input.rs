@@ -1,22 +1,52 @@
 //! A batch's input file, checked whole at the create as OpenAI checks it: each non-blank line
 //! a JSON object `{custom_id, method: "POST", url, body}` with a distinct `custom_id` and the
-//! batch's endpoint; a line that is not fails the batch (its `errors`). A body
-//! `/v1/chat/completions` would refuse is an item ended at once with that 400.
+//! batch's endpoint; a line that is not fails the batch (its `errors`). A body its endpoint
+//! (`/v1/chat/completions` or `/v1/responses`) would refuse is an item ended at once with that
+//! 400.
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{error_result, CHAT_COMPLETIONS};
+use super::error_result;
+use crate::api::responses;
 use crate::edge::body::from_value;
 use crate::edge::budget::parsed_cost;
 use crate::error::ApiError;
+use crate::state::TurnApi;
 use gateway_core::ids;
 use gateway_core::turn::{self, Turns};
 use gateway_core::wire::openai::translate::request_from_chat;
 use gateway_core::wire::openai::ChatRequest;
-use store::batches::NewItem;
+use store::batches::{NewItem, RequestFormat};
+
+/// What each line of a batch's input is checked against: its endpoint, and whether that
+/// endpoint would run its body.
+pub struct Check<'a> {
+    pub api: &'a TurnApi,
+    pub turns: &'a Turns,
+    pub endpoint: &'static str,
+    pub format: RequestFormat,
+}
+
+impl Check<'_> {
+    /// Why the endpoint would refuse `body` before running it, if it would.
+    fn refused(&self, body: Value) -> Option<String> {
+        let checked = match self.format {
+            RequestFormat::Responses => responses::check_batch_body(self.api, self.turns, body),
+            _ => from_value::<ChatRequest>(body).and_then(|chat| {
+                let (request, _) = request_from_chat(chat)?;
+                Ok(turn::check(self.turns, &request)?)
+            }),
+        };
+        let id = match self.format {
+            RequestFormat::Responses => ids::response(),
+            _ => ids::chat_completion(),
+        };
+        checked.err().map(|e: ApiError| error_result(&e, &id))
+    }
+}
 
 /// Errors reported of a failed file, at most (the first ones).
 const MAX_ERRORS: usize = 100;
@@ -58,7 +88,7 @@ pub fn costliest_line(content: &[u8]) -> std::ops::Range<usize> {
 }
 
 /// The items of `content`, or (any line malformed) none and the errors.
-pub fn read(turns: &Turns, content: &[u8], max_requests: usize) -> Checked {
+pub fn read(check: &Check<'_>, content: &[u8], max_requests: usize) -> Checked {
     let mut items = Vec::new();
     let mut errors = Vec::new();
     let mut seen = HashSet::new();
@@ -67,7 +97,7 @@ pub fn read(turns: &Turns, content: &[u8], max_requests: usize) -> Checked {
             continue;
         }
         let number = i + 1;
-        match item(turns, text, &mut seen) {
+        match item(check, text, &mut seen) {
             Ok(item) => items.push(item),
             Err((code, param, message)) => {
                 if errors.len() < MAX_ERRORS {
@@ -108,7 +138,7 @@ pub fn read(turns: &Turns, content: &[u8], max_requests: usize) -> Checked {
 
 type Malformed = (&'static str, Option<&'static str>, String);
 
-fn item(turns: &Turns, text: &[u8], seen: &mut HashSet<String>) -> Result<NewItem, Malformed> {
+fn item(check: &Check<'_>, text: &[u8], seen: &mut HashSet<String>) -> Result<NewItem, Malformed> {
     let line: Line = serde_json::from_slice(text).map_err(|e| {
         (
             "invalid_json_line",
@@ -133,11 +163,11 @@ fn item(turns: &Turns, text: &[u8], seen: &mut HashSet<String>) -> Result<NewIte
             "method: must be `POST`".to_owned(),
         ));
     }
-    if line.url != CHAT_COMPLETIONS {
+    if line.url != check.endpoint {
         return Err((
             "mismatched_endpoint",
             Some("url"),
-            format!("url: must be the batch's endpoint, `{CHAT_COMPLETIONS}`"),
+            format!("url: must be the batch's endpoint, `{}`", check.endpoint),
         ));
     }
     if !line.body.is_object() {
@@ -155,15 +185,9 @@ fn item(turns: &Turns, text: &[u8], seen: &mut HashSet<String>) -> Result<NewIte
         ));
     }
     let params = line.body.to_string();
-    let checked = from_value::<ChatRequest>(line.body).and_then(|chat| {
-        let (request, _) = request_from_chat(chat)?;
-        Ok(turn::check(turns, &request)?)
-    });
     Ok(NewItem {
         custom_id,
         params,
-        refused: checked
-            .err()
-            .map(|e: ApiError| error_result(&e, &ids::chat_completion())),
+        refused: check.refused(line.body),
     })
 }

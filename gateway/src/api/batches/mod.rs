@@ -3,7 +3,9 @@
 //! Completions bodies (`RequestFormat::ChatCompletions`): the same workers run them, through
 //! the same turn as `/v1/chat/completions`, at the batch price. Its input file is checked
 //! whole at the create (a malformed file fails the batch with its `errors`, no item queued);
-//! its output and error files are not stored but read from the items' results.
+//! its output and error files are read from the items' results, and recorded in the file store
+//! (their size, for `/v1/files` to list and delete them) by the worker that ends its last item,
+//! or (a batch ended by cancel or expiry) when it is next retrieved.
 
 mod input;
 
@@ -27,18 +29,31 @@ use crate::edge::budget::{BudgetOwner, Reservation};
 use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::state::BatchApi;
-use gateway_core::auth::Principal;
+use gateway_core::auth::{permit, Principal};
 use gateway_core::cpu;
 use gateway_core::limits::AdmissionRequest;
 use store::accounts::StoreError;
 use store::batches::{
     Batch, BatchStore, Cursor, ItemResult, ItemState, NewBatch, ProcessingStatus, RequestFormat,
 };
-use store::files::FileInfo;
+use store::files::{FileInfo, GeneratedFile};
 use store::ids::random;
 
-/// The endpoint a batch's requests go to: the only one served.
+/// The endpoints a batch's requests may go to, and the format of its items for each.
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
+pub const RESPONSES: &str = "/v1/responses";
+const ENDPOINTS: [(&str, RequestFormat); 2] = [
+    (CHAT_COMPLETIONS, RequestFormat::ChatCompletions),
+    (RESPONSES, RequestFormat::Responses),
+];
+
+/// The endpoint of a batch of items of `format`.
+fn endpoint_of(format: RequestFormat) -> &'static str {
+    ENDPOINTS
+        .iter()
+        .find(|(_, f)| *f == format)
+        .map_or(CHAT_COMPLETIONS, |(endpoint, _)| endpoint)
+}
 /// The only completion window (OpenAI's).
 const WINDOW: &str = "24h";
 /// Batches in a page of the list: the default, and the most (OpenAI's).
@@ -80,11 +95,16 @@ pub async fn create(
     owner: Option<Extension<BudgetOwner>>,
     JsonBody(body): JsonBody<CreateBatch>,
 ) -> Result<Response, ApiError> {
-    if body.endpoint != CHAT_COMPLETIONS {
+    let Some(&(endpoint, format)) = ENDPOINTS.iter().find(|(e, _)| *e == body.endpoint) else {
         return Err(ApiError::invalid(format!(
-            "endpoint: `{}` is not supported; batches run `{CHAT_COMPLETIONS}`",
+            "endpoint: `{}` is not supported; batches run `{CHAT_COMPLETIONS}` or `{RESPONSES}`",
             body.endpoint
         )));
+    };
+    // Its items run as `/v1/responses` turns, which the key's scopes must allow (checked again
+    // when each runs).
+    if format == RequestFormat::Responses {
+        permit(&principal, "responses")?;
     }
     if body.completion_window != WINDOW {
         return Err(ApiError::invalid(format!(
@@ -128,9 +148,18 @@ pub async fn create(
         .grow_to(content.len())
         .await
         .map_err(BodyError::from)?;
-    let turns = api.turns.turns();
     let max = api.settings.max_requests;
-    let checked = cpu::run(move || input::read(&turns, &content, max)).await?;
+    let turn_api = api.turns.clone();
+    let checked = cpu::run(move || {
+        let check = input::Check {
+            api: &turn_api,
+            turns: &turn_api.turns(),
+            endpoint,
+            format,
+        };
+        input::read(&check, &content, max)
+    })
+    .await?;
     let created_at = OffsetDateTime::now_utc();
     let details = Details {
         input_file_id: body.input_file_id,
@@ -146,7 +175,7 @@ pub async fn create(
         key_hash: principal.key.hash,
         created_at,
         expires_at: created_at + api.settings.expiry,
-        format: RequestFormat::ChatCompletions,
+        format,
         details: Some(serde_json::to_string(&details).map_err(|_| ApiError::internal())?),
         items: checked.items,
     };
@@ -225,7 +254,7 @@ fn failed(batch: &Batch) -> u64 {
 fn object(batch: &Batch) -> Value {
     let details = details_of(batch).unwrap_or_else(|| Details {
         input_file_id: String::new(),
-        endpoint: CHAT_COMPLETIONS.to_owned(),
+        endpoint: endpoint_of(batch.format).to_owned(),
         completion_window: WINDOW.to_owned(),
         metadata: None,
         errors: Vec::new(),
@@ -271,16 +300,16 @@ fn object(batch: &Batch) -> Value {
 }
 
 /// The account's batch of `/v1/batches` of this id.
-async fn owned(api: &BatchApi, principal: &Principal, id: &str) -> Result<Option<Batch>, ApiError> {
+async fn owned(api: &BatchApi, account_id: &str, id: &str) -> Result<Option<Batch>, ApiError> {
     Ok(api
         .batches
-        .batch(&principal.account.id, id)
+        .batch(account_id, id)
         .await?
-        .filter(|b| b.format == RequestFormat::ChatCompletions))
+        .filter(|b| RequestFormat::OPENAI.contains(&b.format)))
 }
 
 async fn found(api: &BatchApi, principal: &Principal, id: &str) -> Result<Batch, ApiError> {
-    Ok(owned(api, principal, id)
+    Ok(owned(api, &principal.account.id, id)
         .await?
         .ok_or_else(|| BatchError::NotFound(id.to_owned()))?)
 }
@@ -291,7 +320,9 @@ pub async fn get(
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(object(&found(&api, &principal, &id).await?)))
+    let batch = object(&found(&api, &principal, &id).await?);
+    record_generated(&api, &principal.account.id, &batch).await?;
+    Ok(Json(batch))
 }
 
 #[derive(Deserialize)]
@@ -312,12 +343,7 @@ pub async fn list(
     let cursor = query.after.map_or(Cursor::Newest, Cursor::After);
     let page = api
         .batches
-        .list(
-            &principal.account.id,
-            RequestFormat::ChatCompletions,
-            cursor,
-            limit,
-        )
+        .list(&principal.account.id, &RequestFormat::OPENAI, cursor, limit)
         .await?;
     let data: Vec<Value> = page.batches.iter().map(object).collect();
     Ok(Json(json!({
@@ -352,6 +378,8 @@ pub struct Generated {
 }
 
 const OUTPUT_PREFIX: &str = "file-output-";
+/// The purpose of both generated files, as OpenAI lists them.
+const GENERATED_PURPOSE: &str = "batch_output";
 const ERRORS_PREFIX: &str = "file-errors-";
 
 impl Generated {
@@ -395,10 +423,10 @@ impl Generated {
 /// The generated file's batch, once it has ended with results for that file.
 async fn generated_batch(
     api: &BatchApi,
-    principal: &Principal,
+    account_id: &str,
     file: &Generated,
 ) -> Result<Option<Batch>, ApiError> {
-    let Some(batch) = owned(api, principal, &file.batch_id).await? else {
+    let Some(batch) = owned(api, account_id, &file.batch_id).await? else {
         return Ok(None);
     };
     let field = if file.errors {
@@ -410,13 +438,18 @@ async fn generated_batch(
     Ok(listed.then_some(batch))
 }
 
-/// The file object of a batch's output or error file; its size is that of its lines.
+/// The file object of a batch's output or error file: recorded in the file store (listed and
+/// deleted as uploads are) the first time it is asked for once its batch has ended, its size
+/// counted then from its lines; `None` when there is no such file, or it was deleted.
 pub async fn generated_info(
     api: &BatchApi,
-    principal: &Principal,
+    account_id: &str,
     file: &Generated,
 ) -> Result<Option<FileInfo>, ApiError> {
-    let Some(batch) = generated_batch(api, principal, file).await? else {
+    if let Some(info) = api.files.file(account_id, &file.id()).await? {
+        return Ok(Some(info));
+    }
+    let Some(batch) = generated_batch(api, account_id, file).await? else {
         return Ok(None);
     };
     let mut bytes = 0;
@@ -429,14 +462,38 @@ pub async fn generated_info(
         bytes += chunk?.len() as u64;
     }
     let suffix = if file.errors { "errors" } else { "output" };
-    Ok(Some(FileInfo {
+    let generated = GeneratedFile {
         id: file.id(),
         account_id: batch.account_id,
         filename: format!("{}_{suffix}.jsonl", batch.id),
-        purpose: format!("batch_{suffix}"),
+        purpose: GENERATED_PURPOSE.to_owned(),
         bytes,
         created_at: batch.ended_at.unwrap_or(batch.created_at),
-    }))
+        batch_id: batch.id,
+    };
+    Ok(api.files.record_generated(generated).await?)
+}
+
+/// Records the output and error files of the account's batch, if it has ended: its worker
+/// calls this when it ended the batch's last item.
+pub async fn record_ended(api: &BatchApi, account_id: &str, id: &str) -> Result<(), ApiError> {
+    match owned(api, account_id, id).await? {
+        Some(batch) if batch.ended_at.is_some() => {
+            record_generated(api, account_id, &object(&batch)).await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Records the output and error files of a batch that has ended, so that `/v1/files` lists
+/// them.
+async fn record_generated(api: &BatchApi, account_id: &str, batch: &Value) -> Result<(), ApiError> {
+    for field in ["output_file_id", "error_file_id"] {
+        if let Some(file) = batch[field].as_str().and_then(Generated::of) {
+            generated_info(api, account_id, &file).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The content of a batch's output or error file, streamed a chunk of results at a time.
@@ -445,12 +502,15 @@ pub async fn generated_content(
     principal: &Principal,
     file: Generated,
 ) -> Result<Option<Body>, ApiError> {
-    let Some(batch) = generated_batch(api, principal, &file).await? else {
+    if generated_info(api, &principal.account.id, &file)
+        .await?
+        .is_none()
+    {
         return Ok(None);
-    };
+    }
     Ok(Some(Body::from_stream(file_lines(
         api.batches.clone(),
-        batch.id,
+        file.batch_id,
         file.errors,
     ))))
 }

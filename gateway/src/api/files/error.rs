@@ -19,6 +19,4 @@ pub enum FileError {
         "file: this account's files may hold {0} bytes in all; delete some before uploading more"
     )]
     Quota(u64),
-    #[error("file_id: `{0}` is made by its batch and is kept with it")]
-    Generated(String),
 }

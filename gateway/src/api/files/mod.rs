@@ -1,7 +1,7 @@
 //! `/v1/files`: OpenAI's Files API, as its SDKs call it, for the input of a batch
 //! (`purpose=batch`, JSONL). Uploads are kept in the file store (`store::files`) of the
-//! account; a batch's output and error files are read from the batch store itself
-//! ([`super::batches`]).
+//! account; a batch's output and error files are listed there too once recorded, their
+//! content read from the batch store itself ([`super::batches`]).
 
 pub mod error;
 
@@ -159,7 +159,7 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let info = match Generated::of(&id) {
-        Some(generated) => batches::generated_info(&api, &principal, &generated).await?,
+        Some(generated) => batches::generated_info(&api, &principal.account.id, &generated).await?,
         None => api.files.file(&principal.account.id, &id).await?,
     };
     Ok(Json(object(&info.ok_or(FileError::NotFound(id))?)))
@@ -195,7 +195,7 @@ struct ListQuery {
     order: Option<String>,
 }
 
-/// `GET /v1/files`: the account's uploads, newest first, `limit` (1 to 10,000, the default)
+/// `GET /v1/files`: the account's uploads and batch output files, newest first, `limit` (1 to 10,000, the default)
 /// at a time after the file `after`.
 pub async fn list(
     State(api): State<Arc<BatchApi>>,
@@ -229,14 +229,16 @@ pub async fn list(
     })))
 }
 
-/// `DELETE /v1/files/{id}`: an upload; a batch's output and error files go with their batch.
+/// `DELETE /v1/files/{id}`: an upload, or a batch's output or error file (its content is then
+/// gone; the batch still names it).
 pub async fn delete(
     State(api): State<Arc<BatchApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if Generated::of(&id).is_some() {
-        return Err(FileError::Generated(id).into());
+    if let Some(generated) = Generated::of(&id) {
+        // Recorded first, if it was not yet, so that it stays deleted.
+        batches::generated_info(&api, &principal.account.id, &generated).await?;
     }
     if !api.files.delete(&principal.account.id, &id).await? {
         return Err(FileError::NotFound(id).into());

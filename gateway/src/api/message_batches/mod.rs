@@ -231,7 +231,7 @@ pub async fn list(
         .batches
         .list(
             &principal.account.id,
-            RequestFormat::Messages,
+            &[RequestFormat::Messages],
             cursor,
             limit,
         )

@@ -1,7 +1,7 @@
 //! The batch worker every gateway process runs: it claims items from the batch store (any
 //! pod's batches: the store is shared in cluster mode) up to `--batch-concurrency` at a time,
 //! runs each through the same turn as `/v1/messages` or, for an item of `/v1/batches`,
-//! `/v1/chat/completions` (routing, fallback, translation, the
+//! `/v1/chat/completions` or `/v1/responses` (routing, fallback, translation, the
 //! ledger's reservation and settlement) at the batch price and outside the key's interactive
 //! limits, and writes its result once. It stops claiming when the process drains; an item a
 //! stopping process could not finish is left to its lease and runs again elsewhere.
@@ -9,12 +9,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::errored;
-use crate::api::batches::{error_result, response_result};
+use crate::api::batches::{self, error_result, response_result};
+use crate::api::responses::{self, Unfinished};
 use crate::api::{chat, messages};
 use crate::error::ApiError;
 use crate::state::BatchApi;
@@ -113,13 +114,31 @@ async fn run_item(
         .finish(&worker, &item.batch_id, item.index, outcome, now)
         .await
     {
-        Ok(true) => {}
+        Ok(true) => {
+            if RequestFormat::OPENAI.contains(&item.format) {
+                record_files_once_ended(&api, &item).await;
+            }
+        }
         Ok(false) => {
             tracing::warn!(batch = %item.batch_id, index = item.index, "batch item's lease ran out before it ended; its result was not written")
         }
         Err(e) => {
             tracing::error!(error = %e, batch = %item.batch_id, index = item.index, "could not write a batch item's result; it runs again after its lease")
         }
+    }
+}
+
+/// Records an OpenAI batch's output and error files (their size, for `/v1/files`) when the
+/// item just ended was its last; a batch ended otherwise (cancel, expiry) has them recorded
+/// when it is next retrieved.
+async fn record_files_once_ended(api: &BatchApi, item: &ClaimedItem) {
+    let recorded = match api.batches.processing(&item.batch_id).await {
+        Ok(true) => Ok(()),
+        Ok(false) => batches::record_ended(api, &item.account_id, &item.batch_id).await,
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = recorded {
+        tracing::warn!(error = %e.message, batch = %item.batch_id, "could not record a batch's output files; they are recorded when it is retrieved");
     }
 }
 
@@ -133,14 +152,16 @@ async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
             return Some(match item.format {
                 RequestFormat::Messages => ended_with(&e, None),
                 RequestFormat::ChatCompletions => {
-                    chat_ended_with(&e, &ids::chat_completion(), None)
+                    openai_ended_with(&e, &ids::chat_completion(), None)
                 }
+                RequestFormat::Responses => openai_ended_with(&e, &ids::response(), None),
             })
         }
     };
     match item.format {
         RequestFormat::Messages => execute_message(api, &turns, &principal, item).await,
         RequestFormat::ChatCompletions => execute_chat(api, &turns, &principal, item).await,
+        RequestFormat::Responses => execute_response(api, &turns, &principal, item).await,
     }
 }
 
@@ -156,7 +177,8 @@ async fn execute_message(
         Err(e) => return Some(ended_with(&ApiError::invalid(format!("params: {e}")), None)),
     };
     let id = ids::message();
-    let started = start(api, turns, principal, item, &id, request, false);
+    let request = turn_request(&id, Endpoint::Messages, request, false);
+    let started = start(api, turns, principal, item, request);
     let message = match started.await {
         Ok(turn) => messages::collect(turn).await,
         Err(e) => Err(e),
@@ -187,9 +209,10 @@ async fn execute_chat(
     };
     let (request, open_max_tokens) = match request {
         Ok(request) => request,
-        Err(e) => return Some(chat_ended_with(&e, &id, None)),
+        Err(e) => return Some(openai_ended_with(&e, &id, None)),
     };
-    let started = start(api, turns, principal, item, &id, request, open_max_tokens);
+    let request = turn_request(&id, Endpoint::ChatCompletions, request, open_max_tokens);
+    let started = start(api, turns, principal, item, request);
     let completion = match started.await {
         Ok(turn) => {
             let model = turn.model.clone();
@@ -206,7 +229,58 @@ async fn execute_chat(
             message_id: Some(id),
         }),
         Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
-        Err(e) => Some(chat_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
+        Err(e) => Some(openai_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
+    }
+}
+
+/// A Responses API item (`/v1/batches` of `/v1/responses`): its result is the response
+/// `/v1/responses` would have answered, a response object or an error envelope.
+async fn execute_response(
+    api: &BatchApi,
+    turns: &Turns,
+    principal: &Principal,
+    item: &ClaimedItem,
+) -> Option<Outcome> {
+    let raw = match serde_json::from_str::<Value>(&item.params) {
+        Ok(raw) => raw,
+        Err(e) => {
+            let error = ApiError::invalid(format!("body: {e}"));
+            return Some(openai_ended_with(&error, &ids::response(), None));
+        }
+    };
+    // The id of its response, once its turn is started (its ledger row's).
+    let mut started = None;
+    let answered = responses::batch_item(&api.turns, principal, raw, |request| {
+        started = Some(request.id.clone());
+        start(api, turns, principal, item, request)
+    })
+    .await;
+    let id = started.clone().unwrap_or_else(ids::response);
+    match answered {
+        Ok(response) => Some(Outcome {
+            state: ItemState::Succeeded,
+            result: response_result(200, &response.id, &response),
+            message_id: Some(response.id),
+        }),
+        Err(Unfinished::Interrupted) => None,
+        Err(Unfinished::Failed(e)) => Some(openai_ended_with(&e, &id, started)),
+    }
+}
+
+fn turn_request(
+    id: &str,
+    endpoint: Endpoint,
+    request: Request,
+    open_max_tokens: bool,
+) -> TurnRequest {
+    TurnRequest {
+        id: id.to_owned(),
+        endpoint,
+        request,
+        open_max_tokens,
+        anthropic_beta: None,
+        conversation: None,
+        unsent_input: String::new(),
     }
 }
 
@@ -216,19 +290,8 @@ async fn start(
     turns: &Turns,
     principal: &Principal,
     item: &ClaimedItem,
-    id: &str,
-    request: Request,
-    open_max_tokens: bool,
+    request: TurnRequest,
 ) -> Result<Turn, TurnError> {
-    let request = TurnRequest {
-        id: id.to_owned(),
-        endpoint: Endpoint::MessageBatches,
-        request,
-        open_max_tokens,
-        anthropic_beta: None,
-        conversation: None,
-        unsent_input: String::new(),
-    };
     turn::start_batch_item(
         turns,
         principal,
@@ -250,14 +313,15 @@ async fn principal(
     let scope = match item.format {
         RequestFormat::Messages => "messages",
         RequestFormat::ChatCompletions => "chat",
+        RequestFormat::Responses => "responses",
     };
     permit(&principal, scope)?;
     Ok(principal)
 }
 
-/// A Chat Completions item ended with the error `/v1/chat/completions` would have answered
-/// to request `id`; `message_id` when its turn started.
-fn chat_ended_with(error: &ApiError, id: &str, message_id: Option<String>) -> Outcome {
+/// An item of `/v1/batches` ended with the error its endpoint (`/v1/chat/completions` or
+/// `/v1/responses`) would have answered to request `id`; `message_id` when its turn started.
+fn openai_ended_with(error: &ApiError, id: &str, message_id: Option<String>) -> Outcome {
     Outcome {
         state: ItemState::Errored,
         result: error_result(error, id),

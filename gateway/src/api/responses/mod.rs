@@ -29,7 +29,7 @@ use gateway_core::auth::Principal;
 use gateway_core::ids;
 use gateway_core::providers::ProviderError;
 use gateway_core::responses_store::{json_len, StoreError, StoredResponse};
-use gateway_core::turn::{self, Endpoint, Turn, TurnEvent, TurnRequest};
+use gateway_core::turn::{self, Endpoint, Turn, TurnError, TurnEvent, TurnRequest, Turns};
 use gateway_core::wire::one_or_many::StringOr;
 use gateway_core::wire::responses::translate::{self, normalized_items, Labeled};
 use gateway_core::wire::responses::unsent::unsent_text;
@@ -44,6 +44,117 @@ pub async fn create(
     Extension(principal): Extension<Arc<Principal>>,
     JsonBody(raw): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
+    let (request, answer) = prepare(&state, &principal, raw).await?;
+    let stream = request.request.stream;
+    let turn = turn::start(&state.turns(), &principal, request).await?;
+    let snapshot = turn.snapshot;
+    let (assembler, keep) = answer.begin(&turn);
+    let mut response = if stream {
+        super::sse::response(events(turn, assembler, keep))
+    } else {
+        Json(complete(turn, assembler, keep).await?).into_response()
+    };
+    response.extensions_mut().insert(snapshot);
+    Ok(response)
+}
+
+/// An item of a batch of `/v1/batches` whose endpoint is `/v1/responses`: the response
+/// [`create`] answers the same body with, never streamed, its turn started by `start` (the
+/// batch's lane and price).
+pub async fn batch_item<F, Fut>(
+    state: &Arc<TurnApi>,
+    principal: &Principal,
+    raw: Value,
+    start: F,
+) -> Result<ResponseObject, Unfinished>
+where
+    F: FnOnce(TurnRequest) -> Fut,
+    Fut: std::future::Future<Output = Result<Turn, TurnError>>,
+{
+    let (mut request, answer) = prepare(state, principal, raw)
+        .await
+        .map_err(Unfinished::Failed)?;
+    request.request.stream = false;
+    let turn = start(request).await.map_err(|e| match e {
+        TurnError::Provider(ProviderError::ShuttingDown) => Unfinished::Interrupted,
+        e => Unfinished::Failed(e.into()),
+    })?;
+    let (assembler, keep) = answer.begin(&turn);
+    complete(turn, assembler, keep).await
+}
+
+/// Why a JSON response has no answer.
+pub enum Unfinished {
+    /// Shutdown cut its turn before it ended: nothing was billed, it may run again.
+    Interrupted,
+    Failed(ApiError),
+}
+
+impl From<Unfinished> for ApiError {
+    fn from(unfinished: Unfinished) -> Self {
+        match unfinished {
+            Unfinished::Interrupted => ProviderError::ShuttingDown.into(),
+            Unfinished::Failed(error) => error,
+        }
+    }
+}
+
+/// Whether a batch item's body is a request [`create`] would run, as far as is known before
+/// it runs (a `previous_response_id` is looked up then).
+pub fn check_batch_body(state: &TurnApi, turns: &Turns, raw: Value) -> Result<(), ApiError> {
+    let req: ResponsesRequest = body::from_value(raw)?;
+    let items = labeled_input(&req);
+    let thinking_capable = turns
+        .catalog
+        .model(&req.model)
+        .is_some_and(|m| m.config.capabilities.thinking);
+    let translated = translate::translate(&req, items, thinking_capable, &state.reasoning_seal)?;
+    turn::check(turns, &translated.request)?;
+    Ok(())
+}
+
+/// The request's own input, each item labeled with where it is.
+fn labeled_input(req: &ResponsesRequest) -> Vec<Labeled> {
+    match req.input.clone() {
+        None => Vec::new(),
+        Some(StringOr::String(text)) => vec![Labeled {
+            path: "input".to_owned(),
+            item: InputItem::user_text(text),
+        }],
+        Some(StringOr::Many(input)) => input
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| Labeled {
+                path: format!("input[{i}]"),
+                item,
+            })
+            .collect(),
+    }
+}
+
+/// What the turn of a response needs, and what its answer is built from once it started.
+struct Answer {
+    id: String,
+    req: ResponsesRequest,
+    raw: Value,
+    store: bool,
+    shape: Shape,
+    keep: Option<Keep>,
+}
+
+impl Answer {
+    fn begin(self, turn: &Turn) -> (Assembler, Option<Keep>) {
+        let response = in_progress(self.id, &turn.model, &self.req, &self.raw, self.store);
+        (Assembler::new(response, self.shape), self.keep)
+    }
+}
+
+/// A Responses request as its turn's request, with what its answer is built from.
+async fn prepare(
+    state: &Arc<TurnApi>,
+    principal: &Principal,
+    raw: Value,
+) -> Result<(TurnRequest, Answer), ApiError> {
     let req: ResponsesRequest = body::from_value(raw.clone())?;
     let account_id = principal.account.id.clone();
 
@@ -71,19 +182,7 @@ pub async fn create(
             item,
         });
     }
-    match req.input.clone() {
-        None => {}
-        Some(StringOr::String(text)) => items.push(Labeled {
-            path: "input".to_owned(),
-            item: InputItem::user_text(text),
-        }),
-        Some(StringOr::Many(input)) => {
-            items.extend(input.into_iter().enumerate().map(|(i, item)| Labeled {
-                path: format!("input[{i}]"),
-                item,
-            }))
-        }
-    }
+    items.extend(labeled_input(&req));
 
     let thinking_capable = state
         .catalog()
@@ -114,35 +213,29 @@ pub async fn create(
         sealer: state.reasoning_seal.clone(),
         tokens: state.tokens,
     };
-    let stream = translated.request.stream;
-    let turn = turn::start(
-        &state.turns(),
-        &principal,
-        TurnRequest {
-            id: id.clone(),
-            endpoint: Endpoint::Responses,
-            request: translated.request,
-            open_max_tokens: translated.open_max_tokens,
-            anthropic_beta: None,
-            conversation: req.prompt_cache_key.clone(),
-            unsent_input,
-        },
-    )
-    .await?;
-    let assembler = Assembler::new(in_progress(id, &turn.model, &req, &raw, store), shape);
+    let request = TurnRequest {
+        id: id.clone(),
+        endpoint: Endpoint::Responses,
+        request: translated.request,
+        open_max_tokens: translated.open_max_tokens,
+        anthropic_beta: None,
+        conversation: req.prompt_cache_key.clone(),
+        unsent_input,
+    };
     let keep = store.then(|| Keep {
         state: state.clone(),
         account_id,
         input_items,
     });
-    let snapshot = turn.snapshot;
-    let mut response = if stream {
-        super::sse::response(events(turn, assembler, keep))
-    } else {
-        Json(complete(turn, assembler, keep).await?).into_response()
+    let answer = Answer {
+        id,
+        req,
+        raw,
+        store,
+        shape,
+        keep,
     };
-    response.extensions_mut().insert(snapshot);
-    Ok(response)
+    Ok((request, answer))
 }
 
 /// The response object before any output: what `response.created` shows, and what the output
@@ -234,25 +327,25 @@ async fn complete(
     turn: Turn,
     mut assembler: Assembler,
     keep: Option<Keep>,
-) -> Result<ResponseObject, ApiError> {
+) -> Result<ResponseObject, Unfinished> {
     let mut events = turn.events;
     while let Some(event) = events.next().await {
         if let TurnEvent::Interrupted { .. } = event {
             // Its client received nothing: billed nothing, and free to retry.
-            return Err(ProviderError::ShuttingDown.into());
+            return Err(Unfinished::Interrupted);
         }
         let step = assembler.step(event);
         if let Some(error) = step.failed {
-            return Err(error);
+            return Err(Unfinished::Failed(error));
         }
         if step.done {
             if let Some(keep) = keep {
-                keep.put(&assembler).await?;
+                keep.put(&assembler).await.map_err(Unfinished::Failed)?;
             }
             return Ok(assembler.response);
         }
     }
-    Err(ApiError::internal())
+    Err(Unfinished::Failed(ApiError::internal()))
 }
 
 fn events(

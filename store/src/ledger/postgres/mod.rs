@@ -114,11 +114,13 @@ const STOP_REASONS: [StopReason; 4] = [
     StopReason::ToolUse,
 ];
 
-const ENDPOINTS: [&str; 4] = [
+const ENDPOINTS: [&str; 6] = [
     "messages",
     "chat_completions",
     "responses",
     "message_batches",
+    "chat_completions_batches",
+    "responses_batches",
 ];
 
 /// How far back the recent messages are looked for first (see `recent_messages`).
