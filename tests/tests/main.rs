@@ -41,6 +41,7 @@ mod mail_smtp;
 mod message_batches;
 mod metrics;
 mod models;
+mod oidc;
 mod openai_batches;
 mod operator_cluster;
 mod organizations;

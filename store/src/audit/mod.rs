@@ -113,9 +113,12 @@ pub enum Action {
     MemberRoleChanged,
     /// A member was removed from the organization; `before`: the role.
     MemberRemoved,
+    /// The organization claimed an email domain for single sign-on; `after`: the domain and
+    /// whether password sign-in is refused for it.
+    DomainClaimed,
 }
 
-pub const ACTIONS: [Action; 20] = [
+pub const ACTIONS: [Action; 21] = [
     Action::SignedUp,
     Action::EmailVerified,
     Action::SignIn,
@@ -136,6 +139,7 @@ pub const ACTIONS: [Action; 20] = [
     Action::InvitationAccepted,
     Action::MemberRoleChanged,
     Action::MemberRemoved,
+    Action::DomainClaimed,
 ];
 
 impl Action {
