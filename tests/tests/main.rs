@@ -24,6 +24,7 @@ mod helm_install;
 mod hostile_bodies;
 mod image;
 mod ingress_brake;
+mod invitation_withdrawal;
 mod key_controls;
 mod ledger_allotments;
 mod ledger_cli;

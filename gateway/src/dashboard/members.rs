@@ -184,6 +184,7 @@ fn view(
                         thead { tr {
                             th scope="col" { "Email" } th scope="col" { "Role" }
                             th scope="col" { "Invited by" } th scope="col" { "Expires" }
+                            th scope="col" { span.sr-only { "Withdraw" } }
                         } }
                         tbody {
                             @for invitation in invitations {
@@ -192,6 +193,14 @@ fn view(
                                     td { span.badge.role { (invitation.role.as_str()) } }
                                     td { (invitation.invited_by) }
                                     td { (datetime(invitation.expires_at)) }
+                                    td {
+                                        @if acting.may_manage(None, Some(invitation.role)) {
+                                            form.member-action method="post" action=(format!("/developers/members/invitations/{}/withdraw", hex::encode(invitation.token_hash.as_bytes()))) {
+                                                input type="hidden" name="csrf" value=(session.csrf);
+                                                button.danger type="submit" aria-label=(format!("Withdraw the invitation of {}", invitation.email)) { "Withdraw" }
+                                            }
+                                        }
+                                    }
                                 }
                             }
                         }
@@ -268,6 +277,56 @@ async fn render(
         status,
         view(session, &members, &invitations, &domains, flash),
     ))
+}
+
+/// `POST /developers/members/invitations/{id}/withdraw`: withdraws a pending invitation (its
+/// link stops working), if the member may invite in its role. `id` is the hex SHA-256 the store
+/// keeps, never the mailed token.
+pub async fn withdraw(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    Path(id): Path<String>,
+    allowed: Allowed<needs::Members>,
+    HtmlForm(form): HtmlForm<CsrfForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    let token_hash = hex::decode(&id)
+        .ok()
+        .and_then(|bytes| KeyHash::from_bytes(&bytes));
+    let withdrawn = match token_hash {
+        Some(token_hash) => {
+            let by = session::actor(&session.email, client);
+            state
+                .developers
+                .withdraw_invitation(&session.account_id, &token_hash, session.role, &by)
+                .await?
+        }
+        None => false,
+    };
+    if withdrawn {
+        render(
+            &state,
+            session,
+            StatusCode::OK,
+            Flash::Done("Invitation withdrawn."),
+        )
+        .await
+    } else {
+        render(
+            &state,
+            session,
+            StatusCode::NOT_FOUND,
+            Flash::Error("No such pending invitation, or not yours to withdraw."),
+        )
+        .await
+    }
+}
+
+#[derive(Deserialize)]
+pub struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
 }
 
 /// `POST /developers/members/domains` (owners): claims an email domain for single sign-on, or

@@ -49,6 +49,10 @@ pub fn router() -> Router<AppState> {
         .route(settings::SSO_START_PATH, get(sso::start))
         .route(settings::SSO_CALLBACK_PATH, get(sso::callback))
         .route("/developers/members/domains", post(members::claim_domain))
+        .route(
+            "/developers/members/invitations/{id}/withdraw",
+            post(members::withdraw),
+        )
         .route("/developers/sign-out", post(account::sign_out))
         .route(
             "/developers/sign-out-everywhere",

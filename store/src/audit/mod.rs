@@ -116,9 +116,11 @@ pub enum Action {
     /// The organization claimed an email domain for single sign-on; `after`: the domain and
     /// whether password sign-in is refused for it.
     DomainClaimed,
+    /// A pending invitation was withdrawn before it was accepted; `before`: its role.
+    InvitationWithdrawn,
 }
 
-pub const ACTIONS: [Action; 21] = [
+pub const ACTIONS: [Action; 22] = [
     Action::SignedUp,
     Action::EmailVerified,
     Action::SignIn,
@@ -140,6 +142,7 @@ pub const ACTIONS: [Action; 21] = [
     Action::MemberRoleChanged,
     Action::MemberRemoved,
     Action::DomainClaimed,
+    Action::InvitationWithdrawn,
 ];
 
 impl Action {

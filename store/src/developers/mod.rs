@@ -234,6 +234,16 @@ pub trait DeveloperStore: Send + Sync {
         acting: Role,
         by: &Actor,
     ) -> Result<MemberChange, StoreError>;
+    /// Withdraws the account's pending invitation of this token hash, if a member in role
+    /// `acting` may invite in its role; audited as `by`'s. `false` when there is no such
+    /// invitation (spent, expired, another account's) or `acting` may not.
+    async fn withdraw_invitation(
+        &self,
+        account_id: &str,
+        token_hash: &KeyHash,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<bool, StoreError>;
     /// Claims (or updates the `require_sso` of) a domain for the claim's organization,
     /// audited as `by`'s; `false` (and nothing changed) when another organization holds it.
     async fn claim_domain(&self, claim: DomainClaim, by: &Actor) -> Result<bool, StoreError>;
@@ -762,5 +772,25 @@ impl DeveloperStore for MemoryDeveloperStore {
             .sso_logins
             .remove_if(state_hash, |_, expires| *expires > now)
             .is_some())
+    }
+
+    async fn withdraw_invitation(
+        &self,
+        account_id: &str,
+        token_hash: &KeyHash,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        let now = OffsetDateTime::now_utc();
+        let withdrawn = self.invitations.remove_if(token_hash, |_, i| {
+            i.account_id == account_id
+                && i.expires_at > now
+                && acting.may_manage(None, Some(i.role))
+        });
+        if let Some((_, invitation)) = &withdrawn {
+            self.audit
+                .append(organizations::invitation_withdrawn(invitation, by));
+        }
+        Ok(withdrawn.is_some())
     }
 }

@@ -880,4 +880,50 @@ impl DeveloperStore for PostgresDeveloperStore {
             .await?;
         Ok(taken.rows_affected() == 1)
     }
+
+    async fn withdraw_invitation(
+        &self,
+        account_id: &str,
+        token_hash: &KeyHash,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        let withdrawn = self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                // Locked, so that an acceptance at the same moment finds it gone or waits.
+                let row = sqlx::query(
+                    "SELECT * FROM dashboard_invitations
+                     WHERE token_hash = $1 AND account_id = $2 AND expires_at > now()
+                     FOR UPDATE",
+                )
+                .bind(token_hash.as_bytes())
+                .bind(account_id)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(invitation) = row.as_ref().map(invitation_of).transpose()?.flatten()
+                else {
+                    return Ok(false);
+                };
+                if !acting.may_manage(None, Some(invitation.role)) {
+                    return Ok(false);
+                }
+                sqlx::query("DELETE FROM dashboard_invitations WHERE token_hash = $1")
+                    .bind(token_hash.as_bytes())
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?;
+                append_in(
+                    &mut tx,
+                    &organizations::invitation_withdrawn(&invitation, by),
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(true)
+            })
+            .await?;
+        Ok(withdrawn)
+    }
 }

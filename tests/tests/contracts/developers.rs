@@ -902,6 +902,54 @@ async fn a_single_sign_on_start_is_taken_once_and_only_before_it_expires(store: 
         .expect("unknown"));
 }
 
+async fn a_pending_invitation_is_withdrawn_once_by_whom_may_invite_in_its_role(store: Store) {
+    let owner = store.user().await;
+    let admin = store.member(&owner, Role::Admin).await;
+    let stranger = store.user().await;
+    let email = format!("{}@example.com", unique("invitee"));
+    let later = now() + Duration::days(7);
+    let as_owner = store.invitation(&owner, &email, Role::Owner, later).await;
+    let as_developer = store
+        .invitation(&owner, &email, Role::Developer, later)
+        .await;
+    let developers = &store.developers;
+    let withdraw = |token: &str, account: &str, acting| {
+        let hash = KeyHash::of(token);
+        let account = account.to_owned();
+        async move {
+            developers
+                .withdraw_invitation(&account, &hash, acting, &actor())
+                .await
+                .expect("answered")
+        }
+    };
+    // An admin never withdraws an invitation as owner; another account's member none.
+    assert!(!withdraw(&as_owner, &owner.account_id, Role::Admin).await);
+    assert!(!withdraw(&as_developer, &stranger.account_id, Role::Owner).await);
+    assert!(withdraw(&as_developer, &admin.account_id, Role::Admin).await);
+    assert!(
+        !withdraw(&as_developer, &owner.account_id, Role::Owner).await,
+        "once"
+    );
+    let invitee = store.user().await;
+    assert!(matches!(
+        store.accept(&as_developer, &invitee).await,
+        Acceptance::Unknown
+    ));
+    let pending = developers
+        .invitations(&owner.account_id)
+        .await
+        .expect("pending");
+    assert_eq!(pending.len(), 1, "the owner's invitation stays");
+    let withdrawn = store
+        .audited(&owner.account_id)
+        .await
+        .into_iter()
+        .filter(|a| *a == Action::InvitationWithdrawn)
+        .count();
+    assert_eq!(withdrawn, 1);
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -925,5 +973,6 @@ e2e::contract! {
         the_last_owner_of_an_organization_with_members_cannot_leave_it_by_invitation,
         a_domain_is_claimed_by_one_organization_only_and_audited,
         a_single_sign_on_start_is_taken_once_and_only_before_it_expires,
+        a_pending_invitation_is_withdrawn_once_by_whom_may_invite_in_its_role,
     }
 }
