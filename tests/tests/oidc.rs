@@ -290,3 +290,32 @@ async fn password_sign_in_is_refused_for_a_domain_that_requires_single_sign_on()
         .await;
     assert_eq!(status, 409, "{page}");
 }
+
+#[test]
+fn the_chart_passes_the_sso_settings_with_the_client_secret_mounted_from_a_secret() {
+    let off = e2e::helm::template(&["t", "charts/gateway"]);
+    assert!(off.contains("--dashboard-invitation-days=7"), "{off}");
+    assert!(!off.contains("--dashboard-oidc"), "off without an issuer");
+    let on = e2e::helm::template(&[
+        "t",
+        "charts/gateway",
+        "--set",
+        "gateway.oidc.issuer=https://idp.example.com",
+        "--set",
+        "gateway.oidc.clientId=gw",
+        "--set",
+        "gateway.oidc.clientSecret=gw-oidc",
+        "--set",
+        "gateway.invitationDays=3",
+    ]);
+    for arg in [
+        "--dashboard-invitation-days=3",
+        "--dashboard-oidc-issuer=https://idp.example.com",
+        "--dashboard-oidc-client-id=gw",
+        "--dashboard-oidc-client-secret-file=/etc/gateway/oidc/client-secret",
+        "--dashboard-oidc-default-role=developer",
+        "secretName: gw-oidc",
+    ] {
+        assert!(on.contains(arg), "{arg} in {on}");
+    }
+}
