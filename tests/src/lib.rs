@@ -27,6 +27,8 @@
 //! - [`visitor`]: a dashboard visitor over plain HTTP (sign-up, forms, checkouts).
 //! - [`stripe`]: a mock Stripe API and webhook sender speaking Stripe's wire format.
 //! - [`smtp`]: an SMTP server (aiosmtpd) keeping the dashboard's mail in a maildir.
+//! - [`oidc`]: OpenID Providers for single sign-on: npm `oidc-provider`, and a mock whose ID
+//!   tokens a test breaks on purpose.
 //!
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
@@ -42,6 +44,7 @@ pub mod kube;
 pub mod leak;
 pub mod nginx;
 pub mod node;
+pub mod oidc;
 pub mod otlp;
 pub mod pgbouncer;
 pub mod podman;

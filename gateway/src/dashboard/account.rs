@@ -23,13 +23,14 @@ use super::form::HtmlForm;
 use super::layout::{bare, notice, with_status};
 use super::mail::{self, Mail};
 use super::session::{self, AnySession, CSRF_COOKIE, SESSION_COOKIE};
+use super::settings::SSO_START_PATH;
 use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
 use gateway_core::ids;
 use gateway_core::limits::AddressBucket;
 use gateway_core::limits::{AddressBrake, LimitError};
 use store::accounts::KeyHash;
-use store::developers::{EmailVerification, Role, User};
+use store::developers::{domain_of, EmailVerification, Role, User};
 use store::ledger::signup_credits_reference;
 
 const MIN_PASSWORD_CHARS: usize = 10;
@@ -74,7 +75,7 @@ enum Which {
     SignUp,
 }
 
-fn form(which: Which, csrf: &str, email: &str, error: Option<&str>) -> Markup {
+fn form(which: Which, csrf: &str, email: &str, error: Option<&str>, sso: bool) -> Markup {
     let (title, action, button, autocomplete) = match which {
         Which::SignIn => (
             "Sign in",
@@ -103,6 +104,9 @@ fn form(which: Which, csrf: &str, email: &str, error: Option<&str>) -> Markup {
                 p #password-help.hint { "At least " (MIN_PASSWORD_CHARS) " characters." }
                 button.primary type="submit" { (button) }
             }
+            @if sso && matches!(which, Which::SignIn) {
+                p.alt { a.button #sso href=(SSO_START_PATH) { "Sign in with SSO" } }
+            }
             @match which {
                 Which::SignIn => p.alt { "New here? " a href="/developers/sign-up" { "Create an account" } },
                 Which::SignUp => p.alt { "Already have an account? " a href="/developers/sign-in" { "Sign in" } },
@@ -126,7 +130,8 @@ fn render(
         })
         .map_or_else(ids::session_token, str::to_owned);
     let cookie = session::set_cookie(state, headers, CSRF_COOKIE, &csrf, Duration::hours(2));
-    let mut response = with_status(status, form(which, &csrf, email, error));
+    let sso = state.settings.sso.is_some();
+    let mut response = with_status(status, form(which, &csrf, email, error, sso));
     response.headers_mut().append(cookie.0, cookie.1);
     response
 }
@@ -435,6 +440,25 @@ pub async fn sign_in(
             &format!("Too many sign-in attempts from your network. Try again in {secs} seconds."),
             secs,
         );
+    }
+    // An organization that requires single sign-on for the email's domain: no password is
+    // checked (and none counted), the attempt is audited on the account when there is one.
+    if let Some(domain) = domain_of(&email) {
+        if let Some(claim) = state.developers.domain_claim(&domain).await? {
+            if claim.require_sso {
+                if let Some(user) = state.developers.user_by_email(&email).await? {
+                    let by = session::actor(&email, client);
+                    state
+                        .developers
+                        .audit_refused_sso(&user, "password", "sso_required", &by)
+                        .await?;
+                }
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    "Your organization requires single sign-on for this email: use \"Sign in with SSO\".",
+                );
+            }
+        }
     }
     // Every attempt is counted as a failure before its password is checked, in one atomic
     // step of the store (a row upsert in Postgres), and cleared only when it succeeds: so of

@@ -27,7 +27,7 @@ use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::developers::{
-    Acceptance, Invitation, MemberChange, Refusal, Role, Session, User, ROLES,
+    Acceptance, DomainClaim, Invitation, MemberChange, Refusal, Role, Session, User, ROLES,
 };
 
 /// Pending invitations an organization may have at once: each is a mail to any address, so a
@@ -97,10 +97,31 @@ fn grantable(acting: Role, from: Option<Role>) -> impl Iterator<Item = Role> {
         .filter(move |to| acting.may_manage(from, Some(*to)))
 }
 
+#[derive(Deserialize)]
+pub struct DomainForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    domain: String,
+    /// Present (a checked box): password sign-in of the domain's emails is refused.
+    #[serde(default)]
+    require_sso: Option<String>,
+}
+
+/// A domain as an email's part after `@` can be: letters, digits, `-` and `.`, with a dot.
+fn plausible_domain(domain: &str) -> bool {
+    plausible_email(&format!("x@{domain}"))
+        && domain.len() <= 253
+        && domain
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+}
+
 fn view(
     session: &Session,
     members: &[User],
     invitations: &[Invitation],
+    domains: &[DomainClaim],
     flash: Flash<'_>,
 ) -> Markup {
     let acting = session.role;
@@ -163,6 +184,7 @@ fn view(
                         thead { tr {
                             th scope="col" { "Email" } th scope="col" { "Role" }
                             th scope="col" { "Invited by" } th scope="col" { "Expires" }
+                            th scope="col" { span.sr-only { "Withdraw" } }
                         } }
                         tbody {
                             @for invitation in invitations {
@@ -171,6 +193,14 @@ fn view(
                                     td { span.badge.role { (invitation.role.as_str()) } }
                                     td { (invitation.invited_by) }
                                     td { (datetime(invitation.expires_at)) }
+                                    td {
+                                        @if acting.may_manage(None, Some(invitation.role)) {
+                                            form.member-action method="post" action=(format!("/developers/members/invitations/{}/withdraw", hex::encode(invitation.token_hash.as_bytes()))) {
+                                                input type="hidden" name="csrf" value=(session.csrf);
+                                                button.danger type="submit" aria-label=(format!("Withdraw the invitation of {}", invitation.email)) { "Withdraw" }
+                                            }
+                                        }
+                                    }
                                 }
                             }
                         }
@@ -198,6 +228,38 @@ fn view(
             }
             p.hint { "The invitation is a link mailed to the address; it works once, only for a user signed in with that address, until it expires." }
         }
+        @if acting == Role::Owner {
+            section.card {
+                h2 { "Single sign-on domains" }
+                @if domains.is_empty() {
+                    p.empty { "No domain claimed." }
+                } @else {
+                    div.table-wrap {
+                        table #domains {
+                            thead { tr { th scope="col" { "Domain" } th scope="col" { "Password sign-in" } } }
+                            tbody {
+                                @for claim in domains {
+                                    tr data-domain=(claim.domain) {
+                                        td { (claim.domain) }
+                                        td { @if claim.require_sso { "refused: SSO required" } @else { "allowed" } }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                form.grid-form method="post" action="/developers/members/domains" {
+                    input type="hidden" name="csrf" value=(session.csrf);
+                    div.field {
+                        label for="claim-domain" { "Domain" }
+                        input #claim-domain type="text" name="domain" required placeholder="example.com";
+                    }
+                    div.field { label.check { input #require-sso type="checkbox" name="require_sso" value="on"; " Require single sign-on" } }
+                    div.field.actions { button.primary #claim type="submit" { "Claim domain" } }
+                }
+                p.hint { "New users signing in through single sign-on with a verified email of a claimed domain join this organization. A domain belongs to one organization." }
+            }
+        }
     };
     page(session, Nav::Members, "Members", content)
 }
@@ -210,10 +272,110 @@ async fn render(
 ) -> Result<Response, DashboardError> {
     let members = state.developers.members(&session.account_id).await?;
     let invitations = state.developers.invitations(&session.account_id).await?;
+    let domains = state.developers.domain_claims(&session.account_id).await?;
     Ok(with_status(
         status,
-        view(session, &members, &invitations, flash),
+        view(session, &members, &invitations, &domains, flash),
     ))
+}
+
+/// `POST /developers/members/invitations/{id}/withdraw`: withdraws a pending invitation (its
+/// link stops working), if the member may invite in its role. `id` is the hex SHA-256 the store
+/// keeps, never the mailed token.
+pub async fn withdraw(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    Path(id): Path<String>,
+    allowed: Allowed<needs::Members>,
+    HtmlForm(form): HtmlForm<CsrfForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    let token_hash = hex::decode(&id)
+        .ok()
+        .and_then(|bytes| KeyHash::from_bytes(&bytes));
+    let withdrawn = match token_hash {
+        Some(token_hash) => {
+            let by = session::actor(&session.email, client);
+            state
+                .developers
+                .withdraw_invitation(&session.account_id, &token_hash, session.role, &by)
+                .await?
+        }
+        None => false,
+    };
+    if withdrawn {
+        render(
+            &state,
+            session,
+            StatusCode::OK,
+            Flash::Done("Invitation withdrawn."),
+        )
+        .await
+    } else {
+        render(
+            &state,
+            session,
+            StatusCode::NOT_FOUND,
+            Flash::Error("No such pending invitation, or not yours to withdraw."),
+        )
+        .await
+    }
+}
+
+#[derive(Deserialize)]
+pub struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /developers/members/domains` (owners): claims an email domain for single sign-on, or
+/// changes whether it requires it.
+pub async fn claim_domain(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    allowed: Allowed<needs::Members>,
+    HtmlForm(form): HtmlForm<DomainForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    if session.role != Role::Owner {
+        return Ok(NotSignedIn::Forbidden(session.clone()).into_response());
+    }
+    let domain = normalize(&form.domain);
+    if !plausible_domain(&domain) {
+        return render(
+            &state,
+            session,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Flash::Error("Enter a domain such as example.com."),
+        )
+        .await;
+    }
+    let claim = DomainClaim {
+        domain,
+        account_id: session.account_id.clone(),
+        require_sso: form.require_sso.is_some(),
+        claimed_at: OffsetDateTime::now_utc(),
+    };
+    let by = session::actor(&session.email, client);
+    if state.developers.claim_domain(claim, &by).await? {
+        render(
+            &state,
+            session,
+            StatusCode::OK,
+            Flash::Done("Domain claimed."),
+        )
+        .await
+    } else {
+        render(
+            &state,
+            session,
+            StatusCode::CONFLICT,
+            Flash::Error("Another organization has claimed this domain."),
+        )
+        .await
+    }
 }
 
 pub async fn show(

@@ -1,5 +1,5 @@
 //! The developer dashboard under `/developers`: sign-up and sign-in, the overview, API keys,
-//! usage charts, billing, the audit log and the organization's members. Server-rendered HTML with plain forms (no script needed), its one
+//! usage charts, billing, the audit log, the organization's members and single sign-on. Server-rendered HTML with plain forms (no script needed), its one
 //! stylesheet embedded in the binary; served on the public listener in both modes.
 
 mod account;
@@ -16,6 +16,7 @@ mod members;
 mod overview;
 mod session;
 pub mod settings;
+mod sso;
 mod usage;
 
 use axum::http::{header, HeaderValue};
@@ -44,6 +45,13 @@ pub fn router() -> Router<AppState> {
         .route(
             mail::VERIFY_PATH,
             get(account::verify_email_form).post(account::verify_email),
+        )
+        .route(settings::SSO_START_PATH, get(sso::start))
+        .route(settings::SSO_CALLBACK_PATH, get(sso::callback))
+        .route("/developers/members/domains", post(members::claim_domain))
+        .route(
+            "/developers/members/invitations/{id}/withdraw",
+            post(members::withdraw),
         )
         .route("/developers/sign-out", post(account::sign_out))
         .route(

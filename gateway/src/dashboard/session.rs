@@ -109,18 +109,54 @@ pub fn actor(email: &str, client: ClientAddress) -> Actor {
     )
 }
 
-/// Starts a session for a user signing in from `client`; returns its cookie. Always a new
-/// token (a session the browser had before is ended by the caller), so a session id planted
-/// before sign-in never becomes a signed-in one.
+/// Starts a session for a user signing in with a password from `client`; returns its
+/// cookie. Always a new token (a session the browser had before is ended by the caller), so a
+/// session id planted before sign-in never becomes a signed-in one.
 pub async fn start(
     state: &DashboardState,
     headers: &HeaderMap,
     user: &User,
     client: ClientAddress,
 ) -> Result<(header::HeaderName, HeaderValue), DashboardError> {
+    let (token, session) = new_session(state, user);
+    state
+        .developers
+        .insert_session(session, &actor(&user.email, client))
+        .await?;
+    Ok(set_cookie(
+        state,
+        headers,
+        SESSION_COOKIE,
+        &token,
+        state.settings.session_max,
+    ))
+}
+
+/// As [`start`], for a user signed in through the OpenID Connect provider (audited so).
+pub async fn start_sso(
+    state: &DashboardState,
+    headers: &HeaderMap,
+    user: &User,
+    client: ClientAddress,
+) -> Result<(header::HeaderName, HeaderValue), DashboardError> {
+    let (token, session) = new_session(state, user);
+    state
+        .developers
+        .insert_sso_session(session, &actor(&user.email, client))
+        .await?;
+    Ok(set_cookie(
+        state,
+        headers,
+        SESSION_COOKIE,
+        &token,
+        state.settings.session_max,
+    ))
+}
+
+/// A new session of `user` and the token its cookie carries.
+fn new_session(state: &DashboardState, user: &User) -> (String, Session) {
     let token = ids::session_token();
     let now = OffsetDateTime::now_utc();
-    let lifetime = state.settings.session_max;
     let session = Session {
         token_hash: KeyHash::of(&token),
         user_id: user.id.clone(),
@@ -129,14 +165,10 @@ pub async fn start(
         role: user.role,
         email_verified: user.email_verified_at.is_some(),
         csrf: ids::session_token(),
-        expires_at: now + lifetime,
+        expires_at: now + state.settings.session_max,
         last_used_at: now,
     };
-    state
-        .developers
-        .insert_session(session, &actor(&user.email, client))
-        .await?;
-    Ok(set_cookie(state, headers, SESSION_COOKIE, &token, lifetime))
+    (token, session)
 }
 
 /// A signed-in request of a user whose email is verified: its session. Pages behind sign-in

@@ -6,6 +6,10 @@ use std::sync::{Arc, OnceLock};
 
 use time::Duration;
 
+use openidconnect::core::CoreProviderMetadata;
+use openidconnect::{ClientId, ClientSecret, IssuerUrl};
+use store::developers::Role;
+
 use super::mail::Mailer;
 
 /// Start-up settings of the dashboard.
@@ -24,6 +28,37 @@ pub struct DashboardSettings {
     pub public_url: PublicUrl,
     /// Where the verification links and notices go.
     pub mailer: Arc<dyn Mailer>,
+    /// Single sign-on through an OpenID Connect provider, when configured.
+    pub sso: Option<Arc<SsoSettings>>,
+}
+
+/// Where "Sign in with SSO" starts a sign-in at the provider.
+pub const SSO_START_PATH: &str = "/developers/sso";
+/// Where the provider sends the browser back: the client's redirect URI under the public URL.
+pub const SSO_CALLBACK_PATH: &str = "/developers/sso/callback";
+
+/// The deployment's OpenID Connect provider and this gateway's client at it. The secret is
+/// `ClientSecret`, whose `Debug` shows no value, so these settings can be logged.
+#[derive(Debug)]
+pub struct SsoSettings {
+    pub issuer: IssuerUrl,
+    pub client_id: ClientId,
+    pub client_secret: ClientSecret,
+    /// The role of a new member placed in the organization that claimed their email's domain.
+    pub default_role: Role,
+    /// The provider's discovery document, fetched at the first sign-in that needs it and
+    /// kept; fetched again while it fails.
+    pub provider: tokio::sync::OnceCell<Provider>,
+}
+
+/// The provider as discovered, and the client that speaks to it.
+#[derive(Debug)]
+pub struct Provider {
+    /// Its endpoints and keys (JWKS).
+    pub metadata: CoreProviderMetadata,
+    /// No redirects followed (a token endpoint must not send the code elsewhere), bounded in
+    /// time.
+    pub http: reqwest::Client,
 }
 
 /// Where browsers reach the gateway: the base of the links the dashboard mails (email

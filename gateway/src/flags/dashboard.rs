@@ -6,10 +6,12 @@ use clap::Args;
 use lettre::message::Mailbox;
 use time::Duration;
 
-use super::secrets::SMTP_URL;
+use super::secrets::{LONG_SECRET, SMTP_URL};
 use crate::dashboard::mail::{LogMailer, Mailer, SmtpMailer, SmtpServer};
-use crate::dashboard::settings::PublicUrl;
+use crate::dashboard::settings::{PublicUrl, SsoSettings};
 use crate::dashboard::DashboardSettings;
+use openidconnect::{ClientId, ClientSecret, IssuerUrl};
+use store::developers::Role;
 
 #[derive(Debug, Args)]
 pub struct DashboardArgs {
@@ -49,6 +51,33 @@ pub struct DashboardArgs {
     #[arg(long, env = "GATEWAY_MAIL_FROM", default_value = "svc gateway <no-reply@localhost>",
           value_parser = mailbox)]
     pub mail_from: Mailbox,
+    /// The OpenID Connect provider the dashboard's "Sign in with SSO" goes to (its issuer URL,
+    /// where `/.well-known/openid-configuration` is). Without it there is no single sign-on.
+    #[arg(long, env = "GATEWAY_DASHBOARD_OIDC_ISSUER", value_parser = issuer_url,
+          requires_all = ["dashboard_oidc_client_id", "oidc_secret"])]
+    pub dashboard_oidc_issuer: Option<IssuerUrl>,
+    /// The gateway's client id at the provider (its redirect URI:
+    /// `<public URL>/developers/sso/callback`).
+    #[arg(
+        long,
+        env = "GATEWAY_DASHBOARD_OIDC_CLIENT_ID",
+        requires = "dashboard_oidc_issuer"
+    )]
+    pub dashboard_oidc_client_id: Option<String>,
+    /// The client's secret at the provider. Prefer `--dashboard-oidc-client-secret-file`.
+    #[arg(long, env = "GATEWAY_DASHBOARD_OIDC_CLIENT_SECRET", hide_env_values = true,
+          group = "oidc_secret", value_parser = LONG_SECRET)]
+    pub dashboard_oidc_client_secret: Option<String>,
+    /// A file holding the client's secret (a mounted Kubernetes Secret); surrounding
+    /// whitespace is dropped.
+    #[arg(long, env = "GATEWAY_DASHBOARD_OIDC_CLIENT_SECRET_FILE", group = "oidc_secret",
+          value_parser = secret_file)]
+    pub dashboard_oidc_client_secret_file: Option<String>,
+    /// The role of a new member signing in through the provider, placed in the organization
+    /// that claimed their email's domain.
+    #[arg(long, env = "GATEWAY_DASHBOARD_OIDC_DEFAULT_ROLE", default_value = "developer",
+          value_parser = role)]
+    pub dashboard_oidc_default_role: Role,
 }
 
 /// A positive, finite number of at most a year's seconds, so its duration cannot overflow.
@@ -58,6 +87,47 @@ fn positive(value: &str) -> Result<f64, String> {
         Ok(number)
     } else {
         Err("expected a positive number".to_owned())
+    }
+}
+
+fn issuer_url(value: &str) -> Result<IssuerUrl, String> {
+    IssuerUrl::new(value.to_owned()).map_err(|e| format!("not a URL: {e}"))
+}
+
+fn role(value: &str) -> Result<Role, String> {
+    Role::parse(value).ok_or_else(|| "expected owner, admin, developer or billing".to_owned())
+}
+
+/// A secret read from a file (a mounted Kubernetes Secret), surrounding whitespace dropped;
+/// the refusal names the file, never its content.
+fn secret_file(path: &str) -> Result<String, String> {
+    let secret = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {path}: {e}"))?
+        .trim()
+        .to_owned();
+    if secret.is_empty() {
+        return Err(format!("{path} is empty"));
+    }
+    Ok(secret)
+}
+
+impl DashboardArgs {
+    /// Single sign-on's settings, when an issuer is configured (clap requires the client id
+    /// and one of the secrets with it).
+    fn sso(&self) -> Option<Arc<SsoSettings>> {
+        let issuer = self.dashboard_oidc_issuer.clone()?;
+        let client_id = self.dashboard_oidc_client_id.clone()?;
+        let secret = self
+            .dashboard_oidc_client_secret
+            .clone()
+            .or_else(|| self.dashboard_oidc_client_secret_file.clone())?;
+        Some(Arc::new(SsoSettings {
+            issuer,
+            client_id: ClientId::new(client_id),
+            client_secret: ClientSecret::new(secret),
+            default_role: self.dashboard_oidc_default_role,
+            provider: tokio::sync::OnceCell::new(),
+        }))
     }
 }
 
@@ -90,6 +160,7 @@ impl From<&DashboardArgs> for DashboardSettings {
                     as Arc<dyn Mailer>,
                 None => Arc::new(LogMailer),
             },
+            sso: args.sso(),
         }
     }
 }

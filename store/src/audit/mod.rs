@@ -113,9 +113,14 @@ pub enum Action {
     MemberRoleChanged,
     /// A member was removed from the organization; `before`: the role.
     MemberRemoved,
+    /// The organization claimed an email domain for single sign-on; `after`: the domain and
+    /// whether password sign-in is refused for it.
+    DomainClaimed,
+    /// A pending invitation was withdrawn before it was accepted; `before`: its role.
+    InvitationWithdrawn,
 }
 
-pub const ACTIONS: [Action; 20] = [
+pub const ACTIONS: [Action; 22] = [
     Action::SignedUp,
     Action::EmailVerified,
     Action::SignIn,
@@ -136,6 +141,8 @@ pub const ACTIONS: [Action; 20] = [
     Action::InvitationAccepted,
     Action::MemberRoleChanged,
     Action::MemberRemoved,
+    Action::DomainClaimed,
+    Action::InvitationWithdrawn,
 ];
 
 impl Action {

@@ -5,9 +5,11 @@
 
 mod organizations;
 mod postgres;
+mod sso;
 
 pub use organizations::{Acceptance, Invitation, MemberChange, Permission, Refusal, Role, ROLES};
 pub use postgres::PostgresDeveloperStore;
+pub use sso::{domain_of, DomainClaim};
 
 use std::sync::{Arc, Mutex};
 
@@ -232,6 +234,44 @@ pub trait DeveloperStore: Send + Sync {
         acting: Role,
         by: &Actor,
     ) -> Result<MemberChange, StoreError>;
+    /// Withdraws the account's pending invitation of this token hash, if a member in role
+    /// `acting` may invite in its role; audited as `by`'s. `false` when there is no such
+    /// invitation (spent, expired, another account's) or `acting` may not.
+    async fn withdraw_invitation(
+        &self,
+        account_id: &str,
+        token_hash: &KeyHash,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<bool, StoreError>;
+    /// Claims (or updates the `require_sso` of) a domain for the claim's organization,
+    /// audited as `by`'s; `false` (and nothing changed) when another organization holds it.
+    async fn claim_domain(&self, claim: DomainClaim, by: &Actor) -> Result<bool, StoreError>;
+    /// The organization that claimed the domain, if any.
+    async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError>;
+    /// The domains the account's organization claimed, by name.
+    async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError>;
+    /// Starts a session signed in through the provider: as [`Self::insert_session`], its
+    /// audit row naming the method.
+    async fn insert_sso_session(&self, session: Session, by: &Actor) -> Result<(), StoreError>;
+    /// Audits a sign-in to `user`'s account refused by single sign-on's rules (`method`:
+    /// `sso` or `password`; `reason` a short name).
+    async fn audit_refused_sso(
+        &self,
+        user: &User,
+        method: &str,
+        reason: &str,
+        by: &Actor,
+    ) -> Result<(), StoreError>;
+    /// Remembers a sign-in started at the provider until `expires_at` (and drops expired ones).
+    async fn insert_sso_login(
+        &self,
+        state_hash: &KeyHash,
+        expires_at: OffsetDateTime,
+    ) -> Result<(), StoreError>;
+    /// Ends a sign-in started at the provider: `true` once, before it expires; `false` for an
+    /// unknown, spent or expired one.
+    async fn take_sso_login(&self, state_hash: &KeyHash) -> Result<bool, StoreError>;
 }
 
 /// The audit rows of sign-ins, the same from both stores.
@@ -295,6 +335,8 @@ pub struct MemoryDeveloperStore {
     failures: DashMap<(String, String), (u32, OffsetDateTime)>,
     checkouts: DashMap<String, Checkout>,
     invitations: DashMap<KeyHash, Invitation>,
+    domains: DashMap<String, DomainClaim>,
+    sso_logins: DashMap<KeyHash, OffsetDateTime>,
     /// Held by every change of an organization's members, so that its checks (an owner
     /// remains) and its change are one step.
     organizations: Mutex<()>,
@@ -311,6 +353,8 @@ impl MemoryDeveloperStore {
             failures: DashMap::new(),
             checkouts: DashMap::new(),
             invitations: DashMap::new(),
+            domains: DashMap::new(),
+            sso_logins: DashMap::new(),
             organizations: Mutex::new(()),
             audit,
         }
@@ -656,5 +700,97 @@ impl DeveloperStore for MemoryDeveloperStore {
         self.sessions.retain(|_, s| s.user_id != before.id);
         self.verifications.retain(|_, v| v.user_id != before.id);
         Ok(MemberChange::Done(before))
+    }
+
+    async fn claim_domain(&self, claim: DomainClaim, by: &Actor) -> Result<bool, StoreError> {
+        // The domain's entry is held while its row is appended.
+        match self.domains.entry(claim.domain.clone()) {
+            dashmap::Entry::Occupied(mut held) => {
+                if held.get().account_id != claim.account_id {
+                    return Ok(false);
+                }
+                self.audit.append(sso::domain_claimed(&claim, by));
+                held.get_mut().require_sso = claim.require_sso;
+                Ok(true)
+            }
+            dashmap::Entry::Vacant(slot) => {
+                self.audit.append(sso::domain_claimed(&claim, by));
+                slot.insert(claim);
+                Ok(true)
+            }
+        }
+    }
+
+    async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError> {
+        Ok(self.domains.get(domain).map(|c| c.clone()))
+    }
+
+    async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError> {
+        let mut claims: Vec<DomainClaim> = self
+            .domains
+            .iter()
+            .filter(|c| c.account_id == account_id)
+            .map(|c| c.clone())
+            .collect();
+        claims.sort_by(|a, b| a.domain.cmp(&b.domain));
+        Ok(claims)
+    }
+
+    async fn insert_sso_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
+        let slot = self.sessions.entry(session.token_hash);
+        self.audit.append(sso::signed_in_sso(&session, by));
+        slot.insert(session);
+        Ok(())
+    }
+
+    async fn audit_refused_sso(
+        &self,
+        user: &User,
+        method: &str,
+        reason: &str,
+        by: &Actor,
+    ) -> Result<(), StoreError> {
+        self.audit
+            .append(sso::sso_refused(user, method, reason, by));
+        Ok(())
+    }
+
+    async fn insert_sso_login(
+        &self,
+        state_hash: &KeyHash,
+        expires_at: OffsetDateTime,
+    ) -> Result<(), StoreError> {
+        let now = OffsetDateTime::now_utc();
+        self.sso_logins.retain(|_, expires| *expires > now);
+        self.sso_logins.insert(*state_hash, expires_at);
+        Ok(())
+    }
+
+    async fn take_sso_login(&self, state_hash: &KeyHash) -> Result<bool, StoreError> {
+        let now = OffsetDateTime::now_utc();
+        Ok(self
+            .sso_logins
+            .remove_if(state_hash, |_, expires| *expires > now)
+            .is_some())
+    }
+
+    async fn withdraw_invitation(
+        &self,
+        account_id: &str,
+        token_hash: &KeyHash,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        let now = OffsetDateTime::now_utc();
+        let withdrawn = self.invitations.remove_if(token_hash, |_, i| {
+            i.account_id == account_id
+                && i.expires_at > now
+                && acting.may_manage(None, Some(i.role))
+        });
+        if let Some((_, invitation)) = &withdrawn {
+            self.audit
+                .append(organizations::invitation_withdrawn(invitation, by));
+        }
+        Ok(withdrawn.is_some())
     }
 }

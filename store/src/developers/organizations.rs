@@ -178,6 +178,18 @@ pub(super) fn invitation_sent(invitation: &Invitation, by: &Actor) -> AuditEntry
     }
 }
 
+pub(super) fn invitation_withdrawn(invitation: &Invitation, by: &Actor) -> AuditEntry {
+    AuditEntry {
+        before: json!({ "role": invitation.role }),
+        ..entry(
+            by,
+            &invitation.account_id,
+            Action::InvitationWithdrawn,
+            &invitation.email,
+        )
+    }
+}
+
 pub(super) fn invitation_accepted(before: &User, after: &User, by: &Actor) -> AuditEntry {
     AuditEntry {
         before: json!({ "account_id": before.account_id, "role": before.role }),

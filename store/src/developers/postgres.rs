@@ -7,6 +7,7 @@ use sqlx::Row;
 use time::{Duration, OffsetDateTime};
 
 use super::organizations::{self, Acceptance, Invitation, MemberChange, Refusal, Role};
+use super::sso::{self, DomainClaim};
 use super::{
     of_user, sign_in_refused, signed_in, signed_out, signed_out_everywhere, standing, verified_by,
     Checkout, CheckoutStatus, DeveloperStore, EmailVerification, Session, Standing, User,
@@ -112,6 +113,42 @@ fn session_of(row: &PgRow) -> Result<Option<Session>, sqlx::Error> {
         expires_at: row.try_get("expires_at")?,
         last_used_at: row.try_get("last_used_at")?,
     }))
+}
+
+fn claim_of(row: &PgRow) -> Result<DomainClaim, sqlx::Error> {
+    Ok(DomainClaim {
+        domain: row.try_get("domain")?,
+        account_id: row.try_get("account_id")?,
+        require_sso: row.try_get("require_sso")?,
+        claimed_at: row.try_get("claimed_at")?,
+    })
+}
+
+/// Inserts a session and its audit row in one transaction.
+async fn insert_session_with(
+    db: &Database,
+    session: &Session,
+    row: crate::audit::AuditEntry,
+) -> Result<(), StoreError> {
+    db.bounded(async {
+        let mut tx = db.pool().begin().await?;
+        sqlx::query(
+            "INSERT INTO dashboard_sessions (token_hash, user_id, csrf, expires_at, last_used_at)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(session.token_hash.as_bytes())
+        .bind(&session.user_id)
+        .bind(&session.csrf)
+        .bind(session.expires_at)
+        .bind(session.last_used_at)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+        append_in(&mut tx, &row).await?;
+        tx.commit().await
+    })
+    .await?;
+    Ok(())
 }
 
 fn status_name(status: CheckoutStatus) -> &'static str {
@@ -274,26 +311,7 @@ impl DeveloperStore for PostgresDeveloperStore {
     }
 
     async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
-        self.db
-            .bounded(async {
-                let mut tx = self.db.pool().begin().await?;
-                sqlx::query(
-                    "INSERT INTO dashboard_sessions (token_hash, user_id, csrf, expires_at, last_used_at)
-                     VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(session.token_hash.as_bytes())
-                .bind(&session.user_id)
-                .bind(&session.csrf)
-                .bind(session.expires_at)
-                .bind(session.last_used_at)
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
-                append_in(&mut tx, &signed_in(&session, by)).await?;
-                tx.commit().await
-            })
-            .await?;
-        Ok(())
+        insert_session_with(&self.db, &session, signed_in(&session, by)).await
     }
 
     async fn session(
@@ -738,5 +756,174 @@ impl DeveloperStore for PostgresDeveloperStore {
             })
             .await?;
         Ok(removed)
+    }
+
+    async fn claim_domain(&self, claim: DomainClaim, by: &Actor) -> Result<bool, StoreError> {
+        let claimed = self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                // Another organization's claim stays: the update only touches this one's.
+                let claimed = sqlx::query(
+                    "INSERT INTO dashboard_domains (domain, account_id, require_sso, claimed_at)
+                     VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (domain) DO UPDATE SET require_sso = EXCLUDED.require_sso
+                     WHERE dashboard_domains.account_id = EXCLUDED.account_id",
+                )
+                .bind(&claim.domain)
+                .bind(&claim.account_id)
+                .bind(claim.require_sso)
+                .bind(claim.claimed_at)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    == 1;
+                if claimed {
+                    append_in(&mut tx, &sso::domain_claimed(&claim, by)).await?;
+                }
+                tx.commit().await?;
+                Ok(claimed)
+            })
+            .await?;
+        Ok(claimed)
+    }
+
+    async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError> {
+        let row = self
+            .db
+            .bounded(
+                sqlx::query("SELECT * FROM dashboard_domains WHERE domain = $1")
+                    .bind(domain)
+                    .fetch_optional(self.db.pool()),
+            )
+            .await?;
+        Ok(row
+            .as_ref()
+            .map(claim_of)
+            .transpose()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "SELECT * FROM dashboard_domains WHERE account_id = $1 ORDER BY domain",
+                )
+                .bind(account_id)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(claim_of)
+            .collect::<Result<_, _>>()
+            .map_err(DbError::Sql)?)
+    }
+
+    async fn insert_sso_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
+        insert_session_with(&self.db, &session, sso::signed_in_sso(&session, by)).await
+    }
+
+    async fn audit_refused_sso(
+        &self,
+        user: &User,
+        method: &str,
+        reason: &str,
+        by: &Actor,
+    ) -> Result<(), StoreError> {
+        let row = sso::sso_refused(user, method, reason, by);
+        self.db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                append_in(&mut tx, &row).await?;
+                tx.commit().await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn insert_sso_login(
+        &self,
+        state_hash: &KeyHash,
+        expires_at: OffsetDateTime,
+    ) -> Result<(), StoreError> {
+        self.db
+            .bounded(async {
+                sqlx::query("DELETE FROM dashboard_sso_logins WHERE expires_at <= now()")
+                    .execute(self.db.pool())
+                    .await?;
+                sqlx::query(
+                    "INSERT INTO dashboard_sso_logins (state_hash, expires_at) VALUES ($1, $2)",
+                )
+                .bind(state_hash.as_bytes())
+                .bind(expires_at)
+                .execute(self.db.pool())
+                .await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn take_sso_login(&self, state_hash: &KeyHash) -> Result<bool, StoreError> {
+        let taken = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "DELETE FROM dashboard_sso_logins WHERE state_hash = $1 AND expires_at > now()",
+                )
+                .bind(state_hash.as_bytes())
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(taken.rows_affected() == 1)
+    }
+
+    async fn withdraw_invitation(
+        &self,
+        account_id: &str,
+        token_hash: &KeyHash,
+        acting: Role,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        let withdrawn = self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                // Locked, so that an acceptance at the same moment finds it gone or waits.
+                let row = sqlx::query(
+                    "SELECT * FROM dashboard_invitations
+                     WHERE token_hash = $1 AND account_id = $2 AND expires_at > now()
+                     FOR UPDATE",
+                )
+                .bind(token_hash.as_bytes())
+                .bind(account_id)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(invitation) = row.as_ref().map(invitation_of).transpose()?.flatten()
+                else {
+                    return Ok(false);
+                };
+                if !acting.may_manage(None, Some(invitation.role)) {
+                    return Ok(false);
+                }
+                sqlx::query("DELETE FROM dashboard_invitations WHERE token_hash = $1")
+                    .bind(token_hash.as_bytes())
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?;
+                append_in(
+                    &mut tx,
+                    &organizations::invitation_withdrawn(&invitation, by),
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(true)
+            })
+            .await?;
+        Ok(withdrawn)
     }
 }

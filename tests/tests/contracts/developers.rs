@@ -9,9 +9,9 @@ use e2e::PostgresServer;
 use store::accounts::{Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
 use store::audit::{Action, AuditLog, AuditQuery, MemoryAuditLog, PostgresAuditLog};
 use store::developers::{
-    owner_verified, Acceptance, Checkout, CheckoutStatus, DeveloperStore, EmailVerification,
-    Invitation, MemberChange, MemoryDeveloperStore, PostgresDeveloperStore, Refusal, Role, Session,
-    User,
+    owner_verified, Acceptance, Checkout, CheckoutStatus, DeveloperStore, DomainClaim,
+    EmailVerification, Invitation, MemberChange, MemoryDeveloperStore, PostgresDeveloperStore,
+    Refusal, Role, Session, User,
 };
 use store::ledger::MemoryLedger;
 use time::{Duration, OffsetDateTime};
@@ -830,6 +830,126 @@ async fn the_last_owner_of_an_organization_with_members_cannot_leave_it_by_invit
     assert_eq!(store.members(&owner).await.len(), 2);
 }
 
+async fn a_domain_is_claimed_by_one_organization_only_and_audited(store: Store) {
+    let first = store.user().await;
+    let second = store.user().await;
+    let domain = format!("{}.example", unique("corp"));
+    let at = now();
+    let claim = |account_id: &str, require_sso| DomainClaim {
+        domain: domain.clone(),
+        account_id: account_id.to_owned(),
+        require_sso,
+        claimed_at: at,
+    };
+    let developers = &store.developers;
+    assert!(developers
+        .claim_domain(claim(&first.account_id, false), &actor())
+        .await
+        .expect("claimed"));
+    assert!(!developers
+        .claim_domain(claim(&second.account_id, true), &actor())
+        .await
+        .expect("refused"));
+    // Its own organization may change whether it requires single sign-on.
+    assert!(developers
+        .claim_domain(claim(&first.account_id, true), &actor())
+        .await
+        .expect("updated"));
+    let held = developers.domain_claim(&domain).await.expect("claim");
+    assert_eq!(held, Some(claim(&first.account_id, true)));
+    assert_eq!(
+        developers
+            .domain_claims(&first.account_id)
+            .await
+            .expect("claims"),
+        vec![claim(&first.account_id, true)]
+    );
+    assert!(developers
+        .domain_claims(&second.account_id)
+        .await
+        .expect("claims")
+        .is_empty());
+    let audited = store.audited(&first.account_id).await;
+    let claims = audited
+        .iter()
+        .filter(|a| **a == Action::DomainClaimed)
+        .count();
+    assert_eq!(claims, 2);
+    assert!(!store
+        .audited(&second.account_id)
+        .await
+        .contains(&Action::DomainClaimed));
+}
+
+async fn a_single_sign_on_start_is_taken_once_and_only_before_it_expires(store: Store) {
+    let developers = &store.developers;
+    let state = KeyHash::of(&unique("state"));
+    developers
+        .insert_sso_login(&state, now() + Duration::minutes(10))
+        .await
+        .expect("stored");
+    assert!(developers.take_sso_login(&state).await.expect("taken"));
+    assert!(!developers.take_sso_login(&state).await.expect("spent"));
+    let expired = KeyHash::of(&unique("state"));
+    developers
+        .insert_sso_login(&expired, now() - Duration::seconds(1))
+        .await
+        .expect("stored");
+    assert!(!developers.take_sso_login(&expired).await.expect("expired"));
+    assert!(!developers
+        .take_sso_login(&KeyHash::of("never started"))
+        .await
+        .expect("unknown"));
+}
+
+async fn a_pending_invitation_is_withdrawn_once_by_whom_may_invite_in_its_role(store: Store) {
+    let owner = store.user().await;
+    let admin = store.member(&owner, Role::Admin).await;
+    let stranger = store.user().await;
+    let email = format!("{}@example.com", unique("invitee"));
+    let later = now() + Duration::days(7);
+    let as_owner = store.invitation(&owner, &email, Role::Owner, later).await;
+    let as_developer = store
+        .invitation(&owner, &email, Role::Developer, later)
+        .await;
+    let developers = &store.developers;
+    let withdraw = |token: &str, account: &str, acting| {
+        let hash = KeyHash::of(token);
+        let account = account.to_owned();
+        async move {
+            developers
+                .withdraw_invitation(&account, &hash, acting, &actor())
+                .await
+                .expect("answered")
+        }
+    };
+    // An admin never withdraws an invitation as owner; another account's member none.
+    assert!(!withdraw(&as_owner, &owner.account_id, Role::Admin).await);
+    assert!(!withdraw(&as_developer, &stranger.account_id, Role::Owner).await);
+    assert!(withdraw(&as_developer, &admin.account_id, Role::Admin).await);
+    assert!(
+        !withdraw(&as_developer, &owner.account_id, Role::Owner).await,
+        "once"
+    );
+    let invitee = store.user().await;
+    assert!(matches!(
+        store.accept(&as_developer, &invitee).await,
+        Acceptance::Unknown
+    ));
+    let pending = developers
+        .invitations(&owner.account_id)
+        .await
+        .expect("pending");
+    assert_eq!(pending.len(), 1, "the owner's invitation stays");
+    let withdrawn = store
+        .audited(&owner.account_id)
+        .await
+        .into_iter()
+        .filter(|a| *a == Action::InvitationWithdrawn)
+        .count();
+    assert_eq!(withdrawn, 1);
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -851,5 +971,8 @@ e2e::contract! {
         an_admin_never_changes_or_removes_an_owner_and_an_organization_keeps_an_owner,
         a_role_change_or_removal_ends_the_members_sessions_and_no_one_elses,
         the_last_owner_of_an_organization_with_members_cannot_leave_it_by_invitation,
+        a_domain_is_claimed_by_one_organization_only_and_audited,
+        a_single_sign_on_start_is_taken_once_and_only_before_it_expires,
+        a_pending_invitation_is_withdrawn_once_by_whom_may_invite_in_its_role,
     }
 }

@@ -1,0 +1,321 @@
+//! Single sign-on on the dashboard through OpenID Connect, end to end on Postgres with the
+//! real gateway binary: a new user signs in through a certified provider (npm
+//! `oidc-provider`) in headless Chromium and joins the organization that claimed their
+//! email's domain, in the default role; forged, replayed and tampered callbacks (a mock
+//! provider breaking its ID token on purpose) are refused and start no session; a domain
+//! that requires single sign-on refuses password sign-in.
+
+use e2e::browser::{Browser, DESKTOP};
+use e2e::gateway::{unique_name, workspace_root};
+use e2e::oidc::{MockIssuer, OidcProvider, Tamper, CLIENT_ID, CLIENT_SECRET};
+use e2e::server::free_port;
+use e2e::visitor::{hidden_csrf, new_email, Visitor, PASSWORD};
+use e2e::{Cluster, Gateway, PostgresServer};
+
+const CALLBACK: &str = "/developers/sso/callback";
+
+/// One pod on `pg` whose dashboard signs in through the provider at `issuer`.
+async fn dashboard(pg: &PostgresServer, issuer: &str) -> Cluster {
+    Cluster::start(1, |b| {
+        b.database(&pg.url())
+            .arg("--sign-ups-per-minute=100")
+            .arg(&format!("--dashboard-oidc-issuer={issuer}"))
+            .arg(&format!("--dashboard-oidc-client-id={CLIENT_ID}"))
+            .env("GATEWAY_DASHBOARD_OIDC_CLIENT_SECRET", CLIENT_SECRET)
+    })
+    .await
+}
+
+/// An owner signed in, whose organization claimed a new domain (requiring single sign-on
+/// or not): the owner's visitor and the domain.
+async fn owner_claiming<'a>(gw: &'a Gateway, require_sso: bool) -> (Visitor<'a>, String) {
+    let mut owner = Visitor::new(gw);
+    owner.sign_up(&new_email(), &[]).await;
+    let domain = format!("{}.example", unique_name("corp"));
+    let (_, page) = owner.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let mut form = vec![("csrf", csrf.as_str()), ("domain", domain.as_str())];
+    if require_sso {
+        form.push(("require_sso", "on"));
+    }
+    let (status, page, _) = owner.post("/developers/members/domains", &form, &[]).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains(&format!("data-domain=\"{domain}\"")),
+        "{page}"
+    );
+    (owner, domain)
+}
+
+async fn sessions_of(pg: &PostgresServer, email: &str) -> i64 {
+    pg.query_i64(&format!(
+        "SELECT count(*) FROM dashboard_sessions s JOIN dashboard_users u ON u.id = s.user_id
+         WHERE u.email = '{email}'"
+    ))
+    .await
+}
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+fn location(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get("location")
+        .and_then(|l| l.to_str().ok())
+        .unwrap_or_else(|| panic!("a Location in {response:?}"))
+        .to_owned()
+}
+
+/// The value `name` is set to by the response's Set-Cookie lines, if any (empty: cleared).
+fn set_cookie(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|line| line.split(';').next()?.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// A sign-in started at the gateway and sent back by the mock provider: the browser's
+/// `svc_sso` cookie and the callback URL the provider sent it to.
+async fn started(gw: &Gateway) -> (String, String) {
+    let http = no_redirects();
+    let start = http
+        .get(gw.url("/developers/sso"))
+        .send()
+        .await
+        .expect("start");
+    assert_eq!(start.status(), 303, "{start:?}");
+    let cookie = set_cookie(&start, "svc_sso").expect("the sign-in's cookie");
+    let authorize = http.get(location(&start)).send().await.expect("authorize");
+    assert_eq!(authorize.status(), 303);
+    let callback = location(&authorize);
+    assert!(callback.contains(CALLBACK), "{callback}");
+    (cookie, callback)
+}
+
+/// The callback, as a browser carrying `cookie` follows it: the status, whether a session
+/// cookie was set, and the page.
+async fn follow(callback: &str, cookie: &str) -> (u16, bool, String) {
+    let response = no_redirects()
+        .get(callback)
+        .header("cookie", format!("svc_sso={cookie}"))
+        .send()
+        .await
+        .expect("callback");
+    let status = response.status().as_u16();
+    let session = set_cookie(&response, "svc_session").is_some_and(|v| !v.is_empty());
+    (status, session, response.text().await.expect("body"))
+}
+
+#[tokio::test]
+async fn a_new_user_signs_in_through_the_provider_and_joins_their_domains_organization_as_developer(
+) {
+    let pg = PostgresServer::start().await;
+    let provider_port = free_port();
+    let cluster = dashboard(&pg, &format!("http://127.0.0.1:{provider_port}")).await;
+    let gw = &cluster.pods[0];
+    let provider = OidcProvider::start(provider_port, &gw.url(CALLBACK)).await;
+    let (mut owner, domain) = owner_claiming(gw, false).await;
+    let email = format!("{}@{domain}", unique_name("sso"));
+
+    let b = Browser::start().await;
+    b.goto(&gw.url("/developers/sign-in")).await;
+    let dir = workspace_root().join("docs").join("screenshots");
+    b.screenshot(&dir, "sso-sign-in", "desktop", DESKTOP).await;
+    b.click_and_load("#sso").await;
+    // The provider's own login: any login name is an account, that name its verified email.
+    b.fill("input[name=login]", &email).await;
+    b.fill("input[name=password]", "anything").await;
+    b.click_and_load("button[type=submit]").await;
+    // Its consent page.
+    b.click_and_load("button[type=submit]").await;
+    b.wait_for_path("/developers").await;
+    let overview = b.text("body").await;
+    b.quit().await;
+    assert!(overview.contains(&email), "{overview}\n{}", provider.logs());
+
+    let (_, members) = owner.get("/developers/members").await;
+    let row = members
+        .split(&format!("data-member=\"{email}\""))
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("{email} among the members: {members}"));
+    assert!(row.contains(">developer<"), "{row}");
+    assert_eq!(sessions_of(&pg, &email).await, 1);
+    let method = pg
+        .query(&format!(
+            "SELECT after->>'method' FROM audit_log WHERE action = 'sign_in' AND target = '{email}'"
+        ))
+        .await;
+    assert_eq!(method, "sso");
+}
+
+#[tokio::test]
+async fn forged_replayed_and_tampered_callbacks_are_refused_and_start_no_session() {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let cluster = dashboard(&pg, &issuer.issuer()).await;
+    let gw = &cluster.pods[0];
+    let (_owner, domain) = owner_claiming(gw, false).await;
+
+    // A `state` that is not the browser's.
+    let email = format!("{}@{domain}", unique_name("state"));
+    issuer.next_token(&email, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (state_start, _) = callback.split_once("state=").expect("a state");
+    let forged = format!("{state_start}state=forged{}", "0".repeat(16));
+    let (status, session, page) = follow(&forged, &cookie).await;
+    assert_eq!((status, session), (403, false), "wrong state: {page}");
+    assert_eq!(sessions_of(&pg, &email).await, 0);
+
+    // Each broken ID token.
+    for (tamper, case) in [
+        (Tamper::WrongNonce, "wrong nonce"),
+        (Tamper::Expired, "expired ID token"),
+        (Tamper::BadSignature, "badly signed ID token"),
+        (Tamper::WrongAudience, "ID token for another client"),
+        (Tamper::EmailUnverified, "unverified email"),
+    ] {
+        let email = format!("{}@{domain}", unique_name("tamper"));
+        issuer.next_token(&email, tamper);
+        let (cookie, callback) = started(gw).await;
+        let (status, session, page) = follow(&callback, &cookie).await;
+        assert_eq!((status, session), (403, false), "{case}: {page}");
+        assert_eq!(sessions_of(&pg, &email).await, 0, "{case}");
+        let users = pg
+            .query_i64(&format!(
+                "SELECT count(*) FROM dashboard_users WHERE email = '{email}'"
+            ))
+            .await;
+        assert_eq!(users, 0, "{case} makes no user");
+    }
+
+    // An email whose domain no organization claimed.
+    let stranger = format!(
+        "{}@unclaimed-{}.example",
+        unique_name("x"),
+        unique_name("d")
+    );
+    issuer.next_token(&stranger, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!((status, session), (403, false), "unclaimed domain: {page}");
+    assert!(page.contains("No organization"), "{page}");
+
+    // A good callback signs in once; the same callback (code, state and cookie) again does not.
+    let email = format!("{}@{domain}", unique_name("replay"));
+    issuer.next_token(&email, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!((status, session), (303, true), "the good callback: {page}");
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!((status, session), (403, false), "replayed callback: {page}");
+    assert_eq!(
+        sessions_of(&pg, &email).await,
+        1,
+        "only the first signed in"
+    );
+}
+
+#[tokio::test]
+async fn password_sign_in_is_refused_for_a_domain_that_requires_single_sign_on() {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let cluster = dashboard(&pg, &issuer.issuer()).await;
+    let gw = &cluster.pods[0];
+    let (mut owner, domain) = owner_claiming(gw, false).await;
+    // A user of the domain with a password, signed up before the domain required SSO.
+    let email = format!("{}@{domain}", unique_name("pw"));
+    Visitor::new(gw).sign_up(&email, &[]).await;
+    let mut visitor = Visitor::new(gw);
+    let (status, page) = visitor.sign_in(&email, PASSWORD).await;
+    assert_eq!(status, 303, "allowed before: {page}");
+
+    let (_, page) = owner.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("domain", domain.as_str()),
+        ("require_sso", "on"),
+    ];
+    let (status, page, _) = owner.post("/developers/members/domains", &form, &[]).await;
+    assert_eq!(status, 200, "{page}");
+    let before = sessions_of(&pg, &email).await;
+
+    let mut visitor = Visitor::new(gw);
+    let (_, form) = visitor.get("/developers/sign-in").await;
+    assert!(form.contains("Sign in with SSO"), "{form}");
+    let csrf = hidden_csrf(&form);
+    let (status, page, set) = visitor
+        .post(
+            "/developers/sign-in",
+            &[("csrf", &csrf), ("email", &email), ("password", PASSWORD)],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 403, "{page}");
+    assert!(page.contains("requires single sign-on"), "{page}");
+    assert!(
+        !set.iter().any(|c| c.starts_with("svc_session=")),
+        "{set:?}"
+    );
+    assert_eq!(sessions_of(&pg, &email).await, before);
+    let reason = pg
+        .query(&format!(
+            "SELECT after->>'reason' FROM audit_log
+             WHERE action = 'sign_in_failed' AND target = '{email}'"
+        ))
+        .await;
+    assert_eq!(reason, "sso_required");
+
+    // Another organization cannot claim the domain.
+    let (mut other, _) = owner_claiming(gw, false).await;
+    let (_, page) = other.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = other
+        .post(
+            "/developers/members/domains",
+            &[("csrf", &csrf), ("domain", &domain)],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 409, "{page}");
+}
+
+#[test]
+fn the_chart_passes_the_sso_settings_with_the_client_secret_mounted_from_a_secret() {
+    let off = e2e::helm::template(&["t", "charts/gateway"]);
+    assert!(off.contains("--dashboard-invitation-days=7"), "{off}");
+    assert!(!off.contains("--dashboard-oidc"), "off without an issuer");
+    let on = e2e::helm::template(&[
+        "t",
+        "charts/gateway",
+        "--set",
+        "gateway.oidc.issuer=https://idp.example.com",
+        "--set",
+        "gateway.oidc.clientId=gw",
+        "--set",
+        "gateway.oidc.clientSecret=gw-oidc",
+        "--set",
+        "gateway.invitationDays=3",
+    ]);
+    for arg in [
+        "--dashboard-invitation-days=3",
+        "--dashboard-oidc-issuer=https://idp.example.com",
+        "--dashboard-oidc-client-id=gw",
+        "--dashboard-oidc-client-secret-file=/etc/gateway/oidc/client-secret",
+        "--dashboard-oidc-default-role=developer",
+        "secretName: gw-oidc",
+    ] {
+        assert!(on.contains(arg), "{arg} in {on}");
+    }
+}
