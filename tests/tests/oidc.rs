@@ -9,16 +9,22 @@ use e2e::browser::{Browser, DESKTOP};
 use e2e::gateway::{unique_name, workspace_root};
 use e2e::oidc::{MockIssuer, OidcProvider, Tamper, CLIENT_ID, CLIENT_SECRET};
 use e2e::server::free_port;
-use e2e::visitor::{hidden_csrf, new_email, Visitor, PASSWORD};
+use e2e::visitor::{hidden_csrf, Visitor, PASSWORD};
 use e2e::{Cluster, Gateway, PostgresServer};
 
 const CALLBACK: &str = "/developers/sso/callback";
 
 /// One pod on `pg` whose dashboard signs in through the provider at `issuer`.
 async fn dashboard(pg: &PostgresServer, issuer: &str) -> Cluster {
+    dashboard_with(pg, issuer, "100").await
+}
+
+/// [`dashboard`] allowing `sign_ins` sign-in attempts per minute from one address.
+async fn dashboard_with(pg: &PostgresServer, issuer: &str, sign_ins: &str) -> Cluster {
     Cluster::start(1, |b| {
         b.database(&pg.url())
             .arg("--sign-ups-per-minute=100")
+            .arg(&format!("--sign-ins-per-minute={sign_ins}"))
             .arg(&format!("--dashboard-oidc-issuer={issuer}"))
             .arg(&format!("--dashboard-oidc-client-id={CLIENT_ID}"))
             .env("GATEWAY_DASHBOARD_OIDC_CLIENT_SECRET", CLIENT_SECRET)
@@ -29,9 +35,10 @@ async fn dashboard(pg: &PostgresServer, issuer: &str) -> Cluster {
 /// An owner signed in, whose organization claimed a new domain (requiring single sign-on
 /// or not): the owner's visitor and the domain.
 async fn owner_claiming<'a>(gw: &'a Gateway, require_sso: bool) -> (Visitor<'a>, String) {
-    let mut owner = Visitor::new(gw);
-    owner.sign_up(&new_email(), &[]).await;
+    // An owner claims the domain of their own email.
     let domain = format!("{}.example", unique_name("corp"));
+    let mut owner = Visitor::new(gw);
+    owner.sign_up(&format!("owner@{domain}"), &[]).await;
     let (_, page) = owner.get("/developers/members").await;
     let csrf = hidden_csrf(&page);
     let mut form = vec![("csrf", csrf.as_str()), ("domain", domain.as_str())];
@@ -239,6 +246,17 @@ async fn password_sign_in_is_refused_for_a_domain_that_requires_single_sign_on()
     let mut visitor = Visitor::new(gw);
     let (status, page) = visitor.sign_in(&email, PASSWORD).await;
     assert_eq!(status, 303, "allowed before: {page}");
+    // Its user owns an organization of their own, which cannot take the claimed domain.
+    let (_, page) = visitor.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = visitor
+        .post(
+            "/developers/members/domains",
+            &[("csrf", &csrf), ("domain", &domain)],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 409, "{page}");
 
     let (_, page) = owner.get("/developers/members").await;
     let csrf = hidden_csrf(&page);
@@ -276,19 +294,61 @@ async fn password_sign_in_is_refused_for_a_domain_that_requires_single_sign_on()
         ))
         .await;
     assert_eq!(reason, "sso_required");
+}
 
-    // Another organization cannot claim the domain.
-    let (mut other, _) = owner_claiming(gw, false).await;
-    let (_, page) = other.get("/developers/members").await;
+#[tokio::test]
+async fn an_owner_claims_only_their_own_emails_domain_and_sign_in_starts_are_braked_per_address() {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let cluster = dashboard_with(&pg, &issuer.issuer(), "5").await;
+    let gw = &cluster.pods[0];
+    let domain = format!("{}.example", unique_name("corp"));
+    let mut owner = Visitor::new(gw);
+    owner.sign_up(&format!("owner@{domain}"), &[]).await;
+    let (_, page) = owner.get("/developers/members").await;
     let csrf = hidden_csrf(&page);
-    let (status, page, _) = other
-        .post(
-            "/developers/members/domains",
-            &[("csrf", &csrf), ("domain", &domain)],
-            &[],
-        )
+    for other in ["gmail.com", "another-company.example"] {
+        let (status, page, _) = owner
+            .post(
+                "/developers/members/domains",
+                &[("csrf", &csrf), ("domain", other)],
+                &[],
+            )
+            .await;
+        assert_eq!(status, 403, "{other}: {page}");
+        assert!(page.contains("only the domain of your own email"), "{page}");
+    }
+    let claims = pg.query_i64("SELECT count(*) FROM dashboard_domains").await;
+    assert_eq!(claims, 0, "nothing claimed");
+
+    // Each start stores a record: one address gets the sign-in allowance, then 429s that
+    // store nothing.
+    let http = no_redirects();
+    let mut started = 0;
+    let mut braked = 0;
+    for _ in 0..12 {
+        let start = http
+            .get(gw.url("/developers/sso"))
+            .send()
+            .await
+            .expect("start");
+        match start.status().as_u16() {
+            303 => started += 1,
+            429 => {
+                assert!(start.headers().contains_key("retry-after"));
+                braked += 1;
+            }
+            other => panic!("start answered {other}"),
+        }
+    }
+    assert!(
+        started >= 1 && braked >= 1,
+        "{started} started, {braked} braked"
+    );
+    let records = pg
+        .query_i64("SELECT count(*) FROM dashboard_sso_logins")
         .await;
-    assert_eq!(status, 409, "{page}");
+    assert_eq!(records, started, "a braked start stores nothing");
 }
 
 #[test]

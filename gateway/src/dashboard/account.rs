@@ -401,7 +401,7 @@ async fn add_signup_credits(
 
 /// Counts an attempt against the client address under `brake`: how long to wait when it is
 /// over the limit (an address known to be over is refused without asking the store).
-async fn client_wait(
+pub(super) async fn client_wait(
     brake: &AddressBrake,
     client: ClientAddress,
 ) -> Result<Option<u64>, LimitError> {

@@ -27,7 +27,8 @@ use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::developers::{
-    Acceptance, DomainClaim, Invitation, MemberChange, Refusal, Role, Session, User, ROLES,
+    domain_of, Acceptance, DomainClaim, Invitation, MemberChange, Refusal, Role, Session, User,
+    ROLES,
 };
 
 /// Pending invitations an organization may have at once: each is a mail to any address, so a
@@ -252,12 +253,12 @@ fn view(
                     input type="hidden" name="csrf" value=(session.csrf);
                     div.field {
                         label for="claim-domain" { "Domain" }
-                        input #claim-domain type="text" name="domain" required placeholder="example.com";
+                        input #claim-domain type="text" name="domain" required value=(domain_of(&session.email).unwrap_or_default());
                     }
                     div.field { label.check { input #require-sso type="checkbox" name="require_sso" value="on"; " Require single sign-on" } }
                     div.field.actions { button.primary #claim type="submit" { "Claim domain" } }
                 }
-                p.hint { "New users signing in through single sign-on with a verified email of a claimed domain join this organization. A domain belongs to one organization." }
+                p.hint { "You can claim the domain of your own email address. New users signing in through single sign-on with a verified email of a claimed domain join this organization. A domain belongs to one organization." }
             }
         }
     };
@@ -349,6 +350,18 @@ pub async fn claim_domain(
             session,
             StatusCode::UNPROCESSABLE_ENTITY,
             Flash::Error("Enter a domain such as example.com."),
+        )
+        .await;
+    }
+    // A verified address of the domain is the proof of it this dashboard has: an owner
+    // claims only the domain of their own email, so nobody claims a public mail domain (or
+    // another company's) and captures its users' first sign-ins.
+    if domain_of(&session.email).as_deref() != Some(domain.as_str()) {
+        return render(
+            &state,
+            session,
+            StatusCode::FORBIDDEN,
+            Flash::Error("You can claim only the domain of your own email address."),
         )
         .await;
     }

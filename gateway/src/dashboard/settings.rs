@@ -46,14 +46,21 @@ pub struct SsoSettings {
     pub client_secret: ClientSecret,
     /// The role of a new member placed in the organization that claimed their email's domain.
     pub default_role: Role,
-    /// The provider's discovery document, fetched at the first sign-in that needs it and
-    /// kept; fetched again while it fails.
-    pub provider: tokio::sync::OnceCell<Provider>,
+    /// The provider's discovery document (its endpoints and signing keys), fetched at the
+    /// first sign-in that needs it and again once it is [`DISCOVERY_TTL`] old, so a rotated
+    /// key is known within that time (providers publish a new key well before signing with
+    /// it). The lock is held while fetching, so concurrent sign-ins fetch once.
+    pub provider: tokio::sync::Mutex<Option<Arc<Provider>>>,
 }
+
+/// How long a discovery document (and its keys) is used before it is fetched again.
+pub const DISCOVERY_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The provider as discovered, and the client that speaks to it.
 #[derive(Debug)]
 pub struct Provider {
+    /// When it was fetched.
+    pub fetched_at: std::time::Instant,
     /// Its endpoints and keys (JWKS).
     pub metadata: CoreProviderMetadata,
     /// No redirects followed (a token endpoint must not send the code elsewhere), bounded in

@@ -30,11 +30,11 @@ use openidconnect::{
 use serde::Deserialize;
 use time::{Duration, OffsetDateTime};
 
-use super::account::normalize;
+use super::account::{client_wait, normalize};
 use super::error::DashboardError;
 use super::layout::{bare, notice, with_status};
 use super::session::{self, SESSION_COOKIE};
-use super::settings::{Provider, SsoSettings, SSO_CALLBACK_PATH, SSO_START_PATH};
+use super::settings::{Provider, SsoSettings, DISCOVERY_TTL, SSO_CALLBACK_PATH, SSO_START_PATH};
 use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
 use gateway_core::ids;
@@ -123,30 +123,60 @@ fn sso_of(state: &DashboardState) -> Result<&Arc<SsoSettings>, DashboardError> {
     state.settings.sso.as_ref().ok_or(DashboardError::NotFound)
 }
 
-/// The provider's discovery document and the client that fetched it; `None` (logged) while
-/// it cannot be reached.
-async fn provider(sso: &SsoSettings) -> Option<&Provider> {
-    let discovered = sso
-        .provider
-        .get_or_try_init(|| async {
-            let http = reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .timeout(std::time::Duration::from_secs(10))
-                .build()
-                .map_err(|e| e.to_string())?;
-            let metadata = CoreProviderMetadata::discover_async(sso.issuer.clone(), &http)
-                .await
-                .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
-            Ok::<_, String>(Provider { metadata, http })
+/// The provider's discovery document and the client that fetched it, fetched again once
+/// [`DISCOVERY_TTL`] old; `None` (logged) while it cannot be reached and was never fetched (a
+/// stale one is used while a fetch fails).
+async fn provider(sso: &SsoSettings) -> Option<Arc<Provider>> {
+    let mut held = sso.provider.lock().await;
+    if let Some(fresh) = held
+        .as_ref()
+        .filter(|p| p.fetched_at.elapsed() < DISCOVERY_TTL)
+    {
+        return Some(fresh.clone());
+    }
+    let discovered = async {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(std::time::Duration::from_secs(10))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let metadata = CoreProviderMetadata::discover_async(sso.issuer.clone(), &http)
+            .await
+            .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
+        Ok::<_, String>(Provider {
+            fetched_at: std::time::Instant::now(),
+            metadata,
+            http,
         })
-        .await;
+    }
+    .await;
     match discovered {
-        Ok(provider) => Some(provider),
+        Ok(provider) => {
+            let provider = Arc::new(provider);
+            *held = Some(provider.clone());
+            Some(provider)
+        }
         Err(e) => {
             tracing::warn!(issuer = %sso.issuer.as_str(), error = %e, "OpenID Connect discovery failed");
-            None
+            held.clone()
         }
     }
+}
+
+fn too_many_page(secs: u64) -> Response {
+    let mut page = with_status(
+        StatusCode::TOO_MANY_REQUESTS,
+        bare(
+            "Too many sign-ins",
+            html! {
+                (notice("error", &format!("Too many sign-in attempts from your network. Try again in {secs} seconds.")))
+                p.alt { a href="/developers/sign-in" { "Back to sign-in" } }
+            },
+        ),
+    );
+    page.headers_mut()
+        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+    page
 }
 
 fn unreachable_page() -> Response {
@@ -170,9 +200,16 @@ fn redirect_url(state: &DashboardState) -> Result<RedirectUrl, DashboardError> {
 /// `GET /developers/sso`: sends the browser to the provider.
 pub async fn start(
     State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
     headers: HeaderMap,
 ) -> Result<Response, DashboardError> {
     let sso = sso_of(&state)?;
+    // Each start stores a record (and may fetch the discovery document): braked per client
+    // address like password sign-ins, so no client grows the table or calls the provider
+    // without bound.
+    if let Some(secs) = client_wait(&state.sign_ins, client).await? {
+        return Ok(too_many_page(secs));
+    }
     let Some(provider) = provider(sso).await else {
         return Ok(unreachable_page());
     };

@@ -126,7 +126,7 @@ impl DashboardArgs {
             client_id: ClientId::new(client_id),
             client_secret: ClientSecret::new(secret),
             default_role: self.dashboard_oidc_default_role,
-            provider: tokio::sync::OnceCell::new(),
+            provider: tokio::sync::Mutex::new(None),
         }))
     }
 }
