@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 
 use crate::gateway::unique_name;
 use crate::poll_until;
-use crate::server::free_port;
+use crate::server::on_a_free_port;
 
 /// Flags for a shared, offline CI machine: no sandbox (root), no GPU, nothing phoning home.
 const CHROMIUM_FLAGS: [&str; 9] = [
@@ -38,32 +38,54 @@ pub struct Browser {
     profile: PathBuf,
 }
 
+/// How long a chromedriver may take to answer `/status` on a loaded machine.
+const DRIVER_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// chromedriver on `port`, once it answers `/status` ready: its process and address. A port
+/// taken between being found free and being bound (the driver exits), or a driver not ready in
+/// time, is an error, and [`on_a_free_port`] tries another port.
+async fn launch_driver(port: u16) -> Result<(Child, String), String> {
+    let mut cmd = Command::new("chromedriver");
+    cmd.arg(format!("--port={port}"));
+    crate::tie_to_test(&mut cmd);
+    let mut driver = cmd.spawn().map_err(|e| {
+        format!("chromedriver not found ({e}): install chromium and chromium-driver (scripts/test does)")
+    })?;
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + DRIVER_READY_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = driver.try_wait() {
+            return Err(format!("chromedriver exited: {status}"));
+        }
+        let ready = match http.get(format!("{url}/status")).send().await {
+            Ok(answer) => answer
+                .json::<Value>()
+                .await
+                .ok()
+                .and_then(|body| body["value"]["ready"].as_bool()),
+            Err(_) => None,
+        };
+        if ready == Some(true) {
+            return Ok((driver, url));
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = driver.start_kill();
+            return Err(format!("not ready within {DRIVER_READY_TIMEOUT:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 impl Browser {
     /// Starts chromedriver on a free port and opens a headless chromium session.
     pub async fn start() -> Browser {
-        let port = free_port();
-        let mut cmd = Command::new("chromedriver");
-        cmd.arg(format!("--port={port}"));
-        crate::tie_to_test(&mut cmd);
-        let driver = cmd.spawn().expect(
-            "chromedriver not found: install chromium and chromium-driver (scripts/test does)",
-        );
-        let url = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("client");
-        poll_until(
-            "chromedriver to answer /status",
-            Duration::from_secs(20),
-            Duration::from_millis(100),
-            || async {
-                let ready = http.get(format!("{url}/status")).send().await.ok()?;
-                let body: Value = ready.json().await.ok()?;
-                body["value"]["ready"].as_bool().filter(|r| *r)
-            },
-        )
-        .await;
+        let (driver, url) = on_a_free_port(launch_driver)
+            .await
+            .unwrap_or_else(|e| panic!("chromedriver did not start:\n{e}"));
         let profile = std::env::temp_dir().join(unique_name("dashboard-chromium"));
         let mut args: Vec<String> = CHROMIUM_FLAGS.iter().map(|s| s.to_string()).collect();
         args.push(format!("--user-data-dir={}", profile.display()));
