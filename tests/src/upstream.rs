@@ -782,11 +782,23 @@ impl UpstreamDef {
     }
 
     /// An upstream nothing listens on: every connection is refused.
+    ///
+    /// The port stays bound (never listening) until the test process ends: a port only
+    /// released could be taken at once by the gateway or mock another test starts, and the
+    /// "refused" upstream would then answer (a CI run got a 502 for the expected 503).
     pub fn refused(provider: &'static str) -> UpstreamDef {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("a socket");
+        socket
+            .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
             .expect("a free port");
+        let port = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.port())
+            .expect("a bound port");
+        std::mem::forget(socket);
         UpstreamDef {
             name: "refused".to_owned(),
             provider,
