@@ -4,6 +4,7 @@
 
 mod controller;
 mod error;
+mod grants;
 mod leader_election;
 mod lenient;
 mod metrics;
@@ -69,13 +70,15 @@ struct RunArgs {
     /// How long a Lease holder stays leader without renewing.
     #[arg(long, env = "OPERATOR_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     lease_duration: Duration,
-    /// The ledger's Postgres, for the promotion sweep; no sweep when absent.
+    /// The ledger's Postgres, for the promotion sweep and the audit of ApiKey grants; neither
+    /// runs when absent.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Bound on every database call of a sweep.
     #[arg(long, env = "OPERATOR_DATABASE_TIMEOUT_MS", default_value_t = 10_000)]
     database_timeout_ms: u64,
-    /// Time between two promotion sweeps.
+    /// Time between two promotion sweeps (and two recordings of the ApiKey grants, which also
+    /// run at every published config).
     #[arg(long, env = "OPERATOR_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     sweep_interval: Duration,
     /// Recompile even without a change, as a safety net for missed watch events.
@@ -213,6 +216,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             let db = Database::connect(url, 2, Duration::from_millis(args.database_timeout_ms))
                 .context("invalid --database-url")?;
             let accounts = Arc::new(PostgresAccounts::new(db));
+            tokio::spawn(grants::run(
+                args.sweep_interval,
+                is_leading.clone(),
+                ctx.latest.subscribe(),
+                accounts.clone(),
+            ));
             let latest = ctx.latest.subscribe();
             tokio::spawn(sweep::run(
                 args.sweep_interval,
@@ -230,7 +239,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 },
             ));
         }
-        None => tracing::info!("no --database-url: the promotion sweep is off"),
+        None => tracing::info!(
+            "no --database-url: the promotion sweep and the audit of ApiKey grants are off"
+        ),
     }
     if let Some(deployment) = args.scaling.scale_deployment.clone() {
         let s = &args.scaling;

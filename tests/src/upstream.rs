@@ -798,7 +798,7 @@ impl UpstreamDef {
             .and_then(|a| a.as_socket())
             .map(|a| a.port())
             .expect("a bound port");
-        std::mem::forget(socket);
+        Box::leak(Box::new(socket));
         UpstreamDef {
             name: "refused".to_owned(),
             provider,

@@ -453,6 +453,103 @@ async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep()
     assert_eq!(promoted.limit_requests, 60);
 }
 
+/// The `key_grant_changed` rows of `account_id`, oldest first.
+async fn grant_rows(gw: &Gateway, account_id: &str) -> Vec<serde_json::Value> {
+    let page = gw
+        .admin_get(&format!(
+            "/admin/audit?account_id={account_id}&action=key_grant_changed&limit=100"
+        ))
+        .await
+        .expect_ok();
+    let mut rows = page["data"].as_array().expect("data").clone();
+    rows.reverse();
+    rows
+}
+
+#[tokio::test]
+async fn each_change_an_api_key_resource_grants_is_one_audit_row_by_the_operator() {
+    let Some(api) = cluster().await else { return };
+    let pg = PostgresServer::start().await;
+    let _operator = Operator::start(
+        &api,
+        "operator-0",
+        &["--database-url", &pg.url(), "--sweep-interval", "1s"],
+    );
+    published_version(&api).await;
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .database(&pg.url())
+        .arg("--config-secret")
+        .arg("gateway/gateway-config")
+        .env("KUBECONFIG", api.kubeconfig(Identity::Gateway))
+        .start()
+        .await;
+    let created = pg
+        .gateway_cli(&["keys", "create", "--new-account", "granted"])
+        .await
+        .expect("keys create");
+    let key_id = created["id"].as_str().expect("the key id").to_owned();
+    let account_id = created["account_id"]
+        .as_str()
+        .expect("the account")
+        .to_owned();
+    let grant = |cap: u64| {
+        format!(
+            "apiVersion: gateway.svc.dev/v1alpha1\nkind: ApiKey\nmetadata:\n  name: granted\n\
+             spec:\n  keyId: {key_id}\n  tier: enterprise\n  monthlySpendCapCredits: {cap}\n"
+        )
+    };
+    let rows_become = |count: usize| {
+        let (gw, account_id) = (&gw, &account_id);
+        poll_until(
+            "the operator to audit the grant",
+            Duration::from_secs(30),
+            POLL,
+            move || async move {
+                let rows = grant_rows(gw, account_id).await;
+                (rows.len() >= count).then_some(rows)
+            },
+        )
+    };
+
+    assert!(api.apply(&grant(500)).status.success());
+    let rows = rows_become(1).await;
+    assert_eq!(rows[0]["actor"]["kind"], "operator");
+    assert_eq!(rows[0]["actor"]["id"], "ApiKey");
+    assert_eq!(rows[0]["target"], key_id.as_str());
+    assert_eq!(rows[0]["before"], serde_json::Value::Null);
+    assert_eq!(rows[0]["after"]["tier"], "enterprise");
+    assert_eq!(rows[0]["after"]["spendCap"], 500);
+
+    assert!(api.apply(&grant(900)).status.success());
+    let rows = rows_become(2).await;
+    assert_eq!(
+        (
+            &rows[1]["before"]["spendCap"],
+            &rows[1]["after"]["spendCap"]
+        ),
+        (&serde_json::json!(500), &serde_json::json!(900))
+    );
+    // The operator records every second and at each publish: the same grants again add none.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        grant_rows(&gw, &account_id).await.len(),
+        2,
+        "no row without a change"
+    );
+
+    let out = api.kubectl(&["delete", "apikey", "granted"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = rows_become(3).await;
+    assert_eq!(rows[2]["before"]["spendCap"], 900);
+    assert_eq!(rows[2]["after"], serde_json::Value::Null);
+}
+
 #[tokio::test]
 async fn a_pod_waiting_for_its_first_config_is_live_but_not_ready_then_ready_on_the_same_port() {
     let Some(api) = cluster().await else { return };

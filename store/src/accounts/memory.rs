@@ -1,14 +1,16 @@
 //! The in-process account store of standalone mode.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::{
-    audited, Account, AccountStatus, Accounts, KeyRecord, Promotion, PromotionRules, StoreError,
-    KEY_TAKEN, NAME_TAKEN,
+    audited, grants, Account, AccountStatus, Accounts, GrantChange, KeyRecord, Promotion,
+    PromotionRules, StoreError, KEY_TAKEN, NAME_TAKEN,
 };
 use crate::accounts::KeyHash;
 use crate::audit::Actor;
@@ -20,6 +22,8 @@ pub struct MemoryAccounts {
     names: DashMap<String, String>,
     keys: DashMap<String, KeyRecord>,
     by_hash: DashMap<KeyHash, String>,
+    /// The ApiKey resources' grants as last recorded, by key id.
+    grants: Mutex<BTreeMap<String, Value>>,
     /// Where the lifetime top-ups that drive promotions are kept, and the audit log.
     ledger: Arc<MemoryLedger>,
 }
@@ -31,6 +35,7 @@ impl MemoryAccounts {
             names: DashMap::new(),
             keys: DashMap::new(),
             by_hash: DashMap::new(),
+            grants: Mutex::new(BTreeMap::new()),
             ledger,
         }
     }
@@ -164,5 +169,38 @@ impl Accounts for MemoryAccounts {
             }
         }
         Ok(promotions)
+    }
+
+    async fn record_key_grants(
+        &self,
+        grants: &BTreeMap<String, Value>,
+        by: &Actor,
+    ) -> Result<Vec<GrantChange>, StoreError> {
+        let mut recorded = self
+            .grants
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut changes = Vec::new();
+        for (key_id, before, after) in grants::changed(&recorded, grants) {
+            let Some(account_id) = self.keys.get(&key_id).map(|k| k.account_id.clone()) else {
+                continue;
+            };
+            if after.is_null() {
+                recorded.remove(&key_id);
+            } else {
+                recorded.insert(key_id.clone(), after.clone());
+            }
+            let change = GrantChange {
+                key_id,
+                account_id,
+                before,
+                after,
+            };
+            self.ledger
+                .audit_log()
+                .append(audited::grant_changed(&change, by));
+            changes.push(change);
+        }
+        Ok(changes)
     }
 }

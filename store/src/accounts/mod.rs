@@ -1,12 +1,16 @@
 //! Accounts and their API keys. The store is a trait: in process for standalone, Postgres in
 //! cluster mode; handlers never know which.
 
+mod grants;
 mod memory;
 mod postgres;
 pub mod promotion;
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use serde::Serialize;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use thiserror::Error;
@@ -14,6 +18,7 @@ use time::OffsetDateTime;
 
 use crate::audit::Actor;
 
+pub use grants::GrantChange;
 pub use memory::MemoryAccounts;
 pub use postgres::PostgresAccounts;
 pub use promotion::{Promotion, PromotionRules};
@@ -161,13 +166,23 @@ pub trait Accounts: Send + Sync {
         rules: &PromotionRules,
         by: &Actor,
     ) -> Result<Vec<Promotion>, StoreError>;
+    /// Records what the ApiKey resources grant (key id to its grant, never a secret): each
+    /// grant that differs from the one last recorded for its key (new, changed, or withdrawn:
+    /// absent from `grants`) is kept and audited as `by`'s, in one transaction. A key the store
+    /// does not know is left for a later call (its grant takes effect once it is minted, and
+    /// is audited then). A second call with the same grants changes nothing.
+    async fn record_key_grants(
+        &self,
+        grants: &BTreeMap<String, Value>,
+        by: &Actor,
+    ) -> Result<Vec<GrantChange>, StoreError>;
 }
 
 /// The audit rows of the account store's changes, the same from both stores.
 mod audited {
     use serde_json::{json, Value};
 
-    use super::{Account, AccountStatus, KeyRecord, Promotion};
+    use super::{Account, AccountStatus, GrantChange, KeyRecord, Promotion};
     use crate::audit::{Action, Actor, AuditEntry};
 
     fn entry(by: &Actor, account_id: &str, action: Action, target: &str) -> AuditEntry {
@@ -212,6 +227,19 @@ mod audited {
             before: json!({ "status": was }),
             after: json!({ "status": account.status }),
             ..entry(by, &account.id, action, &account.id)
+        }
+    }
+
+    pub fn grant_changed(change: &GrantChange, by: &Actor) -> AuditEntry {
+        AuditEntry {
+            before: change.before.clone(),
+            after: change.after.clone(),
+            ..entry(
+                by,
+                &change.account_id,
+                Action::KeyGrantChanged,
+                &change.key_id,
+            )
         }
     }
 

@@ -3,17 +3,19 @@
 //! Postgres is unreachable a key seen recently keeps working from the cache, so calls that
 //! need no credits (count_tokens, models) survive an outage.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use time::OffsetDateTime;
 
 use super::{
-    audited, Account, AccountStatus, Accounts, KeyKind, KeyRecord, Promotion, PromotionRules,
-    StoreError, KEY_TAKEN, NAME_TAKEN,
+    audited, grants, Account, AccountStatus, Accounts, GrantChange, KeyKind, KeyRecord, Promotion,
+    PromotionRules, StoreError, KEY_TAKEN, NAME_TAKEN,
 };
 use crate::accounts::KeyHash;
 use crate::audit::{append_in, Actor};
@@ -398,6 +400,79 @@ impl Accounts for PostgresAccounts {
             self.keys.clear();
         }
         Ok(promotions)
+    }
+
+    async fn record_key_grants(
+        &self,
+        grants: &BTreeMap<String, Value>,
+        by: &Actor,
+    ) -> Result<Vec<GrantChange>, StoreError> {
+        let changes = self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                // Two operators leading at once (a lease handed over) compare in turn, so a
+                // change is audited once.
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext('key_grants'))")
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?;
+                let recorded: BTreeMap<String, Value> =
+                    sqlx::query_as::<_, (String, Value)>("SELECT key_id, granted FROM key_grants")
+                        .persistent(false)
+                        .fetch_all(&mut *tx)
+                        .await?
+                        .into_iter()
+                        .collect();
+                let candidates = grants::changed(&recorded, grants);
+                let ids: Vec<&str> = candidates.iter().map(|(id, _, _)| id.as_str()).collect();
+                let accounts: BTreeMap<String, String> = sqlx::query_as::<_, (String, String)>(
+                    "SELECT id, account_id FROM api_keys WHERE id = ANY($1)",
+                )
+                .bind(&ids)
+                .persistent(false)
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .collect();
+                let mut changes = Vec::new();
+                for (key_id, before, after) in candidates {
+                    let Some(account_id) = accounts.get(&key_id) else {
+                        continue;
+                    };
+                    if after.is_null() {
+                        sqlx::query("DELETE FROM key_grants WHERE key_id = $1")
+                            .bind(&key_id)
+                            .persistent(false)
+                            .execute(&mut *tx)
+                            .await?;
+                    } else {
+                        sqlx::query(
+                            "INSERT INTO key_grants (key_id, granted, recorded_at)
+                             VALUES ($1, $2, now())
+                             ON CONFLICT (key_id)
+                             DO UPDATE SET granted = excluded.granted, recorded_at = now()",
+                        )
+                        .bind(&key_id)
+                        .bind(&after)
+                        .persistent(false)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    let change = GrantChange {
+                        key_id,
+                        account_id: account_id.clone(),
+                        before,
+                        after,
+                    };
+                    append_in(&mut tx, &audited::grant_changed(&change, by)).await?;
+                    changes.push(change);
+                }
+                tx.commit().await?;
+                Ok(changes)
+            })
+            .await?;
+        Ok(changes)
     }
 }
 

@@ -38,7 +38,8 @@ pub enum ActorKind {
     DashboardUser,
     /// The admin API's bearer token; the id is `admin`.
     AdminToken,
-    /// The operator's custom resources: keys and top-ups seeded from the manifests (`seed`).
+    /// The operator's custom resources: keys and top-ups seeded from the manifests (`seed`),
+    /// the grants of ApiKey resources (`ApiKey`).
     Operator,
     /// A Stripe event; the id is the event's (`payment_webhook` for the generic payment
     /// webhook's deliveries).
@@ -118,9 +119,12 @@ pub enum Action {
     DomainClaimed,
     /// A pending invitation was withdrawn before it was accepted; `before`: its role.
     InvitationWithdrawn,
+    /// What an ApiKey resource grants the key changed (tier, limits, scopes, suspension,
+    /// spend cap); `before`/`after`: the grant, `null` where the key had none.
+    KeyGrantChanged,
 }
 
-pub const ACTIONS: [Action; 22] = [
+pub const ACTIONS: [Action; 23] = [
     Action::SignedUp,
     Action::EmailVerified,
     Action::SignIn,
@@ -143,6 +147,7 @@ pub const ACTIONS: [Action; 22] = [
     Action::MemberRemoved,
     Action::DomainClaimed,
     Action::InvitationWithdrawn,
+    Action::KeyGrantChanged,
 ];
 
 impl Action {

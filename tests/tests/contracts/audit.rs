@@ -426,9 +426,94 @@ async fn credits_given_are_a_row_once_and_none_given_none(store: Store) {
     assert_eq!(rows[0].entry.after, json!({ "credits": 300 }));
 }
 
+/// Who ApiKey resources' grants are audited as (the operator's `grants` module).
+fn grantor() -> Actor {
+    Actor::new(ActorKind::Operator, "ApiKey", None)
+}
+
+async fn an_api_key_resources_grant_is_a_row_per_change_and_a_republish_none(store: Store) {
+    let account = store.account().await;
+    let (record, _) = key(&account, "free", 0);
+    store
+        .accounts
+        .insert_key(record.clone(), &admin())
+        .await
+        .expect("key");
+    let (unminted, _) = key(&account, "free", 0);
+    let enterprise = json!({ "tier": "enterprise", "suspended": false, "spendCap": 500 });
+    let raised = json!({ "tier": "enterprise", "suspended": false, "spendCap": 900 });
+    let record_grants = |grants: Vec<(&str, serde_json::Value)>| {
+        let grants = grants
+            .into_iter()
+            .map(|(id, grant)| (id.to_owned(), grant))
+            .collect();
+        let accounts = store.accounts.clone();
+        async move {
+            accounts
+                .record_key_grants(&grants, &grantor())
+                .await
+                .expect("recorded")
+                .into_iter()
+                .map(|c| (c.key_id, c.before, c.after))
+                .collect::<Vec<_>>()
+        }
+    };
+    let granted = (record.id.as_str(), enterprise.clone());
+    let waiting = (unminted.id.as_str(), enterprise.clone());
+    assert_eq!(
+        record_grants(vec![granted.clone(), waiting.clone()]).await,
+        [(record.id.clone(), json!(null), enterprise.clone())],
+        "a new grant; the grant of a key not minted yet waits"
+    );
+    assert_eq!(
+        record_grants(vec![granted.clone(), waiting.clone()]).await,
+        [],
+        "the same grants published again"
+    );
+    store
+        .accounts
+        .insert_key(unminted.clone(), &admin())
+        .await
+        .expect("key");
+    // Changes come in key id order.
+    let mut expected = vec![
+        (record.id.clone(), enterprise.clone(), raised.clone()),
+        (unminted.id.clone(), json!(null), enterprise.clone()),
+    ];
+    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        record_grants(vec![(record.id.as_str(), raised.clone()), waiting]).await,
+        expected,
+        "a raised cap, and the waiting key's grant once it exists"
+    );
+    assert_eq!(
+        record_grants(vec![(unminted.id.as_str(), enterprise.clone())]).await,
+        [(record.id.clone(), raised.clone(), json!(null))],
+        "a withdrawn grant (its ApiKey resource deleted)"
+    );
+    let rows: Vec<_> = store
+        .rows_of(&account)
+        .await
+        .into_iter()
+        .filter(|r| r.entry.action == Action::KeyGrantChanged)
+        .collect();
+    assert_eq!(rows.len(), 4, "one row per change: {rows:?}");
+    assert!(rows.iter().all(|r| r.entry.actor == grantor()));
+    assert_eq!(
+        (
+            &rows[0].entry.target,
+            &rows[0].entry.before,
+            &rows[0].entry.after
+        ),
+        (&record.id, &raised, &json!(null)),
+        "newest first"
+    );
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
+        an_api_key_resources_grant_is_a_row_per_change_and_a_republish_none,
         each_key_and_status_change_leaves_one_row_and_a_repeat_none,
         a_refused_change_leaves_no_row,
         a_top_up_its_refunds_and_its_dispute_leave_one_row_per_movement,
