@@ -30,7 +30,7 @@ use gateway_core::ids;
 use gateway_core::limits::AddressBucket;
 use gateway_core::limits::{AddressBrake, LimitError};
 use store::accounts::KeyHash;
-use store::developers::{domain_of, EmailVerification, Role, User};
+use store::developers::{domain_of, EmailVerification, Role, SignInMethod, User};
 use store::ledger::signup_credits_reference;
 
 const MIN_PASSWORD_CHARS: usize = 10;
@@ -450,7 +450,7 @@ pub async fn sign_in(
                     let by = session::actor(&email, client);
                     state
                         .developers
-                        .audit_refused_sso(&user, "password", "sso_required", &by)
+                        .audit_refused_sso(&user, SignInMethod::Password, "sso_required", &by)
                         .await?;
                 }
                 return refuse(
@@ -510,7 +510,8 @@ pub async fn sign_in(
                     .delete_session(&KeyHash::of(before))
                     .await?;
             }
-            let cookie = session::start(&state, &headers, &user, client).await?;
+            let cookie =
+                session::start(&state, &headers, &user, SignInMethod::Password, client).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())
         }
         Some(user) => {

@@ -27,8 +27,8 @@ use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::developers::{
-    domain_of, Acceptance, DomainClaim, Invitation, MemberChange, Refusal, Role, Session, User,
-    ROLES,
+    domain_of, Acceptance, DomainClaim, Invitation, MemberChange, Refusal, Role, Session,
+    SignInMethod, User, ROLES,
 };
 
 /// Pending invitations an organization may have at once: each is a mail to any address, so a
@@ -655,7 +655,7 @@ pub async fn accept(
     match acceptance {
         // Every session of the user ended with the move: a new one, in the new role.
         Acceptance::Accepted(user) => {
-            let cookie = session::start(&state, &headers, &user, client).await?;
+            let cookie = session::start(&state, &headers, &user, SignInMethod::Password, client).await?;
             Ok(([cookie], Redirect::to("/developers")).into_response())
         }
         Acceptance::Unknown => Ok(gone()),

@@ -24,7 +24,7 @@ use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::audit::{Actor, ActorKind};
-use store::developers::{Permission, Session, User};
+use store::developers::{Permission, Session, SignInMethod, User};
 
 pub const SESSION_COOKIE: &str = "svc_session";
 /// The CSRF token of the signed-out forms (sign-in, sign-up): a double-submit cookie.
@@ -116,33 +116,13 @@ pub async fn start(
     state: &DashboardState,
     headers: &HeaderMap,
     user: &User,
+    method: SignInMethod,
     client: ClientAddress,
 ) -> Result<(header::HeaderName, HeaderValue), DashboardError> {
     let (token, session) = new_session(state, user);
     state
         .developers
-        .insert_session(session, &actor(&user.email, client))
-        .await?;
-    Ok(set_cookie(
-        state,
-        headers,
-        SESSION_COOKIE,
-        &token,
-        state.settings.session_max,
-    ))
-}
-
-/// As [`start`], for a user signed in through the OpenID Connect provider (audited so).
-pub async fn start_sso(
-    state: &DashboardState,
-    headers: &HeaderMap,
-    user: &User,
-    client: ClientAddress,
-) -> Result<(header::HeaderName, HeaderValue), DashboardError> {
-    let (token, session) = new_session(state, user);
-    state
-        .developers
-        .insert_sso_session(session, &actor(&user.email, client))
+        .insert_session(session, method, &actor(&user.email, client))
         .await?;
     Ok(set_cookie(
         state,

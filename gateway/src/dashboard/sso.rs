@@ -39,7 +39,7 @@ use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
-use store::developers::{domain_of, User};
+use store::developers::{domain_of, SignInMethod, User};
 
 /// The cookie that binds a sign-in started here to the browser that started it.
 pub const SSO_COOKIE: &str = "svc_sso";
@@ -272,7 +272,7 @@ pub async fn callback(
                     .delete_session(&KeyHash::of(before))
                     .await?;
             }
-            let cookie = session::start_sso(&state, &headers, &user, client).await?;
+            let cookie = session::start(&state, &headers, &user, SignInMethod::Sso, client).await?;
             ([cookie], Redirect::to("/developers")).into_response()
         }
         Ok(None) => unreachable_page(),
@@ -300,7 +300,7 @@ async fn audit_refusal(
         Refused::UserUnverified(user) => {
             state
                 .developers
-                .audit_refused_sso(user, "sso", refused.reason(), &by(&user.email))
+                .audit_refused_sso(user, SignInMethod::Sso, refused.reason(), &by(&user.email))
                 .await?
         }
         Refused::DomainNotClaimed(email) => {
@@ -308,7 +308,7 @@ async fn audit_refusal(
             if let Some(user) = state.developers.user_by_email(email).await? {
                 state
                     .developers
-                    .audit_refused_sso(&user, "sso", refused.reason(), &by(email))
+                    .audit_refused_sso(&user, SignInMethod::Sso, refused.reason(), &by(email))
                     .await?;
             }
         }

@@ -50,6 +50,15 @@ pub struct EmailVerification {
     pub expires_at: OffsetDateTime,
 }
 
+/// How a user signed in, as the audit rows of sign-ins name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignInMethod {
+    Password,
+    /// Through the OpenID Connect provider.
+    Sso,
+}
+
 #[derive(Clone, Debug)]
 pub struct Session {
     /// SHA-256 of the cookie's token; the token itself is never stored.
@@ -152,8 +161,14 @@ pub trait DeveloperStore: Send + Sync {
         token_hash: &KeyHash,
         client: Option<String>,
     ) -> Result<Option<User>, StoreError>;
-    /// Starts a session, audited as a sign-in by `by` (its user, from its client address).
-    async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError>;
+    /// Starts a session, audited as a sign-in by `method` of `by` (its user, from its client
+    /// address).
+    async fn insert_session(
+        &self,
+        session: Session,
+        method: SignInMethod,
+        by: &Actor,
+    ) -> Result<(), StoreError>;
     /// The session of this token hash, if it is before its absolute end and was used within
     /// `idle`; a session past either is deleted. Counts as a use: the stored last use is
     /// written when it is older than [`touch_after`] `idle`.
@@ -251,15 +266,12 @@ pub trait DeveloperStore: Send + Sync {
     async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError>;
     /// The domains the account's organization claimed, by name.
     async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError>;
-    /// Starts a session signed in through the provider: as [`Self::insert_session`], its
-    /// audit row naming the method.
-    async fn insert_sso_session(&self, session: Session, by: &Actor) -> Result<(), StoreError>;
-    /// Audits a sign-in to `user`'s account refused by single sign-on's rules (`method`:
-    /// `sso` or `password`; `reason` a short name).
+    /// Audits a sign-in to `user`'s account by `method` refused by single sign-on's rules
+    /// (`reason` a short name).
     async fn audit_refused_sso(
         &self,
         user: &User,
-        method: &str,
+        method: SignInMethod,
         reason: &str,
         by: &Actor,
     ) -> Result<(), StoreError>;
@@ -274,23 +286,35 @@ pub trait DeveloperStore: Send + Sync {
     async fn take_sso_login(&self, state_hash: &KeyHash) -> Result<bool, StoreError>;
 }
 
-/// The audit rows of sign-ins, the same from both stores.
-fn signed_in(session: &Session, by: &Actor) -> AuditEntry {
+// The audit rows of sign-ins, the same from both stores.
+
+/// A session's row.
+fn of_session(session: &Session, action: Action, by: &Actor) -> AuditEntry {
     AuditEntry {
         actor: by.clone(),
         account_id: session.account_id.clone(),
-        action: Action::SignIn,
+        action,
         target: session.email.clone(),
         before: Value::Null,
         after: Value::Null,
     }
 }
 
-fn signed_out(session: &Session, by: &Actor) -> AuditEntry {
-    AuditEntry {
-        action: Action::SignedOut,
-        ..signed_in(session, by)
+/// `after` names the method when it is not the password (the rows of password sign-ins
+/// predate single sign-on, and keep their shape).
+fn signed_in(session: &Session, method: SignInMethod, by: &Actor) -> AuditEntry {
+    let entry = of_session(session, Action::SignIn, by);
+    match method {
+        SignInMethod::Password => entry,
+        SignInMethod::Sso => AuditEntry {
+            after: serde_json::json!({ "method": method }),
+            ..entry
+        },
     }
+}
+
+fn signed_out(session: &Session, by: &Actor) -> AuditEntry {
+    of_session(session, Action::SignedOut, by)
 }
 
 /// The rows of a user's sign-up and verification: the user's own, on its account.
@@ -311,10 +335,7 @@ fn verified_by(user: &User, client: Option<String>) -> AuditEntry {
 }
 
 fn signed_out_everywhere(session: &Session, by: &Actor) -> AuditEntry {
-    AuditEntry {
-        action: Action::SignedOutEverywhere,
-        ..signed_in(session, by)
-    }
+    of_session(session, Action::SignedOutEverywhere, by)
 }
 
 fn sign_in_refused(user: &User, by: &Actor) -> AuditEntry {
@@ -466,10 +487,15 @@ impl DeveloperStore for MemoryDeveloperStore {
         Ok(Some(verified))
     }
 
-    async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
+    async fn insert_session(
+        &self,
+        session: Session,
+        method: SignInMethod,
+        by: &Actor,
+    ) -> Result<(), StoreError> {
         // The session's entry is held while its row is appended.
         let slot = self.sessions.entry(session.token_hash);
-        self.audit.append(signed_in(&session, by));
+        self.audit.append(signed_in(&session, method, by));
         slot.insert(session);
         Ok(())
     }
@@ -736,17 +762,10 @@ impl DeveloperStore for MemoryDeveloperStore {
         Ok(claims)
     }
 
-    async fn insert_sso_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
-        let slot = self.sessions.entry(session.token_hash);
-        self.audit.append(sso::signed_in_sso(&session, by));
-        slot.insert(session);
-        Ok(())
-    }
-
     async fn audit_refused_sso(
         &self,
         user: &User,
-        method: &str,
+        method: SignInMethod,
         reason: &str,
         by: &Actor,
     ) -> Result<(), StoreError> {

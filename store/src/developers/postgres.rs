@@ -10,7 +10,8 @@ use super::organizations::{self, Acceptance, Invitation, MemberChange, Refusal, 
 use super::sso::{self, DomainClaim};
 use super::{
     of_user, sign_in_refused, signed_in, signed_out, signed_out_everywhere, standing, verified_by,
-    Checkout, CheckoutStatus, DeveloperStore, EmailVerification, Session, Standing, User,
+    Checkout, CheckoutStatus, DeveloperStore, EmailVerification, Session, SignInMethod, Standing,
+    User,
 };
 use crate::accounts::KeyHash;
 use crate::accounts::StoreError;
@@ -122,33 +123,6 @@ fn claim_of(row: &PgRow) -> Result<DomainClaim, sqlx::Error> {
         require_sso: row.try_get("require_sso")?,
         claimed_at: row.try_get("claimed_at")?,
     })
-}
-
-/// Inserts a session and its audit row in one transaction.
-async fn insert_session_with(
-    db: &Database,
-    session: &Session,
-    row: crate::audit::AuditEntry,
-) -> Result<(), StoreError> {
-    db.bounded(async {
-        let mut tx = db.pool().begin().await?;
-        sqlx::query(
-            "INSERT INTO dashboard_sessions (token_hash, user_id, csrf, expires_at, last_used_at)
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(session.token_hash.as_bytes())
-        .bind(&session.user_id)
-        .bind(&session.csrf)
-        .bind(session.expires_at)
-        .bind(session.last_used_at)
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
-        append_in(&mut tx, &row).await?;
-        tx.commit().await
-    })
-    .await?;
-    Ok(())
 }
 
 fn status_name(status: CheckoutStatus) -> &'static str {
@@ -310,8 +284,32 @@ impl DeveloperStore for PostgresDeveloperStore {
         Ok(verified)
     }
 
-    async fn insert_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
-        insert_session_with(&self.db, &session, signed_in(&session, by)).await
+    async fn insert_session(
+        &self,
+        session: Session,
+        method: SignInMethod,
+        by: &Actor,
+    ) -> Result<(), StoreError> {
+        self.db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                sqlx::query(
+                    "INSERT INTO dashboard_sessions (token_hash, user_id, csrf, expires_at, last_used_at)
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(session.token_hash.as_bytes())
+                .bind(&session.user_id)
+                .bind(&session.csrf)
+                .bind(session.expires_at)
+                .bind(session.last_used_at)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+                append_in(&mut tx, &signed_in(&session, method, by)).await?;
+                tx.commit().await
+            })
+            .await?;
+        Ok(())
     }
 
     async fn session(
@@ -823,14 +821,10 @@ impl DeveloperStore for PostgresDeveloperStore {
             .map_err(DbError::Sql)?)
     }
 
-    async fn insert_sso_session(&self, session: Session, by: &Actor) -> Result<(), StoreError> {
-        insert_session_with(&self.db, &session, sso::signed_in_sso(&session, by)).await
-    }
-
     async fn audit_refused_sso(
         &self,
         user: &User,
-        method: &str,
+        method: SignInMethod,
         reason: &str,
         by: &Actor,
     ) -> Result<(), StoreError> {

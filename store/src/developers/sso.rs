@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
-use super::{Session, User};
+use super::{SignInMethod, User};
 use crate::audit::{Action, Actor, AuditEntry};
 
 /// An email domain claimed by the organization that owns `account_id`. Unique across
@@ -40,17 +40,14 @@ pub(super) fn domain_claimed(claim: &DomainClaim, by: &Actor) -> AuditEntry {
     }
 }
 
-/// A sign-in through the provider: the password sign-in's row, `after` naming the method.
-pub(super) fn signed_in_sso(session: &Session, by: &Actor) -> AuditEntry {
-    AuditEntry {
-        after: json!({ "method": "sso" }),
-        ..super::signed_in(session, by)
-    }
-}
-
 /// A sign-in refused to `user`'s account, through the provider or because the domain requires
 /// it: `after` names the method and why.
-pub(super) fn sso_refused(user: &User, method: &str, reason: &str, by: &Actor) -> AuditEntry {
+pub(super) fn sso_refused(
+    user: &User,
+    method: SignInMethod,
+    reason: &str,
+    by: &Actor,
+) -> AuditEntry {
     AuditEntry {
         after: json!({ "method": method, "reason": reason }),
         ..super::sign_in_refused(user, by)

@@ -11,7 +11,8 @@ use serde_json::json;
 use store::accounts::{AccountStatus, Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
 use store::audit::{Action, Actor, ActorKind, AuditLog, AuditQuery, AuditRecord, PostgresAuditLog};
 use store::developers::{
-    DeveloperStore, EmailVerification, MemoryDeveloperStore, PostgresDeveloperStore, Session, User,
+    DeveloperStore, EmailVerification, MemoryDeveloperStore, PostgresDeveloperStore, Session,
+    SignInMethod, User,
 };
 use store::ledger::{DisputeStage, Ledger, MemoryLedger, NewTopUp, PostgresLedger};
 use time::Duration;
@@ -278,7 +279,7 @@ async fn a_users_sign_up_verification_sign_ins_and_sign_outs_are_rows_of_its_acc
     };
     let first = session(&unique("token"));
     developers
-        .insert_session(first.clone(), &from)
+        .insert_session(first.clone(), SignInMethod::Password, &from)
         .await
         .expect("session");
     for _ in 0..2 {
@@ -289,7 +290,7 @@ async fn a_users_sign_up_verification_sign_ins_and_sign_outs_are_rows_of_its_acc
     }
     let second = session(&unique("token"));
     developers
-        .insert_session(second.clone(), &from)
+        .insert_session(second.clone(), SignInMethod::Password, &from)
         .await
         .expect("session");
     developers

@@ -11,7 +11,7 @@ use store::audit::{Action, AuditLog, AuditQuery, MemoryAuditLog, PostgresAuditLo
 use store::developers::{
     owner_verified, Acceptance, Checkout, CheckoutStatus, DeveloperStore, DomainClaim,
     EmailVerification, Invitation, MemberChange, MemoryDeveloperStore, PostgresDeveloperStore,
-    Refusal, Role, Session, User,
+    Refusal, Role, Session, SignInMethod, User,
 };
 use store::ledger::MemoryLedger;
 use time::{Duration, OffsetDateTime};
@@ -222,7 +222,7 @@ impl Store {
 
     async fn insert(&self, session: &Session) {
         self.developers
-            .insert_session(session.clone(), &actor())
+            .insert_session(session.clone(), SignInMethod::Password, &actor())
             .await
             .expect("inserted");
     }
@@ -347,7 +347,7 @@ async fn a_session_is_found_by_its_token_hash_until_it_expires_or_is_deleted(sto
     for s in [&live, &expired] {
         store
             .developers
-            .insert_session(s.clone(), &actor())
+            .insert_session(s.clone(), SignInMethod::Password, &actor())
             .await
             .expect("inserted");
     }
@@ -521,7 +521,7 @@ async fn a_link_verifies_once_sets_its_password_and_ends_the_users_sessions_and_
     let session = Store::session(&user, &unique("token"), now() + Duration::hours(1));
     store
         .developers
-        .insert_session(session.clone(), &actor())
+        .insert_session(session.clone(), SignInMethod::Password, &actor())
         .await
         .expect("inserted");
     assert!(
