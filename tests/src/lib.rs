@@ -42,6 +42,7 @@ pub mod gateway;
 pub mod helm;
 pub mod kube;
 pub mod leak;
+pub mod ledger;
 pub mod nginx;
 pub mod node;
 pub mod oidc;

@@ -10,16 +10,14 @@ use std::time::Duration;
 
 use e2e::contract::actor;
 use e2e::gateway::unique_name;
+use e2e::ledger::{reserve_at, settle};
 use e2e::s3::{S3Server, CREDENTIALS};
 use e2e::PostgresServer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use store::accounts::{Accounts, PostgresAccounts};
 use store::db::Database;
-use store::ledger::fixtures::turn_record;
-use store::ledger::{
-    Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
-};
+use store::ledger::{Ledger, PostgresLedger};
 use time::{Date, OffsetDateTime, Time};
 
 /// More than one page (10,000 rows) and one row group of the export.
@@ -36,30 +34,7 @@ struct Filled {
 }
 
 async fn turn(ledger: &PostgresLedger, account: &str, id: &str, at: OffsetDateTime) {
-    let record = MessageRecord {
-        created_at: at,
-        ..turn_record(id, account, "key_export")
-    };
-    ledger
-        .reserve(NewReservation {
-            record,
-            spend_cap: None,
-            min: 1_000,
-            max: 1_000,
-        })
-        .await
-        .expect("reserve");
-}
-
-async fn settle(ledger: &PostgresLedger, id: &str, cost: u64) -> u64 {
-    ledger
-        .settle(Settlement {
-            cost,
-            latency_ms: 1,
-            ..Settlement::nothing(id.to_owned(), MessageStatus::Completed)
-        })
-        .await
-        .expect("settle")
+    reserve_at(ledger, account, "key_export", id, at).await;
 }
 
 async fn filled() -> Filled {

@@ -11,17 +11,15 @@ use std::time::{Duration, Instant};
 
 use e2e::contract::actor;
 use e2e::gateway::{unique_name, workspace_root};
+use e2e::ledger::{reserve_at, settle};
 use e2e::s3::{S3Server, CREDENTIALS};
 use e2e::{poll_until, Cluster, PostgresServer};
 use serde_json::Value;
 use store::accounts::{Accounts, PostgresAccounts};
 use store::db::Database;
-use store::ledger::fixtures::turn_record;
 use store::ledger::message_id;
 use store::ledger::partitions;
-use store::ledger::{
-    Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
-};
+use store::ledger::{Ledger, MessageStatus, PostgresLedger};
 use time::{Date, OffsetDateTime, Time};
 
 const CREDITS: u64 = 100_000_000;
@@ -30,30 +28,7 @@ const CREDITS: u64 = 100_000_000;
 const BULK_ROWS: i64 = 200_000;
 
 async fn reserve(ledger: &PostgresLedger, account: &str, id: &str, at: OffsetDateTime) {
-    let record = MessageRecord {
-        created_at: at,
-        ..turn_record(id, account, "key_retention")
-    };
-    ledger
-        .reserve(NewReservation {
-            record,
-            spend_cap: None,
-            min: 1_000,
-            max: 1_000,
-        })
-        .await
-        .expect("reserve");
-}
-
-async fn settle(ledger: &PostgresLedger, id: &str, cost: u64) -> u64 {
-    ledger
-        .settle(Settlement {
-            cost,
-            latency_ms: 1,
-            ..Settlement::nothing(id.to_owned(), MessageStatus::Completed)
-        })
-        .await
-        .expect("settle")
+    reserve_at(ledger, account, "key_retention", id, at).await;
 }
 
 /// A turn started `at`, its id minted then as the gateway mints it, settled for `cost`.
