@@ -310,6 +310,30 @@ impl BatchStore for MemoryBatchStore {
         Ok(ended)
     }
 
+    async fn ended_before(
+        &self,
+        cutoff: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError> {
+        let batches = self.lock();
+        let mut past: Vec<(OffsetDateTime, &String)> = batches
+            .iter()
+            .filter(|(_, b)| b.created_at < cutoff && !b.processing())
+            .map(|(id, b)| (b.created_at, id))
+            .collect();
+        past.sort();
+        Ok(past
+            .into_iter()
+            .take(limit as usize)
+            .map(|(_, id)| id.clone())
+            .collect())
+    }
+
+    async fn forget(&self, batch_id: &str) -> Result<(), StoreError> {
+        self.lock().remove(batch_id);
+        Ok(())
+    }
+
     async fn results(
         &self,
         batch_id: &str,

@@ -251,6 +251,16 @@ pub trait BatchStore: Send + Sync {
     /// Ends the items no worker holds (queued, or their lease ran out) of batches past their
     /// expiry (`expired`) or cancelled (`canceled`); returns how many ended.
     async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError>;
+    /// Up to `limit` batches created before `cutoff` whose items have all ended, oldest first:
+    /// those past their results' retention, for [`BatchStore::forget`].
+    async fn ended_before(
+        &self,
+        cutoff: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError>;
+    /// Deletes the batch and its items, a bounded chunk of items per statement; nothing when
+    /// there is no such batch, so pods forgetting the same batch at once do no harm.
+    async fn forget(&self, batch_id: &str) -> Result<(), StoreError>;
     /// Ended items' results, by index after `after` (all from the first when `None`).
     async fn results(
         &self,

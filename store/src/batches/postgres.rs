@@ -19,6 +19,9 @@ use crate::db::{from_db, name_of, parse_name, Database, DbError};
 /// Items written per statement when a batch is created (seven arrays of this many each).
 const INSERT_CHUNK: usize = 5_000;
 
+/// Items deleted per statement when a batch past its retention is forgotten.
+const FORGET_CHUNK: i64 = 1_000;
+
 const BATCH_COLUMNS: &str =
     "id, account_id, key_id, created_at, expires_at, cancel_initiated_at, format, details";
 
@@ -493,6 +496,64 @@ impl BatchStore for PostgresBatchStore {
             ended += done.rows_affected();
         }
         Ok(ended)
+    }
+
+    async fn ended_before(
+        &self,
+        cutoff: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError> {
+        // The open items' partial index answers each batch's `NOT EXISTS`.
+        Ok(self
+            .db
+            .bounded(
+                sqlx::query_scalar(
+                    "SELECT b.id FROM message_batches b
+                     WHERE b.created_at < $1 AND NOT EXISTS (
+                         SELECT 1 FROM message_batch_items i
+                         WHERE i.batch_id = b.id AND i.state IN ('queued', 'running'))
+                     ORDER BY b.created_at, b.id LIMIT $2",
+                )
+                .bind(cutoff)
+                .bind(i64::from(limit))
+                .persistent(false)
+                .fetch_all(self.db.pool()),
+            )
+            .await?)
+    }
+
+    async fn forget(&self, batch_id: &str) -> Result<(), StoreError> {
+        // Items in chunks (a batch may hold 100,000), each chunk's rows locked by one pod
+        // (`SKIP LOCKED`); the batch's row last, whose cascade then finds at most the chunks
+        // other pods are deleting at that moment.
+        loop {
+            let done = self
+                .db
+                .bounded(
+                    sqlx::query(
+                        "DELETE FROM message_batch_items WHERE (batch_id, idx) IN (
+                             SELECT batch_id, idx FROM message_batch_items WHERE batch_id = $1
+                             LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                    )
+                    .bind(batch_id)
+                    .bind(FORGET_CHUNK)
+                    .persistent(false)
+                    .execute(self.db.pool()),
+                )
+                .await?;
+            if done.rows_affected() == 0 {
+                break;
+            }
+        }
+        self.db
+            .bounded(
+                sqlx::query("DELETE FROM message_batches WHERE id = $1")
+                    .bind(batch_id)
+                    .persistent(false)
+                    .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
     }
 
     async fn results(

@@ -398,6 +398,69 @@ async fn only_an_ended_batch_is_deleted(s: Store) {
         .is_empty());
 }
 
+/// An ended batch created before the cutoff is found by `ended_before` (oldest first, up to
+/// its limit) and forgotten whole, its many items in chunks; a younger one and one still
+/// processing are neither.
+async fn ended_batches_past_the_cutoff_are_forgotten_with_their_items_and_no_other(s: Store) {
+    let at = now();
+    let account = unique("acct");
+    let old = s
+        .create(new_batch(&account, 0, 2_500, at - Duration::days(10)))
+        .await;
+    let older = s
+        .create(new_batch(&account, 0, 1, at - Duration::days(11)))
+        .await;
+    let processing = s
+        .create(new_batch(&account, 1, 1, at - Duration::days(10)))
+        .await;
+    let young = s.create(new_batch(&account, 0, 1, at)).await;
+    let cutoff = at - Duration::days(1);
+    let past = |limit: u32| s.batches.ended_before(cutoff, limit);
+    assert_eq!(
+        past(10).await.expect("store"),
+        [older.id.clone(), old.id.clone()]
+    );
+    assert_eq!(
+        past(1).await.expect("store"),
+        std::slice::from_ref(&older.id)
+    );
+    for id in [&older.id, &old.id] {
+        s.batches.forget(id).await.expect("forget");
+        s.batches
+            .forget(id)
+            .await
+            .expect("forgetting again does nothing");
+        assert!(s
+            .batches
+            .batch(&account, id)
+            .await
+            .expect("store")
+            .is_none());
+        assert!(s
+            .batches
+            .results(id, None, 10)
+            .await
+            .expect("store")
+            .is_empty());
+    }
+    assert!(past(10).await.expect("store").is_empty());
+    let page = s
+        .batches
+        .list(&account, &RequestFormat::ALL, Cursor::Newest, 10)
+        .await
+        .expect("list");
+    let listed: Vec<&String> = page.batches.iter().map(|b| &b.id).collect();
+    assert_eq!(listed, [&young.id, &processing.id]);
+    assert_eq!(
+        s.batches
+            .results(&young.id, None, 10)
+            .await
+            .expect("store")
+            .len(),
+        1
+    );
+}
+
 async fn results_are_read_in_pages_by_index_ended_items_only(s: Store) {
     let at = now();
     let batch = s.create(new_batch("acct-a", 2, 3, at)).await;
@@ -487,5 +550,6 @@ e2e::contract! {
         only_an_ended_batch_is_deleted,
         results_are_read_in_pages_by_index_ended_items_only,
         a_batch_keeps_its_format_and_each_format_lists_its_own,
+        ended_batches_past_the_cutoff_are_forgotten_with_their_items_and_no_other,
     }
 }

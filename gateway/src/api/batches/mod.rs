@@ -299,13 +299,15 @@ fn object(batch: &Batch) -> Value {
     })
 }
 
-/// The account's batch of `/v1/batches` of this id.
+/// The account's batch of `/v1/batches` of this id, unless it is past its results' retention
+/// (so its output and error files are never recorded again once the sweep forgot them).
 async fn owned(api: &BatchApi, account_id: &str, id: &str) -> Result<Option<Batch>, ApiError> {
+    let now = OffsetDateTime::now_utc();
     Ok(api
         .batches
         .batch(account_id, id)
         .await?
-        .filter(|b| RequestFormat::OPENAI.contains(&b.format)))
+        .filter(|b| RequestFormat::OPENAI.contains(&b.format) && !api.settings.forgotten(b, now)))
 }
 
 async fn found(api: &BatchApi, principal: &Principal, id: &str) -> Result<Batch, ApiError> {
@@ -395,6 +397,11 @@ impl Generated {
             batch_id: batch_id.to_owned(),
             errors: true,
         }
+    }
+
+    /// The ids of a batch's output and error files.
+    pub fn ids_of(batch_id: &str) -> [String; 2] {
+        [Self::output(batch_id).id(), Self::errors(batch_id).id()]
     }
 
     /// The generated file a file id names, if it names one.

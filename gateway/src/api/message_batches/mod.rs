@@ -182,13 +182,15 @@ fn rfc3339(at: OffsetDateTime) -> String {
     at.format(&Rfc3339).unwrap_or_default()
 }
 
-/// The account's Message Batch of this id (not one of `/v1/batches`).
+/// The account's Message Batch of this id (not one of `/v1/batches`), unless it is past its
+/// results' retention.
 async fn found(api: &BatchApi, principal: &Principal, id: &str) -> Result<Batch, ApiError> {
+    let now = OffsetDateTime::now_utc();
     Ok(api
         .batches
         .batch(&principal.account.id, id)
         .await?
-        .filter(|b| b.format == RequestFormat::Messages)
+        .filter(|b| b.format == RequestFormat::Messages && !api.settings.forgotten(b, now))
         .ok_or_else(|| BatchError::NotFound(id.to_owned()))?)
 }
 

@@ -7,14 +7,15 @@
 //! stopping process could not finish is left to its lease and runs again elsewhere.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 use super::errored;
-use crate::api::batches::{self, error_result, response_result};
+use crate::api::batches::{self, error_result, response_result, Generated};
 use crate::api::responses::{self, Unfinished};
 use crate::api::{chat, messages};
 use crate::error::ApiError;
@@ -29,10 +30,18 @@ use gateway_core::wire::anthropic::translate::request_from_messages;
 use gateway_core::wire::anthropic::MessagesRequest;
 use gateway_core::wire::openai::translate::request_from_chat;
 use gateway_core::wire::openai::ChatRequest;
+use store::accounts::StoreError;
 use store::batches::{ClaimedItem, ItemState, Outcome, RequestFormat};
 
-/// Claims and runs items until the process drains.
+/// Batches past their retention forgotten per round of the retention sweep.
+const FORGET_PER_ROUND: u32 = 100;
+/// How often the retention sweep runs, or a quarter of the retention when that is shorter.
+const FORGET_EVERY: Duration = Duration::from_secs(60);
+
+/// Claims and runs items until the process drains, and sweeps the batches past their results'
+/// retention.
 pub async fn run(api: Arc<BatchApi>, shutdown: Shutdown) {
+    tokio::spawn(forget_until(api.clone(), shutdown.draining.clone()));
     let worker = store::ids::instance();
     let slots = Arc::new(Semaphore::new(api.settings.concurrency));
     let mut swept: Option<Instant> = None;
@@ -79,6 +88,40 @@ async fn sweep(api: &BatchApi) {
         Ok(ended) => tracing::info!(ended, "batch items expired or cancelled"),
         Err(e) => tracing::warn!(error = %e, "could not sweep batch items"),
     }
+}
+
+/// Forgets the batches past their results' retention every [`FORGET_EVERY`] until `stop`.
+/// Every pod runs it; forgetting is idempotent, so they never conflict.
+async fn forget_until(api: Arc<BatchApi>, stop: CancellationToken) {
+    let every = FORGET_EVERY.min(api.settings.results_kept / 4);
+    let mut ticks = tokio::time::interval(every.max(Duration::from_millis(100)));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        match forget_past_retention(&api).await {
+            Ok(0) => {}
+            Ok(forgotten) => tracing::info!(forgotten, "batches past their retention deleted"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not delete the batches past their retention; retrying at the next tick")
+            }
+        }
+    }
+}
+
+/// Deletes a round of ended batches created longer ago than the retention: their output and
+/// error files first, then their items and the batch (a round cut short is done again whole
+/// by the next). Their ledger rows stay: the money record outlives the batch it names.
+async fn forget_past_retention(api: &BatchApi) -> Result<usize, StoreError> {
+    let cutoff = OffsetDateTime::now_utc() - api.settings.results_kept;
+    let ids = api.batches.ended_before(cutoff, FORGET_PER_ROUND).await?;
+    let files: Vec<String> = ids.iter().flat_map(|id| Generated::ids_of(id)).collect();
+    api.files.forget_generated(&files).await?;
+    for id in &ids {
+        api.batches.forget(id).await?;
+    }
+    Ok(ids.len())
 }
 
 async fn claim(api: &BatchApi, worker: &str, free: usize) -> Vec<ClaimedItem> {
