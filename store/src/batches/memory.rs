@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{
-    Batch, BatchPage, BatchStore, ClaimedItem, Cursor, Deleted, ItemResult, ItemState, NewBatch,
-    Outcome, RequestCounts, RequestFormat,
+    Batch, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
+    KeyCaps, NewBatch, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 
@@ -99,15 +99,19 @@ impl BatchStore for MemoryBatchStore {
     async fn create(
         &self,
         batch: NewBatch,
-        max_in_progress: u32,
-    ) -> Result<Option<Batch>, StoreError> {
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError> {
         let mut batches = self.lock();
-        let in_progress = batches
-            .values()
-            .filter(|b| b.key_id == batch.key_id && b.processing())
-            .count();
-        if in_progress >= max_in_progress as usize {
-            return Ok(None);
+        let mine = || batches.values().filter(|b| b.key_id == batch.key_id);
+        let in_progress = mine().filter(|b| b.processing()).count();
+        if in_progress >= caps.max_in_progress as usize {
+            return Ok(Err(CapReached::InProgress));
+        }
+        let open: usize = mine()
+            .map(|b| b.items.iter().filter(|i| !i.state.ended()).count())
+            .sum();
+        if open as u64 + batch.queued() > caps.max_queued_items {
+            return Ok(Err(CapReached::QueuedItems));
         }
         let items = batch
             .items
@@ -139,7 +143,7 @@ impl BatchStore for MemoryBatchStore {
         };
         let view = stored.view(&batch.id);
         batches.insert(batch.id, stored);
-        Ok(Some(view))
+        Ok(Ok(view))
     }
 
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {

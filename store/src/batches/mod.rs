@@ -196,15 +196,38 @@ pub enum Deleted {
     NotFound,
 }
 
+/// A key's caps on its batches, checked when it creates one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyCaps {
+    /// Batches with items processing at once.
+    pub max_in_progress: u32,
+    /// Items queued or running over all its batches, the new batch's queued ones included.
+    pub max_queued_items: u64,
+}
+
+/// Which of the key's caps a new batch would pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapReached {
+    InProgress,
+    QueuedItems,
+}
+
+impl NewBatch {
+    /// Its items that are queued (not refused at the create).
+    pub fn queued(&self) -> u64 {
+        self.items.iter().filter(|i| i.refused.is_none()).count() as u64
+    }
+}
+
 #[async_trait]
 pub trait BatchStore: Send + Sync {
-    /// Stores a new batch and its items, unless the key has `max_in_progress` batches with
-    /// items processing already (`None`), checked and written at once.
+    /// Stores a new batch and its items unless that would pass one of the key's caps (which
+    /// one it would pass), checked and written at once.
     async fn create(
         &self,
         batch: NewBatch,
-        max_in_progress: u32,
-    ) -> Result<Option<Batch>, StoreError>;
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError>;
     /// The account's batch of this id.
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
     /// The account's batches of any of `formats`.

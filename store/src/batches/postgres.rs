@@ -10,8 +10,8 @@ use sqlx::Row;
 use time::OffsetDateTime;
 
 use super::{
-    result_of, Batch, BatchPage, BatchStore, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
-    NewBatch, Outcome, RequestCounts, RequestFormat,
+    result_of, Batch, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult,
+    ItemState, KeyCaps, NewBatch, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 use crate::db::{from_db, name_of, parse_name, Database, DbError};
@@ -121,8 +121,8 @@ fn index_of(row: &PgRow) -> Result<u32, sqlx::Error> {
 async fn insert_batch(
     db: &Database,
     batch: NewBatch,
-    max_in_progress: u32,
-) -> Result<bool, sqlx::Error> {
+    caps: KeyCaps,
+) -> Result<Result<(), CapReached>, sqlx::Error> {
     let mut tx = db.pool().begin().await?;
     // One creation per key at a time, so two cannot both pass the cap.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 38))")
@@ -139,8 +139,20 @@ async fn insert_batch(
     .persistent(false)
     .fetch_one(&mut *tx)
     .await?;
-    if in_progress >= i64::from(max_in_progress) {
-        return Ok(false);
+    if in_progress >= i64::from(caps.max_in_progress) {
+        return Ok(Err(CapReached::InProgress));
+    }
+    // The open items' partial index, per batch of the key.
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
+         WHERE b.key_id = $1 AND i.state IN ('queued', 'running')",
+    )
+    .bind(&batch.key_id)
+    .persistent(false)
+    .fetch_one(&mut *tx)
+    .await?;
+    if from_db(open).saturating_add(batch.queued()) > caps.max_queued_items {
+        return Ok(Err(CapReached::QueuedItems));
     }
     sqlx::query(
         "INSERT INTO message_batches
@@ -192,7 +204,7 @@ async fn insert_batch(
         .await?;
     }
     tx.commit().await?;
-    Ok(true)
+    Ok(Ok(()))
 }
 
 async fn cancel_batch(
@@ -284,17 +296,16 @@ impl BatchStore for PostgresBatchStore {
     async fn create(
         &self,
         batch: NewBatch,
-        max_in_progress: u32,
-    ) -> Result<Option<Batch>, StoreError> {
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError> {
         let (account_id, id) = (batch.account_id.clone(), batch.id.clone());
-        if !self
-            .db
-            .bounded(insert_batch(&self.db, batch, max_in_progress))
-            .await?
-        {
-            return Ok(None);
+        if let Err(cap) = self.db.bounded(insert_batch(&self.db, batch, caps)).await? {
+            return Ok(Err(cap));
         }
-        self.one(&account_id, &id).await
+        let created = self.one(&account_id, &id).await?;
+        Ok(Ok(created.ok_or_else(|| {
+            StoreError::Unavailable(format!("batch {id} was not found once created"))
+        })?))
     }
 
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {

@@ -8,14 +8,28 @@ use std::sync::Arc;
 use e2e::PostgresServer;
 use store::accounts::KeyHash;
 use store::batches::{
-    Batch, BatchStore, ClaimedItem, Cursor, Deleted, ItemState, MemoryBatchStore, NewBatch,
-    NewItem, Outcome, PostgresBatchStore, ProcessingStatus, RequestFormat,
+    Batch, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemState, KeyCaps,
+    MemoryBatchStore, NewBatch, NewItem, Outcome, PostgresBatchStore, ProcessingStatus,
+    RequestFormat,
 };
 use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};
 
 const LEASE: Duration = Duration::minutes(5);
+/// The caps of the rules not about them.
+const CAPS: KeyCaps = KeyCaps {
+    max_in_progress: 10,
+    max_queued_items: 10_000,
+};
+
+/// Caps of `max_in_progress` batches and plenty of items.
+fn in_progress_cap(max_in_progress: u32) -> KeyCaps {
+    KeyCaps {
+        max_in_progress,
+        ..CAPS
+    }
+}
 
 pub struct Store {
     batches: Arc<dyn BatchStore>,
@@ -71,7 +85,7 @@ fn succeeded() -> Outcome {
 impl Store {
     async fn create(&self, batch: NewBatch) -> Batch {
         self.batches
-            .create(batch, 10)
+            .create(batch, CAPS)
             .await
             .expect("store")
             .expect("under the cap")
@@ -297,22 +311,16 @@ async fn a_key_holds_at_most_its_cap_of_batches_in_progress(s: Store) {
     second.key_id = first.key_id.clone();
     let mut third = new_batch("acct-a", 1, 0, at);
     third.key_id = first.key_id.clone();
-    s.batches
-        .create(first, 1)
-        .await
-        .expect("store")
-        .expect("under the cap");
-    assert!(
-        s.batches.create(second, 1).await.expect("store").is_none(),
+    let create = |batch: NewBatch| s.batches.create(batch, in_progress_cap(1));
+    create(first).await.expect("store").expect("under the cap");
+    assert_eq!(
+        create(second).await.expect("store").err(),
+        Some(CapReached::InProgress),
         "over the cap"
     );
     let other_key = new_batch("acct-a", 1, 0, at);
     assert!(
-        s.batches
-            .create(other_key, 1)
-            .await
-            .expect("store")
-            .is_some(),
+        create(other_key).await.expect("store").is_ok(),
         "a cap per key"
     );
     let item = s.claim("w1", 10, at).await;
@@ -320,8 +328,87 @@ async fn a_key_holds_at_most_its_cap_of_batches_in_progress(s: Store) {
         s.finish("w1", i, at).await;
     }
     assert!(
-        s.batches.create(third, 1).await.expect("store").is_some(),
+        create(third).await.expect("store").is_ok(),
         "ended ones do not count"
+    );
+}
+
+/// A key's queued and running items, over its batches, and a new batch's queued ones (not
+/// those refused at the create) stay within its cap: a batch that would pass it is refused
+/// and stores nothing; ended items free their room.
+async fn a_key_holds_at_most_its_cap_of_queued_items(s: Store) {
+    let caps = KeyCaps {
+        max_in_progress: 10,
+        max_queued_items: 5,
+    };
+    let at = now();
+    let account = unique("acct");
+    let first = new_batch(&account, 3, 0, at);
+    let key = |mut batch: NewBatch| {
+        batch.key_id = first.key_id.clone();
+        batch
+    };
+    let over = key(new_batch(&account, 3, 0, at));
+    let refused_ones_do_not_count = key(new_batch(&account, 2, 4, at));
+    let after_a_claim_and_finish = key(new_batch(&account, 1, 0, at));
+    s.batches
+        .create(first.clone(), caps)
+        .await
+        .expect("store")
+        .expect("under the cap");
+    assert_eq!(
+        s.batches
+            .create(over.clone(), caps)
+            .await
+            .expect("store")
+            .err(),
+        Some(CapReached::QueuedItems),
+        "3 queued and 3 more pass 5"
+    );
+    assert!(s
+        .batches
+        .batch(&account, &over.id)
+        .await
+        .expect("store")
+        .is_none());
+    let other_key = new_batch(&account, 5, 0, at);
+    assert!(
+        s.batches
+            .create(other_key, caps)
+            .await
+            .expect("store")
+            .is_ok(),
+        "a cap per key"
+    );
+    let running = s.claim("w1", 100, at).await;
+    assert_eq!(running.len(), 8, "both keys' items run");
+    assert!(
+        s.batches
+            .create(refused_ones_do_not_count, caps)
+            .await
+            .expect("store")
+            .is_ok(),
+        "3 running and 2 queued reach 5, not past it"
+    );
+    assert_eq!(
+        s.batches
+            .create(after_a_claim_and_finish.clone(), caps)
+            .await
+            .expect("store")
+            .err(),
+        Some(CapReached::QueuedItems),
+        "running items count"
+    );
+    for item in running.iter().filter(|i| i.batch_id == first.id) {
+        assert!(s.finish("w1", item, at).await);
+    }
+    assert!(
+        s.batches
+            .create(after_a_claim_and_finish, caps)
+            .await
+            .expect("store")
+            .is_ok(),
+        "ended items free their room"
     );
 }
 
@@ -546,6 +633,7 @@ e2e::contract! {
         a_cancelled_item_whose_worker_died_ends_canceled_after_its_lease,
         items_not_run_by_the_expiry_end_expired_and_are_not_claimed,
         a_key_holds_at_most_its_cap_of_batches_in_progress,
+        a_key_holds_at_most_its_cap_of_queued_items,
         batches_are_listed_newest_first_in_pages_either_way,
         only_an_ended_batch_is_deleted,
         results_are_read_in_pages_by_index_ended_items_only,

@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use time::OffsetDateTime;
 
 use super::list_query;
-use crate::api::message_batches::error::BatchError;
+use crate::api::message_batches::{self, error::BatchError};
 use crate::edge::body::JsonBody;
 use crate::edge::body_reader::BodyError;
 use crate::edge::budget::{BudgetOwner, Reservation};
@@ -179,11 +179,7 @@ pub async fn create(
         details: Some(serde_json::to_string(&details).map_err(|_| ApiError::internal())?),
         items: checked.items,
     };
-    let created = api
-        .batches
-        .create(batch, api.settings.max_in_progress)
-        .await?
-        .ok_or(BatchError::TooManyInProgress(api.settings.max_in_progress))?;
+    let created = message_batches::create_within_caps(&api, batch).await?;
     let mut response = Json(object(&created)).into_response();
     response.extensions_mut().insert(admission.snapshot);
     Ok(response)

@@ -17,6 +17,8 @@ pub struct BatchSettings {
     pub price_percent: u32,
     /// Batches one key may have processing at once.
     pub max_in_progress: u32,
+    /// Items one key may have queued or running over all its batches.
+    pub max_queued_items: u64,
     /// How long after its creation an ended batch and its results are kept.
     pub results_kept: Duration,
     /// Requests in one batch.
