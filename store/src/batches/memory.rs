@@ -288,6 +288,27 @@ impl BatchStore for MemoryBatchStore {
         Ok(true)
     }
 
+    async fn put_back(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        until: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let mut batches = self.lock();
+        let item = batches
+            .get_mut(batch_id)
+            .and_then(|b| b.items.get_mut(index as usize))
+            .filter(|i| i.state == ItemState::Running && i.claimed_by.as_deref() == Some(worker));
+        let Some(item) = item else {
+            return Ok(false);
+        };
+        // Running with no holder and a lease that runs out at `until`: claimable from then.
+        item.claimed_by = None;
+        item.lease_until = Some(until);
+        Ok(true)
+    }
+
     async fn processing(&self, batch_id: &str) -> Result<bool, StoreError> {
         Ok(self
             .lock()

@@ -267,6 +267,16 @@ pub trait BatchStore: Send + Sync {
         outcome: Outcome,
         now: OffsetDateTime,
     ) -> Result<bool, StoreError>;
+    /// Gives a claimed item back, if `worker` still holds it (`false` when not): unclaimed
+    /// but still processing, claimed again once `until` has passed. Its upstream was
+    /// overloaded before any output, so it did not run.
+    async fn put_back(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        until: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
     /// Whether any of the batch's items is queued or running (`false` once it has ended, or
     /// when there is no such batch): a worker that ended an item asks it to know whether that
     /// was the batch's last.

@@ -465,6 +465,32 @@ impl BatchStore for PostgresBatchStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn put_back(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        until: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        // Running with no holder and a lease that runs out at `until`: claimable from then.
+        let done = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "UPDATE message_batch_items SET claimed_by = NULL, lease_until = $4
+                     WHERE batch_id = $1 AND idx = $2 AND state = 'running' AND claimed_by = $3",
+                )
+                .bind(batch_id)
+                .bind(i32::try_from(index).unwrap_or(i32::MAX))
+                .bind(worker)
+                .bind(until)
+                .persistent(false)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn processing(&self, batch_id: &str) -> Result<bool, StoreError> {
         // The open items' partial index answers from its first entry.
         Ok(self

@@ -548,6 +548,36 @@ async fn ended_batches_past_the_cutoff_are_forgotten_with_their_items_and_no_oth
     );
 }
 
+/// An item put back by the worker holding it (its upstream was overloaded) stays processing,
+/// is claimed by no worker until its time, then by one again; its old holder can neither put
+/// it back again nor finish it.
+async fn an_item_put_back_is_claimed_again_only_after_its_time(s: Store) {
+    let at = now();
+    let batch = s.create(new_batch("acct-a", 1, 0, at)).await;
+    let item = s.claim("w1", 1, at).await.remove(0);
+    let until = at + Duration::seconds(30);
+    let put_back = |worker: &'static str| {
+        s.batches
+            .put_back(worker, &item.batch_id, item.index, until)
+    };
+    assert!(!put_back("w2").await.expect("store"), "not its holder");
+    assert!(put_back("w1").await.expect("store"));
+    assert!(
+        !put_back("w1").await.expect("store"),
+        "no longer its holder"
+    );
+    assert_eq!(s.get("acct-a", &batch.id).await.counts.processing, 1);
+    assert!(s
+        .claim("w2", 1, at + Duration::seconds(29))
+        .await
+        .is_empty());
+    assert!(!s.finish("w1", &item, at).await);
+    let again = s.claim("w2", 1, at + Duration::seconds(31)).await;
+    assert_eq!(again.len(), 1);
+    assert!(s.finish("w2", &again[0], at + Duration::seconds(32)).await);
+    assert_eq!(s.get("acct-a", &batch.id).await.counts.succeeded, 1);
+}
+
 async fn results_are_read_in_pages_by_index_ended_items_only(s: Store) {
     let at = now();
     let batch = s.create(new_batch("acct-a", 2, 3, at)).await;
@@ -634,6 +664,7 @@ e2e::contract! {
         items_not_run_by_the_expiry_end_expired_and_are_not_claimed,
         a_key_holds_at_most_its_cap_of_batches_in_progress,
         a_key_holds_at_most_its_cap_of_queued_items,
+        an_item_put_back_is_claimed_again_only_after_its_time,
         batches_are_listed_newest_first_in_pages_either_way,
         only_an_ended_batch_is_deleted,
         results_are_read_in_pages_by_index_ended_items_only,

@@ -33,6 +33,8 @@ use gateway_core::wire::openai::ChatRequest;
 use store::accounts::StoreError;
 use store::batches::{ClaimedItem, ItemState, Outcome, RequestFormat};
 
+/// How long an item whose upstream was overloaded waits before it is claimed again.
+const OVERLOADED_BACKOFF: Duration = Duration::from_secs(2);
 /// Batches past their retention forgotten per round of the retention sweep.
 const FORGET_PER_ROUND: u32 = 100;
 /// How often the retention sweep runs, or a quarter of the retention when that is shorter.
@@ -147,9 +149,13 @@ async fn run_item(
     item: ClaimedItem,
     _slot: OwnedSemaphorePermit,
 ) {
-    let Some(outcome) = execute(&api, &item).await else {
-        tracing::info!(batch = %item.batch_id, index = item.index, "batch item interrupted by shutdown; it runs again after its lease");
-        return;
+    let outcome = match execute(&api, &item).await {
+        Ran::Ended(outcome) => outcome,
+        Ran::Interrupted => {
+            tracing::info!(batch = %item.batch_id, index = item.index, "batch item interrupted by shutdown; it runs again after its lease");
+            return;
+        }
+        Ran::Overloaded => return put_back(&api, &worker, &item).await,
     };
     let now = OffsetDateTime::now_utc();
     match api
@@ -171,6 +177,24 @@ async fn run_item(
     }
 }
 
+/// Gives an item whose upstream was overloaded back to the queue, claimed again after
+/// [`OVERLOADED_BACKOFF`] (up to its batch's expiry, when the sweep ends it `expired`).
+async fn put_back(api: &BatchApi, worker: &str, item: &ClaimedItem) {
+    let until = OffsetDateTime::now_utc() + OVERLOADED_BACKOFF;
+    match api
+        .batches
+        .put_back(worker, &item.batch_id, item.index, until)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(batch = %item.batch_id, index = item.index, "batch item's upstream overloaded; it runs again later")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, batch = %item.batch_id, index = item.index, "could not give back a batch item; it runs again after its lease")
+        }
+    }
+}
+
 /// Records an OpenAI batch's output and error files (their size, for `/v1/files`) when the
 /// item just ended was its last; a batch ended otherwise (cancel, expiry) has them recorded
 /// when it is next retrieved.
@@ -185,14 +209,24 @@ async fn record_files_once_ended(api: &BatchApi, item: &ClaimedItem) {
     }
 }
 
-/// The item's outcome; `None` when shutdown cut its turn (nothing was billed for it: the
-/// answer was never delivered), so that it runs again.
-async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
+/// What running an item came to.
+enum Ran {
+    Ended(Outcome),
+    /// Shutdown cut its turn (nothing was billed for it: the answer was never delivered); it
+    /// runs again after its lease.
+    Interrupted,
+    /// Its upstream answered overloaded (429, 529) before any output: nothing was billed, and
+    /// it goes back to the queue for [`OVERLOADED_BACKOFF`], not errored.
+    Overloaded,
+}
+
+/// What running the item came to.
+async fn execute(api: &BatchApi, item: &ClaimedItem) -> Ran {
     let turns = api.turns.turns();
     let principal = match principal(api, &turns.catalog, item).await {
         Ok(principal) => principal,
         Err(e) => {
-            return Some(match item.format {
+            return Ran::Ended(match item.format {
                 RequestFormat::Messages => ended_with(&e, None),
                 RequestFormat::ChatCompletions => {
                     openai_ended_with(&e, &ids::chat_completion(), None)
@@ -214,26 +248,27 @@ async fn execute_message(
     turns: &Turns,
     principal: &Principal,
     item: &ClaimedItem,
-) -> Option<Outcome> {
+) -> Ran {
     let request = match serde_json::from_str::<MessagesRequest>(&item.params) {
         Ok(request) => request_from_messages(request),
-        Err(e) => return Some(ended_with(&ApiError::invalid(format!("params: {e}")), None)),
+        Err(e) => return Ran::Ended(ended_with(&ApiError::invalid(format!("params: {e}")), None)),
     };
     let id = ids::message();
     let request = turn_request(&id, Endpoint::Messages, request, false);
     let started = start(api, turns, principal, item, request);
     let message = match started.await {
         Ok(turn) => messages::collect(turn).await,
+        Err(TurnError::Provider(ProviderError::Overloaded)) => return Ran::Overloaded,
         Err(e) => Err(e),
     };
     match message {
-        Ok(message) => Some(Outcome {
+        Ok(message) => Ran::Ended(Outcome {
             state: ItemState::Succeeded,
             result: json!({"type": "succeeded", "message": message}).to_string(),
             message_id: Some(id),
         }),
-        Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
-        Err(e) => Some(ended_with(&ApiError::from(e), Some(id))),
+        Err(TurnError::Provider(ProviderError::ShuttingDown)) => Ran::Interrupted,
+        Err(e) => Ran::Ended(ended_with(&ApiError::from(e), Some(id))),
     }
 }
 
@@ -244,7 +279,7 @@ async fn execute_chat(
     turns: &Turns,
     principal: &Principal,
     item: &ClaimedItem,
-) -> Option<Outcome> {
+) -> Ran {
     let id = ids::chat_completion();
     let request = match serde_json::from_str::<ChatRequest>(&item.params) {
         Ok(chat) => request_from_chat(chat).map_err(ApiError::from),
@@ -252,7 +287,7 @@ async fn execute_chat(
     };
     let (request, open_max_tokens) = match request {
         Ok(request) => request,
-        Err(e) => return Some(openai_ended_with(&e, &id, None)),
+        Err(e) => return Ran::Ended(openai_ended_with(&e, &id, None)),
     };
     let request = turn_request(&id, Endpoint::ChatCompletions, request, open_max_tokens);
     let started = start(api, turns, principal, item, request);
@@ -263,16 +298,17 @@ async fn execute_chat(
                 .await
                 .map(|done| chat::completion(id.clone(), model, done))
         }
+        Err(TurnError::Provider(ProviderError::Overloaded)) => return Ran::Overloaded,
         Err(e) => Err(e),
     };
     match completion {
-        Ok(completion) => Some(Outcome {
+        Ok(completion) => Ran::Ended(Outcome {
             state: ItemState::Succeeded,
             result: response_result(200, &id, &completion),
             message_id: Some(id),
         }),
-        Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
-        Err(e) => Some(openai_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
+        Err(TurnError::Provider(ProviderError::ShuttingDown)) => Ran::Interrupted,
+        Err(e) => Ran::Ended(openai_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
     }
 }
 
@@ -283,12 +319,12 @@ async fn execute_response(
     turns: &Turns,
     principal: &Principal,
     item: &ClaimedItem,
-) -> Option<Outcome> {
+) -> Ran {
     let raw = match serde_json::from_str::<Value>(&item.params) {
         Ok(raw) => raw,
         Err(e) => {
             let error = ApiError::invalid(format!("body: {e}"));
-            return Some(openai_ended_with(&error, &ids::response(), None));
+            return Ran::Ended(openai_ended_with(&error, &ids::response(), None));
         }
     };
     // The id of its response, once its turn is started (its ledger row's).
@@ -300,13 +336,14 @@ async fn execute_response(
     .await;
     let id = started.clone().unwrap_or_else(ids::response);
     match answered {
-        Ok(response) => Some(Outcome {
+        Ok(response) => Ran::Ended(Outcome {
             state: ItemState::Succeeded,
             result: response_result(200, &response.id, &response),
             message_id: Some(response.id),
         }),
-        Err(Unfinished::Interrupted) => None,
-        Err(Unfinished::Failed(e)) => Some(openai_ended_with(&e, &id, started)),
+        Err(Unfinished::Interrupted) => Ran::Interrupted,
+        Err(Unfinished::Overloaded) => Ran::Overloaded,
+        Err(Unfinished::Failed(e)) => Ran::Ended(openai_ended_with(&e, &id, started)),
     }
 }
 
