@@ -14,8 +14,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::config::{
-    Affinity, Capabilities, GatewayConfig, KeyGrant, KeySeed, Limits, ModelConfig, Pricing,
-    ProviderKind, Route, Secret, TierConfig, Timeouts, Upstream,
+    Affinity, BatchCaps, Capabilities, GatewayConfig, KeyGrant, KeySeed, Limits, ModelConfig,
+    Pricing, ProviderKind, Route, Secret, TierConfig, Timeouts, Upstream,
 };
 use crate::resources::{
     ApiKey, ModelRoute, Provider, SecretKeyRef, Tier, TierId, TimeoutsSpec, UpstreamSpec,
@@ -726,12 +726,30 @@ fn compile_keys(
                     top_up_usd_cents: seed.top_up_usd_cents,
                 })
         });
+        let batches = spec.batches.map(|caps| {
+            if spec.tier != Some(TierId::Enterprise) {
+                problems.add(
+                    &resource,
+                    "batches caps are only allowed with tier: enterprise (raised caps are an \
+                     enterprise grant)",
+                );
+            }
+            BatchCaps {
+                max_in_progress: caps
+                    .max_in_progress
+                    .map(|n| problems.at_least_one(&resource, "batches.maxInProgress", n)),
+                max_queued_items: caps
+                    .max_queued_items
+                    .map(|n| problems.at_least_one(&resource, "batches.maxQueuedItems", n)),
+            }
+        });
         let grant = KeyGrant {
             tier: spec.tier.map(|t| t.as_str().to_owned()),
             limits,
             scopes,
             suspended: spec.suspended,
             spend_cap: spec.monthly_spend_cap_credits,
+            batches,
             seed,
         };
         match grants.get(&spec.key_id) {

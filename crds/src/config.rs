@@ -183,8 +183,22 @@ pub struct KeyGrant {
     /// Credits the key may spend per UTC month, overriding the cap it was minted with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spend_cap: Option<u64>,
+    /// The key's own caps on Message Batches, replacing the gateway's flags where given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batches: Option<BatchCaps>,
     /// Standalone only: create the key from this secret if it does not exist yet.
     pub seed: Option<KeySeed>,
+}
+
+/// A key's caps on Message Batches: batches processing at once, and requests queued or
+/// running over all its batches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BatchCaps {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_progress: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued_items: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -401,6 +401,10 @@ fn enterprise_only(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     {
         "rule": "!has(self.limits) || has(self.tier)",
         "message": "limits are only allowed with tier: enterprise, the grant they belong to"
+    },
+    {
+        "rule": "!has(self.batches) || has(self.tier)",
+        "message": "batches caps are only allowed with tier: enterprise, the grant they belong to"
     }
 ]))]
 pub struct ApiKeySpec {
@@ -432,6 +436,10 @@ pub struct ApiKeySpec {
     /// the cap the key was minted with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monthly_spend_cap_credits: Option<u64>,
+    /// The key's own caps on Message Batches; only with `tier: enterprise`. Each one given
+    /// replaces the gateway's flag (`--batch-max-in-progress`, `--batch-max-queued-items`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batches: Option<BatchCapsSpec>,
     /// Standalone mode only: creates the key with this account and secret if it does not
     /// exist, so a fresh local stack has a working key without the dashboard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -447,6 +455,19 @@ pub struct LimitsSpec {
     pub input_tokens_per_minute: u64,
     #[schemars(range(min = 1))]
     pub concurrent_streams: u32,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BatchCapsSpec {
+    /// Batches the key may have processing at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_in_progress: Option<u32>,
+    /// Requests the key may have queued or running, over all its batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_queued_items: Option<u64>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

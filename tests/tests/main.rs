@@ -5,6 +5,9 @@
 mod address_brake;
 mod audit_log;
 mod auth;
+mod batch_caps;
+mod batch_overloaded;
+mod batch_retention;
 mod batch_runs;
 mod changelog;
 mod chart_containers;

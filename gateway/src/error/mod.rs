@@ -534,7 +534,7 @@ impl From<BatchError> for ApiError {
     fn from(e: BatchError) -> Self {
         match e {
             BatchError::NotFound(_) => Self::not_found(e.to_string()),
-            BatchError::TooManyInProgress(_) => Self {
+            BatchError::TooManyInProgress(_) | BatchError::TooManyQueuedItems(..) => Self {
                 retry_after_secs: Some(BATCH_CAP_RETRY_SECS),
                 ..Self::new(
                     StatusCode::TOO_MANY_REQUESTS,

@@ -1,5 +1,5 @@
 //! Message Batches: how many items each process runs at once, their lease, a batch's expiry,
-//! the batch price, and the per-key and per-batch caps.
+//! its results' retention, the batch price, and the per-key and per-batch caps.
 
 use std::time::Duration;
 
@@ -28,6 +28,18 @@ pub struct BatchesArgs {
     /// Batches one key may have processing at once; one more is refused (429).
     #[arg(long, env = "GATEWAY_BATCH_MAX_IN_PROGRESS", default_value_t = 10)]
     pub batch_max_in_progress: u32,
+    /// Days an ended batch and its results (its output and error files) are kept after its
+    /// creation, then deleted; its ledger rows stay. A fraction of a day is taken.
+    #[arg(long, env = "GATEWAY_BATCH_RESULTS_DAYS", default_value_t = 29.0, value_parser = days)]
+    pub batch_results_days: f64,
+    /// Requests one key may have queued or running over all its batches; a batch whose
+    /// requests would pass it is refused (429).
+    #[arg(
+        long,
+        env = "GATEWAY_BATCH_MAX_QUEUED_ITEMS",
+        default_value_t = 500_000
+    )]
+    pub batch_max_queued_items: u64,
     /// Requests in one batch (Anthropic's limit). The request body cap of `/v1` applies too.
     #[arg(long, env = "GATEWAY_BATCH_MAX_REQUESTS", default_value_t = 100_000)]
     pub batch_max_requests: usize,
@@ -48,9 +60,21 @@ impl From<&BatchesArgs> for BatchSettings {
             expiry: Duration::from_secs(args.batch_expiry_secs),
             price_percent: args.batch_price_percent,
             max_in_progress: args.batch_max_in_progress,
+            max_queued_items: args.batch_max_queued_items,
+            results_kept: Duration::from_secs_f64(args.batch_results_days * 86_400.0),
             max_requests: args.batch_max_requests,
             poll: Duration::from_millis(args.batch_poll_ms.max(10)),
             files_account_max_bytes: args.files_account_max_bytes,
         }
+    }
+}
+
+/// A number of days, more than 0 and at most 10 years.
+fn days(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(days) if days > 0.0 && days <= 3_650.0 => Ok(days),
+        _ => Err(format!(
+            "`{value}` is not a number of days above 0, at most 3650"
+        )),
     }
 }

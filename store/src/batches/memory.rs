@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{
-    Batch, BatchPage, BatchStore, ClaimedItem, Cursor, Deleted, ItemResult, ItemState, NewBatch,
-    Outcome, RequestCounts, RequestFormat,
+    Batch, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
+    KeyCaps, NewBatch, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 
@@ -99,15 +99,19 @@ impl BatchStore for MemoryBatchStore {
     async fn create(
         &self,
         batch: NewBatch,
-        max_in_progress: u32,
-    ) -> Result<Option<Batch>, StoreError> {
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError> {
         let mut batches = self.lock();
-        let in_progress = batches
-            .values()
-            .filter(|b| b.key_id == batch.key_id && b.processing())
-            .count();
-        if in_progress >= max_in_progress as usize {
-            return Ok(None);
+        let mine = || batches.values().filter(|b| b.key_id == batch.key_id);
+        let in_progress = mine().filter(|b| b.processing()).count();
+        if in_progress >= caps.max_in_progress as usize {
+            return Ok(Err(CapReached::InProgress));
+        }
+        let open: usize = mine()
+            .map(|b| b.items.iter().filter(|i| !i.state.ended()).count())
+            .sum();
+        if open as u64 + batch.queued() > caps.max_queued_items {
+            return Ok(Err(CapReached::QueuedItems));
         }
         let items = batch
             .items
@@ -139,7 +143,7 @@ impl BatchStore for MemoryBatchStore {
         };
         let view = stored.view(&batch.id);
         batches.insert(batch.id, stored);
-        Ok(Some(view))
+        Ok(Ok(view))
     }
 
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {
@@ -284,6 +288,27 @@ impl BatchStore for MemoryBatchStore {
         Ok(true)
     }
 
+    async fn put_back(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        until: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let mut batches = self.lock();
+        let item = batches
+            .get_mut(batch_id)
+            .and_then(|b| b.items.get_mut(index as usize))
+            .filter(|i| i.state == ItemState::Running && i.claimed_by.as_deref() == Some(worker));
+        let Some(item) = item else {
+            return Ok(false);
+        };
+        // Running with no holder and a lease that runs out at `until`: claimable from then.
+        item.claimed_by = None;
+        item.lease_until = Some(until);
+        Ok(true)
+    }
+
     async fn processing(&self, batch_id: &str) -> Result<bool, StoreError> {
         Ok(self
             .lock()
@@ -308,6 +333,30 @@ impl BatchStore for MemoryBatchStore {
             }
         }
         Ok(ended)
+    }
+
+    async fn ended_before(
+        &self,
+        cutoff: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError> {
+        let batches = self.lock();
+        let mut past: Vec<(OffsetDateTime, &String)> = batches
+            .iter()
+            .filter(|(_, b)| b.created_at < cutoff && !b.processing())
+            .map(|(id, b)| (b.created_at, id))
+            .collect();
+        past.sort();
+        Ok(past
+            .into_iter()
+            .take(limit as usize)
+            .map(|(_, id)| id.clone())
+            .collect())
+    }
+
+    async fn forget(&self, batch_id: &str) -> Result<(), StoreError> {
+        self.lock().remove(batch_id);
+        Ok(())
     }
 
     async fn results(

@@ -196,15 +196,38 @@ pub enum Deleted {
     NotFound,
 }
 
+/// A key's caps on its batches, checked when it creates one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyCaps {
+    /// Batches with items processing at once.
+    pub max_in_progress: u32,
+    /// Items queued or running over all its batches, the new batch's queued ones included.
+    pub max_queued_items: u64,
+}
+
+/// Which of the key's caps a new batch would pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapReached {
+    InProgress,
+    QueuedItems,
+}
+
+impl NewBatch {
+    /// Its items that are queued (not refused at the create).
+    pub fn queued(&self) -> u64 {
+        self.items.iter().filter(|i| i.refused.is_none()).count() as u64
+    }
+}
+
 #[async_trait]
 pub trait BatchStore: Send + Sync {
-    /// Stores a new batch and its items, unless the key has `max_in_progress` batches with
-    /// items processing already (`None`), checked and written at once.
+    /// Stores a new batch and its items unless that would pass one of the key's caps (which
+    /// one it would pass), checked and written at once.
     async fn create(
         &self,
         batch: NewBatch,
-        max_in_progress: u32,
-    ) -> Result<Option<Batch>, StoreError>;
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError>;
     /// The account's batch of this id.
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
     /// The account's batches of any of `formats`.
@@ -244,6 +267,16 @@ pub trait BatchStore: Send + Sync {
         outcome: Outcome,
         now: OffsetDateTime,
     ) -> Result<bool, StoreError>;
+    /// Gives a claimed item back, if `worker` still holds it (`false` when not): unclaimed
+    /// but still processing, claimed again once `until` has passed. Its upstream was
+    /// overloaded before any output, so it did not run.
+    async fn put_back(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        until: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
     /// Whether any of the batch's items is queued or running (`false` once it has ended, or
     /// when there is no such batch): a worker that ended an item asks it to know whether that
     /// was the batch's last.
@@ -251,6 +284,16 @@ pub trait BatchStore: Send + Sync {
     /// Ends the items no worker holds (queued, or their lease ran out) of batches past their
     /// expiry (`expired`) or cancelled (`canceled`); returns how many ended.
     async fn sweep(&self, now: OffsetDateTime) -> Result<u64, StoreError>;
+    /// Up to `limit` batches created before `cutoff` whose items have all ended, oldest first:
+    /// those past their results' retention, for [`BatchStore::forget`].
+    async fn ended_before(
+        &self,
+        cutoff: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError>;
+    /// Deletes the batch and its items, a bounded chunk of items per statement; nothing when
+    /// there is no such batch, so pods forgetting the same batch at once do no harm.
+    async fn forget(&self, batch_id: &str) -> Result<(), StoreError>;
     /// Ended items' results, by index after `after` (all from the first when `None`).
     async fn results(
         &self,

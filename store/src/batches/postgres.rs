@@ -10,14 +10,17 @@ use sqlx::Row;
 use time::OffsetDateTime;
 
 use super::{
-    result_of, Batch, BatchPage, BatchStore, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
-    NewBatch, Outcome, RequestCounts, RequestFormat,
+    result_of, Batch, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult,
+    ItemState, KeyCaps, NewBatch, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 use crate::db::{from_db, name_of, parse_name, Database, DbError};
 
 /// Items written per statement when a batch is created (seven arrays of this many each).
 const INSERT_CHUNK: usize = 5_000;
+
+/// Items deleted per statement when a batch past its retention is forgotten.
+const FORGET_CHUNK: i64 = 1_000;
 
 const BATCH_COLUMNS: &str =
     "id, account_id, key_id, created_at, expires_at, cancel_initiated_at, format, details";
@@ -118,8 +121,8 @@ fn index_of(row: &PgRow) -> Result<u32, sqlx::Error> {
 async fn insert_batch(
     db: &Database,
     batch: NewBatch,
-    max_in_progress: u32,
-) -> Result<bool, sqlx::Error> {
+    caps: KeyCaps,
+) -> Result<Result<(), CapReached>, sqlx::Error> {
     let mut tx = db.pool().begin().await?;
     // One creation per key at a time, so two cannot both pass the cap.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 38))")
@@ -136,8 +139,20 @@ async fn insert_batch(
     .persistent(false)
     .fetch_one(&mut *tx)
     .await?;
-    if in_progress >= i64::from(max_in_progress) {
-        return Ok(false);
+    if in_progress >= i64::from(caps.max_in_progress) {
+        return Ok(Err(CapReached::InProgress));
+    }
+    // The open items' partial index, per batch of the key.
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
+         WHERE b.key_id = $1 AND i.state IN ('queued', 'running')",
+    )
+    .bind(&batch.key_id)
+    .persistent(false)
+    .fetch_one(&mut *tx)
+    .await?;
+    if from_db(open).saturating_add(batch.queued()) > caps.max_queued_items {
+        return Ok(Err(CapReached::QueuedItems));
     }
     sqlx::query(
         "INSERT INTO message_batches
@@ -189,7 +204,7 @@ async fn insert_batch(
         .await?;
     }
     tx.commit().await?;
-    Ok(true)
+    Ok(Ok(()))
 }
 
 async fn cancel_batch(
@@ -281,17 +296,16 @@ impl BatchStore for PostgresBatchStore {
     async fn create(
         &self,
         batch: NewBatch,
-        max_in_progress: u32,
-    ) -> Result<Option<Batch>, StoreError> {
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError> {
         let (account_id, id) = (batch.account_id.clone(), batch.id.clone());
-        if !self
-            .db
-            .bounded(insert_batch(&self.db, batch, max_in_progress))
-            .await?
-        {
-            return Ok(None);
+        if let Err(cap) = self.db.bounded(insert_batch(&self.db, batch, caps)).await? {
+            return Ok(Err(cap));
         }
-        self.one(&account_id, &id).await
+        let created = self.one(&account_id, &id).await?;
+        Ok(Ok(created.ok_or_else(|| {
+            StoreError::Unavailable(format!("batch {id} was not found once created"))
+        })?))
     }
 
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {
@@ -451,6 +465,32 @@ impl BatchStore for PostgresBatchStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn put_back(
+        &self,
+        worker: &str,
+        batch_id: &str,
+        index: u32,
+        until: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        // Running with no holder and a lease that runs out at `until`: claimable from then.
+        let done = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "UPDATE message_batch_items SET claimed_by = NULL, lease_until = $4
+                     WHERE batch_id = $1 AND idx = $2 AND state = 'running' AND claimed_by = $3",
+                )
+                .bind(batch_id)
+                .bind(i32::try_from(index).unwrap_or(i32::MAX))
+                .bind(worker)
+                .bind(until)
+                .persistent(false)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn processing(&self, batch_id: &str) -> Result<bool, StoreError> {
         // The open items' partial index answers from its first entry.
         Ok(self
@@ -493,6 +533,64 @@ impl BatchStore for PostgresBatchStore {
             ended += done.rows_affected();
         }
         Ok(ended)
+    }
+
+    async fn ended_before(
+        &self,
+        cutoff: OffsetDateTime,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError> {
+        // The open items' partial index answers each batch's `NOT EXISTS`.
+        Ok(self
+            .db
+            .bounded(
+                sqlx::query_scalar(
+                    "SELECT b.id FROM message_batches b
+                     WHERE b.created_at < $1 AND NOT EXISTS (
+                         SELECT 1 FROM message_batch_items i
+                         WHERE i.batch_id = b.id AND i.state IN ('queued', 'running'))
+                     ORDER BY b.created_at, b.id LIMIT $2",
+                )
+                .bind(cutoff)
+                .bind(i64::from(limit))
+                .persistent(false)
+                .fetch_all(self.db.pool()),
+            )
+            .await?)
+    }
+
+    async fn forget(&self, batch_id: &str) -> Result<(), StoreError> {
+        // Items in chunks (a batch may hold 100,000), each chunk's rows locked by one pod
+        // (`SKIP LOCKED`); the batch's row last, whose cascade then finds at most the chunks
+        // other pods are deleting at that moment.
+        loop {
+            let done = self
+                .db
+                .bounded(
+                    sqlx::query(
+                        "DELETE FROM message_batch_items WHERE (batch_id, idx) IN (
+                             SELECT batch_id, idx FROM message_batch_items WHERE batch_id = $1
+                             LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                    )
+                    .bind(batch_id)
+                    .bind(FORGET_CHUNK)
+                    .persistent(false)
+                    .execute(self.db.pool()),
+                )
+                .await?;
+            if done.rows_affected() == 0 {
+                break;
+            }
+        }
+        self.db
+            .bounded(
+                sqlx::query("DELETE FROM message_batches WHERE id = $1")
+                    .bind(batch_id)
+                    .persistent(false)
+                    .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
     }
 
     async fn results(

@@ -142,4 +142,14 @@ impl FileStore for MemoryFileStore {
             });
         Ok(stored.live())
     }
+
+    async fn forget_generated(&self, ids: &[String]) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        for id in ids {
+            if matches!(files.get(id), Some(Stored::Generated { .. })) {
+                files.remove(id);
+            }
+        }
+        Ok(())
+    }
 }

@@ -93,6 +93,9 @@ pub trait FileStore: Send + Sync {
     /// Records a batch's generated file, listed and deleted as an upload is and counted in no
     /// quota, unless it was recorded before: the file as it now stands, `None` once deleted.
     async fn record_generated(&self, file: GeneratedFile) -> Result<Option<FileInfo>, StoreError>;
+    /// Forgets the generated files of these ids, deleted or not (their batch is past its
+    /// retention): they are then neither listed nor marked deleted. Uploads are left alone.
+    async fn forget_generated(&self, ids: &[String]) -> Result<(), StoreError>;
 }
 
 impl GeneratedFile {

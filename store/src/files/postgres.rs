@@ -251,4 +251,16 @@ impl FileStore for PostgresFileStore {
         }
         Ok(Some(info_of(&row).map_err(DbError::Sql)?))
     }
+
+    async fn forget_generated(&self, ids: &[String]) -> Result<(), StoreError> {
+        self.db
+            .bounded(
+                sqlx::query("DELETE FROM files WHERE id = ANY($1) AND batch_id IS NOT NULL")
+                    .bind(ids)
+                    .persistent(false)
+                    .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(())
+    }
 }

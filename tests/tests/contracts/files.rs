@@ -278,6 +278,64 @@ async fn a_generated_file_is_recorded_once_listed_and_stays_deleted(s: Store) {
     );
 }
 
+/// Forgetting generated files removes them, deleted or not, and leaves an upload alone even
+/// when its id is named.
+async fn forgotten_generated_files_are_gone_and_uploads_stay(s: Store) {
+    let account = unique("acct");
+    let at = now();
+    let generated = |name: &str| GeneratedFile {
+        id: unique(name),
+        account_id: account.clone(),
+        batch_id: unique("batch"),
+        filename: "batch_output.jsonl".to_owned(),
+        purpose: "batch_output".to_owned(),
+        bytes: 10,
+        created_at: at,
+    };
+    let (live, deleted, kept) = (
+        generated("file-output"),
+        generated("file-errors"),
+        generated("file-output"),
+    );
+    for file in [&live, &deleted, &kept] {
+        s.files
+            .record_generated(file.clone())
+            .await
+            .expect("store")
+            .expect("recorded");
+    }
+    assert!(s.files.delete(&account, &deleted.id).await.expect("store"));
+    let upload = new_file(&account, "batch", b"{}", at);
+    s.files
+        .create(upload.clone(), QUOTA)
+        .await
+        .expect("store")
+        .expect("under the quota");
+    let named = [live.id.clone(), deleted.id.clone(), upload.id.clone()];
+    s.files.forget_generated(&named).await.expect("forget");
+    let page = s
+        .files
+        .list(&account, None, None, 10, Order::NewestFirst)
+        .await
+        .expect("store");
+    let mut listed: Vec<String> = page.files.into_iter().map(|f| f.id).collect();
+    listed.sort();
+    let mut expected = vec![kept.id.clone(), upload.id.clone()];
+    expected.sort();
+    assert_eq!(listed, expected);
+    assert_eq!(
+        s.files.content(&account, &upload.id).await.expect("store"),
+        Some(b"{}".to_vec())
+    );
+    // Forgotten, not marked deleted: nothing of it is left, so it may be recorded anew.
+    assert!(s
+        .files
+        .record_generated(deleted)
+        .await
+        .expect("store")
+        .is_some());
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -286,5 +344,6 @@ e2e::contract! {
         files_are_listed_newest_first_or_oldest_first_in_pages_by_purpose,
         a_deleted_file_is_gone,
         an_account_keeps_at_most_its_quota_of_bytes,
+        forgotten_generated_files_are_gone_and_uploads_stay,
     }
 }

@@ -8,14 +8,28 @@ use std::sync::Arc;
 use e2e::PostgresServer;
 use store::accounts::KeyHash;
 use store::batches::{
-    Batch, BatchStore, ClaimedItem, Cursor, Deleted, ItemState, MemoryBatchStore, NewBatch,
-    NewItem, Outcome, PostgresBatchStore, ProcessingStatus, RequestFormat,
+    Batch, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemState, KeyCaps,
+    MemoryBatchStore, NewBatch, NewItem, Outcome, PostgresBatchStore, ProcessingStatus,
+    RequestFormat,
 };
 use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};
 
 const LEASE: Duration = Duration::minutes(5);
+/// The caps of the rules not about them.
+const CAPS: KeyCaps = KeyCaps {
+    max_in_progress: 10,
+    max_queued_items: 10_000,
+};
+
+/// Caps of `max_in_progress` batches and plenty of items.
+fn in_progress_cap(max_in_progress: u32) -> KeyCaps {
+    KeyCaps {
+        max_in_progress,
+        ..CAPS
+    }
+}
 
 pub struct Store {
     batches: Arc<dyn BatchStore>,
@@ -71,7 +85,7 @@ fn succeeded() -> Outcome {
 impl Store {
     async fn create(&self, batch: NewBatch) -> Batch {
         self.batches
-            .create(batch, 10)
+            .create(batch, CAPS)
             .await
             .expect("store")
             .expect("under the cap")
@@ -297,22 +311,16 @@ async fn a_key_holds_at_most_its_cap_of_batches_in_progress(s: Store) {
     second.key_id = first.key_id.clone();
     let mut third = new_batch("acct-a", 1, 0, at);
     third.key_id = first.key_id.clone();
-    s.batches
-        .create(first, 1)
-        .await
-        .expect("store")
-        .expect("under the cap");
-    assert!(
-        s.batches.create(second, 1).await.expect("store").is_none(),
+    let create = |batch: NewBatch| s.batches.create(batch, in_progress_cap(1));
+    create(first).await.expect("store").expect("under the cap");
+    assert_eq!(
+        create(second).await.expect("store").err(),
+        Some(CapReached::InProgress),
         "over the cap"
     );
     let other_key = new_batch("acct-a", 1, 0, at);
     assert!(
-        s.batches
-            .create(other_key, 1)
-            .await
-            .expect("store")
-            .is_some(),
+        create(other_key).await.expect("store").is_ok(),
         "a cap per key"
     );
     let item = s.claim("w1", 10, at).await;
@@ -320,8 +328,87 @@ async fn a_key_holds_at_most_its_cap_of_batches_in_progress(s: Store) {
         s.finish("w1", i, at).await;
     }
     assert!(
-        s.batches.create(third, 1).await.expect("store").is_some(),
+        create(third).await.expect("store").is_ok(),
         "ended ones do not count"
+    );
+}
+
+/// A key's queued and running items, over its batches, and a new batch's queued ones (not
+/// those refused at the create) stay within its cap: a batch that would pass it is refused
+/// and stores nothing; ended items free their room.
+async fn a_key_holds_at_most_its_cap_of_queued_items(s: Store) {
+    let caps = KeyCaps {
+        max_in_progress: 10,
+        max_queued_items: 5,
+    };
+    let at = now();
+    let account = unique("acct");
+    let first = new_batch(&account, 3, 0, at);
+    let key = |mut batch: NewBatch| {
+        batch.key_id = first.key_id.clone();
+        batch
+    };
+    let over = key(new_batch(&account, 3, 0, at));
+    let refused_ones_do_not_count = key(new_batch(&account, 2, 4, at));
+    let after_a_claim_and_finish = key(new_batch(&account, 1, 0, at));
+    s.batches
+        .create(first.clone(), caps)
+        .await
+        .expect("store")
+        .expect("under the cap");
+    assert_eq!(
+        s.batches
+            .create(over.clone(), caps)
+            .await
+            .expect("store")
+            .err(),
+        Some(CapReached::QueuedItems),
+        "3 queued and 3 more pass 5"
+    );
+    assert!(s
+        .batches
+        .batch(&account, &over.id)
+        .await
+        .expect("store")
+        .is_none());
+    let other_key = new_batch(&account, 5, 0, at);
+    assert!(
+        s.batches
+            .create(other_key, caps)
+            .await
+            .expect("store")
+            .is_ok(),
+        "a cap per key"
+    );
+    let running = s.claim("w1", 100, at).await;
+    assert_eq!(running.len(), 8, "both keys' items run");
+    assert!(
+        s.batches
+            .create(refused_ones_do_not_count, caps)
+            .await
+            .expect("store")
+            .is_ok(),
+        "3 running and 2 queued reach 5, not past it"
+    );
+    assert_eq!(
+        s.batches
+            .create(after_a_claim_and_finish.clone(), caps)
+            .await
+            .expect("store")
+            .err(),
+        Some(CapReached::QueuedItems),
+        "running items count"
+    );
+    for item in running.iter().filter(|i| i.batch_id == first.id) {
+        assert!(s.finish("w1", item, at).await);
+    }
+    assert!(
+        s.batches
+            .create(after_a_claim_and_finish, caps)
+            .await
+            .expect("store")
+            .is_ok(),
+        "ended items free their room"
     );
 }
 
@@ -396,6 +483,99 @@ async fn only_an_ended_batch_is_deleted(s: Store) {
         .await
         .expect("store")
         .is_empty());
+}
+
+/// An ended batch created before the cutoff is found by `ended_before` (oldest first, up to
+/// its limit) and forgotten whole, its many items in chunks; a younger one and one still
+/// processing are neither.
+async fn ended_batches_past_the_cutoff_are_forgotten_with_their_items_and_no_other(s: Store) {
+    let at = now();
+    let account = unique("acct");
+    let old = s
+        .create(new_batch(&account, 0, 2_500, at - Duration::days(10)))
+        .await;
+    let older = s
+        .create(new_batch(&account, 0, 1, at - Duration::days(11)))
+        .await;
+    let processing = s
+        .create(new_batch(&account, 1, 1, at - Duration::days(10)))
+        .await;
+    let young = s.create(new_batch(&account, 0, 1, at)).await;
+    let cutoff = at - Duration::days(1);
+    let past = |limit: u32| s.batches.ended_before(cutoff, limit);
+    assert_eq!(
+        past(10).await.expect("store"),
+        [older.id.clone(), old.id.clone()]
+    );
+    assert_eq!(
+        past(1).await.expect("store"),
+        std::slice::from_ref(&older.id)
+    );
+    for id in [&older.id, &old.id] {
+        s.batches.forget(id).await.expect("forget");
+        s.batches
+            .forget(id)
+            .await
+            .expect("forgetting again does nothing");
+        assert!(s
+            .batches
+            .batch(&account, id)
+            .await
+            .expect("store")
+            .is_none());
+        assert!(s
+            .batches
+            .results(id, None, 10)
+            .await
+            .expect("store")
+            .is_empty());
+    }
+    assert!(past(10).await.expect("store").is_empty());
+    let page = s
+        .batches
+        .list(&account, &RequestFormat::ALL, Cursor::Newest, 10)
+        .await
+        .expect("list");
+    let listed: Vec<&String> = page.batches.iter().map(|b| &b.id).collect();
+    assert_eq!(listed, [&young.id, &processing.id]);
+    assert_eq!(
+        s.batches
+            .results(&young.id, None, 10)
+            .await
+            .expect("store")
+            .len(),
+        1
+    );
+}
+
+/// An item put back by the worker holding it (its upstream was overloaded) stays processing,
+/// is claimed by no worker until its time, then by one again; its old holder can neither put
+/// it back again nor finish it.
+async fn an_item_put_back_is_claimed_again_only_after_its_time(s: Store) {
+    let at = now();
+    let batch = s.create(new_batch("acct-a", 1, 0, at)).await;
+    let item = s.claim("w1", 1, at).await.remove(0);
+    let until = at + Duration::seconds(30);
+    let put_back = |worker: &'static str| {
+        s.batches
+            .put_back(worker, &item.batch_id, item.index, until)
+    };
+    assert!(!put_back("w2").await.expect("store"), "not its holder");
+    assert!(put_back("w1").await.expect("store"));
+    assert!(
+        !put_back("w1").await.expect("store"),
+        "no longer its holder"
+    );
+    assert_eq!(s.get("acct-a", &batch.id).await.counts.processing, 1);
+    assert!(s
+        .claim("w2", 1, at + Duration::seconds(29))
+        .await
+        .is_empty());
+    assert!(!s.finish("w1", &item, at).await);
+    let again = s.claim("w2", 1, at + Duration::seconds(31)).await;
+    assert_eq!(again.len(), 1);
+    assert!(s.finish("w2", &again[0], at + Duration::seconds(32)).await);
+    assert_eq!(s.get("acct-a", &batch.id).await.counts.succeeded, 1);
 }
 
 async fn results_are_read_in_pages_by_index_ended_items_only(s: Store) {
@@ -483,9 +663,12 @@ e2e::contract! {
         a_cancelled_item_whose_worker_died_ends_canceled_after_its_lease,
         items_not_run_by_the_expiry_end_expired_and_are_not_claimed,
         a_key_holds_at_most_its_cap_of_batches_in_progress,
+        a_key_holds_at_most_its_cap_of_queued_items,
+        an_item_put_back_is_claimed_again_only_after_its_time,
         batches_are_listed_newest_first_in_pages_either_way,
         only_an_ended_batch_is_deleted,
         results_are_read_in_pages_by_index_ended_items_only,
         a_batch_keeps_its_format_and_each_format_lists_its_own,
+        ended_batches_past_the_cutoff_are_forgotten_with_their_items_and_no_other,
     }
 }

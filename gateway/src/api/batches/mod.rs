@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use time::OffsetDateTime;
 
 use super::list_query;
-use crate::api::message_batches::error::BatchError;
+use crate::api::message_batches::{self, error::BatchError};
 use crate::edge::body::JsonBody;
 use crate::edge::body_reader::BodyError;
 use crate::edge::budget::{BudgetOwner, Reservation};
@@ -179,11 +179,7 @@ pub async fn create(
         details: Some(serde_json::to_string(&details).map_err(|_| ApiError::internal())?),
         items: checked.items,
     };
-    let created = api
-        .batches
-        .create(batch, api.settings.max_in_progress)
-        .await?
-        .ok_or(BatchError::TooManyInProgress(api.settings.max_in_progress))?;
+    let created = message_batches::create_within_caps(&api, batch).await?;
     let mut response = Json(object(&created)).into_response();
     response.extensions_mut().insert(admission.snapshot);
     Ok(response)
@@ -299,13 +295,15 @@ fn object(batch: &Batch) -> Value {
     })
 }
 
-/// The account's batch of `/v1/batches` of this id.
+/// The account's batch of `/v1/batches` of this id, unless it is past its results' retention
+/// (so its output and error files are never recorded again once the sweep forgot them).
 async fn owned(api: &BatchApi, account_id: &str, id: &str) -> Result<Option<Batch>, ApiError> {
+    let now = OffsetDateTime::now_utc();
     Ok(api
         .batches
         .batch(account_id, id)
         .await?
-        .filter(|b| RequestFormat::OPENAI.contains(&b.format)))
+        .filter(|b| RequestFormat::OPENAI.contains(&b.format) && !api.settings.forgotten(b, now)))
 }
 
 async fn found(api: &BatchApi, principal: &Principal, id: &str) -> Result<Batch, ApiError> {
@@ -395,6 +393,11 @@ impl Generated {
             batch_id: batch_id.to_owned(),
             errors: true,
         }
+    }
+
+    /// The ids of a batch's output and error files.
+    pub fn ids_of(batch_id: &str) -> [String; 2] {
+        [Self::output(batch_id).id(), Self::errors(batch_id).id()]
     }
 
     /// The generated file a file id names, if it names one.

@@ -36,8 +36,8 @@ use gateway_core::wire::anthropic::translate::request_from_messages;
 use gateway_core::wire::anthropic::MessagesRequest;
 use store::accounts::StoreError;
 use store::batches::{
-    Batch, BatchStore, Cursor, Deleted, ItemResult, NewBatch, NewItem, ProcessingStatus,
-    RequestFormat,
+    Batch, BatchStore, CapReached, Cursor, Deleted, ItemResult, KeyCaps, NewBatch, NewItem,
+    ProcessingStatus, RequestFormat,
 };
 use store::ids::random;
 
@@ -100,14 +100,40 @@ pub async fn create(
         details: None,
         items,
     };
-    let created = api
-        .batches
-        .create(batch, api.settings.max_in_progress)
-        .await?
-        .ok_or(BatchError::TooManyInProgress(api.settings.max_in_progress))?;
+    let created = create_within_caps(&api, batch).await?;
     let mut response = Json(object(&created)).into_response();
     response.extensions_mut().insert(admission.snapshot);
     Ok(response)
+}
+
+/// Stores a new batch of either API unless it would pass one of its key's caps: those of its
+/// ApiKey grant where it sets them, else the flags'.
+pub async fn create_within_caps(api: &BatchApi, batch: NewBatch) -> Result<Batch, ApiError> {
+    let granted = api
+        .turns
+        .turns()
+        .catalog
+        .grant(&batch.key_id)
+        .and_then(|g| g.batches)
+        .unwrap_or_default();
+    let caps = KeyCaps {
+        max_in_progress: granted
+            .max_in_progress
+            .unwrap_or(api.settings.max_in_progress),
+        max_queued_items: granted
+            .max_queued_items
+            .unwrap_or(api.settings.max_queued_items),
+    };
+    let queued = batch.queued();
+    match api.batches.create(batch, caps).await? {
+        Ok(created) => Ok(created),
+        Err(CapReached::InProgress) => {
+            Err(BatchError::TooManyInProgress(caps.max_in_progress).into())
+        }
+        Err(CapReached::QueuedItems) => {
+            Err(BatchError::TooManyQueuedItems(queued, caps.max_queued_items).into())
+        }
+    }
 }
 
 /// The batch's requests are 1 to `max` with distinct `custom_id`s of 1 to 64 letters,
@@ -182,13 +208,15 @@ fn rfc3339(at: OffsetDateTime) -> String {
     at.format(&Rfc3339).unwrap_or_default()
 }
 
-/// The account's Message Batch of this id (not one of `/v1/batches`).
+/// The account's Message Batch of this id (not one of `/v1/batches`), unless it is past its
+/// results' retention.
 async fn found(api: &BatchApi, principal: &Principal, id: &str) -> Result<Batch, ApiError> {
+    let now = OffsetDateTime::now_utc();
     Ok(api
         .batches
         .batch(&principal.account.id, id)
         .await?
-        .filter(|b| b.format == RequestFormat::Messages)
+        .filter(|b| b.format == RequestFormat::Messages && !api.settings.forgotten(b, now))
         .ok_or_else(|| BatchError::NotFound(id.to_owned()))?)
 }
 

@@ -7,14 +7,15 @@
 //! stopping process could not finish is left to its lease and runs again elsewhere.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 use super::errored;
-use crate::api::batches::{self, error_result, response_result};
+use crate::api::batches::{self, error_result, response_result, Generated};
 use crate::api::responses::{self, Unfinished};
 use crate::api::{chat, messages};
 use crate::error::ApiError;
@@ -29,10 +30,20 @@ use gateway_core::wire::anthropic::translate::request_from_messages;
 use gateway_core::wire::anthropic::MessagesRequest;
 use gateway_core::wire::openai::translate::request_from_chat;
 use gateway_core::wire::openai::ChatRequest;
+use store::accounts::StoreError;
 use store::batches::{ClaimedItem, ItemState, Outcome, RequestFormat};
 
-/// Claims and runs items until the process drains.
+/// How long an item whose upstream was overloaded waits before it is claimed again.
+const OVERLOADED_BACKOFF: Duration = Duration::from_secs(2);
+/// Batches past their retention forgotten per round of the retention sweep.
+const FORGET_PER_ROUND: u32 = 100;
+/// How often the retention sweep runs, or a quarter of the retention when that is shorter.
+const FORGET_EVERY: Duration = Duration::from_secs(60);
+
+/// Claims and runs items until the process drains, and sweeps the batches past their results'
+/// retention.
 pub async fn run(api: Arc<BatchApi>, shutdown: Shutdown) {
+    tokio::spawn(forget_until(api.clone(), shutdown.draining.clone()));
     let worker = store::ids::instance();
     let slots = Arc::new(Semaphore::new(api.settings.concurrency));
     let mut swept: Option<Instant> = None;
@@ -81,6 +92,40 @@ async fn sweep(api: &BatchApi) {
     }
 }
 
+/// Forgets the batches past their results' retention every [`FORGET_EVERY`] until `stop`.
+/// Every pod runs it; forgetting is idempotent, so they never conflict.
+async fn forget_until(api: Arc<BatchApi>, stop: CancellationToken) {
+    let every = FORGET_EVERY.min(api.settings.results_kept / 4);
+    let mut ticks = tokio::time::interval(every.max(Duration::from_millis(100)));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        match forget_past_retention(&api).await {
+            Ok(0) => {}
+            Ok(forgotten) => tracing::info!(forgotten, "batches past their retention deleted"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not delete the batches past their retention; retrying at the next tick")
+            }
+        }
+    }
+}
+
+/// Deletes a round of ended batches created longer ago than the retention: their output and
+/// error files first, then their items and the batch (a round cut short is done again whole
+/// by the next). Their ledger rows stay: the money record outlives the batch it names.
+async fn forget_past_retention(api: &BatchApi) -> Result<usize, StoreError> {
+    let cutoff = OffsetDateTime::now_utc() - api.settings.results_kept;
+    let ids = api.batches.ended_before(cutoff, FORGET_PER_ROUND).await?;
+    let files: Vec<String> = ids.iter().flat_map(|id| Generated::ids_of(id)).collect();
+    api.files.forget_generated(&files).await?;
+    for id in &ids {
+        api.batches.forget(id).await?;
+    }
+    Ok(ids.len())
+}
+
 async fn claim(api: &BatchApi, worker: &str, free: usize) -> Vec<ClaimedItem> {
     let now = OffsetDateTime::now_utc();
     let limit = u32::try_from(free).unwrap_or(u32::MAX);
@@ -104,9 +149,13 @@ async fn run_item(
     item: ClaimedItem,
     _slot: OwnedSemaphorePermit,
 ) {
-    let Some(outcome) = execute(&api, &item).await else {
-        tracing::info!(batch = %item.batch_id, index = item.index, "batch item interrupted by shutdown; it runs again after its lease");
-        return;
+    let outcome = match execute(&api, &item).await {
+        Ran::Ended(outcome) => outcome,
+        Ran::Interrupted => {
+            tracing::info!(batch = %item.batch_id, index = item.index, "batch item interrupted by shutdown; it runs again after its lease");
+            return;
+        }
+        Ran::Overloaded => return put_back(&api, &worker, &item).await,
     };
     let now = OffsetDateTime::now_utc();
     match api
@@ -128,6 +177,24 @@ async fn run_item(
     }
 }
 
+/// Gives an item whose upstream was overloaded back to the queue, claimed again after
+/// [`OVERLOADED_BACKOFF`] (up to its batch's expiry, when the sweep ends it `expired`).
+async fn put_back(api: &BatchApi, worker: &str, item: &ClaimedItem) {
+    let until = OffsetDateTime::now_utc() + OVERLOADED_BACKOFF;
+    match api
+        .batches
+        .put_back(worker, &item.batch_id, item.index, until)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(batch = %item.batch_id, index = item.index, "batch item's upstream overloaded; it runs again later")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, batch = %item.batch_id, index = item.index, "could not give back a batch item; it runs again after its lease")
+        }
+    }
+}
+
 /// Records an OpenAI batch's output and error files (their size, for `/v1/files`) when the
 /// item just ended was its last; a batch ended otherwise (cancel, expiry) has them recorded
 /// when it is next retrieved.
@@ -142,14 +209,24 @@ async fn record_files_once_ended(api: &BatchApi, item: &ClaimedItem) {
     }
 }
 
-/// The item's outcome; `None` when shutdown cut its turn (nothing was billed for it: the
-/// answer was never delivered), so that it runs again.
-async fn execute(api: &BatchApi, item: &ClaimedItem) -> Option<Outcome> {
+/// What running an item came to.
+enum Ran {
+    Ended(Outcome),
+    /// Shutdown cut its turn (nothing was billed for it: the answer was never delivered); it
+    /// runs again after its lease.
+    Interrupted,
+    /// Its upstream answered overloaded (429, 529) before any output: nothing was billed, and
+    /// it goes back to the queue for [`OVERLOADED_BACKOFF`], not errored.
+    Overloaded,
+}
+
+/// What running the item came to.
+async fn execute(api: &BatchApi, item: &ClaimedItem) -> Ran {
     let turns = api.turns.turns();
     let principal = match principal(api, &turns.catalog, item).await {
         Ok(principal) => principal,
         Err(e) => {
-            return Some(match item.format {
+            return Ran::Ended(match item.format {
                 RequestFormat::Messages => ended_with(&e, None),
                 RequestFormat::ChatCompletions => {
                     openai_ended_with(&e, &ids::chat_completion(), None)
@@ -171,26 +248,27 @@ async fn execute_message(
     turns: &Turns,
     principal: &Principal,
     item: &ClaimedItem,
-) -> Option<Outcome> {
+) -> Ran {
     let request = match serde_json::from_str::<MessagesRequest>(&item.params) {
         Ok(request) => request_from_messages(request),
-        Err(e) => return Some(ended_with(&ApiError::invalid(format!("params: {e}")), None)),
+        Err(e) => return Ran::Ended(ended_with(&ApiError::invalid(format!("params: {e}")), None)),
     };
     let id = ids::message();
     let request = turn_request(&id, Endpoint::Messages, request, false);
     let started = start(api, turns, principal, item, request);
     let message = match started.await {
         Ok(turn) => messages::collect(turn).await,
+        Err(TurnError::Provider(ProviderError::Overloaded)) => return Ran::Overloaded,
         Err(e) => Err(e),
     };
     match message {
-        Ok(message) => Some(Outcome {
+        Ok(message) => Ran::Ended(Outcome {
             state: ItemState::Succeeded,
             result: json!({"type": "succeeded", "message": message}).to_string(),
             message_id: Some(id),
         }),
-        Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
-        Err(e) => Some(ended_with(&ApiError::from(e), Some(id))),
+        Err(TurnError::Provider(ProviderError::ShuttingDown)) => Ran::Interrupted,
+        Err(e) => Ran::Ended(ended_with(&ApiError::from(e), Some(id))),
     }
 }
 
@@ -201,7 +279,7 @@ async fn execute_chat(
     turns: &Turns,
     principal: &Principal,
     item: &ClaimedItem,
-) -> Option<Outcome> {
+) -> Ran {
     let id = ids::chat_completion();
     let request = match serde_json::from_str::<ChatRequest>(&item.params) {
         Ok(chat) => request_from_chat(chat).map_err(ApiError::from),
@@ -209,7 +287,7 @@ async fn execute_chat(
     };
     let (request, open_max_tokens) = match request {
         Ok(request) => request,
-        Err(e) => return Some(openai_ended_with(&e, &id, None)),
+        Err(e) => return Ran::Ended(openai_ended_with(&e, &id, None)),
     };
     let request = turn_request(&id, Endpoint::ChatCompletions, request, open_max_tokens);
     let started = start(api, turns, principal, item, request);
@@ -220,16 +298,17 @@ async fn execute_chat(
                 .await
                 .map(|done| chat::completion(id.clone(), model, done))
         }
+        Err(TurnError::Provider(ProviderError::Overloaded)) => return Ran::Overloaded,
         Err(e) => Err(e),
     };
     match completion {
-        Ok(completion) => Some(Outcome {
+        Ok(completion) => Ran::Ended(Outcome {
             state: ItemState::Succeeded,
             result: response_result(200, &id, &completion),
             message_id: Some(id),
         }),
-        Err(TurnError::Provider(ProviderError::ShuttingDown)) => None,
-        Err(e) => Some(openai_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
+        Err(TurnError::Provider(ProviderError::ShuttingDown)) => Ran::Interrupted,
+        Err(e) => Ran::Ended(openai_ended_with(&ApiError::from(e), &id, Some(id.clone()))),
     }
 }
 
@@ -240,12 +319,12 @@ async fn execute_response(
     turns: &Turns,
     principal: &Principal,
     item: &ClaimedItem,
-) -> Option<Outcome> {
+) -> Ran {
     let raw = match serde_json::from_str::<Value>(&item.params) {
         Ok(raw) => raw,
         Err(e) => {
             let error = ApiError::invalid(format!("body: {e}"));
-            return Some(openai_ended_with(&error, &ids::response(), None));
+            return Ran::Ended(openai_ended_with(&error, &ids::response(), None));
         }
     };
     // The id of its response, once its turn is started (its ledger row's).
@@ -257,13 +336,14 @@ async fn execute_response(
     .await;
     let id = started.clone().unwrap_or_else(ids::response);
     match answered {
-        Ok(response) => Some(Outcome {
+        Ok(response) => Ran::Ended(Outcome {
             state: ItemState::Succeeded,
             result: response_result(200, &response.id, &response),
             message_id: Some(response.id),
         }),
-        Err(Unfinished::Interrupted) => None,
-        Err(Unfinished::Failed(e)) => Some(openai_ended_with(&e, &id, started)),
+        Err(Unfinished::Interrupted) => Ran::Interrupted,
+        Err(Unfinished::Overloaded) => Ran::Overloaded,
+        Err(Unfinished::Failed(e)) => Ran::Ended(openai_ended_with(&e, &id, started)),
     }
 }
 

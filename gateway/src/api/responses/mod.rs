@@ -77,6 +77,7 @@ where
     request.request.stream = false;
     let turn = start(request).await.map_err(|e| match e {
         TurnError::Provider(ProviderError::ShuttingDown) => Unfinished::Interrupted,
+        TurnError::Provider(ProviderError::Overloaded) => Unfinished::Overloaded,
         e => Unfinished::Failed(e.into()),
     })?;
     let (assembler, keep) = answer.begin(&turn);
@@ -87,6 +88,8 @@ where
 pub enum Unfinished {
     /// Shutdown cut its turn before it ended: nothing was billed, it may run again.
     Interrupted,
+    /// Its upstream was overloaded before any output: nothing was billed, it may run again.
+    Overloaded,
     Failed(ApiError),
 }
 
@@ -94,6 +97,7 @@ impl From<Unfinished> for ApiError {
     fn from(unfinished: Unfinished) -> Self {
         match unfinished {
             Unfinished::Interrupted => ProviderError::ShuttingDown.into(),
+            Unfinished::Overloaded => ProviderError::Overloaded.into(),
             Unfinished::Failed(error) => error,
         }
     }
