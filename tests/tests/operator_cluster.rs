@@ -392,16 +392,23 @@ async fn of_two_operators_one_leads_and_the_other_takes_the_lease_when_it_dies()
     );
 }
 
-#[tokio::test]
-async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep() {
-    let Some(api) = cluster().await else { return };
+/// An operator given the ledger's Postgres (so it sweeps and records grants every `sweep`) and a
+/// gateway serving its published config with that Postgres.
+struct WithLedger {
+    pg: PostgresServer,
+    gw: Gateway,
+    _operator: Operator,
+    _redis: RedisServer,
+}
+
+async fn with_ledger(api: &KubeApi, sweep: &str) -> WithLedger {
     let pg = PostgresServer::start().await;
-    let _operator = Operator::start(
-        &api,
+    let operator = Operator::start(
+        api,
         "operator-0",
-        &["--database-url", &pg.url(), "--sweep-interval", "2s"],
+        &["--database-url", &pg.url(), "--sweep-interval", sweep],
     );
-    published_version(&api).await;
+    published_version(api).await;
     let redis = RedisServer::start().await;
     let gw = Gateway::builder()
         .serve(&redis.url())
@@ -411,6 +418,24 @@ async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep()
         .env("KUBECONFIG", api.kubeconfig(Identity::Gateway))
         .start()
         .await;
+    WithLedger {
+        pg,
+        gw,
+        _operator: operator,
+        _redis: redis,
+    }
+}
+
+#[tokio::test]
+async fn a_confirmed_top_up_moves_a_free_key_to_pay_as_you_go_within_one_sweep() {
+    let Some(api) = cluster().await else { return };
+    // Every part bound: one left to `..` would be dropped, and stopped, at once.
+    let WithLedger {
+        pg,
+        gw,
+        _operator,
+        _redis,
+    } = with_ledger(&api, "2s").await;
     let created = pg
         .gateway_cli(&["keys", "create", "--new-account", "sweep"])
         .await
@@ -469,22 +494,13 @@ async fn grant_rows(gw: &Gateway, account_id: &str) -> Vec<serde_json::Value> {
 #[tokio::test]
 async fn each_change_an_api_key_resource_grants_is_one_audit_row_by_the_operator() {
     let Some(api) = cluster().await else { return };
-    let pg = PostgresServer::start().await;
-    let _operator = Operator::start(
-        &api,
-        "operator-0",
-        &["--database-url", &pg.url(), "--sweep-interval", "1s"],
-    );
-    published_version(&api).await;
-    let redis = RedisServer::start().await;
-    let gw = Gateway::builder()
-        .serve(&redis.url())
-        .database(&pg.url())
-        .arg("--config-secret")
-        .arg("gateway/gateway-config")
-        .env("KUBECONFIG", api.kubeconfig(Identity::Gateway))
-        .start()
-        .await;
+    // Every part bound: one left to `..` would be dropped, and stopped, at once.
+    let WithLedger {
+        pg,
+        gw,
+        _operator,
+        _redis,
+    } = with_ledger(&api, "1s").await;
     let created = pg
         .gateway_cli(&["keys", "create", "--new-account", "granted"])
         .await

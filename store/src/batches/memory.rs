@@ -277,11 +277,7 @@ impl BatchStore for MemoryBatchStore {
         now: OffsetDateTime,
     ) -> Result<bool, StoreError> {
         let mut batches = self.lock();
-        let item = batches
-            .get_mut(batch_id)
-            .and_then(|b| b.items.get_mut(index as usize))
-            .filter(|i| i.state == ItemState::Running && i.claimed_by.as_deref() == Some(worker));
-        let Some(item) = item else {
+        let Some(item) = held(&mut batches, worker, batch_id, index) else {
             return Ok(false);
         };
         item.end(outcome.state, outcome.result, now);
@@ -296,11 +292,7 @@ impl BatchStore for MemoryBatchStore {
         until: OffsetDateTime,
     ) -> Result<bool, StoreError> {
         let mut batches = self.lock();
-        let item = batches
-            .get_mut(batch_id)
-            .and_then(|b| b.items.get_mut(index as usize))
-            .filter(|i| i.state == ItemState::Running && i.claimed_by.as_deref() == Some(worker));
-        let Some(item) = item else {
+        let Some(item) = held(&mut batches, worker, batch_id, index) else {
             return Ok(false);
         };
         // Running with no holder and a lease that runs out at `until`: claimable from then.
@@ -386,4 +378,17 @@ impl BatchStore for MemoryBatchStore {
             .take(limit as usize)
             .collect())
     }
+}
+
+/// Item `index` of the batch, if `worker` holds it (running, claimed by it).
+fn held<'a>(
+    batches: &'a mut BTreeMap<String, Stored>,
+    worker: &str,
+    batch_id: &str,
+    index: u32,
+) -> Option<&'a mut Item> {
+    batches
+        .get_mut(batch_id)
+        .and_then(|b| b.items.get_mut(index as usize))
+        .filter(|i| i.state == ItemState::Running && i.claimed_by.as_deref() == Some(worker))
 }
