@@ -5,6 +5,7 @@
 mod address_brake;
 mod audit_log;
 mod auth;
+mod batch_body;
 mod batch_caps;
 mod batch_overloaded;
 mod batch_retention;

@@ -106,7 +106,8 @@ fn v1(state: AppState) -> impl HttpService {
         )
         .route(
             "/messages/batches",
-            admitted(post(message_batches::create)).get(message_batches::list),
+            admitted(post(message_batches::create).layer(Extension(BodyCap::BATCH)))
+                .get(message_batches::list),
         )
         .route(
             "/messages/batches/{id}",

@@ -4,7 +4,9 @@
 
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 use super::body_reader::read_request;
 use crate::error::ApiError;
@@ -16,19 +18,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Js
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        let json = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .map(|v| {
-                let v = v.trim().to_ascii_lowercase();
-                v == "application/json" || v.ends_with("+json")
-            })
-            .unwrap_or(false);
-        if !json {
-            return Err(ApiError::invalid("Content-Type must be application/json"));
-        }
+        require_json(req.headers())?;
         let bytes = read_request(req).await?;
         if bytes.len() <= cpu::INLINE_BYTES {
             return parse(&bytes).map(JsonBody);
@@ -38,7 +28,24 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Js
     }
 }
 
-pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+/// Refuses a body whose `Content-Type` is not JSON.
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let json = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| {
+            let v = v.trim().to_ascii_lowercase();
+            v == "application/json" || v.ends_with("+json")
+        })
+        .unwrap_or(false);
+    if !json {
+        return Err(ApiError::invalid("Content-Type must be application/json"));
+    }
+    Ok(())
+}
+
+pub fn parse<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(invalid)?;
     de.end()

@@ -24,6 +24,9 @@ pub struct BodyCap(pub usize);
 impl BodyCap {
     /// `/v1`: conversations with images.
     pub const API: Self = Self(16 * 1024 * 1024);
+    /// A Message Batch's create: Anthropic's limit. The memory budget bounds what is read at
+    /// once: at the default budget, bodies of about 60 MiB.
+    pub const BATCH: Self = Self(256 * 1024 * 1024);
     /// The dashboard's forms: an email, a password, a key name, a token.
     pub const FORM: Self = Self(8 * 1024);
     /// Payment webhooks: one event.
@@ -131,10 +134,19 @@ pub async fn read_request(req: Request) -> Result<Vec<u8>, BodyError> {
 }
 
 /// [`read_request`] for a body that is kept as bytes, never parsed whole (a file upload,
-/// checked a line at a time): it holds the budget of its bytes, not of their parsed form.
+/// checked a line at a time; a Message Batch, indexed and parsed a request at a time): it
+/// holds the budget of its bytes, not of their parsed form.
 pub async fn read_upload(req: Request) -> Result<Vec<u8>, BodyError> {
     let bounds = Bounds::of(&req);
     bounds.read(req.into_body(), Shape::Bytes).await
+}
+
+/// [`read_upload`] for a body whose handler works out what it costs once it has looked at it
+/// (a Message Batch, indexed): the share of the budget is handed to the handler, which grows
+/// it to that cost and holds it until it has answered.
+pub async fn read_reserved(req: Request) -> Result<(Vec<u8>, Reservation), BodyError> {
+    let bounds = Bounds::of(&req);
+    bounds.read_reserved(req.into_body(), Shape::Bytes).await
 }
 
 /// What a body becomes once read, and so the share of the memory budget it holds.
@@ -182,6 +194,19 @@ impl Bounds {
     }
 
     async fn read(self, body: Body, shape: Shape) -> Result<Vec<u8>, BodyError> {
+        let held = self.held.clone();
+        let (bytes, reservation) = self.read_reserved(body, shape).await?;
+        if let Some(held) = held {
+            held.keep(reservation);
+        }
+        Ok(bytes)
+    }
+
+    async fn read_reserved(
+        self,
+        body: Body,
+        shape: Shape,
+    ) -> Result<(Vec<u8>, Reservation), BodyError> {
         let started = Instant::now();
         let mut stream = body.into_data_stream();
         let refuse = |stream, e: BodyError| async move {
@@ -222,10 +247,7 @@ impl Bounds {
         if shape == Shape::Parsed {
             reservation.grow_to_parsed(&bytes).await?;
         }
-        if let Some(held) = &self.held {
-            held.keep(reservation);
-        }
-        Ok(bytes)
+        Ok((bytes, reservation))
     }
 }
 

@@ -168,6 +168,16 @@ impl Reservation {
         self.cover(body.len(), parsed_cost(body)).await
     }
 
+    /// Extends the share to `cost` bytes (when that is more than it holds), what a body of
+    /// `body_bytes` takes once its handler has worked out its shape (a batch, indexed).
+    pub async fn grow_to_cost(
+        &mut self,
+        body_bytes: usize,
+        cost: usize,
+    ) -> Result<(), BudgetError> {
+        self.cover(body_bytes, cost).await
+    }
+
     /// Holds `cost` bytes of the budget for a body of `body_bytes`, waiting at most [`WAIT`]
     /// for what is not held yet; never gives back what is held.
     async fn cover(&mut self, body_bytes: usize, cost: usize) -> Result<(), BudgetError> {

@@ -4,14 +4,14 @@
 //! streamed back as JSONL once every item has ended.
 
 pub mod error;
+pub mod requests;
 pub mod settings;
 pub mod worker;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -22,53 +22,47 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use self::error::BatchError;
+use self::requests::Index;
 pub use self::settings::BatchSettings;
 use super::list_query;
-use crate::edge::body::{from_value, JsonBody};
+use crate::edge::body::require_json;
+use crate::edge::body_reader::{read_reserved, BodyError};
 use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::state::BatchApi;
 use gateway_core::auth::Principal;
 use gateway_core::cpu;
 use gateway_core::limits::AdmissionRequest;
-use gateway_core::turn::{self, Turns};
-use gateway_core::wire::anthropic::translate::request_from_messages;
-use gateway_core::wire::anthropic::MessagesRequest;
 use store::accounts::StoreError;
 use store::batches::{
-    Batch, BatchStore, CapReached, Cursor, Deleted, ItemResult, KeyCaps, NewBatch, NewItem,
+    Batch, BatchStore, CapReached, Cursor, Deleted, ItemResult, KeyCaps, NewBatch,
     ProcessingStatus, RequestFormat,
 };
 use store::ids::random;
 
-/// The longest `custom_id` (Anthropic's limit).
-const MAX_CUSTOM_ID: usize = 64;
 /// Batches in a page of the list: the default, and the most.
 const DEFAULT_PAGE: u32 = 20;
 const MAX_PAGE: u32 = 1_000;
 /// Results read from the store per chunk of the JSONL stream.
 const RESULTS_PER_CHUNK: u32 = 500;
 
-#[derive(Deserialize)]
-pub struct CreateBatch {
-    requests: Vec<BatchRequest>,
-}
-
-#[derive(Deserialize)]
-struct BatchRequest {
-    custom_id: String,
-    params: Value,
-}
-
 /// `POST /v1/messages/batches`: every request is checked as `/v1/messages` checks it; one
-/// that fails ends `errored` with its envelope at once, the others are queued.
+/// that fails ends `errored` with its envelope at once, the others are queued. The body is read
+/// as bytes under the batch cap ([`crate::edge::body_reader::BodyCap::BATCH`]) and indexed, its
+/// requests parsed one at a time ([`requests`]).
 pub async fn create(
     State(api): State<Arc<BatchApi>>,
     Extension(principal): Extension<Arc<Principal>>,
-    JsonBody(body): JsonBody<CreateBatch>,
+    req: Request,
 ) -> Result<Response, ApiError> {
-    let requests = body.requests;
-    check_custom_ids(&requests, api.settings.max_requests)?;
+    require_json(req.headers())?;
+    let (body, mut reservation) = read_reserved(req).await?;
+    let body = Arc::new(body);
+    let max = api.settings.max_requests;
+    let index = {
+        let body = body.clone();
+        cpu::run(move || Index::of(&body, max)).await??
+    };
     // The create is a request against the key's requests per minute, counted before its
     // items are checked or stored: a key over its minute creates no batch, on whichever pod.
     let admission = api
@@ -80,14 +74,12 @@ pub async fn create(
             AdmissionRequest::counting(&principal.request_count),
         )
         .await?;
+    reservation
+        .grow_to_cost(body.len(), index.cost(&body))
+        .await
+        .map_err(BodyError::from)?;
     let turns = api.turns.turns();
-    let items = cpu::run(move || {
-        requests
-            .into_iter()
-            .map(|r| item_of(&turns, r))
-            .collect::<Vec<_>>()
-    })
-    .await?;
+    let items = cpu::run(move || index.items(&turns, &body)).await?;
     let created_at = OffsetDateTime::now_utc();
     let batch = NewBatch {
         id: format!("msgbatch_{}", random(24)),
@@ -101,6 +93,7 @@ pub async fn create(
         items,
     };
     let created = create_within_caps(&api, batch).await?;
+    drop(reservation);
     let mut response = Json(object(&created)).into_response();
     response.extensions_mut().insert(admission.snapshot);
     Ok(response)
@@ -133,50 +126,6 @@ pub async fn create_within_caps(api: &BatchApi, batch: NewBatch) -> Result<Batch
         Err(CapReached::QueuedItems) => {
             Err(BatchError::TooManyQueuedItems(queued, caps.max_queued_items).into())
         }
-    }
-}
-
-/// The batch's requests are 1 to `max` with distinct `custom_id`s of 1 to 64 letters,
-/// digits, `_` and `-`: otherwise nobody could match the results to them, so the whole batch
-/// is refused.
-fn check_custom_ids(requests: &[BatchRequest], max: usize) -> Result<(), ApiError> {
-    if requests.is_empty() || requests.len() > max {
-        return Err(ApiError::invalid(format!(
-            "requests: a batch holds 1 to {max} requests, not {}",
-            requests.len()
-        )));
-    }
-    let mut seen = HashSet::with_capacity(requests.len());
-    for (i, request) in requests.iter().enumerate() {
-        let id = &request.custom_id;
-        let valid = (1..=MAX_CUSTOM_ID).contains(&id.len())
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !valid {
-            return Err(ApiError::invalid(format!(
-                "requests[{i}].custom_id: 1 to {MAX_CUSTOM_ID} letters, digits, `_` or `-`"
-            )));
-        }
-        if !seen.insert(id.as_str()) {
-            return Err(ApiError::invalid(format!(
-                "requests[{i}].custom_id: `{id}` is used by another request of the batch"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// A request as the batch stores it: queued when `/v1/messages` would take it, else ended
-/// with the `errored` result of the envelope `/v1/messages` would answer.
-fn item_of(turns: &Turns, request: BatchRequest) -> NewItem {
-    let params = request.params.to_string();
-    let checked = from_value::<MessagesRequest>(request.params)
-        .and_then(|r| Ok(turn::check(turns, &request_from_messages(r))?));
-    NewItem {
-        custom_id: request.custom_id,
-        params,
-        refused: checked.err().map(|e| errored(&e)),
     }
 }
 
