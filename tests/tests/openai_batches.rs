@@ -6,6 +6,7 @@
 //! envelope with its status.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use e2e::gateway::workspace_root;
 use e2e::*;
@@ -667,4 +668,106 @@ print(json.dumps({"responses": create("/v1/responses"), "chat": create("/v1/chat
     expect_envelope(&run, "responses", 403, "permission_error");
     assert_eq!(run["chat"]["status"], 200, "{run}");
     assert_eq!(run["chat"]["body"]["status"], "in_progress", "{run}");
+}
+
+/// Uploads with and without `expires_after`, two it refuses, then waits (at most 30 s) for the
+/// default-expiry upload to be gone; prints what it saw.
+const SDK_EXPIRY: &str = r#"
+import sys, json, time, openai
+base, key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+good = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "svc/haiku", "max_tokens": 8,
+                            "messages": [{"role": "user", "content": "hi"}]}}).encode()
+default = client.files.create(file=("default.jsonl", good), purpose="batch")
+hour = client.files.create(file=("hour.jsonl", good), purpose="batch",
+                           expires_after={"anchor": "created_at", "seconds": 3600})
+def refused(call):
+    try:
+        call()
+        return {"status": 200}
+    except openai.APIStatusError as e:
+        return {"status": e.status_code, "body": e.response.json()}
+too_short = refused(lambda: client.files.create(file=("x.jsonl", good), purpose="batch",
+                    expires_after={"anchor": "created_at", "seconds": 60}))
+wrong_anchor = refused(lambda: client.files.create(file=("x.jsonl", good), purpose="batch",
+                       expires_after={"anchor": "last_active_at", "seconds": 3600}))
+listed_before = [f.id for f in client.files.list()]
+deadline = time.time() + 30
+gone = False
+while time.time() < deadline and not gone:
+    try:
+        client.files.retrieve(default.id)
+        time.sleep(0.25)
+    except openai.NotFoundError:
+        gone = True
+content = refused(lambda: client.files.content(default.id))
+batch = refused(lambda: client.batches.create(input_file_id=default.id,
+                endpoint="/v1/chat/completions", completion_window="24h"))
+print(json.dumps({"default": default.model_dump(mode="json"), "hour": hour.model_dump(mode="json"),
+                  "too_short": too_short, "wrong_anchor": wrong_anchor, "gone": gone,
+                  "gone_at": time.time(), "listed_before": listed_before,
+                  "listed_after": [f.id for f in client.files.list()], "content": content,
+                  "batch": batch, "hour_after": client.files.retrieve(hour.id).model_dump(mode="json")}))
+"#;
+
+/// An upload expires as OpenAI's do: `expires_at` is `created_at` plus its `expires_after`
+/// seconds (an hour to 30 days; `created_at` the only anchor), or plus `--files-expiry-days`
+/// (30 days by default; 4.3 s here) without one. Past it the upload is gone to retrieve, list,
+/// content and a batch's create at once, and the sweep deletes it; the other stays.
+async fn an_upload_expires_as_its_expires_after_says(gw: &Gateway) -> Value {
+    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let run = python(gw, SDK_EXPIRY, &[&key.secret]).await;
+    let (default, hour) = (&run["default"], &run["hour"]);
+    let created = |file: &Value| file["created_at"].as_i64().expect("created_at");
+    let expires = |file: &Value| file["expires_at"].as_i64().expect("expires_at");
+    assert_eq!(expires(hour) - created(hour), 3_600, "{hour}");
+    let default_after = expires(default) - created(default);
+    assert!((4..=5).contains(&default_after), "{default}");
+    expect_envelope(&run, "too_short", 400, "invalid_request_error");
+    expect_envelope(&run, "wrong_anchor", 400, "invalid_request_error");
+    let listed_before = run["listed_before"].as_array().expect("a list");
+    assert!(listed_before.contains(&default["id"]), "{run}");
+    assert_eq!(run["gone"], true, "the upload is gone once expired: {run}");
+    assert!(
+        run["gone_at"].as_f64().expect("a time") >= expires(default) as f64,
+        "not gone before its expiry: {run}"
+    );
+    assert_eq!(run["listed_after"], json!([hour["id"]]), "{run}");
+    expect_envelope(&run, "content", 404, "not_found_error");
+    expect_envelope(&run, "batch", 404, "not_found_error");
+    assert_eq!(run["hour_after"], *hour, "the later upload stays");
+    run
+}
+
+fn expiring(b: GatewayBuilder) -> GatewayBuilder {
+    b.arg("--files-expiry-days").arg("0.00005")
+}
+
+#[tokio::test]
+async fn standalone_an_upload_expires_as_its_expires_after_says() {
+    let gw = expiring(Gateway::builder()).start().await;
+    an_upload_expires_as_its_expires_after_says(&gw).await;
+}
+
+/// On Postgres the sweep's deletion is seen too: the expired upload's row is gone.
+#[tokio::test]
+async fn in_postgres_an_upload_expires_as_its_expires_after_says() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| expiring(b.database(&pg.url()))).await;
+    let run = an_upload_expires_as_its_expires_after_says(&cluster.pods[0]).await;
+    let id = run["default"]["id"].as_str().expect("an id");
+    let mut rows = 1;
+    for _ in 0..40 {
+        rows = pg
+            .query_i64(&format!("SELECT count(*) FROM files WHERE id = '{id}'"))
+            .await;
+        if rows == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(rows, 0, "the sweep deleted the expired upload");
+    let kept = pg.query_i64("SELECT count(*) FROM files").await;
+    assert_eq!(kept, 1, "the later upload is kept");
 }

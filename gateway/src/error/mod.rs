@@ -554,7 +554,8 @@ impl From<FileError> for ApiError {
             FileError::Purpose(_)
             | FileError::Multipart(_)
             | FileError::NotJsonl { .. }
-            | FileError::Quota(_) => Self::invalid(e.to_string()),
+            | FileError::Quota(_)
+            | FileError::ExpiresAfter(_) => Self::invalid(e.to_string()),
         }
     }
 }

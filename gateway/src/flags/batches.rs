@@ -40,7 +40,8 @@ pub struct BatchesArgs {
         default_value_t = 500_000
     )]
     pub batch_max_queued_items: u64,
-    /// Requests in one batch (Anthropic's limit). The request body cap of `/v1` applies too.
+    /// Requests in one batch (Anthropic's limit). A Message Batch's body cap (256 MiB) and the
+    /// memory budget apply too.
     #[arg(long, env = "GATEWAY_BATCH_MAX_REQUESTS", default_value_t = 100_000)]
     pub batch_max_requests: usize,
     /// How often an idle worker looks for items, and sweeps expired and cancelled ones.
@@ -50,6 +51,10 @@ pub struct BatchesArgs {
     /// until files are deleted. Standalone keeps them in memory.
     #[arg(long, env = "GATEWAY_FILES_ACCOUNT_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub files_account_max_bytes: u64,
+    /// Days an upload is kept when it sets no `expires_after` (OpenAI's default for purpose
+    /// `batch`: 30), then it is gone and deleted. A fraction of a day is taken.
+    #[arg(long, env = "GATEWAY_FILES_EXPIRY_DAYS", default_value_t = 30.0, value_parser = days)]
+    pub files_expiry_days: f64,
 }
 
 impl From<&BatchesArgs> for BatchSettings {
@@ -65,6 +70,7 @@ impl From<&BatchesArgs> for BatchSettings {
             max_requests: args.batch_max_requests,
             poll: Duration::from_millis(args.batch_poll_ms.max(10)),
             files_account_max_bytes: args.files_account_max_bytes,
+            files_expiry: Duration::from_secs_f64(args.files_expiry_days * 86_400.0),
         }
     }
 }

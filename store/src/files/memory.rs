@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use time::OffsetDateTime;
 
 use super::{FileInfo, FilePage, FileStore, GeneratedFile, NewFile, Order};
 use crate::accounts::StoreError;
@@ -22,9 +23,10 @@ impl Stored {
         }
     }
 
-    /// Its file object, unless it was deleted.
+    /// Its file object, unless it was deleted or has expired.
     fn live(&self) -> Option<FileInfo> {
         match self {
+            Self::Upload(f) if f.expired(OffsetDateTime::now_utc()) => None,
             Self::Upload(f) => Some(f.info()),
             Self::Generated { deleted: true, .. } => None,
             Self::Generated { file, .. } => Some(file.info()),
@@ -51,11 +53,12 @@ impl FileStore for MemoryFileStore {
         max_account_bytes: u64,
     ) -> Result<Option<FileInfo>, StoreError> {
         let info = file.info();
+        let now = OffsetDateTime::now_utc();
         let mut files = self.lock();
         let held: u64 = files
             .values()
             .filter_map(|f| match f {
-                Stored::Upload(f) if f.account_id == file.account_id => {
+                Stored::Upload(f) if f.account_id == file.account_id && !f.expired(now) => {
                     Some(f.content.len() as u64)
                 }
                 _ => None,
@@ -78,7 +81,11 @@ impl FileStore for MemoryFileStore {
 
     async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(match self.lock().get(id) {
-            Some(Stored::Upload(f)) if f.account_id == account_id => Some(f.content.clone()),
+            Some(Stored::Upload(f))
+                if f.account_id == account_id && !f.expired(OffsetDateTime::now_utc()) =>
+            {
+                Some(f.content.clone())
+            }
             _ => None,
         })
     }
@@ -151,5 +158,22 @@ impl FileStore for MemoryFileStore {
             }
         }
         Ok(())
+    }
+
+    async fn forget_expired(&self, now: OffsetDateTime, limit: u32) -> Result<u64, StoreError> {
+        let mut files = self.lock();
+        let mut expired: Vec<(OffsetDateTime, String)> = files
+            .iter()
+            .filter_map(|(id, f)| match f {
+                Stored::Upload(f) if f.expired(now) => Some((f.expires_at?, id.clone())),
+                _ => None,
+            })
+            .collect();
+        expired.sort();
+        expired.truncate(limit as usize);
+        for (_, id) in &expired {
+            files.remove(id);
+        }
+        Ok(expired.len() as u64)
     }
 }

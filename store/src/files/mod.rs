@@ -1,5 +1,6 @@
 //! Files (`/v1/files`): what an account uploaded, such as the JSONL input of an OpenAI batch,
-//! kept whole until it is deleted. A trait so that Postgres (cluster mode, shared by every
+//! kept whole until it is deleted or expires (an expired upload is gone to every read at once,
+//! and deleted by the next sweep, [`FileStore::forget_expired`]). A trait so that Postgres (cluster mode, shared by every
 //! pod) can take the in-process store's place (standalone); the API is the gateway's
 //! `api/files`.
 
@@ -22,6 +23,8 @@ pub struct NewFile {
     pub purpose: String,
     pub content: Vec<u8>,
     pub created_at: OffsetDateTime,
+    /// When it is gone by itself; `None`: kept until deleted.
+    pub expires_at: Option<OffsetDateTime>,
 }
 
 /// A batch's output or error file: only its size is kept here, its content is read from the
@@ -46,6 +49,7 @@ pub struct FileInfo {
     pub purpose: String,
     pub bytes: u64,
     pub created_at: OffsetDateTime,
+    pub expires_at: Option<OffsetDateTime>,
 }
 
 /// A page of an account's files, newest first.
@@ -96,6 +100,9 @@ pub trait FileStore: Send + Sync {
     /// Forgets the generated files of these ids, deleted or not (their batch is past its
     /// retention): they are then neither listed nor marked deleted. Uploads are left alone.
     async fn forget_generated(&self, ids: &[String]) -> Result<(), StoreError>;
+    /// Deletes up to `limit` uploads that expired at or before `now`, oldest expiry first;
+    /// how many. Idempotent: pods sweeping at once never conflict.
+    async fn forget_expired(&self, now: OffsetDateTime, limit: u32) -> Result<u64, StoreError>;
 }
 
 impl GeneratedFile {
@@ -107,6 +114,7 @@ impl GeneratedFile {
             purpose: self.purpose.clone(),
             bytes: self.bytes,
             created_at: self.created_at,
+            expires_at: None,
         }
     }
 }
@@ -120,6 +128,12 @@ impl NewFile {
             purpose: self.purpose.clone(),
             bytes: self.content.len() as u64,
             created_at: self.created_at,
+            expires_at: self.expires_at,
         }
+    }
+
+    /// Whether it has expired at `now`.
+    fn expired(&self, now: OffsetDateTime) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
     }
 }

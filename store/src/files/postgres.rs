@@ -3,12 +3,15 @@
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
+use time::OffsetDateTime;
 
 use super::{FileInfo, FilePage, FileStore, GeneratedFile, NewFile, Order};
 use crate::accounts::StoreError;
 use crate::db::{from_db, Database, DbError};
 
-const INFO_COLUMNS: &str = "id, account_id, filename, purpose, bytes, created_at";
+const INFO_COLUMNS: &str = "id, account_id, filename, purpose, bytes, created_at, expires_at";
+/// An upload that has not expired (a generated file has no expiry of its own).
+const UNEXPIRED: &str = "(expires_at IS NULL OR expires_at > now())";
 
 pub struct PostgresFileStore {
     db: Database,
@@ -28,6 +31,7 @@ fn info_of(row: &PgRow) -> Result<FileInfo, sqlx::Error> {
         purpose: row.try_get("purpose")?,
         bytes: from_db(row.try_get("bytes")?),
         created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
     })
 }
 
@@ -43,10 +47,10 @@ async fn insert_file(
         .persistent(false)
         .execute(&mut *tx)
         .await?;
-    let held: i64 = sqlx::query_scalar(
+    let held: i64 = sqlx::query_scalar(&format!(
         "SELECT coalesce(sum(bytes), 0)::bigint FROM files
-         WHERE account_id = $1 AND batch_id IS NULL",
-    )
+         WHERE account_id = $1 AND batch_id IS NULL AND {UNEXPIRED}"
+    ))
     .bind(&file.account_id)
     .persistent(false)
     .fetch_one(&mut *tx)
@@ -57,8 +61,8 @@ async fn insert_file(
         return Ok(false);
     }
     sqlx::query(
-        "INSERT INTO files (id, account_id, filename, purpose, bytes, content, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO files (id, account_id, filename, purpose, bytes, content, created_at, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(&file.id)
     .bind(&file.account_id)
@@ -67,6 +71,7 @@ async fn insert_file(
     .bind(bytes)
     .bind(&file.content)
     .bind(file.created_at)
+    .bind(file.expires_at)
     .persistent(false)
     .execute(&mut *tx)
     .await?;
@@ -95,7 +100,7 @@ impl FileStore for PostgresFileStore {
             .bounded(
                 sqlx::query(&format!(
                     "SELECT {INFO_COLUMNS} FROM files
-                     WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"
+                     WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL AND {UNEXPIRED}"
                 ))
                 .bind(id)
                 .bind(account_id)
@@ -114,10 +119,10 @@ impl FileStore for PostgresFileStore {
         Ok(self
             .db
             .bounded(
-                sqlx::query_scalar(
+                sqlx::query_scalar(&format!(
                     "SELECT content FROM files
-                     WHERE id = $1 AND account_id = $2 AND batch_id IS NULL",
-                )
+                     WHERE id = $1 AND account_id = $2 AND batch_id IS NULL AND {UNEXPIRED}"
+                ))
                 .bind(id)
                 .bind(account_id)
                 .persistent(false)
@@ -143,7 +148,7 @@ impl FileStore for PostgresFileStore {
             .bounded(
                 sqlx::query(&format!(
                     "SELECT {INFO_COLUMNS} FROM files
-                     WHERE account_id = $1 AND deleted_at IS NULL
+                     WHERE account_id = $1 AND deleted_at IS NULL AND {UNEXPIRED}
                        AND ($2::text IS NULL OR purpose = $2)
                        AND ($3::text IS NULL OR (created_at, id) {past}
                             (SELECT created_at, id FROM files WHERE id = $3 AND account_id = $1))
@@ -244,8 +249,7 @@ impl FileStore for PostgresFileStore {
                 row
             }
         };
-        let deleted: Option<time::OffsetDateTime> =
-            row.try_get("deleted_at").map_err(DbError::Sql)?;
+        let deleted: Option<OffsetDateTime> = row.try_get("deleted_at").map_err(DbError::Sql)?;
         if deleted.is_some() {
             return Ok(None);
         }
@@ -262,5 +266,24 @@ impl FileStore for PostgresFileStore {
             )
             .await?;
         Ok(())
+    }
+
+    async fn forget_expired(&self, now: OffsetDateTime, limit: u32) -> Result<u64, StoreError> {
+        let done = self
+            .db
+            .bounded(
+                sqlx::query(
+                    "DELETE FROM files WHERE id IN (
+                         SELECT id FROM files
+                         WHERE expires_at <= $1 AND batch_id IS NULL
+                         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                )
+                .bind(now)
+                .bind(i64::from(limit))
+                .persistent(false)
+                .execute(self.db.pool()),
+            )
+            .await?;
+        Ok(done.rows_affected())
     }
 }

@@ -41,6 +41,7 @@ fn new_file(account_id: &str, purpose: &str, content: &[u8], at: OffsetDateTime)
         purpose: purpose.to_owned(),
         content: content.to_vec(),
         created_at: at,
+        expires_at: None,
     }
 }
 
@@ -336,6 +337,66 @@ async fn forgotten_generated_files_are_gone_and_uploads_stay(s: Store) {
         .is_some());
 }
 
+/// An upload past its expiry is gone to every read at once (and no longer counts in the
+/// quota), and the sweep deletes it, oldest expiry first, `limit` at a time, once; an upload
+/// expiring later and one without expiry stay.
+async fn an_expired_upload_is_gone_at_once_and_deleted_by_the_sweep(s: Store) {
+    let account = unique("acct");
+    let at = now() - Duration::hours(2);
+    let expiring = |minutes: i64, content: &[u8]| NewFile {
+        expires_at: Some(now() + Duration::minutes(minutes)),
+        ..new_file(&account, "batch", content, at)
+    };
+    let big = vec![b' '; (QUOTA - 20) as usize];
+    let expired = [expiring(-2, &big), expiring(-1, b"{}")];
+    let later = expiring(60, b"{}");
+    let forever = new_file(&account, "batch", b"{}", at);
+    for file in [&expired[0], &later, &forever] {
+        s.files
+            .create(file.clone(), QUOTA)
+            .await
+            .expect("store")
+            .expect("under the quota");
+    }
+    // The expired upload's bytes are not counted: this one fits beside the other two.
+    s.files
+        .create(expired[1].clone(), QUOTA)
+        .await
+        .expect("store")
+        .expect("under the quota once the expired bytes are not counted");
+    for file in &expired {
+        assert_eq!(s.files.file(&account, &file.id).await.expect("store"), None);
+        assert_eq!(
+            s.files.content(&account, &file.id).await.expect("store"),
+            None
+        );
+    }
+    let page = s
+        .files
+        .list(&account, None, None, 10, Order::NewestFirst)
+        .await
+        .expect("store");
+    let mut listed: Vec<String> = page.files.into_iter().map(|f| f.id).collect();
+    listed.sort();
+    let mut expected = vec![later.id.clone(), forever.id.clone()];
+    expected.sort();
+    assert_eq!(listed, expected, "only the unexpired uploads are listed");
+    let swept = [
+        s.files.forget_expired(now(), 1).await.expect("store"),
+        s.files.forget_expired(now(), 1).await.expect("store"),
+        s.files.forget_expired(now(), 1).await.expect("store"),
+    ];
+    assert_eq!(swept, [1, 1, 0], "one expired upload a round, each once");
+    let read = s.files.file(&account, &later.id).await.expect("store");
+    assert_eq!(read.and_then(|f| f.expires_at), later.expires_at);
+    assert!(s
+        .files
+        .content(&account, &forever.id)
+        .await
+        .expect("store")
+        .is_some());
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -345,5 +406,6 @@ e2e::contract! {
         a_deleted_file_is_gone,
         an_account_keeps_at_most_its_quota_of_bytes,
         forgotten_generated_files_are_gone_and_uploads_stay,
+        an_expired_upload_is_gone_at_once_and_deleted_by_the_sweep,
     }
 }

@@ -19,4 +19,6 @@ pub enum FileError {
         "file: this account's files may hold {0} bytes in all; delete some before uploading more"
     )]
     Quota(u64),
+    #[error("expires_after: {0}")]
+    ExpiresAfter(String),
 }

@@ -32,6 +32,8 @@ use store::ids::random;
 
 /// The only purpose accepted: the input of a batch.
 const BATCH: &str = "batch";
+/// What an upload's `expires_after[seconds]` may be (OpenAI's bounds: an hour to 30 days).
+const EXPIRES_AFTER_SECS: std::ops::RangeInclusive<i64> = 3_600..=2_592_000;
 /// Files in a page of the list: the default (OpenAI's), and the most.
 const MAX_PAGE: u32 = 10_000;
 
@@ -63,14 +65,23 @@ pub async fn upload(
     let (filename, content) = form
         .file
         .ok_or_else(|| ApiError::invalid("file: field required"))?;
+    let expires_after = match form.expires_after.seconds {
+        Some(seconds) => expires_after(form.expires_after.anchor.as_deref(), &seconds)?,
+        None if form.expires_after.anchor.is_some() => {
+            return Err(FileError::ExpiresAfter("seconds: field required".to_owned()).into())
+        }
+        None => api.settings.files_expiry,
+    };
     let content = cpu::run(move || check_jsonl(&content).map(|()| content)).await??;
+    let created_at = OffsetDateTime::now_utc();
     let file = NewFile {
         id: format!("file-{}", random(24)),
         account_id: principal.account.id.clone(),
         filename,
         purpose,
         content: Vec::from(content),
-        created_at: OffsetDateTime::now_utc(),
+        created_at,
+        expires_at: Some(created_at + expires_after),
     };
     let max = api.settings.files_account_max_bytes;
     let created = api
@@ -85,6 +96,34 @@ struct Form {
     purpose: Option<String>,
     /// Its file name and content.
     file: Option<(String, Bytes)>,
+    expires_after: ExpiresAfter,
+}
+
+/// The form's `expires_after[anchor]` and `expires_after[seconds]`, as the SDKs send them.
+#[derive(Default)]
+struct ExpiresAfter {
+    anchor: Option<String>,
+    seconds: Option<String>,
+}
+
+/// How long after its creation an upload expires: `anchor` must be `created_at` (the only one
+/// OpenAI has), `seconds` an hour to 30 days.
+fn expires_after(anchor: Option<&str>, seconds: &str) -> Result<std::time::Duration, FileError> {
+    if anchor != Some("created_at") {
+        return Err(FileError::ExpiresAfter(
+            "anchor: must be `created_at`".to_owned(),
+        ));
+    }
+    match seconds.trim().parse::<i64>() {
+        Ok(s) if EXPIRES_AFTER_SECS.contains(&s) => {
+            Ok(std::time::Duration::from_secs(s.unsigned_abs()))
+        }
+        _ => Err(FileError::ExpiresAfter(format!(
+            "seconds: an integer from {} to {}, not `{seconds}`",
+            EXPIRES_AFTER_SECS.start(),
+            EXPIRES_AFTER_SECS.end()
+        ))),
+    }
 }
 
 async fn read_form(body: Bytes, boundary: String) -> Result<Form, FileError> {
@@ -93,11 +132,18 @@ async fn read_form(body: Bytes, boundary: String) -> Result<Form, FileError> {
     let mut form = Form {
         purpose: None,
         file: None,
+        expires_after: ExpiresAfter::default(),
     };
     let bad = |e: multer::Error| FileError::Multipart(e.to_string());
     while let Some(field) = multipart.next_field().await.map_err(bad)? {
         match field.name() {
             Some("purpose") => form.purpose = Some(field.text().await.map_err(bad)?),
+            Some("expires_after[anchor]") => {
+                form.expires_after.anchor = Some(field.text().await.map_err(bad)?);
+            }
+            Some("expires_after[seconds]") => {
+                form.expires_after.seconds = Some(field.text().await.map_err(bad)?);
+            }
             Some("file") => {
                 let name = field.file_name().unwrap_or("file.jsonl").to_owned();
                 form.file = Some((name, field.bytes().await.map_err(bad)?));
@@ -148,7 +194,7 @@ pub fn object(file: &FileInfo) -> Value {
         "purpose": file.purpose,
         "status": "processed",
         "status_details": null,
-        "expires_at": null,
+        "expires_at": file.expires_at.map(OffsetDateTime::unix_timestamp),
     })
 }
 

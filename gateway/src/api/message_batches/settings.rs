@@ -27,6 +27,8 @@ pub struct BatchSettings {
     pub poll: Duration,
     /// Bytes of uploads one account may keep.
     pub files_account_max_bytes: u64,
+    /// How long an upload that sets no `expires_after` is kept.
+    pub files_expiry: Duration,
 }
 
 impl BatchSettings {

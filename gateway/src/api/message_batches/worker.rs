@@ -92,10 +92,13 @@ async fn sweep(api: &BatchApi) {
     }
 }
 
-/// Forgets the batches past their results' retention every [`FORGET_EVERY`] until `stop`.
+/// Forgets the batches past their results' retention, and the expired uploads, every
+/// [`FORGET_EVERY`] until `stop`.
 /// Every pod runs it; forgetting is idempotent, so they never conflict.
 async fn forget_until(api: Arc<BatchApi>, stop: CancellationToken) {
-    let every = FORGET_EVERY.min(api.settings.results_kept / 4);
+    let every = FORGET_EVERY
+        .min(api.settings.results_kept / 4)
+        .min(api.settings.files_expiry / 4);
     let mut ticks = tokio::time::interval(every.max(Duration::from_millis(100)));
     loop {
         tokio::select! {
@@ -107,6 +110,14 @@ async fn forget_until(api: Arc<BatchApi>, stop: CancellationToken) {
             Ok(forgotten) => tracing::info!(forgotten, "batches past their retention deleted"),
             Err(e) => {
                 tracing::warn!(error = %e, "could not delete the batches past their retention; retrying at the next tick")
+            }
+        }
+        let now = OffsetDateTime::now_utc();
+        match api.files.forget_expired(now, FORGET_PER_ROUND).await {
+            Ok(0) => {}
+            Ok(forgotten) => tracing::info!(forgotten, "expired uploads deleted"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not delete the expired uploads; retrying at the next tick")
             }
         }
     }
