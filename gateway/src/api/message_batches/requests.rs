@@ -3,7 +3,7 @@
 //! parsed, checked and stored one request at a time ([`Index::items`]). Parsed whole, a body of
 //! 100,000 one-message requests took about ten times its bytes (a map per JSON object) and the
 //! memory budget refused it; indexed, the create holds the body, the index and the stored
-//! params ([`cost`]), and one request's parsed form at a time.
+//! params ([`Index::cost`]), and one request's parsed form at a time.
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -26,7 +26,7 @@ const MAX_CUSTOM_ID: usize = 64;
 /// What each request of a batch holds beside the body's bytes until the batch is stored: its
 /// index entry (a `custom_id` and a range), its item (three strings and their allocations)
 /// and its place in the set of `custom_id`s seen. Measured with 100,000 one-message requests:
-/// see docs/benchmarks.md, "A batch of 100,000 requests".
+/// docs/benchmarks.md, "A Message Batch create of 100,000 requests".
 pub const BYTES_PER_REQUEST: usize = 256;
 
 #[derive(Deserialize)]
@@ -65,7 +65,7 @@ impl Index {
             .map(|r| {
                 let params = r.params.get().as_bytes();
                 // The raw value borrows from `body`: its place there is its address's offset.
-                let at = params.as_ptr() as usize - start;
+                let at = (params.as_ptr() as usize).saturating_sub(start);
                 let range = at..at + params.len();
                 let cost = parsed_cost(params);
                 if cost > costliest.0 {
