@@ -232,7 +232,7 @@ async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_proce
         .expect("reserve");
 
     let released = ledger
-        .reap(Duration::from_secs(30), Duration::from_secs(3_600))
+        .reap(Duration::from_secs(30), Duration::from_secs(3_600), None)
         .await
         .expect("reap");
 
@@ -243,6 +243,87 @@ async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_proce
     assert_eq!(lost.map(|m| m.status), Some(MessageStatus::Abandoned));
     let live = ledger.message("msg_reaper_live").await.expect("row");
     assert_eq!(live.map(|m| m.status), Some(MessageStatus::Reserved));
+}
+
+/// A reap since a time reads only the reservations created since then (the recent days'
+/// partitions); the reap of every day releases the older ones.
+#[tokio::test]
+async fn a_reap_since_a_time_leaves_older_reservations_to_the_reap_of_every_day() {
+    let pg = PostgresServer::start().await;
+    let (db, account_id) = database_with_an_account(&pg).await;
+    let ledger = PostgresLedger::new(db);
+    ledger.heartbeat().await.expect("heartbeat");
+    let reserve = |id: &str, age: time::Duration| reservation(&account_id, id, age);
+    // Both past the longest turn (an hour): any reap that reads them releases them.
+    for (id, age) in [
+        ("msg_reaper_days_old", time::Duration::days(3)),
+        ("msg_reaper_hours_old", time::Duration::hours(2)),
+    ] {
+        ledger.reserve(reserve(id, age)).await.expect("reserve");
+    }
+    let (stale, max_turn) = (Duration::from_secs(30), Duration::from_secs(3_600));
+    let since = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+
+    let recent = ledger
+        .reap(stale, max_turn, Some(since))
+        .await
+        .expect("reap");
+    let status = |id: &'static str| {
+        let ledger = &ledger;
+        async move { ledger.message(id).await.expect("row").map(|m| m.status) }
+    };
+    assert_eq!(recent, 1, "only the reservation of the last day is read");
+    assert_eq!(
+        status("msg_reaper_hours_old").await,
+        Some(MessageStatus::Abandoned)
+    );
+    assert_eq!(
+        status("msg_reaper_days_old").await,
+        Some(MessageStatus::Reserved)
+    );
+
+    let every_day = ledger.reap(stale, max_turn, None).await.expect("reap");
+    assert_eq!(every_day, 1);
+    assert_eq!(
+        status("msg_reaper_days_old").await,
+        Some(MessageStatus::Abandoned)
+    );
+    let balance = ledger.balance(&account_id).await.expect("balance");
+    assert_eq!((balance.balance, balance.reserved), (CREDITS, 0));
+}
+
+/// A pod's first reap reads every day: an orphan older than the recent days' window (left by a
+/// process that died while every pod was down) is released soon after a pod starts.
+#[tokio::test]
+async fn a_pods_first_reap_releases_an_orphan_older_than_the_recent_days() {
+    let pg = PostgresServer::start().await;
+    let (db, account_id) = database_with_an_account(&pg).await;
+    let dead = PostgresLedger::new(db);
+    dead.heartbeat().await.expect("heartbeat");
+    let orphan = reservation(&account_id, "msg_reaper_week_old", time::Duration::days(7));
+    dead.reserve(orphan).await.expect("reserve");
+    drop(dead);
+
+    let cluster = Cluster::start(1, |b| {
+        b.database(&pg.url()).arg("--reaper-stale-secs").arg("1")
+    })
+    .await;
+    let pod = &cluster.pods[0];
+    let account = poll_until(
+        "the first reap to release the week-old orphan",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let account = pod.admin_account(&account_id).await;
+            (account["reserved"].as_u64() == Some(0)).then_some(account)
+        },
+    )
+    .await;
+    assert_eq!(account["balance"].as_u64(), Some(CREDITS), "{account}");
+    let status = pg
+        .query("SELECT status FROM messages WHERE id = 'msg_reaper_week_old'")
+        .await;
+    assert_eq!(status.trim(), "abandoned");
 }
 
 #[tokio::test]
@@ -271,7 +352,7 @@ async fn a_pod_taken_for_dead_is_told_its_later_turns_cost_nothing_and_writes_th
     pg.query("UPDATE gateway_instances SET heartbeat_at = now() - interval '1 hour'")
         .await;
     let reaped = PostgresLedger::new(db)
-        .reap(Duration::from_secs(30), Duration::from_secs(3_600))
+        .reap(Duration::from_secs(30), Duration::from_secs(3_600), None)
         .await
         .expect("reap");
     assert_eq!(reaped, 1);
@@ -419,14 +500,14 @@ async fn a_draining_pod_is_not_taken_for_dead_within_its_announced_time_even_whe
     let stale = Duration::from_secs(30);
     let max_turn = Duration::from_secs(3_600);
 
-    assert_eq!(reaper.reap(stale, max_turn).await.expect("reap"), 0);
+    assert_eq!(reaper.reap(stale, max_turn, None).await.expect("reap"), 0);
     let status = "SELECT status FROM messages WHERE id = 'msg_draining'";
     assert_eq!(pg.query(status).await, "reserved");
 
     // Past the time it announced, it is dead.
     pg.query("UPDATE gateway_instances SET draining_until = now() - interval '1 second'")
         .await;
-    assert_eq!(reaper.reap(stale, max_turn).await.expect("reap"), 1);
+    assert_eq!(reaper.reap(stale, max_turn, None).await.expect("reap"), 1);
     assert_eq!(pg.query(status).await, "abandoned");
 }
 
