@@ -117,10 +117,30 @@ impl Nginx {
     /// Balances over `upstreams` from now on, as an ingress controller follows a Service's
     /// endpoints: the config rewritten and reloaded (SIGHUP); requests in flight finish where
     /// they are.
-    pub fn follow(&self, upstreams: &[String]) {
+    /// Waits (at most 5 s) until the master runs a worker it did not run before: that worker
+    /// has the new config, and the old ones stop taking connections.
+    pub async fn follow(&self, upstreams: &[String]) {
         let conf = config(self.port, upstreams, &self.dir);
         std::fs::write(self.dir.join("nginx.conf"), conf).expect("write nginx.conf");
+        let before = self.workers();
         self.process.signal(libc::SIGHUP);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if self.workers().iter().any(|w| !before.contains(w)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("nginx did not reload within 5 s:\n{}", self.logs());
+    }
+
+    /// The master's worker processes.
+    fn workers(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.dir.join("nginx.pid"))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<i32>().ok())
+            .map(children_of)
+            .unwrap_or_default()
     }
 
     /// `http://127.0.0.1:PORT{path}`, through nginx.
@@ -158,10 +178,7 @@ impl Drop for Nginx {
     fn drop(&mut self) {
         // A killed master leaves its worker running: the worker goes too (after the master,
         // which would start another).
-        let master = std::fs::read_to_string(self.dir.join("nginx.pid"))
-            .ok()
-            .and_then(|pid| pid.trim().parse::<i32>().ok());
-        let workers = master.map(children_of).unwrap_or_default();
+        let workers = self.workers();
         self.process.abandon(libc::SIGKILL);
         for worker in workers {
             // SAFETY: kill(2) of a worker of the nginx this harness started.
