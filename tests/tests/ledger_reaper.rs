@@ -214,12 +214,24 @@ async fn database_with_an_account(pg: &PostgresServer) -> (Database, String) {
     (db, account.id)
 }
 
+/// [`database_with_an_account`]'s ledger, its process' heartbeat beaten: (the ledger, the
+/// account).
+async fn a_beating_ledger(pg: &PostgresServer) -> (PostgresLedger, String) {
+    let (db, account_id) = database_with_an_account(pg).await;
+    let ledger = PostgresLedger::new(db);
+    ledger.heartbeat().await.expect("heartbeat");
+    (ledger, account_id)
+}
+
+/// The status of the message `id` has in the ledger, if it has a row.
+async fn status_of(ledger: &PostgresLedger, id: &str) -> Option<MessageStatus> {
+    ledger.message(id).await.expect("row").map(|m| m.status)
+}
+
 #[tokio::test]
 async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_process_lives() {
     let pg = PostgresServer::start().await;
-    let (db, account_id) = database_with_an_account(&pg).await;
-    let ledger = PostgresLedger::new(db);
-    ledger.heartbeat().await.expect("heartbeat");
+    let (ledger, account_id) = a_beating_ledger(&pg).await;
     let reserve = |id: &str, age: time::Duration| reservation(&account_id, id, age);
     // Its settle was lost two hours ago; the other turn is a live one of a minute.
     ledger
@@ -239,10 +251,14 @@ async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_proce
     assert_eq!(released, 1);
     let balance = ledger.balance(&account_id).await.expect("balance");
     assert_eq!((balance.balance, balance.reserved), (CREDITS, 1_000));
-    let lost = ledger.message("msg_reaper_lost").await.expect("row");
-    assert_eq!(lost.map(|m| m.status), Some(MessageStatus::Abandoned));
-    let live = ledger.message("msg_reaper_live").await.expect("row");
-    assert_eq!(live.map(|m| m.status), Some(MessageStatus::Reserved));
+    assert_eq!(
+        status_of(&ledger, "msg_reaper_lost").await,
+        Some(MessageStatus::Abandoned)
+    );
+    assert_eq!(
+        status_of(&ledger, "msg_reaper_live").await,
+        Some(MessageStatus::Reserved)
+    );
 }
 
 /// A reap since a time reads only the reservations created since then (the recent days'
@@ -250,9 +266,7 @@ async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_proce
 #[tokio::test]
 async fn a_reap_since_a_time_leaves_older_reservations_to_the_reap_of_every_day() {
     let pg = PostgresServer::start().await;
-    let (db, account_id) = database_with_an_account(&pg).await;
-    let ledger = PostgresLedger::new(db);
-    ledger.heartbeat().await.expect("heartbeat");
+    let (ledger, account_id) = a_beating_ledger(&pg).await;
     let reserve = |id: &str, age: time::Duration| reservation(&account_id, id, age);
     // Both past the longest turn (an hour): any reap that reads them releases them.
     for (id, age) in [
@@ -268,24 +282,20 @@ async fn a_reap_since_a_time_leaves_older_reservations_to_the_reap_of_every_day(
         .reap(stale, max_turn, Some(since))
         .await
         .expect("reap");
-    let status = |id: &'static str| {
-        let ledger = &ledger;
-        async move { ledger.message(id).await.expect("row").map(|m| m.status) }
-    };
     assert_eq!(recent, 1, "only the reservation of the last day is read");
     assert_eq!(
-        status("msg_reaper_hours_old").await,
+        status_of(&ledger, "msg_reaper_hours_old").await,
         Some(MessageStatus::Abandoned)
     );
     assert_eq!(
-        status("msg_reaper_days_old").await,
+        status_of(&ledger, "msg_reaper_days_old").await,
         Some(MessageStatus::Reserved)
     );
 
     let every_day = ledger.reap(stale, max_turn, None).await.expect("reap");
     assert_eq!(every_day, 1);
     assert_eq!(
-        status("msg_reaper_days_old").await,
+        status_of(&ledger, "msg_reaper_days_old").await,
         Some(MessageStatus::Abandoned)
     );
     let balance = ledger.balance(&account_id).await.expect("balance");
@@ -297,9 +307,7 @@ async fn a_reap_since_a_time_leaves_older_reservations_to_the_reap_of_every_day(
 #[tokio::test]
 async fn a_pods_first_reap_releases_an_orphan_older_than_the_recent_days() {
     let pg = PostgresServer::start().await;
-    let (db, account_id) = database_with_an_account(&pg).await;
-    let dead = PostgresLedger::new(db);
-    dead.heartbeat().await.expect("heartbeat");
+    let (dead, account_id) = a_beating_ledger(&pg).await;
     let orphan = reservation(&account_id, "msg_reaper_week_old", time::Duration::days(7));
     dead.reserve(orphan).await.expect("reserve");
     drop(dead);

@@ -72,12 +72,6 @@ client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
 good = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
                    "body": {"model": "svc/haiku", "max_tokens": 8,
                             "messages": [{"role": "user", "content": "hi"}]}})
-def refused(call):
-    try:
-        call()
-        return {"status": 200}
-    except openai.APIStatusError as e:
-        return {"status": e.status_code, "body": e.response.json()}
 uploaded = client.files.create(file=("in.jsonl", good.encode()), purpose="batch")
 # A well-formed JSONL whose lines are not batch requests: the batch is created, failed.
 malformed = client.files.create(file=("in.jsonl", (good + "\n" + good + "\n" +
@@ -115,6 +109,20 @@ print(json.dumps({
 }))
 "#;
 
+/// What every script of [`python`] may call: a call's refusal as `{status, body}`, or
+/// `{status: 200}` when it was not refused.
+const REFUSED: &str = r#"
+def refused(call):
+    import openai
+    try:
+        call()
+        return {"status": 200}
+    except openai.APIStatusError as e:
+        return {"status": e.status_code, "body": e.response.json()}
+"#;
+
+/// Runs `script` (after [`REFUSED`]) with the official `openai` SDK against `gw`: the gateway's
+/// URL, then `args`, as its arguments; what it printed, as JSON.
 async fn python(gw: &Gateway, script: &str, args: &[&str]) -> Value {
     let python = workspace_root().join(".cache/venv/bin/python");
     assert!(
@@ -124,7 +132,7 @@ async fn python(gw: &Gateway, script: &str, args: &[&str]) -> Value {
     );
     let out = tokio::process::Command::new(python)
         .arg("-c")
-        .arg(script)
+        .arg(format!("{REFUSED}{script}"))
         .arg(gw.url(""))
         .args(args)
         .env("NO_PROXY", "127.0.0.1")
@@ -682,12 +690,6 @@ good = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completi
 default = client.files.create(file=("default.jsonl", good), purpose="batch")
 hour = client.files.create(file=("hour.jsonl", good), purpose="batch",
                            expires_after={"anchor": "created_at", "seconds": 3600})
-def refused(call):
-    try:
-        call()
-        return {"status": 200}
-    except openai.APIStatusError as e:
-        return {"status": e.status_code, "body": e.response.json()}
 too_short = refused(lambda: client.files.create(file=("x.jsonl", good), purpose="batch",
                     expires_after={"anchor": "created_at", "seconds": 60}))
 wrong_anchor = refused(lambda: client.files.create(file=("x.jsonl", good), purpose="batch",
