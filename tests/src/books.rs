@@ -99,7 +99,7 @@ pub async fn assert_rollups_match_rows(pg: &PostgresServer, id: &str) -> i64 {
                      sum(billed) AS credits,
                      count(*) FILTER (WHERE served AND batch_id IS NOT NULL) AS batch_turns,
                      coalesce(sum(billed) FILTER (WHERE batch_id IS NOT NULL), 0) AS batch_credits
-                 FROM (SELECT *, status NOT IN ('failed', 'abandoned') AS served FROM messages
+                 FROM (SELECT *, status NOT IN ('failed', 'abandoned') AS served FROM message_rows
                        WHERE account_id = '{id}' AND status <> 'reserved') m
                  GROUP BY 1, 2, 3, 4
              ), rolled AS (

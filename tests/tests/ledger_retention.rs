@@ -100,8 +100,9 @@ async fn migration_0020_moves_a_ledger_of_before_into_day_partitions_keeping_eve
     before.run(&pool).await.expect("the migrations of before");
     pool.close().await;
 
-    // Turns through the ledger's statements, under ids of before (random), over three days;
-    // one started a second before midnight is still running when the migration comes.
+    // Turns as the code of before wrote them (the statements of today write the layout of
+    // today), under ids of before (random), over three days; one started a second before
+    // midnight is still running when the migration comes.
     let db = Database::connect(&pg.url(), 4, Duration::from_secs(60)).expect("url");
     let (ledger, account) = ledger_on(&db).await;
     let midnight = OffsetDateTime::now_utc().replace_time(Time::MIDNIGHT);
@@ -109,17 +110,16 @@ async fn migration_0020_moves_a_ledger_of_before_into_day_partitions_keeping_eve
     for (back, cost) in [(2, 100), (1, 200), (0, 300)] {
         let id = old_id();
         let at = midnight - time::Duration::days(back) + time::Duration::hours(1);
-        reserve(&ledger, &account, &id, at).await;
-        assert_eq!(settle(&ledger, &id, cost).await, cost);
+        pg.query(&row_of_before(&account, &id, at, cost)).await;
         settled.push(id);
     }
     let across = old_id();
-    reserve(
-        &ledger,
+    pg.query(&row_of_before(
         &account,
         &across,
         midnight - time::Duration::seconds(1),
-    )
+        0,
+    ))
     .await;
     // And rows as an old ledger holds them, 60 days of them.
     pg.query(&format!(
@@ -201,6 +201,29 @@ async fn migration_0020_moves_a_ledger_of_before_into_day_partitions_keeping_eve
     );
     let reserved = format!("SELECT reserved FROM accounts WHERE id = '{account}'");
     assert_eq!(pg.query_i64(&reserved).await, 0);
+}
+
+/// A turn of `account` started `at` as the gateway wrote it before 0020 (and 0025: the route
+/// and upstream by name), reserving 1,000 credits: completed for `cost` and debited, or, for
+/// 0, still reserved.
+fn row_of_before(account: &str, id: &str, at: OffsetDateTime, cost: u64) -> String {
+    let (status, settled_at) = match cost {
+        0 => ("reserved", "NULL"),
+        _ => ("completed", "now()"),
+    };
+    let micros = at.unix_timestamp_nanos() / 1_000;
+    format!(
+        "INSERT INTO messages (id, account_id, key_id, model, served_model, provider, upstream,
+             upstream_model, endpoint, stream, status, reserved, billed, instance_id,
+             created_at, settled_at)
+         VALUES ('{id}', '{account}', 'key_retention', 'svc/haiku', 'svc/haiku', 'simulated',
+             'simulated', 'simulated-haiku', 'messages', false, '{status}', 1000, {cost},
+             'inst_before', 'epoch'::timestamptz + {micros} * interval '1 microsecond',
+             {settled_at});
+         UPDATE accounts SET balance = balance - {cost},
+             reserved = reserved + CASE WHEN {cost} = 0 THEN 1000 ELSE 0 END
+         WHERE id = '{account}'"
+    )
 }
 
 /// An id as the gateway minted them before 0020: random.

@@ -37,6 +37,7 @@ mod ledger_concurrency;
 mod ledger_export;
 mod ledger_faults;
 mod ledger_hang_ups;
+mod ledger_name_keys;
 mod ledger_outage;
 mod ledger_promotion;
 mod ledger_reaper;

@@ -191,9 +191,18 @@ async fn the_migrations_backfill_of_a_filled_ledger_equals_its_rows() {
     assert!(answered >= JSON_TURNS / 2, "only {answered} turns answered");
     drop(cluster);
 
-    // The ledger as today's code left it before migration 0017: rows, no rollups.
-    pg.query("DROP TABLE usage_rollups; DELETE FROM _sqlx_migrations WHERE version = 17")
-        .await;
+    // The ledger as the code of before migration 0017 left it: rows naming their routes and
+    // upstreams (0025 keys them), no rollups.
+    pg.query(
+        "UPDATE messages m SET model = r.model, served_model = r.served_model,
+             endpoint = r.endpoint, route_id = NULL,
+             provider = u.provider, upstream = u.upstream, upstream_model = u.upstream_model,
+             upstream_id = NULL
+         FROM message_routes r, message_upstreams u
+         WHERE r.id = m.route_id AND u.id = m.upstream_id;
+         DROP TABLE usage_rollups; DELETE FROM _sqlx_migrations WHERE version = 17",
+    )
+    .await;
     pg.gateway_cli(&["migrate"]).await.expect("gateway migrate");
 
     let rolled = assert_rollups_match_rows(&pg, &account).await;

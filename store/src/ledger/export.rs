@@ -106,7 +106,7 @@ impl DayRows {
             STATEMENT_TIMEOUT,
             sqlx::query(&format!(
                 "DECLARE day_rows NO SCROLL CURSOR FOR
-                 SELECT * FROM messages WHERE {on_day} ORDER BY created_at, id"
+                 SELECT * FROM message_rows WHERE {on_day} ORDER BY created_at, id"
             ))
             .persistent(false)
             .execute(&mut *tx),

@@ -210,7 +210,8 @@ impl PostgresLedger {
                                 OR NOT EXISTS (
                                    SELECT 1 FROM gateway_instances g
                                    WHERE g.id = m.instance_id AND g.epoch = m.instance_epoch))
-                         RETURNING m.account_id, m.key_id, m.reserved, m.billed, m.model,
+                         RETURNING m.account_id, m.key_id, m.reserved, m.billed,
+                             message_model(m.route_id, m.model) AS model,
                              m.created_at, m.batch_id, m.status, m.input_tokens,
                              m.output_tokens, m.cache_creation_input_tokens,
                              m.cache_read_input_tokens

@@ -69,6 +69,7 @@ macro_rules! rolled_up {
 
 mod allotment;
 mod lease;
+mod name_keys;
 mod reversals;
 mod turns;
 
@@ -85,6 +86,7 @@ use tokio_util::task::TaskTracker;
 
 use self::allotment::{Grow, Pools, Release, Written, IDLE};
 use self::lease::Lease;
+use self::name_keys::NameKeys;
 use super::coalesce::Coalescer;
 use super::message_id;
 use super::{
@@ -151,6 +153,8 @@ const VOID_RETRY_MAX: Duration = Duration::from_secs(2);
 pub struct PostgresLedger {
     db: Database,
     lease: Arc<Lease>,
+    /// The keys of the route and upstream names this process' rows carry.
+    names: Arc<NameKeys>,
     reserves: Coalescer<NewReservation, Result<u64, LedgerError>>,
     settles: Coalescer<Settlement, Result<Option<u64>, LedgerError>>,
     allotting: Option<Arc<Allotting>>,
@@ -186,21 +190,25 @@ impl PostgresLedger {
     /// Starts the batching of reserves and settles (needs a Tokio runtime).
     pub fn new(db: Database) -> Self {
         let lease = Arc::new(Lease::new(ids::instance()));
+        let names = Arc::new(NameKeys::default());
         let reserves = coalescer(
             &db,
             &lease,
+            &names,
             |r: &NewReservation| r.record.id.as_str(),
-            |db, lease, batch| async move { turns::reserve(&db, &lease, batch).await },
+            |db, lease, names, batch| async move { turns::reserve(&db, &lease, &names, batch).await },
         );
         let settles = coalescer(
             &db,
             &lease,
+            &names,
             |s: &Settlement| s.message_id.as_str(),
-            |db, _, batch| async move { turns::settle(&db, &batch).await },
+            |db, _, names, batch| async move { turns::settle(&db, &names, &batch).await },
         );
         Self {
             db,
             lease,
+            names,
             reserves,
             settles,
             allotting: None,
@@ -217,8 +225,9 @@ impl PostgresLedger {
         let writes = coalescer(
             &self.db,
             &self.lease,
+            &self.names,
             |w: &Written| w.record.id.as_str(),
-            |db, lease, batch| async move { turns::write(&db, &lease.id, &batch).await },
+            |db, lease, names, batch| async move { turns::write(&db, &lease.id, &names, &batch).await },
         );
         let allotting = Arc::new(Allotting {
             pools: Pools::new(turns, fresh_for),
@@ -337,7 +346,13 @@ impl PostgresLedger {
                 pool: w.pool.clone(),
                 record: Arc::new(record),
             };
-            turns::write_rows(&self.db, &self.lease.id, std::slice::from_ref(&unbilled)).await?;
+            turns::write_rows(
+                &self.db,
+                &self.lease.id,
+                &self.names,
+                std::slice::from_ref(&unbilled),
+            )
+            .await?;
         }
         turns::void(&self.db, message_id, written.map(|w| w.pool.as_str())).await
     }
@@ -458,18 +473,19 @@ impl PostgresLedger {
 fn coalescer<T, R, F, Fut>(
     db: &Database,
     lease: &Arc<Lease>,
+    names: &Arc<NameKeys>,
     key: fn(&T) -> &str,
     statement: F,
 ) -> Coalescer<T, R>
 where
     T: Send + 'static,
     R: Send + 'static,
-    F: Fn(Database, Arc<Lease>, Vec<T>) -> Fut + Send + Sync + 'static,
+    F: Fn(Database, Arc<Lease>, Arc<NameKeys>, Vec<T>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Vec<R>> + Send + 'static,
 {
-    let (db, lease) = (db.clone(), lease.clone());
+    let (db, lease, names) = (db.clone(), lease.clone(), names.clone());
     Coalescer::spawn(LANES, MAX_BATCH, key, move |batch| {
-        statement(db.clone(), lease.clone(), batch)
+        statement(db.clone(), lease.clone(), names.clone(), batch)
     })
 }
 
@@ -843,7 +859,7 @@ impl Ledger for PostgresLedger {
             row = self
                 .db
                 .bounded(
-                    sqlx::query("SELECT * FROM messages WHERE id = $1 AND created_at = $2")
+                    sqlx::query("SELECT * FROM message_rows WHERE id = $1 AND created_at = $2")
                         .bind(id)
                         .bind(created_at)
                         .persistent(false)
@@ -855,7 +871,7 @@ impl Ledger for PostgresLedger {
             row = self
                 .db
                 .bounded(
-                    sqlx::query("SELECT * FROM messages WHERE id = $1")
+                    sqlx::query("SELECT * FROM message_rows WHERE id = $1")
                         .bind(id)
                         .fetch_optional(self.db.pool()),
                 )
@@ -938,7 +954,7 @@ impl Ledger for PostgresLedger {
                 .db
                 .bounded(
                     sqlx::query(
-                        "SELECT * FROM messages WHERE account_id = $1
+                        "SELECT * FROM message_rows WHERE account_id = $1
                              AND created_at >= coalesce($3::timestamptz, '-infinity')
                          ORDER BY created_at DESC LIMIT $2",
                     )

@@ -23,6 +23,7 @@ use time::OffsetDateTime;
 use super::super::{LedgerError, MessageRecord, NewReservation, Settlement};
 use super::allotment::Written;
 use super::lease::Lease;
+use super::name_keys::NameKeys;
 use crate::db::{from_db, name_of, to_db, Database, DbError};
 use crate::ledger::message_id;
 use crate::metrics;
@@ -34,6 +35,7 @@ use crate::usage::{StopReason, TokenUsage};
 pub async fn reserve(
     db: &Database,
     lease: &Lease,
+    names: &NameKeys,
     turns: Vec<NewReservation>,
 ) -> Vec<Result<u64, LedgerError>> {
     metrics::ledger_batch("reserve", turns.len());
@@ -42,7 +44,7 @@ pub async fn reserve(
     // Each statement decides at least the first pending turn of every account, so this ends;
     // a second round only happens when an account ran short within the batch.
     while !pending.is_empty() {
-        match reserve_once(db, lease, &pending).await {
+        match reserve_once(db, lease, names, &pending).await {
             Ok(decided) => {
                 pending.retain(|t| {
                     let answer = decided
@@ -98,20 +100,20 @@ impl Refusal {
 async fn reserve_once(
     db: &Database,
     lease: &Lease,
+    names: &NameKeys,
     turns: &[&NewReservation],
 ) -> Result<HashMap<String, Result<u64, Refusal>>, DbError> {
     let c = ReserveColumns::of(turns.iter().copied());
+    let keys = c.row.keys(db, names).await?;
     let rows = db
         .bounded(
             sqlx::query(
                 "WITH turn AS (
-                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::text[], $7::text[], $8::text[], $9::text[], $10::bool[],
-                         $11::timestamptz[],
-                         $12::bigint[], $13::bigint[], $16::bigint[], $17::text[]) WITH ORDINALITY
-                     AS t(id, account_id, key_id, model, served_model, provider, upstream,
-                          upstream_model, endpoint, stream, created_at, min, max, cap, batch_id,
-                          ord)
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[],
+                         $5::integer[], $6::bool[], $7::timestamptz[],
+                         $8::bigint[], $9::bigint[], $12::bigint[], $13::text[]) WITH ORDINALITY
+                     AS t(id, account_id, key_id, route_id, upstream_id, stream, created_at, min,
+                          max, cap, batch_id, ord)
                  ), account AS (
                      SELECT id, balance - reserved AS available FROM accounts
                      WHERE id IN (SELECT account_id FROM turn)
@@ -171,18 +173,16 @@ async fn reserve_once(
                            WHERE d.amount IS NOT NULL GROUP BY t.key_id) h
                      WHERE k.id = h.key_id
                  ), message AS (
-                     INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
-                         upstream, upstream_model, endpoint, stream, status, reserved,
-                         instance_id, instance_epoch, created_at, batch_id)
-                     SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
-                         t.upstream, t.upstream_model, t.endpoint, t.stream, 'reserved',
-                         d.amount, $14, $15, t.created_at, t.batch_id
+                     INSERT INTO messages (id, account_id, key_id, route_id, upstream_id, stream,
+                         status, reserved, instance_id, instance_epoch, created_at, batch_id)
+                     SELECT t.id, t.account_id, t.key_id, t.route_id, t.upstream_id, t.stream,
+                         'reserved', d.amount, $10, $11, t.created_at, t.batch_id
                      FROM turn t JOIN decided d ON d.id = t.id
                      WHERE d.amount IS NOT NULL
                  )
                  SELECT id, amount, left_for, over_cap, cap, used FROM decided",
             )
-            .bind_row(c.row)
+            .bind_row(c.row, keys)
             .bind(c.min)
             .bind(c.max)
             .bind(&lease.id)
@@ -218,10 +218,14 @@ async fn reserve_once(
 /// Moves each turn out of `reserved`, records its usage and bills at most what it reserved
 /// (nothing when it failed), and debits the accounts. `None` for a turn that was not
 /// `reserved` (already settled, or reaped): it changes nothing.
-pub async fn settle(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u64>, LedgerError>> {
+pub async fn settle(
+    db: &Database,
+    names: &NameKeys,
+    turns: &[Settlement],
+) -> Vec<Result<Option<u64>, LedgerError>> {
     let turns: Vec<&Settlement> = turns.iter().collect();
     let mut answers = isolating("settle", &turns, |turns| {
-        Box::pin(settle_rows(db, turns, Lookup::ByTime))
+        Box::pin(settle_rows(db, names, turns, Lookup::ByTime))
     })
     .await;
     // Not at the time its id carries: an id of before 0020 (random), or a row settled
@@ -234,7 +238,7 @@ pub async fn settle(db: &Database, turns: &[Settlement]) -> Vec<Result<Option<u6
     }
     let again: Vec<&Settlement> = missed.iter().map(|&i| turns[i]).collect();
     let found = isolating("settle", &again, |turns| {
-        Box::pin(settle_rows(db, turns, Lookup::ById))
+        Box::pin(settle_rows(db, names, turns, Lookup::ById))
     })
     .await;
     for (i, answer) in missed.into_iter().zip(found) {
@@ -264,12 +268,17 @@ impl Lookup {
 
 async fn settle_rows(
     db: &Database,
+    names: &NameKeys,
     turns: &[&Settlement],
     lookup: Lookup,
 ) -> Vec<Result<Option<u64>, LedgerError>> {
     let n = turns.len();
     metrics::ledger_batch("settle", n);
     let mut c = SettleColumns::of(turns.iter().copied());
+    let upstream_id = match c.upstream_keys(db, names).await {
+        Ok(keys) => keys,
+        Err(e) => return answer_billed(Err(e), std::iter::empty(), n),
+    };
     c.created_at = turns
         .iter()
         .map(|t| lookup.created_at(&t.message_id))
@@ -281,10 +290,10 @@ async fn settle_rows(
                 "WITH turn AS (
                      SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[],
                          $5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::bigint[],
-                         $10::text[], $11::text[], $12::text[], $13::timestamptz[])
+                         $10::integer[], $11::timestamptz[])
                      AS t(id, status, cost, input_tokens, output_tokens,
                           cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
-                          latency_ms, provider, upstream, upstream_model, created_at)
+                          latency_ms, upstream_id, created_at)
                  ), settled AS (
                      UPDATE messages m SET status = t.status,
                          billed = CASE WHEN t.status = 'failed' THEN 0 ELSE least(t.cost, m.reserved) END,
@@ -293,16 +302,20 @@ async fn settle_rows(
                          cache_read_input_tokens = t.cache_read_input_tokens,
                          stop_reason = t.stop_reason, latency_ms = t.latency_ms,
                          settled_at = now(),
-                         provider = coalesce(t.provider, m.provider),
-                         upstream = coalesce(t.upstream, m.upstream),
-                         upstream_model = coalesce(t.upstream_model, m.upstream_model)
+                         -- The upstream that served it, when fallback moved it on; a row of
+                         -- before 0025 then names it by key too (never both ways).
+                         upstream_id = coalesce(t.upstream_id, m.upstream_id),
+                         provider = CASE WHEN t.upstream_id IS NULL THEN m.provider END,
+                         upstream = CASE WHEN t.upstream_id IS NULL THEN m.upstream END,
+                         upstream_model = CASE WHEN t.upstream_id IS NULL THEN m.upstream_model END
                      FROM turn t WHERE m.id = t.id AND m.status = 'reserved'
                          -- The row at the time its id carries; the batch's bounds leave
                          -- out, when the statement is planned, every partition but its days'.
                          AND m.created_at = coalesce(t.created_at, m.created_at)
-                         AND m.created_at >= coalesce($14::timestamptz, '-infinity')
-                         AND m.created_at <= coalesce($15::timestamptz, 'infinity')
-                     RETURNING m.id, m.account_id, m.key_id, m.reserved, m.billed, m.model,
+                         AND m.created_at >= coalesce($12::timestamptz, '-infinity')
+                         AND m.created_at <= coalesce($13::timestamptz, 'infinity')
+                     RETURNING m.id, m.account_id, m.key_id, m.reserved, m.billed,
+                         message_model(m.route_id, m.model) AS model,
                          m.created_at, m.batch_id, m.status, m.input_tokens, m.output_tokens,
                          m.cache_creation_input_tokens, m.cache_read_input_tokens
                  ), per_account AS (
@@ -340,9 +353,7 @@ async fn settle_rows(
             .bind(c.status)
             .bind(c.cost)
             .bind_usage(c.usage)
-            .bind(c.provider)
-            .bind(c.upstream)
-            .bind(c.upstream_model)
+            .bind(upstream_id)
             .bind(c.created_at)
             .bind(from)
             .bind(to)
@@ -376,12 +387,13 @@ fn days_of(
 pub async fn write(
     db: &Database,
     instance: &str,
+    names: &NameKeys,
     turns: &[Written],
 ) -> Vec<Result<Option<u64>, LedgerError>> {
     isolating("write", turns, |turns| {
         Box::pin(async move {
             let n = turns.len();
-            match write_rows(db, instance, turns).await {
+            match write_rows(db, instance, names, turns).await {
                 Ok(rows) => answer_billed(Ok(rows), turns.iter().map(|t| t.record.id.as_str()), n),
                 Err(e) => answer_billed(Err(e), std::iter::empty(), n),
             }
@@ -402,22 +414,22 @@ pub async fn write(
 pub async fn write_rows(
     db: &Database,
     instance: &str,
+    names: &NameKeys,
     turns: &[Written],
 ) -> Result<Vec<sqlx::postgres::PgRow>, DbError> {
     metrics::ledger_batch("write", turns.len());
     let c = WrittenColumns::of(turns);
+    let keys = c.row.keys(db, names).await?;
     db.bounded(
-            sqlx::query(concat!(
-                "WITH turn AS (
-                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::text[], $7::text[], $8::text[], $9::text[], $10::bool[],
-                         $11::timestamptz[],
-                         $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::bigint[],
-                         $17::bigint[], $18::bigint[], $19::bigint[], $20::text[], $21::bigint[],
-                         $23::text[])
-                     AS t(id, account_id, key_id, model, served_model, provider, upstream,
-                          upstream_model, endpoint, stream, created_at, pool_id, status,
-                          reserved, billed, input_tokens, output_tokens,
+        sqlx::query(concat!(
+            "WITH turn AS (
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[],
+                         $5::integer[], $6::bool[], $7::timestamptz[],
+                         $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[],
+                         $13::bigint[], $14::bigint[], $15::bigint[], $16::text[], $17::bigint[],
+                         $19::text[])
+                     AS t(id, account_id, key_id, route_id, upstream_id, stream, created_at,
+                          pool_id, status, reserved, billed, input_tokens, output_tokens,
                           cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
                           latency_ms, batch_id)
                  ), unflushed AS (
@@ -426,7 +438,7 @@ pub async fn write_rows(
                      SELECT set_config('synchronous_commit', 'off', true) AS setting
                  ), lease AS (
                      -- Locked first, as the reaper's delete of it and the refills lock it.
-                     SELECT id, epoch FROM gateway_instances WHERE id = $22 FOR KEY SHARE
+                     SELECT id, epoch FROM gateway_instances WHERE id = $18 FOR KEY SHARE
                  ), account AS (
                      SELECT id FROM accounts WHERE id IN (SELECT account_id FROM turn)
                      AND EXISTS (SELECT 1 FROM lease)
@@ -442,21 +454,20 @@ pub async fn write_rows(
                      SELECT held.id FROM held JOIN turn t ON t.pool_id = held.id
                      GROUP BY held.id, held.credits HAVING held.credits >= sum(t.billed)
                  ), written AS (
-                     INSERT INTO messages (id, account_id, key_id, model, served_model, provider,
-                         upstream, upstream_model, endpoint, stream, status, reserved, billed,
-                         input_tokens, output_tokens, cache_creation_input_tokens,
-                         cache_read_input_tokens, stop_reason, latency_ms, instance_id,
-                         created_at, settled_at, batch_id)
-                     SELECT t.id, t.account_id, t.key_id, t.model, t.served_model, t.provider,
-                         t.upstream, t.upstream_model, t.endpoint, t.stream,
+                     INSERT INTO messages (id, account_id, key_id, route_id, upstream_id, stream,
+                         status, reserved, billed, input_tokens, output_tokens,
+                         cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
+                         latency_ms, instance_id, created_at, settled_at, batch_id)
+                     SELECT t.id, t.account_id, t.key_id, t.route_id, t.upstream_id, t.stream,
                          CASE WHEN pool.id IS NULL THEN 'unbilled' ELSE t.status END,
                          t.reserved, CASE WHEN pool.id IS NULL THEN 0 ELSE t.billed END,
                          t.input_tokens, t.output_tokens, t.cache_creation_input_tokens,
-                         t.cache_read_input_tokens, t.stop_reason, t.latency_ms, $22,
+                         t.cache_read_input_tokens, t.stop_reason, t.latency_ms, $18,
                          t.created_at, now(), t.batch_id
                      FROM turn t LEFT JOIN pool ON pool.id = t.pool_id
                      ON CONFLICT (id, created_at) DO NOTHING
-                     RETURNING id, billed, account_id, key_id, model, created_at, batch_id,
+                     RETURNING id, billed, account_id, key_id,
+                         message_model(route_id, model) AS model, created_at, batch_id,
                          status, input_tokens, output_tokens, cache_creation_input_tokens,
                          cache_read_input_tokens
                  ), per_pool AS (
@@ -485,24 +496,24 @@ pub async fn write_rows(
                      FROM per_key p JOIN account ON account.id = p.account_id
                      WHERE k.id = p.key_id AND p.billed > 0
                  ), ",
-                // Not joined to the locked accounts: a row written `unbilled` (its lease
-                // gone) locks none, and is rolled up all the same; such a statement locks
-                // nothing after its rollup rows, so it cannot close a cycle.
-                rolled_up!("SELECT w.*, 1 AS sign FROM written w"),
-                "
+            // Not joined to the locked accounts: a row written `unbilled` (its lease
+            // gone) locks none, and is rolled up all the same; such a statement locks
+            // nothing after its rollup rows, so it cannot close a cycle.
+            rolled_up!("SELECT w.*, 1 AS sign FROM written w"),
+            "
                  SELECT id, billed FROM written, unflushed"
-            ))
-            .bind_row(c.row)
-            .bind(c.pool_id)
-            .bind(c.status)
-            .bind(c.reserved)
-            .bind(c.billed)
-            .bind_usage(c.usage)
-            .bind(instance)
-            .bind(c.batch_id)
-            .fetch_all(db.pool()),
-        )
-        .await
+        ))
+        .bind_row(c.row, keys)
+        .bind(c.pool_id)
+        .bind(c.status)
+        .bind(c.reserved)
+        .bind(c.billed)
+        .bind_usage(c.usage)
+        .bind(instance)
+        .bind(c.batch_id)
+        .fetch_all(db.pool()),
+    )
+    .await
 }
 
 /// Makes a message billed nothing, for good: a `reserved` row releases what it holds; a row
@@ -553,7 +564,8 @@ async fn void_row(
                      AND m.created_at <= coalesce($3::timestamptz, 'infinity')
                      AND old.status NOT IN ('failed', 'abandoned', 'unbilled')
                  RETURNING old.account_id, old.key_id, old.status = 'reserved' AS held,
-                     old.reserved, old.billed, old.status, m.model, m.created_at, m.batch_id,
+                     old.reserved, old.billed, old.status,
+                     message_model(m.route_id, m.model) AS model, m.created_at, m.batch_id,
                      m.input_tokens, m.output_tokens, m.cache_creation_input_tokens,
                      m.cache_read_input_tokens
              ), key_voided AS (
@@ -623,7 +635,9 @@ async fn mark_row_unbilled(
                      WHERE id = $1 AND status = 'reserved'
                          AND created_at >= coalesce($2::timestamptz, '-infinity')
                          AND created_at <= coalesce($2::timestamptz, 'infinity')
-                     RETURNING *
+                     RETURNING account_id, key_id, message_model(route_id, model) AS model,
+                         created_at, batch_id, status, billed, input_tokens, output_tokens,
+                         cache_creation_input_tokens, cache_read_input_tokens
                  ), ",
                 rolled_up!("SELECT *, 1 AS sign FROM marked"),
                 "
@@ -712,20 +726,24 @@ fn same(e: &LedgerError) -> LedgerError {
 }
 
 /// A message row's own columns, one array parameter each: what a reserve and a write both
-/// insert, bound as `$1` to `$11` by [`Columns::bind_row`].
+/// insert, bound as `$1` to `$7` by [`Columns::bind_row`] with the keys of their names.
 #[derive(Default)]
 struct RowColumns<'a> {
     id: Vec<&'a str>,
     account_id: Vec<&'a str>,
     key_id: Vec<&'a str>,
-    model: Vec<&'a str>,
-    served_model: Vec<&'a str>,
-    provider: Vec<&'a str>,
-    upstream: Vec<&'a str>,
-    upstream_model: Vec<&'a str>,
-    endpoint: Vec<&'a str>,
+    /// `[model, served_model, endpoint]`: the row keeps their key.
+    route: Vec<[&'a str; 3]>,
+    /// `[provider, upstream, upstream_model]`: the row keeps their key.
+    upstream: Vec<[&'a str; 3]>,
     stream: Vec<bool>,
     created_at: Vec<OffsetDateTime>,
+}
+
+/// The keys of a batch's route and upstream names, in the batch's order.
+struct RowKeys {
+    route_id: Vec<i32>,
+    upstream_id: Vec<i32>,
 }
 
 impl<'a> RowColumns<'a> {
@@ -733,14 +751,18 @@ impl<'a> RowColumns<'a> {
         self.id.push(&m.id);
         self.account_id.push(&m.account_id);
         self.key_id.push(&m.key_id);
-        self.model.push(&m.model);
-        self.served_model.push(&m.served_model);
-        self.provider.push(&m.provider);
-        self.upstream.push(&m.upstream);
-        self.upstream_model.push(&m.upstream_model);
-        self.endpoint.push(m.endpoint);
+        self.route.push([&m.model, &m.served_model, m.endpoint]);
+        self.upstream
+            .push([&m.provider, &m.upstream, &m.upstream_model]);
         self.stream.push(m.stream);
         self.created_at.push(m.created_at);
+    }
+
+    async fn keys(&self, db: &Database, names: &NameKeys) -> Result<RowKeys, DbError> {
+        Ok(RowKeys {
+            route_id: names.routes(db, &self.route).await?,
+            upstream_id: names.upstreams(db, &self.upstream).await?,
+        })
     }
 }
 
@@ -788,21 +810,17 @@ type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
 
 /// Binds column groups in their order.
 trait Columns<'q> {
-    fn bind_row(self, row: RowColumns<'q>) -> Self;
+    fn bind_row(self, row: RowColumns<'q>, keys: RowKeys) -> Self;
     fn bind_usage(self, usage: UsageColumns) -> Self;
 }
 
 impl<'q> Columns<'q> for PgQuery<'q> {
-    fn bind_row(self, c: RowColumns<'q>) -> Self {
+    fn bind_row(self, c: RowColumns<'q>, keys: RowKeys) -> Self {
         self.bind(c.id)
             .bind(c.account_id)
             .bind(c.key_id)
-            .bind(c.model)
-            .bind(c.served_model)
-            .bind(c.provider)
-            .bind(c.upstream)
-            .bind(c.upstream_model)
-            .bind(c.endpoint)
+            .bind(keys.route_id)
+            .bind(keys.upstream_id)
             .bind(c.stream)
             .bind(c.created_at)
     }
@@ -846,9 +864,9 @@ struct SettleColumns<'a> {
     status: Vec<&'static str>,
     cost: Vec<i64>,
     usage: UsageColumns,
-    provider: Vec<Option<&'a str>>,
-    upstream: Vec<Option<&'a str>>,
-    upstream_model: Vec<Option<&'a str>>,
+    /// `[provider, upstream, upstream_model]` of the upstream that served it, when fallback
+    /// moved it past the one reserved with.
+    served_by: Vec<Option<[&'a str; 3]>>,
     /// Where each row is looked for (see [`Lookup`]).
     created_at: Vec<Option<OffsetDateTime>>,
 }
@@ -862,10 +880,25 @@ impl<'a> Batch<'a> for SettleColumns<'a> {
         self.status.push(t.status.as_str());
         self.cost.push(to_db(t.cost));
         self.usage.push(&t.usage, t.stop_reason, t.latency_ms);
-        self.provider.push(served_by.map(|b| b.provider.as_str()));
-        self.upstream.push(served_by.map(|b| b.upstream.as_str()));
-        self.upstream_model
-            .push(served_by.map(|b| b.upstream_model.as_str()));
+        self.served_by
+            .push(served_by.map(|b| [b.provider.as_str(), &b.upstream, &b.upstream_model]));
+    }
+}
+
+impl SettleColumns<'_> {
+    /// The key of each turn's serving upstream (`None`: the one it was reserved with).
+    async fn upstream_keys(
+        &self,
+        db: &Database,
+        names: &NameKeys,
+    ) -> Result<Vec<Option<i32>>, DbError> {
+        let served: Vec<[&str; 3]> = self.served_by.iter().flatten().copied().collect();
+        let mut keys = names.upstreams(db, &served).await?.into_iter();
+        Ok(self
+            .served_by
+            .iter()
+            .map(|served_by| served_by.and_then(|_| keys.next()))
+            .collect())
     }
 }
 
