@@ -679,7 +679,8 @@ print(json.dumps({"responses": create("/v1/responses"), "chat": create("/v1/chat
 }
 
 /// Uploads with and without `expires_after`, two it refuses, then waits (at most 30 s) for the
-/// default-expiry upload to be gone; prints what it saw.
+/// default-expiry upload to be gone and at once deletes it (before the sweep may have); prints
+/// what it saw.
 const SDK_EXPIRY: &str = r#"
 import sys, json, time, openai
 base, key = sys.argv[1], sys.argv[2]
@@ -697,17 +698,25 @@ wrong_anchor = refused(lambda: client.files.create(file=("x.jsonl", good), purpo
 listed_before = [f.id for f in client.files.list()]
 deadline = time.time() + 30
 gone = False
+retrieved = None
 while time.time() < deadline and not gone:
     try:
         client.files.retrieve(default.id)
         time.sleep(0.25)
-    except openai.NotFoundError:
+    except openai.NotFoundError as e:
         gone = True
+        retrieved = {"status": e.status_code, "body": e.response.json()}
+try:
+    client.files.delete(default.id)
+    deleted = {"status": 200}
+except openai.NotFoundError as e:
+    deleted = {"status": e.status_code, "body": e.response.json(), "not_found_error": True}
 content = refused(lambda: client.files.content(default.id))
 batch = refused(lambda: client.batches.create(input_file_id=default.id,
                 endpoint="/v1/chat/completions", completion_window="24h"))
 print(json.dumps({"default": default.model_dump(mode="json"), "hour": hour.model_dump(mode="json"),
                   "too_short": too_short, "wrong_anchor": wrong_anchor, "gone": gone,
+                  "retrieved": retrieved, "deleted": deleted,
                   "gone_at": time.time(), "listed_before": listed_before,
                   "listed_after": [f.id for f in client.files.list()], "content": content,
                   "batch": batch, "hour_after": client.files.retrieve(hour.id).model_dump(mode="json")}))
@@ -716,7 +725,8 @@ print(json.dumps({"default": default.model_dump(mode="json"), "hour": hour.model
 /// An upload expires as OpenAI's do: `expires_at` is `created_at` plus its `expires_after`
 /// seconds (an hour to 30 days; `created_at` the only anchor), or plus `--files-expiry-days`
 /// (30 days by default; 4.3 s here) without one. Past it the upload is gone to retrieve, list,
-/// content and a batch's create at once, and the sweep deletes it; the other stays.
+/// content, delete (the SDK's `NotFoundError`, the retrieve's envelope) and a batch's create at
+/// once, and the sweep deletes it; the other stays.
 async fn an_upload_expires_as_its_expires_after_says(gw: &Gateway) -> Value {
     let key = gw.new_key(1_000_000, &KeySpec::api()).await;
     let run = python(gw, SDK_EXPIRY, &[&key.secret]).await;
@@ -736,6 +746,16 @@ async fn an_upload_expires_as_its_expires_after_says(gw: &Gateway) -> Value {
         "not gone before its expiry: {run}"
     );
     assert_eq!(run["listed_after"], json!([hour["id"]]), "{run}");
+    expect_envelope(&run, "retrieved", 404, "not_found_error");
+    assert_eq!(
+        run["deleted"]["not_found_error"], true,
+        "deleting the expired upload raises NotFoundError: {run}"
+    );
+    expect_envelope(&run, "deleted", 404, "not_found_error");
+    assert_eq!(
+        run["deleted"]["body"], run["retrieved"]["body"],
+        "the delete's envelope is the retrieve's"
+    );
     expect_envelope(&run, "content", 404, "not_found_error");
     expect_envelope(&run, "batch", 404, "not_found_error");
     assert_eq!(run["hour_after"], *hour, "the later upload stays");

@@ -128,7 +128,11 @@ impl FileStore for MemoryFileStore {
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
         let mut files = self.lock();
         match files.get_mut(id) {
-            Some(Stored::Upload(f)) if f.account_id == account_id => {
+            // An expired upload is not found, as to the reads, and left to the sweep: see the
+            // trait's `delete`.
+            Some(Stored::Upload(f))
+                if f.account_id == account_id && !f.expired(OffsetDateTime::now_utc()) =>
+            {
                 files.remove(id);
                 Ok(true)
             }

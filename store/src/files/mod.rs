@@ -1,8 +1,8 @@
 //! Files (`/v1/files`): what an account uploaded, such as the JSONL input of an OpenAI batch,
-//! kept whole until it is deleted or expires (an expired upload is gone to every read at once,
-//! and deleted by the next sweep, [`FileStore::forget_expired`]). A trait so that Postgres (cluster mode, shared by every
-//! pod) can take the in-process store's place (standalone); the API is the gateway's
-//! `api/files`.
+//! kept whole until it is deleted or expires (an expired upload is gone to every read and to a
+//! delete at once, and deleted by the next sweep, [`FileStore::forget_expired`]). A trait so
+//! that Postgres (cluster mode, shared by every pod) can take the in-process store's place
+//! (standalone); the API is the gateway's `api/files`.
 
 mod memory;
 mod postgres;
@@ -92,7 +92,11 @@ pub trait FileStore: Send + Sync {
         order: Order,
     ) -> Result<FilePage, StoreError>;
     /// `false` when the account has no such file. A generated file stays deleted: it is not
-    /// recorded again.
+    /// recorded again. An expired upload is no such file (OpenAI's 404, as to every read), and
+    /// this leaves it be: the sweep, [`FileStore::forget_expired`], alone deletes expired
+    /// uploads, so a delete that finds nothing changes nothing and the sweep's count is every
+    /// expired upload. Deleting it here would free nothing a client could see either: its
+    /// bytes already left the quota when it expired.
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
     /// Records a batch's generated file, listed and deleted as an upload is and counted in no
     /// quota, unless it was recorded before: the file as it now stands, `None` once deleted.

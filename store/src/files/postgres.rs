@@ -173,21 +173,24 @@ impl FileStore for PostgresFileStore {
     }
 
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
+        // An expired upload is not found, as to the reads, and its row left to the sweep: see
+        // the trait's `delete`.
         let done = self
             .db
             .bounded(
-                sqlx::query(
+                sqlx::query(&format!(
                     "WITH generated AS (
                          UPDATE files SET deleted_at = now()
                          WHERE id = $1 AND account_id = $2 AND batch_id IS NOT NULL
                            AND deleted_at IS NULL
                          RETURNING id
                      ), upload AS (
-                         DELETE FROM files WHERE id = $1 AND account_id = $2 AND batch_id IS NULL
+                         DELETE FROM files
+                         WHERE id = $1 AND account_id = $2 AND batch_id IS NULL AND {UNEXPIRED}
                          RETURNING id
                      )
-                     SELECT count(*) FROM (SELECT id FROM generated UNION ALL SELECT id FROM upload) d",
-                )
+                     SELECT count(*) FROM (SELECT id FROM generated UNION ALL SELECT id FROM upload) d"
+                ))
                 .bind(id)
                 .bind(account_id)
                 .persistent(false)

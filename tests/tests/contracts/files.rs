@@ -1,6 +1,7 @@
 //! The `FileStore` contract (the uploads of `/v1/files`), kept alike by the in-process store
 //! of standalone mode and the Postgres one of cluster mode: a file is read back whole by its
-//! account and no other, listed newest first in pages, and deleted by its account only.
+//! account and no other, listed newest first in pages, and deleted by its account only (an
+//! expired upload by none: it is gone to a delete as to every read).
 
 use std::sync::Arc;
 
@@ -397,6 +398,55 @@ async fn an_expired_upload_is_gone_at_once_and_deleted_by_the_sweep(s: Store) {
         .is_some());
 }
 
+/// Deleting an expired upload finds no file, as reading it does (the API's 404), and changes
+/// nothing: the upload is left to the sweep, which deletes it once, while an unexpired upload
+/// of the same account is deleted as ever.
+async fn deleting_an_expired_upload_finds_no_file_like_reading_it_and_leaves_it_to_the_sweep(
+    s: Store,
+) {
+    let account = unique("acct");
+    let at = now() - Duration::hours(2);
+    let expired = NewFile {
+        expires_at: Some(now() - Duration::minutes(1)),
+        ..new_file(&account, "batch", b"{}", at)
+    };
+    let later = NewFile {
+        expires_at: Some(now() + Duration::minutes(60)),
+        ..new_file(&account, "batch", b"{}", at)
+    };
+    for file in [&expired, &later] {
+        s.files
+            .create(file.clone(), QUOTA)
+            .await
+            .expect("store")
+            .expect("under the quota");
+    }
+    assert_eq!(
+        s.files.file(&account, &expired.id).await.expect("store"),
+        None
+    );
+    assert!(
+        !s.files.delete(&account, &expired.id).await.expect("store"),
+        "an expired upload is not found to delete, as to read"
+    );
+    assert!(!s.files.delete(&account, &expired.id).await.expect("store"));
+    assert_eq!(
+        s.files.forget_expired(now(), 10).await.expect("store"),
+        1,
+        "the delete left the expired upload to the sweep"
+    );
+    assert_eq!(s.files.forget_expired(now(), 10).await.expect("store"), 0);
+    assert!(!s.files.delete(&account, &expired.id).await.expect("store"));
+    assert!(
+        s.files.delete(&account, &later.id).await.expect("store"),
+        "an upload not yet expired is deleted"
+    );
+    assert_eq!(
+        s.files.file(&account, &later.id).await.expect("store"),
+        None
+    );
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -407,5 +457,6 @@ e2e::contract! {
         an_account_keeps_at_most_its_quota_of_bytes,
         forgotten_generated_files_are_gone_and_uploads_stay,
         an_expired_upload_is_gone_at_once_and_deleted_by_the_sweep,
+        deleting_an_expired_upload_finds_no_file_like_reading_it_and_leaves_it_to_the_sweep,
     }
 }
