@@ -174,7 +174,7 @@ async fn settled(pg: &PostgresServer, id: &str) -> i64 {
         .await;
     let reserved = pg
         .query(&format!(
-            "SELECT id, instance_id, reserved, created_at FROM messages
+            "SELECT id, instance_id, reserved, created_at FROM message_rows
              WHERE account_id = '{id}' AND status = 'reserved'"
         ))
         .await;

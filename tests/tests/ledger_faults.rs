@@ -303,7 +303,7 @@ struct Row {
 
 /// The ledger's rows by id.
 async fn rows(pg: &PostgresServer) -> HashMap<String, Row> {
-    pg.query("SELECT id, status, billed, input_tokens FROM messages")
+    pg.query("SELECT id, status, billed, input_tokens FROM message_rows")
         .await
         .lines()
         .filter_map(|line| {
@@ -327,7 +327,7 @@ async fn rows(pg: &PostgresServer) -> HashMap<String, Row> {
 /// Nothing held: no reservation, no allotment, no account with credits reserved.
 async fn nothing_held(pg: &PostgresServer) -> String {
     pg.query(
-        "SELECT (SELECT count(*) FROM messages WHERE status = 'reserved') || ' reserved rows, '
+        "SELECT (SELECT count(*) FROM message_rows WHERE status = 'reserved') || ' reserved rows, '
              || (SELECT count(*) FROM allotments) || ' allotments, '
              || (SELECT coalesce(sum(reserved), 0) FROM accounts) || ' credits reserved'",
     )

@@ -112,7 +112,7 @@ async fn books(gw: &Gateway, pg: &PostgresServer, account_id: &str) -> (String, 
     let balance = account["balance"].as_u64().expect("balance");
     let row = pg
         .query(&format!(
-            "SELECT status, billed FROM messages WHERE account_id = '{account_id}'"
+            "SELECT status, billed FROM message_rows WHERE account_id = '{account_id}'"
         ))
         .await;
     let (status, billed) = row
@@ -173,7 +173,7 @@ async fn hang_up_while_settling(reserving: Reserving) {
     // Reserved (a row, or the allotment it took from), and the upstream still answering.
     let reserved = match reserving {
         Reserving::TurnByTurn => format!(
-            "SELECT count(*) FROM messages WHERE account_id = '{id}' AND status = 'reserved'"
+            "SELECT count(*) FROM message_rows WHERE account_id = '{id}' AND status = 'reserved'"
         ),
         Reserving::FromAllotments => {
             format!("SELECT count(*) FROM allotments WHERE account_id = '{id}'")

@@ -131,7 +131,7 @@ async fn allotted_turns_are_served_through_an_outage(cluster: &Cluster, pg: &mut
     let during_id = during["id"].as_str().expect("id");
     assert_eq!(
         pg.query(&format!(
-            "SELECT status, billed FROM messages WHERE id = '{during_id}'"
+            "SELECT status, billed FROM message_rows WHERE id = '{during_id}'"
         ))
         .await,
         "unbilled|0"

@@ -223,6 +223,26 @@ async fn a_beating_ledger(pg: &PostgresServer) -> (PostgresLedger, String) {
     (ledger, account_id)
 }
 
+/// A turn of 1,000 credits reserved `age` ago in `messages`, as a process of before
+/// migration 0026 reserved it (a process now gone): the row, and the credits held.
+async fn reserved_in_messages(
+    pg: &PostgresServer,
+    account_id: &str,
+    id: &str,
+    age: time::Duration,
+) {
+    let micros = (time::OffsetDateTime::now_utc() - age).unix_timestamp_nanos() / 1_000;
+    pg.query(&format!(
+        "INSERT INTO messages (id, account_id, key_id, model, served_model, provider, upstream,
+             upstream_model, endpoint, stream, status, reserved, instance_id, created_at)
+         VALUES ('{id}', '{account_id}', 'key_reaper', 'svc/haiku', 'svc/haiku', 'simulated',
+             'simulated', 'simulated-haiku', 'messages', true, 'reserved', 1000, 'inst_gone',
+             'epoch'::timestamptz + {micros} * interval '1 microsecond');
+         UPDATE accounts SET reserved = reserved + 1000 WHERE id = '{account_id}'"
+    ))
+    .await;
+}
+
 /// The status of the message `id` has in the ledger, if it has a row.
 async fn status_of(ledger: &PostgresLedger, id: &str) -> Option<MessageStatus> {
     ledger.message(id).await.expect("row").map(|m| m.status)
@@ -264,17 +284,25 @@ async fn a_reservation_older_than_the_longest_turn_is_released_even_if_its_proce
 /// A reap since a time reads only the reservations created since then (the recent days'
 /// partitions); the reap of every day releases the older ones.
 #[tokio::test]
-async fn a_reap_since_a_time_leaves_older_reservations_to_the_reap_of_every_day() {
+async fn a_reap_since_a_time_leaves_older_rows_reserved_in_messages_to_the_reap_of_every_day() {
     let pg = PostgresServer::start().await;
     let (ledger, account_id) = a_beating_ledger(&pg).await;
-    let reserve = |id: &str, age: time::Duration| reservation(&account_id, id, age);
-    // Both past the longest turn (an hour): any reap that reads them releases them.
+    // All past the longest turn (an hour): any reap that reads them releases them. Two reserved
+    // in `messages` by a process of before 0026; one held in `reservations`, read whole.
     for (id, age) in [
         ("msg_reaper_days_old", time::Duration::days(3)),
         ("msg_reaper_hours_old", time::Duration::hours(2)),
     ] {
-        ledger.reserve(reserve(id, age)).await.expect("reserve");
+        reserved_in_messages(&pg, &account_id, id, age).await;
     }
+    ledger
+        .reserve(reservation(
+            &account_id,
+            "msg_reaper_held_days",
+            time::Duration::days(3),
+        ))
+        .await
+        .expect("reserve");
     let (stale, max_turn) = (Duration::from_secs(30), Duration::from_secs(3_600));
     let since = time::OffsetDateTime::now_utc() - time::Duration::days(1);
 
@@ -282,11 +310,17 @@ async fn a_reap_since_a_time_leaves_older_reservations_to_the_reap_of_every_day(
         .reap(stale, max_turn, Some(since))
         .await
         .expect("reap");
-    assert_eq!(recent, 1, "only the reservation of the last day is read");
     assert_eq!(
-        status_of(&ledger, "msg_reaper_hours_old").await,
-        Some(MessageStatus::Abandoned)
+        recent, 2,
+        "the held turn and, of the rows in messages, the last day's only"
     );
+    for id in ["msg_reaper_hours_old", "msg_reaper_held_days"] {
+        assert_eq!(
+            status_of(&ledger, id).await,
+            Some(MessageStatus::Abandoned),
+            "{id}"
+        );
+    }
     assert_eq!(
         status_of(&ledger, "msg_reaper_days_old").await,
         Some(MessageStatus::Reserved)
@@ -302,15 +336,20 @@ async fn a_reap_since_a_time_leaves_older_reservations_to_the_reap_of_every_day(
     assert_eq!((balance.balance, balance.reserved), (CREDITS, 0));
 }
 
-/// A pod's first reap reads every day: an orphan older than the recent days' window (left by a
-/// process that died while every pod was down) is released soon after a pod starts.
+/// A pod's first reap reads every day: an orphan reserved in `messages` older than the recent
+/// days' window (left by a process of before 0026 that died while every pod was down) is
+/// released soon after a pod starts.
 #[tokio::test]
 async fn a_pods_first_reap_releases_an_orphan_older_than_the_recent_days() {
     let pg = PostgresServer::start().await;
-    let (dead, account_id) = a_beating_ledger(&pg).await;
-    let orphan = reservation(&account_id, "msg_reaper_week_old", time::Duration::days(7));
-    dead.reserve(orphan).await.expect("reserve");
-    drop(dead);
+    let (_, account_id) = database_with_an_account(&pg).await;
+    reserved_in_messages(
+        &pg,
+        &account_id,
+        "msg_reaper_week_old",
+        time::Duration::days(7),
+    )
+    .await;
 
     let cluster = Cluster::start(1, |b| {
         b.database(&pg.url()).arg("--reaper-stale-secs").arg("1")
@@ -329,7 +368,7 @@ async fn a_pods_first_reap_releases_an_orphan_older_than_the_recent_days() {
     .await;
     assert_eq!(account["balance"].as_u64(), Some(CREDITS), "{account}");
     let status = pg
-        .query("SELECT status FROM messages WHERE id = 'msg_reaper_week_old'")
+        .query("SELECT status FROM message_rows WHERE id = 'msg_reaper_week_old'")
         .await;
     assert_eq!(status.trim(), "abandoned");
 }
@@ -374,7 +413,7 @@ async fn a_pod_taken_for_dead_is_told_its_later_turns_cost_nothing_and_writes_th
         .expect("settle");
     assert_eq!(told, 0, "told a bill its allotment no longer covers");
     let row = pg
-        .query("SELECT status, billed FROM messages WHERE id = 'msg_cut_off'")
+        .query("SELECT status, billed FROM message_rows WHERE id = 'msg_cut_off'")
         .await;
     assert_eq!(row, "unbilled|0");
     let balance = ledger.balance(&account_id).await.expect("balance");
@@ -456,7 +495,7 @@ async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_tu
     assert_eq!(refused.expect("settle"), 0, "a refused bill was told");
     assert_eq!(waiting.await.expect("task").expect("settle"), 1_000);
     assert_eq!(
-        pg.query("SELECT status, billed FROM messages WHERE id = 'msg_fine'")
+        pg.query("SELECT status, billed FROM message_rows WHERE id = 'msg_fine'")
             .await,
         "completed|1000"
     );
@@ -466,7 +505,7 @@ async fn a_settle_postgres_refuses_is_told_0_counted_not_retried_and_fails_no_tu
         Duration::from_millis(50),
         || async {
             let row = pg
-                .query("SELECT status, billed FROM messages WHERE id = 'msg_poisoned'")
+                .query("SELECT status, billed FROM message_rows WHERE id = 'msg_poisoned'")
                 .await;
             (row == "unbilled|0").then_some(())
         },
@@ -509,7 +548,7 @@ async fn a_draining_pod_is_not_taken_for_dead_within_its_announced_time_even_whe
     let max_turn = Duration::from_secs(3_600);
 
     assert_eq!(reaper.reap(stale, max_turn, None).await.expect("reap"), 0);
-    let status = "SELECT status FROM messages WHERE id = 'msg_draining'";
+    let status = "SELECT status FROM message_rows WHERE id = 'msg_draining'";
     assert_eq!(pg.query(status).await, "reserved");
 
     // Past the time it announced, it is dead.

@@ -41,6 +41,7 @@ mod ledger_name_keys;
 mod ledger_outage;
 mod ledger_promotion;
 mod ledger_reaper;
+mod ledger_reservations;
 mod ledger_retention;
 mod ledger_reversals;
 mod ledger_webhook;

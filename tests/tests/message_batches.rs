@@ -541,7 +541,7 @@ async fn a_pod_killed_mid_batch_loses_no_item_and_bills_each_once() {
             let batch = cluster.pods[1].get(&path, &key.secret).await.expect_ok();
             let in_flight = pg
                 .query_i64(&format!(
-                    "SELECT count(*) FROM messages WHERE account_id = '{account}' AND status = 'reserved'"
+                    "SELECT count(*) FROM message_rows WHERE account_id = '{account}' AND status = 'reserved'"
                 ))
                 .await;
             (succeeded(&batch) >= 4 && in_flight >= 3).then_some(())

@@ -169,7 +169,7 @@ async fn pod_on_postgres(pg: &PostgresServer, chunk_delay_ms: u64, grace_secs: u
 async fn ledger_row(pg: &PostgresServer, id: &str) -> (String, u64, u64) {
     let rows = pg
         .query(&format!(
-            "SELECT status, reserved, billed FROM messages WHERE id = '{id}'"
+            "SELECT status, reserved, billed FROM message_rows WHERE id = '{id}'"
         ))
         .await;
     let fields: Vec<&str> = rows.split('|').collect();

@@ -114,7 +114,7 @@ async fn concurrent_turns(
         || async {
             let open = pg
                 .query_i64(&format!(
-                    "SELECT count(*) FROM messages WHERE account_id = '{account}'
+                    "SELECT count(*) FROM message_rows WHERE account_id = '{account}'
                      AND status = 'reserved'"
                 ))
                 .await;

@@ -89,7 +89,8 @@ impl DayRows {
             .bounded_by(
                 STATEMENT_TIMEOUT,
                 sqlx::query_scalar(&format!(
-                    "SELECT count(*) FROM messages WHERE {on_day} AND status = 'reserved'"
+                    "SELECT (SELECT count(*) FROM reservations WHERE {on_day})
+                         + (SELECT count(*) FROM messages WHERE {on_day} AND status = 'reserved')"
                 ))
                 .persistent(false)
                 .fetch_one(&mut *tx),

@@ -162,13 +162,15 @@ impl PostgresLedger {
     /// releases the reservations and allotments of leases that are gone: reservations older
     /// than `stale` end `abandoned`, billed nothing, since what the client received is
     /// unknown; reservations older than `max_turn` are released whatever their process (its
-    /// settle and its void both failed). The status change and the release are one statement
-    /// that only touches rows still `reserved`, so it never races a settle into a double
-    /// release. Returns how many reservations and allotments it released.
+    /// settle and its void both failed). Taking a turn out of `reservations` (or a row out of
+    /// `reserved`) and its release are one statement, so it never races a settle into a
+    /// double release. Returns how many reservations and allotments it released.
     ///
-    /// With `since`, only the reservations created since then are read: the statement is
-    /// planned with that bound and reads only those days' partitions (about 6 ms of planning
-    /// against 90 at 13 months of days, docs/benchmarks.md); `None` reads every day's.
+    /// The turns held in `reservations` are read whole (only the turns in flight are there).
+    /// With `since`, only the rows reserved in `messages` (by processes of before 0026) created
+    /// since then are read: the statement is planned with that bound and reads only those
+    /// days' partitions (about 6 ms of planning against 90 at 13 months of days,
+    /// docs/benchmarks.md); `None` reads every day's.
     pub async fn reap(
         &self,
         stale: Duration,
@@ -201,7 +203,28 @@ impl PostgresLedger {
             .db
             .bounded(
                 sqlx::query(concat!(
-                    "WITH orphans AS (
+                    "WITH ended AS (
+                         DELETE FROM reservations o
+                         WHERE o.created_at < now() - $1 * interval '1 millisecond'
+                           AND (o.created_at < now() - $2 * interval '1 millisecond'
+                                OR NOT EXISTS (
+                                   SELECT 1 FROM gateway_instances g
+                                   WHERE g.id = o.instance_id AND g.epoch = o.instance_epoch))
+                         RETURNING o.*
+                     ), abandoned AS (
+                         INSERT INTO messages (id, account_id, key_id, route_id, upstream_id,
+                             stream, status, reserved, instance_id, instance_epoch, created_at,
+                             settled_at, batch_id)
+                         SELECT id, account_id, key_id, route_id, upstream_id, stream,
+                             'abandoned', reserved, instance_id, instance_epoch, created_at,
+                             now(), batch_id
+                         FROM ended
+                         RETURNING account_id, key_id, reserved, billed,
+                             message_model(route_id, model) AS model, created_at, batch_id,
+                             status, input_tokens, output_tokens, cache_creation_input_tokens,
+                             cache_read_input_tokens
+                     ), abandoned_in_place AS (
+                         -- Reserved in `messages` by a process of before 0026.
                          UPDATE messages m SET status = 'abandoned', billed = 0, settled_at = now()
                          WHERE m.status = 'reserved'
                            AND m.created_at < now() - $1 * interval '1 millisecond'
@@ -215,6 +238,8 @@ impl PostgresLedger {
                              m.created_at, m.batch_id, m.status, m.input_tokens,
                              m.output_tokens, m.cache_creation_input_tokens,
                              m.cache_read_input_tokens
+                     ), orphans AS (
+                         SELECT * FROM abandoned UNION ALL SELECT * FROM abandoned_in_place
                      ), released AS (
                          SELECT account_id, sum(reserved)::bigint AS credits, count(*) AS n
                          FROM orphans GROUP BY account_id

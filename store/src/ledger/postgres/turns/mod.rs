@@ -11,6 +11,8 @@
 //! A statement Postgres refuses (a constraint) fails its whole batch; the batch then runs
 //! again turn by turn, so that only the turn at fault is refused ([`isolating`]).
 
+mod reserved;
+
 use std::collections::HashMap;
 
 use futures::future::BoxFuture;
@@ -29,8 +31,8 @@ use crate::ledger::message_id;
 use crate::metrics;
 use crate::usage::{StopReason, TokenUsage};
 
-/// Holds, per turn, what its account's available credits allow between `min` and `max`, and
-/// writes its message row `reserved`; a turn whose account has less than `min` holds nothing
+/// Holds, per turn, what its account's available credits allow between `min` and `max`, in
+/// `reservations`; a turn whose account has less than `min` holds nothing
 /// and is answered with what was available.
 pub async fn reserve(
     db: &Database,
@@ -172,11 +174,12 @@ async fn reserve_once(
                            FROM decided d JOIN turn t ON t.id = d.id
                            WHERE d.amount IS NOT NULL GROUP BY t.key_id) h
                      WHERE k.id = h.key_id
-                 ), message AS (
-                     INSERT INTO messages (id, account_id, key_id, route_id, upstream_id, stream,
-                         status, reserved, instance_id, instance_epoch, created_at, batch_id)
+                 ), held_turn AS (
+                     -- Its row is written when it ends (migration 0026).
+                     INSERT INTO reservations (id, account_id, key_id, route_id, upstream_id,
+                         stream, reserved, instance_id, instance_epoch, created_at, batch_id)
                      SELECT t.id, t.account_id, t.key_id, t.route_id, t.upstream_id, t.stream,
-                         'reserved', d.amount, $10, $11, t.created_at, t.batch_id
+                         d.amount, $10, $11, t.created_at, t.batch_id
                      FROM turn t JOIN decided d ON d.id = t.id
                      WHERE d.amount IS NOT NULL
                  )
@@ -215,9 +218,9 @@ async fn reserve_once(
         .map_err(DbError::Sql)
 }
 
-/// Moves each turn out of `reserved`, records its usage and bills at most what it reserved
-/// (nothing when it failed), and debits the accounts. `None` for a turn that was not
-/// `reserved` (already settled, or reaped): it changes nothing.
+/// Ends each turn held in `reservations`: writes its row with its usage, bills at most what
+/// it reserved (nothing when it failed), and debits the accounts. `None` for a turn held
+/// nowhere (already settled, or reaped): it changes nothing.
 pub async fn settle(
     db: &Database,
     names: &NameKeys,
@@ -225,24 +228,28 @@ pub async fn settle(
 ) -> Vec<Result<Option<u64>, LedgerError>> {
     let turns: Vec<&Settlement> = turns.iter().collect();
     let mut answers = isolating("settle", &turns, |turns| {
-        Box::pin(settle_rows(db, names, turns, Lookup::ByTime))
+        Box::pin(reserved::settle(db, names, turns))
     })
     .await;
-    // Not at the time its id carries: an id of before 0020 (random), or a row settled
-    // already (a replay); looked for again by id alone, in every partition.
-    let missed: Vec<usize> = (0..turns.len())
-        .filter(|&i| matches!(answers[i], Ok(None)) && by_time(&turns[i].message_id))
-        .collect();
-    if missed.is_empty() {
-        return answers;
-    }
-    let again: Vec<&Settlement> = missed.iter().map(|&i| turns[i]).collect();
-    let found = isolating("settle", &again, |turns| {
-        Box::pin(settle_rows(db, names, turns, Lookup::ById))
-    })
-    .await;
-    for (i, answer) in missed.into_iter().zip(found) {
-        answers[i] = answer;
+    // Not in `reservations`: reserved in `messages` by a process of before 0026 (at the time
+    // its id carries, then, for an id of before 0020, by id alone in every partition), or
+    // settled already (a replay).
+    for lookup in [Lookup::ByTime, Lookup::ById] {
+        let missed: Vec<usize> = (0..turns.len())
+            .filter(|&i| matches!(answers[i], Ok(None)))
+            .filter(|&i| lookup == Lookup::ByTime || by_time(&turns[i].message_id))
+            .collect();
+        if missed.is_empty() {
+            break;
+        }
+        let again: Vec<&Settlement> = missed.iter().map(|&i| turns[i]).collect();
+        let found = isolating("settle", &again, |turns| {
+            Box::pin(settle_rows(db, names, turns, lookup))
+        })
+        .await;
+        for (i, answer) in missed.into_iter().zip(found) {
+            answers[i] = answer;
+        }
     }
     answers
 }
@@ -266,6 +273,8 @@ impl Lookup {
     }
 }
 
+/// [`settle`] of turns reserved in `messages` (by a process of before 0026), found by
+/// `lookup`.
 async fn settle_rows(
     db: &Database,
     names: &NameKeys,
@@ -273,7 +282,6 @@ async fn settle_rows(
     lookup: Lookup,
 ) -> Vec<Result<Option<u64>, LedgerError>> {
     let n = turns.len();
-    metrics::ledger_batch("settle", n);
     let mut c = SettleColumns::of(turns.iter().copied());
     let upstream_id = match c.upstream_keys(db, names).await {
         Ok(keys) => keys,
@@ -521,6 +529,9 @@ pub async fn write_rows(
 /// `pool` still holds it, as the write took it from there). Rows already billed nothing
 /// (failed, abandoned, unbilled) are left as they are; either way it ends billed 0.
 pub async fn void(db: &Database, message_id: &str, pool: Option<&str>) -> Result<(), DbError> {
+    if reserved::void(db, message_id).await? {
+        return Ok(());
+    }
     if !void_row(db, message_id, pool, Lookup::ByTime).await? && by_time(message_id) {
         void_row(db, message_id, pool, Lookup::ById).await?;
     }
@@ -533,7 +544,7 @@ fn by_time(message_id: &str) -> bool {
     message_id::created_at(message_id).is_some()
 }
 
-/// [`void`] of the row found by `lookup`; whether there was one.
+/// [`void`] of the row in `messages` found by `lookup`; whether there was one.
 async fn void_row(
     db: &Database,
     message_id: &str,
@@ -615,13 +626,17 @@ async fn void_row(
 /// billed nothing, moving no money: the row says what its client was told, and what it holds
 /// stays held for an operator to look at.
 pub async fn mark_unbilled(db: &Database, message_id: &str) -> Result<(), DbError> {
+    if reserved::mark_unbilled(db, message_id).await? {
+        return Ok(());
+    }
     if !mark_row_unbilled(db, message_id, Lookup::ByTime).await? && by_time(message_id) {
         mark_row_unbilled(db, message_id, Lookup::ById).await?;
     }
     Ok(())
 }
 
-/// [`mark_unbilled`] of the row found by `lookup`; whether it was marked.
+/// [`mark_unbilled`] of a row reserved in `messages` (by a process of before 0026), found by
+/// `lookup`; whether it was marked.
 async fn mark_row_unbilled(
     db: &Database,
     message_id: &str,
