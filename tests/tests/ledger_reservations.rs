@@ -109,6 +109,20 @@ async fn a_turns_ledger_row_is_written_once_when_it_ends_and_read_as_reserved_be
     let balance = ledger.balance(&account).await.expect("balance");
     assert_eq!((balance.balance, balance.reserved), (CREDITS - 400, 0));
     assert_rollups_match_rows(&pg, &account).await;
+
+    // The account's list: the turn in flight and the ended one, newest first.
+    let later = turn(&account);
+    let later_id = later.record.id.clone();
+    ledger.reserve(later).await.expect("reserve");
+    let listed = ledger.recent_messages(&account, 5).await.expect("list");
+    let listed: Vec<_> = listed.iter().map(|m| (m.id.as_str(), m.status)).collect();
+    assert_eq!(
+        listed,
+        [
+            (later_id.as_str(), MessageStatus::Reserved),
+            (id.as_str(), MessageStatus::Completed)
+        ]
+    );
 }
 
 #[tokio::test]

@@ -953,10 +953,30 @@ impl Ledger for PostgresLedger {
             rows = self
                 .db
                 .bounded(
+                    // The account's last turns by the `(account_id, created_at)` index
+                    // (and the few in flight), then each one's row with its names: ordering
+                    // `message_rows` itself would join the names to every row of the account
+                    // before it sorts them (`OFFSET 0` keeps Postgres from folding the lookup
+                    // into such a join).
                     sqlx::query(
-                        "SELECT * FROM message_rows WHERE account_id = $1
-                             AND created_at >= coalesce($3::timestamptz, '-infinity')
-                         ORDER BY created_at DESC LIMIT $2",
+                        "SELECT row.* FROM (
+                             (SELECT id, created_at FROM messages
+                              WHERE account_id = $1
+                                  AND created_at >= coalesce($3::timestamptz, '-infinity')
+                              ORDER BY created_at DESC LIMIT $2)
+                             UNION ALL
+                             (SELECT id, created_at FROM reservations
+                              WHERE account_id = $1
+                                  AND created_at >= coalesce($3::timestamptz, '-infinity')
+                              ORDER BY created_at DESC LIMIT $2)
+                             ORDER BY created_at DESC LIMIT $2
+                         ) recent
+                         CROSS JOIN LATERAL (
+                             SELECT * FROM message_rows r
+                             WHERE r.id = recent.id AND r.created_at = recent.created_at
+                             OFFSET 0
+                         ) row
+                         ORDER BY row.created_at DESC",
                     )
                     .bind(account_id)
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
