@@ -1,7 +1,8 @@
 //! The money movements of a turn, each one statement over a batch of turns (see
 //! [`Coalescer`](crate::ledger::coalesce::Coalescer)): all of a batch commits or none of it.
-//! A turn reserved in Postgres is reserved, then settled; a turn served from an allotment
-//! ([`super::allotment`]) is written once, after it ended.
+//! A turn reserved in Postgres is held in `reservations`, then settled: its row is written
+//! then ([`reserved`]); a turn served from an allotment ([`super::allotment`]) is written once,
+//! after it ended.
 //!
 //! Account rows are locked in id order before they are written, so two batches (of this
 //! process or another) sharing accounts queue on each other instead of deadlocking. A batch
@@ -10,6 +11,39 @@
 //!
 //! A statement Postgres refuses (a constraint) fails its whole batch; the batch then runs
 //! again turn by turn, so that only the turn at fault is refused ([`isolating`]).
+
+/// The CTEs a settle statement ends with, after its `settled` rows (`account_id`, `key_id`,
+/// `reserved`, `billed`): locks their accounts in id order, releases what the turns held and
+/// debits their bills, from the accounts and their keys' month. `account` is the locked
+/// accounts, for the rollups to join.
+macro_rules! debited {
+    () => {
+        "per_account AS (
+             SELECT account_id, sum(reserved)::bigint AS reserved, sum(billed)::bigint AS billed
+             FROM settled GROUP BY account_id
+         ), account AS (
+             SELECT id FROM accounts WHERE id IN (SELECT account_id FROM per_account)
+             ORDER BY id FOR NO KEY UPDATE
+         ), debited AS (
+             UPDATE accounts a
+             SET reserved = a.reserved - p.reserved, balance = a.balance - p.billed
+             FROM per_account p JOIN account ON account.id = p.account_id
+             WHERE a.id = p.account_id
+         ), per_key AS (
+             SELECT key_id, account_id, sum(reserved)::bigint AS reserved,
+                 sum(billed)::bigint AS billed
+             FROM settled GROUP BY key_id, account_id
+         ), key_debited AS (
+             UPDATE api_keys k
+             SET month_reserved = greatest(k.month_reserved - p.reserved, 0),
+                 month_spent = p.billed + CASE WHEN k.spend_month = utc_month()
+                     THEN k.month_spent ELSE 0 END,
+                 spend_month = utc_month()
+             FROM per_key p JOIN account ON account.id = p.account_id
+             WHERE k.id = p.key_id
+         ), "
+    };
+}
 
 mod reserved;
 
@@ -32,8 +66,8 @@ use crate::metrics;
 use crate::usage::{StopReason, TokenUsage};
 
 /// Holds, per turn, what its account's available credits allow between `min` and `max`, in
-/// `reservations`; a turn whose account has less than `min` holds nothing
-/// and is answered with what was available.
+/// `reservations`; a turn whose account has less than `min` holds nothing and is answered with
+/// what was available.
 pub async fn reserve(
     db: &Database,
     lease: &Lease,
@@ -326,31 +360,8 @@ async fn settle_rows(
                          message_model(m.route_id, m.model) AS model,
                          m.created_at, m.batch_id, m.status, m.input_tokens, m.output_tokens,
                          m.cache_creation_input_tokens, m.cache_read_input_tokens
-                 ), per_account AS (
-                     SELECT account_id, sum(reserved)::bigint AS reserved,
-                            sum(billed)::bigint AS billed
-                     FROM settled GROUP BY account_id
-                 ), account AS (
-                     SELECT id FROM accounts WHERE id IN (SELECT account_id FROM per_account)
-                     ORDER BY id FOR NO KEY UPDATE
-                 ), debited AS (
-                     UPDATE accounts a
-                     SET reserved = a.reserved - p.reserved, balance = a.balance - p.billed
-                     FROM per_account p JOIN account ON account.id = p.account_id
-                     WHERE a.id = p.account_id
-                 ), per_key AS (
-                     SELECT key_id, account_id, sum(reserved)::bigint AS reserved,
-                            sum(billed)::bigint AS billed
-                     FROM settled GROUP BY key_id, account_id
-                 ), key_debited AS (
-                     UPDATE api_keys k
-                     SET month_reserved = greatest(k.month_reserved - p.reserved, 0),
-                         month_spent = p.billed + CASE WHEN k.spend_month = utc_month()
-                             THEN k.month_spent ELSE 0 END,
-                         spend_month = utc_month()
-                     FROM per_key p JOIN account ON account.id = p.account_id
-                     WHERE k.id = p.key_id
                  ), ",
+                debited!(),
                 rolled_up!(
                     "SELECT s.*, 1 AS sign FROM settled s JOIN account ON account.id = s.account_id"
                 ),

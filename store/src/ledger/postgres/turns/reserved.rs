@@ -77,31 +77,8 @@ pub async fn settle(
                  ), settled AS (",
                 written!(),
                 "
-                 ), per_account AS (
-                     SELECT account_id, sum(reserved)::bigint AS reserved,
-                            sum(billed)::bigint AS billed
-                     FROM settled GROUP BY account_id
-                 ), account AS (
-                     SELECT id FROM accounts WHERE id IN (SELECT account_id FROM per_account)
-                     ORDER BY id FOR NO KEY UPDATE
-                 ), debited AS (
-                     UPDATE accounts a
-                     SET reserved = a.reserved - p.reserved, balance = a.balance - p.billed
-                     FROM per_account p JOIN account ON account.id = p.account_id
-                     WHERE a.id = p.account_id
-                 ), per_key AS (
-                     SELECT key_id, account_id, sum(reserved)::bigint AS reserved,
-                            sum(billed)::bigint AS billed
-                     FROM settled GROUP BY key_id, account_id
-                 ), key_debited AS (
-                     UPDATE api_keys k
-                     SET month_reserved = greatest(k.month_reserved - p.reserved, 0),
-                         month_spent = p.billed + CASE WHEN k.spend_month = utc_month()
-                             THEN k.month_spent ELSE 0 END,
-                         spend_month = utc_month()
-                     FROM per_key p JOIN account ON account.id = p.account_id
-                     WHERE k.id = p.key_id
                  ), ",
+                debited!(),
                 rolled_up!(
                     "SELECT s.*, 1 AS sign FROM settled s JOIN account ON account.id = s.account_id"
                 ),
