@@ -77,6 +77,25 @@ pub(crate) fn chown(path: &Path, user: Option<(u32, u32)>) {
 }
 
 impl PostgresServer {
+    /// Applies the workspace's migrations numbered below `version`: a database as the code of
+    /// before left it, for a migration's own test.
+    pub async fn migrate_before(&self, version: i64) {
+        let pool = sqlx::PgPool::connect(&self.url()).await.expect("pool");
+        let mut before = sqlx::migrate::Migrator::new(workspace_root().join("store/migrations"))
+            .await
+            .expect("migrations");
+        before.migrations = std::borrow::Cow::Owned(
+            before
+                .migrations
+                .iter()
+                .filter(|m| m.version < version)
+                .cloned()
+                .collect(),
+        );
+        before.run(&pool).await.expect("the migrations of before");
+        pool.close().await;
+    }
+
     /// Creates a cluster in a fresh folder and starts it on a free port.
     pub async fn start() -> PostgresServer {
         let dir = std::env::temp_dir().join(unique_name("e2e-postgres"));

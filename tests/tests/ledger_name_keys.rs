@@ -4,18 +4,14 @@
 //! and a ledger written before 0025 reads the same after it, its turn in flight settling on
 //! the new code.
 
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-use e2e::contract::actor;
-use e2e::gateway::{unique_name, workspace_root};
+use e2e::ledger::{funded, reserve};
 use e2e::PostgresServer;
-use store::accounts::{Accounts, PostgresAccounts};
 use store::db::Database;
 use store::ledger::fixtures::turn_record;
 use store::ledger::{
-    message_id, Ledger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, ServedBy,
-    Settlement,
+    message_id, Ledger, MessageRecord, MessageStatus, PostgresLedger, ServedBy, Settlement,
 };
 use time::OffsetDateTime;
 
@@ -23,21 +19,6 @@ const CREDITS: u64 = 100_000_000;
 
 /// Rows of the layout of before, to time the migration on.
 const BULK_ROWS: i64 = 200_000;
-
-async fn ledger_on(db: &Database) -> (PostgresLedger, String) {
-    let account = PostgresAccounts::new(db.clone())
-        .create_account(&unique_name("keys"))
-        .await
-        .expect("account")
-        .id;
-    let ledger = PostgresLedger::new(db.clone());
-    ledger.heartbeat().await.expect("heartbeat");
-    ledger
-        .add_credits(&account, CREDITS, &actor())
-        .await
-        .expect("credits");
-    (ledger, account)
-}
 
 /// A turn of svc/sonnet through /v1/chat/completions, reserved on the first upstream.
 fn sonnet(account: &str) -> MessageRecord {
@@ -52,18 +33,6 @@ fn sonnet(account: &str) -> MessageRecord {
         created_at: message_id::created_at(&id).expect("a time"),
         ..turn_record(&id, account, "key_names")
     }
-}
-
-async fn reserve(ledger: &PostgresLedger, record: MessageRecord) {
-    ledger
-        .reserve(NewReservation {
-            record,
-            spend_cap: None,
-            min: 1_000,
-            max: 1_000,
-        })
-        .await
-        .expect("reserve");
 }
 
 async fn settle(ledger: &PostgresLedger, id: &str, served_by: Option<ServedBy>) -> u64 {
@@ -103,7 +72,7 @@ async fn a_row_keeps_its_route_and_upstream_as_keys_and_reads_back_their_names()
     let pg = PostgresServer::start().await;
     let db = Database::connect(&pg.url(), 4, Duration::from_secs(30)).expect("url");
     db.migrate().await.expect("migrate");
-    let (ledger, account) = ledger_on(&db).await;
+    let (ledger, account) = funded(&db, "keys", CREDITS).await;
     // Another process, with no key seen yet, on the same routes.
     let other = PostgresLedger::new(db.clone());
     other.heartbeat().await.expect("heartbeat");
@@ -199,23 +168,10 @@ async fn a_row_keeps_its_route_and_upstream_as_keys_and_reads_back_their_names()
 #[tokio::test]
 async fn migration_0025_reads_a_ledger_of_before_the_same_and_its_turn_in_flight_settles_after() {
     let pg = PostgresServer::start().await;
-    let pool = sqlx::PgPool::connect(&pg.url()).await.expect("pool");
-    let mut before = sqlx::migrate::Migrator::new(workspace_root().join("store/migrations"))
-        .await
-        .expect("migrations");
-    before.migrations = Cow::Owned(
-        before
-            .migrations
-            .iter()
-            .filter(|m| m.version < 25)
-            .cloned()
-            .collect(),
-    );
-    before.run(&pool).await.expect("the migrations of before");
-    pool.close().await;
+    pg.migrate_before(25).await;
 
     let db = Database::connect(&pg.url(), 4, Duration::from_secs(60)).expect("url");
-    let (ledger, account) = ledger_on(&db).await;
+    let (ledger, account) = funded(&db, "keys", CREDITS).await;
     // Rows as the code of before wrote them: one settled, one still reserved (its 1,000
     // credits held), and a bulk of settled ones to time the migration.
     let done = sonnet(&account);

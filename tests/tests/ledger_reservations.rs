@@ -7,10 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::books::assert_rollups_match_rows;
-use e2e::contract::actor;
-use e2e::gateway::unique_name;
+use e2e::ledger::funded;
 use e2e::PostgresServer;
-use store::accounts::{Accounts, PostgresAccounts};
 use store::db::Database;
 use store::ledger::fixtures::turn_record;
 use store::ledger::{
@@ -26,17 +24,7 @@ const RACED: usize = 200;
 async fn ledger_on(pg: &PostgresServer) -> (Arc<PostgresLedger>, String) {
     let db = Database::connect(&pg.url(), 8, Duration::from_secs(30)).expect("url");
     db.migrate().await.expect("migrate");
-    let account = PostgresAccounts::new(db.clone())
-        .create_account(&unique_name("held"))
-        .await
-        .expect("account")
-        .id;
-    let ledger = PostgresLedger::new(db);
-    ledger.heartbeat().await.expect("heartbeat");
-    ledger
-        .add_credits(&account, CREDITS, &actor())
-        .await
-        .expect("credits");
+    let (ledger, account) = funded(&db, "held", CREDITS).await;
     (Arc::new(ledger), account)
 }
 

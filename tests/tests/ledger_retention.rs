@@ -6,16 +6,12 @@
 //! lifetime debits; a failed export, or no archive, leaves the day in place; a rerun changes
 //! nothing; a dropped message is a 404.
 
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-use e2e::contract::actor;
-use e2e::gateway::{unique_name, workspace_root};
-use e2e::ledger::{reserve_at, settle};
+use e2e::ledger::{funded, reserve_at, settle};
 use e2e::s3::{S3Server, CREDENTIALS};
 use e2e::{poll_until, Cluster, PostgresServer};
 use serde_json::Value;
-use store::accounts::{Accounts, PostgresAccounts};
 use store::db::Database;
 use store::ledger::message_id;
 use store::ledger::partitions;
@@ -41,18 +37,7 @@ async fn turn(ledger: &PostgresLedger, account: &str, at: OffsetDateTime, cost: 
 }
 
 async fn ledger_on(db: &Database) -> (PostgresLedger, String) {
-    let account = PostgresAccounts::new(db.clone())
-        .create_account(&unique_name("retention"))
-        .await
-        .expect("account")
-        .id;
-    let ledger = PostgresLedger::new(db.clone());
-    ledger.heartbeat().await.expect("heartbeat");
-    ledger
-        .add_credits(&account, CREDITS, &actor())
-        .await
-        .expect("credits");
-    (ledger, account)
+    funded(db, "retention", CREDITS).await
 }
 
 /// What the account was debited over its life: what it was credited less what it has.
@@ -85,20 +70,7 @@ async fn has_partition(pg: &PostgresServer, day: Date) -> bool {
 async fn migration_0020_moves_a_ledger_of_before_into_day_partitions_keeping_every_row_and_credit()
 {
     let pg = PostgresServer::start().await;
-    let pool = sqlx::PgPool::connect(&pg.url()).await.expect("pool");
-    let mut before = sqlx::migrate::Migrator::new(workspace_root().join("store/migrations"))
-        .await
-        .expect("migrations");
-    before.migrations = Cow::Owned(
-        before
-            .migrations
-            .iter()
-            .filter(|m| m.version < 20)
-            .cloned()
-            .collect(),
-    );
-    before.run(&pool).await.expect("the migrations of before");
-    pool.close().await;
+    pg.migrate_before(20).await;
 
     // Turns as the code of before wrote them (the statements of today write the layout of
     // today), under ids of before (random), over three days; one started a second before

@@ -5,7 +5,6 @@
 //! migration of accounts made before organizations; the members page in a real browser, with
 //! its screenshots in docs/screenshots/.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use e2e::browser::{Browser, DESKTOP, PHONE};
@@ -381,19 +380,8 @@ async fn removing_a_member_signs_them_out_at_their_next_request_and_can_revoke_t
 #[tokio::test]
 async fn migration_0019_makes_each_existing_user_the_owner_of_their_account() {
     let pg = PostgresServer::start().await;
+    pg.migrate_before(19).await;
     let pool = sqlx::PgPool::connect(&pg.url()).await.expect("pool");
-    let mut before = sqlx::migrate::Migrator::new(workspace_root().join("store/migrations"))
-        .await
-        .expect("migrations");
-    before.migrations = Cow::Owned(
-        before
-            .migrations
-            .iter()
-            .filter(|m| m.version < 19)
-            .cloned()
-            .collect(),
-    );
-    before.run(&pool).await.expect("the migrations of before");
 
     // Rows as the code of before writes them: an account, its user (one per account), a
     // session, a key minted on the dashboard.

@@ -12,13 +12,14 @@
 //! A statement Postgres refuses (a constraint) fails its whole batch; the batch then runs
 //! again turn by turn, so that only the turn at fault is refused ([`isolating`]).
 
-/// The CTEs a settle statement ends with, after its `settled` rows (`account_id`, `key_id`,
-/// `reserved`, `billed`): locks their accounts in id order, releases what the turns held and
-/// debits their bills, from the accounts and their keys' month. `account` is the locked
-/// accounts, for the rollups to join.
-macro_rules! debited {
+/// The end of a settle statement, after its `settled` rows (`id`, `account_id`, `key_id`,
+/// `reserved`, `billed`, and what the rollups read): locks their accounts in id order, releases
+/// what the turns held and debits their bills, from the accounts and their keys' month, rolls
+/// them up, and answers each row's `id` and `billed`.
+macro_rules! after_settled {
     () => {
-        "per_account AS (
+        concat!(
+            "per_account AS (
              SELECT account_id, sum(reserved)::bigint AS reserved, sum(billed)::bigint AS billed
              FROM settled GROUP BY account_id
          ), account AS (
@@ -41,7 +42,13 @@ macro_rules! debited {
                  spend_month = utc_month()
              FROM per_key p JOIN account ON account.id = p.account_id
              WHERE k.id = p.key_id
-         ), "
+         ), ",
+            rolled_up!(
+                "SELECT s.*, 1 AS sign FROM settled s JOIN account ON account.id = s.account_id"
+            ),
+            "
+             SELECT id, billed FROM settled"
+        )
     };
 }
 
@@ -361,12 +368,7 @@ async fn settle_rows(
                          m.created_at, m.batch_id, m.status, m.input_tokens, m.output_tokens,
                          m.cache_creation_input_tokens, m.cache_read_input_tokens
                  ), ",
-                debited!(),
-                rolled_up!(
-                    "SELECT s.*, 1 AS sign FROM settled s JOIN account ON account.id = s.account_id"
-                ),
-                "
-                 SELECT id, billed FROM settled"
+                after_settled!()
             ))
             .bind(c.id)
             .bind(c.status)

@@ -78,12 +78,7 @@ pub async fn settle(
                 written!(),
                 "
                  ), ",
-                debited!(),
-                rolled_up!(
-                    "SELECT s.*, 1 AS sign FROM settled s JOIN account ON account.id = s.account_id"
-                ),
-                "
-                 SELECT id, billed FROM settled"
+                after_settled!()
             ))
             .bind(c.id)
             .bind(c.status)
