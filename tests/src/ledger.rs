@@ -30,8 +30,8 @@ pub async fn funded(db: &Database, name: &str, credits: u64) -> (PostgresLedger,
     (ledger, account)
 }
 
-/// Reserves 1,000 credits for the turn of `record`.
-pub async fn reserve(ledger: &PostgresLedger, record: MessageRecord) {
+/// Reserves 1,000 credits for the turn of `record`; what it held.
+pub async fn reserve(ledger: &(impl Ledger + ?Sized), record: MessageRecord) -> u64 {
     ledger
         .reserve(NewReservation {
             record,
@@ -40,7 +40,7 @@ pub async fn reserve(ledger: &PostgresLedger, record: MessageRecord) {
             max: 1_000,
         })
         .await
-        .expect("reserve");
+        .expect("reserve")
 }
 
 /// Reserves turn `id` of the account's key `key_id`, started `at`.

@@ -8,16 +8,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use e2e::contract::actor;
 use e2e::gateway::unique_name;
-use e2e::ledger::{reserve_at, settle};
+use e2e::ledger::{funded, reserve_at, settle};
 use e2e::s3::{S3Server, CREDENTIALS};
 use e2e::PostgresServer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use store::accounts::{Accounts, PostgresAccounts};
 use store::db::Database;
-use store::ledger::{Ledger, PostgresLedger};
+use store::ledger::PostgresLedger;
 use time::{Date, OffsetDateTime, Time};
 
 /// More than one page (10,000 rows) and one row group of the export.
@@ -41,17 +39,7 @@ async fn filled() -> Filled {
     let pg = PostgresServer::start().await;
     let db = Database::connect(&pg.url(), 4, Duration::from_secs(5)).expect("url");
     db.migrate().await.expect("migrate");
-    let account = PostgresAccounts::new(db.clone())
-        .create_account("export")
-        .await
-        .expect("account")
-        .id;
-    let ledger = PostgresLedger::new(db.clone());
-    ledger.heartbeat().await.expect("heartbeat");
-    ledger
-        .add_credits(&account, 100_000_000, &actor())
-        .await
-        .expect("credits");
+    let (ledger, account) = funded(&db, "export", 100_000_000).await;
     let mut now = OffsetDateTime::now_utc();
     let final_at = now.replace_time(Time::MIDNIGHT) + time::Duration::minutes(2);
     if now < final_at {

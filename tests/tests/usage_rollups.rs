@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use e2e::books::assert_rollups_match_rows;
 use e2e::contract::actor;
+use e2e::ledger::reserve;
 use e2e::{
     message, message_stream, poll_until, Cluster, KeySpec, ManifestDir, MockUpstream, MockUsage,
     PostgresServer, Reply, UpstreamDef,
@@ -20,7 +21,7 @@ use store::accounts::{Accounts, PostgresAccounts};
 use store::db::Database;
 use store::ledger::fixtures::turn_record;
 use store::ledger::{
-    Ledger, MemoryLedger, MessageRecord, MessageStatus, NewReservation, PostgresLedger, Settlement,
+    Ledger, MemoryLedger, MessageRecord, MessageStatus, PostgresLedger, Settlement,
 };
 use store::usage::TokenUsage;
 use time::OffsetDateTime;
@@ -267,15 +268,7 @@ async fn a_turn_settled_after_its_hour_ends_counts_once_in_the_hour_it_was_creat
         created_at: created,
         ..turn_record("msg_across_midnight", &books.account_id, "key_rollups")
     };
-    let held = books.ledgers[0]
-        .reserve(NewReservation {
-            record,
-            spend_cap: None,
-            min: 1_000,
-            max: 1_000,
-        })
-        .await
-        .expect("reserve");
+    let held = reserve(books.ledgers[0].as_ref(), record).await;
     let settling = books.ledgers.last().expect("a ledger");
     let usage = TokenUsage {
         input_tokens: 11,

@@ -209,20 +209,12 @@ impl PostgresLedger {
                            AND (o.created_at < now() - $2 * interval '1 millisecond'
                                 OR NOT EXISTS (
                                    SELECT 1 FROM gateway_instances g
-                                   WHERE g.id = o.instance_id AND g.epoch = o.instance_epoch))
-                         RETURNING o.*
-                     ), abandoned AS (
-                         INSERT INTO messages (id, account_id, key_id, route_id, upstream_id,
-                             stream, status, reserved, instance_id, instance_epoch, created_at,
-                             settled_at, batch_id)
-                         SELECT id, account_id, key_id, route_id, upstream_id, stream,
-                             'abandoned', reserved, instance_id, instance_epoch, created_at,
-                             now(), batch_id
-                         FROM ended
-                         RETURNING account_id, key_id, reserved, billed,
-                             message_model(route_id, model) AS model, created_at, batch_id,
-                             status, input_tokens, output_tokens, cache_creation_input_tokens,
-                             cache_read_input_tokens
+                                   WHERE g.id = o.instance_id AND g.epoch = o.instance_epoch)) ",
+                    ended_billing_nothing!("'abandoned'"),
+                    "
+                     ), abandoned AS (",
+                    written!(),
+                    "
                      ), abandoned_in_place AS (
                          -- Reserved in `messages` by a process of before 0026.
                          UPDATE messages m SET status = 'abandoned', billed = 0, settled_at = now()
@@ -233,7 +225,7 @@ impl PostgresLedger {
                                 OR NOT EXISTS (
                                    SELECT 1 FROM gateway_instances g
                                    WHERE g.id = m.instance_id AND g.epoch = m.instance_epoch))
-                         RETURNING m.account_id, m.key_id, m.reserved, m.billed,
+                         RETURNING m.id, m.account_id, m.key_id, m.reserved, m.billed,
                              message_model(m.route_id, m.model) AS model,
                              m.created_at, m.batch_id, m.status, m.input_tokens,
                              m.output_tokens, m.cache_creation_input_tokens,

@@ -67,6 +67,40 @@ macro_rules! rolled_up {
     };
 }
 
+/// The row a turn held in `ended` (a `DELETE … RETURNING` of `reservations`, with the turn's
+/// `status`, `billed`, usage and serving `upstream_id`) ends as, inserted into `messages` once
+/// (migration 0026); returns what the rollups read of it.
+macro_rules! written {
+    () => {
+        "INSERT INTO messages (id, account_id, key_id, route_id, upstream_id, stream, status,
+             reserved, billed, input_tokens, output_tokens, cache_creation_input_tokens,
+             cache_read_input_tokens, stop_reason, latency_ms, instance_id, instance_epoch,
+             created_at, settled_at, batch_id)
+         SELECT id, account_id, key_id, route_id, upstream_id, stream, status, reserved, billed,
+             input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+             stop_reason, latency_ms, instance_id, instance_epoch, created_at, now(), batch_id
+         FROM ended
+         RETURNING id, account_id, key_id, reserved, billed,
+             message_model(route_id, model) AS model, created_at, batch_id, status,
+             input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens"
+    };
+}
+
+/// The `RETURNING` of a `DELETE` of `reservations` whose turns end `$status` (a SQL string
+/// literal), billed nothing and with no usage: the `ended` rows [`written`] reads.
+macro_rules! ended_billing_nothing {
+    ($status:literal) => {
+        concat!(
+            "RETURNING id, account_id, key_id, route_id, upstream_id, stream, ",
+            $status,
+            " AS status, reserved, 0::bigint AS billed, 0::bigint AS input_tokens,
+             0::bigint AS output_tokens, 0::bigint AS cache_creation_input_tokens,
+             0::bigint AS cache_read_input_tokens, NULL::text AS stop_reason,
+             NULL::bigint AS latency_ms, instance_id, instance_epoch, created_at, batch_id"
+        )
+    };
+}
+
 mod allotment;
 mod lease;
 mod name_keys;

@@ -32,26 +32,37 @@ impl KeyTable {
     /// Each name triple's key, in their order; the ones not seen yet are made (or read, when
     /// another process made them) in one statement.
     async fn keys(&self, db: &Database, wanted: &[[&str; 3]]) -> Result<Vec<i32>, DbError> {
-        let wanted: Vec<Names> = wanted
-            .iter()
-            .map(|names| names.map(str::to_owned))
-            .collect();
+        // Each distinct triple looked up (and owned) once: a batch's turns share a few routes.
+        let mut distinct: Vec<Names> = Vec::new();
+        let mut index: HashMap<[&str; 3], usize> = HashMap::new();
+        for names in wanted {
+            index.entry(*names).or_insert_with(|| {
+                distinct.push(names.map(str::to_owned));
+                distinct.len() - 1
+            });
+        }
         let mut keys: Vec<Option<i32>> = {
             let seen = self.seen();
-            wanted
+            distinct
                 .iter()
                 .map(|names| seen.get(names).copied())
                 .collect()
         };
         if keys.iter().any(Option::is_none) {
-            let made = self.make(db, &wanted, &keys).await?;
-            for (key, names) in keys.iter_mut().zip(&wanted) {
+            let made = self.make(db, &distinct, &keys).await?;
+            for (key, names) in keys.iter_mut().zip(&distinct) {
                 *key = key.or_else(|| made.get(names).copied());
             }
         }
         // The upsert returns a row for each triple it was given.
-        keys.into_iter()
-            .map(|key| key.ok_or(DbError::Sql(sqlx::Error::RowNotFound)))
+        wanted
+            .iter()
+            .map(|names| {
+                index
+                    .get(names)
+                    .and_then(|&i| keys.get(i).copied().flatten())
+                    .ok_or(DbError::Sql(sqlx::Error::RowNotFound))
+            })
             .collect()
     }
 
@@ -62,8 +73,8 @@ impl KeyTable {
         wanted: &[Names],
         keys: &[Option<i32>],
     ) -> Result<HashMap<Names, i32>, DbError> {
-        // Sorted and distinct: an upsert may not touch a row twice, and two processes making
-        // the same keys take their row locks in the same order.
+        // Sorted (and distinct, as `keys` gives them): an upsert may not touch a row twice,
+        // and two processes making the same keys take their row locks in the same order.
         let mut missing: Vec<&Names> = wanted
             .iter()
             .zip(keys)
@@ -71,7 +82,6 @@ impl KeyTable {
             .map(|(names, _)| names)
             .collect();
         missing.sort();
-        missing.dedup();
         let column = |i: usize| missing.iter().map(|n| n[i].as_str()).collect::<Vec<_>>();
         let rows = db
             .bounded(

@@ -9,37 +9,6 @@ use crate::ledger::postgres::name_keys::NameKeys;
 use crate::ledger::{LedgerError, Settlement};
 use crate::metrics;
 
-/// The row a turn held in `ended` (a `DELETE … RETURNING` of `reservations`, with the turn's
-/// `status`, `billed`, usage and serving `upstream_id`) ends as; what the rollups read of it.
-macro_rules! written {
-    () => {
-        "INSERT INTO messages (id, account_id, key_id, route_id, upstream_id, stream, status,
-             reserved, billed, input_tokens, output_tokens, cache_creation_input_tokens,
-             cache_read_input_tokens, stop_reason, latency_ms, instance_id, instance_epoch,
-             created_at, settled_at, batch_id)
-         SELECT id, account_id, key_id, route_id, upstream_id, stream, status, reserved, billed,
-             input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
-             stop_reason, latency_ms, instance_id, instance_epoch, created_at, now(), batch_id
-         FROM ended
-         RETURNING id, account_id, key_id, reserved, billed,
-             message_model(route_id, model) AS model, created_at, batch_id, status,
-             input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens"
-    };
-}
-
-/// Takes turn `$1` out of `reservations` as `ended` for [`written`], billed nothing: it ends
-/// `unbilled`.
-macro_rules! unbilled {
-    () => {
-        "DELETE FROM reservations WHERE id = $1
-         RETURNING id, account_id, key_id, route_id, upstream_id, stream, 'unbilled' AS status,
-             reserved, 0::bigint AS billed, 0::bigint AS input_tokens, 0::bigint AS output_tokens,
-             0::bigint AS cache_creation_input_tokens, 0::bigint AS cache_read_input_tokens,
-             NULL::text AS stop_reason, NULL::bigint AS latency_ms, instance_id, instance_epoch,
-             created_at, batch_id"
-    };
-}
-
 /// Settles the turns held in `reservations`; `None` for one not held there.
 pub async fn settle(
     db: &Database,
@@ -97,8 +66,9 @@ pub async fn void(db: &Database, message_id: &str) -> Result<bool, DbError> {
     let found: i64 = db
         .bounded(
             sqlx::query_scalar(concat!(
-                "WITH ended AS (",
-                unbilled!(),
+                "WITH ended AS (
+                     DELETE FROM reservations WHERE id = $1 ",
+                ended_billing_nothing!("'unbilled'"),
                 "
                  ), account AS (
                      SELECT id FROM accounts WHERE id IN (SELECT account_id FROM ended)
@@ -132,8 +102,9 @@ pub async fn mark_unbilled(db: &Database, message_id: &str) -> Result<bool, DbEr
     let marked: i64 = db
         .bounded(
             sqlx::query_scalar(concat!(
-                "WITH ended AS (",
-                unbilled!(),
+                "WITH ended AS (
+                     DELETE FROM reservations WHERE id = $1 ",
+                ended_billing_nothing!("'unbilled'"),
                 "
                  ), marked AS (",
                 written!(),
