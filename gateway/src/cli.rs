@@ -252,8 +252,8 @@ pub async fn ledger(command: LedgerCommand) -> Result<(), CliError> {
         } => {
             let longest_turn = std::time::Duration::from_secs(reaper_max_turn_secs);
             let retention = retention.retention(longest_turn);
-            let today = time::OffsetDateTime::now_utc().date();
-            let retained = retain(&connect(&db)?, &retention, today, dry_run).await?;
+            let now = time::OffsetDateTime::now_utc();
+            let retained = retain(&connect(&db)?, &retention, now, dry_run).await?;
             print(json!(retained));
             Ok(())
         }

@@ -450,3 +450,99 @@ async fn a_lookup_by_id_reads_one_partition() {
     let day = at.date().to_string().replace('-', "");
     assert!(plan.contains(&format!("messages_{day}_pkey")), "{plan}");
 }
+
+/// Turns of a final day, started in time order and ended out of it (as turns of different
+/// lengths end), are written as the gateway writes them; the retention's next run closes that
+/// day: its indexes rebuilt packed (an index a `REINDEX CONCURRENTLY` cut short left invalid
+/// dropped first), its rows frozen, its autovacuum off. Every row and credit stays and is
+/// found by id; no other day is closed (today is not final, days due to the retention are
+/// left to it), and a second run closes nothing.
+#[tokio::test]
+async fn a_final_day_is_closed_indexes_packed_rows_frozen_and_keeps_every_row() {
+    use futures::future::join_all;
+    const TURNS: usize = 10_000;
+    let filled = filled().await;
+    let pg = &filled.pg;
+    let db = Database::connect(&pg.url(), 8, Duration::from_secs(60)).expect("url");
+    let (ledger, account) = ledger_on(&db).await;
+    let day = (OffsetDateTime::now_utc() - time::Duration::days(2)).date();
+    assert!(partitions::create(&db, day).await.expect("a partition"));
+    let part = format!("messages_{}", day.to_string().replace('-', ""));
+    let start = day.midnight().assume_utc() + time::Duration::hours(9);
+    let ids: Vec<String> = (0..TURNS)
+        .map(|i| message_id::mint("msg", start + time::Duration::milliseconds(i as i64 * 37)))
+        .collect();
+    join_all(ids.iter().map(|id| {
+        let at = message_id::created_at(id).expect("a time");
+        reserve(&ledger, &account, id, at)
+    }))
+    .await;
+    // Ended out of the order they started in (a fixed shuffle: 1,237 is prime to TURNS).
+    let ended: Vec<&String> = (0..TURNS).map(|i| &ids[i * 1_237 % TURNS]).collect();
+    for chunk in ended.chunks(100) {
+        let billed = join_all(chunk.iter().map(|id| settle(&ledger, id, 10))).await;
+        assert!(billed.iter().all(|&b| b == 10), "{billed:?}");
+    }
+    let totals = format!("SELECT count(*) || '|' || sum(billed) FROM {part}");
+    assert_eq!(pg.query(&totals).await, format!("{TURNS}|{}", TURNS * 10));
+    let index_bytes = format!(
+        "SELECT sum(pg_relation_size(indexrelid)) FROM pg_index WHERE indrelid = '{part}'::regclass"
+    );
+    let before = pg.query_i64(&index_bytes).await;
+    // A rebuild cut short: its new index left behind, invalid.
+    pg.query(&format!(
+        "CREATE INDEX {part}_pkey_ccnew ON {part} (id);
+         UPDATE pg_index SET indisvalid = false WHERE indexrelid = '{part}_pkey_ccnew'::regclass"
+    ))
+    .await;
+    let xid_before = pg.query_i64("SELECT txid_current()").await;
+
+    let closed = retain(pg, &["--now"], &[]).await;
+    assert_eq!(days(&closed, "closed"), [day.to_string()], "{closed}");
+    assert!(days(&closed, "close_failed").is_empty(), "{closed}");
+
+    assert_eq!(
+        pg.query(&totals).await,
+        format!("{TURNS}|{}", TURNS * 10),
+        "every row and credit"
+    );
+    let after = pg.query_i64(&index_bytes).await;
+    assert!(
+        after * 10 < before * 8,
+        "indexes packed: {before} bytes before, {after} after"
+    );
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT string_agg(c.relname || ':' || array_to_string(c.reloptions, ','), ' ' ORDER BY c.relname)
+             FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = '{part}'::regclass"
+        ))
+        .await,
+        format!(
+            "{part}_account_id_created_at_idx:fillfactor=100 {part}_instance_id_idx:fillfactor=100 \
+             {part}_pkey:fillfactor=100"
+        ),
+        "the invalid index dropped, the others packed"
+    );
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT array_to_string(reloptions, ',') || '|' || (relfrozenxid::text::bigint >= {xid_before})
+             FROM pg_class WHERE relname = '{part}'"
+        ))
+        .await,
+        "autovacuum_enabled=false|true",
+        "autovacuum off, every row frozen"
+    );
+    let last = ended.last().expect("a turn");
+    let at = message_id::created_at(last).expect("a time");
+    let found = pg
+        .query(&format!(
+            "SELECT billed FROM message_rows WHERE id = '{last}' AND created_at = '{}'",
+            at.format(&time::format_description::well_known::Rfc3339)
+                .expect("format")
+        ))
+        .await;
+    assert_eq!(found, "10", "found by id once closed");
+
+    let again = retain(pg, &["--now"], &[]).await;
+    assert!(days(&again, "closed").is_empty(), "{again}");
+}

@@ -5,7 +5,9 @@
 //! fails or does not verify stays; with no archive configured nothing is dropped.
 //!
 //! Every pod runs [`every`]: it creates the days ahead (idempotent), then takes the
-//! retention's turn (an advisory lock: one pod at a time) and retains.
+//! retention's turn (an advisory lock: one pod at a time) and retains. In the same turn it
+//! closes the kept days that are final ([`partitions::close`]: indexes packed, rows frozen,
+//! autovacuum off), a few a run, the newest first.
 
 use std::time::Duration;
 
@@ -22,6 +24,10 @@ use crate::telemetry::metrics;
 
 /// How often every pod creates the days ahead and, one pod at a time, retains.
 pub const EVERY: Duration = Duration::from_secs(3_600);
+
+/// The most days one run closes: on a steady ledger one a day is final, and a ledger of
+/// before is closed back to its oldest day in a few days of runs rather than in one.
+const CLOSE_PER_RUN: usize = 2;
 
 #[derive(Clone, Debug)]
 pub struct Retention {
@@ -50,6 +56,10 @@ pub struct Retained {
     pub dropped: Vec<Manifest>,
     /// Days kept because their export or drop failed, and why.
     pub failed: Vec<Failed>,
+    /// Days closed by this run (final, kept: indexes packed, rows frozen).
+    pub closed: Vec<String>,
+    /// Days whose close failed, and why (tried again at the next run).
+    pub close_failed: Vec<Failed>,
     /// False when another pod held the retention's turn (nothing was done).
     pub ran: bool,
 }
@@ -80,14 +90,22 @@ pub async fn due(db: &Database, today: Date, keep_days: u32) -> Result<Vec<Date>
     Ok(days)
 }
 
+/// The first day some turn may still write on `now`: the one `longest_turn` ago. The days
+/// before it are final.
+fn first_open(now: OffsetDateTime, longest_turn: Duration) -> Date {
+    (now - longest_turn).date()
+}
+
 /// One retention run, when this pod gets the turn: exports, verifies and drops each due day
-/// (oldest first), unless `dry_run` or there is no archive.
+/// (oldest first), unless `dry_run` or there is no archive; then closes up to
+/// [`CLOSE_PER_RUN`] of the kept days that are final (none on a dry run).
 pub async fn retain(
     db: &Database,
     retention: &Retention,
-    today: Date,
+    now: OffsetDateTime,
     dry_run: bool,
 ) -> Result<Retained, RetentionError> {
+    let today = now.date();
     let Some(_turn) = partitions::retention_turn(db).await? else {
         return Ok(Retained::default());
     };
@@ -120,7 +138,37 @@ pub async fn retain(
     }
     metrics::ledger_partitions_awaiting_archive(awaiting.len());
     retained.awaiting = awaiting.iter().map(Date::to_string).collect();
+    if !dry_run {
+        close_final(db, retention, now, &mut retained).await?;
+    }
     Ok(retained)
+}
+
+/// Closes up to [`CLOSE_PER_RUN`] final days the retention keeps, the newest first.
+async fn close_final(
+    db: &Database,
+    retention: &Retention,
+    now: OffsetDateTime,
+    retained: &mut Retained,
+) -> Result<(), DbError> {
+    let first = first_kept(now.date(), retention.keep_days);
+    let open = partitions::open_before(db, first_open(now, retention.longest_turn)).await?;
+    for day in open.into_iter().filter(|&d| d >= first).take(CLOSE_PER_RUN) {
+        match partitions::close(db, day).await {
+            Ok(()) => {
+                tracing::info!(%day, "ledger day closed: indexes packed, rows frozen");
+                retained.closed.push(day.to_string());
+            }
+            Err(e) => {
+                tracing::warn!(%day, error = %e, "could not close a final ledger day; retrying at the next run");
+                retained.close_failed.push(Failed {
+                    day: day.to_string(),
+                    error: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Gives `day` its own partition (its rows may sit in the default one), exports it, and
@@ -163,11 +211,11 @@ pub async fn every(db: Database, retention: Retention, draining: CancellationTok
             _ = draining.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        let today = OffsetDateTime::now_utc().date();
-        if let Err(e) = partitions::create_ahead(&db, today).await {
+        let now = OffsetDateTime::now_utc();
+        if let Err(e) = partitions::create_ahead(&db, now.date()).await {
             tracing::warn!(error = %e, "could not create the ledger's partitions ahead; retrying at the next run (rows of a day without one go to the default partition)");
         }
-        match retain(&db, &retention, today, false).await {
+        match retain(&db, &retention, now, false).await {
             Ok(retained) if retention.archive.is_none() && !retained.awaiting.is_empty() => {
                 if !told {
                     told = true;
@@ -194,5 +242,18 @@ mod tests {
         let today = Date::from_calendar_date(2027, time::Month::January, 31).unwrap();
         let first = first_kept(today, 396);
         assert_eq!(first.to_string(), "2025-12-31");
+    }
+
+    #[test]
+    fn a_day_is_final_once_its_longest_turn_has_ended() {
+        let midnight = time::macros::datetime!(2027-01-31 00:00 UTC);
+        let hour = Duration::from_secs(3_600);
+        let yesterday = time::macros::date!(2027 - 01 - 30);
+        assert_eq!(first_open(midnight + hour, hour), midnight.date());
+        assert_eq!(
+            first_open(midnight + Duration::from_secs(3_599), hour),
+            yesterday,
+            "a turn of yesterday may still end"
+        );
     }
 }

@@ -60,6 +60,24 @@ impl DbPool {
         self.begin.is_some()
     }
 
+    /// Runs `sql`, a maintenance command that cannot run in a transaction (`VACUUM`, `REINDEX
+    /// … CONCURRENTLY`), on a connection of its own, given up to `timeout` on the server where
+    /// the connection allows it. The connection is closed afterwards rather than returned to
+    /// the pool, so its longer `statement_timeout` never reaches another statement. Through a
+    /// transaction pooler the command goes alone, with no `SET` (a session setting would stay
+    /// on a server other clients are lent); the caller's bound is the only one.
+    pub async fn maintain(&self, sql: &str, timeout: Duration) -> Result<(), sqlx::Error> {
+        let mut conn = self.pool.acquire().await?.detach();
+        if self.begin.is_none() {
+            let set = format!("SET statement_timeout = {}", timeout.as_millis().max(1));
+            conn.execute(set.as_str()).await?;
+        }
+        let done = conn.execute(sql).await.map(drop);
+        // Closing politely is best effort: the connection is dropped either way.
+        let _ = sqlx::Connection::close(conn).await;
+        done
+    }
+
     /// A transaction. Through a transaction pooler its statements must be unnamed
     /// (`.persistent(false)`): a named one would be cached for a server the next transaction
     /// may not get.

@@ -1,5 +1,14 @@
-//! The day partitions of `messages` (migration 0020): created ahead by every pod, and dropped
-//! whole by the retention once their export verified (`gateway_core::ledger_export::retention`).
+//! The day partitions of `messages` (migration 0020): created ahead by every pod, closed once
+//! final, and dropped whole by the retention once their export verified
+//! (`gateway_core::ledger_export::retention`).
+//!
+//! A day is written while its turns run: its indexes take their entries out of order (a row is
+//! written when its turn ends, under the id and time it started with), so their pages split
+//! half full and stay so. Once final (no turn of it can still end), nothing writes it again,
+//! and [`close`] makes it what it will be until it is dropped: indexes rebuilt packed full,
+//! every row frozen, autovacuum off (a frozen day has nothing for it to do; the
+//! anti-wraparound pass that still comes every `autovacuum_freeze_max_age` transactions skips
+//! its pages, all frozen).
 //!
 //! Each statement that changes the partitions waits at most [`LOCK_WAIT`] for its locks: a
 //! statement queued for a lock on `messages` makes every turn queue behind it, so it gives up
@@ -19,6 +28,11 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Days created ahead of today.
 pub const DAYS_AHEAD: u8 = 7;
+/// The bound on each step of closing a day: a day of a busy ledger is tens of GB to freeze
+/// and index again.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(6 * 3_600);
+/// The reloption that marks a closed day (see [`close`]).
+const CLOSED: &str = "autovacuum_enabled=false";
 
 /// A day's rows and the sum of their `billed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,13 +110,21 @@ pub async fn create_ahead(db: &Database, today: Date) -> Result<u32, DbError> {
 
 /// The days that have a partition, oldest first.
 pub async fn days(db: &Database) -> Result<Vec<Date>, DbError> {
+    days_of(db, false).await
+}
+
+/// The days that have a partition, oldest first; only those not closed when `open`.
+async fn days_of(db: &Database, open: bool) -> Result<Vec<Date>, DbError> {
     let names: Vec<String> = db
         .bounded(
             sqlx::query_scalar(
                 "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
                  WHERE i.inhparent = 'messages'::regclass AND c.relname ~ '^messages_[0-9]{8}$'
+                     AND NOT ($1 AND coalesce(c.reloptions, '{}') @> ARRAY[$2])
                  ORDER BY 1",
             )
+            .bind(open)
+            .bind(CLOSED)
             .fetch_all(db.pool()),
         )
         .await?;
@@ -182,6 +204,62 @@ pub async fn drop_exported(db: &Database, day: Date, exported: DayTotals) -> Res
     }
     db.bounded(tx.commit()).await?;
     Ok(())
+}
+
+/// The days before `before` that have a partition and are not closed, newest first.
+pub async fn open_before(db: &Database, before: Date) -> Result<Vec<Date>, DbError> {
+    let open = days_of(db, true).await?;
+    Ok(open.into_iter().rev().filter(|&d| d < before).collect())
+}
+
+/// Closes `day`, which no turn writes any more (its turns have all ended): rebuilds its
+/// indexes packed full (`fillfactor` 100: no entry will come to split them), freezes its rows,
+/// and turns its autovacuum off, which marks it closed. Each step can be run again: a close
+/// cut short (a timeout, a pod stopping) is done whole at the next run, and an index a
+/// `REINDEX CONCURRENTLY` left invalid is dropped first. Nothing blocks the turns meanwhile:
+/// the rebuild and the freeze take no lock a read or a write of the ledger waits for.
+pub async fn close(db: &Database, day: Date) -> Result<(), DbError> {
+    let name = partition(day);
+    for invalid in indexes(db, &name, false).await? {
+        maintain(db, &format!("DROP INDEX CONCURRENTLY IF EXISTS {invalid}")).await?;
+    }
+    let mut tx = change(db).await?;
+    for index in indexes(db, &name, true).await? {
+        let packed = format!("ALTER INDEX {index} SET (fillfactor = 100)");
+        db.bounded(sqlx::query(&packed).persistent(false).execute(&mut *tx))
+            .await?;
+    }
+    db.bounded(tx.commit()).await?;
+    maintain(db, &format!("VACUUM (FREEZE, ANALYZE) {name}")).await?;
+    maintain(db, &format!("REINDEX TABLE CONCURRENTLY {name}")).await?;
+    let mut tx = change(db).await?;
+    let closed = format!("ALTER TABLE {name} SET ({CLOSED}, toast.{CLOSED})");
+    db.bounded(sqlx::query(&closed).persistent(false).execute(&mut *tx))
+        .await?;
+    db.bounded(tx.commit()).await?;
+    Ok(())
+}
+
+/// The indexes of the table `name`, valid or left invalid by a `REINDEX CONCURRENTLY` cut
+/// short.
+async fn indexes(db: &Database, name: &str, valid: bool) -> Result<Vec<String>, DbError> {
+    db.bounded(
+        sqlx::query_scalar(
+            "SELECT i.indexrelid::regclass::text FROM pg_index i
+             WHERE i.indrelid = to_regclass($1) AND i.indisvalid = $2 ORDER BY 1",
+        )
+        .bind(name)
+        .bind(valid)
+        .persistent(false)
+        .fetch_all(db.pool()),
+    )
+    .await
+}
+
+/// A maintenance command of [`close`], bounded by [`CLOSE_TIMEOUT`].
+async fn maintain(db: &Database, sql: &str) -> Result<(), DbError> {
+    db.bounded_by(CLOSE_TIMEOUT, db.pool().maintain(sql, CLOSE_TIMEOUT))
+        .await
 }
 
 /// The retention's turn, when no other pod has it: a transaction holding the retention's
