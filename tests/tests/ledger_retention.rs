@@ -252,11 +252,21 @@ async fn filled() -> Filled {
 }
 
 async fn retain(pg: &PostgresServer, args: &[&str], env: &[(&str, &str)]) -> Value {
+    retain_keeping(pg, "3", args, env).await
+}
+
+/// `gateway ledger retain` keeping `days` days.
+async fn retain_keeping(
+    pg: &PostgresServer,
+    days: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Value {
     let mut all = vec![
         "ledger",
         "retain",
         "--ledger-retention-days",
-        "3",
+        days,
         "--reaper-max-turn-secs",
         "60",
     ];
@@ -451,25 +461,36 @@ async fn a_lookup_by_id_reads_one_partition() {
     assert!(plan.contains(&format!("messages_{day}_pkey")), "{plan}");
 }
 
-/// Turns of a final day, started in time order and ended out of it (as turns of different
-/// lengths end), are written as the gateway writes them; the retention's next run closes that
-/// day: its indexes rebuilt packed (an index a `REINDEX CONCURRENTLY` cut short left invalid
-/// dropped first), its rows frozen, its autovacuum off. Every row and credit stays and is
-/// found by id; no other day is closed (today is not final, days due to the retention are
-/// left to it), and a second run closes nothing.
-#[tokio::test]
-async fn a_final_day_is_closed_indexes_packed_rows_frozen_and_keeps_every_row() {
+/// A day closed by the retention: `CLOSED_DAY` days ago, a week past final.
+const CLOSED_DAY: i64 = 9;
+
+/// A ledger holding `turns` turns of the day [`CLOSED_DAY`] days ago, written as the gateway
+/// writes them: started in time order, ended out of it (as turns of different lengths end: a
+/// fixed shuffle, 1,237 being prime to `turns`), a third of them by a client gone, a fifth
+/// stopped at max tokens; each billed 10. (The server, the day, its partition's name, the
+/// ledger, the account, the ids in the order they ended.)
+struct Day {
+    pg: PostgresServer,
+    day: Date,
+    part: String,
+    ledger: PostgresLedger,
+    account: String,
+    ended: Vec<String>,
+}
+
+async fn day_of_turns(turns: usize) -> Day {
     use futures::future::join_all;
-    const TURNS: usize = 10_000;
-    let filled = filled().await;
-    let pg = &filled.pg;
+    use store::ledger::Settlement;
+    use store::usage::StopReason;
+    let pg = PostgresServer::start().await;
     let db = Database::connect(&pg.url(), 8, Duration::from_secs(60)).expect("url");
+    db.migrate().await.expect("migrate");
     let (ledger, account) = ledger_on(&db).await;
-    let day = (OffsetDateTime::now_utc() - time::Duration::days(2)).date();
+    let day = (OffsetDateTime::now_utc() - time::Duration::days(CLOSED_DAY)).date();
     assert!(partitions::create(&db, day).await.expect("a partition"));
     let part = format!("messages_{}", day.to_string().replace('-', ""));
     let start = day.midnight().assume_utc() + time::Duration::hours(9);
-    let ids: Vec<String> = (0..TURNS)
+    let ids: Vec<String> = (0..turns)
         .map(|i| message_id::mint("msg", start + time::Duration::milliseconds(i as i64 * 37)))
         .collect();
     join_all(ids.iter().map(|id| {
@@ -477,14 +498,235 @@ async fn a_final_day_is_closed_indexes_packed_rows_frozen_and_keeps_every_row() 
         reserve(&ledger, &account, id, at)
     }))
     .await;
-    // Ended out of the order they started in (a fixed shuffle: 1,237 is prime to TURNS).
-    let ended: Vec<&String> = (0..TURNS).map(|i| &ids[i * 1_237 % TURNS]).collect();
-    for chunk in ended.chunks(100) {
-        let billed = join_all(chunk.iter().map(|id| settle(&ledger, id, 10))).await;
-        assert!(billed.iter().all(|&b| b == 10), "{billed:?}");
+    let ended: Vec<String> = (0..turns).map(|i| ids[i * 1_237 % turns].clone()).collect();
+    for (chunk, ids) in ended.chunks(100).enumerate() {
+        let billed = join_all(ids.iter().enumerate().map(|(i, id)| {
+            let n = chunk * 100 + i;
+            let status = if n % 3 == 0 {
+                MessageStatus::ClientDisconnected
+            } else {
+                MessageStatus::Completed
+            };
+            ledger.settle(Settlement {
+                cost: 10,
+                latency_ms: 900 + n as u64,
+                stop_reason: (n % 5 == 0).then_some(StopReason::MaxTokens),
+                ..Settlement::nothing(id.clone(), status)
+            })
+        }))
+        .await;
+        assert!(billed.iter().all(|b| matches!(b, Ok(10))), "{billed:?}");
     }
+    Day {
+        pg,
+        day,
+        part,
+        ledger,
+        account,
+        ended,
+    }
+}
+
+/// The day's rows as `message_rows` reads them, every column, in the export's order.
+async fn rows_of(pg: &PostgresServer, day: Date) -> String {
+    pg.query(&format!(
+        "SELECT * FROM message_rows
+         WHERE created_at >= '{day}'::date::timestamp AT TIME ZONE 'UTC'
+             AND created_at < '{day}'::date::timestamp AT TIME ZONE 'UTC' + interval '1 day'
+         ORDER BY created_at, id"
+    ))
+    .await
+}
+
+/// `gateway ledger export` of `day` into `dir`: its Parquet file's bytes.
+async fn exported(pg: &PostgresServer, day: Date, dir: &std::path::Path) -> Vec<u8> {
+    let day = day.to_string();
+    let dir = dir.to_str().expect("a path");
+    pg.gateway_cli_with_env(
+        &[
+            "ledger", "export", "--from", &day, "--to", &day, "--to-dir", dir,
+        ],
+        &[],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("gateway ledger export: {e}"));
+    std::fs::read(format!("{dir}/messages-{day}.parquet")).expect("the day's file")
+}
+
+/// A day a week past final, every row of it fitting the compact layout (one written as before
+/// 0025, with its names), is moved into `closed_messages` by the retention's next run: under
+/// 200 bytes a turn with its indexes, where the open day took about twice that, and read back
+/// column for column as before (the view, a lookup by id, the account's recent list, the
+/// day's export to the byte). A second run closes nothing; the retention later drops the
+/// closed day whole once archived, its manifest's `billed` the day's.
+#[tokio::test]
+async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_same() {
+    const TURNS: usize = 10_000;
+    let Day {
+        pg,
+        day,
+        part,
+        ledger,
+        account,
+        ended,
+        ..
+    } = day_of_turns(TURNS).await;
+    let closed = format!("closed_{part}");
+    // A row as written before 0025: its names, no keys.
+    let named = message_id::mint(
+        "chatcmpl",
+        day.midnight().assume_utc() + time::Duration::hours(20),
+    );
+    let at = message_id::created_at(&named).expect("a time");
+    pg.query(&format!(
+        "INSERT INTO messages (id, account_id, key_id, model, served_model, provider, upstream,
+             upstream_model, endpoint, stream, status, reserved, billed, input_tokens,
+             output_tokens, stop_reason, instance_id, created_at, settled_at, latency_ms,
+             batch_id)
+         VALUES ('{named}', '{account}', 'key_before', 'svc/old', 'svc/old', 'simulated',
+             'simulated-old', 'old-model', 'chat_completions', true, 'completed', 1000, 7, 12,
+             34, 'tool_use', 'gw_before', '{}', '{}', 250, 'msgbatch_before')",
+        at.format(&time::format_description::well_known::Rfc3339)
+            .expect("format"),
+        (at + time::Duration::seconds(3))
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("format"),
+    ))
+    .await;
+    let rows = TURNS + 1;
+    let before = rows_of(&pg, day).await;
+    assert_eq!(before.lines().count(), rows);
+    let open_bytes = pg
+        .query_i64(&format!("SELECT pg_total_relation_size('{part}')"))
+        .await;
+    let work = std::env::temp_dir().join(e2e::gateway::unique_name("closed-day"));
+    let export_before = exported(&pg, day, &work.join("before")).await;
+
+    let run = retain_keeping(&pg, "30", &["--now"], &[]).await;
+    assert_eq!(days(&run, "closed"), [day.to_string()], "{run}");
+    assert!(days(&run, "close_failed").is_empty(), "{run}");
+
+    assert_eq!(
+        pg.query_i64(&format!("SELECT count(*) FROM {part}")).await,
+        0
+    );
+    assert_eq!(
+        pg.query_i64(&format!("SELECT count(*) FROM {closed}"))
+            .await,
+        rows as i64
+    );
+    assert!(
+        rows_of(&pg, day).await == before,
+        "every row reads as it did, column for column"
+    );
+    let closed_bytes = pg
+        .query_i64(&format!("SELECT pg_total_relation_size('{closed}')"))
+        .await;
+    let per_turn = closed_bytes / rows as i64;
+    assert!(
+        per_turn < 200 && closed_bytes * 10 < open_bytes * 6,
+        "closed: {per_turn} bytes a turn ({closed_bytes} in all), open: {open_bytes}"
+    );
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname IN ('{part}', '{closed}')"
+        ))
+        .await,
+        "autovacuum_enabled=false\nautovacuum_enabled=false",
+        "both autovacuum off"
+    );
+
+    let last = ended.last().expect("a turn");
+    let found = ledger
+        .message(last)
+        .await
+        .expect("a lookup")
+        .expect("found");
+    assert_eq!((found.id.as_str(), found.billed), (last.as_str(), 10));
+    let old = ledger
+        .message(&named)
+        .await
+        .expect("a lookup")
+        .expect("found");
+    assert_eq!(
+        (
+            old.model.as_str(),
+            old.upstream.as_str(),
+            old.billed,
+            old.batch_id.as_deref()
+        ),
+        ("svc/old", "simulated-old", 7, Some("msgbatch_before"))
+    );
+    let recent = ledger.recent_messages(&account, 3).await.expect("a list");
+    let newest: Vec<&str> = recent.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(newest[0], named, "newest first: {newest:?}");
+    assert_eq!(newest.len(), 3, "{newest:?}");
+    assert!(
+        exported(&pg, day, &work.join("after")).await == export_before,
+        "the day's export is the same file"
+    );
+
+    let again = retain_keeping(&pg, "30", &["--now"], &[]).await;
+    assert!(days(&again, "closed").is_empty(), "{again}");
+
+    let archive = work.join("archive");
+    let dropped = retain_keeping(
+        &pg,
+        "5",
+        &[
+            "--now",
+            "--ledger-archive-dir",
+            archive.to_str().expect("a path"),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(days(&dropped, "dropped"), [day.to_string()], "{dropped}");
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT to_regclass('{part}') IS NULL AND to_regclass('{closed}') IS NULL"
+        ))
+        .await,
+        "t",
+        "both partitions dropped"
+    );
+    let manifest: Value = serde_json::from_slice(
+        &std::fs::read(archive.join(format!("messages-{day}.json"))).expect("a manifest"),
+    )
+    .expect("JSON");
+    assert_eq!(manifest["rows"], rows);
+    assert_eq!(manifest["billed"], TURNS * 10 + 7);
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// A day a week past final that holds a row the compact layout cannot (an id minted before
+/// 0020, random) is closed in place: its indexes rebuilt packed (an index a `REINDEX
+/// CONCURRENTLY` cut short left invalid dropped first), its rows frozen, its autovacuum off.
+/// Every row and credit stays and is found by id; a second run closes nothing.
+#[tokio::test]
+async fn a_day_the_compact_layout_cannot_hold_is_closed_in_place_indexes_packed_rows_frozen() {
+    const TURNS: usize = 10_000;
+    let Day {
+        pg,
+        day,
+        part,
+        ledger,
+        account,
+        ended,
+        ..
+    } = day_of_turns(TURNS).await;
+    let random = old_id();
+    reserve(
+        &ledger,
+        &account,
+        &random,
+        day.midnight().assume_utc() + time::Duration::hours(22),
+    )
+    .await;
+    assert_eq!(settle(&ledger, &random, 10).await, 10);
+    let rows = TURNS + 1;
     let totals = format!("SELECT count(*) || '|' || sum(billed) FROM {part}");
-    assert_eq!(pg.query(&totals).await, format!("{TURNS}|{}", TURNS * 10));
+    assert_eq!(pg.query(&totals).await, format!("{rows}|{}", rows * 10));
     let index_bytes = format!(
         "SELECT sum(pg_relation_size(indexrelid)) FROM pg_index WHERE indrelid = '{part}'::regclass"
     );
@@ -497,14 +739,20 @@ async fn a_final_day_is_closed_indexes_packed_rows_frozen_and_keeps_every_row() 
     .await;
     let xid_before = pg.query_i64("SELECT txid_current()").await;
 
-    let closed = retain(pg, &["--now"], &[]).await;
-    assert_eq!(days(&closed, "closed"), [day.to_string()], "{closed}");
-    assert!(days(&closed, "close_failed").is_empty(), "{closed}");
+    let run = retain_keeping(&pg, "30", &["--now"], &[]).await;
+    assert_eq!(days(&run, "closed"), [day.to_string()], "{run}");
+    assert!(days(&run, "close_failed").is_empty(), "{run}");
 
     assert_eq!(
         pg.query(&totals).await,
-        format!("{TURNS}|{}", TURNS * 10),
+        format!("{rows}|{}", rows * 10),
         "every row and credit"
+    );
+    assert_eq!(
+        pg.query(&format!("SELECT to_regclass('closed_{part}') IS NULL"))
+            .await,
+        "t",
+        "not moved"
     );
     let after = pg.query_i64(&index_bytes).await;
     assert!(
@@ -532,17 +780,11 @@ async fn a_final_day_is_closed_indexes_packed_rows_frozen_and_keeps_every_row() 
         "autovacuum_enabled=false|true",
         "autovacuum off, every row frozen"
     );
-    let last = ended.last().expect("a turn");
-    let at = message_id::created_at(last).expect("a time");
-    let found = pg
-        .query(&format!(
-            "SELECT billed FROM message_rows WHERE id = '{last}' AND created_at = '{}'",
-            at.format(&time::format_description::well_known::Rfc3339)
-                .expect("format")
-        ))
-        .await;
-    assert_eq!(found, "10", "found by id once closed");
+    for id in [ended.last().expect("a turn"), &random] {
+        let found = ledger.message(id).await.expect("a lookup").expect("found");
+        assert_eq!(found.billed, 10, "{id} found by id once closed");
+    }
 
-    let again = retain(pg, &["--now"], &[]).await;
+    let again = retain_keeping(&pg, "30", &["--now"], &[]).await;
     assert!(days(&again, "closed").is_empty(), "{again}");
 }

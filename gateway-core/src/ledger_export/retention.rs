@@ -6,8 +6,8 @@
 //!
 //! Every pod runs [`every`]: it creates the days ahead (idempotent), then takes the
 //! retention's turn (an advisory lock: one pod at a time) and retains. In the same turn it
-//! closes the kept days that are final ([`partitions::close`]: indexes packed, rows frozen,
-//! autovacuum off), a few a run, the newest first.
+//! closes the kept days a week past final ([`partitions::close`]: rows moved into the compact
+//! layout, or indexes packed; rows frozen, autovacuum off), a few a run, the newest first.
 
 use std::time::Duration;
 
@@ -25,9 +25,15 @@ use crate::telemetry::metrics;
 /// How often every pod creates the days ahead and, one pod at a time, retains.
 pub const EVERY: Duration = Duration::from_secs(3_600);
 
-/// The most days one run closes: on a steady ledger one a day is final, and a ledger of
+/// The most days one run closes: on a steady ledger one a day is due, and a ledger of
 /// before is closed back to its oldest day in a few days of runs rather than in one.
 const CLOSE_PER_RUN: usize = 2;
+
+/// How long after a day is final it is closed. A closed day's rows have no primary key to
+/// refuse a second copy of one: a turn's last write (an allotted turn's row, a void retried
+/// until Postgres answers) must have landed long before, and the week's days are the ones the
+/// recent lists read first.
+const CLOSE_AFTER: Duration = Duration::from_secs(7 * 24 * 3_600);
 
 #[derive(Clone, Debug)]
 pub struct Retention {
@@ -56,7 +62,8 @@ pub struct Retained {
     pub dropped: Vec<Manifest>,
     /// Days kept because their export or drop failed, and why.
     pub failed: Vec<Failed>,
-    /// Days closed by this run (final, kept: indexes packed, rows frozen).
+    /// Days closed by this run (rows moved into the compact layout, or indexes packed; rows
+    /// frozen).
     pub closed: Vec<String>,
     /// Days whose close failed, and why (tried again at the next run).
     pub close_failed: Vec<Failed>,
@@ -90,15 +97,15 @@ pub async fn due(db: &Database, today: Date, keep_days: u32) -> Result<Vec<Date>
     Ok(days)
 }
 
-/// The first day some turn may still write on `now`: the one `longest_turn` ago. The days
-/// before it are final.
+/// The first day not closed yet on `now`: the days before it ended [`CLOSE_AFTER`] and
+/// `longest_turn` ago or more.
 fn first_open(now: OffsetDateTime, longest_turn: Duration) -> Date {
-    (now - longest_turn).date()
+    (now - longest_turn - CLOSE_AFTER).date()
 }
 
 /// One retention run, when this pod gets the turn: exports, verifies and drops each due day
 /// (oldest first), unless `dry_run` or there is no archive; then closes up to
-/// [`CLOSE_PER_RUN`] of the kept days that are final (none on a dry run).
+/// [`CLOSE_PER_RUN`] of the kept days before [`first_open`] (none on a dry run).
 pub async fn retain(
     db: &Database,
     retention: &Retention,
@@ -144,7 +151,8 @@ pub async fn retain(
     Ok(retained)
 }
 
-/// Closes up to [`CLOSE_PER_RUN`] final days the retention keeps, the newest first.
+/// Closes up to [`CLOSE_PER_RUN`] of the days the retention keeps before [`first_open`], the
+/// newest first.
 async fn close_final(
     db: &Database,
     retention: &Retention,
@@ -152,11 +160,15 @@ async fn close_final(
     retained: &mut Retained,
 ) -> Result<(), DbError> {
     let first = first_kept(now.date(), retention.keep_days);
-    let open = partitions::open_before(db, first_open(now, retention.longest_turn)).await?;
-    for day in open.into_iter().filter(|&d| d >= first).take(CLOSE_PER_RUN) {
+    let open: Vec<Date> = partitions::open_before(db, first_open(now, retention.longest_turn))
+        .await?
+        .into_iter()
+        .filter(|&d| d >= first)
+        .collect();
+    for &day in open.iter().take(CLOSE_PER_RUN) {
         match partitions::close(db, day).await {
-            Ok(()) => {
-                tracing::info!(%day, "ledger day closed: indexes packed, rows frozen");
+            Ok(how) => {
+                tracing::info!(%day, ?how, "ledger day closed");
                 retained.closed.push(day.to_string());
             }
             Err(e) => {
@@ -168,6 +180,7 @@ async fn close_final(
             }
         }
     }
+    metrics::ledger_partitions_awaiting_close(open.len().saturating_sub(retained.closed.len()));
     Ok(())
 }
 
@@ -245,15 +258,15 @@ mod tests {
     }
 
     #[test]
-    fn a_day_is_final_once_its_longest_turn_has_ended() {
+    fn a_day_is_closed_a_week_after_its_longest_turn_has_ended() {
         let midnight = time::macros::datetime!(2027-01-31 00:00 UTC);
         let hour = Duration::from_secs(3_600);
-        let yesterday = time::macros::date!(2027 - 01 - 30);
-        assert_eq!(first_open(midnight + hour, hour), midnight.date());
+        let week_ago = time::macros::date!(2027 - 01 - 24);
+        assert_eq!(first_open(midnight + hour, hour), week_ago);
         assert_eq!(
             first_open(midnight + Duration::from_secs(3_599), hour),
-            yesterday,
-            "a turn of yesterday may still end"
+            week_ago.previous_day().unwrap(),
+            "the day a week ago is not closed before its last turn is a week past"
         );
     }
 }

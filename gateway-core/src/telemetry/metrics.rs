@@ -118,6 +118,7 @@ struct Metrics {
     turn_steps: Histograms<StepLabels>,
     config: Family<ConfigLabels, Gauge>,
     ledger_partitions_awaiting_archive: Gauge,
+    ledger_partitions_awaiting_close: Gauge,
 }
 
 impl Metrics {
@@ -139,6 +140,7 @@ impl Metrics {
             turn_steps: Family::new_with_constructor(step_histogram),
             config: Family::default(),
             ledger_partitions_awaiting_archive: Gauge::default(),
+            ledger_partitions_awaiting_close: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -217,6 +219,11 @@ impl Metrics {
             "gateway_ledger_partitions_awaiting_archive",
             "Ledger days older than the retention still in Postgres after the last retention run (no archive configured, or their export failed)",
             m.ledger_partitions_awaiting_archive.clone(),
+        );
+        r.register(
+            "gateway_ledger_partitions_awaiting_close",
+            "Ledger days the retention keeps that are due to be closed (a week past final) and not closed yet after the last retention run",
+            m.ledger_partitions_awaiting_close.clone(),
         );
         m
     }
@@ -375,6 +382,13 @@ pub fn circuit_state(upstream: &str, state: CircuitState) {
 pub fn ledger_partitions_awaiting_archive(days: usize) {
     METRICS
         .ledger_partitions_awaiting_archive
+        .set(i64::try_from(days).unwrap_or(i64::MAX));
+}
+
+/// The ledger days kept, due to be closed and not closed after the last run.
+pub fn ledger_partitions_awaiting_close(days: usize) {
+    METRICS
+        .ledger_partitions_awaiting_close
         .set(i64::try_from(days).unwrap_or(i64::MAX));
 }
 

@@ -149,32 +149,46 @@ pub async fn days_in_default(db: &Database, before: Date) -> Result<Vec<Date>, D
     .await
 }
 
-/// Detaches and drops `day`'s partition, if it holds exactly what its export holds (counted
-/// with its writes blocked, so no row comes in between); a day with no partition is dropped
-/// already. Never deletes a row: the partition goes whole.
+/// Detaches and drops `day`'s partitions (of `messages`, and of `closed_messages` once closed),
+/// if they hold exactly what its export holds (counted with their writes blocked, so no row
+/// comes in between); a day with no partition is dropped already. Never deletes a row: the
+/// partitions go whole.
 pub async fn drop_exported(db: &Database, day: Date, exported: DayTotals) -> Result<(), DropError> {
-    let name = partition(day);
+    let open = partition(day);
+    let closed = format!("closed_{open}");
     let mut tx = change(db).await?;
-    let exists: Option<String> = db
-        .bounded(
-            sqlx::query_scalar("SELECT to_regclass($1)::text")
-                .bind(&name)
-                .persistent(false)
-                .fetch_one(&mut *tx),
-        )
-        .await?;
-    if exists.is_none() {
+    let mut parts = Vec::new();
+    for (parent, name) in [("messages", &open), ("closed_messages", &closed)] {
+        let exists: Option<String> = db
+            .bounded(
+                sqlx::query_scalar("SELECT to_regclass($1)::text")
+                    .bind(name)
+                    .persistent(false)
+                    .fetch_one(&mut *tx),
+            )
+            .await?;
+        if exists.is_some() {
+            parts.push((parent, name));
+        }
+    }
+    if parts.is_empty() {
         return Ok(());
     }
-    // SHARE: no write to the day until the drop; reads go on.
-    let lock = format!("LOCK TABLE {name} IN SHARE MODE");
-    db.bounded_by(
-        STATEMENT_TIMEOUT,
-        sqlx::query(&lock).persistent(false).execute(&mut *tx),
-    )
-    .await?;
-    let count =
-        format!("SELECT count(*) AS rows, coalesce(sum(billed), 0)::bigint AS billed FROM {name}");
+    let mut counted = Vec::new();
+    for (_, name) in &parts {
+        // SHARE: no write to the day until the drop; reads go on.
+        let lock = format!("LOCK TABLE {name} IN SHARE MODE");
+        db.bounded_by(
+            STATEMENT_TIMEOUT,
+            sqlx::query(&lock).persistent(false).execute(&mut *tx),
+        )
+        .await?;
+        counted.push(format!("SELECT billed FROM {name}"));
+    }
+    let count = format!(
+        "SELECT count(*) AS rows, coalesce(sum(billed), 0)::bigint AS billed FROM ({}) day",
+        counted.join(" UNION ALL ")
+    );
     let row = db
         .bounded_by(
             STATEMENT_TIMEOUT,
@@ -192,15 +206,17 @@ pub async fn drop_exported(db: &Database, day: Date, exported: DayTotals) -> Res
             exported,
         });
     }
-    for statement in [
-        format!("ALTER TABLE messages DETACH PARTITION {name}"),
-        format!("DROP TABLE {name}"),
-    ] {
-        db.bounded_by(
-            STATEMENT_TIMEOUT,
-            sqlx::query(&statement).persistent(false).execute(&mut *tx),
-        )
-        .await?;
+    for (parent, name) in &parts {
+        for statement in [
+            format!("ALTER TABLE {parent} DETACH PARTITION {name}"),
+            format!("DROP TABLE {name}"),
+        ] {
+            db.bounded_by(
+                STATEMENT_TIMEOUT,
+                sqlx::query(&statement).persistent(false).execute(&mut *tx),
+            )
+            .await?;
+        }
     }
     db.bounded(tx.commit()).await?;
     Ok(())
@@ -212,32 +228,67 @@ pub async fn open_before(db: &Database, before: Date) -> Result<Vec<Date>, DbErr
     Ok(open.into_iter().rev().filter(|&d| d < before).collect())
 }
 
-/// Closes `day`, which no turn writes any more (its turns have all ended): rebuilds its
-/// indexes packed full (`fillfactor` 100: no entry will come to split them), freezes its rows,
-/// and turns its autovacuum off, which marks it closed. Each step can be run again: a close
-/// cut short (a timeout, a pod stopping) is done whole at the next run, and an index a
-/// `REINDEX CONCURRENTLY` left invalid is dropped first. Nothing blocks the turns meanwhile:
-/// the rebuild and the freeze take no lock a read or a write of the ledger waits for.
-pub async fn close(db: &Database, day: Date) -> Result<(), DbError> {
+/// How a day was closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Its rows moved into `closed_messages`, the compact layout (migration 0027).
+    Compacted,
+    /// Some row does not fit the compact layout (an id of before 0020, a count past
+    /// `integer`): its indexes rebuilt packed, in place.
+    Packed,
+}
+
+/// Closes `day`, which no turn writes any more: its rows moved into the day's partition of
+/// `closed_messages` when they all fit (`ledger_compact_day`, one transaction), else its
+/// indexes rebuilt packed (`fillfactor` 100: no entry will come to split them); then its rows
+/// frozen and its autovacuum turned off, which marks it closed. Each step can be run again: a
+/// close cut short (a timeout, a pod stopping) is done whole at the next run, and an index a
+/// `REINDEX CONCURRENTLY` left invalid is dropped first. Turns do not wait on it: the move
+/// blocks only writes to the day (there are none) and, for the `TRUNCATE` at its end, reads of
+/// it (at most [`LOCK_WAIT`]); the rebuild and the freeze take no lock a turn waits for.
+pub async fn close(db: &Database, day: Date) -> Result<Closed, DbError> {
     let name = partition(day);
     for invalid in indexes(db, &name, false).await? {
         maintain(db, &format!("DROP INDEX CONCURRENTLY IF EXISTS {invalid}")).await?;
     }
     let mut tx = change(db).await?;
-    for index in indexes(db, &name, true).await? {
-        let packed = format!("ALTER INDEX {index} SET (fillfactor = 100)");
-        db.bounded(sqlx::query(&packed).persistent(false).execute(&mut *tx))
-            .await?;
-    }
-    db.bounded(tx.commit()).await?;
-    maintain(db, &format!("VACUUM (FREEZE, ANALYZE) {name}")).await?;
-    maintain(db, &format!("REINDEX TABLE CONCURRENTLY {name}")).await?;
-    let mut tx = change(db).await?;
-    let closed = format!("ALTER TABLE {name} SET ({CLOSED}, toast.{CLOSED})");
-    db.bounded(sqlx::query(&closed).persistent(false).execute(&mut *tx))
+    let longer = format!(
+        "SET LOCAL statement_timeout = {}",
+        CLOSE_TIMEOUT.as_millis()
+    );
+    db.bounded(sqlx::query(&longer).persistent(false).execute(&mut *tx))
+        .await?;
+    let compacted: bool = db
+        .bounded_by(
+            CLOSE_TIMEOUT,
+            sqlx::query_scalar("SELECT ledger_compact_day($1)")
+                .bind(day)
+                .persistent(false)
+                .fetch_one(&mut *tx),
+        )
         .await?;
     db.bounded(tx.commit()).await?;
-    Ok(())
+    let closed = if compacted {
+        maintain(db, &format!("VACUUM (FREEZE, ANALYZE) closed_{name}")).await?;
+        Closed::Compacted
+    } else {
+        let mut tx = change(db).await?;
+        for index in indexes(db, &name, true).await? {
+            let packed = format!("ALTER INDEX {index} SET (fillfactor = 100)");
+            db.bounded(sqlx::query(&packed).persistent(false).execute(&mut *tx))
+                .await?;
+        }
+        db.bounded(tx.commit()).await?;
+        maintain(db, &format!("VACUUM (FREEZE, ANALYZE) {name}")).await?;
+        maintain(db, &format!("REINDEX TABLE CONCURRENTLY {name}")).await?;
+        Closed::Packed
+    };
+    let mut tx = change(db).await?;
+    let off = format!("ALTER TABLE {name} SET ({CLOSED}, toast.{CLOSED})");
+    db.bounded(sqlx::query(&off).persistent(false).execute(&mut *tx))
+        .await?;
+    db.bounded(tx.commit()).await?;
+    Ok(closed)
 }
 
 /// The indexes of the table `name`, valid or left invalid by a `REINDEX CONCURRENTLY` cut

@@ -883,8 +883,9 @@ impl Ledger for PostgresLedger {
     }
 
     /// One probe of one partition when the id carries its time; an id of before 0020
-    /// (random, or of another form) is looked for by id alone, one probe per partition. A
-    /// row of a day retention dropped is not found.
+    /// (random, or of another form) is looked for by id alone, one probe per partition of the
+    /// open days (a closed day holds no such id: migration 0027). A row of a day retention
+    /// dropped is not found.
     async fn message(&self, id: &str) -> Result<Option<MessageRecord>, LedgerError> {
         let mut row = None;
         if let Some(created_at) = message_id::created_at(id) {
@@ -905,7 +906,7 @@ impl Ledger for PostgresLedger {
             row = self
                 .db
                 .bounded(
-                    sqlx::query("SELECT * FROM message_rows WHERE id = $1")
+                    sqlx::query("SELECT * FROM open_message_rows WHERE id = $1")
                         .bind(id)
                         .fetch_optional(self.db.pool()),
                 )
@@ -988,7 +989,8 @@ impl Ledger for PostgresLedger {
                 .db
                 .bounded(
                     // The account's last turns by the `(account_id, created_at)` index
-                    // (and the few in flight), then each one's row with its names: ordering
+                    // (and the few in flight, and those of closed days by their `(account,
+                    // created_at)`), then each one's row with its names: ordering
                     // `message_rows` itself would join the names to every row of the account
                     // before it sorts them (`OFFSET 0` keeps Postgres from folding the lookup
                     // into such a join).
@@ -1001,6 +1003,13 @@ impl Ledger for PostgresLedger {
                              UNION ALL
                              (SELECT id, created_at FROM reservations
                               WHERE account_id = $1
+                                  AND created_at >= coalesce($3::timestamptz, '-infinity')
+                              ORDER BY created_at DESC LIMIT $2)
+                             UNION ALL
+                             (SELECT message_id(id_prefix, created_at, id_random), created_at
+                              FROM closed_messages
+                              WHERE account = (SELECT a.id FROM message_accounts a
+                                               WHERE a.account_id = $1)
                                   AND created_at >= coalesce($3::timestamptz, '-infinity')
                               ORDER BY created_at DESC LIMIT $2)
                              ORDER BY created_at DESC LIMIT $2
