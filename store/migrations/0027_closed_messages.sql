@@ -122,7 +122,8 @@ JOIN message_routes r ON r.id = c.route
 JOIN message_upstreams u ON u.id = c.upstream;
 
 -- Moves `day`'s rows from its partition of `messages` into a new partition of
--- `closed_messages`, if every row fits (see above); true when it did. One transaction: the
+-- `closed_messages`, if every row fits (see above); true when the day is in `closed_messages`
+-- (moved now, or by a close cut short before it froze the day). One transaction: the
 -- rows are read in one layout or the other, never both or neither. Writes to the day wait
 -- meanwhile (none should come: the day ended a week ago); reads go on until the partition is
 -- emptied at the end (`TRUNCATE`, within the caller's lock_timeout). The totals of the day
@@ -137,7 +138,10 @@ DECLARE
     open_totals text;
     closed_totals text;
 BEGIN
-    IF to_regclass(part) IS NULL OR to_regclass(closed) IS NOT NULL THEN
+    IF to_regclass(closed) IS NOT NULL THEN
+        RETURN true;
+    END IF;
+    IF to_regclass(part) IS NULL THEN
         RETURN false;
     END IF;
     EXECUTE format('LOCK TABLE %I IN SHARE MODE', part);

@@ -601,6 +601,7 @@ async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_sam
         .await;
     let work = std::env::temp_dir().join(e2e::gateway::unique_name("closed-day"));
     let export_before = exported(&pg, day, &work.join("before")).await;
+    let xid_before = pg.query_i64("SELECT txid_current()").await;
 
     let run = retain_keeping(&pg, "30", &["--now"], &[]).await;
     assert_eq!(days(&run, "closed"), [day.to_string()], "{run}");
@@ -634,6 +635,14 @@ async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_sam
         .await,
         "autovacuum_enabled=false\nautovacuum_enabled=false",
         "both autovacuum off"
+    );
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT relfrozenxid::text::bigint >= {xid_before} FROM pg_class WHERE relname = '{closed}'"
+        ))
+        .await,
+        "t",
+        "every closed row frozen"
     );
 
     let last = ended.last().expect("a turn");
@@ -787,4 +796,35 @@ async fn a_day_the_compact_layout_cannot_hold_is_closed_in_place_indexes_packed_
 
     let again = retain_keeping(&pg, "30", &["--now"], &[]).await;
     assert!(days(&again, "closed").is_empty(), "{again}");
+}
+
+/// A close cut short once its move committed (the pod stopped before it froze the day) is
+/// finished by the next run: the day listed closed, its rows frozen, its autovacuum off, the
+/// move not done twice.
+#[tokio::test]
+async fn a_close_cut_short_after_its_move_is_finished_by_the_next_run() {
+    let Day { pg, day, part, .. } = day_of_turns(1_000).await;
+    let closed = format!("closed_{part}");
+    assert_eq!(
+        pg.query(&format!("SELECT ledger_compact_day('{day}')"))
+            .await,
+        "t"
+    );
+    let xid_before = pg.query_i64("SELECT txid_current()").await;
+    let totals = format!("SELECT count(*) || '|' || sum(billed) FROM message_rows WHERE created_at >= '{day}' AND created_at < '{day}'::date + 1");
+    let moved = pg.query(&totals).await;
+    assert_eq!(moved, "1000|10000");
+
+    let run = retain_keeping(&pg, "30", &["--now"], &[]).await;
+    assert_eq!(days(&run, "closed"), [day.to_string()], "{run}");
+    assert_eq!(pg.query(&totals).await, moved, "not moved twice");
+    assert_eq!(
+        pg.query(&format!(
+            "SELECT relname || ':' || array_to_string(reloptions, ',') || ':'
+                 || (relname <> '{closed}' OR relfrozenxid::text::bigint >= {xid_before})
+             FROM pg_class WHERE relname IN ('{part}', '{closed}') ORDER BY relname"
+        ))
+        .await,
+        format!("{closed}:autovacuum_enabled=false:true\n{part}:autovacuum_enabled=false:true"),
+    );
 }

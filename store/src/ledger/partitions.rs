@@ -1,14 +1,15 @@
-//! The day partitions of `messages` (migration 0020): created ahead by every pod, closed once
-//! final, and dropped whole by the retention once their export verified
+//! The day partitions of `messages` (migration 0020): created ahead by every pod, closed by the
+//! retention a week after they ended, and dropped whole by it once their export verified
 //! (`gateway_core::ledger_export::retention`).
 //!
-//! A day is written while its turns run: its indexes take their entries out of order (a row is
-//! written when its turn ends, under the id and time it started with), so their pages split
-//! half full and stay so. Once final (no turn of it can still end), nothing writes it again,
-//! and [`close`] makes it what it will be until it is dropped: indexes rebuilt packed full,
-//! every row frozen, autovacuum off (a frozen day has nothing for it to do; the
-//! anti-wraparound pass that still comes every `autovacuum_freeze_max_age` transactions skips
-//! its pages, all frozen).
+//! A day is written while its turns run: its rows in the layout writing needs, its indexes
+//! taking their entries out of order (a row is written when its turn ends, under the id and time
+//! it started with), so their pages split half full and stay so. Once nothing writes it any
+//! more, [`close`] makes it what it will be until it is dropped: its rows moved into
+//! `closed_messages`, the compact layout (migration 0027), or, when some row cannot be, its
+//! indexes rebuilt packed in place; every row frozen, autovacuum off (a frozen day has nothing
+//! for it to do; the anti-wraparound pass that still comes every `autovacuum_freeze_max_age`
+//! transactions skips its pages, all frozen).
 //!
 //! Each statement that changes the partitions waits at most [`LOCK_WAIT`] for its locks: a
 //! statement queued for a lock on `messages` makes every turn queue behind it, so it gives up
@@ -232,10 +233,10 @@ pub async fn open_before(db: &Database, before: Date) -> Result<Vec<Date>, DbErr
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Closed {
     /// Its rows moved into `closed_messages`, the compact layout (migration 0027).
-    Compacted,
+    Moved,
     /// Some row does not fit the compact layout (an id of before 0020, a count past
     /// `integer`): its indexes rebuilt packed, in place.
-    Packed,
+    InPlace,
 }
 
 /// Closes `day`, which no turn writes any more: its rows moved into the day's partition of
@@ -258,7 +259,7 @@ pub async fn close(db: &Database, day: Date) -> Result<Closed, DbError> {
     );
     db.bounded(sqlx::query(&longer).persistent(false).execute(&mut *tx))
         .await?;
-    let compacted: bool = db
+    let moved: bool = db
         .bounded_by(
             CLOSE_TIMEOUT,
             sqlx::query_scalar("SELECT ledger_compact_day($1)")
@@ -268,9 +269,9 @@ pub async fn close(db: &Database, day: Date) -> Result<Closed, DbError> {
         )
         .await?;
     db.bounded(tx.commit()).await?;
-    let closed = if compacted {
+    let closed = if moved {
         maintain(db, &format!("VACUUM (FREEZE, ANALYZE) closed_{name}")).await?;
-        Closed::Compacted
+        Closed::Moved
     } else {
         let mut tx = change(db).await?;
         for index in indexes(db, &name, true).await? {
@@ -281,7 +282,7 @@ pub async fn close(db: &Database, day: Date) -> Result<Closed, DbError> {
         db.bounded(tx.commit()).await?;
         maintain(db, &format!("VACUUM (FREEZE, ANALYZE) {name}")).await?;
         maintain(db, &format!("REINDEX TABLE CONCURRENTLY {name}")).await?;
-        Closed::Packed
+        Closed::InPlace
     };
     let mut tx = change(db).await?;
     let off = format!("ALTER TABLE {name} SET ({CLOSED}, toast.{CLOSED})");
