@@ -527,6 +527,20 @@ async fn day_of_turns(turns: usize) -> Day {
     }
 }
 
+/// A retention run keeping 30 days closes `day`, and only it.
+async fn closes(pg: &PostgresServer, day: Date) {
+    let run = retain_keeping(pg, "30", &["--now"], &[]).await;
+    assert_eq!(days(&run, "closed"), [day.to_string()], "{run}");
+    assert!(days(&run, "close_failed").is_empty(), "{run}");
+}
+
+/// A retention run keeping 30 days closes nothing.
+async fn closes_nothing(pg: &PostgresServer) {
+    let run = retain_keeping(pg, "30", &["--now"], &[]).await;
+    assert!(days(&run, "closed").is_empty(), "{run}");
+    assert!(days(&run, "close_failed").is_empty(), "{run}");
+}
+
 /// The day's rows as `message_rows` reads them, every column, in the export's order.
 async fn rows_of(pg: &PostgresServer, day: Date) -> String {
     pg.query(&format!(
@@ -603,9 +617,7 @@ async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_sam
     let export_before = exported(&pg, day, &work.join("before")).await;
     let xid_before = pg.query_i64("SELECT txid_current()").await;
 
-    let run = retain_keeping(&pg, "30", &["--now"], &[]).await;
-    assert_eq!(days(&run, "closed"), [day.to_string()], "{run}");
-    assert!(days(&run, "close_failed").is_empty(), "{run}");
+    closes(&pg, day).await;
 
     assert_eq!(
         pg.query_i64(&format!("SELECT count(*) FROM {part}")).await,
@@ -675,8 +687,7 @@ async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_sam
         "the day's export is the same file"
     );
 
-    let again = retain_keeping(&pg, "30", &["--now"], &[]).await;
-    assert!(days(&again, "closed").is_empty(), "{again}");
+    closes_nothing(&pg).await;
 
     let archive = work.join("archive");
     let dropped = retain_keeping(
@@ -748,9 +759,7 @@ async fn a_day_the_compact_layout_cannot_hold_is_closed_in_place_indexes_packed_
     .await;
     let xid_before = pg.query_i64("SELECT txid_current()").await;
 
-    let run = retain_keeping(&pg, "30", &["--now"], &[]).await;
-    assert_eq!(days(&run, "closed"), [day.to_string()], "{run}");
-    assert!(days(&run, "close_failed").is_empty(), "{run}");
+    closes(&pg, day).await;
 
     assert_eq!(
         pg.query(&totals).await,
@@ -794,8 +803,7 @@ async fn a_day_the_compact_layout_cannot_hold_is_closed_in_place_indexes_packed_
         assert_eq!(found.billed, 10, "{id} found by id once closed");
     }
 
-    let again = retain_keeping(&pg, "30", &["--now"], &[]).await;
-    assert!(days(&again, "closed").is_empty(), "{again}");
+    closes_nothing(&pg).await;
 }
 
 /// A close cut short once its move committed (the pod stopped before it froze the day) is
@@ -815,8 +823,7 @@ async fn a_close_cut_short_after_its_move_is_finished_by_the_next_run() {
     let moved = pg.query(&totals).await;
     assert_eq!(moved, "1000|10000");
 
-    let run = retain_keeping(&pg, "30", &["--now"], &[]).await;
-    assert_eq!(days(&run, "closed"), [day.to_string()], "{run}");
+    closes(&pg, day).await;
     assert_eq!(pg.query(&totals).await, moved, "not moved twice");
     assert_eq!(
         pg.query(&format!(

@@ -146,14 +146,14 @@ pub async fn retain(
     metrics::ledger_partitions_awaiting_archive(awaiting.len());
     retained.awaiting = awaiting.iter().map(Date::to_string).collect();
     if !dry_run {
-        close_final(db, retention, now, &mut retained).await?;
+        close_due(db, retention, now, &mut retained).await?;
     }
     Ok(retained)
 }
 
 /// Closes up to [`CLOSE_PER_RUN`] of the days the retention keeps before [`first_open`], the
 /// newest first.
-async fn close_final(
+async fn close_due(
     db: &Database,
     retention: &Retention,
     now: OffsetDateTime,
@@ -172,7 +172,7 @@ async fn close_final(
                 retained.closed.push(day.to_string());
             }
             Err(e) => {
-                tracing::warn!(%day, error = %e, "could not close a final ledger day; retrying at the next run");
+                tracing::warn!(%day, error = %e, "could not close a ledger day; retrying at the next run");
                 retained.close_failed.push(Failed {
                     day: day.to_string(),
                     error: e.to_string(),
