@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 use e2e::ledger::{funded, reserve_at, settle};
 use e2e::s3::{S3Server, CREDENTIALS};
 use e2e::{poll_until, Cluster, PostgresServer};
+use futures::future::join_all;
 use serde_json::Value;
 use store::db::Database;
 use store::ledger::message_id;
 use store::ledger::partitions;
-use store::ledger::{Ledger, MessageStatus, PostgresLedger};
+use store::ledger::{Ledger, MessageStatus, PostgresLedger, Settlement};
+use store::usage::StopReason;
 use time::{Date, OffsetDateTime, Time};
 
 const CREDITS: u64 = 100_000_000;
@@ -479,9 +481,6 @@ struct Day {
 }
 
 async fn day_of_turns(turns: usize) -> Day {
-    use futures::future::join_all;
-    use store::ledger::Settlement;
-    use store::usage::StopReason;
     let pg = PostgresServer::start().await;
     let db = Database::connect(&pg.url(), 8, Duration::from_secs(60)).expect("url");
     db.migrate().await.expect("migrate");

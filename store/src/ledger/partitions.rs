@@ -64,15 +64,16 @@ fn partition(day: Date) -> String {
     )
 }
 
-/// A transaction for a partition change: bounded waits for locks and statements.
-async fn change(db: &Database) -> Result<Transaction<'static, Postgres>, DbError> {
+/// A transaction for a partition change: bounded waits for locks, and statements bounded by
+/// `statements` on the server.
+async fn change(
+    db: &Database,
+    statements: Duration,
+) -> Result<Transaction<'static, Postgres>, DbError> {
     let mut tx = db.bounded(db.pool().begin()).await?;
     for setting in [
         format!("SET LOCAL lock_timeout = {}", LOCK_WAIT.as_millis()),
-        format!(
-            "SET LOCAL statement_timeout = {}",
-            STATEMENT_TIMEOUT.as_millis()
-        ),
+        format!("SET LOCAL statement_timeout = {}", statements.as_millis()),
     ] {
         db.bounded(sqlx::query(&setting).persistent(false).execute(&mut *tx))
             .await?;
@@ -83,7 +84,7 @@ async fn change(db: &Database) -> Result<Transaction<'static, Postgres>, DbError
 /// Creates `day`'s partition unless it exists (moving the rows the default partition holds of
 /// it); whether it did.
 pub async fn create(db: &Database, day: Date) -> Result<bool, DbError> {
-    let mut tx = change(db).await?;
+    let mut tx = change(db, STATEMENT_TIMEOUT).await?;
     let created: bool = db
         .bounded_by(
             STATEMENT_TIMEOUT,
@@ -157,7 +158,7 @@ pub async fn days_in_default(db: &Database, before: Date) -> Result<Vec<Date>, D
 pub async fn drop_exported(db: &Database, day: Date, exported: DayTotals) -> Result<(), DropError> {
     let open = partition(day);
     let closed = format!("closed_{open}");
-    let mut tx = change(db).await?;
+    let mut tx = change(db, STATEMENT_TIMEOUT).await?;
     let mut parts = Vec::new();
     for (parent, name) in [("messages", &open), ("closed_messages", &closed)] {
         let exists: Option<String> = db
@@ -252,13 +253,7 @@ pub async fn close(db: &Database, day: Date) -> Result<Closed, DbError> {
     for invalid in indexes(db, &name, false).await? {
         maintain(db, &format!("DROP INDEX CONCURRENTLY IF EXISTS {invalid}")).await?;
     }
-    let mut tx = change(db).await?;
-    let longer = format!(
-        "SET LOCAL statement_timeout = {}",
-        CLOSE_TIMEOUT.as_millis()
-    );
-    db.bounded(sqlx::query(&longer).persistent(false).execute(&mut *tx))
-        .await?;
+    let mut tx = change(db, CLOSE_TIMEOUT).await?;
     let moved: bool = db
         .bounded_by(
             CLOSE_TIMEOUT,
@@ -273,23 +268,32 @@ pub async fn close(db: &Database, day: Date) -> Result<Closed, DbError> {
         maintain(db, &format!("VACUUM (FREEZE, ANALYZE) closed_{name}")).await?;
         Closed::Moved
     } else {
-        let mut tx = change(db).await?;
-        for index in indexes(db, &name, true).await? {
-            let packed = format!("ALTER INDEX {index} SET (fillfactor = 100)");
-            db.bounded(sqlx::query(&packed).persistent(false).execute(&mut *tx))
-                .await?;
-        }
-        db.bounded(tx.commit()).await?;
+        let packed: Vec<String> = indexes(db, &name, true)
+            .await?
+            .iter()
+            .map(|index| format!("ALTER INDEX {index} SET (fillfactor = 100)"))
+            .collect();
+        changed(db, &packed).await?;
         maintain(db, &format!("VACUUM (FREEZE, ANALYZE) {name}")).await?;
         maintain(db, &format!("REINDEX TABLE CONCURRENTLY {name}")).await?;
         Closed::InPlace
     };
-    let mut tx = change(db).await?;
-    let off = format!("ALTER TABLE {name} SET ({CLOSED}, toast.{CLOSED})");
-    db.bounded(sqlx::query(&off).persistent(false).execute(&mut *tx))
-        .await?;
-    db.bounded(tx.commit()).await?;
+    changed(
+        db,
+        &[format!("ALTER TABLE {name} SET ({CLOSED}, toast.{CLOSED})")],
+    )
+    .await?;
     Ok(closed)
+}
+
+/// Runs `statements` in one partition change.
+async fn changed(db: &Database, statements: &[String]) -> Result<(), DbError> {
+    let mut tx = change(db, STATEMENT_TIMEOUT).await?;
+    for statement in statements {
+        db.bounded(sqlx::query(statement).persistent(false).execute(&mut *tx))
+            .await?;
+    }
+    db.bounded(tx.commit()).await
 }
 
 /// The indexes of the table `name`, valid or left invalid by a `REINDEX CONCURRENTLY` cut
