@@ -172,3 +172,27 @@ impl Drop for Trial {
         let _ = std::fs::remove_dir_all(&self.copy);
     }
 }
+
+/// The series the chart's alerts (PrometheusRule) and Grafana dashboard query, one name each,
+/// as `tests/python/test_chart_alerts.py metric-names` reads them from the rendered chart.
+pub fn alerted_metric_names() -> Vec<String> {
+    let root = workspace_root();
+    let python = root.join(".cache/venv/bin/python");
+    let out = std::process::Command::new(&python)
+        .arg("test_chart_alerts.py")
+        .arg("metric-names")
+        .current_dir(root.join("tests/python"))
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/test makes the venv)", python.display()));
+    assert!(
+        out.status.success(),
+        "test_chart_alerts.py metric-names: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert!(names.len() >= 10, "too few names read: {names:?}");
+    names
+}

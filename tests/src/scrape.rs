@@ -48,6 +48,24 @@ impl Scrape {
             .unwrap_or_else(|| panic!("no series {name}{labels:?} in\n{self}"))
     }
 
+    /// Whether the scrape declares the family a sample `name` belongs to (its `# TYPE` line,
+    /// written for every registered family, series or not): `name` itself, or a counter's
+    /// `_total`, a histogram's `_bucket`, `_count` or `_sum` of it.
+    pub fn declares(&self, name: &str) -> bool {
+        let family = ["_total", "_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .into_iter()
+            .chain([name]);
+        let declared: Vec<&str> = self
+            .text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        family.into_iter().any(|f| declared.contains(&f))
+    }
+
     /// Whether a metric family with this sample name has any series.
     pub fn has(&self, name: &str) -> bool {
         self.samples.iter().any(|s| s.name == name)

@@ -223,6 +223,18 @@ async fn the_operator_in_the_image_is_not_ready_while_its_sweep_fails_and_stops_
     )
     .await;
     assert!(scrape.get("gateway_operator_sweep_failures_total", &[]) >= Some(1.0));
+    // The chart's alerts and dashboard query only series the operator exports.
+    let alerted: Vec<String> = e2e::helm::alerted_metric_names()
+        .into_iter()
+        .filter(|n| n.starts_with("gateway_operator_"))
+        .collect();
+    assert!(!alerted.is_empty(), "no operator series alerted on");
+    for name in &alerted {
+        assert!(
+            scrape.declares(name),
+            "the chart's alerts or dashboard query {name}, which the operator does not export:\n{scrape}"
+        );
+    }
     pg.restart().await;
     operator_state(
         &client,

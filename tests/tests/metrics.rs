@@ -226,3 +226,29 @@ async fn redis_calls_are_timed_and_failures_counted() {
         "admission calls timed at {timed} s in all"
     );
 }
+
+/// The chart's alerts and dashboard (tests/python/test_chart_alerts.py) query only series a
+/// pod exports: each `gateway_*` name they use but the operator's is declared by a `serve`
+/// gateway on Redis and Postgres after a turn (the operator's: image.rs).
+#[tokio::test]
+async fn every_gateway_series_the_charts_alerts_and_dashboard_query_is_exported() {
+    let names: Vec<String> = e2e::helm::alerted_metric_names()
+        .into_iter()
+        .filter(|n| !n.starts_with("gateway_operator_"))
+        .collect();
+    let (redis, pg) = (RedisServer::start().await, PostgresServer::start().await);
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .database(&pg.url())
+        .start()
+        .await;
+    gw.post_messages(&gw.key, &message("svc/haiku", "hi", 16))
+        .await
+        .expect_ok();
+    let m = gw.metrics().await;
+    let missing: Vec<&String> = names.iter().filter(|n| !m.declares(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "the chart's alerts or dashboard query {missing:?}, which the gateway does not export:\n{m}"
+    );
+}
