@@ -67,3 +67,61 @@ async fn every_v1_answer_carries_the_api_version_errors_included() {
         );
     }
 }
+
+/// `gateway --version` / `operator --version`: `NAME VERSION`, the version alone.
+fn binary_version(bin: &std::path::Path) -> String {
+    let out = std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{} --version: {e}", bin.display()));
+    assert!(out.status.success(), "{} --version failed", bin.display());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// `KEY: VALUE` of Chart.yaml, quotes dropped.
+fn chart_field(key: &str) -> String {
+    let chart = std::fs::read_to_string(workspace_root().join("charts/gateway/Chart.yaml"))
+        .expect("read Chart.yaml");
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("Chart.yaml has no {key}"))
+        .trim()
+        .trim_matches('"')
+        .to_owned()
+}
+
+/// One version for a release (docs/kubernetes.md, "Upgrade and rollback"): the crates (the
+/// binaries' `--version`), the chart's `version` and `appVersion`, the API the gateway reports
+/// and the image's tag are bumped together, so a platform pins one number.
+#[tokio::test]
+async fn the_binaries_the_chart_the_api_and_the_image_carry_one_version() {
+    let gw = Gateway::start().await;
+    let api = gw.get("/v1/models", DEV_KEY).await.expect_ok()["api_version"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let operator = std::env::var_os("OPERATOR_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| e2e::gateway::gateway_bin().with_file_name("operator"));
+    let image = e2e::podman::image();
+    let tag = image.rsplit_once(':').map(|(_, t)| t.to_owned());
+    let versions = [
+        ("the gateway binary", binary_version(&e2e::gateway::gateway_bin())),
+        ("the operator binary", binary_version(&operator)),
+        ("the e2e crate (the workspace's)", env!("CARGO_PKG_VERSION").to_owned()),
+        ("the chart's version", chart_field("version")),
+        ("the chart's appVersion", chart_field("appVersion")),
+        ("the image's tag", tag.unwrap_or_default()),
+    ];
+    for (what, version) in &versions {
+        assert_eq!(
+            version, &api,
+            "{what} is {version}, the API {api} (image {image}): bump them together"
+        );
+    }
+}
