@@ -1,7 +1,7 @@
 //! Probes on the admin listener, for Kubernetes: `/livez` answers while the process runs;
-//! `/readyz` is 200 while the config is loaded and the pod can serve. Failing closed a pod
-//! cut off from Redis cannot serve, so it leaves the Service until Redis is back; failing
-//! open it serves on its share of the limits, so it stays in.
+//! `/readyz` is 200 while the config is loaded and the process is not draining, whatever the
+//! shared stores answer: failing closed a pod cut off from Redis answers turns with the
+//! envelope's 503 and `Retry-After`, failing open it serves on its share of the limits.
 
 use std::time::Duration;
 
@@ -23,7 +23,8 @@ async fn a_standalone_gateway_is_live_and_ready_without_a_token() {
 }
 
 #[tokio::test]
-async fn failing_closed_a_pod_is_not_ready_while_redis_is_unreachable_and_ready_again_after() {
+async fn failing_closed_a_pod_stays_ready_through_a_redis_outage_and_answers_it_with_503_and_retry_after(
+) {
     let mut redis = RedisServer::start().await;
     let gw = Gateway::builder()
         .serve(&redis.url())
@@ -36,19 +37,34 @@ async fn failing_closed_a_pod_is_not_ready_while_redis_is_unreachable_and_ready_
     );
 
     redis.stop().await;
-    let down = gw.admin_unauthenticated("/readyz").await;
-    down.expect_status(503);
-    assert_eq!(down.json()["limits_store"], "unreachable", "{down}");
+    // Every pod shares the store: taking them all out of the Service would turn the
+    // envelope below into a load balancer's bare 502 or 503.
+    let during = gw.admin_unauthenticated("/readyz").await;
+    let body = during.expect_ok();
+    assert_eq!(body["status"], "ready", "{body}");
+    assert_eq!(body["limits_store"], "unreachable", "{body}");
+    assert_eq!(body["store_outage"], "fail-closed", "{body}");
+    let refused = gw.post_messages(DEV_KEY, &message("svc/haiku", "hi", 16)).await;
+    refused.expect_status(503);
+    assert_eq!(refused.json()["type"], "error", "{refused}");
+    assert!(refused.header("retry-after").is_some(), "{refused}");
     gw.admin_unauthenticated("/livez").await.expect_status(200);
 
     redis.restart().await;
     poll_until(
-        "readiness after Redis returned",
+        "a turn served after Redis returned",
         Duration::from_secs(15),
         Duration::from_millis(200),
-        || async { (gw.admin_unauthenticated("/readyz").await.status == 200).then_some(()) },
+        || async {
+            let served = gw.post_messages(DEV_KEY, &message("svc/haiku", "hi", 16)).await;
+            (served.status == 200).then_some(())
+        },
     )
     .await;
+    assert_eq!(
+        gw.admin_unauthenticated("/readyz").await.expect_ok()["limits_store"],
+        "ok"
+    );
 }
 
 #[tokio::test]

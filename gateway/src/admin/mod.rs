@@ -92,10 +92,13 @@ async fn live() -> StatusCode {
     StatusCode::OK
 }
 
-/// Ready when the config is loaded (it is, once this listener runs), the process is not
-/// draining, and, failing closed, the shared stores answer. Failing open, a store outage
-/// leaves the pod ready: every pod shares the stores, so taking them all out of the Service
-/// would turn limited or refused requests into no service at all.
+/// Ready when the config is loaded (it is, once this listener runs) and the process is not
+/// draining: what another pod could do better. The shared stores are reported, not required:
+/// every pod shares them, so an outage would take every pod out of the Service at once and
+/// turn our 503 with `Retry-After` (failing closed) or our limited service (failing open) into
+/// a load balancer's bare 502. The trade-off: a pod cut off from a store that its peers still
+/// reach keeps its share of requests and refuses them with 503 (`GatewayStoreErrors` alerts,
+/// docs/observability.md), where removing it would have sent them to the peers.
 async fn ready(State(admin): State<Admin>) -> Response {
     let draining = admin.state.shutdown.stopping.is_cancelled();
     let (limits, ledger) = tokio::join!(
@@ -109,7 +112,7 @@ async fn ready(State(admin): State<Admin>) -> Response {
         tracing::debug!(error = %e, "readiness: ledger store unreachable");
     }
     let fail_open = admin.state.limiter.serves_through_outage();
-    let ok = !draining && (fail_open || (limits.is_ok() && ledger.is_ok()));
+    let ok = !draining;
     let answer = |up: bool| if up { "ok" } else { "unreachable" };
     let body = json!({
         "status": if ok { "ready" } else { "not_ready" },
