@@ -29,6 +29,14 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
 const STREAMS: &str = "gateway_streams_in_flight";
+/// The annotation by which a ReplicaSet scaling down picks the pods to remove, lowest first.
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// A pod's deletion cost: its open streams (what removing it would cut), within `i32`.
+pub fn deletion_cost(streams: f64) -> i32 {
+    // `as` saturates: NaN is 0, a count past i32 the largest cost.
+    streams.round().max(0.0) as i32
+}
 const REQUESTS: &str = "gateway_requests_total";
 
 #[derive(Clone, Copy, Debug)]
@@ -215,6 +223,9 @@ impl Scaler {
             .spec
             .and_then(|s| s.replicas)
             .unwrap_or(0);
+        if u32::try_from(current).is_ok_and(|current| replicas < current) {
+            self.rank_for_removal(&pods.items, &reports).await;
+        }
         if u32::try_from(current).ok() != Some(replicas) {
             tracing::info!(deployment = %self.deployment, from = current, to = replicas, streams = load.streams, rps = load.rps, "scaling the gateway");
             let patch = json!({ "spec": { "replicas": replicas } });
@@ -228,6 +239,32 @@ impl Scaler {
         }
         self.announce(replicas).await?;
         Ok(replicas)
+    }
+
+    /// Before a scale-down, marks each scraped pod with its open streams as its
+    /// `controller.kubernetes.io/pod-deletion-cost`, so that the ReplicaSet removes idle pods
+    /// first and streams are not cut (Kubernetes 1.22 and later honour it). Only then: the
+    /// annotation is a write to the API server per pod, too many to keep current every round.
+    /// A pod that cannot be marked is only logged; the scale-down goes on.
+    async fn rank_for_removal(&self, pods: &[Pod], reports: &[(String, PodReport)]) {
+        for (name, report) in reports {
+            let cost = deletion_cost(report.streams).to_string();
+            let marked = pods
+                .iter()
+                .find(|p| p.name_any() == *name)
+                .and_then(|p| p.annotations().get(DELETION_COST));
+            if marked == Some(&cost) {
+                continue;
+            }
+            let patch = json!({ "metadata": { "annotations": { DELETION_COST: cost } } });
+            if let Err(error) = self
+                .pods
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(pod = %name, %error, "could not mark the pod's deletion cost");
+            }
+        }
     }
 
     /// Writes the pod count on the config Secret when it changed. A merge patch, not an
@@ -373,6 +410,16 @@ mod tests {
                 requests: 15.0
             })
         );
+    }
+
+    #[test]
+    fn a_pods_deletion_cost_is_its_open_streams_so_idle_pods_go_first() {
+        assert_eq!(deletion_cost(0.0), 0);
+        assert_eq!(deletion_cost(7.0), 7);
+        assert!(deletion_cost(3.0) > deletion_cost(1.0));
+        assert_eq!(deletion_cost(-1.0), 0);
+        assert_eq!(deletion_cost(f64::NAN), 0);
+        assert_eq!(deletion_cost(1e12), i32::MAX);
     }
 
     #[test]

@@ -747,6 +747,16 @@ async fn under_the_charts_rbac_the_scaler_follows_the_pods_streams_and_failing_o
         stream.disconnect();
     }
     replicas_become(api, "1").await;
+    // Before scaling down it marked the pod with its open streams (none now): idle pods are
+    // the ReplicaSet's first to remove.
+    assert_eq!(
+        api.jsonpath(
+            "pod",
+            "gateway-0",
+            "{.metadata.annotations.controller\\.kubernetes\\.io/pod-deletion-cost}"
+        ),
+        "0"
+    );
 
     // Failing open, the one pod the operator counts takes the whole of pay-as-you-go's 60
     // requests a minute, not a seventh of them.
