@@ -300,3 +300,36 @@ async fn the_cli_keys_and_credits_an_existing_account_only_by_its_id_once_its_em
     let credited = top_up("pay_ceo").await.expect("top-up by id");
     assert_eq!(credited["lifetime_top_up_cents"], 10_000, "{credited}");
 }
+
+/// A rolled-back release (or the old pods of a rolling upgrade) meets a database a newer
+/// release migrated: `migrate` applies what it knows and tolerates the rest, and `serve
+/// --migrate` starts and serves on that schema (docs/kubernetes.md, "Upgrade and rollback").
+#[tokio::test]
+async fn a_binary_older_than_the_database_migrates_and_serves_on_it() {
+    let pg = PostgresServer::start().await;
+    pg.gateway_cli(&["migrate"]).await.expect("migrate");
+    let known = pg
+        .query_i64("SELECT count(*) FROM _sqlx_migrations WHERE success")
+        .await;
+    // What a newer release's migration leaves: an addition, and its row in the migrator's table.
+    pg.query(
+        "ALTER TABLE accounts ADD COLUMN region text; \
+         INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (999999, 'a newer release', true, '\\x00', 1)",
+    )
+    .await;
+    pg.gateway_cli(&["migrate"])
+        .await
+        .expect("an older binary migrates a newer database");
+    let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
+    let gw = &cluster.pods[0];
+    gw.post_messages(&gw.key, &message("svc/haiku", "hi", 16))
+        .await
+        .expect_ok();
+    assert_eq!(
+        pg.query_i64("SELECT count(*) FROM _sqlx_migrations WHERE success")
+            .await,
+        known + 1,
+        "the newer migration stays recorded, none of the older ones ran twice"
+    );
+}

@@ -3,6 +3,8 @@
 //! the binary, and the bound on every call, so that an unreachable or stalled Postgres turns
 //! into a quick `Unavailable` rather than a hang.
 
+#[cfg(test)]
+mod migration_rules;
 mod pool;
 
 use std::future::Future;
@@ -128,7 +130,12 @@ impl Database {
         if self.pool.through_transaction_pooler() {
             return Err(DbError::MigrateThroughPooler);
         }
-        sqlx::migrate!("./migrations").run(self.pool.raw()).await?;
+        let mut migrator = sqlx::migrate!("./migrations");
+        // A binary older than the database (a rolled-back release, the old pods of a rolling
+        // upgrade) applies the migrations it knows and tolerates those a newer release
+        // applied: every migration keeps the previous release working (migration_rules.rs).
+        migrator.set_ignore_missing(true);
+        migrator.run(self.pool.raw()).await?;
         Ok(())
     }
 
