@@ -53,6 +53,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod redis;
 pub mod redis_cluster;
+pub mod registry;
 pub mod response;
 pub mod s3;
 pub mod scrape;

@@ -258,3 +258,133 @@ async fn the_operator_in_the_image_is_not_ready_while_its_sweep_fails_and_stops_
         logs()
     );
 }
+
+/// `scripts/release` to a local registry (Debian's docker-registry): the image is pushed with
+/// its OCI labels and pulls back by digest, where it runs as that version; the chart pulls back
+/// as an OCI artifact at the same version and renders the image by that digest; the SBOM lists
+/// the crates the binaries link, each by its purl.
+#[tokio::test]
+async fn a_release_pushes_the_labelled_image_its_sbom_and_the_chart_and_both_pull_back_by_version_and_digest(
+) {
+    if !podman::image_available() {
+        return;
+    }
+    let registry = e2e::registry::Registry::start().await;
+    let root = e2e::gateway::workspace_root();
+    let out_dir = std::env::temp_dir().join(e2e::gateway::unique_name("e2e-release"));
+    let bin_dir = e2e::gateway::gateway_bin()
+        .parent()
+        .expect("the binaries' folder")
+        .to_path_buf();
+    let released = std::process::Command::new(root.join("scripts/release"))
+        .arg(registry.host())
+        .arg(&bin_dir)
+        .env("PLAIN_HTTP", "1")
+        .env("OUT", &out_dir)
+        .current_dir(&root)
+        .output()
+        .expect("run scripts/release");
+    assert!(
+        released.status.success(),
+        "scripts/release failed:\n{}\nregistry:\n{}",
+        String::from_utf8_lossy(&released.stderr),
+        registry.logs()
+    );
+    let stdout = String::from_utf8_lossy(&released.stdout);
+    let release: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("no release.json line ({e}): {stdout}"));
+    let field = |name: &str| release[name].as_str().unwrap_or_default().to_owned();
+    let version = podman::app_version();
+    assert_eq!(field("version"), version);
+    let digest = field("image_digest");
+    assert!(digest.starts_with("sha256:"), "{release}");
+
+    // The image, pulled by digest as a cluster pinning it would.
+    let by_digest = format!("{}/svc-gateway@{digest}", registry.host());
+    assert_eq!(field("image_by_digest"), by_digest);
+    let pulled = podman::podman(&["pull", "--tls-verify=false", &by_digest]);
+    assert!(
+        pulled.status.success(),
+        "podman pull {by_digest}: {}",
+        String::from_utf8_lossy(&pulled.stderr)
+    );
+    let ran = podman::podman(&["run", "--rm", "--network", "host", &by_digest, "--version"]);
+    assert_eq!(
+        String::from_utf8_lossy(&ran.stdout).trim(),
+        format!("gateway {version}"),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let labels = podman::podman(&["image", "inspect", "--format", "{{json .Labels}}", &by_digest]);
+    let labels: serde_json::Value =
+        serde_json::from_slice(&labels.stdout).expect("the image's labels as JSON");
+    for (label, want) in [
+        ("org.opencontainers.image.version", version.as_str()),
+        ("org.opencontainers.image.licenses", "Apache-2.0"),
+    ] {
+        assert_eq!(labels[label], want, "{labels}");
+    }
+    for label in [
+        "org.opencontainers.image.source",
+        "org.opencontainers.image.revision",
+    ] {
+        assert!(
+            labels[label].as_str().is_some_and(|v| !v.is_empty()),
+            "no {label}: {labels}"
+        );
+    }
+    let _ = podman::podman(&["rmi", "--force", &by_digest]);
+
+    // The chart, pulled from the registry at the release's version, renders that digest.
+    let helm = |args: &[&str]| {
+        let out = std::process::Command::new(root.join(".cache/venv/bin/helm"))
+            .args(args)
+            .current_dir(&out_dir)
+            .output()
+            .expect("run helm");
+        assert!(
+            out.status.success(),
+            "helm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let reference = format!("oci://{}/charts/gateway", registry.host());
+    assert_eq!(field("chart"), reference);
+    helm(&["pull", &reference, "--version", &version, "--plain-http", "-d", "pulled"]);
+    let package = format!("pulled/gateway-{version}.tgz");
+    assert!(helm(&["show", "chart", &package]).contains(&format!("appVersion: {version}")));
+    let repository = format!("gateway.image.repository={}/svc-gateway", registry.host());
+    let pinned = format!("gateway.image.digest={digest}");
+    let rendered = helm(&["template", "gw", &package, "--set", &repository, "--set", &pinned]);
+    assert!(
+        rendered.contains(&format!("image: {by_digest}")),
+        "the chart does not render the image by its digest"
+    );
+
+    // The SBOM: CycloneDX, this version, every linked crate by its purl.
+    let sbom: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(field("sbom")).expect("read the SBOM"),
+    )
+    .expect("the SBOM is JSON");
+    assert_eq!(sbom["bomFormat"], "CycloneDX");
+    assert_eq!(sbom["metadata"]["component"]["version"], version.as_str());
+    let purls: Vec<&str> = sbom["components"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["purl"].as_str())
+        .collect();
+    assert!(purls.len() > 100, "{} components", purls.len());
+    for linked in ["pkg:cargo/axum@", "pkg:cargo/sqlx-core@", "pkg:cargo/kube-client@"] {
+        assert!(
+            purls.iter().any(|p| p.starts_with(linked)),
+            "{linked} is not in the SBOM"
+        );
+    }
+    assert!(
+        !purls.iter().any(|p| p.starts_with("pkg:cargo/proptest@")),
+        "a test-only crate is in the SBOM"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
