@@ -6,6 +6,7 @@ chart promises hold in what it renders, and values.schema.json rejects bad value
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,10 +36,44 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm_bin(), *args], capture_output=True, text=True, timeout=120)
 
 
-def render(*args: str) -> list[dict]:
+class UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a mapping naming a key twice, as kustomize and Flux's
+    post-renderer do ("mapping key already defined"); PyYAML's own keeps the last value."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)
+
+
+def load_all(text: str) -> list[dict]:
+    return [doc for doc in yaml.load_all(text, Loader=UniqueKeyLoader) if doc]
+
+
+def template(*args: str) -> str:
     done = helm("template", "gw", str(CHART), "--namespace", NAMESPACE, "--include-crds", *args)
     assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return done.stdout
+
+
+def render(*args: str) -> list[dict]:
+    return load_all(template(*args))
+
+
+def render_fails(*args: str) -> str:
+    """helm template's error (its stderr) for values the chart must refuse."""
+    done = helm("template", "gw", str(CHART), "--namespace", NAMESPACE, *args)
+    assert done.returncode != 0, f"rendered: {args}"
+    return done.stderr
 
 
 def rendered(values_file: str) -> list[dict]:
@@ -79,6 +114,51 @@ def test_every_rendered_object_is_a_valid_kubernetes_object(values: Path, versio
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:
             pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} on {version}: {e.message} at {list(e.path)}")
+
+
+def test_the_unique_key_loader_refuses_a_repeated_key() -> None:
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key 'a'"):
+        load_all("x:\n  a: 1\n  b: 2\n  a: 1\n")
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_no_rendered_mapping_repeats_a_key(values: Path) -> None:
+    text = template("-f", str(values))
+    load_all(text)
+    # podLabels, podAnnotations and the PodMonitor's labels naming the chart's own keys.
+    text = template(
+        "-f", str(values),
+        "--set", "podMonitor.enabled=true",
+        "--set", "podMonitor.labels.app\\.kubernetes\\.io/instance=other",
+        "--set", "gateway.podAnnotations.prometheus\\.io/scrape=false",
+        "--set", "gateway.podLabels.app\\.kubernetes\\.io/name=other",
+        "--set", "operator.podLabels.app\\.kubernetes\\.io/instance=other",
+    )
+    objects = load_all(text)
+    for obj in of_kind(objects, "Deployment"):
+        pod = obj["spec"]["template"]["metadata"]["labels"]
+        for key, value in obj["spec"]["selector"]["matchLabels"].items():
+            assert pod[key] == value, f"{obj['metadata']['name']}: podLabels overrode the selector's {key}"
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_the_render_passes_kubectl_kustomize(values: Path, tmp_path: Path) -> None:
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        assert not os.environ.get("CI"), "kubectl is required under CI (scripts/kube-apiserver installs it)"
+        pytest.skip("kubectl not on PATH")
+    (tmp_path / "rendered.yaml").write_text(template("-f", str(values)))
+    (tmp_path / "kustomization.yaml").write_text("resources:\n  - rendered.yaml\n")
+    done = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_no_pod_gets_service_links(values: Path) -> None:
+    # Every Service of the namespace as environment variables: noise, and with many Services a
+    # slow start; the gateway reads its stores' URLs from Secrets, never from those variables.
+    for where, spec in pod_specs(rendered(values.name)):
+        assert spec["enableServiceLinks"] is False, where
 
 
 def test_the_crds_are_the_generated_file_unchanged() -> None:

@@ -15,12 +15,33 @@
 {{- end -}}
 {{- end -}}
 
-{{- define "gateway.labels" -}}
+{{/* Labels of every object but the release's (app.kubernetes.io/instance), which the selector
+carries too: each mapping names a key once (kustomize and Flux's post-renderer refuse a mapping
+that repeats one). */}}
+{{- define "gateway.commonLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
-app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: svc-gateway
+{{- end -}}
+
+{{/* Labels of an object of the release as a whole (a Service of no component, a Secret). */}}
+{{- define "gateway.labels" -}}
+{{ include "gateway.commonLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of one component's objects: the common ones and its selector. */}}
+{{- define "gateway.componentLabels" -}}
+{{ include "gateway.commonLabels" .root }}
+{{ include "gateway.selector" . }}
+{{- end -}}
+
+{{/* Labels of one component's pods: its own, then .podLabels (values) for the keys it does not
+set; a podLabels key the selector needs is ignored, so the pods always match it. */}}
+{{- define "gateway.podLabels" -}}
+{{- $own := include "gateway.componentLabels" . | fromYaml -}}
+{{- toYaml (merge $own (.podLabels | default dict)) -}}
 {{- end -}}
 
 {{/* Selector labels of one component: gateway, operator, redis, postgres, migrate. */}}
