@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -298,11 +299,165 @@ def test_the_gateway_may_read_only_the_published_config_secret() -> None:
     ]
 
 
+# Every public surface of the gateway's API port (gateway/src/api/mod.rs: /v1, the dashboard's
+# router under /developers, /webhooks/payments and /webhooks/stripe; anything else is a 404).
+PUBLIC_PATHS = ["/v1", "/developers", "/webhooks"]
+PUBLIC_REQUESTS = [
+    "/v1/messages", "/v1/chat/completions", "/v1/messages/batches", "/developers",
+    "/developers/sign-up", "/developers/billing", "/developers/sso/callback",
+    "/webhooks/stripe", "/webhooks/payments",
+]
+
+
+def prefix_matches(prefix: str, path: str) -> bool:
+    """Kubernetes' Prefix and the Gateway API's PathPrefix: whole path elements."""
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
 def test_an_ingress_exists_only_when_enabled() -> None:
     assert not of_kind(rendered("defaults.yaml"), "Ingress")
     ingress = named(rendered("ingress.yaml"), "Ingress", "gw-gateway")
     assert ingress["spec"]["rules"][0]["host"] == "llm.example.com"
     assert ingress["spec"]["tls"][0]["secretName"] == "llm-example-com-tls"
+
+
+@pytest.mark.parametrize("values", [v for v in VALUES_FILES if "ingress:" in v.read_text()], ids=lambda p: p.stem)
+def test_the_ingress_routes_every_public_surface(values: Path) -> None:
+    ingress = named(rendered(values.name), "Ingress", "gw-gateway")
+    paths = ingress["spec"]["rules"][0]["http"]["paths"]
+    assert [p["path"] for p in paths] == PUBLIC_PATHS
+    for p in paths:
+        assert p["pathType"] == "Prefix"
+        assert p["backend"]["service"] == {"name": "gw-gateway", "port": {"name": "http"}}
+    for request in PUBLIC_REQUESTS:
+        assert any(prefix_matches(p["path"], request) for p in paths), request
+
+
+NGINX_DEFAULTS = {
+    "nginx.ingress.kubernetes.io/proxy-body-size": "256m",
+    "nginx.ingress.kubernetes.io/proxy-read-timeout": "3600",
+    "nginx.ingress.kubernetes.io/proxy-send-timeout": "3600",
+    "nginx.ingress.kubernetes.io/proxy-buffering": "off",
+    "nginx.ingress.kubernetes.io/proxy-request-buffering": "off",
+}
+
+
+def test_the_ingress_carries_ingress_nginx_settings_for_llm_traffic_under_the_users() -> None:
+    annotations = named(rendered("ingress.yaml"), "Ingress", "gw-gateway")["metadata"]["annotations"]
+    # ingress.yaml overrides the read timeout and adds cert-manager's issuer.
+    assert annotations == {
+        **NGINX_DEFAULTS,
+        "nginx.ingress.kubernetes.io/proxy-read-timeout": "7200",
+        "cert-manager.io/cluster-issuer": "letsencrypt",
+    }
+    # The body cap: the gateway's largest (a Message Batch create, 256 MiB); the timeouts at
+    # least the upstream first-byte timeout (60 s by default) and the longest turn (3600 s).
+    assert int(NGINX_DEFAULTS["nginx.ingress.kubernetes.io/proxy-body-size"].rstrip("m")) >= 256
+    assert int(NGINX_DEFAULTS["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 3600
+    default_class = render("--set", "gateway.ingress.enabled=true")
+    assert named(default_class, "Ingress", "gw-gateway")["metadata"]["annotations"] == NGINX_DEFAULTS
+
+
+@pytest.mark.parametrize(
+    "values", [["--set", "gateway.ingress.className=traefik"], ["--set", "gateway.ingress.nginxAnnotations=false"]]
+)
+def test_other_ingress_classes_get_no_ingress_nginx_annotations(values: list[str]) -> None:
+    ingress = named(render("--set", "gateway.ingress.enabled=true", *values), "Ingress", "gw-gateway")
+    assert "annotations" not in ingress["metadata"]
+
+
+GATEWAY_API_DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
+
+
+def seconds(duration: str) -> float:
+    unit = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(int(n) * unit[u] for n, u in re.findall(r"([0-9]+)(ms|h|m|s)", duration))
+
+
+def http_route(*args: str) -> list[dict]:
+    return render(
+        "--set", "gateway.httpRoute.enabled=true",
+        "--set-json", 'gateway.httpRoute.parentRefs=[{"name":"public","namespace":"gateway-system","sectionName":"https"}]',
+        "--set-json", 'gateway.httpRoute.hostnames=["llm.example.com"]',
+        *args,
+    )
+
+
+def test_an_http_route_attaches_to_the_gateway_and_routes_every_public_surface() -> None:
+    assert not of_kind(rendered("defaults.yaml"), "HTTPRoute")
+    objects = http_route("--set", "gateway.httpRoute.labels.team=llm", "--set", "gateway.httpRoute.annotations.a=b")
+    assert not of_kind(objects, "Ingress")
+    route = named(objects, "HTTPRoute", "gw-gateway")
+    # kubernetes-validate has no schema of a CRD's kind (PodMonitor, HTTPRoute): the Gateway API
+    # v1 rules the chart relies on, checked here.
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["metadata"]["labels"]["team"] == "llm" and route["metadata"]["annotations"] == {"a": "b"}
+    spec = route["spec"]
+    assert spec["parentRefs"] == [{"name": "public", "namespace": "gateway-system", "sectionName": "https"}]
+    assert spec["hostnames"] == ["llm.example.com"]
+    assert set(spec) == {"parentRefs", "hostnames", "rules"}
+    [rule] = spec["rules"]
+    assert set(rule) == {"matches", "backendRefs", "timeouts"}
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": p}} for p in PUBLIC_PATHS]
+    assert len(rule["matches"]) <= 64
+    for request in PUBLIC_REQUESTS:
+        assert any(prefix_matches(m["path"]["value"], request) for m in rule["matches"]), request
+    service = named(objects, "Service", "gw-gateway")
+    # A Service backend needs its port number.
+    assert rule["backendRefs"] == [{"name": "gw-gateway", "port": service["spec"]["ports"][0]["port"]}]
+    timeouts = rule["timeouts"]
+    assert all(GATEWAY_API_DURATION.match(t) for t in timeouts.values()), timeouts
+    assert seconds(timeouts["backendRequest"]) <= seconds(timeouts["request"])
+    assert seconds(timeouts["request"]) >= 3600, "a turn may run an hour (--reaper-max-turn-secs)"
+
+
+def test_an_http_route_needs_a_gateway_and_valid_durations() -> None:
+    assert "parentRefs" in render_fails("--set", "gateway.httpRoute.enabled=true")
+    assert "schema" in render_fails("--set", "gateway.httpRoute.timeouts.request=an hour")
+    route = named(http_route("--set", "gateway.httpRoute.timeouts=null"), "HTTPRoute", "gw-gateway")
+    assert "timeouts" not in route["spec"]["rules"][0]
+
+
+def trusted(objects: list[dict]) -> list[str]:
+    args = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]["args"]
+    return [a for a in args if a.startswith("--trusted-proxies")]
+
+
+def test_behind_the_http_route_the_gateway_trusts_its_data_plane_as_behind_the_ingress() -> None:
+    assert trusted(http_route()) == [f"--trusted-proxies={PRIVATE}"]
+    narrowed = http_route(
+        "--set-json", 'gateway.httpRoute.trustedProxies=["10.96.0.0/16"]',
+        "-f", str(VALUES_DIR / "ingress.yaml"),
+        "--set-json", 'gateway.ingress.trustedProxies=["10.244.0.0/16"]',
+        "--set-json", 'gateway.trustedProxies=["203.0.113.7"]',
+    )
+    assert trusted(narrowed) == ["--trusted-proxies=203.0.113.7,10.244.0.0/16,10.96.0.0/16"]
+
+
+@pytest.mark.parametrize("front", [["--set", "gateway.ingress.enabled=true"], ["--set", "gateway.httpRoute.enabled=true", "--set-json", 'gateway.httpRoute.parentRefs=[{"name":"public"}]']])
+@pytest.mark.parametrize("service_type", ["LoadBalancer", "NodePort"])
+def test_a_balancer_beside_the_ingress_needs_trusted_proxies_set_explicitly(front: list[str], service_type: str) -> None:
+    error = render_fails(*front, "--set", f"gateway.service.type={service_type}")
+    assert "set gateway.trustedProxies explicitly" in error, error
+    assert "externalTrafficPolicy: Local" in error
+    explicit = render(*front, "--set", f"gateway.service.type={service_type}", "--set-json", "gateway.trustedProxies=[]")
+    assert trusted(explicit) == [f"--trusted-proxies={PRIVATE}"]
+    # Without a front end, a balancer alone trusts nothing by default.
+    assert trusted(render("--set", f"gateway.service.type={service_type}")) == []
+
+
+def test_a_balancer_service_takes_the_traffic_policy_and_source_ranges_a_cluster_ip_cannot() -> None:
+    args = [
+        "--set", "gateway.service.externalTrafficPolicy=Local",
+        "--set-json", 'gateway.service.loadBalancerSourceRanges=["203.0.113.0/24"]',
+    ]
+    balancer = named(render("--set", "gateway.service.type=LoadBalancer", *args), "Service", "gw-gateway")["spec"]
+    assert balancer["externalTrafficPolicy"] == "Local"
+    assert balancer["loadBalancerSourceRanges"] == ["203.0.113.0/24"]
+    node_port = named(render("--set", "gateway.service.type=NodePort", *args), "Service", "gw-gateway")["spec"]
+    assert node_port["externalTrafficPolicy"] == "Local" and "loadBalancerSourceRanges" not in node_port
+    cluster_ip = named(render(*args), "Service", "gw-gateway")["spec"]
+    assert "externalTrafficPolicy" not in cluster_ip and "loadBalancerSourceRanges" not in cluster_ip
 
 
 def test_readiness_notices_a_drain_within_the_shutdown_delay_and_the_grace_covers_the_drain() -> None:
@@ -316,14 +471,12 @@ def test_readiness_notices_a_drain_within_the_shutdown_delay_and_the_grace_cover
     assert spec["terminationGracePeriodSeconds"] >= delay + grace + 5
 
 
-def test_behind_the_ingress_the_gateway_trusts_the_private_ranges_x_forwarded_for() -> None:
-    def trusted(objects: list[dict]) -> list[str]:
-        args = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]["args"]
-        return [a for a in args if a.startswith("--trusted-proxies")]
+PRIVATE = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7"
 
-    private = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7"
+
+def test_behind_the_ingress_the_gateway_trusts_the_private_ranges_x_forwarded_for() -> None:
     assert trusted(rendered("defaults.yaml")) == []
-    assert trusted(rendered("ingress.yaml")) == [f"--trusted-proxies={private}"]
+    assert trusted(rendered("ingress.yaml")) == [f"--trusted-proxies={PRIVATE}"]
     narrowed = render(
         "-f", str(VALUES_DIR / "ingress.yaml"),
         "--set-json", 'gateway.ingress.trustedProxies=["10.244.0.0/16"]',
@@ -348,6 +501,11 @@ def test_behind_the_ingress_the_gateway_trusts_the_private_ranges_x_forwarded_fo
         "gateway.pdb.minAvailable=-1",
         "gateway.pdb.maxUnavailable=most",
         "gateway.image.digest=latest",
+        "gateway.ingress.paths=v1",
+        "gateway.ingress.unknownKey=1",
+        "gateway.httpRoute.unknownKey=1",
+        "gateway.httpRoute.timeouts.idle=1h",
+        "gateway.service.externalTrafficPolicy=Nearest",
     ],
 )
 def test_the_schema_rejects_bad_values(bad: str) -> None:

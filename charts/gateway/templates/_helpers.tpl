@@ -189,3 +189,40 @@ releases in one namespace do not share them. */}}
 {{- define "gateway.lease" -}}
 {{- default (printf "%s-operator" (include "gateway.fullname" .)) .Values.operator.lease -}}
 {{- end -}}
+
+{{/* ingress-nginx's settings for LLM traffic, under gateway.ingress.annotations (which win).
+The body size is the gateway's largest cap (a Message Batch create, 256 MiB): the gateway
+refuses a body over its route's own cap (16 MiB elsewhere under /v1) with 413 before reading it,
+so nginx need not know the routes. The timeouts are the longest a turn may run
+(--reaper-max-turn-secs, 3600): a non-streamed turn sends nothing until it is done, and nginx's
+default (60 s) would cut it, and a stream between two events. Buffering off both ways: a stream's
+events reach the client as they come, and a body reaches the gateway's own reader, its caps and
+its deadlines, instead of nginx's disk. */}}
+{{- define "gateway.nginxAnnotations" -}}
+nginx.ingress.kubernetes.io/proxy-body-size: 256m
+nginx.ingress.kubernetes.io/proxy-read-timeout: "3600"
+nginx.ingress.kubernetes.io/proxy-send-timeout: "3600"
+nginx.ingress.kubernetes.io/proxy-buffering: "off"
+nginx.ingress.kubernetes.io/proxy-request-buffering: "off"
+{{- end -}}
+
+{{/* The proxies the gateway trusts to name the client in X-Forwarded-For: gateway.trustedProxies,
+and the networks of the chart's Ingress or HTTPRoute (the controller's pods) while it is on.
+Behind a Service that is also a node port or a load balancer, those private ranges would be a
+client's too (a balancer that rewrites the source to a node's address), so the chart refuses to
+guess: gateway.trustedProxies (null by default) must then be set, [] included. */}}
+{{- define "gateway.trustedProxies" -}}
+{{- $g := .Values.gateway -}}
+{{- $fronted := or $g.ingress.enabled $g.httpRoute.enabled -}}
+{{- if and $fronted (has $g.service.type (list "LoadBalancer" "NodePort")) (kindIs "invalid" $g.trustedProxies) -}}
+{{- fail (printf "gateway.service.type is %s beside the chart's Ingress or HTTPRoute, whose trusted proxies (gateway.ingress.trustedProxies, gateway.httpRoute.trustedProxies: the private ranges by default) then include the addresses a balancer or node port forwards from, so an internet client could forge X-Forwarded-For: set gateway.trustedProxies explicitly ([] or your proxies), narrow the front end's trustedProxies to the controller's pod CIDR, and prefer gateway.service.externalTrafficPolicy: Local (docs/kubernetes.md, \"Client addresses\")" $g.service.type) -}}
+{{- end -}}
+{{- $trusted := default (list) $g.trustedProxies -}}
+{{- if $g.ingress.enabled -}}
+{{- $trusted = concat $trusted $g.ingress.trustedProxies -}}
+{{- end -}}
+{{- if $g.httpRoute.enabled -}}
+{{- $trusted = concat $trusted $g.httpRoute.trustedProxies -}}
+{{- end -}}
+{{- join "," (uniq $trusted) -}}
+{{- end -}}
