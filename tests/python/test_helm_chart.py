@@ -506,6 +506,16 @@ def test_behind_the_ingress_the_gateway_trusts_the_private_ranges_x_forwarded_fo
         "gateway.httpRoute.unknownKey=1",
         "gateway.httpRoute.timeouts.idle=1h",
         "gateway.service.externalTrafficPolicy=Nearest",
+        "gateway.serviceAccount.name=other",
+        "operator.serviceAccount.create=false",
+        "migrations.serviceAccount.name=other",
+        "gateway.probes.readiness.exec=true",
+        "gateway.probes.liveness.successThreshold=2",
+        "gateway.strategy.type=BlueGreen",
+        "gateway.revisionHistoryLimit=-1",
+        "operator.pdb.unknownKey=1",
+        "operator.pdb.maxUnavailable=most",
+        "gateway.priorityClassName=1",
     ],
 )
 def test_the_schema_rejects_bad_values(bad: str) -> None:
@@ -608,3 +618,156 @@ def test_the_operator_runs_the_images_operator_binary_on_the_migrations_database
         assert operator["command"] == ["/usr/local/bin/operator"]
         assert operator["image"] == job["image"]
         assert [e for e in operator["env"] if e["name"] == "DATABASE_URL"] == job["env"]
+
+
+ESCAPE_HATCHES = """
+gateway:
+  podLabels: {team: llm}
+  priorityClassName: api-critical
+  serviceAccount:
+    annotations: {iam.gke.io/gcp-service-account: gateway@project.iam.gserviceaccount.com}
+  extraVolumes:
+    - name: pg-ca
+      configMap: {name: pg-ca}
+  extraVolumeMounts:
+    - {name: pg-ca, mountPath: /etc/pg-ca, readOnly: true}
+  extraContainers:
+    - name: cloud-sql-proxy
+      image: gcr.io/cloud-sql-connectors/cloud-sql-proxy:2.14.1
+      args: ["--structured-logs", "--port=5432", "project:region:{{ .Release.Name }}-ledger"]
+      securityContext: {runAsNonRoot: true, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+  probes:
+    readiness: {periodSeconds: 1, failureThreshold: 3, timeoutSeconds: 2}
+    liveness: {periodSeconds: 20, failureThreshold: 5}
+    startup: {periodSeconds: 5, failureThreshold: 60}
+  strategy:
+    type: RollingUpdate
+    rollingUpdate: {maxUnavailable: 0, maxSurge: 25%}
+  revisionHistoryLimit: 3
+operator:
+  podLabels: {team: llm}
+  podAnnotations: {example.com/owner: platform}
+  priorityClassName: api-critical
+  serviceAccount:
+    annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::123456789012:role/operator"}
+  extraVolumes:
+    - {name: scratch, emptyDir: {}}
+  extraVolumeMounts:
+    - {name: scratch, mountPath: /scratch}
+  extraContainers:
+    - {name: sidecar, image: "busybox:1.37", args: ["sleep", "infinity"]}
+  probes:
+    liveness: {periodSeconds: 30, failureThreshold: 4}
+    readiness: {periodSeconds: 15}
+  revisionHistoryLimit: 4
+  pdb: {enabled: true, minAvailable: 1}
+migrations:
+  serviceAccount:
+    annotations: {azure.workload.identity/client-id: 00000000-0000-0000-0000-000000000000}
+extraObjects:
+  - apiVersion: v1
+    kind: ConfigMap
+    metadata: {name: "{{ .Release.Name }}-pg-ca"}
+    data: {ca.crt: "-----BEGIN CERTIFICATE-----"}
+  - |
+    apiVersion: v1
+    kind: ConfigMap
+    metadata:
+      name: {{ include "gateway.fullname" . }}-notes
+    data: {}
+"""
+
+
+@pytest.fixture(scope="module")
+def escape_hatches(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    values = tmp_path_factory.mktemp("values") / "escape-hatches.yaml"
+    values.write_text(ESCAPE_HATCHES)
+    return render("-f", str(values))
+
+
+def test_escape_hatches_render_valid_objects(escape_hatches: list[dict]) -> None:
+    for obj in escape_hatches:
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def test_escape_hatches_reach_the_gateway_pods(escape_hatches: list[dict]) -> None:
+    deployment = named(escape_hatches, "Deployment", "gw-gateway")
+    pod = deployment["spec"]["template"]
+    spec = pod["spec"]
+    assert pod["metadata"]["labels"]["team"] == "llm"
+    assert spec["priorityClassName"] == "api-critical"
+    assert {"name": "pg-ca", "configMap": {"name": "pg-ca"}} in spec["volumes"]
+    gateway, proxy = spec["containers"]
+    assert {"name": "pg-ca", "mountPath": "/etc/pg-ca", "readOnly": True} in gateway["volumeMounts"]
+    assert proxy["name"] == "cloud-sql-proxy" and proxy["args"][-1] == "project:region:gw-ledger", "tpl ran"
+    assert gateway["readinessProbe"] == {
+        "httpGet": {"path": "/readyz", "port": "admin"}, "periodSeconds": 1, "failureThreshold": 3, "timeoutSeconds": 2
+    }
+    assert gateway["livenessProbe"]["periodSeconds"] == 20 and gateway["startupProbe"]["failureThreshold"] == 60
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": "25%"}
+    assert deployment["spec"]["revisionHistoryLimit"] == 3
+    account = named(escape_hatches, "ServiceAccount", "gw-gateway")
+    assert account["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": "gateway@project.iam.gserviceaccount.com"}
+
+
+def test_escape_hatches_reach_the_operator_pods(escape_hatches: list[dict]) -> None:
+    deployment = named(escape_hatches, "Deployment", "gw-gateway-operator")
+    pod = deployment["spec"]["template"]
+    spec = pod["spec"]
+    assert pod["metadata"]["labels"]["team"] == "llm"
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "platform"
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+    assert spec["priorityClassName"] == "api-critical"
+    assert spec["volumes"] == [{"name": "scratch", "emptyDir": {}}]
+    operator, sidecar = spec["containers"]
+    assert operator["volumeMounts"] == [{"name": "scratch", "mountPath": "/scratch"}]
+    assert sidecar["name"] == "sidecar"
+    assert operator["livenessProbe"]["periodSeconds"] == 30 and operator["readinessProbe"]["periodSeconds"] == 15
+    assert deployment["spec"]["revisionHistoryLimit"] == 4
+    account = named(escape_hatches, "ServiceAccount", "gw-gateway-operator")
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/operator"}
+    pdb = named(escape_hatches, "PodDisruptionBudget", "gw-gateway-operator")["spec"]
+    assert pdb == {"minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": "operator", "app.kubernetes.io/instance": "gw"}}}
+
+
+def test_the_operator_spreads_over_nodes_and_zones_and_has_no_pdb_by_default() -> None:
+    objects = rendered("defaults.yaml")
+    spec = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]
+    spread = spec["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in spread] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    for constraint in spread:
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        assert constraint["labelSelector"]["matchLabels"]["app.kubernetes.io/name"] == "operator"
+    # The node tests' 1.20 API server has no policy/v1: the operator's PDB is opt-in.
+    assert [p["metadata"]["name"] for p in of_kind(objects, "PodDisruptionBudget")] == ["gw-gateway"]
+
+
+def test_extra_objects_are_rendered_with_tpl(escape_hatches: list[dict]) -> None:
+    assert named(escape_hatches, "ConfigMap", "gw-pg-ca")["data"] == {"ca.crt": "-----BEGIN CERTIFICATE-----"}
+    named(escape_hatches, "ConfigMap", "gw-gateway-notes")
+
+
+def test_the_migration_job_runs_as_its_own_service_account_with_the_gateways_volumes(escape_hatches: list[dict]) -> None:
+    job = named(escape_hatches, "Job", "gw-gateway-migrate")
+    spec = job["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "gw-gateway-migrate"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["volumes"] == [{"name": "pg-ca", "configMap": {"name": "pg-ca"}}]
+    assert spec["containers"][0]["volumeMounts"] == [{"name": "pg-ca", "mountPath": "/etc/pg-ca", "readOnly": True}]
+    account = named(escape_hatches, "ServiceAccount", "gw-gateway-migrate")
+    assert account["automountServiceAccountToken"] is False
+    annotations = account["metadata"]["annotations"]
+    assert annotations["azure.workload.identity/client-id"] == "00000000-0000-0000-0000-000000000000"
+    # A hook made before the Job (which needs it) and deleted with it.
+    assert annotations["helm.sh/hook"] == job["metadata"]["annotations"]["helm.sh/hook"]
+    assert int(annotations["helm.sh/hook-weight"]) < int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+
+
+def test_readiness_slower_than_the_shutdown_delay_fails_the_render() -> None:
+    error = render_fails("--set", "gateway.probes.readiness.periodSeconds=5")
+    assert "must be under gateway.shutdownDelaySeconds" in error, error
+    render("--set", "gateway.probes.readiness.periodSeconds=5", "--set", "gateway.shutdownDelaySeconds=15")

@@ -171,6 +171,11 @@ securityContext:
   {{- include "gateway.containerSecurityContext" . | nindent 2 }}
 resources:
   {{- toYaml .Values.gateway.resources | nindent 2 }}
+{{- /* The gateway's own mounts (a CA bundle of the database, say): the same binary. */}}
+{{- with .Values.gateway.extraVolumeMounts }}
+volumeMounts:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* Whether the operator owns the gateway Deployment's replicas. Then the chart leaves
