@@ -238,7 +238,7 @@ def test_in_cluster_stores_migrate_in_an_init_container_of_each_gateway_pod() ->
     assert [c["args"] for c in spec["initContainers"]] == [["migrate"]]
     named(objects, "Deployment", "gw-gateway-redis")
     named(objects, "Service", "gw-gateway-postgres")
-    secret = named(objects, "Secret", "gw-gateway-stores")
+    secret = named(objects, "Secret", "gw-gateway-store-urls")
     assert secret["stringData"]["redis-url"] == "redis://gw-gateway-redis:6379"
     assert secret["stringData"]["database-url"].endswith("@gw-gateway-postgres:5432/gateway")
 
@@ -771,3 +771,69 @@ def test_readiness_slower_than_the_shutdown_delay_fails_the_render() -> None:
     error = render_fails("--set", "gateway.probes.readiness.periodSeconds=5")
     assert "must be under gateway.shutdownDelaySeconds" in error, error
     render("--set", "gateway.probes.readiness.periodSeconds=5", "--set", "gateway.shutdownDelaySeconds=15")
+
+
+def notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it: helm template leaves it out, so a copy of the chart
+    renders it into a ConfigMap."""
+    chart = tmp_path / "gateway"
+    shutil.copytree(CHART, chart)
+    text = (CHART / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_test.tpl").write_text(f'{{{{- define "notes.test" -}}}}\n{text}\n{{{{- end -}}}}\n')
+    (chart / "templates" / "notes-test.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n"
+        '  notes: {{ include "notes.test" . | toJson }}\n'
+    )
+    done = helm("template", "gw", str(chart), "--namespace", NAMESPACE, "--show-only", "templates/notes-test.yaml", *args)
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)["data"]["notes"]
+
+
+def test_notes_print_the_cleanup_of_what_the_operator_creates_outside_the_release(tmp_path: Path) -> None:
+    printed = notes(tmp_path)
+    assert "kubectl -n llm delete secret/gw-gateway-config lease/gw-gateway-operator --ignore-not-found" in printed
+    assert "delete job,serviceaccount,secret -l app.kubernetes.io/name=migrate,app.kubernetes.io/instance=gw" in printed
+    without = notes(tmp_path / "manifests", "-f", str(VALUES_DIR / "manifests.yaml"))
+    assert "lease/" not in without and "app.kubernetes.io/name=migrate" not in without
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_uninstall_leaves_no_secret_behind(values: Path) -> None:
+    # Helm never deletes a hook on uninstall: a hook must delete itself once the hooks
+    # succeeded, and nothing the pods read for their lifetime may be one.
+    for obj in rendered(values.name):
+        annotations = obj["metadata"].get("annotations") or {}
+        if "helm.sh/hook" in annotations:
+            assert "hook-succeeded" in annotations.get("helm.sh/hook-delete-policy", ""), obj["metadata"]["name"]
+        if obj["kind"] != "CustomResourceDefinition":
+            assert "helm.sh/resource-policy" not in annotations, obj["metadata"]["name"]
+
+
+def test_a_url_given_in_values_reaches_the_migration_job_through_its_own_hook_secret() -> None:
+    objects = render("--set", "postgres.url=postgres://gateway:pw@pg.stores:5432/gateway")
+    secret = named(objects, "Secret", "gw-gateway-migrate")
+    assert secret["stringData"] == {"database-url": "postgres://gateway:pw@pg.stores:5432/gateway"}
+    assert secret["metadata"]["annotations"]["helm.sh/hook-weight"] == "-10"
+    job = named(objects, "Job", "gw-gateway-migrate")["spec"]["template"]["spec"]["containers"][0]
+    assert job["env"] == [
+        {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "gw-gateway-migrate", "key": "database-url"}}}
+    ]
+    # The pods read the release's own Secret, which uninstall deletes.
+    urls = named(objects, "Secret", "gw-gateway-store-urls")
+    assert "helm.sh/hook" not in (urls["metadata"].get("annotations") or {})
+    assert urls["stringData"]["database-url"] == "postgres://gateway:pw@pg.stores:5432/gateway"
+    gateway = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "gw-gateway-store-urls", "key": "database-url"}}} in gateway["env"]
+
+
+def test_the_trial_stores_run_as_their_images_users() -> None:
+    objects = rendered("in-cluster.yaml")
+    # redis:7-alpine: adduser -u 999 -G redis (gid 1000); postgres:16-alpine: uid and gid 70.
+    for name, uid, gid in [("gw-gateway-redis", 999, 1000), ("gw-gateway-postgres", 70, 70)]:
+        context = named(objects, "Deployment", name)["spec"]["template"]["spec"]["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (uid, gid, gid), name
+
+
+def test_the_config_from_an_operator_that_is_off_fails_the_render() -> None:
+    error = render_fails("--set", "operator.enabled=false")
+    assert "gateway.configFromOperator is true but operator.enabled is false" in error, error

@@ -83,8 +83,10 @@ capabilities:
 {{- end }}
 {{- end -}}
 
+{{/* The Secret of the URLs the chart writes, owned by the release (uninstall deletes it). Not
+FULLNAME-stores, the hook Secret of chart versions before, which Helm would refuse to adopt. */}}
 {{- define "gateway.storesSecret" -}}
-{{- printf "%s-stores" (include "gateway.fullname" .) -}}
+{{- printf "%s-store-urls" (include "gateway.fullname" .) -}}
 {{- end -}}
 
 {{/* Whether the chart writes a store's URL into its own Secret: an in-cluster store, or a URL
@@ -160,19 +162,31 @@ them). */}}
 {{- end }}
 {{- end -}}
 
+{{/* The migrations' container, in the hook Job or a gateway pod's init containers. The Job
+runs before the release's own Secrets exist, so a URL the chart writes reaches it through
+.hookSecret, a hook Secret of its own (migrate-job.yaml). */}}
 {{- define "gateway.migrateContainer" -}}
+{{- $root := .root -}}
 name: migrate
-image: {{ include "gateway.image" (dict "image" .Values.gateway.image "root" .) }}
-imagePullPolicy: {{ .Values.gateway.image.pullPolicy }}
+image: {{ include "gateway.image" (dict "image" $root.Values.gateway.image "root" $root) }}
+imagePullPolicy: {{ $root.Values.gateway.image.pullPolicy }}
 args: ["migrate"]
 env:
-  {{- include "gateway.databaseEnv" . | indent 2 }}
+{{- if and .hookSecret (include "gateway.postgresOwned" $root) }}
+  - name: DATABASE_URL
+    valueFrom:
+      secretKeyRef:
+        name: {{ .hookSecret }}
+        key: database-url
+{{- else }}
+  {{- include "gateway.databaseEnv" $root | indent 2 }}
+{{- end }}
 securityContext:
-  {{- include "gateway.containerSecurityContext" . | nindent 2 }}
+  {{- include "gateway.containerSecurityContext" $root | nindent 2 }}
 resources:
-  {{- toYaml .Values.gateway.resources | nindent 2 }}
+  {{- toYaml $root.Values.gateway.resources | nindent 2 }}
 {{- /* The gateway's own mounts (a CA bundle of the database, say): the same binary. */}}
-{{- with .Values.gateway.extraVolumeMounts }}
+{{- with $root.Values.gateway.extraVolumeMounts }}
 volumeMounts:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -230,4 +244,14 @@ guess: gateway.trustedProxies (null by default) must then be set, [] included. *
 {{- $trusted = concat $trusted $g.httpRoute.trustedProxies -}}
 {{- end -}}
 {{- join "," (uniq $trusted) -}}
+{{- end -}}
+
+{{/* The database URL the chart writes (gateway.postgresOwned): the in-cluster one, or postgres.url. */}}
+{{- define "gateway.postgresUrl" -}}
+{{- if .Values.postgres.inCluster.enabled -}}
+{{- $p := .Values.postgres.inCluster -}}
+{{- printf "postgres://%s:%s@%s-postgres:5432/%s" $p.user $p.password (include "gateway.fullname" .) $p.database -}}
+{{- else -}}
+{{- .Values.postgres.url -}}
+{{- end -}}
 {{- end -}}
