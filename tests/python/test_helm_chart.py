@@ -837,3 +837,20 @@ def test_the_trial_stores_run_as_their_images_users() -> None:
 def test_the_config_from_an_operator_that_is_off_fails_the_render() -> None:
     error = render_fails("--set", "operator.enabled=false")
     assert "gateway.configFromOperator is true but operator.enabled is false" in error, error
+
+
+def test_the_production_values_follow_the_checklist() -> None:
+    objects = rendered("production.yaml")
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {("Ingress", "gw-gateway"), ("NetworkPolicy", "gw-gateway"), ("NetworkPolicy", "gw-gateway-egress"),
+            ("PodDisruptionBudget", "gw-gateway-operator")} <= names
+    # No Secret is generated or written by the chart: every render is the same.
+    assert not of_kind(objects, "Secret")
+    assert rendered("production.yaml") == objects
+    assert trusted(objects) == ["--trusted-proxies=10.244.0.0/16"]
+    for name in ("gw-gateway", "gw-gateway-operator", "gw-gateway-migrate"):
+        assert "eks.amazonaws.com/role-arn" in named(objects, "ServiceAccount", name)["metadata"]["annotations"]
+    for name in ("gw-gateway", "gw-gateway-operator"):
+        spec = named(objects, "Deployment", name)["spec"]["template"]
+        assert spec["metadata"]["labels"]["team"] == "platform-llm"
+        assert spec["spec"]["priorityClassName"] == "platform-critical"

@@ -234,7 +234,7 @@ guess: gateway.trustedProxies (null by default) must then be set, [] included. *
 {{- $g := .Values.gateway -}}
 {{- $fronted := or $g.ingress.enabled $g.httpRoute.enabled -}}
 {{- if and $fronted (has $g.service.type (list "LoadBalancer" "NodePort")) (kindIs "invalid" $g.trustedProxies) -}}
-{{- fail (printf "gateway.service.type is %s beside the chart's Ingress or HTTPRoute, whose trusted proxies (gateway.ingress.trustedProxies, gateway.httpRoute.trustedProxies: the private ranges by default) then include the addresses a balancer or node port forwards from, so an internet client could forge X-Forwarded-For: set gateway.trustedProxies explicitly ([] or your proxies), narrow the front end's trustedProxies to the controller's pod CIDR, and prefer gateway.service.externalTrafficPolicy: Local (docs/kubernetes.md, \"Client addresses\")" $g.service.type) -}}
+{{- fail (printf "gateway.service.type is %s beside the chart's Ingress or HTTPRoute, whose trusted proxies (gateway.ingress.trustedProxies, gateway.httpRoute.trustedProxies: the private ranges by default) then include the addresses a balancer or node port forwards from, so an internet client could forge X-Forwarded-For: set gateway.trustedProxies explicitly ([] or your proxies), narrow the front end's trustedProxies to the controller's pod CIDR, and prefer gateway.service.externalTrafficPolicy: Local (docs/kubernetes.md, \"Behind the Ingress: the client address\")" $g.service.type) -}}
 {{- end -}}
 {{- $trusted := default (list) $g.trustedProxies -}}
 {{- if $g.ingress.enabled -}}
