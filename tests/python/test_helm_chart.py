@@ -377,7 +377,8 @@ def seconds(duration: str) -> float:
 def http_route(*args: str) -> list[dict]:
     return render(
         "--set", "gateway.httpRoute.enabled=true",
-        "--set-json", 'gateway.httpRoute.parentRefs=[{"name":"public","namespace":"gateway-system","sectionName":"https"}]',
+        "--set-json",
+        'gateway.httpRoute.parentRefs=[{"name":"public","namespace":"gateway-system","sectionName":"https"}]',
         "--set-json", 'gateway.httpRoute.hostnames=["llm.example.com"]',
         *args,
     )
@@ -434,13 +435,22 @@ def test_behind_the_http_route_the_gateway_trusts_its_data_plane_as_behind_the_i
     assert trusted(narrowed) == ["--trusted-proxies=203.0.113.7,10.244.0.0/16,10.96.0.0/16"]
 
 
-@pytest.mark.parametrize("front", [["--set", "gateway.ingress.enabled=true"], ["--set", "gateway.httpRoute.enabled=true", "--set-json", 'gateway.httpRoute.parentRefs=[{"name":"public"}]']])
+FRONT_ENDS = [
+    ["--set", "gateway.ingress.enabled=true"],
+    ["--set", "gateway.httpRoute.enabled=true", "--set-json", 'gateway.httpRoute.parentRefs=[{"name":"public"}]'],
+]
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS, ids=["ingress", "http-route"])
 @pytest.mark.parametrize("service_type", ["LoadBalancer", "NodePort"])
-def test_a_balancer_beside_the_ingress_needs_trusted_proxies_set_explicitly(front: list[str], service_type: str) -> None:
+def test_a_balancer_beside_the_ingress_needs_trusted_proxies_set_explicitly(
+    front: list[str], service_type: str
+) -> None:
     error = render_fails(*front, "--set", f"gateway.service.type={service_type}")
     assert "set gateway.trustedProxies explicitly" in error, error
     assert "externalTrafficPolicy: Local" in error
-    explicit = render(*front, "--set", f"gateway.service.type={service_type}", "--set-json", "gateway.trustedProxies=[]")
+    balancer = ["--set", f"gateway.service.type={service_type}"]
+    explicit = render(*front, *balancer, "--set-json", "gateway.trustedProxies=[]")
     assert trusted(explicit) == [f"--trusted-proxies={PRIVATE}"]
     # Without a front end, a balancer alone trusts nothing by default.
     assert trusted(render("--set", f"gateway.service.type={service_type}")) == []
@@ -635,7 +645,11 @@ gateway:
     - name: cloud-sql-proxy
       image: gcr.io/cloud-sql-connectors/cloud-sql-proxy:2.14.1
       args: ["--structured-logs", "--port=5432", "project:region:{{ .Release.Name }}-ledger"]
-      securityContext: {runAsNonRoot: true, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+      securityContext:
+        runAsNonRoot: true
+        readOnlyRootFilesystem: true
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
   probes:
     readiness: {periodSeconds: 1, failureThreshold: 3, timeoutSeconds: 2}
     liveness: {periodSeconds: 20, failureThreshold: 5}
@@ -710,7 +724,9 @@ def test_escape_hatches_reach_the_gateway_pods(escape_hatches: list[dict]) -> No
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": "25%"}
     assert deployment["spec"]["revisionHistoryLimit"] == 3
     account = named(escape_hatches, "ServiceAccount", "gw-gateway")
-    assert account["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": "gateway@project.iam.gserviceaccount.com"}
+    assert account["metadata"]["annotations"] == {
+        "iam.gke.io/gcp-service-account": "gateway@project.iam.gserviceaccount.com"
+    }
 
 
 def test_escape_hatches_reach_the_operator_pods(escape_hatches: list[dict]) -> None:
@@ -728,9 +744,12 @@ def test_escape_hatches_reach_the_operator_pods(escape_hatches: list[dict]) -> N
     assert operator["livenessProbe"]["periodSeconds"] == 30 and operator["readinessProbe"]["periodSeconds"] == 15
     assert deployment["spec"]["revisionHistoryLimit"] == 4
     account = named(escape_hatches, "ServiceAccount", "gw-gateway-operator")
-    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/operator"}
+    assert account["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/operator"
+    }
     pdb = named(escape_hatches, "PodDisruptionBudget", "gw-gateway-operator")["spec"]
-    assert pdb == {"minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": "operator", "app.kubernetes.io/instance": "gw"}}}
+    selector = {"matchLabels": {"app.kubernetes.io/name": "operator", "app.kubernetes.io/instance": "gw"}}
+    assert pdb == {"minAvailable": 1, "selector": selector}
 
 
 def test_the_operator_spreads_over_nodes_and_zones_and_has_no_pdb_by_default() -> None:
@@ -750,7 +769,9 @@ def test_extra_objects_are_rendered_with_tpl(escape_hatches: list[dict]) -> None
     named(escape_hatches, "ConfigMap", "gw-gateway-notes")
 
 
-def test_the_migration_job_runs_as_its_own_service_account_with_the_gateways_volumes(escape_hatches: list[dict]) -> None:
+def test_the_migration_job_runs_as_its_own_service_account_with_the_gateways_volumes(
+    escape_hatches: list[dict],
+) -> None:
     job = named(escape_hatches, "Job", "gw-gateway-migrate")
     spec = job["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "gw-gateway-migrate"
@@ -784,7 +805,8 @@ def notes(tmp_path: Path, *args: str) -> str:
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n"
         '  notes: {{ include "notes.test" . | toJson }}\n'
     )
-    done = helm("template", "gw", str(chart), "--namespace", NAMESPACE, "--show-only", "templates/notes-test.yaml", *args)
+    only = ["--show-only", "templates/notes-test.yaml"]
+    done = helm("template", "gw", str(chart), "--namespace", NAMESPACE, *only, *args)
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)["data"]["notes"]
 
@@ -823,7 +845,8 @@ def test_a_url_given_in_values_reaches_the_migration_job_through_its_own_hook_se
     assert "helm.sh/hook" not in (urls["metadata"].get("annotations") or {})
     assert urls["stringData"]["database-url"] == "postgres://gateway:pw@pg.stores:5432/gateway"
     gateway = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "gw-gateway-store-urls", "key": "database-url"}}} in gateway["env"]
+    ref = {"secretKeyRef": {"name": "gw-gateway-store-urls", "key": "database-url"}}
+    assert {"name": "DATABASE_URL", "valueFrom": ref} in gateway["env"]
 
 
 def test_the_trial_stores_run_as_their_images_users() -> None:
