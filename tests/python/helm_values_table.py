@@ -29,7 +29,9 @@ def rows(schema: dict, values: object, prefix: str = "") -> list[tuple[str, str,
             out += rows(sub, child, f"{prefix}{name}.")
         return out
     default = json.dumps(values) if values is not None else ""
-    return [(prefix.rstrip("."), schema.get("type", ""), default, schema.get("description", ""))]
+    kind = schema.get("type", "")
+    kind = "/".join(kind) if isinstance(kind, list) else kind
+    return [(prefix.rstrip("."), kind, default, schema.get("description", ""))]
 
 
 def table() -> str:

@@ -15,12 +15,33 @@
 {{- end -}}
 {{- end -}}
 
-{{- define "gateway.labels" -}}
+{{/* Labels of every object but the release's (app.kubernetes.io/instance), which the selector
+carries too: each mapping names a key once (kustomize and Flux's post-renderer refuse a mapping
+that repeats one). */}}
+{{- define "gateway.commonLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
-app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: svc-gateway
+{{- end -}}
+
+{{/* Labels of an object of the release as a whole (a Service of no component, a Secret). */}}
+{{- define "gateway.labels" -}}
+{{ include "gateway.commonLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of one component's objects: the common ones and its selector. */}}
+{{- define "gateway.componentLabels" -}}
+{{ include "gateway.commonLabels" .root }}
+{{ include "gateway.selector" . }}
+{{- end -}}
+
+{{/* Labels of one component's pods: its own, then .podLabels (values) for the keys it does not
+set; a podLabels key the selector needs is ignored, so the pods always match it. */}}
+{{- define "gateway.podLabels" -}}
+{{- $own := include "gateway.componentLabels" . | fromYaml -}}
+{{- toYaml (merge $own (.podLabels | default dict)) -}}
 {{- end -}}
 
 {{/* Selector labels of one component: gateway, operator, redis, postgres, migrate. */}}
@@ -62,8 +83,10 @@ capabilities:
 {{- end }}
 {{- end -}}
 
+{{/* The Secret of the URLs the chart writes, owned by the release (uninstall deletes it). Not
+FULLNAME-stores, the hook Secret of chart versions before, which Helm would refuse to adopt. */}}
 {{- define "gateway.storesSecret" -}}
-{{- printf "%s-stores" (include "gateway.fullname" .) -}}
+{{- printf "%s-store-urls" (include "gateway.fullname" .) -}}
 {{- end -}}
 
 {{/* Whether the chart writes a store's URL into its own Secret: an in-cluster store, or a URL
@@ -139,17 +162,34 @@ them). */}}
 {{- end }}
 {{- end -}}
 
+{{/* The migrations' container, in the hook Job or a gateway pod's init containers. The Job
+runs before the release's own Secrets exist, so a URL the chart writes reaches it through
+.hookSecret, a hook Secret of its own (migrate-job.yaml). */}}
 {{- define "gateway.migrateContainer" -}}
+{{- $root := .root -}}
 name: migrate
-image: {{ include "gateway.image" (dict "image" .Values.gateway.image "root" .) }}
-imagePullPolicy: {{ .Values.gateway.image.pullPolicy }}
+image: {{ include "gateway.image" (dict "image" $root.Values.gateway.image "root" $root) }}
+imagePullPolicy: {{ $root.Values.gateway.image.pullPolicy }}
 args: ["migrate"]
 env:
-  {{- include "gateway.databaseEnv" . | indent 2 }}
+{{- if and .hookSecret (include "gateway.postgresOwned" $root) }}
+  - name: DATABASE_URL
+    valueFrom:
+      secretKeyRef:
+        name: {{ .hookSecret }}
+        key: database-url
+{{- else }}
+  {{- include "gateway.databaseEnv" $root | indent 2 }}
+{{- end }}
 securityContext:
-  {{- include "gateway.containerSecurityContext" . | nindent 2 }}
+  {{- include "gateway.containerSecurityContext" $root | nindent 2 }}
 resources:
-  {{- toYaml .Values.gateway.resources | nindent 2 }}
+  {{- toYaml $root.Values.gateway.resources | nindent 2 }}
+{{- /* The gateway's own mounts (a CA bundle of the database, say): the same binary. */}}
+{{- with $root.Values.gateway.extraVolumeMounts }}
+volumeMounts:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* Whether the operator owns the gateway Deployment's replicas. Then the chart leaves
@@ -167,4 +207,51 @@ releases in one namespace do not share them. */}}
 
 {{- define "gateway.lease" -}}
 {{- default (printf "%s-operator" (include "gateway.fullname" .)) .Values.operator.lease -}}
+{{- end -}}
+
+{{/* ingress-nginx's settings for LLM traffic, under gateway.ingress.annotations (which win).
+The body size is the gateway's largest cap (a Message Batch create, 256 MiB): the gateway
+refuses a body over its route's own cap (16 MiB elsewhere under /v1) with 413 before reading it,
+so nginx need not know the routes. The timeouts are the longest a turn may run
+(--reaper-max-turn-secs, 3600): a non-streamed turn sends nothing until it is done, and nginx's
+default (60 s) would cut it, and a stream between two events. Buffering off both ways: a stream's
+events reach the client as they come, and a body reaches the gateway's own reader, its caps and
+its deadlines, instead of nginx's disk. */}}
+{{- define "gateway.nginxAnnotations" -}}
+nginx.ingress.kubernetes.io/proxy-body-size: 256m
+nginx.ingress.kubernetes.io/proxy-read-timeout: "3600"
+nginx.ingress.kubernetes.io/proxy-send-timeout: "3600"
+nginx.ingress.kubernetes.io/proxy-buffering: "off"
+nginx.ingress.kubernetes.io/proxy-request-buffering: "off"
+{{- end -}}
+
+{{/* The proxies the gateway trusts to name the client in X-Forwarded-For: gateway.trustedProxies,
+and the networks of the chart's Ingress or HTTPRoute (the controller's pods) while it is on.
+Behind a Service that is also a node port or a load balancer, those private ranges would be a
+client's too (a balancer that rewrites the source to a node's address), so the chart refuses to
+guess: gateway.trustedProxies (null by default) must then be set, [] included. */}}
+{{- define "gateway.trustedProxies" -}}
+{{- $g := .Values.gateway -}}
+{{- $fronted := or $g.ingress.enabled $g.httpRoute.enabled -}}
+{{- if and $fronted (has $g.service.type (list "LoadBalancer" "NodePort")) (kindIs "invalid" $g.trustedProxies) -}}
+{{- fail (printf "gateway.service.type is %s beside the chart's Ingress or HTTPRoute, whose trusted proxies (gateway.ingress.trustedProxies, gateway.httpRoute.trustedProxies: the private ranges by default) then include the addresses a balancer or node port forwards from, so an internet client could forge X-Forwarded-For: set gateway.trustedProxies explicitly ([] or your proxies), narrow the front end's trustedProxies to the controller's pod CIDR, and prefer gateway.service.externalTrafficPolicy: Local (docs/kubernetes.md, \"Behind the Ingress: the client address\")" $g.service.type) -}}
+{{- end -}}
+{{- $trusted := default (list) $g.trustedProxies -}}
+{{- if $g.ingress.enabled -}}
+{{- $trusted = concat $trusted $g.ingress.trustedProxies -}}
+{{- end -}}
+{{- if $g.httpRoute.enabled -}}
+{{- $trusted = concat $trusted $g.httpRoute.trustedProxies -}}
+{{- end -}}
+{{- join "," (uniq $trusted) -}}
+{{- end -}}
+
+{{/* The database URL the chart writes (gateway.postgresOwned): the in-cluster one, or postgres.url. */}}
+{{- define "gateway.postgresUrl" -}}
+{{- if .Values.postgres.inCluster.enabled -}}
+{{- $p := .Values.postgres.inCluster -}}
+{{- printf "postgres://%s:%s@%s-postgres:5432/%s" $p.user $p.password (include "gateway.fullname" .) $p.database -}}
+{{- else -}}
+{{- .Values.postgres.url -}}
+{{- end -}}
 {{- end -}}
