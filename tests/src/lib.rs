@@ -68,7 +68,7 @@ pub mod visitor;
 pub use bodies::*;
 pub use cluster::{Cluster, ManifestDir, SeededKey};
 pub use gateway::{ApiKey, Gateway, GatewayBuilder, KeySpec, ADMIN_TOKEN, DEV_KEY, ENTERPRISE_KEY};
-pub use nginx::Nginx;
+pub use nginx::{Nginx, Routes};
 pub use otlp::OtlpReceiver;
 pub use pgbouncer::PgBouncer;
 pub use postgres::PostgresServer;

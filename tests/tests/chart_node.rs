@@ -2,7 +2,10 @@
 //! kube-apiserver, kube-controller-manager and kube-scheduler, and a node running each pod's
 //! containers from the image with podman), with Redis and Postgres outside the cluster, named
 //! through the Secrets the README has the platform team create. nginx plays the Ingress
-//! controller in front of the Service's endpoints.
+//! controller in front of the Service's endpoints, configured from the chart's own Ingress as
+//! the API server has it (its paths and ingress-nginx annotations, `e2e::Routes`): a path the
+//! chart does not route is nginx's 404, as it would be in a cluster. The dashboard journey goes
+//! through the chart's HTTPRoute, translated likewise.
 //!
 //! Fails (never skips) when a tool it needs is missing: helm, the Kubernetes binaries
 //! (`scripts/kube-apiserver`, `scripts/kube-node`), podman or the image (`scripts/image`).
@@ -22,7 +25,7 @@ use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
 use e2e::visitor::{new_email, Site, Visitor};
 use e2e::{
     Fault, MessageStream, MockUpstream, Nginx, PostgresServer, RedisServer, Reply, Resp,
-    RoutedManifests, Scrape, SseStream, Unscripted, UpstreamDef,
+    RoutedManifests, Routes, Scrape, SseStream, Unscripted, UpstreamDef,
 };
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -35,8 +38,9 @@ const PUBLISHED_WITHIN: Duration = Duration::from_secs(10);
 const RELEASE: &str = "gateway";
 
 /// The values every journey installs with: the 1.20 API server has no policy/v1
-/// PodDisruptionBudget (see docs/kubernetes.md).
-const VALUES: &[&str] = &["gateway.pdb.enabled=false"];
+/// PodDisruptionBudget (see docs/kubernetes.md); the chart's Ingress, which the harness's nginx
+/// is configured from (`Installed::ingress_routes`).
+const VALUES: &[&str] = &["gateway.pdb.enabled=false", "gateway.ingress.enabled=true"];
 
 /// A helm value: its flag (`--set`, `--set-string`) and `KEY=VALUE`.
 type HelmValue = (&'static str, String);
@@ -337,6 +341,22 @@ impl Installed {
         applied.elapsed()
     }
 
+    /// The chart's Ingress as the API server has it, as ingress-nginx serves it: the paths it
+    /// routes and the settings its annotations make.
+    fn ingress_routes(&self) -> Routes {
+        let out = self
+            .api()
+            .kubectl(&["get", "ingress", RELEASE, "-o", "json"]);
+        assert_ok("kubectl get ingress", &out);
+        Routes::from_ingress(&serde_json::from_slice(&out.stdout).expect("an Ingress"))
+    }
+
+    /// The harness's nginx as the ingress controller in front of `endpoints`, configured from
+    /// the chart's Ingress.
+    async fn ingress(&self, endpoints: &[String]) -> Nginx {
+        Nginx::start_routing(&self.ingress_routes(), endpoints).await
+    }
+
     /// The ingress controller's work, once: reads the Service's ready endpoints and moves
     /// `nginx` to them when they are not the `followed` ones (none ready: it keeps the last).
     /// The ready endpoints.
@@ -391,7 +411,7 @@ async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_pr
         );
     }
 
-    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    let nginx = chart.ingress(&endpoints).await;
     let key = chart.key().await;
     // Round robin: each pod serves one of the turns.
     for turn in 1..=endpoints.len() {
@@ -417,7 +437,7 @@ async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_pr
     chart.service_endpoints(0).await;
     chart.redis.restart().await;
     let endpoints = chart.service_endpoints(2).await;
-    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    let nginx = chart.ingress(&endpoints).await;
     assert!(sdk_call(&nginx.url(""), &key).await.is_ok());
 }
 
@@ -433,7 +453,7 @@ async fn kubectl_apply_of_an_enterprise_api_key_takes_effect_on_every_gateway_po
 async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_the_same_keys() {
     let (chart, endpoints) = Installed::serving(Setup::default()).await;
     let key = chart.key().await;
-    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    let nginx = chart.ingress(&endpoints).await;
     assert!(sdk_call(&nginx.url(""), &key).await.is_ok());
     drop(nginx);
 
@@ -470,7 +490,7 @@ async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_t
     chart.rolled_out("gateway-operator").await;
     chart.rolled_out(RELEASE).await;
     let endpoints = chart.service_endpoints(2).await;
-    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    let nginx = chart.ingress(&endpoints).await;
     match sdk_call(&nginx.url(""), &key).await {
         Ok(id) => assert!(id.starts_with("msg_"), "{id}"),
         Err(status) => panic!("the key from before the uninstall got {status}"),
@@ -483,6 +503,27 @@ fn lasting_reply() -> Reply {
     Reply::text("one two three four five six seven eight nine ten")
         .fault(Fault::FirstByteDelay(Duration::from_millis(400)))
         .chunk_delay(Duration::from_millis(100))
+}
+
+/// The chart's HTTPRoute, rendered with the journeys' values, as a Gateway API implementation
+/// serves it.
+fn http_route_routes() -> Routes {
+    let mut args = vec![
+        "gw",
+        "charts/gateway",
+        "--show-only",
+        "templates/gateway-httproute.yaml",
+        "--set",
+        "gateway.httpRoute.enabled=true",
+        "--set",
+        "gateway.httpRoute.parentRefs[0].name=public",
+    ];
+    for value in VALUES {
+        args.extend(["--set", value]);
+    }
+    let rendered = e2e::helm::template(&args);
+    let route: Value = serde_yaml::from_str(&rendered).expect("the rendered HTTPRoute");
+    Routes::from_http_route(&route)
 }
 
 /// Time between two promotion sweeps of the operator (5 minutes by default).
@@ -544,7 +585,9 @@ async fn a_developer_signs_up_through_the_ingress_tops_up_through_stripe_and_the
     .env("gateway", &[("GATEWAY_STRIPE_API_BASE", &stripe.url)])
     .env("operator", &[("OPERATOR_SWEEP_INTERVAL", SWEEP_INTERVAL)]);
     let (chart, endpoints) = Installed::serving(setup).await;
-    let nginx = Nginx::start_in_front_of(&endpoints).await;
+    // This journey reaches the pods through the chart's HTTPRoute instead (rendered with the
+    // install's values: the test API server has no Gateway API), as a Gateway would serve it.
+    let nginx = Nginx::start_routing(&http_route_routes(), &endpoints).await;
     let site = Ingress {
         url: nginx.url(""),
         node: &chart.node,
@@ -648,7 +691,7 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_stream
     let key = chart.key_with_id().await;
     // Room for every turn of the roll (a key of the free tier would be refused most).
     chart.grant(&before, &key, (6_000, 10_000_000, 200)).await;
-    let nginx = Nginx::start_in_front_of(&before).await;
+    let nginx = chart.ingress(&before).await;
     let ingress = nginx.url("");
     // A new connection to the ingress for each turn: this nginx follows the endpoints by
     // reloading, and a reload closes its old worker's idle client connections, so a turn sent
@@ -869,7 +912,7 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
     let key = chart.key_with_id().await;
     // Room for the held streams (the free tier allows fewer at once).
     chart.grant(&before, &key, (600, 1_000_000, 50)).await;
-    let nginx = Nginx::start_in_front_of(&before).await;
+    let nginx = chart.ingress(&before).await;
     let mut followed = before.clone();
     let http = reqwest::Client::builder()
         .no_proxy()
