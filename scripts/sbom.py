@@ -44,6 +44,15 @@ def host() -> str:
     return next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("host: "))
 
 
+def linked_crates() -> set[tuple[str, str]]:
+    """(name, vVERSION) of every crate in the normal dependency tree of the binaries."""
+    args = ["cargo", "tree", "--locked", "-e", "normal", "--prefix", "none", "--format", "{p}"]
+    for binary in BINARIES:
+        args += ["-p", binary]
+    out = subprocess.run(args, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    return {tuple(line.split()[:2]) for line in out.splitlines() if line.strip()}
+
+
 def checksums() -> dict[tuple[str, str], str]:
     """(name, version) -> the SHA-256 Cargo.lock records for a registry crate."""
     sums: dict[tuple[str, str], str] = {}
@@ -64,17 +73,11 @@ def main(version: str) -> None:
     packages = {p["id"]: p for p in meta["packages"]}
     nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
     roots = [pid for pid, p in packages.items() if p["name"] in BINARIES and p["source"] is None]
-    # The crates the binaries link: normal (not dev or build) dependencies, transitively.
-    linked: set[str] = set()
-    stack = list(roots)
-    while stack:
-        pid = stack.pop()
-        if pid in linked:
-            continue
-        linked.add(pid)
-        for dep in nodes[pid]["deps"]:
-            if any(kind["kind"] is None for kind in dep["dep_kinds"]):
-                stack.append(dep["pkg"])
+    # The crates the binaries link, as Cargo resolves them for these two packages alone:
+    # `cargo metadata` unifies features over the whole workspace, tests included, so a
+    # dependency only a test enables would be listed.
+    tree = {(name, version.lstrip("v")) for name, version in linked_crates()}
+    linked = {pid for pid, p in packages.items() if (p["name"], p["version"]) in tree}
     sums = checksums()
     bom = Bom()
     bom.metadata.component = Component(

@@ -68,6 +68,11 @@ pub fn register(registry: &mut Registry) {
         "Turns carried by one reserve, settle or write statement (batched when Postgres is busy)",
         m.ledger_batch.clone(),
     );
+    // Exported at 0 from the start, so `increase()` sees the first refusal (an alert on it
+    // pages: the chart's GatewayLedgerRefusedTurns).
+    for op in ["settle", "write", "void"] {
+        let _ = m.ledger_refused.get_or_create(&LedgerLabels { op });
+    }
     registry.register(
         "gateway_ledger_refused",
         "Turns whose ledger statement Postgres refused (a constraint), by op; never retried",
@@ -82,8 +87,11 @@ pub fn store_call(store: &'static str, op: &'static str, elapsed: Duration, ok: 
         .store_latency
         .get_or_create(&labels)
         .observe(elapsed.as_secs_f64());
+    // The error counter exists from a store's first call, at 0: a ratio of errors to calls
+    // (the chart's GatewayStoreErrors) then sees its first error, and reads 0 before it.
+    let errors = METRICS.store_errors.get_or_create(&labels);
     if !ok {
-        METRICS.store_errors.get_or_create(&labels).inc();
+        errors.inc();
     }
 }
 

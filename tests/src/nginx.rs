@@ -94,7 +94,10 @@ impl Routes {
         if let Some(annotations) = ingress["metadata"]["annotations"].as_object() {
             for (key, value) in annotations {
                 if let Some(name) = key.strip_prefix(PREFIX) {
-                    settings.insert(name.to_owned(), value.as_str().unwrap_or_default().to_owned());
+                    settings.insert(
+                        name.to_owned(),
+                        value.as_str().unwrap_or_default().to_owned(),
+                    );
                 }
             }
         }
@@ -109,11 +112,17 @@ impl Routes {
         let mut prefixes = Vec::new();
         for rule in ingress["spec"]["rules"].as_array().into_iter().flatten() {
             for path in rule["http"]["paths"].as_array().into_iter().flatten() {
-                assert_eq!(path["pathType"], "Prefix", "only Prefix paths are translated: {path}");
+                assert_eq!(
+                    path["pathType"], "Prefix",
+                    "only Prefix paths are translated: {path}"
+                );
                 prefixes.push(path["path"].as_str().unwrap_or("/").to_owned());
             }
         }
-        assert!(!prefixes.is_empty(), "the Ingress routes no path: {ingress}");
+        assert!(
+            !prefixes.is_empty(),
+            "the Ingress routes no path: {ingress}"
+        );
         Routes {
             prefixes,
             directives,
@@ -141,7 +150,10 @@ impl Routes {
                 .map(str::to_owned)
                 .or(timeout);
         }
-        assert!(!prefixes.is_empty(), "the HTTPRoute matches no path: {route}");
+        assert!(
+            !prefixes.is_empty(),
+            "the HTTPRoute matches no path: {route}"
+        );
         let mut directives = vec![
             "client_max_body_size 0;".to_owned(),
             "proxy_buffering off;".to_owned(),
@@ -197,7 +209,9 @@ fn duration_secs(duration: &str) -> u64 {
             number.push(c);
             continue;
         }
-        let n: u64 = number.parse().unwrap_or_else(|_| panic!("a bad duration {duration:?}"));
+        let n: u64 = number
+            .parse()
+            .unwrap_or_else(|_| panic!("a bad duration {duration:?}"));
         number.clear();
         total_ms += match c {
             'h' => n * 3_600_000,
@@ -272,8 +286,7 @@ impl Nginx {
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let started = on_a_free_port(|port| {
             let conf = dir.join("nginx.conf");
-            std::fs::write(&conf, config(port, upstreams, &dir, routes))
-                .expect("write nginx.conf");
+            std::fs::write(&conf, config(port, upstreams, &dir, routes)).expect("write nginx.conf");
             let mut cmd = Command::new(&bin);
             cmd.arg("-e")
                 .arg("stderr")

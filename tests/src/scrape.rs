@@ -49,8 +49,8 @@ impl Scrape {
     }
 
     /// Whether the scrape declares the family a sample `name` belongs to (its `# TYPE` line,
-    /// written for every registered family, series or not): `name` itself, or a counter's
-    /// `_total`, a histogram's `_bucket`, `_count` or `_sum` of it.
+    /// written for a family once it has a series): `name` itself, or a counter's `_total`, a
+    /// histogram's `_bucket`, `_count` or `_sum` of it.
     pub fn declares(&self, name: &str) -> bool {
         let family = ["_total", "_bucket", "_count", "_sum"]
             .iter()

@@ -107,13 +107,19 @@ async fn the_binaries_the_chart_the_api_and_the_image_carry_one_version() {
         .to_owned();
     let operator = std::env::var_os("OPERATOR_BIN")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| e2e::gateway::gateway_bin().with_file_name("operator"));
-    let image = e2e::podman::image();
+        .unwrap_or_else(|| gateway::gateway_bin().with_file_name("operator"));
+    let image = podman::image();
     let tag = image.rsplit_once(':').map(|(_, t)| t.to_owned());
     let versions = [
-        ("the gateway binary", binary_version(&e2e::gateway::gateway_bin())),
+        (
+            "the gateway binary",
+            binary_version(&gateway::gateway_bin()),
+        ),
         ("the operator binary", binary_version(&operator)),
-        ("the e2e crate (the workspace's)", env!("CARGO_PKG_VERSION").to_owned()),
+        (
+            "the e2e crate (the workspace's)",
+            env!("CARGO_PKG_VERSION").to_owned(),
+        ),
         ("the chart's version", chart_field("version")),
         ("the chart's appVersion", chart_field("appVersion")),
         ("the image's tag", tag.unwrap_or_default()),

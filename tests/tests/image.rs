@@ -315,7 +315,13 @@ async fn a_release_pushes_the_labelled_image_its_sbom_and_the_chart_and_both_pul
         "{}",
         String::from_utf8_lossy(&ran.stderr)
     );
-    let labels = podman::podman(&["image", "inspect", "--format", "{{json .Labels}}", &by_digest]);
+    let labels = podman::podman(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{json .Labels}}",
+        &by_digest,
+    ]);
     let labels: serde_json::Value =
         serde_json::from_slice(&labels.stdout).expect("the image's labels as JSON");
     for (label, want) in [
@@ -351,22 +357,38 @@ async fn a_release_pushes_the_labelled_image_its_sbom_and_the_chart_and_both_pul
     };
     let reference = format!("oci://{}/charts/gateway", registry.host());
     assert_eq!(field("chart"), reference);
-    helm(&["pull", &reference, "--version", &version, "--plain-http", "-d", "pulled"]);
+    std::fs::create_dir_all(out_dir.join("pulled")).expect("a folder for the pulled chart");
+    helm(&[
+        "pull",
+        &reference,
+        "--version",
+        &version,
+        "--plain-http",
+        "-d",
+        "pulled",
+    ]);
     let package = format!("pulled/gateway-{version}.tgz");
     assert!(helm(&["show", "chart", &package]).contains(&format!("appVersion: {version}")));
     let repository = format!("gateway.image.repository={}/svc-gateway", registry.host());
     let pinned = format!("gateway.image.digest={digest}");
-    let rendered = helm(&["template", "gw", &package, "--set", &repository, "--set", &pinned]);
+    let rendered = helm(&[
+        "template",
+        "gw",
+        &package,
+        "--set",
+        &repository,
+        "--set",
+        &pinned,
+    ]);
     assert!(
         rendered.contains(&format!("image: {by_digest}")),
         "the chart does not render the image by its digest"
     );
 
     // The SBOM: CycloneDX, this version, every linked crate by its purl.
-    let sbom: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(field("sbom")).expect("read the SBOM"),
-    )
-    .expect("the SBOM is JSON");
+    let sbom: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(field("sbom")).expect("read the SBOM"))
+            .expect("the SBOM is JSON");
     assert_eq!(sbom["bomFormat"], "CycloneDX");
     assert_eq!(sbom["metadata"]["component"]["version"], version.as_str());
     let purls: Vec<&str> = sbom["components"]
@@ -376,7 +398,11 @@ async fn a_release_pushes_the_labelled_image_its_sbom_and_the_chart_and_both_pul
         .filter_map(|c| c["purl"].as_str())
         .collect();
     assert!(purls.len() > 100, "{} components", purls.len());
-    for linked in ["pkg:cargo/axum@", "pkg:cargo/sqlx-core@", "pkg:cargo/kube-client@"] {
+    for linked in [
+        "pkg:cargo/axum@",
+        "pkg:cargo/sqlx-core@",
+        "pkg:cargo/kube-client@",
+    ] {
         assert!(
             purls.iter().any(|p| p.starts_with(linked)),
             "{linked} is not in the SBOM"

@@ -147,9 +147,10 @@ async fn rate_limit_rejections_are_counted_by_dimension() {
         m.value("gateway_rate_limited_total", &[("dimension", "requests")]),
         2.0
     );
+    // Every dimension is exported from the start, at 0 until it refuses.
     assert_eq!(
         m.get("gateway_rate_limited_total", &[("dimension", "streams")]),
-        None
+        Some(0.0)
     );
 }
 
@@ -210,7 +211,7 @@ async fn redis_calls_are_timed_and_failures_counted() {
             .is_none_or(|n| n <= 1.0),
         "at most one flush of the turn's token correction"
     );
-    assert_eq!(m.get("gateway_store_call_errors_total", &admit), None);
+    assert_eq!(m.get("gateway_store_call_errors_total", &admit), Some(0.0));
 
     redis.stop().await;
     gw.post_messages(&gw.key, &message("svc/haiku", "hi", 16))
@@ -229,22 +230,36 @@ async fn redis_calls_are_timed_and_failures_counted() {
 
 /// The chart's alerts and dashboard (tests/python/test_chart_alerts.py) query only series a
 /// pod exports: each `gateway_*` name they use but the operator's is declared by a `serve`
-/// gateway on Redis and Postgres after a turn (the operator's: image.rs).
+/// gateway on Redis and Postgres after a turn served and one its upstream failed (which opens
+/// that upstream's breaker); the operator's are checked in image.rs.
 #[tokio::test]
 async fn every_gateway_series_the_charts_alerts_and_dashboard_query_is_exported() {
-    let names: Vec<String> = e2e::helm::alerted_metric_names()
+    let names: Vec<String> = helm::alerted_metric_names()
         .into_iter()
         .filter(|n| !n.starts_with("gateway_operator_"))
         .collect();
     let (redis, pg) = (RedisServer::start().await, PostgresServer::start().await);
+    let mock = MockUpstream::start().await;
+    let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
     let gw = Gateway::builder()
         .serve(&redis.url())
         .database(&pg.url())
+        .manifests(&manifests.path)
+        .arg("--breaker-failures")
+        .arg("1")
         .start()
         .await;
     gw.post_messages(&gw.key, &message("svc/haiku", "hi", 16))
         .await
         .expect_ok();
+    mock.push([Reply::status(500)]);
+    let failed = gw
+        .post_messages(&gw.key, &message("svc/haiku", "hi", 16))
+        .await;
+    assert_ne!(
+        failed.status, 200,
+        "the upstream's failure reached the client: {failed}"
+    );
     let m = gw.metrics().await;
     let missing: Vec<&String> = names.iter().filter(|n| !m.declares(n)).collect();
     assert!(

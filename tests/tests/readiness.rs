@@ -44,7 +44,9 @@ async fn failing_closed_a_pod_stays_ready_through_a_redis_outage_and_answers_it_
     assert_eq!(body["status"], "ready", "{body}");
     assert_eq!(body["limits_store"], "unreachable", "{body}");
     assert_eq!(body["store_outage"], "fail-closed", "{body}");
-    let refused = gw.post_messages(DEV_KEY, &message("svc/haiku", "hi", 16)).await;
+    let refused = gw
+        .post_messages(DEV_KEY, &message("svc/haiku", "hi", 16))
+        .await;
     refused.expect_status(503);
     assert_eq!(refused.json()["type"], "error", "{refused}");
     assert!(refused.header("retry-after").is_some(), "{refused}");
@@ -56,7 +58,9 @@ async fn failing_closed_a_pod_stays_ready_through_a_redis_outage_and_answers_it_
         Duration::from_secs(15),
         Duration::from_millis(200),
         || async {
-            let served = gw.post_messages(DEV_KEY, &message("svc/haiku", "hi", 16)).await;
+            let served = gw
+                .post_messages(DEV_KEY, &message("svc/haiku", "hi", 16))
+                .await;
             (served.status == 200).then_some(())
         },
     )

@@ -142,6 +142,10 @@ impl Metrics {
             ledger_partitions_awaiting_archive: Gauge::default(),
             ledger_partitions_awaiting_close: Gauge::default(),
         };
+        // Exported at 0 from the start, so a rate over them sees the first 429.
+        for dimension in ["requests", "input_tokens", "streams"] {
+            let _ = m.rate_limited.get_or_create(&DimensionLabels { dimension });
+        }
         let r = &mut m.registry;
         r.register(
             "gateway_requests",

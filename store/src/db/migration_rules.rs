@@ -23,7 +23,10 @@ const BREAKING: &[(&str, &str)] = &[
     ("drop type", "drops a type"),
     ("drop schema", "drops a schema"),
     (" rename ", "renames"),
-    ("set not null", "makes a column refuse nulls the previous release may write"),
+    (
+        "set not null",
+        "makes a column refuse nulls the previous release may write",
+    ),
     ("set data type", "retypes a column"),
 ];
 
@@ -102,9 +105,12 @@ fn every_migration_keeps_the_previous_release_working() {
          says how to take two releases instead):\n{}",
         broken.join("\n")
     );
-    // The rule holds for every migration from RULE_SINCE on, however many there are.
+    // The folder was read (RULE_SINCE on, there may be none yet).
     let all = std::fs::read_dir(&dir).into_iter().flatten().count();
-    assert!(all >= 27, "the migrations folder was not read: {held} of {all}");
+    assert!(
+        all >= 26,
+        "the migrations folder was not read: {all} files, {held} held"
+    );
 }
 
 #[test]
