@@ -647,3 +647,38 @@ async fn a_request_refused_with_503_while_redis_is_frozen_is_not_counted_once_re
         "after one request refused with 503 (and no other), the key's window is {window:?}"
     );
 }
+
+/// One slow Redis call (the server stopped for a moment: a busy node, a pause) refuses its own
+/// turn only: Redis is taken for down after three failed calls in a row, so the turn sent once
+/// Redis answers again is served, not refused for the outage policy's probe interval.
+#[tokio::test]
+async fn a_single_redis_timeout_refuses_its_own_turn_and_not_the_turns_after_it() {
+    let mut redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .serve(&redis.url())
+        .redis_timeout_ms(200)
+        .start()
+        .await;
+    let body = message("svc/haiku", "hi", 16);
+    let turn = || gw.post_messages(DEV_KEY, &body);
+    turn().await.expect_ok();
+
+    redis.freeze();
+    let refused = turn().await;
+    redis.thaw();
+    refused.expect_status(503);
+    poll_until(
+        "redis to answer again",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { redis.command(&["PING"]).await.ok() },
+    )
+    .await;
+    turn().await.expect_ok();
+    assert!(
+        !gw.logs()
+            .contains("rate limiting switches to the outage policy"),
+        "one timeout was taken for an outage:\n{}",
+        gw.logs()
+    );
+}

@@ -333,3 +333,56 @@ async fn a_binary_older_than_the_database_migrates_and_serves_on_it() {
         "the newer migration stays recorded, none of the older ones ran twice"
     );
 }
+
+/// A migration that waits longer than the calls' bound (here for a lock another session holds;
+/// in a cluster, for the migration lock while another pod migrates) still finishes: migrations
+/// run without the `--database-timeout-ms` that bounds every request's call.
+#[tokio::test]
+async fn a_migration_waiting_past_the_database_timeout_finishes_once_the_lock_is_free() {
+    let pg = PostgresServer::start().await;
+    pg.migrate_before(27).await;
+    let held = pg
+        .hold_locks("LOCK TABLE message_rows IN ACCESS EXCLUSIVE MODE")
+        .await;
+    let migrating = {
+        let url = pg.url();
+        tokio::spawn(async move {
+            tokio::process::Command::new(e2e::gateway::gateway_bin())
+                .args([
+                    "migrate",
+                    "--database-timeout-ms",
+                    "300",
+                    "--database-url",
+                    &url,
+                ])
+                .output()
+                .await
+                .expect("run gateway migrate")
+        })
+    };
+    poll_until(
+        "gateway migrate to wait for the held lock",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { (pg.lock_waiters().await >= 1).then_some(()) },
+    )
+    .await;
+    // Waiting for more than the database timeout (300 ms).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !migrating.is_finished(),
+        "migrate gave up while the lock was held"
+    );
+    held.release().await;
+    let out = migrating.await.expect("the migrate task");
+    assert!(
+        out.status.success(),
+        "migrate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        pg.query_i64("SELECT count(*) FROM _sqlx_migrations WHERE version = 27 AND success")
+            .await,
+        1
+    );
+}

@@ -2,8 +2,10 @@
 //! default: no request runs unmetered) or fail open to per-pod local limits, each pod taking
 //! its share of the key's limits (divided by the pod count, rounded up: `--pods` at start, then
 //! the count the operator publishes as the scaler changes it). Each switch is
-//! logged once. While Redis is down, requests do not each wait out the timeout: one call per
-//! second probes Redis, the others follow the policy at once; recovery is by itself, on the
+//! logged once. Redis is down after [`DOWN_AFTER`] failed calls in a row: a single slow call
+//! (a busy node, a pause of this process) refuses or localises its own request only, never
+//! the requests after it. While Redis is down, requests do not each wait out the timeout: one
+//! call per second probes Redis, the others follow the policy at once; recovery is by itself, on the
 //! first probe Redis answers. A probe still failing [`RECONNECT_EVERY_MS`] after the last
 //! attempt makes the client's connections again, with the error logged: the way out of a client
 //! stuck on a stale connection or slot map while Redis itself is back.
@@ -27,6 +29,10 @@ pub enum OutagePolicy {
 }
 
 const PROBE_EVERY_MS: u64 = 1_000;
+/// Failed calls in a row that mean Redis is down. Calls in flight when Redis goes away fail
+/// together, so an outage under traffic is seen at once; an isolated timeout between answers
+/// is not an outage.
+const DOWN_AFTER: u32 = 3;
 /// How long probes may fail before the connections are made again, and again after that.
 const RECONNECT_EVERY_MS: u64 = 5_000;
 
@@ -36,6 +42,8 @@ pub struct Failover {
     policy: OutagePolicy,
     pods: AtomicU32,
     down: AtomicBool,
+    /// Failed calls since the last answer.
+    failures: AtomicU32,
     /// While down: when Redis may next be tried (ms since the epoch).
     next_probe_ms: AtomicU64,
     /// While down: when the connections may next be made again (ms since the epoch).
@@ -67,6 +75,7 @@ impl Failover {
             policy,
             pods: AtomicU32::new(pods.max(1)),
             down: AtomicBool::new(false),
+            failures: AtomicU32::new(0),
             next_probe_ms: AtomicU64::new(0),
             next_reconnect_ms: AtomicU64::new(0),
         }
@@ -89,6 +98,13 @@ impl Failover {
     fn observe<T>(&self, result: &Result<T, LimitError>) {
         match result {
             Err(LimitError::Unavailable(detail)) => {
+                let failures = self
+                    .failures
+                    .fetch_add(1, Ordering::Relaxed)
+                    .saturating_add(1);
+                if failures < DOWN_AFTER && !self.down.load(Ordering::Relaxed) {
+                    return;
+                }
                 let now = now_ms();
                 self.next_probe_ms
                     .store(now + PROBE_EVERY_MS, Ordering::Relaxed);
@@ -102,6 +118,7 @@ impl Failover {
                 }
             }
             _ => {
+                self.failures.store(0, Ordering::Relaxed);
                 if self.down.swap(false, Ordering::Relaxed) {
                     tracing::info!("redis reachable again; rate limits are shared again");
                 }

@@ -135,7 +135,15 @@ impl Database {
         // upgrade) applies the migrations it knows and tolerates those a newer release
         // applied: every migration keeps the previous release working (migration_rules.rs).
         migrator.set_ignore_missing(true);
-        migrator.run(self.pool.raw()).await?;
+        // On a connection of its own without the calls' `statement_timeout`: a migration may
+        // take longer than a request's bound, and so may waiting for the migration lock while
+        // another pod migrates (pods starting together, each with --migrate). Closed after,
+        // so no pooled connection keeps the unbounded setting.
+        let mut connection = self.pool.raw().acquire().await?.detach();
+        sqlx::query("SET statement_timeout = 0")
+            .execute(&mut connection)
+            .await?;
+        migrator.run(&mut connection).await?;
         Ok(())
     }
 
