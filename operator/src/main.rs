@@ -72,6 +72,10 @@ struct RunArgs {
         value_delimiter = ','
     )]
     secrets: Vec<String>,
+    /// The gateway Deployment: when nothing can be published, a Warning event on it says why
+    /// (`kubectl describe deployment`); `--scale-deployment` when absent.
+    #[arg(long, env = "OPERATOR_GATEWAY_DEPLOYMENT")]
+    gateway_deployment: Option<String>,
     /// This replica's name in the Lease and in events.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -229,6 +233,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.config_secret.clone(),
         readable,
         identity,
+    )
+    .with_deployment(
+        args.gateway_deployment
+            .clone()
+            .or_else(|| args.scaling.scale_deployment.clone()),
     );
     match &args.database_url {
         Some(url) => {

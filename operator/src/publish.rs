@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use crds::compile::ResourceRef;
 use crds::config::{GatewayConfig, SECRET_KEY};
 use crds::resources::{ApiKey, ModelRoute, ResourceStatus, Tier};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::ByteString;
@@ -49,6 +50,8 @@ pub struct Context {
     published: Mutex<Option<String>>,
     /// What the last rejected compile said, so `NotPublished` is announced once per problem.
     rejected: Mutex<Option<String>>,
+    /// The gateway Deployment, whose `kubectl describe` then also shows why it waits.
+    deployment: Option<String>,
     /// The last valid config, for the promotion sweep's thresholds.
     pub latest: watch::Sender<Option<Arc<GatewayConfig>>>,
     /// The resources of the last published config, which stand in for their invalid edits.
@@ -78,6 +81,7 @@ impl Context {
             secret,
             published: Mutex::new(None),
             rejected: Mutex::new(None),
+            deployment: None,
             latest: watch::Sender::new(None),
             last_good: Mutex::new(LastGood::default()),
         }
@@ -90,16 +94,48 @@ impl Context {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// Names the gateway Deployment, on which the events saying why nothing is published are
+    /// recorded too.
+    pub fn with_deployment(mut self, deployment: Option<String>) -> Self {
+        self.deployment = deployment;
+        self
+    }
+
     /// The config Secret, which the operator patches but never creates (its RBAC may not):
-    /// the chart creates it, owned by the release.
+    /// the chart creates it, owned by the release. When it is missing, a Warning event on the
+    /// gateway Deployment says so.
     async fn config_secret(&self) -> Result<Secret> {
-        self.api::<Secret>()
-            .get_opt(&self.secret)
-            .await?
-            .ok_or_else(|| Error::NoConfigSecret {
-                namespace: self.namespace.clone(),
-                name: self.secret.clone(),
-            })
+        if let Some(secret) = self.api::<Secret>().get_opt(&self.secret).await? {
+            return Ok(secret);
+        }
+        let missing = Error::NoConfigSecret {
+            namespace: self.namespace.clone(),
+            name: self.secret.clone(),
+        };
+        if let Some(deployment) = self.deployment_ref().await {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "NoConfigSecret".to_owned(),
+                note: Some(truncate(&missing.to_string(), 1000)),
+                action: "Publish".to_owned(),
+                secondary: None,
+            };
+            self.recorder.publish(&event, &deployment).await?;
+        }
+        Err(missing)
+    }
+
+    /// The gateway Deployment's reference (its uid included, which `kubectl describe` matches
+    /// events by); none when not named or out of reach, which only costs that event.
+    async fn deployment_ref(&self) -> Option<ObjectReference> {
+        let name = self.deployment.as_ref()?;
+        match self.api::<Deployment>().get_opt(name).await {
+            Ok(found) => found.map(|deployment| deployment.object_ref(&())),
+            Err(error) => {
+                tracing::debug!(%error, deployment = %name, "cannot read the gateway Deployment for its events");
+                None
+            }
+        }
     }
 }
 
@@ -300,8 +336,9 @@ async fn publish(ctx: &Context, config: &GatewayConfig) -> Result<()> {
 }
 
 /// A Warning event on the config Secret (whose readers, the gateway pods, name it while they
-/// wait) when a compile is rejected with problems no resource owns, once per distinct problem:
-/// `kubectl describe secret` then says why nothing is published.
+/// wait) and on the gateway Deployment when a compile is rejected with problems no resource
+/// owns, once per distinct problem: `kubectl describe deploy/NAME` and `kubectl get events`
+/// then say why nothing is published.
 async fn not_published(ctx: &Context, problems: &str) -> Result<()> {
     let note = truncate(
         &format!(
@@ -330,6 +367,10 @@ async fn not_published(ctx: &Context, problems: &str) -> Result<()> {
     ctx.recorder
         .publish(&event, &secret.object_ref(&()))
         .await?;
+    // `kubectl describe` shows no events of a Secret; it does of the Deployment that waits.
+    if let Some(deployment) = ctx.deployment_ref().await {
+        ctx.recorder.publish(&event, &deployment).await?;
+    }
     Ok(())
 }
 

@@ -198,16 +198,24 @@ def test_the_operator_rbac_is_namespaced_and_least_privilege() -> None:
     ]
     scale = [r for r in rules if "apps" in r["apiGroups"]]
     assert scale == [
+        # Read only, for the uid of the events saying why nothing is published.
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "resourceNames": ["gw-gateway"],
+            "verbs": ["get"],
+        },
         {
             "apiGroups": ["apps"],
             "resources": ["deployments/scale"],
             "resourceNames": ["gw-gateway"],
             "verbs": ["get", "patch"],
-        }
+        },
     ]
     env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "OPERATOR_LEASE", "value": "gw-gateway-operator"} in env
     assert {"name": "OPERATOR_CONFIG_SECRET", "value": "gw-gateway-config"} in env
+    assert {"name": "OPERATOR_GATEWAY_DEPLOYMENT", "value": "gw-gateway"} in env
 
 
 def test_the_operator_reads_the_secrets_of_operator_secrets_by_name_and_is_given_them() -> None:

@@ -226,6 +226,10 @@ async fn the_operator_may_read_only_the_secrets_it_is_pointed_at_and_create_none
     ] {
         assert!(!can(operator, verb, what), "the operator may {verb} {what}");
     }
+    // The gateway Deployment is read, by name, for the uid of the events about it.
+    assert!(can(operator, "get", "deployments/gw-gateway"));
+    assert!(!can(operator, "get", "deployments/other"));
+    assert!(!can(operator, "list", "deployments"));
     let env = api.jsonpath(
         "deployment",
         operator,

@@ -624,7 +624,7 @@ async fn a_pod_waiting_for_its_first_config_is_live_but_not_ready_then_ready_on_
     );
     let detail = waiting["detail"].as_str().unwrap_or_default();
     assert!(
-        detail.contains("kubectl describe secret gateway-config"),
+        detail.contains("--field-selector involvedObject.name=gateway-config"),
         "{detail}"
     );
 
@@ -892,4 +892,57 @@ async fn a_route_naming_a_secret_the_operator_is_not_pointed_at_is_invalid_sayin
     );
     // The rest is still published.
     assert_eq!(ready(&api, "modelroute", "svc-haiku").0, "True");
+}
+
+#[tokio::test]
+async fn when_nothing_can_be_published_kubectl_describe_of_the_gateway_deployment_says_why() {
+    let Some(api) = cluster().await else { return };
+    // The Deployment as an object (no controllers here): what `kubectl describe` is run on.
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gateway\n\
+                      spec:\n  selector:\n    matchLabels: {app: gateway}\n  template:\n    \
+                      metadata:\n      labels: {app: gateway}\n    spec:\n      \
+                      containers: [{name: gateway, image: gateway}]\n";
+    let out = api.apply(deployment);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let operator = Operator::start(&api, "operator-0", &["--gateway-deployment", "gateway"]);
+    published_version(&api).await;
+    // Without a free tier no key can fall back to one: a problem no resource owns.
+    let out = api.kubectl(&["delete", "tier", "free"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let describe = || {
+        let out = api.kubectl(&["describe", "deployment", "gateway"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let described = poll_until("the NotPublished event", APPLY_WITHIN, POLL, || async {
+        let text = describe();
+        text.contains("NotPublished").then_some(text)
+    })
+    .await;
+    assert!(
+        described.contains("Warning") && described.contains("no Tier declares tier free"),
+        "{described}\noperator:\n{}",
+        operator.logs()
+    );
+    // The config Secret has it too (`kubectl get events`: describe shows no Secret's events).
+    let events = api.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.kind=Secret,involvedObject.name=gateway-config,reason=NotPublished",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&events.stdout).lines().count(),
+        1,
+        "{events:?}"
+    );
 }

@@ -143,8 +143,9 @@ pub fn waiting_router(config_secret: Option<String>) -> Router {
         body["detail"] = json!(format!(
             "no gateway configuration published in Secret {secret} yet: the operator publishes \
              one once the namespace's Tiers, ModelRoutes and ApiKeys compile; see the operator's \
-             log, `kubectl describe secret {name}` and the Ready condition of each resource \
-             (`kubectl get svc-gateway`)"
+             log, the events of the gateway Deployment (`kubectl describe deployment`) and of \
+             the Secret (`kubectl get events --field-selector involvedObject.name={name}`) and the \
+             Ready condition of each resource (`kubectl get svc-gateway`)"
         ));
     }
     let body = Arc::new(body);
