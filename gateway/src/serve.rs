@@ -143,13 +143,14 @@ pub struct WaitingAdmin {
 }
 
 impl WaitingAdmin {
-    pub async fn bind(addr: SocketAddr) -> Result<Self, ServeError> {
+    /// `config_secret`: the `NAMESPACE/NAME` of the Secret the config is awaited in, if any.
+    pub async fn bind(addr: SocketAddr, config_secret: Option<String>) -> Result<Self, ServeError> {
         let listener = bind(addr).await?.into_std()?;
         let serving = TcpListener::from_std(listener.try_clone()?)?;
         let stop = CancellationToken::new();
         let server = tokio::spawn(serve_http1(
             serving,
-            admin::waiting_router(),
+            admin::waiting_router(config_secret),
             Closing {
                 hint: CancellationToken::new(),
                 now: stop.clone(),

@@ -200,7 +200,12 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         );
     }
     // Alive from the start, whatever the stores and the config do meanwhile.
-    let admin = Some(serve::WaitingAdmin::bind(args.common.server.admin_listen).await?);
+    let awaited = args
+        .published
+        .config_secret
+        .as_ref()
+        .map(ToString::to_string);
+    let admin = Some(serve::WaitingAdmin::bind(args.common.server.admin_listen, awaited).await?);
     let redis = RedisLimiter::connect(&args.redis.settings()).await?;
     let limiter = Arc::new(Failover::new(
         redis,

@@ -1,6 +1,8 @@
 //! The config controller's loop: kube-runtime's `Controller` runs [`publish::reconcile`] for
 //! one trigger object, the config Secret's reference, to which every Tier, ModelRoute and
-//! ApiKey event of the namespace maps, and the events of the Secrets they refer to.
+//! ApiKey event of the namespace maps, and the events of the Secrets the operator reads (the
+//! config Secret and those of `--secret`, each watched by name: a `metadata.name` field
+//! selector is what lets RBAC authorize a list or watch restricted to `resourceNames`).
 //!
 //! One trigger because validity is a property of the whole set (see [`crate::publish`]): every
 //! change recompiles everything, so mapping all events to one reference lets the controller
@@ -8,7 +10,8 @@
 //! once. The trigger is held, not watched: the config Secret does not exist until the first
 //! valid config is published, and a `Controller` only reconciles objects in its store, so the
 //! store is seeded with the reference (name and namespace, nothing else) instead of filled by a
-//! watch.
+//! watch. The config Secret, created by the chart, is watched too: an edit or a deletion of it
+//! calls for a republication.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -83,21 +86,16 @@ pub async fn run(state: State) {
     let state = Arc::new(state);
     let ctx = &state.ctx;
     let all = watcher::Config::default;
-    Controller::for_stream(stream::iter([Ok(trigger)]), store)
+    let mut controller = Controller::for_stream(stream::iter([Ok(trigger)]), store)
         .with_config(controller::Config::default().debounce(BURST))
         .watches(ctx.api::<Tier>(), all(), to(&target))
         .watches(ctx.api::<ModelRoute>(), all(), to(&target))
-        .watches(ctx.api::<ApiKey>(), all(), to(&target))
-        // Every Secret of the namespace is watched (any may be referred to), but only the
-        // ones the compile reads, and the config Secret, trigger it.
-        .watches(ctx.api::<Secret>(), all(), {
-            let state = state.clone();
-            let target = target.clone();
-            move |secret: Secret| {
-                let name = secret.metadata.name.unwrap_or_default();
-                state.ctx.depends_on_secret(&name).then(|| target.clone())
-            }
-        })
+        .watches(ctx.api::<ApiKey>(), all(), to(&target));
+    for name in std::iter::once(&ctx.secret).chain(&ctx.readable) {
+        let by_name = all().fields(&format!("metadata.name={name}"));
+        controller = controller.watches(ctx.api::<Secret>(), by_name, to(&target));
+    }
+    controller
         .run(reconcile, error_policy, state.clone())
         .for_each(|result| async move {
             match result {
@@ -146,7 +144,7 @@ mod tests {
 
     use super::*;
     use crate::testing::{
-        api_server, expect, fail, no_check, reading, records_event, route, simulated,
+        api_server, expect, fail, finds_config, no_check, reading, records_event, route, simulated,
         writes_config, Expect, CRDS, NS,
     };
 
@@ -161,6 +159,7 @@ mod tests {
                     route(simulated()),
                     no_check,
                 ),
+                finds_config(),
                 writes_config(no_check),
                 records_event("e1", no_check),
             ],
@@ -193,6 +192,7 @@ mod tests {
             kube::Client::new(service, NS),
             NS.to_owned(),
             "gateway-config".to_owned(),
+            Vec::new(),
             "operator-0".to_owned(),
         );
         let state = Arc::new(State::new(ctx, Duration::from_secs(600)));

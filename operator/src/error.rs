@@ -15,6 +15,12 @@ pub enum Error {
     MissingMetric { pod: String, metric: &'static str },
     #[error("the promotion sweep failed: {0}")]
     Sweep(#[from] store::accounts::StoreError),
+    #[error(
+        "Secret {namespace}/{name}, which the config is published in, does not exist: the \
+         operator never creates Secrets; create it (the chart does) or point --config-secret at \
+         the one that exists"
+    )]
+    NoConfigSecret { namespace: String, name: String },
     #[error("no valid configuration compiled yet, so no promotion thresholds")]
     NoRules,
 }

@@ -6,8 +6,12 @@
 //! out can make another invalid (an `auto` route whose candidate it was, a tier now missing),
 //! so this repeats until what remains compiles. Problems that no single resource owns (no
 //! Tier declares `free`) still block publication: the gateways keep the last good config.
+//!
+//! The operator reads only the Secrets it is pointed at (`--secret`), so that its RBAC can
+//! name them: a resource referring to any other is at fault for that reason, said as such,
+//! rather than for a Secret "not found" that may well exist.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crds::compile::{compile as compile_set, CompileErrors, ResourceRef};
 use crds::config::GatewayConfig;
@@ -48,29 +52,78 @@ pub struct LastGood {
     keys: BTreeMap<ResourceRef, ApiKey>,
 }
 
-impl LastGood {
-    /// The routes of the last published config, which may stand in for their current version.
-    pub fn routes(&self) -> impl Iterator<Item = &ModelRoute> {
-        self.routes.values()
-    }
-
-    /// The keys of the last published config, which may stand in for their current version.
-    pub fn keys(&self) -> impl Iterator<Item = &ApiKey> {
-        self.keys.values()
-    }
+/// The problem of a resource referring to Secret `name`, which the operator does not read.
+pub fn unreadable(name: &str) -> String {
+    format!(
+        "Secret {name} is not one the operator reads: add it to its --secret flags (the \
+         chart's operator.secrets) and to its Role"
+    )
 }
 
+/// The Secrets `route` refers to.
+pub fn route_secrets(route: &ModelRoute) -> impl Iterator<Item = &str> {
+    route
+        .spec
+        .upstreams
+        .iter()
+        .filter_map(|upstream| upstream.api_key_secret_ref.as_ref())
+        .map(|r| r.name.as_str())
+}
+
+/// The Secrets `key` refers to.
+pub fn key_secrets(key: &ApiKey) -> impl Iterator<Item = &str> {
+    key.spec
+        .seed
+        .as_ref()
+        .map(|seed| seed.secret_ref.name.as_str())
+        .into_iter()
+}
+
+/// Compiles what remains once the resources at fault are out; `readable` are the Secrets the
+/// operator reads (`secrets` holds those of them that exist).
 pub fn compile(
     tiers: &[Tier],
     routes: &[ModelRoute],
     keys: &[ApiKey],
     secrets: &[Secret],
+    readable: &BTreeSet<String>,
     last: &LastGood,
 ) -> Lenient {
     let mut tiers = Inputs::new("Tier", tiers);
     let mut routes = Inputs::new("ModelRoute", routes);
     let mut keys = Inputs::new("ApiKey", keys);
     let mut faults: BTreeMap<ResourceRef, Fault> = BTreeMap::new();
+    // A fallback that refers to an unreadable Secret too fails the compile below ("not
+    // found"), and is then left out with this first problem kept.
+    let refused = |names: Vec<&str>| -> Vec<String> {
+        names
+            .into_iter()
+            .filter(|name| !readable.contains(*name))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .map(unreadable)
+            .collect()
+    };
+    let mut refusals = Vec::new();
+    for (resource, route, _) in &routes.items {
+        let problems = refused(route_secrets(route).collect());
+        if !problems.is_empty() {
+            refusals.push((resource.clone(), problems));
+        }
+    }
+    for (resource, key, _) in &keys.items {
+        let problems = refused(key_secrets(key).collect());
+        if !problems.is_empty() {
+            refusals.push((resource.clone(), problems));
+        }
+    }
+    for (resource, problems) in refusals {
+        let fate = routes
+            .fall_back(&resource, &last.routes)
+            .or_else(|| keys.fall_back(&resource, &last.keys))
+            .unwrap_or(Fate::LeftOut);
+        faults.insert(resource, Fault { problems, fate });
+    }
     loop {
         let compiled = compile_set(
             &tiers.current(),
@@ -211,8 +264,14 @@ mod tests {
         manifests
     }
 
+    /// Compiles `m` as an operator pointed at every Secret of the folder would.
     fn run(m: &Manifests, last: &LastGood) -> Lenient {
-        compile(&m.tiers, &m.routes, &m.keys, &m.secrets, last)
+        let readable = m
+            .secrets
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        compile(&m.tiers, &m.routes, &m.keys, &m.secrets, &readable, last)
     }
 
     #[test]

@@ -58,9 +58,24 @@ struct RunArgs {
     /// Namespace of the gateway's resources, the config Secret and the Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     namespace: String,
-    /// Secret the compiled config is published in (gateways: `--config-secret NS/NAME`).
+    /// Secret the compiled config is published in (gateways: `--config-secret NS/NAME`). It
+    /// must exist: the operator patches it by server-side apply but never creates a Secret.
     #[arg(long, env = "OPERATOR_CONFIG_SECRET", default_value = "gateway-config")]
     config_secret: String,
+    /// A Secret the operator reads, by name: one that ModelRoutes' upstream API keys or ApiKey
+    /// seeds refer to. Repeat the flag (or separate names by commas). No other Secret is read,
+    /// so the operator's RBAC can name them; a resource referring to another is `Invalid`.
+    #[arg(
+        long = "secret",
+        value_name = "NAME",
+        env = "OPERATOR_SECRETS",
+        value_delimiter = ','
+    )]
+    secrets: Vec<String>,
+    /// The gateway Deployment: when nothing can be published, a Warning event on it says why
+    /// (`kubectl describe deployment`); `--scale-deployment` when absent.
+    #[arg(long, env = "OPERATOR_GATEWAY_DEPLOYMENT")]
+    gateway_deployment: Option<String>,
     /// This replica's name in the Lease and in events.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -205,11 +220,24 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     tokio::spawn(elector.run(leading));
     tokio::spawn(track_leadership(is_leading.clone(), metrics.clone()));
+    let readable: Vec<String> = args
+        .secrets
+        .iter()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .collect();
+    tracing::info!(config_secret = %args.config_secret, secrets = ?readable, "the Secrets the operator reads");
     let ctx = publish::Context::new(
         client.clone(),
         args.namespace.clone(),
         args.config_secret.clone(),
+        readable,
         identity,
+    )
+    .with_deployment(
+        args.gateway_deployment
+            .clone()
+            .or_else(|| args.scaling.scale_deployment.clone()),
     );
     match &args.database_url {
         Some(url) => {

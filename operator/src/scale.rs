@@ -268,8 +268,7 @@ impl Scaler {
     }
 
     /// Writes the pod count on the config Secret when it changed. A merge patch, not an
-    /// apply: before the first config is published there is no Secret to annotate, and
-    /// creating one without a config would only make the gateways log a rejection.
+    /// apply, which would create a missing Secret: the operator never creates one.
     async fn announce(&self, replicas: u32) -> Result<()> {
         let Some(secret) = self.secrets.get_opt(&self.config_secret).await? else {
             return Ok(());

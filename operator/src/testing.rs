@@ -122,6 +122,17 @@ pub fn fail(method: Method, path: &str, status: u16, reason: &str) -> Expect {
 
 pub fn no_check(_: &Value) {}
 
+/// The reconcile reads the config Secret (it never creates one): there.
+pub fn finds_config() -> Expect {
+    expect(
+        Method::GET,
+        "/api/v1/namespaces/gw/secrets/gateway-config",
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "gateway-config", "namespace": NS, "uid": "u1"}}),
+        no_check,
+    )
+}
+
 /// The reconcile writes the config Secret, `check`ed; the API server answers it as `u1`.
 pub fn writes_config(check: fn(&Value)) -> Expect {
     expect(
@@ -144,14 +155,13 @@ pub fn records_event(name: &str, check: fn(&Value)) -> Expect {
     )
 }
 
-/// What a reconcile asks first (the tiers, the routes, the keys and the secrets of the
-/// namespace: published tiers, `routes`, no key, no secret), then `then`.
+/// What a reconcile asks first (the tiers, the routes and the keys of the namespace: published
+/// tiers, `routes`, no key; an operator pointed at no Secret reads none), then `then`.
 pub fn reading(routes: Vec<Value>, then: Vec<Expect>) -> Vec<Expect> {
     let lists = [
         (format!("{CRDS}/tiers"), list(tiers(true))),
         (format!("{CRDS}/modelroutes"), list(routes)),
         (format!("{CRDS}/apikeys"), list(vec![])),
-        ("/api/v1/namespaces/gw/secrets".to_owned(), list(vec![])),
     ];
     lists
         .into_iter()

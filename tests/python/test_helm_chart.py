@@ -263,18 +263,58 @@ def test_the_operator_rbac_is_namespaced_and_least_privilege() -> None:
     assert lease and lease[0]["resourceNames"] == ["gw-gateway-operator"]
     writes = [r for r in rules if "secrets" in r["resources"] and "patch" in r["verbs"]]
     assert writes and writes[0]["resourceNames"] == ["gw-gateway-config"]
+    # Secrets by name only, and never created: a service account that may create Secrets can
+    # mint a token for any other service account of the namespace and read it back.
+    secrets = [r for r in rules if "secrets" in r["resources"]]
+    assert all(r.get("resourceNames") for r in secrets), secrets
+    assert not [r for r in secrets if "create" in r["verbs"]], secrets
+    reads = [r for r in secrets if "get" in r["verbs"]]
+    assert reads == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["gw-gateway-config"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
     scale = [r for r in rules if "apps" in r["apiGroups"]]
     assert scale == [
+        # Read only, for the uid of the events saying why nothing is published.
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "resourceNames": ["gw-gateway"],
+            "verbs": ["get"],
+        },
         {
             "apiGroups": ["apps"],
             "resources": ["deployments/scale"],
             "resourceNames": ["gw-gateway"],
             "verbs": ["get", "patch"],
-        }
+        },
     ]
     env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "OPERATOR_LEASE", "value": "gw-gateway-operator"} in env
     assert {"name": "OPERATOR_CONFIG_SECRET", "value": "gw-gateway-config"} in env
+    assert {"name": "OPERATOR_GATEWAY_DEPLOYMENT", "value": "gw-gateway"} in env
+
+
+def test_the_operator_reads_the_secrets_of_operator_secrets_by_name_and_is_given_them() -> None:
+    objects = render("--set", "operator.secrets={upstream-api-keys,seed-keys}")
+    rules = named(objects, "Role", "gw-gateway-operator")["rules"]
+    reads = [r for r in rules if "secrets" in r["resources"] and "get" in r["verbs"]]
+    assert [r["resourceNames"] for r in reads] == [["gw-gateway-config", "upstream-api-keys", "seed-keys"]]
+    env = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "OPERATOR_SECRETS", "value": "upstream-api-keys,seed-keys"} in env
+
+
+def test_the_chart_creates_the_config_secret_empty_for_the_operator_to_fill() -> None:
+    secret = named(rendered("defaults.yaml"), "Secret", "gw-gateway-config")
+    # No data: an upgrade's merge then never touches what the operator published.
+    assert "data" not in secret and "stringData" not in secret, secret
+    assert secret["type"] == "Opaque"
+    manifests = rendered("manifests.yaml")
+    assert not [o for o in of_kind(manifests, "Secret") if o["metadata"]["name"] == "gw-gateway-config"]
 
 
 def test_two_releases_in_one_namespace_share_no_namespaced_object() -> None:

@@ -14,7 +14,7 @@ use crate::gateway::{unique_name, workspace_root};
 use crate::kube::{Identity, KubeApi, NAMESPACE};
 
 /// `$HELM_BIN`, else the helm that `scripts/test` installs into its venv.
-fn helm_bin() -> PathBuf {
+pub fn helm_bin() -> PathBuf {
     std::env::var_os("HELM_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join(".cache/venv/bin/helm"))

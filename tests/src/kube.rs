@@ -178,13 +178,20 @@ impl KubeApi {
         Some(api)
     }
 
-    /// [`KubeApi::start`], then the CRDs (once served), the RBAC of `deploy/rbac/` and the
+    /// [`KubeApi::start`], then the CRDs (once served), the RBAC of `deploy/rbac/` (and the
+    /// config Secret it ships), a Role letting the operator read [`TEST_SECRETS`] and the
     /// standalone resources of `deploy/standalone/`: what an operator needs to publish a config.
     pub async fn start_with_gateway_resources() -> Option<KubeApi> {
         let api = KubeApi::start().await?;
         api.apply_crds();
         api.wait_for_crds().await;
         api.apply_path("deploy/rbac/");
+        let out = api.apply(&test_secrets_role());
+        assert!(
+            out.status.success(),
+            "kubectl apply of the test Secrets' Role failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         api.apply_path("deploy/standalone/");
         Some(api)
     }
@@ -358,6 +365,30 @@ fn on_path(command: &str) -> bool {
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(command).is_file()))
 }
 
+/// The Secrets the tests' resources refer to beyond `deploy/rbac/`'s: the standalone seed's and
+/// the one the operator tests' broken route waits for. [`Operator::start`] points the operator
+/// at them (and at `upstream-api-keys`, as deploy/rbac does); under the chart's RBAC, which
+/// does not name them, the operator treats them as unreadable.
+pub const TEST_SECRETS: &[&str] = &["example-enterprise-key", "no-such-secret"];
+
+/// A Role (and its binding) letting the operator's service account read [`TEST_SECRETS`], as
+/// an operator pointed at more Secrets needs.
+fn test_secrets_role() -> String {
+    let names = TEST_SECRETS
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: e2e-operator-secrets\n\
+         rules:\n  - apiGroups: [\"\"]\n    resources: [\"secrets\"]\n    resourceNames: [{names}]\n    \
+         verbs: [\"get\", \"list\", \"watch\"]\n---\napiVersion: rbac.authorization.k8s.io/v1\n\
+         kind: RoleBinding\nmetadata:\n  name: e2e-operator-secrets\nroleRef:\n  \
+         apiGroup: rbac.authorization.k8s.io\n  kind: Role\n  name: e2e-operator-secrets\n\
+         subjects:\n  - kind: ServiceAccount\n    name: gateway-operator\n    namespace: {NAMESPACE}\n"
+    )
+}
+
 /// `$OPERATOR_BIN`, else the operator next to the gateway binary the tests use.
 pub fn operator_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("OPERATOR_BIN") {
@@ -374,13 +405,16 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `operator run --identity IDENTITY` in [`NAMESPACE`] with `extra` flags.
+    /// Starts `operator run --identity IDENTITY` in [`NAMESPACE`], pointed at
+    /// `upstream-api-keys` and [`TEST_SECRETS`], with `extra` flags.
     pub fn start(api: &KubeApi, identity: &str, extra: &[&str]) -> Operator {
         let mut cmd = Command::new(operator_bin());
         cmd.env("KUBECONFIG", api.kubeconfig(Identity::Operator))
             .env("RUST_LOG", "info,kube_client=error")
             .env("NO_COLOR", "1")
             .args(["run", "--namespace", NAMESPACE, "--identity", identity])
+            .args(["--secret", "upstream-api-keys"])
+            .args(TEST_SECRETS.iter().flat_map(|name| ["--secret", name]))
             .args(extra);
         let log = LogTail::default();
         let child = spawn(cmd, &log);

@@ -49,6 +49,8 @@ fn readme_values() -> Vec<String> {
         &format!("gateway.image.repository={REGISTRY}/svc-gateway"),
         "--set",
         &format!("operator.image.repository={REGISTRY}/svc-gateway"),
+        "--set",
+        "operator.secrets={upstream-api-keys}",
         "--set-json",
         r#"gateway.env=[{"name":"OTEL_EXPORTER_OTLP_ENDPOINT","value":"http://otel-collector.observability:4318"}]"#,
     ]
@@ -113,6 +115,11 @@ impl Chart {
             args.extend(["--set", port]);
         }
         args.extend(values.iter().map(String::as_str));
+        // The operator reads only the Secrets it is given: those its manifests (below) name.
+        args.extend([
+            "--set",
+            "operator.secrets={mock-upstream-key,example-enterprise-key}",
+        ]);
         let yaml = helm::template(&args);
         let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&yaml)
             .map(|doc| Value::deserialize(doc).expect("a rendered object"))
@@ -122,6 +129,7 @@ impl Chart {
         let api = KubeApi::start().await?;
         api.apply_crds();
         api.wait_for_crds().await;
+        // The rendered RBAC, and the config Secret the operator publishes in (it creates none).
         let rbac: Vec<&Value> = objects
             .iter()
             .filter(|o| {
@@ -134,7 +142,7 @@ impl Chart {
                             | "ClusterRole"
                             | "ClusterRoleBinding"
                     )
-                )
+                ) || (o["kind"] == "Secret" && o["metadata"]["name"] == "gateway-config")
             })
             .collect();
         let out = api.apply(

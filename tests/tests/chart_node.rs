@@ -22,6 +22,7 @@ use e2e::node::TestNode;
 use e2e::sdk::sdk_call;
 use e2e::sse::assemble_message_stream;
 use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
+use e2e::upstream::UPSTREAM_API_KEY;
 use e2e::visitor::{new_email, Site, Visitor};
 use e2e::{
     Fault, MessageStream, MockUpstream, Nginx, PostgresServer, RedisServer, Reply, Resp,
@@ -39,8 +40,13 @@ const RELEASE: &str = "gateway";
 
 /// The values every journey installs with: the 1.20 API server has no policy/v1
 /// PodDisruptionBudget (see docs/kubernetes.md); the chart's Ingress, which the harness's nginx
-/// is configured from (`Installed::ingress_routes`).
-const VALUES: &[&str] = &["gateway.pdb.enabled=false", "gateway.ingress.enabled=true"];
+/// is configured from (`Installed::ingress_routes`); the operator reads the Secrets the
+/// journeys' manifests ([`RoutedManifests`]: the mock's API key, the standalone seed) refer to.
+const VALUES: &[&str] = &[
+    "gateway.pdb.enabled=false",
+    "gateway.ingress.enabled=true",
+    "operator.secrets={mock-upstream-key,example-enterprise-key}",
+];
 
 /// A helm value: its flag (`--set`, `--set-string`) and `KEY=VALUE`.
 type HelmValue = (&'static str, String);
@@ -1016,4 +1022,219 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
         events.extend(stream.collect().await);
         assert!(assemble_message_stream(&events).credits() > 0);
     }
+}
+
+/// The first line of the README's install block (a fenced `sh` block): the journey below runs
+/// every command of that block, in order.
+const README_INSTALL: &str =
+    "# The install, as tests/tests/chart_node.rs runs it: every command of this block, in order.";
+
+/// The commands of the README's install block, each with its continuation lines joined;
+/// comment lines left out.
+fn readme_install_commands() -> Vec<String> {
+    let path = e2e::gateway::workspace_root().join("README.md");
+    let readme = std::fs::read_to_string(&path).expect("read the README");
+    let opening = format!("```sh\n{README_INSTALL}\n");
+    let start = readme
+        .find(&opening)
+        .unwrap_or_else(|| panic!("the README has no block opening with {README_INSTALL:?}"));
+    let block = &readme[start + opening.len()..];
+    let block = &block[..block.find("\n```").expect("the end of the install block")];
+    let mut commands = Vec::new();
+    let mut current = String::new();
+    for line in block.lines() {
+        if current.is_empty() && (line.trim().is_empty() || line.trim_start().starts_with('#')) {
+            continue;
+        }
+        match line.trim_end().strip_suffix('\\') {
+            Some(head) => current.push_str(head),
+            None => {
+                current.push_str(line.trim_end());
+                commands.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    assert!(
+        current.is_empty(),
+        "the block ends inside a command: {current}"
+    );
+    commands
+}
+
+/// The README's install, its commands read from the README itself and run in order by `sh`
+/// (as admin of the test API server), with these substitutions, each of which must apply
+/// (a README that drifts from them fails here):
+/// - the stores' and the collector's host names: the test's Redis and Postgres, a closed port;
+/// - `$REGISTRY/svc-gateway`: the image's repository (`GATEWAY_IMAGE`), and its tag given to
+///   `helm install` when it is not the chart's appVersion;
+/// - `helm install gateway charts/gateway`: the venv's helm, the chart copy whose kubeVersion
+///   admits the 1.20 API server, without client-side OpenAPI validation (the CRDs' CEL rules),
+///   and `gateway.pdb.enabled=false` (that server has no policy/v1 PodDisruptionBudget);
+/// - `deploy/examples/models.yaml`: a copy whose upstream base URLs name the mock upstream;
+/// - `rollout status`: a `--timeout`, so that a rollout that never completes fails the test.
+///
+/// `$ANTHROPIC_API_KEY` and `$MOONSHOT_API_KEY` are in the environment, as the README expects.
+/// Then a turn through a ready endpoint of the Service reaches the upstream of the catalog's
+/// route, and the client sees only the virtual model's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_helm_install_run_as_written_ends_with_a_ready_rollout_and_a_served_turn() {
+    let Some(trial) = Trial::start(RELEASE).await else {
+        panic!("helm or the Kubernetes API server is missing: see scripts/test");
+    };
+    let _node = TestNode::start(&trial.api).await;
+    let mock = MockUpstream::start().await;
+    let (redis, pg) = (RedisServer::start().await, PostgresServer::start().await);
+    let examples = e2e::gateway::workspace_root().join("deploy/examples/models.yaml");
+    let models = std::fs::read_to_string(&examples)
+        .expect("read the example routes")
+        .replace("https://api.anthropic.com", &mock.url)
+        .replace("https://api.moonshot.ai/v1", &format!("{}/v1", mock.url));
+    let routes = std::env::temp_dir().join(e2e::gateway::unique_name("readme-models.yaml"));
+    std::fs::write(&routes, models).expect("write the rerouted example routes");
+
+    let image = e2e::podman::image();
+    let (repository, tag) = image
+        .rsplit_once(':')
+        .filter(|(_, tag)| !tag.contains('/'))
+        .unwrap_or((image.as_str(), ""));
+    let mut helm = format!(
+        "{} install gateway {} --disable-openapi-validation --set gateway.pdb.enabled=false",
+        e2e::helm::helm_bin().display(),
+        trial.chart
+    );
+    if !tag.is_empty() && tag != e2e::podman::app_version() {
+        helm.push_str(&format!(
+            " --set gateway.image.tag={tag} --set operator.image.tag={tag}"
+        ));
+    }
+    let closed = format!("http://127.0.0.1:{}", e2e::server::free_port());
+    let substitutions: Vec<(&str, String)> = vec![
+        ("redis://redis.stores:6379", redis.url()),
+        (
+            "postgres://gateway:PASSWORD@postgres.stores:5432/gateway",
+            pg.url(),
+        ),
+        ("http://otel-collector.observability:4318", closed),
+        ("$REGISTRY/svc-gateway", repository.to_owned()),
+        ("helm install gateway charts/gateway", helm),
+        (
+            "deploy/examples/models.yaml",
+            routes.to_str().expect("a UTF-8 path").to_owned(),
+        ),
+        (
+            "rollout status deploy/gateway",
+            "rollout status deploy/gateway --timeout=300s".to_owned(),
+        ),
+    ];
+    let mut unused: Vec<&str> = substitutions.iter().map(|(from, _)| *from).collect();
+    let commands = readme_install_commands();
+    assert!(
+        commands.iter().any(|c| c.contains("rollout status")),
+        "the README's install ends with no rollout: {commands:#?}"
+    );
+    for command in &commands {
+        let mut run = command.clone();
+        for (from, to) in &substitutions {
+            if run.contains(from) {
+                run = run.replace(from, to);
+                unused.retain(|u| u != from);
+            }
+        }
+        eprintln!("README: {command}");
+        let started = Instant::now();
+        let out = tokio::process::Command::new("sh")
+            .args(["-c", &run])
+            .current_dir(e2e::gateway::workspace_root())
+            .env(
+                "KUBECONFIG",
+                trial.api.kubeconfig(e2e::kube::Identity::Admin),
+            )
+            .env("ANTHROPIC_API_KEY", UPSTREAM_API_KEY)
+            .env("MOONSHOT_API_KEY", UPSTREAM_API_KEY)
+            // Substituted away: a command still naming it fails on this registry.
+            .env("REGISTRY", "registry.invalid")
+            .output()
+            .await
+            .expect("run sh");
+        assert!(
+            out.status.success(),
+            "the README's `{command}` failed (run as `{run}`):\n{}\n{}\nnode:\n{}\npods:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            _node.logs(),
+            _node.pod_logs("gateway")
+        );
+        eprintln!("  done in {:?}", started.elapsed());
+    }
+    let _ = std::fs::remove_file(&routes);
+    assert!(
+        unused.is_empty(),
+        "the README's install no longer has {unused:?}: update this test with it"
+    );
+
+    // A ready endpoint of the Service, in the README's namespace.
+    let endpoint = e2e::poll_until(
+        "a ready endpoint of the Service",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let out = trial
+                .api
+                .kubectl_waiting(&["-n", "llm", "get", "endpoints", RELEASE, "-o", "json"])
+                .await;
+            let endpoints: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let subset = &endpoints["subsets"][0];
+            let port = subset["ports"][0]["port"].as_u64()?;
+            let ip = subset["addresses"][0]["ip"].as_str()?;
+            Some(format!("{ip}:{port}"))
+        },
+    )
+    .await;
+    let created = pg
+        .gateway_cli(&[
+            "keys",
+            "create",
+            "--new-account",
+            "readme",
+            "--credits",
+            &KEY_CREDITS.to_string(),
+        ])
+        .await
+        .expect("keys create");
+    let key = created["key"].as_str().expect("the key's secret");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client");
+    let response = http
+        .post(format!("http://{endpoint}/v1/messages"))
+        .bearer_auth(key)
+        .json(&e2e::message("svc/haiku", "hello", 32))
+        .send()
+        .await
+        .expect("a turn through the Service's endpoint");
+    let answer = Resp::read(response).await;
+    assert_eq!(
+        answer.status,
+        200,
+        "{}\npods:\n{}",
+        answer.text,
+        _node.pod_logs("gateway")
+    );
+    assert_eq!(answer.json()["model"], "svc/haiku", "{}", answer.text);
+    assert_eq!(
+        mock.request_count(),
+        1,
+        "the turn reached the upstream once"
+    );
+    let upstream = &mock.received()[0];
+    // The catalog's route: its upstream model and the key of the README's Secret.
+    assert_eq!(upstream.body["model"], "claude-3-5-haiku-latest");
+    assert_eq!(
+        upstream
+            .headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok()),
+        Some(UPSTREAM_API_KEY)
+    );
 }

@@ -192,3 +192,65 @@ async fn the_chart_identities_may_write_only_the_objects_of_their_release() {
     assert!(!can(gateway, "get", "secrets/gw-gateway-admin", &[]));
     assert!(!can(gateway, "patch", "secrets/gw-gateway-config", &[]));
 }
+
+#[tokio::test]
+async fn the_operator_may_read_only_the_secrets_it_is_pointed_at_and_create_none_and_the_release_owns_the_config_secret(
+) {
+    let Some(trial) = Trial::start("gw").await else {
+        return;
+    };
+    trial.helm(
+        "install",
+        &["--set", "operator.secrets={upstream-api-keys}"],
+    );
+    let api = &trial.api;
+    let can = |who: &str, verb: &str, what: &str| api.can(who, verb, what, &[]);
+    let operator = "gw-gateway-operator";
+    for secret in ["secrets/gw-gateway-config", "secrets/upstream-api-keys"] {
+        for verb in ["get", "list", "watch"] {
+            assert!(
+                can(operator, verb, secret),
+                "the operator may not {verb} {secret}"
+            );
+        }
+    }
+    for (verb, what) in [
+        // A service account that may create Secrets can mint a token for any other.
+        ("create", "secrets"),
+        ("create", "secrets/gw-gateway-config"),
+        ("get", "secrets/gw-gateway-admin"),
+        ("get", "secrets/other"),
+        ("list", "secrets"),
+        ("watch", "secrets"),
+        ("patch", "secrets/upstream-api-keys"),
+    ] {
+        assert!(!can(operator, verb, what), "the operator may {verb} {what}");
+    }
+    // The gateway Deployment is read, by name, for the uid of the events about it.
+    assert!(can(operator, "get", "deployments/gw-gateway"));
+    assert!(!can(operator, "get", "deployments/other"));
+    assert!(!can(operator, "list", "deployments"));
+    let env = api.jsonpath(
+        "deployment",
+        operator,
+        "{.spec.template.spec.containers[0].env[?(@.name==\"OPERATOR_SECRETS\")].value}",
+    );
+    assert_eq!(env, "upstream-api-keys");
+
+    // The chart made the config Secret, empty, for the operator to fill; uninstall removes it.
+    let data = api.jsonpath("secret", "gw-gateway-config", "{.data}");
+    assert!(
+        api.kubectl(&["get", "secret", "gw-gateway-config"])
+            .status
+            .success(),
+        "the chart created no config Secret"
+    );
+    assert_eq!(data, "", "the chart's config Secret holds data: {data}");
+    assert_ok("helm uninstall", &helm(api, &["uninstall", "gw"]));
+    assert!(
+        !api.kubectl(&["get", "secret", "gw-gateway-config"])
+            .status
+            .success(),
+        "helm uninstall left the config Secret"
+    );
+}

@@ -608,6 +608,25 @@ async fn a_pod_waiting_for_its_first_config_is_live_but_not_ready_then_ready_on_
     )
     .await;
     assert_eq!(status("/readyz").await, Some(503));
+    // The readiness answer says what the pod waits for, and where.
+    let waiting: serde_json::Value = http
+        .get(format!("{admin}/readyz"))
+        .send()
+        .await
+        .expect("/readyz")
+        .json()
+        .await
+        .expect("a JSON answer");
+    assert_eq!(waiting["waiting_for"], "config", "{waiting}");
+    assert_eq!(
+        waiting["config_secret"], "gateway/gateway-config",
+        "{waiting}"
+    );
+    let detail = waiting["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("--field-selector involvedObject.name=gateway-config"),
+        "{detail}"
+    );
 
     let _operator = Operator::start(&api, "operator-0", &[]);
     poll_until(
@@ -852,4 +871,88 @@ async fn the_secret_a_route_waits_for_brings_the_route_in_when_it_is_created() {
         (status == "True" && reason == "Published").then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_route_naming_a_secret_the_operator_is_not_pointed_at_is_invalid_saying_so() {
+    let Some(api) = cluster().await else { return };
+    let _operator = Operator::start(&api, "operator-0", &[]);
+    published_version(&api).await;
+    // The Secret exists, but the operator was not given it (and its Role does not name it).
+    let secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: someone-elses\n\
+                  stringData:\n  apiKey: sk-ant-test\n";
+    let route = route_naming_a_missing_secret("svc-elsewhere", "svc/elsewhere")
+        .replace("name: no-such-secret", "name: someone-elses");
+    let out = api.apply(&format!("{secret}---\n{route}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, detail) = poll_until("the Invalid condition", APPLY_WITHIN, POLL, || async {
+        let (status, reason, detail) = ready(&api, "modelroute", "svc-elsewhere");
+        (reason == "Invalid").then_some((status, detail))
+    })
+    .await;
+    assert_eq!(status, "False");
+    assert!(
+        detail.starts_with("Secret someone-elses is not one the operator reads")
+            && detail.ends_with("left out of the gateway configuration"),
+        "{detail}"
+    );
+    // The rest is still published.
+    assert_eq!(ready(&api, "modelroute", "svc-haiku").0, "True");
+}
+
+#[tokio::test]
+async fn when_nothing_can_be_published_kubectl_describe_of_the_gateway_deployment_says_why() {
+    let Some(api) = cluster().await else { return };
+    // The Deployment as an object (no controllers here): what `kubectl describe` is run on.
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gateway\n\
+                      spec:\n  selector:\n    matchLabels: {app: gateway}\n  template:\n    \
+                      metadata:\n      labels: {app: gateway}\n    spec:\n      \
+                      containers: [{name: gateway, image: gateway}]\n";
+    let out = api.apply(deployment);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let operator = Operator::start(&api, "operator-0", &["--gateway-deployment", "gateway"]);
+    published_version(&api).await;
+    // Without a free tier no key can fall back to one: a problem no resource owns.
+    let out = api.kubectl(&["delete", "tier", "free"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let describe = || {
+        let out = api.kubectl(&["describe", "deployment", "gateway"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let described = poll_until("the NotPublished event", APPLY_WITHIN, POLL, || async {
+        let text = describe();
+        text.contains("NotPublished").then_some(text)
+    })
+    .await;
+    assert!(
+        described.contains("Warning") && described.contains("no Tier declares tier free"),
+        "{described}\noperator:\n{}",
+        operator.logs()
+    );
+    // The config Secret has it too (`kubectl get events`: describe shows no Secret's events).
+    let events = api.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.kind=Secret,involvedObject.name=gateway-config,reason=NotPublished",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&events.stdout).lines().count(),
+        1,
+        "{events:?}"
+    );
 }

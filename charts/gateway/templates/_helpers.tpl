@@ -201,6 +201,11 @@ Helm's three-way merge only patches fields the chart renders. */}}
 
 {{/* Names of the operator's Secret and Lease: derived from the release unless set, so two
 releases in one namespace do not share them. */}}
+{{/* The Secrets the operator reads, as a YAML list: the config Secret, then operator.secrets. */}}
+{{- define "gateway.operatorSecrets" -}}
+{{- toYaml (uniq (prepend .Values.operator.secrets (include "gateway.configSecret" .))) -}}
+{{- end -}}
+
 {{- define "gateway.configSecret" -}}
 {{- default (printf "%s-config" (include "gateway.fullname" .)) .Values.operator.configSecret -}}
 {{- end -}}

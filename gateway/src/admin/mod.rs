@@ -132,17 +132,33 @@ async fn ready(State(admin): State<Admin>) -> Response {
 
 /// The probes while the pod waits for its first config, before [`router`] can be built: alive
 /// from the start (a startup probe must not restart a pod in a loop while the custom
-/// resources are invalid), not ready until the config is there.
-pub fn waiting_router() -> Router {
+/// resources are invalid), not ready until the config is there. `config_secret`
+/// (`NAMESPACE/NAME`) is the Secret the config is awaited in, when the operator publishes it:
+/// the readiness answer names it, and where to look for why nothing is there yet.
+pub fn waiting_router(config_secret: Option<String>) -> Router {
+    let mut body =
+        json!({ "status": "not_ready", "config_version": null, "waiting_for": "config" });
+    if let Some(secret) = config_secret {
+        let name = secret
+            .split_once('/')
+            .map_or(secret.as_str(), |(_, name)| name);
+        body["config_secret"] = json!(secret);
+        body["detail"] = json!(format!(
+            "no gateway configuration published in Secret {secret} yet: the operator publishes \
+             one once the namespace's Tiers, ModelRoutes and ApiKeys compile; see the operator's \
+             log, the events of the gateway Deployment (`kubectl describe deployment`) and of \
+             the Secret (`kubectl get events --field-selector involvedObject.name={name}`) and the \
+             Ready condition of each resource (`kubectl get svc-gateway`)"
+        ));
+    }
+    let body = Arc::new(body);
     Router::new()
         .route("/livez", get(live))
         .route(
             "/readyz",
-            get(|| async {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Json(json!({ "status": "not_ready", "config_version": null, "waiting_for": "config" })),
-                )
+            get(move || {
+                let body = body.clone();
+                async move { (StatusCode::SERVICE_UNAVAILABLE, Json(body.as_ref().clone())) }
             }),
         )
         .fallback(not_found)

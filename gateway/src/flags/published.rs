@@ -66,6 +66,9 @@ impl fmt::Display for SecretRef {
     }
 }
 
+/// How often a pod waiting for its first config says so at WARN.
+const WAITING_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The stream of versions of the config Secret.
 pub struct Published {
     secret: SecretRef,
@@ -99,12 +102,30 @@ impl Published {
         })
     }
 
-    /// Waits for the first usable config: a pod must not serve before it has one.
+    /// Waits for the first usable config: a pod must not serve before it has one. Says so
+    /// at WARN every [`WAITING_WARN_EVERY`], naming the Secret, so that a pod that never turns
+    /// ready explains itself in its log.
     pub async fn first(&mut self) -> Option<GatewayConfig> {
         tracing::info!(secret = %self.secret, "waiting for the published config");
+        let started = tokio::time::Instant::now();
+        let mut reminder =
+            tokio::time::interval_at(started + WAITING_WARN_EVERY, WAITING_WARN_EVERY);
         loop {
-            if let Some(config) = self.next_usable(None).await? {
-                return Some(config);
+            tokio::select! {
+                // Cancel-safe: the update is only awaited, never half taken.
+                update = self.next_usable(None) => {
+                    if let Some(config) = update? {
+                        return Some(config);
+                    }
+                }
+                _ = reminder.tick() => tracing::warn!(
+                    secret = %self.secret,
+                    waited_secs = started.elapsed().as_secs(),
+                    "still waiting for the operator to publish a gateway configuration in Secret \
+                     {}: not ready until then; see the operator's log, the events of that Secret \
+                     and the Ready condition of the Tiers, ModelRoutes and ApiKeys",
+                    self.secret
+                ),
             }
         }
     }
@@ -121,6 +142,12 @@ impl Published {
             Ok(Some(secret)) => match parse(&self.secret, &secret) {
                 Ok(config) if Some(config.version.as_str()) == current => None,
                 Ok(config) => Some(config),
+                // The chart creates the Secret empty; the operator fills it with the first
+                // valid config. Nothing is wrong with it until then.
+                Err(PublishedError::MissingKey { .. }) if current.is_none() => {
+                    tracing::debug!(secret = %self.secret, "config Secret holds no config yet");
+                    None
+                }
                 Err(error) => {
                     tracing::error!(%error, kept_version = %kept, "published config rejected; keeping the last good one");
                     None
