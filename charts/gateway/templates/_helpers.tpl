@@ -146,6 +146,11 @@ imagePullPolicy: {{ .Values.gateway.image.pullPolicy }}
 args: ["migrate"]
 env:
   {{- include "gateway.databaseEnv" . | indent 2 }}
+  {{- include "gateway.storeTlsEnv" (dict "root" . "redis" false) | indent 2 }}
+{{- with include "gateway.storeTlsMounts" (dict "root" . "redis" false) }}
+volumeMounts:
+  {{- . | trim | nindent 2 }}
+{{- end }}
 securityContext:
   {{- include "gateway.containerSecurityContext" . | nindent 2 }}
 resources:
@@ -167,4 +172,82 @@ releases in one namespace do not share them. */}}
 
 {{- define "gateway.lease" -}}
 {{- default (printf "%s-operator" (include "gateway.fullname" .)) .Values.operator.lease -}}
+{{- end -}}
+
+{{/* TLS to the stores: the CA bundles and client certificates of postgres.tls and redis.tls,
+mounted read-only under /etc/gateway/tls and named to the processes by their flags'
+environment variables. Each takes (dict "root" $ "redis" BOOL): the gateway pods connect to
+both stores, the migrations and the operator to Postgres alone. */}}
+{{- define "gateway.storeTlsEnv" -}}
+{{- $pg := .root.Values.postgres.tls -}}
+{{- $redis := .root.Values.redis.tls -}}
+{{- if include "gateway.hasPostgres" .root }}
+{{- if $pg.caSecret }}
+- name: GATEWAY_DATABASE_CA_FILE
+  value: /etc/gateway/tls/postgres/ca.crt
+{{- end }}
+{{- if $pg.clientCertSecret }}
+- name: GATEWAY_DATABASE_CLIENT_CERT_FILE
+  value: /etc/gateway/tls/postgres-client/tls.crt
+- name: GATEWAY_DATABASE_CLIENT_KEY_FILE
+  value: /etc/gateway/tls/postgres-client/tls.key
+{{- end }}
+{{- end }}
+{{- if .redis }}
+{{- if $redis.caSecret }}
+- name: GATEWAY_REDIS_CA_FILE
+  value: /etc/gateway/tls/redis/ca.crt
+{{- end }}
+{{- if $redis.clientCertSecret }}
+- name: GATEWAY_REDIS_CLIENT_CERT_FILE
+  value: /etc/gateway/tls/redis-client/tls.crt
+- name: GATEWAY_REDIS_CLIENT_KEY_FILE
+  value: /etc/gateway/tls/redis-client/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "gateway.storeTlsMounts" -}}
+{{- range (include "gateway.storeTlsNames" . | fromJsonArray) }}
+- name: {{ . }}
+  mountPath: /etc/gateway/tls/{{ trimSuffix "-ca" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "gateway.storeTlsVolumes" -}}
+{{- $values := .root.Values -}}
+{{- range (include "gateway.storeTlsNames" . | fromJsonArray) }}
+- name: {{ . }}
+  secret:
+    {{- if hasSuffix "-client" . }}
+    secretName: {{ (get $values (trimSuffix "-client" .)).tls.clientCertSecret }}
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+    {{- else }}
+    {{- $tls := (get $values (trimSuffix "-ca" .)).tls }}
+    secretName: {{ $tls.caSecret }}
+    items:
+      - key: {{ $tls.caSecretKey }}
+        path: ca.crt
+    {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The volumes of TLS to the stores a container mounts, as a JSON list of names:
+postgres-ca, postgres-client, redis-ca, redis-client. */}}
+{{- define "gateway.storeTlsNames" -}}
+{{- $names := list -}}
+{{- if include "gateway.hasPostgres" .root -}}
+{{- if .root.Values.postgres.tls.caSecret }}{{ $names = append $names "postgres-ca" }}{{ end -}}
+{{- if .root.Values.postgres.tls.clientCertSecret }}{{ $names = append $names "postgres-client" }}{{ end -}}
+{{- end -}}
+{{- if .redis -}}
+{{- if .root.Values.redis.tls.caSecret }}{{ $names = append $names "redis-ca" }}{{ end -}}
+{{- if .root.Values.redis.tls.clientCertSecret }}{{ $names = append $names "redis-client" }}{{ end -}}
+{{- end -}}
+{{- toJson $names -}}
 {{- end -}}
