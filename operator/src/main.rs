@@ -26,7 +26,7 @@ use crds::config::{GatewayConfig, Route, Secret};
 use kube::{Api, Client};
 use store::accounts::{promotion, Accounts, PostgresAccounts, PromotionRules};
 use store::audit::{Actor, ActorKind};
-use store::db::Database;
+use store::db::{Database, DbSettings, PgTlsArgs, Pooler};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -77,6 +77,9 @@ struct RunArgs {
     /// Bound on every database call of a sweep.
     #[arg(long, env = "OPERATOR_DATABASE_TIMEOUT_MS", default_value_t = 10_000)]
     database_timeout_ms: u64,
+    /// TLS to the ledger's Postgres: the gateway's flags (and environment) of the same names.
+    #[command(flatten)]
+    database_tls: PgTlsArgs,
     /// Time between two promotion sweeps (and two recordings of the ApiKey grants, which also
     /// run at every published config).
     #[arg(long, env = "OPERATOR_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
@@ -213,8 +216,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     match &args.database_url {
         Some(url) => {
-            let db = Database::connect(url, 2, Duration::from_millis(args.database_timeout_ms))
-                .context("invalid --database-url")?;
+            let db = Database::connect_with(&DbSettings {
+                url: url.clone(),
+                pool_size: 2,
+                timeout: Duration::from_millis(args.database_timeout_ms),
+                pooler: Pooler::None,
+                tls: args.database_tls.clone(),
+            })
+            .context("invalid --database-url")?;
+            // Not fatal: the compiler and the publisher need no Postgres; the sweeps log their
+            // failures, this one says which setting to fix.
+            let probe = db.clone();
+            tokio::spawn(async move {
+                if let Some(e) = probe.refused_tls().await {
+                    tracing::error!(error = %e, "the promotion sweep cannot reach Postgres");
+                }
+            });
             let accounts = Arc::new(PostgresAccounts::new(db));
             tokio::spawn(grants::run(
                 args.sweep_interval,

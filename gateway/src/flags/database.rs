@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use store::db::{DbSettings, Pooler};
+use store::db::{DbSettings, PgTlsArgs, Pooler};
 
 /// The id clap gives `--database-url`, for the commands that make it required.
 pub const URL: &str = "database_url";
@@ -13,7 +13,8 @@ pub const URL: &str = "database_url";
 #[derive(Clone, Debug, Args)]
 pub struct DatabaseArgs {
     /// Accounts, keys and the ledger in Postgres: `postgres://user:password@host:port/db`
-    /// (also `?host=/socket/dir`).
+    /// (also `?host=/socket/dir`); over TLS with `?sslmode=verify-full` (and
+    /// `&sslrootcert=/path/ca.pem`, or --database-ca-file).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Bound on every database call; past it a request needing credits gets 503.
@@ -27,6 +28,8 @@ pub struct DatabaseArgs {
     /// in a transaction of its own, unnamed; migrations are refused, run them directly).
     #[arg(long, env = "GATEWAY_DATABASE_POOLER", value_enum, default_value_t = Pooler::None)]
     pub database_pooler: Pooler,
+    #[command(flatten)]
+    pub tls: PgTlsArgs,
 }
 
 impl DatabaseArgs {
@@ -37,6 +40,7 @@ impl DatabaseArgs {
             pool_size: self.database_pool_size,
             timeout: Duration::from_millis(self.database_timeout_ms),
             pooler: self.database_pooler,
+            tls: self.tls.clone(),
         })
     }
 }
