@@ -26,7 +26,7 @@ use crds::config::{GatewayConfig, Route, Secret};
 use kube::{Api, Client};
 use store::accounts::{promotion, Accounts, PostgresAccounts, PromotionRules};
 use store::audit::{Actor, ActorKind};
-use store::db::{Database, DbSettings, PgTlsArgs, Pooler};
+use store::db::{Database, DbSettings, PgTlsFiles, Pooler};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -77,9 +77,24 @@ struct RunArgs {
     /// Bound on every database call of a sweep.
     #[arg(long, env = "OPERATOR_DATABASE_TIMEOUT_MS", default_value_t = 10_000)]
     database_timeout_ms: u64,
-    /// TLS to the ledger's Postgres: the gateway's flags (and environment) of the same names.
-    #[command(flatten)]
-    database_tls: PgTlsArgs,
+    /// PEM bundle of the CA that signed the ledger's Postgres' certificate: the gateway's
+    /// flag of the same name (`sslmode` becomes `verify-full` unless the URL says `verify-ca`).
+    #[arg(long, env = "GATEWAY_DATABASE_CA_FILE")]
+    database_ca_file: Option<PathBuf>,
+    /// PEM certificate shown to Postgres; with its key.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_CLIENT_CERT_FILE",
+        requires = "database_client_key_file"
+    )]
+    database_client_cert_file: Option<PathBuf>,
+    /// PEM private key of `--database-client-cert-file`.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_CLIENT_KEY_FILE",
+        requires = "database_client_cert_file"
+    )]
+    database_client_key_file: Option<PathBuf>,
     /// Time between two promotion sweeps (and two recordings of the ApiKey grants, which also
     /// run at every published config).
     #[arg(long, env = "OPERATOR_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
@@ -221,7 +236,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 pool_size: 2,
                 timeout: Duration::from_millis(args.database_timeout_ms),
                 pooler: Pooler::None,
-                tls: args.database_tls.clone(),
+                tls: PgTlsFiles {
+                    ca_file: args.database_ca_file.clone(),
+                    client_cert_file: args.database_client_cert_file.clone(),
+                    client_key_file: args.database_client_key_file.clone(),
+                },
             })
             .context("invalid --database-url")?;
             // Not fatal: the compiler and the publisher need no Postgres; the sweeps log their

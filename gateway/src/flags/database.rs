@@ -2,10 +2,11 @@
 //! stores stay in process) and `--migrate` beside them, the database commands with the URL
 //! required.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use store::db::{DbSettings, PgTlsArgs, Pooler};
+use store::db::{DbSettings, PgTlsFiles, Pooler};
 
 /// The id clap gives `--database-url`, for the commands that make it required.
 pub const URL: &str = "database_url";
@@ -28,8 +29,24 @@ pub struct DatabaseArgs {
     /// in a transaction of its own, unnamed; migrations are refused, run them directly).
     #[arg(long, env = "GATEWAY_DATABASE_POOLER", value_enum, default_value_t = Pooler::None)]
     pub database_pooler: Pooler,
-    #[command(flatten)]
-    pub tls: PgTlsArgs,
+    /// PEM bundle of the CA that signed Postgres' certificate (a managed service's CA);
+    /// turns `sslmode` to `verify-full` unless the URL says `verify-ca`.
+    #[arg(long, env = "GATEWAY_DATABASE_CA_FILE")]
+    pub database_ca_file: Option<PathBuf>,
+    /// PEM certificate this process shows Postgres (`cert` authentication); with its key.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_CLIENT_CERT_FILE",
+        requires = "database_client_key_file"
+    )]
+    pub database_client_cert_file: Option<PathBuf>,
+    /// PEM private key of `--database-client-cert-file`.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_CLIENT_KEY_FILE",
+        requires = "database_client_cert_file"
+    )]
+    pub database_client_key_file: Option<PathBuf>,
 }
 
 impl DatabaseArgs {
@@ -40,7 +57,11 @@ impl DatabaseArgs {
             pool_size: self.database_pool_size,
             timeout: Duration::from_millis(self.database_timeout_ms),
             pooler: self.database_pooler,
-            tls: self.tls.clone(),
+            tls: PgTlsFiles {
+                ca_file: self.database_ca_file.clone(),
+                client_cert_file: self.database_client_cert_file.clone(),
+                client_key_file: self.database_client_key_file.clone(),
+            },
         })
     }
 }

@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::metrics;
 
 pub use pool::{DbPool, Pooler};
-pub use tls::PgTlsArgs;
+pub use tls::PgTlsFiles;
 
 #[derive(Debug, Error)]
 pub enum DbError {
@@ -87,7 +87,7 @@ pub struct DbSettings {
     /// What listens at `url`.
     pub pooler: Pooler,
     /// The CA and client certificate files, over what the URL says.
-    pub tls: PgTlsArgs,
+    pub tls: PgTlsFiles,
 }
 
 #[derive(Clone)]
@@ -107,7 +107,7 @@ impl Database {
             pool_size,
             timeout,
             pooler: Pooler::None,
-            tls: PgTlsArgs::default(),
+            tls: PgTlsFiles::default(),
         })
     }
 

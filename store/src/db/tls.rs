@@ -11,43 +11,31 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use super::DbError;
 
-/// The files of TLS to Postgres, shared by every process that connects (`gateway serve`,
-/// `migrate`, the ledger commands, the operator).
-#[derive(Clone, Debug, Default, Args)]
-pub struct PgTlsArgs {
+/// The files of TLS to Postgres (`--database-ca-file`, `--database-client-cert-file`,
+/// `--database-client-key-file` of every process that connects: `gateway serve`, `migrate`,
+/// the database commands, the operator).
+#[derive(Clone, Debug, Default)]
+pub struct PgTlsFiles {
     /// PEM bundle of the CA that signed Postgres' certificate (a managed service's CA,
     /// downloaded). Turns `sslmode` to `verify-full` unless the URL says `verify-ca`.
-    #[arg(long, env = "GATEWAY_DATABASE_CA_FILE")]
-    pub database_ca_file: Option<PathBuf>,
-    /// PEM certificate this process shows Postgres (`cert` authentication); with its key.
-    #[arg(
-        long,
-        env = "GATEWAY_DATABASE_CLIENT_CERT_FILE",
-        requires = "database_client_key_file"
-    )]
-    pub database_client_cert_file: Option<PathBuf>,
-    /// PEM private key of `--database-client-cert-file`.
-    #[arg(
-        long,
-        env = "GATEWAY_DATABASE_CLIENT_KEY_FILE",
-        requires = "database_client_cert_file"
-    )]
-    pub database_client_key_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate this process shows Postgres (`cert` authentication), with its key.
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
 }
 
-impl PgTlsArgs {
+impl PgTlsFiles {
     /// `options` (parsed from `url`) with these files.
     pub(super) fn apply(
         &self,
         url: &str,
         mut options: PgConnectOptions,
     ) -> Result<PgConnectOptions, DbError> {
-        if let Some(ca) = &self.database_ca_file {
+        if let Some(ca) = &self.ca_file {
             options = match options.get_ssl_mode() {
                 PgSslMode::VerifyCa | PgSslMode::VerifyFull => options,
                 PgSslMode::Prefer if !mode_written(url) => options.ssl_mode(PgSslMode::VerifyFull),
@@ -61,10 +49,7 @@ impl PgTlsArgs {
             }
             .ssl_root_cert(ca);
         }
-        match (
-            &self.database_client_cert_file,
-            &self.database_client_key_file,
-        ) {
+        match (&self.client_cert_file, &self.client_key_file) {
             (Some(cert), Some(key)) => {
                 options = options.ssl_client_cert(cert).ssl_client_key(key);
             }
@@ -135,9 +120,9 @@ mod tests {
     use super::*;
 
     fn with_ca(url: &str) -> Result<PgConnectOptions, DbError> {
-        let args = PgTlsArgs {
-            database_ca_file: Some("/ca.pem".into()),
-            ..PgTlsArgs::default()
+        let args = PgTlsFiles {
+            ca_file: Some("/ca.pem".into()),
+            ..PgTlsFiles::default()
         };
         args.apply(url, PgConnectOptions::from_str(url).expect("a url"))
     }
@@ -170,9 +155,9 @@ mod tests {
 
     #[test]
     fn a_client_certificate_without_its_key_is_refused() {
-        let args = PgTlsArgs {
-            database_client_cert_file: Some("/c.pem".into()),
-            ..PgTlsArgs::default()
+        let args = PgTlsFiles {
+            client_cert_file: Some("/c.pem".into()),
+            ..PgTlsFiles::default()
         };
         let url = "postgres://u@db/x";
         assert!(args
