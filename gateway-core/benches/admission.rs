@@ -196,6 +196,7 @@ fn main() {
         let limiter = Arc::new(
             RedisLimiter::connect(&RedisSettings {
                 url: url.clone(),
+                tls: Default::default(),
                 timeout: TIMEOUT,
                 slot_ttl: SLOT_TTL,
             })

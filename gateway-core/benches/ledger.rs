@@ -201,6 +201,7 @@ fn main() {
                 pool_size: pool,
                 timeout: TIMEOUT,
                 pooler: Pooler::Transaction,
+                tls: Default::default(),
             })
             .expect("LEDGER_BENCH_POOLER_URL"),
             Err(_) => db,

@@ -102,8 +102,8 @@ async fn main() -> ExitCode {
         }
     };
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
-        Command::Standalone(args) => startup::standalone(args).await.map_err(Into::into),
-        Command::Serve(args) => startup::cluster(args).await.map_err(Into::into),
+        Command::Standalone(args) => startup::standalone(*args).await.map_err(Into::into),
+        Command::Serve(args) => startup::cluster(*args).await.map_err(Into::into),
         Command::Migrate(args) => cli::migrate(args).await.map_err(Into::into),
         Command::Keys(command) => cli::keys(command).await.map_err(Into::into),
         Command::Accounts(command) => cli::accounts(command).await.map_err(Into::into),

@@ -244,6 +244,10 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
         return run(args.common, stores, config, published, admin, |_, _| {}).await;
     };
     let db = Database::connect_with(&database)?;
+    // A certificate refused is a setting to fix, not an outage to serve through.
+    if let Some(e) = db.refused_tls().await {
+        return Err(e.into());
+    }
     if args.database.migrate {
         db.migrate().await?;
     }

@@ -26,7 +26,7 @@ use crds::config::{GatewayConfig, Route, Secret};
 use kube::{Api, Client};
 use store::accounts::{promotion, Accounts, PostgresAccounts, PromotionRules};
 use store::audit::{Actor, ActorKind};
-use store::db::Database;
+use store::db::{Database, DbSettings, PgTlsFiles, Pooler};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -92,6 +92,24 @@ struct RunArgs {
     /// Bound on every database call of a sweep.
     #[arg(long, env = "OPERATOR_DATABASE_TIMEOUT_MS", default_value_t = 10_000)]
     database_timeout_ms: u64,
+    /// PEM bundle of the CA that signed the ledger's Postgres' certificate: the gateway's
+    /// flag of the same name (`sslmode` becomes `verify-full` unless the URL says `verify-ca`).
+    #[arg(long, env = "GATEWAY_DATABASE_CA_FILE")]
+    database_ca_file: Option<PathBuf>,
+    /// PEM certificate shown to Postgres; with its key.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_CLIENT_CERT_FILE",
+        requires = "database_client_key_file"
+    )]
+    database_client_cert_file: Option<PathBuf>,
+    /// PEM private key of `--database-client-cert-file`.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_CLIENT_KEY_FILE",
+        requires = "database_client_cert_file"
+    )]
+    database_client_key_file: Option<PathBuf>,
     /// Time between two promotion sweeps (and two recordings of the ApiKey grants, which also
     /// run at every published config).
     #[arg(long, env = "OPERATOR_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
@@ -241,8 +259,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     match &args.database_url {
         Some(url) => {
-            let db = Database::connect(url, 2, Duration::from_millis(args.database_timeout_ms))
-                .context("invalid --database-url")?;
+            let db = Database::connect_with(&DbSettings {
+                url: url.clone(),
+                pool_size: 2,
+                timeout: Duration::from_millis(args.database_timeout_ms),
+                pooler: Pooler::None,
+                tls: PgTlsFiles {
+                    ca_file: args.database_ca_file.clone(),
+                    client_cert_file: args.database_client_cert_file.clone(),
+                    client_key_file: args.database_client_key_file.clone(),
+                },
+            })
+            .context("invalid --database-url")?;
+            // Not fatal: the compiler and the publisher need no Postgres; the sweeps log their
+            // failures, this one says which setting to fix.
+            let probe = db.clone();
+            tokio::spawn(async move {
+                if let Some(e) = probe.refused_tls().await {
+                    tracing::error!(error = %e, "the promotion sweep cannot reach Postgres");
+                }
+            });
             let accounts = Arc::new(PostgresAccounts::new(db));
             tokio::spawn(grants::run(
                 args.sweep_interval,

@@ -907,8 +907,11 @@ def test_the_production_values_follow_the_checklist() -> None:
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert {("Ingress", "gw-gateway"), ("NetworkPolicy", "gw-gateway"), ("NetworkPolicy", "gw-gateway-egress"),
             ("PodDisruptionBudget", "gw-gateway-operator")} <= names
-    # No Secret is generated or written by the chart: every render is the same.
-    assert not of_kind(objects, "Secret")
+    # No Secret is generated or written by the chart: every render is the same. The one
+    # Secret rendered is the operator's config Secret, empty until the operator publishes.
+    secrets = of_kind(objects, "Secret")
+    assert [s["metadata"]["name"] for s in secrets] == ["gw-gateway-config"]
+    assert all(not s.get("data") and not s.get("stringData") for s in secrets)
     assert rendered("production.yaml") == objects
     assert trusted(objects) == ["--trusted-proxies=10.244.0.0/16"]
     for name in ("gw-gateway", "gw-gateway-operator", "gw-gateway-migrate"):
@@ -917,3 +920,64 @@ def test_the_production_values_follow_the_checklist() -> None:
         spec = named(objects, "Deployment", name)["spec"]["template"]
         assert spec["metadata"]["labels"]["team"] == "platform-llm"
         assert spec["spec"]["priorityClassName"] == "platform-critical"
+
+
+TLS_VALUES = (
+    "--set", "postgres.tls.caSecret=pg-ca", "--set", "postgres.tls.caSecretKey=bundle.pem",
+    "--set", "postgres.tls.clientCertSecret=pg-client",
+    "--set", "redis.tls.caSecret=redis-ca", "--set", "redis.tls.clientCertSecret=redis-client",
+)
+
+
+def store_tls(pod: dict, container: dict) -> dict[str, tuple[str, str, str]]:
+    """Each TLS file a container is told of (by its flag's environment variable): the Secret
+    and key it comes from, through a read-only mount of the pod's volume."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = container.get("volumeMounts", [])
+    out = {}
+    for e in container["env"]:
+        if not e["name"].endswith(("_CA_FILE", "_CERT_FILE", "_KEY_FILE")) or "value" not in e:
+            continue
+        folder, file = e["value"].rsplit("/", 1)
+        mount = next(m for m in mounts if m["mountPath"] == folder)
+        assert mount["readOnly"] is True, mount
+        secret = volumes[mount["name"]]["secret"]
+        key = next(i["key"] for i in secret["items"] if i["path"] == file)
+        out[e["name"]] = (secret["secretName"], key, e["value"])
+    return out
+
+
+PG_TLS = {
+    "GATEWAY_DATABASE_CA_FILE": ("pg-ca", "bundle.pem", "/etc/gateway/tls/postgres/ca.crt"),
+    "GATEWAY_DATABASE_CLIENT_CERT_FILE": ("pg-client", "tls.crt", "/etc/gateway/tls/postgres-client/tls.crt"),
+    "GATEWAY_DATABASE_CLIENT_KEY_FILE": ("pg-client", "tls.key", "/etc/gateway/tls/postgres-client/tls.key"),
+}
+REDIS_TLS = {
+    "GATEWAY_REDIS_CA_FILE": ("redis-ca", "ca.crt", "/etc/gateway/tls/redis/ca.crt"),
+    "GATEWAY_REDIS_CLIENT_CERT_FILE": ("redis-client", "tls.crt", "/etc/gateway/tls/redis-client/tls.crt"),
+    "GATEWAY_REDIS_CLIENT_KEY_FILE": ("redis-client", "tls.key", "/etc/gateway/tls/redis-client/tls.key"),
+}
+
+
+def test_the_stores_ca_and_client_certificates_are_mounted_into_every_container_that_connects() -> None:
+    objects = render(*TLS_VALUES)
+    gateway = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]
+    assert store_tls(gateway, gateway["containers"][0]) == PG_TLS | REDIS_TLS
+    job = named(objects, "Job", "gw-gateway-migrate")["spec"]["template"]["spec"]
+    assert store_tls(job, job["containers"][0]) == PG_TLS
+    operator = named(objects, "Deployment", "gw-gateway-operator")["spec"]["template"]["spec"]
+    assert store_tls(operator, operator["containers"][0]) == PG_TLS
+    # The migrations of an init container (in-cluster Postgres) too.
+    objects = render(*TLS_VALUES, "--set", "migrations.mode=initContainer")
+    pod = named(objects, "Deployment", "gw-gateway")["spec"]["template"]["spec"]
+    assert [c["args"] for c in pod["initContainers"]] == [["migrate"]]
+    assert store_tls(pod, pod["initContainers"][0]) == PG_TLS
+    assert store_tls(pod, pod["containers"][0]) == PG_TLS | REDIS_TLS
+
+
+def test_without_store_tls_values_nothing_is_mounted_or_set() -> None:
+    objects = rendered("defaults.yaml")
+    for name, spec in pod_specs(objects):
+        for container in spec["containers"] + spec.get("initContainers", []):
+            assert not store_tls(spec, container), name
+            assert not [m for m in container.get("volumeMounts", []) if "/etc/gateway/tls" in m["mountPath"]], name

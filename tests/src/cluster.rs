@@ -161,6 +161,21 @@ impl Cluster<RedisCluster> {
         Self::start_on_redis_cluster_with(ManifestDir::cluster(), pods, configure).await
     }
 
+    /// [`Cluster::start_on_redis_cluster`] on a cluster over TLS only
+    /// ([`RedisCluster::start_tls`]).
+    pub async fn start_on_redis_cluster_tls(
+        pods: usize,
+        configure: impl Fn(GatewayBuilder) -> GatewayBuilder,
+    ) -> Self {
+        let configure: &dyn Fn(GatewayBuilder) -> GatewayBuilder = &configure;
+        Self::start_with_redis(
+            RedisCluster::start_tls().await,
+            ManifestDir::cluster(),
+            &vec![configure; pods],
+        )
+        .await
+    }
+
     /// [`Cluster::start_on_redis_cluster`] on `manifests` instead of the cluster's own.
     pub async fn start_on_redis_cluster_with(
         manifests: ManifestDir,
@@ -187,6 +202,20 @@ impl Cluster<RedisServer> {
     ) -> Cluster {
         let configure: &dyn Fn(GatewayBuilder) -> GatewayBuilder = &configure;
         Self::start_each(&vec![configure; pods]).await
+    }
+
+    /// [`Cluster::start`] on a redis-server over TLS only ([`RedisServer::start_tls`]).
+    pub async fn start_tls(
+        pods: usize,
+        configure: impl Fn(GatewayBuilder) -> GatewayBuilder,
+    ) -> Cluster {
+        let configure: &dyn Fn(GatewayBuilder) -> GatewayBuilder = &configure;
+        Self::start_with_redis(
+            RedisServer::start_tls().await,
+            ManifestDir::cluster(),
+            &vec![configure; pods],
+        )
+        .await
     }
 
     /// A redis-server and one gateway per builder (each already configured by the caller on
@@ -289,7 +318,11 @@ impl<R: SharedRedis> Cluster<R> {
 }
 
 fn pod_builder(redis: &impl SharedRedis, manifests: &ManifestDir) -> GatewayBuilder {
-    Gateway::builder()
-        .serve(&redis.url())
+    redis
+        .tls_flags()
+        .iter()
+        .fold(Gateway::builder().serve(&redis.url()), |b, flag| {
+            b.arg(flag)
+        })
         .manifests(&manifests.path)
 }

@@ -21,6 +21,8 @@
 //! - [`upstream`]: a mock upstream speaking the Anthropic and OpenAI wire formats, scripted
 //!   per test, and manifest folders that route every model to it.
 //! - [`Scrape`]: the samples of a `/metrics` scrape.
+//! - [`tls`]: the CA and certificates of the TLS stores (`start_tls` of Postgres, Redis and
+//!   Redis Cluster).
 //! - [`otlp`]: an OTLP/HTTP (json) trace receiver the gateway exports its spans to.
 //! - [`sdk`]: /v1/messages through the official `anthropic` Python SDK.
 //! - [`browser`]: headless chromium through chromedriver, for the dashboard.
@@ -62,6 +64,7 @@ pub mod server;
 pub mod smtp;
 pub mod sse;
 pub mod stripe;
+pub mod tls;
 pub mod upstream;
 pub mod visitor;
 

@@ -6,6 +6,11 @@
 //! [`PostgresServer::stop`] / [`PostgresServer::restart`] (same port, same data) simulate an
 //! outage and its end. [`PostgresServer::query`] runs SQL through `psql` for assertions, and
 //! [`PostgresServer::gateway_cli`] runs the gateway's operator commands against the database.
+//!
+//! [`PostgresServer::start_tls`] is the same server over TLS only: `ssl=on` with a certificate
+//! of a CA made for it ([`TlsFiles`]), and a `pg_hba.conf` of `hostssl` lines (and the local
+//! socket), so a plaintext TCP connection is refused; its URL says `sslmode=verify-full` with
+//! the CA as `sslrootcert`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -17,6 +22,7 @@ use tokio::process::Command;
 
 use crate::gateway::{gateway_bin, unique_name, workspace_root};
 use crate::server::{on_a_free_port, ServerProcess};
+use crate::tls::TlsFiles;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -26,6 +32,8 @@ pub struct PostgresServer {
     dir: PathBuf,
     bin: PathBuf,
     user: Option<(u32, u32)>,
+    /// Over TLS only, with these files.
+    tls: Option<TlsFiles>,
     process: ServerProcess,
 }
 
@@ -98,6 +106,22 @@ impl PostgresServer {
 
     /// Creates a cluster in a fresh folder and starts it on a free port.
     pub async fn start() -> PostgresServer {
+        Self::start_with(None).await
+    }
+
+    /// [`PostgresServer::start`] accepting TLS connections only (`hostssl`), on a certificate
+    /// for `127.0.0.1` and `localhost` signed by a CA of its own ([`PostgresServer::tls`]).
+    pub async fn start_tls() -> PostgresServer {
+        Self::start_with(Some(&["127.0.0.1", "localhost"])).await
+    }
+
+    /// [`PostgresServer::start_tls`] on a certificate naming `names` only: a client verifying
+    /// the host must refuse it under any other name.
+    pub async fn start_tls_for(names: &[&str]) -> PostgresServer {
+        Self::start_with(Some(names)).await
+    }
+
+    async fn start_with(tls: Option<&[&str]>) -> PostgresServer {
         let dir = std::env::temp_dir().join(unique_name("e2e-postgres"));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
@@ -119,11 +143,12 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let tls = tls.map(|names| tls_only(&dir, names, user));
         let started = on_a_free_port(|port| {
-            let (bin, dir) = (&bin, &dir);
+            let (bin, dir, tls) = (&bin, &dir, &tls);
             async move {
                 let mut process = ServerProcess::new("postgres");
-                let command = server_command(bin, dir, port, user);
+                let command = server_command(bin, dir, port, user, tls.as_ref());
                 process
                     .launch(command, READY_TIMEOUT, || answers(bin, port))
                     .await?;
@@ -137,6 +162,7 @@ impl PostgresServer {
                 dir,
                 bin,
                 user,
+                tls,
                 process,
             },
             Err(errors) => {
@@ -146,9 +172,32 @@ impl PostgresServer {
         }
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`; over TLS with
+    /// `?sslmode=verify-full&sslrootcert=CA`.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        self.url_on(self.port)
+    }
+
+    /// [`PostgresServer::url`] with another port (a proxy's in front of this server).
+    pub fn url_on(&self, port: u16) -> String {
+        let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+        match &self.tls {
+            Some(tls) => format!("{url}?sslmode=verify-full&sslrootcert={}", tls.ca.display()),
+            None => url,
+        }
+    }
+
+    /// The URL without TLS (`sslmode=disable`), which a TLS-only server refuses.
+    pub fn plaintext_url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+            self.port
+        )
+    }
+
+    /// The CA and certificates of a server started with [`PostgresServer::start_tls`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     pub fn logs(&self) -> String {
@@ -163,9 +212,10 @@ impl PostgresServer {
     /// Starts again on the same port with the same data.
     pub async fn restart(&mut self) {
         let (bin, dir, port, user) = (self.bin.clone(), self.dir.clone(), self.port, self.user);
+        let tls = self.tls.clone();
         self.process
             .relaunch(
-                || server_command(&bin, &dir, port, user),
+                || server_command(&bin, &dir, port, user, tls.as_ref()),
                 READY_TIMEOUT,
                 || answers(&bin, port),
             )
@@ -299,7 +349,36 @@ impl Drop for PostgresServer {
     }
 }
 
-fn server_command(bin: &Path, dir: &Path, port: u16, user: Option<(u32, u32)>) -> Command {
+/// The certificates of a TLS-only server in `dir/tls` (the key readable by the server's user
+/// only, as Postgres demands), and a `pg_hba.conf` taking TCP connections over TLS alone.
+fn tls_only(dir: &Path, names: &[&str], user: Option<(u32, u32)>) -> TlsFiles {
+    let files = TlsFiles::make_for(&dir.join("tls"), names);
+    chown(&dir.join("tls"), user);
+    for file in [&files.ca, &files.server_cert, &files.server_key] {
+        chown(file, user);
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&files.server_key, std::fs::Permissions::from_mode(0o600))
+        .expect("chmod the server key");
+    let hba = dir.join("pg_hba.conf");
+    std::fs::write(
+        &hba,
+        "local all all trust\n\
+         hostssl all all 127.0.0.1/32 trust\n\
+         hostssl all all ::1/128 trust\n",
+    )
+    .expect("write pg_hba.conf");
+    chown(&hba, user);
+    files
+}
+
+fn server_command(
+    bin: &Path,
+    dir: &Path,
+    port: u16,
+    user: Option<(u32, u32)>,
+    tls: Option<&TlsFiles>,
+) -> Command {
     let mut cmd = Command::new(bin.join("postgres"));
     cmd.arg("-D")
         .arg(dir.join("data"))
@@ -310,6 +389,17 @@ fn server_command(bin: &Path, dir: &Path, port: u16, user: Option<(u32, u32)>) -
         .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
         .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
         .current_dir(dir);
+    if let Some(tls) = tls {
+        cmd.args(["-c", "ssl=on"])
+            .arg("-c")
+            .arg(format!("ssl_cert_file={}", tls.server_cert.display()))
+            .arg("-c")
+            .arg(format!("ssl_key_file={}", tls.server_key.display()))
+            .arg("-c")
+            .arg(format!("ssl_ca_file={}", tls.ca.display()))
+            .arg("-c")
+            .arg(format!("hba_file={}", dir.join("pg_hba.conf").display()));
+    }
     if let Some((uid, gid)) = user {
         cmd.uid(uid).gid(gid);
     }

@@ -6,18 +6,121 @@
 //! that accepts connections but never answers, which only a client-side timeout survives.
 //! [`SharedRedis`] is a minimal RESP client for looking at the keys the gateway writes, the
 //! same for one server and for a [`RedisCluster`](crate::redis_cluster::RedisCluster).
+//!
+//! [`RedisServer::start_tls`] is the same server over TLS only (`port 0`, `tls-port`), on a
+//! certificate of a CA made for it, demanding a client certificate (`tls-auth-clients yes`),
+//! with the `default` user off and an ACL user with a password ([`TLS_USER`]); its URL is
+//! `rediss://` with the user and password, [`SharedRedis::tls_flags`] the gateway's flags for
+//! the CA and the client certificate. The harness' own commands go the same way.
 
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::Command;
 
 use crate::gateway::unique_name;
 use crate::server::{on_a_free_port, ServerProcess};
+use crate::tls::TlsFiles;
+
+/// The ACL user of a TLS server, and its password (`default` is off there).
+pub const TLS_USER: (&str, &str) = ("gateway", "s3cret-acl-pw");
+
+/// How the harness reaches a server: plaintext, or TLS with the server's CA and client
+/// certificate, authenticated as [`TLS_USER`].
+#[derive(Clone, Default)]
+pub(crate) struct Access(Option<(TlsFiles, Arc<rustls::ClientConfig>, String)>);
+
+impl Access {
+    /// TLS to a certificate naming `127.0.0.1`.
+    pub(crate) fn tls(files: TlsFiles) -> Access {
+        Self::tls_named(files, "127.0.0.1")
+    }
+
+    /// TLS to a certificate naming `name`, which the harness asks for at 127.0.0.1.
+    pub(crate) fn tls_named(files: TlsFiles, name: &str) -> Access {
+        let config = files.client_config();
+        Access(Some((files, config, name.to_owned())))
+    }
+
+    pub(crate) fn files(&self) -> Option<&TlsFiles> {
+        self.0.as_ref().map(|(files, _, _)| files)
+    }
+
+    /// `redis://127.0.0.1:PORT`, or `rediss://USER:PASSWORD@127.0.0.1:PORT`.
+    pub(crate) fn url(&self, scheme: &str, port: u16) -> String {
+        match &self.0 {
+            None => format!("{scheme}://127.0.0.1:{port}"),
+            Some(_) => format!(
+                "{}://{}:{}@127.0.0.1:{port}",
+                scheme.replacen("redis", "rediss", 1),
+                TLS_USER.0,
+                TLS_USER.1
+            ),
+        }
+    }
+
+    /// The gateway's flags for the CA and the client certificate; none in plaintext.
+    pub(crate) fn flags(&self) -> Vec<String> {
+        match self.files() {
+            None => Vec::new(),
+            Some(files) => vec![
+                "--redis-ca-file".into(),
+                files.ca.display().to_string(),
+                "--redis-client-cert-file".into(),
+                files.client_cert.display().to_string(),
+                "--redis-client-key-file".into(),
+                files.client_key.display().to_string(),
+            ],
+        }
+    }
+
+    /// The server arguments of TLS only, on `port`; `--port PORT` in plaintext.
+    fn server_args(&self, port: u16) -> Vec<String> {
+        let Some(files) = self.files() else {
+            return vec!["--port".into(), port.to_string()];
+        };
+        let path = |p: &PathBuf| p.display().to_string();
+        let password = format!(">{}", TLS_USER.1);
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &path(&files.server_cert),
+            "--tls-key-file",
+            &path(&files.server_key),
+            "--tls-ca-cert-file",
+            &path(&files.ca),
+            "--tls-auth-clients",
+            "yes",
+            "--tls-replication",
+            "yes",
+            "--user",
+            "default",
+            "off",
+            "--user",
+            TLS_USER.0,
+            "on",
+            &password,
+            "~*",
+            "&*",
+            "+@all",
+            "--masteruser",
+            TLS_USER.0,
+            "--masterauth",
+            TLS_USER.1,
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+    }
+}
 
 /// How long `redis-server` may take to answer PING after it was started.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -29,6 +132,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
+    access: Access,
     /// Arguments added to every launch (a cluster node's settings).
     extra: Vec<String>,
     process: ServerProcess,
@@ -77,20 +181,38 @@ impl RedisServer {
         Self::start_with(Vec::new).await
     }
 
+    /// [`start`](Self::start) over TLS only, with an ACL user (see the module's doc).
+    pub async fn start_tls() -> RedisServer {
+        let dir = std::env::temp_dir().join(unique_name("e2e-redis-ca"));
+        Self::start_on(Access::tls(TlsFiles::make(&dir)), Vec::new).await
+    }
+
+    /// [`start_tls`](Self::start_tls) on a certificate naming `names` only (a first one the
+    /// harness asks for at 127.0.0.1): a gateway given `127.0.0.1` must refuse it.
+    pub async fn start_tls_for(names: &[&str]) -> RedisServer {
+        let dir = std::env::temp_dir().join(unique_name("e2e-redis-ca"));
+        let files = TlsFiles::make_for(&dir, names);
+        Self::start_on(Access::tls_named(files, names[0]), Vec::new).await
+    }
+
     /// [`start`](Self::start) with the arguments `extra()` returns added to its command line.
     /// A failed launch asks `extra` again (a cluster node's bus port may have been taken
     /// too); the arguments of the launch that succeeded are kept for restarts.
     pub async fn start_with(extra: impl Fn() -> Vec<String>) -> RedisServer {
+        Self::start_on(Access::default(), extra).await
+    }
+
+    pub(crate) async fn start_on(access: Access, extra: impl Fn() -> Vec<String>) -> RedisServer {
         let dir = std::env::temp_dir().join(unique_name("e2e-redis"));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let started = on_a_free_port(|port| {
-            let (dir, extra) = (&dir, extra());
+            let (dir, extra, access) = (&dir, extra(), &access);
             async move {
                 let mut process = ServerProcess::new("redis-server");
-                let command = server_command(port, dir, &extra);
+                let command = server_command(port, dir, access, &extra);
                 process
-                    .launch(command, READY_TIMEOUT, || pong(port))
+                    .launch(command, READY_TIMEOUT, || pong(access, port))
                     .await?;
                 Ok((port, extra, process))
             }
@@ -100,6 +222,7 @@ impl RedisServer {
             Ok((port, extra, process)) => RedisServer {
                 port,
                 dir,
+                access,
                 extra,
                 process,
                 frozen: false,
@@ -111,9 +234,14 @@ impl RedisServer {
         }
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT`; over TLS `rediss://USER:PASSWORD@127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        self.access.url("redis", self.port)
+    }
+
+    /// The CA and certificates of a server started with [`RedisServer::start_tls`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.access.files()
     }
 
     pub fn is_running(&self) -> bool {
@@ -136,11 +264,12 @@ impl RedisServer {
     /// Starts redis-server again on the same port (empty: nothing is persisted).
     pub async fn restart(&mut self) {
         let (port, dir, extra) = (self.port, self.dir.clone(), self.extra.clone());
+        let access = self.access.clone();
         self.process
             .relaunch(
-                || server_command(port, &dir, &extra),
+                || server_command(port, &dir, &access, &extra),
                 READY_TIMEOUT,
-                || pong(port),
+                || pong(&access, port),
             )
             .await;
     }
@@ -172,12 +301,16 @@ impl SharedRedis for RedisServer {
         RedisServer::url(self)
     }
 
+    fn tls_flags(&self) -> Vec<String> {
+        self.access.flags()
+    }
+
     fn logs(&self) -> String {
         RedisServer::logs(self)
     }
 
     async fn command(&self, args: &[&str]) -> Result<Reply, String> {
-        command(self.port, args).await
+        command(&self.access, self.port, args).await
     }
 }
 
@@ -197,8 +330,14 @@ impl Drop for RedisServer {
 
 /// What the tests ask of the Redis the pods share, one server or a cluster.
 pub trait SharedRedis: Send + Sync {
-    /// The URL the pods are given (`redis://…` or `redis-cluster://…`).
+    /// The URL the pods are given (`redis://…` or `redis-cluster://…`, over TLS `rediss://…`
+    /// or `rediss-cluster://…`).
     fn url(&self) -> String;
+
+    /// The flags the pods are given beside the URL: the CA and client certificate of TLS.
+    fn tls_flags(&self) -> Vec<String> {
+        Vec::new()
+    }
 
     /// The servers' logs so far (tails), for failure messages.
     fn logs(&self) -> String;
@@ -232,35 +371,70 @@ pub trait SharedRedis: Send + Sync {
     }
 }
 
-/// Sends one command to the server on `port` over a fresh connection and reads its reply.
-pub(crate) async fn command(port: u16, args: &[&str]) -> Result<Reply, String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))
+/// Sends one command to the server on `port` over a fresh connection (after `AUTH` over TLS)
+/// and reads its reply.
+pub(crate) async fn command(access: &Access, port: u16, args: &[&str]) -> Result<Reply, String> {
+    let stream = TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|e| format!("connect to redis: {e}"))?;
-    let mut request = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        request.extend_from_slice(arg.as_bytes());
-        request.extend_from_slice(b"\r\n");
+    let Some((_, config, name)) = &access.0 else {
+        return exchange(stream, &[args]).await;
+    };
+    let name = rustls::pki_types::ServerName::try_from(name.clone())
+        .map_err(|e| format!("server name {name}: {e}"))?;
+    let stream = tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, stream)
+        .await
+        .map_err(|e| format!("TLS to redis: {e}"))?;
+    exchange(stream, &[&["AUTH", TLS_USER.0, TLS_USER.1], args]).await
+}
+
+/// Sends the commands, and returns the last one's reply (the first error reply of the others).
+async fn exchange(
+    stream: impl AsyncRead + AsyncWrite + Unpin,
+    commands: &[&[&str]],
+) -> Result<Reply, String> {
+    let mut request = Vec::new();
+    for args in commands {
+        request.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        for arg in *args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg.as_bytes());
+            request.extend_from_slice(b"\r\n");
+        }
     }
-    stream
+    let mut reader = BufReader::new(stream);
+    reader
+        .get_mut()
         .write_all(&request)
         .await
         .map_err(|e| format!("write to redis: {e}"))?;
-    let mut reader = BufReader::new(stream);
-    tokio::time::timeout(Duration::from_secs(5), read_reply(&mut reader))
-        .await
-        .map_err(|_| format!("redis did not answer {args:?} within 5 s"))?
+    let last = commands.last().copied().unwrap_or_default();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let mut reply = Err("no command".to_owned());
+        for (i, _) in commands.iter().enumerate() {
+            reply = read_reply(&mut reader).await;
+            if i + 1 < commands.len() {
+                if let Ok(Reply::Error(e)) = &reply {
+                    return Err(format!("AUTH refused: {e}"));
+                }
+            }
+        }
+        reply
+    })
+    .await
+    .map_err(|_| format!("redis did not answer {last:?} within 5 s"))?
 }
 
 /// Whether the server on `port` answers PING.
-pub(crate) async fn pong(port: u16) -> bool {
-    matches!(command(port, &["PING"]).await, Ok(Reply::Simple(p)) if p == "PONG")
+pub(crate) async fn pong(access: &Access, port: u16) -> bool {
+    matches!(command(access, port, &["PING"]).await, Ok(Reply::Simple(p)) if p == "PONG")
 }
 
-fn server_command(port: u16, dir: &std::path::Path, extra: &[String]) -> Command {
+fn server_command(port: u16, dir: &std::path::Path, access: &Access, extra: &[String]) -> Command {
     let mut cmd = Command::new("redis-server");
-    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+    cmd.args(access.server_args(port))
+        .args(["--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .args(["--daemonize", "no", "--protected-mode", "yes"])
         .args(["--logfile", "", "--loglevel", "notice"])
@@ -272,7 +446,9 @@ fn server_command(port: u16, dir: &std::path::Path, extra: &[String]) -> Command
 }
 
 /// Reads one RESP2 reply.
-async fn read_reply(reader: &mut BufReader<TcpStream>) -> Result<Reply, String> {
+async fn read_reply(
+    reader: &mut BufReader<impl AsyncRead + AsyncWrite + Unpin>,
+) -> Result<Reply, String> {
     let mut line = String::new();
     let mut stack: Vec<(Vec<Reply>, usize)> = Vec::new();
     loop {

@@ -6,14 +6,20 @@
 //! while one shard is between masters the other two keep serving. [`RedisCluster::failover`]
 //! is the coordinated hand-over (`CLUSTER FAILOVER` on a replica, as in maintenance);
 //! [`RedisCluster::kill`] is a crash, after which the replica takes over by election.
+//!
+//! [`RedisCluster::start_tls`] is the same cluster over TLS only: every node as
+//! [`RedisServer::start_tls`] makes one, on one CA, with `tls-cluster yes` (the bus) and
+//! `tls-replication yes`; its URL is `rediss-cluster://USER:PASSWORD@…`.
 
 use std::fmt;
 use std::time::Duration;
 
 use tokio::process::Command;
 
-use crate::redis::{command, RedisServer, Reply, SharedRedis};
+use crate::gateway::unique_name;
+use crate::redis::{command, Access, RedisServer, Reply, SharedRedis, TLS_USER};
 use crate::server::free_port;
+use crate::tls::TlsFiles;
 
 const MASTERS: usize = 3;
 /// How long the cluster may take to agree on its shape after a change.
@@ -23,6 +29,7 @@ const MAX_REDIRECTS: usize = 5;
 pub struct RedisCluster {
     /// Every node, masters and replicas; which is which changes with failovers.
     pub nodes: Vec<RedisServer>,
+    access: Access,
 }
 
 /// Inclusive slot ranges, as `CLUSTER NODES` lists them.
@@ -72,9 +79,20 @@ impl RedisCluster {
     /// Starts six nodes, creates the cluster and waits until every node sees it whole and
     /// every replica is in sync with its master.
     pub async fn start() -> RedisCluster {
+        Self::start_on(Access::default()).await
+    }
+
+    /// [`RedisCluster::start`] over TLS only (see the module's doc).
+    pub async fn start_tls() -> RedisCluster {
+        let dir = std::env::temp_dir().join(unique_name("e2e-redis-cluster-ca"));
+        Self::start_on(Access::tls(TlsFiles::make(&dir))).await
+    }
+
+    async fn start_on(access: Access) -> RedisCluster {
+        let tls = access.files().is_some();
         let starts = (0..MASTERS * 2).map(|_| {
-            RedisServer::start_with(|| {
-                vec![
+            RedisServer::start_on(access.clone(), move || {
+                let mut args: Vec<String> = vec![
                     "--cluster-enabled".into(),
                     "yes".into(),
                     "--cluster-config-file".into(),
@@ -90,13 +108,35 @@ impl RedisCluster {
                     "0".into(),
                     "--repl-diskless-sync-delay".into(),
                     "0".into(),
-                ]
+                ];
+                if tls {
+                    args.extend(["--tls-cluster".into(), "yes".into()]);
+                }
+                args
             })
         });
         let cluster = RedisCluster {
             nodes: futures::future::join_all(starts).await,
+            access,
         };
         let mut create = Command::new("redis-cli");
+        if let Some(files) = cluster.access.files() {
+            create
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(&files.ca)
+                .arg("--cert")
+                .arg(&files.client_cert)
+                .arg("--key")
+                .arg(&files.client_key)
+                .args([
+                    "--user",
+                    TLS_USER.0,
+                    "--pass",
+                    TLS_USER.1,
+                    "--no-auth-warning",
+                ]);
+        }
         create.arg("--cluster").arg("create");
         for node in &cluster.nodes {
             create.arg(format!("127.0.0.1:{}", node.port));
@@ -130,7 +170,7 @@ impl RedisCluster {
 
     /// `CLUSTER NODES` as a running node sees it.
     async fn view(&self, node: usize) -> Result<Vec<NodeLine>, String> {
-        match command(self.nodes[node].port, &["CLUSTER", "NODES"]).await? {
+        match command(&self.access, self.nodes[node].port, &["CLUSTER", "NODES"]).await? {
             Reply::Bulk(Some(text)) => Ok(parse_nodes(&text)),
             other => Err(format!("CLUSTER NODES answered {other:?}")),
         }
@@ -142,7 +182,7 @@ impl RedisCluster {
         let mut masters: Option<Vec<(u16, Slots)>> = None;
         for i in self.running() {
             let Ok(Reply::Bulk(Some(info))) =
-                command(self.nodes[i].port, &["CLUSTER", "INFO"]).await
+                command(&self.access, self.nodes[i].port, &["CLUSTER", "INFO"]).await
             else {
                 return false;
             };
@@ -170,7 +210,7 @@ impl RedisCluster {
                 _ => masters = Some(live),
             }
             let Ok(Reply::Bulk(Some(replication))) =
-                command(self.nodes[i].port, &["INFO", "replication"]).await
+                command(&self.access, self.nodes[i].port, &["INFO", "replication"]).await
             else {
                 return false;
             };
@@ -239,16 +279,20 @@ impl RedisCluster {
     /// `CLUSTER FAILOVER` on `replica`: its master stops taking writes, the replica catches up
     /// and takes over. Returns once the cluster has settled with `replica` as master.
     pub async fn failover(&self, replica: usize) {
-        let reply = command(self.nodes[replica].port, &["CLUSTER", "FAILOVER"])
-            .await
-            .unwrap_or_else(|e| panic!("CLUSTER FAILOVER on node {replica}: {e}"));
+        let reply = command(
+            &self.access,
+            self.nodes[replica].port,
+            &["CLUSTER", "FAILOVER"],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CLUSTER FAILOVER on node {replica}: {e}"));
         assert_eq!(reply, Reply::Simple("OK".into()), "CLUSTER FAILOVER");
         crate::poll_until(
             &format!("node {replica} to be a master after CLUSTER FAILOVER"),
             SETTLE_TIMEOUT,
             Duration::from_millis(50),
             || async {
-                match command(self.nodes[replica].port, &["ROLE"]).await {
+                match command(&self.access, self.nodes[replica].port, &["ROLE"]).await {
                     Ok(Reply::Array(role))
                         if role.first() == Some(&Reply::Bulk(Some("master".into()))) =>
                     {
@@ -279,12 +323,16 @@ impl SharedRedis for RedisCluster {
     /// `redis-cluster://` with every node as a seed, so a pod starting while one is down
     /// still finds the others.
     fn url(&self) -> String {
-        let mut url = format!("redis-cluster://127.0.0.1:{}", self.nodes[0].port);
+        let mut url = self.access.url("redis-cluster", self.nodes[0].port);
         for (i, node) in self.nodes.iter().enumerate().skip(1) {
             url.push(if i == 1 { '?' } else { '&' });
             url.push_str(&format!("node=127.0.0.1:{}", node.port));
         }
         url
+    }
+
+    fn tls_flags(&self) -> Vec<String> {
+        self.access.flags()
     }
 
     fn logs(&self) -> String {
@@ -304,9 +352,9 @@ impl SharedRedis for RedisCluster {
             let mut asking = false;
             for _ in 0..MAX_REDIRECTS {
                 if asking {
-                    command(port, &["ASKING"]).await?;
+                    command(&self.access, port, &["ASKING"]).await?;
                 }
-                let reply = match command(port, args).await {
+                let reply = match command(&self.access, port, args).await {
                     Ok(reply) => reply,
                     Err(e) => {
                         last = e;

@@ -326,6 +326,7 @@ async fn the_redis_cluster_brake_store_keeps_the_contract_across_two_pods() {
 async fn redis_brake(redis: &impl SharedRedis) -> AddressBrake {
     let limiter = RedisLimiter::connect(&RedisSettings {
         url: redis.url(),
+        tls: Default::default(),
         timeout: Duration::from_millis(2_000),
         slot_ttl: Duration::from_secs(10),
     })

@@ -2,7 +2,9 @@
 //! limits hold across two pods sharing one redis-server exactly as if there were one pod.
 //!
 //! Every test starts its own redis-server (or, in the `on_a_redis_cluster_` tests, a Redis
-//! Cluster of three masters and three replicas: the same rules, the keys spread over shards)
+//! Cluster of three masters and three replicas: the same rules, the keys spread over shards),
+//! over TLS only with an ACL user, as managed ones are (`start_tls`; the ones on their own
+//! manifests in plaintext),
 //! and two pods on the manifests of `tests/cluster-manifests` (see `e2e::cluster`). Counting requests use count_tokens, which is
 //! free and counts against RPM like `/v1/messages`, so the seeded accounts need no credits.
 
@@ -39,13 +41,13 @@ async fn window_hash(redis: &impl SharedRedis, key_id: &str) -> BTreeMap<String,
 
 #[tokio::test]
 async fn across_two_pods_exactly_the_rpm_cap_is_accepted_for_free_payg_and_enterprise_keys() {
-    rpm_caps_are_exact_across_pods(&Cluster::start(2, |b| b).await).await;
+    rpm_caps_are_exact_across_pods(&Cluster::start_tls(2, |b| b).await).await;
 }
 
 #[tokio::test]
 async fn on_a_redis_cluster_across_two_pods_exactly_the_rpm_cap_is_accepted_for_free_payg_and_enterprise_keys(
 ) {
-    rpm_caps_are_exact_across_pods(&Cluster::start_on_redis_cluster(2, |b| b).await).await;
+    rpm_caps_are_exact_across_pods(&Cluster::start_on_redis_cluster_tls(2, |b| b).await).await;
 }
 
 async fn rpm_caps_are_exact_across_pods(cluster: &Cluster<impl SharedRedis>) {
@@ -127,13 +129,14 @@ async fn rpm_caps_are_exact_across_pods(cluster: &Cluster<impl SharedRedis>) {
 
 #[tokio::test]
 async fn concurrent_requests_on_both_pods_are_admitted_exactly_up_to_the_cap() {
-    concurrent_requests_are_admitted_exactly_up_to_the_cap(&Cluster::start(2, |b| b).await).await;
+    concurrent_requests_are_admitted_exactly_up_to_the_cap(&Cluster::start_tls(2, |b| b).await)
+        .await;
 }
 
 #[tokio::test]
 async fn on_a_redis_cluster_concurrent_requests_on_both_pods_are_admitted_exactly_up_to_the_cap() {
     concurrent_requests_are_admitted_exactly_up_to_the_cap(
-        &Cluster::start_on_redis_cluster(2, |b| b).await,
+        &Cluster::start_on_redis_cluster_tls(2, |b| b).await,
     )
     .await;
 }
@@ -181,7 +184,7 @@ async fn concurrent_requests_are_admitted_exactly_up_to_the_cap(
 
 #[tokio::test]
 async fn a_retry_after_the_retry_after_of_a_429_succeeds_on_either_pod() {
-    let cluster = Cluster::start(2, |b| b).await;
+    let cluster = Cluster::start_tls(2, |b| b).await;
     let (a, b) = (&cluster.pods[0], &cluster.pods[1]);
     // Any window with a few seconds left will do; its end is what the test waits for.
     a.wait_for_roomy_window(FREE.secret, 3).await;

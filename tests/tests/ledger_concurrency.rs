@@ -3,7 +3,9 @@
 //! debit and one credit off the balance, with one gateway process and with two; and turns of
 //! many accounts at once (which the gateway writes in shared statements) each bill only their
 //! own account. The `through_pgbouncer_` tests run the same with the pods behind PgBouncer in
-//! transaction pooling mode (`--database-pooler transaction`).
+//! transaction pooling mode (`--database-pooler transaction`). The stores take TLS only
+//! (`start_tls`: verified against their CA, Redis with an ACL user and a client certificate),
+//! as managed ones do; PgBouncer's Postgres stays plaintext (PgBouncer speaks to it).
 
 use e2e::books::{assert_books_balance, tally};
 use e2e::{message, Cluster, Gateway, GatewayBuilder, KeySpec, PgBouncer, PostgresServer};
@@ -17,7 +19,7 @@ const INSUFFICIENT: &[(u16, &str)] = &[(402, "insufficient_quota")];
 /// Roomy Redis and database timeouts: the race is about credits, and 200 turns queueing on
 /// one account row on a busy test machine may take longer than the default bounds.
 async fn cluster(pods: usize, database: impl Fn(GatewayBuilder) -> GatewayBuilder) -> Cluster {
-    Cluster::start(pods, |b| {
+    Cluster::start_tls(pods, |b| {
         database(b)
             .redis_timeout_ms(5_000)
             .arg("--database-timeout-ms")
@@ -72,14 +74,14 @@ async fn two_hundred_turns_against_fifty(pods: &[Gateway], pg: &PostgresServer) 
 #[tokio::test]
 async fn two_hundred_concurrent_turns_on_a_balance_for_fifty_never_overdraw_and_balance_the_books()
 {
-    let pg = PostgresServer::start().await;
+    let pg = PostgresServer::start_tls().await;
     let cluster = cluster(1, |b| b.database(&pg.url())).await;
     two_hundred_turns_against_fifty(&cluster.pods, &pg).await;
 }
 
 #[tokio::test]
 async fn the_books_balance_across_two_gateway_processes_sharing_the_account() {
-    let pg = PostgresServer::start().await;
+    let pg = PostgresServer::start_tls().await;
     let cluster = cluster(2, |b| b.database(&pg.url())).await;
     two_hundred_turns_against_fifty(&cluster.pods, &pg).await;
 }
@@ -94,7 +96,7 @@ async fn through_pgbouncer_the_books_balance_across_two_gateway_processes_sharin
 
 #[tokio::test]
 async fn turns_of_many_accounts_at_once_each_bill_only_their_own_account() {
-    let pg = PostgresServer::start().await;
+    let pg = PostgresServer::start_tls().await;
     let cluster = cluster(1, |b| b.database(&pg.url())).await;
     each_account_bills_only_its_own(&cluster.pods[0], &pg).await;
 }

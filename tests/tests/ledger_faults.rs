@@ -12,7 +12,7 @@
 //! never reached a gateway. The report lists the count in each class, and the classes the
 //! faults must hit are not empty. No answer is a 500; balances never go below zero and equal
 //! the credits granted minus the rows' bills; once the pods stop, nothing is left reserved and
-//! no allotment is left.
+//! no allotment is left. Both stores take TLS only (`start_tls`), as managed ones do.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use e2e::books::{received_text, wait_for_turns_in_flight, RoutePrice};
 use e2e::{
     chat_body, chat_stream_body, message, message_stream, poll_until, words, Cluster,
-    GatewayBuilder, KeySpec, PostgresServer, TcpProxy,
+    GatewayBuilder, KeySpec, ManifestDir, PostgresServer, RedisServer, TcpProxy,
 };
 use serde_json::Value;
 
@@ -464,12 +464,18 @@ fn account_for(seen: &[Seen], ledger: &HashMap<String, Row>) -> Accounted {
 
 #[tokio::test]
 async fn through_kills_drains_and_outages_every_turn_is_billed_what_its_client_was_told() {
-    let mut pg = PostgresServer::start().await;
+    // Both stores over TLS only, as managed ones are.
+    let mut pg = PostgresServer::start_tls().await;
     // Pod 1 reaches Postgres through a proxy, so that it alone can be cut off.
     let link = TcpProxy::start(pg.port).await;
     let direct = pg.url();
-    let proxied = format!("postgres://postgres@127.0.0.1:{}/postgres", link.port);
-    let mut cluster = Cluster::start_each(&[&|b| pod(b, &direct), &|b| pod(b, &proxied)]).await;
+    let proxied = pg.url_on(link.port);
+    let mut cluster = Cluster::start_with_redis(
+        RedisServer::start_tls().await,
+        ManifestDir::cluster(),
+        &[&|b| pod(b, &direct), &|b| pod(b, &proxied)],
+    )
+    .await;
     let targets = Targets::default();
     for (i, gw) in cluster.pods.iter().enumerate() {
         targets.set(i, Some(gw.api.clone()));

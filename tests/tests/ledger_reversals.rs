@@ -45,6 +45,7 @@ async fn postgres_through_pgbouncer() -> Books {
         pool_size: 4,
         timeout: Duration::from_secs(5),
         pooler: Pooler::Transaction,
+        tls: Default::default(),
     })
     .expect("url");
     on_postgres(db, pg, Some(bouncer)).await

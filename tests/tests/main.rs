@@ -70,6 +70,7 @@ mod streaming;
 mod stripe_dashboard;
 mod stripe_payments;
 mod tiers;
+mod tls;
 mod tracing;
 mod upstream_affinity;
 mod upstream_claude_code;

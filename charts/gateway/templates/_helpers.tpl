@@ -181,14 +181,21 @@ env:
 {{- else }}
   {{- include "gateway.databaseEnv" $root | indent 2 }}
 {{- end }}
+  {{- include "gateway.storeTlsEnv" (dict "root" $root "redis" false) | indent 2 }}
 securityContext:
   {{- include "gateway.containerSecurityContext" $root | nindent 2 }}
 resources:
   {{- toYaml $root.Values.gateway.resources | nindent 2 }}
-{{- /* The gateway's own mounts (a CA bundle of the database, say): the same binary. */}}
-{{- with $root.Values.gateway.extraVolumeMounts }}
+{{- /* TLS to the database, and the gateway's own mounts (the same binary). */}}
+{{- $tlsMounts := include "gateway.storeTlsMounts" (dict "root" $root "redis" false) | trim }}
+{{- if or $tlsMounts $root.Values.gateway.extraVolumeMounts }}
 volumeMounts:
+  {{- with $tlsMounts }}
+  {{- . | nindent 2 }}
+  {{- end }}
+  {{- with $root.Values.gateway.extraVolumeMounts }}
   {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- end }}
 {{- end -}}
 
@@ -259,4 +266,83 @@ guess: gateway.trustedProxies (null by default) must then be set, [] included. *
 {{- else -}}
 {{- .Values.postgres.url -}}
 {{- end -}}
+{{- end -}}
+
+{{/* TLS to the stores: the CA bundles and client certificates of postgres.tls and redis.tls,
+mounted read-only under /etc/gateway/tls and named to the processes by their flags'
+environment variables. Each takes (dict "root" $ "redis" BOOL): the gateway pods connect to
+both stores, the migrations and the operator to Postgres alone. */}}
+{{- define "gateway.storeTlsEnv" -}}
+{{- $pg := .root.Values.postgres.tls -}}
+{{- $redis := .root.Values.redis.tls -}}
+{{- if include "gateway.hasPostgres" .root }}
+{{- if $pg.caSecret }}
+- name: GATEWAY_DATABASE_CA_FILE
+  value: /etc/gateway/tls/postgres/ca.crt
+{{- end }}
+{{- if $pg.clientCertSecret }}
+- name: GATEWAY_DATABASE_CLIENT_CERT_FILE
+  value: /etc/gateway/tls/postgres-client/tls.crt
+- name: GATEWAY_DATABASE_CLIENT_KEY_FILE
+  value: /etc/gateway/tls/postgres-client/tls.key
+{{- end }}
+{{- end }}
+{{- if .redis }}
+{{- if $redis.caSecret }}
+- name: GATEWAY_REDIS_CA_FILE
+  value: /etc/gateway/tls/redis/ca.crt
+{{- end }}
+{{- if $redis.clientCertSecret }}
+- name: GATEWAY_REDIS_CLIENT_CERT_FILE
+  value: /etc/gateway/tls/redis-client/tls.crt
+- name: GATEWAY_REDIS_CLIENT_KEY_FILE
+  value: /etc/gateway/tls/redis-client/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "gateway.storeTlsMounts" -}}
+{{- range (include "gateway.storeTlsNames" . | fromJsonArray) }}
+- name: {{ . }}
+  mountPath: /etc/gateway/tls/{{ trimSuffix "-ca" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "gateway.storeTlsVolumes" -}}
+{{- $values := .root.Values -}}
+{{- range (include "gateway.storeTlsNames" . | fromJsonArray) }}
+- name: {{ . }}
+  secret:
+    {{- if hasSuffix "-client" . }}
+    secretName: {{ (get $values (trimSuffix "-client" .)).tls.clientCertSecret }}
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+    {{- else }}
+    {{- $tls := (get $values (trimSuffix "-ca" .)).tls }}
+    secretName: {{ $tls.caSecret }}
+    items:
+      - key: {{ $tls.caSecretKey }}
+        path: ca.crt
+    {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The volumes of TLS to the stores a container mounts, as a JSON list of names:
+postgres-ca, postgres-client, redis-ca, redis-client. */}}
+{{- define "gateway.storeTlsNames" -}}
+{{- $names := list -}}
+{{- if include "gateway.hasPostgres" .root -}}
+{{- if .root.Values.postgres.tls.caSecret }}{{ $names = append $names "postgres-ca" }}{{ end -}}
+{{- if .root.Values.postgres.tls.clientCertSecret }}{{ $names = append $names "postgres-client" }}{{ end -}}
+{{- end -}}
+{{- if .redis -}}
+{{- if .root.Values.redis.tls.caSecret }}{{ $names = append $names "redis-ca" }}{{ end -}}
+{{- if .root.Values.redis.tls.clientCertSecret }}{{ $names = append $names "redis-client" }}{{ end -}}
+{{- end -}}
+{{- toJson $names -}}
+
 {{- end -}}

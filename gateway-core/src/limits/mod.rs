@@ -10,6 +10,7 @@ mod failover;
 mod known;
 mod memory;
 mod redis;
+mod tls;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +25,7 @@ pub use address::{standing_of, AddressBrake, AddressBucket, AddressLimit};
 pub use failover::{Failover, OutagePolicy};
 pub use memory::MemoryLimiter;
 pub use redis::{RedisLimiter, RedisSettings};
+pub use tls::RedisTlsFiles;
 
 pub const WINDOW_SECS: u64 = 60;
 

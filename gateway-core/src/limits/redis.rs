@@ -27,6 +27,7 @@ use fred::types::FromValue;
 use futures::StreamExt;
 
 use super::known::OverLimit;
+use super::tls::{self, RedisTlsFiles};
 use super::{decide, Admission, AdmissionRequest, LimitError, Limiter, Snapshot, StreamSlot};
 use crate::ids;
 use store::metrics;
@@ -263,8 +264,11 @@ fn now_ms() -> i64 {
 /// Where the shared limits live and how long a call to them may take.
 #[derive(Clone)]
 pub struct RedisSettings {
-    /// `redis://host:port[/db]` or `redis-cluster://host:port`; may hold a password.
+    /// `redis://[user:password@]host:port[/db]` or `redis-cluster://host:port`, over TLS
+    /// `rediss://` and `rediss-cluster://`; may hold a password.
     pub url: String,
+    /// The CA and client certificate of `rediss://`.
+    pub tls: RedisTlsFiles,
     /// Bound on every call.
     pub timeout: Duration,
     /// How long a stream slot lives without renewal.
@@ -285,11 +289,28 @@ impl RedisLimiter {
     pub async fn connect(settings: &RedisSettings) -> Result<Self, LimitError> {
         let RedisSettings {
             url,
+            tls: tls_files,
             timeout,
             slot_ttl,
         } = settings;
         let (timeout, slot_ttl) = (*timeout, *slot_ttl);
-        let config = Config::from_url(url).map_err(unavailable)?;
+        // fred would make the TLS config of `rediss://` itself, from the system's store and
+        // the process's provider; ours names ring and the CA given.
+        let (url, over_tls) = tls::plain_scheme(url);
+        let mut config = Config::from_url(&url).map_err(unavailable)?;
+        if over_tls {
+            let client_config = tls_files.client_config()?;
+            // Refused here, the process does not start: a wrong CA or host does not end by
+            // itself as an outage does.
+            if let Some(server) = config.server.hosts().first() {
+                tls::handshake(server, client_config.clone(), timeout.max(STARTUP_WAIT)).await?;
+            }
+            config.tls = Some(fred::types::config::TlsConnector::from(client_config).into());
+        } else if tls_files.any() {
+            return Err(LimitError::Unavailable(
+                "redis: TLS: a CA or client certificate is given but the URL is plaintext; use rediss:// (or rediss-cluster://)".to_owned(),
+            ));
+        }
         // One write per command, so a script whose answer was lost is not run twice; on a
         // Redis Cluster a second, since fred counts following a MOVED or ASK redirection (the
         // first write ran nothing) as an attempt, and with one a failover's redirections would

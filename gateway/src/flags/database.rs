@@ -2,10 +2,11 @@
 //! stores stay in process) and `--migrate` beside them, the database commands with the URL
 //! required.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use store::db::{DbSettings, Pooler};
+use store::db::{DbSettings, PgTlsFiles, Pooler};
 
 /// The id clap gives `--database-url`, for the commands that make it required.
 pub const URL: &str = "database_url";
@@ -13,7 +14,8 @@ pub const URL: &str = "database_url";
 #[derive(Clone, Debug, Args)]
 pub struct DatabaseArgs {
     /// Accounts, keys and the ledger in Postgres: `postgres://user:password@host:port/db`
-    /// (also `?host=/socket/dir`).
+    /// (also `?host=/socket/dir`); over TLS with `?sslmode=verify-full` (and
+    /// `&sslrootcert=/path/ca.pem`, or --database-ca-file).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Bound on every database call; past it a request needing credits gets 503.
@@ -27,6 +29,24 @@ pub struct DatabaseArgs {
     /// in a transaction of its own, unnamed; migrations are refused, run them directly).
     #[arg(long, env = "GATEWAY_DATABASE_POOLER", value_enum, default_value_t = Pooler::None)]
     pub database_pooler: Pooler,
+    /// PEM bundle of the CA that signed Postgres' certificate (a managed service's CA);
+    /// turns `sslmode` to `verify-full` unless the URL says `verify-ca`.
+    #[arg(long, env = "GATEWAY_DATABASE_CA_FILE")]
+    pub database_ca_file: Option<PathBuf>,
+    /// PEM certificate this process shows Postgres (`cert` authentication); with its key.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_CLIENT_CERT_FILE",
+        requires = "database_client_key_file"
+    )]
+    pub database_client_cert_file: Option<PathBuf>,
+    /// PEM private key of `--database-client-cert-file`.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_CLIENT_KEY_FILE",
+        requires = "database_client_cert_file"
+    )]
+    pub database_client_key_file: Option<PathBuf>,
 }
 
 impl DatabaseArgs {
@@ -37,6 +57,11 @@ impl DatabaseArgs {
             pool_size: self.database_pool_size,
             timeout: Duration::from_millis(self.database_timeout_ms),
             pooler: self.database_pooler,
+            tls: PgTlsFiles {
+                ca_file: self.database_ca_file.clone(),
+                client_cert_file: self.database_client_cert_file.clone(),
+                client_key_file: self.database_client_key_file.clone(),
+            },
         })
     }
 }

@@ -53,12 +53,12 @@ pub struct Cli {
 pub enum Command {
     /// One process, no external services: in-process limits and credits, config from a folder
     /// of manifests, every model on the built-in simulated provider unless routed elsewhere.
-    Standalone(StandaloneArgs),
+    Standalone(Box<StandaloneArgs>),
     /// Cluster mode: rate limits and stream slots shared with every other pod through Redis;
     /// accounts, keys and credits in Postgres with `--database-url` (without it they stay in
     /// process: every pod seeds the same dev key, if given, and manifest keys, with credits of
-    /// its own).
-    Serve(ServeArgs),
+    /// its own). The two boxed: their flags outweigh the other commands' many times over.
+    Serve(Box<ServeArgs>),
     /// Applies the database migrations (embedded in the binary) and exits.
     #[command(mut_arg(database::URL, |a| a.required(true)))]
     Migrate(DatabaseArgs),

@@ -244,6 +244,36 @@ const SERVE: &[Flag] = &[
         Some("1800"),
     ),
     ("--allotment-turns", "GATEWAY_ALLOTMENT_TURNS", Some("8")),
+    (
+        "--redis-ca-file",
+        "GATEWAY_REDIS_CA_FILE",
+        Some("/tls/r/ca.crt"),
+    ),
+    (
+        "--redis-client-cert-file",
+        "GATEWAY_REDIS_CLIENT_CERT_FILE",
+        Some("/tls/rc/tls.crt"),
+    ),
+    (
+        "--redis-client-key-file",
+        "GATEWAY_REDIS_CLIENT_KEY_FILE",
+        Some("/tls/rc/tls.key"),
+    ),
+    (
+        "--database-ca-file",
+        "GATEWAY_DATABASE_CA_FILE",
+        Some("/tls/p/ca.crt"),
+    ),
+    (
+        "--database-client-cert-file",
+        "GATEWAY_DATABASE_CLIENT_CERT_FILE",
+        Some("/tls/pc/tls.crt"),
+    ),
+    (
+        "--database-client-key-file",
+        "GATEWAY_DATABASE_CLIENT_KEY_FILE",
+        Some("/tls/pc/tls.key"),
+    ),
 ];
 
 /// What `serve` cannot start without.
@@ -289,14 +319,14 @@ fn parse(argv: &[String], env: &[&[Flag]]) -> Cli {
 
 fn serve(cli: Cli) -> (ServeArgs, LogFormat) {
     match cli.command {
-        Command::Serve(args) => (args, cli.telemetry.log_format),
+        Command::Serve(args) => (*args, cli.telemetry.log_format),
         other => panic!("parsed as {other:?}"),
     }
 }
 
 fn standalone(cli: Cli) -> (StandaloneArgs, LogFormat) {
     match cli.command {
-        Command::Standalone(args) => (args, cli.telemetry.log_format),
+        Command::Standalone(args) => (*args, cli.telemetry.log_format),
         other => panic!("parsed as {other:?}"),
     }
 }
@@ -383,6 +413,17 @@ fn assert_serve(args: &ServeArgs, log_format: LogFormat) {
     assert_eq!(redis.url, "redis://127.0.0.1:6390/2");
     assert_eq!(redis.timeout, Duration::from_millis(300));
     assert_eq!(redis.slot_ttl, Duration::from_secs(20));
+    let path =
+        |p: &Option<std::path::PathBuf>| p.as_ref().and_then(|p| p.to_str()).map(str::to_owned);
+    assert_eq!(path(&redis.tls.ca_file).as_deref(), Some("/tls/r/ca.crt"));
+    assert_eq!(
+        path(&redis.tls.client_cert_file).as_deref(),
+        Some("/tls/rc/tls.crt")
+    );
+    assert_eq!(
+        path(&redis.tls.client_key_file).as_deref(),
+        Some("/tls/rc/tls.key")
+    );
     assert_eq!(args.outage.redis_outage, OutagePolicy::FailOpen);
     assert_eq!(args.outage.pods, 3);
     let secret = args
@@ -399,6 +440,15 @@ fn assert_serve(args: &ServeArgs, log_format: LogFormat) {
     assert_eq!(db.timeout, Duration::from_millis(900));
     assert_eq!(db.pool_size, 4);
     assert_eq!(db.pooler, Pooler::Transaction);
+    assert_eq!(path(&db.tls.ca_file).as_deref(), Some("/tls/p/ca.crt"));
+    assert_eq!(
+        path(&db.tls.client_cert_file).as_deref(),
+        Some("/tls/pc/tls.crt")
+    );
+    assert_eq!(
+        path(&db.tls.client_key_file).as_deref(),
+        Some("/tls/pc/tls.key")
+    );
     assert!(args.database.migrate);
     let reaping = args.ledger.reaping(Duration::from_secs(1));
     assert_eq!(reaping.stale, Duration::from_secs(40));

@@ -6,6 +6,7 @@
 #[cfg(test)]
 mod migration_rules;
 mod pool;
+mod tls;
 
 use std::future::Future;
 use std::str::FromStr;
@@ -19,15 +20,19 @@ use thiserror::Error;
 use crate::metrics;
 
 pub use pool::{DbPool, Pooler};
+pub use tls::PgTlsFiles;
 
 #[derive(Debug, Error)]
 pub enum DbError {
     #[error("database call timed out after {0:?}")]
     Timeout(Duration),
-    #[error(transparent)]
+    /// A refused handshake reads `postgres: TLS: …`, whichever call met it.
+    #[error("{}", tls::describe(.0))]
     Sql(#[from] sqlx::Error),
-    #[error("migrations failed: {0}")]
+    #[error("migrations failed: {}", tls::describe_migrate(.0))]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("postgres: TLS: {0}")]
+    TlsSettings(String),
     #[error("database unreachable: a call failed {0:?} ago")]
     Failing(Duration),
     #[error("migrations need a direct connection: a transaction pooler cannot hold their lock; run `gateway migrate` against Postgres itself")]
@@ -40,6 +45,17 @@ impl DbError {
         match self {
             DbError::Sql(sqlx::Error::Database(e)) => e.constraint(),
             _ => None,
+        }
+    }
+
+    /// The TLS handshake with Postgres failed (a certificate refused, TLS required by one side
+    /// and not the other): a setting to fix, not an outage that ends by itself.
+    pub fn tls(&self) -> bool {
+        match self {
+            DbError::Sql(e) => tls::failure(e).is_some(),
+            DbError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => tls::failure(e).is_some(),
+            DbError::TlsSettings(_) => true,
+            _ => false,
         }
     }
 
@@ -72,6 +88,8 @@ pub struct DbSettings {
     pub timeout: Duration,
     /// What listens at `url`.
     pub pooler: Pooler,
+    /// The CA and client certificate files, over what the URL says.
+    pub tls: PgTlsFiles,
 }
 
 #[derive(Clone)]
@@ -91,6 +109,7 @@ impl Database {
             pool_size,
             timeout,
             pooler: Pooler::None,
+            tls: PgTlsFiles::default(),
         })
     }
 
@@ -101,9 +120,11 @@ impl Database {
             pool_size,
             timeout,
             pooler,
+            tls,
         } = settings;
         let (pool_size, timeout, pooler) = (*pool_size, *timeout, *pooler);
-        let options = PgConnectOptions::from_str(url)?.application_name("gateway");
+        let options = tls.apply(url, PgConnectOptions::from_str(url)?)?;
+        let options = options.application_name("gateway");
         let options = match pooler {
             Pooler::None => options.options([(
                 "statement_timeout",
@@ -145,6 +166,17 @@ impl Database {
             .await?;
         migrator.run(&mut connection).await?;
         Ok(())
+    }
+
+    /// One connection made now, for a process to refuse to start on a TLS setting Postgres
+    /// refuses (a wrong CA, a host the certificate does not name) rather than serve without its
+    /// stores. Any other failure is an outage, which the bounded calls ride out.
+    pub async fn refused_tls(&self) -> Option<DbError> {
+        let error = match self.pool.raw().acquire().await {
+            Ok(_) => return None,
+            Err(e) => DbError::from(e),
+        };
+        error.tls().then_some(error)
     }
 
     pub fn pool(&self) -> &DbPool {

@@ -31,6 +31,7 @@ async fn redis() -> Store {
     let redis = RedisServer::start().await;
     let limiter = RedisLimiter::connect(&RedisSettings {
         url: redis.url(),
+        tls: Default::default(),
         timeout: Duration::from_secs(5),
         slot_ttl: Duration::from_secs(30),
     })
