@@ -10,6 +10,8 @@ use std::sync::{Arc, LazyLock};
 use thiserror::Error;
 use tokio::sync::Semaphore;
 
+use crate::telemetry::metrics;
+
 /// Inputs up to this size are cheap enough to handle in place (a few hundred microseconds at
 /// most); larger ones go to [`run`].
 pub const INLINE_BYTES: usize = 64 * 1024;
@@ -29,7 +31,12 @@ pub async fn run<T: Send + 'static>(
     job: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, JobFailed> {
     let _slot = SLOTS.acquire().await.map_err(|_| JobFailed)?;
-    tokio::task::spawn_blocking(job).await.map_err(|e| {
+    tokio::task::spawn_blocking(move || {
+        let _running = metrics::cpu_job_running();
+        job()
+    })
+    .await
+    .map_err(|e| {
         tracing::error!(error = %e, "a CPU-bound job failed");
         JobFailed
     })

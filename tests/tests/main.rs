@@ -12,6 +12,7 @@ mod batch_retention;
 mod batch_runs;
 mod changelog;
 mod chart_containers;
+mod ci_script;
 mod chart_node;
 mod cheap_rejection;
 mod cluster_limits;
