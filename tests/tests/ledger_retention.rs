@@ -506,8 +506,9 @@ async fn a_lookup_by_id_reads_one_partition() {
             .count()
     };
     let day = at.date().to_string().replace('-', "");
+    // The id's own day (by its index, or by a scan of a partition of a few rows).
     assert_eq!(scans("messages"), 1, "{plan}");
-    assert!(plan.contains(&format!("messages_{day}_pkey")), "{plan}");
+    assert!(plan.contains(&format!(" on messages_{day}")), "{plan}");
     assert!(scans("closed_messages") <= 1, "{plan}");
     let parts = filled
         .pg
