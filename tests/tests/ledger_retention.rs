@@ -18,7 +18,7 @@ use store::db::Database;
 use store::ledger::message_id;
 use store::ledger::partitions;
 use store::ledger::{Ledger, MessageStatus, PostgresLedger, Settlement, MESSAGE_BY_TIMED_ID};
-use store::usage::StopReason;
+use store::usage::{StopReason, TokenUsage};
 use time::{Date, OffsetDateTime, Time};
 
 const CREDITS: u64 = 100_000_000;
@@ -30,12 +30,30 @@ async fn reserve(ledger: &PostgresLedger, account: &str, id: &str, at: OffsetDat
     reserve_at(ledger, account, "key_retention", id, at).await;
 }
 
-/// A turn started `at`, its id minted then as the gateway mints it, settled for `cost`.
+/// A turn started `at`, its id minted then as the gateway mints it, settled for `cost`; each
+/// of its counts a different number, so that an archive with two columns swapped shows.
 async fn turn(ledger: &PostgresLedger, account: &str, at: OffsetDateTime, cost: u64) -> String {
     let id = message_id::mint("msg", at);
     let at = message_id::created_at(&id).expect("a time");
     reserve(ledger, account, &id, at).await;
-    assert_eq!(settle(ledger, &id, cost).await, cost);
+    let n = u32::try_from(cost).expect("a small cost");
+    let billed = ledger
+        .settle(Settlement {
+            cost,
+            usage: TokenUsage {
+                input_tokens: n + 1,
+                output_tokens: n + 2,
+                cache_creation_input_tokens: n + 3,
+                cache_read_input_tokens: n + 4,
+                ..TokenUsage::default()
+            },
+            stop_reason: Some(StopReason::EndTurn),
+            latency_ms: cost + 5,
+            ..Settlement::nothing(id.clone(), MessageStatus::Completed)
+        })
+        .await
+        .expect("settle");
+    assert_eq!(billed, cost);
     id
 }
 
@@ -564,6 +582,14 @@ async fn day_of_turns(turns: usize) -> Day {
                 cost: 10,
                 latency_ms: 900 + n as u64,
                 stop_reason: (n % 5 == 0).then_some(StopReason::MaxTokens),
+                // A different number in each count (a swapped column shows in the archive).
+                usage: TokenUsage {
+                    input_tokens: n as u32,
+                    output_tokens: 2 * n as u32 + 1,
+                    cache_creation_input_tokens: (n % 7) as u32,
+                    cache_read_input_tokens: (n % 11) as u32 + 20,
+                    ..TokenUsage::default()
+                },
                 ..Settlement::nothing(id.clone(), status)
             })
         }))
