@@ -310,16 +310,16 @@ pub async fn assert_archive_matches(what: &str, file: &[u8], ledger: &LedgerDay)
         let id = id.as_str().unwrap_or_else(|| panic!("{what}: id {id}"));
         assert!(seen.insert(id), "{what}: {id} twice in the file");
         let Some(row) = ledger.rows.get(id) else {
-            panic!("{what}: {id} is in the file, not in the ledger's {}", ledger.day);
+            panic!(
+                "{what}: {id} is in the file, not in the ledger's {}",
+                ledger.day
+            );
         };
         for c in &documented {
             let in_file = &column(&c.name)[i];
             let want = expected(c, &row[&c.name]);
             if *in_file != want {
-                wrong.push(format!(
-                    "{id}.{}: file {in_file}, ledger {want}",
-                    c.name
-                ));
+                wrong.push(format!("{id}.{}: file {in_file}, ledger {want}", c.name));
             }
         }
     }

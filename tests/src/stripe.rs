@@ -198,7 +198,11 @@ pub async fn stripe_library_sign(secret: &str, t: i64, body: &[u8]) -> String {
 
 /// Whether Stripe's library (`construct_event`) accepts `signature` of `body` with `secret`:
 /// `Err` with its reason when it refuses.
-pub async fn stripe_library_verify(secret: &str, signature: &str, body: &[u8]) -> Result<(), String> {
+pub async fn stripe_library_verify(
+    secret: &str,
+    signature: &str,
+    body: &[u8],
+) -> Result<(), String> {
     match stripe_library(&["verify", secret, signature], body).await {
         (Some(0), out) if out == "verified" => Ok(()),
         (Some(3), out) => Err(out),

@@ -22,8 +22,13 @@ fn check_env(preset: Option<(&str, &str)>) -> (Option<i32>, String) {
         let name = name.to_string_lossy();
         if name.ends_with("_BIN")
             || name.starts_with("NEXTEST")
-            || ["GATEWAY_IMAGE", "NODE_CLIENTS", "SKIP_PYTHON", "PROPTEST_CASES"]
-                .contains(&name.as_ref())
+            || [
+                "GATEWAY_IMAGE",
+                "NODE_CLIENTS",
+                "SKIP_PYTHON",
+                "PROPTEST_CASES",
+            ]
+            .contains(&name.as_ref())
         {
             cmd.env_remove(name.as_ref());
         }

@@ -123,22 +123,37 @@ async fn a_post_with_a_missing_or_forged_csrf_token_is_403_and_changes_nothing()
 /// Every form the dashboard takes by POST, with a value for each field (the handlers read them
 /// only after the token): the router's paths, a `{id}` filled in by the test.
 const FORMS: [(&str, &[(&str, &str)]); 14] = [
-    ("/developers/sign-up", &[("email", "x@example.com"), ("password", PASSWORD)]),
-    ("/developers/sign-in", &[("email", "x@example.com"), ("password", PASSWORD)]),
+    (
+        "/developers/sign-up",
+        &[("email", "x@example.com"), ("password", PASSWORD)],
+    ),
+    (
+        "/developers/sign-in",
+        &[("email", "x@example.com"), ("password", PASSWORD)],
+    ),
     ("/developers/sign-out", &[]),
     ("/developers/sign-out-everywhere", &[]),
-    ("/developers/keys", &[("name", "forged-key"), ("kind", "api")]),
+    (
+        "/developers/keys",
+        &[("name", "forged-key"), ("kind", "api")],
+    ),
     ("/developers/keys/{id}/revoke", &[]),
     ("/developers/billing/checkout", &[("amount", "25")]),
     (
         "/developers/billing/auto-reload",
         &[("enabled", "on"), ("threshold", "10"), ("amount", "25")],
     ),
-    ("/developers/members/invite", &[("email", "y@example.com"), ("role", "admin")]),
+    (
+        "/developers/members/invite",
+        &[("email", "y@example.com"), ("role", "admin")],
+    ),
     ("/developers/members/{id}/role", &[("role", "viewer")]),
     ("/developers/members/{id}/remove", &[("revoke_keys", "on")]),
     ("/developers/members/invitations/{id}/withdraw", &[]),
-    ("/developers/members/domains", &[("domain", "example.com"), ("require_sso", "on")]),
+    (
+        "/developers/members/domains",
+        &[("domain", "example.com"), ("require_sso", "on")],
+    ),
     ("/developers/invitations/accept", &[("token", "tok")]),
 ];
 
@@ -152,7 +167,12 @@ fn routed_posts() -> Vec<String> {
     let mut posts: Vec<String> = router
         .split(".route(")
         .skip(1)
-        .filter(|route| route.split(".route(").next().is_some_and(|r| r.contains("post(")))
+        .filter(|route| {
+            route
+                .split(".route(")
+                .next()
+                .is_some_and(|r| r.contains("post("))
+        })
         .map(|route| {
             let path = route.split(',').next().expect("a path").trim();
             match path {
@@ -163,7 +183,9 @@ fn routed_posts() -> Vec<String> {
         })
         // The catch-all's 404; and the email's confirmation, whose only input is the mailed
         // link's token, the secret a forger would need (it signs no one in).
-        .filter(|path| !["/developers/{*rest}", "/developers/verify-email"].contains(&path.as_str()))
+        .filter(|path| {
+            !["/developers/{*rest}", "/developers/verify-email"].contains(&path.as_str())
+        })
         .collect();
     posts.sort();
     posts
@@ -180,7 +202,11 @@ async fn a_form_carrying_another_signed_in_sessions_valid_token_is_refused_on_ev
     let gw = &cluster.pods[0];
     let mut listed: Vec<String> = FORMS.iter().map(|(p, _)| (*p).to_owned()).collect();
     listed.sort();
-    assert_eq!(listed, routed_posts(), "every POST route of the dashboard is tried");
+    assert_eq!(
+        listed,
+        routed_posts(),
+        "every POST route of the dashboard is tried"
+    );
 
     let (email, other_email) = (new_email(), new_email());
     let mut owner = Visitor::new(gw);
@@ -207,7 +233,11 @@ async fn a_form_carrying_another_signed_in_sessions_valid_token_is_refused_on_ev
     let (_, page) = other.get("/developers/sign-in").await;
     let others_cookie_token = hidden_csrf(&page);
     let (_, page) = owner.get("/developers/keys").await;
-    assert_ne!(hidden_csrf(&page), others_session_token, "two sessions, two tokens");
+    assert_ne!(
+        hidden_csrf(&page),
+        others_session_token,
+        "two sessions, two tokens"
+    );
 
     let state = || async {
         pg.query(&format!(
@@ -222,7 +252,14 @@ async fn a_form_carrying_another_signed_in_sessions_valid_token_is_refused_on_ev
     let sessions_before = sessions_of(&pg, &email).await;
     let mut refused = 0;
     for (path, fields) in FORMS {
-        let path = path.replace("{id}", if path.contains("keys") { &key_id } else { &user_id });
+        let path = path.replace(
+            "{id}",
+            if path.contains("keys") {
+                &key_id
+            } else {
+                &user_id
+            },
+        );
         let pre_session = ["/developers/sign-up", "/developers/sign-in"].contains(&path.as_str());
         let token = if pre_session {
             &others_cookie_token

@@ -547,7 +547,15 @@ async fn through_kills_drains_and_outages_every_turn_is_billed_what_its_client_w
     cluster.redis.thaw();
     cluster.redis.stop().await;
     cluster.redis.restart().await;
-    served_again(&cluster, &targets, 0, &probe, &seen, "after Redis came back").await;
+    served_again(
+        &cluster,
+        &targets,
+        0,
+        &probe,
+        &seen,
+        "after Redis came back",
+    )
+    .await;
 
     // Pod 0 killed mid-traffic, with turns (a stream among them) in flight, then replaced.
     let (turns, streams) = poll_until(
@@ -629,8 +637,24 @@ async fn through_kills_drains_and_outages_every_turn_is_billed_what_its_client_w
     pg.stop().await;
     tokio::time::sleep(Duration::from_secs(STALE_SECS + 2)).await;
     pg.restart().await;
-    served_again(&cluster, &targets, 0, &probe, &seen, "pod 0 after Postgres came back").await;
-    served_again(&cluster, &targets, 1, &probe, &seen, "pod 1 after Postgres came back").await;
+    served_again(
+        &cluster,
+        &targets,
+        0,
+        &probe,
+        &seen,
+        "pod 0 after Postgres came back",
+    )
+    .await;
+    served_again(
+        &cluster,
+        &targets,
+        1,
+        &probe,
+        &seen,
+        "pod 1 after Postgres came back",
+    )
+    .await;
 
     // Pod 1 alone cut off from Postgres for longer than the stale time; pod 0 serves on, and
     // takes pod 1 for dead.
@@ -649,7 +673,15 @@ async fn through_kills_drains_and_outages_every_turn_is_billed_what_its_client_w
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     link.restore();
-    served_again(&cluster, &targets, 1, &probe, &seen, "pod 1 after its link came back").await;
+    served_again(
+        &cluster,
+        &targets,
+        1,
+        &probe,
+        &seen,
+        "pod 1 after its link came back",
+    )
+    .await;
 
     let mut seen = load.finish().await;
     seen.extend(drained);

@@ -192,7 +192,9 @@ async fn a_settle_racing_the_reaper_bills_each_turn_once_as_its_client_is_told()
     }
     eprintln!("races (settled, reaped): {races:?}");
     assert!(
-        races.iter().any(|&(settled, reaped)| settled > 0 && reaped > 0),
+        races
+            .iter()
+            .any(|&(settled, reaped)| settled > 0 && reaped > 0),
         "in {} races of {RACED} turns, no race had both a settle and a reap win: {races:?}",
         races.len()
     );

@@ -468,26 +468,39 @@ async fn a_day_whose_archive_fails_or_is_not_configured_stays_in_postgres() {
     let (from, to) = (day.to_string(), dir.to_str().expect("a path").to_owned());
     pg.gateway_cli_with_env(
         &[
-            "ledger", "export", "--from", &from, "--to", &from, "--to-dir", &to,
-            "--reaper-max-turn-secs", "60",
+            "ledger",
+            "export",
+            "--from",
+            &from,
+            "--to",
+            &from,
+            "--to-dir",
+            &to,
+            "--reaper-max-turn-secs",
+            "60",
         ],
         &[],
     )
     .await
     .unwrap_or_else(|e| panic!("gateway ledger export: {e}"));
-    let file = || std::fs::File::open(dir.join(format!("messages-{day}.parquet"))).expect("the file");
+    let file =
+        || std::fs::File::open(dir.join(format!("messages-{day}.parquet"))).expect("the file");
     let archived = gateway_core::ledger_export::file_sums(file()).expect("decoded");
     assert_eq!(archived.rows, 2);
     let one_row = format!("id = '{}'", filled.dropped_id);
-    pg.query(&format!("UPDATE messages SET latency_ms = latency_ms + 1 WHERE {one_row}"))
-        .await;
+    pg.query(&format!(
+        "UPDATE messages SET latency_ms = latency_ms + 1 WHERE {one_row}"
+    ))
+    .await;
     let refused = partitions::drop_exported(&db, day, &archived).await;
     assert!(
         matches!(&refused, Err(partitions::DropError::Mismatch { differing, .. }) if differing == &["latency_ms"]),
         "{refused:?}"
     );
-    pg.query(&format!("UPDATE messages SET latency_ms = latency_ms - 1 WHERE {one_row}"))
-        .await;
+    pg.query(&format!(
+        "UPDATE messages SET latency_ms = latency_ms - 1 WHERE {one_row}"
+    ))
+    .await;
     let mut a_row_less = archived.clone();
     a_row_less.rows -= 1;
     let refused = partitions::drop_exported(&db, day, &a_row_less).await;
@@ -532,7 +545,10 @@ async fn a_lookup_by_id_reads_one_partition() {
         .pg
         .query_i64("SELECT count(*) FROM pg_inherits WHERE inhparent = 'messages'::regclass")
         .await;
-    assert!(parts >= 3, "{parts} partitions: several days to choose from");
+    assert!(
+        parts >= 3,
+        "{parts} partitions: several days to choose from"
+    );
 }
 
 /// A day closed by the retention: `CLOSED_DAY` days ago, a week past final.
@@ -800,8 +816,11 @@ async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_sam
     .expect("JSON");
     assert_eq!(manifest["rows"], rows);
     assert_eq!(manifest["billed"], TURNS * 10 + 7);
-    assert_archived_file_matches(&archive.join(format!("messages-{day}.parquet")), &closed_rows)
-        .await;
+    assert_archived_file_matches(
+        &archive.join(format!("messages-{day}.parquet")),
+        &closed_rows,
+    )
+    .await;
     let _ = std::fs::remove_dir_all(&work);
 }
 

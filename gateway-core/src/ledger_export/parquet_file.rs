@@ -331,8 +331,21 @@ mod tests {
     #[test]
     fn each_value_is_written_under_its_own_column_in_its_unit() {
         let batch = written(&[row()]);
-        let text = |name: &str| batch.column_by_name(name).unwrap().as_string::<i32>().value(0).to_owned();
-        let count = |name: &str| batch.column_by_name(name).unwrap().as_primitive::<Int64Type>().value(0);
+        let text = |name: &str| {
+            batch
+                .column_by_name(name)
+                .unwrap()
+                .as_string::<i32>()
+                .value(0)
+                .to_owned()
+        };
+        let count = |name: &str| {
+            batch
+                .column_by_name(name)
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .value(0)
+        };
         let micros = |name: &str| {
             batch
                 .column_by_name(name)
@@ -369,7 +382,11 @@ mod tests {
         ] {
             assert_eq!(count(name), value, "{name}");
         }
-        assert!(batch.column_by_name("stream").unwrap().as_boolean().value(0));
+        assert!(batch
+            .column_by_name("stream")
+            .unwrap()
+            .as_boolean()
+            .value(0));
         // Microseconds since the Unix epoch: 2026-11-27T09:00:00.123456Z.
         assert_eq!(micros("created_at"), 1_795_770_000_123_456);
         assert_eq!(micros("settled_at"), 1_795_770_002_654_321);

@@ -67,7 +67,8 @@ impl DaySums {
         let digest = hash.finalize();
         let mut first = [0u8; 8];
         first.copy_from_slice(&digest[..8]);
-        *self.columns.entry(column.to_owned()).or_default() += i128::from(i64::from_be_bytes(first));
+        *self.columns.entry(column.to_owned()).or_default() +=
+            i128::from(i64::from_be_bytes(first));
     }
 
     /// The columns whose sums differ from `other`'s (one missing on either side included), and
@@ -90,7 +91,9 @@ impl DaySums {
 
 #[derive(Debug, Error)]
 pub enum DropError {
-    #[error("{day}: the day in Postgres differs from its archived file in {differing:?}; not dropped")]
+    #[error(
+        "{day}: the day in Postgres differs from its archived file in {differing:?}; not dropped"
+    )]
     Mismatch { day: Date, differing: Vec<String> },
     #[error("{day}: column {column} of type {kind} has no checksum; not dropped")]
     Unsupported {
@@ -168,7 +171,9 @@ async fn day_sums(
     for (i, (column, _)) in columns.iter().enumerate() {
         let sum: String = row.try_get(i + 1).map_err(DbError::Sql)?;
         let sum = sum.parse::<i128>().map_err(|e| {
-            DbError::Sql(sqlx::Error::Decode(format!("the sum of {column}: {e}").into()))
+            DbError::Sql(sqlx::Error::Decode(
+                format!("the sum of {column}: {e}").into(),
+            ))
         })?;
         found.columns.insert(column.clone(), sum);
     }
