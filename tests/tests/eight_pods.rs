@@ -207,14 +207,24 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
     let mut terminated: Vec<(String, usize)> = Vec::new();
     // Postgres' client connections, sampled while the turns run and the pods come and go.
     let sampling = std::sync::atomic::AtomicBool::new(true);
+    // One connection of its own (counted among the backends it sees), so a sample costs a
+    // query, not a psql process.
+    let mut sampling_connection = {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&pg.url())
+            .await
+            .expect("a sampling connection")
+    };
     let sampler = async {
-        let mut samples = Vec::new();
+        let mut samples: Vec<i64> = Vec::new();
         while sampling.load(Ordering::SeqCst) {
             samples.push(
-                pg.query_i64(
+                sqlx::query_scalar(
                     "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
                 )
-                .await,
+                .fetch_one(&mut sampling_connection)
+                .await
+                .expect("a sample"),
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -321,7 +331,7 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
         pgbouncer::POOL_SIZE
     );
     assert!(
-        samples.len() >= 20,
+        samples.len() >= 50,
         "{} samples of Postgres' connections during the run",
         samples.len()
     );
