@@ -79,7 +79,7 @@ impl Tokenizer {
         for input in bpe_inputs(text) {
             if abandoned.is_set() {
                 // Once a job: the error ends the whole count.
-                crate::telemetry::metrics::cpu_job_abandoned();
+                cpu::job_abandoned();
                 return Err(TokenError::Abandoned);
             }
             let tokens = self.bpe.encode_ordinary(input).len();

@@ -111,9 +111,6 @@ struct Metrics {
     rate_limited: Family<DimensionLabels, Counter>,
     streams_in_flight: Gauge,
     turns_in_flight: Gauge,
-    cpu_jobs_running: Gauge,
-    cpu_jobs_started: Counter,
-    cpu_jobs_abandoned: Counter,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
     upstream_input: Family<UpstreamTokenLabels, Counter>,
     affinity_moves: Family<MoveLabels, Counter>,
@@ -136,9 +133,6 @@ impl Metrics {
             rate_limited: Family::default(),
             streams_in_flight: Gauge::default(),
             turns_in_flight: Gauge::default(),
-            cpu_jobs_running: Gauge::default(),
-            cpu_jobs_started: Counter::default(),
-            cpu_jobs_abandoned: Counter::default(),
             upstream_errors: Family::default(),
             upstream_input: Family::default(),
             affinity_moves: Family::default(),
@@ -192,17 +186,17 @@ impl Metrics {
         r.register(
             "gateway_cpu_jobs_running",
             "CPU-bound jobs (large requests parsed and counted, images decoded, passwords hashed) running on blocking threads",
-            m.cpu_jobs_running.clone(),
+            crate::cpu::JOBS.running.clone(),
         );
         r.register(
             "gateway_cpu_jobs_started",
             "CPU-bound jobs started on blocking threads",
-            m.cpu_jobs_started.clone(),
+            crate::cpu::JOBS.started.clone(),
         );
         r.register(
             "gateway_cpu_jobs_abandoned",
             "CPU-bound jobs stopped early because their caller left (a client that hung up)",
-            m.cpu_jobs_abandoned.clone(),
+            crate::cpu::JOBS.abandoned.clone(),
         );
         r.register(
             "gateway_upstream_errors",
@@ -322,17 +316,6 @@ pub fn stream_opened() -> InFlight {
 /// dropped.
 pub fn turn_reserved() -> InFlight {
     InFlight::count(&METRICS.turns_in_flight)
-}
-
-/// Counts a CPU-bound job started, and running until the returned guard is dropped.
-pub fn cpu_job_running() -> InFlight {
-    METRICS.cpu_jobs_started.inc();
-    InFlight::count(&METRICS.cpu_jobs_running)
-}
-
-/// A CPU-bound job that stopped early because its caller left.
-pub fn cpu_job_abandoned() {
-    METRICS.cpu_jobs_abandoned.inc();
 }
 
 /// One unit of a gauge of things in flight, given back when dropped.
