@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use thiserror::Error;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Semaphore;
 
 /// Inputs up to this size are cheap enough to handle in place (a few hundred microseconds at
@@ -19,6 +21,43 @@ static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
     Semaphore::new(cores)
 });
 
+/// The jobs' counts, registered by `telemetry::metrics` (`gateway_cpu_jobs_*`). Kept here, so
+/// that this module, below the tokenizer, imports nothing of the crate.
+pub struct JobCounts {
+    pub running: Gauge,
+    pub started: Counter,
+    /// Stopped early because their caller left ([`job_abandoned`]).
+    pub abandoned: Counter,
+}
+
+pub static JOBS: LazyLock<JobCounts> = LazyLock::new(|| JobCounts {
+    running: Gauge::default(),
+    started: Counter::default(),
+    abandoned: Counter::default(),
+});
+
+/// Counts a job that stopped early because its caller left.
+pub fn job_abandoned() {
+    JOBS.abandoned.inc();
+}
+
+/// A job running, counted until dropped (a job that panics included).
+struct Running;
+
+impl Running {
+    fn start() -> Self {
+        JOBS.started.inc();
+        JOBS.running.inc();
+        Self
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        JOBS.running.dec();
+    }
+}
+
 /// A job that did not finish: it panicked, or the runtime is shutting down.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("a CPU-bound job failed")]
@@ -29,7 +68,12 @@ pub async fn run<T: Send + 'static>(
     job: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, JobFailed> {
     let _slot = SLOTS.acquire().await.map_err(|_| JobFailed)?;
-    tokio::task::spawn_blocking(job).await.map_err(|e| {
+    tokio::task::spawn_blocking(move || {
+        let _running = Running::start();
+        job()
+    })
+    .await
+    .map_err(|e| {
         tracing::error!(error = %e, "a CPU-bound job failed");
         JobFailed
     })

@@ -78,6 +78,8 @@ impl Tokenizer {
         let mut total = 0u32;
         for input in bpe_inputs(text) {
             if abandoned.is_set() {
+                // Once a job: the error ends the whole count.
+                cpu::job_abandoned();
                 return Err(TokenError::Abandoned);
             }
             let tokens = self.bpe.encode_ordinary(input).len();

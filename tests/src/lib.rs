@@ -16,6 +16,7 @@
 //! - [`kube`]: a real kube-apiserver (with etcd) and operator processes for the operator tests.
 //! - [`node`]: the controller manager, the scheduler and a node running the chart's pods with podman.
 //! - [`leak`]: the rule that no response names an upstream provider.
+//! - [`archive`]: the ledger's Parquet archive decoded by pyarrow, against docs/ledger.md and the rows.
 //! - [`bodies`]: request bodies used across the tests.
 //! - [`books`]: an account's books after a burst of turns (told = debited = balance decrease).
 //! - [`upstream`]: a mock upstream speaking the Anthropic and OpenAI wire formats, scripted
@@ -35,6 +36,7 @@
 //! Every response read through this harness (bodies, SSE payloads, header values) is checked
 //! by [`leak::assert_no_provider_names`].
 
+pub mod archive;
 pub mod bodies;
 pub mod books;
 pub mod browser;

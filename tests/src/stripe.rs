@@ -137,6 +137,79 @@ pub fn sign(secret: &str, t: i64, body: &[u8]) -> String {
     format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
 }
 
+/// Stripe's own Python library (`stripe`, from the test venv), as a second reading of the
+/// signature scheme: `sign` makes a header the way stripe-python's tests do
+/// (`WebhookSignature._compute_signature` over "t.payload", `t=...,v1=...`); `verify` is
+/// `stripe.Webhook.construct_event`, what a Stripe integration runs on a delivery.
+const STRIPE_LIBRARY: &str = r#"
+import sys
+import stripe
+
+what, secret = sys.argv[1], sys.argv[2]
+payload = sys.stdin.buffer.read().decode("utf-8")
+if what == "sign":
+    t = int(sys.argv[3])
+    signature = stripe.WebhookSignature._compute_signature("%d.%s" % (t, payload), secret)
+    print("t=%d,%s=%s" % (t, stripe.WebhookSignature.EXPECTED_SCHEME, signature))
+else:
+    try:
+        stripe.Webhook.construct_event(payload, sys.argv[3], secret)
+    except stripe.SignatureVerificationError as e:
+        print("refused: %s" % e)
+        sys.exit(3)
+    print("verified")
+"#;
+
+async fn stripe_library(args: &[&str], body: &[u8]) -> (Option<i32>, String) {
+    use tokio::io::AsyncWriteExt;
+    let python = crate::gateway::workspace_root().join(".cache/venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} not found; scripts/test creates the venv with stripe",
+        python.display()
+    );
+    let mut child = tokio::process::Command::new(&python)
+        .arg("-c")
+        .arg(STRIPE_LIBRARY)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(body).await.expect("the payload");
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("python ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "the stripe library: {stderr}");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+    )
+}
+
+/// The `Stripe-Signature` value Stripe's library makes for `body` with `secret` at `t`.
+pub async fn stripe_library_sign(secret: &str, t: i64, body: &[u8]) -> String {
+    let (code, out) = stripe_library(&["sign", secret, &t.to_string()], body).await;
+    assert_eq!(code, Some(0), "{out}");
+    out
+}
+
+/// Whether Stripe's library (`construct_event`) accepts `signature` of `body` with `secret`:
+/// `Err` with its reason when it refuses.
+pub async fn stripe_library_verify(
+    secret: &str,
+    signature: &str,
+    body: &[u8],
+) -> Result<(), String> {
+    match stripe_library(&["verify", secret, signature], body).await {
+        (Some(0), out) if out == "verified" => Ok(()),
+        (Some(3), out) => Err(out),
+        (code, out) => panic!("the stripe library ended {code:?}: {out}"),
+    }
+}
+
 /// Posts `event` to `POST {gateway}/webhooks/stripe` with `signature`; the status and body.
 pub async fn deliver(gateway: &str, event: &StripeEvent, signature: &str) -> (u16, Value) {
     let response = reqwest::Client::builder()

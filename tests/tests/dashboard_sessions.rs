@@ -1,6 +1,6 @@
 //! Dashboard sessions end to end on Postgres with the real gateway binary: a new session id
-//! at every sign-in, CSRF tokens on state-changing forms, the idle lifetime, and signing out
-//! everywhere.
+//! at every sign-in, CSRF tokens on state-changing forms (refused missing, forged, or another
+//! signed-in session's, on every form), the idle lifetime, and signing out everywhere.
 
 use std::time::Duration;
 
@@ -118,6 +118,169 @@ async fn a_post_with_a_missing_or_forged_csrf_token_is_403_and_changes_nothing()
     assert_eq!(keys().await, keys_before, "no key was created");
     assert_eq!(sessions_of(&pg, &email).await, sessions_before);
     assert!(signed_in(&mut owner).await, "no session was ended");
+}
+
+/// Every form the dashboard takes by POST, with a value for each field (the handlers read them
+/// only after the token): the router's paths, a `{id}` filled in by the test.
+const FORMS: [(&str, &[(&str, &str)]); 14] = [
+    (
+        "/developers/sign-up",
+        &[("email", "x@example.com"), ("password", PASSWORD)],
+    ),
+    (
+        "/developers/sign-in",
+        &[("email", "x@example.com"), ("password", PASSWORD)],
+    ),
+    ("/developers/sign-out", &[]),
+    ("/developers/sign-out-everywhere", &[]),
+    (
+        "/developers/keys",
+        &[("name", "forged-key"), ("kind", "api")],
+    ),
+    ("/developers/keys/{id}/revoke", &[]),
+    ("/developers/billing/checkout", &[("amount", "25")]),
+    (
+        "/developers/billing/auto-reload",
+        &[("enabled", "on"), ("threshold", "10"), ("amount", "25")],
+    ),
+    (
+        "/developers/members/invite",
+        &[("email", "y@example.com"), ("role", "admin")],
+    ),
+    ("/developers/members/{id}/role", &[("role", "viewer")]),
+    ("/developers/members/{id}/remove", &[("revoke_keys", "on")]),
+    ("/developers/members/invitations/{id}/withdraw", &[]),
+    (
+        "/developers/members/domains",
+        &[("domain", "example.com"), ("require_sso", "on")],
+    ),
+    ("/developers/invitations/accept", &[("token", "tok")]),
+];
+
+/// The POST routes of the dashboard's router (gateway/src/dashboard/mod.rs), its constants
+/// resolved: a form added there and not to [`FORMS`] fails the test below.
+fn routed_posts() -> Vec<String> {
+    let router = std::fs::read_to_string(
+        e2e::gateway::workspace_root().join("gateway/src/dashboard/mod.rs"),
+    )
+    .expect("the dashboard's router");
+    let mut posts: Vec<String> = router
+        .split(".route(")
+        .skip(1)
+        .filter(|route| {
+            route
+                .split(".route(")
+                .next()
+                .is_some_and(|r| r.contains("post("))
+        })
+        .map(|route| {
+            let path = route.split(',').next().expect("a path").trim();
+            match path {
+                "mail::VERIFY_PATH" => "/developers/verify-email".to_owned(),
+                "mail::INVITATION_PATH" => "/developers/invitations/accept".to_owned(),
+                quoted => quoted.trim_matches('"').to_owned(),
+            }
+        })
+        // The catch-all's 404; and the email's confirmation, whose only input is the mailed
+        // link's token, the secret a forger would need (it signs no one in).
+        .filter(|path| {
+            !["/developers/{*rest}", "/developers/verify-email"].contains(&path.as_str())
+        })
+        .collect();
+    posts.sort();
+    posts
+}
+
+/// A form posted with a token that is valid, but another signed-in user's (their session's
+/// token, or the sign-in forms' cookie token of their browser), is refused on every form the
+/// dashboard has, and changes nothing: no key, no revocation, no invitation, no session
+/// ended, no audit entry.
+#[tokio::test]
+async fn a_form_carrying_another_signed_in_sessions_valid_token_is_refused_on_every_form() {
+    let pg = PostgresServer::start().await;
+    let cluster = dashboard(&pg, |b| b).await;
+    let gw = &cluster.pods[0];
+    let mut listed: Vec<String> = FORMS.iter().map(|(p, _)| (*p).to_owned()).collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        routed_posts(),
+        "every POST route of the dashboard is tried"
+    );
+
+    let (email, other_email) = (new_email(), new_email());
+    let mut owner = Visitor::new(gw);
+    owner.sign_up(&email, &[]).await;
+    let mut other = Visitor::new(gw);
+    other.sign_up(&other_email, &[]).await;
+    let (status, page) = owner.create_key("the-owners-key").await;
+    assert_eq!(status, 200, "{page}");
+    let key_id = pg
+        .query(&format!(
+            "SELECT k.id FROM api_keys k JOIN dashboard_users u ON u.account_id = k.account_id
+             WHERE u.email = '{email}' AND k.name = 'the-owners-key'"
+        ))
+        .await;
+    let user_id = pg
+        .query(&format!(
+            "SELECT id FROM dashboard_users WHERE email = '{email}'"
+        ))
+        .await;
+    // The other's tokens, valid in the other's browser: its session's (every page's forms)
+    // and its browser's cookie token (the sign-in forms).
+    let (_, page) = other.get("/developers/keys").await;
+    let others_session_token = hidden_csrf(&page);
+    let (_, page) = other.get("/developers/sign-in").await;
+    let others_cookie_token = hidden_csrf(&page);
+    let (_, page) = owner.get("/developers/keys").await;
+    assert_ne!(
+        hidden_csrf(&page),
+        others_session_token,
+        "two sessions, two tokens"
+    );
+
+    let state = || async {
+        pg.query(&format!(
+            "SELECT (SELECT count(*) FROM api_keys k JOIN dashboard_users u
+                         ON u.account_id = k.account_id WHERE u.email = '{email}') || ' keys, '
+                 || (SELECT count(*) FROM api_keys WHERE id = '{key_id}' AND revoked_at IS NULL)
+                 || ' unrevoked, ' || (SELECT count(*) FROM audit_log) || ' audit entries'"
+        ))
+        .await
+    };
+    let before = state().await;
+    let sessions_before = sessions_of(&pg, &email).await;
+    let mut refused = 0;
+    for (path, fields) in FORMS {
+        let path = path.replace(
+            "{id}",
+            if path.contains("keys") {
+                &key_id
+            } else {
+                &user_id
+            },
+        );
+        let pre_session = ["/developers/sign-up", "/developers/sign-in"].contains(&path.as_str());
+        let token = if pre_session {
+            &others_cookie_token
+        } else {
+            &others_session_token
+        };
+        let mut form = fields.to_vec();
+        form.push(("csrf", token));
+        let (status, page, _) = owner.post(&path, &form, &[]).await;
+        assert_eq!(status, 403, "{path} with another session's token: {page}");
+        assert!(
+            page.contains("form has expired"),
+            "{path}: refused as a forged form, not for another reason: {page}"
+        );
+        refused += 1;
+    }
+    assert_eq!(refused, FORMS.len());
+    assert_eq!(state().await, before, "nothing changed");
+    assert_eq!(sessions_of(&pg, &email).await, sessions_before);
+    assert!(signed_in(&mut owner).await, "no session was ended");
+    assert!(signed_in(&mut other).await);
 }
 
 #[tokio::test]

@@ -16,8 +16,10 @@
 //!   the shared window counts exactly 5; a pay-as-you-go key had all 40;
 //! - every answer is 200, a 429 naming requests per minute, or a 503 in the envelope, and each
 //!   key had at least the turns it expects served (200): a gateway refusing every turn fails;
-//! - each pod had turns in flight (its own gauge) when it got its SIGTERM;
-//! - Postgres saw no more connections than PgBouncer's pool (20), for 16 pods of 16 each.
+//! - the replaced pods had turns in flight when they got their SIGTERMs and finished them:
+//!   turns sent to a pod before its SIGTERM and answered 200 by it after;
+//! - Postgres saw no more connections than PgBouncer's pool (20), for 16 pods of 16 each, at
+//!   every sample taken while the turns ran.
 //!
 //! The test prints how the answers and the restart interleaved.
 
@@ -53,9 +55,9 @@ const FREE_RPM: u64 = 5;
 /// admits. A gateway refusing every turn fails here, whatever its books say.
 const PAYG_SERVED_AT_LEAST: u64 = TURNS_PER_KEY as u64 - 4;
 const FREE_SERVED_AT_LEAST: u64 = FREE_RPM - 1;
-/// Turns the replaced pods had holding credits (their `gateway_turns_in_flight`, read just
-/// before each SIGTERM), at least, in all: the restart is a fault only if it hits turns in
-/// flight.
+/// Turns the replaced pods had in flight at their SIGTERMs and finished (sent to the pod
+/// before its SIGTERM, answered 200 by it after), at least, in all: the restart is a fault
+/// only if it hits turns in flight.
 const IN_FLIGHT_AT_SIGTERM: u64 = 5;
 const PAYG_CREDITS: u64 = 2_000_000;
 const FREE_CREDITS: u64 = 500_000;
@@ -79,6 +81,16 @@ struct Rotation {
     answered: AtomicUsize,
     /// Connections refused by a pod that had just left (tried again on the next pod).
     refused_connections: AtomicUsize,
+    /// SIGTERMs sent so far: a turn reads it when it is sent and when its answer is in.
+    sigterms: AtomicUsize,
+}
+
+/// Where a turn was served, and the SIGTERMs sent before it was sent and before its answer
+/// was in.
+struct Served {
+    api: String,
+    sent: usize,
+    answered: usize,
 }
 
 impl Rotation {
@@ -88,10 +100,11 @@ impl Rotation {
     }
 
     /// Sends one turn, moving to the next pod while connections are refused.
-    async fn turn(&self, http: &reqwest::Client, t: usize, key: &str) -> Resp {
+    async fn turn(&self, http: &reqwest::Client, t: usize, key: &str) -> (Resp, Served) {
         let body = message("svc/haiku", "count to three", 16);
         for attempt in 0..(PODS * 4) {
             let api = self.pick(t + attempt);
+            let sent = self.sigterms.load(Ordering::SeqCst);
             match http
                 .post(format!("{api}/v1/messages"))
                 .bearer_auth(key)
@@ -102,7 +115,15 @@ impl Rotation {
                 Ok(response) => {
                     let resp = Resp::read(response).await;
                     self.answered.fetch_add(1, Ordering::SeqCst);
-                    return resp;
+                    let answered = self.sigterms.load(Ordering::SeqCst);
+                    return (
+                        resp,
+                        Served {
+                            api,
+                            sent,
+                            answered,
+                        },
+                    );
                 }
                 // Never reached a pod: nothing ran, so sending it elsewhere is safe.
                 Err(e) if e.is_connect() => {
@@ -158,6 +179,7 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
         live: Mutex::new(cluster.pods.iter().map(|p| p.api.clone()).collect()),
         answered: AtomicUsize::new(0),
         refused_connections: AtomicUsize::new(0),
+        sigterms: AtomicUsize::new(0),
     };
     // No kept-alive connections: a connection to a pod is made per turn, as from many clients.
     let http = reqwest::Client::builder()
@@ -174,12 +196,40 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
             let (rotation, http) = (&rotation, &http);
             async move {
                 tokio::time::sleep(SEND_EVERY * t as u32).await;
-                (t % KEYS, rotation.turn(http, t, &key.secret).await)
+                let (resp, served) = rotation.turn(http, t, &key.secret).await;
+                (t % KEYS, resp, served)
             }
         })
         .buffer_unordered(TURNS)
         .collect::<Vec<_>>();
     let mut hit = 0;
+    // The replaced pods' APIs, each with the count of SIGTERMs once its own was sent.
+    let mut terminated: Vec<(String, usize)> = Vec::new();
+    // Postgres' client connections, sampled while the turns run and the pods come and go.
+    let sampling = std::sync::atomic::AtomicBool::new(true);
+    // One connection of its own (counted among the backends it sees), so a sample costs a
+    // query, not a psql process.
+    let mut sampling_connection = {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&pg.url())
+            .await
+            .expect("a sampling connection")
+    };
+    let sampler = async {
+        let mut samples: Vec<i64> = Vec::new();
+        while sampling.load(Ordering::SeqCst) {
+            samples.push(
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+                )
+                .fetch_one(&mut sampling_connection)
+                .await
+                .expect("a sample"),
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        samples
+    };
     let restart = async {
         for (step, first) in (0..PODS).step_by(SURGE).enumerate() {
             let after = RESTART_AFTER * (step + 1);
@@ -201,7 +251,9 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
                     live.retain(|api| *api != old.api);
                     live.push(cluster.pods[i].api.clone());
                 }
+                let sigterms = rotation.sigterms.fetch_add(1, Ordering::SeqCst) + 1;
                 old.send_sigterm();
+                terminated.push((old.api.clone(), sigterms));
                 timeline.push(format!(
                     "{:>6.1?}: pod {i} replaced (SIGTERM) with {} answers in and {in_flight} turns in flight on it",
                     started.elapsed(),
@@ -224,7 +276,12 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
             rotation.answered.load(Ordering::SeqCst)
         ));
     };
-    let (answers, ()) = tokio::join!(load, restart);
+    let sampled = async {
+        let (answers, ()) = tokio::join!(load, restart);
+        sampling.store(false, Ordering::SeqCst);
+        answers
+    };
+    let (answers, samples) = tokio::join!(sampled, sampler);
     timeline.push(format!(
         "{:>6.1?}: all {TURNS} answered; {} connections refused by leaving pods and sent elsewhere",
         started.elapsed(),
@@ -233,13 +290,30 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
 
     // What the clients saw.
     let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
-    for (_, resp) in &answers {
+    for (_, resp, _) in &answers {
         *by_status.entry(resp.status).or_default() += 1;
     }
     eprintln!("{}\nanswers by status: {by_status:?}", timeline.join("\n"));
+    // The turns a replaced pod had in flight at its SIGTERM (sent to it before, answered
+    // after) that it finished: 200s. A pod that dropped or refused its turns in flight at the
+    // signal has none.
+    let finished_after_sigterm = answers
+        .iter()
+        .filter(|(_, resp, served)| {
+            resp.status == 200
+                && terminated.iter().any(|(api, sigterm)| {
+                    served.api == *api && served.sent < *sigterm && served.answered >= *sigterm
+                })
+        })
+        .count() as u64;
+    eprintln!(
+        "turns in flight on the replaced pods just before their SIGTERMs (their gauges): {hit}; \
+         sent before a pod's SIGTERM and answered 200 by it after: {finished_after_sigterm}"
+    );
+    assert_eq!(terminated.len(), PODS, "every pod replaced");
     assert!(
-        hit >= IN_FLIGHT_AT_SIGTERM,
-        "the replaced pods had {hit} turns in flight at their SIGTERMs in all: the restart hit next to nothing"
+        finished_after_sigterm >= IN_FLIGHT_AT_SIGTERM,
+        "the replaced pods finished {finished_after_sigterm} turns in flight at their SIGTERMs (200s answered after the signal): the restart hit next to nothing, or cut what it hit"
     );
     assert_eq!(
         minute(&cluster.redis).await.0,
@@ -248,22 +322,27 @@ async fn eight_pods_on_a_redis_cluster_and_pgbouncer_keep_the_books_and_the_rpm_
     );
 
     // Sixteen pods came and went, each with a pool of up to 16 connections to PgBouncer;
-    // Postgres saw at most PgBouncer's pool (and this query's own connection).
-    let backends = pg
-        .query_i64("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
-        .await;
+    // Postgres saw at most PgBouncer's pool (and the sampling query's own connection) at every
+    // sample taken while the turns ran.
+    let backends = samples.iter().copied().max().unwrap_or(0);
     eprintln!(
-        "Postgres client backends after the run: {backends} (PgBouncer pool {})",
+        "Postgres client backends during the run: at most {backends} in {} samples (PgBouncer pool {})",
+        samples.len(),
         pgbouncer::POOL_SIZE
     );
     assert!(
+        samples.len() >= 20,
+        "{} samples of Postgres' connections during the run",
+        samples.len()
+    );
+    assert!(
         backends <= i64::from(pgbouncer::POOL_SIZE) + 1,
-        "{backends} Postgres backends behind a PgBouncer pool of {}",
+        "{backends} Postgres backends behind a PgBouncer pool of {}: {samples:?}",
         pgbouncer::POOL_SIZE
     );
 
     let mut per_key: Vec<Vec<&Resp>> = vec![Vec::new(); KEYS];
-    for (k, resp) in &answers {
+    for (k, resp, _) in &answers {
         per_key[*k].push(resp);
     }
     for (k, (key, start, free)) in keys.iter().enumerate() {

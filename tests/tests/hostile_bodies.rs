@@ -515,6 +515,12 @@ async fn a_path_parameter_that_does_not_decode_is_refused_in_the_envelope() {
 async fn counting_stops_when_its_client_hangs_up() {
     let gw = Gateway::builder().dev_enterprise().start().await;
     let body = count_body_of(15 * MIB, "a");
+    let running = |scrape: &Scrape| scrape.value("gateway_cpu_jobs_running", &[]);
+    let started = |scrape: &Scrape| scrape.value("gateway_cpu_jobs_started_total", &[]);
+    let abandoned = |scrape: &Scrape| scrape.value("gateway_cpu_jobs_abandoned_total", &[]);
+    let idle = gw.metrics().await;
+    let (before, none) = (started(&idle), abandoned(&idle));
+    assert_eq!(none, 0.0);
     let mut stream = TcpStream::connect(addr(&gw.api)).await.expect("connect");
     let auth = format!("Bearer {}", gw.key);
     let headers = [
@@ -524,10 +530,30 @@ async fn counting_stops_when_its_client_hangs_up() {
     let head = head("/v1/messages/count_tokens", &headers, body.len());
     stream.write_all(head.as_bytes()).await.expect("write");
     stream.write_all(&body).await.expect("write");
-    // Long enough for the body to be parsed and the counting to start; then hang up.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The body parsed (the first CPU-bound job), then its counting started (the second, still
+    // running); then hang up.
+    poll_until(
+        "the counting to start",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            let scrape = gw.metrics().await;
+            (started(&scrape) == before + 2.0 && running(&scrape) == 1.0).then_some(())
+        },
+    )
+    .await;
     drop(stream);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The job ends, told its caller left (its count stops at its next input).
+    poll_until(
+        "the counting to stop, abandoned",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            let scrape = gw.metrics().await;
+            (running(&scrape) == 0.0 && abandoned(&scrape) == 1.0).then_some(())
+        },
+    )
+    .await;
     let after_hang_up = gw.cpu_time();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let since = gw.cpu_time() - after_hang_up;

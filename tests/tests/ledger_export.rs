@@ -3,11 +3,14 @@
 //! an S3-compatible bucket (moto). A day's rows are those its turns started on, a turn that
 //! settled after midnight included; a day not over, or with a turn still in flight, is
 //! refused; the export reads the destination's copy back before it writes the manifest, and
-//! a day exported again is not uploaded again unless its copy there no longer verifies.
+//! a day exported again is not uploaded again unless its copy there no longer verifies. Each
+//! file is decoded by a second implementation (pyarrow, `e2e::archive`): the schema
+//! docs/ledger.md documents, every column of every row equal to the ledger's.
 
 use std::path::Path;
 use std::time::Duration;
 
+use e2e::archive::{assert_archive_matches, ledger_day};
 use e2e::gateway::unique_name;
 use e2e::ledger::{funded, reserve_at, settle};
 use e2e::s3::{S3Server, CREDENTIALS};
@@ -124,7 +127,8 @@ async fn export(
 }
 
 /// The manifest the export printed for `day`, checked against the ledger's rows and against
-/// the file and manifest found at the destination (`read(name)`).
+/// the file and manifest found at the destination (`read(name)`); the file decoded by pyarrow
+/// and held to docs/ledger.md's schema and to the ledger's rows, column for column.
 async fn check_day(pg: &PostgresServer, printed: &Value, day: Date, stored: (Vec<u8>, Vec<u8>)) {
     let manifest = printed["days"]
         .as_array()
@@ -147,6 +151,9 @@ async fn check_day(pg: &PostgresServer, printed: &Value, day: Date, stored: (Vec
     for field in ["day", "file", "rows", "billed", "bytes", "sha256"] {
         assert_eq!(stored_manifest[field], manifest[field], "{field} of {day}");
     }
+    // A second reader: every column of every row, and the documented schema.
+    let what = format!("messages-{day}.parquet");
+    assert_archive_matches(&what, &file, &ledger_day(pg, day).await).await;
 }
 
 fn written(printed: &Value) -> Vec<bool> {

@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use e2e::archive::{assert_archive_matches, assert_archived_file_matches, ledger_day, LedgerDay};
 use e2e::ledger::{funded, reserve_at, settle};
 use e2e::s3::{S3Server, CREDENTIALS};
 use e2e::{poll_until, Cluster, PostgresServer};
@@ -16,8 +17,8 @@ use serde_json::Value;
 use store::db::Database;
 use store::ledger::message_id;
 use store::ledger::partitions;
-use store::ledger::{Ledger, MessageStatus, PostgresLedger, Settlement};
-use store::usage::StopReason;
+use store::ledger::{Ledger, MessageStatus, PostgresLedger, Settlement, MESSAGE_BY_TIMED_ID};
+use store::usage::{StopReason, TokenUsage};
 use time::{Date, OffsetDateTime, Time};
 
 const CREDITS: u64 = 100_000_000;
@@ -29,12 +30,30 @@ async fn reserve(ledger: &PostgresLedger, account: &str, id: &str, at: OffsetDat
     reserve_at(ledger, account, "key_retention", id, at).await;
 }
 
-/// A turn started `at`, its id minted then as the gateway mints it, settled for `cost`.
+/// A turn started `at`, its id minted then as the gateway mints it, settled for `cost`; each
+/// of its counts a different number, so that an archive with two columns swapped shows.
 async fn turn(ledger: &PostgresLedger, account: &str, at: OffsetDateTime, cost: u64) -> String {
     let id = message_id::mint("msg", at);
     let at = message_id::created_at(&id).expect("a time");
     reserve(ledger, account, &id, at).await;
-    assert_eq!(settle(ledger, &id, cost).await, cost);
+    let n = u32::try_from(cost).expect("a small cost");
+    let billed = ledger
+        .settle(Settlement {
+            cost,
+            usage: TokenUsage {
+                input_tokens: n + 1,
+                output_tokens: n + 2,
+                cache_creation_input_tokens: n + 3,
+                cache_read_input_tokens: n + 4,
+                ..TokenUsage::default()
+            },
+            stop_reason: Some(StopReason::EndTurn),
+            latency_ms: cost + 5,
+            ..Settlement::nothing(id.clone(), MessageStatus::Completed)
+        })
+        .await
+        .expect("settle");
+    assert_eq!(billed, cost);
     id
 }
 
@@ -312,6 +331,14 @@ async fn a_day_older_than_the_retention_is_archived_verified_then_dropped_and_th
     let dry = retain(pg, &["--dry-run"], &[]).await;
     assert_eq!(days(&dry, "awaiting"), due, "{dry}");
     assert!(has_partition(pg, filled.due[0]).await);
+    let mut rows_due: Vec<LedgerDay> = Vec::new();
+    for day in filled.due {
+        rows_due.push(ledger_day(pg, day).await);
+    }
+    assert_eq!(
+        rows_due.iter().map(|d| d.rows.len()).collect::<Vec<_>>(),
+        [2, 1]
+    );
 
     // The pod's hourly job (its first run is at start) archives and drops them.
     let cluster = Cluster::start(1, |b| {
@@ -350,6 +377,12 @@ async fn a_day_older_than_the_retention_is_archived_verified_then_dropped_and_th
             .unwrap_or_else(|| panic!("no manifest for {day}\n{}", s3.logs()));
         let manifest: Value = serde_json::from_slice(&manifest).expect("JSON");
         archived += manifest["billed"].as_u64().expect("billed");
+    }
+    // Each archived file, decoded by a second reader, holds the dropped rows column for column.
+    for rows in &rows_due {
+        let file = format!("archive/messages-{}.parquet", rows.day);
+        let copy = s3.object("ledger", &file).await.expect("archived");
+        assert_archive_matches(&file, &copy, rows).await;
     }
     assert_eq!(archived, 100 + 150 + 200);
     let debits = lifetime_debits(pg, &filled.account).await;
@@ -426,24 +459,64 @@ async fn a_day_whose_archive_fails_or_is_not_configured_stays_in_postgres() {
         assert!(has_partition(pg, day).await, "{day} kept");
     }
 
-    // An export that does not match the partition (a row came in since): not dropped.
+    // An archived file that differs from the day in Postgres in one column, one the rows'
+    // count and sum of `billed` do not see (a row written again since, say): not dropped, the
+    // column named; nor one with a row less.
     let db = Database::connect(&pg.url(), 2, Duration::from_secs(10)).expect("url");
     let [day, _] = filled.due;
-    let exported = partitions::DayTotals {
-        rows: 2,
-        billed: 100 + 150 - 1,
-    };
-    let refused = partitions::drop_exported(&db, day, exported).await;
+    let dir = std::env::temp_dir().join(e2e::gateway::unique_name("mismatched"));
+    let (from, to) = (day.to_string(), dir.to_str().expect("a path").to_owned());
+    pg.gateway_cli_with_env(
+        &[
+            "ledger",
+            "export",
+            "--from",
+            &from,
+            "--to",
+            &from,
+            "--to-dir",
+            &to,
+            "--reaper-max-turn-secs",
+            "60",
+        ],
+        &[],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("gateway ledger export: {e}"));
+    let file =
+        || std::fs::File::open(dir.join(format!("messages-{day}.parquet"))).expect("the file");
+    let archived = gateway_core::ledger_export::file_sums(file()).expect("decoded");
+    assert_eq!(archived.rows, 2);
+    let one_row = format!("id = '{}'", filled.dropped_id);
+    pg.query(&format!(
+        "UPDATE messages SET latency_ms = latency_ms + 1 WHERE {one_row}"
+    ))
+    .await;
+    let refused = partitions::drop_exported(&db, day, &archived).await;
     assert!(
-        matches!(refused, Err(partitions::DropError::Mismatch { .. })),
+        matches!(&refused, Err(partitions::DropError::Mismatch { differing, .. }) if differing == &["latency_ms"]),
         "{refused:?}"
     );
+    pg.query(&format!(
+        "UPDATE messages SET latency_ms = latency_ms - 1 WHERE {one_row}"
+    ))
+    .await;
+    let mut a_row_less = archived.clone();
+    a_row_less.rows -= 1;
+    let refused = partitions::drop_exported(&db, day, &a_row_less).await;
+    assert!(
+        matches!(&refused, Err(partitions::DropError::Mismatch { .. })),
+        "{refused:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(has_partition(pg, day).await, "{day} kept");
     assert_eq!(pg.query(rows).await, before, "not a row lost");
 }
 
-/// A lookup by id decodes the day from the id: the plan reads one partition, whatever the
-/// number of days.
+/// A lookup by id decodes the day from the id: the plan of the statement `ledger.message()`
+/// runs (`MESSAGE_BY_TIMED_ID`, on `message_rows`, with its parameters bound as the store
+/// binds them) reads one partition of the open days and at most one of the closed, whatever
+/// the number of days.
 #[tokio::test]
 async fn a_lookup_by_id_reads_one_partition() {
     let filled = filled().await;
@@ -451,16 +524,31 @@ async fn a_lookup_by_id_reads_one_partition() {
     let plan = filled
         .pg
         .query(&format!(
-            "EXPLAIN SELECT * FROM messages WHERE id = '{}' AND created_at = '{}'",
+            "PREPARE lookup (text, timestamptz) AS {MESSAGE_BY_TIMED_ID};
+             EXPLAIN EXECUTE lookup('{}', '{}')",
             filled.dropped_id,
             at.format(&time::format_description::well_known::Rfc3339)
                 .expect("format")
         ))
         .await;
-    let scans = plan.lines().filter(|l| l.contains(" on messages_")).count();
-    assert_eq!(scans, 1, "{plan}");
+    let scans = |table: &str| {
+        plan.lines()
+            .filter(|l| l.contains(&format!(" on {table}_")))
+            .count()
+    };
     let day = at.date().to_string().replace('-', "");
-    assert!(plan.contains(&format!("messages_{day}_pkey")), "{plan}");
+    // The id's own day (by its index, or by a scan of a partition of a few rows).
+    assert_eq!(scans("messages"), 1, "{plan}");
+    assert!(plan.contains(&format!(" on messages_{day}")), "{plan}");
+    assert!(scans("closed_messages") <= 1, "{plan}");
+    let parts = filled
+        .pg
+        .query_i64("SELECT count(*) FROM pg_inherits WHERE inhparent = 'messages'::regclass")
+        .await;
+    assert!(
+        parts >= 3,
+        "{parts} partitions: several days to choose from"
+    );
 }
 
 /// A day closed by the retention: `CLOSED_DAY` days ago, a week past final.
@@ -510,6 +598,14 @@ async fn day_of_turns(turns: usize) -> Day {
                 cost: 10,
                 latency_ms: 900 + n as u64,
                 stop_reason: (n % 5 == 0).then_some(StopReason::MaxTokens),
+                // A different number in each count (a swapped column shows in the archive).
+                usage: TokenUsage {
+                    input_tokens: n as u32,
+                    output_tokens: 2 * n as u32 + 1,
+                    cache_creation_input_tokens: (n % 7) as u32,
+                    cache_read_input_tokens: (n % 11) as u32 + 20,
+                    ..TokenUsage::default()
+                },
                 ..Settlement::nothing(id.clone(), status)
             })
         }))
@@ -609,11 +705,13 @@ async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_sam
     let rows = TURNS + 1;
     let before = rows_of(&pg, day).await;
     assert_eq!(before.lines().count(), rows);
+    let open_rows = ledger_day(&pg, day).await;
     let open_bytes = pg
         .query_i64(&format!("SELECT pg_total_relation_size('{part}')"))
         .await;
     let work = std::env::temp_dir().join(e2e::gateway::unique_name("closed-day"));
     let export_before = exported(&pg, day, &work.join("before")).await;
+    assert_archive_matches("the open day's export", &export_before, &open_rows).await;
     let xid_before = pg.query_i64("SELECT txid_current()").await;
 
     closes(&pg, day).await;
@@ -681,8 +779,11 @@ async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_sam
     let newest: Vec<&str> = recent.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(newest[0], named, "newest first: {newest:?}");
     assert_eq!(newest.len(), 3, "{newest:?}");
+    let closed_rows = ledger_day(&pg, day).await;
+    let export_after = exported(&pg, day, &work.join("after")).await;
+    assert_archive_matches("the closed day's export", &export_after, &closed_rows).await;
     assert!(
-        exported(&pg, day, &work.join("after")).await == export_before,
+        export_after == export_before,
         "the day's export is the same file"
     );
 
@@ -715,6 +816,11 @@ async fn a_day_a_week_past_final_moves_into_the_compact_layout_and_reads_the_sam
     .expect("JSON");
     assert_eq!(manifest["rows"], rows);
     assert_eq!(manifest["billed"], TURNS * 10 + 7);
+    assert_archived_file_matches(
+        &archive.join(format!("messages-{day}.parquet")),
+        &closed_rows,
+    )
+    .await;
     let _ = std::fs::remove_dir_all(&work);
 }
 

@@ -14,6 +14,7 @@ mod changelog;
 mod chart_containers;
 mod chart_node;
 mod cheap_rejection;
+mod ci_script;
 mod cluster_limits;
 mod cluster_outage;
 mod cluster_streams;

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use e2e::stripe::{
-    deliver, now, sign, MockSession, MockStripe, StripeEvent, API_KEY, CUSTOMER, PAYMENT_METHOD,
-    STRIPE_ERROR_TEXT, WEBHOOK_SECRET,
+    deliver, now, sign, stripe_library_sign, stripe_library_verify, MockSession, MockStripe,
+    StripeEvent, API_KEY, CUSTOMER, PAYMENT_METHOD, STRIPE_ERROR_TEXT, WEBHOOK_SECRET,
 };
 use e2e::visitor::{hidden_csrf, new_email, Visitor};
 use e2e::{message, poll_until, Cluster, Gateway, GatewayBuilder, KeySpec, PostgresServer};
@@ -427,6 +427,63 @@ on_both_stores!(
     refunds_and_disputes_take_credits_back_once_and_show_in_the_billing_history,
     auto_reload_saves_the_first_checkouts_card_fires_once_per_crossing_and_stops_after_three_declines,
 );
+
+/// Stripe's own library (PyPI `stripe`) as a second reader of the signature scheme, both
+/// ways: a delivery it signs is accepted and credits once, the same delivery altered after it
+/// was signed (or signed with another secret) is refused and changes nothing; and the mock's
+/// signatures, which every other test delivers, verify with its `construct_event` (and not
+/// for another body or secret).
+#[tokio::test]
+async fn stripes_own_library_signs_deliveries_the_gateway_accepts_and_verifies_the_mocks() {
+    let shop = Shop::in_process().await;
+    let mut visitor = Visitor::new(shop.pod(0));
+    visitor.sign_up(&new_email(), &[]).await;
+    let session = checkout(&shop, &mut visitor, "25").await;
+    let event = shop.stripe.paid(&session);
+    let gw = &shop.pod(0).api;
+
+    let mock = event.signature();
+    stripe_library_verify(WEBHOOK_SECRET, &mock, &event.body)
+        .await
+        .unwrap_or_else(|e| panic!("Stripe's library refuses the mock's signature: {e}"));
+    let mut altered = event.body.clone();
+    altered.extend_from_slice(b" ");
+    assert!(stripe_library_verify(WEBHOOK_SECRET, &mock, &altered)
+        .await
+        .is_err());
+    assert!(stripe_library_verify("whsec_another", &mock, &event.body)
+        .await
+        .is_err());
+
+    let signed = stripe_library_sign(WEBHOOK_SECRET, now(), &event.body).await;
+    let mut tampered = event.clone();
+    tampered.body = String::from_utf8(event.body.clone())
+        .expect("utf-8")
+        .replace("2500", "250000")
+        .into_bytes();
+    assert_ne!(tampered.body, event.body);
+    let another = stripe_library_sign("whsec_another", now(), &event.body).await;
+    for (what, event, signature) in [
+        ("altered after signing", &tampered, &signed),
+        ("signed with another secret", &event, &another),
+    ] {
+        let (status, body) = deliver(gw, event, signature).await;
+        assert_eq!(status, 401, "{what}: {body}");
+        assert_eq!(body["error"]["type"], "authentication_error", "{what}");
+    }
+    assert_eq!(shop.money(session.account_id()).await, (0, 0, 0));
+
+    let (status, body) = deliver(gw, &event, &signed).await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("credited")),
+        "signed by Stripe's library: {body}"
+    );
+    assert_eq!(
+        shop.money(session.account_id()).await,
+        (2_500_000, 2_500, 0)
+    );
+}
 
 #[tokio::test]
 async fn a_gateway_given_only_half_of_the_stripe_configuration_refuses_to_start() {

@@ -27,8 +27,10 @@ use time::Date;
 
 use store::db::Database;
 use store::ledger::export::{DayError, DayRows};
+use store::ledger::partitions::DaySums;
 
 pub use destination::{Destination, Target};
+pub use parquet_file::day_sums as file_sums;
 use parquet_file::{read_back, DayWriter, Totals};
 
 /// Rows fetched from Postgres at a time.
@@ -159,6 +161,37 @@ pub async fn export_day(
 /// Checks the destination's copy of `manifest`'s file: its size and hash, then its rows and
 /// sum of `billed`, read back from a local copy (a page at a time).
 pub async fn verify(target: &Target, manifest: &Manifest) -> Result<(), ExportError> {
+    let copy = downloaded(target, manifest).await?;
+    let found = read_back(std::fs::File::open(&copy.0)?)?;
+    let expected = Totals {
+        rows: manifest.rows,
+        billed: manifest.billed,
+    };
+    if found != expected {
+        return Err(ExportError::Unverified {
+            file: manifest.file.clone(),
+            found: format!("{found:?}"),
+            expected: format!("{expected:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// The destination's copy of `manifest`'s file decoded whole into per-column checksums
+/// ([`DaySums`]), what the retention compares with the day in Postgres before dropping it.
+pub async fn archived_sums(target: &Target, manifest: &Manifest) -> Result<DaySums, ExportError> {
+    let copy = downloaded(target, manifest).await?;
+    let file = std::fs::File::open(&copy.0)?;
+    // Decoding a day is CPU-bound: off the async workers.
+    let sums = tokio::task::spawn_blocking(move || parquet_file::day_sums(file))
+        .await
+        .map_err(|e| ExportError::Destination(format!("decoding {}: {e}", manifest.file)))??;
+    Ok(sums)
+}
+
+/// A local copy of the destination's copy of `manifest`'s file, once its size and hash are
+/// the manifest's.
+async fn downloaded(target: &Target, manifest: &Manifest) -> Result<TempFile, ExportError> {
     let copy = TempFile::new(&format!("check-{}", manifest.file));
     let mut local = std::fs::File::create(&copy.0)?;
     let mut body = target
@@ -182,15 +215,7 @@ pub async fn verify(target: &Target, manifest: &Manifest) -> Result<(), ExportEr
             format!("{} bytes, sha256 {}", manifest.bytes, manifest.sha256),
         ));
     }
-    let found = read_back(std::fs::File::open(&copy.0)?)?;
-    let expected = Totals {
-        rows: manifest.rows,
-        billed: manifest.billed,
-    };
-    if found != expected {
-        return Err(unverified(format!("{found:?}"), format!("{expected:?}")));
-    }
-    Ok(())
+    Ok(copy)
 }
 
 /// The manifest at `path`, when there is one.

@@ -6,6 +6,8 @@
 use std::fs::File;
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int64Type, TimestampMicrosecondType};
 use arrow_array::{
     Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
@@ -17,6 +19,7 @@ use parquet::errors::ParquetError;
 use parquet::file::properties::WriterProperties;
 use store::db::to_db;
 use store::ledger::export::LedgerRow;
+use store::ledger::partitions::DaySums;
 use time::OffsetDateTime;
 
 /// Rows per row group: what the writer buffers before it flushes.
@@ -82,6 +85,52 @@ pub fn read_back(file: File) -> Result<Totals, ParquetError> {
             .sum::<u64>();
     }
     Ok(totals)
+}
+
+/// Decodes a written file whole, a batch at a time, into the per-column checksums the
+/// retention compares with the day in Postgres before it drops the day ([`DaySums`]): every
+/// value of every column, keyed by its row's `id`, written as text as [`DaySums::add`] says
+/// (a timestamp as the microseconds the file holds).
+pub fn day_sums(file: File) -> Result<DaySums, ParquetError> {
+    let unsupported = |name: &str, kind: &DataType| {
+        ParquetError::General(format!("column {name} of type {kind} has no checksum"))
+    };
+    let mut sums = DaySums::default();
+    for batch in ParquetRecordBatchReaderBuilder::try_new(file)?.build()? {
+        let batch = batch?;
+        let ids = batch
+            .column_by_name("id")
+            .and_then(|c| c.as_string_opt::<i32>())
+            .ok_or_else(|| ParquetError::General("no id column of text".to_owned()))?;
+        for (field, column) in batch.schema_ref().fields().iter().zip(batch.columns()) {
+            let name = field.name();
+            let text: Box<dyn Fn(usize) -> String + '_> = match field.data_type() {
+                DataType::Utf8 => {
+                    let values = column.as_string::<i32>();
+                    Box::new(move |i| values.value(i).to_owned())
+                }
+                DataType::Int64 => {
+                    let values = column.as_primitive::<Int64Type>();
+                    Box::new(move |i| values.value(i).to_string())
+                }
+                DataType::Boolean => {
+                    let values = column.as_boolean();
+                    Box::new(move |i| values.value(i).to_string())
+                }
+                DataType::Timestamp(TimeUnit::Microsecond, _) => {
+                    let values = column.as_primitive::<TimestampMicrosecondType>();
+                    Box::new(move |i| values.value(i).to_string())
+                }
+                other => return Err(unsupported(name, other)),
+            };
+            for row in 0..batch.num_rows() {
+                let value = column.is_valid(row).then(|| text(row));
+                sums.add(name, ids.value(row), value.as_deref());
+            }
+        }
+        sums.rows += batch.num_rows() as u64;
+    }
+    Ok(sums)
 }
 
 fn schema() -> SchemaRef {
@@ -179,4 +228,182 @@ fn batch(schema: &SchemaRef, rows: &[LedgerRow]) -> Result<RecordBatch, ParquetE
         maybe_text(rows, |r| r.batch_id.as_deref()),
     ];
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::datetime;
+
+    /// A row whose every column holds a value no other column holds, so that a column written
+    /// under another's name shows.
+    fn row() -> LedgerRow {
+        LedgerRow {
+            id: "msg_one".into(),
+            account_id: "acct_one".into(),
+            key_id: "key_one".into(),
+            model: "svc/model".into(),
+            served_model: "svc/served".into(),
+            provider: "provider_one".into(),
+            upstream: "upstream_one".into(),
+            upstream_model: "upstream-model".into(),
+            endpoint: "messages".into(),
+            stream: true,
+            status: "completed".into(),
+            reserved: 1_001,
+            billed: 1_002,
+            input_tokens: 1_003,
+            output_tokens: 1_004,
+            cache_creation_input_tokens: 1_005,
+            cache_read_input_tokens: 1_006,
+            stop_reason: Some("end_turn".into()),
+            instance_id: "gw_one".into(),
+            instance_epoch: 1_007,
+            created_at: datetime!(2026-11-27 09:00:00.123456 UTC),
+            settled_at: Some(datetime!(2026-11-27 09:00:02.654321 UTC)),
+            latency_ms: Some(1_008),
+            batch_id: Some("msgbatch_one".into()),
+        }
+    }
+
+    /// `rows` written by the day's writer and read back whole: its one batch.
+    fn written(rows: &[LedgerRow]) -> RecordBatch {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "gateway-parquet-test-{}-{n}.parquet",
+            std::process::id()
+        ));
+        let mut writer = DayWriter::create(File::create(&path).unwrap()).unwrap();
+        writer.write(rows).unwrap();
+        let totals = writer.finish().unwrap();
+        assert_eq!(totals.rows, rows.len() as u64);
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(batches.len(), 1);
+        batches.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn each_column_has_its_documented_type_nullability_and_place() {
+        let batch = written(&[row()]);
+        let utc = Some("UTC".into());
+        let micros = DataType::Timestamp(TimeUnit::Microsecond, utc);
+        let expected: Vec<(&str, DataType, bool)> = vec![
+            ("id", DataType::Utf8, false),
+            ("account_id", DataType::Utf8, false),
+            ("key_id", DataType::Utf8, false),
+            ("model", DataType::Utf8, false),
+            ("served_model", DataType::Utf8, false),
+            ("provider", DataType::Utf8, false),
+            ("upstream", DataType::Utf8, false),
+            ("upstream_model", DataType::Utf8, false),
+            ("endpoint", DataType::Utf8, false),
+            ("stream", DataType::Boolean, false),
+            ("status", DataType::Utf8, false),
+            ("reserved", DataType::Int64, false),
+            ("billed", DataType::Int64, false),
+            ("input_tokens", DataType::Int64, false),
+            ("output_tokens", DataType::Int64, false),
+            ("cache_creation_input_tokens", DataType::Int64, false),
+            ("cache_read_input_tokens", DataType::Int64, false),
+            ("stop_reason", DataType::Utf8, true),
+            ("instance_id", DataType::Utf8, false),
+            ("instance_epoch", DataType::Int64, false),
+            ("created_at", micros.clone(), false),
+            ("settled_at", micros, true),
+            ("latency_ms", DataType::Int64, true),
+            ("batch_id", DataType::Utf8, true),
+        ];
+        let found: Vec<(&str, DataType, bool)> = batch
+            .schema_ref()
+            .fields()
+            .iter()
+            .map(|f| (f.name().as_str(), f.data_type().clone(), f.is_nullable()))
+            .collect();
+        assert_eq!(found, expected);
+    }
+
+    #[test]
+    fn each_value_is_written_under_its_own_column_in_its_unit() {
+        let batch = written(&[row()]);
+        let text = |name: &str| {
+            batch
+                .column_by_name(name)
+                .unwrap()
+                .as_string::<i32>()
+                .value(0)
+                .to_owned()
+        };
+        let count = |name: &str| {
+            batch
+                .column_by_name(name)
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .value(0)
+        };
+        let micros = |name: &str| {
+            batch
+                .column_by_name(name)
+                .unwrap()
+                .as_primitive::<TimestampMicrosecondType>()
+                .value(0)
+        };
+        for (name, value) in [
+            ("id", "msg_one"),
+            ("account_id", "acct_one"),
+            ("key_id", "key_one"),
+            ("model", "svc/model"),
+            ("served_model", "svc/served"),
+            ("provider", "provider_one"),
+            ("upstream", "upstream_one"),
+            ("upstream_model", "upstream-model"),
+            ("endpoint", "messages"),
+            ("status", "completed"),
+            ("stop_reason", "end_turn"),
+            ("instance_id", "gw_one"),
+            ("batch_id", "msgbatch_one"),
+        ] {
+            assert_eq!(text(name), value, "{name}");
+        }
+        for (name, value) in [
+            ("reserved", 1_001),
+            ("billed", 1_002),
+            ("input_tokens", 1_003),
+            ("output_tokens", 1_004),
+            ("cache_creation_input_tokens", 1_005),
+            ("cache_read_input_tokens", 1_006),
+            ("instance_epoch", 1_007),
+            ("latency_ms", 1_008),
+        ] {
+            assert_eq!(count(name), value, "{name}");
+        }
+        assert!(batch
+            .column_by_name("stream")
+            .unwrap()
+            .as_boolean()
+            .value(0));
+        // Microseconds since the Unix epoch: 2026-11-27T09:00:00.123456Z.
+        assert_eq!(micros("created_at"), 1_795_770_000_123_456);
+        assert_eq!(micros("settled_at"), 1_795_770_002_654_321);
+    }
+
+    #[test]
+    fn an_absent_value_is_a_null_not_a_zero_or_an_empty_string() {
+        let none = LedgerRow {
+            stop_reason: None,
+            settled_at: None,
+            latency_ms: None,
+            batch_id: None,
+            ..row()
+        };
+        let batch = written(&[none]);
+        for name in ["stop_reason", "settled_at", "latency_ms", "batch_id"] {
+            assert!(batch.column_by_name(name).unwrap().is_null(0), "{name}");
+        }
+    }
 }

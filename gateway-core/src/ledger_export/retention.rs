@@ -1,8 +1,10 @@
 //! The ledger's retention (`--ledger-retention-days`, default 13 months; the usage rollups are
 //! kept forever): each day partition older than the retention is exported to the archive
 //! ([`export_day`], which reads the copy back), then detached and dropped whole, once the
-//! partition still holds exactly the export's rows and sum of `billed`. A day whose export
-//! fails or does not verify stays; with no archive configured nothing is dropped.
+//! archived copy, downloaded and decoded again, holds what the day in Postgres holds column
+//! for column (per-column checksums over every value, [`partitions::DaySums`], taken with the
+//! day's writes blocked). A day whose export fails or does not verify, or whose file differs
+//! in any column, stays; with no archive configured nothing is dropped.
 //!
 //! Every pod runs [`every`]: it creates the days ahead (idempotent), then takes the
 //! retention's turn (an advisory lock: one pod at a time) and retains. In the same turn it
@@ -17,9 +19,9 @@ use time::{Date, OffsetDateTime};
 use tokio_util::sync::CancellationToken;
 
 use store::db::{Database, DbError};
-use store::ledger::partitions::{self, DayTotals};
+use store::ledger::partitions;
 
-use super::{export_day, Destination, ExportError, Manifest};
+use super::{archived_sums, export_day, Destination, ExportError, Manifest};
 use crate::telemetry::metrics;
 
 /// How often every pod creates the days ahead and, one pod at a time, retains.
@@ -185,7 +187,8 @@ async fn close_due(
 }
 
 /// Gives `day` its own partition (its rows may sit in the default one), exports it, and
-/// drops it once the export verified and still matches the partition.
+/// drops it once the export verified and the archived file, decoded again, still matches the
+/// day in Postgres column for column (per-column checksums, not two totals).
 async fn archive_day(
     db: &Database,
     target: &super::Target,
@@ -195,11 +198,8 @@ async fn archive_day(
     partitions::create(db, day).await?;
     let exported = export_day(db, target, day, longest_turn).await?;
     let manifest = exported.manifest;
-    let totals = DayTotals {
-        rows: manifest.rows,
-        billed: manifest.billed,
-    };
-    partitions::drop_exported(db, day, totals).await?;
+    let sums = archived_sums(target, &manifest).await?;
+    partitions::drop_exported(db, day, &sums).await?;
     tracing::info!(%day, rows = manifest.rows, billed = manifest.billed, file = %manifest.file, "ledger day archived and dropped");
     Ok(manifest)
 }

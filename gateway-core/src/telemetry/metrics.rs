@@ -188,6 +188,21 @@ impl Metrics {
             m.turns_in_flight.clone(),
         );
         r.register(
+            "gateway_cpu_jobs_running",
+            "CPU-bound jobs (large requests parsed and counted, images decoded, passwords hashed) running on blocking threads",
+            crate::cpu::JOBS.running.clone(),
+        );
+        r.register(
+            "gateway_cpu_jobs_started",
+            "CPU-bound jobs started on blocking threads",
+            crate::cpu::JOBS.started.clone(),
+        );
+        r.register(
+            "gateway_cpu_jobs_abandoned",
+            "CPU-bound jobs stopped early because their caller left (a client that hung up)",
+            crate::cpu::JOBS.abandoned.clone(),
+        );
+        r.register(
             "gateway_upstream_errors",
             "Failed upstream calls, by upstream and kind",
             m.upstream_errors.clone(),

@@ -18,7 +18,7 @@ use thiserror::Error;
 use time::{Date, OffsetDateTime};
 
 pub use memory::MemoryLedger;
-pub use postgres::{PostgresLedger, CLOSE_WAIT};
+pub use postgres::{PostgresLedger, CLOSE_WAIT, MESSAGE_BY_TIMED_ID};
 pub use reversal::{DisputeStage, Reversal, ReversalKind};
 
 use crate::audit::Actor;

@@ -15,8 +15,10 @@
 //! statement queued for a lock on `messages` makes every turn queue behind it, so it gives up
 //! instead and is tried again at the next run.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use sqlx::{Postgres, Row, Transaction};
 use thiserror::Error;
 use time::Date;
@@ -35,23 +37,147 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(6 * 3_600);
 /// The reloption that marks a closed day (see [`close`]).
 const CLOSED: &str = "autovacuum_enabled=false";
 
-/// A day's rows and the sum of their `billed`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DayTotals {
+/// Per-column checksums of a day's rows: what the retention compares between its archived file
+/// (decoded) and the day in Postgres before it drops the day. For each column, the sum over the
+/// rows of the first 8 bytes (big-endian, signed) of SHA-256 of `<id> 0x1F <value>`, the value
+/// written as [`DaySums::add`] says; and the row count. A value moved to another row or
+/// column, a column shifted or narrowed, a timestamp in another unit: its column's sum
+/// differs. Order-free, so both sides add a row at a time in any order, in constant memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DaySums {
     pub rows: u64,
-    pub billed: u64,
+    pub columns: BTreeMap<String, i128>,
+}
+
+impl DaySums {
+    /// Adds the value of `column` in the row `id`, written as text: a text as it is, an
+    /// integer in decimal, a boolean `true` or `false`, a timestamp as microseconds since the
+    /// Unix epoch in decimal; `None` for NULL. (`rows` is counted by the caller.)
+    pub fn add(&mut self, column: &str, id: &str, value: Option<&str>) {
+        let mut hash = Sha256::new();
+        hash.update(id.as_bytes());
+        hash.update([0x1f]);
+        match value {
+            Some(value) => {
+                hash.update(b"+");
+                hash.update(value.as_bytes());
+            }
+            None => hash.update(b"-"),
+        }
+        let digest = hash.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        *self.columns.entry(column.to_owned()).or_default() +=
+            i128::from(i64::from_be_bytes(first));
+    }
+
+    /// The columns whose sums differ from `other`'s (one missing on either side included), and
+    /// `rows` when the counts do.
+    pub fn differing(&self, other: &DaySums) -> Vec<String> {
+        let mut names: Vec<&String> = self.columns.keys().chain(other.columns.keys()).collect();
+        names.sort();
+        names.dedup();
+        let mut differing: Vec<String> = names
+            .into_iter()
+            .filter(|n| self.columns.get(*n) != other.columns.get(*n))
+            .cloned()
+            .collect();
+        if self.rows != other.rows {
+            differing.insert(0, format!("rows ({} against {})", self.rows, other.rows));
+        }
+        differing
+    }
 }
 
 #[derive(Debug, Error)]
 pub enum DropError {
-    #[error("{day}: the partition holds {found:?}, its export {exported:?}; not dropped")]
-    Mismatch {
+    #[error(
+        "{day}: the day in Postgres differs from its archived file in {differing:?}; not dropped"
+    )]
+    Mismatch { day: Date, differing: Vec<String> },
+    #[error("{day}: column {column} of type {kind} has no checksum; not dropped")]
+    Unsupported {
         day: Date,
-        found: DayTotals,
-        exported: DayTotals,
+        column: String,
+        kind: String,
     },
     #[error(transparent)]
     Db(#[from] DbError),
+}
+
+/// A column of `message_rows` as [`DaySums::add`] writes its values, in SQL; `None` for a type
+/// it has no form for.
+fn value_as_text(column: &str, kind: &str) -> Option<String> {
+    let c = format!("\"{}\"", column.replace('"', "\"\""));
+    Some(match kind {
+        "text" => c,
+        "bigint" | "integer" | "smallint" => format!("{c}::text"),
+        "boolean" => format!("CASE WHEN {c} THEN 'true' ELSE 'false' END"),
+        // Exact: `extract` answers numeric (Postgres 14 on), microseconds are whole.
+        "timestamp with time zone" => format!("(extract(epoch FROM {c}) * 1000000)::bigint::text"),
+        _ => return None,
+    })
+}
+
+/// The [`DaySums`] of `day`'s rows as `message_rows` reads them (open and closed layouts
+/// alike), every column of the view.
+async fn day_sums(
+    db: &Database,
+    tx: &mut Transaction<'static, Postgres>,
+    day: Date,
+) -> Result<DaySums, DropError> {
+    let columns: Vec<(String, String)> = db
+        .bounded(
+            sqlx::query_as(
+                "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute
+                 WHERE attrelid = 'message_rows'::regclass AND attnum > 0 AND NOT attisdropped
+                 ORDER BY attnum",
+            )
+            .persistent(false)
+            .fetch_all(&mut **tx),
+        )
+        .await?;
+    let mut sums = Vec::new();
+    for (i, (column, kind)) in columns.iter().enumerate() {
+        let Some(text) = value_as_text(column, kind) else {
+            return Err(DropError::Unsupported {
+                day,
+                column: column.clone(),
+                kind: kind.clone(),
+            });
+        };
+        sums.push(format!(
+            "coalesce(sum(('x' || encode(substring(sha256(convert_to(
+                 id || chr(31) || CASE WHEN {text} IS NULL THEN '-' ELSE '+' || {text} END,
+                 'UTF8')) FROM 1 FOR 8), 'hex'))::bit(64)::bigint), 0)::text AS c{i}"
+        ));
+    }
+    let next = day.next_day().unwrap_or(day);
+    let query = format!(
+        "SELECT count(*) AS rows, {} FROM message_rows
+         WHERE created_at >= '{day} 00:00:00+00' AND created_at < '{next} 00:00:00+00'",
+        sums.join(", ")
+    );
+    let row = db
+        .bounded_by(
+            STATEMENT_TIMEOUT,
+            sqlx::query(&query).persistent(false).fetch_one(&mut **tx),
+        )
+        .await?;
+    let mut found = DaySums {
+        rows: from_db(row.try_get("rows").map_err(DbError::Sql)?),
+        columns: BTreeMap::new(),
+    };
+    for (i, (column, _)) in columns.iter().enumerate() {
+        let sum: String = row.try_get(i + 1).map_err(DbError::Sql)?;
+        let sum = sum.parse::<i128>().map_err(|e| {
+            DbError::Sql(sqlx::Error::Decode(
+                format!("the sum of {column}: {e}").into(),
+            ))
+        })?;
+        found.columns.insert(column.clone(), sum);
+    }
+    Ok(found)
 }
 
 /// The name of `day`'s partition.
@@ -152,10 +278,10 @@ pub async fn days_in_default(db: &Database, before: Date) -> Result<Vec<Date>, D
 }
 
 /// Detaches and drops `day`'s partitions (of `messages`, and of `closed_messages` once closed),
-/// if they hold exactly what its export holds (counted with their writes blocked, so no row
-/// comes in between); a day with no partition is dropped already. Never deletes a row: the
-/// partitions go whole.
-pub async fn drop_exported(db: &Database, day: Date, exported: DayTotals) -> Result<(), DropError> {
+/// if they hold exactly what its archived file holds, column for column ([`DaySums`], taken
+/// with their writes blocked, so no row comes in between); a day with no partition is dropped
+/// already. Never deletes a row: the partitions go whole.
+pub async fn drop_exported(db: &Database, day: Date, exported: &DaySums) -> Result<(), DropError> {
     let open = partition(day);
     let closed = format!("closed_{open}");
     let mut tx = change(db, STATEMENT_TIMEOUT).await?;
@@ -176,7 +302,6 @@ pub async fn drop_exported(db: &Database, day: Date, exported: DayTotals) -> Res
     if parts.is_empty() {
         return Ok(());
     }
-    let mut counted = Vec::new();
     for (_, name) in &parts {
         // SHARE: no write to the day until the drop; reads go on.
         let lock = format!("LOCK TABLE {name} IN SHARE MODE");
@@ -185,28 +310,11 @@ pub async fn drop_exported(db: &Database, day: Date, exported: DayTotals) -> Res
             sqlx::query(&lock).persistent(false).execute(&mut *tx),
         )
         .await?;
-        counted.push(format!("SELECT billed FROM {name}"));
     }
-    let count = format!(
-        "SELECT count(*) AS rows, coalesce(sum(billed), 0)::bigint AS billed FROM ({}) day",
-        counted.join(" UNION ALL ")
-    );
-    let row = db
-        .bounded_by(
-            STATEMENT_TIMEOUT,
-            sqlx::query(&count).persistent(false).fetch_one(&mut *tx),
-        )
-        .await?;
-    let found = DayTotals {
-        rows: from_db(row.try_get("rows").map_err(DbError::Sql)?),
-        billed: from_db(row.try_get("billed").map_err(DbError::Sql)?),
-    };
-    if found != exported {
-        return Err(DropError::Mismatch {
-            day,
-            found,
-            exported,
-        });
+    let found = day_sums(db, &mut tx, day).await?;
+    let differing = found.differing(exported);
+    if !differing.is_empty() {
+        return Err(DropError::Mismatch { day, differing });
     }
     for (parent, name) in &parts {
         for statement in [

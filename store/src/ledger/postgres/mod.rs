@@ -177,6 +177,12 @@ const LANES: usize = 1;
 /// land; it keeps its lease meanwhile.
 pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
+/// The statement of a lookup by an id that carries its time (`$1` the id, `$2` the time it
+/// carries): the view of every row, open and closed, pruned to that time's partitions. Public
+/// so that a test EXPLAINs the statement the lookup runs, not a copy of it.
+pub const MESSAGE_BY_TIMED_ID: &str =
+    "SELECT * FROM message_rows WHERE id = $1 AND created_at = $2";
+
 /// How many times a stopping process tries to return its allotments.
 const CLOSE_RETURN_ATTEMPTS: usize = 4;
 
@@ -894,7 +900,7 @@ impl Ledger for PostgresLedger {
             row = self
                 .db
                 .bounded(
-                    sqlx::query("SELECT * FROM message_rows WHERE id = $1 AND created_at = $2")
+                    sqlx::query(MESSAGE_BY_TIMED_ID)
                         .bind(id)
                         .bind(created_at)
                         .persistent(false)
