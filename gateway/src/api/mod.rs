@@ -13,6 +13,7 @@ mod messages;
 mod models;
 mod responses;
 mod sse;
+pub mod storage;
 pub mod usage;
 
 use std::convert::Infallible;
@@ -98,6 +99,12 @@ fn v1(state: AppState) -> impl HttpService {
     let admitted = |handler: axum::routing::MethodRouter<AppState>| {
         handler.layer(from_fn_with_state(state.clone(), pre_admission::layer))
     };
+    // Uploads, downloads and lists of files and batches run no turn: each is counted against
+    // RPM before its body is read or its store asked. Retrieving, cancelling or deleting one
+    // batch or file (what a client polls) is not.
+    let counted = |handler: axum::routing::MethodRouter<AppState>| {
+        handler.layer(from_fn_with_state(state.clone(), pre_admission::counted))
+    };
     let routes = Router::new()
         .route("/messages", admitted(post(messages::create)))
         .route(
@@ -107,7 +114,7 @@ fn v1(state: AppState) -> impl HttpService {
         .route(
             "/messages/batches",
             admitted(post(message_batches::create).layer(Extension(BodyCap::BATCH)))
-                .get(message_batches::list),
+                .merge(counted(get(message_batches::list))),
         )
         .route(
             "/messages/batches/{id}",
@@ -119,17 +126,17 @@ fn v1(state: AppState) -> impl HttpService {
         )
         .route(
             "/messages/batches/{id}/results",
-            get(message_batches::results),
+            counted(get(message_batches::results)),
         )
         .route(
             "/batches",
-            admitted(post(batches::create)).get(batches::list),
+            admitted(post(batches::create)).merge(counted(get(batches::list))),
         )
         .route("/batches/{id}", get(batches::get))
         .route("/batches/{id}/cancel", post(batches::cancel))
-        .route("/files", post(files::upload).get(files::list))
+        .route("/files", counted(post(files::upload).get(files::list)))
         .route("/files/{id}", get(files::get).delete(files::delete))
-        .route("/files/{id}/content", get(files::content))
+        .route("/files/{id}/content", counted(get(files::content)))
         .route("/chat/completions", admitted(post(chat::create)))
         .route("/responses", admitted(post(responses::create)))
         .route(
