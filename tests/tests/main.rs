@@ -81,4 +81,5 @@ mod upstream_failover;
 mod upstream_http2;
 mod upstream_node_clients;
 mod upstream_translation;
+mod url_nul;
 mod usage_rollups;

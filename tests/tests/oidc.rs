@@ -191,6 +191,11 @@ async fn forged_replayed_and_tampered_callbacks_are_refused_and_start_no_session
         (Tamper::BadSignature, "badly signed ID token"),
         (Tamper::WrongAudience, "ID token for another client"),
         (Tamper::EmailUnverified, "unverified email"),
+        (
+            Tamper::Hs256ClientSecret,
+            "ID token signed HS256 with the client secret",
+        ),
+        (Tamper::IssuedAhead, "ID token issued a day ahead"),
     ] {
         let email = format!("{}@{domain}", unique_name("tamper"));
         issuer.next_token(&email, tamper);
@@ -205,6 +210,27 @@ async fn forged_replayed_and_tampered_callbacks_are_refused_and_start_no_session
             .await;
         assert_eq!(users, 0, "{case} makes no user");
     }
+
+    // A look-alike of a user's email: the Kelvin sign (U+212A) lower-cases to `k`, so the
+    // claim `\u{212A}ate@domain` matched `kate@domain`. It is refused, and `kate` keeps no
+    // session.
+    let kate = format!("kate{}@{domain}", unique_name("k").replace('-', ""));
+    issuer.next_token(&kate, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!((status, session), (303, true), "kate herself: {page}");
+    let before = sessions_of(&pg, &kate).await;
+    let look_alike = kate.replacen('k', "\u{212A}", 1);
+    issuer.next_token(&look_alike, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!((status, session), (403, false), "the Kelvin sign: {page}");
+    assert!(page.contains("look-alike"), "{page}");
+    assert_eq!(
+        sessions_of(&pg, &kate).await,
+        before,
+        "no session of kate's"
+    );
 
     // An email whose domain no organization claimed.
     let stranger = format!(

@@ -85,6 +85,7 @@ pub fn service(state: AppState, deadline: BodyDeadline) -> impl HttpService {
             ApiError::internal().into_response()
         }))
         .layer(axum::middleware::from_fn(header_limit))
+        .layer(axum::middleware::from_fn(no_nul_in_url))
         .layer(axum::middleware::from_fn(budget::hold))
         // Every body is read by `edge::body_reader`; should one of axum's own extractors ever
         // read one, it gets the smallest cap.
@@ -175,6 +176,23 @@ async fn header_limit(req: Request, next: axum::middleware::Next) -> Response {
         + req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if size > MAX_HEADER_BYTES {
         return ApiError::headers_too_large(MAX_HEADER_BYTES).into_response();
+    }
+    next.run(req).await
+}
+
+/// A URL whose path or query decodes to a NUL byte is refused (400) before any handler runs:
+/// an id or a query value carrying one would reach Postgres, which refuses the byte in text
+/// (an error that reads as an outage, 503, when it is the request's fault).
+async fn no_nul_in_url(req: Request, next: axum::middleware::Next) -> Response {
+    let nul = req
+        .uri()
+        .path_and_query()
+        .is_some_and(|p| p.as_str().as_bytes().windows(3).any(|w| w == b"%00"));
+    if nul {
+        return ApiError::invalid(
+            "the URL holds a NUL byte (`%00`), which no id or query value may",
+        )
+        .into_response();
     }
     next.run(req).await
 }

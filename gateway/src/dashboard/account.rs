@@ -479,10 +479,12 @@ pub async fn sign_in(
             .sign_in_failures(&email, from)
             .await?
             .map_or(now + FAILURE_WINDOW, |(_, until)| until);
-        let minutes = ((until - now).whole_seconds() + 59) / 60;
-        return refuse(
-            StatusCode::TOO_MANY_REQUESTS,
+        let secs = (until - now).whole_seconds().max(1);
+        let minutes = (secs + 59) / 60;
+        return too_many(
+            refuse,
             &format!("Too many failed sign-ins for this email from your network. Try again in {minutes} minute(s)."),
+            secs.unsigned_abs(),
         );
     }
     let user = state.developers.user_by_email(&email).await?;
