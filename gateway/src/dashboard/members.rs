@@ -27,13 +27,20 @@ use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::developers::{
-    domain_of, Acceptance, DomainClaim, Invitation, MemberChange, Refusal, Role, Session,
-    SignInMethod, User, ROLES,
+    domain_of, Acceptance, DomainClaim, Invitation, InvitationLimit, InvitationLimits,
+    MemberChange, Refusal, Role, Session, SignInMethod, User, ROLES,
 };
 
 /// Pending invitations an organization may have at once: each is a mail to any address, so a
 /// member cannot make the gateway mail strangers without bound.
 const MAX_PENDING_INVITATIONS: usize = 50;
+/// Invitations sent within an hour, withdrawn ones included: by one organization, and to one
+/// address from every organization (so withdrawing and inviting again mails no more).
+const INVITATION_LIMITS: InvitationLimits = InvitationLimits {
+    per_organization: 100,
+    per_address: 5,
+    window: time::Duration::HOUR,
+};
 
 #[derive(Deserialize)]
 pub struct InviteForm {
@@ -439,7 +446,7 @@ pub async fn invite(
     }
     let token = ids::session_token();
     let now = OffsetDateTime::now_utc();
-    state
+    let sent = state
         .developers
         .invite(
             Invitation {
@@ -452,8 +459,29 @@ pub async fn invite(
                 expires_at: now + state.settings.invitation_lifetime,
             },
             &session::actor(&session.email, client),
+            INVITATION_LIMITS,
         )
         .await?;
+    let over = match sent {
+        Ok(()) => None,
+        Err(InvitationLimit::Organization) => Some(format!(
+            "This organization sent {} invitations within the hour; wait before sending more.",
+            INVITATION_LIMITS.per_organization
+        )),
+        Err(InvitationLimit::Address) => Some(format!(
+            "That address was sent {} invitations within the hour; wait before inviting it again.",
+            INVITATION_LIMITS.per_address
+        )),
+    };
+    if let Some(message) = over {
+        let mut page = refuse(StatusCode::TOO_MANY_REQUESTS, &message).await?;
+        // The window slides: within the hour one of the counted invitations leaves it.
+        page.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from(INVITATION_LIMITS.window.whole_seconds()),
+        );
+        return Ok(page);
+    }
     mail::send(
         state.settings.mailer.as_ref(),
         Mail::Invitation {
