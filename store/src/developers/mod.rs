@@ -273,6 +273,14 @@ pub trait DeveloperStore: Send + Sync {
     /// audited as `by`'s; `false` (and nothing changed) when another organization holds it.
     async fn claim_domain(&self, claim: DomainClaim, by: &Actor) -> Result<bool, StoreError>;
     /// The organization that claimed the domain, if any.
+    /// Releases the account's claim of `domain`, audited as `by`'s: `false` when the account
+    /// holds no such claim (another organization's stays).
+    async fn release_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        by: &Actor,
+    ) -> Result<bool, StoreError>;
     async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError>;
     /// The domains the account's organization claimed, by name.
     async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError>;
@@ -773,6 +781,24 @@ impl DeveloperStore for MemoryDeveloperStore {
                 slot.insert(claim);
                 Ok(true)
             }
+        }
+    }
+
+    async fn release_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        match self
+            .domains
+            .remove_if(domain, |_, claim| claim.account_id == account_id)
+        {
+            Some((_, claim)) => {
+                self.audit.append(sso::domain_released(&claim, by));
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 

@@ -832,6 +832,36 @@ impl DeveloperStore for PostgresDeveloperStore {
         Ok(claimed)
     }
 
+    async fn release_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let released = sqlx::query(
+                    "DELETE FROM dashboard_domains WHERE domain = $1 AND account_id = $2
+                     RETURNING *",
+                )
+                .bind(domain)
+                .bind(account_id)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = released else {
+                    return Ok(false);
+                };
+                let claim = claim_of(&row)?;
+                append_in(&mut tx, &sso::domain_released(&claim, by)).await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(true)
+            })
+            .await?)
+    }
+
     async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError> {
         let row = self
             .db
