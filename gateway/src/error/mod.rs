@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::api::files::error::FileError;
 use crate::api::message_batches::error::BatchError;
-use crate::api::storage::StorageError;
+use crate::api::storage::error::StorageError;
 use crate::dashboard::error::DashboardError;
 use crate::edge::body_reader::BodyError;
 use crate::edge::budget::{self, BudgetError};

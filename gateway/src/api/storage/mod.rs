@@ -3,27 +3,12 @@
 //! quota of bytes (`--files-account-max-bytes`), and nothing is kept for an account without
 //! credits. An ended item keeps only its result, which its turn was billed for.
 
-use thiserror::Error;
+pub mod error;
 
+pub use self::error::StorageError;
 use crate::error::ApiError;
 use crate::state::BatchApi;
 use gateway_core::auth::Principal;
-
-#[derive(Debug, Error)]
-pub enum StorageError {
-    /// The account has no credits left to pay for what it would keep.
-    #[error(
-        "your apiCredits balance is empty: files and batches are kept only for an account with \
-         credits to run them; top up at /developers/billing"
-    )]
-    NoCredits,
-    /// What the account keeps would pass its quota.
-    #[error(
-        "this account's files and queued batch requests may hold {0} bytes in all; delete files \
-         or wait for batches to end before storing more"
-    )]
-    Quota(u64),
-}
 
 /// Refuses (402) an upload or a batch create of an account with no credits available: a
 /// create is refused unless the account's balance, less what turns in flight hold, is
