@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use openidconnect::core::{
-    CoreIdToken, CoreIdTokenClaims, CoreJsonWebKeySet, CoreJwsSigningAlgorithm,
+    CoreHmacKey, CoreIdToken, CoreIdTokenClaims, CoreJsonWebKeySet, CoreJwsSigningAlgorithm,
     CoreRsaPrivateSigningKey,
 };
 use openidconnect::{JsonWebKeyId, PrivateSigningKey};
@@ -97,6 +97,10 @@ pub enum Tamper {
     WrongAudience,
     /// `email_verified: false`.
     EmailUnverified,
+    /// Signed `HS256` with the client secret (which the discovery document lists too).
+    Hs256ClientSecret,
+    /// `iat` a day ahead.
+    IssuedAhead,
 }
 
 struct Shared {
@@ -187,7 +191,9 @@ async fn discovery(State(shared): State<Arc<Mutex<Shared>>>) -> Json<Value> {
         "jwks_uri": format!("{issuer}/jwks"),
         "response_types_supported": ["code"],
         "subject_types_supported": ["public"],
-        "id_token_signing_alg_values_supported": ["RS256"],
+        // HS256 listed too, as providers that offer it to confidential clients do: the gateway
+        // must still take RS256 against the JWKS only.
+        "id_token_signing_alg_values_supported": ["RS256", "HS256"],
     }))
 }
 
@@ -219,7 +225,7 @@ async fn token(State(shared): State<Arc<Mutex<Shared>>>) -> Json<Value> {
         "iss": shared.issuer,
         "aud": if tamper == Tamper::WrongAudience { "someone-else" } else { CLIENT_ID },
         "sub": shared.email,
-        "iat": now,
+        "iat": if tamper == Tamper::IssuedAhead { now + 86_400 } else { now },
         "exp": if tamper == Tamper::Expired { now - 3600 } else { now + 300 },
         "nonce": if tamper == Tamper::WrongNonce { "not-the-nonce".to_owned() } else { shared.nonce.clone() },
         "email": shared.email,
@@ -231,13 +237,23 @@ async fn token(State(shared): State<Arc<Mutex<Shared>>>) -> Json<Value> {
     } else {
         &shared.key
     };
-    let id_token = CoreIdToken::new(
-        claims,
-        key,
-        CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256,
-        None,
-        None,
-    )
+    let id_token = if tamper == Tamper::Hs256ClientSecret {
+        CoreIdToken::new(
+            claims,
+            &CoreHmacKey::new(CLIENT_SECRET.as_bytes()),
+            CoreJwsSigningAlgorithm::HmacSha256,
+            None,
+            None,
+        )
+    } else {
+        CoreIdToken::new(
+            claims,
+            key,
+            CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256,
+            None,
+            None,
+        )
+    }
     .expect("a signed ID token");
     Json(json!({
         "access_token": "mock-access-token",

@@ -101,6 +101,12 @@ async fn an_enterprise_apikey_raises_both_caps_of_its_key() {
         .arg("1")
         .start()
         .await;
+    // A batch is stored only for an account with credits: the seeded key's has none yet.
+    let account = gw.account(ENTERPRISE_KEY).await;
+    let id = account["id"].as_str().expect("an account id");
+    gw.top_up(id, 1_000, &unique_name("batch-caps-top-up"))
+        .await
+        .expect_ok();
     // Past both flags, up to the grant's caps: 20 requests queued, 4 batches processing.
     create(&gw, ENTERPRISE_KEY, 8).await.expect_ok();
     create(&gw, ENTERPRISE_KEY, 2).await.expect_ok();

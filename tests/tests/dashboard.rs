@@ -298,6 +298,29 @@ async fn sign_in_is_refused_for_a_while_after_five_wrong_passwords_for_the_email
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("Too many failed sign-ins"), "{body}");
     assert!(!visitor.cookies.iter().any(|(k, _)| k == "svc_session"));
+    // The 429 says when to come back: within the failures' window (15 minutes).
+    let (_, form) = visitor.get("/developers/sign-in").await;
+    let csrf = hidden_csrf(&form);
+    let response = gw
+        .client()
+        .post(gw.url("/developers/sign-in"))
+        .header("cookie", visitor.cookie_header())
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("email", email.as_str()),
+            ("password", PASSWORD),
+        ])
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), 429);
+    let retry_after: u64 = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After of seconds on the lockout's 429");
+    assert!((1..=15 * 60).contains(&retry_after), "{retry_after}");
 }
 
 #[tokio::test]

@@ -117,3 +117,37 @@ async fn a_stopping_pod_writes_its_turns_and_returns_its_allotments_before_it_ex
         "a turn's row was not written"
     );
 }
+
+/// Thirty turns at once on two pods of an account with credits for a few: each is served
+/// (200) or refused for its credits (402), never answered as an outage (503) when the
+/// account's check refuses a refill or a reservation that raced for its last credits.
+#[tokio::test]
+async fn concurrent_turns_on_a_nearly_empty_account_are_served_or_refused_402_never_503() {
+    const TURNS: usize = 30;
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(2, |b| allotting(b, &pg)).await;
+    let body = message("svc/haiku", "count to three", 64);
+    // What one such turn costs, on another account.
+    let probe = cluster.pods[0]
+        .new_key(CREDITS, &KeySpec::tier("enterprise"))
+        .await;
+    let one = cluster.pods[0].post_messages(&probe.secret, &body).await;
+    let cost = one.expect_ok()["usage"]["credits_consumed"]
+        .as_u64()
+        .expect("credits");
+    let key = cluster.pods[0]
+        .new_key(NEARLY_EMPTY_TURNS * cost, &KeySpec::tier("enterprise"))
+        .await;
+    let answers =
+        join_all((0..TURNS).map(|i| cluster.pods[i % 2].post_messages(&key.secret, &body))).await;
+    let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+    for answer in answers.iter().filter(|a| a.status != 200) {
+        answer.expect_error(402, "insufficient_quota");
+    }
+    let refused = statuses.iter().filter(|s| **s == 402).count();
+    assert!(refused > 0, "the account ran out: {statuses:?}");
+}
+
+/// Turns' worth of credits the nearly empty account holds (each turn holds more, its most,
+/// while it runs).
+const NEARLY_EMPTY_TURNS: u64 = 4;

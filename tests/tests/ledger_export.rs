@@ -324,6 +324,23 @@ async fn a_day_exports_to_an_s3_compatible_bucket_verified_and_idempotent() {
         .await
         .expect_err("a missing bucket");
     assert!(failed.contains("destination"), "{failed}");
+
+    // Credentials in the endpoint's URL: refused, and neither echoed.
+    let with_credentials = endpoint.replacen("://", "://leaked-user:leaked-secret@", 1);
+    let credentialed = [
+        "--to-s3",
+        "s3://ledger/exports",
+        "--s3-endpoint",
+        &with_credentials,
+    ];
+    let failed = export(pg, (first, first), &credentialed, &CREDENTIALS)
+        .await
+        .expect_err("credentials in the endpoint");
+    assert!(failed.contains("carries credentials"), "{failed}");
+    assert!(
+        !failed.contains("leaked-secret") && !failed.contains("leaked-user"),
+        "the credentials echoed: {failed}"
+    );
 }
 
 /// The export's statements are a job's, not a request's: the first page sorts a whole day,

@@ -151,3 +151,55 @@ async fn an_invitation_is_mailed_through_smtp_and_accepted_in_standalone_mode() 
         "{members}"
     );
 }
+
+/// Past the 32 mails being sent at once, the next wait in the mailer's queue instead of being
+/// dropped: with the mail server's link cut, 40 invitations hold 32 sends and queue 8
+/// (`gateway_mail_queued` 40); once the link is restored the 8 queued mails are delivered.
+#[tokio::test]
+async fn mails_past_those_in_flight_are_queued_and_sent_not_dropped() {
+    let smtp = SmtpSink::start().await;
+    let link = TcpProxy::start(smtp.port).await;
+    let gw = Gateway::builder()
+        .arg("--smtp-url")
+        .arg(&format!("smtp://127.0.0.1:{}", link.port))
+        .arg("--sign-ups-per-minute=100")
+        .start()
+        .await;
+    let owner_email = new_email();
+    let mut owner = Visitor::new(&gw);
+    let (status, page, _) = owner.try_sign_up(&owner_email, &[]).await;
+    assert_eq!(status, 200, "{page}");
+    let verify = mailed_link(&smtp, &owner_email, VERIFY_PATH).await;
+    assert_eq!(owner.follow_verification_link(&verify).await.0, 200);
+    assert_eq!(owner.sign_in(&owner_email, PASSWORD).await.0, 303);
+
+    link.cut();
+    let invitees: Vec<String> = (0..40).map(|_| new_email()).collect();
+    for invitee in &invitees {
+        let (status, page) = owner.invite(invitee, "developer").await;
+        assert_eq!(status, 200, "{page}");
+    }
+    let queued = gw
+        .metrics()
+        .await
+        .get("gateway_mail_queued", &[])
+        .unwrap_or(0.0);
+    assert_eq!(queued, 40.0, "32 being sent, 8 waiting");
+    link.restore();
+    // The 32 stalled sends end with their connections; the 8 queued ones are sent.
+    let delivered = poll_until(
+        "the queued invitations delivered",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let received = smtp
+                .messages()
+                .into_iter()
+                .filter(|m| invitees.iter().any(|i| m.contains(i.as_str())))
+                .count();
+            (received >= 8).then_some(received)
+        },
+    )
+    .await;
+    assert!(delivered >= 8, "{delivered}");
+}

@@ -191,6 +191,11 @@ async fn forged_replayed_and_tampered_callbacks_are_refused_and_start_no_session
         (Tamper::BadSignature, "badly signed ID token"),
         (Tamper::WrongAudience, "ID token for another client"),
         (Tamper::EmailUnverified, "unverified email"),
+        (
+            Tamper::Hs256ClientSecret,
+            "ID token signed HS256 with the client secret",
+        ),
+        (Tamper::IssuedAhead, "ID token issued a day ahead"),
     ] {
         let email = format!("{}@{domain}", unique_name("tamper"));
         issuer.next_token(&email, tamper);
@@ -205,6 +210,27 @@ async fn forged_replayed_and_tampered_callbacks_are_refused_and_start_no_session
             .await;
         assert_eq!(users, 0, "{case} makes no user");
     }
+
+    // A look-alike of a user's email: the Kelvin sign (U+212A) lower-cases to `k`, so the
+    // claim `\u{212A}ate@domain` matched `kate@domain`. It is refused, and `kate` keeps no
+    // session.
+    let kate = format!("kate{}@{domain}", unique_name("k").replace('-', ""));
+    issuer.next_token(&kate, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!((status, session), (303, true), "kate herself: {page}");
+    let before = sessions_of(&pg, &kate).await;
+    let look_alike = kate.replacen('k', "\u{212A}", 1);
+    issuer.next_token(&look_alike, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!((status, session), (403, false), "the Kelvin sign: {page}");
+    assert!(page.contains("look-alike"), "{page}");
+    assert_eq!(
+        sessions_of(&pg, &kate).await,
+        before,
+        "no session of kate's"
+    );
 
     // An email whose domain no organization claimed.
     let stranger = format!(
@@ -233,30 +259,34 @@ async fn forged_replayed_and_tampered_callbacks_are_refused_and_start_no_session
     );
 }
 
+/// "Require single sign-on" is the claiming organization's rule for its own members: the
+/// owner's password sign-in is refused (403, audited `sso_required`, no session), while a user
+/// of the domain with an organization of their own signs in with a password as before. Once
+/// the claim is released (audited), the owner's password works again.
 #[tokio::test]
-async fn password_sign_in_is_refused_for_a_domain_that_requires_single_sign_on() {
+async fn password_sign_in_is_refused_to_the_claiming_organizations_members_only() {
     let pg = PostgresServer::start().await;
     let issuer = MockIssuer::start().await;
     let cluster = dashboard(&pg, &issuer.issuer()).await;
     let gw = &cluster.pods[0];
     let (mut owner, domain) = owner_claiming(gw, false).await;
-    // A user of the domain with a password, signed up before the domain required SSO.
+    let owner_email = format!("owner@{domain}");
+    // A user of the domain with a password and an organization of their own.
     let email = format!("{}@{domain}", unique_name("pw"));
     Visitor::new(gw).sign_up(&email, &[]).await;
     let mut visitor = Visitor::new(gw);
-    let (status, page) = visitor.sign_in(&email, PASSWORD).await;
-    assert_eq!(status, 303, "allowed before: {page}");
+    let (_, page) = visitor.sign_in(&email, PASSWORD).await;
     // Its user owns an organization of their own, which cannot take the claimed domain.
-    let (_, page) = visitor.get("/developers/members").await;
-    let csrf = hidden_csrf(&page);
-    let (status, page, _) = visitor
+    let (_, page_members) = visitor.get("/developers/members").await;
+    let csrf = hidden_csrf(&page_members);
+    let (status, page_claim, _) = visitor
         .post(
             "/developers/members/domains",
             &[("csrf", &csrf), ("domain", &domain)],
             &[],
         )
         .await;
-    assert_eq!(status, 409, "{page}");
+    assert_eq!(status, 409, "{page_claim} (after {page})");
 
     let (_, page) = owner.get("/developers/members").await;
     let csrf = hidden_csrf(&page);
@@ -267,33 +297,80 @@ async fn password_sign_in_is_refused_for_a_domain_that_requires_single_sign_on()
     ];
     let (status, page, _) = owner.post("/developers/members/domains", &form, &[]).await;
     assert_eq!(status, 200, "{page}");
-    let before = sessions_of(&pg, &email).await;
 
-    let mut visitor = Visitor::new(gw);
-    let (_, form) = visitor.get("/developers/sign-in").await;
-    assert!(form.contains("Sign in with SSO"), "{form}");
-    let csrf = hidden_csrf(&form);
-    let (status, page, set) = visitor
-        .post(
-            "/developers/sign-in",
-            &[("csrf", &csrf), ("email", &email), ("password", PASSWORD)],
-            &[],
-        )
-        .await;
+    // Not a member of the claiming organization: signs in with a password.
+    let (status, page) = Visitor::new(gw).sign_in(&email, PASSWORD).await;
+    assert_eq!(status, 303, "another organization's user: {page}");
+
+    // The claiming organization's own member: refused.
+    let before = sessions_of(&pg, &owner_email).await;
+    let attempt = || async {
+        let mut visitor = Visitor::new(gw);
+        let (_, form) = visitor.get("/developers/sign-in").await;
+        assert!(form.contains("Sign in with SSO"), "{form}");
+        let csrf = hidden_csrf(&form);
+        visitor
+            .post(
+                "/developers/sign-in",
+                &[
+                    ("csrf", &csrf),
+                    ("email", &owner_email),
+                    ("password", PASSWORD),
+                ],
+                &[],
+            )
+            .await
+    };
+    let (status, page, set) = attempt().await;
     assert_eq!(status, 403, "{page}");
     assert!(page.contains("requires single sign-on"), "{page}");
     assert!(
         !set.iter().any(|c| c.starts_with("svc_session=")),
         "{set:?}"
     );
-    assert_eq!(sessions_of(&pg, &email).await, before);
+    assert_eq!(sessions_of(&pg, &owner_email).await, before);
     let reason = pg
         .query(&format!(
             "SELECT after->>'reason' FROM audit_log
-             WHERE action = 'sign_in_failed' AND target = '{email}'"
+             WHERE action = 'sign_in_failed' AND target = '{owner_email}'"
         ))
         .await;
     assert_eq!(reason, "sso_required");
+    let refused_others = pg
+        .query_i64(&format!(
+            "SELECT count(*) FROM audit_log
+             WHERE action = 'sign_in_failed' AND target = '{email}'"
+        ))
+        .await;
+    assert_eq!(
+        refused_others, 0,
+        "the other organization's user was not refused"
+    );
+
+    // Released: audited, and the owner's password works again.
+    let (_, page) = owner.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = owner
+        .post(
+            "/developers/members/domains/release",
+            &[("csrf", csrf.as_str()), ("domain", domain.as_str())],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        !page.contains(&format!("data-domain=\"{domain}\"")),
+        "{page}"
+    );
+    let released = pg
+        .query_i64(&format!(
+            "SELECT count(*) FROM audit_log WHERE action = 'domain_released' AND target = '{domain}'"
+        ))
+        .await;
+    assert_eq!(released, 1);
+    let (status, _, set) = attempt().await;
+    assert_eq!(status, 303, "released: the password works");
+    assert!(set.iter().any(|c| c.starts_with("svc_session=")), "{set:?}");
 }
 
 #[tokio::test]
@@ -307,7 +384,13 @@ async fn an_owner_claims_only_their_own_emails_domain_and_sign_in_starts_are_bra
     owner.sign_up(&format!("owner@{domain}"), &[]).await;
     let (_, page) = owner.get("/developers/members").await;
     let csrf = hidden_csrf(&page);
-    for other in ["gmail.com", "another-company.example"] {
+    for (other, why) in [
+        ("gmail.com", "public mail provider"),
+        (
+            "another-company.example",
+            "only the domain of your own email",
+        ),
+    ] {
         let (status, page, _) = owner
             .post(
                 "/developers/members/domains",
@@ -316,8 +399,24 @@ async fn an_owner_claims_only_their_own_emails_domain_and_sign_in_starts_are_bra
             )
             .await;
         assert_eq!(status, 403, "{other}: {page}");
-        assert!(page.contains("only the domain of your own email"), "{page}");
+        assert!(page.contains(why), "{page}");
     }
+    // Nor its own email's domain when that is a public mail provider's.
+    let mut public = Visitor::new(gw);
+    public
+        .sign_up(&format!("{}@gmail.com", unique_name("owner")), &[])
+        .await;
+    let (_, page) = public.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = public
+        .post(
+            "/developers/members/domains",
+            &[("csrf", csrf.as_str()), ("domain", "gmail.com")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 403, "{page}");
+    assert!(page.contains("public mail provider"), "{page}");
     let claims = pg.query_i64("SELECT count(*) FROM dashboard_domains").await;
     assert_eq!(claims, 0, "nothing claimed");
 

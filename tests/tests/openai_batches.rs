@@ -165,8 +165,8 @@ fn by_custom_id(file: &Value) -> HashMap<String, Value> {
 
 async fn a_batch_runs_to_completion_billed_per_item_at_the_batch_price(gw: &Gateway) {
     const N: usize = 36;
-    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
-    let other = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    let other = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let before = gw.balance(&key.secret).await;
     let run = python(gw, SDK_RUN, &[&key.secret, &other.secret, &N.to_string()]).await;
 
@@ -286,7 +286,7 @@ fn expect_envelope(run: &Value, call: &str, status: u16, kind: &str) {
 }
 
 async fn bad_input_gets_the_envelope_with_its_status(gw: &Gateway) {
-    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let cap = 16 * 1024 * 1024;
     let run = python(gw, SDK_BAD_INPUT, &[&key.secret, &cap.to_string()]).await;
     expect_envelope(&run, "wrong_purpose", 400, "invalid_request_error");
@@ -384,7 +384,7 @@ print(json.dumps({"ended": batch.model_dump(mode="json"), "output": output, "err
 /// size, and deleting one removes it.
 async fn a_responses_batch_answers_responses_objects_and_lists_its_files(gw: &Gateway) {
     const N: usize = 12;
-    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let before = gw.balance(&key.secret).await;
     let run = python(gw, SDK_RESPONSES, &[&key.secret, &N.to_string()]).await;
     let ended = &run["ended"];
@@ -497,7 +497,7 @@ async fn a_batchs_files_are_listed_once_its_last_item_ends() {
         .arg("20")
         .start()
         .await;
-    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let run = python(&gw, SDK_FILES_WITHOUT_RETRIEVE, &[&key.secret, "8"]).await;
     let batch = run["batch"].as_str().expect("batch id");
     let mut names: Vec<&str> = run["listed"]
@@ -569,7 +569,7 @@ async fn cancel_ends_the_queued_items_in_the_error_file_and_frees_the_cap() {
         .arg("1")
         .start()
         .await;
-    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let before = gw.balance(&key.secret).await;
     let run = python(&gw, SDK_CANCEL, &[&key.secret, &N.to_string()]).await;
     let second = &run["second"];
@@ -635,8 +635,8 @@ print(json.dumps({"first": first.bytes, "second": second, "other": other, "after
         .arg("1000")
         .start()
         .await;
-    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
-    let other = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    let other = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let run = python(&gw, SCRIPT, &[&key.secret, &other.secret]).await;
     assert_eq!(run["first"], 599, "{run}");
     expect_envelope(&run, "second", 400, "invalid_request_error");
@@ -669,7 +669,7 @@ print(json.dumps({"responses": create("/v1/responses"), "chat": create("/v1/chat
     let gw = Gateway::start().await;
     let chat_only = KeySpec {
         scopes: Some(vec!["chat".to_owned()]),
-        ..KeySpec::api()
+        ..KeySpec::tier("pay_as_you_go")
     };
     let key = gw.new_key(1_000_000, &chat_only).await;
     let run = python(&gw, SCRIPT, &[&key.secret]).await;
@@ -728,7 +728,7 @@ print(json.dumps({"default": default.model_dump(mode="json"), "hour": hour.model
 /// content, delete (the SDK's `NotFoundError`, the retrieve's envelope) and a batch's create at
 /// once, and the sweep deletes it; the other stays.
 async fn an_upload_expires_as_its_expires_after_says(gw: &Gateway) -> Value {
-    let key = gw.new_key(1_000_000, &KeySpec::api()).await;
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
     let run = python(gw, SDK_EXPIRY, &[&key.secret]).await;
     let (default, hour) = (&run["default"], &run["hour"]);
     let created = |file: &Value| file["created_at"].as_i64().expect("created_at");

@@ -56,6 +56,7 @@ impl Destination {
                 }
                 let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
                 if let Some(endpoint) = endpoint {
+                    refuse_credentials(endpoint)?;
                     builder = builder
                         .with_endpoint(endpoint)
                         .with_allow_http(endpoint.starts_with("http://"));
@@ -67,6 +68,23 @@ impl Destination {
             }
         }
     }
+}
+
+/// An endpoint URL with a user or password in it is refused, naming neither: every error
+/// about the destination would echo the URL, and logs keep errors.
+fn refuse_credentials(endpoint: &str) -> Result<(), ExportError> {
+    let url = reqwest::Url::parse(endpoint).map_err(|e| {
+        // The parse error names no part of the URL; the URL itself is not echoed.
+        ExportError::Destination(format!("the S3 endpoint is not a URL: {e}"))
+    })?;
+    if url.username().is_empty() && url.password().is_none() {
+        return Ok(());
+    }
+    let host = url.host_str().unwrap_or_default();
+    Err(ExportError::Destination(format!(
+        "the S3 endpoint (host `{host}`) carries credentials in its URL, which are not taken \
+         there (nor echoed): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead"
+    )))
 }
 
 impl std::fmt::Display for Destination {

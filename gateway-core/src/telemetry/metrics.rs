@@ -119,6 +119,8 @@ struct Metrics {
     config: Family<ConfigLabels, Gauge>,
     ledger_partitions_awaiting_archive: Gauge,
     ledger_partitions_awaiting_close: Gauge,
+    mail_queued: Gauge,
+    mail_dropped: Counter,
 }
 
 impl Metrics {
@@ -141,6 +143,8 @@ impl Metrics {
             config: Family::default(),
             ledger_partitions_awaiting_archive: Gauge::default(),
             ledger_partitions_awaiting_close: Gauge::default(),
+            mail_queued: Gauge::default(),
+            mail_dropped: Counter::default(),
         };
         // Exported at 0 from the start, so a rate over them sees the first 429.
         for dimension in ["requests", "input_tokens", "streams"] {
@@ -244,6 +248,16 @@ impl Metrics {
             "Ledger days the retention keeps that are due to be closed (a week past final) and not closed yet after the last retention run",
             m.ledger_partitions_awaiting_close.clone(),
         );
+        r.register(
+            "gateway_mail_queued",
+            "Dashboard mails handed to the SMTP server's queue and not yet sent or given up",
+            m.mail_queued.clone(),
+        );
+        r.register(
+            "gateway_mail_dropped",
+            "Dashboard mails dropped because the SMTP queue was full",
+            m.mail_dropped.clone(),
+        );
         m
     }
 }
@@ -320,6 +334,21 @@ pub fn stream_opened() -> InFlight {
 /// dropped.
 pub fn turn_reserved() -> InFlight {
     InFlight::count(&METRICS.turns_in_flight)
+}
+
+/// Counts a mail in the SMTP queue (waiting or being sent) until the guard is dropped.
+pub fn mail_queued() -> InFlight {
+    InFlight::count(&METRICS.mail_queued)
+}
+
+/// A mail dropped because the SMTP queue was full.
+pub fn mail_dropped() {
+    METRICS.mail_dropped.inc();
+}
+
+/// The mails in the SMTP queue now.
+pub fn mails_queued() -> i64 {
+    METRICS.mail_queued.get()
 }
 
 /// One unit of a gauge of things in flight, given back when dropped.

@@ -13,6 +13,7 @@ mod messages;
 mod models;
 mod responses;
 mod sse;
+pub mod storage;
 pub mod usage;
 
 use std::convert::Infallible;
@@ -84,6 +85,7 @@ pub fn service(state: AppState, deadline: BodyDeadline) -> impl HttpService {
             ApiError::internal().into_response()
         }))
         .layer(axum::middleware::from_fn(header_limit))
+        .layer(axum::middleware::from_fn(no_nul_in_url))
         .layer(axum::middleware::from_fn(budget::hold))
         // Every body is read by `edge::body_reader`; should one of axum's own extractors ever
         // read one, it gets the smallest cap.
@@ -98,6 +100,12 @@ fn v1(state: AppState) -> impl HttpService {
     let admitted = |handler: axum::routing::MethodRouter<AppState>| {
         handler.layer(from_fn_with_state(state.clone(), pre_admission::layer))
     };
+    // Uploads, downloads and lists of files and batches run no turn: each is counted against
+    // RPM before its body is read or its store asked. Retrieving, cancelling or deleting one
+    // batch or file (what a client polls) is not.
+    let counted = |handler: axum::routing::MethodRouter<AppState>| {
+        handler.layer(from_fn_with_state(state.clone(), pre_admission::counted))
+    };
     let routes = Router::new()
         .route("/messages", admitted(post(messages::create)))
         .route(
@@ -107,7 +115,7 @@ fn v1(state: AppState) -> impl HttpService {
         .route(
             "/messages/batches",
             admitted(post(message_batches::create).layer(Extension(BodyCap::BATCH)))
-                .get(message_batches::list),
+                .merge(counted(get(message_batches::list))),
         )
         .route(
             "/messages/batches/{id}",
@@ -119,17 +127,17 @@ fn v1(state: AppState) -> impl HttpService {
         )
         .route(
             "/messages/batches/{id}/results",
-            get(message_batches::results),
+            counted(get(message_batches::results)),
         )
         .route(
             "/batches",
-            admitted(post(batches::create)).get(batches::list),
+            admitted(post(batches::create)).merge(counted(get(batches::list))),
         )
         .route("/batches/{id}", get(batches::get))
         .route("/batches/{id}/cancel", post(batches::cancel))
-        .route("/files", post(files::upload).get(files::list))
+        .route("/files", counted(post(files::upload).get(files::list)))
         .route("/files/{id}", get(files::get).delete(files::delete))
-        .route("/files/{id}/content", get(files::content))
+        .route("/files/{id}/content", counted(get(files::content)))
         .route("/chat/completions", admitted(post(chat::create)))
         .route("/responses", admitted(post(responses::create)))
         .route(
@@ -168,6 +176,23 @@ async fn header_limit(req: Request, next: axum::middleware::Next) -> Response {
         + req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if size > MAX_HEADER_BYTES {
         return ApiError::headers_too_large(MAX_HEADER_BYTES).into_response();
+    }
+    next.run(req).await
+}
+
+/// A URL whose path or query decodes to a NUL byte is refused (400) before any handler runs:
+/// an id or a query value carrying one would reach Postgres, which refuses the byte in text
+/// (an error that reads as an outage, 503, when it is the request's fault).
+async fn no_nul_in_url(req: Request, next: axum::middleware::Next) -> Response {
+    let nul = req
+        .uri()
+        .path_and_query()
+        .is_some_and(|p| p.as_str().as_bytes().windows(3).any(|w| w == b"%00"));
+    if nul {
+        return ApiError::invalid(
+            "the URL holds a NUL byte (`%00`), which no id or query value may",
+        )
+        .into_response();
     }
     next.run(req).await
 }

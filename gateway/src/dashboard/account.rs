@@ -441,18 +441,27 @@ pub async fn sign_in(
             secs,
         );
     }
-    // An organization that requires single sign-on for the email's domain: no password is
-    // checked (and none counted), the attempt is audited on the account when there is one.
+    // A member of the organization that claimed the email's domain and requires single
+    // sign-on for it: no password is checked (and none counted), the attempt is audited on the
+    // account. The claim is that organization's rule for its own members only: users of the
+    // domain elsewhere (another organization, or none) sign in as before.
     if let Some(domain) = domain_of(&email) {
         if let Some(claim) = state.developers.domain_claim(&domain).await? {
-            if claim.require_sso {
-                if let Some(user) = state.developers.user_by_email(&email).await? {
-                    let by = session::actor(&email, client);
-                    state
-                        .developers
-                        .audit_refused_sso(&user, SignInMethod::Password, "sso_required", &by)
-                        .await?;
-                }
+            let member = if claim.require_sso {
+                state
+                    .developers
+                    .user_by_email(&email)
+                    .await?
+                    .filter(|user| user.account_id == claim.account_id)
+            } else {
+                None
+            };
+            if let Some(user) = member {
+                let by = session::actor(&email, client);
+                state
+                    .developers
+                    .audit_refused_sso(&user, SignInMethod::Password, "sso_required", &by)
+                    .await?;
                 return refuse(
                     StatusCode::FORBIDDEN,
                     "Your organization requires single sign-on for this email: use \"Sign in with SSO\".",
@@ -479,10 +488,12 @@ pub async fn sign_in(
             .sign_in_failures(&email, from)
             .await?
             .map_or(now + FAILURE_WINDOW, |(_, until)| until);
-        let minutes = ((until - now).whole_seconds() + 59) / 60;
-        return refuse(
-            StatusCode::TOO_MANY_REQUESTS,
+        let secs = (until - now).whole_seconds().max(1);
+        let minutes = (secs + 59) / 60;
+        return too_many(
+            refuse,
             &format!("Too many failed sign-ins for this email from your network. Try again in {minutes} minute(s)."),
+            secs.unsigned_abs(),
         );
     }
     let user = state.developers.user_by_email(&email).await?;

@@ -5,8 +5,11 @@
 //!
 //! Through SMTP a mail is sent in the background, so a slow mail server never holds a
 //! sign-up's answer (nor tells by its timing which answer it was); at most [`IN_FLIGHT`] at
-//! once, each within [`SEND_TIMEOUT`]. A mail that cannot be sent is logged without its link;
-//! its user signs up again for a new one.
+//! once, each within [`SEND_TIMEOUT`], the others queued in order (up to [`QUEUED`], counted by
+//! `gateway_mail_queued`; past it a mail is dropped, logged and counted by
+//! `gateway_mail_dropped_total`). A burst of mails waits its turn rather than dropping other users'
+//! verification mails. A mail that cannot be sent is logged without its link; its user signs
+//! up again for a new one.
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};
@@ -16,6 +19,8 @@ use lettre::message::Mailbox;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use thiserror::Error;
 use tokio::sync::Semaphore;
+
+use gateway_core::telemetry::metrics;
 
 /// A mail to write; each names its link, under the public URL.
 pub enum Mail<'a> {
@@ -38,8 +43,11 @@ pub enum Mail<'a> {
 pub const VERIFY_PATH: &str = "/developers/verify-email";
 /// The path of an invitation link (under the public URL).
 pub const INVITATION_PATH: &str = "/developers/invitations/accept";
-/// Mails being sent at once; past it a mail is dropped (and logged as such).
+/// Mails being sent at once; past it a mail waits in the queue.
 pub const IN_FLIGHT: usize = 32;
+/// Mails waiting or being sent at most; past it a mail is dropped (logged and counted). A few
+/// KiB each: 4,096 of them are a few tens of MiB at worst.
+pub const QUEUED: i64 = 4_096;
 /// How long one mail may take to reach the mail server.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -112,13 +120,19 @@ impl SmtpMailer {
 
 impl Mailer for SmtpMailer {
     fn send(&self, letter: Letter) {
-        let Ok(slot) = SENDING.clone().try_acquire_owned() else {
+        if metrics::mails_queued() >= QUEUED {
+            metrics::mail_dropped();
             tracing::warn!(target: "gateway::mail", subject = letter.subject,
-                "mail not sent: {IN_FLIGHT} mails are being sent already");
+                "mail not sent: {QUEUED} mails are queued already");
             return;
-        };
+        }
+        let queued = metrics::mail_queued();
         let (server, from) = (self.server.clone(), self.from.clone());
         tokio::spawn(async move {
+            // The semaphore is fair: the mails are sent in the order they were queued.
+            let Ok(slot) = SENDING.clone().acquire_owned().await else {
+                return;
+            };
             let subject = letter.subject;
             let sent = tokio::time::timeout(SEND_TIMEOUT, Self::deliver(server, from, letter));
             match sent.await {
@@ -130,6 +144,7 @@ impl Mailer for SmtpMailer {
                     "mail not sent: the mail server took too long"),
             }
             drop(slot);
+            drop(queued);
         });
     }
 }

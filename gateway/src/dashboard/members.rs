@@ -21,19 +21,27 @@ use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{bare, datetime, notice, page, with_status, Nav};
 use super::mail::{self, Mail, INVITATION_PATH};
+use super::public_domains::public_mail_domain;
 use super::session::{self, needs, Allowed, NotSignedIn, SignedIn};
 use crate::client_address::ClientAddress;
 use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::developers::{
-    domain_of, Acceptance, DomainClaim, Invitation, MemberChange, Refusal, Role, Session,
-    SignInMethod, User, ROLES,
+    domain_of, Acceptance, DomainClaim, Invitation, InvitationLimit, InvitationLimits,
+    MemberChange, Refusal, Role, Session, SignInMethod, User, ROLES,
 };
 
 /// Pending invitations an organization may have at once: each is a mail to any address, so a
 /// member cannot make the gateway mail strangers without bound.
 const MAX_PENDING_INVITATIONS: usize = 50;
+/// Invitations sent within an hour, withdrawn ones included: by one organization, and to one
+/// address from every organization (so withdrawing and inviting again mails no more).
+const INVITATION_LIMITS: InvitationLimits = InvitationLimits {
+    per_organization: 100,
+    per_address: 5,
+    window: time::Duration::HOUR,
+};
 
 #[derive(Deserialize)]
 pub struct InviteForm {
@@ -237,12 +245,19 @@ fn view(
                 } @else {
                     div.table-wrap {
                         table #domains {
-                            thead { tr { th scope="col" { "Domain" } th scope="col" { "Password sign-in" } } }
+                            thead { tr { th scope="col" { "Domain" } th scope="col" { "Password sign-in of members" } th scope="col" { span.sr-only { "Release" } } } }
                             tbody {
                                 @for claim in domains {
                                     tr data-domain=(claim.domain) {
                                         td { (claim.domain) }
                                         td { @if claim.require_sso { "refused: SSO required" } @else { "allowed" } }
+                                        td {
+                                            form method="post" action="/developers/members/domains/release" {
+                                                input type="hidden" name="csrf" value=(session.csrf);
+                                                input type="hidden" name="domain" value=(claim.domain);
+                                                button.danger type="submit" aria-label=(format!("Release {}", claim.domain)) { "Release" }
+                                            }
+                                        }
                                     }
                                 }
                             }
@@ -258,7 +273,7 @@ fn view(
                     div.field { label.check { input #require-sso type="checkbox" name="require_sso" value="on"; " Require single sign-on" } }
                     div.field.actions { button.primary #claim type="submit" { "Claim domain" } }
                 }
-                p.hint { "You can claim the domain of your own email address. New users signing in through single sign-on with a verified email of a claimed domain join this organization. A domain belongs to one organization." }
+                p.hint { "You can claim the domain of your own email address, not a public mail provider's. New users signing in through single sign-on with a verified email of a claimed domain join this organization; requiring single sign-on refuses password sign-in to this organization's members of the domain only. A domain belongs to one organization until it releases it." }
             }
         }
     };
@@ -353,9 +368,31 @@ pub async fn claim_domain(
         )
         .await;
     }
+    // A public mail provider's domain proves nothing about an organization: anyone has an
+    // address there.
+    if public_mail_domain(&domain) {
+        return render(
+            &state,
+            session,
+            StatusCode::FORBIDDEN,
+            Flash::Error("A public mail provider's domain cannot be claimed."),
+        )
+        .await;
+    }
+    // Requiring single sign-on where there is none to use would only lock the members out.
+    if form.require_sso.is_some() && state.settings.sso.is_none() {
+        return render(
+            &state,
+            session,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Flash::Error("Single sign-on is not set up here: it cannot be required."),
+        )
+        .await;
+    }
     // A verified address of the domain is the proof of it this dashboard has: an owner
-    // claims only the domain of their own email, so nobody claims a public mail domain (or
-    // another company's) and captures its users' first sign-ins.
+    // claims only the domain of their own email (verified by the link mailed to it at
+    // sign-up), so nobody claims another company's domain and captures its users' first
+    // sign-ins.
     if domain_of(&session.email).as_deref() != Some(domain.as_str()) {
         return render(
             &state,
@@ -386,6 +423,45 @@ pub async fn claim_domain(
             session,
             StatusCode::CONFLICT,
             Flash::Error("Another organization has claimed this domain."),
+        )
+        .await
+    }
+}
+
+/// `POST /developers/members/domains/release` (owners): releases a domain the organization
+/// claimed, audited; its members sign in with their passwords again, and new single sign-on
+/// users of the domain join no organization until one claims it.
+pub async fn release_domain(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    allowed: Allowed<needs::Members>,
+    HtmlForm(form): HtmlForm<DomainForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    if session.role != Role::Owner {
+        return Ok(NotSignedIn::Forbidden(session.clone()).into_response());
+    }
+    let domain = normalize(&form.domain);
+    let by = session::actor(&session.email, client);
+    if state
+        .developers
+        .release_domain(&session.account_id, &domain, &by)
+        .await?
+    {
+        render(
+            &state,
+            session,
+            StatusCode::OK,
+            Flash::Done("Domain released."),
+        )
+        .await
+    } else {
+        render(
+            &state,
+            session,
+            StatusCode::NOT_FOUND,
+            Flash::Error("This organization has not claimed that domain."),
         )
         .await
     }
@@ -439,7 +515,7 @@ pub async fn invite(
     }
     let token = ids::session_token();
     let now = OffsetDateTime::now_utc();
-    state
+    let sent = state
         .developers
         .invite(
             Invitation {
@@ -452,8 +528,29 @@ pub async fn invite(
                 expires_at: now + state.settings.invitation_lifetime,
             },
             &session::actor(&session.email, client),
+            INVITATION_LIMITS,
         )
         .await?;
+    let over = match sent {
+        Ok(()) => None,
+        Err(InvitationLimit::Organization) => Some(format!(
+            "This organization sent {} invitations within the hour; wait before sending more.",
+            INVITATION_LIMITS.per_organization
+        )),
+        Err(InvitationLimit::Address) => Some(format!(
+            "That address was sent {} invitations within the hour; wait before inviting it again.",
+            INVITATION_LIMITS.per_address
+        )),
+    };
+    if let Some(message) = over {
+        let mut page = refuse(StatusCode::TOO_MANY_REQUESTS, &message).await?;
+        // The window slides: within the hour one of the counted invitations leaves it.
+        page.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from(INVITATION_LIMITS.window.whole_seconds()),
+        );
+        return Ok(page);
+    }
     mail::send(
         state.settings.mailer.as_ref(),
         Mail::Invitation {

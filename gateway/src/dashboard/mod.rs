@@ -14,6 +14,7 @@ mod layout;
 pub mod mail;
 mod members;
 mod overview;
+mod public_domains;
 mod session;
 pub mod settings;
 mod sso;
@@ -49,6 +50,10 @@ pub fn router() -> Router<AppState> {
         .route(settings::SSO_START_PATH, get(sso::start))
         .route(settings::SSO_CALLBACK_PATH, get(sso::callback))
         .route("/developers/members/domains", post(members::claim_domain))
+        .route(
+            "/developers/members/domains/release",
+            post(members::release_domain),
+        )
         .route(
             "/developers/members/invitations/{id}/withdraw",
             post(members::withdraw),

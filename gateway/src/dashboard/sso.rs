@@ -1,7 +1,8 @@
 //! Single sign-on through the deployment's OpenID Connect provider: the authorization code
 //! flow with PKCE, `state` and `nonce` (the `openidconnect` crate builds the request and
-//! checks the ID token: its signature against the provider's JWKS, `iss`, `aud`, `exp`, the
-//! nonce).
+//! checks the ID token: its signature against the provider's JWKS with an algorithm its
+//! discovery document lists (never an HMAC with the client secret), `iss`, `aud`, `exp`, `iat`
+//! at most 5 minutes ahead, the nonce). An email claim must be in NFKC form.
 //!
 //! `/developers/sso` starts a sign-in: the `state`, `nonce` and PKCE verifier go to the
 //! browser in a short-lived `HttpOnly`, `SameSite=Lax` cookie, and the SHA-256 of the `state`
@@ -22,7 +23,10 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
-use openidconnect::core::{CoreAuthenticationFlow, CoreClient, CoreProviderMetadata};
+use openidconnect::core::{
+    CoreAuthenticationFlow, CoreClient, CoreIdTokenVerifier, CoreJwsSigningAlgorithm,
+    CoreProviderMetadata,
+};
 use openidconnect::{
     AuthorizationCode, CsrfToken, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
     TokenResponse,
@@ -78,6 +82,8 @@ enum Refused {
     IdToken(String),
     #[error("the provider did not say the email is verified")]
     EmailUnverified,
+    #[error("the email claim is not in NFKC form (look-alike characters)")]
+    EmailNotNormal,
     #[error("no organization here claimed the email's domain")]
     DomainNotClaimed(String),
     #[error("the dashboard user of this email has not verified it yet")]
@@ -98,6 +104,9 @@ impl Refused {
                 "The sign-in provider's answer could not be verified. Start again."
             }
             Self::EmailUnverified => "Your provider has not verified your email address.",
+            Self::EmailNotNormal => {
+                "Your provider's email address holds look-alike characters this dashboard does not accept."
+            }
             Self::DomainNotClaimed(_) => {
                 "No organization here uses single sign-on for your email's domain. Ask your organization's owner to claim it on the members page."
             }
@@ -112,6 +121,7 @@ impl Refused {
     fn reason(&self) -> &'static str {
         match self {
             Self::EmailUnverified => "email_unverified",
+            Self::EmailNotNormal => "email_not_normal",
             Self::DomainNotClaimed(_) => "domain_not_claimed",
             Self::UserUnverified(_) => "user_unverified",
             _ => "callback",
@@ -380,16 +390,70 @@ async fn verified_user(
         .map_err(|e| Refused::Exchange(e.to_string()))?;
     let id_token = tokens.id_token().ok_or(Refused::NoIdToken)?;
     let claims = id_token
-        .claims(&oidc.id_token_verifier(), &Nonce::new(nonce.to_owned()))
+        .claims(
+            &id_token_verifier(&provider, sso),
+            &Nonce::new(nonce.to_owned()),
+        )
         .map_err(|e| Refused::IdToken(e.to_string()))?;
     if claims.email_verified() != Some(true) {
         return Err(Refused::EmailUnverified);
     }
-    let email = claims
-        .email()
-        .map(|e| normalize(e.as_str()))
-        .ok_or(Refused::EmailUnverified)?;
+    let email = claims.email().ok_or(Refused::EmailUnverified)?;
+    let email = comparable_email(email.as_str())?;
     user_for(state, sso, &email, client).await.map(Some)
+}
+
+/// How far ahead of this clock an ID token's `iat` may be (the provider's clock may run a
+/// little ahead; a day ahead is a token minted to outlive its `exp` checks).
+const IAT_SKEW_SECS: i64 = 300;
+
+/// The verifier of an ID token: signed with one of the algorithms the discovery document lists
+/// for ID tokens (`id_token_signing_alg_values_supported`), against its JWKS alone. Never with
+/// the client secret: the verifier is built without it, and the HMAC algorithms (`HS256`, which
+/// a secret shared with the provider would sign) are dropped even when the document lists them,
+/// so a holder of the secret, or a tampered header, cannot sign a token that verifies. An `iat`
+/// more than [`IAT_SKEW_SECS`] ahead is refused.
+fn id_token_verifier(provider: &Provider, sso: &SsoSettings) -> CoreIdTokenVerifier<'static> {
+    let algs: Vec<CoreJwsSigningAlgorithm> = provider
+        .metadata
+        .id_token_signing_alg_values_supported()
+        .iter()
+        .filter(|alg| {
+            !matches!(
+                alg,
+                CoreJwsSigningAlgorithm::HmacSha256
+                    | CoreJwsSigningAlgorithm::HmacSha384
+                    | CoreJwsSigningAlgorithm::HmacSha512
+                    | CoreJwsSigningAlgorithm::None
+            )
+        })
+        .cloned()
+        .collect();
+    CoreIdTokenVerifier::new_public_client(
+        sso.client_id.clone(),
+        provider.metadata.issuer().clone(),
+        provider.metadata.jwks().clone(),
+    )
+    .set_allowed_algs(algs)
+    .set_issue_time_verifier_fn(|iat| {
+        let ahead = iat.timestamp() - OffsetDateTime::now_utc().unix_timestamp();
+        if ahead > IAT_SKEW_SECS {
+            Err(format!("issued {ahead} s in the future"))
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// An email claim as it is compared with the dashboard's users: refused unless it is in NFKC
+/// form already (a look-alike such as the Kelvin sign, `\u{212A}`, is not: case folding alone
+/// would make `\u{212A}ate@…` into `kate@…`), then trimmed and lowercased as every stored email
+/// is.
+fn comparable_email(claim: &str) -> Result<String, Refused> {
+    if !unicode_normalization::is_nfkc(claim) {
+        return Err(Refused::EmailNotNormal);
+    }
+    Ok(normalize(claim))
 }
 
 /// The user a verified `email` signs in as: theirs, or a new member of the organization that

@@ -51,3 +51,32 @@ pub async fn layer(State(state): State<Arc<Gate>>, req: Request, next: Next) -> 
     }
     response
 }
+
+/// The request count of a Files or batch call that runs no turn of its own (an upload, a
+/// download, a list), taken before its body is read or its store asked: a key over its
+/// requests per minute is refused (429), as `/v1/messages` refuses it, on every pod. A batch
+/// create's own admission then finds the count taken and admits nothing more for it.
+pub async fn counted(State(state): State<Arc<Gate>>, req: Request, next: Next) -> Response {
+    let Some(principal) = req.extensions().get::<Arc<Principal>>().cloned() else {
+        return next.run(req).await;
+    };
+    let admitted = state
+        .limiter
+        .admit(
+            &principal.key.id,
+            &principal.limits,
+            AdmissionRequest::counting(&principal.request_count),
+        )
+        .await;
+    match admitted {
+        Ok(admission) => {
+            let mut response = next.run(req).await;
+            response.extensions_mut().insert(admission.snapshot);
+            response
+        }
+        Err(refusal) => {
+            body_reader::drain(req.into_body().into_data_stream()).await;
+            ApiError::from(refusal).into_response()
+        }
+    }
+}

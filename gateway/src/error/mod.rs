@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::api::files::error::FileError;
 use crate::api::message_batches::error::BatchError;
+use crate::api::storage::error::StorageError;
 use crate::dashboard::error::DashboardError;
 use crate::edge::body_reader::BodyError;
 use crate::edge::budget::{self, BudgetError};
@@ -554,8 +555,21 @@ impl From<FileError> for ApiError {
             FileError::Purpose(_)
             | FileError::Multipart(_)
             | FileError::NotJsonl { .. }
-            | FileError::Quota(_)
-            | FileError::ExpiresAfter(_) => Self::invalid(e.to_string()),
+            | FileError::ExpiresAfter(_)
+            | FileError::FilenameTooLong { .. } => Self::invalid(e.to_string()),
+        }
+    }
+}
+
+impl From<StorageError> for ApiError {
+    fn from(e: StorageError) -> Self {
+        match e {
+            StorageError::NoCredits => Self::new(
+                StatusCode::PAYMENT_REQUIRED,
+                ErrorType::InsufficientQuota,
+                e.to_string(),
+            ),
+            StorageError::Quota(_) => Self::invalid(e.to_string()),
         }
     }
 }

@@ -41,6 +41,26 @@ impl MemoryAuditLog {
     }
 }
 
+impl MemoryAuditLog {
+    /// Of the rows appended at or after `since`, how many `which` says yes to, each of its two
+    /// answers counted apart.
+    pub fn count_since(
+        &self,
+        since: OffsetDateTime,
+        which: impl Fn(&AuditEntry) -> (bool, bool),
+    ) -> (usize, usize) {
+        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        rows.kept
+            .iter()
+            .rev()
+            .take_while(|r| r.at >= since)
+            .map(|r| which(&r.entry))
+            .fold((0, 0), |(a, b), (x, y)| {
+                (a + usize::from(x), b + usize::from(y))
+            })
+    }
+}
+
 #[async_trait]
 impl AuditLog for MemoryAuditLog {
     async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, AuditError> {

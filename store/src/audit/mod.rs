@@ -122,9 +122,11 @@ pub enum Action {
     /// What an ApiKey resource grants the key changed (tier, limits, scopes, suspension,
     /// spend cap); `before`/`after`: the grant, `null` where the key had none.
     KeyGrantChanged,
+    /// The organization released an email domain it had claimed; `before`: the claim.
+    DomainReleased,
 }
 
-pub const ACTIONS: [Action; 23] = [
+pub const ACTIONS: [Action; 24] = [
     Action::SignedUp,
     Action::EmailVerified,
     Action::SignIn,
@@ -148,6 +150,7 @@ pub const ACTIONS: [Action; 23] = [
     Action::DomainClaimed,
     Action::InvitationWithdrawn,
     Action::KeyGrantChanged,
+    Action::DomainReleased,
 ];
 
 impl Action {

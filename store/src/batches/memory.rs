@@ -50,7 +50,10 @@ impl Item {
         }
     }
 
+    /// Ends the item: its params are dropped, only its result is kept (see
+    /// [`super::BatchStore`]).
     fn end(&mut self, state: ItemState, result: String, now: OffsetDateTime) {
+        self.params = String::new();
         self.state = state;
         self.result = Some(result);
         self.ended_at = Some(now);
@@ -88,6 +91,16 @@ impl Stored {
     }
 }
 
+/// The bytes of params the account's open items hold.
+fn held_by(batches: &BTreeMap<String, Stored>, account_id: &str) -> u64 {
+    batches
+        .values()
+        .filter(|b| b.account_id == account_id)
+        .flat_map(|b| b.items.iter())
+        .map(|i| i.params.len() as u64)
+        .sum()
+}
+
 impl MemoryBatchStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Stored>> {
         self.batches.lock().unwrap_or_else(|e| e.into_inner())
@@ -113,12 +126,20 @@ impl BatchStore for MemoryBatchStore {
         if open as u64 + batch.queued() > caps.max_queued_items {
             return Ok(Err(CapReached::QueuedItems));
         }
+        if held_by(&batches, &batch.account_id) + batch.queued_bytes() > caps.max_account_bytes {
+            return Ok(Err(CapReached::AccountBytes));
+        }
         let items = batch
             .items
             .into_iter()
             .map(|item| Item {
                 custom_id: item.custom_id,
-                params: item.params,
+                // A refused item never runs: its params are not kept.
+                params: if item.refused.is_some() {
+                    String::new()
+                } else {
+                    item.params
+                },
                 state: if item.refused.is_some() {
                     ItemState::Errored
                 } else {
@@ -192,6 +213,10 @@ impl BatchStore for MemoryBatchStore {
             }
         };
         Ok(BatchPage { batches, has_more })
+    }
+
+    async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError> {
+        Ok(held_by(&self.lock(), account_id))
     }
 
     async fn cancel(

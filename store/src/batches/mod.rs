@@ -47,7 +47,9 @@ impl ItemState {
 #[derive(Clone, Debug)]
 pub struct NewItem {
     pub custom_id: String,
-    /// The request's params, as JSON text.
+    /// The request's params, as JSON text: kept only while the item is queued or running
+    /// (not at all for a refused one). An ended item keeps its result alone, so what a batch
+    /// holds for its retention is what its turns were billed for, not what was sent.
     pub params: String,
     /// The result JSON (`{"type":"errored",...}`) of a request refused before it was queued.
     pub refused: Option<String>,
@@ -203,6 +205,10 @@ pub struct KeyCaps {
     pub max_in_progress: u32,
     /// Items queued or running over all its batches, the new batch's queued ones included.
     pub max_queued_items: u64,
+    /// Bytes of queued or running requests' params the key's account may hold over all its
+    /// batches, the new batch's included: what is left of its storage quota once its files
+    /// are counted ([`BatchStore::held_bytes`]). Ended items hold none (their params are gone).
+    pub max_account_bytes: u64,
 }
 
 /// Which of the key's caps a new batch would pass.
@@ -210,12 +216,23 @@ pub struct KeyCaps {
 pub enum CapReached {
     InProgress,
     QueuedItems,
+    /// The account's storage quota.
+    AccountBytes,
 }
 
 impl NewBatch {
     /// Its items that are queued (not refused at the create).
     pub fn queued(&self) -> u64 {
         self.items.iter().filter(|i| i.refused.is_none()).count() as u64
+    }
+
+    /// The bytes of its queued items' params: what it holds of its account's quota.
+    pub fn queued_bytes(&self) -> u64 {
+        self.items
+            .iter()
+            .filter(|i| i.refused.is_none())
+            .map(|i| i.params.len() as u64)
+            .sum()
     }
 }
 
@@ -228,6 +245,9 @@ pub trait BatchStore: Send + Sync {
         batch: NewBatch,
         caps: KeyCaps,
     ) -> Result<Result<Batch, CapReached>, StoreError>;
+    /// The bytes of params the account's queued and running items hold, over all its
+    /// batches (what counts in its storage quota).
+    async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError>;
     /// The account's batch of this id.
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
     /// The account's batches of any of `formats`.

@@ -154,6 +154,17 @@ async fn insert_batch(
     if from_db(open).saturating_add(batch.queued()) > caps.max_queued_items {
         return Ok(Err(CapReached::QueuedItems));
     }
+    // One creation per account at a time too, so that two keys of one account cannot both
+    // pass its storage quota.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 39))")
+        .bind(&batch.account_id)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    let held = held_bytes(&mut *tx, &batch.account_id).await?;
+    if held.saturating_add(batch.queued_bytes()) > caps.max_account_bytes {
+        return Ok(Err(CapReached::AccountBytes));
+    }
     sqlx::query(
         "INSERT INTO message_batches
              (id, account_id, key_id, key_hash, created_at, expires_at, format, details)
@@ -176,7 +187,14 @@ async fn insert_batch(
             .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
             .collect();
         let custom_ids: Vec<&str> = chunk.iter().map(|i| i.custom_id.as_str()).collect();
-        let params: Vec<&str> = chunk.iter().map(|i| i.params.as_str()).collect();
+        // A refused item never runs: its params are not kept.
+        let params: Vec<&str> = chunk
+            .iter()
+            .map(|i| match i.refused {
+                Some(_) => "",
+                None => i.params.as_str(),
+            })
+            .collect();
         let states: Vec<String> = chunk
             .iter()
             .map(|i| match i.refused {
@@ -207,6 +225,22 @@ async fn insert_batch(
     Ok(Ok(()))
 }
 
+/// The bytes of params the account's open items hold: its batches, their open items by the
+/// partial index, and each one's length from its header (`octet_length` reads no TOASTed
+/// value).
+async fn held_bytes(db: impl sqlx::PgExecutor<'_>, account_id: &str) -> Result<u64, sqlx::Error> {
+    let held: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(octet_length(i.params)), 0)::bigint
+         FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
+         WHERE b.account_id = $1 AND i.state IN ('queued', 'running')",
+    )
+    .bind(account_id)
+    .persistent(false)
+    .fetch_one(db)
+    .await?;
+    Ok(from_db(held))
+}
+
 async fn cancel_batch(
     db: &Database,
     account_id: &str,
@@ -228,7 +262,7 @@ async fn cancel_batch(
     };
     if cancelled.is_none() {
         let queued = sqlx::query(
-            "UPDATE message_batch_items SET state = 'canceled', result = $2, ended_at = $3
+            "UPDATE message_batch_items SET state = 'canceled', result = $2, ended_at = $3, params = ''
              WHERE batch_id = $1 AND state = 'queued'",
         )
         .bind(id)
@@ -306,6 +340,13 @@ impl BatchStore for PostgresBatchStore {
         Ok(Ok(created.ok_or_else(|| {
             StoreError::Unavailable(format!("batch {id} was not found once created"))
         })?))
+    }
+
+    async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .db
+            .bounded(held_bytes(self.db.pool(), account_id))
+            .await?)
     }
 
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {
@@ -448,7 +489,7 @@ impl BatchStore for PostgresBatchStore {
                 sqlx::query(
                     "UPDATE message_batch_items
                      SET state = $4, result = $5, message_id = $6, ended_at = $7,
-                         claimed_by = NULL, lease_until = NULL
+                         claimed_by = NULL, lease_until = NULL, params = ''
                      WHERE batch_id = $1 AND idx = $2 AND state = 'running' AND claimed_by = $3",
                 )
                 .bind(batch_id)
@@ -518,7 +559,8 @@ impl BatchStore for PostgresBatchStore {
                 .bounded(
                     sqlx::query(&format!(
                         "UPDATE message_batch_items i
-                         SET state = $2, result = $3, ended_at = $1, claimed_by = NULL, lease_until = NULL
+                         SET state = $2, result = $3, ended_at = $1, claimed_by = NULL, lease_until = NULL,
+                             params = ''
                          FROM message_batches b
                          WHERE b.id = i.batch_id AND {condition}
                            AND (i.state = 'queued' OR (i.state = 'running' AND i.lease_until < $1))"

@@ -7,7 +7,10 @@ mod organizations;
 mod postgres;
 mod sso;
 
-pub use organizations::{Acceptance, Invitation, MemberChange, Permission, Refusal, Role, ROLES};
+pub use organizations::{
+    Acceptance, Invitation, InvitationLimit, InvitationLimits, MemberChange, Permission, Refusal,
+    Role, ROLES,
+};
 pub use postgres::PostgresDeveloperStore;
 pub use sso::{domain_of, DomainClaim};
 
@@ -215,8 +218,15 @@ pub trait DeveloperStore: Send + Sync {
     async fn checkouts(&self, account_id: &str) -> Result<Vec<Checkout>, StoreError>;
     /// The members of the organization that owns the account, oldest first.
     async fn members(&self, account_id: &str) -> Result<Vec<User>, StoreError>;
-    /// Stores an invitation (and drops expired ones of anyone), audited as sent by `by`.
-    async fn invite(&self, invitation: Invitation, by: &Actor) -> Result<(), StoreError>;
+    /// Stores an invitation (and drops expired ones of anyone), audited as sent by `by`,
+    /// unless its organization or its address had `limits` of them sent within the window
+    /// already (which one), checked and written at once.
+    async fn invite(
+        &self,
+        invitation: Invitation,
+        by: &Actor,
+        limits: InvitationLimits,
+    ) -> Result<Result<(), InvitationLimit>, StoreError>;
     /// The account's invitations not accepted nor expired, oldest first.
     async fn invitations(&self, account_id: &str) -> Result<Vec<Invitation>, StoreError>;
     /// Accepts an invitation for `user` (as stored now, looked up by id): once, before it
@@ -263,6 +273,14 @@ pub trait DeveloperStore: Send + Sync {
     /// audited as `by`'s; `false` (and nothing changed) when another organization holds it.
     async fn claim_domain(&self, claim: DomainClaim, by: &Actor) -> Result<bool, StoreError>;
     /// The organization that claimed the domain, if any.
+    /// Releases the account's claim of `domain`, audited as `by`'s: `false` when the account
+    /// holds no such claim (another organization's stays).
+    async fn release_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        by: &Actor,
+    ) -> Result<bool, StoreError>;
     async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError>;
     /// The domains the account's organization claimed, by name.
     async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError>;
@@ -625,14 +643,33 @@ impl DeveloperStore for MemoryDeveloperStore {
         Ok(members)
     }
 
-    async fn invite(&self, invitation: Invitation, by: &Actor) -> Result<(), StoreError> {
+    async fn invite(
+        &self,
+        invitation: Invitation,
+        by: &Actor,
+        limits: InvitationLimits,
+    ) -> Result<Result<(), InvitationLimit>, StoreError> {
+        let _one_at_a_time = self.organizations.lock().unwrap_or_else(|e| e.into_inner());
         let now = OffsetDateTime::now_utc();
+        let (organization, address) = self.audit.count_since(now - limits.window, |e| {
+            let sent = e.action == Action::InvitationSent;
+            (
+                sent && e.account_id == invitation.account_id,
+                sent && e.target == invitation.email,
+            )
+        });
+        if organization >= limits.per_organization as usize {
+            return Ok(Err(InvitationLimit::Organization));
+        }
+        if address >= limits.per_address as usize {
+            return Ok(Err(InvitationLimit::Address));
+        }
         self.invitations.retain(|_, i| i.expires_at > now);
         let slot = self.invitations.entry(invitation.token_hash);
         self.audit
             .append(organizations::invitation_sent(&invitation, by));
         slot.insert(invitation);
-        Ok(())
+        Ok(Ok(()))
     }
 
     async fn invitations(&self, account_id: &str) -> Result<Vec<Invitation>, StoreError> {
@@ -744,6 +781,24 @@ impl DeveloperStore for MemoryDeveloperStore {
                 slot.insert(claim);
                 Ok(true)
             }
+        }
+    }
+
+    async fn release_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        match self
+            .domains
+            .remove_if(domain, |_, claim| claim.account_id == account_id)
+        {
+            Some((_, claim)) => {
+                self.audit.append(sso::domain_released(&claim, by));
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 

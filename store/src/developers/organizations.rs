@@ -88,6 +88,24 @@ pub struct Invitation {
     pub expires_at: OffsetDateTime,
 }
 
+/// How many invitations may be sent within [`InvitationLimits::window`]: by one organization,
+/// and to one address (from every organization). Counted from the audit log's
+/// `invitation_sent` rows, so a withdrawn invitation still counts: withdrawing and inviting
+/// again sends another mail.
+#[derive(Clone, Copy, Debug)]
+pub struct InvitationLimits {
+    pub per_organization: u32,
+    pub per_address: u32,
+    pub window: time::Duration,
+}
+
+/// Which of the [`InvitationLimits`] an invitation would pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvitationLimit {
+    Organization,
+    Address,
+}
+
 /// What following an invitation came to.
 #[derive(Debug)]
 pub enum Acceptance {

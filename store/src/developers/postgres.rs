@@ -6,7 +6,9 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use time::{Duration, OffsetDateTime};
 
-use super::organizations::{self, Acceptance, Invitation, MemberChange, Refusal, Role};
+use super::organizations::{
+    self, Acceptance, Invitation, InvitationLimit, InvitationLimits, MemberChange, Refusal, Role,
+};
 use super::sso::{self, DomainClaim};
 use super::{
     of_user, sign_in_refused, signed_in, signed_out, signed_out_everywhere, standing, verified_by,
@@ -566,10 +568,53 @@ impl DeveloperStore for PostgresDeveloperStore {
             .map_err(DbError::Sql)?)
     }
 
-    async fn invite(&self, invitation: Invitation, by: &Actor) -> Result<(), StoreError> {
-        self.db
+    async fn invite(
+        &self,
+        invitation: Invitation,
+        by: &Actor,
+        limits: InvitationLimits,
+    ) -> Result<Result<(), InvitationLimit>, StoreError> {
+        Ok(self
+            .db
             .bounded(async {
                 let mut tx = self.db.pool().begin().await?;
+                // One invitation of the organization, and one to the address, at a time, so
+                // that concurrent ones cannot all pass the limits.
+                sqlx::query(
+                    "SELECT pg_advisory_xact_lock(hashtextextended($1, 40)),
+                            pg_advisory_xact_lock(hashtextextended($2, 41))",
+                )
+                .bind(&invitation.account_id)
+                .bind(&invitation.email)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+                // The audit log's rows of sent invitations (migration 0028's partial
+                // indexes): a withdrawn invitation stays counted.
+                let sent = "action = 'invitation_sent' AND at > now() - make_interval(secs => $2)";
+                let window = limits.window.as_seconds_f64();
+                let by_organization: i64 = sqlx::query_scalar(&format!(
+                    "SELECT count(*) FROM audit_log WHERE account_id = $1 AND {sent}"
+                ))
+                .bind(&invitation.account_id)
+                .bind(window)
+                .persistent(false)
+                .fetch_one(&mut *tx)
+                .await?;
+                if by_organization >= i64::from(limits.per_organization) {
+                    return Ok(Err(InvitationLimit::Organization));
+                }
+                let to_address: i64 = sqlx::query_scalar(&format!(
+                    "SELECT count(*) FROM audit_log WHERE target = $1 AND {sent}"
+                ))
+                .bind(&invitation.email)
+                .bind(window)
+                .persistent(false)
+                .fetch_one(&mut *tx)
+                .await?;
+                if to_address >= i64::from(limits.per_address) {
+                    return Ok(Err(InvitationLimit::Address));
+                }
                 // Expired invitations of anyone go with it, so the table does not grow
                 // without bound.
                 sqlx::query(
@@ -591,10 +636,10 @@ impl DeveloperStore for PostgresDeveloperStore {
                 .execute(&mut *tx)
                 .await?;
                 append_in(&mut tx, &organizations::invitation_sent(&invitation, by)).await?;
-                tx.commit().await
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(Ok(()))
             })
-            .await?;
-        Ok(())
+            .await?)
     }
 
     async fn invitations(&self, account_id: &str) -> Result<Vec<Invitation>, StoreError> {
@@ -785,6 +830,36 @@ impl DeveloperStore for PostgresDeveloperStore {
             })
             .await?;
         Ok(claimed)
+    }
+
+    async fn release_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let released = sqlx::query(
+                    "DELETE FROM dashboard_domains WHERE domain = $1 AND account_id = $2
+                     RETURNING *",
+                )
+                .bind(domain)
+                .bind(account_id)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = released else {
+                    return Ok(false);
+                };
+                let claim = claim_of(&row)?;
+                append_in(&mut tx, &sso::domain_released(&claim, by)).await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(true)
+            })
+            .await?)
     }
 
     async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError> {

@@ -40,6 +40,17 @@ pub(super) fn domain_claimed(claim: &DomainClaim, by: &Actor) -> AuditEntry {
     }
 }
 
+pub(super) fn domain_released(claim: &DomainClaim, by: &Actor) -> AuditEntry {
+    AuditEntry {
+        actor: by.clone(),
+        account_id: claim.account_id.clone(),
+        action: Action::DomainReleased,
+        target: claim.domain.clone(),
+        before: json!({ "domain": claim.domain, "require_sso": claim.require_sso }),
+        after: Value::Null,
+    }
+}
+
 /// A sign-in refused to `user`'s account, through the provider or because the domain requires
 /// it: `after` names the method and why.
 pub(super) fn sso_refused(

@@ -53,22 +53,17 @@ impl FileStore for MemoryFileStore {
         max_account_bytes: u64,
     ) -> Result<Option<FileInfo>, StoreError> {
         let info = file.info();
-        let now = OffsetDateTime::now_utc();
         let mut files = self.lock();
-        let held: u64 = files
-            .values()
-            .filter_map(|f| match f {
-                Stored::Upload(f) if f.account_id == file.account_id && !f.expired(now) => {
-                    Some(f.content.len() as u64)
-                }
-                _ => None,
-            })
-            .sum();
-        if held + info.bytes > max_account_bytes {
+        let held = held_by(&files, &file.account_id);
+        if held + file.kept_bytes() > max_account_bytes {
             return Ok(None);
         }
         files.insert(file.id.clone(), Stored::Upload(file));
         Ok(Some(info))
+    }
+
+    async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError> {
+        Ok(held_by(&self.lock(), account_id))
     }
 
     async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError> {
@@ -77,6 +72,27 @@ impl FileStore for MemoryFileStore {
             .get(id)
             .filter(|f| f.account_id() == account_id)
             .and_then(Stored::live))
+    }
+
+    async fn content_range(
+        &self,
+        account_id: &str,
+        id: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(match self.lock().get(id) {
+            Some(Stored::Upload(f))
+                if f.account_id == account_id && !f.expired(OffsetDateTime::now_utc()) =>
+            {
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(f.content.len());
+                let end = start.saturating_add(len as usize).min(f.content.len());
+                Some(f.content[start..end].to_vec())
+            }
+            _ => None,
+        })
     }
 
     async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -180,4 +196,18 @@ impl FileStore for MemoryFileStore {
         }
         Ok(expired.len() as u64)
     }
+}
+
+/// What the account's unexpired uploads hold of its quota.
+fn held_by(files: &HashMap<String, Stored>, account_id: &str) -> u64 {
+    let now = OffsetDateTime::now_utc();
+    files
+        .values()
+        .filter_map(|f| match f {
+            Stored::Upload(f) if f.account_id == account_id && !f.expired(now) => {
+                Some(f.kept_bytes())
+            }
+            _ => None,
+        })
+        .sum()
 }

@@ -71,16 +71,28 @@ pub enum Order {
 #[async_trait]
 pub trait FileStore: Send + Sync {
     /// Stores the file unless the account's files would then hold more than `max_account_bytes`
-    /// (`None`), checked and written at once.
+    /// (`None`), counting each upload's content and name ([`NewFile::kept_bytes`]), checked and
+    /// written at once.
     async fn create(
         &self,
         file: NewFile,
         max_account_bytes: u64,
     ) -> Result<Option<FileInfo>, StoreError>;
+    /// The bytes the account's unexpired uploads hold of its quota ([`NewFile::kept_bytes`]).
+    async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError>;
     /// The account's file of this id.
     async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError>;
     /// The account's file's content.
     async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Up to `len` bytes of the account's upload from byte `offset` (fewer at its end): a
+    /// download reads it a range at a time, never whole. `None` once the upload is gone.
+    async fn content_range(
+        &self,
+        account_id: &str,
+        id: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
     /// Up to `limit` of the account's files of `purpose` (any when `None`) in `order`, those
     /// after the file `after` in that order when given.
     async fn list(
@@ -134,6 +146,12 @@ impl NewFile {
             created_at: self.created_at,
             expires_at: self.expires_at,
         }
+    }
+
+    /// What it takes of its account's quota: its content and its name (a name is kept as
+    /// content is, so a long one must not be free).
+    pub fn kept_bytes(&self) -> u64 {
+        (self.content.len() + self.filename.len()) as u64
     }
 
     /// Whether it has expired at `now`.

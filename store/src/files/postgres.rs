@@ -35,6 +35,18 @@ fn info_of(row: &PgRow) -> Result<FileInfo, sqlx::Error> {
     })
 }
 
+/// What the account's unexpired uploads hold of its quota: content and names.
+async fn held_bytes(db: impl sqlx::PgExecutor<'_>, account_id: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(&format!(
+        "SELECT coalesce(sum(bytes + octet_length(filename)), 0)::bigint FROM files
+         WHERE account_id = $1 AND batch_id IS NULL AND {UNEXPIRED}"
+    ))
+    .bind(account_id)
+    .persistent(false)
+    .fetch_one(db)
+    .await
+}
+
 async fn insert_file(
     db: &Database,
     file: &NewFile,
@@ -47,17 +59,11 @@ async fn insert_file(
         .persistent(false)
         .execute(&mut *tx)
         .await?;
-    let held: i64 = sqlx::query_scalar(&format!(
-        "SELECT coalesce(sum(bytes), 0)::bigint FROM files
-         WHERE account_id = $1 AND batch_id IS NULL AND {UNEXPIRED}"
-    ))
-    .bind(&file.account_id)
-    .persistent(false)
-    .fetch_one(&mut *tx)
-    .await?;
+    let held = held_bytes(&mut *tx, &file.account_id).await?;
     let bytes = i64::try_from(file.content.len()).unwrap_or(i64::MAX);
+    let kept = i64::try_from(file.kept_bytes()).unwrap_or(i64::MAX);
     let max = i64::try_from(max_account_bytes).unwrap_or(i64::MAX);
-    if held.saturating_add(bytes) > max {
+    if held.saturating_add(kept) > max {
         return Ok(false);
     }
     sqlx::query(
@@ -94,6 +100,14 @@ impl FileStore for PostgresFileStore {
         Ok(stored.then_some(info))
     }
 
+    async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError> {
+        let held = self
+            .db
+            .bounded(held_bytes(self.db.pool(), account_id))
+            .await?;
+        Ok(from_db(held))
+    }
+
     async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError> {
         let row = self
             .db
@@ -113,6 +127,32 @@ impl FileStore for PostgresFileStore {
             .map(info_of)
             .transpose()
             .map_err(DbError::Sql)?)
+    }
+
+    async fn content_range(
+        &self,
+        account_id: &str,
+        id: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        // `substring` counts from 1. Postgres detoasts (and decompresses) the value to cut a
+        // range out of it, but sends only the range: this process holds a range at a time.
+        Ok(self
+            .db
+            .bounded(
+                sqlx::query_scalar(&format!(
+                    "SELECT substring(content FROM $3 FOR $4) FROM files
+                     WHERE id = $1 AND account_id = $2 AND batch_id IS NULL AND {UNEXPIRED}"
+                ))
+                .bind(id)
+                .bind(account_id)
+                .bind(i32::try_from(offset).unwrap_or(i32::MAX).saturating_add(1))
+                .bind(i32::try_from(len).unwrap_or(i32::MAX))
+                .persistent(false)
+                .fetch_optional(self.db.pool()),
+            )
+            .await?)
     }
 
     async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError> {

@@ -10,13 +10,20 @@ use store::accounts::{Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
 use store::audit::{Action, AuditLog, AuditQuery, MemoryAuditLog, PostgresAuditLog};
 use store::developers::{
     owner_verified, Acceptance, Checkout, CheckoutStatus, DeveloperStore, DomainClaim,
-    EmailVerification, Invitation, MemberChange, MemoryDeveloperStore, PostgresDeveloperStore,
-    Refusal, Role, Session, SignInMethod, User,
+    EmailVerification, Invitation, InvitationLimit, InvitationLimits, MemberChange,
+    MemoryDeveloperStore, PostgresDeveloperStore, Refusal, Role, Session, SignInMethod, User,
 };
 use store::ledger::MemoryLedger;
 use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};
+
+/// Invitation limits no rule but theirs reaches.
+const UNLIMITED: InvitationLimits = InvitationLimits {
+    per_organization: u32::MAX,
+    per_address: u32::MAX,
+    window: Duration::HOUR,
+};
 
 /// The client address bucket sign-in failures are counted under.
 const CLIENT: &str = "203.0.113.1";
@@ -139,6 +146,34 @@ impl Store {
         }
     }
 
+    /// Sends an invitation to `owner`'s organization for `email` under `limits`: its token,
+    /// or the limit it would pass.
+    async fn invite_within(
+        &self,
+        owner: &User,
+        email: &str,
+        limits: InvitationLimits,
+    ) -> Result<String, InvitationLimit> {
+        let token = unique("invitation");
+        self.developers
+            .invite(
+                Invitation {
+                    token_hash: KeyHash::of(&token),
+                    account_id: owner.account_id.clone(),
+                    email: email.to_owned(),
+                    role: Role::Developer,
+                    invited_by: owner.email.clone(),
+                    created_at: now(),
+                    expires_at: now() + Duration::days(7),
+                },
+                &actor(),
+                limits,
+            )
+            .await
+            .expect("answered")
+            .map(|()| token)
+    }
+
     /// An invitation to `owner`'s organization for `email` as `role`, expiring at
     /// `expires_at`; its token.
     async fn invitation(
@@ -161,8 +196,10 @@ impl Store {
                     expires_at,
                 },
                 &actor(),
+                UNLIMITED,
             )
             .await
+            .expect("answered")
             .expect("invited");
         token
     }
@@ -950,6 +987,68 @@ async fn a_pending_invitation_is_withdrawn_once_by_whom_may_invite_in_its_role(s
     assert_eq!(withdrawn, 1);
 }
 
+/// Invitations sent within the window count against their organization's limit and their
+/// address's, withdrawn ones too; a refused one is not stored, audited nor counted, and other
+/// organizations and addresses are not concerned.
+async fn invitations_sent_within_the_window_are_limited_per_organization_and_address_withdrawn_or_not(
+    store: Store,
+) {
+    let limits = InvitationLimits {
+        per_organization: 3,
+        per_address: 2,
+        window: Duration::HOUR,
+    };
+    let owner = store.user().await;
+    let other = store.user().await;
+    let email = format!("{}@example.com", unique("invitee"));
+    let first = store
+        .invite_within(&owner, &email, limits)
+        .await
+        .expect("first");
+    assert!(store
+        .developers
+        .withdraw_invitation(
+            &owner.account_id,
+            &KeyHash::of(&first),
+            Role::Owner,
+            &actor()
+        )
+        .await
+        .expect("answered"));
+    store
+        .invite_within(&other, &email, limits)
+        .await
+        .expect("another organization's, the address's second");
+    assert_eq!(
+        store.invite_within(&owner, &email, limits).await,
+        Err(InvitationLimit::Address),
+        "the withdrawn one still counts"
+    );
+    for n in 0..2 {
+        let someone = format!("{}@example.com", unique("someone"));
+        store
+            .invite_within(&owner, &someone, limits)
+            .await
+            .unwrap_or_else(|_| panic!("the organization's invitation {}", n + 2));
+    }
+    let fresh = format!("{}@example.com", unique("fresh"));
+    assert_eq!(
+        store.invite_within(&owner, &fresh, limits).await,
+        Err(InvitationLimit::Organization)
+    );
+    store
+        .invite_within(&other, &fresh, limits)
+        .await
+        .expect("another organization's");
+    let sent = store
+        .audited(&owner.account_id)
+        .await
+        .into_iter()
+        .filter(|a| *a == Action::InvitationSent)
+        .count();
+    assert_eq!(sent, 3, "the refused ones are not audited");
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -974,5 +1073,6 @@ e2e::contract! {
         a_domain_is_claimed_by_one_organization_only_and_audited,
         a_single_sign_on_start_is_taken_once_and_only_before_it_expires,
         a_pending_invitation_is_withdrawn_once_by_whom_may_invite_in_its_role,
+        invitations_sent_within_the_window_are_limited_per_organization_and_address_withdrawn_or_not,
     }
 }

@@ -164,8 +164,8 @@ async fn a_deleted_file_is_gone(s: Store) {
     assert!(!s.files.delete(&account, &file.id).await.expect("store"));
 }
 
-/// An account keeps at most its quota of bytes; another account's files count not, and a
-/// deleted file's bytes are free again.
+/// An account keeps at most its quota of bytes, each file's content and name counted; another
+/// account's files count not, and a deleted file's bytes are free again.
 async fn an_account_keeps_at_most_its_quota_of_bytes(s: Store) {
     let (account, other) = (unique("acct"), unique("acct"));
     let at = now();
@@ -178,14 +178,16 @@ async fn an_account_keeps_at_most_its_quota_of_bytes(s: Store) {
     assert!(store(new_file(&other, "batch", &[b'x'; 600], at))
         .await
         .is_some());
+    // Names of 11 bytes (`input.jsonl`): 611 and 389 make 1,000.
+    assert_eq!(first.kept_bytes(), 611);
     assert!(
-        store(new_file(&account, "batch", &[b'x'; 400], at))
+        store(new_file(&account, "batch", &[b'x'; 378], at))
             .await
             .is_some(),
         "1,000 in all"
     );
     let over = new_file(&account, "batch", &[b'x'; 1], at);
-    assert!(store(over.clone()).await.is_none(), "1,001 in all");
+    assert!(store(over.clone()).await.is_none(), "1,012 in all");
     assert_eq!(s.files.file(&account, &over.id).await.expect("store"), None);
     assert!(s.files.delete(&account, &first.id).await.expect("store"));
     assert!(store(over).await.is_some());
@@ -233,7 +235,7 @@ async fn a_generated_file_is_recorded_once_listed_and_stays_deleted(s: Store) {
     let upload = new_file(&account, "batch", &[b'x'; 1_000], at + Duration::seconds(1));
     assert!(
         s.files
-            .create(upload.clone(), 1_000)
+            .create(upload.clone(), upload.kept_bytes())
             .await
             .expect("store")
             .is_some(),

@@ -21,6 +21,7 @@ const LEASE: Duration = Duration::minutes(5);
 const CAPS: KeyCaps = KeyCaps {
     max_in_progress: 10,
     max_queued_items: 10_000,
+    max_account_bytes: u64::MAX,
 };
 
 /// Caps of `max_in_progress` batches and plenty of items.
@@ -340,6 +341,7 @@ async fn a_key_holds_at_most_its_cap_of_queued_items(s: Store) {
     let caps = KeyCaps {
         max_in_progress: 10,
         max_queued_items: 5,
+        max_account_bytes: u64::MAX,
     };
     let at = now();
     let account = unique("acct");

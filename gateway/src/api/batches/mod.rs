@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 use time::OffsetDateTime;
 
 use super::list_query;
+use super::storage;
 use crate::api::message_batches::{self, error::BatchError};
 use crate::edge::body::JsonBody;
 use crate::edge::body_reader::BodyError;
@@ -112,6 +113,7 @@ pub async fn create(
         )));
     }
     check_metadata(body.metadata.as_ref())?;
+    storage::require_credits(&api, &principal).await?;
     // Counted against the key's requests per minute before the file is read or checked.
     let admission = api
         .turns

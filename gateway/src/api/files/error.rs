@@ -14,11 +14,9 @@ pub enum FileError {
         "file: a batch input file is JSONL, one JSON object a line; line {line} is not: {reason}"
     )]
     NotJsonl { line: usize, reason: String },
-    /// The account's uploads would hold more than its quota.
-    #[error(
-        "file: this account's files may hold {0} bytes in all; delete some before uploading more"
-    )]
-    Quota(u64),
     #[error("expires_after: {0}")]
     ExpiresAfter(String),
+    /// The upload's file name is longer than the most a name may take.
+    #[error("file: its file name may take {max} bytes at most, not {bytes}")]
+    FilenameTooLong { bytes: usize, max: usize },
 }

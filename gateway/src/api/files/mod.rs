@@ -21,21 +21,29 @@ use time::OffsetDateTime;
 use self::error::FileError;
 use super::batches::{self, Generated};
 use super::list_query;
-use crate::edge::body_reader::read_upload;
+use super::storage::{self, StorageError};
+use crate::edge::body_reader::{read_upload, BodyError};
+use crate::edge::budget::{BudgetOwner, Reservation};
 use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::state::BatchApi;
 use gateway_core::auth::Principal;
 use gateway_core::cpu;
-use store::files::{FileInfo, NewFile, Order};
+use store::files::{FileInfo, FileStore, NewFile, Order};
 use store::ids::random;
 
 /// The only purpose accepted: the input of a batch.
 const BATCH: &str = "batch";
 /// What an upload's `expires_after[seconds]` may be (OpenAI's bounds: an hour to 30 days).
 const EXPIRES_AFTER_SECS: std::ops::RangeInclusive<i64> = 3_600..=2_592_000;
-/// Files in a page of the list: the default (OpenAI's), and the most.
-const MAX_PAGE: u32 = 10_000;
+/// Files in a page of the list: the default, and the most (as the batch lists': OpenAI's
+/// 10,000 of names and objects made one page of an account's files hundreds of megabytes;
+/// the SDKs page on `after`).
+const DEFAULT_PAGE: u32 = 20;
+const MAX_PAGE: u32 = 1_000;
+/// The longest file name kept, in bytes (a file system's usual bound); a name is counted in the
+/// account's quota with its content.
+pub const MAX_FILENAME_BYTES: usize = 255;
 
 /// `POST /v1/files`: a multipart form of `purpose` and `file`, read whole under the `/v1`
 /// body cap (a larger declared length refused before any of it is read) and the memory budget
@@ -54,6 +62,7 @@ pub async fn upload(
         .to_owned();
     let boundary = multer::parse_boundary(&content_type)
         .map_err(|e| FileError::Multipart(format!("Content-Type: {e}")))?;
+    storage::require_credits(&api, &principal).await?;
     let body = Bytes::from(read_upload(req).await?);
     let form = read_form(body, boundary).await?;
     let purpose = form
@@ -65,6 +74,13 @@ pub async fn upload(
     let (filename, content) = form
         .file
         .ok_or_else(|| ApiError::invalid("file: field required"))?;
+    if filename.len() > MAX_FILENAME_BYTES {
+        return Err(FileError::FilenameTooLong {
+            bytes: filename.len(),
+            max: MAX_FILENAME_BYTES,
+        }
+        .into());
+    }
     let expires_after = match form.expires_after.seconds {
         Some(seconds) => expires_after(form.expires_after.anchor.as_deref(), &seconds)?,
         None if form.expires_after.anchor.is_some() => {
@@ -83,12 +99,12 @@ pub async fn upload(
         created_at,
         expires_at: Some(created_at + expires_after),
     };
-    let max = api.settings.files_account_max_bytes;
+    let room = storage::room_for_files(&api, &principal.account.id).await?;
     let created = api
         .files
-        .create(file, max)
+        .create(file, room)
         .await?
-        .ok_or(FileError::Quota(max))?;
+        .ok_or(StorageError::Quota(api.settings.files_account_max_bytes))?;
     Ok(Json(object(&created)))
 }
 
@@ -154,8 +170,41 @@ async fn read_form(body: Bytes, boundary: String) -> Result<Form, FileError> {
     Ok(form)
 }
 
-/// Every non-blank line is a JSON object: checked without building it (a line of many tiny
-/// values would take far more memory parsed than its bytes).
+/// How deep a line's arrays and objects may nest (serde_json's own bound when it builds a
+/// value; skipping one, as the check does, has none).
+const MAX_NESTING: usize = 128;
+
+/// Whether no array or object of `line` is nested deeper than `max`, counted outside strings.
+fn nesting_within(line: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in line {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
+}
+
+/// Every non-blank line is a JSON object, UTF-8 and at most [`MAX_NESTING`] deep: checked
+/// without building it (a line of many tiny values would take far more memory parsed than its
+/// bytes).
 fn check_jsonl(content: &[u8]) -> Result<(), FileError> {
     let mut lines = 0;
     for (i, line) in content.split(|&b| b == b'\n').enumerate() {
@@ -169,6 +218,14 @@ fn check_jsonl(content: &[u8]) -> Result<(), FileError> {
         };
         if line.trim_ascii_start().first() != Some(&b'{') {
             return Err(not_jsonl("not an object".to_owned()));
+        }
+        if let Err(e) = std::str::from_utf8(line) {
+            return Err(not_jsonl(format!("not UTF-8: {e}")));
+        }
+        if !nesting_within(line, MAX_NESTING) {
+            return Err(not_jsonl(format!(
+                "nested more than {MAX_NESTING} arrays and objects deep"
+            )));
         }
         if let Err(e) = serde_json::from_slice::<IgnoredAny>(line) {
             return Err(not_jsonl(e.to_string()));
@@ -211,19 +268,20 @@ pub async fn get(
     Ok(Json(object(&info.ok_or(FileError::NotFound(id))?)))
 }
 
-/// `GET /v1/files/{id}/content`
+/// `GET /v1/files/{id}/content`: an upload streamed from the store a range at a time
+/// ([`upload_content`]), or a batch's output or error file streamed from its results.
 pub async fn content(
     State(api): State<Arc<BatchApi>>,
     Extension(principal): Extension<Arc<Principal>>,
+    owner: Option<Extension<BudgetOwner>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let body = match Generated::of(&id) {
         Some(generated) => batches::generated_content(&api, &principal, generated).await?,
-        None => api
-            .files
-            .content(&principal.account.id, &id)
-            .await?
-            .map(Body::from),
+        None => {
+            let owner = owner.map(|Extension(owner)| owner);
+            upload_content(&api, &principal.account.id, owner, &id).await?
+        }
     };
     let mut response = body.ok_or(FileError::NotFound(id))?.into_response();
     response.headers_mut().insert(
@@ -231,6 +289,69 @@ pub async fn content(
         HeaderValue::from_static("application/octet-stream"),
     );
     Ok(response)
+}
+
+/// Bytes of an upload a download reads from the store at a time.
+const DOWNLOAD_RANGE: u32 = 1024 * 1024;
+
+/// An upload's content, `None` when the account has no such upload: a stream of ranges read
+/// from the store one after the other, never the whole file at once. It holds the memory
+/// budget (`edge::budget`, counted with the account's bodies) of two ranges, the one being
+/// sent and the one being read, taken before the answer starts (503 when the budget is
+/// full) and given back when the stream ends or the client hangs up.
+async fn upload_content(
+    api: &BatchApi,
+    account_id: &str,
+    owner: Option<BudgetOwner>,
+    id: &str,
+) -> Result<Option<Body>, ApiError> {
+    let Some(info) = api.files.file(account_id, id).await? else {
+        return Ok(None);
+    };
+    let in_flight = usize::try_from(info.bytes)
+        .unwrap_or(usize::MAX)
+        .min(2 * DOWNLOAD_RANGE as usize);
+    let mut held = Reservation::of(owner);
+    held.grow_to_cost(in_flight, in_flight)
+        .await
+        .map_err(BodyError::from)?;
+    Ok(Some(Body::from_stream(ranges(
+        api.files.clone(),
+        account_id.to_owned(),
+        id.to_owned(),
+        held,
+    ))))
+}
+
+type RangeError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The upload's ranges from its start until one comes back short; `held` is dropped with the
+/// stream. An upload deleted or expired meanwhile cuts the stream (an error, the connection
+/// closed): its `200` was sent already.
+fn ranges(
+    files: Arc<dyn FileStore>,
+    account_id: String,
+    id: String,
+    held: Reservation,
+) -> impl futures::Stream<Item = Result<Bytes, RangeError>> + Send {
+    async_stream::try_stream! {
+        let _held = held;
+        let mut offset = 0u64;
+        loop {
+            let range = files
+                .content_range(&account_id, &id, offset, DOWNLOAD_RANGE)
+                .await?
+                .ok_or_else(|| RangeError::from("the file is gone: deleted or expired while read"))?;
+            let last = range.len() < DOWNLOAD_RANGE as usize;
+            offset += range.len() as u64;
+            if !range.is_empty() {
+                yield Bytes::from(range);
+            }
+            if last {
+                break;
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -241,15 +362,15 @@ struct ListQuery {
     order: Option<String>,
 }
 
-/// `GET /v1/files`: the account's uploads and batch output files, newest first, `limit` (1 to 10,000, the default)
-/// at a time after the file `after`.
+/// `GET /v1/files`: the account's uploads and batch output files, newest first, `limit` (1 to
+/// 1,000, default 20) at a time after the file `after`.
 pub async fn list(
     State(api): State<Arc<BatchApi>>,
     Extension(principal): Extension<Arc<Principal>>,
     uri: Uri,
 ) -> Result<Json<Value>, ApiError> {
     let query: ListQuery = list_query::parse(&uri)?;
-    let limit = list_query::limit(query.limit, MAX_PAGE, MAX_PAGE)?;
+    let limit = list_query::limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let order = match query.order.as_deref() {
         None | Some("desc") => Order::NewestFirst,
         Some("asc") => Order::OldestFirst,

@@ -25,6 +25,7 @@ use self::error::BatchError;
 use self::requests::Index;
 pub use self::settings::BatchSettings;
 use super::list_query;
+use super::storage::{self, StorageError};
 use crate::edge::body::require_json;
 use crate::edge::body_reader::{read_reserved, BodyError};
 use crate::edge::path::Path;
@@ -56,6 +57,7 @@ pub async fn create(
     req: Request,
 ) -> Result<Response, ApiError> {
     require_json(req.headers())?;
+    storage::require_credits(&api, &principal).await?;
     let (body, mut reservation) = read_reserved(req).await?;
     let body = Arc::new(body);
     let max = api.settings.max_requests;
@@ -116,6 +118,7 @@ pub async fn create_within_caps(api: &BatchApi, batch: NewBatch) -> Result<Batch
         max_queued_items: granted
             .max_queued_items
             .unwrap_or(api.settings.max_queued_items),
+        max_account_bytes: storage::room_for_batches(api, &batch.account_id).await?,
     };
     let queued = batch.queued();
     match api.batches.create(batch, caps).await? {
@@ -125,6 +128,9 @@ pub async fn create_within_caps(api: &BatchApi, batch: NewBatch) -> Result<Batch
         }
         Err(CapReached::QueuedItems) => {
             Err(BatchError::TooManyQueuedItems(queued, caps.max_queued_items).into())
+        }
+        Err(CapReached::AccountBytes) => {
+            Err(StorageError::Quota(api.settings.files_account_max_bytes).into())
         }
     }
 }

@@ -290,7 +290,16 @@ impl PostgresLedger {
     async fn take(&self, a: &Allotting, r: &NewReservation) -> Result<Option<u64>, LedgerError> {
         let mut take = a.pools.take(r, true);
         if let (None, Some(grow)) = (take.amount, &take.grow) {
-            self.grow(grow).await?;
+            match self.grow(grow).await {
+                Ok(()) => {}
+                // Postgres refused the refill: the account's check (`reserved <= balance`) when
+                // other turns took its last credits meanwhile. Not an outage: the turn is
+                // reserved on its own below, which answers 402 when the credits are short.
+                Err(LedgerError::Refused(constraint)) => {
+                    tracing::warn!(%constraint, account_id = %grow.account_id, "allotment refill refused; the turn is reserved on its own");
+                }
+                Err(e) => return Err(e),
+            }
             take = a.pools.take(r, false);
         }
         if let Some(grow) = take.grow {

@@ -102,6 +102,20 @@ pub async fn reserve(
                     }
                 });
             }
+            // The account's check (`reserved <= balance`) refused the statement: credits other
+            // statements took meanwhile. What the statement reserves never passes what it
+            // read as available, so this is the account running out under concurrency, the
+            // client's 402, not an outage's 503.
+            Err(e) if e.constraint().is_some() => {
+                tracing::warn!(error = %e, "reservation refused by the account's check; answered as too few credits");
+                for t in pending.drain(..) {
+                    let refusal = LedgerError::InsufficientCredits {
+                        needed: t.max,
+                        available: 0,
+                    };
+                    answers.insert(&t.record.id, Err(refusal));
+                }
+            }
             Err(e) => {
                 let e = LedgerError::from(e);
                 for t in pending.drain(..) {

@@ -1,0 +1,188 @@
+//! What the batch surfaces keep is paid for and bounded (issue 51, item 1), standalone and
+//! `serve` on Postgres: an account without credits stores no file and no batch (402, as a turn
+//! is refused); a batch's queued requests share the account's quota with its uploads, a
+//! request refused at the create holds nothing, and an ended item's params are dropped.
+
+use std::time::Duration;
+
+use e2e::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// `POST /v1/files` of `content` as multipart.
+async fn upload(gw: &Gateway, key: &str, content: &str) -> Resp {
+    let boundary = "batch-storage-boundary";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
+    );
+    let rb = gw
+        .request(Method::POST, "/v1/files", Some(key))
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body);
+    gw.send(rb).await
+}
+
+/// A Message Batch of `n` requests, each with `text` as its prompt; without `max_tokens` (so
+/// refused at the create) when `refused`.
+fn batch(n: usize, text: &str, refused: bool) -> Value {
+    let requests: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut params = json!({"model": "svc/haiku", "max_tokens": 8,
+                "messages": [{"role": "user", "content": text}]});
+            if refused {
+                params.as_object_mut().map(|p| p.remove("max_tokens"));
+            }
+            json!({"custom_id": format!("r{i}"), "params": params})
+        })
+        .collect();
+    json!({ "requests": requests })
+}
+
+/// Waits (at most 60 s) for the batch to end.
+async fn ended(gw: &Gateway, key: &str, id: &str) -> Value {
+    for _ in 0..600 {
+        let batch = gw
+            .get(&format!("/v1/messages/batches/{id}"), key)
+            .await
+            .expect_ok();
+        if batch["processing_status"] == "ended" {
+            return batch;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("batch {id} did not end");
+}
+
+/// A key of an account without credits: its upload and both APIs' batch creates get 402
+/// (`insufficient_quota`, the envelope), and it has nothing listed after.
+async fn an_account_without_credits_stores_nothing(gw: &Gateway) -> ApiKey {
+    let key = gw.new_key(0, &KeySpec::tier("free")).await;
+    gw.wait_for_roomy_window(&key.secret, 10).await;
+    let line = json!({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "svc/haiku", "max_tokens": 8,
+                 "messages": [{"role": "user", "content": "hi"}]}})
+    .to_string();
+    upload(gw, &key.secret, &line)
+        .await
+        .expect_error(402, "insufficient_quota");
+    gw.post_json("/v1/messages/batches", &key.secret, &batch(3, "hi", true))
+        .await
+        .expect_error(402, "insufficient_quota");
+    let create = json!({"input_file_id": "file-none", "endpoint": "/v1/chat/completions",
+        "completion_window": "24h"});
+    gw.post_json("/v1/batches", &key.secret, &create)
+        .await
+        .expect_error(402, "insufficient_quota");
+    let batches = gw
+        .get("/v1/messages/batches", &key.secret)
+        .await
+        .expect_ok();
+    assert_eq!(batches["data"], json!([]));
+    let files = gw.get("/v1/files", &key.secret).await.expect_ok();
+    assert_eq!(files["data"], json!([]));
+    key
+}
+
+#[tokio::test]
+async fn standalone_an_account_without_credits_stores_nothing() {
+    let gw = Gateway::start().await;
+    an_account_without_credits_stores_nothing(&gw).await;
+}
+
+#[tokio::test]
+async fn in_postgres_an_account_without_credits_stores_nothing() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
+    an_account_without_credits_stores_nothing(&cluster.pods[0]).await;
+    let rows = pg
+        .query_i64(
+            "SELECT (SELECT count(*) FROM files) + (SELECT count(*) FROM message_batches)
+                  + (SELECT count(*) FROM message_batch_items)",
+        )
+        .await;
+    assert_eq!(rows, 0, "nothing stored");
+}
+
+fn quota(b: GatewayBuilder) -> GatewayBuilder {
+    b.arg("--files-account-max-bytes").arg("4000")
+}
+
+/// A 4,000-byte quota: a 3,000-byte upload leaves no room for a queued request of about 1,500
+/// bytes (400, the envelope naming the quota), but a batch of requests refused at its create
+/// takes none, so a queued one of about 700 bytes fits after it. Once the upload is deleted, a
+/// batch of about 3,000 bytes fits, and once it has ended another of the same size does: its
+/// ended items hold nothing.
+async fn queued_requests_and_uploads_share_the_account_quota(gw: &Gateway) {
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    let big = "b".repeat(1_400);
+    let small = "s".repeat(600);
+    let file = format!("{{\"x\": \"{}\"}}", "f".repeat(2_991));
+    assert_eq!(file.len(), 3_000);
+    let file = upload(gw, &key.secret, &file).await.expect_ok();
+    let message = gw
+        .post_json("/v1/messages/batches", &key.secret, &batch(1, &big, false))
+        .await
+        .expect_error(400, "invalid_request_error");
+    assert!(message.contains("4000 bytes"), "{message}");
+    let refused = gw
+        .post_json("/v1/messages/batches", &key.secret, &batch(2, &big, true))
+        .await
+        .expect_ok();
+    assert_eq!(refused["request_counts"]["errored"], 2, "{refused}");
+    let fits = gw
+        .post_json(
+            "/v1/messages/batches",
+            &key.secret,
+            &batch(1, &small, false),
+        )
+        .await
+        .expect_ok();
+    ended(gw, &key.secret, fits["id"].as_str().expect("id")).await;
+    let file_id = file["id"].as_str().expect("file id");
+    gw.send(gw.request(
+        Method::DELETE,
+        &format!("/v1/files/{file_id}"),
+        Some(&key.secret),
+    ))
+    .await
+    .expect_ok();
+    let first = gw
+        .post_json("/v1/messages/batches", &key.secret, &batch(2, &big, false))
+        .await
+        .expect_ok();
+    let first = ended(gw, &key.secret, first["id"].as_str().expect("id")).await;
+    assert_eq!(first["request_counts"]["succeeded"], 2, "{first}");
+    gw.post_json("/v1/messages/batches", &key.secret, &batch(2, &big, false))
+        .await
+        .expect_ok();
+}
+
+#[tokio::test]
+async fn standalone_queued_requests_and_uploads_share_the_account_quota() {
+    let gw = quota(Gateway::builder()).start().await;
+    queued_requests_and_uploads_share_the_account_quota(&gw).await;
+}
+
+/// On Postgres the rows show it too: no ended item keeps its params.
+#[tokio::test]
+async fn in_postgres_queued_requests_and_uploads_share_the_account_quota() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| quota(b.database(&pg.url()))).await;
+    queued_requests_and_uploads_share_the_account_quota(&cluster.pods[0]).await;
+    let kept = pg
+        .query_i64(
+            "SELECT count(*) FROM message_batch_items
+             WHERE state NOT IN ('queued', 'running') AND params <> ''",
+        )
+        .await;
+    assert_eq!(kept, 0, "no ended item keeps its params");
+    let ended = pg
+        .query_i64("SELECT count(*) FROM message_batch_items WHERE state = 'errored'")
+        .await;
+    assert_eq!(ended, 2, "the refused items are kept, as results");
+}
