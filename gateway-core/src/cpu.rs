@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 
-use thiserror::Error;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use thiserror::Error;
 use tokio::sync::Semaphore;
 
 /// Inputs up to this size are cheap enough to handle in place (a few hundred microseconds at
