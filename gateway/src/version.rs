@@ -6,7 +6,7 @@
 use http::HeaderName;
 
 /// The current API version (the spec's v0.x numbering, without the `v`).
-pub const API_VERSION: &str = "0.3.0";
+pub const API_VERSION: &str = "0.4.0";
 
 /// The response header that carries [`API_VERSION`] on every `/v1` answer, errors included.
 pub const HEADER: HeaderName = HeaderName::from_static("svc-api-version");

@@ -436,15 +436,49 @@ async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_pr
         );
     }
 
-    // Readiness is the probes' (fail-closed, the default): with Redis gone every pod turns
-    // not ready and leaves the Service; back when Redis is.
+    // Readiness ignores the shared stores (docs/kubernetes.md, "Probes"): with Redis gone the
+    // pods stay in the Service and answer with the API's 503 and Retry-After (fail-closed, the
+    // default), not a load balancer's bare 502; served again once Redis is back.
     let mut chart = chart;
     chart.redis.stop().await;
-    chart.service_endpoints(0).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client");
+    let refused = e2e::poll_until(
+        "a turn refused with 503 while Redis is gone",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let response = http
+                .post(nginx.url("/v1/messages"))
+                .bearer_auth(&key)
+                .json(&e2e::message("svc/haiku", "hi", 16))
+                .send()
+                .await
+                .ok()?;
+            let resp = Resp::read(response).await;
+            (resp.status == 503).then_some(resp)
+        },
+    )
+    .await;
+    assert!(refused.header("retry-after").is_some(), "{refused}");
+    assert_eq!(refused.json()["type"], "error", "{refused}");
+    // Two readiness periods and more: no pod left the Service.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        chart.ready_endpoints().await.len(),
+        2,
+        "a pod left the Service during the store outage"
+    );
     chart.redis.restart().await;
-    let endpoints = chart.service_endpoints(2).await;
-    let nginx = chart.ingress(&endpoints).await;
-    assert!(sdk_call(&nginx.url(""), &key).await.is_ok());
+    e2e::poll_until(
+        "a turn served once Redis is back",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async { sdk_call(&nginx.url(""), &key).await.ok() },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
