@@ -122,7 +122,7 @@ async fn a_post_with_a_missing_or_forged_csrf_token_is_403_and_changes_nothing()
 
 /// Every form the dashboard takes by POST, with a value for each field (the handlers read them
 /// only after the token): the router's paths, a `{id}` filled in by the test.
-const FORMS: [(&str, &[(&str, &str)]); 14] = [
+const FORMS: [(&str, &[(&str, &str)]); 15] = [
     (
         "/developers/sign-up",
         &[("email", "x@example.com"), ("password", PASSWORD)],
@@ -153,6 +153,10 @@ const FORMS: [(&str, &[(&str, &str)]); 14] = [
     (
         "/developers/members/domains",
         &[("domain", "example.com"), ("require_sso", "on")],
+    ),
+    (
+        "/developers/members/domains/release",
+        &[("domain", "example.com")],
     ),
     ("/developers/invitations/accept", &[("token", "tok")]),
 ];
