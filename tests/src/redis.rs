@@ -325,6 +325,10 @@ impl Drop for RedisServer {
         // SIGKILL also ends a stopped (frozen) process.
         self.process.abandon(libc::SIGKILL);
         let _ = std::fs::remove_dir_all(&self.dir);
+        // The CA's folder (a cluster's nodes share one; they are dropped together).
+        if let Some(dir) = self.access.files().and_then(|f| f.ca.parent()) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
