@@ -92,12 +92,25 @@ pub struct DbSettings {
     pub tls: PgTlsFiles,
 }
 
+/// Calls in a row finding Postgres unreachable that mean it is down. Calls in flight when
+/// Postgres goes away fail together, so an outage under traffic is seen at once; one slow call
+/// on a busy node is not an outage and must not refuse the requests after it (the same rule as
+/// Redis's, gateway-core's `limits::failover`).
+const DOWN_AFTER: u32 = 3;
+
 #[derive(Clone)]
 pub struct Database {
     pool: DbPool,
     timeout: Duration,
-    /// When a call last found Postgres unreachable (none since a call succeeded).
-    failed_at: Arc<Mutex<Option<Instant>>>,
+    /// Since the last call that reached Postgres: how many calls found it unreachable, and
+    /// when the last of them did.
+    unreachable: Arc<Mutex<Unreachable>>,
+}
+
+#[derive(Default)]
+struct Unreachable {
+    calls: u32,
+    last_at: Option<Instant>,
 }
 
 impl Database {
@@ -141,7 +154,7 @@ impl Database {
         Ok(Self {
             pool: DbPool::new(pool, pooler, timeout),
             timeout,
-            failed_at: Arc::default(),
+            unreachable: Arc::default(),
         })
     }
 
@@ -188,19 +201,24 @@ impl Database {
         self.timeout
     }
 
-    /// How long ago a call found Postgres unreachable, when no call succeeded since.
-    pub fn failing_for(&self) -> Option<Duration> {
-        let failed_at = *self.failed_at.lock().unwrap_or_else(|e| e.into_inner());
-        failed_at.map(|at| at.elapsed())
+    /// How long ago the last call found Postgres unreachable, when it is down: at least
+    /// [`DOWN_AFTER`] calls in a row found it so and none reached it since.
+    fn down_for(&self) -> Option<Duration> {
+        let unreachable = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
+        if unreachable.calls < DOWN_AFTER {
+            return None;
+        }
+        unreachable.last_at.map(|at| at.elapsed())
     }
 
     /// Runs one database call within the timeout, recording its latency and outcome in the
     /// store metrics (every call passes here, so they are all counted as `op="query"`).
     ///
-    /// For one timeout after a call found Postgres unreachable, calls fail at once instead of
-    /// each waiting out a timeout of its own: a request making two calls (a key lookup, then
-    /// a reservation) answers within one timeout during an outage, not two. The first call
-    /// after that window tries again, so recovery is noticed within a timeout.
+    /// Once [`DOWN_AFTER`] calls in a row found Postgres unreachable, calls fail at once for
+    /// one timeout after the last of them instead of each waiting out a timeout of its own: a
+    /// request making two calls (a key lookup, then a reservation) answers within one timeout
+    /// during an outage, not two. The first call after that window tries again, so recovery is
+    /// noticed within a timeout. A single call timing out fails only itself.
     pub async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, sqlx::Error>>,
@@ -215,7 +233,7 @@ impl Database {
         limit: Duration,
         call: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, DbError> {
-        if let Some(ago) = self.failing_for().filter(|ago| *ago < self.timeout) {
+        if let Some(ago) = self.down_for().filter(|ago| *ago < self.timeout) {
             return Err(DbError::Failing(ago));
         }
         let started = Instant::now();
@@ -229,11 +247,14 @@ impl Database {
             Err(e) => e.constraint().is_some(),
         };
         metrics::store_call("postgres", "query", started.elapsed(), ok);
-        let mut failed_at = self.failed_at.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unreachable = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
         match &result {
-            Err(e) if e.unreachable() => *failed_at = Some(Instant::now()),
+            Err(e) if e.unreachable() => {
+                unreachable.calls = unreachable.calls.saturating_add(1);
+                unreachable.last_at = Some(Instant::now());
+            }
             Err(_) => {}
-            Ok(_) => *failed_at = None,
+            Ok(_) => *unreachable = Unreachable::default(),
         }
         result
     }
