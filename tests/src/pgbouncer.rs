@@ -93,7 +93,7 @@ impl PgBouncer {
             async move {
                 let mut process = ServerProcess::new("pgbouncer");
                 let ready = || async move { psql(psql_dir, port, "SELECT 1").await.is_ok() };
-                process.launch(cmd, READY_TIMEOUT, ready).await?;
+                process.launch(cmd, port, READY_TIMEOUT, ready).await?;
                 Ok((port, process))
             }
         })

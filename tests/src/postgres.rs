@@ -150,7 +150,7 @@ impl PostgresServer {
                 let mut process = ServerProcess::new("postgres");
                 let command = server_command(bin, dir, port, user, tls.as_ref());
                 process
-                    .launch(command, READY_TIMEOUT, || answers(bin, port))
+                    .launch(command, port, READY_TIMEOUT, || answers(bin, port))
                     .await?;
                 Ok((port, process))
             }
@@ -216,6 +216,7 @@ impl PostgresServer {
         self.process
             .relaunch(
                 || server_command(&bin, &dir, port, user, tls.as_ref()),
+                port,
                 READY_TIMEOUT,
                 || answers(&bin, port),
             )

@@ -212,7 +212,7 @@ impl RedisServer {
                 let mut process = ServerProcess::new("redis-server");
                 let command = server_command(port, dir, access, &extra);
                 process
-                    .launch(command, READY_TIMEOUT, || pong(access, port))
+                    .launch(command, port, READY_TIMEOUT, || pong(access, port))
                     .await?;
                 Ok((port, extra, process))
             }
@@ -268,6 +268,7 @@ impl RedisServer {
         self.process
             .relaunch(
                 || server_command(port, &dir, &access, &extra),
+                port,
                 READY_TIMEOUT,
                 || pong(&access, port),
             )

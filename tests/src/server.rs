@@ -51,7 +51,7 @@ pub(crate) async fn listening_on(
             .await
             .is_ok()
     };
-    process.launch(cmd, timeout, accepts).await?;
+    process.launch(cmd, port, timeout, accepts).await?;
     Ok((port, process))
 }
 
@@ -87,11 +87,16 @@ impl ServerProcess {
         self.log.text()
     }
 
-    /// Spawns `cmd` and polls `ready` until it answers true; an error if the process exits
-    /// first or does not get ready within `timeout` (it is then killed).
+    /// Spawns `cmd` and polls `ready` until it answers true while the process (or a process
+    /// it started) listens on `port`; an error if the process exits first or does not get
+    /// ready within `timeout` (it is then killed). The second condition tells this server
+    /// from another test's answering on the same port: a port free when asked may be taken by
+    /// another test's server before this one binds it, and this one's readiness must not be
+    /// the other's (a test would then run on a stranger's database).
     pub async fn launch<F, Fut>(
         &mut self,
         mut cmd: Command,
+        port: u16,
         timeout: Duration,
         mut ready: F,
     ) -> Result<(), String>
@@ -113,7 +118,7 @@ impl ServerProcess {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!("{name} exited with {status}\n{}", self.logs()));
             }
-            if ready().await {
+            if ready().await && child.id().is_some_and(|pid| listens(pid, port)) {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -130,8 +135,13 @@ impl ServerProcess {
 
     /// [`launch`](Self::launch) again after a [`stop`](Self::stop), a few times: the old
     /// listening socket is gone, but the kernel may take a moment to agree.
-    pub async fn relaunch<C, F, Fut>(&mut self, command: C, timeout: Duration, mut ready: F)
-    where
+    pub async fn relaunch<C, F, Fut>(
+        &mut self,
+        command: C,
+        port: u16,
+        timeout: Duration,
+        mut ready: F,
+    ) where
         C: Fn() -> Command,
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
@@ -139,7 +149,7 @@ impl ServerProcess {
         assert!(self.child.is_none(), "restart of a running {}", self.name);
         let mut last_error = String::new();
         for _ in 0..10 {
-            match self.launch(command(), timeout, &mut ready).await {
+            match self.launch(command(), port, timeout, &mut ready).await {
                 Ok(()) => return,
                 Err(e) => last_error = e,
             }
@@ -179,5 +189,89 @@ impl ServerProcess {
         if let Some(child) = &self.child {
             signal(child, sig);
         }
+    }
+}
+
+/// Whether process `pid`, or a process it started, holds a socket listening on loopback TCP
+/// `port` (read from /proc: the sockets in LISTEN state on the port, then the processes'
+/// descriptors).
+fn listens(pid: u32, port: u16) -> bool {
+    let sockets: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| listening_sockets(&table, port))
+        .map(|inode| format!("socket:[{inode}]"))
+        .collect();
+    if sockets.is_empty() {
+        return false;
+    }
+    let mut family = vec![pid];
+    let mut next = 0;
+    while let Some(&parent) = family.get(next) {
+        family.extend(children(parent));
+        next += 1;
+    }
+    family.iter().any(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|link| sockets.iter().any(|s| link.as_os_str() == s.as_str()))
+    })
+}
+
+/// The inodes of a /proc/net/tcp table's sockets listening (state 0A) on `port`.
+fn listening_sockets(table: &str, port: u16) -> Vec<String> {
+    let port = format!("{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = fields.get(1)?.rsplit(':').next()?;
+            (local_port == port && *fields.get(3)? == "0A")
+                .then(|| fields.get(9).map(|i| (*i).to_owned()))?
+        })
+        .collect()
+}
+
+/// The processes `pid`'s threads started.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|child| child.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_answering_on_a_port_it_does_not_hold_is_not_this_ones() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        assert!(
+            listens(std::process::id(), port),
+            "this process holds {port}"
+        );
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        assert!(
+            !listens(other.id(), port),
+            "a process that holds no socket on {port} was taken for its listener"
+        );
+        let _ = other.kill();
+        let _ = other.wait();
     }
 }

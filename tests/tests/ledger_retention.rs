@@ -292,21 +292,21 @@ async fn retain_keeping(
         "60",
     ];
     all.extend_from_slice(args);
-    // The retention's turn is one session's at a time (`pg_try_advisory_xact_lock`); a run
-    // that finds it taken does nothing and says `"ran": false`. Once in a busy CI run the
-    // first run of a test found it taken with no other retention in sight (holder not yet
-    // identified), so a run that did not get the turn is tried again, a few seconds at most;
-    // what the tests assert is the printout of a run that ran.
-    let mut printed = Value::Null;
-    for _ in 0..25 {
-        printed = pg
-            .gateway_cli_with_env(&all, env)
-            .await
-            .unwrap_or_else(|e| panic!("gateway ledger retain {args:?}: {e}"));
-        if printed["ran"] == true {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let printed = pg
+        .gateway_cli_with_env(&all, env)
+        .await
+        .unwrap_or_else(|e| panic!("gateway ledger retain {args:?}: {e}"));
+    // Nothing else retains this test's database; a run that did not get the turn names who
+    // held it (once seen in a busy CI run, before the servers' readiness told a test's own
+    // Postgres from another test's on the same port).
+    if printed["ran"] != true {
+        let holders = pg
+            .query(
+                "SELECT a.pid, a.application_name, a.state, a.query FROM pg_locks l \
+                 JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory'",
+            )
+            .await;
+        panic!("gateway ledger retain {args:?} did not run: {printed}\nadvisory locks: {holders}");
     }
     printed
 }
