@@ -16,6 +16,7 @@ mod postgres;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde_json::Value;
 use thiserror::Error;
 use time::OffsetDateTime;
 
@@ -91,8 +92,8 @@ pub struct StoredResponse {
     pub id: String,
     pub account_id: String,
     pub created_at: OffsetDateTime,
-    pub response: serde_json::Value,
-    pub input_items: Vec<serde_json::Value>,
+    pub response: Value,
+    pub input_items: Vec<Value>,
 }
 
 #[derive(Debug, Error)]
@@ -188,6 +189,41 @@ pub fn size_of(stored: &StoredResponse) -> usize {
         + stored.id.len()
         + stored.account_id.len()
         + ENTRY_OVERHEAD
+}
+
+/// Whether a string (or an object's key) anywhere in `value` holds U+0000, which Postgres
+/// keeps in neither text nor jsonb.
+pub fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(fields) => fields.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
+}
+
+/// `value` with each U+0000 in its strings and keys replaced by U+FFFD, for a store that can
+/// keep no NUL: the requests that would store one are refused, but an upstream's output may
+/// hold one, and its turn is billed by then.
+pub fn without_nul(value: Value) -> Value {
+    let replaced = |s: String| {
+        if s.contains('\0') {
+            s.replace('\0', "\u{FFFD}")
+        } else {
+            s
+        }
+    };
+    match value {
+        Value::String(s) => Value::String(replaced(s)),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nul).collect()),
+        Value::Object(fields) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(k, v)| (replaced(k), without_nul(v)))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 /// The length of a value's compact JSON text, without writing it out.

@@ -28,7 +28,7 @@ use crate::state::TurnApi;
 use gateway_core::auth::Principal;
 use gateway_core::ids;
 use gateway_core::providers::ProviderError;
-use gateway_core::responses_store::{json_len, StoreError, StoredResponse};
+use gateway_core::responses_store::{holds_nul, json_len, without_nul, StoreError, StoredResponse};
 use gateway_core::turn::{self, Endpoint, Turn, TurnError, TurnEvent, TurnRequest, Turns};
 use gateway_core::wire::one_or_many::StringOr;
 use gateway_core::wire::responses::translate::{self, normalized_items, Labeled};
@@ -161,6 +161,13 @@ async fn prepare(
 ) -> Result<(TurnRequest, Answer), ApiError> {
     let req: ResponsesRequest = body::from_value(raw.clone())?;
     let account_id = principal.account.id.clone();
+    // Postgres keeps no U+0000 in text or jsonb: a request that would store one, or look one
+    // up, is refused before any store call or turn (else a 503 after the turn was billed).
+    if (req.store.unwrap_or(true) || req.previous_response_id.is_some()) && holds_nul(&raw) {
+        return Err(ApiError::invalid(
+            "a string in the request holds U+0000 (NUL), which a stored response cannot keep: remove it, or send `store: false` without `previous_response_id`",
+        ));
+    }
 
     // The conversation so far: a stored response's input and output, then this input.
     let mut inherited: Vec<Value> = Vec::new();
@@ -302,7 +309,9 @@ impl Keep {
             id: assembler.response.id.clone(),
             account_id: self.account_id,
             created_at: OffsetDateTime::now_utc(),
-            response: assembler.stored(),
+            // A request holding a NUL was refused (`prepare`), but the upstream's output may
+            // hold one, which Postgres cannot keep: the stored copy has U+FFFD in its place.
+            response: without_nul(assembler.stored()),
             input_items: self.input_items,
         };
         self.state
