@@ -1,6 +1,9 @@
 //! The chart's pods, running: `helm install` into the test cluster of `e2e::node` (a real
 //! kube-apiserver, kube-controller-manager and kube-scheduler, and a node running each pod's
-//! containers from the image with podman), with Redis and Postgres outside the cluster, named
+//! containers from the image with podman) of the chart as `scripts/release` publishes it: each
+//! journey releases the test's binaries to a local registry (`e2e::registry::Release`) and
+//! installs the chart from `oci://` at its version with the image pinned by its digest, which
+//! the node pulls from that registry. Redis and Postgres run outside the cluster, named
 //! through the Secrets the README has the platform team create. nginx plays the Ingress
 //! controller in front of the Service's endpoints, configured from the chart's own Ingress as
 //! the API server has it (its paths and ingress-nginx annotations, `e2e::Routes`): a path the
@@ -19,6 +22,7 @@ use e2e::books::{assert_books_balance, tally};
 use e2e::helm::{assert_ok, helm_waiting, Trial};
 use e2e::kube::KubeApi;
 use e2e::node::TestNode;
+use e2e::registry::Release;
 use e2e::sdk::sdk_call;
 use e2e::sse::assemble_message_stream;
 use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
@@ -51,15 +55,41 @@ const VALUES: &[&str] = &[
 /// A helm value: its flag (`--set`, `--set-string`) and `KEY=VALUE`.
 type HelmValue = (&'static str, String);
 
+/// Where a journey's chart comes from: `helm install|upgrade` arguments naming it.
+#[derive(Clone)]
+struct ChartSource(Vec<String>);
+
+impl ChartSource {
+    /// The chart as `scripts/release` published it, from its OCI registry at its version, and
+    /// the image pinned by the pushed digest (which the node pulls from that registry).
+    fn released(release: &Release) -> (ChartSource, Vec<HelmValue>) {
+        let chart = ChartSource(vec![
+            release.chart.clone(),
+            "--version".into(),
+            release.version.clone(),
+            "--plain-http".into(),
+        ]);
+        let values = release
+            .image_values()
+            .into_iter()
+            .map(|v| ("--set", v))
+            .collect();
+        (chart, values)
+    }
+}
+
 /// `helm VERB RELEASE CHART` with `values` (a flag, `--set` or `--set-string`, and its
 /// `KEY=VALUE` each, set one by one so that a value may hold commas) and `extra` arguments.
 async fn helm_release(
     trial: &Trial,
     verb: &str,
+    chart: &ChartSource,
     values: &[HelmValue],
     extra: &[&str],
 ) -> std::process::Output {
-    let mut args = vec![verb, RELEASE, &trial.chart, "--disable-openapi-validation"];
+    let mut args = vec![verb, RELEASE];
+    args.extend(chart.0.iter().map(String::as_str));
+    args.push("--disable-openapi-validation");
     for (flag, value) in values {
         args.extend([*flag, value]);
     }
@@ -69,9 +99,9 @@ async fn helm_release(
 
 /// `helm install` of the chart copy with `values`, asserted to succeed: it returns once the
 /// pre-install migration Job has completed on the node.
-async fn helm_install(trial: &Trial, node: &TestNode, values: &[HelmValue]) {
+async fn helm_install(trial: &Trial, node: &TestNode, chart: &ChartSource, values: &[HelmValue]) {
     let started = Instant::now();
-    let out = helm_release(trial, "install", values, &["--timeout", "2m"]).await;
+    let out = helm_release(trial, "install", chart, values, &["--timeout", "2m"]).await;
     assert!(
         out.status.success(),
         "helm install failed:\n{}\n{}\nnode:\n{}\nmigrations:\n{}",
@@ -123,7 +153,11 @@ struct Installed {
     redis: RedisServer,
     /// The values it was installed with (an upgrade starts from them).
     values: Vec<HelmValue>,
+    /// The chart it was installed from (an upgrade keeps it).
+    chart: ChartSource,
     _manifests: RoutedManifests,
+    /// What `scripts/release` published; dropped after the node, which runs its image.
+    release: Release,
 }
 
 impl Installed {
@@ -135,6 +169,16 @@ impl Installed {
             panic!("helm or the Kubernetes API server is missing: see scripts/test");
         };
         let node = TestNode::start(&trial.api).await;
+        // Released as a platform's CI would (the chart copy the API server accepts), the image
+        // pulled by the node from the release's registry.
+        let started = Instant::now();
+        let release = Release::publish(std::path::Path::new(&trial.chart)).await;
+        eprintln!(
+            "scripts/release to a local registry: {:?}",
+            started.elapsed()
+        );
+        node.pull_over_plain_http(&release.registry.host());
+        let (chart, image) = ChartSource::released(&release);
         let mock = match setup.reply {
             Some(reply) => {
                 MockUpstream::serve("127.0.0.1:0", Unscripted::Always(reply), true).await
@@ -162,9 +206,10 @@ impl Installed {
         let values: Vec<HelmValue> = VALUES
             .iter()
             .map(|v| ("--set", (*v).to_owned()))
+            .chain(image)
             .chain(setup.values)
             .collect();
-        helm_install(&trial, &node, &values).await;
+        helm_install(&trial, &node, &chart, &values).await;
         let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
         api.apply_path(manifests.path.to_str().expect("a UTF-8 path"));
         Installed {
@@ -174,7 +219,9 @@ impl Installed {
             mock,
             redis,
             values,
+            chart,
             _manifests: manifests,
+            release,
         }
     }
 
@@ -281,7 +328,7 @@ impl Installed {
     async fn upgrade(&self, changed: &[&str]) {
         let mut values = self.values.clone();
         values.extend(changed.iter().map(|v| ("--set", (*v).to_owned())));
-        let out = helm_release(&self.trial, "upgrade", &values, &[]).await;
+        let out = helm_release(&self.trial, "upgrade", &self.chart, &values, &[]).await;
         assert_ok("helm upgrade", &out);
     }
 
@@ -386,10 +433,37 @@ struct CliKey {
     secret: String,
 }
 
+/// The chart as a platform installs a release: `scripts/release` publishes it to a registry
+/// (here a local one), and `helm install` takes the chart from `oci://` at its version with the
+/// image pinned by the pushed digest, which the node pulls (the machine has no copy of it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_probes_and_the_ingress_serves_the_sdk(
+async fn helm_install_of_the_released_chart_with_external_stores_pulls_the_image_by_digest_migrates_readies_the_pods_by_their_probes_and_the_ingress_serves_the_sdk(
 ) {
     let (chart, endpoints) = Installed::serving(Setup::default()).await;
+    let by_digest = chart.release.image_by_digest();
+    // Every container of both Deployments runs the image by that digest, as the node pulled it.
+    let out = chart.api().kubectl(&["get", "pods", "-o", "json"]);
+    assert_ok("kubectl get pods", &out);
+    let pods: Value = serde_json::from_slice(&out.stdout).expect("a pod list");
+    let mut running = 0;
+    for pod in pods["items"].as_array().into_iter().flatten() {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        for status in pod["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert_eq!(status["image"], by_digest.as_str(), "{name}: {status}");
+            assert_eq!(status["imageID"], by_digest.as_str(), "{name}: {status}");
+            running += 1;
+        }
+    }
+    assert!(running >= 3, "{running} containers: {pods:#}");
+    assert!(
+        chart.node.logs().contains(&format!("pulled {by_digest}")),
+        "the node never pulled {by_digest}:\n{}",
+        chart.node.logs()
+    );
     let migrations = chart
         .pg
         .query_i64("SELECT count(*) FROM _sqlx_migrations WHERE success")
@@ -526,7 +600,7 @@ async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_t
         "helm uninstall took the CRDs and their resources"
     );
 
-    helm_install(&chart.trial, &chart.node, &chart.values).await;
+    helm_install(&chart.trial, &chart.node, &chart.chart, &chart.values).await;
     chart.rolled_out("gateway-operator").await;
     chart.rolled_out(RELEASE).await;
     let endpoints = chart.service_endpoints(2).await;
