@@ -1012,6 +1012,194 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_stream
     );
 }
 
+/// The next release's migration, as the rules for migrations allow one (docs/kubernetes.md,
+/// "The schema": additions only): a table and a nullable column the current release knows
+/// nothing of.
+const NEXT_RELEASE_MIGRATION: &str =
+    "-- The next release: a table and a column this one does not know.\n\
+     CREATE TABLE next_release_regions (account_id text PRIMARY KEY, region text NOT NULL);\n\
+     ALTER TABLE accounts ADD COLUMN next_release_region text;\n";
+
+/// Applies the next release's migration as that release's `gateway migrate` would: sqlx's
+/// migrator over the shipped migrations (`store/migrations`, byte for byte) and one more, the
+/// version after the last shipped, recorded in `_sqlx_migrations` with its checksum. Its
+/// version.
+async fn migrate_to_the_next_release(pg: &PostgresServer) -> i64 {
+    let shipped = e2e::gateway::workspace_root().join("store/migrations");
+    let dir = std::env::temp_dir().join(e2e::gateway::unique_name("next-release-migrations"));
+    std::fs::create_dir_all(&dir).expect("a folder for the migrations");
+    let mut last = 0;
+    for entry in std::fs::read_dir(&shipped)
+        .expect("read store/migrations")
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(version) = name.split('_').next().and_then(|v| v.parse::<i64>().ok()) {
+            last = last.max(version);
+        }
+        std::fs::copy(entry.path(), dir.join(&name)).expect("copy a migration");
+    }
+    let next = last + 1;
+    std::fs::write(
+        dir.join(format!("{next:04}_next_release.sql")),
+        NEXT_RELEASE_MIGRATION,
+    )
+    .expect("write the next release's migration");
+    let migrator = sqlx::migrate::Migrator::new(dir.as_path())
+        .await
+        .expect("the migrations");
+    let pool = sqlx::PgPool::connect(&pg.url()).await.expect("a pool");
+    migrator
+        .run(&pool)
+        .await
+        .expect("the next release's migration");
+    pool.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    next
+}
+
+/// `count` JSON turns through the ingress, every one answered 200: their answers.
+async fn served_through(
+    http: &reqwest::Client,
+    ingress: &str,
+    key: &str,
+    count: usize,
+) -> Vec<Resp> {
+    let mut answers = Vec::new();
+    for _ in 0..count {
+        let Answer::Whole(answer) = turn_through(http, ingress, key, false).await else {
+            unreachable!("a JSON turn is answered whole");
+        };
+        assert_eq!(answer.status, 200, "a turn through the ingress: {answer}");
+        answers.push(answer);
+    }
+    answers
+}
+
+/// `helm rollback` after an upgrade to a release that migrated the database further: the
+/// previous release's pods, their migration init container included (`migrations.mode:
+/// initContainer`, where an older `gateway migrate` meets the newer schema; in `hook` mode a
+/// rollback runs no migration at all), start, become ready and serve turns, billed, on the
+/// newer schema, which stays.
+///
+/// The next release is played by a revision of the same released image whose migration the
+/// test applies just before `helm upgrade`, as that release's `migrate` step would: sqlx's
+/// migrator over the shipped migrations and one more (`migrate_to_the_next_release`), leaving a
+/// real `_sqlx_migrations` row. A second image with a binary built with that migration would
+/// cost minutes of build per run and show nothing more of the rollback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_rollback_after_an_upgrade_that_migrated_further_starts_the_previous_releases_pods_on_the_newer_schema_and_they_serve_turns_billed(
+) {
+    let setup = Setup::default().value("migrations.mode", "initContainer");
+    let (chart, endpoints) = Installed::serving(setup).await;
+    let key = chart.key_with_id().await;
+    // Room for the journey's turns (the free tier allows 5 a minute).
+    chart.grant(&endpoints, &key, (600, 1_000_000, 50)).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("a client");
+    let mut answers = Vec::new();
+    let nginx = chart.ingress(&endpoints).await;
+    answers.extend(served_through(&http, &nginx.url(""), &key.secret, 2).await);
+    drop(nginx);
+    let first_template = chart.gateway_pods()[0]["metadata"]["labels"]["pod-template-hash"].clone();
+
+    // The upgrade: the next release's migration, then its rollout.
+    let next = migrate_to_the_next_release(&chart.pg).await;
+    let newer = format!("SELECT count(*) FROM _sqlx_migrations WHERE version = {next} AND success");
+    assert_eq!(
+        chart.pg.query_i64(&newer).await,
+        1,
+        "the next release's migration is recorded"
+    );
+    chart.upgrade(&["gateway.logFormat=text"]).await;
+    chart.rolled_out(RELEASE).await;
+
+    // The rollback to the first revision: its templates (and image) again.
+    let started = Instant::now();
+    let out = helm_waiting(chart.api(), &["rollback", RELEASE, "1"]).await;
+    assert_ok("helm rollback", &out);
+    chart.rolled_out(RELEASE).await;
+    eprintln!("helm rollback rolled out after {:?}", started.elapsed());
+    let after = chart.service_endpoints(2).await;
+    let pods: Vec<Value> = chart
+        .gateway_pods()
+        .into_iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect();
+    assert_eq!(
+        pods.len(),
+        2,
+        "two gateway pods after the rollback: {pods:#?}"
+    );
+    for pod in &pods {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        assert_eq!(
+            pod["metadata"]["labels"]["pod-template-hash"], first_template,
+            "{name} is not of the first revision's template"
+        );
+        let args = pod["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            !args.contains("--log-format=text"),
+            "{name} runs the upgrade's template: {args}"
+        );
+        // Its migration init container (the previous release's `gateway migrate`) ran on the
+        // newer schema and succeeded: the pod is past Init and ready.
+        let init = &pod["spec"]["initContainers"][0];
+        assert_eq!(init["name"], "migrate", "{name}: {init}");
+        assert_eq!(init["image"], chart.release.image_by_digest().as_str());
+        let logs = chart.node.pod_logs(name);
+        let migrate_log = logs
+            .split("--- ")
+            .find(|section| section.starts_with(&format!("{name}/migrate.log")))
+            .unwrap_or_default();
+        assert!(
+            migrate_log.contains(r#"{"migrated":true}"#),
+            "{name}'s migrate init container did not report a migration:\n{logs}"
+        );
+        let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+        assert!(
+            after.contains(&format!("{ip}:8080")),
+            "{name} at {ip} is not among the ready endpoints {after:?}"
+        );
+    }
+
+    // The rolled-back pods serve, through the ingress, and bill every turn.
+    let nginx = chart.ingress(&after).await;
+    let served_before = chart.mock.request_count();
+    let rolled_back = served_through(&http, &nginx.url(""), &key.secret, 6).await;
+    assert_eq!(
+        chart.mock.request_count() - served_before,
+        6,
+        "the turns reached the upstream"
+    );
+    answers.extend(rolled_back);
+    let (accepted, consumed) = tally(answers.iter(), &[]);
+    assert_books_balance(
+        &chart.pg,
+        &key.account_id,
+        KEY_CREDITS,
+        answers.len() as u64,
+        (accepted, consumed),
+    )
+    .await;
+    // The schema stays the newer release's: its migration and its column.
+    assert_eq!(
+        chart.pg.query_i64(&newer).await,
+        1,
+        "the rollback undid the newer migration"
+    );
+    assert_eq!(
+        chart
+            .pg
+            .query_i64("SELECT count(*) FROM information_schema.columns WHERE table_name = 'accounts' AND column_name = 'next_release_region'")
+            .await,
+        1
+    );
+}
+
 /// Streams the operator scales for in the scaling journey: held open through the ingress.
 const HELD_STREAMS: usize = 6;
 /// Open streams per gateway pod the operator aims at in that journey (200 by default): the
