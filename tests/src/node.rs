@@ -121,7 +121,26 @@ impl TestNode {
                 "--v=1",
             ]);
         let controllers = vec![spawn(manager, &log), spawn(scheduler, &log)];
+        TestNode::register(api, name, dir, log, controllers).await
+    }
 
+    /// One more node of the cluster whose controllers [`TestNode::start`] runs (a drain needs
+    /// somewhere for the pods to go): a Node registered and its kubelet, nothing else.
+    pub async fn join(api: &KubeApi) -> TestNode {
+        let name = unique_name("e2e-node");
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(dir.join("pods")).expect("create the node's folder");
+        TestNode::register(api, name, dir, LogTail::default(), Vec::new()).await
+    }
+
+    async fn register(
+        api: &KubeApi,
+        name: String,
+        dir: PathBuf,
+        log: LogTail,
+        controllers: Vec<Child>,
+    ) -> TestNode {
+        let admin = api.kubeconfig(Identity::Admin);
         let addresses = Arc::new(Mutex::new(Vec::new()));
         let plain_http = Arc::new(Mutex::new(Vec::new()));
         let client = client_for(&admin).await;

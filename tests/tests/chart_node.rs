@@ -1206,9 +1206,17 @@ const HELD_STREAMS: usize = 6;
 /// held streams need three pods.
 const STREAMS_PER_POD: &str = "2";
 
+/// Clients of the scale-down: each sends its turns one after the other, streamed and not in
+/// turn (three turns in flight at most: the operator's target is then the chart's two pods).
+const SCALE_DOWN_CLIENTS: usize = 3;
+
+/// The operator scales up for open streams, and the new pod serves; once the streams end it
+/// scales back down to the chart's two pods (after `OPERATOR_SCALE_DOWN_WINDOW`) while clients
+/// run turns and streams through the ingress: none is refused or cut (the removed pod leaves
+/// the Service, finishes what it has and exits, as in a roll), and each is billed as told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_the_new_pod_serves()
-{
+async fn the_operator_scales_the_deployment_up_from_the_gateways_open_streams_and_down_again_refusing_no_turn_cutting_no_stream(
+) {
     // Streams of ~25 events 600 ms apart: open for about 15 s.
     let long = "a stream held open while the operator counts it and scales the gateway; ".repeat(2);
     let setup = Setup {
@@ -1221,6 +1229,7 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
         &[
             ("OPERATOR_STREAMS_PER_POD", STREAMS_PER_POD),
             ("OPERATOR_SCALE_EVERY", "1s"),
+            ("OPERATOR_SCALE_DOWN_WINDOW", "5s"),
         ],
     );
     let (chart, before) = Installed::serving(setup).await;
@@ -1229,8 +1238,12 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
     chart.grant(&before, &key, (600, 1_000_000, 50)).await;
     let nginx = chart.ingress(&before).await;
     let mut followed = before.clone();
+    // A new connection for each turn, as in the upgrade journey (this nginx follows the
+    // endpoints by reloading).
     let http = reqwest::Client::builder()
         .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(90))
         .build()
         .expect("a client");
 
@@ -1291,6 +1304,7 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
     // one of the first three, and 30 without one fails.
     let served_before = requests_on_new().await;
     let mut served = 0.0;
+    let mut whole = Vec::new();
     for _ in 0..30 {
         // A short answer (the held streams were answered already).
         chart.mock.push([Reply::text("served by whichever pod")]);
@@ -1301,7 +1315,9 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
             .send()
             .await
             .expect("a turn through the ingress");
-        Resp::read(response).await.expect_ok();
+        let answer = Resp::read(response).await;
+        answer.expect_ok();
+        whole.push(answer);
         served = requests_on_new().await - served_before;
         if served >= 1.0 {
             break;
@@ -1313,11 +1329,283 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
     );
 
     // The held streams ran to their end through the scaling.
+    let mut streams = Vec::new();
     for (first, stream) in held {
         let mut events = vec![first];
         events.extend(stream.collect().await);
-        assert!(assemble_message_stream(&events).credits() > 0);
+        let stream = assemble_message_stream(&events);
+        assert!(stream.credits() > 0);
+        streams.push(stream);
     }
+
+    // The scale-down, under turns: clients run turns one after the other (each lasting about
+    // 15 s, far shorter than the grace) until the operator has brought the Deployment back to
+    // two pods and the removed one is gone.
+    let stop = AtomicBool::new(false);
+    let ingress = nginx.url("");
+    let load = clients_until(&http, &ingress, &key.secret, SCALE_DOWN_CLIENTS, &stop);
+    let scale_down = async {
+        let started = Instant::now();
+        let removed =
+            follow_pods_until(&chart, &nginx, &mut followed, 2, "the scale-down", |pods| {
+                let current = pods
+                    .iter()
+                    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                    .count();
+                chart.trial.replicas() == "2" && current == 2 && pods.len() == 2
+            })
+            .await;
+        eprintln!("scaled down to two pods after {:?}", started.elapsed());
+        stop.store(true, Ordering::SeqCst);
+        removed
+    };
+    let (answers, removed) = tokio::join!(load, scale_down);
+    eprintln!(
+        "{} turns during the scale-down; turns in flight on the removed pod at its deletion: \
+         {removed:?}",
+        answers.len()
+    );
+    assert_eq!(removed.len(), 1, "one pod removed: {removed:?}");
+    let (during, during_streams) = none_refused_or_cut(&answers, "the scale-down");
+    assert!(
+        answers.len() >= SCALE_DOWN_CLIENTS,
+        "only {} turns ran through the scale-down",
+        answers.len()
+    );
+    // Every turn of the key (the short ones, the held streams and the scale-down's) billed
+    // as its client was told.
+    let whole: Vec<&Resp> = whole.iter().chain(during).collect();
+    let streams: Vec<&MessageStream> = streams.iter().chain(during_streams).collect();
+    assert_billed_as_told(&chart, &key, &whole, &streams).await;
+}
+
+/// `clients` clients through the ingress until `stop`: each sends its turns one after the
+/// other, streamed and not in turn. Their answers (a connection error fails the journey).
+async fn clients_until(
+    http: &reqwest::Client,
+    ingress: &str,
+    key: &str,
+    clients: usize,
+    stop: &AtomicBool,
+) -> Vec<Answer> {
+    let clients = (0..clients).map(|client| async move {
+        let mut answers = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let streamed = (client + answers.len()) % 2 == 0;
+            answers.push(turn_through(http, ingress, key, streamed).await);
+        }
+        answers
+    });
+    futures::future::join_all(clients)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The ingress controller's work while gateway pods go (`what`): follows the Service's ready
+/// endpoints, asserted never to fall below `floor`, and notes each gateway pod deleted with
+/// the turns it had in flight then, until `done` says so of the gateway pods (within 240 s).
+/// The pods deleted and their turns in flight.
+async fn follow_pods_until(
+    chart: &Installed,
+    nginx: &Nginx,
+    followed: &mut Vec<String>,
+    floor: usize,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> BTreeMap<String, Option<u64>> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client");
+    let started = Instant::now();
+    let mut deleted = BTreeMap::new();
+    loop {
+        let ready = chart.follow_endpoints(nginx, followed).await;
+        assert!(
+            ready.len() >= floor,
+            "the Service fell to the ready endpoints {ready:?} during {what}"
+        );
+        let pods = chart.gateway_pods();
+        for pod in &pods {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            if pod["metadata"]["deletionTimestamp"].is_null() || deleted.contains_key(name) {
+                continue;
+            }
+            let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+            let in_flight = pod_metrics(&http, ip)
+                .await
+                .and_then(|m| m.get("gateway_turns_in_flight", &[]))
+                .map(|n| n as u64);
+            deleted.insert(name.to_owned(), in_flight);
+        }
+        if done(&pods) {
+            return deleted;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "{what} did not end within 240 s (replicas {}, pods {pods:#?})\nnode:\n{}\noperator:\n{}",
+            chart.trial.replicas(),
+            chart.node.logs(),
+            chart.node.pod_logs("gateway-operator")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Asserts that no client saw anything but a 200 and that every stream ended with its stop
+/// reason during `what`: the JSON answers and the streams.
+fn none_refused_or_cut<'a>(
+    answers: &'a [Answer],
+    what: &str,
+) -> (Vec<&'a Resp>, Vec<&'a MessageStream>) {
+    let (mut whole, mut streams) = (Vec::new(), Vec::new());
+    for answer in answers {
+        match answer {
+            Answer::Whole(resp) => {
+                assert_eq!(resp.status, 200, "a turn refused during {what}: {resp}");
+                whole.push(resp);
+            }
+            Answer::Streamed(stream) => {
+                assert!(
+                    stream.delta["stop_reason"].is_string(),
+                    "a stream cut during {what}: {:?}",
+                    stream.events
+                );
+                streams.push(stream);
+            }
+        }
+    }
+    (whole, streams)
+}
+
+/// Every turn of `key` served (`whole` JSON answers, all 200, and `streams`) and billed as its
+/// client was told (`e2e::books`).
+async fn assert_billed_as_told(
+    chart: &Installed,
+    key: &CliKey,
+    whole: &[&Resp],
+    streams: &[&MessageStream],
+) {
+    let (accepted, consumed) = tally(whole.iter().copied(), &[]);
+    let streamed_credits: u64 = streams.iter().map(|s| s.credits()).sum();
+    assert_books_balance(
+        &chart.pg,
+        &key.account_id,
+        KEY_CREDITS,
+        (whole.len() + streams.len()) as u64,
+        (accepted + streams.len() as u64, consumed + streamed_credits),
+    )
+    .await;
+}
+
+/// Clients of the drain journey.
+const DRAIN_CLIENTS: usize = 3;
+
+/// `kubectl drain` of the node the chart's pods run on, with another node to take them and the
+/// chart's PodDisruptionBudget (`gateway.pdb`, maxUnavailable 1: applied as `policy/v1beta1`,
+/// the version this 1.20 API server has, with the chart's spec): the gateway pods are evicted
+/// one at a time, each replaced on the other node, while clients run turns and streams
+/// through the ingress; none is refused or cut, every one billed as told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_drain_of_the_node_moves_the_gateway_pods_to_another_refusing_no_turn_cutting_no_stream(
+) {
+    let setup = Setup {
+        reply: Some(lasting_reply()),
+        ..Setup::default()
+    };
+    let (chart, before) = Installed::serving(setup).await;
+    let other = TestNode::join(chart.api()).await;
+    other.pull_over_plain_http(&chart.release.registry.host());
+    let mut pdb_args = vec![
+        RELEASE,
+        "charts/gateway",
+        "--show-only",
+        "templates/gateway-pdb.yaml",
+    ];
+    for value in VALUES {
+        pdb_args.extend(["--set", value]);
+    }
+    pdb_args.extend(["--set", "gateway.pdb.enabled=true"]);
+    let pdb = e2e::helm::template(&pdb_args)
+        .replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
+    assert!(pdb.contains("maxUnavailable: 1"), "{pdb}");
+    assert_ok(
+        "kubectl apply of the chart's PodDisruptionBudget",
+        &chart.api().apply(&pdb),
+    );
+
+    let key = chart.key_with_id().await;
+    // Room for every turn of the drain (a key of the free tier would be refused most).
+    chart.grant(&before, &key, (6_000, 10_000_000, 200)).await;
+    let nginx = chart.ingress(&before).await;
+    let mut followed = before.clone();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(90))
+        .build()
+        .expect("a client");
+    let stop = AtomicBool::new(false);
+    let ingress = nginx.url("");
+    let load = clients_until(&http, &ingress, &key.secret, DRAIN_CLIENTS, &stop);
+    let drained = AtomicBool::new(false);
+    let drain = async {
+        // Turns served before the drain starts.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let started = Instant::now();
+        let out = chart
+            .api()
+            .kubectl_waiting(&[
+                "drain",
+                &chart.node.name,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=240s",
+            ])
+            .await;
+        assert_ok("kubectl drain", &out);
+        eprintln!("kubectl drain done after {:?}", started.elapsed());
+        drained.store(true, Ordering::SeqCst);
+    };
+    let moved = async {
+        let evicted = follow_pods_until(&chart, &nginx, &mut followed, 1, "the drain", |pods| {
+            drained.load(Ordering::SeqCst)
+                && pods.len() == 2
+                && pods.iter().all(|p| {
+                    p["spec"]["nodeName"] == other.name.as_str()
+                        && p["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+        })
+        .await;
+        // The ingress on the new pods' endpoints before the clients stop.
+        chart.follow_endpoints(&nginx, &mut followed).await;
+        stop.store(true, Ordering::SeqCst);
+        evicted
+    };
+    let (answers, (), evicted) = tokio::join!(load, drain, moved);
+    eprintln!(
+        "{} turns during the drain; turns in flight on each evicted pod at its deletion: \
+         {evicted:?}",
+        answers.len()
+    );
+    assert_eq!(evicted.len(), 2, "both gateway pods evicted: {evicted:?}");
+    let (whole, streams) = none_refused_or_cut(&answers, "the drain");
+    assert!(
+        answers.len() >= DRAIN_CLIENTS,
+        "only {} turns ran through the drain",
+        answers.len()
+    );
+    assert_billed_as_told(&chart, &key, &whole, &streams).await;
+    assert!(
+        followed.iter().all(|e| !before.contains(e)),
+        "the ingress still routes to the drained pods {before:?}: {followed:?}"
+    );
 }
 
 /// The first line of the README's install block (a fenced `sh` block): the journey below runs
