@@ -18,8 +18,12 @@
 //! - **The API server**: a pod that mounts its service account's token (the token Secret that
 //!   the controller manager's token controller signs) also gets a kubeconfig naming the test
 //!   API server and that token file (`KUBECONFIG`); there is no in-cluster Service address.
-//! - Not modelled: resource limits, image pulls (`--pull never`: the image must be built),
-//!   `exec` probes, `$(VAR)` expansion, projected and persistent volumes.
+//! - **Images**: pulled as the container's `imagePullPolicy` says (`IfNotPresent`, the chart's:
+//!   only when this machine's image storage lacks it), from registries over TLS, or plain HTTP
+//!   for those named with [`TestNode::pull_over_plain_http`] (a node's insecure registries);
+//!   the status reports each container's `imageID` as `REPOSITORY@DIGEST`.
+//! - Not modelled: resource limits, `exec` probes, `$(VAR)` expansion, projected and
+//!   persistent volumes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -57,6 +61,7 @@ pub struct TestNode {
     pub name: String,
     dir: PathBuf,
     addresses: Arc<Mutex<Vec<String>>>,
+    plain_http: Arc<Mutex<Vec<String>>>,
     log: LogTail,
     _controllers: Vec<Child>,
     kubelet: tokio::task::JoinHandle<()>,
@@ -116,8 +121,28 @@ impl TestNode {
                 "--v=1",
             ]);
         let controllers = vec![spawn(manager, &log), spawn(scheduler, &log)];
+        TestNode::register(api, name, dir, log, controllers).await
+    }
 
+    /// One more node of the cluster whose controllers [`TestNode::start`] runs (a drain needs
+    /// somewhere for the pods to go): a Node registered and its kubelet, nothing else.
+    pub async fn join(api: &KubeApi) -> TestNode {
+        let name = unique_name("e2e-node");
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(dir.join("pods")).expect("create the node's folder");
+        TestNode::register(api, name, dir, LogTail::default(), Vec::new()).await
+    }
+
+    async fn register(
+        api: &KubeApi,
+        name: String,
+        dir: PathBuf,
+        log: LogTail,
+        controllers: Vec<Child>,
+    ) -> TestNode {
+        let admin = api.kubeconfig(Identity::Admin);
         let addresses = Arc::new(Mutex::new(Vec::new()));
+        let plain_http = Arc::new(Mutex::new(Vec::new()));
         let client = client_for(&admin).await;
         register_node(&client, &name).await;
         let kubelet = Arc::new(Kubelet {
@@ -127,6 +152,7 @@ impl TestNode {
             api_server: api.server_url(),
             next_ip: AtomicU32::new(0),
             addresses: addresses.clone(),
+            plain_http: plain_http.clone(),
             log: log.clone(),
         });
         let kubelet = tokio::spawn(kubelet.run());
@@ -134,10 +160,20 @@ impl TestNode {
             name,
             dir,
             addresses,
+            plain_http,
             log,
             _controllers: controllers,
             kubelet,
         }
+    }
+
+    /// Pulls from the registry at `host` (`HOST:PORT`) over plain HTTP, as a node configured
+    /// with it as an insecure registry does (a test's local registry).
+    pub fn pull_over_plain_http(&self, host: &str) {
+        self.plain_http
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(host.to_owned());
     }
 
     /// The controllers' output and what the node did, for failure messages.
@@ -258,6 +294,8 @@ struct Kubelet {
     next_ip: AtomicU32,
     /// The pod addresses this node added to the loopback interface, removed on drop.
     addresses: Arc<Mutex<Vec<String>>>,
+    /// Registries (`HOST:PORT`) pulled from over plain HTTP.
+    plain_http: Arc<Mutex<Vec<String>>>,
     log: LogTail,
 }
 
@@ -317,6 +355,60 @@ impl Kubelet {
 
     fn say(&self, line: &str) {
         self.log.push_line(&format!("node {}: {line}", self.node));
+    }
+
+    /// The image `container` names, in this machine's image storage as its pull policy says
+    /// (a kubelet's image manager: `Never` only looks, `IfNotPresent` pulls when it is absent,
+    /// `Always` pulls); its ID as a kubelet reports it, `REPOSITORY@DIGEST`. A failed pull is
+    /// retried with a backoff (ImagePullBackOff), then fails the pod.
+    async fn pull(&self, container: &Container) -> Result<String, String> {
+        let image = container.image.clone().unwrap_or_default();
+        let policy = container
+            .image_pull_policy
+            .clone()
+            .unwrap_or_else(|| "IfNotPresent".into());
+        let present = || async {
+            podman_async(&["image", "exists", &image])
+                .await
+                .status
+                .success()
+        };
+        let pull = match policy.as_str() {
+            "Always" => true,
+            "Never" if !present().await => {
+                return Err(format!("{}: ErrImageNeverPull {image}", container.name))
+            }
+            "Never" => false,
+            _ => !present().await,
+        };
+        if pull {
+            let host = image.split('/').next().unwrap_or_default().to_owned();
+            let plain = self
+                .plain_http
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&host);
+            let tls = format!("--tls-verify={}", !plain);
+            let mut attempt = 0;
+            loop {
+                let out = podman_async(&["pull", "--quiet", &tls, &image]).await;
+                if out.status.success() {
+                    self.say(&format!("pulled {image}"));
+                    break;
+                }
+                let error = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+                attempt += 1;
+                if attempt == 3 {
+                    return Err(format!("{}: ErrImagePull {image}: {error}", container.name));
+                }
+                self.say(&format!("pulling {image}: {error}"));
+                tokio::time::sleep(Duration::from_secs(1 << attempt)).await;
+            }
+        }
+        let inspected =
+            podman_async(&["image", "inspect", "--format", "{{.Digest}}", &image]).await;
+        let digest = String::from_utf8_lossy(&inspected.stdout).trim().to_owned();
+        Ok(format!("{}@{digest}", repository(&image)))
     }
 
     /// A free address of 10.244.0.0/16 added to the loopback interface (the Endpoints API
@@ -388,6 +480,28 @@ impl Kubelet {
     }
 }
 
+/// `podman ARGS`, awaited without blocking the runtime.
+async fn podman_async(args: &[&str]) -> std::process::Output {
+    let command = podman_command();
+    Command::new(&command[0])
+        .args(&command[1..])
+        .args(args)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run podman: {e}"))
+}
+
+/// An image reference without its tag or digest: `HOST/PATH`.
+fn repository(image: &str) -> &str {
+    if let Some((repository, _)) = image.split_once('@') {
+        return repository;
+    }
+    match image.rsplit_once(':') {
+        Some((repository, tag)) if !tag.contains('/') => repository,
+        _ => image,
+    }
+}
+
 fn uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
@@ -404,6 +518,8 @@ struct ProbeState {
 struct ContainerRun {
     spec: Container,
     podman_args: Vec<String>,
+    /// `REPOSITORY@DIGEST` of the image it runs.
+    image_id: String,
     child: Option<Child>,
     podman_name: Option<String>,
     restarts: i32,
@@ -486,8 +602,9 @@ impl PodRun {
         let spec = self.spec();
         for init in spec.init_containers.clone().unwrap_or_default() {
             let args = self.podman_args(kubelet, &init, &mounts).await?;
+            let image_id = kubelet.pull(&init).await?;
             // Among the containers while it runs, so that a deletion stops it.
-            self.containers = vec![ContainerRun::new(init, args)];
+            self.containers = vec![ContainerRun::new(init, args, image_id)];
             let run = &mut self.containers[0];
             loop {
                 run.start(&self.ctx)?;
@@ -506,7 +623,8 @@ impl PodRun {
         self.initialized = true;
         for container in spec.containers.clone() {
             let args = self.podman_args(kubelet, &container, &mounts).await?;
-            let mut run = ContainerRun::new(container, args);
+            let image_id = kubelet.pull(&container).await?;
+            let mut run = ContainerRun::new(container, args, image_id);
             run.start(&self.ctx)?;
             self.containers.push(run);
         }
@@ -599,6 +717,7 @@ impl PodRun {
         let spec = self.spec();
         let pod_security = spec.security_context.clone().unwrap_or_default();
         let security = container.security_context.clone().unwrap_or_default();
+        // The image is in storage already (Kubelet::pull).
         let mut args: Vec<String> = ["run", "--network", "host", "--pull", "never", "--label"]
             .map(str::to_owned)
             .to_vec();
@@ -780,7 +899,7 @@ impl PodRun {
                     (None, None) => json!({"waiting": {"reason": "ContainerCreating"}}),
                 };
                 json!({
-                    "name": c.spec.name, "image": c.spec.image, "imageID": "",
+                    "name": c.spec.name, "image": c.spec.image, "imageID": c.image_id,
                     "ready": c.ready, "started": c.started, "restartCount": c.restarts,
                     "state": state,
                 })
@@ -857,10 +976,11 @@ impl PodContext {
 }
 
 impl ContainerRun {
-    fn new(spec: Container, podman_args: Vec<String>) -> ContainerRun {
+    fn new(spec: Container, podman_args: Vec<String>, image_id: String) -> ContainerRun {
         ContainerRun {
             spec,
             podman_args,
+            image_id,
             child: None,
             podman_name: None,
             restarts: 0,

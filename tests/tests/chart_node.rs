@@ -1,6 +1,9 @@
 //! The chart's pods, running: `helm install` into the test cluster of `e2e::node` (a real
 //! kube-apiserver, kube-controller-manager and kube-scheduler, and a node running each pod's
-//! containers from the image with podman), with Redis and Postgres outside the cluster, named
+//! containers from the image with podman) of the chart as `scripts/release` publishes it: each
+//! journey releases the test's binaries to a local registry (`e2e::registry::Release`) and
+//! installs the chart from `oci://` at its version with the image pinned by its digest, which
+//! the node pulls from that registry. Redis and Postgres run outside the cluster, named
 //! through the Secrets the README has the platform team create. nginx plays the Ingress
 //! controller in front of the Service's endpoints, configured from the chart's own Ingress as
 //! the API server has it (its paths and ingress-nginx annotations, `e2e::Routes`): a path the
@@ -19,6 +22,7 @@ use e2e::books::{assert_books_balance, tally};
 use e2e::helm::{assert_ok, helm_waiting, Trial};
 use e2e::kube::KubeApi;
 use e2e::node::TestNode;
+use e2e::registry::Release;
 use e2e::sdk::sdk_call;
 use e2e::sse::assemble_message_stream;
 use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
@@ -51,15 +55,41 @@ const VALUES: &[&str] = &[
 /// A helm value: its flag (`--set`, `--set-string`) and `KEY=VALUE`.
 type HelmValue = (&'static str, String);
 
+/// Where a journey's chart comes from: `helm install|upgrade` arguments naming it.
+#[derive(Clone)]
+struct ChartSource(Vec<String>);
+
+impl ChartSource {
+    /// The chart as `scripts/release` published it, from its OCI registry at its version, and
+    /// the image pinned by the pushed digest (which the node pulls from that registry).
+    fn released(release: &Release) -> (ChartSource, Vec<HelmValue>) {
+        let chart = ChartSource(vec![
+            release.chart.clone(),
+            "--version".into(),
+            release.version.clone(),
+            "--plain-http".into(),
+        ]);
+        let values = release
+            .image_values()
+            .into_iter()
+            .map(|v| ("--set", v))
+            .collect();
+        (chart, values)
+    }
+}
+
 /// `helm VERB RELEASE CHART` with `values` (a flag, `--set` or `--set-string`, and its
 /// `KEY=VALUE` each, set one by one so that a value may hold commas) and `extra` arguments.
 async fn helm_release(
     trial: &Trial,
     verb: &str,
+    chart: &ChartSource,
     values: &[HelmValue],
     extra: &[&str],
 ) -> std::process::Output {
-    let mut args = vec![verb, RELEASE, &trial.chart, "--disable-openapi-validation"];
+    let mut args = vec![verb, RELEASE];
+    args.extend(chart.0.iter().map(String::as_str));
+    args.push("--disable-openapi-validation");
     for (flag, value) in values {
         args.extend([*flag, value]);
     }
@@ -69,9 +99,9 @@ async fn helm_release(
 
 /// `helm install` of the chart copy with `values`, asserted to succeed: it returns once the
 /// pre-install migration Job has completed on the node.
-async fn helm_install(trial: &Trial, node: &TestNode, values: &[HelmValue]) {
+async fn helm_install(trial: &Trial, node: &TestNode, chart: &ChartSource, values: &[HelmValue]) {
     let started = Instant::now();
-    let out = helm_release(trial, "install", values, &["--timeout", "2m"]).await;
+    let out = helm_release(trial, "install", chart, values, &["--timeout", "2m"]).await;
     assert!(
         out.status.success(),
         "helm install failed:\n{}\n{}\nnode:\n{}\nmigrations:\n{}",
@@ -123,7 +153,11 @@ struct Installed {
     redis: RedisServer,
     /// The values it was installed with (an upgrade starts from them).
     values: Vec<HelmValue>,
+    /// The chart it was installed from (an upgrade keeps it).
+    chart: ChartSource,
     _manifests: RoutedManifests,
+    /// What `scripts/release` published; dropped after the node, which runs its image.
+    release: Release,
 }
 
 impl Installed {
@@ -135,6 +169,16 @@ impl Installed {
             panic!("helm or the Kubernetes API server is missing: see scripts/test");
         };
         let node = TestNode::start(&trial.api).await;
+        // Released as a platform's CI would (the chart copy the API server accepts), the image
+        // pulled by the node from the release's registry.
+        let started = Instant::now();
+        let release = Release::publish(std::path::Path::new(&trial.chart)).await;
+        eprintln!(
+            "scripts/release to a local registry: {:?}",
+            started.elapsed()
+        );
+        node.pull_over_plain_http(&release.registry.host());
+        let (chart, image) = ChartSource::released(&release);
         let mock = match setup.reply {
             Some(reply) => {
                 MockUpstream::serve("127.0.0.1:0", Unscripted::Always(reply), true).await
@@ -162,9 +206,10 @@ impl Installed {
         let values: Vec<HelmValue> = VALUES
             .iter()
             .map(|v| ("--set", (*v).to_owned()))
+            .chain(image)
             .chain(setup.values)
             .collect();
-        helm_install(&trial, &node, &values).await;
+        helm_install(&trial, &node, &chart, &values).await;
         let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
         api.apply_path(manifests.path.to_str().expect("a UTF-8 path"));
         Installed {
@@ -174,7 +219,9 @@ impl Installed {
             mock,
             redis,
             values,
+            chart,
             _manifests: manifests,
+            release,
         }
     }
 
@@ -281,7 +328,7 @@ impl Installed {
     async fn upgrade(&self, changed: &[&str]) {
         let mut values = self.values.clone();
         values.extend(changed.iter().map(|v| ("--set", (*v).to_owned())));
-        let out = helm_release(&self.trial, "upgrade", &values, &[]).await;
+        let out = helm_release(&self.trial, "upgrade", &self.chart, &values, &[]).await;
         assert_ok("helm upgrade", &out);
     }
 
@@ -386,10 +433,37 @@ struct CliKey {
     secret: String,
 }
 
+/// The chart as a platform installs a release: `scripts/release` publishes it to a registry
+/// (here a local one), and `helm install` takes the chart from `oci://` at its version with the
+/// image pinned by the pushed digest, which the node pulls (the machine has no copy of it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_probes_and_the_ingress_serves_the_sdk(
+async fn helm_install_of_the_released_chart_with_external_stores_pulls_the_image_by_digest_migrates_readies_the_pods_by_their_probes_and_the_ingress_serves_the_sdk(
 ) {
     let (chart, endpoints) = Installed::serving(Setup::default()).await;
+    let by_digest = chart.release.image_by_digest();
+    // Every container of both Deployments runs the image by that digest, as the node pulled it.
+    let out = chart.api().kubectl(&["get", "pods", "-o", "json"]);
+    assert_ok("kubectl get pods", &out);
+    let pods: Value = serde_json::from_slice(&out.stdout).expect("a pod list");
+    let mut running = 0;
+    for pod in pods["items"].as_array().into_iter().flatten() {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        for status in pod["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert_eq!(status["image"], by_digest.as_str(), "{name}: {status}");
+            assert_eq!(status["imageID"], by_digest.as_str(), "{name}: {status}");
+            running += 1;
+        }
+    }
+    assert!(running >= 3, "{running} containers: {pods:#}");
+    assert!(
+        chart.node.logs().contains(&format!("pulled {by_digest}")),
+        "the node never pulled {by_digest}:\n{}",
+        chart.node.logs()
+    );
     let migrations = chart
         .pg
         .query_i64("SELECT count(*) FROM _sqlx_migrations WHERE success")
@@ -526,7 +600,7 @@ async fn helm_uninstall_keeps_the_crds_and_the_database_and_a_reinstall_serves_t
         "helm uninstall took the CRDs and their resources"
     );
 
-    helm_install(&chart.trial, &chart.node, &chart.values).await;
+    helm_install(&chart.trial, &chart.node, &chart.chart, &chart.values).await;
     chart.rolled_out("gateway-operator").await;
     chart.rolled_out(RELEASE).await;
     let endpoints = chart.service_endpoints(2).await;
@@ -938,15 +1012,211 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_stream
     );
 }
 
+/// The next release's migration, as the rules for migrations allow one (docs/kubernetes.md,
+/// "The schema": additions only): a table and a nullable column the current release knows
+/// nothing of.
+const NEXT_RELEASE_MIGRATION: &str =
+    "-- The next release: a table and a column this one does not know.\n\
+     CREATE TABLE next_release_regions (account_id text PRIMARY KEY, region text NOT NULL);\n\
+     ALTER TABLE accounts ADD COLUMN next_release_region text;\n";
+
+/// Applies the next release's migration as that release's `gateway migrate` would: sqlx's
+/// migrator over the shipped migrations (`store/migrations`, byte for byte) and one more, the
+/// version after the last shipped, recorded in `_sqlx_migrations` with its checksum. Its
+/// version.
+async fn migrate_to_the_next_release(pg: &PostgresServer) -> i64 {
+    let shipped = e2e::gateway::workspace_root().join("store/migrations");
+    let dir = std::env::temp_dir().join(e2e::gateway::unique_name("next-release-migrations"));
+    std::fs::create_dir_all(&dir).expect("a folder for the migrations");
+    let mut last = 0;
+    for entry in std::fs::read_dir(&shipped)
+        .expect("read store/migrations")
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(version) = name.split('_').next().and_then(|v| v.parse::<i64>().ok()) {
+            last = last.max(version);
+        }
+        std::fs::copy(entry.path(), dir.join(&name)).expect("copy a migration");
+    }
+    let next = last + 1;
+    std::fs::write(
+        dir.join(format!("{next:04}_next_release.sql")),
+        NEXT_RELEASE_MIGRATION,
+    )
+    .expect("write the next release's migration");
+    let migrator = sqlx::migrate::Migrator::new(dir.as_path())
+        .await
+        .expect("the migrations");
+    let pool = sqlx::PgPool::connect(&pg.url()).await.expect("a pool");
+    migrator
+        .run(&pool)
+        .await
+        .expect("the next release's migration");
+    pool.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    next
+}
+
+/// `count` JSON turns through the ingress, every one answered 200: their answers.
+async fn served_through(
+    http: &reqwest::Client,
+    ingress: &str,
+    key: &str,
+    count: usize,
+) -> Vec<Resp> {
+    let mut answers = Vec::new();
+    for _ in 0..count {
+        let Answer::Whole(answer) = turn_through(http, ingress, key, false).await else {
+            unreachable!("a JSON turn is answered whole");
+        };
+        assert_eq!(answer.status, 200, "a turn through the ingress: {answer}");
+        answers.push(answer);
+    }
+    answers
+}
+
+/// `helm rollback` after an upgrade to a release that migrated the database further: the
+/// previous release's pods, their migration init container included (`migrations.mode:
+/// initContainer`, where an older `gateway migrate` meets the newer schema; in `hook` mode a
+/// rollback runs no migration at all), start, become ready and serve turns, billed, on the
+/// newer schema, which stays.
+///
+/// The next release is played by a revision of the same released image whose migration the
+/// test applies just before `helm upgrade`, as that release's `migrate` step would: sqlx's
+/// migrator over the shipped migrations and one more (`migrate_to_the_next_release`), leaving a
+/// real `_sqlx_migrations` row. A second image with a binary built with that migration would
+/// cost minutes of build per run and show nothing more of the rollback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_rollback_after_an_upgrade_that_migrated_further_starts_the_previous_releases_pods_on_the_newer_schema_and_they_serve_turns_billed(
+) {
+    let setup = Setup::default().value("migrations.mode", "initContainer");
+    let (chart, endpoints) = Installed::serving(setup).await;
+    let key = chart.key_with_id().await;
+    // Room for the journey's turns (the free tier allows 5 a minute).
+    chart.grant(&endpoints, &key, (600, 1_000_000, 50)).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("a client");
+    let mut answers = Vec::new();
+    let nginx = chart.ingress(&endpoints).await;
+    answers.extend(served_through(&http, &nginx.url(""), &key.secret, 2).await);
+    drop(nginx);
+    let first_template = chart.gateway_pods()[0]["metadata"]["labels"]["pod-template-hash"].clone();
+
+    // The upgrade: the next release's migration, then its rollout.
+    let next = migrate_to_the_next_release(&chart.pg).await;
+    let newer = format!("SELECT count(*) FROM _sqlx_migrations WHERE version = {next} AND success");
+    assert_eq!(
+        chart.pg.query_i64(&newer).await,
+        1,
+        "the next release's migration is recorded"
+    );
+    chart.upgrade(&["gateway.logFormat=text"]).await;
+    chart.rolled_out(RELEASE).await;
+
+    // The rollback to the first revision: its templates (and image) again.
+    let started = Instant::now();
+    let out = helm_waiting(chart.api(), &["rollback", RELEASE, "1"]).await;
+    assert_ok("helm rollback", &out);
+    chart.rolled_out(RELEASE).await;
+    eprintln!("helm rollback rolled out after {:?}", started.elapsed());
+    let after = chart.service_endpoints(2).await;
+    let pods: Vec<Value> = chart
+        .gateway_pods()
+        .into_iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect();
+    assert_eq!(
+        pods.len(),
+        2,
+        "two gateway pods after the rollback: {pods:#?}"
+    );
+    for pod in &pods {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        assert_eq!(
+            pod["metadata"]["labels"]["pod-template-hash"], first_template,
+            "{name} is not of the first revision's template"
+        );
+        let args = pod["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            !args.contains("--log-format=text"),
+            "{name} runs the upgrade's template: {args}"
+        );
+        // Its migration init container (the previous release's `gateway migrate`) ran on the
+        // newer schema and succeeded: the pod is past Init and ready.
+        let init = &pod["spec"]["initContainers"][0];
+        assert_eq!(init["name"], "migrate", "{name}: {init}");
+        assert_eq!(init["image"], chart.release.image_by_digest().as_str());
+        let logs = chart.node.pod_logs(name);
+        let migrate_log = logs
+            .split("--- ")
+            .find(|section| section.starts_with(&format!("{name}/migrate.log")))
+            .unwrap_or_default();
+        assert!(
+            migrate_log.contains(r#"{"migrated":true}"#),
+            "{name}'s migrate init container did not report a migration:\n{logs}"
+        );
+        let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+        assert!(
+            after.contains(&format!("{ip}:8080")),
+            "{name} at {ip} is not among the ready endpoints {after:?}"
+        );
+    }
+
+    // The rolled-back pods serve, through the ingress, and bill every turn.
+    let nginx = chart.ingress(&after).await;
+    let served_before = chart.mock.request_count();
+    let rolled_back = served_through(&http, &nginx.url(""), &key.secret, 6).await;
+    assert_eq!(
+        chart.mock.request_count() - served_before,
+        6,
+        "the turns reached the upstream"
+    );
+    answers.extend(rolled_back);
+    let (accepted, consumed) = tally(answers.iter(), &[]);
+    assert_books_balance(
+        &chart.pg,
+        &key.account_id,
+        KEY_CREDITS,
+        answers.len() as u64,
+        (accepted, consumed),
+    )
+    .await;
+    // The schema stays the newer release's: its migration and its column.
+    assert_eq!(
+        chart.pg.query_i64(&newer).await,
+        1,
+        "the rollback undid the newer migration"
+    );
+    assert_eq!(
+        chart
+            .pg
+            .query_i64("SELECT count(*) FROM information_schema.columns WHERE table_name = 'accounts' AND column_name = 'next_release_region'")
+            .await,
+        1
+    );
+}
+
 /// Streams the operator scales for in the scaling journey: held open through the ingress.
 const HELD_STREAMS: usize = 6;
 /// Open streams per gateway pod the operator aims at in that journey (200 by default): the
 /// held streams need three pods.
 const STREAMS_PER_POD: &str = "2";
 
+/// Clients of the scale-down: each sends its turns one after the other, streamed and not in
+/// turn (three turns in flight at most: the operator's target is then the chart's two pods).
+const SCALE_DOWN_CLIENTS: usize = 3;
+
+/// The operator scales up for open streams, and the new pod serves; once the streams end it
+/// scales back down to the chart's two pods (after `OPERATOR_SCALE_DOWN_WINDOW`) while clients
+/// run turns and streams through the ingress: none is refused or cut (the removed pod leaves
+/// the Service, finishes what it has and exits, as in a roll), and each is billed as told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_the_new_pod_serves()
-{
+async fn the_operator_scales_the_deployment_up_from_the_gateways_open_streams_and_down_again_refusing_no_turn_cutting_no_stream(
+) {
     // Streams of ~25 events 600 ms apart: open for about 15 s.
     let long = "a stream held open while the operator counts it and scales the gateway; ".repeat(2);
     let setup = Setup {
@@ -959,6 +1229,7 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
         &[
             ("OPERATOR_STREAMS_PER_POD", STREAMS_PER_POD),
             ("OPERATOR_SCALE_EVERY", "1s"),
+            ("OPERATOR_SCALE_DOWN_WINDOW", "5s"),
         ],
     );
     let (chart, before) = Installed::serving(setup).await;
@@ -967,8 +1238,12 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
     chart.grant(&before, &key, (600, 1_000_000, 50)).await;
     let nginx = chart.ingress(&before).await;
     let mut followed = before.clone();
+    // A new connection for each turn, as in the upgrade journey (this nginx follows the
+    // endpoints by reloading).
     let http = reqwest::Client::builder()
         .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(90))
         .build()
         .expect("a client");
 
@@ -1029,6 +1304,7 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
     // one of the first three, and 30 without one fails.
     let served_before = requests_on_new().await;
     let mut served = 0.0;
+    let mut whole = Vec::new();
     for _ in 0..30 {
         // A short answer (the held streams were answered already).
         chart.mock.push([Reply::text("served by whichever pod")]);
@@ -1039,7 +1315,9 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
             .send()
             .await
             .expect("a turn through the ingress");
-        Resp::read(response).await.expect_ok();
+        let answer = Resp::read(response).await;
+        answer.expect_ok();
+        whole.push(answer);
         served = requests_on_new().await - served_before;
         if served >= 1.0 {
             break;
@@ -1051,11 +1329,283 @@ async fn the_operator_scales_the_deployment_from_the_gateways_open_streams_and_t
     );
 
     // The held streams ran to their end through the scaling.
+    let mut streams = Vec::new();
     for (first, stream) in held {
         let mut events = vec![first];
         events.extend(stream.collect().await);
-        assert!(assemble_message_stream(&events).credits() > 0);
+        let stream = assemble_message_stream(&events);
+        assert!(stream.credits() > 0);
+        streams.push(stream);
     }
+
+    // The scale-down, under turns: clients run turns one after the other (each lasting about
+    // 15 s, far shorter than the grace) until the operator has brought the Deployment back to
+    // two pods and the removed one is gone.
+    let stop = AtomicBool::new(false);
+    let ingress = nginx.url("");
+    let load = clients_until(&http, &ingress, &key.secret, SCALE_DOWN_CLIENTS, &stop);
+    let scale_down = async {
+        let started = Instant::now();
+        let removed =
+            follow_pods_until(&chart, &nginx, &mut followed, 2, "the scale-down", |pods| {
+                let current = pods
+                    .iter()
+                    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                    .count();
+                chart.trial.replicas() == "2" && current == 2 && pods.len() == 2
+            })
+            .await;
+        eprintln!("scaled down to two pods after {:?}", started.elapsed());
+        stop.store(true, Ordering::SeqCst);
+        removed
+    };
+    let (answers, removed) = tokio::join!(load, scale_down);
+    eprintln!(
+        "{} turns during the scale-down; turns in flight on the removed pod at its deletion: \
+         {removed:?}",
+        answers.len()
+    );
+    assert_eq!(removed.len(), 1, "one pod removed: {removed:?}");
+    let (during, during_streams) = none_refused_or_cut(&answers, "the scale-down");
+    assert!(
+        answers.len() >= SCALE_DOWN_CLIENTS,
+        "only {} turns ran through the scale-down",
+        answers.len()
+    );
+    // Every turn of the key (the short ones, the held streams and the scale-down's) billed
+    // as its client was told.
+    let whole: Vec<&Resp> = whole.iter().chain(during).collect();
+    let streams: Vec<&MessageStream> = streams.iter().chain(during_streams).collect();
+    assert_billed_as_told(&chart, &key, &whole, &streams).await;
+}
+
+/// `clients` clients through the ingress until `stop`: each sends its turns one after the
+/// other, streamed and not in turn. Their answers (a connection error fails the journey).
+async fn clients_until(
+    http: &reqwest::Client,
+    ingress: &str,
+    key: &str,
+    clients: usize,
+    stop: &AtomicBool,
+) -> Vec<Answer> {
+    let clients = (0..clients).map(|client| async move {
+        let mut answers = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let streamed = (client + answers.len()) % 2 == 0;
+            answers.push(turn_through(http, ingress, key, streamed).await);
+        }
+        answers
+    });
+    futures::future::join_all(clients)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The ingress controller's work while gateway pods go (`what`): follows the Service's ready
+/// endpoints, asserted never to fall below `floor`, and notes each gateway pod deleted with
+/// the turns it had in flight then, until `done` says so of the gateway pods (within 240 s).
+/// The pods deleted and their turns in flight.
+async fn follow_pods_until(
+    chart: &Installed,
+    nginx: &Nginx,
+    followed: &mut Vec<String>,
+    floor: usize,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> BTreeMap<String, Option<u64>> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client");
+    let started = Instant::now();
+    let mut deleted = BTreeMap::new();
+    loop {
+        let ready = chart.follow_endpoints(nginx, followed).await;
+        assert!(
+            ready.len() >= floor,
+            "the Service fell to the ready endpoints {ready:?} during {what}"
+        );
+        let pods = chart.gateway_pods();
+        for pod in &pods {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            if pod["metadata"]["deletionTimestamp"].is_null() || deleted.contains_key(name) {
+                continue;
+            }
+            let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+            let in_flight = pod_metrics(&http, ip)
+                .await
+                .and_then(|m| m.get("gateway_turns_in_flight", &[]))
+                .map(|n| n as u64);
+            deleted.insert(name.to_owned(), in_flight);
+        }
+        if done(&pods) {
+            return deleted;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "{what} did not end within 240 s (replicas {}, pods {pods:#?})\nnode:\n{}\noperator:\n{}",
+            chart.trial.replicas(),
+            chart.node.logs(),
+            chart.node.pod_logs("gateway-operator")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Asserts that no client saw anything but a 200 and that every stream ended with its stop
+/// reason during `what`: the JSON answers and the streams.
+fn none_refused_or_cut<'a>(
+    answers: &'a [Answer],
+    what: &str,
+) -> (Vec<&'a Resp>, Vec<&'a MessageStream>) {
+    let (mut whole, mut streams) = (Vec::new(), Vec::new());
+    for answer in answers {
+        match answer {
+            Answer::Whole(resp) => {
+                assert_eq!(resp.status, 200, "a turn refused during {what}: {resp}");
+                whole.push(resp);
+            }
+            Answer::Streamed(stream) => {
+                assert!(
+                    stream.delta["stop_reason"].is_string(),
+                    "a stream cut during {what}: {:?}",
+                    stream.events
+                );
+                streams.push(stream);
+            }
+        }
+    }
+    (whole, streams)
+}
+
+/// Every turn of `key` served (`whole` JSON answers, all 200, and `streams`) and billed as its
+/// client was told (`e2e::books`).
+async fn assert_billed_as_told(
+    chart: &Installed,
+    key: &CliKey,
+    whole: &[&Resp],
+    streams: &[&MessageStream],
+) {
+    let (accepted, consumed) = tally(whole.iter().copied(), &[]);
+    let streamed_credits: u64 = streams.iter().map(|s| s.credits()).sum();
+    assert_books_balance(
+        &chart.pg,
+        &key.account_id,
+        KEY_CREDITS,
+        (whole.len() + streams.len()) as u64,
+        (accepted + streams.len() as u64, consumed + streamed_credits),
+    )
+    .await;
+}
+
+/// Clients of the drain journey.
+const DRAIN_CLIENTS: usize = 3;
+
+/// `kubectl drain` of the node the chart's pods run on, with another node to take them and the
+/// chart's PodDisruptionBudget (`gateway.pdb`, maxUnavailable 1: applied as `policy/v1beta1`,
+/// the version this 1.20 API server has, with the chart's spec): the gateway pods are evicted
+/// one at a time, each replaced on the other node, while clients run turns and streams
+/// through the ingress; none is refused or cut, every one billed as told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_drain_of_the_node_moves_the_gateway_pods_to_another_refusing_no_turn_cutting_no_stream(
+) {
+    let setup = Setup {
+        reply: Some(lasting_reply()),
+        ..Setup::default()
+    };
+    let (chart, before) = Installed::serving(setup).await;
+    let other = TestNode::join(chart.api()).await;
+    other.pull_over_plain_http(&chart.release.registry.host());
+    let mut pdb_args = vec![
+        RELEASE,
+        "charts/gateway",
+        "--show-only",
+        "templates/gateway-pdb.yaml",
+    ];
+    for value in VALUES {
+        pdb_args.extend(["--set", value]);
+    }
+    pdb_args.extend(["--set", "gateway.pdb.enabled=true"]);
+    let pdb = e2e::helm::template(&pdb_args)
+        .replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
+    assert!(pdb.contains("maxUnavailable: 1"), "{pdb}");
+    assert_ok(
+        "kubectl apply of the chart's PodDisruptionBudget",
+        &chart.api().apply(&pdb),
+    );
+
+    let key = chart.key_with_id().await;
+    // Room for every turn of the drain (a key of the free tier would be refused most).
+    chart.grant(&before, &key, (6_000, 10_000_000, 200)).await;
+    let nginx = chart.ingress(&before).await;
+    let mut followed = before.clone();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(90))
+        .build()
+        .expect("a client");
+    let stop = AtomicBool::new(false);
+    let ingress = nginx.url("");
+    let load = clients_until(&http, &ingress, &key.secret, DRAIN_CLIENTS, &stop);
+    let drained = AtomicBool::new(false);
+    let drain = async {
+        // Turns served before the drain starts.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let started = Instant::now();
+        let out = chart
+            .api()
+            .kubectl_waiting(&[
+                "drain",
+                &chart.node.name,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=240s",
+            ])
+            .await;
+        assert_ok("kubectl drain", &out);
+        eprintln!("kubectl drain done after {:?}", started.elapsed());
+        drained.store(true, Ordering::SeqCst);
+    };
+    let moved = async {
+        let evicted = follow_pods_until(&chart, &nginx, &mut followed, 1, "the drain", |pods| {
+            drained.load(Ordering::SeqCst)
+                && pods.len() == 2
+                && pods.iter().all(|p| {
+                    p["spec"]["nodeName"] == other.name.as_str()
+                        && p["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+        })
+        .await;
+        // The ingress on the new pods' endpoints before the clients stop.
+        chart.follow_endpoints(&nginx, &mut followed).await;
+        stop.store(true, Ordering::SeqCst);
+        evicted
+    };
+    let (answers, (), evicted) = tokio::join!(load, drain, moved);
+    eprintln!(
+        "{} turns during the drain; turns in flight on each evicted pod at its deletion: \
+         {evicted:?}",
+        answers.len()
+    );
+    assert_eq!(evicted.len(), 2, "both gateway pods evicted: {evicted:?}");
+    let (whole, streams) = none_refused_or_cut(&answers, "the drain");
+    assert!(
+        answers.len() >= DRAIN_CLIENTS,
+        "only {} turns ran through the drain",
+        answers.len()
+    );
+    assert_billed_as_told(&chart, &key, &whole, &streams).await;
+    assert!(
+        followed.iter().all(|e| !before.contains(e)),
+        "the ingress still routes to the drained pods {before:?}: {followed:?}"
+    );
 }
 
 /// The first line of the README's install block (a fenced `sh` block): the journey below runs
