@@ -1,11 +1,16 @@
 //! The chart's pods, running: `helm install` into the test cluster of `e2e::node` (a real
 //! kube-apiserver, kube-controller-manager and kube-scheduler, and a node running each pod's
 //! containers from the image with podman), with Redis and Postgres outside the cluster, named
-//! through the Secrets the README has the platform team create. nginx plays the Ingress
-//! controller in front of the Service's endpoints, configured from the chart's own Ingress as
-//! the API server has it (its paths and ingress-nginx annotations, `e2e::Routes`): a path the
-//! chart does not route is nginx's 404, as it would be in a cluster. The dashboard journey goes
-//! through the chart's HTTPRoute, translated likewise.
+//! through the Secrets the README has the platform team create. The stores are run as a
+//! managed-store platform runs them (docs/kubernetes.md, "Production checklist"): Postgres
+//! over TLS only (`ssl=on`, `hostssl` lines alone; with certificate authentication in some
+//! journeys), Redis on its TLS port only with an ACL user and client certificates; their CAs
+//! and client certificates in Secrets the chart mounts (`postgres.tls.*`, `redis.tls.*`), so
+//! the migration Job, the gateway pods and the operator's sweep all connect over verified TLS.
+//! nginx plays the Ingress controller in front of the Service's endpoints, configured from the
+//! chart's own Ingress as the API server has it (its paths and ingress-nginx annotations,
+//! `e2e::Routes`): a path the chart does not route is nginx's 404, as it would be in a
+//! cluster. The sign-up journey goes through the chart's HTTPRoute, translated likewise.
 //!
 //! Fails (never skips) when a tool it needs is missing: helm, the Kubernetes binaries
 //! (`scripts/kube-apiserver`, `scripts/kube-node`), podman or the image (`scripts/image`).
@@ -94,6 +99,9 @@ struct Setup {
     secrets: Vec<(&'static str, Vec<String>)>,
     /// What the mock upstream answers; a short text by default.
     reply: Option<Reply>,
+    /// Postgres authenticates TCP clients by their certificate alone (`hostssl … cert`), and
+    /// the chart is given one (`postgres.tls.clientCertSecret`); else any client over TLS.
+    postgres_cert_auth: bool,
 }
 
 impl Setup {
@@ -111,6 +119,92 @@ impl Setup {
                 .push(("--set-string", format!("{path}.env[{i}].value={value}")));
         }
         self
+    }
+}
+
+/// The Secret with the Postgres CA's bundle, under a key of its own name (as a provider's
+/// bundle is downloaded: `postgres.tls.caSecretKey`).
+const POSTGRES_CA: (&str, &str) = ("postgres-ca", "ca-bundle.pem");
+/// The Secret with the Redis CA (its default key, `ca.crt`).
+const REDIS_CA: &str = "redis-ca";
+/// The `kubernetes.io/tls` Secrets of the client certificates.
+const REDIS_CLIENT: &str = "redis-client";
+const POSTGRES_CLIENT: &str = "postgres-client";
+
+/// Creates the Secrets of TLS to the stores (the CAs that signed their certificates, the
+/// client certificates Redis demands and, under certificate authentication, Postgres too) and
+/// returns the values that hand them to the chart.
+fn store_tls_secrets(api: &KubeApi, pg: &PostgresServer, redis: &RedisServer) -> Vec<HelmValue> {
+    let pg_tls = pg.tls().expect("a TLS Postgres");
+    let redis_tls = redis.tls().expect("a TLS Redis");
+    let path = |p: &std::path::Path| p.to_str().expect("a UTF-8 path").to_owned();
+    let mut secrets = vec![
+        vec![
+            "generic".to_owned(),
+            POSTGRES_CA.0.to_owned(),
+            format!("--from-file={}={}", POSTGRES_CA.1, path(&pg_tls.ca)),
+        ],
+        vec![
+            "generic".to_owned(),
+            REDIS_CA.to_owned(),
+            format!("--from-file=ca.crt={}", path(&redis_tls.ca)),
+        ],
+        vec![
+            "tls".to_owned(),
+            REDIS_CLIENT.to_owned(),
+            format!("--cert={}", path(&redis_tls.client_cert)),
+            format!("--key={}", path(&redis_tls.client_key)),
+        ],
+    ];
+    let set = |key: &str, value: &str| ("--set", format!("{key}={value}"));
+    let mut values = vec![
+        set("postgres.tls.caSecret", POSTGRES_CA.0),
+        set("postgres.tls.caSecretKey", POSTGRES_CA.1),
+        set("redis.tls.caSecret", REDIS_CA),
+        set("redis.tls.clientCertSecret", REDIS_CLIENT),
+    ];
+    if pg.requires_client_certificates() {
+        secrets.push(vec![
+            "tls".to_owned(),
+            POSTGRES_CLIENT.to_owned(),
+            format!("--cert={}", path(&pg_tls.client_cert)),
+            format!("--key={}", path(&pg_tls.client_key)),
+        ]);
+        values.push(set("postgres.tls.clientCertSecret", POSTGRES_CLIENT));
+    }
+    for secret in secrets {
+        let mut args = vec!["create", "secret"];
+        args.extend(secret.iter().map(String::as_str));
+        assert_ok(
+            &format!("kubectl create secret {}", secret[1]),
+            &api.kubectl(&args),
+        );
+    }
+    values
+}
+
+/// Asserts that the ledger's clients (the gateway pods, the operator) reach Postgres over TLS
+/// only, and that some do; with `client_certificate`, each showing the certificate
+/// `CN=gateway`.
+async fn assert_postgres_clients_on_tls(pg: &PostgresServer, client_certificate: bool) {
+    let clients = "FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                   WHERE a.application_name = 'gateway'";
+    let over_tls = pg
+        .query_i64(&format!("SELECT count(*) {clients} AND s.ssl"))
+        .await;
+    assert!(over_tls > 0, "no connection of the pods over TLS");
+    let plaintext = pg
+        .query_i64(&format!("SELECT count(*) {clients} AND NOT s.ssl"))
+        .await;
+    assert_eq!(plaintext, 0, "connections of the pods in plaintext");
+    if client_certificate {
+        let others = pg
+            .query(&format!(
+                "SELECT coalesce(s.client_dn, 'none') {clients} \
+                 AND s.client_dn IS DISTINCT FROM '/CN=gateway'"
+            ))
+            .await;
+        assert_eq!(others, "", "connections without the client certificate");
     }
 }
 
@@ -141,11 +235,24 @@ impl Installed {
             }
             None => MockUpstream::start().await,
         };
-        let (redis, pg) = (RedisServer::start().await, PostgresServer::start().await);
+        let redis = RedisServer::start_tls().await;
+        let pg = if setup.postgres_cert_auth {
+            PostgresServer::start_tls_cert_auth().await
+        } else {
+            PostgresServer::start_tls().await
+        };
         let api = &trial.api;
+        let tls_values = store_tls_secrets(api, &pg, &redis);
         let stores = [
             ("gateway-redis", vec![format!("url={}", redis.url())]),
-            ("gateway-postgres", vec![format!("url={}", pg.url())]),
+            // As a managed Postgres's URL reads: the CA comes from its Secret, not the URL.
+            (
+                "gateway-postgres",
+                vec![format!(
+                    "url=postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full",
+                    pg.port
+                )],
+            ),
         ];
         for (secret, literals) in stores.into_iter().chain(setup.secrets) {
             let mut args = vec!["create", "secret", "generic", secret];
@@ -162,6 +269,7 @@ impl Installed {
         let values: Vec<HelmValue> = VALUES
             .iter()
             .map(|v| ("--set", (*v).to_owned()))
+            .chain(tls_values)
             .chain(setup.values)
             .collect();
         helm_install(&trial, &node, &values).await;
@@ -389,12 +497,19 @@ struct CliKey {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_with_external_stores_migrates_readies_the_pods_by_their_probes_and_the_ingress_serves_the_sdk(
 ) {
-    let (chart, endpoints) = Installed::serving(Setup::default()).await;
+    // Postgres with certificate authentication: the migration Job, the pods and the operator
+    // each show the chart's client certificate, or are refused.
+    let setup = Setup {
+        postgres_cert_auth: true,
+        ..Setup::default()
+    };
+    let (chart, endpoints) = Installed::serving(setup).await;
     let migrations = chart
         .pg
         .query_i64("SELECT count(*) FROM _sqlx_migrations WHERE success")
         .await;
     assert!(migrations > 0, "the migration Job migrated nothing");
+    assert_postgres_clients_on_tls(&chart.pg, true).await;
     // The operator's scaler raised the Deployment from the API server's one replica to the
     // chart's gateway.replicas (2); both pods passed their readiness probes.
     let pods = chart.gateway_pods();
@@ -619,6 +734,8 @@ async fn a_developer_signs_up_through_the_ingress_tops_up_through_stripe_and_the
                 format!("webhook-secret={WEBHOOK_SECRET}"),
             ],
         )],
+        // The operator's sweep, which promotes the key, shows the client certificate too.
+        postgres_cert_auth: true,
         ..Setup::default()
     }
     .value("gateway.stripeSecret", "gateway-stripe")
@@ -1108,6 +1225,8 @@ fn readme_install_commands() -> Vec<String> {
 /// - `rollout status`: a `--timeout`, so that a rollout that never completes fails the test.
 ///
 /// `$ANTHROPIC_API_KEY` and `$MOONSHOT_API_KEY` are in the environment, as the README expects.
+/// The stores are plaintext here, as the README's install names them (`redis://`,
+/// `postgres://`, no CA Secret): the other journeys run the chart on TLS-only stores.
 /// Then a turn through a ready endpoint of the Service reaches the upstream of the catalog's
 /// route, and the client sees only the virtual model's name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
