@@ -10,7 +10,9 @@
 //! nginx plays the Ingress controller in front of the Service's endpoints, configured from the
 //! chart's own Ingress as the API server has it (its paths and ingress-nginx annotations,
 //! `e2e::Routes`): a path the chart does not route is nginx's 404, as it would be in a
-//! cluster. The sign-up journey goes through the chart's HTTPRoute, translated likewise.
+//! cluster. The sign-up journey goes through the chart's HTTPRoute, translated likewise; the
+//! single sign-on journey through the Ingress under its host, which the public URL (and so the
+//! provider's redirect URI) names.
 //!
 //! Fails (never skips) when a tool it needs is missing: helm, the Kubernetes binaries
 //! (`scripts/kube-apiserver`, `scripts/kube-node`), podman or the image (`scripts/image`).
@@ -24,11 +26,12 @@ use e2e::books::{assert_books_balance, tally};
 use e2e::helm::{assert_ok, helm_waiting, Trial};
 use e2e::kube::KubeApi;
 use e2e::node::TestNode;
+use e2e::oidc::{MockIssuer, Tamper, CLIENT_ID, CLIENT_SECRET};
 use e2e::sdk::sdk_call;
 use e2e::sse::assemble_message_stream;
 use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
 use e2e::upstream::UPSTREAM_API_KEY;
-use e2e::visitor::{new_email, Site, Visitor};
+use e2e::visitor::{hidden_csrf, new_email, Site, Visitor};
 use e2e::{
     Fault, MessageStream, MockUpstream, Nginx, PostgresServer, RedisServer, Reply, Resp,
     RoutedManifests, Routes, Scrape, SseStream, Unscripted, UpstreamDef,
@@ -681,6 +684,9 @@ fn http_route_routes() -> Routes {
     Routes::from_http_route(&route)
 }
 
+/// Where the identity provider sends the browser back (the gateway's callback).
+const SSO_CALLBACK: &str = "/developers/sso/callback";
+
 /// Time between two promotion sweeps of the operator (5 minutes by default).
 const SWEEP_INTERVAL: &str = "2s";
 
@@ -786,6 +792,182 @@ async fn a_developer_signs_up_through_the_ingress_tops_up_through_stripe_and_the
             confirmed.elapsed()
         );
     }
+}
+
+/// The host of the chart's Ingress in the single sign-on journey, which its public URL names:
+/// the host a browser is sent back to by the identity provider.
+const INGRESS_HOST: &str = "gateway.example.com";
+
+/// The value `name` is set to by the response's Set-Cookie lines, if any.
+fn set_cookie(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|line| line.split(';').next()?.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// Where a redirect sends the browser.
+fn location(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get("location")
+        .and_then(|l| l.to_str().ok())
+        .unwrap_or_else(|| panic!("a Location in {response:?}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_signs_in_with_sso_through_the_ingress_host_and_the_session_opens_the_dashboard_there(
+) {
+    let issuer = MockIssuer::start().await;
+    // The ingress's port, chosen before the install: the public URL, and so the redirect URI
+    // the pods give the provider, names the ingress host at it.
+    let port = e2e::server::free_port();
+    let public = format!("http://{INGRESS_HOST}:{port}");
+    let setup = Setup {
+        secrets: vec![(
+            "gateway-oidc",
+            vec![format!("client-secret={CLIENT_SECRET}")],
+        )],
+        ..Setup::default()
+    }
+    .value("gateway.ingress.host", INGRESS_HOST)
+    .value("gateway.publicUrl", &public)
+    .value("gateway.oidc.issuer", &issuer.issuer())
+    .value("gateway.oidc.clientId", CLIENT_ID)
+    .value("gateway.oidc.clientSecret", "gateway-oidc");
+    let (chart, endpoints) = Installed::serving(setup).await;
+    let out = chart.api().kubectl(&[
+        "get",
+        "ingress",
+        RELEASE,
+        "-o",
+        "jsonpath={.spec.rules[*].host}",
+    ]);
+    assert_ok("kubectl get ingress", &out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), INGRESS_HOST);
+    let _ingress = Nginx::start_routing_on(port, &chart.ingress_routes(), &endpoints).await;
+    // Every request below names the ingress host, resolved to the ingress as DNS would.
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .resolve(
+            INGRESS_HOST,
+            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        )
+        .build()
+        .expect("a client");
+    let site = Ingress {
+        url: public.clone(),
+        node: &chart.node,
+    };
+
+    // An owner claims the domain of their own email (a new user's is placed by it).
+    let domain = format!("{}.example", e2e::gateway::unique_name("corp"));
+    let mut owner = Visitor::with_client(&site, http.clone());
+    owner.sign_up(&format!("owner@{domain}"), &[]).await;
+    let (_, page) = owner.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = owner
+        .post(
+            "/developers/members/domains",
+            &[("csrf", csrf.as_str()), ("domain", domain.as_str())],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "the owner claims {domain}: {page}");
+
+    // A new member signs in with single sign-on, the browser sent to the provider and back.
+    let email = format!("{}@{domain}", e2e::gateway::unique_name("sso"));
+    issuer.next_token(&email, Tamper::None);
+    let start = http
+        .get(format!("{public}/developers/sso"))
+        .send()
+        .await
+        .expect("the sign-in's start through the ingress");
+    assert_eq!(
+        start.status(),
+        303,
+        "{start:?}\n{}",
+        chart.node.pod_logs(RELEASE)
+    );
+    let sso_cookie = set_cookie(&start, "svc_sso").expect("the sign-in's cookie");
+    let authorize = location(&start);
+    assert!(
+        authorize.starts_with(&issuer.issuer()),
+        "sent to {authorize}, not the provider"
+    );
+    let redirect_uri = reqwest::Url::parse(&authorize)
+        .expect("the authorization URL")
+        .query_pairs()
+        .find(|(k, _)| k == "redirect_uri")
+        .map(|(_, v)| v.into_owned());
+    let callback_url = format!("{public}{SSO_CALLBACK}");
+    assert_eq!(
+        redirect_uri.as_deref(),
+        Some(callback_url.as_str()),
+        "the redirect URI the pods gave the provider"
+    );
+    let back = http
+        .get(&authorize)
+        .send()
+        .await
+        .expect("the provider's authorization");
+    assert_eq!(back.status(), 303, "{back:?}");
+    let callback = location(&back);
+    assert!(callback.starts_with(&callback_url), "{callback}");
+    // The callback through the ingress: the pod that takes it is not always the one that
+    // started the sign-in (the state is in the database).
+    let signed_in = http
+        .get(&callback)
+        .header("cookie", format!("svc_sso={sso_cookie}"))
+        .send()
+        .await
+        .expect("the callback through the ingress");
+    let status = signed_in.status().as_u16();
+    let session = set_cookie(&signed_in, "svc_session").filter(|v| !v.is_empty());
+    let to = signed_in
+        .headers()
+        .get("location")
+        .and_then(|l| l.to_str().ok())
+        .map(str::to_owned);
+    let page = signed_in.text().await.unwrap_or_default();
+    assert_eq!(
+        (status, to.as_deref()),
+        (303, Some("/developers")),
+        "the callback signs in: {page}\n{}",
+        chart.node.pod_logs(RELEASE)
+    );
+    let session = session.expect("a session cookie");
+
+    // The session opens the dashboard through the ingress, as the new member.
+    let overview = http
+        .get(format!("{public}/developers"))
+        .header("cookie", format!("svc_session={session}"))
+        .send()
+        .await
+        .expect("the overview through the ingress");
+    assert_eq!(overview.status(), 200, "{overview:?}");
+    let overview = overview.text().await.expect("the overview");
+    assert!(overview.contains(&email), "{overview}");
+    let (_, members) = owner.get("/developers/members").await;
+    let row = members
+        .split(&format!("data-member=\"{email}\""))
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("{email} among the members: {members}"));
+    assert!(row.contains(">developer<"), "{row}");
+    let method = chart
+        .pg
+        .query(&format!(
+            "SELECT after->>'method' FROM audit_log WHERE action = 'sign_in' AND target = '{email}'"
+        ))
+        .await;
+    assert_eq!(method, "sso");
 }
 
 /// One turn is sent through the ingress this often while the pods roll.
