@@ -276,6 +276,17 @@ impl Nginx {
 
     /// Starts nginx serving `routes` (an Ingress's or an HTTPRoute's) over `upstreams`.
     pub async fn start_routing(routes: &Routes, upstreams: &[String]) -> Nginx {
+        Nginx::launch(routes, upstreams, None).await
+    }
+
+    /// [`Nginx::start_routing`] on `port`, chosen before (with [`crate::server::free_port`]):
+    /// for a gateway whose public URL names the ingress before it runs. Panics when the port
+    /// was taken meanwhile.
+    pub async fn start_routing_on(port: u16, routes: &Routes, upstreams: &[String]) -> Nginx {
+        Nginx::launch(routes, upstreams, Some(port)).await
+    }
+
+    async fn launch(routes: &Routes, upstreams: &[String], port: Option<u16>) -> Nginx {
         let bin = nginx_bin();
         assert!(
             bin.is_file(),
@@ -284,7 +295,7 @@ impl Nginx {
         let dir = std::env::temp_dir().join(unique_name("e2e-nginx"));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-        let started = on_a_free_port(|port| {
+        let launch = |port| {
             let conf = dir.join("nginx.conf");
             std::fs::write(&conf, config(port, upstreams, &dir, routes)).expect("write nginx.conf");
             let mut cmd = Command::new(&bin);
@@ -295,8 +306,11 @@ impl Nginx {
                 .arg("-c")
                 .arg(&conf);
             listening_on("nginx", cmd, port, READY_TIMEOUT)
-        })
-        .await;
+        };
+        let started = match port {
+            Some(port) => launch(port).await,
+            None => on_a_free_port(launch).await,
+        };
         match started {
             Ok((port, process)) => Nginx {
                 port,

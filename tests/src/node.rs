@@ -5,10 +5,11 @@
 //! registers that Node and plays its kubelet (a kubelet cannot run here, see
 //! docs/kubernetes.md). It watches the Pods bound to its Node and runs each container with
 //! `podman` from the local image (the rendered command, args, env with `valueFrom` resolved,
-//! Secret, ConfigMap and emptyDir volumes, the security context), runs the startup, readiness
-//! and liveness probes (`httpGet`, `tcpSocket`), writes the Pod's status (phase, IP, container
-//! states, `Ready`) through the status subresource, restarts containers as the restart policy
-//! says, and on deletion stops them with `podman stop -t GRACE` before confirming the deletion.
+//! Secret and ConfigMap volumes with their `items`, emptyDir volumes, the security context),
+//! runs the startup, readiness and liveness probes (`httpGet`, `tcpSocket`), writes the Pod's
+//! status (phase, IP, container states, `Ready`) through the status subresource, restarts
+//! containers as the restart policy says, and on deletion stops them with `podman stop -t
+//! GRACE` before confirming the deletion.
 //!
 //! What a pod has to itself is adapted to containers sharing the host's network:
 //! - **Addresses**: each pod gets its own address (10.244.X.Y, added to the loopback interface:
@@ -23,7 +24,7 @@
 //!   for those named with [`TestNode::pull_over_plain_http`] (a node's insecure registries);
 //!   the status reports each container's `imageID` as `REPOSITORY@DIGEST`.
 //! - Not modelled: resource limits, `exec` probes, `$(VAR)` expansion, projected and
-//!   persistent volumes.
+//!   persistent volumes, file modes of Secret and ConfigMap volumes (every file 0644).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -34,7 +35,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EnvVar, HTTPGetAction, Node, Pod, Probe, Secret,
+    ConfigMap, Container, EnvVar, HTTPGetAction, KeyToPath, Node, Pod, Probe, Secret,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -670,22 +671,26 @@ impl PodRun {
                     .get(&name)
                     .await
                     .map_err(|e| format!("Secret {name} of volume {}: {e}", volume.name))?;
-                secret
+                let data = secret
                     .data
                     .unwrap_or_default()
                     .into_iter()
                     .map(|(k, v)| (k, v.0))
-                    .collect()
+                    .collect();
+                let items = volume.secret.as_ref().and_then(|s| s.items.clone());
+                projected(data, items, &volume.name)?
             } else if let Some(map) = &volume.config_map {
                 let maps: Api<ConfigMap> = Api::namespaced(kubelet.client.clone(), &namespace);
-                let map = maps.get(&map.name).await.map_err(|e| {
+                let found = maps.get(&map.name).await.map_err(|e| {
                     format!("ConfigMap {} of volume {}: {e}", map.name, volume.name)
                 })?;
-                map.data
+                let data = found
+                    .data
                     .unwrap_or_default()
                     .into_iter()
                     .map(|(k, v)| (k, v.into_bytes()))
-                    .collect()
+                    .collect();
+                projected(data, map.items.clone(), &volume.name)?
             } else if volume.empty_dir.is_some() {
                 set_mode(&host, 0o777)?;
                 volumes.insert(volume.name.clone(), (host, false));
@@ -698,6 +703,9 @@ impl PodRun {
             };
             for (key, bytes) in files {
                 let path = host.join(&key);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+                }
                 std::fs::write(&path, bytes).map_err(|e| e.to_string())?;
                 set_mode(&path, 0o644)?;
             }
@@ -1162,6 +1170,29 @@ impl ContainerRun {
         self.exit_code = Some(code);
         self.ready = false;
     }
+}
+
+/// The files a Secret or ConfigMap volume shows, by path: every key at its own name, or with
+/// `items` only the keys listed, each at its `path` (as a kubelet projects them; a listed key
+/// the object lacks fails the pod's start, as it does there).
+fn projected(
+    data: BTreeMap<String, Vec<u8>>,
+    items: Option<Vec<KeyToPath>>,
+    volume: &str,
+) -> Result<BTreeMap<String, Vec<u8>>, String> {
+    let Some(items) = items else {
+        return Ok(data);
+    };
+    items
+        .into_iter()
+        .map(|item| {
+            let bytes = data
+                .get(&item.key)
+                .cloned()
+                .ok_or_else(|| format!("volume {volume}: no key {}", item.key))?;
+            Ok((item.path, bytes))
+        })
+        .collect()
 }
 
 /// A probe's port: a number, or the name of one of the container's ports.

@@ -92,7 +92,8 @@ impl PgBouncer {
             let psql_dir = &psql_dir;
             async move {
                 let mut process = ServerProcess::new("pgbouncer");
-                let ready = || async move { psql(psql_dir, port, "SELECT 1").await.is_ok() };
+                let ready =
+                    || async move { psql(psql_dir, "127.0.0.1", port, "SELECT 1").await.is_ok() };
                 process.launch(cmd, port, READY_TIMEOUT, ready).await?;
                 Ok((port, process))
             }

@@ -10,7 +10,10 @@
 //! [`PostgresServer::start_tls`] is the same server over TLS only: `ssl=on` with a certificate
 //! of a CA made for it ([`TlsFiles`]), and a `pg_hba.conf` of `hostssl` lines (and the local
 //! socket), so a plaintext TCP connection is refused; its URL says `sslmode=verify-full` with
-//! the CA as `sslrootcert`.
+//! the CA as `sslrootcert`. [`PostgresServer::start_tls_cert_auth`] demands a client
+//! certificate besides (`cert` authentication: the certificate's common name, `gateway`,
+//! mapped to the `postgres` user); its URL adds the client certificate (`sslcert`, `sslkey`),
+//! and the harness' own psql goes through the local socket.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -34,7 +37,18 @@ pub struct PostgresServer {
     user: Option<(u32, u32)>,
     /// Over TLS only, with these files.
     tls: Option<TlsFiles>,
+    /// TCP connections authenticate with a client certificate (`cert`), not `trust`.
+    cert_auth: bool,
     process: ServerProcess,
+}
+
+/// How TCP clients of a TLS-only server authenticate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TcpAuth {
+    /// Any client over TLS.
+    Trust,
+    /// A client certificate of the server's CA, its common name mapped to the user.
+    Cert,
 }
 
 /// The folder of `initdb` and `postgres`: on PATH, else Debian's /usr/lib/postgresql/*/bin
@@ -106,22 +120,29 @@ impl PostgresServer {
 
     /// Creates a cluster in a fresh folder and starts it on a free port.
     pub async fn start() -> PostgresServer {
-        Self::start_with(None).await
+        Self::start_with(None, TcpAuth::Trust).await
     }
 
     /// [`PostgresServer::start`] accepting TLS connections only (`hostssl`), on a certificate
     /// for `127.0.0.1` and `localhost` signed by a CA of its own ([`PostgresServer::tls`]).
     pub async fn start_tls() -> PostgresServer {
-        Self::start_with(Some(&["127.0.0.1", "localhost"])).await
+        Self::start_with(Some(&["127.0.0.1", "localhost"]), TcpAuth::Trust).await
+    }
+
+    /// [`PostgresServer::start_tls`] authenticating TCP clients by their certificate alone
+    /// (`hostssl … cert`): a client without [`TlsFiles::client_cert`] is refused, as a managed
+    /// Postgres with certificate authentication refuses it.
+    pub async fn start_tls_cert_auth() -> PostgresServer {
+        Self::start_with(Some(&["127.0.0.1", "localhost"]), TcpAuth::Cert).await
     }
 
     /// [`PostgresServer::start_tls`] on a certificate naming `names` only: a client verifying
     /// the host must refuse it under any other name.
     pub async fn start_tls_for(names: &[&str]) -> PostgresServer {
-        Self::start_with(Some(names)).await
+        Self::start_with(Some(names), TcpAuth::Trust).await
     }
 
-    async fn start_with(tls: Option<&[&str]>) -> PostgresServer {
+    async fn start_with(tls: Option<&[&str]>, auth: TcpAuth) -> PostgresServer {
         let dir = std::env::temp_dir().join(unique_name("e2e-postgres"));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
@@ -143,14 +164,16 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let tls = tls.map(|names| tls_only(&dir, names, user));
+        let tls = tls.map(|names| tls_only(&dir, names, user, auth));
+        let cert_auth = auth == TcpAuth::Cert;
+        let host = psql_host(&dir, cert_auth);
         let started = on_a_free_port(|port| {
-            let (bin, dir, tls) = (&bin, &dir, &tls);
+            let (bin, dir, tls, host) = (&bin, &dir, &tls, &host);
             async move {
                 let mut process = ServerProcess::new("postgres");
                 let command = server_command(bin, dir, port, user, tls.as_ref());
                 process
-                    .launch(command, port, READY_TIMEOUT, || answers(bin, port))
+                    .launch(command, port, READY_TIMEOUT, || answers(bin, host, port))
                     .await?;
                 Ok((port, process))
             }
@@ -163,6 +186,7 @@ impl PostgresServer {
                 bin,
                 user,
                 tls,
+                cert_auth,
                 process,
             },
             Err(errors) => {
@@ -182,6 +206,12 @@ impl PostgresServer {
     pub fn url_on(&self, port: u16) -> String {
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
         match &self.tls {
+            Some(tls) if self.cert_auth => format!(
+                "{url}?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+                tls.ca.display(),
+                tls.client_cert.display(),
+                tls.client_key.display()
+            ),
             Some(tls) => format!("{url}?sslmode=verify-full&sslrootcert={}", tls.ca.display()),
             None => url,
         }
@@ -193,6 +223,12 @@ impl PostgresServer {
             "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
             self.port
         )
+    }
+
+    /// Whether TCP clients must show a client certificate
+    /// ([`PostgresServer::start_tls_cert_auth`]).
+    pub fn requires_client_certificates(&self) -> bool {
+        self.cert_auth
     }
 
     /// The CA and certificates of a server started with [`PostgresServer::start_tls`].
@@ -213,26 +249,33 @@ impl PostgresServer {
     pub async fn restart(&mut self) {
         let (bin, dir, port, user) = (self.bin.clone(), self.dir.clone(), self.port, self.user);
         let tls = self.tls.clone();
+        let host = self.psql_host();
         self.process
             .relaunch(
                 || server_command(&bin, &dir, port, user, tls.as_ref()),
                 port,
                 READY_TIMEOUT,
-                || answers(&bin, port),
+                || answers(&bin, &host, port),
             )
             .await;
     }
 
+    /// Where the harness' psql connects: the loopback address, or the local socket of a
+    /// server demanding client certificates over TCP.
+    fn psql_host(&self) -> String {
+        psql_host(&self.dir, self.cert_auth)
+    }
+
     /// Runs `sql` and returns psql's unaligned output (`|` between columns, a line per row).
     pub async fn query(&self, sql: &str) -> String {
-        psql(&self.bin, self.port, sql)
+        psql(&self.bin, &self.psql_host(), self.port, sql)
             .await
             .unwrap_or_else(|e| panic!("psql {sql:?}: {e}\n{}", self.logs()))
     }
 
     /// Runs `sql`: psql's unaligned output, or its error.
     pub async fn try_query(&self, sql: &str) -> Result<String, String> {
-        psql(&self.bin, self.port, sql).await
+        psql(&self.bin, &self.psql_host(), self.port, sql).await
     }
 
     /// One integer from `sql`.
@@ -247,7 +290,7 @@ impl PostgresServer {
     pub async fn hold_locks(&self, sql: &str) -> HeldLocks {
         let name = unique_name("e2e-locks");
         let mut session = Command::new(psql_path(&self.bin))
-            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", &self.psql_host()])
             .args([
                 "-p",
                 &self.port.to_string(),
@@ -352,7 +395,7 @@ impl Drop for PostgresServer {
 
 /// The certificates of a TLS-only server in `dir/tls` (the key readable by the server's user
 /// only, as Postgres demands), and a `pg_hba.conf` taking TCP connections over TLS alone.
-fn tls_only(dir: &Path, names: &[&str], user: Option<(u32, u32)>) -> TlsFiles {
+fn tls_only(dir: &Path, names: &[&str], user: Option<(u32, u32)>, auth: TcpAuth) -> TlsFiles {
     let files = TlsFiles::make_for(&dir.join("tls"), names);
     chown(&dir.join("tls"), user);
     for file in [&files.ca, &files.server_cert, &files.server_key] {
@@ -361,15 +404,25 @@ fn tls_only(dir: &Path, names: &[&str], user: Option<(u32, u32)>) -> TlsFiles {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&files.server_key, std::fs::Permissions::from_mode(0o600))
         .expect("chmod the server key");
+    let method = match auth {
+        TcpAuth::Trust => "trust",
+        TcpAuth::Cert => "cert map=e2e",
+    };
     let hba = dir.join("pg_hba.conf");
     std::fs::write(
         &hba,
-        "local all all trust\n\
-         hostssl all all 127.0.0.1/32 trust\n\
-         hostssl all all ::1/128 trust\n",
+        format!(
+            "local all all trust\n\
+             hostssl all all 127.0.0.1/32 {method}\n\
+             hostssl all all ::1/128 {method}\n"
+        ),
     )
     .expect("write pg_hba.conf");
     chown(&hba, user);
+    // The client certificate's common name is `gateway`; the URLs connect as `postgres`.
+    let ident = dir.join("pg_ident.conf");
+    std::fs::write(&ident, "e2e gateway postgres\n").expect("write pg_ident.conf");
+    chown(&ident, user);
     files
 }
 
@@ -399,7 +452,12 @@ fn server_command(
             .arg("-c")
             .arg(format!("ssl_ca_file={}", tls.ca.display()))
             .arg("-c")
-            .arg(format!("hba_file={}", dir.join("pg_hba.conf").display()));
+            .arg(format!("hba_file={}", dir.join("pg_hba.conf").display()))
+            .arg("-c")
+            .arg(format!(
+                "ident_file={}",
+                dir.join("pg_ident.conf").display()
+            ));
     }
     if let Some((uid, gid)) = user {
         cmd.uid(uid).gid(gid);
@@ -407,7 +465,6 @@ fn server_command(
     cmd
 }
 
-/// Runs `sql` with psql against the server on `port`: its unaligned output, or its stderr.
 /// `psql` beside `postgres`, else the one on PATH.
 fn psql_path(bin: &Path) -> PathBuf {
     if bin.join("psql").is_file() {
@@ -417,9 +474,20 @@ fn psql_path(bin: &Path) -> PathBuf {
     }
 }
 
-pub(crate) async fn psql(bin: &Path, port: u16, sql: &str) -> Result<String, String> {
+/// The host psql is given: the socket's folder when TCP clients need a certificate it lacks.
+fn psql_host(dir: &Path, cert_auth: bool) -> String {
+    if cert_auth {
+        dir.display().to_string()
+    } else {
+        "127.0.0.1".to_owned()
+    }
+}
+
+/// Runs `sql` with psql against the server at `host` (an address, or a socket's folder) and
+/// `port`: its unaligned output, or its stderr.
+pub(crate) async fn psql(bin: &Path, host: &str, port: u16, sql: &str) -> Result<String, String> {
     let out = Command::new(psql_path(bin))
-        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", host])
         .args(["-p", &port.to_string(), "-U", "postgres", "-d", "postgres"])
         .args(["-c", sql])
         .output()
@@ -433,6 +501,6 @@ pub(crate) async fn psql(bin: &Path, port: u16, sql: &str) -> Result<String, Str
 }
 
 /// Whether the server on `port` answers a query.
-async fn answers(bin: &Path, port: u16) -> bool {
-    psql(bin, port, "SELECT 1").await.is_ok()
+async fn answers(bin: &Path, host: &str, port: u16) -> bool {
+    psql(bin, host, port, "SELECT 1").await.is_ok()
 }

@@ -111,13 +111,22 @@ pub fn link_to(line: &str, to: &str) -> Option<String> {
 
 impl<'a> Visitor<'a> {
     pub fn new(gw: &'a dyn Site) -> Self {
-        Self {
+        Self::with_client(
             gw,
-            http: reqwest::Client::builder()
+            reqwest::Client::builder()
                 .no_proxy()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("client"),
+        )
+    }
+
+    /// A visitor speaking through `http` (a client resolving the site's host name to an
+    /// ingress, say), which must not follow redirects.
+    pub fn with_client(gw: &'a dyn Site, http: reqwest::Client) -> Self {
+        Self {
+            gw,
+            http,
             cookies: Vec::new(),
             location: None,
         }

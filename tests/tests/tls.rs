@@ -135,6 +135,51 @@ async fn migrate_refuses_a_postgres_certificate_of_another_ca_naming_postgres() 
 }
 
 #[tokio::test]
+async fn migrate_shows_its_client_certificate_to_a_postgres_with_certificate_authentication() {
+    let pg = PostgresServer::start_tls_cert_auth().await;
+    let tls = pg.tls().expect("a TLS server");
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full",
+        pg.port
+    );
+    let (ok, stderr) = run(&migrate(&url, &["--database-ca-file", path(&tls.ca)])).await;
+    assert!(
+        !ok,
+        "migrate without a client certificate succeeded against `hostssl … cert`"
+    );
+    // Postgres' own refusal (authentication, after the handshake), passed on.
+    assert!(
+        stderr.contains("requires a valid client certificate"),
+        "{stderr}"
+    );
+    assert_eq!(
+        pg.query_i64("SELECT count(*) FROM pg_tables WHERE tablename = '_sqlx_migrations'")
+            .await,
+        0
+    );
+
+    let with_certificate = [
+        "--database-ca-file",
+        path(&tls.ca),
+        "--database-client-cert-file",
+        path(&tls.client_cert),
+        "--database-client-key-file",
+        path(&tls.client_key),
+    ];
+    let (ok, stderr) = run(&migrate(&url, &with_certificate)).await;
+    assert!(
+        ok,
+        "migrate with the client certificate: {stderr}\n{}",
+        pg.logs()
+    );
+    assert_eq!(
+        pg.query_i64("SELECT count(*) FROM pg_tables WHERE tablename = '_sqlx_migrations'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
 async fn migrate_refuses_a_postgres_certificate_for_another_host() {
     let pg = PostgresServer::start_tls_for(&["localhost"]).await;
     let tls = pg.tls().expect("a TLS server");
