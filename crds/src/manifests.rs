@@ -127,27 +127,17 @@ pub struct Manifests {
 
 /// Reads and compiles a manifest folder: what standalone mode runs on.
 pub fn load_dir(dir: &Path) -> Result<GatewayConfig, ManifestError> {
-    let manifests = read_dir(dir)?;
-    compile(
-        &manifests.tiers,
-        &manifests.routes,
-        &manifests.keys,
-        &manifests.secrets,
-    )
-    .map_err(|e| ManifestError::Invalid {
-        dir: dir.to_owned(),
-        errors: e
-            .errors
-            .into_iter()
-            .map(|error| LocatedError {
-                origin: error
-                    .resource
-                    .as_ref()
-                    .and_then(|r| manifests.origins.get(r).cloned()),
-                error,
-            })
-            .collect(),
-    })
+    read_dir(dir)?.compile_in(dir)
+}
+
+/// Compiles manifest files given as `(file name, text)`, as if read from the folder `dir` (the
+/// name errors give them): a set carried in a binary.
+pub fn load_files(dir: &Path, files: &[(&str, &str)]) -> Result<GatewayConfig, ManifestError> {
+    let mut manifests = Manifests::default();
+    for (name, text) in files {
+        manifests.add_file(&dir.join(name), text)?;
+    }
+    manifests.compile_in(dir)
 }
 
 /// Reads every `*.yaml`/`*.yml` file directly in `dir`, in name order so that errors come out
@@ -186,6 +176,26 @@ pub fn read_dir(dir: &Path) -> Result<Manifests, ManifestError> {
 }
 
 impl Manifests {
+    /// The resources compiled into a config; errors located in their files of `dir`.
+    fn compile_in(self, dir: &Path) -> Result<GatewayConfig, ManifestError> {
+        compile(&self.tiers, &self.routes, &self.keys, &self.secrets).map_err(|e| {
+            ManifestError::Invalid {
+                dir: dir.to_owned(),
+                errors: e
+                    .errors
+                    .into_iter()
+                    .map(|error| LocatedError {
+                        origin: error
+                            .resource
+                            .as_ref()
+                            .and_then(|r| self.origins.get(r).cloned()),
+                        error,
+                    })
+                    .collect(),
+            }
+        })
+    }
+
     fn add_file(&mut self, file: &Path, text: &str) -> Result<(), ManifestError> {
         for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let origin = Origin {

@@ -133,7 +133,7 @@ pub async fn keys(command: KeysCommand) -> Result<(), CliError> {
             let tier = if enterprise {
                 ENTERPRISE.to_owned()
             } else {
-                let config = crds::manifests::load_dir(&manifests)
+                let config = crate::manifests::load(manifests.as_deref())
                     .map_err(|e| CliError::Usage(format!("--manifests: {e}")))?;
                 let lifetime = PostgresLedger::new(db)
                     .balance(&account.id)

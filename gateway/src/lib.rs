@@ -11,6 +11,7 @@ pub mod dashboard;
 pub mod edge;
 pub mod error;
 pub mod flags;
+pub mod manifests;
 pub mod serve;
 pub mod startup;
 pub mod state;

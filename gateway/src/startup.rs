@@ -13,6 +13,7 @@ use crate::flags::dev_account::DevAccountArgs;
 use crate::flags::payments::PaymentsArgs;
 use crate::flags::published::{Published, PublishedError};
 use crate::flags::{CommonArgs, ServeArgs, StandaloneArgs};
+use crate::manifests;
 use crate::serve::{self, ServeError, HARD_STOP_AFTER_GRACE};
 use crate::state::{AppState, Services, Settings};
 use gateway_core::auth::{self, KeySpec};
@@ -51,6 +52,13 @@ mod warnings;
 pub enum StartError {
     #[error("manifests: {0}")]
     Manifests(#[from] crds::manifests::ManifestError),
+    #[error("--print-manifests: {0}")]
+    PrintManifests(#[from] manifests::PrintError),
+    #[error(
+        "serve needs --config-secret (the operator's config) or --manifests DIR: the example \
+         set built into the binary is standalone's, with a key whose secret is public"
+    )]
+    NoCatalog,
     #[error("published config: {0}")]
     Published(#[from] PublishedError),
     #[error("the config Secret's watch ended before a config arrived")]
@@ -110,6 +118,12 @@ struct Stores {
 
 /// `gateway standalone`: everything in process, the promotion sweep on a timer.
 pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
+    if let Some(dir) = &args.print_manifests {
+        for file in manifests::print(dir)? {
+            println!("{}", file.display());
+        }
+        return Ok(());
+    }
     // The test payment provider confirms through the signed webhook, so it needs a secret;
     // without one given, a random one only this process knows.
     args.common
@@ -130,7 +144,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
     }
     let stores = in_process_stores(&args.common)?;
     let interval = args.promotion.interval();
-    let config = crds::manifests::load_dir(&args.common.catalog.manifests)?;
+    let config = manifests::load(args.common.catalog.manifests.as_deref())?;
     warnings::standalone(
         &config,
         args.common.server.listen,
@@ -159,7 +173,7 @@ pub async fn standalone(mut args: StandaloneArgs) -> Result<(), StartError> {
 /// router tests serve (`gateway/tests/router.rs`).
 pub async fn in_process(args: &CommonArgs) -> Result<AppState, StartError> {
     let stores = in_process_stores(args)?;
-    let config = crds::manifests::load_dir(&args.catalog.manifests)?;
+    let config = manifests::load(args.catalog.manifests.as_deref())?;
     let (services, _) = assemble(args, stores, catalog_builder(args)(config)).await?;
     Ok(AppState::new(services))
 }
@@ -193,6 +207,9 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     if args.common.server.admin_token.is_none() {
         return Err(StartError::NoAdminToken);
     }
+    if args.published.config_secret.is_none() && args.common.catalog.manifests.is_none() {
+        return Err(StartError::NoCatalog);
+    }
     if args.common.dashboard.public_url.is_none() {
         tracing::warn!(
             "no --public-url: the dashboard's email links and Stripe's return URLs name this \
@@ -221,8 +238,9 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
                 .ok_or(StartError::NoPublishedConfig)?;
             (config, Some(published))
         }
+        // A folder: checked at the start.
         None => (
-            crds::manifests::load_dir(&args.common.catalog.manifests)?,
+            manifests::load(args.common.catalog.manifests.as_deref())?,
             None,
         ),
     };

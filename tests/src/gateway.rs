@@ -79,13 +79,27 @@ impl Mode {
     }
 }
 
+/// Where a test gateway's manifests come from.
+#[derive(Clone, Debug, Default)]
+enum Manifests {
+    /// `--manifests <workspace>/deploy/standalone`.
+    #[default]
+    Workspace,
+    /// `--manifests DIR`.
+    Folder(PathBuf),
+    /// No `--manifests`: the binary's own set.
+    BuiltIn,
+}
+
 /// Options for one gateway process; everything else is the contract's default.
 #[derive(Clone, Debug, Default)]
 pub struct GatewayBuilder {
     args: Vec<String>,
     envs: Vec<(String, std::ffi::OsString)>,
     mode: Mode,
-    manifests: Option<PathBuf>,
+    manifests: Manifests,
+    /// The folder the gateway runs in; the workspace root when `None`.
+    working_dir: Option<PathBuf>,
     /// Leave out `--admin-token` / `--dev-key` (the harness passes its own by default).
     no_admin_token: bool,
     no_dev_key: bool,
@@ -121,7 +135,19 @@ impl GatewayBuilder {
 
     /// `--manifests DIR` instead of `deploy/standalone`.
     pub fn manifests(mut self, dir: &Path) -> Self {
-        self.manifests = Some(dir.to_path_buf());
+        self.manifests = Manifests::Folder(dir.to_path_buf());
+        self
+    }
+
+    /// No `--manifests`: the set built into the binary.
+    pub fn built_in_manifests(mut self) -> Self {
+        self.manifests = Manifests::BuiltIn;
+        self
+    }
+
+    /// Runs the gateway in `dir` instead of the workspace root.
+    pub fn working_dir(mut self, dir: &Path) -> Self {
+        self.working_dir = Some(dir.to_path_buf());
         self
     }
 
@@ -220,10 +246,21 @@ impl GatewayBuilder {
 
     /// Spawns the gateway and waits (at most 30 s) for its ready line.
     pub async fn start(self) -> Gateway {
-        let manifests = self
-            .manifests
-            .unwrap_or_else(|| workspace_root().join("deploy").join("standalone"));
         let mut args = Vec::new();
+        match self.manifests {
+            Manifests::Workspace => args.extend([
+                "--manifests".to_string(),
+                workspace_root()
+                    .join("deploy")
+                    .join("standalone")
+                    .display()
+                    .to_string(),
+            ]),
+            Manifests::Folder(dir) => {
+                args.extend(["--manifests".to_string(), dir.display().to_string()])
+            }
+            Manifests::BuiltIn => {}
+        }
         if !self.no_admin_token {
             args.extend(["--admin-token".to_string(), ADMIN_TOKEN.to_string()]);
         }
@@ -244,7 +281,7 @@ impl GatewayBuilder {
         args.extend(self.args);
         Gateway::spawn(
             self.mode,
-            &manifests,
+            self.working_dir.unwrap_or_else(workspace_root),
             args,
             self.envs,
             self.max_open_files,
@@ -352,14 +389,13 @@ impl Gateway {
 
     async fn spawn(
         mode: Mode,
-        manifests: &Path,
+        working_dir: PathBuf,
         extra: Vec<String>,
         envs: Vec<(String, std::ffi::OsString)>,
         max_open_files: Option<u64>,
         launcher: Option<Vec<std::ffi::OsString>>,
     ) -> Gateway {
         let bin = gateway_bin();
-        let root = workspace_root();
         let mut cmd = match &launcher {
             Some(line) => {
                 let mut cmd = Command::new(&line[0]);
@@ -370,11 +406,9 @@ impl Gateway {
         };
         cmd.arg(mode.subcommand())
             .args(["--listen", "127.0.0.1:0"])
-            .arg("--manifests")
-            .arg(manifests)
             .args(&extra)
             .envs(envs)
-            .current_dir(&root);
+            .current_dir(&working_dir);
         crate::tie_to_test(&mut cmd);
         if let Some(files) = max_open_files {
             // SAFETY: setrlimit is async-signal-safe, as pre_exec requires.

@@ -28,6 +28,7 @@ mod eight_pods;
 mod errors;
 mod file_bounds;
 mod file_downloads;
+mod first_run;
 mod fuzz;
 mod helm_install;
 mod hostile_bodies;

@@ -9,14 +9,11 @@ use super::published::SecretRef;
 
 #[derive(Debug, Args)]
 pub struct CatalogArgs {
-    /// Folder of Tier, ModelRoute, ApiKey and Secret manifests.
-    #[arg(
-        long,
-        alias = "config",
-        env = "GATEWAY_MANIFESTS",
-        default_value = "deploy/standalone"
-    )]
-    pub manifests: PathBuf,
+    /// Folder of Tier, ModelRoute, ApiKey and Secret manifests. Without it, standalone runs
+    /// the example set built into the binary (`--print-manifests DIR` writes it out); `serve`
+    /// needs it or `--config-secret`.
+    #[arg(long, alias = "config", env = "GATEWAY_MANIFESTS")]
+    pub manifests: Option<PathBuf>,
     /// Delay between streamed chunks of every simulated upstream, overriding the manifests.
     #[arg(long, env = "GATEWAY_SIMULATED_CHUNK_DELAY_MS")]
     pub simulated_chunk_delay_ms: Option<u64>,

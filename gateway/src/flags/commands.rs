@@ -34,9 +34,10 @@ pub enum KeysCommand {
         /// Tier manifests in --manifests) and only the promotion sweep moves it.
         #[arg(long)]
         enterprise: bool,
-        /// Folder of the Tier manifests that set the starting tier.
-        #[arg(long, env = "GATEWAY_MANIFESTS", default_value = "deploy/standalone")]
-        manifests: PathBuf,
+        /// Folder of the Tier manifests that set the starting tier; the example tiers built
+        /// into the binary without it.
+        #[arg(long, env = "GATEWAY_MANIFESTS")]
+        manifests: Option<PathBuf>,
         /// When the key stops working (RFC 3339, e.g. 2027-01-31T00:00:00Z); default never.
         #[arg(long, value_parser = rfc3339)]
         expires_at: Option<time::OffsetDateTime>,

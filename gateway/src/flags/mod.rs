@@ -23,6 +23,8 @@ pub mod telemetry;
 #[cfg(test)]
 mod tests;
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand};
 
 use batches::BatchesArgs;
@@ -78,6 +80,10 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct StandaloneArgs {
+    /// Writes the built-in example manifests into DIR (created if missing; an existing file
+    /// is never replaced) and exits: a set to edit and run with `--manifests DIR`.
+    #[arg(long, value_name = "DIR")]
+    pub print_manifests: Option<PathBuf>,
     #[command(flatten)]
     pub common: CommonArgs,
     #[command(flatten)]

@@ -360,8 +360,8 @@ fn assert_common(common: &CommonArgs, log_format: LogFormat) {
         ]
     );
     assert_eq!(
-        common.catalog.manifests,
-        Path::new("/etc/gateway/manifests")
+        common.catalog.manifests.as_deref(),
+        Some(Path::new("/etc/gateway/manifests"))
     );
     assert_eq!(common.catalog.simulated_chunk_delay_ms, Some(3));
     let dev = &common.dev_account;
@@ -505,7 +505,7 @@ fn the_defaults_are_unchanged() {
     assert_eq!(server.body_idle_timeout_secs, 10);
     assert_eq!(server.max_connections, 10_000);
     assert!(server.trusted_proxies.is_empty());
-    assert_eq!(common.catalog.manifests, Path::new("deploy/standalone"));
+    assert_eq!(common.catalog.manifests, None, "the built-in set");
     assert_eq!(common.catalog.simulated_chunk_delay_ms, None);
     let dev = &common.dev_account;
     assert_eq!(dev.dev_key, None);

@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 
 use crds::config::GatewayConfig;
 
-/// The example manifest that seeds a key whose secret is published with the source.
-const EXAMPLE_KEYS: &str = include_str!("../../../deploy/standalone/apikeys.yaml");
+use crate::manifests::BUILT_IN;
 
 /// Ids of the keys `config` seeds with a secret printed in the example manifests.
 pub fn public_example_keys(config: &GatewayConfig) -> Vec<&str> {
@@ -17,7 +16,8 @@ pub fn public_example_keys(config: &GatewayConfig) -> Vec<&str> {
         .filter_map(|(id, grant)| {
             let seed = grant.seed.as_ref()?;
             let secret = seed.secret.expose();
-            (secret.len() >= 16 && EXAMPLE_KEYS.contains(secret)).then_some(id.as_str())
+            let printed = BUILT_IN.iter().any(|(_, text)| text.contains(secret));
+            (secret.len() >= 16 && printed).then_some(id.as_str())
         })
         .collect()
 }
@@ -29,8 +29,8 @@ pub fn standalone(config: &GatewayConfig, listen: SocketAddr, stripe: bool) {
         tracing::warn!(
             key_id = id,
             "WARNING: seeding the public example key `{id}` (its secret is printed in \
-             deploy/standalone/apikeys.yaml): anyone can use it; use your own manifests \
-             (--manifests) outside a trial"
+             the built-in example set and deploy/standalone/apikeys.yaml): anyone can use \
+             it; use your own manifests (--manifests) outside a trial"
         );
     }
     if !stripe && !listen.ip().is_loopback() {
