@@ -513,6 +513,8 @@ struct ProbeState {
     next: Option<Instant>,
     successes: i32,
     failures: i32,
+    /// Why the last probe failed.
+    last_error: Option<String>,
 }
 
 /// One container of a pod: its spec, its podman process and what the probes said.
@@ -960,25 +962,36 @@ impl PodContext {
         Ok(format!("http://{}:{port}{path}", self.ip))
     }
 
-    /// Runs the probe once: 2xx/3xx (httpGet) or a connection (tcpSocket) is a success.
-    async fn probe_once(&self, container: &Container, probe: &Probe) -> bool {
+    /// Runs the probe once: 2xx/3xx (httpGet) or a connection (tcpSocket) is a success; else
+    /// why not.
+    async fn probe_once(&self, container: &Container, probe: &Probe) -> Result<(), String> {
         let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64);
         if let Some(get) = &probe.http_get {
-            let Ok(url) = self.probe_url(container, get) else {
-                return false;
-            };
-            match self.http.get(url).timeout(timeout).send().await {
-                Ok(response) => (200..400).contains(&response.status().as_u16()),
-                Err(_) => false,
+            let url = self.probe_url(container, get)?;
+            match self.http.get(&url).timeout(timeout).send().await {
+                Ok(response) if (200..400).contains(&response.status().as_u16()) => Ok(()),
+                Ok(response) => Err(format!("GET {url}: {}", response.status())),
+                Err(e) => Err(format!("GET {url}: {e}")),
             }
         } else if let Some(tcp) = &probe.tcp_socket {
-            let Ok(port) = port_number(container, &tcp.port) else {
-                return false;
-            };
+            let port = port_number(container, &tcp.port)?;
             let connect = tokio::net::TcpStream::connect((self.ip.as_str(), port));
-            matches!(tokio::time::timeout(timeout, connect).await, Ok(Ok(_)))
+            match tokio::time::timeout(timeout, connect).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("connect to port {port}: {e}")),
+                Err(_) => Err(format!("connect to port {port}: timed out")),
+            }
         } else {
-            true
+            Ok(())
+        }
+    }
+
+    /// Notes a line in the container's log, as a kubelet's events are seen beside it.
+    fn note(&self, container: &str, line: &str) {
+        use std::io::Write;
+        let path = self.dir.join(format!("{container}.log"));
+        if let Ok(mut log) = std::fs::OpenOptions::new().append(true).open(path) {
+            let _ = writeln!(log, "node: {line}");
         }
     }
 }
@@ -1111,6 +1124,10 @@ impl ContainerRun {
                     } else if !result
                         && self.readiness.failures >= probe.failure_threshold.unwrap_or(3)
                     {
+                        if self.ready {
+                            let why = self.readiness.last_error.as_deref().unwrap_or_default();
+                            pod.note(&self.spec.name, &format!("not ready: {why}"));
+                        }
                         self.ready = false;
                     }
                 }
@@ -1140,7 +1157,8 @@ impl ContainerRun {
         }
         let period = probe.period_seconds.unwrap_or(10).max(1) as u64;
         state.next = Some(now + Duration::from_secs(period));
-        let ok = pod.probe_once(spec, probe).await;
+        let result = pod.probe_once(spec, probe).await;
+        let ok = result.is_ok();
         if ok {
             state.successes += 1;
             state.failures = 0;
@@ -1148,6 +1166,7 @@ impl ContainerRun {
             state.failures += 1;
             state.successes = 0;
         }
+        state.last_error = result.err();
         Some(ok)
     }
 
