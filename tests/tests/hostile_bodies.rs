@@ -564,3 +564,129 @@ async fn counting_stops_when_its_client_hangs_up() {
         "the gateway used {since:?} of CPU after its client left"
     );
 }
+
+/// The `Retry-After` of a raw HTTP answer, in seconds.
+fn retry_after_of(answer: &str) -> u64 {
+    answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("retry-after")
+                .then(|| value.trim().parse().ok())
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("no Retry-After in {answer}"))
+}
+
+/// Opens a connection that declares `length` body bytes to `path` with `headers`, sends none
+/// of them and waits.
+async fn declare_a_body(
+    api: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    length: usize,
+) -> TcpStream {
+    let mut stream = TcpStream::connect(api).await.expect("connect");
+    stream
+        .write_all(head(path, headers, length).as_bytes())
+        .await
+        .expect("the head");
+    stream
+}
+
+/// Issue 51, item 3, at the default budget (256 MiB): one account's batch create declaring
+/// 63 MiB (252 MiB of the budget, which its first body could take whole) is 413 at once; one
+/// declaring 30 MiB (120 MiB, within the half one account may hold) is held while its client
+/// sends nothing, and that account's next large body is 503 with a `Retry-After` that says
+/// when its first will have come at the minimum rate (960 s), not 1. 1,024 webhook posts with
+/// a well-formed signature header, declaring 64 KiB each from one address, hold that
+/// address' share (16 of them; the other 1,008 get 503 with `Retry-After`). Meanwhile another
+/// account's 1 MiB turn is served.
+#[tokio::test]
+async fn no_account_nor_anonymous_client_can_hold_the_body_budget_from_another_accounts_turn() {
+    const WEBHOOKS: usize = 1_024;
+    const HELD_WEBHOOKS: usize = 16;
+    let gw = Gateway::builder()
+        .arg("--payment-webhook-secret")
+        .arg("whsec-0123456789abcdef")
+        .arg("--body-read-timeout-secs")
+        .arg("600")
+        .arg("--body-idle-timeout-secs")
+        .arg("600")
+        .start()
+        .await;
+    let api = addr(&gw.api);
+    let hog = gw.new_key(1_000_000_000, &KeySpec::tier("enterprise")).await;
+    let auth = format!("Bearer {}", hog.secret);
+    let hog_headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+
+    // A first body may not take the budget.
+    let mut whole = declare_a_body(api, "/v1/messages/batches", &hog_headers, 63 * MIB).await;
+    let answer = read_answer_within(&mut whole, Duration::from_secs(30))
+        .await
+        .expect("a body needing more than one account may hold was held");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    envelope_of(&answer);
+
+    // Within the account's half: held, its client sending nothing.
+    let _held = declare_a_body(api, "/v1/messages/batches", &hog_headers, 30 * MIB).await;
+    let mut next = declare_a_body(api, "/v1/messages/count_tokens", &hog_headers, 3 * MIB).await;
+    let answer = read_answer_within(&mut next, Duration::from_secs(30))
+        .await
+        .expect("the account's next body was held past its share");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    envelope_of(&answer);
+    let retry_after = retry_after_of(&answer);
+    assert!(
+        retry_after >= 600,
+        "Retry-After {retry_after}: 30 MiB still to come at 32 KiB/s is 960 s"
+    );
+
+    // Anonymous bodies, all from one address.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let signature = format!("t={now},v1=00");
+    let signed = [
+        ("content-type", "application/json"),
+        ("payment-signature", signature.as_str()),
+    ];
+    let mut webhooks = Vec::new();
+    for _ in 0..WEBHOOKS {
+        webhooks.push(declare_a_body(api, "/webhooks/payments", &signed, 64 * 1024).await);
+    }
+    let answers = futures::future::join_all(
+        webhooks
+            .iter_mut()
+            .map(|stream| read_answer_within(stream, Duration::from_secs(30))),
+    )
+    .await;
+    let refused: Vec<&String> = answers.iter().flatten().collect();
+    for answer in &refused {
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(retry_after_of(answer) >= 1, "{answer}");
+    }
+    assert_eq!(
+        refused.len(),
+        WEBHOOKS - HELD_WEBHOOKS,
+        "one address holds {HELD_WEBHOOKS} webhook bodies, the rest are refused"
+    );
+
+    // Another account's 1 MiB turn is served beside them.
+    let other = gw.new_key(1_000_000_000, &KeySpec::tier("enterprise")).await;
+    let text = format!("hello{}", " ".repeat(123)).repeat(8 * 1024);
+    let body = message("svc/haiku", &text, 16);
+    assert!(body.to_string().len() >= MIB);
+    let served = tokio::time::timeout(NO_HANG, gw.post_messages(&other.secret, &body))
+        .await
+        .expect("the other account's turn waited");
+    served.expect_ok();
+    drop(webhooks);
+}
