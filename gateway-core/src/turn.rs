@@ -1046,7 +1046,13 @@ mod tests {
         let due = price().credits(&input);
         assert!(due > 0 && due < price().credits(&usage()));
         assert_eq!(
-            cost(&price(), &usage(), MessageStatus::ClientDisconnected, false, false),
+            cost(
+                &price(),
+                &usage(),
+                MessageStatus::ClientDisconnected,
+                false,
+                false
+            ),
             due
         );
     }

@@ -266,7 +266,10 @@ async fn hang_up_while_answered(reserving: Reserving) {
     };
     assert_eq!(status, "client_disconnected", "{reserving:?}");
     assert!(input > 0, "{reserving:?}: the row names the input it bills");
-    assert_eq!(cached, 0, "{reserving:?}: the simulated upstream caches nothing");
+    assert_eq!(
+        cached, 0,
+        "{reserving:?}: the simulated upstream caches nothing"
+    );
     let price = RoutePrice::of("svc/haiku");
     assert_eq!(
         billed,
