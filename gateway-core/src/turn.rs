@@ -1,8 +1,9 @@
 //! One model turn, whichever endpoint asked for it: resolve and validate, count input tokens,
 //! admit against the key's limits, reserve the turn's maximum cost, call the provider, and
 //! settle exactly once: on the final event, on a failure, on shutdown, or (when the client
-//! goes away and the stream is dropped) from the drop guard, billing what was generated when
-//! the client saw it (a stream) and nothing when it did not (a JSON answer never sent).
+//! goes away and the stream is dropped) from the drop guard, billing the input the upstream
+//! was sent and the output the client saw (a stream's, as it was generated; none of a JSON
+//! answer never sent): see [`cost`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -725,8 +726,8 @@ struct OpenTurn {
     /// Streamed output so far, counted only if the turn ends before the provider's usage.
     generated: String,
     /// The client receives the output as it is generated (a stream). A JSON client receives
-    /// nothing until the turn completes, so a turn cut before then (shutdown, disconnect) has
-    /// given it nothing to pay for: it would pay again for its retry.
+    /// nothing until the turn completes, so a turn cut before then has given it no output to
+    /// pay for (its input, once sent upstream, it pays for if it hung up: see [`cost`]).
     delivered_as_generated: bool,
     /// When its credits were reserved; `None` before, and once settled.
     reserved_since: Option<Instant>,
@@ -816,7 +817,13 @@ impl Meter {
         };
         let finish = self.end_admission(usage.input_tokens.into());
         let turn = &mut self.turn;
-        let cost = cost(&turn.price, &usage, completed, turn.delivered_as_generated);
+        let cost = cost(
+            &turn.price,
+            &usage,
+            status,
+            completed,
+            turn.delivered_as_generated,
+        );
         let settlement = turn.reserved_since.take().map(|since| Settlement {
             message_id: turn.message_id.clone(),
             served_by: turn.served_by.take(),
@@ -859,13 +866,32 @@ impl Meter {
 }
 
 /// What a turn costs by how it ended. A completed turn: its usage. A turn that ended before its
-/// end (its client left, shutdown interrupted it, its upstream failed): what it generated when
-/// its client received that as it was generated (a stream), nothing when the client was to get
-/// the whole answer at the end (JSON), since a retry would pay for it again. The ledger then
-/// bills at most what was reserved, and nothing of a failed turn (`Settlement::billed`).
-fn cost(price: &Price, usage: &TokenUsage, completed: bool, delivered_as_generated: bool) -> u64 {
+/// end pays for the input it sent, once an upstream was sent it, and the output it received:
+/// - its client left: the input (the upstream processed it and charges for it, whether or not
+///   anyone reads the answer; without this a client could have any amount of input processed
+///   for free by hanging up), plus, for a stream, what it generated, which its client received
+///   as it was generated; a JSON answer never sent is not billed, so both kinds of hang-up
+///   follow the one rule;
+/// - shutdown interrupted it: a stream what it was sent (input and output, told in its last
+///   event); a JSON turn nothing, since the gateway cut it, tells it 503 and its retry pays;
+/// - its upstream failed: nothing (the ledger bills nothing of a failed turn).
+///
+/// The input is the upstream's own count once its first event reported it, else the
+/// gateway's. The ledger then bills at most what was reserved (`Settlement::billed`).
+fn cost(
+    price: &Price,
+    usage: &TokenUsage,
+    status: MessageStatus,
+    completed: bool,
+    delivered_as_generated: bool,
+) -> u64 {
     if completed || delivered_as_generated {
         price.credits(usage)
+    } else if status == MessageStatus::ClientDisconnected {
+        price.credits(&TokenUsage {
+            output_tokens: 0,
+            ..*usage
+        })
     } else {
         0
     }
@@ -993,21 +1019,50 @@ mod tests {
     fn a_completed_turn_costs_its_usage_streamed_or_not() {
         let full = price().credits(&usage());
         assert!(full > 0);
-        assert_eq!(cost(&price(), &usage(), true, true), full);
-        assert_eq!(cost(&price(), &usage(), true, false), full);
+        let completed = MessageStatus::Completed;
+        assert_eq!(cost(&price(), &usage(), completed, true, true), full);
+        assert_eq!(cost(&price(), &usage(), completed, true, false), full);
     }
 
     #[test]
     fn a_stream_that_ends_early_costs_what_its_client_was_sent() {
+        for status in [
+            MessageStatus::ClientDisconnected,
+            MessageStatus::Interrupted,
+        ] {
+            assert_eq!(
+                cost(&price(), &usage(), status, false, true),
+                price().credits(&usage())
+            );
+        }
+    }
+
+    #[test]
+    fn a_json_turn_whose_client_hangs_up_costs_its_input_not_the_answer_it_never_got() {
+        let input = TokenUsage {
+            output_tokens: 0,
+            ..usage()
+        };
+        let due = price().credits(&input);
+        assert!(due > 0 && due < price().credits(&usage()));
         assert_eq!(
-            cost(&price(), &usage(), false, true),
-            price().credits(&usage())
+            cost(
+                &price(),
+                &usage(),
+                MessageStatus::ClientDisconnected,
+                false,
+                false
+            ),
+            due
         );
     }
 
     #[test]
-    fn a_json_turn_that_ends_early_costs_nothing_its_client_never_got_the_answer() {
-        assert_eq!(cost(&price(), &usage(), false, false), 0);
+    fn a_json_turn_cut_by_shutdown_costs_nothing_its_retry_pays() {
+        assert_eq!(
+            cost(&price(), &usage(), MessageStatus::Interrupted, false, false),
+            0
+        );
     }
 
     fn model_of_context(context_window: u32) -> Model {

@@ -79,15 +79,16 @@ async fn in_postgres_downloads_at_once_hold_ranges_not_files() {
     downloads_at_once_hold_ranges_not_files(&cluster.pods[0]).await;
 }
 
-/// With a 64 MiB budget, one account's downloads of a 15 MiB upload held open (their client
-/// reads nothing: the stream waits on the socket) take 2 MiB each, up to the account's share
-/// (a quarter of the budget past its first): the ninth gets the budget's 503 with
-/// `Retry-After`, and once they are dropped a download is served again.
+/// With a 128 MiB budget (a 15 MiB upload takes 60 MiB, within the half one body may hold),
+/// one account's downloads of that upload held open (their client reads nothing: the stream
+/// waits on the socket) take 2 MiB each, up to the account's share (a quarter of the budget
+/// with several bodies): the seventeenth gets the budget's 503 with `Retry-After`, and once
+/// they are dropped a download is served again.
 #[tokio::test]
 async fn downloads_held_open_take_the_accounts_share_of_the_body_budget() {
     let gw = Gateway::builder()
         .arg("--body-memory-budget-mib")
-        .arg("64")
+        .arg("128")
         .start()
         .await;
     let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
@@ -96,7 +97,7 @@ async fn downloads_held_open_take_the_accounts_share_of_the_body_budget() {
     let id = upload(&gw, &key.secret, &content).await;
     let path = format!("/v1/files/{id}/content");
     let mut held = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..16 {
         let response = gw
             .request(Method::GET, &path, Some(&key.secret))
             .send()

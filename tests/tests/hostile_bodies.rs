@@ -564,3 +564,291 @@ async fn counting_stops_when_its_client_hangs_up() {
         "the gateway used {since:?} of CPU after its client left"
     );
 }
+
+/// The `Retry-After` of a raw HTTP answer, in seconds.
+fn retry_after_of(answer: &str) -> u64 {
+    answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("retry-after")
+                .then(|| value.trim().parse().ok())
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("no Retry-After in {answer}"))
+}
+
+/// Opens a connection that declares `length` body bytes to `path` with `headers`, sends none
+/// of them and waits.
+async fn declare_a_body(
+    api: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    length: usize,
+) -> TcpStream {
+    let mut stream = TcpStream::connect(api).await.expect("connect");
+    stream
+        .write_all(head(path, headers, length).as_bytes())
+        .await
+        .expect("the head");
+    stream
+}
+
+/// Waits for the `100 Continue` a request sent with `Expect: 100-continue` gets once the
+/// gateway starts reading its body, which it does only once the body holds its share of the
+/// budget: proof that the body is held.
+async fn wait_for_continue(stream: &mut TcpStream) {
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(NO_HANG, stream.read(&mut byte)).await {
+            Ok(Ok(1)) => seen.push(byte[0]),
+            other => panic!(
+                "no 100 Continue ({other:?}) after {}",
+                String::from_utf8_lossy(&seen)
+            ),
+        }
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.starts_with("HTTP/1.1 100"), "{seen}");
+}
+
+/// A gateway with a 64 MiB body budget whose bodies may take ten minutes to arrive, so that
+/// what a test holds stays held: one account holds at most 32 MiB with one body (8 MiB
+/// declared) and 16 MiB with several; anonymous bodies 8 MiB, each address 1 MiB (four
+/// webhook bodies of 64 KiB).
+fn held_budget_gateway() -> GatewayBuilder {
+    Gateway::builder()
+        .env("GATEWAY_BODY_MEMORY_BUDGET_MIB", "64")
+        .arg("--body-read-timeout-secs")
+        .arg("600")
+        .arg("--body-idle-timeout-secs")
+        .arg("600")
+}
+
+/// The headers of a webhook post with a well-formed signature header (that does not verify)
+/// from `client`, as the trusted proxy (the test) names it.
+fn webhook_headers<'a>(signature: &'a str, client: &'a str) -> [(&'static str, &'a str); 3] {
+    [
+        ("content-type", "application/json"),
+        ("payment-signature", signature),
+        ("x-forwarded-for", client),
+    ]
+}
+
+/// `n` webhook posts from `client` declaring 64 KiB each (256 KiB of the budget), none sent.
+async fn post_webhooks(api: SocketAddr, signature: &str, client: &str, n: usize) -> Vec<TcpStream> {
+    let headers = webhook_headers(signature, client);
+    let mut posts = Vec::new();
+    for _ in 0..n {
+        posts.push(declare_a_body(api, "/webhooks/payments", &headers, 64 * 1024).await);
+    }
+    posts
+}
+
+/// How many of `posts` were refused: each 503 at once, with a `Retry-After` that says when the
+/// held posts in the way are cut (600 s); those held stay open.
+async fn refused_webhooks(posts: &mut [TcpStream]) -> usize {
+    let answers = futures::future::join_all(
+        posts
+            .iter_mut()
+            .map(|post| read_answer_within(post, Duration::from_secs(20))),
+    )
+    .await;
+    let refused: Vec<String> = answers.into_iter().flatten().collect();
+    for answer in &refused {
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        let retry_after = retry_after_of(answer);
+        assert!(
+            (60..=600).contains(&retry_after),
+            "Retry-After {retry_after}: the held posts are cut 600 s after they started"
+        );
+    }
+    refused.len()
+}
+
+fn bearer(key: &ApiKey) -> String {
+    format!("Bearer {}", key.secret)
+}
+
+/// Issue 51, item 3: an account's first body took the whole budget (a batch create trickled
+/// for 22 minutes, every other account's large body 503). A first body needing more than
+/// half the budget is now 413 before it is read; one within the half is held while its client
+/// trickles it, the account's further bodies are 503, and another account's 1 MiB turn is
+/// served. With the old rule the first body is held (no answer).
+#[tokio::test]
+async fn one_accounts_trickled_body_leaves_room_for_another_accounts_1_mib_turn() {
+    let gw = held_budget_gateway().start().await;
+    let api = addr(&gw.api);
+    let hog = gw
+        .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+        .await;
+    let auth = bearer(&hog);
+    let json = ("content-type", "application/json");
+    let hog_headers = [("authorization", auth.as_str()), json];
+    let expecting = [
+        ("authorization", auth.as_str()),
+        json,
+        ("expect", "100-continue"),
+    ];
+
+    // 15 MiB declared is 60 of the 64 MiB.
+    let mut whole = declare_a_body(api, "/v1/messages/batches", &hog_headers, 15 * MIB).await;
+    let answer = read_answer_within(&mut whole, Duration::from_secs(30))
+        .await
+        .expect("a first body needing more than half the budget was held");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    envelope_of(&answer);
+
+    // 8 MiB declared, 32 MiB: held while its client trickles its first MiB and stops.
+    let mut held = declare_a_body(api, "/v1/messages/batches", &expecting, 8 * MIB).await;
+    wait_for_continue(&mut held).await;
+    for _ in 0..16 {
+        held.write_all(&[b' '; 64 * 1024])
+            .await
+            .expect("a piece of the trickled body");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut next = declare_a_body(api, "/v1/messages/count_tokens", &hog_headers, 3 * MIB).await;
+    let answer = read_answer_within(&mut next, Duration::from_secs(30))
+        .await
+        .expect("the account's next body was held past its share");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+
+    let other = gw
+        .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+        .await;
+    let text = format!("hello{}", " ".repeat(123)).repeat(8 * 1024);
+    let body = message("svc/haiku", &text, 16);
+    assert!(body.to_string().len() >= MIB);
+    let served = tokio::time::timeout(NO_HANG, gw.post_messages(&other.secret, &body))
+        .await
+        .expect("the other account's turn waited")
+        .expect_ok();
+    assert_eq!(served["type"], "message", "{served}");
+    assert!(served["usage"]["input_tokens"]
+        .as_u64()
+        .is_some_and(|t| t > 0));
+    // The trickled body was held all along: it is still open, unanswered.
+    assert!(read_answer_within(&mut held, Duration::from_millis(200))
+        .await
+        .is_none());
+}
+
+/// Issue 51, item 3: 1,024 unsigned webhook posts declaring 64 KiB held the whole budget.
+/// Bodies with no account now hold an eighth of the budget, and each client address an
+/// eighth of that: one address' posts held open leave room for another address' post, and
+/// many addresses' posts for an account's large body. With the old rule the first address'
+/// 256 posts (64 MiB) fill the budget and the second address' post is 503.
+#[tokio::test]
+async fn anonymous_bodies_held_open_keep_out_neither_another_address_nor_an_accounts_large_body() {
+    const FROM_ONE: usize = 256;
+    const ADDRESS_HOLDS: usize = 4;
+    const ADDRESSES: usize = 8;
+    const FROM_EACH: usize = 8;
+    const ANONYMOUS_HOLDS: usize = 32;
+    let gw = held_budget_gateway()
+        .arg("--payment-webhook-secret")
+        .arg("whsec-0123456789abcdef")
+        .arg("--trusted-proxies")
+        .arg("127.0.0.1")
+        .start()
+        .await;
+    let api = addr(&gw.api);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let signature = format!("t={now},v1=00");
+    let mut one = post_webhooks(api, &signature, "203.0.113.1", FROM_ONE).await;
+    assert_eq!(refused_webhooks(&mut one).await, FROM_ONE - ADDRESS_HOLDS);
+
+    // Another address' post, sent whole: read, and refused for its signature alone.
+    let headers = webhook_headers(&signature, "203.0.113.2");
+    let mut post = declare_a_body(api, "/webhooks/payments", &headers, 64 * 1024).await;
+    let event = format!("{{\"pad\":\"{}\"}}", "x".repeat(64 * 1024 - 10));
+    assert_eq!(event.len(), 64 * 1024);
+    post.write_all(event.as_bytes()).await.expect("the body");
+    let answer = read_answer(&mut post).await.expect("the answer");
+    assert!(
+        answer.starts_with("HTTP/1.1 400") || answer.starts_with("HTTP/1.1 401"),
+        "{answer}"
+    );
+    envelope_of(&answer);
+
+    // Eight more addresses: what they hold with the first address' is the anonymous share.
+    let clients = [
+        "198.51.100.1",
+        "198.51.100.2",
+        "198.51.100.3",
+        "198.51.100.4",
+        "198.51.100.5",
+        "198.51.100.6",
+        "198.51.100.7",
+        "198.51.100.8",
+    ];
+    let mut many = Vec::new();
+    for client in clients.iter().take(ADDRESSES) {
+        many.extend(post_webhooks(api, &signature, client, FROM_EACH).await);
+    }
+    let held = ADDRESSES * FROM_EACH - refused_webhooks(&mut many).await;
+    assert_eq!(held + ADDRESS_HOLDS, ANONYMOUS_HOLDS);
+
+    // An account's 6 MiB body (24 MiB of the budget) is counted beside them.
+    let account = gw
+        .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+        .await;
+    let request = gw
+        .request(
+            reqwest::Method::POST,
+            "/v1/messages/count_tokens",
+            Some(&account.secret),
+        )
+        .header("content-type", "application/json")
+        .body(count_body_of(6 * MIB, "hello world "));
+    let tokens = tokio::time::timeout(NO_HANG, gw.send(request))
+        .await
+        .expect("the account's body waited")
+        .expect_ok()["input_tokens"]
+        .as_u64();
+    assert!(tokens.is_some_and(|t| t > 0));
+    drop((one, many));
+}
+
+/// Issue 51, item 3: the 503 said `Retry-After: 1` however long its holder kept the budget.
+/// An account's body held open, its client sending nothing, is cut at its read deadline
+/// (600 s here): the account's next body is 503 with a `Retry-After` that says so.
+#[tokio::test]
+async fn a_503_past_an_accounts_share_says_when_its_holder_will_let_go() {
+    let gw = held_budget_gateway().start().await;
+    let api = addr(&gw.api);
+    let hog = gw
+        .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+        .await;
+    let auth = bearer(&hog);
+    let json = ("content-type", "application/json");
+    let expecting = [
+        ("authorization", auth.as_str()),
+        json,
+        ("expect", "100-continue"),
+    ];
+    let mut held = declare_a_body(api, "/v1/messages/count_tokens", &expecting, 8 * MIB).await;
+    wait_for_continue(&mut held).await;
+
+    let headers = [("authorization", auth.as_str()), json];
+    let mut next = declare_a_body(api, "/v1/messages/count_tokens", &headers, 3 * MIB).await;
+    let answer = read_answer_within(&mut next, Duration::from_secs(30))
+        .await
+        .expect("the account's next body was held past its share");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    envelope_of(&answer);
+    let retry_after = retry_after_of(&answer);
+    assert!(
+        (500..=600).contains(&retry_after),
+        "Retry-After {retry_after}: the held body is cut 600 s after it started"
+    );
+    drop(held);
+}

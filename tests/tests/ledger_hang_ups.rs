@@ -3,12 +3,17 @@
 //! what they moved is finished all the same: nothing stays held, and the books balance. Each
 //! rule is checked with turns reserved one by one in Postgres and with allotments.
 //!
+//! And clients that hang up on a non-streamed turn their upstream is answering: billed the
+//! input the upstream processed, not the answer they never received (docs/ledger.md), as a
+//! cut stream is billed its input and what it was sent.
+//!
 //! A psql session locks the account's row, so that the turn's statement waits for it; the
 //! client hangs up while it waits; once the gateway logs that it dropped the turn in the middle
 //! of that step, the lock is let go.
 
 use std::time::Duration;
 
+use e2e::books::RoutePrice;
 use e2e::{message, Cluster, Gateway, KeySpec, PostgresServer};
 use gateway_core::turn::DROPPED_MID_STEP;
 use reqwest::Method;
@@ -210,4 +215,106 @@ async fn a_client_that_hangs_up_while_its_turn_is_settled_in_postgres_leaves_not
 #[tokio::test]
 async fn a_client_that_hangs_up_while_its_allotted_turn_is_written_leaves_nothing_held() {
     hang_up_while_settling(Reserving::FromAllotments).await;
+}
+
+/// A non-streamed turn's client hangs up once the upstream has read its input and begun
+/// answering (its first event came through the turn): the row ends `client_disconnected`,
+/// billed the price of its input alone, not of the output generated before the cut, which
+/// its client never received; the balance lost exactly that, once. A turn whose client waits
+/// for its answer is then told what its row bills.
+async fn hang_up_while_answered(reserving: Reserving) {
+    let pg = PostgresServer::start().await;
+    let cluster = pod(&pg, reserving).await;
+    let gw = &cluster.pods[0];
+    let key = gw.new_key(CREDITS, &KeySpec::tier("enterprise")).await;
+    let id = &key.account_id;
+    let haiku = [("model", "svc/haiku")];
+
+    let client = turn_to_hang_up(gw, &key.secret);
+    e2e::poll_until(
+        "the upstream to begin the turn's answer",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || async {
+            let first = gw
+                .metrics()
+                .await
+                .get("gateway_time_to_first_token_seconds_count", &haiku);
+            (first.unwrap_or(0.0) >= 1.0).then_some(())
+        },
+    )
+    .await;
+    // Some output generated too, most likely (a chunk every 100 ms); nothing is asserted of
+    // how much, only that none of it is billed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client.abort();
+    let _ = client.await;
+
+    let (status, billed) = books(gw, &pg, id).await;
+    let usage = pg
+        .query(&format!(
+            "SELECT input_tokens, cache_read_input_tokens + cache_creation_input_tokens, output_tokens \
+             FROM message_rows WHERE account_id = '{id}'"
+        ))
+        .await;
+    let tokens: Vec<u64> = usage
+        .split('|')
+        .map(|n| n.trim().parse().expect("a token count"))
+        .collect();
+    let [input, cached, output] = tokens[..] else {
+        panic!("one row's usage, found {usage:?}");
+    };
+    assert_eq!(status, "client_disconnected", "{reserving:?}");
+    assert!(input > 0, "{reserving:?}: the row names the input it bills");
+    assert_eq!(
+        cached, 0,
+        "{reserving:?}: the simulated upstream caches nothing"
+    );
+    let price = RoutePrice::of("svc/haiku");
+    assert_eq!(
+        billed,
+        price.credits(input, 0),
+        "{reserving:?}: billed its {input} input tokens, none of the {output} output tokens it never received"
+    );
+
+    // A turn waited for is told its row's bill, and that is all else the balance lost.
+    let answer = gw
+        .post_messages(&key.secret, &message("svc/haiku", "hello", 16))
+        .await
+        .expect_ok();
+    let told = answer["usage"]["credits_consumed"]
+        .as_u64()
+        .expect("credits_consumed");
+    let row = e2e::poll_until(
+        "the answered turn's row",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            let row = pg
+                .query(&format!(
+                    "SELECT status, billed FROM message_rows \
+                     WHERE account_id = '{id}' AND status <> 'client_disconnected'"
+                ))
+                .await;
+            row.starts_with("completed|").then_some(row)
+        },
+    )
+    .await;
+    assert_eq!(row, format!("completed|{told}"), "{reserving:?}");
+    assert!(told > 0);
+    let balance = gw.admin_account(id).await["balance"]
+        .as_u64()
+        .expect("balance");
+    assert_eq!(CREDITS - balance, billed + told, "{reserving:?}");
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_on_a_json_turn_being_answered_pays_its_input_not_the_answer() {
+    hang_up_while_answered(Reserving::TurnByTurn).await;
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_on_an_allotted_json_turn_being_answered_pays_its_input_not_the_answer(
+) {
+    hang_up_while_answered(Reserving::FromAllotments).await;
 }

@@ -57,6 +57,9 @@ pub fn router(state: AppState, token: &str) -> Router {
         .route("/admin/audit", get(audit::list))
         .route_layer(from_fn_with_state(admin.clone(), require_token))
         .layer(Extension(BodyCap::ADMIN))
+        // The admin port is the operator's, never exposed outside: its bodies count as one
+        // owner's, not in the small share of anonymous clients' bodies a webhook flood fills.
+        .layer(Extension(budget::BudgetOwner::admin()))
         .layer(axum::middleware::from_fn(budget::hold))
         // Probes and the scrape need no token: the admin port is never exposed outside.
         .merge(scrape_and_probes())

@@ -17,8 +17,9 @@ pub mod storage;
 pub mod usage;
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::{DefaultBodyLimit, FromRef, Request};
 use axum::http::HeaderValue;
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
@@ -28,6 +29,7 @@ use tower::{Service, ServiceBuilder};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
+use crate::client_address::TrustedProxies;
 use crate::edge::body_reader::{BodyCap, BodyDeadline};
 use crate::edge::{
     authenticate, budget, pre_admission, rate_limit_headers, request_telemetry, webhooks,
@@ -63,6 +65,7 @@ impl<S> HttpService for S where
 /// a chain of boxes at each layer it passed (127 of a proxied turn's 524 allocations,
 /// docs/benchmarks.md).
 pub fn service(state: AppState, deadline: BodyDeadline) -> impl HttpService {
+    let proxies = Arc::<TrustedProxies>::from_ref(&state);
     let routes = Router::new()
         .nest_service("/v1", v1(state.clone()))
         .merge(dashboard::router().layer(Extension(BodyCap::FORM)))
@@ -87,6 +90,7 @@ pub fn service(state: AppState, deadline: BodyDeadline) -> impl HttpService {
         .layer(axum::middleware::from_fn(header_limit))
         .layer(axum::middleware::from_fn(no_nul_in_url))
         .layer(axum::middleware::from_fn(budget::hold))
+        .layer(from_fn_with_state(proxies, budget::address))
         // Every body is read by `edge::body_reader`; should one of axum's own extractors ever
         // read one, it gets the smallest cap.
         .layer(DefaultBodyLimit::max(BodyCap::FORM.0))

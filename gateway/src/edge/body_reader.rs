@@ -5,6 +5,7 @@
 //! body unread); a whole body then holds the budget its parsed form needs. No surface reads a
 //! body any other way.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::body::{Body, BodyDataStream, HttpBody};
@@ -15,6 +16,7 @@ use thiserror::Error;
 use tokio::time::Instant;
 
 use super::budget::{BudgetError, BudgetOwner, Held, Reservation};
+use crate::client_address::ClientAddress;
 
 /// The largest body a surface accepts; set per surface as a request extension. Where none is
 /// set, the smallest ([`BodyCap::FORM`]) applies.
@@ -162,6 +164,8 @@ struct Bounds {
     deadline: BodyDeadline,
     held: Option<Held>,
     owner: Option<BudgetOwner>,
+    /// The client's address, which a body with no owner is counted by.
+    address: Option<IpAddr>,
 }
 
 impl Bounds {
@@ -181,6 +185,10 @@ impl Bounds {
             deadline: BodyDeadline::of(req),
             held: req.extensions().get::<Held>().cloned(),
             owner: req.extensions().get::<BudgetOwner>().cloned(),
+            address: req
+                .extensions()
+                .get::<ClientAddress>()
+                .and_then(|address| address.0),
         }
     }
 
@@ -216,17 +224,21 @@ impl Bounds {
         if let Err(e) = self.check_declared() {
             return refuse(stream, e).await;
         }
-        let mut reservation = match self.declared {
-            Some(n) => match Reservation::for_body(self.owner.clone(), n).await {
-                Ok(reservation) => reservation,
-                Err(e) => return refuse(stream, e.into()).await,
-            },
-            None => Reservation::of(self.owner.clone()),
+        let cut_at = |received| {
+            let idle_until = Instant::now() + self.deadline.idle;
+            self.deadline.until(started, received).min(idle_until)
         };
+        let mut reservation =
+            Reservation::of_client(self.owner.clone(), self.address).reading(cut_at(0));
+        if let Some(n) = self.declared {
+            if let Err(e) = reservation.grow_to(n).await {
+                return refuse(stream, e.into()).await;
+            }
+        }
         let mut bytes = Vec::with_capacity(self.declared.unwrap_or(0));
         loop {
-            let idle_until = Instant::now() + self.deadline.idle;
-            let until = self.deadline.until(started, bytes.len()).min(idle_until);
+            let until = cut_at(bytes.len());
+            reservation.read_until(until);
             let Ok(next) = tokio::time::timeout_at(until, stream.next()).await else {
                 return Err(BodyError::Timeout);
             };
@@ -242,6 +254,7 @@ impl Bounds {
             }
             bytes.extend_from_slice(&chunk);
         }
+        reservation.read();
         // Only now is the body's shape known: many small values parse to far more memory
         // than their bytes.
         if shape == Shape::Parsed {

@@ -16,7 +16,7 @@ use crate::api::message_batches::error::BatchError;
 use crate::api::storage::error::StorageError;
 use crate::dashboard::error::DashboardError;
 use crate::edge::body_reader::BodyError;
-use crate::edge::budget::{self, BudgetError};
+use crate::edge::budget::BudgetError;
 use gateway_core::auth::AuthError;
 use gateway_core::cpu::JobFailed;
 use gateway_core::limits::{LimitError, Snapshot};
@@ -275,13 +275,14 @@ impl IntoResponse for ApiError {
 impl From<BodyError> for ApiError {
     fn from(e: BodyError) -> Self {
         match e {
-            BodyError::TooLarge { .. } | BodyError::Budget(BudgetError::TooLarge { .. }) => {
-                Self::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    ErrorType::RequestTooLarge,
-                    e.to_string(),
-                )
-            }
+            BodyError::TooLarge { .. }
+            | BodyError::Budget(
+                BudgetError::TooLarge { .. } | BudgetError::TooLargeForOne { .. },
+            ) => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorType::RequestTooLarge,
+                e.to_string(),
+            ),
             // hyper then closes the connection, since the rest of the body was never read.
             BodyError::Timeout => Self::new(
                 StatusCode::REQUEST_TIMEOUT,
@@ -289,12 +290,9 @@ impl From<BodyError> for ApiError {
                 e.to_string(),
             ),
             BodyError::Unreadable => Self::invalid(e.to_string()),
-            BodyError::Budget(BudgetError::Busy) => Self {
-                retry_after_secs: Some(budget::RETRY_AFTER_SECS),
-                ..Self::unavailable(format!(
-                    "{e}; retry after {} second(s)",
-                    budget::RETRY_AFTER_SECS
-                ))
+            BodyError::Budget(BudgetError::Busy { retry_after_secs }) => Self {
+                retry_after_secs: Some(retry_after_secs),
+                ..Self::unavailable(e.to_string())
             },
         }
     }
