@@ -540,6 +540,19 @@ impl Installed {
     }
 }
 
+/// A client opening a new connection to the ingress for each turn: the harness's nginx follows
+/// the endpoints by reloading, and a reload closes its old worker's idle client connections,
+/// so a turn sent on one at that instant would fail on the client's hop before any gateway
+/// sees it (the race every HTTP client meets at an nginx reload, which the SDKs retry).
+fn fresh_connections() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(90))
+        .build()
+        .expect("a client")
+}
+
 /// Each pod's name, address, whether it is being deleted, and its Ready condition since when:
 /// what a failure about the Service's endpoints needs to show.
 fn readiness(pods: &[Value]) -> String {
@@ -1135,17 +1148,9 @@ async fn helm_upgrade_with_a_changed_value_rolls_the_pods_while_turns_and_stream
     chart.grant(&before, &key, (6_000, 10_000_000, 200)).await;
     let nginx = chart.ingress(&before).await;
     let ingress = nginx.url("");
-    // A new connection to the ingress for each turn: this nginx follows the endpoints by
-    // reloading, and a reload closes its old worker's idle client connections, so a turn sent
-    // on one at that instant fails on the client's hop before any gateway sees it (the race
-    // every HTTP client meets at an nginx reload, which the SDKs retry). ingress-nginx follows
-    // endpoints without a reload; what this test checks is the gateway pods' roll.
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs(90))
-        .build()
-        .expect("a client");
+    // ingress-nginx follows endpoints without a reload; what this test checks is the gateway
+    // pods' roll.
+    let http = fresh_connections();
 
     let rolling = AtomicBool::new(true);
     let served = AtomicUsize::new(0);
@@ -1583,14 +1588,7 @@ async fn the_operator_scales_the_deployment_up_from_the_gateways_open_streams_an
     chart.grant(&before, &key, (600, 1_000_000, 50)).await;
     let nginx = chart.ingress(&before).await;
     let mut followed = before.clone();
-    // A new connection for each turn, as in the upgrade journey (this nginx follows the
-    // endpoints by reloading).
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs(90))
-        .build()
-        .expect("a client");
+    let http = fresh_connections();
 
     let mut body = e2e::message("svc/haiku", "hold on", 256);
     body["stream"] = json!(true);
@@ -1886,12 +1884,7 @@ async fn kubectl_drain_of_the_node_moves_the_gateway_pods_to_another_refusing_no
     chart.grant(&before, &key, (6_000, 10_000_000, 200)).await;
     let nginx = chart.ingress(&before).await;
     let mut followed = before.clone();
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs(90))
-        .build()
-        .expect("a client");
+    let http = fresh_connections();
     let stop = AtomicBool::new(false);
     let ingress = nginx.url("");
     let load = clients_until(&http, &ingress, &key.secret, DRAIN_CLIENTS, &stop);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use e2e::gateway::{gateway_bin, unique_name, workspace_root};
 use e2e::podman::{self, Container};
-use e2e::{message, Gateway, ENTERPRISE_KEY};
+use e2e::{message, Gateway, GatewayBuilder, ENTERPRISE_KEY};
 use tokio::process::Command;
 
 /// An empty folder of its own, removed on drop.
@@ -26,6 +26,14 @@ impl Drop for EmptyDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// `gateway standalone` as a first-time user runs it: no flag but its ports.
+fn first_run() -> GatewayBuilder {
+    Gateway::builder()
+        .built_in_manifests()
+        .without_admin_token()
+        .without_dev_key()
 }
 
 /// Runs the gateway binary in `dir` with `args` to its exit: code, stdout, stderr.
@@ -55,13 +63,7 @@ async fn run_in(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String, S
 async fn standalone_run_from_an_empty_folder_with_no_flags_but_its_ports_serves_a_turn_on_the_built_in_manifests(
 ) {
     let dir = EmptyDir::new();
-    let gw = Gateway::builder()
-        .built_in_manifests()
-        .without_admin_token()
-        .without_dev_key()
-        .working_dir(&dir.0)
-        .start()
-        .await;
+    let gw = first_run().working_dir(&dir.0).start().await;
     // The key generated on the ready line, with the dev account's credits.
     let reply = gw
         .post_messages(&gw.key, &message("svc/haiku", "hi", 16))
@@ -161,13 +163,7 @@ async fn the_image_runs_standalone_with_nothing_mounted_and_serves_a_turn() {
         return;
     }
     let (_container, launcher) = Container::run_command(&[], &[], None);
-    let gw = Gateway::builder()
-        .built_in_manifests()
-        .without_admin_token()
-        .without_dev_key()
-        .launched_by(launcher)
-        .start()
-        .await;
+    let gw = first_run().launched_by(launcher).start().await;
     let reply = gw
         .post_messages(&gw.key, &message("svc/haiku", "hi", 16))
         .await

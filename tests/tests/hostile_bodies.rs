@@ -383,30 +383,18 @@ async fn one_accounts_stalled_bodies_never_keep_another_accounts_large_body_out(
     });
     assert_eq!(refused.count(), 4, "four refused, one held");
     let other = gw.new_key(1_000_000, &KeySpec::tier("enterprise")).await;
-    let request = gw
-        .request(
-            reqwest::Method::POST,
-            "/v1/messages/count_tokens",
-            Some(&other.secret),
-        )
-        .header("content-type", "application/json")
-        .body(count_body_of(3 * MIB, "hello world "));
-    let tokens = tokio::time::timeout(NO_HANG, gw.send(request))
-        .await
-        .expect("the other account's body waited")
-        .expect_ok()["input_tokens"]
-        .as_u64();
-    assert!(tokens.is_some_and(|t| t > 0));
+    let tokens = input_tokens(&gw, &other.secret, count_body_of(3 * MIB, "hello world ")).await;
+    assert!(tokens > 0, "the other account's body was counted");
     drop(stalled);
 }
 
-/// The input tokens count_tokens finds in `body`.
-async fn input_tokens(gw: &Gateway, body: Vec<u8>) -> u64 {
+/// The input tokens count_tokens finds in `body`, asked with `key`.
+async fn input_tokens(gw: &Gateway, key: &str, body: Vec<u8>) -> u64 {
     let request = gw
         .request(
             reqwest::Method::POST,
             "/v1/messages/count_tokens",
-            Some(&gw.key),
+            Some(key),
         )
         .header("content-type", "application/json")
         .body(body);
@@ -422,12 +410,12 @@ async fn input_tokens(gw: &Gateway, body: Vec<u8>) -> u64 {
 async fn counting_a_15_mib_word_costs_memory_and_cpu_in_proportion_to_its_size() {
     let gw = Gateway::builder().dev_enterprise().start().await;
     let started = gw.cpu_time();
-    let spaced_tokens = input_tokens(&gw, count_body_of(15 * MIB, "hello ")).await;
+    let spaced_tokens = input_tokens(&gw, &gw.key, count_body_of(15 * MIB, "hello ")).await;
     let spaced_cpu = gw.cpu_time() - started;
 
     let before = gw.peak_rss();
     let started = gw.cpu_time();
-    let word_tokens = input_tokens(&gw, count_body_of(15 * MIB, "a")).await;
+    let word_tokens = input_tokens(&gw, &gw.key, count_body_of(15 * MIB, "a")).await;
     let word_cpu = gw.cpu_time() - started;
     let grown = gw.peak_rss().saturating_sub(before);
     eprintln!(
@@ -801,20 +789,8 @@ async fn anonymous_bodies_held_open_keep_out_neither_another_address_nor_an_acco
     let account = gw
         .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
         .await;
-    let request = gw
-        .request(
-            reqwest::Method::POST,
-            "/v1/messages/count_tokens",
-            Some(&account.secret),
-        )
-        .header("content-type", "application/json")
-        .body(count_body_of(6 * MIB, "hello world "));
-    let tokens = tokio::time::timeout(NO_HANG, gw.send(request))
-        .await
-        .expect("the account's body waited")
-        .expect_ok()["input_tokens"]
-        .as_u64();
-    assert!(tokens.is_some_and(|t| t > 0));
+    let tokens = input_tokens(&gw, &account.secret, count_body_of(6 * MIB, "hello world ")).await;
+    assert!(tokens > 0, "the account's body was counted");
     drop((one, many));
 }
 
