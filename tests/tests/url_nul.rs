@@ -2,10 +2,12 @@
 //! would store, is the request's fault: a 400 in the envelope before any store is asked or any
 //! turn run, standalone and `serve` on Postgres (which refuses the byte in text and jsonb, an
 //! error that read as an outage: 503 "retry with backoff", after the turn was billed). An
-//! upstream's output holding one is stored with U+FFFD in its place.
+//! upstream's output holding one is stored with U+FFFD in its place. The same for a batch's
+//! metadata and the dashboard's form fields.
 
 use e2e::cluster::ManifestDir;
 use e2e::upstream::{MockUpstream, Reply, UpstreamDef};
+use e2e::visitor::{new_email, Visitor};
 use e2e::*;
 use serde_json::{json, Value};
 
@@ -129,4 +131,68 @@ async fn in_postgres_an_output_holding_a_nul_is_stored_with_a_replacement_charac
         .await
         .expect_ok();
     assert_eq!(text(&stored), "before\u{FFFD}after", "{stored}");
+}
+
+/// A batch's metadata holding U+0000 is a 400 naming it (was 503 "retry with backoff" on
+/// Postgres, which keeps no NUL in jsonb); nothing is created.
+#[tokio::test]
+async fn in_postgres_a_nul_in_a_batchs_metadata_is_a_400_and_no_batch_is_created() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
+    let gw = &cluster.pods[0];
+    let key = gw.new_key(1_000_000, &KeySpec::tier("pay_as_you_go")).await;
+    let line = json!({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "svc/haiku", "max_tokens": 8,
+                 "messages": [{"role": "user", "content": "hi"}]}});
+    let boundary = "url-nul-boundary";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{line}\r\n--{boundary}--\r\n"
+    );
+    let upload = gw
+        .request(reqwest::Method::POST, "/v1/files", Some(&key.secret))
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body);
+    let file = gw.send(upload).await.expect_ok()["id"].clone();
+    for metadata in [json!({"k": "a\u{0}b"}), json!({"a\u{0}b": "v"})] {
+        let create = json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
+            "completion_window": "24h", "metadata": metadata});
+        let message = gw
+            .post_json("/v1/batches", &key.secret, &create)
+            .await
+            .expect_error(400, "invalid_request_error");
+        assert!(message.contains("NUL"), "{metadata}: {message}");
+    }
+    let listed = gw.get("/v1/batches", &key.secret).await.expect_ok();
+    assert_eq!(
+        listed["data"],
+        json!([]),
+        "a refused batch was created: {listed}"
+    );
+}
+
+/// A dashboard form field holding U+0000 is a 400 page saying so (was a 503 "something went
+/// wrong" on Postgres, which keeps no NUL in text); nothing is kept.
+#[tokio::test]
+async fn in_postgres_a_nul_in_a_dashboard_form_is_a_400_and_nothing_is_kept() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
+    let gw = &cluster.pods[0];
+    let mut visitor = Visitor::new(gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (status, page) = visitor.create_key("my\u{0}key").await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("NUL"), "{page}");
+    let (status, page) = visitor.create_key("my key").await;
+    assert_eq!(status, 200, "the same form without the NUL: {page}");
+    let (_, keys) = visitor.get("/developers/keys").await;
+    assert!(keys.contains("my key"), "{keys}");
+    assert!(
+        !keys.contains("my\u{FFFD}key") && !keys.contains("mykey"),
+        "{keys}"
+    );
 }

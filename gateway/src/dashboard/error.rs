@@ -17,6 +17,10 @@ pub enum DashboardError {
     Csrf,
     #[error("the form could not be read; reload the page and try again")]
     BadForm,
+    /// Postgres keeps no U+0000 in text: refused before any store is asked (it read as an
+    /// outage, a 503, when the store refused it).
+    #[error("a field holds U+0000 (NUL), which cannot be kept; remove it and try again")]
+    NulInForm,
     /// Too large, too slow, or past the memory budget.
     #[error(transparent)]
     Body(#[from] BodyError),

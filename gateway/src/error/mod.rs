@@ -615,7 +615,7 @@ impl From<DashboardError> for ApiError {
                 ErrorType::PermissionError,
                 e.to_string(),
             ),
-            DashboardError::BadForm => Self::invalid(e.to_string()),
+            DashboardError::BadForm | DashboardError::NulInForm => Self::invalid(e.to_string()),
             DashboardError::Body(inner) => inner.into(),
             DashboardError::NotFound => Self::not_found(e.to_string()),
             DashboardError::PasswordHash => {

@@ -197,6 +197,12 @@ fn check_metadata(metadata: Option<&Map<String, Value>>) -> Result<(), ApiError>
         )));
     }
     for (key, value) in metadata {
+        // Postgres keeps no U+0000 in jsonb: refused here, not a 503 from the store.
+        if key.contains('\0') || value.as_str().is_some_and(|v| v.contains('\0')) {
+            return Err(ApiError::invalid(
+                "metadata: a key or value holds U+0000 (NUL), which cannot be stored",
+            ));
+        }
         let fits = key.chars().count() <= METADATA_KEY
             && value
                 .as_str()
