@@ -1,8 +1,9 @@
 //! Real upstreams behind both endpoints: every model routed to the mock upstream through the
 //! `anthropic` or the `openai` adapter, each endpoint in JSON and in SSE; tool calls streamed
 //! whole, tool results and images in the upstream's format, thinking with its signature, cache
-//! tokens in usage, the client's beta features for an Anthropic upstream only, and no provider
-//! name, upstream model or upstream key in any response.
+//! tokens in usage, the client's beta features for an Anthropic upstream only, no provider
+//! name, upstream model or upstream key in any response, and an empty reply as one empty
+//! text block.
 
 use e2e::sse::{assemble_chat_stream, assemble_message_stream};
 use e2e::upstream::{UPSTREAM_API_KEY, UPSTREAM_MODEL};
@@ -189,6 +190,86 @@ async fn a_streamed_tool_call_arrives_whole_with_stop_reason_tool_use_and_no_emp
         assert_eq!(name, "get_weather");
         assert_eq!(serde_json::from_str::<Value>(arguments).unwrap(), input);
         assert_eq!(chunks.finish_reason.as_deref(), Some("tool_calls"));
+    }
+}
+
+/// The content of an empty answer, as the Messages API gives it.
+fn one_empty_text_block() -> Value {
+    json!([{"type": "text", "text": ""}])
+}
+
+#[tokio::test]
+async fn an_empty_upstream_reply_is_one_empty_text_block_in_json_and_in_the_stream_billed_as_reported(
+) {
+    // An empty text block (as the Messages API streams an empty answer, and as a chat
+    // upstream opens every answer) and no block at all; each billed its own usage:
+    // Sonnet at $3 in and $15 out per MTok, 100,000 credits per USD, rounded up once.
+    let replies = [
+        ("an empty text block", Reply::text(""), 9, 20),
+        ("no block", Reply::empty(), 0, 7),
+    ];
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        for (what, reply, output_tokens, credits) in &replies {
+            rig.mock.push((0..5).map(|_| reply.clone()));
+            let case = format!("{adapter:?}, {what}");
+
+            let json = rig
+                .gw
+                .post_messages(&rig.gw.key, &message("svc/sonnet", "Say nothing.", 100))
+                .await
+                .expect_ok();
+            assert_eq!(json["content"], one_empty_text_block(), "{case}: {json}");
+            assert_eq!(json["stop_reason"], "end_turn", "{case}");
+            assert_eq!(json["usage"]["output_tokens"], *output_tokens, "{case}");
+            assert_eq!(credits_of(&json), *credits, "{case}: {json}");
+
+            let stream = rig
+                .message_stream(&message_stream("svc/sonnet", "Say nothing.", 100))
+                .await;
+            assert_eq!(stream.blocks.len(), 1, "{case}: {:?}", stream.blocks);
+            assert_eq!(stream.blocks[0].start, one_empty_text_block()[0], "{case}");
+            assert_eq!(stream.text(), "", "{case}");
+            assert_eq!(stream.usage["output_tokens"], *output_tokens, "{case}");
+            assert_eq!(stream.credits(), *credits, "{case}");
+
+            // Chat Completions answers an empty string, as it always did.
+            let chat = rig
+                .gw
+                .chat(
+                    &rig.gw.key,
+                    &chat_body("svc/sonnet", "Say nothing.", Some(100)),
+                )
+                .await
+                .expect_ok();
+            assert_eq!(chat["choices"][0]["message"]["content"], "", "{case}");
+            let chunks = rig
+                .chat_stream(&chat_stream_body("svc/sonnet", "Say nothing.", Some(100)))
+                .await;
+            assert_eq!(chunks.content, "", "{case}");
+            assert_eq!(chunks.finish_reason.as_deref(), Some("stop"), "{case}");
+
+            // The Responses API answers one message with an empty output_text.
+            let response = rig
+                .gw
+                .post_json(
+                    "/v1/responses",
+                    &rig.gw.key,
+                    &json!({"model": "svc/sonnet", "input": "Say nothing."}),
+                )
+                .await
+                .expect_ok();
+            let output = &response["output"];
+            assert_eq!(
+                output.as_array().map(Vec::len),
+                Some(1),
+                "{case}: {response}"
+            );
+            assert_eq!(output[0]["type"], "message", "{case}");
+            assert_eq!(output[0]["content"][0]["type"], "output_text", "{case}");
+            assert_eq!(output[0]["content"][0]["text"], "", "{case}");
+        }
+        assert_eq!(rig.mock.request_count(), 10, "{adapter:?}");
     }
 }
 
