@@ -2,8 +2,8 @@
 //! `anthropic` or the `openai` adapter, each endpoint in JSON and in SSE; tool calls streamed
 //! whole, tool results and images in the upstream's format, thinking with its signature, cache
 //! tokens in usage, the client's beta features for an Anthropic upstream only, no provider
-//! name, upstream model or upstream key in any response, and an empty reply as one empty
-//! text block.
+//! name, upstream model or upstream key in any response, an empty reply as one empty text
+//! block, and the spec's default temperature sent where the upstream's default may differ.
 
 use e2e::sse::{assemble_chat_stream, assemble_message_stream};
 use e2e::upstream::{UPSTREAM_API_KEY, UPSTREAM_MODEL};
@@ -482,6 +482,56 @@ async fn chat_reasoning_effort_is_a_thinking_budget_on_opus_and_left_out_on_mode
         .await
         .expect_ok();
     assert_eq!(rig.mock.last_body().get("thinking"), None);
+}
+
+#[tokio::test]
+async fn an_omitted_temperature_reaches_a_chat_upstream_as_the_specs_1_and_an_anthropic_upstream_as_omitted(
+) {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        // The spec's default: sent where the upstream's own default may differ.
+        let default = match adapter {
+            Adapter::Anthropic => Value::Null,
+            Adapter::OpenAi => json!(1.0),
+        };
+        let mut top_p_only = message("svc/sonnet", "hi", 50);
+        top_p_only["top_p"] = json!(0.9);
+        let mut explicit = message("svc/sonnet", "hi", 50);
+        explicit["temperature"] = json!(0.3);
+        let mut explicit_zero = chat_body("svc/sonnet", "hi", Some(50));
+        explicit_zero["temperature"] = json!(0);
+        let mut thinking = message("svc/opus", "hi", 4000);
+        thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+        let cases = [
+            (
+                "/v1/messages",
+                message("svc/sonnet", "hi", 50),
+                default.clone(),
+            ),
+            ("/v1/messages", top_p_only, default.clone()),
+            (
+                "/v1/chat/completions",
+                chat_body("svc/sonnet", "hi", Some(50)),
+                default.clone(),
+            ),
+            (
+                "/v1/responses",
+                json!({"model": "svc/sonnet", "input": "hi"}),
+                default.clone(),
+            ),
+            ("/v1/messages", explicit, json!(0.3)),
+            ("/v1/chat/completions", explicit_zero, json!(0.0)),
+            // A thinking model's server keeps the sampling it is tuned for while thinking.
+            ("/v1/messages", thinking, Value::Null),
+        ];
+        let count = cases.len();
+        for (path, body, sent) in cases {
+            rig.gw.post_json(path, &rig.gw.key, &body).await.expect_ok();
+            let upstream = rig.mock.last_body();
+            assert_eq!(upstream["temperature"], sent, "{adapter:?} {path}: {body}");
+        }
+        assert_eq!(rig.mock.request_count(), count, "{adapter:?}");
+    }
 }
 
 /// A 1x1 transparent PNG.
