@@ -634,7 +634,10 @@ fn needs(request: &Request, requested: &Model, input_tokens: u32, open_max_token
 
 /// Passes the provider's events through, settles on the last one, renews its stream slot
 /// while it runs, and ends the turn, telling its bill, when the shutdown grace period runs
-/// out.
+/// out. A turn that finishes without any block (an empty reply: the adapters drop empty text
+/// blocks, and an upstream may stream none) gets one empty text block before its end, since
+/// the Messages API answers at least one block and clients read `content[0]`; it carries no
+/// text, so the bill is unchanged.
 fn metered(
     state: Turns,
     mut upstream: EventStream,
@@ -647,6 +650,7 @@ fn metered(
         .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
     async_stream::stream! {
         let mut renewal = renewal;
+        let mut any_block = false;
         loop {
             let next = tokio::select! {
                 biased;
@@ -664,6 +668,11 @@ fn metered(
             };
             match next {
                 Some(Ok(ProviderEvent::Finish { stop_reason, stop_sequence, usage })) => {
+                    if !any_block {
+                        for event in empty_text_block() {
+                            yield TurnEvent::Provider(event);
+                        }
+                    }
                     let usage = meter.with_unsent(usage);
                     let credits = meter.settle(MessageStatus::Completed, Some((usage, stop_reason))).await;
                     yield TurnEvent::Finished {
@@ -674,6 +683,7 @@ fn metered(
                     return;
                 }
                 Some(Ok(event)) => {
+                    any_block |= matches!(event, ProviderEvent::BlockStart { .. });
                     meter.observe(&event);
                     yield TurnEvent::Provider(event);
                 }
@@ -692,6 +702,20 @@ fn metered(
             }
         }
     }
+}
+
+/// The content of an empty reply: one empty text block at index 0, as the Messages API
+/// streams an empty text answer.
+fn empty_text_block() -> [ProviderEvent; 2] {
+    [
+        ProviderEvent::BlockStart {
+            index: 0,
+            block: OutputBlock::Text {
+                text: String::new(),
+            },
+        },
+        ProviderEvent::BlockStop { index: 0 },
+    ]
 }
 
 /// The next renewal tick; never, for limiters whose stream slots do not expire.

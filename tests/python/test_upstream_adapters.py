@@ -63,6 +63,22 @@ def test_the_anthropic_sdk_streams_a_tool_call_then_the_answer_through_each_adap
         assert sent["messages"][2] == {"role": "tool", "tool_call_id": call.id, "content": "sunny"}
 
 
+def test_the_anthropic_sdk_reads_an_empty_reply_as_one_empty_text_block_through_each_adapter(routed):
+    _adapter, url, mock = routed
+    mock.push([], [])  # replies with no block at all
+    messages = [{"role": "user", "content": "Say nothing."}]
+    with anthropic.Anthropic(base_url=url, api_key=DEV_KEY, max_retries=0, timeout=30) as client:
+        answer = client.messages.create(model=MODEL, max_tokens=50, messages=messages)
+        with client.messages.stream(model=MODEL, max_tokens=50, messages=messages) as stream:
+            text = "".join(stream.text_stream)
+            streamed = stream.get_final_message()
+    for message in (answer, streamed):
+        assert [(b.type, b.text) for b in message.content] == [("text", "")]
+        assert message.content[0].text == ""
+        assert message.stop_reason == "end_turn"
+    assert text == ""
+
+
 def test_the_openai_sdk_streams_a_tool_call_then_the_answer_through_each_adapter(routed):
     adapter, url, mock = routed
     mock.push([("tool", "get_weather", TOOL_INPUT)], [("text", ANSWER)])

@@ -101,6 +101,20 @@ impl Reply {
         }
     }
 
+    /// A reply with no content at all: no block in the Anthropic format, no content beyond
+    /// the opening empty string in the OpenAI one; its usage counts no output.
+    pub fn empty() -> Reply {
+        Reply {
+            blocks: Vec::new(),
+            usage: MockUsage {
+                input: 21,
+                output: 0,
+                ..MockUsage::default()
+            },
+            ..Reply::text("")
+        }
+    }
+
     /// A reply that ends in a call of `name` with `input`.
     pub fn tool_call(name: &str, input: Value) -> Reply {
         Reply {

@@ -137,6 +137,36 @@ async fn a_stop_sequence_cuts_the_reply_with_stop_reason_stop_sequence() {
     assert_eq!(stream.text(), text);
 }
 
+#[tokio::test]
+async fn a_simulated_reply_with_no_content_is_one_empty_text_block_in_json_and_in_the_stream() {
+    let gw = Gateway::start().await;
+    // A forced tool call that max_tokens leaves no room for: no block at all. A stop sequence
+    // at the reply's first word: an empty text block.
+    let mut no_room = tool_request("svc/sonnet", false);
+    no_room["max_tokens"] = json!(1);
+    let mut stopped_at_once = message("svc/haiku", "hi", 100);
+    stopped_at_once["stop_sequences"] = json!(["This"]);
+    for (body, stop_reason) in [(no_room, "max_tokens"), (stopped_at_once, "stop_sequence")] {
+        let json_reply = gw.post_messages(&gw.key, &body).await.expect_ok();
+        assert_eq!(
+            json_reply["content"],
+            json!([{"type": "text", "text": ""}]),
+            "{json_reply}"
+        );
+        assert_eq!(json_reply["stop_reason"], stop_reason);
+        assert_eq!(json_reply["usage"]["output_tokens"], 0, "{json_reply}");
+
+        let mut body = body;
+        body["stream"] = json!(true);
+        let stream = stream_message(&gw, &gw.key, &body).await;
+        assert_eq!(stream.blocks.len(), 1, "{:?}", stream.blocks);
+        assert_eq!(stream.blocks[0].start, json!({"type": "text", "text": ""}));
+        assert_eq!(stream.text(), "");
+        assert_eq!(stream.delta["stop_reason"], stop_reason);
+        assert_eq!(stream.usage["output_tokens"], 0);
+    }
+}
+
 fn tool_request(model: &str, stream: bool) -> Value {
     let mut body = message(model, "what is the weather", 512);
     body["tools"] = json!([weather_tool()]);

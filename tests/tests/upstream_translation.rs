@@ -1,8 +1,9 @@
 //! Real upstreams behind both endpoints: every model routed to the mock upstream through the
 //! `anthropic` or the `openai` adapter, each endpoint in JSON and in SSE; tool calls streamed
 //! whole, tool results and images in the upstream's format, thinking with its signature, cache
-//! tokens in usage, the client's beta features for an Anthropic upstream only, and no provider
-//! name, upstream model or upstream key in any response.
+//! tokens in usage, the client's beta features for an Anthropic upstream only, no provider
+//! name, upstream model or upstream key in any response, an empty reply as one empty text
+//! block, and the spec's default temperature sent where the upstream's default may differ.
 
 use e2e::sse::{assemble_chat_stream, assemble_message_stream};
 use e2e::upstream::{UPSTREAM_API_KEY, UPSTREAM_MODEL};
@@ -189,6 +190,86 @@ async fn a_streamed_tool_call_arrives_whole_with_stop_reason_tool_use_and_no_emp
         assert_eq!(name, "get_weather");
         assert_eq!(serde_json::from_str::<Value>(arguments).unwrap(), input);
         assert_eq!(chunks.finish_reason.as_deref(), Some("tool_calls"));
+    }
+}
+
+/// The content of an empty answer, as the Messages API gives it.
+fn one_empty_text_block() -> Value {
+    json!([{"type": "text", "text": ""}])
+}
+
+#[tokio::test]
+async fn an_empty_upstream_reply_is_one_empty_text_block_in_json_and_in_the_stream_billed_as_reported(
+) {
+    // An empty text block (as the Messages API streams an empty answer, and as a chat
+    // upstream opens every answer) and no block at all; each billed its own usage:
+    // Sonnet at $3 in and $15 out per MTok, 100,000 credits per USD, rounded up once.
+    let replies = [
+        ("an empty text block", Reply::text(""), 9, 20),
+        ("no block", Reply::empty(), 0, 7),
+    ];
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        for (what, reply, output_tokens, credits) in &replies {
+            rig.mock.push((0..5).map(|_| reply.clone()));
+            let case = format!("{adapter:?}, {what}");
+
+            let json = rig
+                .gw
+                .post_messages(&rig.gw.key, &message("svc/sonnet", "Say nothing.", 100))
+                .await
+                .expect_ok();
+            assert_eq!(json["content"], one_empty_text_block(), "{case}: {json}");
+            assert_eq!(json["stop_reason"], "end_turn", "{case}");
+            assert_eq!(json["usage"]["output_tokens"], *output_tokens, "{case}");
+            assert_eq!(credits_of(&json), *credits, "{case}: {json}");
+
+            let stream = rig
+                .message_stream(&message_stream("svc/sonnet", "Say nothing.", 100))
+                .await;
+            assert_eq!(stream.blocks.len(), 1, "{case}: {:?}", stream.blocks);
+            assert_eq!(stream.blocks[0].start, one_empty_text_block()[0], "{case}");
+            assert_eq!(stream.text(), "", "{case}");
+            assert_eq!(stream.usage["output_tokens"], *output_tokens, "{case}");
+            assert_eq!(stream.credits(), *credits, "{case}");
+
+            // Chat Completions answers an empty string, as it always did.
+            let chat = rig
+                .gw
+                .chat(
+                    &rig.gw.key,
+                    &chat_body("svc/sonnet", "Say nothing.", Some(100)),
+                )
+                .await
+                .expect_ok();
+            assert_eq!(chat["choices"][0]["message"]["content"], "", "{case}");
+            let chunks = rig
+                .chat_stream(&chat_stream_body("svc/sonnet", "Say nothing.", Some(100)))
+                .await;
+            assert_eq!(chunks.content, "", "{case}");
+            assert_eq!(chunks.finish_reason.as_deref(), Some("stop"), "{case}");
+
+            // The Responses API answers one message with an empty output_text.
+            let response = rig
+                .gw
+                .post_json(
+                    "/v1/responses",
+                    &rig.gw.key,
+                    &json!({"model": "svc/sonnet", "input": "Say nothing."}),
+                )
+                .await
+                .expect_ok();
+            let output = &response["output"];
+            assert_eq!(
+                output.as_array().map(Vec::len),
+                Some(1),
+                "{case}: {response}"
+            );
+            assert_eq!(output[0]["type"], "message", "{case}");
+            assert_eq!(output[0]["content"][0]["type"], "output_text", "{case}");
+            assert_eq!(output[0]["content"][0]["text"], "", "{case}");
+        }
+        assert_eq!(rig.mock.request_count(), 10, "{adapter:?}");
     }
 }
 
@@ -401,6 +482,56 @@ async fn chat_reasoning_effort_is_a_thinking_budget_on_opus_and_left_out_on_mode
         .await
         .expect_ok();
     assert_eq!(rig.mock.last_body().get("thinking"), None);
+}
+
+#[tokio::test]
+async fn an_omitted_temperature_reaches_a_chat_upstream_as_the_specs_1_and_an_anthropic_upstream_as_omitted(
+) {
+    for adapter in ADAPTERS {
+        let rig = Rig::start(adapter).await;
+        // The spec's default: sent where the upstream's own default may differ.
+        let default = match adapter {
+            Adapter::Anthropic => Value::Null,
+            Adapter::OpenAi => json!(1.0),
+        };
+        let mut top_p_only = message("svc/sonnet", "hi", 50);
+        top_p_only["top_p"] = json!(0.9);
+        let mut explicit = message("svc/sonnet", "hi", 50);
+        explicit["temperature"] = json!(0.3);
+        let mut explicit_zero = chat_body("svc/sonnet", "hi", Some(50));
+        explicit_zero["temperature"] = json!(0);
+        let mut thinking = message("svc/opus", "hi", 4000);
+        thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+        let cases = [
+            (
+                "/v1/messages",
+                message("svc/sonnet", "hi", 50),
+                default.clone(),
+            ),
+            ("/v1/messages", top_p_only, default.clone()),
+            (
+                "/v1/chat/completions",
+                chat_body("svc/sonnet", "hi", Some(50)),
+                default.clone(),
+            ),
+            (
+                "/v1/responses",
+                json!({"model": "svc/sonnet", "input": "hi"}),
+                default.clone(),
+            ),
+            ("/v1/messages", explicit, json!(0.3)),
+            ("/v1/chat/completions", explicit_zero, json!(0.0)),
+            // A thinking model's server keeps the sampling it is tuned for while thinking.
+            ("/v1/messages", thinking, Value::Null),
+        ];
+        let count = cases.len();
+        for (path, body, sent) in cases {
+            rig.gw.post_json(path, &rig.gw.key, &body).await.expect_ok();
+            let upstream = rig.mock.last_body();
+            assert_eq!(upstream["temperature"], sent, "{adapter:?} {path}: {body}");
+        }
+        assert_eq!(rig.mock.request_count(), count, "{adapter:?}");
+    }
 }
 
 /// A 1x1 transparent PNG.

@@ -14,6 +14,9 @@ use serde_json::Value;
 
 pub use output::{BilledUsage, Delta, OutputBlock};
 
+/// The sampling temperature of a request that sets none, by the spec (and the Messages API).
+pub const DEFAULT_TEMPERATURE: f64 = 1.0;
+
 /// `Default` is an empty request; the translations fill every field, tests only theirs.
 #[derive(Clone, Debug, Default)]
 pub struct Request {

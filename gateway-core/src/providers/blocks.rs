@@ -1,7 +1,8 @@
 //! Content blocks as the client sees them, whatever the upstream streamed: each upstream block
 //! (keyed by the adapter) gets the next index of ours, a text block opens only with its first
 //! non-empty text (so no reply starts with an empty text block, a classic translation bug), and
-//! blocks we cannot show are left out without leaving a hole in the numbering.
+//! blocks we cannot show are left out without leaving a hole in the numbering. A reply left
+//! with no block at all is given one empty text block by the turn (`turn::metered`).
 
 use std::collections::HashMap;
 

@@ -11,7 +11,9 @@
 //! client wrote, except: the upstream's model name; no empty system list (the API rejects
 //! it, like the other empty lists, which serialization leaves out); and tool call ids made
 //! safe for it (`ids::tool_call_for_upstream`), call and result alike, since a
-//! chat-completions client may send back any form of id.
+//! chat-completions client may send back any form of id. An omitted `temperature` stays
+//! omitted: the API's default is the spec's (1), and sending it would break requests the API
+//! accepts without it (recent models refuse `temperature` together with `top_p`).
 
 use super::{
     CountTokensRequest, Delta, ImageSource, InputBlock, InputMessage, MessagesRequest,

@@ -18,7 +18,12 @@
 //! assistant turn's `tool_use` blocks become `tool_calls` with the input serialized as
 //! `arguments` (ids the upstream would refuse made safe, call and result alike:
 //! `ids::tool_call_for_upstream`); thinking blocks are not sent (the upstream cannot check
-//! their signatures); `tool_choice` any is `required`.
+//! their signatures); `tool_choice` any is `required`; a request without `temperature` is sent
+//! the spec's default of 1, since OpenAI-compatible servers default otherwise (vLLM takes the
+//! model's generation config, Ollama and llama.cpp 0.8) and a model would then answer
+//! differently by route (OpenAI's reasoning models accept 1, the only value they take), except
+//! while thinking, when a thinking model's server keeps the sampling it is tuned for, as the
+//! Responses endpoint does with a client's own values.
 //!
 //! Answers: thinking is not shown to a client; tool calls reach it with `call_` ids
 //! (`ids::openai_call`); `length` is `max_tokens`, and `tool_calls` (or any end after a tool
@@ -35,7 +40,7 @@ use super::{
 };
 use crate::conversation::{
     BilledUsage, Content, ImageSource, InputBlock, Message, Metadata, OutputBlock, Request, Role,
-    Thinking, Tool, ToolChoice,
+    Thinking, Tool, ToolChoice, DEFAULT_TEMPERATURE,
 };
 use crate::ids;
 use crate::validate::{Invalid, MIN_THINKING_BUDGET};
@@ -198,7 +203,11 @@ pub fn request_to_chat(req: &Request, model: &str) -> ChatRequest {
         messages,
         max_tokens: Some(req.max_tokens),
         max_completion_tokens: None,
-        temperature: req.temperature,
+        temperature: req.temperature.or_else(|| {
+            req.thinking_budget()
+                .is_none()
+                .then_some(DEFAULT_TEMPERATURE)
+        }),
         top_p: req.top_p,
         stop: (!req.stop_sequences.is_empty()).then(|| StringOr::Many(req.stop_sequences.clone())),
         stream: None,
@@ -641,14 +650,35 @@ mod tests {
     }
 
     #[test]
-    fn the_upstream_request_carries_only_what_the_canonical_request_sets() {
+    fn the_upstream_request_carries_only_what_the_canonical_request_sets_and_the_default_temperature(
+    ) {
         let req = canonical(json!({"model": "svc/gpt", "max_tokens": 10,
             "messages": [{"role": "user", "content": "hi"}]}));
         assert_eq!(
             upstream_json(&req),
-            json!({"model": "upstream-model", "max_tokens": 10,
+            json!({"model": "upstream-model", "max_tokens": 10, "temperature": 1.0,
                    "messages": [{"role": "user", "content": "hi"}]})
         );
+    }
+
+    #[test]
+    fn an_omitted_temperature_is_sent_as_the_specs_default_except_while_thinking() {
+        let req = canonical(json!({"model": "svc/gpt", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(upstream_json(&req)["temperature"], 1.0);
+        let explicit = Request {
+            temperature: Some(0.0),
+            ..req.clone()
+        };
+        assert_eq!(upstream_json(&explicit)["temperature"], 0.0);
+        let thinking = Request {
+            thinking: Some(Thinking::Enabled {
+                budget_tokens: 1024,
+            }),
+            max_tokens: 2048,
+            ..req
+        };
+        assert_eq!(upstream_json(&thinking).get("temperature"), None);
     }
 
     #[test]
