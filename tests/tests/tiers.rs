@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use e2e::gateway::{gateway_bin, unique_name};
+use e2e::visitor::{new_email, Visitor};
 use e2e::{message, poll_until, Gateway, KeySpec, DEV_KEY};
 use serde_json::json;
 
@@ -104,4 +105,80 @@ async fn a_key_promoted_only_by_confirmed_top_ups_through_the_sweep_shows_its_ne
     }
     let account = gw.get("/v1/account", &key.secret).await.expect_ok();
     assert_eq!(account["tier"], "high_volume", "{account}");
+}
+
+/// The overview's tier after a top-up, with the keys still in the tier before it: the spec
+/// moves them at the promotion sweep (up to 5 minutes later), so the page says so; once the
+/// sweep has moved them, it no longer does.
+async fn overview_after_a_top_up(gw: &Gateway) -> Visitor<'_> {
+    let mut visitor = Visitor::new(gw);
+    visitor.sign_up(&new_email(), &[]).await;
+    let (status, page) = visitor.create_key("first").await;
+    assert_eq!(status, 200, "{page}");
+    let (_, overview) = visitor.get("/developers").await;
+    let account_id = overview
+        .split("id=\"account-id\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .expect("the overview shows the account id")
+        .to_owned();
+    assert!(overview.contains("id=\"tier\">free<"), "{overview}");
+    assert!(
+        !overview.contains("tier-pending"),
+        "no top-up yet: {overview}"
+    );
+    gw.top_up(&account_id, 1_000, &unique_name("tiers-pending"))
+        .await
+        .expect_ok();
+    visitor
+}
+
+/// The tier column of the account's only key on the keys page.
+async fn key_tier(visitor: &mut Visitor<'_>) -> String {
+    let (_, keys) = visitor.get("/developers/keys").await;
+    ["free", "pay_as_you_go", "high_volume"]
+        .into_iter()
+        .find(|tier| keys.contains(&format!("<td>{tier}</td>")))
+        .unwrap_or_else(|| panic!("no tier on the keys page: {keys}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn the_overview_says_the_keys_take_a_top_ups_tier_at_the_next_sweep_until_it_has_moved_them()
+{
+    // No sweep during the test: the keys stay where they were.
+    let slow = Gateway::builder()
+        .arg("--promotion-interval-secs")
+        .arg("3600")
+        .start()
+        .await;
+    let mut visitor = overview_after_a_top_up(&slow).await;
+    let (_, overview) = visitor.get("/developers").await;
+    assert!(
+        overview.contains("id=\"tier\">pay_as_you_go<"),
+        "{overview}"
+    );
+    assert!(
+        overview.contains("id=\"tier-pending\"") && overview.contains("next promotion sweep"),
+        "the page says when the keys move: {overview}"
+    );
+    assert_eq!(key_tier(&mut visitor).await, "free");
+
+    // A sweep every second: once it has moved the key, the page no longer says it will.
+    let swept = Gateway::builder()
+        .arg("--promotion-interval-secs")
+        .arg("1")
+        .start()
+        .await;
+    let mut visitor = overview_after_a_top_up(&swept).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while key_tier(&mut visitor).await != "pay_as_you_go" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweep did not move the key"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (_, overview) = visitor.get("/developers").await;
+    assert!(!overview.contains("tier-pending"), "{overview}");
 }

@@ -11,9 +11,11 @@ use super::error::DashboardError;
 use super::layout::{datetime, dollars, page, thousands, Nav};
 use super::session::SignedIn;
 use crate::state::DashboardState;
+use crds::config::TIER_IDS;
 use gateway_core::payments::MIN_TOP_UP_CENTS;
 use gateway_core::usage_report::{format_date, report, UsageQuery};
-use store::accounts::promotion::standing;
+use store::accounts::promotion::{standing, ENTERPRISE};
+use store::accounts::KeyRecord;
 use store::developers::Permission;
 use store::ledger::MessageStatus;
 
@@ -35,6 +37,23 @@ fn status_label(status: MessageStatus) -> &'static str {
     }
 }
 
+/// Whether a live key of the account is in a tier below `tier`, the one its confirmed top-up
+/// reached: the spec moves keys at the promotion sweep (every 5 minutes), so until then the
+/// page says so rather than show a tier whose limits the keys do not have yet.
+fn awaiting_the_sweep(keys: &[KeyRecord], tier: &str) -> bool {
+    let live = keys.iter().filter(|k| !k.revoked).map(|k| k.tier.as_str());
+    below(live, tier)
+}
+
+/// Whether one of `tiers` ranks below `tier` (enterprise, granted by hand, never does).
+fn below<'a>(mut tiers: impl Iterator<Item = &'a str>, tier: &str) -> bool {
+    let rank = |t: &str| TIER_IDS.iter().position(|id| *id == t);
+    let Some(target) = rank(tier) else {
+        return false;
+    };
+    tiers.any(|t| t != ENTERPRISE && rank(t).is_some_and(|r| r < target))
+}
+
 pub async fn show(
     State(state): State<Arc<DashboardState>>,
     SignedIn(session): SignedIn,
@@ -43,6 +62,7 @@ pub async fn show(
     let balance = state.ledger.balance(account_id).await?;
     let standing = standing(state.catalog().tiers(), balance.lifetime_top_up_cents);
     let limits = state.catalog().tier_limits(&standing.tier);
+    let awaiting = awaiting_the_sweep(&state.accounts.keys_of(account_id).await?, &standing.tier);
     let today = OffsetDateTime::now_utc().date();
     let month = report(
         state.ledger.as_ref(),
@@ -74,6 +94,9 @@ pub async fn show(
             div.card.stat {
                 h2 { "Tier" }
                 p.big #tier { (standing.tier) }
+                @if awaiting {
+                    p.hint #tier-pending { "Your keys move to " strong { (standing.tier) } " at the next promotion sweep (every 5 minutes); until then they keep their current tier's limits (the API keys page shows each key's tier)." }
+                }
                 @if let Some(limits) = limits {
                     ul.limits {
                         li { strong { (thousands(limits.requests_per_minute.into())) } " requests / min" }
@@ -133,4 +156,18 @@ pub async fn show(
         }
     };
     Ok(page(&session, Nav::Overview, "Overview", content))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_key_below_the_reached_tier_awaits_the_sweep() {
+        assert!(below(["free"].into_iter(), "pay_as_you_go"));
+        assert!(below(["high_volume", "free"].into_iter(), "high_volume"));
+        assert!(!below(["pay_as_you_go"].into_iter(), "pay_as_you_go"));
+        assert!(!below([ENTERPRISE].into_iter(), "high_volume"));
+        assert!(!below([].into_iter(), "high_volume"));
+    }
 }
