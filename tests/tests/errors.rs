@@ -398,8 +398,16 @@ async fn an_oversized_header_block_is_431_in_the_error_envelope() {
     let rb = gw
         .request(Method::GET, "/v1/models", Some(&gw.key))
         .header("x-padding", "a".repeat(100 * 1024));
-    let message = gw.send(rb).await.expect_error(431, "invalid_request_error");
+    let refused = gw.send(rb).await;
+    let message = refused.expect_error(431, "invalid_request_error");
     assert!(message.contains("header"), "{message}");
+    // The key's rate-limit headers, as on every `/v1` answer.
+    assert_eq!(refused.rate_limit().tier, "pay_as_you_go");
+    // The dashboard's forms are held to the same bound.
+    let rb = gw
+        .request(Method::GET, "/developers/sign-in", None)
+        .header("x-padding", "a".repeat(100 * 1024));
+    assert_eq!(gw.send(rb).await.status, 431);
     // A large but ordinary header block is still served.
     let rb = gw
         .request(Method::GET, "/v1/models", Some(&gw.key))

@@ -68,14 +68,22 @@ pub fn service(state: AppState, deadline: BodyDeadline) -> impl HttpService {
     let proxies = Arc::<TrustedProxies>::from_ref(&state);
     let routes = Router::new()
         .nest_service("/v1", v1(state.clone()))
-        .merge(dashboard::router().layer(Extension(BodyCap::FORM)))
+        .merge(
+            dashboard::router()
+                .layer(Extension(BodyCap::FORM))
+                .layer(axum::middleware::from_fn(header_limit)),
+        )
         .route(
             "/webhooks/payments",
-            post(webhooks::payments).layer(Extension(BodyCap::WEBHOOK)),
+            post(webhooks::payments)
+                .layer(Extension(BodyCap::WEBHOOK))
+                .layer(axum::middleware::from_fn(header_limit)),
         )
         .route(
             "/webhooks/stripe",
-            post(webhooks::stripe).layer(Extension(BodyCap::WEBHOOK)),
+            post(webhooks::stripe)
+                .layer(Extension(BodyCap::WEBHOOK))
+                .layer(axum::middleware::from_fn(header_limit)),
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -87,7 +95,6 @@ pub fn service(state: AppState, deadline: BodyDeadline) -> impl HttpService {
             tracing::error!("handler panicked");
             ApiError::internal().into_response()
         }))
-        .layer(axum::middleware::from_fn(header_limit))
         .layer(axum::middleware::from_fn(no_nul_in_url))
         .layer(axum::middleware::from_fn(budget::hold))
         .layer(from_fn_with_state(proxies, budget::address))
@@ -163,12 +170,17 @@ fn v1(state: AppState) -> impl HttpService {
         ))
         .layer(from_fn_with_state(state.clone(), rate_limit_headers::layer))
         .layer(from_fn_with_state(state, authenticate::layer))
+        // After the key, so that the 431 carries the key's rate-limit headers as every `/v1`
+        // answer does (the spec); the headers were read by then whatever their size.
+        .layer(axum::middleware::from_fn(header_limit))
         .layer(Extension(BodyCap::API))
         .service(routes)
 }
 
-/// The largest request header block answered normally; above it, 431 in the envelope. hyper
-/// itself cuts far larger blocks (past its read buffer, about 400 KiB) with a bare 431.
+/// The largest request header block answered normally; above it, 431 in the envelope (under
+/// `/v1` once the key is known, with its rate-limit headers; on the dashboard and webhook
+/// routes at once). hyper itself cuts far larger blocks (past its read buffer, about 400 KiB)
+/// with a bare 431 before any of this runs.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 async fn header_limit(req: Request, next: axum::middleware::Next) -> Response {
