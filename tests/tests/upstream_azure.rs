@@ -152,7 +152,7 @@ async fn both_endpoints_answer_through_an_azure_openai_route_in_json_and_streams
 }
 
 #[tokio::test]
-async fn an_azure_429_with_retry_after_falls_back_to_the_next_upstream() {
+async fn an_azure_429_with_retry_after_falls_back_to_the_next_upstream_and_is_a_529_when_none_is_left() {
     let azure = MockUpstream::start().await;
     let next = MockUpstream::start().await;
     let manifests = RoutedManifests::new(&[
@@ -178,6 +178,17 @@ async fn an_azure_429_with_retry_after_falls_back_to_the_next_upstream() {
         assert_eq!(next.request_count(), i + 1, "then the next upstream");
     }
     azure.received().iter().for_each(assert_azure_call);
+
+    // As every adapter's 429: the upstream limits us, so with nothing left to fall back to
+    // the client is told the service is overloaded (529), not that it failed (502).
+    let alone = MockUpstream::start().await;
+    let manifests = RoutedManifests::new(&[UpstreamDef::azure(&alone)]);
+    let gw = Gateway::builder().manifests(&manifests.path).start().await;
+    alone.push([Reply::status(429)]);
+    gw.post_messages(&gw.key, &message("svc/haiku", "hello", 50))
+        .await
+        .expect_error(529, "overloaded_error");
+    assert_eq!(alone.request_count(), 1);
 }
 
 #[tokio::test]
