@@ -42,7 +42,7 @@ async fn both_endpoints_answer_through_an_azure_openai_route_in_json_and_streams
     let mock = MockUpstream::start().await;
     // One pod settling every turn in Postgres, so the ledger rows are there to read.
     let url = pg.url();
-    let turn_by_turn = |b: e2e::GatewayBuilder| b.database(&url).arg("--allotment-turns").arg("0");
+    let turn_by_turn = |b: GatewayBuilder| b.database(&url).arg("--allotment-turns").arg("0");
     let cluster = Cluster::start_on(
         ManifestDir::cluster_routed(&[UpstreamDef::azure(&mock)]),
         &[&turn_by_turn],
@@ -68,7 +68,10 @@ async fn both_endpoints_answer_through_an_azure_openai_route_in_json_and_streams
     assert_eq!(response_text(&json), reply);
     assert_eq!(json["model"], "svc/sonnet");
     assert_eq!(
-        (&json["usage"]["input_tokens"], &json["usage"]["output_tokens"]),
+        (
+            &json["usage"]["input_tokens"],
+            &json["usage"]["output_tokens"]
+        ),
         (&json!(31), &json!(7)),
         "{json}"
     );
@@ -152,7 +155,8 @@ async fn both_endpoints_answer_through_an_azure_openai_route_in_json_and_streams
 }
 
 #[tokio::test]
-async fn an_azure_429_with_retry_after_falls_back_to_the_next_upstream_and_is_a_529_when_none_is_left() {
+async fn an_azure_429_with_retry_after_falls_back_to_the_next_upstream_and_is_a_529_when_none_is_left(
+) {
     let azure = MockUpstream::start().await;
     let next = MockUpstream::start().await;
     let manifests = RoutedManifests::new(&[
@@ -196,8 +200,7 @@ async fn an_upstream_azure_refuses_is_a_502_that_names_neither_azure_nor_its_err
     // A route whose api-version the resource does not serve: Azure's 404, as for a wrong
     // endpoint; our configuration's fault, so the client gets the gateway's own 502.
     let mock = MockUpstream::start().await;
-    let manifests =
-        RoutedManifests::new(&[UpstreamDef::azure(&mock).api_version("2023-05-15")]);
+    let manifests = RoutedManifests::new(&[UpstreamDef::azure(&mock).api_version("2023-05-15")]);
     let gw = Gateway::builder().manifests(&manifests.path).start().await;
     let refused = gw
         .post_messages(&gw.key, &message("svc/haiku", "hello", 50))
