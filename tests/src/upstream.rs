@@ -473,7 +473,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
 
 fn error_response(wire: Wire, status: u16) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let message = format!("anthropic/openai upstream {UPSTREAM_MODEL} says no ({status})");
+    let message = format!("anthropic/openai/azure upstream {UPSTREAM_MODEL} says no ({status})");
     let body = match wire {
         Wire::Anthropic => {
             let kind = match status {
