@@ -453,6 +453,18 @@ fn compile_upstream_route(
     }
 }
 
+/// The schema's pattern for `apiVersion` (`YYYY-MM-DD`, optionally `-preview`), re-checked for
+/// files no API server has seen.
+fn is_api_version(version: &str) -> bool {
+    let date = version.strip_suffix("-preview").unwrap_or(version);
+    let bytes = date.as_bytes();
+    bytes.len() == 10
+        && bytes.iter().enumerate().all(|(i, b)| match i {
+            4 | 7 => *b == b'-',
+            _ => b.is_ascii_digit(),
+        })
+}
+
 /// A route's batch price ratio in millionths, which must be more than 0 and at most 1.
 fn batch_price_per_million(resource: &ResourceRef, ratio: f64, problems: &mut Problems) -> u32 {
     const MILLION: f64 = 1_000_000.0;
@@ -481,8 +493,24 @@ fn compile_upstream(
     let (provider, remote) = match upstream.provider {
         Provider::Anthropic => (ProviderKind::Anthropic, Some("anthropic")),
         Provider::Openai => (ProviderKind::Openai, Some("openai")),
+        Provider::AzureOpenai => (ProviderKind::AzureOpenai, Some("azure-openai")),
         Provider::Simulated => (ProviderKind::Simulated, None),
     };
+    match (&upstream.api_version, provider) {
+        (None, ProviderKind::AzureOpenai) => problems.add(
+            resource,
+            format!("{field}: apiVersion is required for the azure-openai provider"),
+        ),
+        (Some(_), kind) if kind != ProviderKind::AzureOpenai => problems.add(
+            resource,
+            format!("{field}: apiVersion is only for the azure-openai provider"),
+        ),
+        (Some(version), _) if !is_api_version(version) => problems.add(
+            resource,
+            format!("{field}: apiVersion {version:?} must be a date such as 2024-10-21 (optionally -preview)"),
+        ),
+        _ => {}
+    }
     match (&upstream.base_url, remote) {
         (None, Some(name)) => problems.add(
             resource,
@@ -520,6 +548,7 @@ fn compile_upstream(
         provider,
         model: upstream.model.clone(),
         base_url: upstream.base_url.clone(),
+        api_version: upstream.api_version.clone(),
         api_key,
         weight: problems.at_least_one(resource, &format!("{field}: weight"), upstream.weight),
         timeouts: Timeouts {

@@ -134,6 +134,9 @@ pub struct Upstream {
     /// The upstream's own model name; internal, never shown to API clients.
     pub model: String,
     pub base_url: Option<String>,
+    /// The `api-version` an `azure-openai` upstream is called with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
     pub api_key: Option<Secret>,
     pub weight: u32,
     pub timeouts: Timeouts,
@@ -149,7 +152,21 @@ pub struct Upstream {
 pub enum ProviderKind {
     Anthropic,
     Openai,
+    #[serde(rename = "azure-openai")]
+    AzureOpenai,
     Simulated,
+}
+
+impl ProviderKind {
+    /// The name the ModelRoute spells, as the ledger and logs record it (never a client).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::Openai => "openai",
+            Self::AzureOpenai => "azure-openai",
+            Self::Simulated => "simulated",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -272,6 +272,16 @@ pub struct PricingSpec {
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "self.provider == 'simulated' || has(self.baseUrl)",
+        "message": "baseUrl is required for every provider but simulated"
+    },
+    {
+        "rule": "(self.provider == 'azure-openai') == has(self.apiVersion)",
+        "message": "apiVersion is required for the azure-openai provider, and only for it"
+    }
+]))]
 pub struct UpstreamSpec {
     /// Unique within the route; names the upstream in health state and the ledger.
     #[schemars(length(min = 1))]
@@ -280,12 +290,19 @@ pub struct UpstreamSpec {
     /// The provider's own model name; never shown to API clients.
     #[schemars(length(min = 1))]
     pub model: String,
-    /// Required for `anthropic` and `openai`: the root the provider's paths are appended to,
-    /// as in the providers' own SDKs: `https://api.anthropic.com` (+ `/v1/messages`) or
-    /// `https://api.openai.com/v1` (+ `/chat/completions`).
+    /// Required for `anthropic`, `openai` and `azure-openai`: the root the provider's paths
+    /// are appended to, as in the providers' own SDKs: `https://api.anthropic.com`
+    /// (+ `/v1/messages`), `https://api.openai.com/v1` (+ `/chat/completions`), or the Azure
+    /// OpenAI resource's endpoint `https://RESOURCE.openai.azure.com`
+    /// (+ `/openai/deployments/{model}/chat/completions`, `model` being the deployment name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^https?://"))]
     pub base_url: Option<String>,
+    /// Required for `azure-openai`, and only there: the Azure OpenAI data-plane API version
+    /// every call names (`?api-version=`), e.g. `2024-10-21`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?$"))]
+    pub api_version: Option<String>,
     /// The upstream API key, read from a Secret in the same namespace so it never sits in
     /// the route itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -318,6 +335,10 @@ fn default_weight() -> u32 {
 pub enum Provider {
     Anthropic,
     Openai,
+    /// Chat completions on an Azure OpenAI resource: the `openai` wire format, Azure's paths
+    /// and `api-key` header.
+    #[serde(rename = "azure-openai")]
+    AzureOpenai,
     Simulated,
 }
 

@@ -190,3 +190,35 @@ fn a_tier_is_named_after_its_id_so_a_second_free_tier_is_a_name_conflict() {
         "a Tier is named after its tier",
     );
 }
+
+fn with_upstream(upstream: Value) -> Value {
+    let mut route = upstream_route();
+    route["upstreams"] = json!([upstream]);
+    object("ModelRoute", "r", route)
+}
+
+#[test]
+fn an_azure_openai_upstream_needs_its_base_url_and_api_version() {
+    let azure = json!({
+        "name": "azure", "provider": "azure-openai", "model": "gpt-4o-prod",
+        "baseUrl": "https://res.openai.azure.com", "apiVersion": "2024-10-21",
+    });
+    assert_eq!(
+        refusals(&with_upstream(azure.clone())),
+        Vec::<String>::new()
+    );
+    for field in ["baseUrl", "apiVersion"] {
+        let mut missing = azure.clone();
+        missing.as_object_mut().map(|o| o.remove(field));
+        assert_refused(with_upstream(missing), &format!("{field} is required"));
+    }
+}
+
+#[test]
+fn an_api_version_is_refused_on_other_providers() {
+    let openai = json!({
+        "name": "oai", "provider": "openai", "model": "gpt-4o",
+        "baseUrl": "https://api.openai.com/v1", "apiVersion": "2024-10-21",
+    });
+    assert_refused(with_upstream(openai), "only for it");
+}

@@ -1,6 +1,6 @@
 mod common;
 
-use crds::config::Route;
+use crds::config::{ProviderKind, Route};
 use crds::resources::{AutoSpec, Provider};
 
 use common::{assert_rejected, compiles, rejections, route, standalone};
@@ -288,5 +288,57 @@ fn batch_price_ratio_on_an_auto_route_is_rejected() {
         &m,
         "ModelRoute svc-auto:",
         "batchPriceRatio is not allowed with auto",
+    );
+}
+
+#[test]
+fn an_azure_openai_upstream_compiles_with_its_api_version_and_needs_it() {
+    let mut m = standalone();
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.provider = Provider::AzureOpenai;
+    upstream.base_url = Some("https://res.openai.azure.com".into());
+    upstream.api_version = Some("2024-10-21".into());
+    let config = compiles(&m);
+    let Route::Upstreams(upstreams) = &config.models["svc/kimi"].route else {
+        panic!("svc/kimi is not routed to upstreams");
+    };
+    assert_eq!(upstreams[0].provider, ProviderKind::AzureOpenai);
+    assert_eq!(upstreams[0].api_version.as_deref(), Some("2024-10-21"));
+
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.api_version = None;
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "upstreams[0] (simulated): apiVersion is required for the azure-openai provider",
+    );
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.api_version = Some("latest".into());
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "apiVersion \"latest\" must be a date",
+    );
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.api_version = Some("2024-10-21".into());
+    upstream.base_url = None;
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "upstreams[0] (simulated): baseUrl is required for the azure-openai provider",
+    );
+}
+
+#[test]
+fn an_api_version_on_another_provider_is_rejected() {
+    let mut m = standalone();
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.provider = Provider::Openai;
+    upstream.base_url = Some("https://api.example.com/v1".into());
+    upstream.api_version = Some("2024-10-21".into());
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "upstreams[0] (simulated): apiVersion is only for the azure-openai provider",
     );
 }

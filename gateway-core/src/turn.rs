@@ -600,7 +600,7 @@ async fn count_unsent(tokens: Tokenizer, text: String) -> Result<u32, TokenError
 
 /// The provider kind as the ledger names it (internal only, never sent to clients).
 fn provider_name(upstream: &Upstream) -> String {
-    format!("{:?}", upstream.provider).to_lowercase()
+    upstream.provider.as_str().to_owned()
 }
 
 fn resolve_model(state: &Turns, id: &str) -> Result<Arc<Model>, TurnError> {

@@ -1,6 +1,9 @@
 """A scripted mock upstream for the SDK tests: the Anthropic Messages API (`POST /v1/messages`)
 and OpenAI chat completions (`POST /v1/chat/completions`), streamed as the real APIs stream
-them (the gateway's adapters always ask for a stream).
+them (the gateway's adapters always ask for a stream); and chat completions as an Azure OpenAI
+resource serves them (`POST /openai/deployments/{deployment}/chat/completions?api-version=…`),
+JSON or streamed, checking the `api-key` header, the api-version and the deployment as Azure
+does (a mismatch gets Azure's 401 or 404), with Azure's content-filter results.
 
 Each test queues replies (`push`); requests take them in arrival order and are recorded
 (`received`). A reply is a list of blocks: `("text", str)` or `("tool", name, input)`.
@@ -14,9 +17,13 @@ import threading
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 UPSTREAM_MODEL = "upstream-model-zq7"
 UPSTREAM_KEY = "upstream-secret-key-8812"
+# The Azure OpenAI data-plane version the mock serves (as tests/src/upstream.rs).
+AZURE_API_VERSION = "2024-10-21"
+AZURE_PREFIX = "/openai/deployments/"
 
 
 def _pieces(text: str, size: int) -> list[str]:
@@ -52,6 +59,62 @@ def anthropic_events(blocks: list[tuple], model: str) -> list[bytes]:
     return out
 
 
+def _azure_filter_results() -> dict:
+    safe = {"filtered": False, "severity": "safe"}
+    return {"hate": safe, "self_harm": safe, "sexual": safe, "violence": safe}
+
+
+def azure_refusal(path: str, headers) -> tuple[int, dict] | None:
+    """Azure's own checks, in its order: the key (401), then the api-version and the deployment
+    (404). `None` when the request passes them."""
+    url = urlsplit(path)
+    if headers.get("api-key") != UPSTREAM_KEY:
+        message = (
+            "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a "
+            "valid key for an active subscription and use a correct regional API endpoint for your resource."
+        )
+        return 401, {"error": {"code": "401", "message": message}}
+    if parse_qs(url.query).get("api-version") != [AZURE_API_VERSION]:
+        return 404, {"error": {"code": "404", "message": "Resource not found"}}
+    if url.path != f"{AZURE_PREFIX}{UPSTREAM_MODEL}/chat/completions":
+        message = (
+            "The API deployment for this resource does not exist. If you created the deployment "
+            "within the last 5 minutes, please wait a moment and try again."
+        )
+        return 404, {"error": {"code": "DeploymentNotFound", "message": message}}
+    return None
+
+
+def azure_json(blocks: list[tuple], model: str) -> dict:
+    """The non-streamed answer, as Azure shapes it: OpenAI's, plus the filter results."""
+    text = "".join(b[1] for b in blocks if b[0] == "text")
+    calls = [
+        {"id": f"call_mock_{i}", "type": "function", "function": {"name": b[1], "arguments": json.dumps(b[2])}}
+        for i, b in enumerate(b for b in blocks if b[0] == "tool")
+    ]
+    message: dict = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = calls
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+    choice["content_filter_results"] = _azure_filter_results()
+    return {
+        "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model, "choices": [choice],
+        "usage": {"prompt_tokens": 25, "completion_tokens": 12, "total_tokens": 37},
+        "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": _azure_filter_results()}],
+    }
+
+
+def azure_events(blocks: list[tuple], model: str, include_usage: bool) -> list[bytes]:
+    """The stream as Azure sends it: first a chunk with no choices and the prompt's filter
+    results, then OpenAI's chunks (the usage chunk only when asked for)."""
+    prompt = {"choices": [], "created": 0, "id": "", "model": "", "object": ""}
+    prompt["prompt_filter_results"] = [{"prompt_index": 0, "content_filter_results": _azure_filter_results()}]
+    events = openai_events(blocks, model)
+    if not include_usage:
+        events = [e for e in events if b'"usage"' not in e]
+    return [_sse(prompt)] + events
+
+
 def openai_events(blocks: list[tuple], model: str) -> list[bytes]:
     def chunk(choices: list, usage: dict | None = None) -> bytes:
         body = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model}
@@ -85,6 +148,8 @@ class MockUpstream:
     def __init__(self) -> None:
         self.queue: deque[list[tuple]] = deque()
         self.received: list[tuple[str, dict]] = []
+        # The headers of each request, in the same order.
+        self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
         mock = self
 
@@ -95,18 +160,35 @@ class MockUpstream:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))) or b"null")
                 with mock._lock:
                     mock.received.append((self.path, body))
+                    mock.headers.append({k.lower(): v for k, v in self.headers.items()})
+                azure = self.path.startswith(AZURE_PREFIX)
+                refusal = azure_refusal(self.path, self.headers) if azure else None
+                if refusal is not None:
+                    # Refused before any model saw it: no scripted reply is taken.
+                    self._send(refusal[0], "application/json", [json.dumps(refusal[1]).encode()])
+                    return
+                with mock._lock:
                     blocks = mock.queue.popleft() if mock.queue else [("text", "Hello from upstream.")]
                 model = body.get("model", UPSTREAM_MODEL)
                 if self.path.endswith("/messages"):
                     events = anthropic_events(blocks, model)
+                elif azure and not body.get("stream"):
+                    self._send(200, "application/json", [json.dumps(azure_json(blocks, UPSTREAM_MODEL)).encode()])
+                    return
+                elif azure:
+                    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+                    events = azure_events(blocks, UPSTREAM_MODEL, include_usage)
                 else:
                     events = openai_events(blocks, model)
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("content-length", str(sum(len(e) for e in events)))
+                self._send(200, "text/event-stream", events)
+
+            def _send(self, status: int, content_type: str, parts: list[bytes]) -> None:
+                self.send_response(status)
+                self.send_header("content-type", content_type)
+                self.send_header("content-length", str(sum(len(p) for p in parts)))
                 self.end_headers()
-                for event in events:
-                    self.wfile.write(event)
+                for part in parts:
+                    self.wfile.write(part)
                     self.wfile.flush()
 
             def log_message(self, *args) -> None:
@@ -119,6 +201,14 @@ class MockUpstream:
     def push(self, *replies: list[tuple]) -> None:
         with self._lock:
             self.queue.extend(replies)
+
+    def last_headers(self) -> dict[str, str]:
+        with self._lock:
+            return self.headers[-1]
+
+    def last_path(self) -> str:
+        with self._lock:
+            return self.received[-1][0]
 
     def last_body(self) -> dict:
         with self._lock:
@@ -135,12 +225,15 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
     standalone = repo_root / "deploy" / "standalone"
     for name in ("tiers.yaml", "apikeys.yaml"):
         shutil.copy(standalone / name, target / name)
-    base_url = mock.url if provider == "anthropic" else f"{mock.url}/v1"
+    base_url = f"{mock.url}/v1" if provider == "openai" else mock.url
     upstreams = (
         "  upstreams:\n"
         f"    - name: primary\n      provider: {provider}\n      model: {UPSTREAM_MODEL}\n"
         f"      baseUrl: {base_url}\n      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n"
     )
+    if provider == "azure-openai":
+        upstreams += f'      apiVersion: "{AZURE_API_VERSION}"\n'
+
     lines, skipping = [], False
     for line in (standalone / "models.yaml").read_text().splitlines():
         if line == "  upstreams:":

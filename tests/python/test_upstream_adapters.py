@@ -1,30 +1,120 @@
 """The official SDKs carry a multi-turn, tool-using, streamed conversation through each upstream
 adapter: a gateway whose models are all routed to a scripted mock upstream (`mock_upstream.py`)
-through the `anthropic` or the `openai` adapter. The mock answers the first turn with a tool
-call and the second, after the tool result, with text.
+through the `anthropic`, the `openai` or the `azure-openai` adapter. The mock answers the first
+turn with a tool call and the second, after the tool result, with text.
+
+Before that, the mocks themselves are checked with the provider's own client where the wire
+format is not the one the gateway serves: `openai`'s `AzureOpenAI` against both the Python
+mock and the Rust one the e2e tests use (`tests/src/upstream.rs`, run as the `mock-upstream`
+binary next to the gateway binary).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Iterator
 
 import anthropic
 import openai
+import pytest
 
-from conftest import DEV_KEY
-from mock_upstream import UPSTREAM_KEY, UPSTREAM_MODEL
+from conftest import DEV_KEY, _gateway_binary
+from mock_upstream import AZURE_API_VERSION, AZURE_PREFIX, UPSTREAM_KEY, UPSTREAM_MODEL, MockUpstream
 from support import WEATHER_SCHEMA
 
 MODEL = "svc/sonnet"
 TOOL_INPUT = {"city": "Oslo", "days": 2, "metric": True}
 ANSWER = "Sunny in Oslo for two days."
-LEAKS = ("anthropic", "openai", UPSTREAM_MODEL, UPSTREAM_KEY)
+LEAKS = ("anthropic", "openai", "azure", UPSTREAM_MODEL, UPSTREAM_KEY)
 
 
 def assert_clean(payload: str) -> None:
     lower = payload.lower()
     for word in LEAKS:
         assert word not in lower, f"response names {word!r}: {payload}"
+
+
+def assert_azure_call(adapter: str, mock: MockUpstream) -> None:
+    """An azure-openai route's call went to the deployment, with the api-version and the key in
+    `api-key` (the mock refuses any other, so an answer already says so; this says it was Azure's
+    path that answered)."""
+    if adapter != "azure-openai":
+        return
+    path, headers = mock.last_path(), mock.last_headers()
+    assert path == f"{AZURE_PREFIX}{UPSTREAM_MODEL}/chat/completions?api-version={AZURE_API_VERSION}"
+    assert headers["api-key"] == UPSTREAM_KEY and "authorization" not in headers
+
+
+@pytest.fixture(scope="module")
+def python_azure_mock() -> Iterator[str]:
+    mock = MockUpstream()
+    try:
+        yield mock.url
+    finally:
+        mock.close()
+
+
+@pytest.fixture(scope="module")
+def rust_azure_mock() -> Iterator[str]:
+    """The e2e tests' mock (`tests/src/upstream.rs`) as a process: `cargo build --workspace
+    --bins` puts it next to the gateway binary."""
+    binary = _gateway_binary().parent / "mock-upstream"
+    if not binary.is_file():
+        pytest.fail(f"{binary} not found; run `cargo build --workspace --bins`")
+    with subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True) as process:
+        try:
+            line = process.stdout.readline() if process.stdout else ""
+            assert line.startswith("ready url="), f"mock-upstream said {line!r}"
+            yield line.strip().removeprefix("ready url=")
+        finally:
+            process.kill()
+
+
+@pytest.fixture(params=["python", "rust"])
+def azure_mock(request) -> str:
+    return request.getfixturevalue(f"{request.param}_azure_mock")
+
+
+def azure_client(url: str, *, api_key: str = UPSTREAM_KEY, api_version: str = AZURE_API_VERSION):
+    return openai.AzureOpenAI(
+        azure_endpoint=url, api_key=api_key, api_version=api_version, max_retries=0, timeout=30
+    )
+
+
+def test_the_azure_openai_client_gets_json_and_streamed_chat_completions_from_the_azure_mock(azure_mock):
+    messages = [{"role": "user", "content": "Capital of France?"}]
+    with azure_client(azure_mock) as client:
+        answer = client.chat.completions.create(model=UPSTREAM_MODEL, messages=messages)
+        assert answer.choices[0].message.content, answer
+        assert answer.choices[0].finish_reason == "stop"
+        assert answer.usage is not None and answer.usage.completion_tokens > 0
+        assert answer.model_extra and "prompt_filter_results" in answer.model_extra, "Azure's extra field"
+
+        stream = client.chat.completions.create(
+            model=UPSTREAM_MODEL, messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(stream)
+    assert chunks[0].choices == [], "Azure's first chunk carries only the prompt's filter results"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == answer.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == answer.usage.completion_tokens
+
+
+def test_the_azure_mock_refuses_a_wrong_key_api_version_or_deployment_as_azure_does(azure_mock):
+    messages = [{"role": "user", "content": "hi"}]
+    with azure_client(azure_mock, api_key="not-the-key") as client:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            client.chat.completions.create(model=UPSTREAM_MODEL, messages=messages)
+    assert refused.value.status_code == 401 and "invalid subscription key" in str(refused.value)
+    with azure_client(azure_mock, api_version="2023-05-15") as client:
+        with pytest.raises(openai.NotFoundError, match="Resource not found"):
+            client.chat.completions.create(model=UPSTREAM_MODEL, messages=messages)
+    with azure_client(azure_mock) as client:
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.chat.completions.create(model="no-such-deployment", messages=messages)
+    assert missing.value.code == "DeploymentNotFound"
 
 
 def test_the_anthropic_sdk_streams_a_tool_call_then_the_answer_through_each_adapter(routed):
@@ -56,6 +146,7 @@ def test_the_anthropic_sdk_streams_a_tool_call_then_the_answer_through_each_adap
 
     sent = mock.last_body()
     assert sent["model"] == UPSTREAM_MODEL
+    assert_azure_call(adapter, mock)
     if adapter == "anthropic":
         assert sent["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}
     else:
@@ -132,6 +223,7 @@ def test_the_openai_sdk_streams_a_tool_call_then_the_answer_through_each_adapter
     assert usage is not None and usage.completion_tokens == 12
 
     sent = mock.last_body()
+    assert_azure_call(adapter, mock)
     if adapter == "anthropic":
         assert sent["system"] == "Be brief."
         assert sent["messages"][1]["content"][0]["type"] == "tool_use"

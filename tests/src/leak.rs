@@ -11,10 +11,11 @@ use serde_json::Value;
 
 /// Substrings that betray the upstream: provider kinds, the simulated upstream's model names,
 /// and the mock upstream's model name and API key.
-pub const FORBIDDEN: [&str; 6] = [
+pub const FORBIDDEN: [&str; 7] = [
     "simulated",
     "anthropic",
     "openai",
+    "azure",
     "sim-",
     crate::upstream::UPSTREAM_MODEL,
     "upstream-secret-key",

@@ -1,6 +1,12 @@
 //! A mock upstream on loopback that speaks both wire formats the gateway's adapters call: the
 //! Anthropic Messages API (`POST /v1/messages`) and OpenAI chat completions
-//! (`POST /v1/chat/completions`), JSON or SSE as the request's `stream` asks.
+//! (`POST /v1/chat/completions`), JSON or SSE as the request's `stream` asks; and chat
+//! completions as an Azure OpenAI resource serves them
+//! (`POST /openai/deployments/{deployment}/chat/completions?api-version=…`), which checks the
+//! `api-key` header, the api-version and the deployment as Azure does, refusing a mismatch
+//! with Azure's 401 or 404, adds Azure's content-filter results, and sends `retry-after` and
+//! `retry-after-ms` with a 429 (`tests/python/test_upstream_adapters.py` checks it with the
+//! `openai` SDK's `AzureOpenAI` client).
 //!
 //! Each test scripts it with a queue of [`Reply`]s, taken one per request in arrival order
 //! (an empty queue answers a short text): normal replies, tool calls, thinking, usage with
@@ -193,6 +199,8 @@ pub struct Received {
     /// HTTP/1.1, or HTTP/2 when the route asked for cleartext HTTP/2.
     pub version: Version,
     pub path: String,
+    /// The query string, without `?` (empty when there is none).
+    pub query: String,
     pub headers: HeaderMap,
     pub body: Value,
     /// The body's size as sent.
@@ -292,6 +300,10 @@ impl MockUpstream {
         let app = Router::new()
             .route("/v1/messages", post(answer))
             .route("/v1/chat/completions", post(answer))
+            .route(
+                "/openai/deployments/{deployment}/chat/completions",
+                post(answer),
+            )
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -367,11 +379,57 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 enum Wire {
     Anthropic,
     OpenAi,
+    /// Chat completions on an Azure OpenAI resource.
+    Azure,
+}
+
+/// The Azure OpenAI data-plane version the mock serves; any other is refused, as Azure refuses
+/// an api-version it does not know.
+pub const AZURE_API_VERSION: &str = "2024-10-21";
+
+/// Azure's own checks, in its order: the key (401), then the api-version and the deployment
+/// (404). `None` when the request passes them.
+fn azure_refusal(path: &str, query: &str, headers: &HeaderMap) -> Option<Response> {
+    let refuse = |status: StatusCode, code: &str, message: &str| {
+        let body = json!({"error": {"code": code, "message": message}});
+        Some((status, axum::Json(body)).into_response())
+    };
+    if headers.get("api-key").and_then(|v| v.to_str().ok()) != Some(UPSTREAM_API_KEY) {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "401",
+            "Access denied due to invalid subscription key or wrong API endpoint. Make sure to \
+             provide a valid key for an active subscription and use a correct regional API \
+             endpoint for your resource.",
+        );
+    }
+    // Versions are dates: no percent-encoding to undo.
+    let version = query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(name, _)| *name == "api-version")
+        .map(|(_, value)| value);
+    if version != Some(AZURE_API_VERSION) {
+        return refuse(StatusCode::NOT_FOUND, "404", "Resource not found");
+    }
+    let deployment = path
+        .strip_prefix("/openai/deployments/")
+        .and_then(|rest| rest.strip_suffix("/chat/completions"));
+    if deployment != Some(UPSTREAM_MODEL) {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "DeploymentNotFound",
+            "The API deployment for this resource does not exist. If you created the \
+             deployment within the last 5 minutes, please wait a moment and try again.",
+        );
+    }
+    None
 }
 
 async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let version = request.version();
     let path = request.uri().path().to_owned();
+    let query = request.uri().query().unwrap_or_default().to_owned();
     let headers = request.headers().clone();
     let bytes = axum::body::to_bytes(request.into_body(), usize::MAX)
         .await
@@ -381,19 +439,28 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         lock(&shared.received).push(Received {
             version,
             path: path.clone(),
-            headers,
+            query: query.clone(),
+            headers: headers.clone(),
             body: body.clone(),
             bytes: bytes.len(),
         });
     }
-    let reply = lock(&shared.queue)
-        .pop_front()
-        .unwrap_or_else(|| shared.unscripted.reply(&body));
     let wire = if path.ends_with("/messages") {
         Wire::Anthropic
+    } else if path.starts_with("/openai/deployments/") {
+        Wire::Azure
     } else {
         Wire::OpenAi
     };
+    // A refused request takes no scripted reply: it never reached a model.
+    if wire == Wire::Azure {
+        if let Some(refusal) = azure_refusal(&path, &query, &headers) {
+            return refusal;
+        }
+    }
+    let reply = lock(&shared.queue)
+        .pop_front()
+        .unwrap_or_else(|| shared.unscripted.reply(&body));
     let model = body["model"].as_str().unwrap_or(UPSTREAM_MODEL).to_owned();
     match reply.fault {
         Some(Fault::Status(status)) => return error_response(wire, status),
@@ -405,6 +472,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         let json = match wire {
             Wire::Anthropic => anthropic_json(&reply, &model),
             Wire::OpenAi => openai_json(&reply, &model),
+            Wire::Azure => azure_json(&reply, &model),
         };
         return axum::Json(json).into_response();
     }
@@ -412,13 +480,14 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let events = match wire {
         Wire::Anthropic => anthropic_events(&reply, &model),
         Wire::OpenAi => openai_events(&reply, &model, include_usage),
+        Wire::Azure => azure_events(&reply, &model, include_usage),
     };
     sse_response(events, &reply, shared)
 }
 
 fn error_response(wire: Wire, status: u16) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let message = format!("anthropic/openai upstream {UPSTREAM_MODEL} says no ({status})");
+    let message = format!("anthropic/openai/azure upstream {UPSTREAM_MODEL} says no ({status})");
     let body = match wire {
         Wire::Anthropic => {
             let kind = match status {
@@ -433,8 +502,17 @@ fn error_response(wire: Wire, status: u16) -> Response {
         Wire::OpenAi => {
             json!({"error": {"message": message, "type": "server_error", "code": status}})
         }
+        Wire::Azure => json!({"error": {"code": status.to_string(), "message": message}}),
     };
     let mut response = (code, axum::Json(body)).into_response();
+    if wire == Wire::Azure && status == 429 {
+        // Azure's throttle says when to come back, in seconds and in milliseconds.
+        for (name, value) in [("retry-after", "1"), ("retry-after-ms", "1000")] {
+            response
+                .headers_mut()
+                .insert(name, axum::http::HeaderValue::from_static(value));
+        }
+    }
     response.headers_mut().insert(
         "x-upstream-provider",
         axum::http::HeaderValue::from_static("anthropic-openai"),
@@ -760,13 +838,44 @@ fn openai_events(reply: &Reply, model: &str, include_usage: bool) -> Vec<String>
     out
 }
 
+/// Azure's content-filter verdict on a prompt or a choice: nothing filtered.
+fn azure_filter_results() -> Value {
+    let safe = json!({"filtered": false, "severity": "safe"});
+    json!({"hate": safe, "self_harm": safe, "sexual": safe, "violence": safe})
+}
+
+/// The OpenAI answer with what Azure adds: the prompt's and each choice's filter results.
+fn azure_json(reply: &Reply, model: &str) -> Value {
+    let mut json = openai_json(reply, model);
+    json["prompt_filter_results"] =
+        json!([{"prompt_index": 0, "content_filter_results": azure_filter_results()}]);
+    json["choices"][0]["content_filter_results"] = azure_filter_results();
+    json
+}
+
+/// The OpenAI stream as Azure sends it: first a chunk with no choices, an empty model and the
+/// prompt's filter results, then the same chunks.
+fn azure_events(reply: &Reply, model: &str, include_usage: bool) -> Vec<String> {
+    let prompt = sse(
+        None,
+        &json!({"choices": [], "created": 0, "id": "", "model": "", "object": "",
+            "prompt_filter_results": [{"prompt_index": 0,
+                "content_filter_results": azure_filter_results()}]}),
+    );
+    std::iter::once(prompt)
+        .chain(openai_events(reply, model, include_usage))
+        .collect()
+}
+
 /// One upstream of a generated ModelRoute.
 #[derive(Clone, Debug)]
 pub struct UpstreamDef {
     pub name: String,
-    /// `anthropic` or `openai`.
+    /// `anthropic`, `openai` or `azure-openai`.
     pub provider: &'static str,
     pub base_url: String,
+    /// The `apiVersion` of an `azure-openai` upstream.
+    pub api_version: Option<String>,
     pub weight: u32,
     pub first_byte_ms: u64,
     pub idle_ms: u64,
@@ -780,6 +889,7 @@ impl UpstreamDef {
             name: "primary".to_owned(),
             provider: "anthropic",
             base_url: mock.url.clone(),
+            api_version: None,
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
@@ -793,6 +903,22 @@ impl UpstreamDef {
             base_url: format!("{}/v1", mock.url),
             ..UpstreamDef::anthropic(mock)
         }
+    }
+
+    /// The mock as an Azure OpenAI resource: its root is the endpoint, the route's model the
+    /// deployment.
+    pub fn azure(mock: &MockUpstream) -> UpstreamDef {
+        UpstreamDef {
+            provider: "azure-openai",
+            api_version: Some(AZURE_API_VERSION.to_owned()),
+            ..UpstreamDef::anthropic(mock)
+        }
+    }
+
+    /// Another `apiVersion` (the mock refuses any but [`AZURE_API_VERSION`]).
+    pub fn api_version(mut self, version: &str) -> UpstreamDef {
+        self.api_version = Some(version.to_owned());
+        self
     }
 
     /// An upstream nothing listens on: every connection is refused.
@@ -817,6 +943,7 @@ impl UpstreamDef {
             name: "refused".to_owned(),
             provider,
             base_url: format!("http://127.0.0.1:{port}"),
+            api_version: None,
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
@@ -868,6 +995,7 @@ impl AgentUpstream {
         let upstream = match provider {
             "anthropic" => UpstreamDef::anthropic(&mock),
             "openai" => UpstreamDef::openai(&mock),
+            "azure-openai" => UpstreamDef::azure(&mock),
             other => panic!("no {other} adapter"),
         };
         let manifests = RoutedManifests::new(&[upstream]);
@@ -946,8 +1074,13 @@ stringData:
 fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
     let mut list = String::from("  upstreams:\n");
     for u in upstreams {
+        let api_version = u
+            .api_version
+            .as_deref()
+            .map(|v| format!("      apiVersion: \"{v}\"\n"))
+            .unwrap_or_default();
         list.push_str(&format!(
-            "    - name: {}\n      provider: {}\n      model: {UPSTREAM_MODEL}\n      baseUrl: {}\n      weight: {}\n      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n      timeouts:\n        connectMs: 2000\n        firstByteMs: {}\n        idleMs: {}\n      http2: {}\n",
+            "    - name: {}\n      provider: {}\n      model: {UPSTREAM_MODEL}\n      baseUrl: {}\n      weight: {}\n      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n      timeouts:\n        connectMs: 2000\n        firstByteMs: {}\n        idleMs: {}\n      http2: {}\n{api_version}",
             u.name, u.provider, u.base_url, u.weight, u.first_byte_ms, u.idle_ms, u.http2
         ));
     }

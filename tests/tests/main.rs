@@ -78,6 +78,7 @@ mod tiers;
 mod tls;
 mod tracing;
 mod upstream_affinity;
+mod upstream_azure;
 mod upstream_claude_code;
 mod upstream_codex;
 mod upstream_failover;

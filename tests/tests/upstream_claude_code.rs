@@ -56,6 +56,7 @@ fn claude_bin() -> PathBuf {
 enum Adapter {
     Anthropic,
     OpenAi,
+    AzureOpenAi,
 }
 
 /// One `claude -p` session through a gateway whose models are all served by a mock upstream
@@ -132,6 +133,7 @@ impl Session {
         let provider = match self.adapter {
             Adapter::Anthropic => "anthropic",
             Adapter::OpenAi => "openai",
+            Adapter::AzureOpenAi => "azure-openai",
         };
         let input = json!({"command": format!("touch {}", marker.display()),
             "description": "Create the marker file"});
@@ -198,7 +200,7 @@ async fn claude(
 
 #[tokio::test]
 async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapter() {
-    for adapter in [Adapter::Anthropic, Adapter::OpenAi] {
+    for adapter in [Adapter::Anthropic, Adapter::OpenAi, Adapter::AzureOpenAi] {
         let outcome = Session::on("svc/opus", adapter).large_project().run().await;
         let what = format!("svc/opus via {adapter:?}");
         outcome.assert_completed_the_tool_loop(&what);
@@ -231,7 +233,7 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
                 !betas.is_empty(),
                 "Claude Code's beta features reached the upstream"
             ),
-            Adapter::OpenAi => assert!(betas.is_empty(), "{betas:?}"),
+            Adapter::OpenAi | Adapter::AzureOpenAi => assert!(betas.is_empty(), "{betas:?}"),
         }
         if adapter == Adapter::Anthropic {
             // The thinking Claude Code asks for by default is applied where the model has it

@@ -298,12 +298,12 @@ async fn failures_after_the_first_byte_count_toward_the_breaker_without_falling_
 #[tokio::test]
 async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_call_and_pays_what_was_generated(
 ) {
-    for openai in [false, true] {
+    for provider in ["anthropic", "openai", "azure-openai"] {
         let mock = MockUpstream::start().await;
-        let upstream = if openai {
-            UpstreamDef::openai(&mock)
-        } else {
-            UpstreamDef::anthropic(&mock)
+        let upstream = match provider {
+            "anthropic" => UpstreamDef::anthropic(&mock),
+            "openai" => UpstreamDef::openai(&mock),
+            _ => UpstreamDef::azure(&mock),
         };
         let rig = start(&[upstream], &[]).await;
         let gw = &rig.gw;
@@ -359,14 +359,14 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_call_and_pays
             .expect("output_tokens");
         assert!(
             (least..=most).contains(&output),
-            "openai={openai}: {output} output tokens billed, {least} received ({received:?}), {most} with the chunks in flight: {row}"
+            "{provider}: {output} output tokens billed, {least} received ({received:?}), {most} with the chunks in flight: {row}"
         );
         let input = row["usage"]["input_tokens"].as_u64().expect("input_tokens");
         let billed = row["billed"].as_u64().expect("billed");
         assert_eq!(
             billed,
             RoutePrice::of("svc/opus").credits(input, output),
-            "openai={openai}: billed other than the route's price of its tokens: {row}"
+            "{provider}: billed other than the route's price of its tokens: {row}"
         );
         assert_eq!(row["status"], "client_disconnected", "{row}");
     }

@@ -1,9 +1,10 @@
 //! Real upstreams behind both endpoints: every model routed to the mock upstream through the
-//! `anthropic` or the `openai` adapter, each endpoint in JSON and in SSE; tool calls streamed
-//! whole, tool results and images in the upstream's format, thinking with its signature, cache
-//! tokens in usage, the client's beta features for an Anthropic upstream only, no provider
-//! name, upstream model or upstream key in any response, an empty reply as one empty text
-//! block, and the spec's default temperature sent where the upstream's default may differ.
+//! `anthropic`, the `openai` or the `azure-openai` adapter, each endpoint in JSON and in SSE;
+//! tool calls streamed whole, tool results and images in the upstream's format, thinking with
+//! its signature, cache tokens in usage, the client's beta features for an Anthropic upstream
+//! only, no provider name, upstream model or upstream key in any response, an empty reply as
+//! one empty text block, and the spec's default temperature sent where the upstream's default
+//! may differ.
 
 use e2e::sse::{assemble_chat_stream, assemble_message_stream};
 use e2e::upstream::{UPSTREAM_API_KEY, UPSTREAM_MODEL};
@@ -14,9 +15,11 @@ use serde_json::{json, Value};
 enum Adapter {
     Anthropic,
     OpenAi,
+    /// The `openai` wire format at Azure's address (`upstream_azure.rs` has the rest).
+    AzureOpenAi,
 }
 
-const ADAPTERS: [Adapter; 2] = [Adapter::Anthropic, Adapter::OpenAi];
+const ADAPTERS: [Adapter; 3] = [Adapter::Anthropic, Adapter::OpenAi, Adapter::AzureOpenAi];
 
 /// A gateway whose every model is served by one mock upstream through `adapter`.
 struct Rig {
@@ -31,6 +34,7 @@ impl Rig {
         let upstream = match adapter {
             Adapter::Anthropic => UpstreamDef::anthropic(&mock),
             Adapter::OpenAi => UpstreamDef::openai(&mock),
+            Adapter::AzureOpenAi => UpstreamDef::azure(&mock),
         };
         let manifests = RoutedManifests::new(&[upstream]);
         let gw = Gateway::builder().manifests(&manifests.path).start().await;
@@ -140,6 +144,15 @@ async fn both_endpoints_answer_through_each_adapter_in_json_and_in_streams() {
                         request.headers["authorization"],
                         format!("Bearer {UPSTREAM_API_KEY}").as_str()
                     );
+                    assert_eq!(request.body["stream_options"]["include_usage"], true);
+                }
+                Adapter::AzureOpenAi => {
+                    assert_eq!(
+                        request.path,
+                        format!("/openai/deployments/{UPSTREAM_MODEL}/chat/completions")
+                    );
+                    assert_eq!(request.headers["api-key"], UPSTREAM_API_KEY);
+                    assert!(request.headers.get("authorization").is_none());
                     assert_eq!(request.body["stream_options"]["include_usage"], true);
                 }
             }
@@ -321,7 +334,7 @@ async fn a_tool_result_round_trip_reaches_the_upstream_in_its_own_format() {
                     id.as_str()
                 );
             }
-            Adapter::OpenAi => {
+            Adapter::OpenAi | Adapter::AzureOpenAi => {
                 let messages = sent["messages"].as_array().unwrap();
                 let roles: Vec<&str> = messages
                     .iter()
@@ -409,7 +422,7 @@ async fn chat_tool_calls_carry_call_ids_and_any_id_sent_back_reaches_the_upstrea
                     sent["messages"][1]["content"][0]["id"].clone(),
                     sent["messages"][2]["content"][0]["tool_use_id"].clone(),
                 ),
-                Adapter::OpenAi => (
+                Adapter::OpenAi | Adapter::AzureOpenAi => (
                     sent["messages"][1]["tool_calls"][0]["id"].clone(),
                     sent["messages"][2]["tool_call_id"].clone(),
                 ),
@@ -559,7 +572,7 @@ async fn images_reach_the_upstream_in_its_own_format() {
                 assert_eq!(part["type"], "image");
                 assert_eq!(part["source"]["data"], PNG);
             }
-            Adapter::OpenAi => {
+            Adapter::OpenAi | Adapter::AzureOpenAi => {
                 assert_eq!(part["type"], "image_url");
                 assert_eq!(
                     part["image_url"]["url"],
@@ -589,7 +602,7 @@ async fn thinking_on_opus_streams_before_the_answer_with_the_upstreams_signature
                 assert_eq!(rig.mock.last_body()["thinking"]["budget_tokens"], 1024);
             }
             // Chat completions carry no signature for reasoning.
-            Adapter::OpenAi => assert_eq!(stream.blocks[0].signature, ""),
+            Adapter::OpenAi | Adapter::AzureOpenAi => assert_eq!(stream.blocks[0].signature, ""),
         }
     }
 }
@@ -709,7 +722,7 @@ async fn claude_codes_mid_conversation_system_messages_are_folded_for_the_upstre
                 assert_eq!(roles, ["user", "assistant", "user"], "{sent}");
                 messages[2]["content"][0]["text"].clone()
             }
-            Adapter::OpenAi => {
+            Adapter::OpenAi | Adapter::AzureOpenAi => {
                 assert_eq!(roles, ["system", "user", "assistant", "user"], "{sent}");
                 messages[3]["content"][0]["text"].clone()
             }
@@ -759,7 +772,7 @@ async fn the_clients_anthropic_beta_features_reach_an_anthropic_upstream_and_no_
                         "the adapter's own API version"
                     );
                 }
-                Adapter::OpenAi => assert!(betas.is_empty(), "{betas:?}"),
+                Adapter::OpenAi | Adapter::AzureOpenAi => assert!(betas.is_empty(), "{betas:?}"),
             }
         }
     }

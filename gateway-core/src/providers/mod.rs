@@ -1,7 +1,8 @@
 //! Upstream model providers. Each adapter turns the conversation (`crate::conversation`) into a
 //! stream of its events; everything else (billing, limits, wire formats) is done around them.
 //! The `simulated` provider answers without any upstream account; `anthropic` speaks the
-//! Messages API and `openai` any OpenAI-compatible chat-completions upstream. Which upstream
+//! Messages API and `openai` any OpenAI-compatible chat-completions upstream (`azure-openai`
+//! too: the same adapter, with Azure's paths and header). Which upstream
 //! serves a turn, and what happens when it fails, is `routing::fallback`'s business.
 
 mod anthropic;
@@ -122,7 +123,7 @@ impl Providers {
         match kind {
             ProviderKind::Simulated => &self.simulated,
             ProviderKind::Anthropic => &self.anthropic,
-            ProviderKind::Openai => &self.openai,
+            ProviderKind::Openai | ProviderKind::AzureOpenai => &self.openai,
         }
     }
 }

@@ -1,5 +1,8 @@
 //! The `openai` adapter: any OpenAI-compatible chat-completions upstream
-//! (`POST {base_url}/chat/completions`, Bearer auth). The request and the answer are translated
+//! (`POST {base_url}/chat/completions`, Bearer auth), and the `azure-openai` variation of it
+//! (`POST {base_url}/openai/deployments/{model}/chat/completions?api-version=…`, `api-key`
+//! header): the same body and stream, only the address and the credential's header differ
+//! ([`Endpoint`]). The request and the answer are translated
 //! by `wire::openai::translate` (the rules are there); the request always streams, asking for
 //! usage with `stream_options.include_usage`.
 //!
@@ -10,6 +13,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use crds::config::{ProviderKind, Secret, Upstream};
 
 use super::blocks::Blocks;
 use super::http::{self, Clients, Decoder, SseEvent};
@@ -38,14 +42,88 @@ impl OpenAi {
     }
 }
 
+/// Where a chat-completions call goes and how the key is sent, by provider kind.
+enum Endpoint<'a> {
+    /// `{base}/chat/completions`, `Authorization: Bearer`.
+    OpenAi { base: &'a str },
+    /// `{base}/openai/deployments/{deployment}/chat/completions?api-version=…`, `api-key`.
+    /// Azure ignores the body's `model`: the deployment in the path picks it.
+    Azure {
+        base: &'a str,
+        deployment: &'a str,
+        api_version: &'a str,
+    },
+}
+
+impl<'a> Endpoint<'a> {
+    fn of(upstream: &'a Upstream) -> Result<Self, ProviderError> {
+        let missing = |what: &str| {
+            tracing::error!(upstream = %upstream.name, provider = upstream.provider.as_str(), "upstream without {what}");
+            ProviderError::Unavailable
+        };
+        let base = upstream
+            .base_url
+            .as_deref()
+            .ok_or_else(|| missing("a base URL"))?
+            .trim_end_matches('/');
+        Ok(match upstream.provider {
+            ProviderKind::AzureOpenai => Endpoint::Azure {
+                base,
+                deployment: &upstream.model,
+                api_version: upstream
+                    .api_version
+                    .as_deref()
+                    .ok_or_else(|| missing("an api version"))?,
+            },
+            _ => Endpoint::OpenAi { base },
+        })
+    }
+
+    fn request(
+        &self,
+        client: &reqwest::Client,
+        key: Option<&Secret>,
+    ) -> Result<reqwest::RequestBuilder, ProviderError> {
+        Ok(match self {
+            Endpoint::OpenAi { base } => {
+                let request = client.post(format!("{base}/chat/completions"));
+                match key {
+                    Some(key) => request.bearer_auth(key.expose()),
+                    None => request,
+                }
+            }
+            Endpoint::Azure {
+                base,
+                deployment,
+                api_version,
+            } => {
+                // Path segments are escaped: a `/` or `?` in a deployment name must not
+                // change the path.
+                let mut url = reqwest::Url::parse(base).map_err(|e| {
+                    tracing::error!(error = %e, "azure-openai upstream with an unusable base URL");
+                    ProviderError::Unavailable
+                })?;
+                url.path_segments_mut()
+                    .map_err(|()| ProviderError::Unavailable)?
+                    .pop_if_empty()
+                    .extend(["openai", "deployments", deployment, "chat", "completions"]);
+                url.query_pairs_mut()
+                    .append_pair("api-version", api_version);
+                let request = client.post(url);
+                match key {
+                    Some(key) => request.header("api-key", key.expose()),
+                    None => request,
+                }
+            }
+        })
+    }
+}
+
 #[async_trait]
 impl Provider for OpenAi {
     async fn start(&self, call: ProviderCall) -> Result<EventStream, ProviderError> {
         let upstream = &call.upstream;
-        let base = upstream.base_url.as_deref().ok_or_else(|| {
-            tracing::error!(upstream = %upstream.name, "openai upstream without a base URL");
-            ProviderError::Unavailable
-        })?;
+        let endpoint = Endpoint::of(upstream)?;
         let body = ChatRequest {
             stream: Some(true),
             stream_options: Some(StreamOptions {
@@ -54,13 +132,10 @@ impl Provider for OpenAi {
             ..request_to_chat(&call.request, &upstream.model)
         };
         let (client, upstream_call) = self.clients.get(upstream)?;
-        let mut request = client
-            .post(format!("{}/chat/completions", base.trim_end_matches('/')))
+        let request = endpoint
+            .request(&client, upstream.api_key.as_ref())?
             .header("accept", "text/event-stream")
             .json(&body);
-        if let Some(key) = &upstream.api_key {
-            request = request.bearer_auth(key.expose());
-        }
         let stream = Stream {
             blocks: Blocks::default(),
             tokens: self.tokens,
@@ -328,5 +403,36 @@ mod tests {
             },
         }));
         assert_eq!(finish(&events).0, StopReason::ToolUse);
+    }
+
+    fn azure(base: &str, deployment: &str) -> Upstream {
+        Upstream {
+            name: "azure".into(),
+            provider: ProviderKind::AzureOpenai,
+            model: deployment.into(),
+            base_url: Some(base.into()),
+            api_version: Some("2024-10-21".into()),
+            api_key: Some(Secret("k-1".into())),
+            weight: 1,
+            timeouts: crds::config::Timeouts::default(),
+            http2: false,
+            chunk_delay_ms: 0,
+        }
+    }
+
+    #[test]
+    fn an_azure_call_goes_to_the_deployment_with_the_api_version_and_the_api_key_header() {
+        let upstream = azure("https://res.openai.azure.com/", "gpt-4o prod/eu");
+        let request = Endpoint::of(&upstream)
+            .and_then(|e| e.request(&reqwest::Client::new(), upstream.api_key.as_ref()))
+            .expect("a request")
+            .build()
+            .expect("a request");
+        assert_eq!(
+            request.url().as_str(),
+            "https://res.openai.azure.com/openai/deployments/gpt-4o%20prod%2Feu/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(request.headers()["api-key"], "k-1");
+        assert!(request.headers().get("authorization").is_none());
     }
 }

@@ -119,6 +119,7 @@ mod tests {
             provider: ProviderKind::Simulated,
             model: "m".to_owned(),
             base_url: None,
+            api_version: None,
             api_key: None,
             weight,
             timeouts: Timeouts::default(),

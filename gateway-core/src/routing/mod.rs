@@ -186,6 +186,7 @@ mod tests {
             provider: ProviderKind::Simulated,
             model: name.into(),
             base_url: None,
+            api_version: None,
             api_key: None,
             weight,
             timeouts: Timeouts::default(),
