@@ -505,7 +505,7 @@ async fn an_omitted_temperature_reaches_a_chat_upstream_as_the_specs_1_and_an_an
         // The spec's default: sent where the upstream's own default may differ.
         let default = match adapter {
             Adapter::Anthropic => Value::Null,
-            Adapter::OpenAi => json!(1.0),
+            Adapter::OpenAi | Adapter::AzureOpenAi => json!(1.0),
         };
         let mut top_p_only = message("svc/sonnet", "hi", 50);
         top_p_only["top_p"] = json!(0.9);
