@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crds::resources::{ApiKey, ModelRoute, Tier};
 use futures::{stream, StreamExt};
@@ -26,6 +26,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, Controller};
 
 use crate::error::{Error, Result};
+use crate::metrics::{Metrics, ReasonLabel};
 use crate::publish::{self, Context};
 
 /// A `kubectl apply` of a folder arrives as a burst of events: wait this long after the last
@@ -43,14 +44,16 @@ pub struct State {
     /// watch events.
     resync: Duration,
     backoff: Backoff,
+    metrics: Arc<Metrics>,
 }
 
 impl State {
-    pub fn new(ctx: Context, resync: Duration) -> Self {
+    pub fn new(ctx: Context, resync: Duration, metrics: Arc<Metrics>) -> Self {
         Self {
             ctx,
             resync,
             backoff: Backoff::default(),
+            metrics,
         }
     }
 }
@@ -126,7 +129,23 @@ fn to<K>(target: &ObjectRef<Secret>) -> impl Fn(K) -> Option<ObjectRef<Secret>> 
 }
 
 async fn reconcile(_trigger: Arc<Secret>, state: Arc<State>) -> Result<Action> {
-    let outcome = publish::reconcile(&state.ctx).await?;
+    let metrics = &state.metrics;
+    let started = Instant::now();
+    let result = publish::reconcile(&state.ctx).await;
+    metrics.reconciles.inc();
+    metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    let outcome = result.inspect_err(|error| {
+        metrics
+            .reconcile_errors
+            .get_or_create(&ReasonLabel {
+                reason: error.reason(),
+            })
+            .inc();
+        metrics.reconcile_failing.set(1);
+    })?;
+    metrics.reconcile_failing.set(0);
     tracing::debug!(?outcome, "reconciled");
     state.backoff.succeeded();
     Ok(Action::requeue(state.resync))
@@ -195,7 +214,8 @@ mod tests {
             Vec::new(),
             "operator-0".to_owned(),
         );
-        let state = Arc::new(State::new(ctx, Duration::from_secs(600)));
+        let metrics = Arc::new(Metrics::default());
+        let state = Arc::new(State::new(ctx, Duration::from_secs(600), metrics.clone()));
 
         let mut waits = Vec::new();
         for _ in 0..5 {
@@ -211,6 +231,51 @@ mod tests {
             [secs(5), secs(10), secs(20), secs(600), secs(5)],
             "three failures wait 5, 10, 20 s; a success waits the resync; the next failure 5 s again"
         );
+    }
+
+    #[tokio::test]
+    async fn every_reconcile_is_counted_and_timed_failures_by_reason_and_the_last_one_shown() {
+        let (service, handle) = tower_test::mock::pair();
+        let mut requests = vec![refused(), refused()];
+        requests.extend(publishing());
+        requests.push(refused());
+        let server = tokio::spawn(api_server(handle, requests));
+        let ctx = Context::new(
+            kube::Client::new(service, NS),
+            NS.to_owned(),
+            "gateway-config".to_owned(),
+            Vec::new(),
+            "operator-0".to_owned(),
+        );
+        let metrics = Arc::new(Metrics::default());
+        let state = Arc::new(State::new(ctx, Duration::from_secs(600), metrics.clone()));
+
+        let mut failing = Vec::new();
+        for _ in 0..4 {
+            attempt(&state).await;
+            failing.push(metrics.reconcile_failing.get());
+        }
+        drop(state);
+        if let Err(panic) = server.await {
+            std::panic::resume_unwind(panic.into_panic());
+        }
+        assert_eq!(
+            failing,
+            [1, 1, 0, 1],
+            "the gauge follows the last reconcile"
+        );
+        assert_eq!(metrics.reconciles.get(), 4);
+        let forbidden = ReasonLabel {
+            reason: "api_forbidden",
+        };
+        assert_eq!(metrics.reconcile_errors.get_or_create(&forbidden).get(), 3);
+        let page = metrics.render();
+        for line in [
+            r#"gateway_operator_reconcile_errors_total{reason="api_forbidden"} 3"#,
+            "gateway_operator_reconcile_duration_seconds_count 4",
+        ] {
+            assert!(page.lines().any(|l| l == line), "no `{line}` in\n{page}");
+        }
     }
 
     #[test]

@@ -26,3 +26,27 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The failure's kind as a metric label (`gateway_operator_reconcile_errors_total`): a
+    /// small fixed set, so an alert can tell missing RBAC from an unreachable API server.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(status)) => match status.code {
+                401 | 403 => "api_forbidden",
+                404 => "api_not_found",
+                409 => "api_conflict",
+                422 => "api_invalid",
+                429 => "api_throttled",
+                _ => "api_error",
+            },
+            Error::Kube(_) => "api_unreachable",
+            Error::Serialize(_) => "serialize",
+            Error::Scrape { .. } => "scrape",
+            Error::MissingMetric { .. } => "missing_metric",
+            Error::Sweep(_) => "sweep",
+            Error::NoConfigSecret { .. } => "no_config_secret",
+            Error::NoRules => "no_rules",
+        }
+    }
+}

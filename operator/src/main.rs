@@ -337,7 +337,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // not wait for a leader to be elected.
     let mut terminate = signal(SignalKind::terminate()).context("cannot wait for SIGTERM")?;
     tokio::select! {
-        () = controller::run(controller::State::new(ctx, args.resync)) => {}
+        () = controller::run(controller::State::new(ctx, args.resync, metrics)) => {}
         signal = tokio::signal::ctrl_c() => signal.context("cannot wait for ctrl-c")?,
         // The kubelet stops a pod with SIGTERM, which a container's first process ignores
         // unless it handles it: the pod would wait out its whole grace period for SIGKILL.

@@ -15,17 +15,35 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 /// What `/metrics` answers with: the OpenMetrics text format, which Prometheus reads.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// A failed reconcile's label: which kind of failure ([`crate::error::Error::reason`]), a
+/// small fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 /// One registry per process, handed to the loops that count; tests build their own.
 pub struct Metrics {
     registry: Registry,
+    /// Config reconciles run (each compiles the namespace's resources and publishes), failed
+    /// ones included.
+    pub reconciles: Counter,
+    pub reconcile_errors: Family<ReasonLabel, Counter>,
+    pub reconcile_duration: Histogram,
+    /// 1 while this process's last config reconcile failed: changes to Tiers, ModelRoutes and
+    /// ApiKeys are then not published.
+    pub reconcile_failing: Gauge,
     pub sweeps: Counter,
     pub sweep_failures: Counter,
     pub promotions: Counter,
@@ -38,6 +56,12 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::default();
+        let reconciles = Counter::default();
+        let reconcile_errors = Family::<ReasonLabel, Counter>::default();
+        // 5 ms to about 10 s: a compile and publish takes tens of milliseconds; a slow API
+        // server shows in the top buckets.
+        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
+        let reconcile_failing = Gauge::default();
         let sweeps = Counter::default();
         let sweep_failures = Counter::default();
         let promotions = Counter::default();
@@ -45,6 +69,27 @@ impl Default for Metrics {
         let leading = Gauge::default();
         let desired_replicas = Gauge::default();
         // Counters are registered without `_total`: the encoder appends it.
+        registry.register(
+            "gateway_operator_reconciles",
+            "Config reconciles run by this process, failed ones included",
+            reconciles.clone(),
+        );
+        registry.register(
+            "gateway_operator_reconcile_errors",
+            "Config reconciles that failed, by reason",
+            reconcile_errors.clone(),
+        );
+        registry.register_with_unit(
+            "gateway_operator_reconcile_duration",
+            "How long a config reconcile took, failed ones included",
+            prometheus_client::registry::Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "gateway_operator_reconcile_failing",
+            "1 while this process's last config reconcile failed (config changes are not published)",
+            reconcile_failing.clone(),
+        );
         registry.register(
             "gateway_operator_sweeps",
             "Promotion sweeps run by this process",
@@ -77,6 +122,10 @@ impl Default for Metrics {
         );
         Self {
             registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            reconcile_failing,
             sweeps,
             sweep_failures,
             promotions,
@@ -189,6 +238,12 @@ mod tests {
         assert_eq!(status, 200);
         assert!(content_type.starts_with("application/openmetrics-text"));
         for line in [
+            "# TYPE gateway_operator_reconciles counter",
+            "gateway_operator_reconciles_total 0",
+            "# TYPE gateway_operator_reconcile_duration_seconds histogram",
+            "gateway_operator_reconcile_duration_seconds_count 0",
+            "# TYPE gateway_operator_reconcile_failing gauge",
+            "gateway_operator_reconcile_failing 0",
             "# TYPE gateway_operator_sweeps counter",
             "gateway_operator_sweeps_total 0",
             "# TYPE gateway_operator_sweep_failures counter",
