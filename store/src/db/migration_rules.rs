@@ -113,6 +113,50 @@ fn every_migration_keeps_the_previous_release_working() {
     );
 }
 
+/// Numbers no migration has: 0018 was renumbered away before any release carried it.
+const SKIPPED: &[u32] = &[18];
+
+/// Branches written side by side each take the next number; merged, two files would share
+/// it, and sqlx would apply whichever sorts first under that version and refuse the other.
+/// A number left out is one a database may already have applied under another name.
+#[test]
+fn migration_numbers_are_distinct_and_follow_each_other() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut numbers: Vec<(u32, String)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| {
+            let path = entry.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            (number(&path).unwrap_or(0), name.unwrap_or_default())
+        })
+        .collect();
+    numbers.sort();
+    assert!(numbers.len() >= 27, "the migrations folder was not read");
+    let unnumbered: Vec<&String> = numbers
+        .iter()
+        .filter(|(n, _)| *n == 0)
+        .map(|(_, f)| f)
+        .collect();
+    assert!(
+        unnumbered.is_empty(),
+        "migrations without a number: {unnumbered:?}"
+    );
+    for pair in numbers.windows(2) {
+        let ((a, first), (b, second)) = (&pair[0], &pair[1]);
+        assert_ne!(
+            a, b,
+            "{first} and {second} share a number: renumber the newer one"
+        );
+        let left_out: Vec<u32> = (a + 1..*b).filter(|n| !SKIPPED.contains(n)).collect();
+        assert!(
+            left_out.is_empty(),
+            "no migration numbered {left_out:?} between {first} and {second}"
+        );
+    }
+}
+
 #[test]
 fn a_drop_a_rename_a_retype_or_a_required_column_breaks_the_previous_release() {
     for sql in [
