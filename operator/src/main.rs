@@ -5,8 +5,8 @@
 mod controller;
 mod error;
 mod grants;
+mod isolation;
 mod leader_election;
-mod lenient;
 mod metrics;
 mod publish;
 mod scale;

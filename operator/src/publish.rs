@@ -4,7 +4,7 @@
 //!
 //! One reconcile covers the whole namespace because validity is a property of the set (every
 //! tier declared once, auto candidates that exist), not of one object. A resource at fault is
-//! compiled out (its last published version in its place, if any: see [`crate::lenient`]) and
+//! compiled out (its last published version in its place, if any: see [`crate::isolation`]) and
 //! the rest publishes; only problems no resource owns leave the Secret, and so the gateways,
 //! on the last good config. No finalizers: deleting a resource only needs a recompile, which
 //! its watch event triggers.
@@ -29,7 +29,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
-use crate::lenient::{self, LastGood};
+use crate::isolation::{self, LastGood};
 use crate::status::{Verdict, READY};
 
 /// The field manager of everything the operator writes with server-side apply.
@@ -175,7 +175,7 @@ pub async fn reconcile(ctx: &Context) -> Result<Outcome> {
             .last_good
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        lenient::compile(&tiers, &routes, &keys, &secrets, &readable, &last)
+        isolation::compile(&tiers, &routes, &keys, &secrets, &readable, &last)
     };
     let verdict_of = |resource: &ResourceRef| Verdict::of(resource, &outcome, &ctx.secret);
     report(ctx, &tiers, &verdict_of).await?;

@@ -5,7 +5,7 @@ use crds::compile::ResourceRef;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::lenient::{Fate, Lenient};
+use crate::isolation::{Fate, Isolated};
 
 pub const READY: &str = "Ready";
 
@@ -19,7 +19,7 @@ pub struct Verdict {
 
 impl Verdict {
     /// The verdict for `resource` after a compilation that published (`Ok`) or did not.
-    pub fn of(resource: &ResourceRef, outcome: &Lenient, secret: &str) -> Self {
+    pub fn of(resource: &ResourceRef, outcome: &Isolated, secret: &str) -> Self {
         if let Some(fault) = outcome.faults.get(resource) {
             let consequence = match (&outcome.compiled, fault.fate) {
                 (Err(_), _) => "gateways keep the last good configuration",
@@ -106,7 +106,7 @@ mod tests {
     use crds::config::GatewayConfig;
 
     use super::*;
-    use crate::lenient::{Fault, LastGood};
+    use crate::isolation::{Fault, LastGood};
 
     fn route(name: &str) -> ResourceRef {
         ResourceRef {
@@ -117,7 +117,7 @@ mod tests {
     }
 
     /// A compilation that published (`general` empty) or not, with `broken` at fault.
-    fn outcome(general: &[&str], fate: Fate) -> Lenient {
+    fn outcome(general: &[&str], fate: Fate) -> Isolated {
         let compiled = if general.is_empty() {
             Ok(GatewayConfig::default())
         } else {
@@ -131,7 +131,7 @@ mod tests {
                     .collect(),
             })
         };
-        Lenient {
+        Isolated {
             compiled,
             faults: BTreeMap::from([(
                 route("broken"),

@@ -35,7 +35,7 @@ pub struct Fault {
     pub fate: Fate,
 }
 
-pub struct Lenient {
+pub struct Isolated {
     /// The config of what remains, or the problems no resource owns.
     pub compiled: Result<GatewayConfig, CompileErrors>,
     pub faults: BTreeMap<ResourceRef, Fault>,
@@ -88,7 +88,7 @@ pub fn compile(
     secrets: &[Secret],
     readable: &BTreeSet<String>,
     last: &LastGood,
-) -> Lenient {
+) -> Isolated {
     let mut tiers = Inputs::new("Tier", tiers);
     let mut routes = Inputs::new("ModelRoute", routes);
     let mut keys = Inputs::new("ApiKey", keys);
@@ -152,7 +152,7 @@ pub fn compile(
                 routes: routes.kept(),
                 keys: keys.kept(),
             };
-            return Lenient {
+            return Isolated {
                 compiled,
                 faults,
                 kept,
@@ -265,7 +265,7 @@ mod tests {
     }
 
     /// Compiles `m` as an operator pointed at every Secret of the folder would.
-    fn run(m: &Manifests, last: &LastGood) -> Lenient {
+    fn run(m: &Manifests, last: &LastGood) -> Isolated {
         let readable = m
             .secrets
             .iter()
