@@ -12,7 +12,8 @@ use gateway_core::telemetry;
 /// write, on the client's connection and on the upstream's) of which it uses a few hundred
 /// bytes, and jemalloc keeps blocks of that size page-aligned with no header in front, so their
 /// untouched pages are not made resident. With the purging below, 1,000 streams held through an
-/// upstream cost about a fifth less resident memory than with glibc (docs/benchmarks.md).
+/// upstream cost about a fifth less resident memory than with glibc
+/// (docs/benchmarks-history.md, "Where the memory went").
 #[cfg(not(any(feature = "count-allocations", feature = "system-allocator")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -22,7 +23,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 static ALLOCATOR: counted::Counted = counted::Counted;
 
 /// jemalloc with a count of what it was asked for, printed at exit: the bytes and allocations
-/// per turn in docs/benchmarks.md are two runs' totals apart over their difference in turns.
+/// per turn in docs/benchmarks.md ("Where a turn's allocations go") are two runs' totals apart
+/// over their difference in turns.
 #[cfg(feature = "count-allocations")]
 mod counted {
     use std::alloc::{GlobalAlloc, Layout};

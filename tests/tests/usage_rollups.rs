@@ -337,7 +337,8 @@ e2e::contract! {
 
 /// 900 turns of one key and model are one rollup row per hour they started in, however many
 /// statements settled them. Prints what they take on disk (`--no-capture`; the figures of
-/// docs/benchmarks.md): the rows, the rollups, and the commits the database saw meanwhile.
+/// docs/benchmarks.md, "Usage rollups: statements, commits and bytes per turn"): the rows, the
+/// rollups, and the commits the database saw meanwhile.
 #[tokio::test]
 async fn the_turns_of_one_key_and_model_in_an_hour_are_one_rollup_row() {
     let pg = PostgresServer::start().await;

@@ -17,7 +17,8 @@
 //! reservation released (its row ends `client_disconnected`, billed nothing), an admission
 //! finished. A step that ends while polled hands its result over within that poll, so no
 //! result is lost between the two. (A task for every step instead cost 7,600 instructions a
-//! step, a tenth of a standalone turn: docs/benchmarks.md, "Instructions per request".)
+//! step, a tenth of a standalone turn: docs/benchmarks-history.md, "A turn's steps finish when
+//! their client hangs up".)
 
 use std::future::Future;
 use std::pin::Pin;

@@ -63,7 +63,7 @@ impl<S> HttpService for S where
 /// Each stack of layers wraps its router once, as a service, rather than through
 /// `Router::layer`, which wraps every route in a boxed service per layer: a request then cloned
 /// a chain of boxes at each layer it passed (127 of a proxied turn's 524 allocations,
-/// docs/benchmarks.md).
+/// docs/benchmarks-history.md, "Where a turn's allocations go").
 pub fn service(state: AppState, deadline: BodyDeadline) -> impl HttpService {
     let proxies = Arc::<TrustedProxies>::from_ref(&state);
     let routes = Router::new()

@@ -24,7 +24,8 @@ use super::{
 /// Settled rows kept for lookups (the dashboard's recent messages, a message by id). A row is
 /// about 1 KiB resident (eight names and the id, each its own allocation), so this bounds
 /// the rows to about 10 MiB: a standalone pod stays under 64 MiB resident however many turns
-/// it serves (docs/benchmarks.md). Usage totals are kept whole, apart from the rows.
+/// it serves (docs/benchmarks.md, "Standalone memory after a million turns"). Usage totals are
+/// kept whole, apart from the rows.
 const KEPT_MESSAGES: usize = 10_000;
 
 pub struct MemoryLedger {

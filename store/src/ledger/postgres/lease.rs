@@ -170,7 +170,8 @@ impl PostgresLedger {
     /// With `since`, only the rows reserved in `messages` (by processes of before 0026) created
     /// since then are read: the statement is planned with that bound and reads only those
     /// days' partitions (about 6 ms of planning against 90 at 13 months of days,
-    /// docs/benchmarks.md); `None` reads every day's.
+    /// docs/benchmarks.md, "The reaper's statement and the number of days"); `None` reads
+    /// every day's.
     pub async fn reap(
         &self,
         stale: Duration,

@@ -166,10 +166,10 @@ const RECENT: Duration = Duration::from_secs(7 * 24 * 3_600);
 const MAX_BATCH: usize = 128;
 
 /// Reserve (and settle) statements in flight at once per process. One is the fastest measured
-/// (docs/benchmarks.md): more lanes mean smaller batches, so more commits and more Postgres
-/// backends competing for the cores, which costs more than the wait for the lane saves (1
-/// lane: 6,400 turns/s, and p99 2.9 ms at 2,000 turns/s; 2 lanes: 3,800 and 6 ms; 8 lanes:
-/// 2,100 and 18 ms).
+/// (docs/benchmarks.md, "Ledger with Postgres (1,000 accounts)"): more lanes mean smaller
+/// batches, so more commits and more Postgres backends competing for the cores, which costs
+/// more than the wait for the lane saves (1 lane: 6,400 turns/s, and p99 2.9 ms at 2,000
+/// turns/s; 2 lanes: 3,800 and 6 ms; 8 lanes: 2,100 and 18 ms).
 /// Each lane holds one pooled connection while it runs, the rest of the pool serves reads.
 const LANES: usize = 1;
 
