@@ -63,6 +63,7 @@ pub struct TestNode {
     dir: PathBuf,
     addresses: Arc<Mutex<Vec<String>>>,
     plain_http: Arc<Mutex<Vec<String>>>,
+    pulled: Arc<Mutex<Vec<String>>>,
     log: LogTail,
     _controllers: Vec<Child>,
     kubelet: tokio::task::JoinHandle<()>,
@@ -144,6 +145,7 @@ impl TestNode {
         let admin = api.kubeconfig(Identity::Admin);
         let addresses = Arc::new(Mutex::new(Vec::new()));
         let plain_http = Arc::new(Mutex::new(Vec::new()));
+        let pulled = Arc::new(Mutex::new(Vec::new()));
         let client = client_for(&admin).await;
         register_node(&client, &name).await;
         let kubelet = Arc::new(Kubelet {
@@ -154,6 +156,7 @@ impl TestNode {
             next_ip: AtomicU32::new(0),
             addresses: addresses.clone(),
             plain_http: plain_http.clone(),
+            pulled: pulled.clone(),
             log: log.clone(),
         });
         let kubelet = tokio::spawn(kubelet.run());
@@ -162,6 +165,7 @@ impl TestNode {
             dir,
             addresses,
             plain_http,
+            pulled,
             log,
             _controllers: controllers,
             kubelet,
@@ -223,6 +227,16 @@ impl Drop for TestNode {
         if !ids.is_empty() {
             let mut args = vec!["rm", "--force", "--time", "0"];
             args.extend(ids.iter().map(String::as_str));
+            let _ = podman(&args);
+        }
+        // Images this node pulled from a journey's registry are that journey's alone (the
+        // registry's port is in their name); with the vfs driver each is a full copy on disk,
+        // so a suite of journeys would otherwise fill the disk. One still used by another
+        // node's containers is refused here and removed by that node's drop.
+        let pulled = std::mem::take(&mut *self.pulled.lock().unwrap_or_else(|e| e.into_inner()));
+        if !pulled.is_empty() {
+            let mut args = vec!["rmi"];
+            args.extend(pulled.iter().map(String::as_str));
             let _ = podman(&args);
         }
         for ip in self
@@ -297,6 +311,8 @@ struct Kubelet {
     addresses: Arc<Mutex<Vec<String>>>,
     /// Registries (`HOST:PORT`) pulled from over plain HTTP.
     plain_http: Arc<Mutex<Vec<String>>>,
+    /// The images this node pulled, removed on drop.
+    pulled: Arc<Mutex<Vec<String>>>,
     log: LogTail,
 }
 
@@ -395,6 +411,10 @@ impl Kubelet {
                 let out = podman_async(&["pull", "--quiet", &tls, &image]).await;
                 if out.status.success() {
                     self.say(&format!("pulled {image}"));
+                    self.pulled
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(image.clone());
                     break;
                 }
                 let error = String::from_utf8_lossy(&out.stderr).trim().to_owned();
