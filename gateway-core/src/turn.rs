@@ -252,12 +252,15 @@ async fn begin(
     validate::request(&request, &requested.id, &requested.config, open_max_tokens)?;
     let (mut request, input) = count_input(state, request, unsent_input).await?;
     telemetry.input_tokens(input.billed());
-    check_context_window(&requested, &request, input.sent, open_max_tokens)?;
+    check_context_window(&requested, input.sent)?;
     let served = choose_served_model(state, &requested, &request, input.sent, open_max_tokens)?;
-    if open_max_tokens {
-        let room = served.config.context_window.saturating_sub(input.sent);
-        request.max_tokens = served.config.max_output_tokens.min(room);
-    }
+    let asked = if open_max_tokens {
+        served.config.max_output_tokens
+    } else {
+        request.max_tokens
+    };
+    let room = window_room(&served, input.sent);
+    request.max_tokens = asked.min(room);
 
     let (admission, price) = match &lane {
         Lane::Interactive => {
@@ -305,6 +308,7 @@ async fn begin(
             delivered_as_generated: request.stream,
             reserved_since: None,
             served_by: None,
+            capped_by_window: false,
             telemetry,
         },
     };
@@ -340,6 +344,9 @@ async fn begin(
             .max(1);
     }
     validate::fit_thinking(&mut request, &served.config);
+    // The window, not the client's max_tokens (nor the balance), is what cuts a generation
+    // stopped at the max_tokens sent.
+    meter.turn.capped_by_window = request.max_tokens == room && room < asked;
 
     let stream = request.stream;
     let attempt = fallback::Attempt {
@@ -386,14 +393,12 @@ async fn count_input(
     Ok((request, Input { sent, unsent }))
 }
 
-/// The input must leave room in the model's context window, and so must max_tokens unless the
-/// client left it open.
-fn check_context_window(
-    requested: &Model,
-    request: &Request,
-    sent_tokens: u32,
-    open_max_tokens: bool,
-) -> Result<(), TurnError> {
+/// The input must leave room in the model's context window for at least one output token.
+/// max_tokens need not fit beside it: as the Messages API does, a turn is admitted whatever its
+/// max_tokens and its generation capped to the room left ([`window_room`]), ending with
+/// `model_context_window_exceeded` when it fills it. The input is the gateway's count (an
+/// estimate of the upstream's own: see [`crate::tokens`]).
+fn check_context_window(requested: &Model, sent_tokens: u32) -> Result<(), TurnError> {
     let context = requested.config.context_window;
     if sent_tokens >= context {
         return Err(TurnError::Invalid(format!(
@@ -401,13 +406,13 @@ fn check_context_window(
             requested.id
         )));
     }
-    if !open_max_tokens && sent_tokens + request.max_tokens > context {
-        return Err(TurnError::Invalid(format!(
-            "max_tokens: input ({sent_tokens} tokens) plus max_tokens ({}) exceeds the context window of {context} tokens of {}",
-            request.max_tokens, requested.id
-        )));
-    }
     Ok(())
+}
+
+/// The output tokens the served model's context window has room for beside the input: the
+/// most a turn's generation may take, whatever its max_tokens.
+fn window_room(served: &Model, sent_tokens: u32) -> u32 {
+    served.config.context_window.saturating_sub(sent_tokens)
 }
 
 /// The served model: the requested one, or the one behind a virtual model that meets what the
@@ -612,6 +617,8 @@ fn resolve_model(state: &Turns, id: &str) -> Result<Arc<Model>, TurnError> {
 }
 
 /// An open max_tokens needs room for one output token; the cap then follows the serving model.
+/// A candidate with room for the whole max_tokens beside the input is preferred (see
+/// [`Catalog::serving_model`]).
 /// Thinking counts only where the requested model offers it (svc/auto when its route says
 /// so), since elsewhere it is left out of the turn.
 fn needs(request: &Request, requested: &Model, input_tokens: u32, open_max_tokens: bool) -> Needs {
@@ -626,6 +633,7 @@ fn needs(request: &Request, requested: &Model, input_tokens: u32, open_max_token
         } else {
             request.max_tokens
         },
+        whole_output: true,
         vision,
         tools: !request.tools.is_empty(),
         thinking: requested.config.capabilities.thinking && request.thinking_budget().is_some(),
@@ -668,6 +676,7 @@ fn metered(
             };
             match next {
                 Some(Ok(ProviderEvent::Finish { stop_reason, stop_sequence, usage })) => {
+                    let stop_reason = meter.turn.stop_reason(stop_reason);
                     if !any_block {
                         for event in empty_text_block() {
                             yield TurnEvent::Provider(event);
@@ -757,7 +766,24 @@ struct OpenTurn {
     reserved_since: Option<Instant>,
     /// The upstream that answered, for the ledger row (fallback may have moved past the first).
     served_by: Option<ServedBy>,
+    /// The max_tokens sent upstream is the room left in the context window, below what the
+    /// client asked for (or, left open, the model's max_output_tokens).
+    capped_by_window: bool,
     telemetry: TurnTelemetry,
+}
+
+impl OpenTurn {
+    /// Why the turn stopped, as the client is told and the ledger records it: a stop at a
+    /// max_tokens the window capped is the window's (`model_context_window_exceeded`, as the
+    /// Messages API ends such a turn), not the client's max_tokens.
+    fn stop_reason(&self, upstream: StopReason) -> StopReason {
+        match upstream {
+            StopReason::MaxTokens if self.capped_by_window => {
+                StopReason::ModelContextWindowExceeded
+            }
+            other => other,
+        }
+    }
 }
 
 impl Meter {
@@ -1118,30 +1144,46 @@ mod tests {
     }
 
     #[test]
-    fn an_input_that_fills_the_context_window_is_refused_whatever_max_tokens() {
+    fn an_input_that_fills_the_context_window_is_refused() {
         let model = model_of_context(10_000);
-        assert!(check_context_window(&model, &asking(1), 9_999, false).is_ok());
-        for open in [false, true] {
-            let refused = check_context_window(&model, &asking(1), 10_000, open);
-            assert!(
-                matches!(&refused, Err(TurnError::Invalid(m)) if m.starts_with("messages:")),
-                "open max_tokens {open}: {:?}",
-                refused.err()
-            );
-        }
-    }
-
-    #[test]
-    fn max_tokens_must_fit_beside_the_input_unless_the_client_left_it_open() {
-        let model = model_of_context(10_000);
-        assert!(check_context_window(&model, &asking(4_000), 6_000, false).is_ok());
-        let refused = check_context_window(&model, &asking(4_001), 6_000, false);
+        assert!(check_context_window(&model, 9_999).is_ok());
+        let refused = check_context_window(&model, 10_000);
         assert!(
-            matches!(&refused, Err(TurnError::Invalid(m)) if m.starts_with("max_tokens:")),
+            matches!(&refused, Err(TurnError::Invalid(m)) if m.starts_with("messages:")),
             "{:?}",
             refused.err()
         );
-        assert!(check_context_window(&model, &asking(4_001), 6_000, true).is_ok());
+    }
+
+    #[test]
+    fn generation_has_the_room_the_input_leaves_in_the_window() {
+        let model = model_of_context(10_000);
+        assert_eq!(window_room(&model, 6_000), 4_000);
+        assert_eq!(window_room(&model, 9_999), 1);
+    }
+
+    #[test]
+    fn a_stop_at_a_max_tokens_the_window_capped_is_the_windows() {
+        let mut turn = OpenTurn {
+            capped_by_window: true,
+            ..OpenTurn::default()
+        };
+        assert_eq!(
+            turn.stop_reason(StopReason::MaxTokens),
+            StopReason::ModelContextWindowExceeded
+        );
+        for other in [
+            StopReason::EndTurn,
+            StopReason::StopSequence,
+            StopReason::ToolUse,
+        ] {
+            assert_eq!(turn.stop_reason(other), other);
+        }
+        turn.capped_by_window = false;
+        assert_eq!(
+            turn.stop_reason(StopReason::MaxTokens),
+            StopReason::MaxTokens
+        );
     }
 
     #[test]

@@ -11,6 +11,10 @@ pub enum StopReason {
     MaxTokens,
     StopSequence,
     ToolUse,
+    /// Generation filled the rest of the model's context window before the client's
+    /// max_tokens: the turn was admitted with more max_tokens than the window had room for, and
+    /// generation was capped to that room (the Messages API's name for it).
+    ModelContextWindowExceeded,
 }
 
 /// Token counts of a turn, as the Messages API reports them.

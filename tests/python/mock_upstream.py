@@ -6,7 +6,9 @@ JSON or streamed, checking the `api-key` header, the api-version and the deploym
 does (a mismatch gets Azure's 401 or 404), with Azure's content-filter results.
 
 Each test queues replies (`push`); requests take them in arrival order and are recorded
-(`received`). A reply is a list of blocks: `("text", str)` or `("tool", name, input)`.
+(`received`). A reply is a list of blocks: `("text", str)` or `("tool", name, input)`; it
+generates `OUTPUT_TOKENS` tokens, and like a real model stops at the max_tokens it is sent
+(`within`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,31 @@ AZURE_API_VERSION = "2024-10-21"
 AZURE_PREFIX = "/openai/deployments/"
 
 
+# The output tokens every reply counts, when max_tokens leaves room for them.
+OUTPUT_TOKENS = 12
+
+
+def within(blocks: list[tuple], max_tokens: int | None) -> tuple[list[tuple], int, bool]:
+    """The reply under the request's max_tokens: (blocks, output tokens, cut). A reply cut
+    there keeps at most `max_tokens` characters of text (no token is shorter) and no tool call
+    (a generation cut short never completes one)."""
+    if max_tokens is None or max_tokens >= OUTPUT_TOKENS:
+        return blocks, OUTPUT_TOKENS, False
+    kept, left = [], max_tokens
+    for block in blocks:
+        if block[0] != "text":
+            break
+        kept.append(("text", block[1][:left]))
+        left -= len(kept[-1][1])
+    return kept, max_tokens, True
+
+
+def sent_max_tokens(body: dict) -> int | None:
+    """The max_tokens a request sent, in either wire format."""
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    return value if isinstance(value, int) else None
+
+
 def _pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
@@ -35,9 +62,10 @@ def _sse(data: dict, name: str | None = None) -> bytes:
     return f"{head}data: {json.dumps(data)}\n\n".encode()
 
 
-def anthropic_events(blocks: list[tuple], model: str) -> list[bytes]:
+def anthropic_events(blocks: list[tuple], model: str, max_tokens: int | None = None) -> list[bytes]:
+    blocks, output_tokens, cut = within(blocks, max_tokens)
     calls_tool = any(b[0] == "tool" for b in blocks)
-    stop = "tool_use" if calls_tool else "end_turn"
+    stop = "max_tokens" if cut else "tool_use" if calls_tool else "end_turn"
     usage = {"input_tokens": 25, "output_tokens": 1, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
     message = {"id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": []}
     message |= {"stop_reason": None, "stop_sequence": None, "usage": usage}
@@ -54,7 +82,7 @@ def anthropic_events(blocks: list[tuple], model: str) -> list[bytes]:
             out.append(_sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"))
         out.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
     delta = {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}}
-    out.append(_sse(delta | {"usage": {"output_tokens": 12}}, "message_delta"))
+    out.append(_sse(delta | {"usage": {"output_tokens": output_tokens}}, "message_delta"))
     out.append(_sse({"type": "message_stop"}, "message_stop"))
     return out
 
@@ -85,8 +113,9 @@ def azure_refusal(path: str, headers) -> tuple[int, dict] | None:
     return None
 
 
-def azure_json(blocks: list[tuple], model: str) -> dict:
+def azure_json(blocks: list[tuple], model: str, max_tokens: int | None = None) -> dict:
     """The non-streamed answer, as Azure shapes it: OpenAI's, plus the filter results."""
+    blocks, output_tokens, cut = within(blocks, max_tokens)
     text = "".join(b[1] for b in blocks if b[0] == "text")
     calls = [
         {"id": f"call_mock_{i}", "type": "function", "function": {"name": b[1], "arguments": json.dumps(b[2])}}
@@ -95,27 +124,30 @@ def azure_json(blocks: list[tuple], model: str) -> dict:
     message: dict = {"role": "assistant", "content": text or None}
     if calls:
         message["tool_calls"] = calls
-    choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+    finish = "length" if cut else "tool_calls" if calls else "stop"
+    choice = {"index": 0, "message": message, "finish_reason": finish}
     choice["content_filter_results"] = _azure_filter_results()
     return {
         "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model, "choices": [choice],
-        "usage": {"prompt_tokens": 25, "completion_tokens": 12, "total_tokens": 37},
+        "usage": {"prompt_tokens": 25, "completion_tokens": output_tokens, "total_tokens": 25 + output_tokens},
         "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": _azure_filter_results()}],
     }
 
 
-def azure_events(blocks: list[tuple], model: str, include_usage: bool) -> list[bytes]:
+def azure_events(blocks: list[tuple], model: str, include_usage: bool, max_tokens: int | None = None) -> list[bytes]:
     """The stream as Azure sends it: first a chunk with no choices and the prompt's filter
     results, then OpenAI's chunks (the usage chunk only when asked for)."""
     prompt = {"choices": [], "created": 0, "id": "", "model": "", "object": ""}
     prompt["prompt_filter_results"] = [{"prompt_index": 0, "content_filter_results": _azure_filter_results()}]
-    events = openai_events(blocks, model)
+    events = openai_events(blocks, model, max_tokens)
     if not include_usage:
         events = [e for e in events if b'"usage"' not in e]
     return [_sse(prompt)] + events
 
 
-def openai_events(blocks: list[tuple], model: str) -> list[bytes]:
+def openai_events(blocks: list[tuple], model: str, max_tokens: int | None = None) -> list[bytes]:
+    blocks, output_tokens, cut = within(blocks, max_tokens)
+
     def chunk(choices: list, usage: dict | None = None) -> bytes:
         body = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model}
         body |= {"choices": choices}
@@ -137,9 +169,10 @@ def openai_events(blocks: list[tuple], model: str) -> list[bytes]:
             for p in _pieces(json.dumps(block[2]), 5):
                 out.append(delta({"tool_calls": [{"index": tool_index, "function": {"arguments": p}}]}))
             tool_index += 1
-    finish = "tool_calls" if tool_index else "stop"
+    finish = "length" if cut else "tool_calls" if tool_index else "stop"
     out.append(chunk([{"index": 0, "delta": {}, "finish_reason": finish}]))
-    out.append(chunk([], {"prompt_tokens": 25, "completion_tokens": 12, "total_tokens": 37}))
+    usage = {"prompt_tokens": 25, "completion_tokens": output_tokens, "total_tokens": 25 + output_tokens}
+    out.append(chunk([], usage))
     out.append(b"data: [DONE]\n\n")
     return out
 
@@ -170,16 +203,18 @@ class MockUpstream:
                 with mock._lock:
                     blocks = mock.queue.popleft() if mock.queue else [("text", "Hello from upstream.")]
                 model = body.get("model", UPSTREAM_MODEL)
+                max_tokens = sent_max_tokens(body)
                 if self.path.endswith("/messages"):
-                    events = anthropic_events(blocks, model)
+                    events = anthropic_events(blocks, model, max_tokens)
                 elif azure and not body.get("stream"):
-                    self._send(200, "application/json", [json.dumps(azure_json(blocks, UPSTREAM_MODEL)).encode()])
+                    answer = azure_json(blocks, UPSTREAM_MODEL, max_tokens)
+                    self._send(200, "application/json", [json.dumps(answer).encode()])
                     return
                 elif azure:
                     include_usage = (body.get("stream_options") or {}).get("include_usage") is True
-                    events = azure_events(blocks, UPSTREAM_MODEL, include_usage)
+                    events = azure_events(blocks, UPSTREAM_MODEL, include_usage, max_tokens)
                 else:
-                    events = openai_events(blocks, model)
+                    events = openai_events(blocks, model, max_tokens)
                 self._send(200, "text/event-stream", events)
 
             def _send(self, status: int, content_type: str, parts: list[bytes]) -> None:

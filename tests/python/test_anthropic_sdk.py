@@ -99,6 +99,25 @@ def test_max_tokens_caps_the_generated_tokens_and_sets_stop_reason_max_tokens(cl
     assert 0 < message.usage.output_tokens <= 3
 
 
+def test_a_190k_conversation_with_max_tokens_32000_is_served_to_the_end_of_the_window(api_url, mint_key, admin):
+    """Input plus max_tokens past the 200,000-token window is served, not refused: generation is
+    capped to the room the input leaves and ends with `model_context_window_exceeded`, billed
+    the tokens generated (the simulated reply repeats the prompt, so it fills the room)."""
+    key = mint_key(tier="high_volume")
+    text = " ".join(["word"] * 190_000)
+    with anthropic.Anthropic(base_url=api_url, api_key=key.key, max_retries=0, timeout=120) as client:
+        counted = client.messages.count_tokens(model=MODEL, messages=user(text)).input_tokens
+        assert counted + 32_000 > 200_000 > counted
+        message = client.messages.create(model=MODEL, max_tokens=32_000, messages=user(text))
+    assert message.stop_reason == "model_context_window_exceeded"
+    assert message.usage.input_tokens == counted
+    assert message.usage.output_tokens == 200_000 - counted
+    row = admin.get(f"/admin/messages/{message.id}").json()
+    assert row["stop_reason"] == "model_context_window_exceeded", row
+    assert row["usage"]["output_tokens"] == message.usage.output_tokens, row
+    assert row["billed"] == credits_of(message.usage), row
+
+
 def test_a_stop_sequence_in_the_reply_cuts_it_and_is_reported(client):
     message = client.messages.create(
         model=MODEL, max_tokens=256, messages=user("Stop here"), stop_sequences=["You said"]

@@ -241,3 +241,19 @@ def test_a_reply_names_no_provider_no_upstream_model_and_no_upstream_key(routed)
         )
     assert_clean(raw.http_response.text)
     assert_clean(json.dumps(dict(raw.headers)))
+
+
+def test_the_upstream_stops_at_the_max_tokens_it_is_sent_and_the_sdk_reads_max_tokens_through_each_adapter(routed):
+    adapter, url, mock = routed
+    mock.push([("text", ANSWER)], [("text", ANSWER)])
+    messages = [{"role": "user", "content": "Tell me the weather."}]
+    with anthropic.Anthropic(base_url=url, api_key=DEV_KEY, max_retries=0, timeout=30) as client:
+        answer = client.messages.create(model=MODEL, max_tokens=5, messages=messages)
+        sent = mock.last_body()
+        with client.messages.stream(model=MODEL, max_tokens=5, messages=messages) as stream:
+            streamed = stream.get_final_message()
+    assert sent.get("max_completion_tokens", sent.get("max_tokens")) == 5, (adapter, sent)
+    for message in (answer, streamed):
+        assert message.stop_reason == "max_tokens", (adapter, message)
+        assert message.usage.output_tokens == 5
+        assert "".join(b.text for b in message.content if b.type == "text") == ANSWER[:5]

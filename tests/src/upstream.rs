@@ -12,6 +12,8 @@
 //! (an empty queue answers a short text): normal replies, tool calls, thinking, usage with
 //! cache tokens, any error status, a slow first byte, a stall mid-stream, a malformed chunk.
 //! It records every request (path, headers, body) and counts streams the caller abandoned.
+//! Like a real model it stops at the max_tokens it is sent: a reply whose usage counts more
+//! output is cut there ([`Reply::within`]).
 //!
 //! Its error bodies and model names deliberately name the provider (`anthropic`, `openai`,
 //! [`UPSTREAM_MODEL`]) so the leak checks of the harness catch the gateway forwarding them.
@@ -186,6 +188,47 @@ impl Reply {
         self
     }
 
+    /// The reply a model gives under `max_tokens`, as upstreams stop at the max_tokens they
+    /// are sent: a reply whose usage counts more output is cut there (`max_tokens` /
+    /// `length`), its usage counting `max_tokens`. The text is cut to at most `max_tokens`
+    /// characters (no token is shorter); a tool call past the cut is not sent, as a
+    /// generation cut short never completes it.
+    pub fn within(mut self, max_tokens: Option<u64>) -> Reply {
+        let Some(max_tokens) = max_tokens else {
+            return self;
+        };
+        if self.usage.output <= max_tokens {
+            return self;
+        }
+        self.usage.output = max_tokens;
+        self.max_tokens_hit = true;
+        let mut left = usize::try_from(max_tokens).unwrap_or(usize::MAX);
+        let mut kept = Vec::new();
+        for block in self.blocks {
+            match block {
+                MockBlock::Text(text) => {
+                    let cut: String = text.chars().take(left).collect();
+                    left -= cut.chars().count();
+                    kept.push(MockBlock::Text(cut));
+                }
+                MockBlock::Thinking {
+                    thinking,
+                    signature,
+                } => {
+                    let cut: String = thinking.chars().take(left).collect();
+                    left -= cut.chars().count();
+                    kept.push(MockBlock::Thinking {
+                        thinking: cut,
+                        signature,
+                    });
+                }
+                MockBlock::ToolUse { .. } => break,
+            }
+        }
+        self.blocks = kept;
+        self
+    }
+
     fn calls_tool(&self) -> bool {
         self.blocks
             .iter()
@@ -219,6 +262,15 @@ pub enum Unscripted {
         input: Value,
         answer: String,
     },
+    /// A model whose window the conversation nearly fills: the first request of at least
+    /// `min_bytes` gets a reply whose usage counts `output` tokens, so that it stops at the
+    /// max_tokens it is sent ([`Reply::within`]); every other request gets `answer`.
+    FillsTheWindowOnce {
+        min_bytes: usize,
+        output: u64,
+        answer: String,
+        given: Arc<std::sync::atomic::AtomicBool>,
+    },
 }
 
 impl Unscripted {
@@ -238,6 +290,23 @@ impl Unscripted {
                 });
                 if offers_tool && !has_result {
                     Reply::tool_call(tool, input.clone())
+                } else {
+                    Reply::text(answer)
+                }
+            }
+            Unscripted::FillsTheWindowOnce {
+                min_bytes,
+                output,
+                answer,
+                given,
+            } => {
+                let large = body.to_string().len() >= *min_bytes;
+                if large && !given.swap(true, Ordering::SeqCst) {
+                    Reply::text(answer).usage(MockUsage {
+                        input: 21,
+                        output: *output,
+                        ..MockUsage::default()
+                    })
                 } else {
                     Reply::text(answer)
                 }
@@ -460,7 +529,8 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
     }
     let reply = lock(&shared.queue)
         .pop_front()
-        .unwrap_or_else(|| shared.unscripted.reply(&body));
+        .unwrap_or_else(|| shared.unscripted.reply(&body))
+        .within(sent_max_tokens(&body));
     let model = body["model"].as_str().unwrap_or(UPSTREAM_MODEL).to_owned();
     match reply.fault {
         Some(Fault::Status(status)) => return error_response(wire, status),
@@ -483,6 +553,14 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Wire::Azure => azure_events(&reply, &model, include_usage),
     };
     sse_response(events, &reply, shared)
+}
+
+/// The max_tokens a request sent, in either wire format (`max_completion_tokens` first, as
+/// OpenAI reads it).
+fn sent_max_tokens(body: &Value) -> Option<u64> {
+    body["max_completion_tokens"]
+        .as_u64()
+        .or_else(|| body["max_tokens"].as_u64())
 }
 
 fn error_response(wire: Wire, status: u16) -> Response {

@@ -611,7 +611,12 @@ async fn day_of_turns(turns: usize) -> Day {
             ledger.settle(Settlement {
                 cost: 10,
                 latency_ms: 900 + n as u64,
-                stop_reason: (n % 5 == 0).then_some(StopReason::MaxTokens),
+                // Every stop reason a closed row holds as its number (0032 added the last).
+                stop_reason: match n % 10 {
+                    0 => Some(StopReason::MaxTokens),
+                    5 => Some(StopReason::ModelContextWindowExceeded),
+                    _ => None,
+                },
                 // A different number in each count (a swapped column shows in the archive).
                 usage: TokenUsage {
                     input_tokens: n as u32,

@@ -19,6 +19,7 @@ mod ci_script;
 mod cluster_limits;
 mod cluster_outage;
 mod cluster_streams;
+mod context_window;
 mod contracts;
 mod credits;
 mod dashboard;

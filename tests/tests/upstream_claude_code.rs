@@ -16,7 +16,7 @@ use std::time::Duration;
 use e2e::gateway::{unique_name, workspace_root};
 use e2e::upstream::{carries_tool_result, Received};
 use e2e::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 const ANSWER: &str = "Done: the marker file exists now.";
 
@@ -162,7 +162,7 @@ async fn claude(
     model: &str,
     max_output_tokens: Option<u32>,
 ) -> std::process::Output {
-    let mut command = tokio::process::Command::new(claude_bin());
+    let mut command = claude_command(work, &gw.api, &gw.key);
     command
         .args(["-p", "Create the marker file, then say so."])
         .args([
@@ -173,10 +173,24 @@ async fn claude(
             "--output-format",
             "text",
         ])
+        .stdin(std::process::Stdio::null());
+    if let Some(tokens) = max_output_tokens {
+        command.env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", tokens.to_string());
+    }
+    tokio::time::timeout(Duration::from_secs(180), command.output())
+        .await
+        .expect("claude -p finished within 3 minutes")
+        .expect("claude runs")
+}
+
+/// Claude Code pointed at the gateway at `api` with `key`, run in `work`.
+fn claude_command(work: &Path, api: &str, key: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(claude_bin());
+    command
         .current_dir(work)
         .env("HOME", work.join("home"))
-        .env("ANTHROPIC_BASE_URL", &gw.api)
-        .env("ANTHROPIC_API_KEY", &gw.key)
+        .env("ANTHROPIC_BASE_URL", api)
+        .env("ANTHROPIC_API_KEY", key)
         .env("ANTHROPIC_SMALL_FAST_MODEL", "svc/haiku")
         .env("ANTHROPIC_DEFAULT_HAIKU_MODEL", "svc/haiku")
         .env("ANTHROPIC_DEFAULT_SONNET_MODEL", "svc/sonnet")
@@ -187,15 +201,8 @@ async fn claude(
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         .env_remove("CLAUDE_CODE_MAX_OUTPUT_TOKENS")
         .env_remove("MAX_THINKING_TOKENS")
-        .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    if let Some(tokens) = max_output_tokens {
-        command.env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", tokens.to_string());
-    }
-    tokio::time::timeout(Duration::from_secs(180), command.output())
-        .await
-        .expect("claude -p finished within 3 minutes")
-        .expect("claude runs")
+    command
 }
 
 #[tokio::test]
@@ -314,3 +321,128 @@ async fn claude_code_asking_more_output_than_haiku_allows_is_told_to_set_claude_
         outcome.context()
     );
 }
+
+/// Claude Code's default max_tokens, and the window of svc/sonnet.
+const CLAUDE_CODE_MAX_TOKENS: u64 = 32_000;
+const SONNET_WINDOW: u64 = 200_000;
+
+/// A conversation of about 190,000 tokens with Claude Code's max_tokens of 32,000 on a
+/// 200,000-token window: served (not a 400 for input plus max_tokens past the window), the
+/// upstream sent the room left as max_tokens, the answer ended with
+/// `model_context_window_exceeded` and billed the tokens generated, and Claude Code handles
+/// that stop reason as it does with the Anthropic API (it asks the model to go on, and the
+/// session completes).
+#[tokio::test]
+async fn claude_code_with_a_conversation_near_the_whole_window_is_served_to_the_windows_end() {
+    let work = std::env::temp_dir().join(unique_name("e2e-claude-code-window"));
+    std::fs::create_dir_all(work.join("home")).expect("create the session folder");
+    let unscripted = Unscripted::FillsTheWindowOnce {
+        min_bytes: 500_000,
+        output: 50_000,
+        answer: ANSWER.to_owned(),
+        given: Default::default(),
+    };
+    let mock = MockUpstream::serve("127.0.0.1:0", unscripted, true).await;
+    let manifests = RoutedManifests::new(&[UpstreamDef::anthropic(&mock)]);
+    let gw = Gateway::builder().manifests(&manifests.path).start().await;
+    // High volume: 500,000 input tokens per minute hold the session's two long turns.
+    let key = gw.new_key(100_000_000, &KeySpec::tier("high_volume")).await;
+
+    let mut command = claude_command(&work, &gw.api, &key.secret);
+    command
+        .args(["-p", "--model", "svc/sonnet"])
+        .args(["--output-format", "stream-json", "--verbose"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("claude runs");
+    let prompt = format!(
+        "Summarize these notes in one line.\n\n{}",
+        words(CONVERSATION_WORDS)
+    );
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(prompt.as_bytes())
+            .await
+            .expect("write the prompt");
+    }
+    let output = tokio::time::timeout(Duration::from_secs(300), child.wait_with_output())
+        .await
+        .expect("claude -p finished within 5 minutes")
+        .expect("claude runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let context = format!(
+        "stdout={stdout}\nstderr={}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        gw.logs()
+    );
+    let _ = std::fs::remove_dir_all(&work);
+
+    let received = mock.received();
+    let capped: Vec<u64> = received
+        .iter()
+        .filter(|r| r.bytes >= 500_000)
+        .filter_map(|r| r.body["max_tokens"].as_u64())
+        .collect();
+    eprintln!(
+        "{} upstream requests; the long ones sent max_tokens {capped:?}",
+        received.len()
+    );
+    let first = *capped
+        .first()
+        .unwrap_or_else(|| panic!("no long request went upstream: {context}"));
+    // The input (the window less the room) is past 168,000 tokens, where input plus Claude
+    // Code's max_tokens passes the window, and the room is the window's rest.
+    assert!(
+        0 < first && first < CLAUDE_CODE_MAX_TOKENS,
+        "the upstream was sent the room the ~190k input left ({first}): {context}"
+    );
+    let input = SONNET_WINDOW - first;
+    assert!(
+        (185_000..195_000).contains(&input),
+        "a conversation of about 190,000 tokens ({input}): {context}"
+    );
+    // The ledger rows of the session's answers: the first long one ended at the window.
+    let lines: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let mut ids: Vec<String> = lines
+        .iter()
+        .filter(|l| l["type"] == "assistant")
+        .filter_map(|l| l["message"]["id"].as_str().map(str::to_owned))
+        .collect();
+    ids.dedup();
+    let mut window_rows = Vec::new();
+    for id in &ids {
+        let row = gw.message_record(id).await;
+        if row["stop_reason"] == "model_context_window_exceeded" {
+            window_rows.push(row);
+        }
+    }
+    assert_eq!(window_rows.len(), 1, "{ids:?}: {context}");
+    let row = &window_rows[0];
+    assert_eq!(row["usage"]["output_tokens"], first, "{row}");
+    let billed_input = row["usage"]["input_tokens"].as_u64().unwrap_or(0);
+    let price = books::RoutePrice::of("svc/sonnet");
+    assert_eq!(row["billed"], price.credits(billed_input, first), "{row}");
+    // Claude Code took the stop in its stride: the session ended with the answer.
+    assert!(output.status.success(), "claude -p failed: {context}");
+    let result = lines
+        .iter()
+        .find(|l| l["type"] == "result")
+        .unwrap_or_else(|| panic!("no result line: {context}"));
+    assert_eq!(result["is_error"], false, "{result}");
+    assert!(
+        result["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(ANSWER),
+        "{result}"
+    );
+}
+
+/// The prompt's size: with Claude Code's own system prompt and tools, about 190,000 tokens.
+const CONVERSATION_WORDS: usize = 165_000;

@@ -78,6 +78,9 @@ impl Model {
 pub struct Needs {
     pub input_tokens: u32,
     pub max_tokens: u32,
+    /// The window must hold max_tokens beside the input; else the input alone, the turn's
+    /// generation then being capped to the rest of the window.
+    pub whole_output: bool,
     pub vision: bool,
     pub tools: bool,
     pub thinking: bool,
@@ -135,7 +138,9 @@ impl Catalog {
     /// The model that serves a turn: the requested one, or for an auto route the cheapest
     /// candidate (by this turn's ceiling) that has the capabilities and room it needs.
     /// Thinking is a preference, never a reason to refuse: when no candidate with thinking
-    /// fits, the cheapest that fits otherwise serves the turn without it.
+    /// fits, the cheapest that fits otherwise serves the turn without it. Room for the whole
+    /// max_tokens beside the input is a preference too: when no candidate has it, the cheapest
+    /// whose window holds the input serves the turn, its generation capped to the rest.
     pub fn serving_model(&self, requested: &Arc<Model>, needs: &Needs) -> Option<Arc<Model>> {
         let Route::Auto { candidates } = &requested.config.route else {
             return Some(requested.clone());
@@ -151,16 +156,22 @@ impl Catalog {
                 })
                 .cloned()
         };
-        cheapest(needs).or_else(|| {
-            let without_thinking = Needs {
-                thinking: false,
-                ..*needs
-            };
-            needs
-                .thinking
-                .then(|| cheapest(&without_thinking))
-                .flatten()
-        })
+        let without_thinking = |needs: Needs| Needs {
+            thinking: false,
+            ..needs
+        };
+        let capped = |needs: Needs| Needs {
+            whole_output: false,
+            ..needs
+        };
+        [
+            *needs,
+            without_thinking(*needs),
+            capped(*needs),
+            capped(without_thinking(*needs)),
+        ]
+        .iter()
+        .find_map(cheapest)
     }
 }
 
@@ -170,8 +181,12 @@ fn fits(model: &ModelConfig, needs: &Needs) -> bool {
         && (caps.tools || !needs.tools)
         && (caps.thinking || !needs.thinking)
         && needs.max_tokens <= model.max_output_tokens
-        && u64::from(needs.input_tokens) + u64::from(needs.max_tokens)
-            <= u64::from(model.context_window)
+        && if needs.whole_output {
+            u64::from(needs.input_tokens) + u64::from(needs.max_tokens)
+                <= u64::from(model.context_window)
+        } else {
+            needs.input_tokens < model.context_window
+        }
 }
 
 #[cfg(test)]
@@ -253,6 +268,7 @@ mod tests {
         Needs {
             input_tokens: 100,
             max_tokens: 100,
+            whole_output: true,
             vision: false,
             tools: false,
             thinking: false,
@@ -314,13 +330,56 @@ mod tests {
     }
 
     #[test]
-    fn auto_refuses_a_turn_no_candidate_has_room_for() {
+    fn auto_refuses_an_input_no_candidates_window_holds() {
         let catalog = catalog();
         let too_long = Needs {
-            input_tokens: 9_950,
+            input_tokens: 10_000,
             ..needs()
         };
         assert_eq!(served(&catalog, too_long), None);
+    }
+
+    #[test]
+    fn auto_serves_an_input_its_windows_hold_without_room_for_max_tokens_capped() {
+        let catalog = catalog();
+        let no_room = Needs {
+            input_tokens: 9_950,
+            ..needs()
+        };
+        assert_eq!(served(&catalog, no_room).as_deref(), Some("cheap"));
+    }
+
+    #[test]
+    fn auto_prefers_a_candidate_with_room_for_the_whole_max_tokens() {
+        let direct = || Route::Upstreams(vec![upstream("u", 1)]);
+        let small = ModelConfig {
+            context_window: 1_000,
+            max_output_tokens: 1_000,
+            ..model(PLAIN, 1_000_000, direct())
+        };
+        let auto = Route::Auto {
+            candidates: vec!["cheap".into(), "deep".into()],
+        };
+        let config = GatewayConfig {
+            models: [
+                ("cheap".to_owned(), small),
+                ("deep".to_owned(), model(THINKING, 15_000_000, direct())),
+                ("svc/auto".to_owned(), model(THINKING, 0, auto)),
+            ]
+            .into(),
+            ..GatewayConfig::default()
+        };
+        let catalog = Catalog::new(config, 1_000);
+        let long = Needs {
+            input_tokens: 950,
+            ..needs()
+        };
+        assert_eq!(served(&catalog, long).as_deref(), Some("deep"));
+        let longer = Needs {
+            input_tokens: 9_950,
+            ..needs()
+        };
+        assert_eq!(served(&catalog, longer).as_deref(), Some("deep"));
     }
 
     #[test]

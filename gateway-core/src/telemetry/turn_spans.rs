@@ -237,6 +237,7 @@ impl TurnTelemetry {
                 StopReason::MaxTokens => "max_tokens",
                 StopReason::StopSequence => "stop_sequence",
                 StopReason::ToolUse => "tool_use",
+                StopReason::ModelContextWindowExceeded => "model_context_window_exceeded",
             };
             span.set_attribute(
                 "gen_ai.response.finish_reasons",

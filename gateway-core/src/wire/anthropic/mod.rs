@@ -385,7 +385,8 @@ pub struct MessageDeltaBody {
 }
 
 /// Stop reasons the API may add (`pause_turn`, `refusal`) end the turn as far as clients of
-/// the public API know.
+/// the public API know. `model_context_window_exceeded` is kept: an upstream whose own count
+/// of the input is above the gateway's fills the window before the capped max_tokens.
 fn stop_reason_or_end_turn<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<StopReason>, D::Error> {
@@ -394,6 +395,7 @@ fn stop_reason_or_end_turn<'de, D: Deserializer<'de>>(
             "max_tokens" => StopReason::MaxTokens,
             "stop_sequence" => StopReason::StopSequence,
             "tool_use" => StopReason::ToolUse,
+            "model_context_window_exceeded" => StopReason::ModelContextWindowExceeded,
             _ => StopReason::EndTurn,
         }),
     )
@@ -455,6 +457,17 @@ mod tests {
         let body: MessageDeltaBody =
             serde_json::from_value(json!({"stop_reason": "pause_turn"})).unwrap();
         assert_eq!(body.stop_reason, Some(StopReason::EndTurn));
+    }
+
+    #[test]
+    fn an_upstream_that_fills_its_context_window_says_so_to_the_client() {
+        let body: MessageDeltaBody =
+            serde_json::from_value(json!({"stop_reason": "model_context_window_exceeded"}))
+                .unwrap();
+        assert_eq!(
+            body.stop_reason,
+            Some(StopReason::ModelContextWindowExceeded)
+        );
     }
 
     #[test]

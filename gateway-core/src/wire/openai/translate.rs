@@ -299,7 +299,8 @@ pub fn image_to_url(source: &ImageSource) -> String {
 pub fn stop_to_chat(stop: StopReason) -> FinishReason {
     match stop {
         StopReason::EndTurn | StopReason::StopSequence => FinishReason::Stop,
-        StopReason::MaxTokens => FinishReason::Length,
+        // Chat completions has one reason for a cut answer, whichever limit cut it.
+        StopReason::MaxTokens | StopReason::ModelContextWindowExceeded => FinishReason::Length,
         StopReason::ToolUse => FinishReason::ToolCalls,
     }
 }
@@ -799,6 +800,11 @@ mod tests {
             stop_to_chat(StopReason::StopSequence),
             FinishReason::Stop,
             "chat has no stop-sequence reason"
+        );
+        assert_eq!(
+            stop_to_chat(StopReason::ModelContextWindowExceeded),
+            FinishReason::Length,
+            "chat has one reason for a cut answer"
         );
     }
 

@@ -115,7 +115,13 @@ impl Assembler {
                     self.block_stop(index, &mut step.events);
                 }
                 self.response.usage = Some(self.usage(&usage));
-                let response = if stop_reason == StopReason::MaxTokens {
+                // The Responses API has one reason for a cut answer (`max_output_tokens` or
+                // `content_filter`): a full context window cuts it as max_output_tokens does.
+                let cut = matches!(
+                    stop_reason,
+                    StopReason::MaxTokens | StopReason::ModelContextWindowExceeded
+                );
+                let response = if cut {
                     self.response.status = Status::Incomplete;
                     self.response.incomplete_details = Some(IncompleteDetails {
                         reason: "max_output_tokens",

@@ -143,11 +143,12 @@ const STATUSES: [MessageStatus; 7] = [
     MessageStatus::Unbilled,
 ];
 
-const STOP_REASONS: [StopReason; 4] = [
+const STOP_REASONS: [StopReason; 5] = [
     StopReason::EndTurn,
     StopReason::MaxTokens,
     StopReason::StopSequence,
     StopReason::ToolUse,
+    StopReason::ModelContextWindowExceeded,
 ];
 
 const ENDPOINTS: [&str; 6] = [
