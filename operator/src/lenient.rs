@@ -62,12 +62,17 @@ pub fn unreadable(name: &str) -> String {
 
 /// The Secrets `route` refers to.
 pub fn route_secrets(route: &ModelRoute) -> impl Iterator<Item = &str> {
-    route
-        .spec
-        .upstreams
-        .iter()
-        .filter_map(|upstream| upstream.api_key_secret_ref.as_ref())
-        .map(|r| r.name.as_str())
+    route.spec.upstreams.iter().flat_map(|upstream| {
+        let api_key = upstream
+            .api_key_secret_ref
+            .as_ref()
+            .map(|r| r.name.as_str());
+        let aws = upstream
+            .aws_credentials_secret_ref
+            .as_ref()
+            .map(|r| r.name.as_str());
+        api_key.into_iter().chain(aws)
+    })
 }
 
 /// The Secrets `key` refers to.

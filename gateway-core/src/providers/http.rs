@@ -1,6 +1,7 @@
-//! What both HTTP adapters share: pooled reqwest clients, the three timeouts, the mapping of
+//! What the HTTP adapters share: pooled reqwest clients, the three timeouts, the mapping of
 //! upstream statuses and transport failures onto `ProviderError`, and the SSE reader that
-//! turns a response body into events one at a time.
+//! turns a response body into events one at a time (the AWS event stream's reader is
+//! `eventstream`).
 //!
 //! Adapters always ask the upstream for a stream, whatever the client asked for: a stream
 //! tells a slow first byte from a long answer, bills a cut turn by what was generated, and a
@@ -15,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use reqwest::StatusCode;
 
+use super::eventstream::{self, EventStreamReader};
 use super::{EventStream, ProviderError, ProviderEvent};
 use crds::config::{Timeouts, Upstream};
 
@@ -90,6 +92,34 @@ pub trait Decoder: Send + 'static {
     fn end(&mut self) -> Result<Vec<ProviderEvent>, ProviderError>;
 }
 
+/// How an upstream's response body is cut into events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// Server-sent events (the Messages API, chat completions).
+    Sse,
+    /// The AWS event stream (`application/vnd.amazon.eventstream`, Bedrock): binary frames
+    /// whose `chunk` events carry the Messages API's events, base64-encoded.
+    AwsEventStream,
+}
+
+/// A response body read as `Framing` says.
+enum Body<S> {
+    Sse(SseReader<S>),
+    AwsEventStream(EventStreamReader<S>),
+}
+
+impl<S> Body<S>
+where
+    S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+{
+    async fn next(&mut self) -> Result<Option<SseEvent>, ProviderError> {
+        match self {
+            Self::Sse(reader) => reader.next().await,
+            Self::AwsEventStream(reader) => reader.next().await,
+        }
+    }
+}
+
 /// Sends the request and waits, within the first-byte timeout, for the first canonical event,
 /// so that every failure before anything reached the client can still fall back. The rest of
 /// the body is read lazily, each chunk within the idle timeout; dropping the stream drops the
@@ -98,6 +128,7 @@ pub async fn open<D: Decoder>(
     request: reqwest::RequestBuilder,
     call: Call,
     timeouts: Timeouts,
+    framing: Framing,
     mut decoder: D,
 ) -> Result<EventStream, ProviderError> {
     let first_byte = Duration::from_millis(timeouts.first_byte_ms);
@@ -106,9 +137,17 @@ pub async fn open<D: Decoder>(
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(status_error(status));
+            return Err(match framing {
+                Framing::Sse => status_error(status),
+                Framing::AwsEventStream => eventstream::status_error(status, response.headers()),
+            });
         }
-        let mut body = SseReader::new(response.bytes_stream());
+        let mut body = match framing {
+            Framing::Sse => Body::Sse(SseReader::new(response.bytes_stream())),
+            Framing::AwsEventStream => {
+                Body::AwsEventStream(EventStreamReader::new(response.bytes_stream()))
+            }
+        };
         let mut ready = VecDeque::new();
         while ready.is_empty() {
             match body.next().await? {
@@ -183,7 +222,7 @@ pub fn status_error(status: StatusCode) -> ProviderError {
     }
 }
 
-fn transport_error(e: reqwest::Error) -> ProviderError {
+pub fn transport_error(e: reqwest::Error) -> ProviderError {
     tracing::warn!(error = %e, "upstream request failed");
     if e.is_timeout() {
         ProviderError::Timeout
@@ -202,7 +241,7 @@ pub fn malformed(what: &str, e: impl std::fmt::Display) -> ProviderError {
 
 /// An event's data: its `data:` lines joined. The event's name is not kept: every format we
 /// read names the event inside its data too. A one-line event (nearly all) is a slice of the
-/// bytes that came, not a copy.
+/// bytes that came, not a copy. (An AWS event stream's `chunk` gives its decoded `bytes`.)
 #[derive(Debug, Default, PartialEq)]
 pub struct SseEvent {
     pub data: Bytes,
