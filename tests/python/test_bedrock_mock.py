@@ -76,7 +76,7 @@ def test_boto3_invokes_the_bedrock_mock_in_json_and_reads_its_event_stream(bedro
     streamed = client.invoke_model_with_response_stream(
         modelId=MODEL_ID, body=json.dumps(BODY), contentType="application/json"
     )
-    assert streamed["contentType"] == "application/vnd.amazon.eventstream"
+    assert streamed["contentType"] == "application/json", "the chunks' type"
     events = [json.loads(event["chunk"]["bytes"]) for event in streamed["body"]]
     kinds = [e["type"] for e in events]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds

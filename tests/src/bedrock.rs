@@ -9,9 +9,9 @@
 //!   [`SECRET_ACCESS_KEY`], the signed headers, the body and `x-amz-date` it received) and
 //!   refuses a mismatch with Bedrock's 403 `InvalidSignatureException`, an unknown key with
 //!   `UnrecognizedClientException`, a credential scoped to another region or service too;
-//! - refuses a body with `model` or `stream` (extraneous keys), without
-//!   `anthropic_version: bedrock-2023-05-31`, or for another model id, with a 400
-//!   `ValidationException`.
+//! - refuses a body with `model` or `stream` (extraneous keys), without an
+//!   `anthropic_version` (`bedrock-2023-05-31`, or a dated one as newer official clients
+//!   send), or for another model id, with a 400 `ValidationException`.
 //!
 //! Errors carry `x-amzn-ErrorType` and a `{"message"}` body as Bedrock's do; the messages name
 //! "bedrock" so the harness' leak checks catch a gateway that forwards them.
@@ -130,7 +130,10 @@ pub fn refusal(
             ));
         }
     }
-    if body["anthropic_version"] != ANTHROPIC_VERSION {
+    // The gateway sends ANTHROPIC_VERSION (its tests say so); newer official clients send the
+    // Messages API's dated version, which Bedrock takes too.
+    let version = body["anthropic_version"].as_str().unwrap_or_default();
+    if version != ANTHROPIC_VERSION && !is_dated_version(version) {
         return Some(refuse(
             StatusCode::BAD_REQUEST,
             "ValidationException",
@@ -138,6 +141,23 @@ pub fn refusal(
         ));
     }
     None
+}
+
+/// `2026-10-21`: the Messages API's versions.
+fn is_dated_version(version: &str) -> bool {
+    version.len() == 10
+        && version.bytes().enumerate().all(|(i, b)| match i {
+            4 | 7 => b == b'-',
+            _ => b.is_ascii_digit(),
+        })
+}
+
+/// What Bedrock says of the model's output (the body's type, or each chunk's in a stream).
+pub fn add_content_type(response: &mut Response) {
+    response.headers_mut().insert(
+        "x-amzn-bedrock-content-type",
+        HeaderValue::from_static("application/json"),
+    );
 }
 
 fn percent_decode(text: &str) -> String {

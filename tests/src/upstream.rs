@@ -505,7 +505,11 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
             Wire::OpenAi => openai_json(&reply, &model),
             Wire::Azure => azure_json(&reply, &model),
         };
-        return axum::Json(json).into_response();
+        let mut response = axum::Json(json).into_response();
+        if matches!(wire, Wire::Bedrock { .. }) {
+            crate::bedrock::add_content_type(&mut response);
+        }
+        return response;
     }
     let include_usage = body["stream_options"]["include_usage"].as_bool() == Some(true);
     let events = match wire {
@@ -514,7 +518,9 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Wire::Azure => azure_events(&reply, &model, include_usage),
         Wire::Bedrock { .. } => {
             let events = crate::bedrock::frames(&anthropic_events(&reply, &model), &reply.usage);
-            return stream_response(events, &reply, shared, Framing::AwsEventStream);
+            let mut response = stream_response(events, &reply, shared, Framing::AwsEventStream);
+            crate::bedrock::add_content_type(&mut response);
+            return response;
         }
     };
     stream_response(
