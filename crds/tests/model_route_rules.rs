@@ -439,7 +439,7 @@ fn a_bedrock_upstream_without_a_region_or_with_an_api_key_is_rejected_and_a_regi
     let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
     upstream.region = Some("us-east-1".into());
     upstream.aws_credentials_secret_ref = Some(crds::resources::SecretRef { name: "aws".into() });
-    let messages = common::rejections(&m);
+    let messages = rejections(&m);
     for needle in [
         "region is only for the bedrock provider",
         "awsCredentialsSecretRef is only for the bedrock provider",

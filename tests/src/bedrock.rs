@@ -111,7 +111,7 @@ pub fn refusal(
     let model = path
         .strip_prefix("/model/")
         .and_then(|rest| rest.split('/').next())
-        .map(|id| percent_decode(id));
+        .map(percent_decode);
     if model.as_deref() != Some(MODEL_ID) {
         return Some(refuse(
             StatusCode::BAD_REQUEST,
