@@ -1,9 +1,11 @@
-"""The e2e tests' Bedrock mock (`tests/src/bedrock.rs`, run as the `mock-upstream` binary next to
-the gateway binary) speaks Amazon Bedrock's real wire format, as AWS's own clients read it:
+"""Both Bedrock mocks, the e2e tests' (`tests/src/bedrock.rs`, run as the `mock-upstream` binary
+next to the gateway binary) and the Python SDK tests' (`mock_upstream.py`, which the `routed`
+tests' bedrock route calls), speak Amazon Bedrock's real wire format, as AWS's own clients read it:
 boto3's `bedrock-runtime` (`invoke_model`, `invoke_model_with_response_stream`, whose event
 stream botocore decodes with its CRC checks) and `anthropic.AnthropicBedrock`. Both sign with
-botocore's SigV4; the mock recomputes the signature with `aws-sigv4` and accepts them, and
-refuses a wrong secret key with Bedrock's `InvalidSignatureException`, as AWS does. The gateway's
+botocore's SigV4; the mocks recompute the signature (with `aws-sigv4`, and with botocore's
+`SigV4Auth`) and accept them, and refuse a wrong secret key with Bedrock's
+`InvalidSignatureException`, as AWS does. The gateway's
 own calls to the same mock are checked by `tests/tests/upstream_bedrock.rs`.
 """
 
@@ -20,6 +22,7 @@ import botocore.exceptions
 import pytest
 
 from conftest import _gateway_binary
+from mock_upstream import MockUpstream
 
 # The harness' constants (tests/src/bedrock.rs).
 REGION = "eu-west-3"
@@ -27,8 +30,8 @@ MODEL_ID = "anthropic.upstream-model-zq7-v1:0"
 ACCESS_KEY_ID = "AKIAMOCKBEDROCK00001"
 SECRET_ACCESS_KEY = "upstream-secret-key-aws/Zq7mock+bedrock"
 SESSION_TOKEN = "mock-session-token-8812"
-# The mock-upstream binary's unscripted answer.
-TEXT = "This is a reply from the mock upstream to ping."
+# The mocks' unscripted answers (the mock-upstream binary's, mock_upstream.py's).
+TEXTS = ("This is a reply from the mock upstream to ping.", "Hello from upstream.")
 
 BODY = {
     "anthropic_version": "bedrock-2023-05-31",
@@ -38,7 +41,16 @@ BODY = {
 
 
 @pytest.fixture(scope="module")
-def bedrock_mock() -> Iterator[str]:
+def python_bedrock_mock() -> Iterator[str]:
+    mock = MockUpstream()
+    try:
+        yield mock.url
+    finally:
+        mock.close()
+
+
+@pytest.fixture(scope="module")
+def rust_bedrock_mock() -> Iterator[str]:
     binary = _gateway_binary().parent / "mock-upstream"
     if not binary.is_file():
         pytest.fail(f"{binary} not found; run `cargo build --workspace --bins`")
@@ -49,6 +61,11 @@ def bedrock_mock() -> Iterator[str]:
             yield line.strip().removeprefix("ready url=")
         finally:
             process.kill()
+
+
+@pytest.fixture(params=["python", "rust"])
+def bedrock_mock(request) -> str:
+    return request.getfixturevalue(f"{request.param}_bedrock_mock")
 
 
 def runtime(url: str, *, secret: str = SECRET_ACCESS_KEY, token: str | None = SESSION_TOKEN):
@@ -70,7 +87,7 @@ def test_boto3_invokes_the_bedrock_mock_in_json_and_reads_its_event_stream(bedro
         modelId=MODEL_ID, body=json.dumps(BODY), contentType="application/json", accept="application/json"
     )
     message = json.loads(answer["body"].read())
-    assert message["type"] == "message" and message["content"] == [{"type": "text", "text": TEXT}], message
+    assert message["type"] == "message" and message["content"][0]["text"] in TEXTS, message
     assert message["stop_reason"] == "end_turn" and message["usage"]["output_tokens"] > 0
 
     streamed = client.invoke_model_with_response_stream(
@@ -81,7 +98,7 @@ def test_boto3_invokes_the_bedrock_mock_in_json_and_reads_its_event_stream(bedro
     kinds = [e["type"] for e in events]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
     text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
-    assert text == TEXT
+    assert text == message["content"][0]["text"]
     metrics = events[-1]["amazon-bedrock-invocationMetrics"]
     assert metrics["outputTokenCount"] == message["usage"]["output_tokens"], metrics
 
@@ -108,8 +125,8 @@ def test_anthropic_bedrock_gets_a_message_and_a_stream_from_the_bedrock_mock(bed
     )
     messages = [{"role": "user", "content": "ping"}]
     message = client.messages.create(model=MODEL_ID, max_tokens=100, messages=messages)
-    assert message.content[0].text == TEXT and message.stop_reason == "end_turn"
+    assert message.content[0].text in TEXTS and message.stop_reason == "end_turn"
     with client.messages.stream(model=MODEL_ID, max_tokens=100, messages=messages) as stream:
-        assert stream.get_final_text() == TEXT
+        assert stream.get_final_text() == message.content[0].text
         final = stream.get_final_message()
     assert final.usage.output_tokens == message.usage.output_tokens
