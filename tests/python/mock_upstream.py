@@ -104,7 +104,8 @@ def azure_refusal(path: str, headers) -> tuple[int, dict] | None:
 
 
 def _bedrock_error(status: int, kind: str, message: str) -> tuple[int, dict, dict]:
-    return status, {"message": f"bedrock: {message}"}, {"x-amzn-errortype": f"{kind}:http://internal.amazon.com/coral/com.amazon.bedrock/"}
+    error_type = f"{kind}:http://internal.amazon.com/coral/com.amazon.bedrock/"
+    return status, {"message": f"bedrock: {message}"}, {"x-amzn-errortype": error_type}
 
 
 def bedrock_refusal(path: str, headers, raw: bytes, body) -> tuple[int, dict, dict] | None:
@@ -117,9 +118,11 @@ def bedrock_refusal(path: str, headers, raw: bytes, body) -> tuple[int, dict, di
     scope = fields.get("Credential", "").split("/")
     token = headers.get("x-amz-security-token")
     if scope[0] != AWS_ACCESS_KEY_ID or (token is not None and token != AWS_SESSION_TOKEN):
-        return _bedrock_error(403, "UnrecognizedClientException", "The security token included in the request is invalid.")
+        message = "The security token included in the request is invalid."
+        return _bedrock_error(403, "UnrecognizedClientException", message)
     if scope[2:4] != [BEDROCK_REGION, "bedrock"]:
-        return _bedrock_error(403, "InvalidSignatureException", f"Credential should be scoped to a valid region: {scope}")
+        message = f"Credential should be scoped to a valid region: {scope}"
+        return _bedrock_error(403, "InvalidSignatureException", message)
     signed = fields.get("SignedHeaders", "").split(";")
     request = botocore.awsrequest.AWSRequest(
         method="POST",
@@ -140,7 +143,8 @@ def bedrock_refusal(path: str, headers, raw: bytes, body) -> tuple[int, dict, di
         return _bedrock_error(400, "ValidationException", "The provided model identifier is invalid.")
     for key in ("model", "stream", "metadata"):
         if key in body:
-            return _bedrock_error(400, "ValidationException", f"Malformed input request: extraneous key [{key}] is not permitted")
+            message = f"Malformed input request: extraneous key [{key}] is not permitted"
+            return _bedrock_error(400, "ValidationException", message)
     if not body.get("anthropic_version"):
         return _bedrock_error(400, "ValidationException", "Malformed input request: anthropic_version is required")
     return None
@@ -173,7 +177,9 @@ def bedrock_frames(sse_events: list[bytes]) -> list[bytes]:
 
 def anthropic_json(blocks: list[tuple], model: str) -> dict:
     content = [
-        {"type": "text", "text": b[1]} if b[0] == "text" else {"type": "tool_use", "id": f"toolu_mock_{i}", "name": b[1], "input": b[2]}
+        {"type": "text", "text": b[1]}
+        if b[0] == "text"
+        else {"type": "tool_use", "id": f"toolu_mock_{i}", "name": b[1], "input": b[2]}
         for i, b in enumerate(blocks)
     ]
     stop = "tool_use" if any(b[0] == "tool" for b in blocks) else "end_turn"
@@ -345,7 +351,9 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
     base_url = f"{mock.url}/v1" if provider == "openai" else mock.url
     if provider == "bedrock":
         model = f'"{BEDROCK_MODEL_ID}"'
-        credentials = f"      region: {BEDROCK_REGION}\n      awsCredentialsSecretRef:\n        name: mock-aws-credentials\n"
+        credentials = (
+            f"      region: {BEDROCK_REGION}\n      awsCredentialsSecretRef:\n        name: mock-aws-credentials\n"
+        )
     else:
         model = UPSTREAM_MODEL
         credentials = "      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n"
@@ -371,7 +379,8 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
     secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: mock-upstream-key\ntype: Opaque\n"
     aws = (
         "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: mock-aws-credentials\ntype: Opaque\nstringData:\n"
-        f"  accessKeyId: {AWS_ACCESS_KEY_ID}\n  secretAccessKey: {AWS_SECRET_ACCESS_KEY}\n  sessionToken: {AWS_SESSION_TOKEN}\n"
+        f"  accessKeyId: {AWS_ACCESS_KEY_ID}\n  secretAccessKey: {AWS_SECRET_ACCESS_KEY}\n"
+        f"  sessionToken: {AWS_SESSION_TOKEN}\n"
     )
     (target / "secrets.yaml").write_text(secret + f"stringData:\n  apiKey: {UPSTREAM_KEY}\n" + aws)
     return target
