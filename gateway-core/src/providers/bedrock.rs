@@ -28,7 +28,7 @@ use crds::config::Upstream;
 use store::usage::TokenUsage;
 
 /// The Messages API version Bedrock's Claude models take, in the body.
-pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
+const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
 
 /// The SigV4 service name of the Bedrock runtime.
 const SERVICE: &str = "bedrock";
@@ -157,7 +157,7 @@ fn credentials(upstream: &Upstream) -> Result<Credentials, ProviderError> {
 /// The SigV4 headers (`authorization`, `x-amz-date`, and `x-amz-security-token` for a
 /// session's keys) for a POST of `body` to `url` with `headers`, which are signed too (the
 /// host is taken from the URL, as the HTTP client sends it).
-pub fn signature(
+fn signature(
     url: &str,
     headers: &[(&str, &str)],
     body: &[u8],
