@@ -4,25 +4,33 @@
 //! `aws-smithy-eventstream`. An `event` message of type `chunk` carries `{"bytes": base64}`,
 //! the base64 of one Messages API stream event, which is handed on as the SSE reader hands on
 //! an event's data, so the `anthropic` decoder reads both. An `exception` message (or an
-//! `error` one) ends the stream with the matching `ProviderError`; its text is only logged.
+//! `error` one) ends the stream as the status Bedrock gives that exception would; its text is
+//! only logged. This module only decodes; `http` reads the body and maps the failures.
 
 use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
 use aws_smithy_types::event_stream::{HeaderValue, Message};
 use base64::Engine;
 use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt};
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
-use super::http::{self, SseEvent};
-use super::ProviderError;
-
-/// Reads frames as bytes arrive and yields the Messages events their chunks carry.
-pub struct EventStreamReader<S> {
-    bytes: S,
+/// Cuts the bytes that came into frames and yields the Messages events their chunks carry.
+/// It only decodes: the HTTP reader (`http`) feeds it and maps its failures.
+#[derive(Default)]
+pub struct FrameReader {
     buffer: BytesMut,
     frames: MessageFrameDecoder,
+}
+
+/// Why a stream cannot go on.
+#[derive(Debug, PartialEq)]
+pub enum Failure {
+    /// A frame or a chunk that does not decode (a CRC that does not match, bad base64...).
+    Malformed(String),
+    /// An exception message, as the HTTP status Bedrock gives the same exception in a response
+    /// (`None`: one with no such meaning, an upstream error).
+    Exception(Option<StatusCode>),
 }
 
 #[derive(Deserialize)]
@@ -30,34 +38,23 @@ struct Chunk {
     bytes: String,
 }
 
-impl<S> EventStreamReader<S>
-where
-    S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
-{
-    pub fn new(bytes: S) -> Self {
-        Self {
-            bytes,
-            buffer: BytesMut::new(),
-            frames: MessageFrameDecoder::new(),
-        }
+impl FrameReader {
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
     }
 
-    /// The next chunk's event; `None` at the end of the body (a frame cut short is the
-    /// decoder's business: the stream then ends without its last event).
-    pub async fn next(&mut self) -> Result<Option<SseEvent>, ProviderError> {
+    /// The next chunk's event; `None` until more bytes are pushed (a frame cut short at the
+    /// end of the body is the stream ending without its last event).
+    pub fn next(&mut self) -> Result<Option<Bytes>, Failure> {
         loop {
             match self.frames.decode_frame(&mut self.buffer) {
-                Ok(DecodedFrame::Complete(message)) => match chunk(&message)? {
-                    Some(event) => return Ok(Some(event)),
-                    None => continue,
-                },
-                Ok(DecodedFrame::Incomplete) => {}
-                Err(e) => return Err(http::malformed("event stream frame", e)),
-            }
-            match self.bytes.next().await {
-                Some(Ok(bytes)) => self.buffer.extend_from_slice(&bytes),
-                Some(Err(e)) => return Err(http::transport_error(e)),
-                None => return Ok(None),
+                Ok(DecodedFrame::Complete(message)) => {
+                    if let Some(event) = chunk(&message)? {
+                        return Ok(Some(event));
+                    }
+                }
+                Ok(DecodedFrame::Incomplete) => return Ok(None),
+                Err(e) => return Err(Failure::Malformed(e.to_string())),
             }
         }
     }
@@ -76,7 +73,7 @@ fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
 
 /// A `chunk` event's Messages event; `None` for events of other types (skipped, as the
 /// Messages decoder skips event types it does not know).
-fn chunk(message: &Message) -> Result<Option<SseEvent>, ProviderError> {
+fn chunk(message: &Message) -> Result<Option<Bytes>, Failure> {
     match header(message, ":message-type") {
         Some("event") => {}
         Some("exception") => {
@@ -86,7 +83,7 @@ fn chunk(message: &Message) -> Result<Option<SseEvent>, ProviderError> {
                 message = %String::from_utf8_lossy(message.payload()),
                 "upstream event stream carried an exception"
             );
-            return Err(exception_error(kind));
+            return Err(Failure::Exception(exception_status(kind)));
         }
         other => {
             tracing::warn!(
@@ -94,44 +91,44 @@ fn chunk(message: &Message) -> Result<Option<SseEvent>, ProviderError> {
                 code = ?header(message, ":error-code"),
                 "upstream event stream carried an error"
             );
-            return Err(ProviderError::Upstream);
+            return Err(Failure::Exception(None));
         }
     }
     if header(message, ":event-type") != Some("chunk") {
         tracing::debug!(kind = ?header(message, ":event-type"), "skipped an upstream event");
         return Ok(None);
     }
-    let chunk: Chunk = serde_json::from_slice(message.payload())
-        .map_err(|e| http::malformed("event stream chunk", e))?;
+    let chunk: Chunk =
+        serde_json::from_slice(message.payload()).map_err(|e| Failure::Malformed(e.to_string()))?;
     let data = base64::engine::general_purpose::STANDARD
         .decode(chunk.bytes)
-        .map_err(|e| http::malformed("event stream chunk bytes", e))?;
-    Ok(Some(SseEvent { data: data.into() }))
+        .map_err(|e| Failure::Malformed(e.to_string()))?;
+    Ok(Some(data.into()))
 }
 
 /// Bedrock's exceptions, by the name they carry in a stream (`throttlingException`) or in the
-/// `x-amzn-ErrorType` of an error response (`ThrottlingException`): throttles and a model not
-/// ready yet are the upstream limiting us (the next upstream, 529 when none is left), as the
-/// Messages API's 429 and 529 are; a model timeout is a timeout; a validation error of the
-/// content is the client's to fix.
-fn exception_error(kind: &str) -> ProviderError {
+/// `x-amzn-ErrorType` of an error response (`ThrottlingException`), as the status that says
+/// the same to the fallback rules: throttles, a model not ready yet and an exceeded quota are
+/// the upstream limiting us (429, as the Messages API's 429 and 529), a model timeout is a
+/// timeout (408), a validation error is the content's (400); the rest says nothing more.
+fn exception_status(kind: &str) -> Option<StatusCode> {
     let mut name = kind.to_owned();
     if let Some(first) = name.get_mut(0..1) {
         first.make_ascii_lowercase();
     }
     match name.as_str() {
         "throttlingException" | "modelNotReadyException" | "serviceQuotaExceededException" => {
-            ProviderError::Overloaded
+            Some(StatusCode::TOO_MANY_REQUESTS)
         }
-        "modelTimeoutException" => ProviderError::Timeout,
-        "validationException" => http::status_error(StatusCode::BAD_REQUEST),
-        _ => ProviderError::Upstream,
+        "modelTimeoutException" => Some(StatusCode::REQUEST_TIMEOUT),
+        "validationException" => Some(StatusCode::BAD_REQUEST),
+        _ => None,
     }
 }
 
-/// An error response: by its `x-amzn-ErrorType` where that tells more than the status
-/// (a quota exceeded is a 400 that is a throttle), else as any upstream's status.
-pub fn status_error(status: StatusCode, headers: &HeaderMap) -> ProviderError {
+/// The status an error response is read as: its `x-amzn-ErrorType`'s where that tells more
+/// (a quota exceeded is a 400 that is a throttle), else its own.
+pub fn error_status(status: StatusCode, headers: &HeaderMap) -> StatusCode {
     let kind = headers
         .get("x-amzn-errortype")
         .and_then(|v| v.to_str().ok())
@@ -142,10 +139,7 @@ pub fn status_error(status: StatusCode, headers: &HeaderMap) -> ProviderError {
         kind,
         "upstream answered with an error"
     );
-    match exception_error(kind) {
-        ProviderError::Upstream => http::status_error(status),
-        known => known,
-    }
+    exception_status(kind).unwrap_or(status)
 }
 
 #[cfg(test)]
@@ -186,23 +180,23 @@ mod tests {
         )
     }
 
-    async fn read(body: Vec<u8>, cuts: &[usize]) -> Result<Vec<Bytes>, ProviderError> {
-        let mut pieces = Vec::new();
+    /// Pushes `body` in the pieces `cuts` make, reading events as they come.
+    fn read(body: &[u8], cuts: &[usize]) -> Result<Vec<Bytes>, Failure> {
+        let mut reader = FrameReader::default();
+        let mut out = Vec::new();
         let mut last = 0;
         for &cut in cuts.iter().chain(std::iter::once(&body.len())) {
-            pieces.push(Ok(Bytes::copy_from_slice(&body[last..cut])));
+            reader.push(&body[last..cut]);
             last = cut;
-        }
-        let mut reader = EventStreamReader::new(futures::stream::iter(pieces));
-        let mut out = Vec::new();
-        while let Some(event) = reader.next().await? {
-            out.push(event.data);
+            while let Some(event) = reader.next()? {
+                out.push(event);
+            }
         }
         Ok(out)
     }
 
-    #[tokio::test]
-    async fn chunks_cut_anywhere_yield_their_decoded_events_in_order() {
+    #[test]
+    fn chunks_cut_anywhere_yield_their_decoded_events_in_order() {
         let mut body = chunk_frame(r#"{"type":"message_start"}"#);
         body.extend(frame(
             &[(":event-type", "other"), (":message-type", "event")],
@@ -210,7 +204,7 @@ mod tests {
         ));
         body.extend(chunk_frame(r#"{"type":"message_stop"}"#));
         for cut in 0..=body.len() {
-            let events = read(body.clone(), &[cut]).await.expect("a good stream");
+            let events = read(&body, &[cut]).expect("a good stream");
             assert_eq!(
                 events,
                 vec![
@@ -222,46 +216,43 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_frame_whose_crc_does_not_match_is_an_upstream_error() {
+    #[test]
+    fn a_frame_whose_crc_does_not_match_is_malformed() {
         let mut body = chunk_frame(r#"{"type":"message_start"}"#);
         let last = body.len() - 1;
         body[last] ^= 0xff;
-        assert!(matches!(
-            read(body, &[]).await,
-            Err(ProviderError::Upstream)
-        ));
+        assert!(matches!(read(&body, &[]), Err(Failure::Malformed(_))));
     }
 
-    #[tokio::test]
-    async fn exceptions_in_the_stream_map_to_throttles_timeouts_or_upstream_errors() {
+    #[test]
+    fn exceptions_in_the_stream_read_as_throttles_timeouts_or_upstream_errors() {
         let exception = |kind: &str| {
-            frame(
+            let body = frame(
                 &[
                     (":exception-type", kind),
                     (":content-type", "application/json"),
                     (":message-type", "exception"),
                 ],
                 br#"{"message":"bedrock says no"}"#,
-            )
+            );
+            read(&body, &[]).expect_err("an exception")
         };
-        let error = |kind: &'static str| async move { read(exception(kind), &[]).await };
-        assert!(matches!(
-            error("throttlingException").await,
-            Err(ProviderError::Overloaded)
-        ));
-        assert!(matches!(
-            error("modelTimeoutException").await,
-            Err(ProviderError::Timeout)
-        ));
-        assert!(matches!(
-            error("modelStreamErrorException").await,
-            Err(ProviderError::Upstream)
-        ));
-        assert!(matches!(
-            error("internalServerException").await,
-            Err(ProviderError::Upstream)
-        ));
+        assert_eq!(
+            exception("throttlingException"),
+            Failure::Exception(Some(StatusCode::TOO_MANY_REQUESTS))
+        );
+        assert_eq!(
+            exception("modelTimeoutException"),
+            Failure::Exception(Some(StatusCode::REQUEST_TIMEOUT))
+        );
+        assert_eq!(
+            exception("modelStreamErrorException"),
+            Failure::Exception(None)
+        );
+        assert_eq!(
+            exception("internalServerException"),
+            Failure::Exception(None)
+        );
     }
 
     #[test]
@@ -272,31 +263,22 @@ mod tests {
             headers.insert("x-amzn-errortype", value.parse().expect("a header value"));
             headers
         };
-        assert!(matches!(
-            status_error(
-                StatusCode::BAD_REQUEST,
-                &headers("ServiceQuotaExceededException")
-            ),
-            ProviderError::Overloaded
-        ));
-        assert!(matches!(
-            status_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                &headers("ThrottlingException")
-            ),
-            ProviderError::Overloaded
-        ));
-        assert!(matches!(
-            status_error(StatusCode::BAD_REQUEST, &headers("ValidationException")),
-            ProviderError::Rejected(_)
-        ));
-        assert!(matches!(
-            status_error(StatusCode::FORBIDDEN, &headers("InvalidSignatureException")),
-            ProviderError::Upstream
-        ));
-        assert!(matches!(
-            status_error(StatusCode::SERVICE_UNAVAILABLE, &HeaderMap::new()),
-            ProviderError::Upstream
-        ));
+        let bad_request = StatusCode::BAD_REQUEST;
+        assert_eq!(
+            error_status(bad_request, &headers("ServiceQuotaExceededException")),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            error_status(bad_request, &headers("ValidationException")),
+            bad_request
+        );
+        assert_eq!(
+            error_status(StatusCode::FORBIDDEN, &headers("InvalidSignatureException")),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            error_status(StatusCode::SERVICE_UNAVAILABLE, &HeaderMap::new()),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 }

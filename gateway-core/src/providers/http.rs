@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use reqwest::StatusCode;
 
-use super::eventstream::{self, EventStreamReader};
+use super::eventstream::{self, FrameReader};
 use super::{EventStream, ProviderError, ProviderEvent};
 use crds::config::{Timeouts, Upstream};
 
@@ -105,17 +105,45 @@ pub enum Framing {
 /// A response body read as `Framing` says.
 enum Body<S> {
     Sse(SseReader<S>),
-    AwsEventStream(EventStreamReader<S>),
+    AwsEventStream { bytes: S, frames: FrameReader },
 }
 
 impl<S> Body<S>
 where
     S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
 {
+    fn new(bytes: S, framing: Framing) -> Self {
+        match framing {
+            Framing::Sse => Self::Sse(SseReader::new(bytes)),
+            Framing::AwsEventStream => Self::AwsEventStream {
+                bytes,
+                frames: FrameReader::default(),
+            },
+        }
+    }
+
+    /// The next event's data; `None` at the end of the body.
     async fn next(&mut self) -> Result<Option<SseEvent>, ProviderError> {
-        match self {
-            Self::Sse(reader) => reader.next().await,
-            Self::AwsEventStream(reader) => reader.next().await,
+        let (bytes, frames) = match self {
+            Self::Sse(reader) => return reader.next().await,
+            Self::AwsEventStream { bytes, frames } => (bytes, frames),
+        };
+        loop {
+            match frames.next() {
+                Ok(Some(data)) => return Ok(Some(SseEvent { data })),
+                Ok(None) => {}
+                Err(eventstream::Failure::Malformed(e)) => {
+                    return Err(malformed("event stream frame", e))
+                }
+                Err(eventstream::Failure::Exception(status)) => {
+                    return Err(status.map_or(ProviderError::Upstream, status_error))
+                }
+            }
+            match bytes.next().await {
+                Some(Ok(chunk)) => frames.push(&chunk),
+                Some(Err(e)) => return Err(transport_error(e)),
+                None => return Ok(None),
+            }
         }
     }
 }
@@ -137,17 +165,12 @@ pub async fn open<D: Decoder>(
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(match framing {
-                Framing::Sse => status_error(status),
-                Framing::AwsEventStream => eventstream::status_error(status, response.headers()),
-            });
+            return Err(status_error(match framing {
+                Framing::Sse => status,
+                Framing::AwsEventStream => eventstream::error_status(status, response.headers()),
+            }));
         }
-        let mut body = match framing {
-            Framing::Sse => Body::Sse(SseReader::new(response.bytes_stream())),
-            Framing::AwsEventStream => {
-                Body::AwsEventStream(EventStreamReader::new(response.bytes_stream()))
-            }
-        };
+        let mut body = Body::new(response.bytes_stream(), framing);
         let mut ready = VecDeque::new();
         while ready.is_empty() {
             match body.next().await? {
@@ -222,7 +245,7 @@ pub fn status_error(status: StatusCode) -> ProviderError {
     }
 }
 
-pub fn transport_error(e: reqwest::Error) -> ProviderError {
+fn transport_error(e: reqwest::Error) -> ProviderError {
     tracing::warn!(error = %e, "upstream request failed");
     if e.is_timeout() {
         ProviderError::Timeout
