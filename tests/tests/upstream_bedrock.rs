@@ -221,25 +221,35 @@ async fn a_bedrock_throttle_as_a_429_or_in_the_stream_falls_back_to_the_next_ups
 }
 
 #[tokio::test]
-async fn an_exception_in_the_stream_after_the_first_event_ends_the_clients_stream_with_an_error_event(
+async fn an_exception_or_a_broken_chunk_after_the_first_event_ends_the_clients_stream_with_an_error_event(
 ) {
     let mock = MockUpstream::start().await;
     let manifests = RoutedManifests::new(&[UpstreamDef::bedrock(&mock)]);
     let gw = Gateway::builder().manifests(&manifests.path).start().await;
-    mock.push([Reply::text("a long enough answer to cut").fault(Fault::OverloadedAfter(3))]);
-    let events = gw
-        .stream(
-            "/v1/messages",
-            &gw.key,
-            &message_stream("svc/haiku", "hello", 50),
-        )
-        .await;
-    events.expect_sse();
-    let events = events.collect().await;
-    let last = events.last().expect("some events");
-    assert_eq!(last.event.as_deref(), Some("error"), "{events:?}");
-    assert_eq!(last.json()["error"]["type"], "overloaded_error");
-    assert_eq!(mock.request_count(), 1, "nothing falls back mid-stream");
+    // A throttlingException message is a 529's error; a chunk whose event is not JSON a 502's.
+    for (fault, kind) in [
+        (Fault::OverloadedAfter(3), "overloaded_error"),
+        (Fault::MalformedAfter(3), "api_error"),
+    ] {
+        mock.push([Reply::text("a long enough answer to cut").fault(fault.clone())]);
+        let events = gw
+            .stream(
+                "/v1/messages",
+                &gw.key,
+                &message_stream("svc/haiku", "hello", 50),
+            )
+            .await;
+        events.expect_sse();
+        let events = events.collect().await;
+        let last = events.last().expect("some events");
+        assert_eq!(
+            last.event.as_deref(),
+            Some("error"),
+            "{fault:?}: {events:?}"
+        );
+        assert_eq!(last.json()["error"]["type"], kind, "{fault:?}");
+    }
+    assert_eq!(mock.request_count(), 2, "nothing falls back mid-stream");
 }
 
 #[tokio::test]
