@@ -312,6 +312,25 @@ mod tests {
     }
 
     #[test]
+    fn a_bedrock_routes_credentials_secret_is_one_the_operator_must_be_allowed_to_read() {
+        let mut manifests = standalone();
+        for route in &mut manifests.routes {
+            if route.metadata.name.as_deref() == Some("svc-haiku") {
+                let upstream = &mut route.spec.upstreams[0];
+                upstream.provider = crds::resources::Provider::Bedrock;
+                upstream.region = Some("eu-west-3".into());
+                upstream.aws_credentials_secret_ref = Some(crds::resources::SecretRef {
+                    name: "bedrock-keys".into(),
+                });
+                assert_eq!(route_secrets(route).collect::<Vec<_>>(), ["bedrock-keys"]);
+            }
+        }
+        let outcome = run(&manifests, &LastGood::default());
+        let haiku = &outcome.faults[&route_ref("svc-haiku")];
+        assert_eq!(haiku.problems, [unreadable("bedrock-keys")], "{haiku:?}");
+    }
+
+    #[test]
     fn a_problem_that_no_resource_owns_still_blocks_publication() {
         let mut manifests = standalone();
         manifests
