@@ -14,8 +14,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::config::{
-    Affinity, BatchCaps, Capabilities, GatewayConfig, KeyGrant, KeySeed, Limits, ModelConfig,
-    Pricing, ProviderKind, Route, Secret, TierConfig, Timeouts, Upstream,
+    Affinity, AwsCredentials, BatchCaps, Capabilities, GatewayConfig, KeyGrant, KeySeed, Limits,
+    ModelConfig, Pricing, ProviderKind, Route, Secret, TierConfig, Timeouts, Upstream,
 };
 use crate::resources::{
     ApiKey, ModelRoute, Provider, SecretKeyRef, Tier, TierId, TimeoutsSpec, UpstreamSpec,
@@ -465,6 +465,25 @@ fn is_api_version(version: &str) -> bool {
         })
 }
 
+/// The schema's pattern for `region` (`us-east-1`, `ap-southeast-2`, `us-gov-west-1`),
+/// re-checked for files no API server has seen.
+fn is_aws_region(region: &str) -> bool {
+    let mut parts = region.split('-');
+    let first = parts.next().unwrap_or_default();
+    let rest: Vec<&str> = parts.collect();
+    let Some((last, middle)) = rest.split_last() else {
+        return false;
+    };
+    first.len() == 2
+        && first.bytes().all(|b| b.is_ascii_lowercase())
+        && !middle.is_empty()
+        && middle
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && !last.is_empty()
+        && last.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// A route's batch price ratio in millionths, which must be more than 0 and at most 1.
 fn batch_price_per_million(resource: &ResourceRef, ratio: f64, problems: &mut Problems) -> u32 {
     const MILLION: f64 = 1_000_000.0;
@@ -494,8 +513,40 @@ fn compile_upstream(
         Provider::Anthropic => (ProviderKind::Anthropic, Some("anthropic")),
         Provider::Openai => (ProviderKind::Openai, Some("openai")),
         Provider::AzureOpenai => (ProviderKind::AzureOpenai, Some("azure-openai")),
+        // Its endpoint defaults to the region's.
+        Provider::Bedrock => (ProviderKind::Bedrock, None),
         Provider::Simulated => (ProviderKind::Simulated, None),
     };
+    let bedrock = provider == ProviderKind::Bedrock;
+    match &upstream.region {
+        None if bedrock => problems.add(
+            resource,
+            format!("{field}: region is required for the bedrock provider"),
+        ),
+        Some(_) if !bedrock => problems.add(
+            resource,
+            format!("{field}: region is only for the bedrock provider"),
+        ),
+        Some(region) if !is_aws_region(region) => problems.add(
+            resource,
+            format!("{field}: region {region:?} must be an AWS region such as us-east-1"),
+        ),
+        _ => {}
+    }
+    if !bedrock && upstream.aws_credentials_secret_ref.is_some() {
+        problems.add(
+            resource,
+            format!("{field}: awsCredentialsSecretRef is only for the bedrock provider"),
+        );
+    }
+    if bedrock && upstream.api_key_secret_ref.is_some() {
+        problems.add(
+            resource,
+            format!(
+                "{field}: apiKeySecretRef is not for the bedrock provider: use awsCredentialsSecretRef"
+            ),
+        );
+    }
     match (&upstream.api_version, provider) {
         (None, ProviderKind::AzureOpenai) => problems.add(
             resource,
@@ -533,6 +584,29 @@ fn compile_upstream(
             .map_err(|reason| problems.add(resource, format!("{field}: apiKeySecretRef: {reason}")))
             .ok()
     });
+    let aws_credentials = upstream.aws_credentials_secret_ref.as_ref().and_then(|r| {
+        let key = |key: &str| SecretKeyRef {
+            name: r.name.clone(),
+            key: key.to_owned(),
+        };
+        let mut resolve = |key: SecretKeyRef| {
+            secrets.resolve(namespace, &key).map_err(|reason| {
+                problems.add(
+                    resource,
+                    format!("{field}: awsCredentialsSecretRef: {reason}"),
+                )
+            })
+        };
+        let access_key_id = resolve(key("accessKeyId"));
+        let secret_access_key = resolve(key("secretAccessKey"));
+        // Optional: long-term keys have none; a missing Secret is already reported.
+        let session_token = secrets.resolve(namespace, &key("sessionToken")).ok();
+        Some(AwsCredentials {
+            access_key_id: access_key_id.ok()?,
+            secret_access_key: secret_access_key.ok()?,
+            session_token,
+        })
+    });
     let defaults = Timeouts::default();
     let TimeoutsSpec {
         connect_ms,
@@ -549,6 +623,8 @@ fn compile_upstream(
         model: upstream.model.clone(),
         base_url: upstream.base_url.clone(),
         api_version: upstream.api_version.clone(),
+        region: upstream.region.clone(),
+        aws_credentials,
         api_key,
         weight: problems.at_least_one(resource, &format!("{field}: weight"), upstream.weight),
         timeouts: Timeouts {

@@ -137,6 +137,12 @@ pub struct Upstream {
     /// The `api-version` an `azure-openai` upstream is called with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_version: Option<String>,
+    /// The AWS region a `bedrock` upstream is signed for (and whose endpoint is the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// A `bedrock` upstream's credentials; `None`: the gateway's environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws_credentials: Option<AwsCredentials>,
     pub api_key: Option<Secret>,
     pub weight: u32,
     pub timeouts: Timeouts,
@@ -154,6 +160,7 @@ pub enum ProviderKind {
     Openai,
     #[serde(rename = "azure-openai")]
     AzureOpenai,
+    Bedrock,
     Simulated,
 }
 
@@ -164,9 +171,21 @@ impl ProviderKind {
             Self::Anthropic => "anthropic",
             Self::Openai => "openai",
             Self::AzureOpenai => "azure-openai",
+            Self::Bedrock => "bedrock",
             Self::Simulated => "simulated",
         }
     }
+}
+
+/// AWS access keys (a session's when `session_token` is set), from the Secret a `bedrock`
+/// upstream names.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AwsCredentials {
+    pub access_key_id: Secret,
+    pub secret_access_key: Secret,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<Secret>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -274,12 +274,24 @@ pub struct PricingSpec {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "self.provider == 'simulated' || has(self.baseUrl)",
-        "message": "baseUrl is required for every provider but simulated"
+        "rule": "self.provider in ['simulated', 'bedrock'] || has(self.baseUrl)",
+        "message": "baseUrl is required for every provider but simulated and bedrock"
     },
     {
         "rule": "(self.provider == 'azure-openai') == has(self.apiVersion)",
         "message": "apiVersion is required for the azure-openai provider, and only for it"
+    },
+    {
+        "rule": "(self.provider == 'bedrock') == has(self.region)",
+        "message": "region is required for the bedrock provider, and only for it"
+    },
+    {
+        "rule": "self.provider == 'bedrock' || !has(self.awsCredentialsSecretRef)",
+        "message": "awsCredentialsSecretRef is only for the bedrock provider"
+    },
+    {
+        "rule": "self.provider != 'bedrock' || !has(self.apiKeySecretRef)",
+        "message": "apiKeySecretRef is not for the bedrock provider: use awsCredentialsSecretRef"
     }
 ]))]
 pub struct UpstreamSpec {
@@ -295,6 +307,8 @@ pub struct UpstreamSpec {
     /// (+ `/v1/messages`), `https://api.openai.com/v1` (+ `/chat/completions`), or the Azure
     /// OpenAI resource's endpoint `https://RESOURCE.openai.azure.com`
     /// (+ `/openai/deployments/{model}/chat/completions`, `model` being the deployment name).
+    /// Optional for `bedrock` (default `https://bedrock-runtime.{region}.amazonaws.com`; a VPC
+    /// endpoint, + `/model/{model}/invoke-with-response-stream`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^https?://"))]
     pub base_url: Option<String>,
@@ -303,6 +317,17 @@ pub struct UpstreamSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?$"))]
     pub api_version: Option<String>,
+    /// Required for `bedrock`, and only there: the AWS region the calls are signed for and
+    /// whose endpoint is the default, e.g. `us-east-1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"))]
+    pub region: Option<String>,
+    /// A `bedrock` upstream's AWS credentials: a Secret with the keys `accessKeyId`,
+    /// `secretAccessKey` and optionally `sessionToken`. Without it the gateway signs with the
+    /// standard environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_SESSION_TOKEN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws_credentials_secret_ref: Option<SecretRef>,
     /// The upstream API key, read from a Secret in the same namespace so it never sits in
     /// the route itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -339,6 +364,9 @@ pub enum Provider {
     /// and `api-key` header.
     #[serde(rename = "azure-openai")]
     AzureOpenai,
+    /// Claude on Amazon Bedrock: the Messages body through `InvokeModelWithResponseStream`,
+    /// signed with SigV4.
+    Bedrock,
     Simulated,
 }
 
@@ -514,6 +542,15 @@ pub struct SecretKeyRef {
     pub name: String,
     #[schemars(length(min = 1))]
     pub key: String,
+}
+
+/// A whole Secret in the namespace of the referring resource, whose keys the referring field
+/// names.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SecretRef {
+    #[schemars(length(min = 1))]
+    pub name: String,
 }
 
 /// A tier id of the API spec, spelled as clients see it in `X-RateLimit-Tier`.

@@ -222,3 +222,48 @@ fn an_api_version_is_refused_on_other_providers() {
     });
     assert_refused(with_upstream(openai), "only for it");
 }
+
+#[test]
+fn a_bedrock_upstream_needs_its_region_and_no_base_url_api_key_or_api_version() {
+    let bedrock = json!({
+        "name": "bedrock", "provider": "bedrock",
+        "model": "anthropic.claude-sonnet-4-20250514-v1:0", "region": "us-east-1",
+        "awsCredentialsSecretRef": {"name": "aws"},
+    });
+    assert_eq!(
+        refusals(&with_upstream(bedrock.clone())),
+        Vec::<String>::new()
+    );
+    let mut without_region = bedrock.clone();
+    without_region.as_object_mut().map(|o| o.remove("region"));
+    assert_refused(with_upstream(without_region), "region is required");
+    for (field, value, refusal) in [
+        ("apiVersion", json!("2024-10-21"), "apiVersion is required"),
+        (
+            "apiKeySecretRef",
+            json!({"name": "k", "key": "apiKey"}),
+            "use awsCredentialsSecretRef",
+        ),
+    ] {
+        let mut wrong = bedrock.clone();
+        wrong[field] = value;
+        assert_refused(with_upstream(wrong), refusal);
+    }
+}
+
+#[test]
+fn a_region_or_aws_credentials_are_refused_on_other_providers() {
+    let anthropic = json!({
+        "name": "a", "provider": "anthropic", "model": "claude",
+        "baseUrl": "https://api.anthropic.com",
+    });
+    let mut with_region = anthropic.clone();
+    with_region["region"] = json!("us-east-1");
+    assert_refused(with_upstream(with_region), "only for it");
+    let mut with_credentials = anthropic;
+    with_credentials["awsCredentialsSecretRef"] = json!({"name": "aws"});
+    assert_refused(
+        with_upstream(with_credentials),
+        "awsCredentialsSecretRef is only for the bedrock provider",
+    );
+}

@@ -342,3 +342,111 @@ fn an_api_version_on_another_provider_is_rejected() {
         "upstreams[0] (simulated): apiVersion is only for the azure-openai provider",
     );
 }
+
+fn kimi_on_bedrock(m: &mut crds::manifests::Manifests) {
+    let upstream = &mut route(m, "svc/kimi").spec.upstreams[0];
+    upstream.provider = Provider::Bedrock;
+    upstream.model = "anthropic.claude-sonnet-4-20250514-v1:0".into();
+    upstream.region = Some("eu-west-3".into());
+    upstream.aws_credentials_secret_ref = Some(crds::resources::SecretRef { name: "aws".into() });
+}
+
+fn aws_secret(keys: &[(&str, &str)]) -> k8s_openapi::api::core::v1::Secret {
+    let mut secret = k8s_openapi::api::core::v1::Secret::default();
+    secret.metadata.name = Some("aws".into());
+    secret.string_data = Some(
+        keys.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    secret
+}
+
+#[test]
+fn a_bedrock_upstream_compiles_with_its_region_and_the_secrets_keys_and_needs_no_base_url() {
+    let mut m = standalone();
+    kimi_on_bedrock(&mut m);
+    m.secrets.push(aws_secret(&[
+        ("accessKeyId", "AKIDEXAMPLE"),
+        ("secretAccessKey", "s3cr3t"),
+        ("sessionToken", "tok"),
+    ]));
+    let config = compiles(&m);
+    let Route::Upstreams(upstreams) = &config.models["svc/kimi"].route else {
+        panic!("svc/kimi is not routed to upstreams");
+    };
+    let upstream = &upstreams[0];
+    assert_eq!(upstream.provider, ProviderKind::Bedrock);
+    assert_eq!(
+        upstream.provider.as_str(),
+        "bedrock",
+        "as the ledger spells it"
+    );
+    assert_eq!(upstream.region.as_deref(), Some("eu-west-3"));
+    assert_eq!(upstream.base_url, None);
+    let keys = upstream
+        .aws_credentials
+        .as_ref()
+        .expect("the Secret's keys");
+    assert_eq!(keys.access_key_id.expose(), "AKIDEXAMPLE");
+    assert_eq!(keys.secret_access_key.expose(), "s3cr3t");
+    assert_eq!(keys.session_token.as_ref().map(|t| t.expose()), Some("tok"));
+
+    // Long-term keys have no session token; a Secret without the secret key is refused.
+    let replace = |m: &mut crds::manifests::Manifests, keys: &[(&str, &str)]| {
+        m.secrets
+            .retain(|s| s.metadata.name.as_deref() != Some("aws"));
+        m.secrets.push(aws_secret(keys));
+    };
+    replace(
+        &mut m,
+        &[("accessKeyId", "AKIDEXAMPLE"), ("secretAccessKey", "s")],
+    );
+    let config = compiles(&m);
+    let Route::Upstreams(upstreams) = &config.models["svc/kimi"].route else {
+        panic!("svc/kimi is not routed to upstreams");
+    };
+    assert!(upstreams[0]
+        .aws_credentials
+        .as_ref()
+        .is_some_and(|k| k.session_token.is_none()));
+    replace(&mut m, &[("accessKeyId", "AKIDEXAMPLE")]);
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "awsCredentialsSecretRef: Secret aws has no key secretAccessKey",
+    );
+}
+
+#[test]
+fn a_bedrock_upstream_without_a_region_or_with_an_api_key_is_rejected_and_a_region_elsewhere_too() {
+    let mut m = standalone();
+    kimi_on_bedrock(&mut m);
+    m.secrets.push(aws_secret(&[
+        ("accessKeyId", "A"),
+        ("secretAccessKey", "S"),
+    ]));
+    route(&mut m, "svc/kimi").spec.upstreams[0].region = None;
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "region is required for the bedrock provider",
+    );
+    route(&mut m, "svc/kimi").spec.upstreams[0].region = Some("Europe".into());
+    assert_rejected(&m, "ModelRoute svc-kimi:", "must be an AWS region");
+
+    let mut m = standalone();
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.region = Some("us-east-1".into());
+    upstream.aws_credentials_secret_ref = Some(crds::resources::SecretRef { name: "aws".into() });
+    let messages = rejections(&m);
+    for needle in [
+        "region is only for the bedrock provider",
+        "awsCredentialsSecretRef is only for the bedrock provider",
+    ] {
+        assert!(
+            messages.iter().any(|m| m.contains(needle)),
+            "{needle}: {messages:#?}"
+        );
+    }
+}

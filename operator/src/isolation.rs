@@ -62,12 +62,17 @@ pub fn unreadable(name: &str) -> String {
 
 /// The Secrets `route` refers to.
 pub fn route_secrets(route: &ModelRoute) -> impl Iterator<Item = &str> {
-    route
-        .spec
-        .upstreams
-        .iter()
-        .filter_map(|upstream| upstream.api_key_secret_ref.as_ref())
-        .map(|r| r.name.as_str())
+    route.spec.upstreams.iter().flat_map(|upstream| {
+        let api_key = upstream
+            .api_key_secret_ref
+            .as_ref()
+            .map(|r| r.name.as_str());
+        let aws = upstream
+            .aws_credentials_secret_ref
+            .as_ref()
+            .map(|r| r.name.as_str());
+        api_key.into_iter().chain(aws)
+    })
 }
 
 /// The Secrets `key` refers to.
@@ -304,6 +309,25 @@ mod tests {
             Fate::KeptLastGood
         );
         assert_eq!(outcome.faults.len(), 1, "{:?}", outcome.faults);
+    }
+
+    #[test]
+    fn a_bedrock_routes_credentials_secret_is_one_the_operator_must_be_allowed_to_read() {
+        let mut manifests = standalone();
+        for route in &mut manifests.routes {
+            if route.metadata.name.as_deref() == Some("svc-haiku") {
+                let upstream = &mut route.spec.upstreams[0];
+                upstream.provider = crds::resources::Provider::Bedrock;
+                upstream.region = Some("eu-west-3".into());
+                upstream.aws_credentials_secret_ref = Some(crds::resources::SecretRef {
+                    name: "bedrock-keys".into(),
+                });
+                assert_eq!(route_secrets(route).collect::<Vec<_>>(), ["bedrock-keys"]);
+            }
+        }
+        let outcome = run(&manifests, &LastGood::default());
+        let haiku = &outcome.faults[&route_ref("svc-haiku")];
+        assert_eq!(haiku.problems, [unreadable("bedrock-keys")], "{haiku:?}");
     }
 
     #[test]

@@ -3,7 +3,11 @@ and OpenAI chat completions (`POST /v1/chat/completions`), streamed as the real 
 them (the gateway's adapters always ask for a stream); and chat completions as an Azure OpenAI
 resource serves them (`POST /openai/deployments/{deployment}/chat/completions?api-version=…`),
 JSON or streamed, checking the `api-key` header, the api-version and the deployment as Azure
-does (a mismatch gets Azure's 401 or 404), with Azure's content-filter results.
+does (a mismatch gets Azure's 401 or 404), with Azure's content-filter results; and Claude on
+Amazon Bedrock (`POST /model/{modelId}/invoke`, JSON, and `/invoke-with-response-stream`, the AWS
+event stream with its prelude and message CRCs), which recomputes each request's SigV4 signature
+with botocore's `SigV4Auth` from the known test keys and refuses a mismatch with Bedrock's 403
+`InvalidSignatureException`, as `tests/src/bedrock.rs` does.
 
 Each test queues replies (`push`); requests take them in arrival order and are recorded
 (`received`). A reply is a list of blocks: `("text", str)` or `("tool", name, input)`; it
@@ -13,19 +17,33 @@ generates `OUTPUT_TOKENS` tokens, and like a real model stops at the max_tokens 
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
+import struct
 import threading
+import zlib
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import botocore.auth
+import botocore.awsrequest
+import botocore.credentials
 
 UPSTREAM_MODEL = "upstream-model-zq7"
 UPSTREAM_KEY = "upstream-secret-key-8812"
 # The Azure OpenAI data-plane version the mock serves (as tests/src/upstream.rs).
 AZURE_API_VERSION = "2024-10-21"
 AZURE_PREFIX = "/openai/deployments/"
+# Bedrock, as tests/src/bedrock.rs.
+BEDROCK_REGION = "eu-west-3"
+BEDROCK_MODEL_ID = "anthropic.upstream-model-zq7-v1:0"
+AWS_ACCESS_KEY_ID = "AKIAMOCKBEDROCK00001"
+AWS_SECRET_ACCESS_KEY = "upstream-secret-key-aws/Zq7mock+bedrock"
+AWS_SESSION_TOKEN = "mock-session-token-8812"
+BEDROCK_PREFIX = "/model/"
 
 
 # The output tokens every reply counts, when max_tokens leaves room for them.
@@ -113,6 +131,93 @@ def azure_refusal(path: str, headers) -> tuple[int, dict] | None:
     return None
 
 
+def _bedrock_error(status: int, kind: str, message: str) -> tuple[int, dict, dict]:
+    error_type = f"{kind}:http://internal.amazon.com/coral/com.amazon.bedrock/"
+    return status, {"message": f"bedrock: {message}"}, {"x-amzn-errortype": error_type}
+
+
+def bedrock_refusal(path: str, headers, raw: bytes, body) -> tuple[int, dict, dict] | None:
+    """Bedrock's checks: the SigV4 signature (recomputed with botocore from what arrived), then the
+    model id and the body. `None` when the request passes them."""
+    authorization = headers.get("authorization", "")
+    if not authorization.startswith("AWS4-HMAC-SHA256 "):
+        return _bedrock_error(403, "MissingAuthenticationTokenException", "Missing Authentication Token")
+    fields = dict(f.split("=", 1) for f in authorization.removeprefix("AWS4-HMAC-SHA256 ").split(", ") if "=" in f)
+    scope = fields.get("Credential", "").split("/")
+    token = headers.get("x-amz-security-token")
+    if scope[0] != AWS_ACCESS_KEY_ID or (token is not None and token != AWS_SESSION_TOKEN):
+        message = "The security token included in the request is invalid."
+        return _bedrock_error(403, "UnrecognizedClientException", message)
+    if scope[2:4] != [BEDROCK_REGION, "bedrock"]:
+        message = f"Credential should be scoped to a valid region: {scope}"
+        return _bedrock_error(403, "InvalidSignatureException", message)
+    signed = fields.get("SignedHeaders", "").split(";")
+    request = botocore.awsrequest.AWSRequest(
+        method="POST",
+        url=f"http://{headers.get('host')}{path}",
+        data=raw,
+        headers={name: headers.get(name, "") for name in signed},
+    )
+    request.context["timestamp"] = headers.get("x-amz-date", "")
+    credentials = botocore.credentials.Credentials(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, token)
+    auth = botocore.auth.SigV4Auth(credentials, "bedrock", BEDROCK_REGION)
+    canonical = auth.canonical_request(request)
+    expected = auth.signature(auth.string_to_sign(request, canonical), request)
+    if "host" not in signed or expected != fields.get("Signature"):
+        message = "The request signature we calculated does not match the signature you provided."
+        return _bedrock_error(403, "InvalidSignatureException", message)
+    model = unquote(path.removeprefix(BEDROCK_PREFIX).split("/", 1)[0])
+    if model != BEDROCK_MODEL_ID:
+        return _bedrock_error(400, "ValidationException", "The provided model identifier is invalid.")
+    for key in ("model", "stream", "metadata"):
+        if key in body:
+            message = f"Malformed input request: extraneous key [{key}] is not permitted"
+            return _bedrock_error(400, "ValidationException", message)
+    if not body.get("anthropic_version"):
+        return _bedrock_error(400, "ValidationException", "Malformed input request: anthropic_version is required")
+    return None
+
+
+def _frame(headers: dict[str, str], payload: bytes) -> bytes:
+    """One AWS event-stream message: prelude (lengths, CRC), string headers, payload, CRC."""
+    encoded = b"".join(
+        struct.pack(">B", len(name)) + name.encode() + struct.pack(">BH", 7, len(value)) + value.encode()
+        for name, value in headers.items()
+    )
+    total = 12 + len(encoded) + len(payload) + 4
+    prelude = struct.pack(">II", total, len(encoded))
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + encoded + payload
+    return message + struct.pack(">I", zlib.crc32(message))
+
+
+def bedrock_frames(sse_events: list[bytes]) -> list[bytes]:
+    """The Messages stream's events as Bedrock's `chunk` frames, the last with its invocation metrics."""
+    out = []
+    for i, event in enumerate(sse_events):
+        data = json.loads(next(line for line in event.decode().splitlines() if line.startswith("data: "))[6:])
+        if i == len(sse_events) - 1:
+            data["amazon-bedrock-invocationMetrics"] = {"inputTokenCount": 25, "outputTokenCount": 12}
+        chunk = {"bytes": base64.b64encode(json.dumps(data).encode()).decode(), "p": "abcdefgh"}
+        headers = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
+        out.append(_frame(headers, json.dumps(chunk).encode()))
+    return out
+
+
+def anthropic_json(blocks: list[tuple], model: str, max_tokens: int | None = None) -> dict:
+    blocks, output_tokens, cut = within(blocks, max_tokens)
+    content = [
+        {"type": "text", "text": b[1]}
+        if b[0] == "text"
+        else {"type": "tool_use", "id": f"toolu_mock_{i}", "name": b[1], "input": b[2]}
+        for i, b in enumerate(blocks)
+    ]
+    stop = "max_tokens" if cut else "tool_use" if any(b[0] == "tool" for b in blocks) else "end_turn"
+    return {
+        "id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": content,
+        "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": 25, "output_tokens": output_tokens},
+    }
+
+
 def azure_json(blocks: list[tuple], model: str, max_tokens: int | None = None) -> dict:
     """The non-streamed answer, as Azure shapes it: OpenAI's, plus the filter results."""
     blocks, output_tokens, cut = within(blocks, max_tokens)
@@ -190,12 +295,20 @@ class MockUpstream:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:  # noqa: N802 (the http.server naming)
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))) or b"null")
+                raw = self.rfile.read(int(self.headers.get("content-length", "0")))
+                body = json.loads(raw or b"null")
                 with mock._lock:
                     mock.received.append((self.path, body))
                     mock.headers.append({k.lower(): v for k, v in self.headers.items()})
                 azure = self.path.startswith(AZURE_PREFIX)
+                bedrock = self.path.startswith(BEDROCK_PREFIX)
                 refusal = azure_refusal(self.path, self.headers) if azure else None
+                if bedrock:
+                    refused = bedrock_refusal(self.path, self.headers, raw, body)
+                    if refused is not None:
+                        status, error, headers = refused
+                        self._send(status, "application/json", [json.dumps(error).encode()], headers)
+                        return
                 if refusal is not None:
                     # Refused before any model saw it: no scripted reply is taken.
                     self._send(refusal[0], "application/json", [json.dumps(refusal[1]).encode()])
@@ -204,6 +317,15 @@ class MockUpstream:
                     blocks = mock.queue.popleft() if mock.queue else [("text", "Hello from upstream.")]
                 model = body.get("model", UPSTREAM_MODEL)
                 max_tokens = sent_max_tokens(body)
+                chunks_type = {"x-amzn-bedrock-content-type": "application/json"}
+                if bedrock and self.path.endswith("/invoke"):
+                    answer = json.dumps(anthropic_json(blocks, UPSTREAM_MODEL, max_tokens)).encode()
+                    self._send(200, "application/json", [answer], chunks_type)
+                    return
+                if bedrock:
+                    frames = bedrock_frames(anthropic_events(blocks, UPSTREAM_MODEL, max_tokens))
+                    self._send(200, "application/vnd.amazon.eventstream", frames, chunks_type)
+                    return
                 if self.path.endswith("/messages"):
                     events = anthropic_events(blocks, model, max_tokens)
                 elif azure and not body.get("stream"):
@@ -217,9 +339,11 @@ class MockUpstream:
                     events = openai_events(blocks, model, max_tokens)
                 self._send(200, "text/event-stream", events)
 
-            def _send(self, status: int, content_type: str, parts: list[bytes]) -> None:
+            def _send(self, status: int, content_type: str, parts: list[bytes], headers: dict | None = None) -> None:
                 self.send_response(status)
                 self.send_header("content-type", content_type)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("content-length", str(sum(len(p) for p in parts)))
                 self.end_headers()
                 for part in parts:
@@ -261,10 +385,18 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
     for name in ("tiers.yaml", "apikeys.yaml"):
         shutil.copy(standalone / name, target / name)
     base_url = f"{mock.url}/v1" if provider == "openai" else mock.url
+    if provider == "bedrock":
+        model = f'"{BEDROCK_MODEL_ID}"'
+        credentials = (
+            f"      region: {BEDROCK_REGION}\n      awsCredentialsSecretRef:\n        name: mock-aws-credentials\n"
+        )
+    else:
+        model = UPSTREAM_MODEL
+        credentials = "      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n"
     upstreams = (
         "  upstreams:\n"
-        f"    - name: primary\n      provider: {provider}\n      model: {UPSTREAM_MODEL}\n"
-        f"      baseUrl: {base_url}\n      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n"
+        f"    - name: primary\n      provider: {provider}\n      model: {model}\n"
+        f"      baseUrl: {base_url}\n{credentials}"
     )
     if provider == "azure-openai":
         upstreams += f'      apiVersion: "{AZURE_API_VERSION}"\n'
@@ -281,7 +413,12 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
         lines.append(line)
     (target / "models.yaml").write_text("\n".join(lines) + "\n")
     secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: mock-upstream-key\ntype: Opaque\n"
-    (target / "secrets.yaml").write_text(secret + f"stringData:\n  apiKey: {UPSTREAM_KEY}\n")
+    aws = (
+        "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: mock-aws-credentials\ntype: Opaque\nstringData:\n"
+        f"  accessKeyId: {AWS_ACCESS_KEY_ID}\n  secretAccessKey: {AWS_SECRET_ACCESS_KEY}\n"
+        f"  sessionToken: {AWS_SESSION_TOKEN}\n"
+    )
+    (target / "secrets.yaml").write_text(secret + f"stringData:\n  apiKey: {UPSTREAM_KEY}\n" + aws)
     return target
 
 

@@ -1,6 +1,6 @@
 """The official SDKs carry a multi-turn, tool-using, streamed conversation through each upstream
 adapter: a gateway whose models are all routed to a scripted mock upstream (`mock_upstream.py`)
-through the `anthropic`, the `openai` or the `azure-openai` adapter. The mock answers the first
+through the `anthropic`, the `openai`, the `azure-openai` or the `bedrock` adapter. The mock answers the first
 turn with a tool call and the second, after the tool result, with text.
 
 Before that, the mocks themselves are checked with the provider's own client where the wire
@@ -20,13 +20,23 @@ import openai
 import pytest
 
 from conftest import DEV_KEY, _gateway_binary
-from mock_upstream import AZURE_API_VERSION, AZURE_PREFIX, UPSTREAM_KEY, UPSTREAM_MODEL, MockUpstream
+from mock_upstream import (
+    AZURE_API_VERSION,
+    AZURE_PREFIX,
+    AWS_ACCESS_KEY_ID,
+    BEDROCK_PREFIX,
+    UPSTREAM_KEY,
+    UPSTREAM_MODEL,
+    MockUpstream,
+)
 from support import WEATHER_SCHEMA
 
 MODEL = "svc/sonnet"
 TOOL_INPUT = {"city": "Oslo", "days": 2, "metric": True}
 ANSWER = "Sunny in Oslo for two days."
-LEAKS = ("anthropic", "openai", "azure", UPSTREAM_MODEL, UPSTREAM_KEY)
+LEAKS = ("anthropic", "openai", "azure", "bedrock", "amazon", UPSTREAM_MODEL, UPSTREAM_KEY)
+# The wire formats: Bedrock's body is the Messages API's.
+MESSAGES_FORMAT = ("anthropic", "bedrock")
 
 
 def assert_clean(payload: str) -> None:
@@ -44,6 +54,18 @@ def assert_azure_call(adapter: str, mock: MockUpstream) -> None:
     path, headers = mock.last_path(), mock.last_headers()
     assert path == f"{AZURE_PREFIX}{UPSTREAM_MODEL}/chat/completions?api-version={AZURE_API_VERSION}"
     assert headers["api-key"] == UPSTREAM_KEY and "authorization" not in headers
+
+
+def assert_upstream_model(adapter: str, mock: MockUpstream) -> None:
+    """The upstream's own model name went out: in the body, or for Bedrock in the path (escaped
+    as one segment), with a SigV4 signature the mock checked and the Messages body Bedrock takes."""
+    if adapter != "bedrock":
+        assert mock.last_body()["model"] == UPSTREAM_MODEL
+        return
+    path, headers, sent = mock.last_path(), mock.last_headers(), mock.last_body()
+    assert path == f"{BEDROCK_PREFIX}anthropic.upstream-model-zq7-v1%3A0/invoke-with-response-stream", path
+    assert headers["authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={AWS_ACCESS_KEY_ID}/")
+    assert sent["anthropic_version"] == "bedrock-2023-05-31" and "model" not in sent and "stream" not in sent
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +167,9 @@ def test_the_anthropic_sdk_streams_a_tool_call_then_the_answer_through_each_adap
     assert second.usage.output_tokens == 12
 
     sent = mock.last_body()
-    assert sent["model"] == UPSTREAM_MODEL
+    assert_upstream_model(adapter, mock)
     assert_azure_call(adapter, mock)
-    if adapter == "anthropic":
+    if adapter in MESSAGES_FORMAT:
         assert sent["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}
     else:
         assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "tool"]
@@ -223,8 +245,9 @@ def test_the_openai_sdk_streams_a_tool_call_then_the_answer_through_each_adapter
     assert usage is not None and usage.completion_tokens == 12
 
     sent = mock.last_body()
+    assert_upstream_model(adapter, mock)
     assert_azure_call(adapter, mock)
-    if adapter == "anthropic":
+    if adapter in MESSAGES_FORMAT:
         assert sent["system"] == "Be brief."
         assert sent["messages"][1]["content"][0]["type"] == "tool_use"
         assert sent["messages"][2]["content"][0]["tool_use_id"] == call["id"]

@@ -10,12 +10,16 @@ use reqwest::header::HeaderMap;
 use serde_json::Value;
 
 /// Substrings that betray the upstream: provider kinds, the simulated upstream's model names,
-/// and the mock upstream's model name and API key.
-pub const FORBIDDEN: [&str; 7] = [
+/// and the mock upstream's model name and API key. ("aws" is not one: three letters turn up
+/// by chance in random ids, case-insensitively; "bedrock" and "amazon" cover Bedrock's
+/// error bodies, its `x-amzn-` headers' values and its model ids.)
+pub const FORBIDDEN: [&str; 9] = [
     "simulated",
     "anthropic",
     "openai",
     "azure",
+    "bedrock",
+    "amazon",
     "sim-",
     crate::upstream::UPSTREAM_MODEL,
     "upstream-secret-key",

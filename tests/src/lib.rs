@@ -20,7 +20,8 @@
 //! - [`bodies`]: request bodies used across the tests.
 //! - [`books`]: an account's books after a burst of turns (told = debited = balance decrease).
 //! - [`upstream`]: a mock upstream speaking the Anthropic and OpenAI wire formats, scripted
-//!   per test, and manifest folders that route every model to it.
+//!   per test, and manifest folders that route every model to it; [`bedrock`]: what it does
+//!   as Amazon Bedrock (SigV4 checked, the AWS event stream).
 //! - [`Scrape`]: the samples of a `/metrics` scrape.
 //! - [`tls`]: the CA and certificates of the TLS stores (`start_tls` of Postgres, Redis and
 //!   Redis Cluster).
@@ -37,6 +38,7 @@
 //! by [`leak::assert_no_provider_names`].
 
 pub mod archive;
+pub mod bedrock;
 pub mod bodies;
 pub mod books;
 pub mod browser;

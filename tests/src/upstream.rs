@@ -6,7 +6,10 @@
 //! `api-key` header, the api-version and the deployment as Azure does, refusing a mismatch
 //! with Azure's 401 or 404, adds Azure's content-filter results, and sends `retry-after` and
 //! `retry-after-ms` with a 429 (`tests/python/test_upstream_adapters.py` checks it with the
-//! `openai` SDK's `AzureOpenAI` client).
+//! `openai` SDK's `AzureOpenAI` client); and Claude on Amazon Bedrock
+//! (`POST /model/{modelId}/invoke` and `/invoke-with-response-stream`), which checks the
+//! SigV4 signature and the body as Bedrock does and streams AWS event-stream frames
+//! (`crate::bedrock`).
 //!
 //! Each test scripts it with a queue of [`Reply`]s, taken one per request in arrival order
 //! (an empty queue answers a short text): normal replies, tool calls, thinking, usage with
@@ -333,6 +336,8 @@ struct Shared {
     record: bool,
     queue: Mutex<VecDeque<Reply>>,
     received: Mutex<Vec<Received>>,
+    /// The paths of requests refused before any model saw them (a bad signature...).
+    refused: Mutex<Vec<String>>,
     /// Streams dropped by the caller before their last event.
     abandoned: AtomicUsize,
     /// Streamed responses open now, and the most open at once.
@@ -362,6 +367,7 @@ impl MockUpstream {
             record,
             queue: Mutex::default(),
             received: Mutex::default(),
+            refused: Mutex::default(),
             abandoned: AtomicUsize::new(0),
             open: AtomicUsize::new(0),
             peak_open: AtomicUsize::new(0),
@@ -373,6 +379,8 @@ impl MockUpstream {
                 "/openai/deployments/{deployment}/chat/completions",
                 post(answer),
             )
+            .route("/model/{model}/invoke", post(answer))
+            .route("/model/{model}/invoke-with-response-stream", post(answer))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -389,6 +397,11 @@ impl MockUpstream {
 
     pub fn received(&self) -> Vec<Received> {
         lock(&self.shared.received).clone()
+    }
+
+    /// The requests refused before any model saw them, as Bedrock refuses a bad signature.
+    pub fn refused_count(&self) -> usize {
+        lock(&self.shared.refused).len()
     }
 
     pub fn request_count(&self) -> usize {
@@ -450,6 +463,11 @@ enum Wire {
     OpenAi,
     /// Chat completions on an Azure OpenAI resource.
     Azure,
+    /// Claude on Amazon Bedrock: `InvokeModel` (JSON), or with `stream` its
+    /// `InvokeModelWithResponseStream` (the AWS event stream).
+    Bedrock {
+        stream: bool,
+    },
 }
 
 /// The Azure OpenAI data-plane version the mock serves; any other is refused, as Azure refuses
@@ -518,14 +536,24 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Wire::Anthropic
     } else if path.starts_with("/openai/deployments/") {
         Wire::Azure
+    } else if path.starts_with("/model/") {
+        Wire::Bedrock {
+            stream: path.ends_with("/invoke-with-response-stream"),
+        }
     } else {
         Wire::OpenAi
     };
     // A refused request takes no scripted reply: it never reached a model.
-    if wire == Wire::Azure {
-        if let Some(refusal) = azure_refusal(&path, &query, &headers) {
-            return refusal;
+    let refusal = match wire {
+        Wire::Azure => azure_refusal(&path, &query, &headers),
+        Wire::Bedrock { .. } => crate::bedrock::refusal(&path, &query, &headers, &bytes, &body),
+        _ => None,
+    };
+    if let Some(refusal) = refusal {
+        if shared.record {
+            lock(&shared.refused).push(path);
         }
+        return refusal;
     }
     let reply = lock(&shared.queue)
         .pop_front()
@@ -537,22 +565,40 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Some(Fault::FirstByteDelay(delay)) => tokio::time::sleep(delay).await,
         _ => {}
     }
-    let stream = body["stream"].as_bool().unwrap_or(false);
+    let stream = match wire {
+        Wire::Bedrock { stream } => stream,
+        _ => body["stream"].as_bool().unwrap_or(false),
+    };
     if !stream {
         let json = match wire {
-            Wire::Anthropic => anthropic_json(&reply, &model),
+            Wire::Anthropic | Wire::Bedrock { .. } => anthropic_json(&reply, &model),
             Wire::OpenAi => openai_json(&reply, &model),
             Wire::Azure => azure_json(&reply, &model),
         };
-        return axum::Json(json).into_response();
+        let mut response = axum::Json(json).into_response();
+        if matches!(wire, Wire::Bedrock { .. }) {
+            crate::bedrock::add_content_type(&mut response);
+        }
+        return response;
     }
     let include_usage = body["stream_options"]["include_usage"].as_bool() == Some(true);
     let events = match wire {
         Wire::Anthropic => anthropic_events(&reply, &model),
         Wire::OpenAi => openai_events(&reply, &model, include_usage),
         Wire::Azure => azure_events(&reply, &model, include_usage),
+        Wire::Bedrock { .. } => {
+            let events = crate::bedrock::frames(&anthropic_events(&reply, &model), &reply.usage);
+            let mut response = stream_response(events, &reply, shared, Framing::AwsEventStream);
+            crate::bedrock::add_content_type(&mut response);
+            return response;
+        }
     };
-    sse_response(events, &reply, shared)
+    stream_response(
+        events.into_iter().map(Bytes::from).collect(),
+        &reply,
+        shared,
+        Framing::Sse,
+    )
 }
 
 /// The max_tokens a request sent, in either wire format (`max_completion_tokens` first, as
@@ -581,6 +627,7 @@ fn error_response(wire: Wire, status: u16) -> Response {
             json!({"error": {"message": message, "type": "server_error", "code": status}})
         }
         Wire::Azure => json!({"error": {"code": status.to_string(), "message": message}}),
+        Wire::Bedrock { .. } => return crate::bedrock::error_response(status, &message),
     };
     let mut response = (code, axum::Json(body)).into_response();
     if wire == Wire::Azure && status == 429 {
@@ -628,7 +675,20 @@ impl Drop for Watch {
     }
 }
 
-fn sse_response(events: Vec<String>, reply: &Reply, shared: Arc<Shared>) -> Response {
+/// How a streamed answer is cut into events on the wire.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Sse,
+    /// Bedrock's binary frames (`crate::bedrock`).
+    AwsEventStream,
+}
+
+fn stream_response(
+    events: Vec<Bytes>,
+    reply: &Reply,
+    shared: Arc<Shared>,
+    framing: Framing,
+) -> Response {
     let (sent, tail) = match reply.fault {
         Some(Fault::StallAfter(n)) => (n, Tail::Stall),
         Some(Fault::MalformedAfter(n)) => (n, Tail::Malformed),
@@ -636,9 +696,14 @@ fn sse_response(events: Vec<String>, reply: &Reply, shared: Arc<Shared>) -> Resp
         _ => (events.len(), Tail::End),
     };
     let delay = reply.chunk_delay;
-    let body = async_stream_body(events.into_iter().take(sent).collect(), tail, delay, shared);
+    let events = events.into_iter().take(sent).collect();
+    let body = async_stream_body(events, tail, delay, shared, framing);
+    let content_type = match framing {
+        Framing::Sse => "text/event-stream",
+        Framing::AwsEventStream => "application/vnd.amazon.eventstream",
+    };
     Response::builder()
-        .header("content-type", "text/event-stream")
+        .header("content-type", content_type)
         .header("cache-control", "no-cache")
         .body(body)
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
@@ -653,10 +718,11 @@ enum Tail {
 }
 
 fn async_stream_body(
-    events: Vec<String>,
+    events: Vec<Bytes>,
     tail: Tail,
     delay: Duration,
     shared: Arc<Shared>,
+    framing: Framing,
 ) -> Body {
     let stream = futures::stream::unfold(
         (
@@ -669,10 +735,7 @@ fn async_stream_body(
                 if i > 0 && !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                return Some((
-                    Ok::<_, Infallible>(Bytes::from(event)),
-                    (events, tail, watch),
-                ));
+                return Some((Ok::<_, Infallible>(event), (events, tail, watch)));
             }
             match tail? {
                 Tail::End => {
@@ -683,9 +746,23 @@ fn async_stream_body(
                     futures::future::pending::<()>().await;
                     None
                 }
+                Tail::Malformed if framing == Framing::AwsEventStream => Some((
+                    Ok(crate::bedrock::chunk_frame(
+                        "{\"type\": \"content_block_delta\"",
+                    )),
+                    (events, Some(Tail::End), watch),
+                )),
                 Tail::Malformed => Some((
                     Ok(Bytes::from(
                         "data: {\"choices\": [{\"delta\": {\"content\"\n\n",
+                    )),
+                    (events, Some(Tail::End), watch),
+                )),
+                // Bedrock's throttle in a stream is an exception message.
+                Tail::Overloaded if framing == Framing::AwsEventStream => Some((
+                    Ok(crate::bedrock::exception_frame(
+                        "throttlingException",
+                        &format!("bedrock {UPSTREAM_MODEL}: Too many requests"),
                     )),
                     (events, Some(Tail::End), watch),
                 )),
@@ -954,6 +1031,11 @@ pub struct UpstreamDef {
     pub base_url: String,
     /// The `apiVersion` of an `azure-openai` upstream.
     pub api_version: Option<String>,
+    /// The `region` of a `bedrock` upstream.
+    pub region: Option<String>,
+    /// The Secret a `bedrock` upstream's `awsCredentialsSecretRef` names; `None`: the
+    /// gateway's environment.
+    pub aws_credentials: Option<&'static str>,
     pub weight: u32,
     pub first_byte_ms: u64,
     pub idle_ms: u64,
@@ -968,6 +1050,8 @@ impl UpstreamDef {
             provider: "anthropic",
             base_url: mock.url.clone(),
             api_version: None,
+            region: None,
+            aws_credentials: None,
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
@@ -991,6 +1075,30 @@ impl UpstreamDef {
             api_version: Some(AZURE_API_VERSION.to_owned()),
             ..UpstreamDef::anthropic(mock)
         }
+    }
+
+    /// The mock as Amazon Bedrock in [`crate::bedrock::REGION`], at the route's `baseUrl` (a
+    /// VPC endpoint's place), signing with the Secret of [`crate::bedrock::CREDENTIALS_SECRET`].
+    pub fn bedrock(mock: &MockUpstream) -> UpstreamDef {
+        UpstreamDef {
+            provider: "bedrock",
+            region: Some(crate::bedrock::REGION.to_owned()),
+            aws_credentials: Some(crate::bedrock::CREDENTIALS),
+            ..UpstreamDef::anthropic(mock)
+        }
+    }
+
+    /// Another Secret of AWS credentials ([`crate::bedrock::WRONG_CREDENTIALS`]), or none: the
+    /// gateway signs with its environment's.
+    pub fn aws_credentials(mut self, secret: Option<&'static str>) -> UpstreamDef {
+        self.aws_credentials = secret;
+        self
+    }
+
+    /// Another `region` (the mock refuses a signature scoped to any but its own).
+    pub fn region(mut self, region: &str) -> UpstreamDef {
+        self.region = Some(region.to_owned());
+        self
     }
 
     /// Another `apiVersion` (the mock refuses any but [`AZURE_API_VERSION`]).
@@ -1022,6 +1130,8 @@ impl UpstreamDef {
             provider,
             base_url: format!("http://127.0.0.1:{port}"),
             api_version: None,
+            region: None,
+            aws_credentials: None,
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
@@ -1074,6 +1184,7 @@ impl AgentUpstream {
             "anthropic" => UpstreamDef::anthropic(&mock),
             "openai" => UpstreamDef::openai(&mock),
             "azure-openai" => UpstreamDef::azure(&mock),
+            "bedrock" => UpstreamDef::bedrock(&mock),
             other => panic!("no {other} adapter"),
         };
         let manifests = RoutedManifests::new(&[upstream]);
@@ -1114,7 +1225,8 @@ pub fn write_routed_manifests(path: &std::path::Path, upstreams: &[UpstreamDef])
         .expect("read the standalone models");
     std::fs::write(path.join("models.yaml"), reroute(&routes, upstreams))
         .expect("write models.yaml");
-    std::fs::write(path.join("secrets.yaml"), SECRET).expect("write secrets.yaml");
+    let secrets = format!("{SECRET}---\n{}", crate::bedrock::CREDENTIALS_SECRET);
+    std::fs::write(path.join("secrets.yaml"), secrets).expect("write secrets.yaml");
 }
 
 impl RoutedManifests {
@@ -1157,8 +1269,27 @@ fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
             .as_deref()
             .map(|v| format!("      apiVersion: \"{v}\"\n"))
             .unwrap_or_default();
+        // Bedrock signs with AWS credentials, and names its models `provider.name-vN:M`.
+        let (model, credentials) = match &u.region {
+            Some(region) => (
+                crate::bedrock::MODEL_ID,
+                format!(
+                    "      region: {region}\n{}",
+                    u.aws_credentials
+                        .map(|name| format!(
+                            "      awsCredentialsSecretRef:\n        name: {name}\n"
+                        ))
+                        .unwrap_or_default()
+                ),
+            ),
+            None => (
+                UPSTREAM_MODEL,
+                "      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n"
+                    .to_owned(),
+            ),
+        };
         list.push_str(&format!(
-            "    - name: {}\n      provider: {}\n      model: {UPSTREAM_MODEL}\n      baseUrl: {}\n      weight: {}\n      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n      timeouts:\n        connectMs: 2000\n        firstByteMs: {}\n        idleMs: {}\n      http2: {}\n{api_version}",
+            "    - name: {}\n      provider: {}\n      model: \"{model}\"\n      baseUrl: {}\n      weight: {}\n{credentials}      timeouts:\n        connectMs: 2000\n        firstByteMs: {}\n        idleMs: {}\n      http2: {}\n{api_version}",
             u.name, u.provider, u.base_url, u.weight, u.first_byte_ms, u.idle_ms, u.http2
         ));
     }

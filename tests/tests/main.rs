@@ -80,6 +80,7 @@ mod tls;
 mod tracing;
 mod upstream_affinity;
 mod upstream_azure;
+mod upstream_bedrock;
 mod upstream_claude_code;
 mod upstream_codex;
 mod upstream_failover;

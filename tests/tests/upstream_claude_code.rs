@@ -57,6 +57,7 @@ enum Adapter {
     Anthropic,
     OpenAi,
     AzureOpenAi,
+    Bedrock,
 }
 
 /// One `claude -p` session through a gateway whose models are all served by a mock upstream
@@ -134,6 +135,7 @@ impl Session {
             Adapter::Anthropic => "anthropic",
             Adapter::OpenAi => "openai",
             Adapter::AzureOpenAi => "azure-openai",
+            Adapter::Bedrock => "bedrock",
         };
         let input = json!({"command": format!("touch {}", marker.display()),
             "description": "Create the marker file"});
@@ -207,7 +209,12 @@ fn claude_command(work: &Path, api: &str, key: &str) -> tokio::process::Command 
 
 #[tokio::test]
 async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapter() {
-    for adapter in [Adapter::Anthropic, Adapter::OpenAi, Adapter::AzureOpenAi] {
+    for adapter in [
+        Adapter::Anthropic,
+        Adapter::OpenAi,
+        Adapter::AzureOpenAi,
+        Adapter::Bedrock,
+    ] {
         let outcome = Session::on("svc/opus", adapter).large_project().run().await;
         let what = format!("svc/opus via {adapter:?}");
         outcome.assert_completed_the_tool_loop(&what);
@@ -240,9 +247,12 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
                 !betas.is_empty(),
                 "Claude Code's beta features reached the upstream"
             ),
-            Adapter::OpenAi | Adapter::AzureOpenAi => assert!(betas.is_empty(), "{betas:?}"),
+            // Bedrock refuses betas it does not offer: none is sent.
+            Adapter::OpenAi | Adapter::AzureOpenAi | Adapter::Bedrock => {
+                assert!(betas.is_empty(), "{betas:?}")
+            }
         }
-        if adapter == Adapter::Anthropic {
+        if matches!(adapter, Adapter::Anthropic | Adapter::Bedrock) {
             // The thinking Claude Code asks for by default is applied where the model has it
             // (and so is what the other models' sessions have left out).
             assert!(

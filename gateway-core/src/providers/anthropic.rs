@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::blocks::Blocks;
-use super::http::{self, Clients, Decoder, SseEvent};
+use super::http::{self, Clients, Decoder, Framing, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::conversation::{Delta, OutputBlock};
 use crate::wire::anthropic::translate::{
@@ -50,14 +50,21 @@ impl Provider for Anthropic {
         if let Some(features) = &call.anthropic_beta {
             request = request.header("anthropic-beta", features);
         }
-        http::open(request, upstream_call, upstream.timeouts, Stream::default()).await
+        http::open(
+            request,
+            upstream_call,
+            upstream.timeouts,
+            Framing::Sse,
+            Stream::default(),
+        )
+        .await
     }
 }
 
 /// The state of one upstream stream: blocks, and usage gathered from `message_start` and
 /// `message_delta`.
 #[derive(Default)]
-struct Stream {
+pub(super) struct Stream {
     blocks: Blocks,
     usage: TokenUsage,
     stop_reason: Option<StopReason>,

@@ -1,6 +1,7 @@
-//! What both HTTP adapters share: pooled reqwest clients, the three timeouts, the mapping of
+//! What the HTTP adapters share: pooled reqwest clients, the three timeouts, the mapping of
 //! upstream statuses and transport failures onto `ProviderError`, and the SSE reader that
-//! turns a response body into events one at a time.
+//! turns a response body into events one at a time (the AWS event stream's reader is
+//! `eventstream`).
 //!
 //! Adapters always ask the upstream for a stream, whatever the client asked for: a stream
 //! tells a slow first byte from a long answer, bills a cut turn by what was generated, and a
@@ -15,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use reqwest::StatusCode;
 
+use super::eventstream::{self, FrameReader};
 use super::{EventStream, ProviderError, ProviderEvent};
 use crds::config::{Timeouts, Upstream};
 
@@ -90,6 +92,62 @@ pub trait Decoder: Send + 'static {
     fn end(&mut self) -> Result<Vec<ProviderEvent>, ProviderError>;
 }
 
+/// How an upstream's response body is cut into events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// Server-sent events (the Messages API, chat completions).
+    Sse,
+    /// The AWS event stream (`application/vnd.amazon.eventstream`, Bedrock): binary frames
+    /// whose `chunk` events carry the Messages API's events, base64-encoded.
+    AwsEventStream,
+}
+
+/// A response body read as `Framing` says.
+enum Body<S> {
+    Sse(SseReader<S>),
+    AwsEventStream { bytes: S, frames: FrameReader },
+}
+
+impl<S> Body<S>
+where
+    S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+{
+    fn new(bytes: S, framing: Framing) -> Self {
+        match framing {
+            Framing::Sse => Self::Sse(SseReader::new(bytes)),
+            Framing::AwsEventStream => Self::AwsEventStream {
+                bytes,
+                frames: FrameReader::default(),
+            },
+        }
+    }
+
+    /// The next event's data; `None` at the end of the body.
+    async fn next(&mut self) -> Result<Option<SseEvent>, ProviderError> {
+        let (bytes, frames) = match self {
+            Self::Sse(reader) => return reader.next().await,
+            Self::AwsEventStream { bytes, frames } => (bytes, frames),
+        };
+        loop {
+            match frames.next() {
+                Ok(Some(data)) => return Ok(Some(SseEvent { data })),
+                Ok(None) => {}
+                Err(eventstream::Failure::Malformed(e)) => {
+                    return Err(malformed("event stream frame", e))
+                }
+                Err(eventstream::Failure::Exception(status)) => {
+                    return Err(status.map_or(ProviderError::Upstream, status_error))
+                }
+            }
+            match bytes.next().await {
+                Some(Ok(chunk)) => frames.push(&chunk),
+                Some(Err(e)) => return Err(transport_error(e)),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
 /// Sends the request and waits, within the first-byte timeout, for the first canonical event,
 /// so that every failure before anything reached the client can still fall back. The rest of
 /// the body is read lazily, each chunk within the idle timeout; dropping the stream drops the
@@ -98,6 +156,7 @@ pub async fn open<D: Decoder>(
     request: reqwest::RequestBuilder,
     call: Call,
     timeouts: Timeouts,
+    framing: Framing,
     mut decoder: D,
 ) -> Result<EventStream, ProviderError> {
     let first_byte = Duration::from_millis(timeouts.first_byte_ms);
@@ -106,9 +165,12 @@ pub async fn open<D: Decoder>(
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(status_error(status));
+            return Err(status_error(match framing {
+                Framing::Sse => status,
+                Framing::AwsEventStream => eventstream::error_status(status, response.headers()),
+            }));
         }
-        let mut body = SseReader::new(response.bytes_stream());
+        let mut body = Body::new(response.bytes_stream(), framing);
         let mut ready = VecDeque::new();
         while ready.is_empty() {
             match body.next().await? {
@@ -202,7 +264,7 @@ pub fn malformed(what: &str, e: impl std::fmt::Display) -> ProviderError {
 
 /// An event's data: its `data:` lines joined. The event's name is not kept: every format we
 /// read names the event inside its data too. A one-line event (nearly all) is a slice of the
-/// bytes that came, not a copy.
+/// bytes that came, not a copy. (An AWS event stream's `chunk` gives its decoded `bytes`.)
 #[derive(Debug, Default, PartialEq)]
 pub struct SseEvent {
     pub data: Bytes,

@@ -2,11 +2,14 @@
 //! stream of its events; everything else (billing, limits, wire formats) is done around them.
 //! The `simulated` provider answers without any upstream account; `anthropic` speaks the
 //! Messages API and `openai` any OpenAI-compatible chat-completions upstream (`azure-openai`
-//! too: the same adapter, with Azure's paths and header). Which upstream
+//! too: the same adapter, with Azure's paths and header); `bedrock` is the Messages API's
+//! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames. Which upstream
 //! serves a turn, and what happens when it fails, is `routing::fallback`'s business.
 
 mod anthropic;
+mod bedrock;
 mod blocks;
+mod eventstream;
 mod http;
 mod openai;
 mod simulated;
@@ -20,6 +23,7 @@ use futures::Stream;
 use thiserror::Error;
 
 pub use anthropic::Anthropic;
+pub use bedrock::Bedrock;
 pub use openai::OpenAi;
 pub use simulated::Simulated;
 
@@ -107,6 +111,7 @@ pub trait Provider: Send + Sync {
 pub struct Providers {
     simulated: Simulated,
     anthropic: Anthropic,
+    bedrock: Bedrock,
     openai: OpenAi,
 }
 
@@ -115,6 +120,7 @@ impl Providers {
         Self {
             simulated: Simulated::new(tokens),
             anthropic: Anthropic::default(),
+            bedrock: Bedrock::default(),
             openai: OpenAi::new(tokens),
         }
     }
@@ -123,6 +129,7 @@ impl Providers {
         match kind {
             ProviderKind::Simulated => &self.simulated,
             ProviderKind::Anthropic => &self.anthropic,
+            ProviderKind::Bedrock => &self.bedrock,
             ProviderKind::Openai | ProviderKind::AzureOpenai => &self.openai,
         }
     }

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crds::config::{ProviderKind, Secret, Upstream};
 
 use super::blocks::Blocks;
-use super::http::{self, Clients, Decoder, SseEvent};
+use super::http::{self, Clients, Decoder, Framing, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::conversation::{Delta, OutputBlock};
 use crate::tokens::Tokenizer;
@@ -147,7 +147,14 @@ impl Provider for OpenAi {
             usage: None,
             generated: String::new(),
         };
-        http::open(request, upstream_call, upstream.timeouts, stream).await
+        http::open(
+            request,
+            upstream_call,
+            upstream.timeouts,
+            Framing::Sse,
+            stream,
+        )
+        .await
     }
 }
 
@@ -412,6 +419,8 @@ mod tests {
             model: deployment.into(),
             base_url: Some(base.into()),
             api_version: Some("2024-10-21".into()),
+            region: None,
+            aws_credentials: None,
             api_key: Some(Secret("k-1".into())),
             weight: 1,
             timeouts: crds::config::Timeouts::default(),

@@ -120,6 +120,8 @@ mod tests {
             model: "m".to_owned(),
             base_url: None,
             api_version: None,
+            region: None,
+            aws_credentials: None,
             api_key: None,
             weight,
             timeouts: Timeouts::default(),

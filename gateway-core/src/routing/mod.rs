@@ -202,6 +202,8 @@ mod tests {
             model: name.into(),
             base_url: None,
             api_version: None,
+            region: None,
+            aws_credentials: None,
             api_key: None,
             weight,
             timeouts: Timeouts::default(),
