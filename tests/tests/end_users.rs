@@ -390,8 +390,18 @@ async fn in_postgres_end_users_are_on_their_rows_in_usage_and_on_the_dashboard_o
 ) {
     let pg = PostgresServer::start().await;
     let url = pg.url();
-    let cluster = Cluster::start(1, |b| gateway_with_sign_up_credits(b.database(&url))).await;
-    end_users_are_recorded_reported_and_kept_to_their_account(&cluster.pods[0], Some(&pg)).await;
+    // Both ways a row is written: by the settle statement (turns reserved one by one), and
+    // after the turn from an allotment.
+    for allotment_turns in ["0", "16"] {
+        let cluster = Cluster::start(1, |b| {
+            gateway_with_sign_up_credits(b.database(&url))
+                .arg("--allotment-turns")
+                .arg(allotment_turns)
+        })
+        .await;
+        end_users_are_recorded_reported_and_kept_to_their_account(&cluster.pods[0], Some(&pg))
+            .await;
+    }
 }
 
 /// Over 256 bytes is refused naming the field the client sent, before anything is reserved;
