@@ -553,7 +553,7 @@ async fn the_export_carries_each_rows_end_user_open_and_closed_days() {
     for day in days {
         partitions::create(&db, day).await.expect("a partition");
     }
-    for (d, day) in days.iter().enumerate() {
+    for day in &days {
         for (i, end_user) in [Some(ALICE), Some(BOB), None].into_iter().enumerate() {
             // Minted with its time, as a gateway mints it: only such rows can be closed.
             let at = day.midnight().assume_utc() + time::Duration::hours(1 + i as i64);
