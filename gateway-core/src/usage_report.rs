@@ -198,3 +198,81 @@ fn group_by(value: Option<&str>) -> Result<(bool, bool, bool), UsageError> {
     }
     Ok((day, model, end_user))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crds::config::GatewayConfig;
+    use store::audit::{Actor, ActorKind};
+    use store::ledger::{MemoryLedger, MessageRecord, MessageStatus, NewReservation, Settlement};
+
+    /// One settled turn for each of `end_users` end users of account `acct`.
+    async fn ledger_of(end_users: usize) -> MemoryLedger {
+        let ledger = MemoryLedger::default();
+        let by = Actor::new(ActorKind::Cli, "test", None);
+        ledger.add_credits("acct", 1_000_000, &by).await.unwrap();
+        for n in 0..end_users {
+            let id = format!("msg_{n}");
+            let record = MessageRecord {
+                id: id.clone(),
+                account_id: "acct".into(),
+                key_id: "key".into(),
+                model: "svc/haiku".into(),
+                end_user: Some(format!("user-{n}")),
+                ..MessageRecord::default()
+            };
+            let reservation = NewReservation {
+                record,
+                spend_cap: None,
+                min: 1,
+                max: 1,
+            };
+            ledger.reserve(reservation).await.unwrap();
+            let settlement = Settlement {
+                cost: 1,
+                ..Settlement::nothing(id, MessageStatus::Completed)
+            };
+            ledger.settle(settlement).await.unwrap();
+        }
+        ledger
+    }
+
+    fn by_end_user() -> UsageQuery {
+        UsageQuery {
+            group_by: Some("end_user".into()),
+            ..UsageQuery::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_report_groups_at_most_the_cap_of_end_users_and_refuses_more_naming_what_narrows_it()
+    {
+        let catalog = Catalog::new(GatewayConfig::default(), 1_000);
+        let full = ledger_of(MAX_END_USERS).await;
+        let grouped = report(&full, &catalog, "acct", &by_end_user())
+            .await
+            .unwrap();
+        assert_eq!(grouped.groups.len(), MAX_END_USERS);
+        assert_eq!(grouped.totals.requests, MAX_END_USERS as u64);
+
+        let over = ledger_of(MAX_END_USERS + 1).await;
+        let Err(UsageError::Invalid(message)) =
+            report(&over, &catalog, "acct", &by_end_user()).await
+        else {
+            panic!("more end users than the cap were grouped");
+        };
+        assert!(
+            message.starts_with("group_by: 1001 end users")
+                && message.contains("ask for one end_user"),
+            "{message}"
+        );
+        // One end user of them is still reported.
+        let one = UsageQuery {
+            end_user: Some("user-7".into()),
+            ..by_end_user()
+        };
+        let filtered = report(&over, &catalog, "acct", &one).await.unwrap();
+        assert_eq!(filtered.groups.len(), 1);
+        assert_eq!(filtered.totals.requests, 1);
+    }
+}
