@@ -14,7 +14,7 @@ use e2e::ledger::{funded, reserve, settle};
 use e2e::otlp::Span;
 use e2e::visitor::{new_email, thousands, Visitor};
 use e2e::{
-    message, message_stream, Cluster, Gateway, GatewayBuilder, KeySpec, OtlpReceiver,
+    message, message_stream, poll_until, Cluster, Gateway, GatewayBuilder, KeySpec, OtlpReceiver,
     PostgresServer,
 };
 use serde_json::{json, Value};
@@ -612,4 +612,86 @@ async fn the_export_carries_each_rows_end_user_open_and_closed_days() {
             std::fs::read(dir.join(format!("messages-{day}.parquet"))).expect("the day's file");
         assert_archive_matches(&format!("messages-{day}.parquet"), &file, &ledger).await;
     }
+}
+
+/// A Message Batch's items keep the end user their params name, as interactive turns do, and
+/// the report counts them as batch requests of that end user.
+async fn a_batch_items_row_names_its_end_user(gw: &Gateway) {
+    let key = gw
+        .new_key(SIGNUP_CREDITS, &KeySpec::tier("enterprise"))
+        .await;
+    let body = json!({ "requests": [
+        { "custom_id": "alice", "params": messages(json!({ "metadata": { "user_id": ALICE } })) },
+        { "custom_id": "nobody", "params": messages(json!({})) },
+    ] });
+    let created = gw
+        .post_json("/v1/messages/batches", &key.secret, &body)
+        .await
+        .expect_ok();
+    let batch_id = created["id"].as_str().expect("a batch id").to_owned();
+    poll_until(
+        "the batch to end",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || async {
+            let batch = gw
+                .get(&format!("/v1/messages/batches/{batch_id}"), &key.secret)
+                .await
+                .expect_ok();
+            (batch["processing_status"] == "ended").then_some(())
+        },
+    )
+    .await;
+    // Read raw: JSON Lines, whose generated text the harness' leak check (for JSON bodies)
+    // would take for prose naming the simulated provider.
+    let results = gw
+        .client()
+        .get(gw.url(&format!("/v1/messages/batches/{batch_id}/results")))
+        .bearer_auth(&key.secret)
+        .send()
+        .await
+        .expect("the results");
+    assert_eq!(results.status(), 200);
+    let results = results.text().await.expect("the results' text");
+    let mut seen = 0;
+    for line in results.lines().filter(|l| !l.trim().is_empty()) {
+        let line: Value = serde_json::from_str(line).expect("a JSON line");
+        assert_eq!(line["result"]["type"], "succeeded", "{line}");
+        let id = line["result"]["message"]["id"]
+            .as_str()
+            .expect("message id");
+        let row = gw.message_record(id).await;
+        assert_eq!(row["batch_id"], batch_id.as_str(), "{row}");
+        let expected = (line["custom_id"] == "alice").then_some(ALICE);
+        assert_eq!(row["end_user"].as_str(), expected, "{row}");
+        seen += 1;
+    }
+    assert_eq!(seen, 2, "both items' results: {results}");
+    gw.wait_settled(&key.account_id).await;
+    let report = gw
+        .get(
+            &format!(
+                "/v1/usage?group_by=end_user&end_user={}",
+                query_value(ALICE)
+            ),
+            &key.secret,
+        )
+        .await
+        .expect_ok();
+    assert_eq!(report["data"].as_array().map(Vec::len), Some(1), "{report}");
+    assert_eq!(report["data"][0]["end_user"], ALICE, "{report}");
+    assert_eq!(report["data"][0]["batch_requests"], 1, "{report}");
+}
+
+#[tokio::test]
+async fn in_process_a_batch_items_row_names_its_end_user() {
+    let gw = Gateway::start().await;
+    a_batch_items_row_names_its_end_user(&gw).await;
+}
+
+#[tokio::test]
+async fn in_postgres_a_batch_items_row_names_its_end_user() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| b.database(&pg.url())).await;
+    a_batch_items_row_names_its_end_user(&cluster.pods[0]).await;
 }
