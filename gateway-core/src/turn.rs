@@ -250,6 +250,10 @@ async fn begin(
     let requested = resolve_model(state, &request.model)?;
     let telemetry = TurnTelemetry::begin(&id, &requested.id, request.max_tokens, request.stream);
     validate::request(&request, &requested.id, &requested.config, open_max_tokens)?;
+    let end_user = end_user(&request);
+    if let Some(end_user) = &end_user {
+        telemetry.end_user(end_user);
+    }
     let (mut request, input) = count_input(state, request, unsent_input).await?;
     telemetry.input_tokens(input.billed());
     check_context_window(&requested, input.sent)?;
@@ -323,6 +327,7 @@ async fn begin(
     let reservation = NewReservation {
         record: MessageRecord {
             batch_id,
+            end_user,
             ..message_record(
                 &id,
                 principal,
@@ -453,6 +458,17 @@ fn credits_to_reserve(
         ceiling
     };
     (floor, ceiling)
+}
+
+/// The end user the request names (validated: at most `MAX_END_USER` bytes), as its row
+/// keeps it; an empty one names nobody.
+fn end_user(request: &Request) -> Option<String> {
+    request
+        .metadata
+        .as_ref()
+        .and_then(|m| m.user_id.as_deref())
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
 }
 
 /// The ledger row a reservation writes, naming the first upstream of the plan (the settlement

@@ -5,6 +5,7 @@
 use crds::config::ModelConfig;
 
 use crate::conversation::{InputBlock, Request, Role, Thinking, ToolChoice};
+use store::ledger::MAX_END_USER;
 
 /// Why a request cannot be served as sent: the spec's 400 `invalid_request_error`.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +21,6 @@ impl Invalid {
 pub const MAX_STOP_SEQUENCES: usize = 4;
 pub const MIN_THINKING_BUDGET: u32 = 1_024;
 const MAX_TOOL_NAME: usize = 64;
-const MAX_USER_ID: usize = 256;
 
 /// `open_max_tokens`: the client left max_tokens out (chat completions), so it is not checked.
 pub fn request(
@@ -37,11 +37,21 @@ pub fn request(
     tools(req, model_id, model)?;
     thinking(req, model, open_max_tokens)?;
     if let Some(user_id) = req.metadata.as_ref().and_then(|m| m.user_id.as_ref()) {
-        if user_id.len() > MAX_USER_ID {
-            return Err(Invalid::new(format!(
-                "metadata.user_id: at most {MAX_USER_ID} characters"
-            )));
-        }
+        end_user("metadata.user_id", user_id)?;
+    }
+    Ok(())
+}
+
+/// An end user as the client sent it in `field` (`metadata.user_id`, `user`,
+/// `safety_identifier`): at most [`MAX_END_USER`] bytes, what its ledger row keeps. Longer is
+/// refused rather than cut, as Anthropic's API refuses it: a cut id could merge two users'
+/// usage.
+pub fn end_user(field: &str, value: &str) -> Result<(), Invalid> {
+    if value.len() > MAX_END_USER {
+        return Err(Invalid::new(format!(
+            "{field}: at most {MAX_END_USER} bytes, got {}",
+            value.len()
+        )));
     }
     Ok(())
 }

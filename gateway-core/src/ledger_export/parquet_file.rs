@@ -168,6 +168,7 @@ fn schema() -> SchemaRef {
         time("settled_at", true),
         Field::new("latency_ms", DataType::Int64, true),
         Field::new("batch_id", DataType::Utf8, true),
+        Field::new("end_user", DataType::Utf8, true),
     ]))
 }
 
@@ -226,6 +227,7 @@ fn batch(schema: &SchemaRef, rows: &[LedgerRow]) -> Result<RecordBatch, ParquetE
                 .collect::<Int64Array>(),
         ),
         maybe_text(rows, |r| r.batch_id.as_deref()),
+        maybe_text(rows, |r| r.end_user.as_deref()),
     ];
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
@@ -263,6 +265,7 @@ mod tests {
             settled_at: Some(datetime!(2026-11-27 09:00:02.654321 UTC)),
             latency_ms: Some(1_008),
             batch_id: Some("msgbatch_one".into()),
+            end_user: Some("end_user_one".into()),
         }
     }
 
@@ -318,6 +321,7 @@ mod tests {
             ("settled_at", micros, true),
             ("latency_ms", DataType::Int64, true),
             ("batch_id", DataType::Utf8, true),
+            ("end_user", DataType::Utf8, true),
         ];
         let found: Vec<(&str, DataType, bool)> = batch
             .schema_ref()
@@ -367,6 +371,7 @@ mod tests {
             ("stop_reason", "end_turn"),
             ("instance_id", "gw_one"),
             ("batch_id", "msgbatch_one"),
+            ("end_user", "end_user_one"),
         ] {
             assert_eq!(text(name), value, "{name}");
         }
@@ -399,10 +404,17 @@ mod tests {
             settled_at: None,
             latency_ms: None,
             batch_id: None,
+            end_user: None,
             ..row()
         };
         let batch = written(&[none]);
-        for name in ["stop_reason", "settled_at", "latency_ms", "batch_id"] {
+        for name in [
+            "stop_reason",
+            "settled_at",
+            "latency_ms",
+            "batch_id",
+            "end_user",
+        ] {
             assert!(batch.column_by_name(name).unwrap().is_null(0), "{name}");
         }
     }

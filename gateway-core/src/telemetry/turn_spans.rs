@@ -107,6 +107,13 @@ impl TurnTelemetry {
         result
     }
 
+    /// The end user the client named (`metadata.user_id`, `user`, `safety_identifier`), as
+    /// OpenTelemetry's `enduser.id`: on the span only, never a metric label (one series per
+    /// end user would be unbounded).
+    pub fn end_user(&self, id: &str) {
+        self.request.set_attribute("enduser.id", id.to_owned());
+    }
+
     pub fn input_tokens(&self, estimate: u32) {
         self.request
             .set_attribute("svc.input_tokens.estimated", i64::from(estimate));

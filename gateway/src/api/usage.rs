@@ -38,6 +38,10 @@ pub async fn get(
             if let Some(model) = &group.model {
                 entry.insert("model".into(), json!(model));
             }
+            // `null`: the turns that named no end user.
+            if let Some(end_user) = &group.end_user {
+                entry.insert("end_user".into(), json!(end_user));
+            }
             if let Value::Object(counters) =
                 totals_json(&group.totals, group.cache_read_credits_saved)
             {
@@ -46,15 +50,20 @@ pub async fn get(
             Value::Object(entry)
         })
         .collect();
-    let group_by: Vec<&str> = [(report.by_day, "day"), (report.by_model, "model")]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
+    let group_by: Vec<&str> = [
+        (report.by_day, "day"),
+        (report.by_model, "model"),
+        (report.by_end_user, "end_user"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
     Ok(Json(json!({
         "object": "usage",
         "start_date": format_date(report.start),
         "end_date": format_date(report.end),
         "group_by": group_by,
+        "end_user": report.end_user,
         "data": data,
         "totals": totals_json(&report.totals, report.cache_read_credits_saved),
     })))

@@ -72,6 +72,7 @@ pub async fn show(
             start_date: Some(format_date(month_start(today))),
             end_date: Some(format_date(today)),
             group_by: Some("model".to_owned()),
+            end_user: None,
         },
     )
     .await?;

@@ -1,5 +1,6 @@
 //! `/developers/usage`: credits and tokens by day and model over a chosen range, as charts, a
-//! table and a CSV download. The numbers come from the very function behind `GET /v1/usage`.
+//! table and a CSV download, of every turn or of one end user's. The numbers come from the very
+//! function behind `GET /v1/usage`.
 
 use std::sync::Arc;
 
@@ -22,6 +23,9 @@ use gateway_core::usage_report::{format_date, report, UsageError, UsageQuery, Us
 pub struct Range {
     start_date: Option<String>,
     end_date: Option<String>,
+    /// Only this end user's turns (the `metadata.user_id`, `user` or `safety_identifier` their
+    /// requests named), taken as typed: an end user may have spaces.
+    end_user: Option<String>,
 }
 
 impl Range {
@@ -31,6 +35,7 @@ impl Range {
             start_date: given(&self.start_date),
             end_date: given(&self.end_date),
             group_by: Some("day,model".to_owned()),
+            end_user: given(&self.end_user),
         }
     }
 }
@@ -100,15 +105,28 @@ pub async fn show(
     let (_, tokens) = matrix(&report, &models, |t| t.input_tokens + t.output_tokens);
     let start = format_date(report.start);
     let end = format_date(report.end);
+    let end_user = report.end_user.clone().unwrap_or_default();
+    let mut csv_query = vec![("start_date", start.as_str()), ("end_date", end.as_str())];
+    if !end_user.is_empty() {
+        csv_query.push(("end_user", end_user.as_str()));
+    }
+    let csv_href = format!(
+        "/developers/usage.csv?{}",
+        serde_html_form::to_string(&csv_query).unwrap_or_default()
+    );
     let content = html! {
         @if let Some(error) = &error { (notice("error", error)) }
         form.range.card method="get" action="/developers/usage" {
             div.field { label for="start_date" { "From" } input #start_date type="date" name="start_date" value=(start); }
             div.field { label for="end_date" { "To" } input #end_date type="date" name="end_date" value=(end); }
+            div.field { label for="end_user" { "End user" } input #end_user type="text" name="end_user" value=(end_user) maxlength="256" placeholder="all"; }
             div.field.actions {
                 button.primary type="submit" { "Show" }
-                a.button #csv href=(format!("/developers/usage.csv?start_date={start}&end_date={end}")) download { "Download CSV" }
+                a.button #csv href=(csv_href) download { "Download CSV" }
             }
+        }
+        @if !end_user.is_empty() {
+            p #end-user-filter { "Turns of the end user " code { (end_user) } " only." }
         }
         section.cards aria-label="Totals" {
             div.card.stat { h2 { "Requests" } p.big #total-requests { (thousands(report.totals.requests)) } }

@@ -45,6 +45,7 @@ pub struct LedgerRow {
     pub settled_at: Option<OffsetDateTime>,
     pub latency_ms: Option<u64>,
     pub batch_id: Option<String>,
+    pub end_user: Option<String>,
 }
 
 #[derive(Debug, Error)]
@@ -167,5 +168,6 @@ fn row_of(row: &PgRow) -> Result<LedgerRow, sqlx::Error> {
         settled_at: row.try_get("settled_at")?,
         latency_ms: row.try_get::<Option<i64>, _>("latency_ms")?.map(from_db),
         batch_id: row.try_get("batch_id")?,
+        end_user: row.try_get("end_user")?,
     })
 }

@@ -16,9 +16,9 @@ use super::reversal::{
 use crate::audit::{Actor, MemoryAuditLog};
 
 use super::{
-    audited, month_of, Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError,
-    MessageRecord, MessageStatus, NewReservation, NewTopUp, Reversal, ReversalKind, Settlement,
-    TopUp, UsageRow, UsageTotals,
+    audited, month_of, Balance, Confirmation, DisputeStage, EndUserUsageRow, KeySpend, Ledger,
+    LedgerError, MessageRecord, MessageStatus, NewReservation, NewTopUp, Reversal, ReversalKind,
+    Settlement, TopUp, UsageRow, UsageTotals,
 };
 
 /// Settled rows kept for lookups (the dashboard's recent messages, a message by id). A row is
@@ -60,6 +60,9 @@ struct RollupKey {
     hour: OffsetDateTime,
     key_id: String,
     model: String,
+    /// Kept apart per end user, so that usage can be told by end user as Postgres tells it
+    /// from the rows.
+    end_user: Option<String>,
 }
 
 impl RollupKey {
@@ -71,6 +74,7 @@ impl RollupKey {
                 + time::Duration::hours(created.hour().into()),
             key_id: record.key_id.clone(),
             model: record.model.clone(),
+            end_user: record.end_user.clone(),
         }
     }
 }
@@ -467,6 +471,41 @@ impl Ledger for MemoryLedger {
                 date,
                 model,
                 totals,
+            })
+            .collect())
+    }
+
+    async fn end_user_usage(
+        &self,
+        account_id: &str,
+        from: Date,
+        to: Date,
+        end_user: Option<&str>,
+    ) -> Result<Vec<EndUserUsageRow>, LedgerError> {
+        type Group = (Date, String, Option<String>);
+        let mut groups: BTreeMap<Group, UsageTotals> = BTreeMap::new();
+        for e in self.usage.iter() {
+            let (key, rollup) = (e.key(), e.value());
+            let day = key.hour.date();
+            let counted = key.account_id == account_id
+                && (from..=to).contains(&day)
+                && end_user.is_none_or(|u| key.end_user.as_deref() == Some(u));
+            if counted {
+                groups
+                    .entry((day, key.model.clone(), key.end_user.clone()))
+                    .or_default()
+                    .add(rollup);
+            }
+        }
+        Ok(groups
+            .into_iter()
+            .map(|((date, model, end_user), totals)| EndUserUsageRow {
+                end_user,
+                usage: UsageRow {
+                    date,
+                    model,
+                    totals,
+                },
             })
             .collect())
     }

@@ -126,7 +126,15 @@ pub struct MessageRecord {
     /// The batch the turn ran for (`endpoint` is then `message_batches`,
     /// `chat_completions_batches` or `responses_batches`).
     pub batch_id: Option<String>,
+    /// The end user the client named (`metadata.user_id`, Chat's and Responses' `user` or
+    /// `safety_identifier`), at most [`MAX_END_USER`] bytes, for abuse investigation and
+    /// per-end-user usage; only ever shown to the row's own account.
+    pub end_user: Option<String>,
 }
+
+/// The longest end user a row keeps, in bytes; a longer one is refused before the turn (400
+/// naming the field), as Anthropic's API refuses a `metadata.user_id` over 256.
+pub const MAX_END_USER: usize = 256;
 
 /// A turn's row as it is created, before its reservation: nothing held, billed or used yet.
 /// Whoever creates a turn names it (ids, models, upstream, endpoint) and takes the rest from
@@ -152,6 +160,7 @@ impl Default for MessageRecord {
             created_at: OffsetDateTime::now_utc(),
             latency_ms: None,
             batch_id: None,
+            end_user: None,
         }
     }
 }
@@ -317,6 +326,13 @@ pub struct UsageRow {
     pub totals: UsageTotals,
 }
 
+/// Usage of one UTC day, model and end user (`None`: the turns that named none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndUserUsageRow {
+    pub end_user: Option<String>,
+    pub usage: UsageRow,
+}
+
 /// The reference under which a dashboard user's sign-up credits are added, once.
 pub fn signup_credits_reference(user_id: &str) -> String {
     format!("signup:{user_id}")
@@ -393,6 +409,16 @@ pub trait Ledger: Send + Sync {
         from: Date,
         to: Date,
     ) -> Result<Vec<UsageRow>, LedgerError>;
+    /// Usage of an account by UTC day, model and end user, both dates inclusive; only the
+    /// turns of `end_user` when one is given. Counted as [`Ledger::usage`] counts (served
+    /// turns; failed and abandoned ones add nothing), so the two agree on every total.
+    async fn end_user_usage(
+        &self,
+        account_id: &str,
+        from: Date,
+        to: Date,
+        end_user: Option<&str>,
+    ) -> Result<Vec<EndUserUsageRow>, LedgerError>;
     /// The account's latest messages, newest first.
     async fn recent_messages(
         &self,

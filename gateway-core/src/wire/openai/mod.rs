@@ -38,6 +38,9 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// OpenAI's successor of `user`: the end user, preferred over `user` when both are sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety_identifier: Option<String>,
     /// Names the conversation for upstream affinity (prompt caching).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_cache_key: Option<String>,

@@ -43,7 +43,7 @@ use crate::conversation::{
     Thinking, Tool, ToolChoice, DEFAULT_TEMPERATURE,
 };
 use crate::ids;
-use crate::validate::{Invalid, MIN_THINKING_BUDGET};
+use crate::validate::{self, Invalid, MIN_THINKING_BUDGET};
 use crate::wire::one_or_many::StringOr;
 
 impl ReasoningEffort {
@@ -156,7 +156,7 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(Request, bool), Invalid> 
         tools,
         tool_choice,
         thinking: chat.reasoning_effort.and_then(|e| e.thinking(max_tokens)),
-        metadata: chat.user.map(|user_id| Metadata {
+        metadata: end_user(chat.safety_identifier, chat.user)?.map(|user_id| Metadata {
             user_id: Some(user_id),
         }),
     };
@@ -165,6 +165,21 @@ pub fn request_from_chat(chat: ChatRequest) -> Result<(Request, bool), Invalid> 
 
 /// The conversation as an upstream's chat request for `model` (the upstream's name for
 /// it). Whether to stream is the adapter's to say.
+/// The end user of a Chat Completions or Responses request: `safety_identifier`, else `user`,
+/// each held to [`validate::end_user`] under its own name.
+pub fn end_user(
+    safety_identifier: Option<String>,
+    user: Option<String>,
+) -> Result<Option<String>, Invalid> {
+    if let Some(id) = &safety_identifier {
+        validate::end_user("safety_identifier", id)?;
+    }
+    if let Some(user) = &user {
+        validate::end_user("user", user)?;
+    }
+    Ok(safety_identifier.or(user))
+}
+
 pub fn request_to_chat(req: &Request, model: &str) -> ChatRequest {
     let mut messages = Vec::new();
     if let Some(system) = req.system_text() {
@@ -216,6 +231,7 @@ pub fn request_to_chat(req: &Request, model: &str) -> ChatRequest {
         tool_choice,
         parallel_tool_calls,
         user: req.metadata.as_ref().and_then(|m| m.user_id.clone()),
+        safety_identifier: None,
         prompt_cache_key: None,
         n: None,
         reasoning_effort: None,

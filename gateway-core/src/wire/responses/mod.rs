@@ -50,6 +50,9 @@ pub struct ResponsesRequest {
     pub prompt_cache_key: Option<String>,
     #[serde(default)]
     pub user: Option<String>,
+    /// The end user, preferred over `user` (OpenAI's successor of it).
+    #[serde(default)]
+    pub safety_identifier: Option<String>,
     #[serde(default)]
     pub text: Option<TextParam>,
     #[serde(default)]

@@ -171,7 +171,11 @@ pub fn translate(
         tool_choice: tool_choice(req, &tools, &names)?,
         tools,
         thinking: None,
-        metadata: req.user.clone().map(|user_id| Metadata {
+        metadata: crate::wire::openai::translate::end_user(
+            req.safety_identifier.clone(),
+            req.user.clone(),
+        )?
+        .map(|user_id| Metadata {
             user_id: Some(user_id),
         }),
     };

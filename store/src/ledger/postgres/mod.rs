@@ -75,10 +75,11 @@ macro_rules! written {
         "INSERT INTO messages (id, account_id, key_id, route_id, upstream_id, stream, status,
              reserved, billed, input_tokens, output_tokens, cache_creation_input_tokens,
              cache_read_input_tokens, stop_reason, latency_ms, instance_id, instance_epoch,
-             created_at, settled_at, batch_id)
+             created_at, settled_at, batch_id, end_user)
          SELECT id, account_id, key_id, route_id, upstream_id, stream, status, reserved, billed,
              input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
-             stop_reason, latency_ms, instance_id, instance_epoch, created_at, now(), batch_id
+             stop_reason, latency_ms, instance_id, instance_epoch, created_at, now(), batch_id,
+             end_user
          FROM ended
          RETURNING id, account_id, key_id, reserved, billed,
              message_model(route_id, model) AS model, created_at, batch_id, status,
@@ -96,7 +97,8 @@ macro_rules! ended_billing_nothing {
             " AS status, reserved, 0::bigint AS billed, 0::bigint AS input_tokens,
              0::bigint AS output_tokens, 0::bigint AS cache_creation_input_tokens,
              0::bigint AS cache_read_input_tokens, NULL::text AS stop_reason,
-             NULL::bigint AS latency_ms, instance_id, instance_epoch, created_at, batch_id"
+             NULL::bigint AS latency_ms, instance_id, instance_epoch, created_at, batch_id,
+             end_user"
         )
     };
 }
@@ -124,8 +126,9 @@ use self::name_keys::NameKeys;
 use super::coalesce::Coalescer;
 use super::message_id;
 use super::{
-    audited, Balance, Confirmation, DisputeStage, KeySpend, Ledger, LedgerError, MessageRecord,
-    MessageStatus, NewReservation, NewTopUp, Reversal, Settlement, TopUp, UsageRow, UsageTotals,
+    audited, Balance, Confirmation, DisputeStage, EndUserUsageRow, KeySpend, Ledger, LedgerError,
+    MessageRecord, MessageStatus, NewReservation, NewTopUp, Reversal, Settlement, TopUp, UsageRow,
+    UsageTotals,
 };
 use crate::audit::{append_in, Actor};
 use crate::db::{from_db, parse_name, to_db, Database, DbError};
@@ -612,6 +615,7 @@ fn message_of(row: &PgRow) -> Result<MessageRecord, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         latency_ms: row.try_get::<Option<i64>, _>("latency_ms")?.map(from_db),
         batch_id: row.try_get("batch_id")?,
+        end_user: row.try_get("end_user")?,
     })
 }
 
@@ -984,6 +988,81 @@ impl Ledger for PostgresLedger {
                         credits: from_db(row.try_get("credits")?),
                         batch_requests: from_db(row.try_get("batch_requests")?),
                         batch_credits: from_db(row.try_get("batch_credits")?),
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(DbError::Sql)?;
+        Ok(usage)
+    }
+
+    async fn end_user_usage(
+        &self,
+        account_id: &str,
+        from: Date,
+        to: Date,
+        end_user: Option<&str>,
+    ) -> Result<Vec<EndUserUsageRow>, LedgerError> {
+        let end = to.next_day().map_or(OffsetDateTime::now_utc(), midnight);
+        let rows = self
+            .db
+            .bounded(
+                // The rows, not the rollups (which keep no end user): the account's by its
+                // `(account_id, created_at)` indexes, counted as `rolled_up!` counts them
+                // (a served turn is one that neither failed nor was abandoned).
+                sqlx::query(
+                    "SELECT (created_at AT TIME ZONE 'UTC')::date AS day, model, end_user,
+                            count(*) FILTER (WHERE served)::bigint AS requests,
+                            coalesce(sum(input_tokens) FILTER (WHERE served), 0)::bigint
+                                AS input_tokens,
+                            coalesce(sum(output_tokens) FILTER (WHERE served), 0)::bigint
+                                AS output_tokens,
+                            coalesce(sum(cache_creation_input_tokens) FILTER (WHERE served),
+                                0)::bigint AS cache_creation_input_tokens,
+                            coalesce(sum(cache_read_input_tokens) FILTER (WHERE served),
+                                0)::bigint AS cache_read_input_tokens,
+                            coalesce(sum(billed), 0)::bigint AS credits,
+                            count(*) FILTER (WHERE served AND batch_id IS NOT NULL)::bigint
+                                AS batch_requests,
+                            coalesce(sum(billed) FILTER (WHERE batch_id IS NOT NULL), 0)::bigint
+                                AS batch_credits
+                     FROM (SELECT *, status NOT IN ('failed', 'abandoned') AS served
+                           FROM message_rows
+                           WHERE account_id = $1 AND created_at >= $2 AND created_at < $3
+                               AND status <> 'reserved'
+                               AND ($4::text IS NULL OR end_user = $4)) r
+                     GROUP BY 1, 2, 3 HAVING count(*) FILTER (WHERE served) > 0
+                     ORDER BY 1, 2, 3",
+                )
+                .bind(account_id)
+                .bind(midnight(from))
+                .bind(end)
+                .bind(end_user)
+                .fetch_all(self.db.pool()),
+            )
+            .await?;
+        let usage = rows
+            .iter()
+            .map(|row| {
+                Ok(EndUserUsageRow {
+                    end_user: row.try_get("end_user")?,
+                    usage: UsageRow {
+                        date: row.try_get("day")?,
+                        model: row.try_get("model")?,
+                        totals: UsageTotals {
+                            requests: from_db(row.try_get("requests")?),
+                            input_tokens: from_db(row.try_get("input_tokens")?),
+                            output_tokens: from_db(row.try_get("output_tokens")?),
+                            cache_creation_input_tokens: from_db(
+                                row.try_get("cache_creation_input_tokens")?,
+                            ),
+                            cache_read_input_tokens: from_db(
+                                row.try_get("cache_read_input_tokens")?,
+                            ),
+                            credits: from_db(row.try_get("credits")?),
+                            batch_requests: from_db(row.try_get("batch_requests")?),
+                            batch_credits: from_db(row.try_get("batch_credits")?),
+                        },
                     },
                 })
             })

@@ -168,9 +168,10 @@ async fn reserve_once(
                 "WITH turn AS (
                      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[],
                          $5::integer[], $6::bool[], $7::timestamptz[],
-                         $8::bigint[], $9::bigint[], $12::bigint[], $13::text[]) WITH ORDINALITY
+                         $8::bigint[], $9::bigint[], $12::bigint[], $13::text[], $14::text[])
+                     WITH ORDINALITY
                      AS t(id, account_id, key_id, route_id, upstream_id, stream, created_at, min,
-                          max, cap, batch_id, ord)
+                          max, cap, batch_id, end_user, ord)
                  ), account AS (
                      SELECT id, balance - reserved AS available FROM accounts
                      WHERE id IN (SELECT account_id FROM turn)
@@ -232,9 +233,10 @@ async fn reserve_once(
                  ), held_turn AS (
                      -- Its row is written when it ends (migration 0026).
                      INSERT INTO reservations (id, account_id, key_id, route_id, upstream_id,
-                         stream, reserved, instance_id, instance_epoch, created_at, batch_id)
+                         stream, reserved, instance_id, instance_epoch, created_at, batch_id,
+                         end_user)
                      SELECT t.id, t.account_id, t.key_id, t.route_id, t.upstream_id, t.stream,
-                         d.amount, $10, $11, t.created_at, t.batch_id
+                         d.amount, $10, $11, t.created_at, t.batch_id, t.end_user
                      FROM turn t JOIN decided d ON d.id = t.id
                      WHERE d.amount IS NOT NULL
                  )
@@ -247,6 +249,7 @@ async fn reserve_once(
             .bind(lease.epoch())
             .bind(c.cap)
             .bind(c.batch_id)
+            .bind(c.end_user)
             .fetch_all(db.pool()),
         )
         .await?;
@@ -462,11 +465,11 @@ pub async fn write_rows(
                          $5::integer[], $6::bool[], $7::timestamptz[],
                          $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[],
                          $13::bigint[], $14::bigint[], $15::bigint[], $16::text[], $17::bigint[],
-                         $19::text[])
+                         $19::text[], $20::text[])
                      AS t(id, account_id, key_id, route_id, upstream_id, stream, created_at,
                           pool_id, status, reserved, billed, input_tokens, output_tokens,
                           cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
-                          latency_ms, batch_id)
+                          latency_ms, batch_id, end_user)
                  ), unflushed AS (
                      -- This statement's commit does not wait for the WAL to reach the disk
                      -- (see the function's doc); it is read, so it runs, before the commit.
@@ -492,13 +495,13 @@ pub async fn write_rows(
                      INSERT INTO messages (id, account_id, key_id, route_id, upstream_id, stream,
                          status, reserved, billed, input_tokens, output_tokens,
                          cache_creation_input_tokens, cache_read_input_tokens, stop_reason,
-                         latency_ms, instance_id, created_at, settled_at, batch_id)
+                         latency_ms, instance_id, created_at, settled_at, batch_id, end_user)
                      SELECT t.id, t.account_id, t.key_id, t.route_id, t.upstream_id, t.stream,
                          CASE WHEN pool.id IS NULL THEN 'unbilled' ELSE t.status END,
                          t.reserved, CASE WHEN pool.id IS NULL THEN 0 ELSE t.billed END,
                          t.input_tokens, t.output_tokens, t.cache_creation_input_tokens,
                          t.cache_read_input_tokens, t.stop_reason, t.latency_ms, $18,
-                         t.created_at, now(), t.batch_id
+                         t.created_at, now(), t.batch_id, t.end_user
                      FROM turn t LEFT JOIN pool ON pool.id = t.pool_id
                      ON CONFLICT (id, created_at) DO NOTHING
                      RETURNING id, billed, account_id, key_id,
@@ -546,6 +549,7 @@ pub async fn write_rows(
         .bind_usage(c.usage)
         .bind(instance)
         .bind(c.batch_id)
+        .bind(c.end_user)
         .fetch_all(db.pool()),
     )
     .await
@@ -885,6 +889,7 @@ struct ReserveColumns<'a> {
     max: Vec<i64>,
     cap: Vec<Option<i64>>,
     batch_id: Vec<Option<&'a str>>,
+    end_user: Vec<Option<&'a str>>,
 }
 
 impl<'a> Batch<'a> for ReserveColumns<'a> {
@@ -896,6 +901,7 @@ impl<'a> Batch<'a> for ReserveColumns<'a> {
         self.max.push(to_db(t.max));
         self.cap.push(t.spend_cap.map(to_db));
         self.batch_id.push(t.record.batch_id.as_deref());
+        self.end_user.push(t.record.end_user.as_deref());
     }
 }
 
@@ -954,6 +960,7 @@ struct WrittenColumns<'a> {
     billed: Vec<i64>,
     usage: UsageColumns,
     batch_id: Vec<Option<&'a str>>,
+    end_user: Vec<Option<&'a str>>,
 }
 
 impl<'a> Batch<'a> for WrittenColumns<'a> {
@@ -969,5 +976,6 @@ impl<'a> Batch<'a> for WrittenColumns<'a> {
         self.usage
             .push(&m.usage, m.stop_reason, m.latency_ms.unwrap_or(0));
         self.batch_id.push(m.batch_id.as_deref());
+        self.end_user.push(m.end_user.as_deref());
     }
 }

@@ -42,7 +42,8 @@ pub async fn settle(
                              AS billed,
                          t.input_tokens, t.output_tokens, t.cache_creation_input_tokens,
                          t.cache_read_input_tokens, t.stop_reason, t.latency_ms,
-                         o.instance_id, o.instance_epoch, o.created_at, o.batch_id
+                         o.instance_id, o.instance_epoch, o.created_at, o.batch_id,
+                         o.end_user
                  ), settled AS (",
                 written!(),
                 "
