@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{
-    Batch, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
-    KeyCaps, NewBatch, Outcome, RequestCounts, RequestFormat,
+    Batch, BatchDraft, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
+    KeyCaps, NewBatch, NewItem, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 
@@ -107,8 +107,33 @@ impl MemoryBatchStore {
     }
 }
 
+/// A draft of standalone mode: its items held apart until its commit puts them in the map.
+struct MemoryDraft<'a> {
+    store: &'a MemoryBatchStore,
+    batch: NewBatch,
+}
+
+#[async_trait]
+impl BatchDraft for MemoryDraft<'_> {
+    async fn push(&mut self, items: Vec<NewItem>) -> Result<(), StoreError> {
+        self.batch.items.extend(items);
+        Ok(())
+    }
+
+    async fn commit(
+        self: Box<Self>,
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError> {
+        self.store.create(self.batch, caps).await
+    }
+}
+
 #[async_trait]
 impl BatchStore for MemoryBatchStore {
+    fn draft(&self, batch: NewBatch) -> Box<dyn BatchDraft + '_> {
+        Box::new(MemoryDraft { store: self, batch })
+    }
+
     async fn create(
         &self,
         batch: NewBatch,

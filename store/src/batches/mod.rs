@@ -236,6 +236,23 @@ impl NewBatch {
     }
 }
 
+/// A batch written as its requests are read ([`BatchStore::draft`]): its items are kept
+/// apart as they come, seen by no read, claim or quota, until [`BatchDraft::commit`] stores
+/// them all at once; a draft dropped uncommitted (a create refused on its 5,000th request, or
+/// cut by its client) leaves nothing behind. So a Message Batch create never holds its whole
+/// body, and stays all-or-nothing.
+#[async_trait]
+pub trait BatchDraft: Send {
+    /// Writes the next items, in request order.
+    async fn push(&mut self, items: Vec<NewItem>) -> Result<(), StoreError>;
+    /// Stores the batch with every item pushed, as [`BatchStore::create`] stores one: unless
+    /// that would pass one of the key's caps (then nothing of it stays).
+    async fn commit(
+        self: Box<Self>,
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError>;
+}
+
 #[async_trait]
 pub trait BatchStore: Send + Sync {
     /// Stores a new batch and its items unless that would pass one of the key's caps (which
@@ -245,6 +262,9 @@ pub trait BatchStore: Send + Sync {
         batch: NewBatch,
         caps: KeyCaps,
     ) -> Result<Result<Batch, CapReached>, StoreError>;
+    /// A draft of `batch` (its `items` are the first ones, usually none), to which the rest
+    /// are pushed as they are read.
+    fn draft(&self, batch: NewBatch) -> Box<dyn BatchDraft + '_>;
     /// The bytes of params the account's queued and running items hold, over all its
     /// batches (what counts in its storage quota).
     async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError>;
