@@ -26,8 +26,8 @@ pub struct BodyCap(pub usize);
 impl BodyCap {
     /// `/v1`: conversations with images.
     pub const API: Self = Self(16 * 1024 * 1024);
-    /// A Message Batch's create: Anthropic's limit. The memory budget bounds what is read at
-    /// once: at the default budget, bodies of about 60 MiB.
+    /// A Message Batch's create: Anthropic's limit. Parsed as it arrives ([`StreamedBody`]),
+    /// it holds of the memory budget its largest request, not its length.
     pub const BATCH: Self = Self(256 * 1024 * 1024);
     /// The dashboard's forms: an email, a password, a key name, a token.
     pub const FORM: Self = Self(8 * 1024);
@@ -136,19 +136,10 @@ pub async fn read_request(req: Request) -> Result<Vec<u8>, BodyError> {
 }
 
 /// [`read_request`] for a body that is kept as bytes, never parsed whole (a file upload,
-/// checked a line at a time; a Message Batch, indexed and parsed a request at a time): it
-/// holds the budget of its bytes, not of their parsed form.
+/// checked a line at a time): it holds the budget of its bytes, not of their parsed form.
 pub async fn read_upload(req: Request) -> Result<Vec<u8>, BodyError> {
     let bounds = Bounds::of(&req);
     bounds.read(req.into_body(), Shape::Bytes).await
-}
-
-/// [`read_upload`] for a body whose handler works out what it costs once it has looked at it
-/// (a Message Batch, indexed): the share of the budget is handed to the handler, which grows
-/// it to that cost and holds it until it has answered.
-pub async fn read_reserved(req: Request) -> Result<(Vec<u8>, Reservation), BodyError> {
-    let bounds = Bounds::of(&req);
-    bounds.read_reserved(req.into_body(), Shape::Bytes).await
 }
 
 /// A body read a piece at a time under its surface's cap and read deadline, as every body is,

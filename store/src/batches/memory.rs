@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{
-    Batch, BatchDraft, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
-    KeyCaps, NewBatch, NewItem, Outcome, RequestCounts, RequestFormat,
+    Batch, BatchDraft, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult,
+    ItemState, KeyCaps, NewBatch, NewItem, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 

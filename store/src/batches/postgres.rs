@@ -10,8 +10,8 @@ use sqlx::Row;
 use time::OffsetDateTime;
 
 use super::{
-    result_of, Batch, BatchDraft, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult,
-    ItemState, KeyCaps, NewBatch, NewItem, Outcome, RequestCounts, RequestFormat,
+    result_of, Batch, BatchDraft, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted,
+    ItemResult, ItemState, KeyCaps, NewBatch, NewItem, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 use crate::db::{from_db, name_of, parse_name, Database, DbError};
@@ -177,7 +177,10 @@ async fn check_caps(
     Ok(Ok(()))
 }
 
-async fn insert_batch_row(tx: &mut sqlx::PgConnection, batch: &NewBatch) -> Result<(), sqlx::Error> {
+async fn insert_batch_row(
+    tx: &mut sqlx::PgConnection,
+    batch: &NewBatch,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO message_batches
              (id, account_id, key_id, key_hash, created_at, expires_at, format, details)
@@ -410,7 +413,10 @@ impl BatchDraft for PostgresDraft<'_> {
         self.committed = true;
         let created = store.one(&self.batch.account_id, &self.batch.id).await?;
         Ok(Ok(created.ok_or_else(|| {
-            StoreError::Unavailable(format!("batch {} was not found once created", self.batch.id))
+            StoreError::Unavailable(format!(
+                "batch {} was not found once created",
+                self.batch.id
+            ))
         })?))
     }
 }
