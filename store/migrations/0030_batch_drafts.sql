@@ -14,3 +14,13 @@ CREATE TABLE message_batch_drafts (
     PRIMARY KEY (draft_id, idx)
 );
 CREATE INDEX message_batch_drafts_staged ON message_batch_drafts (staged_at);
+
+-- An OpenAI batch's item (`/v1/batches`) refers to its line of the input file instead of
+-- holding a copy of its body (`params` is then ''): the line is read from `files` when the
+-- item runs, so one file feeds any number of batches and counts once in its account's quota.
+-- A file with open items referring to it cannot be deleted. Rows of the previous release
+-- keep NULL here and their params.
+ALTER TABLE message_batch_items
+    ADD COLUMN line_file_id text,
+    ADD COLUMN line_offset bigint,
+    ADD COLUMN line_len bigint;

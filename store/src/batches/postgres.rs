@@ -11,10 +11,16 @@ use time::OffsetDateTime;
 
 use super::{
     result_of, Batch, BatchDraft, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted,
-    ItemResult, ItemState, KeyCaps, NewBatch, NewItem, Outcome, RequestCounts, RequestFormat,
+    InputLine, ItemResult, ItemState, KeyCaps, NewBatch, NewItem, Outcome, RequestCounts,
+    RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 use crate::db::{from_db, name_of, parse_name, Database, DbError};
+
+/// A count or a byte offset as Postgres' `bigint`.
+fn to_db(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
 
 /// Items written per statement when a batch is created (seven arrays of this many each).
 const INSERT_CHUNK: usize = 5_000;
@@ -207,6 +213,9 @@ struct ItemColumns<'a> {
     custom_ids: Vec<&'a str>,
     params: Vec<&'a str>,
     results: Vec<Option<&'a str>>,
+    line_files: Vec<Option<&'a str>>,
+    line_offsets: Vec<Option<i64>>,
+    line_lens: Vec<Option<i64>>,
 }
 
 impl<'a> ItemColumns<'a> {
@@ -224,6 +233,18 @@ impl<'a> ItemColumns<'a> {
                 })
                 .collect(),
             results: items.iter().map(|i| i.refused.as_deref()).collect(),
+            line_files: items
+                .iter()
+                .map(|i| i.line.as_ref().map(|l| l.file_id.as_str()))
+                .collect(),
+            line_offsets: items
+                .iter()
+                .map(|i| i.line.as_ref().map(|l| to_db(l.offset)))
+                .collect(),
+            line_lens: items
+                .iter()
+                .map(|i| i.line.as_ref().map(|l| to_db(l.len)))
+                .collect(),
         }
     }
 }
@@ -251,12 +272,15 @@ async fn insert_batch(
     for (chunk_no, chunk) in batch.items.chunks(INSERT_CHUNK).enumerate() {
         let columns = ItemColumns::of(chunk_no * INSERT_CHUNK, chunk);
         sqlx::query(
-            "INSERT INTO message_batch_items (batch_id, idx, custom_id, params, state, result, ended_at)
+            "INSERT INTO message_batch_items (batch_id, idx, custom_id, params, state, result, ended_at,
+                                              line_file_id, line_offset, line_len)
              SELECT $1, t.idx, t.custom_id, t.params,
                     CASE WHEN t.result IS NULL THEN 'queued' ELSE 'errored' END, t.result,
-                    CASE WHEN t.result IS NULL THEN NULL ELSE $2 END
-             FROM UNNEST($3::int[], $4::text[], $5::text[], $6::text[])
-                  AS t (idx, custom_id, params, result)",
+                    CASE WHEN t.result IS NULL THEN NULL ELSE $2 END,
+                    t.line_file_id, t.line_offset, t.line_len
+             FROM UNNEST($3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
+                         $9::bigint[])
+                  AS t (idx, custom_id, params, result, line_file_id, line_offset, line_len)",
         )
         .bind(&batch.id)
         .bind(batch.created_at)
@@ -264,6 +288,9 @@ async fn insert_batch(
         .bind(&columns.custom_ids)
         .bind(&columns.params)
         .bind(&columns.results)
+        .bind(&columns.line_files)
+        .bind(&columns.line_offsets)
+        .bind(&columns.line_lens)
         .persistent(false)
         .execute(&mut *tx)
         .await?;
@@ -597,6 +624,25 @@ impl BatchStore for PostgresBatchStore {
             .await?)
     }
 
+    async fn file_in_use(&self, account_id: &str, file_id: &str) -> Result<bool, StoreError> {
+        // The account's batches, their open items by the partial index.
+        Ok(self
+            .db
+            .bounded(
+                sqlx::query_scalar(
+                    "SELECT EXISTS (
+                         SELECT 1 FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
+                         WHERE b.account_id = $1 AND i.state IN ('queued', 'running')
+                           AND i.line_file_id = $2)",
+                )
+                .bind(account_id)
+                .bind(file_id)
+                .persistent(false)
+                .fetch_one(self.db.pool()),
+            )
+            .await?)
+    }
+
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError> {
         self.one(account_id, id).await
     }
@@ -693,7 +739,8 @@ impl BatchStore for PostgresBatchStore {
                      SET state = 'running', claimed_by = $1, lease_until = $3
                      FROM picked, message_batches b
                      WHERE i.batch_id = picked.batch_id AND i.idx = picked.idx AND b.id = i.batch_id
-                     RETURNING i.batch_id, i.idx, i.custom_id, i.params, b.format, b.account_id, b.key_hash",
+                     RETURNING i.batch_id, i.idx, i.custom_id, i.params, i.line_file_id, i.line_offset,
+                               i.line_len, b.format, b.account_id, b.key_hash",
                 )
                 .bind(worker)
                 .bind(now)
@@ -707,7 +754,16 @@ impl BatchStore for PostgresBatchStore {
             .iter()
             .map(|row| {
                 let hash: Vec<u8> = row.try_get("key_hash")?;
+                let line_file: Option<String> = row.try_get("line_file_id")?;
+                let offset: Option<i64> = row.try_get("line_offset")?;
+                let len: Option<i64> = row.try_get("line_len")?;
+                let line = line_file.map(|file_id| InputLine {
+                    file_id,
+                    offset: from_db(offset.unwrap_or(0)),
+                    len: from_db(len.unwrap_or(0)),
+                });
                 Ok(ClaimedItem {
+                    line,
                     batch_id: row.try_get("batch_id")?,
                     index: index_of(row)?,
                     custom_id: row.try_get("custom_id")?,

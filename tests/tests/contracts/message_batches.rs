@@ -59,6 +59,7 @@ fn new_batch(account_id: &str, queued: usize, refused: usize, at: OffsetDateTime
             custom_id: format!("req-{i}"),
             params: format!(r#"{{"n":{i}}}"#),
             refused: (i >= queued).then(|| r#"{"type":"errored"}"#.to_owned()),
+            line: None,
         })
         .collect();
     let key_id = unique("key");

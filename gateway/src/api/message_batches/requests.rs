@@ -321,6 +321,7 @@ pub fn item(turns: &Turns, custom_id: String, params: &[u8]) -> NewItem {
         custom_id,
         params,
         refused: refused.map(|e| errored(&e)),
+        line: None,
     }
 }
 
