@@ -227,7 +227,10 @@ async fn openai_ended(gw: &Gateway, key: &str, id: &str) -> Value {
 /// batch ends with every request answered in its output file; then the file is deleted.
 /// Returns the file's size.
 async fn ten_batches_from_one_file_share_its_lines(gw: &Gateway) -> i64 {
-    let key = gw.new_key(1_000_000_000, &KeySpec::api()).await;
+    // Enterprise: eleven creates and uploads within the key's requests per minute.
+    let key = gw
+        .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+        .await;
     let content = input_lines();
     let file = upload(gw, &key.secret, &content).await.expect_ok();
     let file_id = file["id"].as_str().expect("file id");
@@ -250,9 +253,17 @@ async fn ten_batches_from_one_file_share_its_lines(gw: &Gateway) -> i64 {
         assert_eq!(batch["status"], "completed", "{batch}");
         assert_eq!(batch["request_counts"]["completed"], 20, "{batch}");
         let output = batch["output_file_id"].as_str().expect("output file");
-        let text = gw
-            .get(&format!("/v1/files/{output}/content"), &key.secret)
-            .await;
+        // Read unchecked: the built-in simulated upstream names itself in its replies.
+        let download = gw
+            .request(
+                Method::GET,
+                &format!("/v1/files/{output}/content"),
+                Some(&key.secret),
+            )
+            .send()
+            .await
+            .expect("the download");
+        let text = Resp::read_unchecked(download).await;
         assert_eq!(text.status, 200, "{}", text.text);
         let mut found: Vec<String> = text
             .text
@@ -307,7 +318,10 @@ async fn in_postgres_ten_batches_from_one_file_share_its_lines() {
     })
     .await;
     let gw = &cluster.pods[0];
-    let key = gw.new_key(1_000_000_000, &KeySpec::api()).await;
+    // Enterprise: eleven creates and uploads within the key's requests per minute.
+    let key = gw
+        .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+        .await;
     let content = input_lines();
     let file = upload(gw, &key.secret, &content).await.expect_ok();
     let file_id = file["id"].as_str().expect("file id");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use e2e::PostgresServer;
 use store::accounts::KeyHash;
 use store::batches::{
-    Batch, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemState, KeyCaps,
+    Batch, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, InputLine, ItemState, KeyCaps,
     MemoryBatchStore, NewBatch, NewItem, Outcome, PostgresBatchStore, ProcessingStatus,
     RequestFormat,
 };
@@ -738,6 +738,39 @@ async fn a_draft_is_stored_whole_at_its_commit_and_nothing_of_it_otherwise(s: St
     );
 }
 
+/// An item read from its batch's input file is claimed with its line, holds no bytes of the
+/// account's quota, and keeps that file (of that account only) in use until it ends.
+async fn an_item_read_from_its_input_line_keeps_the_file_in_use_until_it_ends(s: Store) {
+    let at = now();
+    let account = unique("acct");
+    let line = InputLine {
+        file_id: unique("file"),
+        offset: 10,
+        len: 20,
+    };
+    let mut batch = new_batch(&account, 1, 0, at);
+    batch.items[0].params = String::new();
+    batch.items[0].line = Some(line.clone());
+    s.create(batch).await;
+    let in_use = |account: String, file: String| {
+        let batches = s.batches.clone();
+        async move { batches.file_in_use(&account, &file).await.expect("store") }
+    };
+    assert!(in_use(account.clone(), line.file_id.clone()).await);
+    assert!(!in_use(account.clone(), unique("file")).await);
+    assert!(!in_use(unique("acct"), line.file_id.clone()).await);
+    assert_eq!(s.batches.held_bytes(&account).await.expect("held"), 0);
+    let claimed = s.claim("w1", 10, at).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].line.as_ref(), Some(&line));
+    assert!(
+        in_use(account.clone(), line.file_id.clone()).await,
+        "running"
+    );
+    assert!(s.finish("w1", &claimed[0], at).await);
+    assert!(!in_use(account, line.file_id.clone()).await, "ended");
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -757,5 +790,6 @@ e2e::contract! {
         a_batch_keeps_its_format_and_each_format_lists_its_own,
         ended_batches_past_the_cutoff_are_forgotten_with_their_items_and_no_other,
         a_draft_is_stored_whole_at_its_commit_and_nothing_of_it_otherwise,
+        an_item_read_from_its_input_line_keeps_the_file_in_use_until_it_ends,
     }
 }
