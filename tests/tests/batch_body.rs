@@ -251,14 +251,13 @@ async fn in_postgres_a_create_refused_midway_stores_nothing() {
     assert_eq!(items, 5_000, "only the batch that fitted is stored");
 }
 
+/// Where a body sent as it is made takes its pieces.
+type Pieces = mpsc::Sender<Result<Vec<u8>, std::io::Error>>;
+/// A request's answer once it is sent.
+type Answer = tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>>;
+
 /// A create whose body is sent as it is made: the sender, and the answer once it is all in.
-fn streamed_create(
-    gw: &Gateway,
-    key: &str,
-) -> (
-    mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
-    tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>>,
-) {
+fn streamed_create(gw: &Gateway, key: &str) -> (Pieces, Answer) {
     let (sender, receiver) = mpsc::channel::<Result<Vec<u8>, std::io::Error>>(16);
     let request = gw
         .request(Method::POST, "/v1/messages/batches", Some(key))
@@ -267,7 +266,7 @@ fn streamed_create(
     (sender, tokio::spawn(request.send()))
 }
 
-async fn send_all(sender: &mut mpsc::Sender<Result<Vec<u8>, std::io::Error>>, pieces: &[Vec<u8>]) {
+async fn send_all(sender: &mut Pieces, pieces: &[Vec<u8>]) {
     for piece in pieces {
         futures::SinkExt::send(sender, Ok(piece.clone()))
             .await

@@ -177,14 +177,14 @@ impl Requests {
                     "the body must be a JSON object: {\"requests\": [...]}",
                 ))
             }
-            (Place::Body | Place::After, JsonEvent::FieldName) if self.depth == 1 => {
-                if self.parser.current_str().ok() == Some("requests") {
-                    if self.seen_requests {
-                        return Err(ApiError::invalid("requests: duplicate field"));
-                    }
-                    self.seen_requests = true;
-                    self.place = Place::RequestsNext;
+            (Place::Body | Place::After, JsonEvent::FieldName)
+                if self.depth == 1 && self.parser.current_str().ok() == Some("requests") =>
+            {
+                if self.seen_requests {
+                    return Err(ApiError::invalid("requests: duplicate field"));
                 }
+                self.seen_requests = true;
+                self.place = Place::RequestsNext;
             }
             (Place::RequestsNext, JsonEvent::StartArray) => self.place = Place::Requests,
             (Place::RequestsNext, _) => {
