@@ -19,7 +19,8 @@ CREATE INDEX message_batch_drafts_staged ON message_batch_drafts (staged_at);
 -- holding a copy of its body (`params` is then ''): the line is read from `files` when the
 -- item runs, so one file feeds any number of batches and counts once in its account's quota.
 -- A file with open items referring to it cannot be deleted. Rows of the previous release
--- keep NULL here and their params.
+-- keep NULL here and their params; during a rolling upgrade a pod of the previous release that
+-- claims a new row finds empty params and ends that item errored (400), billed nothing.
 ALTER TABLE message_batch_items
     ADD COLUMN line_file_id text,
     ADD COLUMN line_offset bigint,
