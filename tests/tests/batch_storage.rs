@@ -186,3 +186,168 @@ async fn in_postgres_queued_requests_and_uploads_share_the_account_quota() {
         .await;
     assert_eq!(ended, 2, "the refused items are kept, as results");
 }
+
+/// A batch of `/v1/batches` of `file_id`'s requests to `/v1/chat/completions`.
+fn openai_batch(file_id: &str) -> Value {
+    json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+        "completion_window": "24h"})
+}
+
+/// The input file of these tests: 20 requests of about 500 bytes each.
+fn input_lines() -> String {
+    (0..20)
+        .map(|i| {
+            json!({"custom_id": format!("req-{i}"), "method": "POST",
+                "url": "/v1/chat/completions", "body": {"model": "svc/haiku", "max_tokens": 8,
+                "messages": [{"role": "user", "content": format!("Question {i} {}", "pad ".repeat(100))}]}})
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits (at most 120 s) for an OpenAI batch to end; its object.
+async fn openai_ended(gw: &Gateway, key: &str, id: &str) -> Value {
+    for _ in 0..1_200 {
+        let batch = gw.get(&format!("/v1/batches/{id}"), key).await.expect_ok();
+        if ["completed", "failed", "expired", "cancelled"]
+            .contains(&batch["status"].as_str().unwrap_or(""))
+        {
+            return batch;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("batch {id} did not end");
+}
+
+/// Ten batches from one input file refer to its lines instead of each holding a copy (issue
+/// 51: ten from one 12 MiB file took 146 MiB), so the account's quota counts the file once:
+/// with a quota of one and a half files, all ten are created (a copy of its requests was past
+/// the quota at the first). The file cannot be deleted while they run (400 naming it); each
+/// batch ends with every request answered in its output file; then the file is deleted.
+/// Returns the file's size.
+async fn ten_batches_from_one_file_share_its_lines(gw: &Gateway) -> i64 {
+    // Enterprise: eleven creates and uploads within the key's requests per minute.
+    let key = gw
+        .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+        .await;
+    let content = input_lines();
+    let file = upload(gw, &key.secret, &content).await.expect_ok();
+    let file_id = file["id"].as_str().expect("file id");
+    let mut ids = Vec::new();
+    for n in 0..10 {
+        let created = gw
+            .post_json("/v1/batches", &key.secret, &openai_batch(file_id))
+            .await;
+        assert_eq!(created.status, 200, "batch {n}: {}", created.text);
+        ids.push(created.json()["id"].as_str().expect("batch id").to_owned());
+    }
+    let path = format!("/v1/files/{file_id}");
+    let refused = gw
+        .send(gw.request(Method::DELETE, &path, Some(&key.secret)))
+        .await
+        .expect_error(400, "invalid_request_error");
+    assert!(refused.contains("still in progress"), "{refused}");
+    for id in &ids {
+        let batch = openai_ended(gw, &key.secret, id).await;
+        assert_eq!(batch["status"], "completed", "{batch}");
+        assert_eq!(batch["request_counts"]["completed"], 20, "{batch}");
+        let output = batch["output_file_id"].as_str().expect("output file");
+        // Read unchecked: the built-in simulated upstream names itself in its replies.
+        let download = gw
+            .request(
+                Method::GET,
+                &format!("/v1/files/{output}/content"),
+                Some(&key.secret),
+            )
+            .send()
+            .await
+            .expect("the download");
+        let text = Resp::read_unchecked(download).await;
+        assert_eq!(text.status, 200, "{}", text.text);
+        let mut found: Vec<String> = text
+            .text
+            .lines()
+            .map(|line| {
+                let line: Value = serde_json::from_str(line).expect("a JSON line");
+                assert_eq!(line["response"]["status_code"], 200, "{line}");
+                assert_eq!(
+                    line["response"]["body"]["object"], "chat.completion",
+                    "{line}"
+                );
+                line["custom_id"].as_str().expect("custom_id").to_owned()
+            })
+            .collect();
+        found.sort_unstable();
+        let mut expected: Vec<String> = (0..20).map(|i| format!("req-{i}")).collect();
+        expected.sort_unstable();
+        assert_eq!(found, expected, "every request answered once in {id}");
+    }
+    gw.send(gw.request(Method::DELETE, &path, Some(&key.secret)))
+        .await
+        .expect_ok();
+    content.len() as i64
+}
+
+/// A quota of one and a half input files (with its name).
+fn one_and_a_half_files(b: GatewayBuilder) -> GatewayBuilder {
+    let bytes = input_lines().len() * 3 / 2;
+    b.arg("--files-account-max-bytes")
+        .arg(&bytes.to_string())
+        .arg("--batch-poll-ms")
+        .arg("20")
+}
+
+#[tokio::test]
+async fn standalone_ten_batches_from_one_file_share_its_lines() {
+    let gw = one_and_a_half_files(Gateway::builder()).start().await;
+    ten_batches_from_one_file_share_its_lines(&gw).await;
+}
+
+/// On Postgres the rows show it: while the ten batches are queued, their 200 items hold no
+/// bytes of requests; the file's are the only ones.
+#[tokio::test]
+async fn in_postgres_ten_batches_from_one_file_share_its_lines() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| {
+        // Items kept queued (one runs at a time, slowly): the rows read are the create's.
+        one_and_a_half_files(b.database(&pg.url()))
+            .chunk_delay_ms(1_000)
+            .arg("--batch-concurrency")
+            .arg("1")
+    })
+    .await;
+    let gw = &cluster.pods[0];
+    // Enterprise: eleven creates and uploads within the key's requests per minute.
+    let key = gw
+        .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+        .await;
+    let content = input_lines();
+    let file = upload(gw, &key.secret, &content).await.expect_ok();
+    let file_id = file["id"].as_str().expect("file id");
+    for _ in 0..10 {
+        gw.post_json("/v1/batches", &key.secret, &openai_batch(file_id))
+            .await
+            .expect_ok();
+    }
+    let items = pg
+        .query_i64("SELECT count(*) FROM message_batch_items")
+        .await;
+    assert_eq!(items, 200);
+    let copied = pg
+        .query_i64("SELECT coalesce(sum(octet_length(params)), 0)::bigint FROM message_batch_items")
+        .await;
+    assert_eq!(copied, 0, "no batch holds a copy of the file's requests");
+    let files = pg
+        .query_i64("SELECT coalesce(sum(bytes), 0)::bigint FROM files")
+        .await;
+    assert_eq!(files, content.len() as i64);
+}
+
+/// The ten batches run on Postgres too, and their output files are right.
+#[tokio::test]
+async fn in_postgres_ten_batches_from_one_file_run_from_its_lines() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| one_and_a_half_files(b.database(&pg.url()))).await;
+    ten_batches_from_one_file_share_its_lines(&cluster.pods[0]).await;
+}

@@ -684,7 +684,8 @@ async fn one_accounts_trickled_body_leaves_room_for_another_accounts_1_mib_turn(
     ];
 
     // 15 MiB declared is 60 of the 64 MiB.
-    let mut whole = declare_a_body(api, "/v1/messages/batches", &hog_headers, 15 * MIB).await;
+    // A turn's body (a Message Batch create, parsed as it arrives, no longer holds its length).
+    let mut whole = declare_a_body(api, "/v1/messages", &hog_headers, 15 * MIB).await;
     let answer = read_answer_within(&mut whole, Duration::from_secs(30))
         .await
         .expect("a first body needing more than half the budget was held");
@@ -692,7 +693,7 @@ async fn one_accounts_trickled_body_leaves_room_for_another_accounts_1_mib_turn(
     envelope_of(&answer);
 
     // 8 MiB declared, 32 MiB: held while its client trickles its first MiB and stops.
-    let mut held = declare_a_body(api, "/v1/messages/batches", &expecting, 8 * MIB).await;
+    let mut held = declare_a_body(api, "/v1/messages", &expecting, 8 * MIB).await;
     wait_for_continue(&mut held).await;
     for _ in 0..16 {
         held.write_all(&[b' '; 64 * 1024])

@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use axum::body::{Body, BodyDataStream, HttpBody};
+use axum::body::{Body, BodyDataStream, Bytes, HttpBody};
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_LENGTH;
 use futures::StreamExt;
@@ -26,8 +26,8 @@ pub struct BodyCap(pub usize);
 impl BodyCap {
     /// `/v1`: conversations with images.
     pub const API: Self = Self(16 * 1024 * 1024);
-    /// A Message Batch's create: Anthropic's limit. The memory budget bounds what is read at
-    /// once: at the default budget, bodies of about 60 MiB.
+    /// A Message Batch's create: Anthropic's limit. Parsed as it arrives ([`StreamedBody`]),
+    /// it holds of the memory budget its largest request, not its length.
     pub const BATCH: Self = Self(256 * 1024 * 1024);
     /// The dashboard's forms: an email, a password, a key name, a token.
     pub const FORM: Self = Self(8 * 1024);
@@ -136,19 +136,90 @@ pub async fn read_request(req: Request) -> Result<Vec<u8>, BodyError> {
 }
 
 /// [`read_request`] for a body that is kept as bytes, never parsed whole (a file upload,
-/// checked a line at a time; a Message Batch, indexed and parsed a request at a time): it
-/// holds the budget of its bytes, not of their parsed form.
+/// checked a line at a time): it holds the budget of its bytes, not of their parsed form.
 pub async fn read_upload(req: Request) -> Result<Vec<u8>, BodyError> {
     let bounds = Bounds::of(&req);
     bounds.read(req.into_body(), Shape::Bytes).await
 }
 
-/// [`read_upload`] for a body whose handler works out what it costs once it has looked at it
-/// (a Message Batch, indexed): the share of the budget is handed to the handler, which grows
-/// it to that cost and holds it until it has answered.
-pub async fn read_reserved(req: Request) -> Result<(Vec<u8>, Reservation), BodyError> {
+/// A body read a piece at a time under its surface's cap and read deadline, as every body is,
+/// holding of the memory budget only what its handler keeps of it ([`StreamedBody::hold`]),
+/// not its declared length: for a body parsed as it arrives (a Message Batch create, a request
+/// at a time). The share is handed back when it is dropped.
+pub struct StreamedBody {
+    stream: BodyDataStream,
+    cap: BodyCap,
+    deadline: BodyDeadline,
+    started: Instant,
+    received: usize,
+    reservation: Reservation,
+    ended: bool,
+}
+
+/// The request's body as a [`StreamedBody`]; a declared length over the cap is refused first.
+pub async fn read_streamed(req: Request) -> Result<StreamedBody, BodyError> {
     let bounds = Bounds::of(&req);
-    bounds.read_reserved(req.into_body(), Shape::Bytes).await
+    let mut stream = req.into_body().into_data_stream();
+    if let Err(e) = bounds.check_declared() {
+        drain_some(&mut stream).await;
+        return Err(e);
+    }
+    let started = Instant::now();
+    let reservation = Reservation::of_client(bounds.owner.clone(), bounds.address)
+        .reading(started + bounds.deadline.base.min(bounds.deadline.idle));
+    Ok(StreamedBody {
+        stream,
+        cap: bounds.cap,
+        deadline: bounds.deadline,
+        started,
+        received: 0,
+        reservation,
+        ended: false,
+    })
+}
+
+impl StreamedBody {
+    /// The next piece of the body, `None` at its end: 408 past its read deadline, 413 past the
+    /// cap (the rest read and dropped, within bounds, so that the client gets the answer).
+    pub async fn next(&mut self) -> Result<Option<Bytes>, BodyError> {
+        if self.ended {
+            return Ok(None);
+        }
+        let idle_until = Instant::now() + self.deadline.idle;
+        let until = self
+            .deadline
+            .until(self.started, self.received)
+            .min(idle_until);
+        self.reservation.read_until(until);
+        let Ok(next) = tokio::time::timeout_at(until, self.stream.next()).await else {
+            return Err(BodyError::Timeout);
+        };
+        let Some(chunk) = next else {
+            self.ended = true;
+            self.reservation.read();
+            return Ok(None);
+        };
+        let chunk = chunk.map_err(|_| BodyError::Unreadable)?;
+        self.received += chunk.len();
+        if self.received > self.cap.0 {
+            drain_some(&mut self.stream).await;
+            return Err(BodyError::TooLarge {
+                limit_bytes: self.cap.0,
+            });
+        }
+        Ok(Some(chunk))
+    }
+
+    /// Holds `cost` bytes of the memory budget (when that is more than is held): what the
+    /// handler keeps of the body at this point. Never gives any back before the drop.
+    pub async fn hold(&mut self, cost: usize) -> Result<(), BodyError> {
+        Ok(self.reservation.grow_to_cost(self.received, cost).await?)
+    }
+
+    /// The bytes received so far.
+    pub fn received(&self) -> usize {
+        self.received
+    }
 }
 
 /// What a body becomes once read, and so the share of the memory budget it holds.
@@ -265,6 +336,10 @@ impl Bounds {
 }
 
 pub async fn drain(mut stream: BodyDataStream) {
+    drain_some(&mut stream).await;
+}
+
+async fn drain_some(stream: &mut BodyDataStream) {
     let _ = tokio::time::timeout(DRAIN_TIME, async {
         let mut read = 0;
         while let Some(Ok(chunk)) = stream.next().await {

@@ -61,9 +61,9 @@ pub const WAIT: Duration = Duration::from_secs(2);
 /// other accounts' largest bodies still fit beside them.
 pub const OWNER_SHARE: usize = 4;
 /// The fraction of the budget one account may hold with a single body, its first included:
-/// a half. A batch create of 100,000 requests (15 MB, 84 MiB of the default budget) fits; a
-/// body needing more is 413 at this budget (the operator may raise it), and whatever one
-/// account holds, the other half stays for the others.
+/// a half. A body needing more is 413 at this budget (the operator may raise it), and whatever
+/// one account holds, the other half stays for the others. A Message Batch create, parsed as it
+/// arrives, holds its largest request, not its whole body.
 pub const OWNER_MOST: usize = 2;
 /// The fraction of the budget the bodies with no account hold together: an eighth (32 MiB of
 /// the default budget, 128 webhook bodies of 64 KiB).

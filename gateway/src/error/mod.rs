@@ -554,7 +554,8 @@ impl From<FileError> for ApiError {
             | FileError::Multipart(_)
             | FileError::NotJsonl { .. }
             | FileError::ExpiresAfter(_)
-            | FileError::FilenameTooLong { .. } => Self::invalid(e.to_string()),
+            | FileError::FilenameTooLong { .. }
+            | FileError::InUse(_) => Self::invalid(e.to_string()),
         }
     }
 }

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{
-    Batch, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult, ItemState,
-    KeyCaps, NewBatch, Outcome, RequestCounts, RequestFormat,
+    Batch, BatchDraft, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, InputLine,
+    ItemResult, ItemState, KeyCaps, NewBatch, NewItem, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 
@@ -33,6 +33,7 @@ struct Stored {
 struct Item {
     custom_id: String,
     params: String,
+    line: Option<InputLine>,
     state: ItemState,
     claimed_by: Option<String>,
     lease_until: Option<OffsetDateTime>,
@@ -107,8 +108,33 @@ impl MemoryBatchStore {
     }
 }
 
+/// A draft of standalone mode: its items held apart until its commit puts them in the map.
+struct MemoryDraft<'a> {
+    store: &'a MemoryBatchStore,
+    batch: NewBatch,
+}
+
+#[async_trait]
+impl BatchDraft for MemoryDraft<'_> {
+    async fn push(&mut self, items: Vec<NewItem>) -> Result<(), StoreError> {
+        self.batch.items.extend(items);
+        Ok(())
+    }
+
+    async fn commit(
+        self: Box<Self>,
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError> {
+        self.store.create(self.batch, caps).await
+    }
+}
+
 #[async_trait]
 impl BatchStore for MemoryBatchStore {
+    fn draft(&self, batch: NewBatch) -> Box<dyn BatchDraft + '_> {
+        Box::new(MemoryDraft { store: self, batch })
+    }
+
     async fn create(
         &self,
         batch: NewBatch,
@@ -145,6 +171,7 @@ impl BatchStore for MemoryBatchStore {
                 } else {
                     ItemState::Queued
                 },
+                line: item.line,
                 claimed_by: None,
                 lease_until: None,
                 ended_at: item.refused.is_some().then_some(batch.created_at),
@@ -219,6 +246,15 @@ impl BatchStore for MemoryBatchStore {
         Ok(held_by(&self.lock(), account_id))
     }
 
+    async fn file_in_use(&self, account_id: &str, file_id: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .lock()
+            .values()
+            .filter(|b| b.account_id == account_id)
+            .flat_map(|b| b.items.iter())
+            .any(|i| !i.state.ended() && i.line.as_ref().is_some_and(|l| l.file_id == file_id)))
+    }
+
     async fn cancel(
         &self,
         account_id: &str,
@@ -284,6 +320,7 @@ impl BatchStore for MemoryBatchStore {
                     index: u32::try_from(index).unwrap_or(u32::MAX),
                     custom_id: item.custom_id.clone(),
                     params: item.params.clone(),
+                    line: item.line.clone(),
                     format: batch.format,
                     account_id: batch.account_id.clone(),
                     key_hash: batch.key_hash,

@@ -53,6 +53,20 @@ pub struct NewItem {
     pub params: String,
     /// The result JSON (`{"type":"errored",...}`) of a request refused before it was queued.
     pub refused: Option<String>,
+    /// Where its request is in its batch's input file, when it is read from there when it
+    /// runs (`params` is then empty): not copied into each batch made from the file.
+    pub line: Option<InputLine>,
+}
+
+/// Where an item's request is in its batch's input file (`/v1/batches`): the line whose `body`
+/// the item runs, read from the file store when the item runs. One file feeds any number of
+/// batches and counts once in its account's quota; a file with open items referring to it is
+/// not deleted ([`BatchStore::file_in_use`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputLine {
+    pub file_id: String,
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// Whose requests a batch's items are: the worker runs each as that API's turn, and each API
@@ -151,7 +165,9 @@ pub struct ClaimedItem {
     pub batch_id: String,
     pub index: u32,
     pub custom_id: String,
+    /// Its request; empty when it is read from its input file's `line`.
     pub params: String,
+    pub line: Option<InputLine>,
     pub format: RequestFormat,
     pub account_id: String,
     pub key_hash: KeyHash,
@@ -236,6 +252,23 @@ impl NewBatch {
     }
 }
 
+/// A batch written as its requests are read ([`BatchStore::draft`]): its items are kept
+/// apart as they come, seen by no read, claim or quota, until [`BatchDraft::commit`] stores
+/// them all at once; a draft dropped uncommitted (a create refused on its 5,000th request, or
+/// cut by its client) leaves nothing behind. So a Message Batch create never holds its whole
+/// body, and stays all-or-nothing.
+#[async_trait]
+pub trait BatchDraft: Send {
+    /// Writes the next items, in request order.
+    async fn push(&mut self, items: Vec<NewItem>) -> Result<(), StoreError>;
+    /// Stores the batch with every item pushed, as [`BatchStore::create`] stores one: unless
+    /// that would pass one of the key's caps (then nothing of it stays).
+    async fn commit(
+        self: Box<Self>,
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError>;
+}
+
 #[async_trait]
 pub trait BatchStore: Send + Sync {
     /// Stores a new batch and its items unless that would pass one of the key's caps (which
@@ -245,9 +278,15 @@ pub trait BatchStore: Send + Sync {
         batch: NewBatch,
         caps: KeyCaps,
     ) -> Result<Result<Batch, CapReached>, StoreError>;
+    /// A draft of `batch` (its `items` are the first ones, usually none), to which the rest
+    /// are pushed as they are read.
+    fn draft(&self, batch: NewBatch) -> Box<dyn BatchDraft + '_>;
     /// The bytes of params the account's queued and running items hold, over all its
     /// batches (what counts in its storage quota).
     async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError>;
+    /// Whether any queued or running item of the account's batches is read from this input
+    /// file ([`InputLine`]).
+    async fn file_in_use(&self, account_id: &str, file_id: &str) -> Result<bool, StoreError>;
     /// The account's batch of this id.
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
     /// The account's batches of any of `formats`.

@@ -10,14 +10,24 @@ use sqlx::Row;
 use time::OffsetDateTime;
 
 use super::{
-    result_of, Batch, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemResult,
-    ItemState, KeyCaps, NewBatch, Outcome, RequestCounts, RequestFormat,
+    result_of, Batch, BatchDraft, BatchPage, BatchStore, CapReached, ClaimedItem, Cursor, Deleted,
+    InputLine, ItemResult, ItemState, KeyCaps, NewBatch, NewItem, Outcome, RequestCounts,
+    RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
 use crate::db::{from_db, name_of, parse_name, Database, DbError};
 
+/// A count or a byte offset as Postgres' `bigint`.
+fn to_db(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Items written per statement when a batch is created (seven arrays of this many each).
 const INSERT_CHUNK: usize = 5_000;
+
+/// How long a draft's rows are kept before the sweep deletes them: longer than any body may
+/// take to arrive (a create whose pod died midway leaves them).
+const DRAFTS_KEPT: time::Duration = time::Duration::days(1);
 
 /// Items deleted per statement when a batch past its retention is forgotten.
 const FORGET_CHUNK: i64 = 1_000;
@@ -118,15 +128,20 @@ fn index_of(row: &PgRow) -> Result<u32, sqlx::Error> {
     Ok(u32::try_from(idx).unwrap_or(0))
 }
 
-async fn insert_batch(
-    db: &Database,
-    batch: NewBatch,
+/// Refuses a new batch of `queued` items holding `queued_bytes` of params that would pass one
+/// of its key's caps; takes the key's and the account's creation locks, held until `tx` ends,
+/// so that two creations cannot both pass a cap.
+async fn check_caps(
+    tx: &mut sqlx::PgConnection,
+    key_id: &str,
+    account_id: &str,
+    queued: u64,
+    queued_bytes: u64,
     caps: KeyCaps,
 ) -> Result<Result<(), CapReached>, sqlx::Error> {
-    let mut tx = db.pool().begin().await?;
     // One creation per key at a time, so two cannot both pass the cap.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 38))")
-        .bind(&batch.key_id)
+        .bind(key_id)
         .persistent(false)
         .execute(&mut *tx)
         .await?;
@@ -135,7 +150,7 @@ async fn insert_batch(
              SELECT 1 FROM message_batch_items i
              WHERE i.batch_id = b.id AND i.state IN ('queued', 'running'))",
     )
-    .bind(&batch.key_id)
+    .bind(key_id)
     .persistent(false)
     .fetch_one(&mut *tx)
     .await?;
@@ -147,24 +162,31 @@ async fn insert_batch(
         "SELECT count(*) FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
          WHERE b.key_id = $1 AND i.state IN ('queued', 'running')",
     )
-    .bind(&batch.key_id)
+    .bind(key_id)
     .persistent(false)
     .fetch_one(&mut *tx)
     .await?;
-    if from_db(open).saturating_add(batch.queued()) > caps.max_queued_items {
+    if from_db(open).saturating_add(queued) > caps.max_queued_items {
         return Ok(Err(CapReached::QueuedItems));
     }
     // One creation per account at a time too, so that two keys of one account cannot both
     // pass its storage quota.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 39))")
-        .bind(&batch.account_id)
+        .bind(account_id)
         .persistent(false)
         .execute(&mut *tx)
         .await?;
-    let held = held_bytes(&mut *tx, &batch.account_id).await?;
-    if held.saturating_add(batch.queued_bytes()) > caps.max_account_bytes {
+    let held = held_bytes(&mut *tx, account_id).await?;
+    if held.saturating_add(queued_bytes) > caps.max_account_bytes {
         return Ok(Err(CapReached::AccountBytes));
     }
+    Ok(Ok(()))
+}
+
+async fn insert_batch_row(
+    tx: &mut sqlx::PgConnection,
+    batch: &NewBatch,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO message_batches
              (id, account_id, key_id, key_hash, created_at, expires_at, format, details)
@@ -181,48 +203,290 @@ async fn insert_batch(
     .persistent(false)
     .execute(&mut *tx)
     .await?;
+    Ok(())
+}
+
+/// Item `first + n` of `items` as the arrays of one `UNNEST`: index, custom id, params (none
+/// kept for a refused item, which never runs), result.
+struct ItemColumns<'a> {
+    idx: Vec<i32>,
+    custom_ids: Vec<&'a str>,
+    params: Vec<&'a str>,
+    results: Vec<Option<&'a str>>,
+    line_files: Vec<Option<&'a str>>,
+    line_offsets: Vec<Option<i64>>,
+    line_lens: Vec<Option<i64>>,
+}
+
+impl<'a> ItemColumns<'a> {
+    fn of(first: usize, items: &'a [NewItem]) -> Self {
+        Self {
+            idx: (first..first + items.len())
+                .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
+                .collect(),
+            custom_ids: items.iter().map(|i| i.custom_id.as_str()).collect(),
+            params: items
+                .iter()
+                .map(|i| match i.refused {
+                    Some(_) => "",
+                    None => i.params.as_str(),
+                })
+                .collect(),
+            results: items.iter().map(|i| i.refused.as_deref()).collect(),
+            line_files: items
+                .iter()
+                .map(|i| i.line.as_ref().map(|l| l.file_id.as_str()))
+                .collect(),
+            line_offsets: items
+                .iter()
+                .map(|i| i.line.as_ref().map(|l| to_db(l.offset)))
+                .collect(),
+            line_lens: items
+                .iter()
+                .map(|i| i.line.as_ref().map(|l| to_db(l.len)))
+                .collect(),
+        }
+    }
+}
+
+async fn insert_batch(
+    db: &Database,
+    batch: NewBatch,
+    caps: KeyCaps,
+) -> Result<Result<(), CapReached>, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    let (queued, queued_bytes) = (batch.queued(), batch.queued_bytes());
+    let checked = check_caps(
+        &mut tx,
+        &batch.key_id,
+        &batch.account_id,
+        queued,
+        queued_bytes,
+        caps,
+    )
+    .await?;
+    if let Err(cap) = checked {
+        return Ok(Err(cap));
+    }
+    insert_batch_row(&mut tx, &batch).await?;
     for (chunk_no, chunk) in batch.items.chunks(INSERT_CHUNK).enumerate() {
-        let first = chunk_no * INSERT_CHUNK;
-        let idx: Vec<i32> = (first..first + chunk.len())
-            .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
-            .collect();
-        let custom_ids: Vec<&str> = chunk.iter().map(|i| i.custom_id.as_str()).collect();
-        // A refused item never runs: its params are not kept.
-        let params: Vec<&str> = chunk
-            .iter()
-            .map(|i| match i.refused {
-                Some(_) => "",
-                None => i.params.as_str(),
-            })
-            .collect();
-        let states: Vec<String> = chunk
-            .iter()
-            .map(|i| match i.refused {
-                Some(_) => name_of(&ItemState::Errored),
-                None => name_of(&ItemState::Queued),
-            })
-            .collect();
-        let results: Vec<Option<&str>> = chunk.iter().map(|i| i.refused.as_deref()).collect();
+        let columns = ItemColumns::of(chunk_no * INSERT_CHUNK, chunk);
         sqlx::query(
-            "INSERT INTO message_batch_items (batch_id, idx, custom_id, params, state, result, ended_at)
-             SELECT $1, t.idx, t.custom_id, t.params, t.state, t.result,
-                    CASE WHEN t.result IS NULL THEN NULL ELSE $2 END
-             FROM UNNEST($3::int[], $4::text[], $5::text[], $6::text[], $7::text[])
-                  AS t (idx, custom_id, params, state, result)",
+            "INSERT INTO message_batch_items (batch_id, idx, custom_id, params, state, result, ended_at,
+                                              line_file_id, line_offset, line_len)
+             SELECT $1, t.idx, t.custom_id, t.params,
+                    CASE WHEN t.result IS NULL THEN 'queued' ELSE 'errored' END, t.result,
+                    CASE WHEN t.result IS NULL THEN NULL ELSE $2 END,
+                    t.line_file_id, t.line_offset, t.line_len
+             FROM UNNEST($3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
+                         $9::bigint[])
+                  AS t (idx, custom_id, params, result, line_file_id, line_offset, line_len)",
         )
         .bind(&batch.id)
         .bind(batch.created_at)
-        .bind(&idx)
-        .bind(&custom_ids)
-        .bind(&params)
-        .bind(&states)
-        .bind(&results)
+        .bind(&columns.idx)
+        .bind(&columns.custom_ids)
+        .bind(&columns.params)
+        .bind(&columns.results)
+        .bind(&columns.line_files)
+        .bind(&columns.line_offsets)
+        .bind(&columns.line_lens)
         .persistent(false)
         .execute(&mut *tx)
         .await?;
     }
     tx.commit().await?;
     Ok(Ok(()))
+}
+
+/// Writes items `first..` of a draft to its rows of `message_batch_drafts`.
+async fn stage_items(
+    db: &Database,
+    draft_id: &str,
+    first: usize,
+    items: &[NewItem],
+) -> Result<(), sqlx::Error> {
+    for (chunk_no, chunk) in items.chunks(INSERT_CHUNK).enumerate() {
+        let columns = ItemColumns::of(first + chunk_no * INSERT_CHUNK, chunk);
+        sqlx::query(
+            "INSERT INTO message_batch_drafts (draft_id, idx, custom_id, params, result)
+             SELECT $1, t.idx, t.custom_id, t.params, t.result
+             FROM UNNEST($2::int[], $3::text[], $4::text[], $5::text[])
+                  AS t (idx, custom_id, params, result)",
+        )
+        .bind(draft_id)
+        .bind(&columns.idx)
+        .bind(&columns.custom_ids)
+        .bind(&columns.params)
+        .bind(&columns.results)
+        .persistent(false)
+        .execute(db.pool())
+        .await?;
+    }
+    Ok(())
+}
+
+/// Stores a draft's batch: its caps checked, its row written and its staged items moved to
+/// `message_batch_items`, in one transaction.
+async fn commit_draft(
+    db: &Database,
+    batch: &NewBatch,
+    queued: u64,
+    queued_bytes: u64,
+    caps: KeyCaps,
+) -> Result<Result<(), CapReached>, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    let checked = check_caps(
+        &mut tx,
+        &batch.key_id,
+        &batch.account_id,
+        queued,
+        queued_bytes,
+        caps,
+    )
+    .await?;
+    if let Err(cap) = checked {
+        return Ok(Err(cap));
+    }
+    insert_batch_row(&mut tx, batch).await?;
+    sqlx::query(
+        "INSERT INTO message_batch_items (batch_id, idx, custom_id, params, state, result, ended_at)
+         SELECT $1, d.idx, d.custom_id, d.params,
+                CASE WHEN d.result IS NULL THEN 'queued' ELSE 'errored' END, d.result,
+                CASE WHEN d.result IS NULL THEN NULL ELSE $2 END
+         FROM message_batch_drafts d WHERE d.draft_id = $1",
+    )
+    .bind(&batch.id)
+    .bind(batch.created_at)
+    .persistent(false)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM message_batch_drafts WHERE draft_id = $1")
+        .bind(&batch.id)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Ok(()))
+}
+
+/// A draft of cluster mode: its first items held until a push, then each push written to
+/// `message_batch_drafts` under the batch's id; the commit moves them. Dropped uncommitted,
+/// it deletes what it wrote (and the sweep, what a dead pod's draft wrote).
+struct PostgresDraft<'a> {
+    store: &'a PostgresBatchStore,
+    /// The batch, with the items not written yet.
+    batch: NewBatch,
+    /// Items written to the drafts table.
+    staged: usize,
+    queued: u64,
+    queued_bytes: u64,
+    committed: bool,
+}
+
+impl PostgresDraft<'_> {
+    fn count(&mut self, items: &[NewItem]) {
+        for item in items.iter().filter(|i| i.refused.is_none()) {
+            self.queued += 1;
+            self.queued_bytes += item.params.len() as u64;
+        }
+    }
+}
+
+#[async_trait]
+impl BatchDraft for PostgresDraft<'_> {
+    async fn push(&mut self, mut items: Vec<NewItem>) -> Result<(), StoreError> {
+        let mut pending = std::mem::take(&mut self.batch.items);
+        pending.append(&mut items);
+        self.count(&pending);
+        let db = &self.store.db;
+        // Counted as written before the write, so that a write that fails midway is deleted
+        // too when the draft is dropped.
+        let first = self.staged;
+        self.staged += pending.len();
+        db.bounded(stage_items(db, &self.batch.id, first, &pending))
+            .await?;
+        Ok(())
+    }
+
+    async fn commit(
+        mut self: Box<Self>,
+        caps: KeyCaps,
+    ) -> Result<Result<Batch, CapReached>, StoreError> {
+        let store = self.store;
+        if self.staged == 0 {
+            // Nothing written apart: the whole batch at once, as a create.
+            let batch = std::mem::replace(&mut self.batch, empty_batch());
+            self.committed = true;
+            return store.create(batch, caps).await;
+        }
+        if !self.batch.items.is_empty() {
+            let rest = std::mem::take(&mut self.batch.items);
+            self.push(rest).await?;
+        }
+        let db = &store.db;
+        let stored = db
+            .bounded(commit_draft(
+                db,
+                &self.batch,
+                self.queued,
+                self.queued_bytes,
+                caps,
+            ))
+            .await?;
+        if let Err(cap) = stored {
+            return Ok(Err(cap));
+        }
+        self.committed = true;
+        let created = store.one(&self.batch.account_id, &self.batch.id).await?;
+        Ok(Ok(created.ok_or_else(|| {
+            StoreError::Unavailable(format!(
+                "batch {} was not found once created",
+                self.batch.id
+            ))
+        })?))
+    }
+}
+
+impl Drop for PostgresDraft<'_> {
+    fn drop(&mut self) {
+        if self.committed || self.staged == 0 {
+            return;
+        }
+        // Not awaited by the create that failed: its answer does not wait for the cleanup.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (db, id) = (self.store.db.clone(), self.batch.id.clone());
+        runtime.spawn(async move {
+            let deleted = db
+                .bounded(
+                    sqlx::query("DELETE FROM message_batch_drafts WHERE draft_id = $1")
+                        .bind(&id)
+                        .persistent(false)
+                        .execute(db.pool()),
+                )
+                .await;
+            if let Err(e) = deleted {
+                tracing::warn!(batch = %id, error = %e, "a refused batch create's draft rows were not deleted; the sweep deletes them within a day");
+            }
+        });
+    }
+}
+
+/// A batch with nothing in it, left in a draft whose batch was taken.
+fn empty_batch() -> NewBatch {
+    NewBatch {
+        id: String::new(),
+        account_id: String::new(),
+        key_id: String::new(),
+        key_hash: KeyHash::of(""),
+        created_at: OffsetDateTime::UNIX_EPOCH,
+        expires_at: OffsetDateTime::UNIX_EPOCH,
+        format: RequestFormat::Messages,
+        details: None,
+        items: Vec::new(),
+    }
 }
 
 /// The bytes of params the account's open items hold: its batches, their open items by the
@@ -327,6 +591,17 @@ async fn delete_batch(db: &Database, account_id: &str, id: &str) -> Result<Delet
 
 #[async_trait]
 impl BatchStore for PostgresBatchStore {
+    fn draft(&self, batch: NewBatch) -> Box<dyn BatchDraft + '_> {
+        Box::new(PostgresDraft {
+            store: self,
+            batch,
+            staged: 0,
+            queued: 0,
+            queued_bytes: 0,
+            committed: false,
+        })
+    }
+
     async fn create(
         &self,
         batch: NewBatch,
@@ -346,6 +621,25 @@ impl BatchStore for PostgresBatchStore {
         Ok(self
             .db
             .bounded(held_bytes(self.db.pool(), account_id))
+            .await?)
+    }
+
+    async fn file_in_use(&self, account_id: &str, file_id: &str) -> Result<bool, StoreError> {
+        // The account's batches, their open items by the partial index.
+        Ok(self
+            .db
+            .bounded(
+                sqlx::query_scalar(
+                    "SELECT EXISTS (
+                         SELECT 1 FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
+                         WHERE b.account_id = $1 AND i.state IN ('queued', 'running')
+                           AND i.line_file_id = $2)",
+                )
+                .bind(account_id)
+                .bind(file_id)
+                .persistent(false)
+                .fetch_one(self.db.pool()),
+            )
             .await?)
     }
 
@@ -445,7 +739,8 @@ impl BatchStore for PostgresBatchStore {
                      SET state = 'running', claimed_by = $1, lease_until = $3
                      FROM picked, message_batches b
                      WHERE i.batch_id = picked.batch_id AND i.idx = picked.idx AND b.id = i.batch_id
-                     RETURNING i.batch_id, i.idx, i.custom_id, i.params, b.format, b.account_id, b.key_hash",
+                     RETURNING i.batch_id, i.idx, i.custom_id, i.params, i.line_file_id, i.line_offset,
+                               i.line_len, b.format, b.account_id, b.key_hash",
                 )
                 .bind(worker)
                 .bind(now)
@@ -459,7 +754,16 @@ impl BatchStore for PostgresBatchStore {
             .iter()
             .map(|row| {
                 let hash: Vec<u8> = row.try_get("key_hash")?;
+                let line_file: Option<String> = row.try_get("line_file_id")?;
+                let offset: Option<i64> = row.try_get("line_offset")?;
+                let len: Option<i64> = row.try_get("line_len")?;
+                let line = line_file.map(|file_id| InputLine {
+                    file_id,
+                    offset: from_db(offset.unwrap_or(0)),
+                    len: from_db(len.unwrap_or(0)),
+                });
                 Ok(ClaimedItem {
+                    line,
                     batch_id: row.try_get("batch_id")?,
                     index: index_of(row)?,
                     custom_id: row.try_get("custom_id")?,
@@ -574,6 +878,15 @@ impl BatchStore for PostgresBatchStore {
                 .await?;
             ended += done.rows_affected();
         }
+        // The rows of drafts whose pod died before their create ended.
+        self.db
+            .bounded(
+                sqlx::query("DELETE FROM message_batch_drafts WHERE staged_at < $1")
+                    .bind(now - DRAFTS_KEPT)
+                    .persistent(false)
+                    .execute(self.db.pool()),
+            )
+            .await?;
         Ok(ended)
     }
 

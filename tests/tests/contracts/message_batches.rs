@@ -8,7 +8,7 @@ use std::sync::Arc;
 use e2e::PostgresServer;
 use store::accounts::KeyHash;
 use store::batches::{
-    Batch, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, ItemState, KeyCaps,
+    Batch, BatchStore, CapReached, ClaimedItem, Cursor, Deleted, InputLine, ItemState, KeyCaps,
     MemoryBatchStore, NewBatch, NewItem, Outcome, PostgresBatchStore, ProcessingStatus,
     RequestFormat,
 };
@@ -59,6 +59,7 @@ fn new_batch(account_id: &str, queued: usize, refused: usize, at: OffsetDateTime
             custom_id: format!("req-{i}"),
             params: format!(r#"{{"n":{i}}}"#),
             refused: (i >= queued).then(|| r#"{"type":"errored"}"#.to_owned()),
+            line: None,
         })
         .collect();
     let key_id = unique("key");
@@ -654,6 +655,122 @@ async fn a_batch_keeps_its_format_and_each_format_lists_its_own(s: Store) {
     assert!(formats.contains(&(chat.id.clone(), RequestFormat::ChatCompletions)));
 }
 
+/// A draft's items, given at its start or pushed, are seen by no read, claim or quota until
+/// its commit stores them all, in order; a draft dropped uncommitted, or refused by a cap at its
+/// commit, leaves nothing.
+async fn a_draft_is_stored_whole_at_its_commit_and_nothing_of_it_otherwise(s: Store) {
+    let at = now();
+    let account = unique("acct");
+    let batch = new_batch(&account, 3, 1, at);
+    let items = batch.items.clone();
+    let mut draft = s.batches.draft(NewBatch {
+        items: items[..1].to_vec(),
+        ..batch.clone()
+    });
+    draft.push(items[1..3].to_vec()).await.expect("push");
+    draft.push(items[3..].to_vec()).await.expect("push");
+    assert!(s
+        .batches
+        .batch(&account, &batch.id)
+        .await
+        .expect("store")
+        .is_none());
+    assert!(
+        s.claim("w1", 10, at).await.is_empty(),
+        "nothing to claim yet"
+    );
+    assert_eq!(s.batches.held_bytes(&account).await.expect("held"), 0);
+    let stored = draft
+        .commit(CAPS)
+        .await
+        .expect("store")
+        .expect("under the caps");
+    assert_eq!(stored.counts.processing, 3);
+    assert_eq!(stored.counts.errored, 1);
+    let claimed: Vec<(u32, String)> = s
+        .claim("w1", 10, at)
+        .await
+        .into_iter()
+        .map(|c| (c.index, c.custom_id))
+        .collect();
+    let expected: Vec<(u32, String)> = (0..3).map(|i| (i, format!("req-{i}"))).collect();
+    assert_eq!(claimed, expected);
+
+    let dropped = new_batch(&account, 2, 0, at);
+    let mut draft = s.batches.draft(NewBatch {
+        items: Vec::new(),
+        ..dropped.clone()
+    });
+    draft.push(dropped.items.clone()).await.expect("push");
+    drop(draft);
+    let refused = new_batch(&account, 2, 0, at);
+    let mut draft = s.batches.draft(NewBatch {
+        items: Vec::new(),
+        ..refused.clone()
+    });
+    draft.push(refused.items.clone()).await.expect("push");
+    let one_item = KeyCaps {
+        max_queued_items: 1,
+        ..CAPS
+    };
+    let committed = draft.commit(one_item).await.expect("store");
+    assert_eq!(committed.err(), Some(CapReached::QueuedItems));
+    for id in [&dropped.id, &refused.id] {
+        assert!(
+            s.batches
+                .batch(&account, id)
+                .await
+                .expect("store")
+                .is_none(),
+            "{id}"
+        );
+    }
+    let page = s
+        .batches
+        .list(&account, &RequestFormat::ALL, Cursor::Newest, 10)
+        .await
+        .expect("list");
+    let listed: Vec<&String> = page.batches.iter().map(|b| &b.id).collect();
+    assert_eq!(listed, [&batch.id]);
+    assert!(
+        s.claim("w2", 10, at).await.is_empty(),
+        "nothing else to claim"
+    );
+}
+
+/// An item read from its batch's input file is claimed with its line, holds no bytes of the
+/// account's quota, and keeps that file (of that account only) in use until it ends.
+async fn an_item_read_from_its_input_line_keeps_the_file_in_use_until_it_ends(s: Store) {
+    let at = now();
+    let account = unique("acct");
+    let line = InputLine {
+        file_id: unique("file"),
+        offset: 10,
+        len: 20,
+    };
+    let mut batch = new_batch(&account, 1, 0, at);
+    batch.items[0].params = String::new();
+    batch.items[0].line = Some(line.clone());
+    s.create(batch).await;
+    let in_use = |account: String, file: String| {
+        let batches = s.batches.clone();
+        async move { batches.file_in_use(&account, &file).await.expect("store") }
+    };
+    assert!(in_use(account.clone(), line.file_id.clone()).await);
+    assert!(!in_use(account.clone(), unique("file")).await);
+    assert!(!in_use(unique("acct"), line.file_id.clone()).await);
+    assert_eq!(s.batches.held_bytes(&account).await.expect("held"), 0);
+    let claimed = s.claim("w1", 10, at).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].line.as_ref(), Some(&line));
+    assert!(
+        in_use(account.clone(), line.file_id.clone()).await,
+        "running"
+    );
+    assert!(s.finish("w1", &claimed[0], at).await);
+    assert!(!in_use(account, line.file_id.clone()).await, "ended");
+}
+
 e2e::contract! {
     fixtures { in_process, postgres }
     rules {
@@ -672,5 +789,7 @@ e2e::contract! {
         results_are_read_in_pages_by_index_ended_items_only,
         a_batch_keeps_its_format_and_each_format_lists_its_own,
         ended_batches_past_the_cutoff_are_forgotten_with_their_items_and_no_other,
+        a_draft_is_stored_whole_at_its_commit_and_nothing_of_it_otherwise,
+        an_item_read_from_its_input_line_keeps_the_file_in_use_until_it_ends,
     }
 }

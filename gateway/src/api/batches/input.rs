@@ -2,7 +2,8 @@
 //! a JSON object `{custom_id, method: "POST", url, body}` with a distinct `custom_id` and the
 //! batch's endpoint; a line that is not fails the batch (its `errors`). A body its endpoint
 //! (`/v1/chat/completions` or `/v1/responses`) would refuse is an item ended at once with that
-//! 400.
+//! 400. Its items refer to their lines of the file, read again when each runs
+//! ([`body_of_line`]): the batch holds no copy of them.
 
 use std::collections::HashSet;
 
@@ -19,7 +20,7 @@ use gateway_core::ids;
 use gateway_core::turn::{self, Turns};
 use gateway_core::wire::openai::translate::request_from_chat;
 use gateway_core::wire::openai::ChatRequest;
-use store::batches::{NewItem, RequestFormat};
+use store::batches::{InputLine, NewItem, RequestFormat};
 
 /// What each line of a batch's input is checked against: its endpoint, and whether that
 /// endpoint would run its body.
@@ -87,17 +88,26 @@ pub fn costliest_line(content: &[u8]) -> std::ops::Range<usize> {
     costliest.1
 }
 
-/// The items of `content`, or (any line malformed) none and the errors.
-pub fn read(check: &Check<'_>, content: &[u8], max_requests: usize) -> Checked {
+/// The items of `content`, the input file `file_id`, or (any line malformed) none and the
+/// errors. An item refers to its line of the file ([`InputLine`]), read when it runs: the
+/// batch holds no copy of it.
+pub fn read(check: &Check<'_>, file_id: &str, content: &[u8], max_requests: usize) -> Checked {
     let mut items = Vec::new();
     let mut errors = Vec::new();
     let mut seen = HashSet::new();
+    let mut offset = 0;
     for (i, text) in content.split(|&b| b == b'\n').enumerate() {
+        let line = InputLine {
+            file_id: file_id.to_owned(),
+            offset: offset as u64,
+            len: text.len() as u64,
+        };
+        offset += text.len() + 1;
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
         let number = i + 1;
-        match item(check, text, &mut seen) {
+        match item(check, text, &mut seen, line) {
             Ok(item) => items.push(item),
             Err((code, param, message)) => {
                 if errors.len() < MAX_ERRORS {
@@ -138,7 +148,12 @@ pub fn read(check: &Check<'_>, content: &[u8], max_requests: usize) -> Checked {
 
 type Malformed = (&'static str, Option<&'static str>, String);
 
-fn item(check: &Check<'_>, text: &[u8], seen: &mut HashSet<String>) -> Result<NewItem, Malformed> {
+fn item(
+    check: &Check<'_>,
+    text: &[u8],
+    seen: &mut HashSet<String>,
+    line_at: InputLine,
+) -> Result<NewItem, Malformed> {
     let line: Line = serde_json::from_slice(text).map_err(|e| {
         (
             "invalid_json_line",
@@ -184,10 +199,18 @@ fn item(check: &Check<'_>, text: &[u8], seen: &mut HashSet<String>) -> Result<Ne
             format!("custom_id: `{custom_id}` is used by another line"),
         ));
     }
-    let params = line.body.to_string();
+    let refused = check.refused(line.body);
     Ok(NewItem {
         custom_id,
-        params,
-        refused: check.refused(line.body),
+        params: String::new(),
+        line: refused.is_none().then_some(line_at),
+        refused,
     })
+}
+
+/// The `body` of an input file's line, as JSON text: what its item runs (the line was checked
+/// when its batch was created).
+pub fn body_of_line(text: &[u8]) -> Result<String, String> {
+    let line: Line = serde_json::from_slice(text).map_err(|e| e.to_string())?;
+    Ok(line.body.to_string())
 }

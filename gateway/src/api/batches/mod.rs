@@ -7,7 +7,7 @@
 //! (their size, for `/v1/files` to list and delete them) by the worker that ends its last item,
 //! or (a batch ended by cancel or expiry) when it is next retrieved.
 
-mod input;
+pub mod input;
 
 use std::sync::Arc;
 
@@ -152,6 +152,7 @@ pub async fn create(
         .map_err(BodyError::from)?;
     let max = api.settings.max_requests;
     let turn_api = api.turns.clone();
+    let file_id = body.input_file_id.clone();
     let checked = cpu::run(move || {
         let check = input::Check {
             api: &turn_api,
@@ -159,7 +160,7 @@ pub async fn create(
             endpoint,
             format,
         };
-        input::read(&check, &content, max)
+        input::read(&check, &file_id, &content, max)
     })
     .await?;
     let created_at = OffsetDateTime::now_utc();

@@ -16,6 +16,9 @@ pub enum FileError {
     NotJsonl { line: usize, reason: String },
     #[error("expires_after: {0}")]
     ExpiresAfter(String),
+    /// Batches still running read their requests from the file.
+    #[error("file_id: file `{0}` is the input of a batch still in progress, which reads its requests from it; cancel the batch or wait until it has ended, then delete the file")]
+    InUse(String),
     /// The upload's file name is longer than the most a name may take.
     #[error("file: its file name may take {max} bytes at most, not {bytes}")]
     FilenameTooLong { bytes: usize, max: usize },

@@ -407,6 +407,11 @@ pub async fn delete(
         // Recorded first, if it was not yet, so that it stays deleted.
         batches::generated_info(&api, &principal.account.id, &generated).await?;
     }
+    // A batch reads each request from its input file when it runs: the file stays while any
+    // is open (one copy for every batch made from it, counted once in the quota).
+    if api.batches.file_in_use(&principal.account.id, &id).await? {
+        return Err(FileError::InUse(id).into());
+    }
     if !api.files.delete(&principal.account.id, &id).await? {
         return Err(FileError::NotFound(id).into());
     }

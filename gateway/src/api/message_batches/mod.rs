@@ -22,12 +22,13 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use self::error::BatchError;
-use self::requests::Index;
+use self::requests::{Requests, SeenIds};
 pub use self::settings::BatchSettings;
 use super::list_query;
 use super::storage::{self, StorageError};
 use crate::edge::body::require_json;
-use crate::edge::body_reader::{read_reserved, BodyError};
+use crate::edge::body_reader::read_streamed;
+use crate::edge::budget::{parsed_cost, BYTES_PER_BODY_BYTE};
 use crate::edge::path::Path;
 use crate::error::ApiError;
 use crate::state::BatchApi;
@@ -36,8 +37,8 @@ use gateway_core::cpu;
 use gateway_core::limits::AdmissionRequest;
 use store::accounts::StoreError;
 use store::batches::{
-    Batch, BatchStore, CapReached, Cursor, Deleted, ItemResult, KeyCaps, NewBatch,
-    ProcessingStatus, RequestFormat,
+    Batch, BatchDraft, BatchStore, CapReached, Cursor, Deleted, ItemResult, KeyCaps, NewBatch,
+    NewItem, ProcessingStatus, RequestFormat,
 };
 use store::ids::random;
 
@@ -47,10 +48,17 @@ const MAX_PAGE: u32 = 1_000;
 /// Results read from the store per chunk of the JSONL stream.
 const RESULTS_PER_CHUNK: u32 = 500;
 
+/// Items held before they are written to the batch's draft: about a megabyte of them.
+const WRITE_BYTES: usize = 1024 * 1024;
+
 /// `POST /v1/messages/batches`: every request is checked as `/v1/messages` checks it; one
-/// that fails ends `errored` with its envelope at once, the others are queued. The body is read
-/// as bytes under the batch cap ([`crate::edge::body_reader::BodyCap::BATCH`]) and indexed, its
-/// requests parsed one at a time ([`requests`]).
+/// that fails ends `errored` with its envelope at once, the others are queued. The body is
+/// parsed as it arrives ([`requests`]), under the batch cap
+/// ([`crate::edge::body_reader::BodyCap::BATCH`]) and its read deadline: each request is
+/// checked and written to the batch's draft as it comes, holding of the memory budget only
+/// the request being read, the items not yet written and the `custom_id`s seen. All or
+/// nothing: a create refused midway (an invalid request, the storage quota, a body cut or
+/// late) stores nothing.
 pub async fn create(
     State(api): State<Arc<BatchApi>>,
     Extension(principal): Extension<Arc<Principal>>,
@@ -58,15 +66,8 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     require_json(req.headers())?;
     storage::require_credits(&api, &principal).await?;
-    let (body, mut reservation) = read_reserved(req).await?;
-    let body = Arc::new(body);
-    let max = api.settings.max_requests;
-    let index = {
-        let body = body.clone();
-        cpu::run(move || Index::of(&body, max)).await??
-    };
     // The create is a request against the key's requests per minute, counted before its
-    // items are checked or stored: a key over its minute creates no batch, on whichever pod.
+    // body is read: a key over its minute creates no batch, on whichever pod.
     let admission = api
         .turns
         .limiter
@@ -76,63 +77,155 @@ pub async fn create(
             AdmissionRequest::counting(&principal.request_count),
         )
         .await?;
-    reservation
-        .grow_to_cost(body.len(), index.cost(&body))
-        .await
-        .map_err(BodyError::from)?;
-    let turns = api.turns.turns();
-    let items = cpu::run(move || index.items(&turns, &body)).await?;
+    let account_id = principal.account.id.clone();
+    // What the account may still keep, counted as the requests come and refused the moment
+    // it is passed; checked again, with every other cap, when the batch is stored.
+    let room = storage::room_for_batches(&api, &account_id)
+        .await?
+        .saturating_sub(api.batches.held_bytes(&account_id).await?);
+    let mut body = read_streamed(req).await?;
     let created_at = OffsetDateTime::now_utc();
-    let batch = NewBatch {
+    let header = NewBatch {
         id: format!("msgbatch_{}", random(24)),
-        account_id: principal.account.id.clone(),
+        account_id,
         key_id: principal.key.id.clone(),
         key_hash: principal.key.hash,
         created_at,
         expires_at: created_at + api.settings.expiry,
         format: RequestFormat::Messages,
         details: None,
-        items,
+        items: Vec::new(),
     };
-    let created = create_within_caps(&api, batch).await?;
-    drop(reservation);
+    let turns = api.turns.turns();
+    let mut reader = Requests::new(api.settings.max_requests);
+    let mut seen = SeenIds::default();
+    let mut draft: Option<Box<dyn BatchDraft + '_>> = None;
+    let mut pending: Vec<NewItem> = Vec::new();
+    let (mut pending_bytes, mut costliest) = (0usize, 0usize);
+    let (mut queued, mut queued_bytes) = (0u64, 0u64);
+    loop {
+        let piece = body.next().await?;
+        let mut complete = Vec::new();
+        match &piece {
+            Some(piece) => reader.feed(piece, &mut complete)?,
+            None => reader.finish(&mut complete)?,
+        }
+        // The budget of what is held now: the request being read (its bytes, and the
+        // costliest request parsed so far, one being parsed at a time), the items not yet
+        // written and the ids seen.
+        let held = |reader: &Requests, pending_bytes: usize, costliest: usize, seen: &SeenIds| {
+            reader
+                .held()
+                .saturating_mul(BYTES_PER_BODY_BYTE)
+                .saturating_add(costliest)
+                .saturating_add(pending_bytes)
+                .saturating_add(seen.cost())
+        };
+        body.hold(held(&reader, pending_bytes, costliest, &seen))
+            .await?;
+        for request in complete {
+            costliest = costliest.max(parsed_cost(&request.bytes));
+            body.hold(held(&reader, pending_bytes, costliest, &seen))
+                .await?;
+            let (custom_id, params) = requests::fields(&mut seen, &request)?;
+            let item = if request.bytes.len() <= cpu::INLINE_BYTES {
+                requests::item(&turns, custom_id, &request.bytes[params])
+            } else {
+                // Checking megabytes takes milliseconds to seconds: off the async workers.
+                let turns = turns.clone();
+                cpu::run(move || requests::item(&turns, custom_id, &request.bytes[params])).await?
+            };
+            if item.refused.is_none() {
+                queued += 1;
+                queued_bytes += item.params.len() as u64;
+                if queued_bytes > room {
+                    return Err(StorageError::Quota(api.settings.files_account_max_bytes).into());
+                }
+            }
+            pending_bytes += item.params.len()
+                + item.custom_id.len()
+                + item.refused.as_ref().map_or(0, String::len)
+                + requests::BYTES_PER_ITEM;
+            pending.push(item);
+            body.hold(held(&reader, pending_bytes, costliest, &seen))
+                .await?;
+            if pending_bytes >= WRITE_BYTES {
+                let draft = draft.get_or_insert_with(|| api.batches.draft(header.clone()));
+                draft.push(std::mem::take(&mut pending)).await?;
+                pending_bytes = 0;
+            }
+        }
+        if piece.is_none() {
+            break;
+        }
+    }
+    let created = match draft {
+        // All of it held at once: stored as any batch is.
+        None => {
+            let batch = NewBatch {
+                items: pending,
+                ..header
+            };
+            create_within_caps(&api, batch).await?
+        }
+        Some(mut draft) => {
+            if !pending.is_empty() {
+                draft.push(pending).await?;
+            }
+            let caps = caps_of(&api, &header.key_id, &header.account_id).await?;
+            let stored = draft.commit(caps).await?;
+            stored.map_err(|cap| refusal(&api, caps, cap, queued))?
+        }
+    };
+    drop(body);
     let mut response = Json(object(&created)).into_response();
     response.extensions_mut().insert(admission.snapshot);
     Ok(response)
 }
 
-/// Stores a new batch of either API unless it would pass one of its key's caps: those of its
-/// ApiKey grant where it sets them, else the flags'.
-pub async fn create_within_caps(api: &BatchApi, batch: NewBatch) -> Result<Batch, ApiError> {
+/// The key's caps on batches: those of its ApiKey grant where it sets them, else the flags';
+/// and what the account's quota leaves once its files are counted.
+async fn caps_of(api: &BatchApi, key_id: &str, account_id: &str) -> Result<KeyCaps, ApiError> {
     let granted = api
         .turns
         .turns()
         .catalog
-        .grant(&batch.key_id)
+        .grant(key_id)
         .and_then(|g| g.batches)
         .unwrap_or_default();
-    let caps = KeyCaps {
+    Ok(KeyCaps {
         max_in_progress: granted
             .max_in_progress
             .unwrap_or(api.settings.max_in_progress),
         max_queued_items: granted
             .max_queued_items
             .unwrap_or(api.settings.max_queued_items),
-        max_account_bytes: storage::room_for_batches(api, &batch.account_id).await?,
-    };
-    let queued = batch.queued();
-    match api.batches.create(batch, caps).await? {
-        Ok(created) => Ok(created),
-        Err(CapReached::InProgress) => {
-            Err(BatchError::TooManyInProgress(caps.max_in_progress).into())
+        max_account_bytes: storage::room_for_batches(api, account_id).await?,
+    })
+}
+
+/// The error of a batch of `queued` items that would pass `cap`.
+fn refusal(api: &BatchApi, caps: KeyCaps, cap: CapReached, queued: u64) -> ApiError {
+    match cap {
+        CapReached::InProgress => BatchError::TooManyInProgress(caps.max_in_progress).into(),
+        CapReached::QueuedItems => {
+            BatchError::TooManyQueuedItems(queued, caps.max_queued_items).into()
         }
-        Err(CapReached::QueuedItems) => {
-            Err(BatchError::TooManyQueuedItems(queued, caps.max_queued_items).into())
-        }
-        Err(CapReached::AccountBytes) => {
-            Err(StorageError::Quota(api.settings.files_account_max_bytes).into())
+        CapReached::AccountBytes => {
+            StorageError::Quota(api.settings.files_account_max_bytes).into()
         }
     }
+}
+
+/// Stores a new batch of either API unless it would pass one of its key's caps
+/// ([`caps_of`]).
+pub async fn create_within_caps(api: &BatchApi, batch: NewBatch) -> Result<Batch, ApiError> {
+    let caps = caps_of(api, &batch.key_id, &batch.account_id).await?;
+    let queued = batch.queued();
+    api.batches
+        .create(batch, caps)
+        .await?
+        .map_err(|cap| refusal(api, caps, cap, queued))
 }
 
 /// The `errored` result of an item, with the envelope of its error.

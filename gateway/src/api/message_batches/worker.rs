@@ -31,7 +31,7 @@ use gateway_core::wire::anthropic::MessagesRequest;
 use gateway_core::wire::openai::translate::request_from_chat;
 use gateway_core::wire::openai::ChatRequest;
 use store::accounts::StoreError;
-use store::batches::{ClaimedItem, ItemState, Outcome, RequestFormat};
+use store::batches::{ClaimedItem, InputLine, ItemState, Outcome, RequestFormat};
 
 /// How long an item whose upstream was overloaded waits before it is claimed again.
 const OVERLOADED_BACKOFF: Duration = Duration::from_secs(2);
@@ -246,6 +246,35 @@ async fn execute(api: &BatchApi, item: &ClaimedItem) -> Ran {
             })
         }
     };
+    // An item of `/v1/batches` reads its request from its line of the input file.
+    let read;
+    let item = match &item.line {
+        None => item,
+        Some(line) => match body_of(api, item, line).await {
+            Ok(Some(params)) => {
+                read = ClaimedItem {
+                    params,
+                    ..item.clone()
+                };
+                &read
+            }
+            Ok(None) => {
+                let gone = ApiError::invalid(format!(
+                    "input_file_id: the batch's input file `{}` is gone (it expired); this request could not be read",
+                    line.file_id
+                ));
+                let id = match item.format {
+                    RequestFormat::Responses => ids::response(),
+                    _ => ids::chat_completion(),
+                };
+                return Ran::Ended(openai_ended_with(&gone, &id, None));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, batch = %item.batch_id, index = item.index, "could not read a batch item's input line; it runs again after its lease");
+                return Ran::Interrupted;
+            }
+        },
+    };
     match item.format {
         RequestFormat::Messages => execute_message(api, &turns, &principal, item).await,
         RequestFormat::ChatCompletions => execute_chat(api, &turns, &principal, item).await,
@@ -426,4 +455,20 @@ fn ended_with(error: &ApiError, message_id: Option<String>) -> Outcome {
         result: errored(error),
         message_id,
     }
+}
+
+/// The request of an item read from its input file's line; `None` when the file is gone.
+async fn body_of(
+    api: &BatchApi,
+    item: &ClaimedItem,
+    line: &InputLine,
+) -> Result<Option<String>, StoreError> {
+    let len = u32::try_from(line.len).unwrap_or(u32::MAX);
+    let text = api
+        .files
+        .content_range(&item.account_id, &line.file_id, line.offset, len)
+        .await?;
+    // A line that no longer reads as it was checked runs as what it now is: its turn's checks
+    // refuse it.
+    Ok(text.map(|text| batches::input::body_of_line(&text).unwrap_or_default()))
 }
