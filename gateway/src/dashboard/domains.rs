@@ -204,7 +204,14 @@ pub async fn recheck_every(
             };
             let now = OffsetDateTime::now_utc();
             match developers
-                .recheck_domain(&claim.account_id, &claim.domain, found, now, checks.grace, &by)
+                .recheck_domain(
+                    &claim.account_id,
+                    &claim.domain,
+                    found,
+                    now,
+                    checks.grace,
+                    &by,
+                )
                 .await
             {
                 Ok(Recheck::Lapsed) => tracing::info!(domain = %claim.domain,
@@ -212,7 +219,9 @@ pub async fn recheck_every(
                 Ok(Recheck::Missing) => tracing::info!(domain = %claim.domain,
                     account_id = %claim.account_id, "domain claim's TXT record missing"),
                 Ok(Recheck::Kept) => {}
-                Err(e) => tracing::warn!(domain = %claim.domain, error = %e, "domain re-check failed"),
+                Err(e) => {
+                    tracing::warn!(domain = %claim.domain, error = %e, "domain re-check failed")
+                }
             }
         }
     }

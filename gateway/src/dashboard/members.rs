@@ -592,7 +592,9 @@ pub async fn verify_domain(
             &state,
             session,
             StatusCode::TOO_MANY_REQUESTS,
-            Flash::Error("Too many verifications for this organization: wait a minute and try again."),
+            Flash::Error(
+                "Too many verifications for this organization: wait a minute and try again.",
+            ),
         )
         .await;
     }
@@ -668,7 +670,9 @@ pub async fn mail_domain_proof(
             &state,
             session,
             StatusCode::TOO_MANY_REQUESTS,
-            Flash::Error("Too many verifications for this organization: wait a minute and try again."),
+            Flash::Error(
+                "Too many verifications for this organization: wait a minute and try again.",
+            ),
         )
         .await;
     }
@@ -698,15 +702,14 @@ pub async fn mail_domain_proof(
                 .to(&format!("{}?token={token}", mail::DOMAIN_PROOF_PATH)),
         },
     );
-    let message = format!("A link was mailed to {email}: following it within an hour proves the claim.");
+    let message =
+        format!("A link was mailed to {email}: following it within an hour proves the claim.");
     render(&state, session, StatusCode::OK, Flash::Done(&message)).await
 }
 
 /// The page a domain proof link opens: a button that proves. Following the link changes
 /// nothing by itself, so a mail scanner that fetches links does not spend it.
-pub async fn domain_proof_form(
-    Query(link): Query<ProofLink>,
-) -> Result<Response, DashboardError> {
+pub async fn domain_proof_form(Query(link): Query<ProofLink>) -> Result<Response, DashboardError> {
     let token = link_token(&link.token).ok_or(DashboardError::NotFound)?;
     Ok(with_status(
         StatusCode::OK,
@@ -744,7 +747,10 @@ pub async fn prove_domain_by_mail(
         Proving::Proven(claim) => (
             StatusCode::OK,
             "Domain confirmed",
-            format!("{} is confirmed for the organization that claimed it.", claim.domain),
+            format!(
+                "{} is confirmed for the organization that claimed it.",
+                claim.domain
+            ),
             "success",
         ),
         Proving::Taken => (
@@ -756,11 +762,15 @@ pub async fn prove_domain_by_mail(
         Proving::NoClaim => (
             StatusCode::GONE,
             "Link expired",
-            "This link has expired or was already used. Ask the organization for a new one.".to_owned(),
+            "This link has expired or was already used. Ask the organization for a new one."
+                .to_owned(),
             "error",
         ),
     };
-    Ok(with_status(status, bare(title, html! { (notice(kind, &message)) })))
+    Ok(with_status(
+        status,
+        bare(title, html! { (notice(kind, &message)) }),
+    ))
 }
 
 pub async fn show(

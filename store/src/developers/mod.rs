@@ -911,7 +911,14 @@ impl DeveloperStore for MemoryDeveloperStore {
         by: &Actor,
     ) -> Result<Proving, StoreError> {
         let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(prove_held(&mut domains, account_id, domain, proof, &self.audit, by))
+        Ok(prove_held(
+            &mut domains,
+            account_id,
+            domain,
+            proof,
+            &self.audit,
+            by,
+        ))
     }
 
     async fn mail_domain_proof(
@@ -923,9 +930,10 @@ impl DeveloperStore for MemoryDeveloperStore {
         expires_at: OffsetDateTime,
     ) -> Result<bool, StoreError> {
         let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
-        match domains.iter_mut().find(|(c, _)| {
-            c.domain == domain && c.account_id == account_id && c.proof.is_none()
-        }) {
+        match domains
+            .iter_mut()
+            .find(|(c, _)| c.domain == domain && c.account_id == account_id && c.proof.is_none())
+        {
             Some((claim, mail)) => {
                 claim.mail_to = Some(to.to_owned());
                 *mail = Some((*token_hash, expires_at));
@@ -942,9 +950,10 @@ impl DeveloperStore for MemoryDeveloperStore {
         by: &Actor,
     ) -> Result<Proving, StoreError> {
         let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((claim, mail)) = domains.iter_mut().find(|(_, mail)| {
-            mail.is_some_and(|(hash, _)| bool::from(hash.ct_eq(token_hash)))
-        }) else {
+        let Some((claim, mail)) = domains
+            .iter_mut()
+            .find(|(_, mail)| mail.is_some_and(|(hash, _)| bool::from(hash.ct_eq(token_hash))))
+        else {
             return Ok(Proving::NoClaim);
         };
         // Spent whatever follows: a link works once.
@@ -953,8 +962,18 @@ impl DeveloperStore for MemoryDeveloperStore {
             return Ok(Proving::NoClaim);
         }
         let (account_id, domain) = (claim.account_id.clone(), claim.domain.clone());
-        let by = Actor { id: claim.mail_to.clone().unwrap_or_default(), ..by.clone() };
-        Ok(prove_held(&mut domains, &account_id, &domain, DomainProof::Mail, &self.audit, &by))
+        let by = Actor {
+            id: claim.mail_to.clone().unwrap_or_default(),
+            ..by.clone()
+        };
+        Ok(prove_held(
+            &mut domains,
+            &account_id,
+            &domain,
+            DomainProof::Mail,
+            &self.audit,
+            &by,
+        ))
     }
 
     async fn txt_proven_domains(&self) -> Result<Vec<DomainClaim>, StoreError> {

@@ -121,10 +121,12 @@ fn session_of(row: &PgRow) -> Result<Option<Session>, sqlx::Error> {
 /// A claim of `dashboard_domains` (proven: it has `proof`) or `dashboard_pending_domains`.
 fn claim_of(row: &PgRow) -> Result<DomainClaim, sqlx::Error> {
     let proof = match row.try_get::<String, _>("proof") {
-        Ok(name) => Some(DomainProof::parse(&name).ok_or_else(|| sqlx::Error::ColumnDecode {
-            index: "proof".into(),
-            source: format!("unknown domain proof {name:?}").into(),
-        })?),
+        Ok(name) => Some(
+            DomainProof::parse(&name).ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: "proof".into(),
+                source: format!("unknown domain proof {name:?}").into(),
+            })?,
+        ),
         Err(sqlx::Error::ColumnNotFound(_)) => None,
         Err(e) => return Err(e),
     };
@@ -873,16 +875,17 @@ impl DeveloperStore for PostgresDeveloperStore {
             .db
             .bounded(async {
                 let mut tx = self.db.pool().begin().await?;
-                let proven = sqlx::query(
-                    "SELECT * FROM dashboard_domains WHERE domain = $1 FOR UPDATE",
-                )
-                .bind(&claim.domain)
-                .persistent(false)
-                .fetch_optional(&mut *tx)
-                .await?;
+                let proven =
+                    sqlx::query("SELECT * FROM dashboard_domains WHERE domain = $1 FOR UPDATE")
+                        .bind(&claim.domain)
+                        .persistent(false)
+                        .fetch_optional(&mut *tx)
+                        .await?;
                 let held = match proven {
                     // Another organization proved it: refused.
-                    Some(row) if claim_of(&row)?.account_id != claim.account_id => return Ok(false),
+                    Some(row) if claim_of(&row)?.account_id != claim.account_id => {
+                        return Ok(false)
+                    }
                     Some(_) => {
                         sqlx::query(
                             "UPDATE dashboard_domains SET require_sso = $3
@@ -1086,9 +1089,14 @@ impl DeveloperStore for PostgresDeveloperStore {
                     id: claim.mail_to.clone().unwrap_or_default(),
                     ..by.clone()
                 };
-                let proving =
-                    prove_in(&mut tx, &claim.account_id, &claim.domain, DomainProof::Mail, &by)
-                        .await?;
+                let proving = prove_in(
+                    &mut tx,
+                    &claim.account_id,
+                    &claim.domain,
+                    DomainProof::Mail,
+                    &by,
+                )
+                .await?;
                 if matches!(proving, Proving::Proven(_)) {
                     tx.commit().await?;
                 }

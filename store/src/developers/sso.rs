@@ -99,11 +99,7 @@ pub(super) fn domain_proven(claim: &DomainClaim, by: &Actor) -> AuditEntry {
     }
 }
 
-pub(super) fn domain_lapsed(
-    claim: &DomainClaim,
-    since: OffsetDateTime,
-    by: &Actor,
-) -> AuditEntry {
+pub(super) fn domain_lapsed(claim: &DomainClaim, since: OffsetDateTime, by: &Actor) -> AuditEntry {
     AuditEntry {
         actor: by.clone(),
         account_id: claim.account_id.clone(),
