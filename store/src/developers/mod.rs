@@ -411,6 +411,9 @@ fn sign_in_refused(user: &User, by: &Actor) -> AuditEntry {
     }
 }
 
+/// A claim the in-process store holds, with its mailed proof link's hash and expiry.
+type HeldClaim = (DomainClaim, Option<(KeyHash, OffsetDateTime)>);
+
 pub struct MemoryDeveloperStore {
     users: DashMap<String, User>,
     verifications: DashMap<KeyHash, EmailVerification>,
@@ -420,7 +423,7 @@ pub struct MemoryDeveloperStore {
     invitations: DashMap<KeyHash, Invitation>,
     /// Pending and proven claims with their mailed link's hash and expiry: few, so a list
     /// under one lock (a proof's uniqueness check and its change are one step).
-    domains: Mutex<Vec<(DomainClaim, Option<(KeyHash, OffsetDateTime)>)>>,
+    domains: Mutex<Vec<HeldClaim>>,
     sso_logins: DashMap<KeyHash, OffsetDateTime>,
     /// Held by every change of an organization's members, so that its checks (an owner
     /// remains) and its change are one step.
@@ -483,7 +486,7 @@ impl MemoryDeveloperStore {
 /// Proves the pending claim of `domain` by `account_id` in `domains` unless another
 /// organization's claim of it is proven (both stores keep this rule in one step).
 fn prove_held(
-    domains: &mut [(DomainClaim, Option<(KeyHash, OffsetDateTime)>)],
+    domains: &mut [HeldClaim],
     account_id: &str,
     domain: &str,
     proof: DomainProof,
