@@ -722,6 +722,29 @@ async fn a_pending_claim_of_a_domain_another_organization_proved_is_never_proven
     );
 }
 
+/// Each Verify is a lookup made on the organization's behalf: at most 10 a minute per
+/// organization (429 past them, nothing looked up), another organization's unaffected.
+#[tokio::test]
+async fn verify_is_braked_per_organization() {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let dns = DnsServer::start().await;
+    let cluster = dashboard_dns(&pg, &issuer.issuer(), &dns, &[]).await;
+    let gw = &cluster.pods[0];
+    let (mut owner, domain) = owner_pending(gw, false).await;
+    let mut statuses = Vec::new();
+    for _ in 0..11 {
+        statuses.push(verify(&mut owner, &domain).await.0);
+    }
+    assert_eq!(statuses, [vec![422; 10], vec![429]].concat());
+    let (mut other, other_domain) = owner_pending(gw, false).await;
+    assert_eq!(
+        verify(&mut other, &other_domain).await.0,
+        422,
+        "another organization"
+    );
+}
+
 /// A TXT-proven claim is looked up again (here every few seconds, grace 0): once its record is
 /// removed, the re-check lapses it back to pending (audited), and the members' passwords work
 /// again.
