@@ -423,6 +423,11 @@ async fn run(
             draining.clone(),
         ));
     }
+    tokio::spawn(crate::dashboard::domains::recheck_every(
+        services.developers.clone(),
+        services.settings.dashboard.domains.clone(),
+        draining.clone(),
+    ));
     tokio::spawn(responses.purge_until(draining));
     let limiter = services.limiter.clone();
     let state = AppState::new(services);

@@ -44,6 +44,7 @@ pub mod books;
 pub mod browser;
 pub mod cluster;
 pub mod contract;
+pub mod dns;
 pub mod gateway;
 pub mod helm;
 pub mod kube;

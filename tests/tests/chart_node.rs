@@ -35,7 +35,7 @@ use e2e::sdk::sdk_call;
 use e2e::sse::assemble_message_stream;
 use e2e::stripe::{deliver, MockStripe, API_KEY, WEBHOOK_SECRET};
 use e2e::upstream::UPSTREAM_API_KEY;
-use e2e::visitor::{hidden_csrf, new_email, Site, Visitor};
+use e2e::visitor::{hidden_csrf, link_to, mails_to, new_email, Site, Visitor};
 use e2e::{
     Fault, MessageStream, MockUpstream, Nginx, PostgresServer, RedisServer, Reply, Resp,
     RoutedManifests, Routes, Scrape, SseStream, Unscripted, UpstreamDef,
@@ -996,6 +996,40 @@ async fn a_member_signs_in_with_sso_through_the_ingress_host_and_the_session_ope
         )
         .await;
     assert_eq!(status, 200, "the owner claims {domain}: {page}");
+    // The claim is pending until proven: a link mailed to the owner's address there, followed.
+    let owner_email = format!("owner@{domain}");
+    let (_, page) = owner.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = owner
+        .post(
+            "/developers/members/domains/mail",
+            &[
+                ("csrf", csrf.as_str()),
+                ("domain", domain.as_str()),
+                ("email", owner_email.as_str()),
+            ],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "a proof link mailed for {domain}: {page}");
+    let proof_path = "/developers/domains/prove";
+    let link = e2e::poll_until(
+        "the proof mail in the pods' logs",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            mails_to(&site, &owner_email)
+                .iter()
+                .rev()
+                .find_map(|line| link_to(line, proof_path))
+        },
+    )
+    .await;
+    let token = link.rsplit("token=").next().expect("a token").to_owned();
+    let (status, page, _) = owner
+        .post(proof_path, &[("token", token.as_str())], &[])
+        .await;
+    assert_eq!(status, 200, "the link proves {domain}: {page}");
 
     // A new member signs in with single sign-on, the browser sent to the provider and back.
     let email = format!("{}@{domain}", e2e::gateway::unique_name("sso"));

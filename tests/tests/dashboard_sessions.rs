@@ -122,7 +122,7 @@ async fn a_post_with_a_missing_or_forged_csrf_token_is_403_and_changes_nothing()
 
 /// Every form the dashboard takes by POST, with a value for each field (the handlers read them
 /// only after the token): the router's paths, a `{id}` filled in by the test.
-const FORMS: [(&str, &[(&str, &str)]); 15] = [
+const FORMS: [(&str, &[(&str, &str)]); 17] = [
     (
         "/developers/sign-up",
         &[("email", "x@example.com"), ("password", PASSWORD)],
@@ -158,6 +158,14 @@ const FORMS: [(&str, &[(&str, &str)]); 15] = [
         "/developers/members/domains/release",
         &[("domain", "example.com")],
     ),
+    (
+        "/developers/members/domains/verify",
+        &[("domain", "example.com")],
+    ),
+    (
+        "/developers/members/domains/mail",
+        &[("domain", "example.com"), ("email", "it@example.com")],
+    ),
     ("/developers/invitations/accept", &[("token", "tok")]),
 ];
 
@@ -182,13 +190,19 @@ fn routed_posts() -> Vec<String> {
             match path {
                 "mail::VERIFY_PATH" => "/developers/verify-email".to_owned(),
                 "mail::INVITATION_PATH" => "/developers/invitations/accept".to_owned(),
+                "mail::DOMAIN_PROOF_PATH" => "/developers/domains/prove".to_owned(),
                 quoted => quoted.trim_matches('"').to_owned(),
             }
         })
-        // The catch-all's 404; and the email's confirmation, whose only input is the mailed
-        // link's token, the secret a forger would need (it signs no one in).
+        // The catch-all's 404; and the email's and a domain's confirmations, whose only input
+        // is the mailed link's token, the secret a forger would need (they sign no one in).
         .filter(|path| {
-            !["/developers/{*rest}", "/developers/verify-email"].contains(&path.as_str())
+            ![
+                "/developers/{*rest}",
+                "/developers/verify-email",
+                "/developers/domains/prove",
+            ]
+            .contains(&path.as_str())
         })
         .collect();
     posts.sort();

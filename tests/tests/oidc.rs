@@ -5,11 +5,15 @@
 //! provider breaking its ID token on purpose) are refused and start no session; a domain
 //! that requires single sign-on refuses password sign-in.
 
+use std::time::Duration;
+
 use e2e::browser::{Browser, DESKTOP};
+use e2e::dns::DnsServer;
 use e2e::gateway::{unique_name, workspace_root};
 use e2e::oidc::{MockIssuer, OidcProvider, Tamper, CLIENT_ID, CLIENT_SECRET};
+use e2e::poll_until;
 use e2e::server::free_port;
-use e2e::visitor::{hidden_csrf, Visitor, PASSWORD};
+use e2e::visitor::{hidden_csrf, link_to, mails_to, Visitor, PASSWORD};
 use e2e::{Cluster, Gateway, PostgresServer};
 
 const CALLBACK: &str = "/developers/sso/callback";
@@ -32,10 +36,43 @@ async fn dashboard_with(pg: &PostgresServer, issuer: &str, sign_ins: &str) -> Cl
     .await
 }
 
+/// [`dashboard`] looking TXT records up at `dns`, with `extra` flags.
+async fn dashboard_dns(
+    pg: &PostgresServer,
+    issuer: &str,
+    dns: &DnsServer,
+    extra: &[&str],
+) -> Cluster {
+    Cluster::start(1, |mut b| {
+        b = b
+            .database(&pg.url())
+            .arg("--sign-ups-per-minute=100")
+            .arg("--sign-ins-per-minute=100")
+            .arg(&format!("--dashboard-oidc-issuer={issuer}"))
+            .arg(&format!("--dashboard-oidc-client-id={CLIENT_ID}"))
+            .arg(&format!("--dns-resolver={}", dns.address()))
+            .env("GATEWAY_DASHBOARD_OIDC_CLIENT_SECRET", CLIENT_SECRET);
+        for flag in extra {
+            b = b.arg(flag);
+        }
+        b
+    })
+    .await
+}
+
 /// An owner signed in, whose organization claimed a new domain (requiring single sign-on
-/// or not): the owner's visitor and the domain.
+/// or not) and proved it by a link mailed to the owner's own address there: the owner's
+/// visitor and the domain.
 async fn owner_claiming<'a>(gw: &'a Gateway, require_sso: bool) -> (Visitor<'a>, String) {
-    // An owner claims the domain of their own email.
+    let (mut owner, domain) = owner_pending(gw, require_sso).await;
+    let link = mail_proof(gw, &mut owner, &domain, &format!("owner@{domain}")).await;
+    let (status, page) = follow_proof(&mut owner, &link).await;
+    assert_eq!(status, 200, "the mailed link proves the claim: {page}");
+    (owner, domain)
+}
+
+/// An owner signed in, whose organization claimed a new domain, still pending.
+async fn owner_pending<'a>(gw: &'a Gateway, require_sso: bool) -> (Visitor<'a>, String) {
     let domain = format!("{}.example", unique_name("corp"));
     let mut owner = Visitor::new(gw);
     owner.sign_up(&format!("owner@{domain}"), &[]).await;
@@ -48,10 +85,89 @@ async fn owner_claiming<'a>(gw: &'a Gateway, require_sso: bool) -> (Visitor<'a>,
     let (status, page, _) = owner.post("/developers/members/domains", &form, &[]).await;
     assert_eq!(status, 200, "{page}");
     assert!(
-        page.contains(&format!("data-domain=\"{domain}\"")),
+        page.contains(&format!("data-domain=\"{domain}\" data-status=\"pending\"")),
         "{page}"
     );
     (owner, domain)
+}
+
+const PROOF_PATH: &str = "/developers/domains/prove";
+
+/// Asks for a proof link of the pending claim of `domain` mailed to `to`: the link.
+async fn mail_proof(gw: &Gateway, visitor: &mut Visitor<'_>, domain: &str, to: &str) -> String {
+    let (_, page) = visitor.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let before = mails_to(gw, to).len();
+    let (status, page, _) = visitor
+        .post(
+            "/developers/members/domains/mail",
+            &[("csrf", &csrf), ("domain", domain), ("email", to)],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    poll_until(
+        "the proof mail in the gateway's log",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            let mails = mails_to(gw, to);
+            (mails.len() > before)
+                .then(|| mails.last().and_then(|line| link_to(line, PROOF_PATH)))
+                .flatten()
+        },
+    )
+    .await
+}
+
+/// Opens a proof link (a page with a button) and presses its button: the status and page.
+async fn follow_proof(visitor: &mut Visitor<'_>, link: &str) -> (u16, String) {
+    let opened = no_redirects().get(link).send().await.expect("the link");
+    assert_eq!(opened.status(), 200, "the link's page");
+    let page = opened.text().await.expect("page");
+    let token = link.rsplit("token=").next().expect("a token");
+    assert!(page.contains(token), "{page}");
+    let (status, page, _) = visitor.post(PROOF_PATH, &[("token", token)], &[]).await;
+    (status, page)
+}
+
+/// The value of the TXT record the members page asks to publish for `domain`.
+fn record_value(page: &str, domain: &str) -> String {
+    let row = page
+        .split(&format!("data-domain=\"{domain}\""))
+        .nth(1)
+        .unwrap_or_else(|| panic!("a row of {domain} in {page}"));
+    row.split("<code class=\"record-value\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_else(|| panic!("a record value in {row}"))
+        .to_owned()
+}
+
+/// Presses Verify for `domain`: the status and page.
+async fn verify(visitor: &mut Visitor<'_>, domain: &str) -> (u16, String) {
+    let (_, page) = visitor.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = visitor
+        .post(
+            "/developers/members/domains/verify",
+            &[("csrf", &csrf), ("domain", domain)],
+            &[],
+        )
+        .await;
+    (status, page)
+}
+
+/// A password sign-in of `email` from a new browser: the status.
+async fn password_sign_in(gw: &Gateway, email: &str) -> u16 {
+    Visitor::new(gw).sign_in(email, PASSWORD).await.0
+}
+
+async fn audited(pg: &PostgresServer, action: &str, domain: &str) -> i64 {
+    pg.query_i64(&format!(
+        "SELECT count(*) FROM audit_log WHERE action = '{action}' AND target = '{domain}'"
+    ))
+    .await
 }
 
 async fn sessions_of(pg: &PostgresServer, email: &str) -> i64 {
@@ -287,6 +403,10 @@ async fn password_sign_in_is_refused_to_the_claiming_organizations_members_only(
         )
         .await;
     assert_eq!(status, 409, "{page_claim} (after {page})");
+    assert!(
+        page_claim.contains("Another organization has proven this domain"),
+        "{page_claim}"
+    );
 
     let (_, page) = owner.get("/developers/members").await;
     let csrf = hidden_csrf(&page);
@@ -373,8 +493,325 @@ async fn password_sign_in_is_refused_to_the_claiming_organizations_members_only(
     assert!(set.iter().any(|c| c.starts_with("svc_session=")), "{set:?}");
 }
 
+/// A claim has no effect until a TXT record proves it: pending, "Require single sign-on"
+/// refuses no password and a new SSO user of the domain joins no organization; a missing
+/// record and a wrong value prove nothing; the record with the claim's value proves it, and
+/// then the members' password sign-in is 403 and new SSO users join. Each step audited.
 #[tokio::test]
-async fn an_owner_claims_only_their_own_emails_domain_and_sign_in_starts_are_braked_per_address() {
+async fn a_claim_takes_effect_only_once_its_txt_record_proves_it() {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let dns = DnsServer::start().await;
+    let cluster = dashboard_dns(&pg, &issuer.issuer(), &dns, &[]).await;
+    let gw = &cluster.pods[0];
+    let (mut owner, domain) = owner_pending(gw, true).await;
+    let owner_email = format!("owner@{domain}");
+    let (_, page) = owner.get("/developers/members").await;
+    let value = record_value(&page, &domain);
+    assert!(value.starts_with("svc-gateway-verification="), "{value}");
+    let name = format!("_svc-gateway-challenge.{domain}");
+    assert!(page.contains(&name), "{page}");
+
+    // Pending: the password works, and a new SSO user of the domain joins nobody.
+    assert_eq!(
+        password_sign_in(gw, &owner_email).await,
+        303,
+        "pending: no SSO required"
+    );
+    let newcomer = format!("{}@{domain}", unique_name("early"));
+    issuer.next_token(&newcomer, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!(
+        (status, session),
+        (403, false),
+        "pending: no joining: {page}"
+    );
+
+    // No record, then a wrong value: not proven.
+    let (status, page) = verify(&mut owner, &domain).await;
+    assert_eq!(status, 422, "no record: {page}");
+    dns.set_txt(&[(&name, &["svc-gateway-verification=not-the-token"])]);
+    let (status, page) = verify(&mut owner, &domain).await;
+    assert_eq!(status, 422, "a wrong value: {page}");
+    // The value under another name proves nothing either.
+    dns.set_txt(&[(&domain, &[&value])]);
+    let (status, page) = verify(&mut owner, &domain).await;
+    assert_eq!(status, 422, "the value at the domain itself: {page}");
+    assert_eq!(
+        pg.query_i64("SELECT count(*) FROM dashboard_domains").await,
+        0
+    );
+    assert_eq!(
+        password_sign_in(gw, &owner_email).await,
+        303,
+        "still pending"
+    );
+    assert_eq!(audited(&pg, "domain_proven", &domain).await, 0);
+
+    // The record, among others: proven.
+    dns.set_txt(&[(&name, &["v=spf1 -all", &value])]);
+    let (status, page) = verify(&mut owner, &domain).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Domain proven."), "{page}");
+    assert!(
+        page.contains(&format!("data-domain=\"{domain}\" data-status=\"proven\"")),
+        "{page}"
+    );
+    assert_eq!(
+        password_sign_in(gw, &owner_email).await,
+        403,
+        "proven: SSO required"
+    );
+    issuer.next_token(&newcomer, Tamper::None);
+    let (cookie, callback) = started(gw).await;
+    let (status, session, page) = follow(&callback, &cookie).await;
+    assert_eq!((status, session), (303, true), "proven: joins: {page}");
+    assert_eq!(audited(&pg, "domain_claimed", &domain).await, 1);
+    let proof = pg
+        .query(&format!(
+            "SELECT after->>'proof' FROM audit_log WHERE action = 'domain_proven' AND target = '{domain}'"
+        ))
+        .await;
+    assert_eq!(proof, "txt");
+    // The token is in no log line (it is public once published, but never logged).
+    let token = value.trim_start_matches("svc-gateway-verification=");
+    assert!(!gw.stderr().contains(token), "the token was logged");
+}
+
+/// A proof link mailed to an address at the domain proves the claim once, within its
+/// lifetime: a replayed link, an expired one, and one whose claim another organization proved
+/// first are refused; a second organization cannot claim the proven domain.
+#[tokio::test]
+async fn a_mailed_link_proves_a_claim_once_within_its_lifetime_and_a_proven_domain_is_one_organizations(
+) {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let cluster = dashboard(&pg, &issuer.issuer()).await;
+    let gw = &cluster.pods[0];
+    let (mut owner, domain) = owner_pending(gw, true).await;
+    let owner_email = format!("owner@{domain}");
+    // Only an address at the domain.
+    let (_, page) = owner.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = owner
+        .post(
+            "/developers/members/domains/mail",
+            &[
+                ("csrf", &csrf),
+                ("domain", &domain),
+                ("email", "it@elsewhere.example"),
+            ],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 422, "{page}");
+
+    // An expired link proves nothing (and is spent).
+    let it = format!("it@{domain}");
+    let expired = mail_proof(gw, &mut owner, &domain, &it).await;
+    pg.query(&format!(
+        "UPDATE dashboard_pending_domains SET mail_expires_at = now() - interval '1 second'
+         WHERE domain = '{domain}'"
+    ))
+    .await;
+    let (status, page) = follow_proof(&mut Visitor::new(gw), &expired).await;
+    assert_eq!(status, 410, "expired: {page}");
+    assert_eq!(
+        password_sign_in(gw, &owner_email).await,
+        303,
+        "still pending"
+    );
+
+    // A link mailed before a newer one stops working; the newer proves, once.
+    let older = mail_proof(gw, &mut owner, &domain, &it).await;
+    let link = mail_proof(gw, &mut owner, &domain, &it).await;
+    assert_ne!(older, link);
+    let (status, page) = follow_proof(&mut Visitor::new(gw), &older).await;
+    assert_eq!(status, 410, "superseded: {page}");
+    let (status, page) = follow_proof(&mut Visitor::new(gw), &link).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(&domain), "{page}");
+    let (status, page) = follow_proof(&mut Visitor::new(gw), &link).await;
+    assert_eq!(status, 410, "replayed: {page}");
+    assert_eq!(audited(&pg, "domain_proven", &domain).await, 1);
+    let (proof, by) = (
+        pg.query(&format!(
+            "SELECT after->>'proof' FROM audit_log WHERE action = 'domain_proven' AND target = '{domain}'"
+        ))
+        .await,
+        pg.query(&format!(
+            "SELECT actor_id FROM audit_log WHERE action = 'domain_proven' AND target = '{domain}'"
+        ))
+        .await,
+    );
+    assert_eq!((proof.as_str(), by.as_str()), ("mail", it.as_str()));
+    assert_eq!(
+        password_sign_in(gw, &owner_email).await,
+        403,
+        "proven: SSO required"
+    );
+
+    // A second organization: its claim of the proven domain is refused; its pending claim made
+    // before the proof cannot be proven any more.
+    let mut rival = Visitor::new(gw);
+    rival
+        .sign_up(&format!("{}@rival.example", unique_name("rival")), &[])
+        .await;
+    let (_, page) = rival.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = rival
+        .post(
+            "/developers/members/domains",
+            &[("csrf", &csrf), ("domain", &domain)],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 409, "{page}");
+    assert!(
+        page.contains("Another organization has proven this domain"),
+        "{page}"
+    );
+    let rivals = pg
+        .query_i64(&format!(
+            "SELECT count(*) FROM dashboard_pending_domains WHERE domain = '{domain}'"
+        ))
+        .await;
+    assert_eq!(rivals, 0, "the refused claim left nothing");
+}
+
+/// A second organization's pending claim, made while the domain was unproven, is refused its
+/// proof once the first organization proved the domain.
+#[tokio::test]
+async fn a_pending_claim_of_a_domain_another_organization_proved_is_never_proven() {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let cluster = dashboard(&pg, &issuer.issuer()).await;
+    let gw = &cluster.pods[0];
+    let (mut owner, domain) = owner_pending(gw, false).await;
+    let mut rival = Visitor::new(gw);
+    rival
+        .sign_up(&format!("{}@rival.example", unique_name("rival")), &[])
+        .await;
+    let (_, page) = rival.get("/developers/members").await;
+    let csrf = hidden_csrf(&page);
+    let (status, page, _) = rival
+        .post(
+            "/developers/members/domains",
+            &[("csrf", &csrf), ("domain", &domain)],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "two pending claims of one domain: {page}");
+    let rival_link = mail_proof(gw, &mut rival, &domain, &format!("x@{domain}")).await;
+    let link = mail_proof(gw, &mut owner, &domain, &format!("owner@{domain}")).await;
+    let (status, page) = follow_proof(&mut Visitor::new(gw), &link).await;
+    assert_eq!(status, 200, "{page}");
+    let (status, page) = follow_proof(&mut Visitor::new(gw), &rival_link).await;
+    assert_eq!(status, 409, "the rival's link: {page}");
+    let proven = pg
+        .query(&format!(
+            "SELECT count(*) || ' ' || bool_and(d.account_id = u.account_id)::text
+             FROM dashboard_domains d JOIN dashboard_users u ON u.email = 'owner@{domain}'
+             WHERE d.domain = '{domain}'"
+        ))
+        .await;
+    assert_eq!(
+        proven, "1 true",
+        "one proven claim, the first organization's"
+    );
+}
+
+/// Each Verify is a lookup made on the organization's behalf: at most 10 a minute per
+/// organization (429 past them, nothing looked up), another organization's unaffected.
+#[tokio::test]
+async fn verify_is_braked_per_organization() {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let dns = DnsServer::start().await;
+    let cluster = dashboard_dns(&pg, &issuer.issuer(), &dns, &[]).await;
+    let gw = &cluster.pods[0];
+    let (mut owner, domain) = owner_pending(gw, false).await;
+    let mut statuses = Vec::new();
+    for _ in 0..11 {
+        statuses.push(verify(&mut owner, &domain).await.0);
+    }
+    assert_eq!(statuses, [vec![422; 10], vec![429]].concat());
+    let (mut other, other_domain) = owner_pending(gw, false).await;
+    assert_eq!(
+        verify(&mut other, &other_domain).await.0,
+        422,
+        "another organization"
+    );
+}
+
+/// A TXT-proven claim is looked up again (here every few seconds, grace 0): once its record is
+/// removed, the re-check lapses it back to pending (audited), and the members' passwords work
+/// again.
+#[tokio::test]
+async fn a_removed_txt_record_lapses_the_claim_to_pending_at_the_recheck() {
+    let pg = PostgresServer::start().await;
+    let issuer = MockIssuer::start().await;
+    let dns = DnsServer::start().await;
+    let cluster = dashboard_dns(
+        &pg,
+        &issuer.issuer(),
+        &dns,
+        &["--domain-recheck-hours=0.0005", "--domain-grace-hours=0"],
+    )
+    .await;
+    let gw = &cluster.pods[0];
+    let (mut owner, domain) = owner_pending(gw, true).await;
+    let owner_email = format!("owner@{domain}");
+    let (_, page) = owner.get("/developers/members").await;
+    let name = format!("_svc-gateway-challenge.{domain}");
+    dns.set_txt(&[(&name, &[&record_value(&page, &domain)])]);
+    let (status, page) = verify(&mut owner, &domain).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(password_sign_in(gw, &owner_email).await, 403, "proven");
+
+    dns.set_txt(&[]);
+    poll_until(
+        "the claim's lapse in the audit log",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (audited(&pg, "domain_lapsed", &domain).await == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        pg.query_i64(&format!(
+            "SELECT count(*) FROM dashboard_pending_domains WHERE domain = '{domain}'"
+        ))
+        .await,
+        1,
+        "pending again"
+    );
+    assert_eq!(
+        pg.query_i64("SELECT count(*) FROM dashboard_domains").await,
+        0
+    );
+    assert_eq!(
+        password_sign_in(gw, &owner_email).await,
+        303,
+        "lapsed: no SSO required"
+    );
+    let (_, page) = owner.get("/developers/members").await;
+    assert!(
+        page.contains(&format!("data-domain=\"{domain}\" data-status=\"pending\"")),
+        "{page}"
+    );
+    let actor = pg
+        .query(&format!(
+            "SELECT actor_kind || ':' || actor_id FROM audit_log
+             WHERE action = 'domain_lapsed' AND target = '{domain}'"
+        ))
+        .await;
+    assert_eq!(actor, "sweep:domain-recheck");
+}
+
+#[tokio::test]
+async fn a_public_mail_domain_is_never_claimed_another_domain_only_pending_and_sign_in_starts_are_braked_per_address(
+) {
     let pg = PostgresServer::start().await;
     let issuer = MockIssuer::start().await;
     let cluster = dashboard_with(&pg, &issuer.issuer(), "5").await;
@@ -384,23 +821,29 @@ async fn an_owner_claims_only_their_own_emails_domain_and_sign_in_starts_are_bra
     owner.sign_up(&format!("owner@{domain}"), &[]).await;
     let (_, page) = owner.get("/developers/members").await;
     let csrf = hidden_csrf(&page);
-    for (other, why) in [
-        ("gmail.com", "public mail provider"),
-        (
-            "another-company.example",
-            "only the domain of your own email",
-        ),
-    ] {
-        let (status, page, _) = owner
-            .post(
-                "/developers/members/domains",
-                &[("csrf", &csrf), ("domain", other)],
-                &[],
-            )
-            .await;
-        assert_eq!(status, 403, "{other}: {page}");
-        assert!(page.contains(why), "{page}");
-    }
+    let (status, page, _) = owner
+        .post(
+            "/developers/members/domains",
+            &[("csrf", &csrf), ("domain", "gmail.com")],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 403, "{page}");
+    assert!(page.contains("public mail provider"), "{page}");
+    // Another company's domain: a claim, pending until proven, with no effect.
+    let other = format!("{}.example", unique_name("another-company"));
+    let (status, page, _) = owner
+        .post(
+            "/developers/members/domains",
+            &[("csrf", &csrf), ("domain", &other)],
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains(&format!("data-domain=\"{other}\" data-status=\"pending\"")),
+        "{page}"
+    );
     // Nor its own email's domain when that is a public mail provider's.
     let mut public = Visitor::new(gw);
     public
@@ -418,7 +861,11 @@ async fn an_owner_claims_only_their_own_emails_domain_and_sign_in_starts_are_bra
     assert_eq!(status, 403, "{page}");
     assert!(page.contains("public mail provider"), "{page}");
     let claims = pg.query_i64("SELECT count(*) FROM dashboard_domains").await;
-    assert_eq!(claims, 0, "nothing claimed");
+    assert_eq!(claims, 0, "nothing proven");
+    let pending = pg
+        .query_i64("SELECT count(*) FROM dashboard_pending_domains")
+        .await;
+    assert_eq!(pending, 1, "only the other company's domain, pending");
 
     // Each start stores a record: one address gets the sign-in allowance, then 429s that
     // store nothing.

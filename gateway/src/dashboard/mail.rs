@@ -37,7 +37,19 @@ pub enum Mail<'a> {
         role: &'a str,
         link: String,
     },
+    /// A member of `by`'s organization asks `to`, an address at `domain`, to prove the
+    /// organization controls it: the link proves the claim, once.
+    DomainProof {
+        to: &'a str,
+        domain: &'a str,
+        link: String,
+    },
 }
+
+/// The path of a domain proof link (under the public URL).
+pub const DOMAIN_PROOF_PATH: &str = "/developers/domains/prove";
+/// How long a domain proof link works.
+pub const DOMAIN_PROOF_LIFETIME: time::Duration = time::Duration::HOUR;
 
 /// The path of a verification link (under the public URL).
 pub const VERIFY_PATH: &str = "/developers/verify-email";
@@ -204,6 +216,16 @@ fn letter(mail: Mail<'_>) -> Letter {
                 "{by} invites you to join their organization on svc developers as {role}. \
                  Follow the link and sign in (or sign up) with this address to accept; it works \
                  once, for this address only, and expires. Ignore it if you do not know them."
+            ),
+            link,
+        },
+        Mail::DomainProof { to, domain, link } => Letter {
+            to: to.to_owned(),
+            subject: "Confirm your organization's domain",
+            text: format!(
+                "An organization on svc developers claims {domain} for single sign-on and asks \
+                 you to confirm it controls the domain. Follow the link and press the button to \
+                 confirm (it works once, within an hour); ignore it if you do not know them."
             ),
             link,
         },

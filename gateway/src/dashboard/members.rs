@@ -17,6 +17,7 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 
 use super::account::{link_token, normalize, plausible_email};
+use super::domains;
 use super::error::DashboardError;
 use super::form::HtmlForm;
 use super::layout::{bare, datetime, notice, page, with_status, Nav};
@@ -28,8 +29,8 @@ use crate::state::DashboardState;
 use gateway_core::ids;
 use store::accounts::KeyHash;
 use store::developers::{
-    domain_of, Acceptance, DomainClaim, Invitation, InvitationLimit, InvitationLimits,
-    MemberChange, Refusal, Role, Session, SignInMethod, User, ROLES,
+    domain_of, Acceptance, DomainClaim, DomainProof, Invitation, InvitationLimit, InvitationLimits,
+    MemberChange, Proving, Refusal, Role, Session, SignInMethod, User, ROLES,
 };
 
 /// Pending invitations an organization may have at once: each is a mail to any address, so a
@@ -124,6 +125,47 @@ fn plausible_domain(domain: &str) -> bool {
         && domain
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+}
+
+/// A claim's proof: how it was proven, or, pending, the TXT record to publish with its Verify
+/// button and the form that mails a link to an address at the domain.
+fn proof_cell(session: &Session, claim: &DomainClaim) -> Markup {
+    html! {
+        @match claim.proof {
+            Some(proof) => {
+                span.proven { (match proof {
+                    DomainProof::Txt => "proven by its TXT record",
+                    DomainProof::Mail => "proven by a mailed link",
+                    DomainProof::SignUp => "proven by the owner's verified address",
+                }) }
+                @if let Some(since) = claim.missing_since {
+                    " (the record was missing at re-checks since " (datetime(since)) ")"
+                }
+            }
+            None => {
+                p { strong { "Pending." } " Publish this TXT record, then press Verify:" }
+                dl.record {
+                    dt { "Name" } dd { code.record-name { (domains::record_name(&claim.domain)) } }
+                    dt { "Value" } dd { code.record-value { (domains::record_value(claim.txt_token.as_deref().unwrap_or_default())) } }
+                }
+                form method="post" action="/developers/members/domains/verify" {
+                    input type="hidden" name="csrf" value=(session.csrf);
+                    input type="hidden" name="domain" value=(claim.domain);
+                    button.primary type="submit" aria-label=(format!("Verify {}", claim.domain)) { "Verify" }
+                }
+                form.inline method="post" action="/developers/members/domains/mail" {
+                    input type="hidden" name="csrf" value=(session.csrf);
+                    input type="hidden" name="domain" value=(claim.domain);
+                    label for=(format!("proof-mail-{}", claim.domain)) { "Or mail a link to" }
+                    input id=(format!("proof-mail-{}", claim.domain)) type="email" name="email" required placeholder=(format!("someone@{}", claim.domain));
+                    button type="submit" aria-label=(format!("Mail a link for {}", claim.domain)) { "Mail link" }
+                }
+                @if let Some(to) = &claim.mail_to {
+                    p.hint { "A link was mailed to " (to) "." }
+                }
+            }
+        }
+    }
 }
 
 fn view(
@@ -237,7 +279,7 @@ fn view(
             }
             p.hint { "The invitation is a link mailed to the address; it works once, only for a user signed in with that address, until it expires." }
         }
-        @if acting == Role::Owner {
+        @if acting == Role::Owner || acting == Role::Admin {
             section.card {
                 h2 { "Single sign-on domains" }
                 @if domains.is_empty() {
@@ -245,17 +287,20 @@ fn view(
                 } @else {
                     div.table-wrap {
                         table #domains {
-                            thead { tr { th scope="col" { "Domain" } th scope="col" { "Password sign-in of members" } th scope="col" { span.sr-only { "Release" } } } }
+                            thead { tr { th scope="col" { "Domain" } th scope="col" { "Proof" } th scope="col" { "Password sign-in of members" } th scope="col" { span.sr-only { "Release" } } } }
                             tbody {
                                 @for claim in domains {
-                                    tr data-domain=(claim.domain) {
+                                    tr data-domain=(claim.domain) data-status=(if claim.proof.is_some() { "proven" } else { "pending" }) {
                                         td { (claim.domain) }
+                                        td { (proof_cell(session, claim)) }
                                         td { @if claim.require_sso { "refused: SSO required" } @else { "allowed" } }
                                         td {
-                                            form method="post" action="/developers/members/domains/release" {
-                                                input type="hidden" name="csrf" value=(session.csrf);
-                                                input type="hidden" name="domain" value=(claim.domain);
-                                                button.danger type="submit" aria-label=(format!("Release {}", claim.domain)) { "Release" }
+                                            @if acting == Role::Owner {
+                                                form method="post" action="/developers/members/domains/release" {
+                                                    input type="hidden" name="csrf" value=(session.csrf);
+                                                    input type="hidden" name="domain" value=(claim.domain);
+                                                    button.danger type="submit" aria-label=(format!("Release {}", claim.domain)) { "Release" }
+                                                }
                                             }
                                         }
                                     }
@@ -264,16 +309,18 @@ fn view(
                         }
                     }
                 }
-                form.grid-form method="post" action="/developers/members/domains" {
-                    input type="hidden" name="csrf" value=(session.csrf);
-                    div.field {
-                        label for="claim-domain" { "Domain" }
-                        input #claim-domain type="text" name="domain" required value=(domain_of(&session.email).unwrap_or_default());
+                @if acting == Role::Owner {
+                    form.grid-form method="post" action="/developers/members/domains" {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        div.field {
+                            label for="claim-domain" { "Domain" }
+                            input #claim-domain type="text" name="domain" required value=(domain_of(&session.email).unwrap_or_default());
+                        }
+                        div.field { label.check { input #require-sso type="checkbox" name="require_sso" value="on"; " Require single sign-on" } }
+                        div.field.actions { button.primary #claim type="submit" { "Claim domain" } }
                     }
-                    div.field { label.check { input #require-sso type="checkbox" name="require_sso" value="on"; " Require single sign-on" } }
-                    div.field.actions { button.primary #claim type="submit" { "Claim domain" } }
                 }
-                p.hint { "You can claim the domain of your own email address, not a public mail provider's. New users signing in through single sign-on with a verified email of a claimed domain join this organization; requiring single sign-on refuses password sign-in to this organization's members of the domain only. A domain belongs to one organization until it releases it." }
+                p.hint { "A claim is pending, with no effect, until the organization proves it controls the domain: publish the TXT record shown and press Verify, or mail a link to an address at the domain and follow it. A public mail provider's domain cannot be claimed. New users signing in through single sign-on with a verified email of a proven domain join this organization; requiring single sign-on refuses password sign-in to this organization's members of the domain only. A TXT record is looked up again daily: gone for longer than the grace period, the claim is pending again. A domain is proven by one organization at a time, until it releases it." }
             }
         }
     };
@@ -389,24 +436,17 @@ pub async fn claim_domain(
         )
         .await;
     }
-    // A verified address of the domain is the proof of it this dashboard has: an owner
-    // claims only the domain of their own email (verified by the link mailed to it at
-    // sign-up), so nobody claims another company's domain and captures its users' first
-    // sign-ins.
-    if domain_of(&session.email).as_deref() != Some(domain.as_str()) {
-        return render(
-            &state,
-            session,
-            StatusCode::FORBIDDEN,
-            Flash::Error("You can claim only the domain of your own email address."),
-        )
-        .await;
-    }
+    // The claim is pending, with no effect, until proven (a TXT record or a mailed link), so
+    // any domain may be claimed; the token names this claim's record.
     let claim = DomainClaim {
         domain,
         account_id: session.account_id.clone(),
         require_sso: form.require_sso.is_some(),
         claimed_at: OffsetDateTime::now_utc(),
+        txt_token: Some(ids::session_token()),
+        proof: None,
+        missing_since: None,
+        mail_to: None,
     };
     let by = session::actor(&session.email, client);
     if state.developers.claim_domain(claim, &by).await? {
@@ -414,7 +454,7 @@ pub async fn claim_domain(
             &state,
             session,
             StatusCode::OK,
-            Flash::Done("Domain claimed."),
+            Flash::Done("Domain claimed. It has no effect until proven: publish its TXT record and press Verify, or mail a link to an address at the domain."),
         )
         .await
     } else {
@@ -422,7 +462,7 @@ pub async fn claim_domain(
             &state,
             session,
             StatusCode::CONFLICT,
-            Flash::Error("Another organization has claimed this domain."),
+            Flash::Error("Another organization has proven this domain: it cannot be claimed until that organization releases it."),
         )
         .await
     }
@@ -465,6 +505,272 @@ pub async fn release_domain(
         )
         .await
     }
+}
+
+#[derive(Deserialize)]
+pub struct ProofMailForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    email: String,
+}
+
+#[derive(Deserialize)]
+pub struct ProofLink {
+    #[serde(default)]
+    token: String,
+}
+
+/// The account's pending claim of `domain`, if any.
+async fn pending_claim(
+    state: &DashboardState,
+    account_id: &str,
+    domain: &str,
+) -> Result<Option<DomainClaim>, DashboardError> {
+    Ok(state
+        .developers
+        .domain_claims(account_id)
+        .await?
+        .into_iter()
+        .find(|c| c.domain == domain && c.proof.is_none()))
+}
+
+/// What proving a claim did, as the members page says it.
+async fn proven(
+    state: &DashboardState,
+    session: &Session,
+    proving: Proving,
+) -> Result<Response, DashboardError> {
+    match proving {
+        Proving::Proven(_) => {
+            render(state, session, StatusCode::OK, Flash::Done("Domain proven.")).await
+        }
+        Proving::Taken => {
+            render(
+                state,
+                session,
+                StatusCode::CONFLICT,
+                Flash::Error("Another organization has proven this domain: it cannot be claimed until that organization releases it."),
+            )
+            .await
+        }
+        Proving::NoClaim => {
+            render(
+                state,
+                session,
+                StatusCode::NOT_FOUND,
+                Flash::Error("This organization has no pending claim of that domain."),
+            )
+            .await
+        }
+    }
+}
+
+/// `POST /developers/members/domains/verify` (owners and admins): looks up the pending claim's
+/// TXT record and proves the claim when it holds the claim's value. Braked per organization
+/// (each press is a lookup made on its behalf).
+pub async fn verify_domain(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    allowed: Allowed<needs::Members>,
+    HtmlForm(form): HtmlForm<DomainForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    if !matches!(session.role, Role::Owner | Role::Admin) {
+        return Ok(NotSignedIn::Forbidden(session.clone()).into_response());
+    }
+    let domain = normalize(&form.domain);
+    let Some(claim) = pending_claim(&state, &session.account_id, &domain).await? else {
+        return proven(&state, session, Proving::NoClaim).await;
+    };
+    let checks = &state.settings.domains;
+    if !checks.take_verify(&session.account_id) {
+        return render(
+            &state,
+            session,
+            StatusCode::TOO_MANY_REQUESTS,
+            Flash::Error(
+                "Too many verifications for this organization: wait a minute and try again.",
+            ),
+        )
+        .await;
+    }
+    let token = claim.txt_token.as_deref().unwrap_or_default();
+    match checks.txt_found(&domain, token).await {
+        Ok(true) => {
+            let by = session::actor(&session.email, client);
+            let proving = state
+                .developers
+                .prove_domain(&session.account_id, &domain, DomainProof::Txt, &by)
+                .await?;
+            proven(&state, session, proving).await
+        }
+        Ok(false) => {
+            let message = format!(
+                "No TXT record {} with the value {} was found. Publish it (DNS changes may take a while to show) and press Verify again.",
+                domains::record_name(&domain),
+                domains::record_value(token)
+            );
+            render(
+                &state,
+                session,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Flash::Error(&message),
+            )
+            .await
+        }
+        Err(e) => {
+            tracing::info!(domain = %domain, error = %e, "domain verification lookup failed");
+            render(
+                &state,
+                session,
+                StatusCode::BAD_GATEWAY,
+                Flash::Error("The DNS lookup failed. Try again later."),
+            )
+            .await
+        }
+    }
+}
+
+/// `POST /developers/members/domains/mail` (owners and admins): mails a proof link for the
+/// pending claim to an address at the domain (a link mailed before stops working). Braked with
+/// Verify, per organization.
+pub async fn mail_domain_proof(
+    State(state): State<Arc<DashboardState>>,
+    allowed: Allowed<needs::Members>,
+    HtmlForm(form): HtmlForm<ProofMailForm>,
+) -> Result<Response, DashboardError> {
+    allowed.check_csrf(&form.csrf)?;
+    let session = &allowed.session;
+    if !matches!(session.role, Role::Owner | Role::Admin) {
+        return Ok(NotSignedIn::Forbidden(session.clone()).into_response());
+    }
+    let domain = normalize(&form.domain);
+    let email = normalize(&form.email);
+    if !plausible_email(&email) || domain_of(&email).as_deref() != Some(domain.as_str()) {
+        return render(
+            &state,
+            session,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Flash::Error("Enter an address at the claimed domain."),
+        )
+        .await;
+    }
+    if pending_claim(&state, &session.account_id, &domain)
+        .await?
+        .is_none()
+    {
+        return proven(&state, session, Proving::NoClaim).await;
+    }
+    if !state.settings.domains.take_verify(&session.account_id) {
+        return render(
+            &state,
+            session,
+            StatusCode::TOO_MANY_REQUESTS,
+            Flash::Error(
+                "Too many verifications for this organization: wait a minute and try again.",
+            ),
+        )
+        .await;
+    }
+    let token = ids::session_token();
+    let expires_at = OffsetDateTime::now_utc() + mail::DOMAIN_PROOF_LIFETIME;
+    if !state
+        .developers
+        .mail_domain_proof(
+            &session.account_id,
+            &domain,
+            &email,
+            &KeyHash::of(&token),
+            expires_at,
+        )
+        .await?
+    {
+        return proven(&state, session, Proving::NoClaim).await;
+    }
+    mail::send(
+        state.settings.mailer.as_ref(),
+        Mail::DomainProof {
+            to: &email,
+            domain: &domain,
+            link: state
+                .settings
+                .public_url
+                .to(&format!("{}?token={token}", mail::DOMAIN_PROOF_PATH)),
+        },
+    );
+    let message =
+        format!("A link was mailed to {email}: following it within an hour proves the claim.");
+    render(&state, session, StatusCode::OK, Flash::Done(&message)).await
+}
+
+/// The page a domain proof link opens: a button that proves. Following the link changes
+/// nothing by itself, so a mail scanner that fetches links does not spend it.
+pub async fn domain_proof_form(Query(link): Query<ProofLink>) -> Result<Response, DashboardError> {
+    let token = link_token(&link.token).ok_or(DashboardError::NotFound)?;
+    Ok(with_status(
+        StatusCode::OK,
+        bare(
+            "Confirm the domain",
+            html! {
+                p { "An organization asks you to confirm it controls your address's domain, for single sign-on. Confirm only if you know it." }
+                form.stack method="post" action=(mail::DOMAIN_PROOF_PATH) {
+                    input type="hidden" name="token" value=(token);
+                    button.primary #confirm type="submit" { "Confirm the domain" }
+                }
+            },
+        ),
+    ))
+}
+
+/// `POST` of a domain proof link: proves the pending claim it was mailed for, once, within
+/// its lifetime; audited as the address it was mailed to.
+pub async fn prove_domain_by_mail(
+    State(state): State<Arc<DashboardState>>,
+    client: ClientAddress,
+    HtmlForm(link): HtmlForm<ProofLink>,
+) -> Result<Response, DashboardError> {
+    let proving = match link_token(&link.token) {
+        Some(token) => {
+            let by = session::actor("", client);
+            state
+                .developers
+                .prove_domain_by_mail(&KeyHash::of(token), OffsetDateTime::now_utc(), &by)
+                .await?
+        }
+        None => Proving::NoClaim,
+    };
+    let (status, title, message, kind) = match proving {
+        Proving::Proven(claim) => (
+            StatusCode::OK,
+            "Domain confirmed",
+            format!(
+                "{} is confirmed for the organization that claimed it.",
+                claim.domain
+            ),
+            "success",
+        ),
+        Proving::Taken => (
+            StatusCode::CONFLICT,
+            "Domain taken",
+            "Another organization has proven this domain already.".to_owned(),
+            "error",
+        ),
+        Proving::NoClaim => (
+            StatusCode::GONE,
+            "Link expired",
+            "This link has expired or was already used. Ask the organization for a new one."
+                .to_owned(),
+            "error",
+        ),
+    };
+    Ok(with_status(
+        status,
+        bare(title, html! { (notice(kind, &message)) }),
+    ))
 }
 
 pub async fn show(

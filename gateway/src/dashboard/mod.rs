@@ -7,6 +7,7 @@ mod audit;
 mod billing;
 mod changelog;
 mod charts;
+pub mod domains;
 pub mod error;
 mod form;
 mod keys;
@@ -53,6 +54,18 @@ pub fn router() -> Router<AppState> {
         .route(
             "/developers/members/domains/release",
             post(members::release_domain),
+        )
+        .route(
+            "/developers/members/domains/verify",
+            post(members::verify_domain),
+        )
+        .route(
+            "/developers/members/domains/mail",
+            post(members::mail_domain_proof),
+        )
+        .route(
+            mail::DOMAIN_PROOF_PATH,
+            get(members::domain_proof_form).post(members::prove_domain_by_mail),
         )
         .route(
             "/developers/members/invitations/{id}/withdraw",

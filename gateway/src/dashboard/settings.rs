@@ -30,6 +30,8 @@ pub struct DashboardSettings {
     pub mailer: Arc<dyn Mailer>,
     /// Single sign-on through an OpenID Connect provider, when configured.
     pub sso: Option<Arc<SsoSettings>>,
+    /// How a claimed domain's proof is looked up and re-checked.
+    pub domains: Arc<super::domains::DomainChecks>,
 }
 
 /// Where "Sign in with SSO" starts a sign-in at the provider.

@@ -7,6 +7,7 @@ use lettre::message::Mailbox;
 use time::Duration;
 
 use super::secrets::{LONG_SECRET, SMTP_URL};
+use crate::dashboard::domains::DomainChecks;
 use crate::dashboard::mail::{LogMailer, Mailer, SmtpMailer, SmtpServer};
 use crate::dashboard::settings::{PublicUrl, SsoSettings};
 use crate::dashboard::DashboardSettings;
@@ -78,6 +79,38 @@ pub struct DashboardArgs {
     #[arg(long, env = "GATEWAY_DASHBOARD_OIDC_DEFAULT_ROLE", default_value = "developer",
           value_parser = role)]
     pub dashboard_oidc_default_role: Role,
+    /// The DNS server (`HOST:PORT`, an IP address) that looks up the TXT records proving
+    /// domain claims; without it, the system's resolver (`/etc/resolv.conf`).
+    #[arg(long, env = "GATEWAY_DNS_RESOLVER", value_name = "HOST:PORT")]
+    pub dns_resolver: Option<std::net::SocketAddr>,
+    /// How often each domain claim proven by a TXT record is looked up again.
+    #[arg(long, env = "GATEWAY_DOMAIN_RECHECK_HOURS", default_value_t = 24.0, value_parser = positive_hours)]
+    pub domain_recheck_hours: f64,
+    /// How long a TXT-proven claim's record may be missing at re-checks before the claim lapses
+    /// back to pending (0: at the first re-check that misses it).
+    #[arg(long, env = "GATEWAY_DOMAIN_GRACE_HOURS", default_value_t = 72.0, value_parser = hours)]
+    pub domain_grace_hours: f64,
+}
+
+/// A number of hours from 0 to a year.
+fn hours(value: &str) -> Result<f64, String> {
+    let number: f64 = value.parse().map_err(|e| format!("not a number: {e}"))?;
+    if number.is_finite() && (0.0..=366.0 * 24.0).contains(&number) {
+        Ok(number)
+    } else {
+        Err("expected a number of hours from 0 to a year".to_owned())
+    }
+}
+
+/// A positive number of hours, at most a year.
+fn positive_hours(value: &str) -> Result<f64, String> {
+    hours(value).and_then(|h| {
+        if h > 0.0 {
+            Ok(h)
+        } else {
+            Err("expected a positive number of hours".to_owned())
+        }
+    })
 }
 
 /// A positive, finite number of at most a year's seconds, so its duration cannot overflow.
@@ -161,6 +194,11 @@ impl From<&DashboardArgs> for DashboardSettings {
                 None => Arc::new(LogMailer),
             },
             sso: args.sso(),
+            domains: Arc::new(DomainChecks::new(
+                args.dns_resolver,
+                std::time::Duration::from_secs_f64(args.domain_recheck_hours * 3600.0),
+                Duration::seconds_f64(args.domain_grace_hours * 3600.0),
+            )),
         }
     }
 }

@@ -124,9 +124,15 @@ pub enum Action {
     KeyGrantChanged,
     /// The organization released an email domain it had claimed; `before`: the claim.
     DomainReleased,
+    /// A claimed email domain was proven the organization's (a DNS TXT record, or a link
+    /// mailed to an address at the domain); `after`: the proof.
+    DomainProven,
+    /// A TXT-proven domain's record stayed missing past the grace period: the claim is pending
+    /// again; `before`: the proof and since when the record was missing.
+    DomainLapsed,
 }
 
-pub const ACTIONS: [Action; 24] = [
+pub const ACTIONS: [Action; 26] = [
     Action::SignedUp,
     Action::EmailVerified,
     Action::SignIn,
@@ -151,6 +157,8 @@ pub const ACTIONS: [Action; 24] = [
     Action::InvitationWithdrawn,
     Action::KeyGrantChanged,
     Action::DomainReleased,
+    Action::DomainProven,
+    Action::DomainLapsed,
 ];
 
 impl Action {

@@ -12,13 +12,14 @@ pub use organizations::{
     Role, ROLES,
 };
 pub use postgres::PostgresDeveloperStore;
-pub use sso::{domain_of, DomainClaim};
+pub use sso::{domain_of, lapses, DomainClaim, DomainProof, Proving, Recheck};
 
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
 use serde_json::Value;
+use subtle::ConstantTimeEq;
 use time::{Duration, OffsetDateTime};
 
 use crate::accounts::KeyHash;
@@ -269,21 +270,64 @@ pub trait DeveloperStore: Send + Sync {
         acting: Role,
         by: &Actor,
     ) -> Result<bool, StoreError>;
-    /// Claims (or updates the `require_sso` of) a domain for the claim's organization,
-    /// audited as `by`'s; `false` (and nothing changed) when another organization holds it.
+    /// Claims (or updates the `require_sso` of) a domain for the claim's organization, audited
+    /// as `by`'s: a new claim is pending until proven. `false` (and nothing changed) when
+    /// another organization holds a proven claim of the domain.
     async fn claim_domain(&self, claim: DomainClaim, by: &Actor) -> Result<bool, StoreError>;
-    /// The organization that claimed the domain, if any.
-    /// Releases the account's claim of `domain`, audited as `by`'s: `false` when the account
-    /// holds no such claim (another organization's stays).
+    /// Releases the account's claim of `domain` (pending or proven), audited as `by`'s:
+    /// `false` when the account holds no such claim (another organization's stays).
     async fn release_domain(
         &self,
         account_id: &str,
         domain: &str,
         by: &Actor,
     ) -> Result<bool, StoreError>;
+    /// The organization whose claim of the domain is proven, if any: pending claims have no
+    /// effect.
     async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError>;
-    /// The domains the account's organization claimed, by name.
+    /// The domains the account's organization claimed, pending and proven, by name.
     async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError>;
+    /// Proves the account's pending claim of `domain` by `proof`, audited as `by`'s.
+    async fn prove_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        proof: DomainProof,
+        by: &Actor,
+    ) -> Result<Proving, StoreError>;
+    /// Keeps the hash of a proof link mailed to `to` for the account's pending claim of
+    /// `domain` until `expires_at` (a link mailed before stops working): `false` when there is
+    /// no such pending claim.
+    async fn mail_domain_proof(
+        &self,
+        account_id: &str,
+        domain: &str,
+        to: &str,
+        token_hash: &KeyHash,
+        expires_at: OffsetDateTime,
+    ) -> Result<bool, StoreError>;
+    /// Proves the pending claim whose link has `token_hash`, once, before its expiry (the
+    /// link is spent either way), audited as `by`'s.
+    async fn prove_domain_by_mail(
+        &self,
+        token_hash: &KeyHash,
+        now: OffsetDateTime,
+        by: &Actor,
+    ) -> Result<Proving, StoreError>;
+    /// Every claim proven by a TXT record, for the re-check.
+    async fn txt_proven_domains(&self) -> Result<Vec<DomainClaim>, StoreError>;
+    /// Records a re-check of the account's TXT-proven claim of `domain`: `found` clears a
+    /// missing mark; a miss marks it missing since `now`, or lapses it back to pending (audited
+    /// as `by`'s) once missing for `grace`.
+    async fn recheck_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        found: bool,
+        now: OffsetDateTime,
+        grace: Duration,
+        by: &Actor,
+    ) -> Result<Recheck, StoreError>;
     /// Audits a sign-in to `user`'s account by `method` refused by single sign-on's rules
     /// (`reason` a short name).
     async fn audit_refused_sso(
@@ -367,6 +411,9 @@ fn sign_in_refused(user: &User, by: &Actor) -> AuditEntry {
     }
 }
 
+/// A claim the in-process store holds, with its mailed proof link's hash and expiry.
+type HeldClaim = (DomainClaim, Option<(KeyHash, OffsetDateTime)>);
+
 pub struct MemoryDeveloperStore {
     users: DashMap<String, User>,
     verifications: DashMap<KeyHash, EmailVerification>,
@@ -374,7 +421,9 @@ pub struct MemoryDeveloperStore {
     failures: DashMap<(String, String), (u32, OffsetDateTime)>,
     checkouts: DashMap<String, Checkout>,
     invitations: DashMap<KeyHash, Invitation>,
-    domains: DashMap<String, DomainClaim>,
+    /// Pending and proven claims with their mailed link's hash and expiry: few, so a list
+    /// under one lock (a proof's uniqueness check and its change are one step).
+    domains: Mutex<Vec<HeldClaim>>,
     sso_logins: DashMap<KeyHash, OffsetDateTime>,
     /// Held by every change of an organization's members, so that its checks (an owner
     /// remains) and its change are one step.
@@ -392,7 +441,7 @@ impl MemoryDeveloperStore {
             failures: DashMap::new(),
             checkouts: DashMap::new(),
             invitations: DashMap::new(),
-            domains: DashMap::new(),
+            domains: Mutex::new(Vec::new()),
             sso_logins: DashMap::new(),
             organizations: Mutex::new(()),
             audit,
@@ -432,6 +481,36 @@ impl MemoryDeveloperStore {
             None => Ok(member),
         }
     }
+}
+
+/// Proves the pending claim of `domain` by `account_id` in `domains` unless another
+/// organization's claim of it is proven (both stores keep this rule in one step).
+fn prove_held(
+    domains: &mut [HeldClaim],
+    account_id: &str,
+    domain: &str,
+    proof: DomainProof,
+    audit: &MemoryAuditLog,
+    by: &Actor,
+) -> Proving {
+    if domains
+        .iter()
+        .any(|(c, _)| c.domain == domain && c.account_id != account_id && c.proof.is_some())
+    {
+        return Proving::Taken;
+    }
+    let Some((claim, mail)) = domains
+        .iter_mut()
+        .find(|(c, _)| c.domain == domain && c.account_id == account_id && c.proof.is_none())
+    else {
+        return Proving::NoClaim;
+    };
+    claim.proof = Some(proof);
+    claim.missing_since = None;
+    claim.mail_to = None;
+    *mail = None;
+    audit.append(sso::domain_proven(claim, by));
+    Proving::Proven(claim.clone())
 }
 
 fn lock(mutex: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
@@ -766,22 +845,28 @@ impl DeveloperStore for MemoryDeveloperStore {
     }
 
     async fn claim_domain(&self, claim: DomainClaim, by: &Actor) -> Result<bool, StoreError> {
-        // The domain's entry is held while its row is appended.
-        match self.domains.entry(claim.domain.clone()) {
-            dashmap::Entry::Occupied(mut held) => {
-                if held.get().account_id != claim.account_id {
-                    return Ok(false);
-                }
-                self.audit.append(sso::domain_claimed(&claim, by));
-                held.get_mut().require_sso = claim.require_sso;
-                Ok(true)
+        let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        if domains.iter().any(|(held, _)| {
+            held.domain == claim.domain
+                && held.account_id != claim.account_id
+                && held.proof.is_some()
+        }) {
+            return Ok(false);
+        }
+        match domains
+            .iter_mut()
+            .find(|(held, _)| held.domain == claim.domain && held.account_id == claim.account_id)
+        {
+            Some((held, _)) => {
+                held.require_sso = claim.require_sso;
+                self.audit.append(sso::domain_claimed(held, by));
             }
-            dashmap::Entry::Vacant(slot) => {
+            None => {
                 self.audit.append(sso::domain_claimed(&claim, by));
-                slot.insert(claim);
-                Ok(true)
+                domains.push((claim, None));
             }
         }
+        Ok(true)
     }
 
     async fn release_domain(
@@ -790,31 +875,146 @@ impl DeveloperStore for MemoryDeveloperStore {
         domain: &str,
         by: &Actor,
     ) -> Result<bool, StoreError> {
-        match self
-            .domains
-            .remove_if(domain, |_, claim| claim.account_id == account_id)
+        let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(at) = domains
+            .iter()
+            .position(|(c, _)| c.domain == domain && c.account_id == account_id)
+        else {
+            return Ok(false);
+        };
+        let (claim, _) = domains.remove(at);
+        self.audit.append(sso::domain_released(&claim, by));
+        Ok(true)
+    }
+
+    async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError> {
+        let domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(domains
+            .iter()
+            .find(|(c, _)| c.domain == domain && c.proof.is_some())
+            .map(|(c, _)| c.clone()))
+    }
+
+    async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError> {
+        let domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        let mut claims: Vec<DomainClaim> = domains
+            .iter()
+            .filter(|(c, _)| c.account_id == account_id)
+            .map(|(c, _)| c.clone())
+            .collect();
+        claims.sort_by(|a, b| a.domain.cmp(&b.domain));
+        Ok(claims)
+    }
+
+    async fn prove_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        proof: DomainProof,
+        by: &Actor,
+    ) -> Result<Proving, StoreError> {
+        let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(prove_held(
+            &mut domains,
+            account_id,
+            domain,
+            proof,
+            &self.audit,
+            by,
+        ))
+    }
+
+    async fn mail_domain_proof(
+        &self,
+        account_id: &str,
+        domain: &str,
+        to: &str,
+        token_hash: &KeyHash,
+        expires_at: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        match domains
+            .iter_mut()
+            .find(|(c, _)| c.domain == domain && c.account_id == account_id && c.proof.is_none())
         {
-            Some((_, claim)) => {
-                self.audit.append(sso::domain_released(&claim, by));
+            Some((claim, mail)) => {
+                claim.mail_to = Some(to.to_owned());
+                *mail = Some((*token_hash, expires_at));
                 Ok(true)
             }
             None => Ok(false),
         }
     }
 
-    async fn domain_claim(&self, domain: &str) -> Result<Option<DomainClaim>, StoreError> {
-        Ok(self.domains.get(domain).map(|c| c.clone()))
+    async fn prove_domain_by_mail(
+        &self,
+        token_hash: &KeyHash,
+        now: OffsetDateTime,
+        by: &Actor,
+    ) -> Result<Proving, StoreError> {
+        let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((claim, mail)) = domains
+            .iter_mut()
+            .find(|(_, mail)| mail.is_some_and(|(hash, _)| bool::from(hash.ct_eq(token_hash))))
+        else {
+            return Ok(Proving::NoClaim);
+        };
+        // Spent whatever follows: a link works once.
+        let expires_at = mail.take().map(|(_, at)| at);
+        if expires_at.is_none_or(|at| at <= now) || claim.proof.is_some() {
+            return Ok(Proving::NoClaim);
+        }
+        let (account_id, domain) = (claim.account_id.clone(), claim.domain.clone());
+        let by = Actor {
+            id: claim.mail_to.clone().unwrap_or_default(),
+            ..by.clone()
+        };
+        Ok(prove_held(
+            &mut domains,
+            &account_id,
+            &domain,
+            DomainProof::Mail,
+            &self.audit,
+            &by,
+        ))
     }
 
-    async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError> {
-        let mut claims: Vec<DomainClaim> = self
-            .domains
+    async fn txt_proven_domains(&self) -> Result<Vec<DomainClaim>, StoreError> {
+        let domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(domains
             .iter()
-            .filter(|c| c.account_id == account_id)
-            .map(|c| c.clone())
-            .collect();
-        claims.sort_by(|a, b| a.domain.cmp(&b.domain));
-        Ok(claims)
+            .filter(|(c, _)| c.proof == Some(DomainProof::Txt))
+            .map(|(c, _)| c.clone())
+            .collect())
+    }
+
+    async fn recheck_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        found: bool,
+        now: OffsetDateTime,
+        grace: Duration,
+        by: &Actor,
+    ) -> Result<Recheck, StoreError> {
+        let mut domains = self.domains.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((claim, _)) = domains.iter_mut().find(|(c, _)| {
+            c.domain == domain && c.account_id == account_id && c.proof == Some(DomainProof::Txt)
+        }) else {
+            return Ok(Recheck::Kept);
+        };
+        if found {
+            claim.missing_since = None;
+            return Ok(Recheck::Kept);
+        }
+        let since = *claim.missing_since.get_or_insert(now);
+        if !lapses(since, now, grace) {
+            return Ok(Recheck::Missing);
+        }
+        self.audit.append(sso::domain_lapsed(claim, since, by));
+        claim.proof = None;
+        claim.missing_since = None;
+        Ok(Recheck::Lapsed)
     }
 
     async fn audit_refused_sso(

@@ -9,7 +9,7 @@ use time::{Duration, OffsetDateTime};
 use super::organizations::{
     self, Acceptance, Invitation, InvitationLimit, InvitationLimits, MemberChange, Refusal, Role,
 };
-use super::sso::{self, DomainClaim};
+use super::sso::{self, lapses, DomainClaim, DomainProof, Proving, Recheck};
 use super::{
     of_user, sign_in_refused, signed_in, signed_out, signed_out_everywhere, standing, verified_by,
     Checkout, CheckoutStatus, DeveloperStore, EmailVerification, Session, SignInMethod, Standing,
@@ -118,13 +118,82 @@ fn session_of(row: &PgRow) -> Result<Option<Session>, sqlx::Error> {
     }))
 }
 
+/// A claim of `dashboard_domains` (proven: it has `proof`) or `dashboard_pending_domains`.
 fn claim_of(row: &PgRow) -> Result<DomainClaim, sqlx::Error> {
+    let proof = match row.try_get::<String, _>("proof") {
+        Ok(name) => Some(
+            DomainProof::parse(&name).ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: "proof".into(),
+                source: format!("unknown domain proof {name:?}").into(),
+            })?,
+        ),
+        Err(sqlx::Error::ColumnNotFound(_)) => None,
+        Err(e) => return Err(e),
+    };
+    let optional = |column: &str| match row.try_get(column) {
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        other => other,
+    };
     Ok(DomainClaim {
         domain: row.try_get("domain")?,
         account_id: row.try_get("account_id")?,
         require_sso: row.try_get("require_sso")?,
         claimed_at: row.try_get("claimed_at")?,
+        txt_token: row.try_get("txt_token")?,
+        proof,
+        missing_since: optional("missing_since")?,
+        mail_to: match row.try_get("mail_to") {
+            Err(sqlx::Error::ColumnNotFound(_)) => None,
+            other => other?,
+        },
     })
+}
+
+/// Moves the account's pending claim of `domain` to the proven ones in `tx`, audited:
+/// `Taken` (nothing changed; the caller rolls back) when another organization's is proven.
+async fn prove_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    account_id: &str,
+    domain: &str,
+    proof: DomainProof,
+    by: &Actor,
+) -> Result<Proving, sqlx::Error> {
+    let Some(row) = sqlx::query(
+        "DELETE FROM dashboard_pending_domains WHERE domain = $1 AND account_id = $2
+         RETURNING *",
+    )
+    .bind(domain)
+    .bind(account_id)
+    .persistent(false)
+    .fetch_optional(&mut **tx)
+    .await?
+    else {
+        return Ok(Proving::NoClaim);
+    };
+    let mut claim = claim_of(&row)?;
+    claim.proof = Some(proof);
+    claim.mail_to = None;
+    // The primary key keeps one proven claim per domain, whatever runs at the same time.
+    let inserted = sqlx::query(
+        "INSERT INTO dashboard_domains
+             (domain, account_id, require_sso, claimed_at, proof, txt_token)
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (domain) DO NOTHING",
+    )
+    .bind(&claim.domain)
+    .bind(&claim.account_id)
+    .bind(claim.require_sso)
+    .bind(claim.claimed_at)
+    .bind(proof.as_str())
+    .bind(&claim.txt_token)
+    .persistent(false)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        return Ok(Proving::Taken);
+    }
+    append_in(tx, &sso::domain_proven(&claim, by)).await?;
+    Ok(Proving::Proven(claim))
 }
 
 fn status_name(status: CheckoutStatus) -> &'static str {
@@ -806,27 +875,51 @@ impl DeveloperStore for PostgresDeveloperStore {
             .db
             .bounded(async {
                 let mut tx = self.db.pool().begin().await?;
-                // Another organization's claim stays: the update only touches this one's.
-                let claimed = sqlx::query(
-                    "INSERT INTO dashboard_domains (domain, account_id, require_sso, claimed_at)
-                     VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (domain) DO UPDATE SET require_sso = EXCLUDED.require_sso
-                     WHERE dashboard_domains.account_id = EXCLUDED.account_id",
-                )
-                .bind(&claim.domain)
-                .bind(&claim.account_id)
-                .bind(claim.require_sso)
-                .bind(claim.claimed_at)
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-                    == 1;
-                if claimed {
-                    append_in(&mut tx, &sso::domain_claimed(&claim, by)).await?;
-                }
+                let proven =
+                    sqlx::query("SELECT * FROM dashboard_domains WHERE domain = $1 FOR UPDATE")
+                        .bind(&claim.domain)
+                        .persistent(false)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let held = match proven {
+                    // Another organization proved it: refused.
+                    Some(row) if claim_of(&row)?.account_id != claim.account_id => {
+                        return Ok(false)
+                    }
+                    Some(_) => {
+                        sqlx::query(
+                            "UPDATE dashboard_domains SET require_sso = $3
+                             WHERE domain = $1 AND account_id = $2 RETURNING *",
+                        )
+                        .bind(&claim.domain)
+                        .bind(&claim.account_id)
+                        .bind(claim.require_sso)
+                        .persistent(false)
+                        .fetch_one(&mut *tx)
+                        .await?
+                    }
+                    None => {
+                        sqlx::query(
+                            "INSERT INTO dashboard_pending_domains
+                                 (domain, account_id, require_sso, claimed_at, txt_token)
+                             VALUES ($1, $2, $3, $4, $5)
+                             ON CONFLICT (domain, account_id)
+                             DO UPDATE SET require_sso = EXCLUDED.require_sso
+                             RETURNING *",
+                        )
+                        .bind(&claim.domain)
+                        .bind(&claim.account_id)
+                        .bind(claim.require_sso)
+                        .bind(claim.claimed_at)
+                        .bind(claim.txt_token.as_deref().unwrap_or_default())
+                        .persistent(false)
+                        .fetch_one(&mut *tx)
+                        .await?
+                    }
+                };
+                append_in(&mut tx, &sso::domain_claimed(&claim_of(&held)?, by)).await?;
                 tx.commit().await?;
-                Ok(claimed)
+                Ok::<_, sqlx::Error>(true)
             })
             .await?;
         Ok(claimed)
@@ -842,15 +935,20 @@ impl DeveloperStore for PostgresDeveloperStore {
             .db
             .bounded(async {
                 let mut tx = self.db.pool().begin().await?;
-                let released = sqlx::query(
-                    "DELETE FROM dashboard_domains WHERE domain = $1 AND account_id = $2
-                     RETURNING *",
-                )
-                .bind(domain)
-                .bind(account_id)
-                .persistent(false)
-                .fetch_optional(&mut *tx)
-                .await?;
+                let mut released = None;
+                for table in ["dashboard_domains", "dashboard_pending_domains"] {
+                    released = sqlx::query(&format!(
+                        "DELETE FROM {table} WHERE domain = $1 AND account_id = $2 RETURNING *"
+                    ))
+                    .bind(domain)
+                    .bind(account_id)
+                    .persistent(false)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if released.is_some() {
+                        break;
+                    }
+                }
                 let Some(row) = released else {
                     return Ok(false);
                 };
@@ -879,14 +977,140 @@ impl DeveloperStore for PostgresDeveloperStore {
     }
 
     async fn domain_claims(&self, account_id: &str) -> Result<Vec<DomainClaim>, StoreError> {
-        let rows = self
+        let (proven, pending) = self
+            .db
+            .bounded(async {
+                let proven = sqlx::query("SELECT * FROM dashboard_domains WHERE account_id = $1")
+                    .bind(account_id)
+                    .fetch_all(self.db.pool())
+                    .await?;
+                let pending =
+                    sqlx::query("SELECT * FROM dashboard_pending_domains WHERE account_id = $1")
+                        .bind(account_id)
+                        .fetch_all(self.db.pool())
+                        .await?;
+                Ok::<_, sqlx::Error>((proven, pending))
+            })
+            .await?;
+        let mut claims: Vec<DomainClaim> = proven
+            .iter()
+            .chain(&pending)
+            .map(claim_of)
+            .collect::<Result<_, _>>()
+            .map_err(DbError::Sql)?;
+        claims.sort_by(|a, b| a.domain.cmp(&b.domain));
+        Ok(claims)
+    }
+
+    async fn prove_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        proof: DomainProof,
+        by: &Actor,
+    ) -> Result<Proving, StoreError> {
+        Ok(self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                let proving = prove_in(&mut tx, account_id, domain, proof, by).await?;
+                if matches!(proving, Proving::Proven(_)) {
+                    tx.commit().await?;
+                }
+                Ok::<_, sqlx::Error>(proving)
+            })
+            .await?)
+    }
+
+    async fn mail_domain_proof(
+        &self,
+        account_id: &str,
+        domain: &str,
+        to: &str,
+        token_hash: &KeyHash,
+        expires_at: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        let updated = self
             .db
             .bounded(
                 sqlx::query(
-                    "SELECT * FROM dashboard_domains WHERE account_id = $1 ORDER BY domain",
+                    "UPDATE dashboard_pending_domains
+                     SET mail_to = $3, mail_token_hash = $4, mail_expires_at = $5
+                     WHERE domain = $1 AND account_id = $2",
                 )
+                .bind(domain)
                 .bind(account_id)
-                .fetch_all(self.db.pool()),
+                .bind(to)
+                .bind(token_hash.as_bytes())
+                .bind(expires_at)
+                .persistent(false)
+                .execute(self.db.pool()),
+            )
+            .await?
+            .rows_affected();
+        Ok(updated == 1)
+    }
+
+    async fn prove_domain_by_mail(
+        &self,
+        token_hash: &KeyHash,
+        now: OffsetDateTime,
+        by: &Actor,
+    ) -> Result<Proving, StoreError> {
+        Ok(self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                // The link is spent as it is read (looked up by the SHA-256 of a 256-bit
+                // random token, which nobody can approach byte by byte through timing).
+                let spent = sqlx::query(
+                    "UPDATE dashboard_pending_domains pending
+                     SET mail_token_hash = NULL, mail_expires_at = NULL
+                     FROM (SELECT domain, account_id, mail_expires_at
+                           FROM dashboard_pending_domains
+                           WHERE mail_token_hash = $1 FOR UPDATE) link
+                     WHERE pending.domain = link.domain AND pending.account_id = link.account_id
+                     RETURNING pending.*, link.mail_expires_at AS link_expires_at",
+                )
+                .bind(token_hash.as_bytes())
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = spent else {
+                    return Ok(Proving::NoClaim);
+                };
+                let claim = claim_of(&row)?;
+                let expires_at: Option<OffsetDateTime> = row.try_get("link_expires_at")?;
+                if expires_at.is_none_or(|at| at <= now) {
+                    tx.commit().await?;
+                    return Ok(Proving::NoClaim);
+                }
+                let by = Actor {
+                    id: claim.mail_to.clone().unwrap_or_default(),
+                    ..by.clone()
+                };
+                let proving = prove_in(
+                    &mut tx,
+                    &claim.account_id,
+                    &claim.domain,
+                    DomainProof::Mail,
+                    &by,
+                )
+                .await?;
+                if matches!(proving, Proving::Proven(_)) {
+                    tx.commit().await?;
+                }
+                Ok::<_, sqlx::Error>(proving)
+            })
+            .await?)
+    }
+
+    async fn txt_proven_domains(&self) -> Result<Vec<DomainClaim>, StoreError> {
+        let rows = self
+            .db
+            .bounded(
+                sqlx::query("SELECT * FROM dashboard_domains WHERE proof = 'txt'")
+                    .fetch_all(self.db.pool()),
             )
             .await?;
         Ok(rows
@@ -894,6 +1118,76 @@ impl DeveloperStore for PostgresDeveloperStore {
             .map(claim_of)
             .collect::<Result<_, _>>()
             .map_err(DbError::Sql)?)
+    }
+
+    async fn recheck_domain(
+        &self,
+        account_id: &str,
+        domain: &str,
+        found: bool,
+        now: OffsetDateTime,
+        grace: Duration,
+        by: &Actor,
+    ) -> Result<Recheck, StoreError> {
+        Ok(self
+            .db
+            .bounded(async {
+                let mut tx = self.db.pool().begin().await?;
+                // The row's lock makes each pod's re-check of one claim a step of its own: a
+                // second pod finds the claim lapsed already, and audits nothing.
+                let marked = sqlx::query(
+                    "UPDATE dashboard_domains
+                     SET missing_since = CASE WHEN $3 THEN NULL
+                                              ELSE COALESCE(missing_since, $4) END
+                     WHERE domain = $1 AND account_id = $2 AND proof = 'txt'
+                     RETURNING *",
+                )
+                .bind(domain)
+                .bind(account_id)
+                .bind(found)
+                .bind(now)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = marked else {
+                    return Ok(Recheck::Kept);
+                };
+                let claim = claim_of(&row)?;
+                let since = match claim.missing_since {
+                    Some(since) if lapses(since, now, grace) => since,
+                    Some(_) => {
+                        tx.commit().await?;
+                        return Ok(Recheck::Missing);
+                    }
+                    None => {
+                        tx.commit().await?;
+                        return Ok(Recheck::Kept);
+                    }
+                };
+                sqlx::query("DELETE FROM dashboard_domains WHERE domain = $1 AND account_id = $2")
+                    .bind(domain)
+                    .bind(account_id)
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "INSERT INTO dashboard_pending_domains
+                         (domain, account_id, require_sso, claimed_at, txt_token)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (domain, account_id) DO NOTHING",
+                )
+                .bind(&claim.domain)
+                .bind(&claim.account_id)
+                .bind(claim.require_sso)
+                .bind(claim.claimed_at)
+                .bind(claim.txt_token.as_deref().unwrap_or_default())
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+                append_in(&mut tx, &sso::domain_lapsed(&claim, since, by)).await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(Recheck::Lapsed)
+            })
+            .await?)
     }
 
     async fn audit_refused_sso(

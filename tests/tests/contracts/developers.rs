@@ -9,9 +9,10 @@ use e2e::PostgresServer;
 use store::accounts::{Accounts, KeyHash, MemoryAccounts, PostgresAccounts};
 use store::audit::{Action, AuditLog, AuditQuery, MemoryAuditLog, PostgresAuditLog};
 use store::developers::{
-    owner_verified, Acceptance, Checkout, CheckoutStatus, DeveloperStore, DomainClaim,
+    owner_verified, Acceptance, Checkout, CheckoutStatus, DeveloperStore, DomainClaim, DomainProof,
     EmailVerification, Invitation, InvitationLimit, InvitationLimits, MemberChange,
-    MemoryDeveloperStore, PostgresDeveloperStore, Refusal, Role, Session, SignInMethod, User,
+    MemoryDeveloperStore, PostgresDeveloperStore, Proving, Recheck, Refusal, Role, Session,
+    SignInMethod, User,
 };
 use store::ledger::MemoryLedger;
 use time::{Duration, OffsetDateTime};
@@ -867,55 +868,261 @@ async fn the_last_owner_of_an_organization_with_members_cannot_leave_it_by_invit
     assert_eq!(store.members(&owner).await.len(), 2);
 }
 
-async fn a_domain_is_claimed_by_one_organization_only_and_audited(store: Store) {
-    let first = store.user().await;
-    let second = store.user().await;
-    let domain = format!("{}.example", unique("corp"));
-    let at = now();
-    let claim = |account_id: &str, require_sso| DomainClaim {
-        domain: domain.clone(),
+/// A claim of `domain` by `account_id`, pending.
+fn pending_claim(
+    domain: &str,
+    account_id: &str,
+    require_sso: bool,
+    at: OffsetDateTime,
+) -> DomainClaim {
+    DomainClaim {
+        domain: domain.to_owned(),
         account_id: account_id.to_owned(),
         require_sso,
         claimed_at: at,
-    };
+        txt_token: Some(format!("token-of-{account_id}")),
+        proof: None,
+        missing_since: None,
+        mail_to: None,
+    }
+}
+
+async fn a_domain_is_proven_by_one_organization_only_and_every_step_audited(store: Store) {
+    let first = store.user().await;
+    let second = store.user().await;
+    let third = store.user().await;
+    let domain = format!("{}.example", unique("corp"));
+    let at = now();
+    let claim = |account_id: &str, require_sso| pending_claim(&domain, account_id, require_sso, at);
     let developers = &store.developers;
-    assert!(developers
-        .claim_domain(claim(&first.account_id, false), &actor())
+    // Two organizations' pending claims of one domain: neither has any effect.
+    for (account, require_sso) in [(&first, false), (&second, true)] {
+        assert!(developers
+            .claim_domain(claim(&account.account_id, require_sso), &actor())
+            .await
+            .expect("claimed"));
+    }
+    assert_eq!(developers.domain_claim(&domain).await.expect("claim"), None);
+    // The first proof wins; the other organization's is refused, and so is a new claim.
+    let proven = developers
+        .prove_domain(&first.account_id, &domain, DomainProof::Txt, &actor())
         .await
-        .expect("claimed"));
+        .expect("proven");
+    let as_proven = |require_sso| DomainClaim {
+        proof: Some(DomainProof::Txt),
+        ..claim(&first.account_id, require_sso)
+    };
+    assert_eq!(proven, Proving::Proven(as_proven(false)));
+    assert_eq!(
+        developers
+            .prove_domain(&second.account_id, &domain, DomainProof::Mail, &actor())
+            .await
+            .expect("refused"),
+        Proving::Taken
+    );
     assert!(!developers
-        .claim_domain(claim(&second.account_id, true), &actor())
+        .claim_domain(claim(&third.account_id, true), &actor())
         .await
         .expect("refused"));
+    assert_eq!(
+        developers
+            .prove_domain(&first.account_id, &domain, DomainProof::Txt, &actor())
+            .await
+            .expect("answered"),
+        Proving::NoClaim,
+        "proven already"
+    );
     // Its own organization may change whether it requires single sign-on.
     assert!(developers
         .claim_domain(claim(&first.account_id, true), &actor())
         .await
         .expect("updated"));
     let held = developers.domain_claim(&domain).await.expect("claim");
-    assert_eq!(held, Some(claim(&first.account_id, true)));
+    assert_eq!(held, Some(as_proven(true)));
+    let claims_of = |account: &str| {
+        let account = account.to_owned();
+        async move { developers.domain_claims(&account).await.expect("claims") }
+    };
+    assert_eq!(claims_of(&first.account_id).await, vec![as_proven(true)]);
     assert_eq!(
-        developers
-            .domain_claims(&first.account_id)
-            .await
-            .expect("claims"),
-        vec![claim(&first.account_id, true)]
+        claims_of(&second.account_id).await,
+        vec![claim(&second.account_id, true)]
     );
-    assert!(developers
-        .domain_claims(&second.account_id)
-        .await
-        .expect("claims")
-        .is_empty());
-    let audited = store.audited(&first.account_id).await;
-    let claims = audited
-        .iter()
-        .filter(|a| **a == Action::DomainClaimed)
-        .count();
-    assert_eq!(claims, 2);
+    assert!(claims_of(&third.account_id).await.is_empty());
+    assert_eq!(
+        store
+            .audited(&first.account_id)
+            .await
+            .into_iter()
+            .filter(|a| matches!(a, Action::DomainClaimed | Action::DomainProven))
+            .collect::<Vec<_>>(),
+        [
+            Action::DomainClaimed,
+            Action::DomainProven,
+            Action::DomainClaimed
+        ]
+    );
     assert!(!store
-        .audited(&second.account_id)
+        .audited(&third.account_id)
         .await
         .contains(&Action::DomainClaimed));
+    // Released (audited), the domain may be proven by the other organization.
+    assert!(developers
+        .release_domain(&first.account_id, &domain, &actor())
+        .await
+        .expect("released"));
+    assert!(store
+        .audited(&first.account_id)
+        .await
+        .contains(&Action::DomainReleased));
+    assert!(matches!(
+        developers
+            .prove_domain(&second.account_id, &domain, DomainProof::Mail, &actor())
+            .await
+            .expect("proven"),
+        Proving::Proven(_)
+    ));
+}
+
+async fn a_domain_proof_link_proves_once_and_only_before_it_expires(store: Store) {
+    let owner = store.user().await;
+    let domain = format!("{}.example", unique("corp"));
+    let developers = &store.developers;
+    developers
+        .claim_domain(
+            pending_claim(&domain, &owner.account_id, true, now()),
+            &actor(),
+        )
+        .await
+        .expect("claimed");
+    let to = format!("it@{domain}");
+    let (expired, older, link) = (
+        KeyHash::of(&unique("expired")),
+        KeyHash::of(&unique("older")),
+        KeyHash::of(&unique("link")),
+    );
+    let mail = |hash, expires_at| {
+        let (account, domain, to) = (owner.account_id.clone(), domain.clone(), to.clone());
+        async move {
+            developers
+                .mail_domain_proof(&account, &domain, &to, &hash, expires_at)
+                .await
+                .expect("mailed")
+        }
+    };
+    let follow = |hash| async move {
+        developers
+            .prove_domain_by_mail(&hash, now(), &actor())
+            .await
+            .expect("answered")
+    };
+    assert!(mail(expired, now() - Duration::seconds(1)).await);
+    assert_eq!(follow(expired).await, Proving::NoClaim, "expired");
+    assert!(mail(older, now() + Duration::hours(1)).await);
+    assert!(mail(link, now() + Duration::hours(1)).await);
+    assert_eq!(follow(older).await, Proving::NoClaim, "superseded");
+    assert_eq!(developers.domain_claim(&domain).await.expect("claim"), None);
+    let Proving::Proven(proven) = follow(link).await else {
+        panic!("the link proves the claim");
+    };
+    assert_eq!(proven.proof, Some(DomainProof::Mail));
+    assert_eq!(follow(link).await, Proving::NoClaim, "a link works once");
+    assert!(
+        !mail(KeyHash::of(&unique("late")), now() + Duration::hours(1)).await,
+        "no pending claim"
+    );
+    assert_eq!(
+        developers
+            .domain_claim(&domain)
+            .await
+            .expect("claim")
+            .map(|c| c.proof),
+        Some(Some(DomainProof::Mail))
+    );
+}
+
+async fn a_txt_proven_domain_missing_for_the_grace_period_lapses_to_pending_once(store: Store) {
+    let owner = store.user().await;
+    let domain = format!("{}.example", unique("corp"));
+    let developers = &store.developers;
+    developers
+        .claim_domain(
+            pending_claim(&domain, &owner.account_id, true, now()),
+            &actor(),
+        )
+        .await
+        .expect("claimed");
+    developers
+        .prove_domain(&owner.account_id, &domain, DomainProof::Txt, &actor())
+        .await
+        .expect("proven");
+    assert!(developers
+        .txt_proven_domains()
+        .await
+        .expect("listed")
+        .iter()
+        .any(|c| c.domain == domain));
+    let grace = Duration::hours(72);
+    let t0 = now();
+    let recheck = |found, at| {
+        let (account, domain) = (owner.account_id.clone(), domain.clone());
+        async move {
+            developers
+                .recheck_domain(&account, &domain, found, at, grace, &actor())
+                .await
+                .expect("rechecked")
+        }
+    };
+    assert_eq!(recheck(false, t0).await, Recheck::Missing);
+    // Found again: the mark is cleared, and the grace period starts over at the next miss.
+    assert_eq!(recheck(true, t0 + Duration::hours(24)).await, Recheck::Kept);
+    assert_eq!(
+        recheck(false, t0 + Duration::hours(48)).await,
+        Recheck::Missing
+    );
+    assert_eq!(
+        recheck(false, t0 + Duration::hours(96)).await,
+        Recheck::Missing
+    );
+    let held = developers.domain_claim(&domain).await.expect("claim");
+    assert_eq!(
+        held.and_then(|c| c.missing_since),
+        Some(t0 + Duration::hours(48))
+    );
+    assert_eq!(
+        recheck(false, t0 + Duration::hours(120)).await,
+        Recheck::Lapsed
+    );
+    assert_eq!(developers.domain_claim(&domain).await.expect("claim"), None);
+    // A second pod's re-check of the same moment finds nothing to lapse (and audits nothing).
+    assert_eq!(
+        recheck(false, t0 + Duration::hours(120)).await,
+        Recheck::Kept
+    );
+    let claims = developers
+        .domain_claims(&owner.account_id)
+        .await
+        .expect("claims");
+    assert_eq!(claims.len(), 1);
+    assert_eq!(
+        (claims[0].proof, claims[0].txt_token.clone()),
+        (None, Some(format!("token-of-{}", owner.account_id)))
+    );
+    let lapses = store
+        .audited(&owner.account_id)
+        .await
+        .into_iter()
+        .filter(|a| *a == Action::DomainLapsed)
+        .count();
+    assert_eq!(lapses, 1);
+    // Pending again, it is proven again the same way.
+    assert!(matches!(
+        developers
+            .prove_domain(&owner.account_id, &domain, DomainProof::Txt, &actor())
+            .await
+            .expect("proven"),
+        Proving::Proven(_)
+    ));
 }
 
 async fn a_single_sign_on_start_is_taken_once_and_only_before_it_expires(store: Store) {
@@ -1070,7 +1277,9 @@ e2e::contract! {
         an_admin_never_changes_or_removes_an_owner_and_an_organization_keeps_an_owner,
         a_role_change_or_removal_ends_the_members_sessions_and_no_one_elses,
         the_last_owner_of_an_organization_with_members_cannot_leave_it_by_invitation,
-        a_domain_is_claimed_by_one_organization_only_and_audited,
+        a_domain_is_proven_by_one_organization_only_and_every_step_audited,
+        a_domain_proof_link_proves_once_and_only_before_it_expires,
+        a_txt_proven_domain_missing_for_the_grace_period_lapses_to_pending_once,
         a_single_sign_on_start_is_taken_once_and_only_before_it_expires,
         a_pending_invitation_is_withdrawn_once_by_whom_may_invite_in_its_role,
         invitations_sent_within_the_window_are_limited_per_organization_and_address_withdrawn_or_not,
