@@ -473,6 +473,9 @@ enum Wire {
 /// The Azure OpenAI data-plane version the mock serves; any other is refused, as Azure refuses
 /// an api-version it does not know.
 pub const AZURE_API_VERSION: &str = "2024-10-21";
+/// The wait the mock's Azure throttle (429) gives, in its two headers.
+pub const AZURE_RETRY_AFTER_SECS: &str = "20";
+pub const AZURE_RETRY_AFTER_MS: &str = "20000";
 
 /// Azure's own checks, in its order: the key (401), then the api-version and the deployment
 /// (404). `None` when the request passes them.
@@ -631,8 +634,12 @@ fn error_response(wire: Wire, status: u16) -> Response {
     };
     let mut response = (code, axum::Json(body)).into_response();
     if wire == Wire::Azure && status == 429 {
-        // Azure's throttle says when to come back, in seconds and in milliseconds.
-        for (name, value) in [("retry-after", "1"), ("retry-after-ms", "1000")] {
+        // Azure's throttle says when to come back, in seconds and in milliseconds: long enough
+        // that a test's next turn, on however busy a machine, comes before it.
+        for (name, value) in [
+            ("retry-after", AZURE_RETRY_AFTER_SECS),
+            ("retry-after-ms", AZURE_RETRY_AFTER_MS),
+        ] {
             response
                 .headers_mut()
                 .insert(name, axum::http::HeaderValue::from_static(value));

@@ -151,7 +151,7 @@ impl Decoder for Stream {
             StreamEvent::Error { error } => {
                 tracing::warn!(kind = %error.kind, "upstream stream carried an error");
                 return Err(match error.kind.as_str() {
-                    "overloaded_error" | "rate_limit_error" => ProviderError::Overloaded,
+                    "overloaded_error" | "rate_limit_error" => ProviderError::overloaded(),
                     "timeout_error" => ProviderError::Timeout,
                     _ => ProviderError::Upstream,
                 });
@@ -236,11 +236,11 @@ mod tests {
         };
         assert!(matches!(
             error("overloaded_error"),
-            ProviderError::Overloaded
+            ProviderError::Overloaded { .. }
         ));
         assert!(matches!(
             error("rate_limit_error"),
-            ProviderError::Overloaded
+            ProviderError::Overloaded { .. }
         ));
         assert!(matches!(error("timeout_error"), ProviderError::Timeout));
         assert!(matches!(error("api_error"), ProviderError::Upstream));

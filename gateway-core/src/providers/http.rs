@@ -165,10 +165,16 @@ pub async fn open<D: Decoder>(
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(status_error(match framing {
+            let error = status_error(match framing {
                 Framing::Sse => status,
                 Framing::AwsEventStream => eventstream::error_status(status, response.headers()),
-            }));
+            });
+            return Err(match error {
+                ProviderError::Overloaded { .. } => ProviderError::Overloaded {
+                    retry_after: retry_after(response.headers()),
+                },
+                error => error,
+            });
         }
         let mut body = Body::new(response.bytes_stream(), framing);
         let mut ready = VecDeque::new();
@@ -226,6 +232,25 @@ pub async fn open<D: Decoder>(
     }))
 }
 
+/// When a throttled upstream said to come back: `retry-after-ms` (Azure OpenAI, OpenAI), else
+/// `retry-after` in seconds (every API here sends seconds; an HTTP date is not read).
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let number = |name: &str| {
+        headers
+            .get(name)?
+            .to_str()
+            .ok()?
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n >= 0.0)
+    };
+    number("retry-after-ms")
+        .map(|ms| ms / 1000.0)
+        .or_else(|| number("retry-after"))
+        .map(|secs| Duration::from_secs_f64(secs.min(86_400.0)))
+}
+
 /// Statuses: a rejection of the request's content is the client's to fix (400); everything
 /// else is the upstream's or our configuration's, and may fall back.
 pub fn status_error(status: StatusCode) -> ProviderError {
@@ -240,7 +265,7 @@ pub fn status_error(status: StatusCode) -> ProviderError {
                 .to_owned(),
         ),
         408 | 504 => ProviderError::Timeout,
-        429 | 529 => ProviderError::Overloaded,
+        429 | 529 => ProviderError::overloaded(),
         _ => ProviderError::Upstream,
     }
 }
@@ -419,5 +444,29 @@ mod tests {
                 assert_eq!(got, expected, "cut at {i} and {j}");
             }
         }
+    }
+
+    #[test]
+    fn a_throttles_wait_is_read_in_milliseconds_first_then_in_seconds() {
+        let wait = |headers: &[(&'static str, &'static str)]| {
+            let mut map = reqwest::header::HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(*name, reqwest::header::HeaderValue::from_static(value));
+            }
+            retry_after(&map)
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(wait(&[("retry-after", "2")]), Some(ms(2000)));
+        assert_eq!(wait(&[("retry-after-ms", "1500")]), Some(ms(1500)));
+        assert_eq!(
+            wait(&[("retry-after", "9"), ("retry-after-ms", "250")]),
+            Some(ms(250))
+        );
+        assert_eq!(wait(&[]), None);
+        assert_eq!(
+            wait(&[("retry-after", "Wed, 21 Oct 2026 07:28:00 GMT")]),
+            None
+        );
+        assert_eq!(wait(&[("retry-after", "-3")]), None);
     }
 }

@@ -16,6 +16,7 @@ mod simulated;
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use crds::config::{ProviderKind, Upstream};
@@ -66,8 +67,10 @@ pub enum ProviderError {
     Upstream,
     #[error("upstream timed out")]
     Timeout,
+    /// The upstream limits us (429, 529, a throttle); `retry_after` is when it said to come
+    /// back, which keeps the breaker open that long (`routing::breaker`).
     #[error("upstream overloaded")]
-    Overloaded,
+    Overloaded { retry_after: Option<Duration> },
     #[error("no upstream available")]
     Unavailable,
     #[error("server shutting down")]
@@ -81,9 +84,22 @@ impl ProviderError {
             Self::Rejected(_) => "rejected",
             Self::Upstream => "error",
             Self::Timeout => "timeout",
-            Self::Overloaded => "overloaded",
+            Self::Overloaded { .. } => "overloaded",
             Self::Unavailable => "unavailable",
             Self::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// An upstream that limits us and gave no wait.
+    pub fn overloaded() -> Self {
+        Self::Overloaded { retry_after: None }
+    }
+
+    /// When the upstream said to come back, if it limited us and said so.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Overloaded { retry_after } => *retry_after,
+            _ => None,
         }
     }
 }

@@ -55,7 +55,7 @@ pub async fn start<'a>(
             Err(e) => {
                 tracing::warn!(upstream = %key, error = %e, "upstream attempt failed; trying the next");
                 telemetry::metrics::upstream_error(&upstream.name, e.kind());
-                breakers.failed(&key);
+                breakers.failed(&key, e.retry_after());
                 last = e;
             }
         }
@@ -71,7 +71,7 @@ fn outcome_reported(events: EventStream, breakers: Breakers, key: String) -> Eve
         Ok(_) => {}
         Err(e) => {
             tracing::warn!(upstream = %key, error = %e, "upstream stream failed after its first byte");
-            breakers.failed(&key);
+            breakers.failed(&key, e.retry_after());
         }
     }))
 }

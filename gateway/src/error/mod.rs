@@ -498,7 +498,7 @@ impl From<ProviderError> for ApiError {
                 ErrorType::ApiError,
                 "the upstream model timed out; retry with backoff or lower max_tokens",
             ),
-            ProviderError::Overloaded => Self::new(
+            ProviderError::Overloaded { .. } => Self::new(
                 StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
                 ErrorType::OverloadedError,
                 "the model is overloaded; retry with backoff",

@@ -298,7 +298,7 @@ async fn execute_message(
     let started = start(api, turns, principal, item, request);
     let message = match started.await {
         Ok(turn) => messages::collect(turn).await,
-        Err(TurnError::Provider(ProviderError::Overloaded)) => return Ran::Overloaded,
+        Err(TurnError::Provider(ProviderError::Overloaded { .. })) => return Ran::Overloaded,
         Err(e) => Err(e),
     };
     match message {
@@ -338,7 +338,7 @@ async fn execute_chat(
                 .await
                 .map(|done| chat::completion(id.clone(), model, done))
         }
-        Err(TurnError::Provider(ProviderError::Overloaded)) => return Ran::Overloaded,
+        Err(TurnError::Provider(ProviderError::Overloaded { .. })) => return Ran::Overloaded,
         Err(e) => Err(e),
     };
     match completion {

@@ -77,7 +77,7 @@ where
     request.request.stream = false;
     let turn = start(request).await.map_err(|e| match e {
         TurnError::Provider(ProviderError::ShuttingDown) => Unfinished::Interrupted,
-        TurnError::Provider(ProviderError::Overloaded) => Unfinished::Overloaded,
+        TurnError::Provider(ProviderError::Overloaded { .. }) => Unfinished::Overloaded,
         e => Unfinished::Failed(e.into()),
     })?;
     let (assembler, keep) = answer.begin(&turn);
@@ -97,7 +97,7 @@ impl From<Unfinished> for ApiError {
     fn from(unfinished: Unfinished) -> Self {
         match unfinished {
             Unfinished::Interrupted => ProviderError::ShuttingDown.into(),
-            Unfinished::Overloaded => ProviderError::Overloaded.into(),
+            Unfinished::Overloaded => ProviderError::overloaded().into(),
             Unfinished::Failed(error) => error,
         }
     }
