@@ -33,6 +33,10 @@ use store::developers::{
     MemberChange, Proving, Refusal, Role, Session, SignInMethod, User, ROLES,
 };
 
+/// Why a claim or a proof of a domain another organization has proven is refused.
+const PROVEN_ELSEWHERE: &str =
+    "Another organization has proven this domain: it cannot be claimed until that organization releases it.";
+
 /// Pending invitations an organization may have at once: each is a mail to any address, so a
 /// member cannot make the gateway mail strangers without bound.
 const MAX_PENDING_INVITATIONS: usize = 50;
@@ -462,7 +466,7 @@ pub async fn claim_domain(
             &state,
             session,
             StatusCode::CONFLICT,
-            Flash::Error("Another organization has proven this domain: it cannot be claimed until that organization releases it."),
+            Flash::Error(PROVEN_ELSEWHERE),
         )
         .await
     }
@@ -545,14 +549,20 @@ async fn proven(
 ) -> Result<Response, DashboardError> {
     match proving {
         Proving::Proven(_) => {
-            render(state, session, StatusCode::OK, Flash::Done("Domain proven.")).await
+            render(
+                state,
+                session,
+                StatusCode::OK,
+                Flash::Done("Domain proven."),
+            )
+            .await
         }
         Proving::Taken => {
             render(
                 state,
                 session,
                 StatusCode::CONFLICT,
-                Flash::Error("Another organization has proven this domain: it cannot be claimed until that organization releases it."),
+                Flash::Error(PROVEN_ELSEWHERE),
             )
             .await
         }
