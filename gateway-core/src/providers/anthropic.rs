@@ -34,10 +34,7 @@ impl Provider for Anthropic {
             tracing::error!(upstream = %upstream.name, "anthropic upstream without a base URL");
             ProviderError::Unavailable
         })?;
-        let body = MessagesRequest {
-            stream: true,
-            ..request_to_messages(&call.request, &upstream.model)
-        };
+        let body = body(&call);
         let (client, upstream_call) = self.clients.get(upstream)?;
         let mut request = client
             .post(format!("{}/v1/messages", base.trim_end_matches('/')))
@@ -58,6 +55,14 @@ impl Provider for Anthropic {
             Stream::default(),
         )
         .await
+    }
+}
+
+/// The Messages body sent upstream: the request as the client shaped it, streamed.
+pub(super) fn body(call: &ProviderCall) -> MessagesRequest {
+    MessagesRequest {
+        stream: true,
+        ..request_to_messages(&call.request, &call.upstream.model)
     }
 }
 

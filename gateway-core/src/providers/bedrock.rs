@@ -103,7 +103,7 @@ fn endpoint(upstream: &Upstream, region: &str) -> String {
 /// The Messages body as Bedrock takes it. The client's `anthropic-beta` features are not
 /// sent: Bedrock refuses a beta it does not offer, which would fail turns the Messages API
 /// serves.
-fn body(call: &ProviderCall) -> Result<Vec<u8>, ProviderError> {
+pub(super) fn body(call: &ProviderCall) -> Result<Vec<u8>, ProviderError> {
     let messages = request_to_messages(&call.request, &call.upstream.model);
     let mut body = match serde_json::to_value(&messages) {
         Ok(Value::Object(body)) => body,
@@ -198,7 +198,7 @@ fn signature(
 /// (`amazon-bedrock-invocationMetrics`, in the last chunk) as the usage when the Messages
 /// events reported none.
 #[derive(Default)]
-struct Stream {
+pub(super) struct Stream {
     messages: anthropic::Stream,
 }
 

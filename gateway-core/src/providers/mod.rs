@@ -10,6 +10,8 @@ mod anthropic;
 mod bedrock;
 mod blocks;
 mod eventstream;
+#[cfg(test)]
+mod golden;
 mod http;
 mod openai;
 mod simulated;

@@ -124,29 +124,13 @@ impl Provider for OpenAi {
     async fn start(&self, call: ProviderCall) -> Result<EventStream, ProviderError> {
         let upstream = &call.upstream;
         let endpoint = Endpoint::of(upstream)?;
-        let body = ChatRequest {
-            stream: Some(true),
-            stream_options: Some(StreamOptions {
-                include_usage: true,
-            }),
-            ..request_to_chat(&call.request, &upstream.model)
-        };
+        let body = body(&call);
         let (client, upstream_call) = self.clients.get(upstream)?;
         let request = endpoint
             .request(&client, upstream.api_key.as_ref())?
             .header("accept", "text/event-stream")
             .json(&body);
-        let stream = Stream {
-            blocks: Blocks::default(),
-            tokens: self.tokens,
-            input_tokens: call.input_tokens,
-            open: None,
-            keys: 0,
-            tools: HashMap::new(),
-            finish: None,
-            usage: None,
-            generated: String::new(),
-        };
+        let stream = Stream::new(self.tokens, call.input_tokens);
         http::open(
             request,
             upstream_call,
@@ -158,6 +142,17 @@ impl Provider for OpenAi {
     }
 }
 
+/// The chat completions body sent upstream: streamed, with the usage in the last chunk.
+pub(super) fn body(call: &ProviderCall) -> ChatRequest {
+    ChatRequest {
+        stream: Some(true),
+        stream_options: Some(StreamOptions {
+            include_usage: true,
+        }),
+        ..request_to_chat(&call.request, &call.upstream.model)
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Open {
     Thinking,
@@ -165,7 +160,7 @@ enum Open {
     Tool(u32),
 }
 
-struct Stream {
+pub(super) struct Stream {
     blocks: Blocks,
     tokens: Tokenizer,
     input_tokens: u32,
@@ -181,6 +176,20 @@ struct Stream {
 }
 
 impl Stream {
+    pub(super) fn new(tokens: Tokenizer, input_tokens: u32) -> Self {
+        Self {
+            blocks: Blocks::default(),
+            tokens,
+            input_tokens,
+            open: None,
+            keys: 0,
+            tools: HashMap::new(),
+            finish: None,
+            usage: None,
+            generated: String::new(),
+        }
+    }
+
     /// Makes `kind` the open block, closing another one first; returns its key.
     fn switch_to(&mut self, kind: Open, block: OutputBlock, out: &mut Vec<ProviderEvent>) -> usize {
         if let Some((open, key)) = self.open {
@@ -306,17 +315,7 @@ mod tests {
     use super::*;
 
     fn stream() -> Stream {
-        Stream {
-            blocks: Blocks::default(),
-            tokens: Tokenizer::default(),
-            input_tokens: 9,
-            open: None,
-            keys: 0,
-            tools: HashMap::new(),
-            finish: None,
-            usage: None,
-            generated: String::new(),
-        }
+        Stream::new(Tokenizer::default(), 9)
     }
 
     fn feed(stream: &mut Stream, events: &[&str]) -> Vec<ProviderEvent> {

@@ -91,6 +91,25 @@ pub struct Labeled {
     pub item: InputItem,
 }
 
+/// The request's own input, each item labeled with where it is.
+pub fn labeled_input(req: &ResponsesRequest) -> Vec<Labeled> {
+    match req.input.clone() {
+        None => Vec::new(),
+        Some(StringOr::String(text)) => vec![Labeled {
+            path: "input".to_owned(),
+            item: InputItem::user_text(text),
+        }],
+        Some(StringOr::Many(input)) => input
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| Labeled {
+                path: format!("input[{i}]"),
+                item,
+            })
+            .collect(),
+    }
+}
+
 /// `items`: the conversation so far (inherited through `previous_response_id`, then this
 /// request's `input`). `thinking_capable`: whether the model has thinking, so that
 /// `reasoning.effort` may turn it on.

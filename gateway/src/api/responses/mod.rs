@@ -30,7 +30,6 @@ use gateway_core::ids;
 use gateway_core::providers::ProviderError;
 use gateway_core::responses_store::{holds_nul, json_len, without_nul, StoreError, StoredResponse};
 use gateway_core::turn::{self, Endpoint, Turn, TurnError, TurnEvent, TurnRequest, Turns};
-use gateway_core::wire::one_or_many::StringOr;
 use gateway_core::wire::responses::translate::{self, normalized_items, Labeled};
 use gateway_core::wire::responses::unsent::unsent_text;
 use gateway_core::wire::responses::{
@@ -107,7 +106,7 @@ impl From<Unfinished> for ApiError {
 /// it runs (a `previous_response_id` is looked up then).
 pub fn check_batch_body(state: &TurnApi, turns: &Turns, raw: Value) -> Result<(), ApiError> {
     let req: ResponsesRequest = body::from_value(raw)?;
-    let items = labeled_input(&req);
+    let items = translate::labeled_input(&req);
     let thinking_capable = turns
         .catalog
         .model(&req.model)
@@ -115,25 +114,6 @@ pub fn check_batch_body(state: &TurnApi, turns: &Turns, raw: Value) -> Result<()
     let translated = translate::translate(&req, items, thinking_capable, &state.reasoning_seal)?;
     turn::check(turns, &translated.request)?;
     Ok(())
-}
-
-/// The request's own input, each item labeled with where it is.
-fn labeled_input(req: &ResponsesRequest) -> Vec<Labeled> {
-    match req.input.clone() {
-        None => Vec::new(),
-        Some(StringOr::String(text)) => vec![Labeled {
-            path: "input".to_owned(),
-            item: InputItem::user_text(text),
-        }],
-        Some(StringOr::Many(input)) => input
-            .into_iter()
-            .enumerate()
-            .map(|(i, item)| Labeled {
-                path: format!("input[{i}]"),
-                item,
-            })
-            .collect(),
-    }
 }
 
 /// What the turn of a response needs, and what its answer is built from once it started.
@@ -193,7 +173,7 @@ async fn prepare(
             item,
         });
     }
-    items.extend(labeled_input(&req));
+    items.extend(translate::labeled_input(&req));
 
     let thinking_capable = state
         .catalog()
