@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use e2e::PostgresServer;
 use gateway_core::responses_store::{
-    MemoryLimits, MemoryResponseStore, PostgresResponseStore, Quota, ResponseStore, Retention,
-    StoreError, StoredResponse,
+    MemoryLimits, MemoryResponseStore, PostgresResponseStore, Quota, ResponseStore,
+    ResponseStoreError, Retention, StoredResponse,
 };
 use serde_json::json;
 use store::db::Database;
@@ -48,7 +48,7 @@ async fn the_in_process_store_full_of_other_accounts_refuses_rather_than_evictin
     store.put(first).await.expect("put");
     let second = contract::sized("resp_b", "acct_b", now, QUOTA.account_max_bytes * 9 / 10);
     assert!(
-        matches!(store.put(second).await, Err(StoreError::Full)),
+        matches!(store.put(second).await, Err(ResponseStoreError::Full)),
         "the shared bound is reached and acct_b has nothing of its own to evict"
     );
     assert!(store.get("acct_a", "resp_a").await.expect("get").is_some());
@@ -101,7 +101,7 @@ mod contract {
     use time::OffsetDateTime;
 
     use gateway_core::responses_store::{
-        size_of, ResponseStore, Retention, StoreError, StoredResponse,
+        size_of, ResponseStore, ResponseStoreError, Retention, StoredResponse,
     };
 
     /// Ids unique to one run, so the suite can run against a database that other runs share.
@@ -206,7 +206,10 @@ mod contract {
         store.put(stored(&id, &account, now)).await.expect("put");
         let huge = sized(&unique("resp"), &account, now, quota + 1024);
         assert!(
-            matches!(store.put(huge).await, Err(StoreError::TooLarge { .. })),
+            matches!(
+                store.put(huge).await,
+                Err(ResponseStoreError::TooLarge { .. })
+            ),
             "a response past the whole quota"
         );
         assert!(store.get(&account, &id).await.expect("get").is_some());

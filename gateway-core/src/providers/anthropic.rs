@@ -16,7 +16,7 @@ use crate::conversation::{Delta, OutputBlock};
 use crate::wire::anthropic::translate::{
     block_from_messages, delta_from_messages, request_to_messages,
 };
-use crate::wire::anthropic::{MessagesRequest, StreamEvent, UsageReport};
+use crate::wire::anthropic::{MessagesRequest, StreamEvent, StreamedUsage};
 use store::usage::{StopReason, TokenUsage};
 
 const API_VERSION: &str = "2023-06-01";
@@ -108,7 +108,7 @@ impl Stream {
 
 impl Decoder for Stream {
     fn event(&mut self, event: SseEvent) -> Result<Vec<ProviderEvent>, ProviderError> {
-        let parsed: StreamEvent<UsageReport> = match serde_json::from_slice(&event.data) {
+        let parsed: StreamEvent<StreamedUsage> = match serde_json::from_slice(&event.data) {
             Ok(parsed) => parsed,
             Err(e) => {
                 // What the API added later is skipped (an event type, or a block we cannot

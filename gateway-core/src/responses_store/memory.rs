@@ -3,7 +3,7 @@
 //! so that the bytes it is counted for are the memory it takes (a parsed `serde_json::Value`
 //! takes several times its text). Each account is bounded by its quota and its count, its own
 //! oldest evicted first; the whole store by its bytes, and when other accounts' responses fill
-//! it a put is refused ([`StoreError::Full`]) rather than evicting theirs. Responses past
+//! it a put is refused ([`ResponseStoreError::Full`]) rather than evicting theirs. Responses past
 //! retention are invisible at once and purged by the timer.
 
 use std::collections::{BTreeMap, HashMap};
@@ -13,7 +13,8 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use super::{
-    compact, size_of, to_micros, Quota, ResponseStore, Retention, StoreError, StoredResponse,
+    compact, size_of, to_micros, Quota, ResponseStore, ResponseStoreError, Retention,
+    StoredResponse,
 };
 
 /// What each entry costs beyond its JSON text and ids: the map slots and the order index
@@ -145,11 +146,11 @@ impl MemoryResponseStore {
 
 #[async_trait]
 impl ResponseStore for MemoryResponseStore {
-    async fn put(&self, stored: StoredResponse) -> Result<(), StoreError> {
+    async fn put(&self, stored: StoredResponse) -> Result<(), ResponseStoreError> {
         let bytes = size_of(&stored);
         self.limits.quota.admit(bytes)?;
         if bytes > self.limits.max_bytes {
-            return Err(StoreError::Full);
+            return Err(ResponseStoreError::Full);
         }
         let json: Arc<[u8]> = compact(&stored).into();
         let StoredResponse {
@@ -161,7 +162,7 @@ impl ResponseStore for MemoryResponseStore {
         let mut inner = self.lock();
         if let Some(existing) = inner.by_id.get(&id) {
             if existing.account_id != account_id {
-                return Err(StoreError::IdTaken(id));
+                return Err(ResponseStoreError::IdTaken(id));
             }
             inner.remove(&id);
         }
@@ -177,7 +178,7 @@ impl ResponseStore for MemoryResponseStore {
             }
             if !inner.evict_oldest_of(&account_id) {
                 // Only the shared bound is left, and only other accounts' responses fill it.
-                return Err(StoreError::Full);
+                return Err(ResponseStoreError::Full);
             }
         }
         let seq = inner.next;
@@ -199,7 +200,11 @@ impl ResponseStore for MemoryResponseStore {
         Ok(())
     }
 
-    async fn get(&self, account_id: &str, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+    async fn get(
+        &self,
+        account_id: &str,
+        id: &str,
+    ) -> Result<Option<StoredResponse>, ResponseStoreError> {
         let cutoff = self.limits.retention.cutoff(OffsetDateTime::now_utc());
         let (created_at, json) = {
             let inner = self.lock();
@@ -214,7 +219,7 @@ impl ResponseStore for MemoryResponseStore {
         };
         // Parsed outside the lock: a large response never holds up the other accounts' calls.
         let (response, input_items) = serde_json::from_slice(&json).map_err(|e| {
-            StoreError::Unavailable(format!("stored response is not valid JSON: {e}"))
+            ResponseStoreError::Unavailable(format!("stored response is not valid JSON: {e}"))
         })?;
         Ok(Some(StoredResponse {
             id: id.to_owned(),
@@ -225,7 +230,7 @@ impl ResponseStore for MemoryResponseStore {
         }))
     }
 
-    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
+    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, ResponseStoreError> {
         let mut inner = self.lock();
         let owned = inner
             .by_id
@@ -289,7 +294,7 @@ mod tests {
         let huge = response("resp_big", &"x".repeat(one * 3));
         assert!(matches!(
             store.put(huge).await,
-            Err(StoreError::TooLarge { .. })
+            Err(ResponseStoreError::TooLarge { .. })
         ));
         assert!(store.get("acct_a", "resp_3").await.unwrap().is_some());
     }

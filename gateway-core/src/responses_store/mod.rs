@@ -59,7 +59,7 @@ impl Backend {
         }
     }
 
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
+    async fn purge_expired(&self) -> Result<u64, ResponseStoreError> {
         match self {
             Self::Memory(store) => Ok(store.purge_expired() as u64),
             Self::Postgres(store) => store.purge_expired().await,
@@ -97,7 +97,7 @@ pub struct StoredResponse {
 }
 
 #[derive(Debug, Error)]
-pub enum StoreError {
+pub enum ResponseStoreError {
     /// One response larger than an account's whole quota.
     #[error("the response is {size} bytes, more than the {limit} bytes an account's stored responses may take")]
     TooLarge { size: usize, limit: usize },
@@ -114,11 +114,15 @@ pub enum StoreError {
 
 #[async_trait]
 pub trait ResponseStore: Send + Sync {
-    async fn put(&self, stored: StoredResponse) -> Result<(), StoreError>;
+    async fn put(&self, stored: StoredResponse) -> Result<(), ResponseStoreError>;
     /// `None` for an unknown id, another account's, or one past the retention period.
-    async fn get(&self, account_id: &str, id: &str) -> Result<Option<StoredResponse>, StoreError>;
+    async fn get(
+        &self,
+        account_id: &str,
+        id: &str,
+    ) -> Result<Option<StoredResponse>, ResponseStoreError>;
     /// Whether a response of this account was deleted.
-    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
+    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, ResponseStoreError>;
     /// The bytes one account's stored responses may take.
     fn quota(&self) -> Quota;
 }
@@ -141,10 +145,10 @@ impl Default for Quota {
 
 impl Quota {
     /// Refuses a response that could never fit, whatever is evicted.
-    pub fn admit(self, size: usize) -> Result<(), StoreError> {
+    pub fn admit(self, size: usize) -> Result<(), ResponseStoreError> {
         let limit = self.account_max_bytes;
         if size > limit {
-            return Err(StoreError::TooLarge { size, limit });
+            return Err(ResponseStoreError::TooLarge { size, limit });
         }
         Ok(())
     }

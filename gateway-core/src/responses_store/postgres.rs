@@ -11,7 +11,9 @@
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
-use super::{size_of, to_micros, Quota, ResponseStore, Retention, StoreError, StoredResponse};
+use super::{
+    size_of, to_micros, Quota, ResponseStore, ResponseStoreError, Retention, StoredResponse,
+};
 use store::db::to_db;
 use store::db::{Database, DbError};
 
@@ -24,12 +26,12 @@ pub struct PostgresResponseStore {
     quota: Quota,
 }
 
-fn unavailable(e: DbError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+fn unavailable(e: DbError) -> ResponseStoreError {
+    ResponseStoreError::Unavailable(e.to_string())
 }
 
-fn malformed(e: serde_json::Error) -> StoreError {
-    StoreError::Unavailable(format!("stored response is not valid JSON: {e}"))
+fn malformed(e: serde_json::Error) -> ResponseStoreError {
+    ResponseStoreError::Unavailable(format!("stored response is not valid JSON: {e}"))
 }
 
 impl PostgresResponseStore {
@@ -46,7 +48,7 @@ impl PostgresResponseStore {
     }
 
     /// Deletes the responses past retention, a batch at a time; returns how many.
-    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+    pub async fn purge_expired(&self) -> Result<u64, ResponseStoreError> {
         let cutoff = self.retention.cutoff(OffsetDateTime::now_utc());
         let mut purged = 0;
         loop {
@@ -75,7 +77,7 @@ impl PostgresResponseStore {
 
 #[async_trait]
 impl ResponseStore for PostgresResponseStore {
-    async fn put(&self, stored: StoredResponse) -> Result<(), StoreError> {
+    async fn put(&self, stored: StoredResponse) -> Result<(), ResponseStoreError> {
         let bytes = size_of(&stored);
         self.quota.admit(bytes)?;
         // JSON text cast to jsonb in the statement: the pool's sqlx has no JSON type support.
@@ -137,12 +139,16 @@ impl ResponseStore for PostgresResponseStore {
         };
         let written = self.db.bounded(put).await.map_err(unavailable)?;
         if written == 0 {
-            return Err(StoreError::IdTaken(stored.id));
+            return Err(ResponseStoreError::IdTaken(stored.id));
         }
         Ok(())
     }
 
-    async fn get(&self, account_id: &str, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+    async fn get(
+        &self,
+        account_id: &str,
+        id: &str,
+    ) -> Result<Option<StoredResponse>, ResponseStoreError> {
         let cutoff = self.retention.cutoff(OffsetDateTime::now_utc());
         let row: Option<(OffsetDateTime, String, String)> = self
             .db
@@ -170,7 +176,7 @@ impl ResponseStore for PostgresResponseStore {
         }))
     }
 
-    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
+    async fn delete(&self, account_id: &str, id: &str) -> Result<bool, ResponseStoreError> {
         let deleted = self
             .db
             .bounded(

@@ -22,7 +22,7 @@ use gateway_core::cpu::JobFailed;
 use gateway_core::limits::{LimitError, Snapshot};
 use gateway_core::payments::{CheckoutError, PaymentError};
 use gateway_core::providers::ProviderError;
-use gateway_core::responses_store::StoreError as ResponseStoreError;
+use gateway_core::responses_store::ResponseStoreError;
 use gateway_core::telemetry::metrics;
 use gateway_core::tokens::TokenError;
 use gateway_core::turn::TurnError;

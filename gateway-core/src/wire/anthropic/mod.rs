@@ -191,7 +191,7 @@ pub struct Metadata {
 // ---- responses ----
 //
 // Written by the endpoint and read by the `anthropic` adapter. `U` is the usage object: the
-// endpoint writes [`MessagesUsage`], whole; an adapter reads [`UsageReport`], where a count may be
+// endpoint writes [`MessagesUsage`], whole; an adapter reads [`StreamedUsage`], where a count may be
 // left out. An adapter reads leniently (a string left out or `null` is empty), and never
 // reads a message's id, content or model: a client sees the gateway's, and the content
 // streams as blocks.
@@ -257,7 +257,7 @@ pub struct MessagesUsage {
 /// that changed, so a count left out keeps what `message_start` said; cache writes may be
 /// split by cache lifetime.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
-pub struct UsageReport {
+pub struct StreamedUsage {
     pub input_tokens: Option<u32>,
     pub output_tokens: Option<u32>,
     pub cache_creation_input_tokens: Option<u32>,
@@ -270,7 +270,7 @@ pub struct CacheCreation {
     pub ephemeral_1h_input_tokens: Option<u32>,
 }
 
-impl UsageReport {
+impl StreamedUsage {
     /// `usage` with this report's counts laid over it.
     pub fn merge_into(self, usage: &mut TokenUsage) {
         usage.input_tokens = self.input_tokens.unwrap_or(usage.input_tokens);
@@ -414,14 +414,14 @@ mod tests {
 
     #[test]
     fn a_count_left_out_of_message_delta_keeps_what_message_start_said() {
-        let start: StreamEvent<UsageReport> = serde_json::from_value(json!({
+        let start: StreamEvent<StreamedUsage> = serde_json::from_value(json!({
             "type": "message_start", "message": {"id": "msg_1", "type": "message",
             "role": "assistant", "content": [], "model": "upstream", "stop_reason": null,
             "usage": {"input_tokens": 12, "output_tokens": 1, "cache_read_input_tokens": 4,
                       "cache_creation_input_tokens": 6,
                       "cache_creation": {"ephemeral_1h_input_tokens": 9}}}}))
         .expect("message_start");
-        let delta: StreamEvent<UsageReport> = serde_json::from_value(json!({
+        let delta: StreamEvent<StreamedUsage> = serde_json::from_value(json!({
             "type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
             "usage": {"output_tokens": 30}}))
         .expect("message_delta");
@@ -480,7 +480,7 @@ mod tests {
                 input: json!({}),
             },
         };
-        let read: StreamEvent<UsageReport> =
+        let read: StreamEvent<StreamedUsage> =
             serde_json::from_str(&serde_json::to_string(&written).unwrap()).unwrap();
         let StreamEvent::ContentBlockStart { content_block, .. } = read else {
             panic!("content_block_start")
@@ -499,7 +499,7 @@ mod tests {
     fn a_block_type_the_api_added_later_does_not_parse_so_a_reader_skips_it() {
         let event = json!({"type": "content_block_start", "index": 1,
             "content_block": {"type": "redacted_thinking", "data": "x"}});
-        assert!(serde_json::from_value::<StreamEvent<UsageReport>>(event).is_err());
+        assert!(serde_json::from_value::<StreamEvent<StreamedUsage>>(event).is_err());
     }
 
     #[test]
@@ -511,7 +511,7 @@ mod tests {
 
     #[test]
     fn a_compatible_upstreams_null_where_text_belongs_reads_as_empty() {
-        let event: StreamEvent<UsageReport> = serde_json::from_value(json!({
+        let event: StreamEvent<StreamedUsage> = serde_json::from_value(json!({
             "type": "content_block_start", "index": 0,
             "content_block": {"type": "thinking", "thinking": "", "signature": null}}))
         .expect("parses");

@@ -28,7 +28,9 @@ use crate::state::TurnApi;
 use gateway_core::auth::Principal;
 use gateway_core::ids;
 use gateway_core::providers::ProviderError;
-use gateway_core::responses_store::{holds_nul, json_len, without_nul, StoreError, StoredResponse};
+use gateway_core::responses_store::{
+    holds_nul, json_len, without_nul, ResponseStoreError, StoredResponse,
+};
 use gateway_core::turn::{self, Endpoint, Turn, TurnError, TurnEvent, TurnRequest, Turns};
 use gateway_core::wire::responses::translate::{self, normalized_items, Labeled};
 use gateway_core::wire::responses::unsent::unsent_text;
@@ -302,7 +304,7 @@ impl Keep {
     }
 }
 
-fn not_stored(e: StoreError, assembler: &Assembler) -> ApiError {
+fn not_stored(e: ResponseStoreError, assembler: &Assembler) -> ApiError {
     let credits = assembler
         .response
         .usage
