@@ -120,7 +120,8 @@ pub trait FileStore: Send + Sync {
     /// this leaves it be: the sweep (`BatchStore::forget_expired_files`) alone deletes expired
     /// uploads, so a delete that finds nothing changes nothing and the sweep's count is every
     /// expired upload. Deleting it here would free nothing a client could see either: its
-    /// bytes already left the quota when it expired. The API deletes through
+    /// bytes already left the quota when it expired (or count as its batches' while they read
+    /// it). The API deletes through
     /// `BatchStore::delete_file` (`store::batches`), which also keeps an input file that a
     /// batch in progress reads.
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
