@@ -182,6 +182,7 @@ pub async fn in_process(args: &CommonArgs) -> Result<AppState, StartError> {
 fn in_process_stores(args: &CommonArgs) -> Result<Stores, StartError> {
     let ledger = Arc::new(MemoryLedger::default());
     let audit = ledger.audit_log().clone();
+    let (batches, files) = memory_batch_stores();
     Ok(Stores {
         accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
         auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone(), audit.clone())),
@@ -196,9 +197,16 @@ fn in_process_stores(args: &CommonArgs) -> Result<Stores, StartError> {
         developers: Arc::new(MemoryDeveloperStore::new(audit.clone())),
         audit,
         responses: ResponsesBackend::memory(args.responses.memory_limits()),
-        batches: Arc::new(MemoryBatchStore::default()),
-        files: Arc::new(MemoryFileStore::default()),
+        batches,
+        files,
     })
+}
+
+/// The in-process batch and file stores: the batches read their input files from that file
+/// store, and decide with it whether a file may be deleted or swept.
+fn memory_batch_stores() -> (Arc<dyn BatchStore>, Arc<dyn FileStore>) {
+    let files = Arc::new(MemoryFileStore::default());
+    (Arc::new(MemoryBatchStore::reading(files.clone())), files)
 }
 
 /// `gateway serve`: limits shared through Redis under the chosen outage policy; accounts,
@@ -247,6 +255,7 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
     let Some(database) = args.database.connection.settings() else {
         let ledger = Arc::new(MemoryLedger::default());
         let audit = ledger.audit_log().clone();
+        let (batches, files) = memory_batch_stores();
         let stores = Stores {
             accounts: Arc::new(MemoryAccounts::new(ledger.clone())),
             auto_reloads: Arc::new(MemoryAutoReloads::new(ledger.clone(), audit.clone())),
@@ -256,8 +265,8 @@ pub async fn cluster(args: ServeArgs) -> Result<(), StartError> {
             developers: Arc::new(MemoryDeveloperStore::new(audit.clone())),
             audit,
             responses: ResponsesBackend::memory(args.common.responses.memory_limits()),
-            batches: Arc::new(MemoryBatchStore::default()),
-            files: Arc::new(MemoryFileStore::default()),
+            batches,
+            files,
         };
         return run(args.common, stores, config, published, admin, |_, _| {}).await;
     };

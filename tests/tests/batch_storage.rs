@@ -351,3 +351,107 @@ async fn in_postgres_ten_batches_from_one_file_run_from_its_lines() {
     let cluster = Cluster::start(1, |b| one_and_a_half_files(b.database(&pg.url()))).await;
     ten_batches_from_one_file_share_its_lines(&cluster.pods[0]).await;
 }
+
+/// A file delete racing batch creates that read the file is one decision with them (issue 51):
+/// each round, creates of batches from a fresh upload and a delete of it are sent at once. The
+/// delete is 200 only if no create was stored (each then 404: the file was deleted before it
+/// was stored), else 400 (a batch in progress reads it) and the file stays; every answer is an
+/// envelope. Every stored batch ends `completed`, its request read from the file: none reads a
+/// deleted file (with the two steps it had, a create stored between the delete's check and
+/// its delete ended its item on a missing file).
+async fn a_file_delete_racing_batch_creates_leaves_no_batch_reading_a_deleted_file(gw: &Gateway) {
+    const ROUNDS: usize = 12;
+    const CREATES: usize = 4;
+    let line = json!({"custom_id": "only", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "svc/haiku", "max_tokens": 8,
+                 "messages": [{"role": "user", "content": "hi"}]}})
+    .to_string();
+    let (mut deleted, mut kept, mut stored) = (0, 0, Vec::new());
+    for round in 0..ROUNDS {
+        // A key a round: its creates stay within its requests per minute and batch caps.
+        let key = gw
+            .new_key(1_000_000_000, &KeySpec::tier("enterprise"))
+            .await;
+        let file = upload(gw, &key.secret, &line).await.expect_ok();
+        let file_id = file["id"].as_str().expect("file id").to_owned();
+        let creates = (0..CREATES).map(|_| {
+            let (secret, create) = (key.secret.clone(), openai_batch(&file_id));
+            async move { gw.post_json("/v1/batches", &secret, &create).await }
+        });
+        let path = format!("/v1/files/{file_id}");
+        let delete = async {
+            // Later each round, so that some deletes land while the creates are being stored.
+            tokio::time::sleep(Duration::from_millis(round as u64 * 3)).await;
+            gw.send(gw.request(Method::DELETE, &path, Some(&key.secret)))
+                .await
+        };
+        let (created, delete) = tokio::join!(futures::future::join_all(creates), delete);
+        let mut ok = 0;
+        for create in &created {
+            if create.status == 200 {
+                ok += 1;
+                let id = create.json()["id"].as_str().expect("batch id").to_owned();
+                stored.push((key.secret.clone(), id));
+            } else {
+                create.expect_error(404, "not_found_error");
+            }
+        }
+        if delete.status == 200 {
+            deleted += 1;
+            assert_eq!(
+                ok, 0,
+                "round {round}: the file was deleted yet a batch reading it was stored"
+            );
+        } else {
+            let refused = delete.expect_error(400, "invalid_request_error");
+            assert!(refused.contains("still in progress"), "{refused}");
+            assert!(
+                ok > 0,
+                "round {round}: a delete refused with no batch stored"
+            );
+            kept += 1;
+        }
+    }
+    assert_eq!(deleted + kept, ROUNDS);
+    assert!(
+        !stored.is_empty(),
+        "no create was stored: the race was not run"
+    );
+    for (key, id) in &stored {
+        let batch = openai_ended(gw, key, id).await;
+        assert_eq!(batch["status"], "completed", "{batch}");
+        assert_eq!(batch["request_counts"]["completed"], 1, "{batch}");
+        assert_eq!(batch["request_counts"]["failed"], 0, "{batch}");
+    }
+}
+
+#[tokio::test]
+async fn standalone_a_file_delete_racing_batch_creates_leaves_no_batch_reading_a_deleted_file() {
+    let gw = Gateway::builder()
+        .arg("--batch-poll-ms")
+        .arg("20")
+        .start()
+        .await;
+    a_file_delete_racing_batch_creates_leaves_no_batch_reading_a_deleted_file(&gw).await;
+}
+
+/// On Postgres the decision is the store's: the rows show no item left without its file.
+#[tokio::test]
+async fn in_postgres_a_file_delete_racing_batch_creates_leaves_no_batch_reading_a_deleted_file() {
+    let pg = PostgresServer::start().await;
+    let cluster = Cluster::start(1, |b| {
+        b.database(&pg.url()).arg("--batch-poll-ms").arg("20")
+    })
+    .await;
+    a_file_delete_racing_batch_creates_leaves_no_batch_reading_a_deleted_file(&cluster.pods[0])
+        .await;
+    let unread = pg
+        .query_i64(
+            "SELECT count(*) FROM message_batch_items i
+             WHERE i.line_file_id IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM files f WHERE f.id = i.line_file_id)
+               AND i.state <> 'succeeded'",
+        )
+        .await;
+    assert_eq!(unread, 0, "no item ended unread for its file was gone");
+}

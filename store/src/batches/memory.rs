@@ -1,8 +1,10 @@
 //! The in-process batch store of standalone mode: one lock over every batch, held only for
-//! map updates.
+//! map updates. Built on the file store of its batches' input files
+//! ([`MemoryBatchStore::reading`]): a create, a file delete and the expired files' sweep each
+//! decide under this lock (then the file store's), so no item reads a file deleted meanwhile.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
@@ -12,10 +14,13 @@ use super::{
     ItemResult, ItemState, KeyCaps, NewBatch, NewItem, Outcome, RequestCounts, RequestFormat,
 };
 use crate::accounts::{KeyHash, StoreError};
+use crate::files::MemoryFileStore;
 
+/// `Default`: with a file store of its own (for batches that read no input file).
 #[derive(Default)]
 pub struct MemoryBatchStore {
     batches: Mutex<BTreeMap<String, Stored>>,
+    files: Arc<MemoryFileStore>,
 }
 
 struct Stored {
@@ -93,7 +98,7 @@ impl Stored {
 }
 
 /// The bytes of params the account's open items hold.
-fn held_by(batches: &BTreeMap<String, Stored>, account_id: &str) -> u64 {
+fn params_held_by(batches: &BTreeMap<String, Stored>, account_id: &str) -> u64 {
     batches
         .values()
         .filter(|b| b.account_id == account_id)
@@ -102,7 +107,34 @@ fn held_by(batches: &BTreeMap<String, Stored>, account_id: &str) -> u64 {
         .sum()
 }
 
+/// The input files open items read.
+fn files_read(batches: &BTreeMap<String, Stored>) -> HashSet<&str> {
+    batches
+        .values()
+        .flat_map(|b| b.items.iter())
+        .filter(|i| !i.state.ended())
+        .filter_map(|i| i.line.as_ref().map(|l| l.file_id.as_str()))
+        .collect()
+}
+
 impl MemoryBatchStore {
+    /// A store whose batches read their input files from `files` (the API's file store).
+    pub fn reading(files: Arc<MemoryFileStore>) -> Self {
+        Self {
+            batches: Mutex::default(),
+            files,
+        }
+    }
+
+    /// What the account's batches hold of its quota: their open items' params, and the
+    /// expired input files kept for them.
+    fn held_by(&self, batches: &BTreeMap<String, Stored>, account_id: &str) -> u64 {
+        params_held_by(batches, account_id)
+            + self
+                .files
+                .expired_bytes_among(account_id, &files_read(batches))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Stored>> {
         self.batches.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -152,8 +184,19 @@ impl BatchStore for MemoryBatchStore {
         if open as u64 + batch.queued() > caps.max_queued_items {
             return Ok(Err(CapReached::QueuedItems));
         }
-        if held_by(&batches, &batch.account_id) + batch.queued_bytes() > caps.max_account_bytes {
+        if self.held_by(&batches, &batch.account_id) + batch.queued_bytes() > caps.max_account_bytes
+        {
             return Ok(Err(CapReached::AccountBytes));
+        }
+        // Under this lock, as a file delete decides: the file is either gone now or kept
+        // until these items end.
+        let gone = batch
+            .items
+            .iter()
+            .filter_map(|i| i.line.as_ref())
+            .any(|l| !self.files.upload_live(&batch.account_id, &l.file_id));
+        if gone {
+            return Ok(Err(CapReached::InputFileGone));
         }
         let items = batch
             .items
@@ -243,16 +286,35 @@ impl BatchStore for MemoryBatchStore {
     }
 
     async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError> {
-        Ok(held_by(&self.lock(), account_id))
+        Ok(self.held_by(&self.lock(), account_id))
     }
 
-    async fn file_in_use(&self, account_id: &str, file_id: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .lock()
+    async fn delete_file(&self, account_id: &str, file_id: &str) -> Result<Deleted, StoreError> {
+        let batches = self.lock();
+        let read = batches
             .values()
             .filter(|b| b.account_id == account_id)
             .flat_map(|b| b.items.iter())
-            .any(|i| !i.state.ended() && i.line.as_ref().is_some_and(|l| l.file_id == file_id)))
+            .any(|i| !i.state.ended() && i.line.as_ref().is_some_and(|l| l.file_id == file_id));
+        if read {
+            return Ok(Deleted::Processing);
+        }
+        // Still under the batches' lock: no create takes the file meanwhile.
+        Ok(match self.files.delete_now(account_id, file_id) {
+            true => Deleted::Deleted,
+            false => Deleted::NotFound,
+        })
+    }
+
+    async fn forget_expired_files(
+        &self,
+        now: OffsetDateTime,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let batches = self.lock();
+        Ok(self
+            .files
+            .forget_expired_except(now, limit, &files_read(&batches)))
     }
 
     async fn cancel(

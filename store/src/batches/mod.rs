@@ -60,8 +60,9 @@ pub struct NewItem {
 
 /// Where an item's request is in its batch's input file (`/v1/batches`): the line whose `body`
 /// the item runs, read from the file store when the item runs. One file feeds any number of
-/// batches and counts once in its account's quota; a file with open items referring to it is
-/// not deleted ([`BatchStore::file_in_use`]).
+/// batches and counts once in its account's quota. A file with open items referring to it is
+/// neither deleted ([`BatchStore::delete_file`]) nor swept when it expires
+/// ([`BatchStore::forget_expired_files`]): the batch keeps its input until it ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputLine {
     pub file_id: String,
@@ -209,7 +210,8 @@ pub enum Cursor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Deleted {
     Deleted,
-    /// Its items are not all ended: only an ended batch may be deleted.
+    /// A batch: its items are not all ended, and only an ended batch may be deleted. A file:
+    /// a queued or running item reads its request from it.
     Processing,
     NotFound,
 }
@@ -234,6 +236,9 @@ pub enum CapReached {
     QueuedItems,
     /// The account's storage quota.
     AccountBytes,
+    /// Not a cap: an input file its items read ([`InputLine`]) is no longer there (deleted, or
+    /// expired, while the batch was being created). Nothing of the batch is stored.
+    InputFileGone,
 }
 
 impl NewBatch {
@@ -272,7 +277,8 @@ pub trait BatchDraft: Send {
 #[async_trait]
 pub trait BatchStore: Send + Sync {
     /// Stores a new batch and its items unless that would pass one of the key's caps (which
-    /// one it would pass), checked and written at once.
+    /// one it would pass), or an input file its items read is gone (an unexpired upload of
+    /// the account is needed), checked and written at once.
     async fn create(
         &self,
         batch: NewBatch,
@@ -284,9 +290,22 @@ pub trait BatchStore: Send + Sync {
     /// The bytes of params the account's queued and running items hold, over all its
     /// batches (what counts in its storage quota).
     async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError>;
-    /// Whether any queued or running item of the account's batches is read from this input
-    /// file ([`InputLine`]).
-    async fn file_in_use(&self, account_id: &str, file_id: &str) -> Result<bool, StoreError>;
+    /// Deletes the account's file as [`crate::files::FileStore::delete`] does, unless a queued
+    /// or running item of its batches reads its request from it ([`InputLine`]): then
+    /// `Processing` and nothing changes. One decision with every [`BatchStore::create`]: a
+    /// create that would read the file after it is deleted stores nothing
+    /// ([`CapReached::InputFileGone`]), so no item ever reads a deleted file.
+    async fn delete_file(&self, account_id: &str, file_id: &str) -> Result<Deleted, StoreError>;
+    /// Deletes up to `limit` uploads that expired at or before `now` and that no queued or
+    /// running item reads, oldest expiry first; how many. An expired upload is gone to every
+    /// read of its account at once, but a batch in progress reading it keeps it (and reads it,
+    /// [`crate::files::FileStore::input_range`]) until the batch's last item reading it ends.
+    /// Idempotent: pods sweeping at once never conflict.
+    async fn forget_expired_files(
+        &self,
+        now: OffsetDateTime,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
     /// The account's batch of this id.
     async fn batch(&self, account_id: &str, id: &str) -> Result<Option<Batch>, StoreError>;
     /// The account's batches of any of `formats`.

@@ -16,6 +16,7 @@ use super::{
 };
 use crate::accounts::{KeyHash, StoreError};
 use crate::db::{from_db, name_of, parse_name, Database, DbError};
+use crate::files::postgres::{delete_file, UNEXPIRED};
 
 /// A count or a byte offset as Postgres' `bigint`.
 fn to_db(n: u64) -> i64 {
@@ -249,6 +250,110 @@ impl<'a> ItemColumns<'a> {
     }
 }
 
+/// Whether every input file the batch's items read is an unexpired upload of its account,
+/// each then held `FOR SHARE` until `tx` ends: a file delete or the expired files' sweep
+/// takes the row `FOR UPDATE` before it looks for the items reading it
+/// ([`lock_file_then_check`]), so it either waits for this batch's items and sees them, or
+/// deletes first and this finds the row gone.
+async fn input_files_kept(
+    tx: &mut sqlx::PgConnection,
+    batch: &NewBatch,
+) -> Result<bool, sqlx::Error> {
+    let mut files: Vec<&str> = batch
+        .items
+        .iter()
+        .filter_map(|i| i.line.as_ref().map(|l| l.file_id.as_str()))
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    if files.is_empty() {
+        return Ok(true);
+    }
+    let kept: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT id FROM files
+         WHERE id = ANY($1) AND account_id = $2 AND batch_id IS NULL AND {UNEXPIRED}
+         ORDER BY id FOR SHARE"
+    ))
+    .bind(&files)
+    .bind(&batch.account_id)
+    .persistent(false)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(kept.len() == files.len())
+}
+
+/// Open items of the file's account that read it (by the account's batches and the open
+/// items' partial index); `$1` the file's id, `$2` its account.
+const FILE_READ: &str = "EXISTS (
+     SELECT 1 FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
+     WHERE b.account_id = $2 AND i.state IN ('queued', 'running') AND i.line_file_id = $1)";
+
+/// Deletes the account's file unless an open item reads it: the row is locked first, then the
+/// items are looked for by a statement that starts after the lock is held, so it sees every
+/// create that held the row ([`input_files_kept`]) and no later create can take it.
+async fn lock_file_then_check(
+    db: &Database,
+    account_id: &str,
+    file_id: &str,
+) -> Result<Deleted, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    sqlx::query("SELECT 1 FROM files WHERE id = $1 AND account_id = $2 FOR UPDATE")
+        .bind(file_id)
+        .bind(account_id)
+        .persistent(false)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let read: bool = sqlx::query_scalar(&format!("SELECT {FILE_READ}"))
+        .bind(file_id)
+        .bind(account_id)
+        .persistent(false)
+        .fetch_one(&mut *tx)
+        .await?;
+    if read {
+        return Ok(Deleted::Processing);
+    }
+    let deleted = delete_file(&mut *tx, account_id, file_id).await?;
+    tx.commit().await?;
+    Ok(if deleted {
+        Deleted::Deleted
+    } else {
+        Deleted::NotFound
+    })
+}
+
+/// Deletes up to `limit` uploads expired at `now` that no open item reads, as a file delete
+/// decides ([`lock_file_then_check`]): the candidates locked first (those a create holds are
+/// skipped), then deleted by a statement that sees every item written before the locks.
+async fn forget_expired_files(
+    db: &Database,
+    now: OffsetDateTime,
+    limit: u32,
+) -> Result<u64, sqlx::Error> {
+    let unread = FILE_READ
+        .replace("$1", "f.id")
+        .replace("$2", "f.account_id");
+    let mut tx = db.pool().begin().await?;
+    let ids: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT f.id FROM files f
+         WHERE f.expires_at <= $1 AND f.batch_id IS NULL AND NOT {unread}
+         ORDER BY f.expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+    ))
+    .bind(now)
+    .bind(i64::from(limit))
+    .persistent(false)
+    .fetch_all(&mut *tx)
+    .await?;
+    let done = sqlx::query(&format!(
+        "DELETE FROM files f WHERE f.id = ANY($1) AND NOT {unread}"
+    ))
+    .bind(&ids)
+    .persistent(false)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}
+
 async fn insert_batch(
     db: &Database,
     batch: NewBatch,
@@ -267,6 +372,9 @@ async fn insert_batch(
     .await?;
     if let Err(cap) = checked {
         return Ok(Err(cap));
+    }
+    if !input_files_kept(&mut tx, &batch).await? {
+        return Ok(Err(CapReached::InputFileGone));
     }
     insert_batch_row(&mut tx, &batch).await?;
     for (chunk_no, chunk) in batch.items.chunks(INSERT_CHUNK).enumerate() {
@@ -491,13 +599,20 @@ fn empty_batch() -> NewBatch {
 
 /// The bytes of params the account's open items hold: its batches, their open items by the
 /// partial index, and each one's length from its header (`octet_length` reads no TOASTed
-/// value).
+/// value); and the expired uploads kept for them, which still count in the quota.
 async fn held_bytes(db: impl sqlx::PgExecutor<'_>, account_id: &str) -> Result<u64, sqlx::Error> {
-    let held: i64 = sqlx::query_scalar(
-        "SELECT coalesce(sum(octet_length(i.params)), 0)::bigint
-         FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
-         WHERE b.account_id = $1 AND i.state IN ('queued', 'running')",
-    )
+    let read = FILE_READ
+        .replace("$1", "f.id")
+        .replace("$2", "f.account_id");
+    let held: i64 = sqlx::query_scalar(&format!(
+        "SELECT (SELECT coalesce(sum(octet_length(i.params)), 0)::bigint
+                 FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
+                 WHERE b.account_id = $1 AND i.state IN ('queued', 'running'))
+              + (SELECT coalesce(sum(f.bytes + octet_length(f.filename)), 0)::bigint
+                 FROM files f
+                 WHERE f.account_id = $1 AND f.batch_id IS NULL AND f.expires_at <= now()
+                   AND {read})"
+    ))
     .bind(account_id)
     .persistent(false)
     .fetch_one(db)
@@ -624,22 +739,21 @@ impl BatchStore for PostgresBatchStore {
             .await?)
     }
 
-    async fn file_in_use(&self, account_id: &str, file_id: &str) -> Result<bool, StoreError> {
-        // The account's batches, their open items by the partial index.
+    async fn delete_file(&self, account_id: &str, file_id: &str) -> Result<Deleted, StoreError> {
         Ok(self
             .db
-            .bounded(
-                sqlx::query_scalar(
-                    "SELECT EXISTS (
-                         SELECT 1 FROM message_batches b JOIN message_batch_items i ON i.batch_id = b.id
-                         WHERE b.account_id = $1 AND i.state IN ('queued', 'running')
-                           AND i.line_file_id = $2)",
-                )
-                .bind(account_id)
-                .bind(file_id)
-                .persistent(false)
-                .fetch_one(self.db.pool()),
-            )
+            .bounded(lock_file_then_check(&self.db, account_id, file_id))
+            .await?)
+    }
+
+    async fn forget_expired_files(
+        &self,
+        now: OffsetDateTime,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        Ok(self
+            .db
+            .bounded(forget_expired_files(&self.db, now, limit))
             .await?)
     }
 

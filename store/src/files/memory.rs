@@ -1,6 +1,6 @@
 //! The in-process file store of standalone mode.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -43,6 +43,100 @@ impl MemoryFileStore {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Stored>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Up to `len` bytes of the account's upload from `offset`; of an expired one too when
+    /// `expired_too` (a batch's input, kept while the batch reads it).
+    fn range(
+        &self,
+        account_id: &str,
+        id: &str,
+        offset: u64,
+        len: u32,
+        expired_too: bool,
+    ) -> Option<Vec<u8>> {
+        match self.lock().get(id) {
+            Some(Stored::Upload(f))
+                if f.account_id == account_id
+                    && (expired_too || !f.expired(OffsetDateTime::now_utc())) =>
+            {
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(f.content.len());
+                let end = start.saturating_add(len as usize).min(f.content.len());
+                Some(f.content[start..end].to_vec())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the account has this upload, unexpired: what a new batch's items may read.
+    pub(crate) fn upload_live(&self, account_id: &str, id: &str) -> bool {
+        matches!(
+            self.lock().get(id),
+            Some(Stored::Upload(f))
+                if f.account_id == account_id && !f.expired(OffsetDateTime::now_utc())
+        )
+    }
+
+    /// [`FileStore::delete`], at once: the batch store calls it under its own lock.
+    pub(crate) fn delete_now(&self, account_id: &str, id: &str) -> bool {
+        let mut files = self.lock();
+        match files.get_mut(id) {
+            // An expired upload is not found, as to the reads, and left to the sweep: see the
+            // trait's `delete`.
+            Some(Stored::Upload(f))
+                if f.account_id == account_id && !f.expired(OffsetDateTime::now_utc()) =>
+            {
+                files.remove(id);
+                true
+            }
+            Some(Stored::Generated { file, deleted }) if file.account_id == account_id => {
+                !std::mem::replace(deleted, true)
+            }
+            _ => false,
+        }
+    }
+
+    /// What the account's expired uploads among `read` hold ([`NewFile::kept_bytes`]): kept
+    /// for the batches reading them, they still count in its quota.
+    pub(crate) fn expired_bytes_among(&self, account_id: &str, read: &HashSet<&str>) -> u64 {
+        let now = OffsetDateTime::now_utc();
+        self.lock()
+            .iter()
+            .filter(|(id, _)| read.contains(id.as_str()))
+            .filter_map(|(_, f)| match f {
+                Stored::Upload(f) if f.account_id == account_id && f.expired(now) => {
+                    Some(f.kept_bytes())
+                }
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// Deletes up to `limit` uploads expired at `now` but those of `read` (their batch keeps
+    /// them), oldest expiry first; how many.
+    pub(crate) fn forget_expired_except(
+        &self,
+        now: OffsetDateTime,
+        limit: u32,
+        read: &HashSet<&str>,
+    ) -> u64 {
+        let mut files = self.lock();
+        let mut expired: Vec<(OffsetDateTime, String)> = files
+            .iter()
+            .filter(|(id, _)| !read.contains(id.as_str()))
+            .filter_map(|(id, f)| match f {
+                Stored::Upload(f) if f.expired(now) => Some((f.expires_at?, id.clone())),
+                _ => None,
+            })
+            .collect();
+        expired.sort();
+        expired.truncate(limit as usize);
+        for (_, id) in &expired {
+            files.remove(id);
+        }
+        expired.len() as u64
+    }
 }
 
 #[async_trait]
@@ -81,18 +175,17 @@ impl FileStore for MemoryFileStore {
         offset: u64,
         len: u32,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(match self.lock().get(id) {
-            Some(Stored::Upload(f))
-                if f.account_id == account_id && !f.expired(OffsetDateTime::now_utc()) =>
-            {
-                let start = usize::try_from(offset)
-                    .unwrap_or(usize::MAX)
-                    .min(f.content.len());
-                let end = start.saturating_add(len as usize).min(f.content.len());
-                Some(f.content[start..end].to_vec())
-            }
-            _ => None,
-        })
+        Ok(self.range(account_id, id, offset, len, false))
+    }
+
+    async fn input_range(
+        &self,
+        account_id: &str,
+        id: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.range(account_id, id, offset, len, true))
     }
 
     async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -142,21 +235,7 @@ impl FileStore for MemoryFileStore {
     }
 
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
-        let mut files = self.lock();
-        match files.get_mut(id) {
-            // An expired upload is not found, as to the reads, and left to the sweep: see the
-            // trait's `delete`.
-            Some(Stored::Upload(f))
-                if f.account_id == account_id && !f.expired(OffsetDateTime::now_utc()) =>
-            {
-                files.remove(id);
-                Ok(true)
-            }
-            Some(Stored::Generated { file, deleted }) if file.account_id == account_id => {
-                Ok(!std::mem::replace(deleted, true))
-            }
-            _ => Ok(false),
-        }
+        Ok(self.delete_now(account_id, id))
     }
 
     async fn record_generated(&self, file: GeneratedFile) -> Result<Option<FileInfo>, StoreError> {
@@ -178,23 +257,6 @@ impl FileStore for MemoryFileStore {
             }
         }
         Ok(())
-    }
-
-    async fn forget_expired(&self, now: OffsetDateTime, limit: u32) -> Result<u64, StoreError> {
-        let mut files = self.lock();
-        let mut expired: Vec<(OffsetDateTime, String)> = files
-            .iter()
-            .filter_map(|(id, f)| match f {
-                Stored::Upload(f) if f.expired(now) => Some((f.expires_at?, id.clone())),
-                _ => None,
-            })
-            .collect();
-        expired.sort();
-        expired.truncate(limit as usize);
-        for (_, id) in &expired {
-            files.remove(id);
-        }
-        Ok(expired.len() as u64)
     }
 }
 

@@ -1,11 +1,12 @@
 //! Files (`/v1/files`): what an account uploaded, such as the JSONL input of an OpenAI batch,
 //! kept whole until it is deleted or expires (an expired upload is gone to every read and to a
-//! delete at once, and deleted by the next sweep, [`FileStore::forget_expired`]). A trait so
+//! delete at once, and deleted by the next sweep once no batch in progress reads it:
+//! `BatchStore::forget_expired_files` in `store::batches`). A trait so
 //! that Postgres (cluster mode, shared by every pod) can take the in-process store's place
 //! (standalone); the API is the gateway's `api/files`.
 
 mod memory;
-mod postgres;
+pub(crate) mod postgres;
 
 pub use memory::MemoryFileStore;
 pub use postgres::PostgresFileStore;
@@ -82,6 +83,17 @@ pub trait FileStore: Send + Sync {
     async fn held_bytes(&self, account_id: &str) -> Result<u64, StoreError>;
     /// The account's file of this id.
     async fn file(&self, account_id: &str, id: &str) -> Result<Option<FileInfo>, StoreError>;
+    /// Up to `len` bytes of the account's upload from byte `offset`, as
+    /// [`FileStore::content_range`] reads them but also once the upload has expired, as long as
+    /// it is kept: a batch item reads its request here, and the sweep keeps a file that a
+    /// queued or running item reads (`BatchStore::forget_expired_files` in `store::batches`).
+    async fn input_range(
+        &self,
+        account_id: &str,
+        id: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
     /// The account's file's content.
     async fn content(&self, account_id: &str, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Up to `len` bytes of the account's upload from byte `offset` (fewer at its end): a
@@ -105,10 +117,13 @@ pub trait FileStore: Send + Sync {
     ) -> Result<FilePage, StoreError>;
     /// `false` when the account has no such file. A generated file stays deleted: it is not
     /// recorded again. An expired upload is no such file (OpenAI's 404, as to every read), and
-    /// this leaves it be: the sweep, [`FileStore::forget_expired`], alone deletes expired
+    /// this leaves it be: the sweep (`BatchStore::forget_expired_files`) alone deletes expired
     /// uploads, so a delete that finds nothing changes nothing and the sweep's count is every
     /// expired upload. Deleting it here would free nothing a client could see either: its
-    /// bytes already left the quota when it expired.
+    /// bytes already left the quota when it expired (or count as its batches' while they read
+    /// it). The API deletes through
+    /// `BatchStore::delete_file` (`store::batches`), which also keeps an input file that a
+    /// batch in progress reads.
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError>;
     /// Records a batch's generated file, listed and deleted as an upload is and counted in no
     /// quota, unless it was recorded before: the file as it now stands, `None` once deleted.
@@ -116,9 +131,6 @@ pub trait FileStore: Send + Sync {
     /// Forgets the generated files of these ids, deleted or not (their batch is past its
     /// retention): they are then neither listed nor marked deleted. Uploads are left alone.
     async fn forget_generated(&self, ids: &[String]) -> Result<(), StoreError>;
-    /// Deletes up to `limit` uploads that expired at or before `now`, oldest expiry first;
-    /// how many. Idempotent: pods sweeping at once never conflict.
-    async fn forget_expired(&self, now: OffsetDateTime, limit: u32) -> Result<u64, StoreError>;
 }
 
 impl GeneratedFile {

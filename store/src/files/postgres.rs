@@ -11,7 +11,7 @@ use crate::db::{from_db, Database, DbError};
 
 const INFO_COLUMNS: &str = "id, account_id, filename, purpose, bytes, created_at, expires_at";
 /// An upload that has not expired (a generated file has no expiry of its own).
-const UNEXPIRED: &str = "(expires_at IS NULL OR expires_at > now())";
+pub(crate) const UNEXPIRED: &str = "(expires_at IS NULL OR expires_at > now())";
 
 pub struct PostgresFileStore {
     db: Database,
@@ -85,6 +85,59 @@ async fn insert_file(
     Ok(true)
 }
 
+/// Up to `len` bytes of the account's upload from `offset`, if it also meets `condition`.
+async fn read_range(
+    db: &Database,
+    account_id: &str,
+    id: &str,
+    offset: u64,
+    len: u32,
+    condition: &str,
+) -> Result<Option<Vec<u8>>, sqlx::Error> {
+    // `substring` counts from 1. Postgres detoasts (and decompresses) the value to cut a
+    // range out of it, but sends only the range: this process holds a range at a time.
+    sqlx::query_scalar(&format!(
+        "SELECT substring(content FROM $3 FOR $4) FROM files
+         WHERE id = $1 AND account_id = $2 AND batch_id IS NULL AND {condition}"
+    ))
+    .bind(id)
+    .bind(account_id)
+    .bind(i32::try_from(offset).unwrap_or(i32::MAX).saturating_add(1))
+    .bind(i32::try_from(len).unwrap_or(i32::MAX))
+    .persistent(false)
+    .fetch_optional(db.pool())
+    .await
+}
+
+/// [`FileStore::delete`] as one statement, also within the batch store's transaction.
+pub(crate) async fn delete_file(
+    db: impl sqlx::PgExecutor<'_>,
+    account_id: &str,
+    id: &str,
+) -> Result<bool, sqlx::Error> {
+    // An expired upload is not found, as to the reads, and its row left to the sweep: see
+    // the trait's `delete`.
+    let deleted: i64 = sqlx::query_scalar(&format!(
+        "WITH generated AS (
+             UPDATE files SET deleted_at = now()
+             WHERE id = $1 AND account_id = $2 AND batch_id IS NOT NULL
+               AND deleted_at IS NULL
+             RETURNING id
+         ), upload AS (
+             DELETE FROM files
+             WHERE id = $1 AND account_id = $2 AND batch_id IS NULL AND {UNEXPIRED}
+             RETURNING id
+         )
+         SELECT count(*) FROM (SELECT id FROM generated UNION ALL SELECT id FROM upload) d"
+    ))
+    .bind(id)
+    .bind(account_id)
+    .persistent(false)
+    .fetch_one(db)
+    .await?;
+    Ok(deleted == 1)
+}
+
 #[async_trait]
 impl FileStore for PostgresFileStore {
     async fn create(
@@ -136,22 +189,23 @@ impl FileStore for PostgresFileStore {
         offset: u64,
         len: u32,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        // `substring` counts from 1. Postgres detoasts (and decompresses) the value to cut a
-        // range out of it, but sends only the range: this process holds a range at a time.
         Ok(self
             .db
-            .bounded(
-                sqlx::query_scalar(&format!(
-                    "SELECT substring(content FROM $3 FOR $4) FROM files
-                     WHERE id = $1 AND account_id = $2 AND batch_id IS NULL AND {UNEXPIRED}"
-                ))
-                .bind(id)
-                .bind(account_id)
-                .bind(i32::try_from(offset).unwrap_or(i32::MAX).saturating_add(1))
-                .bind(i32::try_from(len).unwrap_or(i32::MAX))
-                .persistent(false)
-                .fetch_optional(self.db.pool()),
-            )
+            .bounded(read_range(&self.db, account_id, id, offset, len, UNEXPIRED))
+            .await?)
+    }
+
+    async fn input_range(
+        &self,
+        account_id: &str,
+        id: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        // Expired or not: the sweep keeps a file that a batch in progress reads.
+        Ok(self
+            .db
+            .bounded(read_range(&self.db, account_id, id, offset, len, "TRUE"))
             .await?)
     }
 
@@ -213,32 +267,10 @@ impl FileStore for PostgresFileStore {
     }
 
     async fn delete(&self, account_id: &str, id: &str) -> Result<bool, StoreError> {
-        // An expired upload is not found, as to the reads, and its row left to the sweep: see
-        // the trait's `delete`.
-        let done = self
+        Ok(self
             .db
-            .bounded(
-                sqlx::query(&format!(
-                    "WITH generated AS (
-                         UPDATE files SET deleted_at = now()
-                         WHERE id = $1 AND account_id = $2 AND batch_id IS NOT NULL
-                           AND deleted_at IS NULL
-                         RETURNING id
-                     ), upload AS (
-                         DELETE FROM files
-                         WHERE id = $1 AND account_id = $2 AND batch_id IS NULL AND {UNEXPIRED}
-                         RETURNING id
-                     )
-                     SELECT count(*) FROM (SELECT id FROM generated UNION ALL SELECT id FROM upload) d"
-                ))
-                .bind(id)
-                .bind(account_id)
-                .persistent(false)
-                .fetch_one(self.db.pool()),
-            )
-            .await?;
-        let deleted: i64 = done.try_get(0).map_err(DbError::Sql)?;
-        Ok(deleted == 1)
+            .bounded(delete_file(self.db.pool(), account_id, id))
+            .await?)
     }
 
     async fn record_generated(&self, file: GeneratedFile) -> Result<Option<FileInfo>, StoreError> {
@@ -309,24 +341,5 @@ impl FileStore for PostgresFileStore {
             )
             .await?;
         Ok(())
-    }
-
-    async fn forget_expired(&self, now: OffsetDateTime, limit: u32) -> Result<u64, StoreError> {
-        let done = self
-            .db
-            .bounded(
-                sqlx::query(
-                    "DELETE FROM files WHERE id IN (
-                         SELECT id FROM files
-                         WHERE expires_at <= $1 AND batch_id IS NULL
-                         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                )
-                .bind(now)
-                .bind(i64::from(limit))
-                .persistent(false)
-                .execute(self.db.pool()),
-            )
-            .await?;
-        Ok(done.rows_affected())
     }
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use e2e::PostgresServer;
+use store::batches::{BatchStore, MemoryBatchStore, PostgresBatchStore};
 use store::files::{FileStore, GeneratedFile, MemoryFileStore, NewFile, Order, PostgresFileStore};
 use time::{Duration, OffsetDateTime};
 
@@ -16,12 +17,17 @@ const QUOTA: u64 = 1 << 20;
 
 pub struct Store {
     files: Arc<dyn FileStore>,
+    /// The batch store on the same files: it sweeps the expired ones (keeping those a batch in
+    /// progress reads, none here).
+    batches: Arc<dyn BatchStore>,
     _pg: Option<PostgresServer>,
 }
 
 async fn in_process() -> Store {
+    let files = Arc::new(MemoryFileStore::default());
     Store {
-        files: Arc::new(MemoryFileStore::default()),
+        batches: Arc::new(MemoryBatchStore::reading(files.clone())),
+        files,
         _pg: None,
     }
 }
@@ -29,7 +35,8 @@ async fn in_process() -> Store {
 async fn postgres() -> Store {
     let (pg, db) = database().await;
     Store {
-        files: Arc::new(PostgresFileStore::new(db)),
+        files: Arc::new(PostgresFileStore::new(db.clone())),
+        batches: Arc::new(PostgresBatchStore::new(db)),
         _pg: Some(pg),
     }
 }
@@ -385,9 +392,18 @@ async fn an_expired_upload_is_gone_at_once_and_deleted_by_the_sweep(s: Store) {
     expected.sort();
     assert_eq!(listed, expected, "only the unexpired uploads are listed");
     let swept = [
-        s.files.forget_expired(now(), 1).await.expect("store"),
-        s.files.forget_expired(now(), 1).await.expect("store"),
-        s.files.forget_expired(now(), 1).await.expect("store"),
+        s.batches
+            .forget_expired_files(now(), 1)
+            .await
+            .expect("store"),
+        s.batches
+            .forget_expired_files(now(), 1)
+            .await
+            .expect("store"),
+        s.batches
+            .forget_expired_files(now(), 1)
+            .await
+            .expect("store"),
     ];
     assert_eq!(swept, [1, 1, 0], "one expired upload a round, each once");
     let read = s.files.file(&account, &later.id).await.expect("store");
@@ -433,11 +449,20 @@ async fn deleting_an_expired_upload_finds_no_file_like_reading_it_and_leaves_it_
     );
     assert!(!s.files.delete(&account, &expired.id).await.expect("store"));
     assert_eq!(
-        s.files.forget_expired(now(), 10).await.expect("store"),
+        s.batches
+            .forget_expired_files(now(), 10)
+            .await
+            .expect("store"),
         1,
         "the delete left the expired upload to the sweep"
     );
-    assert_eq!(s.files.forget_expired(now(), 10).await.expect("store"), 0);
+    assert_eq!(
+        s.batches
+            .forget_expired_files(now(), 10)
+            .await
+            .expect("store"),
+        0
+    );
     assert!(!s.files.delete(&account, &expired.id).await.expect("store"));
     assert!(
         s.files.delete(&account, &later.id).await.expect("store"),

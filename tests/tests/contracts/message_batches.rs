@@ -12,6 +12,7 @@ use store::batches::{
     MemoryBatchStore, NewBatch, NewItem, Outcome, PostgresBatchStore, ProcessingStatus,
     RequestFormat,
 };
+use store::files::{FileStore, MemoryFileStore, NewFile, PostgresFileStore};
 use time::{Duration, OffsetDateTime};
 
 use super::{database, now, unique};
@@ -34,12 +35,16 @@ fn in_progress_cap(max_in_progress: u32) -> KeyCaps {
 
 pub struct Store {
     batches: Arc<dyn BatchStore>,
+    /// The input files the batches read.
+    files: Arc<dyn FileStore>,
     _pg: Option<PostgresServer>,
 }
 
 async fn in_process() -> Store {
+    let files = Arc::new(MemoryFileStore::default());
     Store {
-        batches: Arc::new(MemoryBatchStore::default()),
+        batches: Arc::new(MemoryBatchStore::reading(files.clone())),
+        files,
         _pg: None,
     }
 }
@@ -47,7 +52,8 @@ async fn in_process() -> Store {
 async fn postgres() -> Store {
     let (pg, db) = database().await;
     Store {
-        batches: Arc::new(PostgresBatchStore::new(db)),
+        batches: Arc::new(PostgresBatchStore::new(db.clone())),
+        files: Arc::new(PostgresFileStore::new(db)),
         _pg: Some(pg),
     }
 }
@@ -738,37 +744,234 @@ async fn a_draft_is_stored_whole_at_its_commit_and_nothing_of_it_otherwise(s: St
     );
 }
 
+/// An upload of `account` (its one line is read by the batches of [`reading`]), expiring at
+/// `expires_at`.
+async fn upload(s: &Store, account: &str, expires_at: Option<OffsetDateTime>) -> NewFile {
+    let file = NewFile {
+        id: unique("file"),
+        account_id: account.to_owned(),
+        filename: "input.jsonl".to_owned(),
+        purpose: "batch".to_owned(),
+        content: br#"{"custom_id":"a","body":{"n":1}}"#.to_vec(),
+        created_at: now(),
+        expires_at,
+    };
+    s.files
+        .create(file.clone(), u64::MAX)
+        .await
+        .expect("store")
+        .expect("under the quota");
+    file
+}
+
+/// A batch of one item of its own key read from the file's whole content.
+fn reading(file: &NewFile, at: OffsetDateTime) -> NewBatch {
+    let mut batch = new_batch(&file.account_id, 1, 0, at);
+    batch.format = RequestFormat::ChatCompletions;
+    batch.items[0].params = String::new();
+    batch.items[0].line = Some(InputLine {
+        file_id: file.id.clone(),
+        offset: 0,
+        len: file.content.len() as u64,
+    });
+    batch
+}
+
+/// The file's line as a batch item reads it (`None` once the file is gone).
+async fn line_of(s: &Store, file: &NewFile) -> Option<Vec<u8>> {
+    let len = file.content.len() as u32;
+    s.files
+        .input_range(&file.account_id, &file.id, 0, len)
+        .await
+        .expect("store")
+}
+
 /// An item read from its batch's input file is claimed with its line, holds no bytes of the
-/// account's quota, and keeps that file (of that account only) in use until it ends.
-async fn an_item_read_from_its_input_line_keeps_the_file_in_use_until_it_ends(s: Store) {
+/// account's quota, and keeps that file (of that account only) from deletion until it ends;
+/// then the file is deleted, and a batch created after that, reading it, stores nothing.
+async fn an_item_read_from_its_input_line_keeps_its_file_from_deletion_until_it_ends(s: Store) {
     let at = now();
     let account = unique("acct");
-    let line = InputLine {
-        file_id: unique("file"),
-        offset: 10,
-        len: 20,
-    };
-    let mut batch = new_batch(&account, 1, 0, at);
-    batch.items[0].params = String::new();
-    batch.items[0].line = Some(line.clone());
+    let file = upload(&s, &account, None).await;
+    let batch = reading(&file, at);
+    let line = batch.items[0].line.clone();
     s.create(batch).await;
-    let in_use = |account: String, file: String| {
-        let batches = s.batches.clone();
-        async move { batches.file_in_use(&account, &file).await.expect("store") }
+    let delete = |account: String| {
+        let (batches, file) = (s.batches.clone(), file.id.clone());
+        async move { batches.delete_file(&account, &file).await.expect("store") }
     };
-    assert!(in_use(account.clone(), line.file_id.clone()).await);
-    assert!(!in_use(account.clone(), unique("file")).await);
-    assert!(!in_use(unique("acct"), line.file_id.clone()).await);
+    assert_eq!(
+        delete(unique("acct")).await,
+        Deleted::NotFound,
+        "another account's"
+    );
+    assert_eq!(delete(account.clone()).await, Deleted::Processing, "queued");
+    assert_eq!(line_of(&s, &file).await, Some(file.content.clone()));
     assert_eq!(s.batches.held_bytes(&account).await.expect("held"), 0);
     let claimed = s.claim("w1", 10, at).await;
     assert_eq!(claimed.len(), 1);
-    assert_eq!(claimed[0].line.as_ref(), Some(&line));
-    assert!(
-        in_use(account.clone(), line.file_id.clone()).await,
+    assert_eq!(claimed[0].line, line);
+    assert_eq!(
+        delete(account.clone()).await,
+        Deleted::Processing,
         "running"
     );
     assert!(s.finish("w1", &claimed[0], at).await);
-    assert!(!in_use(account, line.file_id.clone()).await, "ended");
+    assert_eq!(delete(account.clone()).await, Deleted::Deleted, "ended");
+    assert_eq!(line_of(&s, &file).await, None);
+    let late = s
+        .batches
+        .create(reading(&file, at), CAPS)
+        .await
+        .expect("store");
+    assert_eq!(late.err(), Some(CapReached::InputFileGone));
+    let listed = s
+        .batches
+        .list(&account, &RequestFormat::ALL, Cursor::Newest, 10)
+        .await
+        .expect("list");
+    assert_eq!(listed.batches.len(), 1, "the late batch was not stored");
+}
+
+/// Creates of batches reading a file and that file's delete, all at once and many times over,
+/// are one decision: a file deleted had no batch stored reading it (each such create was
+/// refused, `InputFileGone`), a file kept had one, and every stored batch's item reads its line.
+async fn a_file_delete_racing_batch_creates_leaves_no_item_reading_a_deleted_file(s: Store) {
+    const FILES: usize = 40;
+    const CREATES: usize = 4;
+    let at = now();
+    let account = unique("acct");
+    let mut rounds = Vec::new();
+    for round in 0..FILES {
+        let file = upload(&s, &account, None).await;
+        let create = || {
+            let (batches, batch) = (s.batches.clone(), reading(&file, at));
+            tokio::spawn(async move { batches.create(batch, CAPS).await.expect("store") })
+        };
+        // The delete sent before the creates, amid them, or after them, by turns.
+        let before = round % 3 * CREATES / 2;
+        let mut creates: Vec<_> = (0..before).map(|_| create()).collect();
+        let (batches, id) = (s.batches.clone(), file.id.clone());
+        let account = account.clone();
+        let delete =
+            tokio::spawn(async move { batches.delete_file(&account, &id).await.expect("store") });
+        creates.extend((before..CREATES).map(|_| create()));
+        rounds.push((file, creates, delete));
+    }
+    let (mut deleted, mut kept, mut stored) = (0, 0, 0);
+    for (file, creates, delete) in rounds {
+        let mut ok = 0;
+        for create in creates {
+            match create.await.expect("create") {
+                Ok(_) => ok += 1,
+                Err(cap) => assert_eq!(cap, CapReached::InputFileGone),
+            }
+        }
+        match delete.await.expect("delete") {
+            Deleted::Deleted => {
+                assert_eq!(
+                    ok, 0,
+                    "{}: deleted, yet a batch reading it was stored",
+                    file.id
+                );
+                assert_eq!(line_of(&s, &file).await, None);
+                deleted += 1;
+            }
+            Deleted::Processing => {
+                assert!(ok > 0, "{}: kept with no batch reading it", file.id);
+                assert_eq!(line_of(&s, &file).await, Some(file.content.clone()));
+                kept += 1;
+            }
+            Deleted::NotFound => panic!("{}: an upload not found to delete", file.id),
+        }
+        stored += ok;
+    }
+    assert_eq!(deleted + kept, FILES);
+    // Every stored item reads its line, whichever way its round went.
+    let mut claimed = 0;
+    loop {
+        let items = s.claim("w1", 100, at).await;
+        if items.is_empty() {
+            break;
+        }
+        for item in &items {
+            let line = item.line.as_ref().expect("a line");
+            let read = s
+                .files
+                .input_range(&account, &line.file_id, line.offset, line.len as u32)
+                .await
+                .expect("store");
+            assert!(read.is_some(), "{}: its file was deleted", item.batch_id);
+        }
+        claimed += items.len();
+    }
+    assert_eq!(claimed, stored, "every stored batch's item was claimed");
+}
+
+/// An input file that expires while a batch reads it is gone to its account's reads at once,
+/// but its batch keeps it: the item still reads its line, the file still counts in the quota
+/// (as its batch's), the sweep leaves it until the item has ended, then deletes it; a batch
+/// created after the expiry stores nothing.
+async fn a_file_expiring_under_its_batch_is_kept_for_it_until_the_batch_ends(s: Store) {
+    let account = unique("acct");
+    let file = upload(&s, &account, Some(now() + Duration::seconds(2))).await;
+    let at = now();
+    s.create(reading(&file, at)).await;
+    // Until it has expired (a wait, not an assertion on time).
+    while s
+        .files
+        .file(&account, &file.id)
+        .await
+        .expect("store")
+        .is_some()
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        s.files.content(&account, &file.id).await.expect("store"),
+        None,
+        "expired to its account's reads"
+    );
+    let late = s
+        .batches
+        .create(reading(&file, at), CAPS)
+        .await
+        .expect("store");
+    assert_eq!(late.err(), Some(CapReached::InputFileGone));
+    assert_eq!(
+        s.batches
+            .forget_expired_files(now(), 10)
+            .await
+            .expect("sweep"),
+        0,
+        "kept while its batch reads it"
+    );
+    assert_eq!(
+        s.batches.held_bytes(&account).await.expect("held"),
+        file.kept_bytes(),
+        "kept for its batch, it still counts in the quota"
+    );
+    let claimed = s.claim("w1", 10, at).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(line_of(&s, &file).await, Some(file.content.clone()));
+    assert_eq!(
+        s.batches
+            .forget_expired_files(now(), 10)
+            .await
+            .expect("sweep"),
+        0
+    );
+    assert!(s.finish("w1", &claimed[0], at).await);
+    assert_eq!(
+        s.batches
+            .forget_expired_files(now(), 10)
+            .await
+            .expect("sweep"),
+        1,
+        "swept once its batch has ended"
+    );
+    assert_eq!(line_of(&s, &file).await, None);
+    assert_eq!(s.batches.held_bytes(&account).await.expect("held"), 0);
 }
 
 e2e::contract! {
@@ -790,6 +993,8 @@ e2e::contract! {
         a_batch_keeps_its_format_and_each_format_lists_its_own,
         ended_batches_past_the_cutoff_are_forgotten_with_their_items_and_no_other,
         a_draft_is_stored_whole_at_its_commit_and_nothing_of_it_otherwise,
-        an_item_read_from_its_input_line_keeps_the_file_in_use_until_it_ends,
+        an_item_read_from_its_input_line_keeps_its_file_from_deletion_until_it_ends,
+        a_file_delete_racing_batch_creates_leaves_no_item_reading_a_deleted_file,
+        a_file_expiring_under_its_batch_is_kept_for_it_until_the_batch_ends,
     }
 }

@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::state::BatchApi;
 use gateway_core::auth::Principal;
 use gateway_core::cpu;
+use store::batches::Deleted;
 use store::files::{FileInfo, FileStore, NewFile, Order};
 use store::ids::random;
 
@@ -408,12 +409,12 @@ pub async fn delete(
         batches::generated_info(&api, &principal.account.id, &generated).await?;
     }
     // A batch reads each request from its input file when it runs: the file stays while any
-    // is open (one copy for every batch made from it, counted once in the quota).
-    if api.batches.file_in_use(&principal.account.id, &id).await? {
-        return Err(FileError::InUse(id).into());
-    }
-    if !api.files.delete(&principal.account.id, &id).await? {
-        return Err(FileError::NotFound(id).into());
+    // is open (one copy for every batch made from it, counted once in the quota). One decision
+    // with the batch creates, so none reads the file once it is deleted.
+    match api.batches.delete_file(&principal.account.id, &id).await? {
+        Deleted::Deleted => {}
+        Deleted::Processing => return Err(FileError::InUse(id).into()),
+        Deleted::NotFound => return Err(FileError::NotFound(id).into()),
     }
     Ok(Json(json!({"id": id, "object": "file", "deleted": true})))
 }

@@ -214,6 +214,9 @@ fn refusal(api: &BatchApi, caps: KeyCaps, cap: CapReached, queued: u64) -> ApiEr
         CapReached::AccountBytes => {
             StorageError::Quota(api.settings.files_account_max_bytes).into()
         }
+        CapReached::InputFileGone => ApiError::not_found(
+            "input_file_id: the input file was deleted or expired while the batch was being created",
+        ),
     }
 }
 

@@ -113,7 +113,11 @@ async fn forget_until(api: Arc<BatchApi>, stop: CancellationToken) {
             }
         }
         let now = OffsetDateTime::now_utc();
-        match api.files.forget_expired(now, FORGET_PER_ROUND).await {
+        match api
+            .batches
+            .forget_expired_files(now, FORGET_PER_ROUND)
+            .await
+        {
             Ok(0) => {}
             Ok(forgotten) => tracing::info!(forgotten, "expired uploads deleted"),
             Err(e) => {
@@ -260,7 +264,7 @@ async fn execute(api: &BatchApi, item: &ClaimedItem) -> Ran {
             }
             Ok(None) => {
                 let gone = ApiError::invalid(format!(
-                    "input_file_id: the batch's input file `{}` is gone (it expired); this request could not be read",
+                    "input_file_id: the batch's input file `{}` is gone; this request could not be read",
                     line.file_id
                 ));
                 let id = match item.format {
@@ -466,7 +470,7 @@ async fn body_of(
     let len = u32::try_from(line.len).unwrap_or(u32::MAX);
     let text = api
         .files
-        .content_range(&item.account_id, &line.file_id, line.offset, len)
+        .input_range(&item.account_id, &line.file_id, line.offset, len)
         .await?;
     // A line that no longer reads as it was checked runs as what it now is: its turn's checks
     // refuse it.
