@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use crds::config::{ProviderKind, Secret, Upstream};
 
 use super::blocks::Blocks;
+use super::embeddings::{EmbeddingsAnswer, EmbeddingsCall, UpstreamRequest, UpstreamResponse};
 use super::http::{self, Clients, Decoder, Framing, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::conversation::{Delta, OutputBlock};
@@ -79,14 +80,16 @@ impl<'a> Endpoint<'a> {
         })
     }
 
+    /// A call to the operation at `path` (`["chat", "completions"]`, `["embeddings"]`).
     fn request(
         &self,
         client: &reqwest::Client,
         key: Option<&Secret>,
+        path: &[&str],
     ) -> Result<reqwest::RequestBuilder, ProviderError> {
         Ok(match self {
             Endpoint::OpenAi { base } => {
-                let request = client.post(format!("{base}/chat/completions"));
+                let request = client.post(format!("{base}/{}", path.join("/")));
                 match key {
                     Some(key) => request.bearer_auth(key.expose()),
                     None => request,
@@ -106,7 +109,8 @@ impl<'a> Endpoint<'a> {
                 url.path_segments_mut()
                     .map_err(|()| ProviderError::Unavailable)?
                     .pop_if_empty()
-                    .extend(["openai", "deployments", deployment, "chat", "completions"]);
+                    .extend(["openai", "deployments", deployment])
+                    .extend(path);
                 url.query_pairs_mut()
                     .append_pair("api-version", api_version);
                 let request = client.post(url);
@@ -133,7 +137,7 @@ impl Provider for OpenAi {
         };
         let (client, upstream_call) = self.clients.get(upstream)?;
         let request = endpoint
-            .request(&client, upstream.api_key.as_ref())?
+            .request(&client, upstream.api_key.as_ref(), &["chat", "completions"])?
             .header("accept", "text/event-stream")
             .json(&body);
         let stream = Stream {
@@ -155,6 +159,32 @@ impl Provider for OpenAi {
             stream,
         )
         .await
+    }
+}
+
+impl OpenAi {
+    /// `POST {base}/embeddings` (Azure: the deployment's `/embeddings`), answered whole.
+    pub(super) async fn embed(
+        &self,
+        upstream: &Upstream,
+        call: &EmbeddingsCall,
+    ) -> Result<EmbeddingsAnswer, ProviderError> {
+        let endpoint = Endpoint::of(upstream)?;
+        let body = UpstreamRequest {
+            model: &upstream.model,
+            input: call.inputs.as_slice(),
+            encoding_format: "float",
+            dimensions: call.dimensions,
+            user: call.user.as_deref(),
+        };
+        let (client, upstream_call) = self.clients.get(upstream)?;
+        let request = endpoint
+            .request(&client, upstream.api_key.as_ref(), &["embeddings"])?
+            .json(&body);
+        let bytes = http::whole(request, upstream_call, upstream.timeouts).await?;
+        serde_json::from_slice::<UpstreamResponse>(&bytes)
+            .map_err(|e| http::malformed("embeddings answer", e))?
+            .answer(call.inputs.len())
     }
 }
 
