@@ -287,8 +287,8 @@ fn an_embeddings_route_is_admitted_without_max_output_tokens_and_a_chat_route_is
 }
 
 #[test]
-fn an_embeddings_route_with_max_output_tokens_thinking_or_a_provider_without_embeddings_is_refused(
-) {
+fn an_embeddings_route_with_max_output_tokens_thinking_or_a_provider_without_embeddings_is_refused()
+{
     let message = "an embeddings route has upstreams of the openai, azure-openai or simulated";
     let mut with_max = embeddings_route();
     with_max["maxOutputTokens"] = json!(100);

@@ -456,7 +456,10 @@ fn the_standalone_embeddings_route_compiles_without_max_output_tokens_or_tools()
     let config = compiles(&standalone());
     let embed = &config.models["svc/embed"];
     assert!(embed.capabilities.embeddings);
-    assert!(!embed.capabilities.tools, "an embeddings route calls no tools");
+    assert!(
+        !embed.capabilities.tools,
+        "an embeddings route calls no tools"
+    );
     assert_eq!((embed.context_window, embed.max_output_tokens), (8192, 0));
     assert!(!config.models["svc/haiku"].capabilities.embeddings);
 }

@@ -644,7 +644,13 @@ fn embeddings_json(body: &Value) -> Response {
         .enumerate()
         .map(|(index, input)| {
             let vector: Vec<f32> = (0..dimensions)
-                .map(|d| if d % 2 == 0 { index as f32 } else { input.len() as f32 })
+                .map(|d| {
+                    if d % 2 == 0 {
+                        index as f32
+                    } else {
+                        input.len() as f32
+                    }
+                })
                 .collect();
             let embedding = if base64 {
                 use base64::Engine;

@@ -21,8 +21,8 @@ const EMBED: &str = "svc/embed";
 
 /// Runs the `openai` SDK: for each call of `calls` (`[encoding or null, dimensions or null,
 /// input]`), `client.embeddings.create` with its raw response; returns, per call, the
-/// `request-id` header (the ledger row's id), the model, the usage and the vectors as the SDK
-/// decoded them.
+/// `request-id` header (the ledger row's id), the model, the usage and the vectors (decoded
+/// from base64 where it was asked for by name: the SDK decodes only its own default).
 async fn sdk_embeddings(gw: &Gateway, key: &str, calls: &Value) -> Vec<Value> {
     let python = workspace_root().join(".cache/venv/bin/python");
     assert!(
@@ -31,7 +31,15 @@ async fn sdk_embeddings(gw: &Gateway, key: &str, calls: &Value) -> Vec<Value> {
         python.display()
     );
     let script = r#"
-import json, sys, openai
+import base64, json, struct, sys, openai
+
+def floats(embedding):
+    # Asked for base64 by name, the SDK hands the text over as is: little-endian float32s.
+    if isinstance(embedding, str):
+        raw = base64.b64decode(embedding)
+        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return list(embedding)
+
 client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key=sys.argv[2], max_retries=0)
 out = []
 for encoding, dimensions, text in json.loads(sys.argv[3]):
@@ -48,7 +56,8 @@ for encoding, dimensions, text in json.loads(sys.argv[3]):
         "object": answer.object,
         "usage": answer.usage.model_dump(),
         "indexes": [d.index for d in answer.data],
-        "vectors": [list(d.embedding) for d in answer.data],
+        "vectors": [floats(d.embedding) for d in answer.data],
+        "base64": [isinstance(d.embedding, str) for d in answer.data],
     })
 print(json.dumps(out))
 "#;
@@ -80,7 +89,9 @@ fn three_calls(dimensions: u64) -> Value {
     ])
 }
 
-fn vectors(answer: &Value) -> Vec<Vec<f64>> {
+/// The vectors as the f32s they are (a float's JSON text and its base64 bytes are the same
+/// f32, not the same f64).
+fn vectors(answer: &Value) -> Vec<Vec<f32>> {
     answer["vectors"]
         .as_array()
         .expect("vectors")
@@ -89,7 +100,7 @@ fn vectors(answer: &Value) -> Vec<Vec<f64>> {
             v.as_array()
                 .expect("a vector")
                 .iter()
-                .map(|x| x.as_f64().expect("a number"))
+                .map(|x| x.as_f64().expect("a number") as f32)
                 .collect()
         })
         .collect()
@@ -154,18 +165,21 @@ async fn the_openai_sdk_embeds_floats_base64_and_100_inputs_on_the_simulated_rou
         assert_eq!(usage["prompt_tokens"], usage["total_tokens"], "{usage}");
         for v in vectors(answer) {
             assert_eq!(v.len(), 64, "the asked dimensions");
-            let norm: f64 = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
             assert!((norm - 1.0).abs() < 1e-3, "a unit vector: {norm}");
         }
     }
     // The same text gets the same vector, whichever encoding carried it.
     assert_eq!(vectors(&answers[0]), vectors(&answers[1]));
+    assert_eq!(answers[0]["base64"], json!([false]));
+    assert!(answers[2]["base64"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|b| b == true));
     let hundred = &answers[2];
     assert_eq!(hundred["indexes"], json!((0..100).collect::<Vec<_>>()));
-    let distinct: BTreeSet<String> = vectors(hundred)
-        .iter()
-        .map(|v| format!("{v:?}"))
-        .collect();
+    let distinct: BTreeSet<String> = vectors(hundred).iter().map(|v| format!("{v:?}")).collect();
     assert_eq!(distinct.len(), 100, "one vector per input");
 
     let billed = assert_rows_bill_the_input(&gw, &answers, "simulated").await;
@@ -196,11 +210,14 @@ async fn embeds_through_the_mock(upstream: fn(&MockUpstream) -> UpstreamDef, pro
         // The mock's vectors: each input's index and length, alternating.
         for (index, v) in vectors(answer).iter().enumerate() {
             assert_eq!(v.len(), 6);
-            assert_eq!(v[0], index as f64, "{answer}");
+            assert_eq!(v[0], index as f32, "{answer}");
         }
     }
     assert_eq!(vectors(&answers[0]), vectors(&answers[1]));
-    assert_eq!(vectors(&answers[0])[0][1], "The quick brown fox".len() as f64);
+    assert_eq!(
+        vectors(&answers[0])[0][1],
+        "The quick brown fox".len() as f32
+    );
 
     let received = mock.received();
     assert_eq!(received.len(), 3, "one upstream call per request");
@@ -253,9 +270,7 @@ async fn a_throttled_upstream_falls_back_and_a_failed_call_bills_nothing() {
     let first = MockUpstream::start().await;
     let second = MockUpstream::start().await;
     let manifests = RoutedManifests::new(&[
-        UpstreamDef::openai(&first)
-            .named("first")
-            .weight(1_000_000),
+        UpstreamDef::openai(&first).named("first").weight(1_000_000),
         UpstreamDef::openai(&second).named("second"),
     ]);
     let gw = Gateway::builder().manifests(&manifests.path).start().await;
@@ -263,10 +278,17 @@ async fn a_throttled_upstream_falls_back_and_a_failed_call_bills_nothing() {
 
     first.push([Reply::status(429)]);
     let resp = gw
-        .post_json("/v1/embeddings", &key.secret, &embed_body(json!("fall back")))
+        .post_json(
+            "/v1/embeddings",
+            &key.secret,
+            &embed_body(json!("fall back")),
+        )
         .await;
     let body = resp.expect_ok();
-    assert_eq!(body["usage"]["prompt_tokens"], MOCK_EMBEDDING_TOKENS_PER_INPUT);
+    assert_eq!(
+        body["usage"]["prompt_tokens"],
+        MOCK_EMBEDDING_TOKENS_PER_INPUT
+    );
     assert_eq!(first.request_count(), 1, "the first upstream was tried");
     assert_eq!(second.request_count(), 1, "and the second served it");
     let id = resp.header("request-id").expect("request-id");
@@ -405,9 +427,13 @@ async fn an_embeddings_route_refuses_the_chat_surfaces_and_a_chat_route_refuses_
     gw.chat(&gw.key, &chat_body(EMBED, "hi", Some(16)))
         .await
         .expect_invalid_field("model");
-    gw.post_json("/v1/responses", &gw.key, &json!({"model": EMBED, "input": "hi"}))
-        .await
-        .expect_invalid_field("model");
+    gw.post_json(
+        "/v1/responses",
+        &gw.key,
+        &json!({"model": EMBED, "input": "hi"}),
+    )
+    .await
+    .expect_invalid_field("model");
     let refused = gw
         .post_json(
             "/v1/embeddings",

@@ -463,7 +463,13 @@ mod tests {
     fn an_azure_call_goes_to_the_deployment_with_the_api_version_and_the_api_key_header() {
         let upstream = azure("https://res.openai.azure.com/", "gpt-4o prod/eu");
         let request = Endpoint::of(&upstream)
-            .and_then(|e| e.request(&reqwest::Client::new(), upstream.api_key.as_ref()))
+            .and_then(|e| {
+                e.request(
+                    &reqwest::Client::new(),
+                    upstream.api_key.as_ref(),
+                    &["chat", "completions"],
+                )
+            })
             .expect("a request")
             .build()
             .expect("a request");
@@ -473,5 +479,34 @@ mod tests {
         );
         assert_eq!(request.headers()["api-key"], "k-1");
         assert!(request.headers().get("authorization").is_none());
+    }
+
+    #[test]
+    fn embeddings_go_to_the_deployments_embeddings_on_azure_and_base_embeddings_on_openai() {
+        let upstream = azure("https://res.openai.azure.com", "embed-small");
+        let request = Endpoint::of(&upstream)
+            .and_then(|e| e.request(&reqwest::Client::new(), None, &["embeddings"]))
+            .expect("a request")
+            .build()
+            .expect("a request");
+        assert_eq!(
+            request.url().as_str(),
+            "https://res.openai.azure.com/openai/deployments/embed-small/embeddings?api-version=2024-10-21"
+        );
+        let openai = Upstream {
+            provider: ProviderKind::Openai,
+            api_version: None,
+            base_url: Some("https://api.openai.com/v1/".into()),
+            ..upstream
+        };
+        let request = Endpoint::of(&openai)
+            .and_then(|e| e.request(&reqwest::Client::new(), None, &["embeddings"]))
+            .expect("a request")
+            .build()
+            .expect("a request");
+        assert_eq!(
+            request.url().as_str(),
+            "https://api.openai.com/v1/embeddings"
+        );
     }
 }
