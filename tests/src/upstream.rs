@@ -1383,7 +1383,7 @@ fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
         if line == "  model: svc/embed" {
             embed_route = true;
         }
-        if line == "  upstreams:" && !(embed_route && !embeddings) {
+        if line == "  upstreams:" && (embeddings || !embed_route) {
             out.push_str(&list);
             skipping = true;
             continue;
