@@ -367,8 +367,15 @@ fn compile_upstream_route(
         problems.add(resource, "contextWindow is required with upstreams");
         0
     });
+    let embeddings = spec.capabilities.embeddings;
+    if embeddings {
+        check_embeddings_route(resource, route, problems);
+    }
+    // An embeddings route generates no tokens: it has no maxOutputTokens (0 in the config).
     let max_output_tokens = spec.max_output_tokens.unwrap_or_else(|| {
-        problems.add(resource, "maxOutputTokens is required with upstreams");
+        if !embeddings {
+            problems.add(resource, "maxOutputTokens is required with upstreams");
+        }
         0
     });
     if spec.max_output_tokens.is_some() {
@@ -442,7 +449,9 @@ fn compile_upstream_route(
         capabilities: Capabilities {
             thinking: spec.capabilities.thinking,
             vision: spec.capabilities.vision,
-            tools: spec.capabilities.tools,
+            // An embeddings route calls no tools, whatever the default says.
+            tools: spec.capabilities.tools && !embeddings,
+            embeddings,
         },
         pricing,
         route: Route::Upstreams(upstreams),
@@ -450,6 +459,40 @@ fn compile_upstream_route(
         batch_price_per_million: spec
             .batch_price_ratio
             .map(|ratio| batch_price_per_million(resource, ratio, problems)),
+    }
+}
+
+/// What an embeddings route may not have: a maxOutputTokens, thinking or vision (it generates
+/// nothing), or an upstream whose provider has no embeddings adapter.
+fn check_embeddings_route(resource: &ResourceRef, route: &ModelRoute, problems: &mut Problems) {
+    let spec = &route.spec;
+    if spec.max_output_tokens.is_some() {
+        problems.add(
+            resource,
+            "maxOutputTokens is not allowed on an embeddings route: it generates no tokens",
+        );
+    }
+    if spec.capabilities.thinking || spec.capabilities.vision {
+        problems.add(
+            resource,
+            "capabilities.thinking and capabilities.vision are not allowed with \
+             capabilities.embeddings",
+        );
+    }
+    for (i, upstream) in spec.upstreams.iter().enumerate() {
+        if !matches!(
+            upstream.provider,
+            Provider::Openai | Provider::AzureOpenai | Provider::Simulated
+        ) {
+            problems.add(
+                resource,
+                format!(
+                    "upstreams[{i}] ({}): capabilities.embeddings is served by the openai, \
+                     azure-openai and simulated providers only",
+                    upstream.name
+                ),
+            );
+        }
     }
 }
 
@@ -698,6 +741,13 @@ fn compile_auto_route(
             format!("capabilities.tools is not allowed {derived}"),
         );
     }
+    if spec.capabilities.embeddings {
+        problems.add(
+            resource,
+            "capabilities.embeddings is not allowed with auto: an embeddings route names its \
+             upstreams",
+        );
+    }
     if spec.pricing.is_some() {
         problems.add(
             resource,
@@ -728,6 +778,10 @@ fn compile_auto_route(
                 resource,
                 format!("auto candidate {candidate} is itself an auto route"),
             ),
+            Some((_, other)) if other.spec.capabilities.embeddings => problems.add(
+                resource,
+                format!("auto candidate {candidate} is an embeddings route, which serves no turns"),
+            ),
             // A candidate that is invalid itself has its own error; only valid ones count.
             Some(_) => chosen.extend(compiled.get(candidate.as_str())),
         }
@@ -752,6 +806,7 @@ fn compile_auto_route(
             thinking,
             vision: chosen.iter().any(|m| m.capabilities.vision),
             tools: chosen.iter().any(|m| m.capabilities.tools),
+            embeddings: false,
         },
         pricing: Pricing::default(),
         route: Route::Auto { candidates },

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 pub const TIER_IDS: [&str; 4] = ["free", "pay_as_you_go", "high_volume", "enterprise"];
 
 /// The scopes a key can be restricted to; a key without scopes may use every surface.
-/// `messages`: POST /v1/messages and count_tokens; `chat`: POST /v1/chat/completions;
+/// `messages`: POST /v1/messages and count_tokens; `chat`: POST /v1/chat/completions (and
+/// OpenAI's other surfaces: batches, files, POST /v1/embeddings);
 /// `responses`: /v1/responses (create, retrieve, delete, input items); `models`: GET
 /// /v1/models; `account`: GET /v1/account and /v1/usage.
 pub const SCOPES: [&str; 5] = ["messages", "chat", "responses", "models", "account"];
@@ -92,6 +93,10 @@ pub struct Capabilities {
     pub thinking: bool,
     pub vision: bool,
     pub tools: bool,
+    /// The route serves `/v1/embeddings` only. Absent when false, so a gateway of the previous
+    /// release reads a configuration without embeddings routes as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub embeddings: bool,
 }
 
 /// Prices in micro-dollars (1e-6 USD) per million tokens: integers, so money never touches a

@@ -155,8 +155,12 @@ pub struct TierSpec {
         "message": "exactly one of upstreams and auto is required"
     },
     {
-        "rule": "!has(self.upstreams) || (has(self.contextWindow) && has(self.maxOutputTokens) && has(self.pricing))",
+        "rule": "!has(self.upstreams) || (has(self.contextWindow) && (has(self.maxOutputTokens) || (has(self.capabilities) && has(self.capabilities.embeddings) && self.capabilities.embeddings)) && has(self.pricing))",
         "message": "contextWindow, maxOutputTokens and pricing are required with upstreams"
+    },
+    {
+        "rule": "!has(self.capabilities) || !has(self.capabilities.embeddings) || !self.capabilities.embeddings || (has(self.upstreams) && !has(self.maxOutputTokens) && !(has(self.capabilities.thinking) && self.capabilities.thinking) && !(has(self.capabilities.vision) && self.capabilities.vision) && self.upstreams.all(u, u.provider in ['openai', 'azure-openai', 'simulated']))",
+        "message": "an embeddings route has upstreams of the openai, azure-openai or simulated provider, and no maxOutputTokens, thinking or vision: it generates no tokens"
     },
     {
         "rule": "!has(self.auto) || !(has(self.contextWindow) || has(self.maxOutputTokens) || has(self.pricing) || has(self.affinity))",
@@ -181,7 +185,8 @@ pub struct ModelRouteSpec {
     #[schemars(range(min = 1))]
     pub context_window: Option<u32>,
     /// Upper bound for a request's `max_tokens`; at most `contextWindow`. Required with
-    /// `upstreams`; not allowed with `auto`, which takes the largest of its candidates.
+    /// `upstreams` (but on an embeddings route, which generates none); not allowed with
+    /// `auto`, which takes the largest of its candidates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_output_tokens: Option<u32>,
@@ -229,6 +234,11 @@ pub struct CapabilitiesSpec {
     /// Tool definitions and tool_use blocks; on unless switched off, as most models have it.
     #[serde(default = "default_true")]
     pub tools: bool,
+    /// The route serves `POST /v1/embeddings` and nothing else (no messages, chat or
+    /// responses). Its `contextWindow` is the most tokens one input may have; it takes no
+    /// `maxOutputTokens`, and its upstreams are `openai`, `azure-openai` or `simulated`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub embeddings: bool,
 }
 
 impl Default for CapabilitiesSpec {
@@ -237,6 +247,7 @@ impl Default for CapabilitiesSpec {
             thinking: false,
             vision: false,
             tools: true,
+            embeddings: false,
         }
     }
 }
@@ -592,8 +603,8 @@ impl fmt::Display for TierId {
 }
 
 /// An API surface: `messages` (POST /v1/messages and count_tokens), `chat`
-/// (POST /v1/chat/completions), `responses` (/v1/responses), `models` (GET /v1/models),
-/// `account` (GET /v1/account, /v1/usage).
+/// (POST /v1/chat/completions, batches, files and POST /v1/embeddings), `responses`
+/// (/v1/responses), `models` (GET /v1/models), `account` (GET /v1/account, /v1/usage).
 #[derive(
     JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord,
 )]

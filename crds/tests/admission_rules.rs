@@ -267,3 +267,46 @@ fn a_region_or_aws_credentials_are_refused_on_other_providers() {
         "awsCredentialsSecretRef is only for the bedrock provider",
     );
 }
+
+fn embeddings_route() -> Value {
+    let mut route = upstream_route();
+    route.as_object_mut().map(|o| o.remove("maxOutputTokens"));
+    route["capabilities"] = json!({ "embeddings": true });
+    route
+}
+
+#[test]
+fn an_embeddings_route_is_admitted_without_max_output_tokens_and_a_chat_route_is_not() {
+    assert_eq!(
+        refusals(&object("ModelRoute", "r", embeddings_route())),
+        Vec::<String>::new()
+    );
+    let mut chat = upstream_route();
+    chat.as_object_mut().map(|o| o.remove("maxOutputTokens"));
+    assert_refused(object("ModelRoute", "r", chat), "required with upstreams");
+}
+
+#[test]
+fn an_embeddings_route_with_max_output_tokens_thinking_or_a_provider_without_embeddings_is_refused()
+{
+    let message = "an embeddings route has upstreams of the openai, azure-openai or simulated";
+    let mut with_max = embeddings_route();
+    with_max["maxOutputTokens"] = json!(100);
+    assert_refused(object("ModelRoute", "r", with_max), message);
+    let mut thinking = embeddings_route();
+    thinking["capabilities"]["thinking"] = json!(true);
+    assert_refused(object("ModelRoute", "r", thinking), message);
+    let mut anthropic = embeddings_route();
+    anthropic["upstreams"] = json!([{
+        "name": "a", "provider": "anthropic", "model": "m", "baseUrl": "https://x.example"
+    }]);
+    assert_refused(object("ModelRoute", "r", anthropic), message);
+    let mut openai = embeddings_route();
+    openai["upstreams"] = json!([{
+        "name": "o", "provider": "openai", "model": "m", "baseUrl": "https://x.example/v1"
+    }]);
+    assert_eq!(
+        refusals(&object("ModelRoute", "r", openai)),
+        Vec::<String>::new()
+    );
+}

@@ -107,7 +107,7 @@ fn other_kinds_and_empty_documents_are_skipped() {
                  apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: gateway}\nspec: {}\n---\n";
     let dir = standalone_plus("other_kinds", extra);
     let config = load_dir(&dir).unwrap();
-    assert_eq!(config.models.len(), 5);
+    assert_eq!(config.models.len(), 6);
 }
 
 #[test]
@@ -119,7 +119,7 @@ fn only_yaml_files_directly_in_the_folder_are_read() {
     fs::write(dir.join("..data").join("tiers.yaml"), broken).unwrap();
     fs::copy(dir.join("models.yaml"), dir.join("models.yml")).unwrap();
     fs::remove_file(dir.join("models.yaml")).unwrap();
-    assert_eq!(load_dir(&dir).unwrap().models.len(), 5);
+    assert_eq!(load_dir(&dir).unwrap().models.len(), 6);
 }
 
 #[test]

@@ -450,3 +450,72 @@ fn a_bedrock_upstream_without_a_region_or_with_an_api_key_is_rejected_and_a_regi
         );
     }
 }
+
+#[test]
+fn the_standalone_embeddings_route_compiles_without_max_output_tokens_or_tools() {
+    let config = compiles(&standalone());
+    let embed = &config.models["svc/embed"];
+    assert!(embed.capabilities.embeddings);
+    assert!(
+        !embed.capabilities.tools,
+        "an embeddings route calls no tools"
+    );
+    assert_eq!((embed.context_window, embed.max_output_tokens), (8192, 0));
+    assert!(!config.models["svc/haiku"].capabilities.embeddings);
+}
+
+#[test]
+fn an_embeddings_route_with_max_output_tokens_or_thinking_is_rejected() {
+    let mut m = standalone();
+    let spec = &mut route(&mut m, "svc/embed").spec;
+    spec.max_output_tokens = Some(16);
+    spec.capabilities.thinking = true;
+    assert_rejected(
+        &m,
+        "ModelRoute svc-embed:",
+        "maxOutputTokens is not allowed on an embeddings route",
+    );
+    assert_rejected(&m, "ModelRoute svc-embed:", "capabilities.thinking");
+}
+
+#[test]
+fn embeddings_on_a_provider_without_them_is_rejected() {
+    for provider in [Provider::Anthropic, Provider::Bedrock] {
+        let mut m = standalone();
+        let upstream = &mut route(&mut m, "svc/embed").spec.upstreams[0];
+        upstream.provider = provider;
+        upstream.base_url = Some("https://upstream.example".into());
+        if provider == Provider::Bedrock {
+            upstream.region = Some("us-east-1".into());
+        }
+        assert_rejected(
+            &m,
+            "ModelRoute svc-embed:",
+            "capabilities.embeddings is served by the openai, azure-openai and simulated providers only",
+        );
+    }
+}
+
+#[test]
+fn an_embeddings_route_is_no_auto_candidate_and_no_auto_route() {
+    let mut m = standalone();
+    route(&mut m, "svc/auto")
+        .spec
+        .auto
+        .as_mut()
+        .unwrap()
+        .candidates
+        .push("svc/embed".into());
+    assert_rejected(
+        &m,
+        "ModelRoute svc-auto:",
+        "auto candidate svc/embed is an embeddings route",
+    );
+    let mut m = standalone();
+    route(&mut m, "svc/auto").spec.capabilities.embeddings = true;
+    assert_rejected(
+        &m,
+        "ModelRoute svc-auto:",
+        "capabilities.embeddings is not allowed with auto",
+    );
+}

@@ -32,6 +32,7 @@ fn standalone_folder_compiles_with_the_spec_tiers_and_models() {
         ids,
         [
             "svc/auto",
+            "svc/embed",
             "svc/haiku",
             "svc/kimi",
             "svc/opus",

@@ -15,6 +15,12 @@ pub fn chat_completion() -> String {
     message_id::mint("chatcmpl", OffsetDateTime::now_utc())
 }
 
+/// An embeddings call's id: its ledger row's (the client never sees it: OpenAI's answer has
+/// no id).
+pub fn embedding() -> String {
+    message_id::mint("emb", OffsetDateTime::now_utc())
+}
+
 pub fn tool_use() -> String {
     format!("toolu_{}", random(24))
 }

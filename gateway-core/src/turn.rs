@@ -33,6 +33,7 @@ use store::ledger::{
 use store::usage::{StopReason, TokenUsage};
 
 mod detached;
+pub mod embeddings;
 
 pub use detached::DROPPED_MID_STEP;
 
@@ -102,6 +103,8 @@ pub enum Endpoint {
     ChatCompletionsBatches,
     /// An item of an OpenAI batch (`/v1/batches`) of `/v1/responses`.
     ResponsesBatches,
+    /// `POST /v1/embeddings` ([`embeddings`]): input tokens only.
+    Embeddings,
 }
 
 impl Endpoint {
@@ -113,6 +116,7 @@ impl Endpoint {
             Self::MessageBatches => "message_batches",
             Self::ChatCompletionsBatches => "chat_completions_batches",
             Self::ResponsesBatches => "responses_batches",
+            Self::Embeddings => "embeddings",
         }
     }
 
@@ -122,6 +126,8 @@ impl Endpoint {
             Self::Messages | Self::MessageBatches => Self::MessageBatches,
             Self::ChatCompletions | Self::ChatCompletionsBatches => Self::ChatCompletionsBatches,
             Self::Responses | Self::ResponsesBatches => Self::ResponsesBatches,
+            // Never batched: `/v1/batches` runs chat completions and responses only.
+            Self::Embeddings => Self::Embeddings,
         }
     }
 }
@@ -624,7 +630,18 @@ fn provider_name(upstream: &Upstream) -> String {
     upstream.provider.as_str().to_owned()
 }
 
+/// The model a turn asks for; an embeddings route serves no turns.
 fn resolve_model(state: &Turns, id: &str) -> Result<Arc<Model>, TurnError> {
+    let model = resolve_any_model(state, id)?;
+    if model.config.capabilities.embeddings {
+        return Err(TurnError::Invalid(format!(
+            "model: {id} is an embeddings model; it serves POST /v1/embeddings only"
+        )));
+    }
+    Ok(model)
+}
+
+fn resolve_any_model(state: &Turns, id: &str) -> Result<Arc<Model>, TurnError> {
     state.catalog.model(id).cloned().ok_or_else(|| {
         TurnError::Invalid(format!(
             "model: unknown model `{id}`; GET /v1/models lists the available ones"
@@ -881,6 +898,18 @@ impl Meter {
             Some((usage, reason)) => (usage, Some(reason)),
             None => (self.partial_usage(), None),
         };
+        self.settle_as(status, completed, usage, stop_reason).await
+    }
+
+    /// [`Meter::settle`] with the usage given: `completed` bills it whole; `stop_reason` is
+    /// what the row records (none for an embeddings call, which generates nothing).
+    async fn settle_as(
+        &mut self,
+        status: MessageStatus,
+        completed: bool,
+        usage: TokenUsage,
+        stop_reason: Option<StopReason>,
+    ) -> u64 {
         let finish = self.end_admission(usage.input_tokens.into());
         let turn = &mut self.turn;
         let cost = cost(
@@ -1142,6 +1171,7 @@ mod tests {
                     thinking: false,
                     vision: false,
                     tools: true,
+                    embeddings: false,
                 },
                 pricing: Pricing::default(),
                 route: Route::Upstreams(Vec::new()),

@@ -279,6 +279,7 @@ mod tests {
             thinking: true,
             vision: true,
             tools: true,
+            embeddings: false,
         })
     }
 

@@ -7,7 +7,10 @@ does (a mismatch gets Azure's 401 or 404), with Azure's content-filter results; 
 Amazon Bedrock (`POST /model/{modelId}/invoke`, JSON, and `/invoke-with-response-stream`, the AWS
 event stream with its prelude and message CRCs), which recomputes each request's SigV4 signature
 with botocore's `SigV4Auth` from the known test keys and refuses a mismatch with Bedrock's 403
-`InvalidSignatureException`, as `tests/src/bedrock.rs` does.
+`InvalidSignatureException`, as `tests/src/bedrock.rs` does. Both OpenAI formats also serve
+embeddings (`POST /v1/embeddings`, `/openai/deployments/{deployment}/embeddings`) as OpenAI does:
+one vector per input of the request's `dimensions` (8 by default), float or base64, and
+`EMBEDDING_TOKENS_PER_INPUT` prompt tokens per input (as tests/src/upstream.rs).
 
 Each test queues replies (`push`); requests take them in arrival order and are recorded
 (`received`). A reply is a list of blocks: `("text", str)` or `("tool", name, input)`; it
@@ -44,6 +47,31 @@ AWS_ACCESS_KEY_ID = "AKIAMOCKBEDROCK00001"
 AWS_SECRET_ACCESS_KEY = "upstream-secret-key-aws/Zq7mock+bedrock"
 AWS_SESSION_TOKEN = "mock-session-token-8812"
 BEDROCK_PREFIX = "/model/"
+
+
+# The prompt tokens the mocks report per embeddings input, whatever its text.
+EMBEDDING_TOKENS_PER_INPUT = 7
+
+
+def embeddings_json(body: dict) -> tuple[int, dict]:
+    """OpenAI's embeddings answer: each input's vector is its index and length, repeated to
+    `dimensions`; base64 is the little-endian float32 bytes."""
+    given = body.get("input")
+    inputs = [given] if isinstance(given, str) else given if isinstance(given, list) else []
+    if not inputs or not all(isinstance(i, str) for i in inputs):
+        return 400, {"error": {"message": "openai: '$.input' is invalid", "type": "invalid_request_error"}}
+    dimensions = body.get("dimensions") or 8
+    data = []
+    for index, text in enumerate(inputs):
+        vector = [float(index) if d % 2 == 0 else float(len(text)) for d in range(dimensions)]
+        if body.get("encoding_format") == "base64":
+            embedding = base64.b64encode(struct.pack(f"<{dimensions}f", *vector)).decode("ascii")
+        else:
+            embedding = vector
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    tokens = EMBEDDING_TOKENS_PER_INPUT * len(inputs)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return 200, {"object": "list", "data": data, "model": body.get("model", UPSTREAM_MODEL), "usage": usage}
 
 
 # The output tokens every reply counts, when max_tokens leaves room for them.
@@ -122,7 +150,7 @@ def azure_refusal(path: str, headers) -> tuple[int, dict] | None:
         return 401, {"error": {"code": "401", "message": message}}
     if parse_qs(url.query).get("api-version") != [AZURE_API_VERSION]:
         return 404, {"error": {"code": "404", "message": "Resource not found"}}
-    if url.path != f"{AZURE_PREFIX}{UPSTREAM_MODEL}/chat/completions":
+    if url.path not in (f"{AZURE_PREFIX}{UPSTREAM_MODEL}/chat/completions", f"{AZURE_PREFIX}{UPSTREAM_MODEL}/embeddings"):
         message = (
             "The API deployment for this resource does not exist. If you created the deployment "
             "within the last 5 minutes, please wait a moment and try again."
@@ -313,6 +341,10 @@ class MockUpstream:
                     # Refused before any model saw it: no scripted reply is taken.
                     self._send(refusal[0], "application/json", [json.dumps(refusal[1]).encode()])
                     return
+                if urlsplit(self.path).path.endswith("/embeddings"):
+                    status, answer = embeddings_json(body)
+                    self._send(status, "application/json", [json.dumps(answer).encode()])
+                    return
                 with mock._lock:
                     blocks = mock.queue.popleft() if mock.queue else [("text", "Hello from upstream.")]
                 model = body.get("model", UPSTREAM_MODEL)
@@ -401,9 +433,15 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
     if provider == "azure-openai":
         upstreams += f'      apiVersion: "{AZURE_API_VERSION}"\n'
 
-    lines, skipping = [], False
+    # svc/embed keeps its simulated upstream where the provider has no embeddings.
+    embeddings = provider in ("openai", "azure-openai")
+    lines, skipping, embed_route = [], False, False
     for line in (standalone / "models.yaml").read_text().splitlines():
-        if line == "  upstreams:":
+        if line == "---":
+            embed_route = False
+        if line == "  model: svc/embed":
+            embed_route = True
+        if line == "  upstreams:" and (embeddings or not embed_route):
             lines.append(upstreams.rstrip("\n"))
             skipping = True
             continue

@@ -10,6 +10,8 @@ import zlib
 RICH_CREDITS = 10_000_000
 
 VIRTUAL_MODELS = {"svc/auto", "svc/opus", "svc/sonnet", "svc/kimi", "svc/haiku"}
+# Listed beside them, serving /v1/embeddings only (`capabilities.embeddings`).
+EMBEDDING_MODELS = {"svc/embed"}
 
 # The simulated provider answers `This is a simulated reply from <model>. You said: <last user text>`.
 SIMULATED_PREFIX = "This is a simulated reply from "

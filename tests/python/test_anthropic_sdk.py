@@ -13,6 +13,7 @@ import anthropic
 import pytest
 
 from support import (
+    EMBEDDING_MODELS,
     SIMULATED_PREFIX,
     TOOL_RESULT_TEXT,
     VIRTUAL_MODELS,
@@ -397,10 +398,12 @@ def test_count_tokens_matches_the_input_tokens_a_turn_is_charged_for(client):
     assert short.input_tokens == turn.usage.input_tokens
 
 
-def test_models_list_offers_the_five_virtual_models_with_their_limits(client):
+def test_models_list_offers_the_five_virtual_models_with_their_limits_and_svc_embed(client):
     models = {model.id: model for model in client.models.list()}
 
-    assert set(models) == VIRTUAL_MODELS
+    assert set(models) == VIRTUAL_MODELS | EMBEDDING_MODELS
+    embed = models.pop("svc/embed").model_dump(warnings=False)
+    assert embed["capabilities"]["embeddings"] is True and embed["max_output_tokens"] == 0, embed
     for model in models.values():
         assert model.type == "model"
         assert model.display_name

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from support import (
+    EMBEDDING_MODELS,
     SIMULATED_PREFIX,
     TOOL_RESULT_TEXT,
     VIRTUAL_MODELS,
@@ -275,10 +276,10 @@ def test_streamed_tool_call_argument_fragments_assemble_into_json(client):
 # --- models --------------------------------------------------------------------------------
 
 
-def test_models_list_offers_the_five_virtual_models(client):
+def test_models_list_offers_the_five_virtual_models_and_svc_embed(client):
     models = list(client.models.list())
 
-    assert {model.id for model in models} == VIRTUAL_MODELS
+    assert {model.id for model in models} == VIRTUAL_MODELS | EMBEDDING_MODELS
     for model in models:
         assert model.object == "model"
         assert model.owned_by

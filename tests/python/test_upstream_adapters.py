@@ -6,12 +6,15 @@ turn with a tool call and the second, after the tool result, with text.
 Before that, the mocks themselves are checked with the provider's own client where the wire
 format is not the one the gateway serves: `openai`'s `AzureOpenAI` against both the Python
 mock and the Rust one the e2e tests use (`tests/src/upstream.rs`, run as the `mock-upstream`
-binary next to the gateway binary).
+binary next to the gateway binary), for chat completions and for embeddings (`OpenAI` too);
+then `svc/embed` through each adapter (routed to the mock's embeddings where the provider has
+them, else on its simulated upstream).
 """
 
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 from collections.abc import Iterator
 
@@ -25,6 +28,7 @@ from mock_upstream import (
     AZURE_PREFIX,
     AWS_ACCESS_KEY_ID,
     BEDROCK_PREFIX,
+    EMBEDDING_TOKENS_PER_INPUT,
     UPSTREAM_KEY,
     UPSTREAM_MODEL,
     MockUpstream,
@@ -137,6 +141,61 @@ def test_the_azure_mock_refuses_a_wrong_key_api_version_or_deployment_as_azure_d
         with pytest.raises(openai.NotFoundError) as missing:
             client.chat.completions.create(model="no-such-deployment", messages=messages)
     assert missing.value.code == "DeploymentNotFound"
+
+
+def f32(vector: list[float]) -> list[float]:
+    return list(struct.unpack(f"<{len(vector)}f", struct.pack(f"<{len(vector)}f", *vector)))
+
+
+def assert_mock_vectors(answer, texts: list[str], dimensions: int) -> None:
+    """The mocks' vectors: each input's index and length, alternating, `dimensions` long."""
+    assert [d.index for d in answer.data] == list(range(len(texts)))
+    for d, text in zip(answer.data, texts):
+        assert len(d.embedding) == dimensions
+        assert d.embedding[:2] == [float(d.index), float(len(text))], d.embedding[:4]
+    assert answer.usage.prompt_tokens == EMBEDDING_TOKENS_PER_INPUT * len(texts)
+
+
+def test_the_openai_and_azure_openai_clients_get_float_and_base64_embeddings_from_both_mocks(azure_mock):
+    texts = ["first text", "the second one"]
+    with azure_client(azure_mock) as client:
+        # No encoding named: the SDK asks for base64 and decodes it.
+        assert_mock_vectors(client.embeddings.create(model=UPSTREAM_MODEL, input=texts), texts, 8)
+        floats = client.embeddings.create(model=UPSTREAM_MODEL, input=texts, encoding_format="float", dimensions=4)
+        assert_mock_vectors(floats, texts, 4)
+        with pytest.raises(openai.NotFoundError):
+            client.embeddings.create(model="no-such-deployment", input=texts)
+    with openai.OpenAI(base_url=f"{azure_mock}/v1", api_key=UPSTREAM_KEY, max_retries=0, timeout=30) as client:
+        one = client.embeddings.create(model=UPSTREAM_MODEL, input="alone", encoding_format="float")
+        assert_mock_vectors(one, ["alone"], 8)
+        assert_mock_vectors(client.embeddings.create(model=UPSTREAM_MODEL, input=texts), texts, 8)
+
+
+def test_the_openai_sdk_embeds_on_svc_embed_through_each_adapter(routed):
+    adapter, url, mock = routed
+    texts = [f"passage {i}" for i in range(100)]
+    before = len(mock.received)
+    with openai.OpenAI(base_url=f"{url}/v1", api_key=DEV_KEY, max_retries=0) as client:
+        raw = client.embeddings.with_raw_response.create(model="svc/embed", input=texts, dimensions=6)
+        floats = client.embeddings.create(model="svc/embed", input=texts[:3], encoding_format="float", dimensions=6)
+    assert_clean(raw.text)
+    answer = raw.parse()
+    assert answer.model == "svc/embed" and floats.model == "svc/embed"
+    # The same f32s, whether JSON text (shortest form) or base64 bytes carried them.
+    assert [f32(d.embedding) for d in floats.data] == [f32(d.embedding) for d in answer.data[:3]]
+    if adapter in ("openai", "azure-openai"):
+        assert_mock_vectors(answer, texts, 6)
+        assert len(mock.received) == before + 2, "one upstream call each"
+        path = mock.last_path()
+        if adapter == "azure-openai":
+            assert path == f"{AZURE_PREFIX}{UPSTREAM_MODEL}/embeddings?api-version={AZURE_API_VERSION}"
+        else:
+            assert path == "/v1/embeddings"
+    else:
+        # No embeddings on this provider: svc/embed stays on its simulated upstream.
+        assert len(mock.received) == before, "the mock was not called"
+        assert all(len(d.embedding) == 6 for d in answer.data)
+        assert len({tuple(d.embedding) for d in answer.data}) == 100
 
 
 def test_the_anthropic_sdk_streams_a_tool_call_then_the_answer_through_each_adapter(routed):

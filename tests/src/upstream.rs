@@ -9,7 +9,10 @@
 //! `openai` SDK's `AzureOpenAI` client); and Claude on Amazon Bedrock
 //! (`POST /model/{modelId}/invoke` and `/invoke-with-response-stream`), which checks the
 //! SigV4 signature and the body as Bedrock does and streams AWS event-stream frames
-//! (`crate::bedrock`).
+//! (`crate::bedrock`). Both OpenAI wire formats also serve embeddings (`POST /v1/embeddings`,
+//! `/openai/deployments/{deployment}/embeddings`) as OpenAI does: one vector per input, of the
+//! request's `dimensions` (8 by default), float or base64 as its `encoding_format` asks, and
+//! [`MOCK_EMBEDDING_TOKENS_PER_INPUT`] prompt tokens per input.
 //!
 //! Each test scripts it with a queue of [`Reply`]s, taken one per request in arrival order
 //! (an empty queue answers a short text): normal replies, tool calls, thinking, usage with
@@ -379,6 +382,8 @@ impl MockUpstream {
                 "/openai/deployments/{deployment}/chat/completions",
                 post(answer),
             )
+            .route("/v1/embeddings", post(answer))
+            .route("/openai/deployments/{deployment}/embeddings", post(answer))
             .route("/model/{model}/invoke", post(answer))
             .route("/model/{model}/invoke-with-response-stream", post(answer))
             .with_state(shared.clone());
@@ -502,9 +507,10 @@ fn azure_refusal(path: &str, query: &str, headers: &HeaderMap) -> Option<Respons
     if version != Some(AZURE_API_VERSION) {
         return refuse(StatusCode::NOT_FOUND, "404", "Resource not found");
     }
-    let deployment = path
-        .strip_prefix("/openai/deployments/")
-        .and_then(|rest| rest.strip_suffix("/chat/completions"));
+    let deployment = path.strip_prefix("/openai/deployments/").and_then(|rest| {
+        rest.strip_suffix("/chat/completions")
+            .or_else(|| rest.strip_suffix("/embeddings"))
+    });
     if deployment != Some(UPSTREAM_MODEL) {
         return refuse(
             StatusCode::NOT_FOUND,
@@ -558,6 +564,14 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
         return refusal;
     }
+    if path.ends_with("/embeddings") {
+        // A queued reply's fault applies (a throttle, an outage); its text does not.
+        let fault = lock(&shared.queue).pop_front().and_then(|r| r.fault);
+        if let Some(Fault::Status(status)) = fault {
+            return error_response(wire, status);
+        }
+        return embeddings_json(&body);
+    }
     let reply = lock(&shared.queue)
         .pop_front()
         .unwrap_or_else(|| shared.unscripted.reply(&body))
@@ -602,6 +616,60 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         shared,
         Framing::Sse,
     )
+}
+
+/// The prompt tokens the mock reports per embeddings input, whatever its text: a count the
+/// gateway's own tokenizer would not give, so a bill taken from the wrong count shows.
+pub const MOCK_EMBEDDING_TOKENS_PER_INPUT: u64 = 7;
+
+/// OpenAI's embeddings answer to `body` (a string or a list of strings as `input`): each
+/// input's vector is its index and length, repeated to `dimensions` (8 by default).
+fn embeddings_json(body: &Value) -> Response {
+    let inputs: Vec<String> = match &body["input"] {
+        Value::String(one) => vec![one.clone()],
+        Value::Array(many) => many
+            .iter()
+            .map(|i| i.as_str().unwrap_or_default().to_owned())
+            .collect(),
+        _ => Vec::new(),
+    };
+    if inputs.is_empty() {
+        let error = json!({"error": {"message": "openai: '$.input' is invalid", "type": "invalid_request_error"}});
+        return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+    }
+    let dimensions = body["dimensions"].as_u64().unwrap_or(8) as usize;
+    let base64 = body["encoding_format"] == "base64";
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(index, input)| {
+            let vector: Vec<f32> = (0..dimensions)
+                .map(|d| {
+                    if d % 2 == 0 {
+                        index as f32
+                    } else {
+                        input.len() as f32
+                    }
+                })
+                .collect();
+            let embedding = if base64 {
+                use base64::Engine;
+                let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(vector)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
+    let tokens = MOCK_EMBEDDING_TOKENS_PER_INPUT * inputs.len() as u64;
+    axum::Json(json!({
+        "object": "list",
+        "data": data,
+        "model": body["model"].as_str().unwrap_or(UPSTREAM_MODEL),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response()
 }
 
 /// The max_tokens a request sent, in either wire format (`max_completion_tokens` first, as
@@ -1300,10 +1368,22 @@ fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
             u.name, u.provider, u.base_url, u.weight, u.first_byte_ms, u.idle_ms, u.http2
         ));
     }
+    // svc/embed is rerouted only where every upstream serves embeddings; elsewhere it keeps
+    // its simulated upstream (the compiler refuses embeddings on the other providers).
+    let embeddings = upstreams
+        .iter()
+        .all(|u| matches!(u.provider, "openai" | "azure-openai"));
     let mut out = String::new();
     let mut skipping = false;
+    let mut embed_route = false;
     for line in routes.lines() {
-        if line == "  upstreams:" {
+        if line == "---" {
+            embed_route = false;
+        }
+        if line == "  model: svc/embed" {
+            embed_route = true;
+        }
+        if line == "  upstreams:" && (embeddings || !embed_route) {
             out.push_str(&list);
             skipping = true;
             continue;

@@ -26,6 +26,7 @@ mod dashboard;
 mod dashboard_sessions;
 mod drain_probes;
 mod eight_pods;
+mod embeddings;
 mod end_users;
 mod errors;
 mod file_bounds;

@@ -11,18 +11,22 @@ use serde_json::{json, Value};
 /// A 1x1 PNG.
 const TINY_PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
 
+/// The spec's five virtual chat models, and `svc/embed`, which serves `/v1/embeddings` only
+/// and says so in its capabilities (it generates nothing: no max_output_tokens).
 #[tokio::test]
-async fn the_listing_has_the_five_virtual_ids_with_context_window_and_max_output_tokens() {
+async fn the_listing_has_the_five_virtual_ids_with_context_window_and_max_output_tokens_and_svc_embed(
+) {
     let gw = Gateway::start().await;
     let list = gw.get("/v1/models", &gw.key).await.expect_ok();
     assert_eq!(list["object"], "list");
     assert_eq!(list["has_more"], false);
     let data = list["data"].as_array().expect("data array");
     let ids: BTreeSet<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, MODELS.into_iter().collect(), "{list}");
-    assert_eq!(data.len(), 5);
+    let expected: BTreeSet<&str> = MODELS.into_iter().chain(["svc/embed"]).collect();
+    assert_eq!(ids, expected, "{list}");
+    assert_eq!(data.len(), 6);
     assert_eq!(list["first_id"], data[0]["id"]);
-    assert_eq!(list["last_id"], data[4]["id"]);
+    assert_eq!(list["last_id"], data[5]["id"]);
     for model in data {
         assert_eq!(model["object"], "model", "{model}");
         assert_eq!(model["type"], "model", "{model}");
@@ -36,6 +40,12 @@ async fn the_listing_has_the_five_virtual_ids_with_context_window_and_max_output
         let max_output = model["max_output_tokens"]
             .as_u64()
             .expect("max_output_tokens");
+        if model["id"] == "svc/embed" {
+            assert_eq!(model["capabilities"]["embeddings"], true, "{model}");
+            assert_eq!((context, max_output), (8192, 0), "{model}");
+            continue;
+        }
+        assert!(model["capabilities"].get("embeddings").is_none(), "{model}");
         assert!(max_output > 0 && max_output < context, "{model}");
     }
     for (id, context, max_output) in MODEL_LIMITS {

@@ -728,7 +728,8 @@ async fn no_response_names_the_provider_the_upstream_model_or_its_key() {
             Some("error")
         );
         let models = rig.gw.get("/v1/models", &rig.gw.key).await.expect_ok();
-        assert_eq!(models["data"].as_array().map(Vec::len), Some(5));
+        // The five chat models and svc/embed.
+        assert_eq!(models["data"].as_array().map(Vec::len), Some(6));
     }
 }
 

@@ -232,6 +232,36 @@ pub async fn open<D: Decoder>(
     }))
 }
 
+/// Sends a request whose answer is read whole (embeddings: nothing streams), within the
+/// first-byte timeout for the status and the idle timeout for the body, mapping a refusal as
+/// [`open`] does. `call` is counted until the body is read.
+pub async fn whole(
+    request: reqwest::RequestBuilder,
+    call: Call,
+    timeouts: Timeouts,
+) -> Result<Bytes, ProviderError> {
+    let _call = call;
+    let first_byte = Duration::from_millis(timeouts.first_byte_ms);
+    let idle = Duration::from_millis(timeouts.idle_ms);
+    let response = tokio::time::timeout(first_byte, request.send())
+        .await
+        .map_err(|_| ProviderError::Timeout)?
+        .map_err(transport_error)?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(match status_error(status) {
+            ProviderError::Overloaded { .. } => ProviderError::Overloaded {
+                retry_after: retry_after(response.headers()),
+            },
+            error => error,
+        });
+    }
+    tokio::time::timeout(idle, response.bytes())
+        .await
+        .map_err(|_| ProviderError::Timeout)?
+        .map_err(transport_error)
+}
+
 /// When a throttled upstream said to come back: `retry-after-ms` (Azure OpenAI, OpenAI), else
 /// `retry-after` in seconds (every API here sends seconds; an HTTP date is not read).
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {

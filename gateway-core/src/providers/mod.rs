@@ -3,12 +3,14 @@
 //! The `simulated` provider answers without any upstream account; `anthropic` speaks the
 //! Messages API and `openai` any OpenAI-compatible chat-completions upstream (`azure-openai`
 //! too: the same adapter, with Azure's paths and header); `bedrock` is the Messages API's
-//! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames. Which upstream
-//! serves a turn, and what happens when it fails, is `routing::fallback`'s business.
+//! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames. Embeddings
+//! are one whole call, not a stream ([`embeddings`]). Which upstream serves a turn, and what
+//! happens when it fails, is `routing::fallback`'s business.
 
 mod anthropic;
 mod bedrock;
 mod blocks;
+pub mod embeddings;
 mod eventstream;
 #[cfg(test)]
 mod golden;

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use crds::config::{ProviderKind, Secret, Upstream};
 
 use super::blocks::Blocks;
+use super::embeddings::{EmbeddingsAnswer, EmbeddingsCall, UpstreamRequest, UpstreamResponse};
 use super::http::{self, Clients, Decoder, Framing, SseEvent};
 use super::{EventStream, Provider, ProviderCall, ProviderError, ProviderEvent};
 use crate::conversation::{Delta, OutputBlock};
@@ -79,14 +80,16 @@ impl<'a> Endpoint<'a> {
         })
     }
 
+    /// A call to the operation at `path` (`["chat", "completions"]`, `["embeddings"]`).
     fn request(
         &self,
         client: &reqwest::Client,
         key: Option<&Secret>,
+        path: &[&str],
     ) -> Result<reqwest::RequestBuilder, ProviderError> {
         Ok(match self {
             Endpoint::OpenAi { base } => {
-                let request = client.post(format!("{base}/chat/completions"));
+                let request = client.post(format!("{base}/{}", path.join("/")));
                 match key {
                     Some(key) => request.bearer_auth(key.expose()),
                     None => request,
@@ -106,7 +109,8 @@ impl<'a> Endpoint<'a> {
                 url.path_segments_mut()
                     .map_err(|()| ProviderError::Unavailable)?
                     .pop_if_empty()
-                    .extend(["openai", "deployments", deployment, "chat", "completions"]);
+                    .extend(["openai", "deployments", deployment])
+                    .extend(path);
                 url.query_pairs_mut()
                     .append_pair("api-version", api_version);
                 let request = client.post(url);
@@ -127,7 +131,7 @@ impl Provider for OpenAi {
         let body = body(&call);
         let (client, upstream_call) = self.clients.get(upstream)?;
         let request = endpoint
-            .request(&client, upstream.api_key.as_ref())?
+            .request(&client, upstream.api_key.as_ref(), &["chat", "completions"])?
             .header("accept", "text/event-stream")
             .json(&body);
         let stream = Stream::new(self.tokens, call.input_tokens);
@@ -150,6 +154,32 @@ pub(super) fn body(call: &ProviderCall) -> ChatRequest {
             include_usage: true,
         }),
         ..request_to_chat(&call.request, &call.upstream.model)
+    }
+}
+
+impl OpenAi {
+    /// `POST {base}/embeddings` (Azure: the deployment's `/embeddings`), answered whole.
+    pub(super) async fn embed(
+        &self,
+        upstream: &Upstream,
+        call: &EmbeddingsCall,
+    ) -> Result<EmbeddingsAnswer, ProviderError> {
+        let endpoint = Endpoint::of(upstream)?;
+        let body = UpstreamRequest {
+            model: &upstream.model,
+            input: call.inputs.as_slice(),
+            encoding_format: "float",
+            dimensions: call.dimensions,
+            user: call.user.as_deref(),
+        };
+        let (client, upstream_call) = self.clients.get(upstream)?;
+        let request = endpoint
+            .request(&client, upstream.api_key.as_ref(), &["embeddings"])?
+            .json(&body);
+        let bytes = http::whole(request, upstream_call, upstream.timeouts).await?;
+        serde_json::from_slice::<UpstreamResponse>(&bytes)
+            .map_err(|e| http::malformed("embeddings answer", e))?
+            .answer(call.inputs.len())
     }
 }
 
@@ -432,7 +462,13 @@ mod tests {
     fn an_azure_call_goes_to_the_deployment_with_the_api_version_and_the_api_key_header() {
         let upstream = azure("https://res.openai.azure.com/", "gpt-4o prod/eu");
         let request = Endpoint::of(&upstream)
-            .and_then(|e| e.request(&reqwest::Client::new(), upstream.api_key.as_ref()))
+            .and_then(|e| {
+                e.request(
+                    &reqwest::Client::new(),
+                    upstream.api_key.as_ref(),
+                    &["chat", "completions"],
+                )
+            })
             .expect("a request")
             .build()
             .expect("a request");
@@ -442,5 +478,34 @@ mod tests {
         );
         assert_eq!(request.headers()["api-key"], "k-1");
         assert!(request.headers().get("authorization").is_none());
+    }
+
+    #[test]
+    fn embeddings_go_to_the_deployments_embeddings_on_azure_and_base_embeddings_on_openai() {
+        let upstream = azure("https://res.openai.azure.com", "embed-small");
+        let request = Endpoint::of(&upstream)
+            .and_then(|e| e.request(&reqwest::Client::new(), None, &["embeddings"]))
+            .expect("a request")
+            .build()
+            .expect("a request");
+        assert_eq!(
+            request.url().as_str(),
+            "https://res.openai.azure.com/openai/deployments/embed-small/embeddings?api-version=2024-10-21"
+        );
+        let openai = Upstream {
+            provider: ProviderKind::Openai,
+            api_version: None,
+            base_url: Some("https://api.openai.com/v1/".into()),
+            ..upstream
+        };
+        let request = Endpoint::of(&openai)
+            .and_then(|e| e.request(&reqwest::Client::new(), None, &["embeddings"]))
+            .expect("a request")
+            .build()
+            .expect("a request");
+        assert_eq!(
+            request.url().as_str(),
+            "https://api.openai.com/v1/embeddings"
+        );
     }
 }

@@ -44,6 +44,11 @@ impl AffinityKey {
         }
     }
 
+    /// A key named outright (an embeddings call's end user or API key).
+    pub fn named(key: &str) -> Self {
+        Self::keyed(key)
+    }
+
     fn keyed(key: &str) -> Self {
         let mut hash = Sha256::new();
         part(&mut hash, b"key", key);

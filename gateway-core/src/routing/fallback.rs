@@ -15,6 +15,7 @@ use crds::config::Upstream;
 use futures::StreamExt;
 
 use crate::conversation::Request;
+use crate::providers::embeddings::{EmbeddingsAnswer, EmbeddingsCall};
 use crate::providers::{EventStream, ProviderCall, ProviderError, ProviderEvent, Providers};
 use crate::routing::breaker::Breakers;
 use crate::telemetry;
@@ -33,12 +34,7 @@ pub async fn start<'a>(
     breakers: &Breakers,
     attempt: Attempt<'a>,
 ) -> Result<(EventStream, &'a Upstream), ProviderError> {
-    let mut last = ProviderError::Unavailable;
-    for upstream in attempt.plan {
-        let key = format!("{}/{}", attempt.model, upstream.name);
-        if !breakers.admit(&key) {
-            continue;
-        }
+    let (events, upstream, key) = first_answer(breakers, attempt.model, attempt.plan, |upstream| {
         let call = ProviderCall {
             request: attempt.request.clone(),
             anthropic_beta: attempt.anthropic_beta.map(str::to_owned),
@@ -46,8 +42,49 @@ pub async fn start<'a>(
             served_model: attempt.model.to_owned(),
             input_tokens: attempt.input_tokens,
         };
-        match providers.adapter(upstream.provider).start(call).await {
-            Ok(events) => return Ok((outcome_reported(events, breakers.clone(), key), upstream)),
+        providers.adapter(upstream.provider).start(call)
+    })
+    .await?;
+    Ok((outcome_reported(events, breakers.clone(), key), upstream))
+}
+
+/// Embeds on the first upstream of the plan that answers, by the same rules as a turn's
+/// [`start`]; an answer is whole, so it is the upstream's success at once.
+pub async fn embed<'a>(
+    providers: &Providers,
+    breakers: &Breakers,
+    model: &str,
+    plan: &'a [Upstream],
+    call: &EmbeddingsCall,
+) -> Result<(EmbeddingsAnswer, &'a Upstream), ProviderError> {
+    let (answer, upstream, key) = first_answer(breakers, model, plan, |upstream| {
+        providers.embed(upstream, call)
+    })
+    .await?;
+    breakers.succeeded(&key);
+    Ok((answer, upstream))
+}
+
+/// Tries each upstream of `plan` whose breaker lets it through until one answers: that answer,
+/// the upstream, and its breaker key (whose success the caller reports when it knows it).
+async fn first_answer<'a, T, F, Fut>(
+    breakers: &Breakers,
+    model: &str,
+    plan: &'a [Upstream],
+    mut call: F,
+) -> Result<(T, &'a Upstream, String), ProviderError>
+where
+    F: FnMut(&'a Upstream) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ProviderError>>,
+{
+    let mut last = ProviderError::Unavailable;
+    for upstream in plan {
+        let key = format!("{model}/{}", upstream.name);
+        if !breakers.admit(&key) {
+            continue;
+        }
+        match call(upstream).await {
+            Ok(answer) => return Ok((answer, upstream, key)),
             Err(ProviderError::Rejected(message)) => {
                 breakers.succeeded(&key);
                 return Err(ProviderError::Rejected(message));

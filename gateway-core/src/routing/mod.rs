@@ -233,11 +233,13 @@ mod tests {
         thinking: false,
         vision: false,
         tools: true,
+        embeddings: false,
     };
     const THINKING: Capabilities = Capabilities {
         thinking: true,
         vision: true,
         tools: true,
+        embeddings: false,
     };
 
     /// `svc/auto` over a cheap plain model and a dearer one with thinking and vision.

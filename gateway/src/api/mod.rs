@@ -6,6 +6,7 @@ mod account;
 pub mod batches;
 mod chat;
 mod count_tokens;
+mod embeddings;
 pub mod files;
 mod list_query;
 pub mod message_batches;
@@ -150,6 +151,7 @@ fn v1(state: AppState) -> impl HttpService {
         .route("/files/{id}", get(files::get).delete(files::delete))
         .route("/files/{id}/content", counted(get(files::content)))
         .route("/chat/completions", admitted(post(chat::create)))
+        .route("/embeddings", admitted(post(embeddings::create)))
         .route("/responses", admitted(post(responses::create)))
         .route(
             "/responses/{id}",

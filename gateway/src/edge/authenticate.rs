@@ -136,8 +136,10 @@ fn presented_key(headers: &HeaderMap) -> Result<&str, AuthError> {
 /// The scope a `/v1` path needs (see `crds::config::SCOPES`).
 fn scope_of(path: &str) -> &'static str {
     let path = path.strip_prefix("/v1").unwrap_or(path);
-    // OpenAI's Batch API and its files run Chat Completions.
-    if ["/chat", "/batches", "/files"]
+    // OpenAI's Batch API and its files run Chat Completions; embeddings are OpenAI's format
+    // too, and a key scoped to it has them, as OpenAI's own "model capabilities" permission
+    // covers both.
+    if ["/chat", "/batches", "/files", "/embeddings"]
         .iter()
         .any(|p| path.starts_with(p))
     {
@@ -163,6 +165,7 @@ mod tests {
         assert_eq!(scope_of("/v1/chat/completions"), "chat");
         assert_eq!(scope_of("/v1/batches/batch_1/cancel"), "chat");
         assert_eq!(scope_of("/v1/files"), "chat");
+        assert_eq!(scope_of("/v1/embeddings"), "chat");
         assert_eq!(scope_of("/v1/responses/resp_1/input_items"), "responses");
         assert_eq!(scope_of("/v1/models/svc/opus"), "models");
         assert_eq!(scope_of("/v1/usage"), "account");

@@ -75,6 +75,7 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/messages" => "/v1/messages",
         "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
         "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/embeddings" => "/v1/embeddings",
         "/v1/models" => "/v1/models",
         "/v1/account" => "/v1/account",
         "/v1/usage" => "/v1/usage",

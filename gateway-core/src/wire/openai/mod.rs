@@ -4,6 +4,7 @@
 //! (`skip_serializing_if`), so an upstream sees only what it was asked. Translation to and from
 //! the conversation (`crate::conversation`) is [`translate`].
 
+pub mod embeddings;
 pub mod translate;
 
 use serde::{Deserialize, Serialize};
