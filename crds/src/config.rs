@@ -161,6 +161,7 @@ pub enum ProviderKind {
     #[serde(rename = "azure-openai")]
     AzureOpenai,
     Bedrock,
+    Gemini,
     Simulated,
 }
 
@@ -172,6 +173,7 @@ impl ProviderKind {
             Self::Openai => "openai",
             Self::AzureOpenai => "azure-openai",
             Self::Bedrock => "bedrock",
+            Self::Gemini => "gemini",
             Self::Simulated => "simulated",
         }
     }

@@ -4,12 +4,14 @@
 //! Messages API and `openai` any OpenAI-compatible chat-completions upstream (`azure-openai`
 //! too: the same adapter, with Azure's paths and header); `bedrock` is the Messages API's
 //! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames. Which upstream
-//! serves a turn, and what happens when it fails, is `routing::fallback`'s business.
+//! serves a turn, and what happens when it fails, is `routing::fallback`'s business. `gemini`
+//! is the Gemini API's `generateContent` stream (`wire::gemini`).
 
 mod anthropic;
 mod bedrock;
 mod blocks;
 mod eventstream;
+mod gemini;
 mod http;
 mod openai;
 mod simulated;
@@ -25,6 +27,7 @@ use thiserror::Error;
 
 pub use anthropic::Anthropic;
 pub use bedrock::Bedrock;
+pub use gemini::Gemini;
 pub use openai::OpenAi;
 pub use simulated::Simulated;
 
@@ -128,6 +131,7 @@ pub struct Providers {
     simulated: Simulated,
     anthropic: Anthropic,
     bedrock: Bedrock,
+    gemini: Gemini,
     openai: OpenAi,
 }
 
@@ -137,6 +141,7 @@ impl Providers {
             simulated: Simulated::new(tokens),
             anthropic: Anthropic::default(),
             bedrock: Bedrock::default(),
+            gemini: Gemini::new(tokens),
             openai: OpenAi::new(tokens),
         }
     }
@@ -146,6 +151,7 @@ impl Providers {
             ProviderKind::Simulated => &self.simulated,
             ProviderKind::Anthropic => &self.anthropic,
             ProviderKind::Bedrock => &self.bedrock,
+            ProviderKind::Gemini => &self.gemini,
             ProviderKind::Openai | ProviderKind::AzureOpenai => &self.openai,
         }
     }
