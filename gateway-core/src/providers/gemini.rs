@@ -12,7 +12,8 @@
 //! named by the call's `id` when the model gives one, else by a fresh one. `usageMetadata` is
 //! cumulative: the last one counts. The turn ends with the body, once a finish reason came.
 //! Errors: a 429 (`RESOURCE_EXHAUSTED`) or a 503 (`UNAVAILABLE`) is the upstream limiting us,
-//! its `RetryInfo` the wait; other statuses are mapped as every adapter's are.
+//! its `RetryInfo` the wait; a 400 refusing the key (`API_KEY_INVALID`) is the upstream's
+//! failure (502), not the client's; other statuses are mapped as every adapter's are.
 
 use async_trait::async_trait;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -25,7 +26,7 @@ use crate::conversation::{Delta, OutputBlock};
 use crate::ids;
 use crate::tokens::Tokenizer;
 use crate::wire::gemini::translate::{
-    request_to_gemini, retry_delay, stop_from_gemini, usage_from_gemini,
+    refuses_the_key, request_to_gemini, retry_delay, stop_from_gemini, usage_from_gemini,
 };
 use crate::wire::gemini::{GenerateContentResponse, UsageMetadata};
 use store::usage::TokenUsage;
@@ -204,7 +205,8 @@ impl Decoder for Stream {
                 }
                 continue;
             }
-            if let Some(text) = part.text {
+            // The last event often carries an empty text with the finish reason.
+            if let Some(text) = part.text.filter(|t| !t.is_empty()) {
                 self.generated.push_str(&text);
                 let key = self.switch_to(Open::Text, &mut out);
                 self.blocks.delta(key, Delta::Text { text }, &mut out);
@@ -259,6 +261,12 @@ impl Decoder for Stream {
                 Some(ProviderError::Overloaded {
                     retry_after: retry_delay(body),
                 })
+            }
+            // Google refuses a wrong key with a 400: our configuration's fault, not the
+            // client's request's.
+            400 if refuses_the_key(body) => {
+                tracing::error!("the upstream refused the route's API key");
+                Some(ProviderError::Upstream)
             }
             _ => None,
         }

@@ -420,6 +420,17 @@ pub fn retry_delay(body: &[u8]) -> Option<Duration> {
     })
 }
 
+/// Whether an error body is Google's refusal of the API key: a 400 `INVALID_ARGUMENT`, as a
+/// refused request is, told apart by its `ErrorInfo` reason `API_KEY_INVALID`.
+pub fn refuses_the_key(body: &[u8]) -> bool {
+    serde_json::from_slice::<ErrorBody>(body).is_ok_and(|body| {
+        body.error
+            .details
+            .iter()
+            .any(|d| d.get("reason").and_then(Value::as_str) == Some("API_KEY_INVALID"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
