@@ -267,3 +267,23 @@ fn a_region_or_aws_credentials_are_refused_on_other_providers() {
         "awsCredentialsSecretRef is only for the bedrock provider",
     );
 }
+
+#[test]
+fn a_gemini_upstream_needs_its_api_key_and_no_base_url() {
+    let gemini = json!({
+        "name": "gemini", "provider": "gemini", "model": "gemini-2.5-flash",
+        "apiKeySecretRef": {"name": "gemini-key", "key": "apiKey"},
+    });
+    assert_eq!(
+        refusals(&with_upstream(gemini.clone())),
+        Vec::<String>::new()
+    );
+    let mut without_key = gemini;
+    without_key
+        .as_object_mut()
+        .map(|o| o.remove("apiKeySecretRef"));
+    assert_refused(
+        with_upstream(without_key),
+        "apiKeySecretRef is required for the gemini provider",
+    );
+}
