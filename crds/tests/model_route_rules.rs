@@ -473,7 +473,10 @@ fn a_gemini_upstream_compiles_without_a_base_url_and_is_rejected_without_an_api_
     assert_eq!(upstreams[0].provider, ProviderKind::Gemini);
     assert_eq!(upstreams[0].provider.as_str(), "gemini");
     assert_eq!(upstreams[0].base_url, None);
-    assert_eq!(upstreams[0].api_key.as_ref().map(|k| k.expose()), Some("g-key"));
+    assert_eq!(
+        upstreams[0].api_key.as_ref().map(|k| k.expose()),
+        Some("g-key")
+    );
 
     route(&mut m, "svc/kimi").spec.upstreams[0].api_key_secret_ref = None;
     assert_rejected(
