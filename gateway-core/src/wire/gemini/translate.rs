@@ -21,7 +21,7 @@
 //! URL, an image inside a tool result, a tool result whose call is not in the conversation,
 //! `disable_parallel_tool_use` / `parallel_tool_calls: false`, and any schema keyword
 //! without a counterpart in Gemini's `Schema` (`oneOf`, `allOf`, `$ref`, `not`,
-//! `patternProperties`, `additionalProperties` other than `false`...).
+//! `patternProperties`, `additionalProperties` with a schema...).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -267,8 +267,6 @@ const SAME: &[&str] = &[
     "example",
     "enum",
     "required",
-    "minimum",
-    "maximum",
     "minItems",
     "maxItems",
     "minLength",
@@ -282,7 +280,8 @@ const SAME: &[&str] = &[
 const ANNOTATIONS: &[&str] = &["$schema", "$id", "$comment", "examples", "deprecated"];
 
 /// A JSON Schema as Gemini's `Schema`: types upper-cased (`["string", "null"]` is a nullable
-/// string), `const` a one-value `enum`, subschemas translated in turn. `additionalProperties:
+/// string), `const` a one-value `enum`, an integer's exclusive bounds inclusive ones,
+/// subschemas translated in turn. `additionalProperties:
 /// false` is left out: Gemini's functions take the declared properties only. `Err`: the
 /// keyword, at its path.
 pub fn schema_to_gemini(schema: &Value, at: &str) -> Result<Value, String> {
@@ -362,7 +361,45 @@ pub fn schema_to_gemini(schema: &Value, at: &str) -> Result<Value, String> {
                     .collect::<Result<Vec<_>, _>>()?;
                 out.insert("anyOf".into(), Value::Array(translated));
             }
-            "additionalProperties" if value == &Value::Bool(false) => {}
+            // An integer's exclusive bound is the next integer's inclusive one (Claude Code's
+            // tools say `exclusiveMinimum: 0`); a number's has no counterpart.
+            "exclusiveMinimum" | "exclusiveMaximum" | "minimum" | "maximum" => {
+                let integer = object.get("type").and_then(Value::as_str) == Some("integer");
+                let (bound, lower) = match keyword.as_str() {
+                    "exclusiveMinimum" | "minimum" => ("minimum", true),
+                    _ => ("maximum", false),
+                };
+                let exclusive = keyword.starts_with("exclusive");
+                let Some(n) = value.as_f64() else {
+                    return refuse(keyword);
+                };
+                let inclusive = match (exclusive, lower) {
+                    (false, _) => value.clone(),
+                    (true, true) if integer => Value::from(n.floor() as i64 + 1),
+                    (true, false) if integer => Value::from(n.ceil() as i64 - 1),
+                    (true, _) => return refuse(&format!("{keyword} (on a non-integer)")),
+                };
+                // With both forms, the tighter bound holds.
+                let tighter = match out.get(bound).and_then(Value::as_f64) {
+                    Some(other) if lower => other > inclusive.as_f64().unwrap_or(n),
+                    Some(other) => other < inclusive.as_f64().unwrap_or(n),
+                    None => false,
+                };
+                if !tighter {
+                    out.insert(bound.into(), inclusive);
+                }
+            }
+            // `true` and `{}` say what an absent keyword says; `false` is left out (a Gemini
+            // function gets the declared properties); a schema for the other properties has
+            // no counterpart.
+            "additionalProperties"
+                if value.is_boolean() || value.as_object().is_some_and(Map::is_empty) => {}
+            // Property names are strings: a string schema for them constrains nothing.
+            "propertyNames"
+                if value.as_object().is_some_and(|names| {
+                    names.is_empty()
+                        || (names.len() == 1 && names.get("type") == Some(&"string".into()))
+                }) => {}
             k if SAME.contains(&k) => {
                 out.insert(keyword.clone(), value.clone());
             }
@@ -542,6 +579,19 @@ mod tests {
             json!({"type": "STRING", "nullable": true, "enum": ["celsius"]})
         );
         assert_eq!(parameters_to_gemini(&json!({"type": "object"})), Ok(None));
+        assert_eq!(
+            schema_to_gemini(
+                &json!({"type": "integer", "exclusiveMinimum": 0, "maximum": 9,
+                    "exclusiveMaximum": 5}),
+                ""
+            ),
+            Ok(json!({"type": "INTEGER", "minimum": 1, "maximum": 4}))
+        );
+        assert!(
+            schema_to_gemini(&json!({"type": "number", "exclusiveMinimum": 0}), "")
+                .is_err_and(|e| e.contains("exclusiveMinimum")),
+            "a number's exclusive bound has no counterpart"
+        );
     }
 
     #[test]
