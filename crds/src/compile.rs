@@ -558,6 +558,8 @@ fn compile_upstream(
         Provider::AzureOpenai => (ProviderKind::AzureOpenai, Some("azure-openai")),
         // Its endpoint defaults to the region's.
         Provider::Bedrock => (ProviderKind::Bedrock, None),
+        // Its endpoint defaults to Google's (`providers::gemini`).
+        Provider::Gemini => (ProviderKind::Gemini, None),
         Provider::Simulated => (ProviderKind::Simulated, None),
     };
     let bedrock = provider == ProviderKind::Bedrock;
@@ -588,6 +590,12 @@ fn compile_upstream(
             format!(
                 "{field}: apiKeySecretRef is not for the bedrock provider: use awsCredentialsSecretRef"
             ),
+        );
+    }
+    if provider == ProviderKind::Gemini && upstream.api_key_secret_ref.is_none() {
+        problems.add(
+            resource,
+            format!("{field}: apiKeySecretRef is required for the gemini provider"),
         );
     }
     match (&upstream.api_version, provider) {

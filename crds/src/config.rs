@@ -166,6 +166,7 @@ pub enum ProviderKind {
     #[serde(rename = "azure-openai")]
     AzureOpenai,
     Bedrock,
+    Gemini,
     Simulated,
 }
 
@@ -177,6 +178,7 @@ impl ProviderKind {
             Self::Openai => "openai",
             Self::AzureOpenai => "azure-openai",
             Self::Bedrock => "bedrock",
+            Self::Gemini => "gemini",
             Self::Simulated => "simulated",
         }
     }

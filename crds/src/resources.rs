@@ -285,8 +285,12 @@ pub struct PricingSpec {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "self.provider in ['simulated', 'bedrock'] || has(self.baseUrl)",
-        "message": "baseUrl is required for every provider but simulated and bedrock"
+        "rule": "self.provider in ['simulated', 'bedrock', 'gemini'] || has(self.baseUrl)",
+        "message": "baseUrl is required for every provider but simulated, bedrock and gemini"
+    },
+    {
+        "rule": "self.provider != 'gemini' || has(self.apiKeySecretRef)",
+        "message": "apiKeySecretRef is required for the gemini provider"
     },
     {
         "rule": "(self.provider == 'azure-openai') == has(self.apiVersion)",
@@ -319,7 +323,9 @@ pub struct UpstreamSpec {
     /// OpenAI resource's endpoint `https://RESOURCE.openai.azure.com`
     /// (+ `/openai/deployments/{model}/chat/completions`, `model` being the deployment name).
     /// Optional for `bedrock` (default `https://bedrock-runtime.{region}.amazonaws.com`; a VPC
-    /// endpoint, + `/model/{model}/invoke-with-response-stream`).
+    /// endpoint, + `/model/{model}/invoke-with-response-stream`). Optional for `gemini`
+    /// (default `https://generativelanguage.googleapis.com`,
+    /// + `/v1beta/models/{model}:streamGenerateContent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^https?://"))]
     pub base_url: Option<String>,
@@ -378,6 +384,9 @@ pub enum Provider {
     /// Claude on Amazon Bedrock: the Messages body through `InvokeModelWithResponseStream`,
     /// signed with SigV4.
     Bedrock,
+    /// The Gemini API (`generativelanguage.googleapis.com`): `streamGenerateContent` with the
+    /// `x-goog-api-key` header, the conversation translated to Gemini's contents.
+    Gemini,
     Simulated,
 }
 

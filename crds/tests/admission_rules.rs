@@ -310,3 +310,23 @@ fn an_embeddings_route_with_max_output_tokens_thinking_or_a_provider_without_emb
         Vec::<String>::new()
     );
 }
+
+#[test]
+fn a_gemini_upstream_needs_its_api_key_and_no_base_url() {
+    let gemini = json!({
+        "name": "gemini", "provider": "gemini", "model": "gemini-2.5-flash",
+        "apiKeySecretRef": {"name": "gemini-key", "key": "apiKey"},
+    });
+    assert_eq!(
+        refusals(&with_upstream(gemini.clone())),
+        Vec::<String>::new()
+    );
+    let mut without_key = gemini;
+    without_key
+        .as_object_mut()
+        .map(|o| o.remove("apiKeySecretRef"));
+    assert_refused(
+        with_upstream(without_key),
+        "apiKeySecretRef is required for the gemini provider",
+    );
+}

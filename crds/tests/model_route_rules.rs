@@ -519,3 +519,38 @@ fn an_embeddings_route_is_no_auto_candidate_and_no_auto_route() {
         "capabilities.embeddings is not allowed with auto",
     );
 }
+
+#[test]
+fn a_gemini_upstream_compiles_without_a_base_url_and_is_rejected_without_an_api_key() {
+    let mut m = standalone();
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.provider = Provider::Gemini;
+    upstream.model = "gemini-2.5-flash".into();
+    upstream.base_url = None;
+    upstream.api_key_secret_ref = Some(crds::resources::SecretKeyRef {
+        name: "gemini".into(),
+        key: "apiKey".into(),
+    });
+    let mut secret = k8s_openapi::api::core::v1::Secret::default();
+    secret.metadata.name = Some("gemini".into());
+    secret.string_data = Some([("apiKey".to_owned(), "g-key".to_owned())].into());
+    m.secrets.push(secret);
+    let config = compiles(&m);
+    let Route::Upstreams(upstreams) = &config.models["svc/kimi"].route else {
+        panic!("svc/kimi is not routed to upstreams");
+    };
+    assert_eq!(upstreams[0].provider, ProviderKind::Gemini);
+    assert_eq!(upstreams[0].provider.as_str(), "gemini");
+    assert_eq!(upstreams[0].base_url, None);
+    assert_eq!(
+        upstreams[0].api_key.as_ref().map(|k| k.expose()),
+        Some("g-key")
+    );
+
+    route(&mut m, "svc/kimi").spec.upstreams[0].api_key_secret_ref = None;
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "apiKeySecretRef is required for the gemini provider",
+    );
+}

@@ -7,7 +7,11 @@ does (a mismatch gets Azure's 401 or 404), with Azure's content-filter results; 
 Amazon Bedrock (`POST /model/{modelId}/invoke`, JSON, and `/invoke-with-response-stream`, the AWS
 event stream with its prelude and message CRCs), which recomputes each request's SigV4 signature
 with botocore's `SigV4Auth` from the known test keys and refuses a mismatch with Bedrock's 403
-`InvalidSignatureException`, as `tests/src/bedrock.rs` does. Both OpenAI formats also serve
+`InvalidSignatureException`, as `tests/src/bedrock.rs` does; and the Gemini API
+(`POST /v1beta/models/{model}:generateContent`, JSON, and `:streamGenerateContent?alt=sse`), which
+checks the `x-goog-api-key` header (none: Google's 403 `PERMISSION_DENIED`; a wrong one: its 400
+`API_KEY_INVALID`), the model and the body's shape (unknown fields, roles, parts with one datum,
+schema types) and refuses a mismatch with Google's error JSON, as `tests/src/gemini.rs` does. Both OpenAI formats also serve
 embeddings (`POST /v1/embeddings`, `/openai/deployments/{deployment}/embeddings`) as OpenAI does:
 one vector per input of the request's `dimensions` (8 by default), float or base64, and
 `EMBEDDING_TOKENS_PER_INPUT` prompt tokens per input (as tests/src/upstream.rs).
@@ -47,6 +51,8 @@ AWS_ACCESS_KEY_ID = "AKIAMOCKBEDROCK00001"
 AWS_SECRET_ACCESS_KEY = "upstream-secret-key-aws/Zq7mock+bedrock"
 AWS_SESSION_TOKEN = "mock-session-token-8812"
 BEDROCK_PREFIX = "/model/"
+# The Gemini API, as tests/src/gemini.rs.
+GEMINI_PREFIX = "/v1beta/models/"
 
 
 # The prompt tokens the mocks report per embeddings input, whatever its text.
@@ -94,8 +100,10 @@ def within(blocks: list[tuple], max_tokens: int | None) -> tuple[list[tuple], in
 
 
 def sent_max_tokens(body: dict) -> int | None:
-    """The max_tokens a request sent, in either wire format."""
+    """The max_tokens a request sent, in any wire format."""
     value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None and isinstance(body.get("generationConfig"), dict):
+        value = body["generationConfig"].get("maxOutputTokens")
     return value if isinstance(value, int) else None
 
 
@@ -204,6 +212,113 @@ def bedrock_refusal(path: str, headers, raw: bytes, body) -> tuple[int, dict, di
     if not body.get("anthropic_version"):
         return _bedrock_error(400, "ValidationException", "Malformed input request: anthropic_version is required")
     return None
+
+
+def gemini_error(status: int, message: str, details: list | None = None) -> tuple[int, dict]:
+    names = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED"}
+    error = {"code": status, "message": f"gemini: {message}", "status": names.get(status, "UNKNOWN")}
+    return status, {"error": error | {"details": details or []}}
+
+
+_GEMINI_REQUEST = {"contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "safetySettings"}
+_GEMINI_PART_DATA = {"text", "inlineData", "functionCall", "functionResponse", "fileData"}
+_GEMINI_SCHEMA = {
+    "type", "format", "title", "description", "nullable", "enum", "maxItems", "minItems", "properties",
+    "required", "minProperties", "maxProperties", "minLength", "maxLength", "pattern", "example", "anyOf",
+    "propertyOrdering", "default", "items", "minimum", "maximum",
+}  # fmt: skip
+_GEMINI_TYPES = {"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"}
+
+
+def _gemini_schema_problem(schema, at: str) -> str | None:
+    if not isinstance(schema, dict):
+        return f"Invalid value at '{at}'"
+    for key in schema:
+        if key not in _GEMINI_SCHEMA:
+            return f'Invalid JSON payload received. Unknown name "{key}" at \'{at}\': Cannot find field.'
+    if "type" in schema and str(schema["type"]).upper() not in _GEMINI_TYPES:
+        return f"Invalid value at '{at}.type' ({schema['type']})"
+    nested = [(f"{at}.properties[{k}]", v) for k, v in (schema.get("properties") or {}).items()]
+    nested += [(f"{at}.items", schema["items"])] if "items" in schema else []
+    nested += [(f"{at}.any_of[{i}]", v) for i, v in enumerate(schema.get("anyOf") or [])]
+    return next((p for p in (_gemini_schema_problem(v, a) for a, v in nested) if p), None)
+
+
+def gemini_malformed(body) -> str | None:
+    """What Google would refuse in a GenerateContentRequest, if anything."""
+    if not isinstance(body, dict):
+        return "Invalid JSON payload received."
+    unknown = set(body) - _GEMINI_REQUEST
+    if unknown:
+        return f'Invalid JSON payload received. Unknown name "{sorted(unknown)[0]}": Cannot find field.'
+    contents = body.get("contents")
+    if not isinstance(contents, list) or not contents:
+        return "* GenerateContentRequest.contents: contents is not specified"
+    for i, content in enumerate(contents):
+        if content.get("role") not in ("user", "model"):
+            return f"* GenerateContentRequest.contents[{i}].role: Please use a valid role: user, model."
+        parts = content.get("parts")
+        if not isinstance(parts, list) or not parts:
+            return f"* GenerateContentRequest.contents[{i}].parts: contents.parts must not be empty."
+        for j, part in enumerate(parts):
+            if len(_GEMINI_PART_DATA & set(part)) != 1:
+                return f"* GenerateContentRequest.contents[{i}].parts[{j}].data: required oneof field 'data'"
+    for t, tool in enumerate(body.get("tools") or []):
+        for f, declaration in enumerate(tool.get("functionDeclarations") or []):
+            if "parameters" in declaration:
+                at = f"tools[{t}].function_declarations[{f}].parameters"
+                problem = _gemini_schema_problem(declaration["parameters"], at)
+                if problem:
+                    return problem
+    return None
+
+
+def gemini_refusal(path: str, headers, body) -> tuple[int, dict] | None:
+    """Google's checks, in its order: the key, the model and method, then the body."""
+    url = urlsplit(path)
+    key = headers.get("x-goog-api-key") or (parse_qs(url.query).get("key") or [None])[0]
+    if key is None:
+        return gemini_error(403, "Method doesn't allow unregistered callers (callers without established identity).")
+    if key != UPSTREAM_KEY:
+        reason = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}
+        return gemini_error(400, "API key not valid. Please pass a valid API key.", [reason])
+    model, _, method = url.path.removeprefix(GEMINI_PREFIX).partition(":")
+    if model != UPSTREAM_MODEL or method not in ("generateContent", "streamGenerateContent"):
+        return gemini_error(404, f"models/{model} is not found for API version v1beta")
+    if method == "streamGenerateContent" and parse_qs(url.query).get("alt") != ["sse"]:
+        return gemini_error(400, "the mock streams with alt=sse only")
+    problem = gemini_malformed(body)
+    return gemini_error(400, problem) if problem else None
+
+
+def _gemini_parts(blocks: list[tuple]) -> list[dict]:
+    return [
+        {"text": b[1]} if b[0] == "text" else {"functionCall": {"name": b[1], "args": b[2]}} for b in blocks
+    ]
+
+
+def gemini_json(blocks: list[tuple], max_tokens: int | None = None) -> dict:
+    blocks, output_tokens, cut = within(blocks, max_tokens)
+    candidate = {"content": {"role": "model", "parts": _gemini_parts(blocks)}, "index": 0}
+    candidate["finishReason"] = "MAX_TOKENS" if cut else "STOP"
+    usage = {"promptTokenCount": 25, "candidatesTokenCount": output_tokens, "totalTokenCount": 25 + output_tokens}
+    return {"candidates": [candidate], "usageMetadata": usage, "modelVersion": UPSTREAM_MODEL}
+
+
+def gemini_events(blocks: list[tuple], max_tokens: int | None = None) -> list[bytes]:
+    """The stream: text in pieces, a function call whole, the finish reason and usage last."""
+    whole = gemini_json(blocks, max_tokens)
+    candidate = whole["candidates"][0]
+    out = []
+    for part in candidate["content"]["parts"]:
+        pieces = [{"text": p} for p in _pieces(part["text"], 6)] if "text" in part else [part]
+        for piece in pieces:
+            content = {"role": "model", "parts": [piece]}
+            out.append(_sse({"candidates": [{"content": content, "index": 0}], "modelVersion": UPSTREAM_MODEL}))
+    last = {"content": {"role": "model", "parts": [{"text": ""}]}, "index": 0}
+    last["finishReason"] = candidate["finishReason"]
+    out.append(_sse({"candidates": [last], "usageMetadata": whole["usageMetadata"], "modelVersion": UPSTREAM_MODEL}))
+    return out
 
 
 def _frame(headers: dict[str, str], payload: bytes) -> bytes:
@@ -331,6 +446,9 @@ class MockUpstream:
                 azure = self.path.startswith(AZURE_PREFIX)
                 bedrock = self.path.startswith(BEDROCK_PREFIX)
                 refusal = azure_refusal(self.path, self.headers) if azure else None
+                gemini = self.path.startswith(GEMINI_PREFIX)
+                if gemini:
+                    refusal = gemini_refusal(self.path, self.headers, body)
                 if bedrock:
                     refused = bedrock_refusal(self.path, self.headers, raw, body)
                     if refused is not None:
@@ -357,6 +475,12 @@ class MockUpstream:
                 if bedrock:
                     frames = bedrock_frames(anthropic_events(blocks, UPSTREAM_MODEL, max_tokens))
                     self._send(200, "application/vnd.amazon.eventstream", frames, chunks_type)
+                    return
+                if gemini and ":streamGenerateContent" not in self.path:
+                    self._send(200, "application/json", [json.dumps(gemini_json(blocks, max_tokens)).encode()])
+                    return
+                if gemini:
+                    self._send(200, "text/event-stream", gemini_events(blocks, max_tokens))
                     return
                 if self.path.endswith("/messages"):
                     events = anthropic_events(blocks, model, max_tokens)
@@ -461,7 +585,11 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
 
 
 def carries_tool_output(body: dict, output: str) -> bool:
-    """Whether an upstream request (either wire format) carries `output` back as a tool's result."""
+    """Whether an upstream request (any wire format) carries `output` back as a tool's result."""
+    for content in body.get("contents", []):
+        for part in content.get("parts", []):
+            if output in json.dumps(part.get("functionResponse") or {}):
+                return True
     for message in body.get("messages", []):
         content = message.get("content")
         if message.get("role") == "tool" and output in str(content):

@@ -1,7 +1,8 @@
 """The official SDKs carry a multi-turn, tool-using, streamed conversation through each upstream
 adapter: a gateway whose models are all routed to a scripted mock upstream (`mock_upstream.py`)
-through the `anthropic`, the `openai`, the `azure-openai` or the `bedrock` adapter. The mock answers the first
-turn with a tool call and the second, after the tool result, with text.
+through the `anthropic`, the `openai`, the `azure-openai`, the `bedrock` or the `gemini` adapter.
+The mock answers the first turn with a tool call and the second, after the tool result, with
+text.
 
 Before that, the mocks themselves are checked with the provider's own client where the wire
 format is not the one the gateway serves: `openai`'s `AzureOpenAI` against both the Python
@@ -29,6 +30,7 @@ from mock_upstream import (
     AWS_ACCESS_KEY_ID,
     BEDROCK_PREFIX,
     EMBEDDING_TOKENS_PER_INPUT,
+    GEMINI_PREFIX,
     UPSTREAM_KEY,
     UPSTREAM_MODEL,
     MockUpstream,
@@ -38,7 +40,7 @@ from support import WEATHER_SCHEMA
 MODEL = "svc/sonnet"
 TOOL_INPUT = {"city": "Oslo", "days": 2, "metric": True}
 ANSWER = "Sunny in Oslo for two days."
-LEAKS = ("anthropic", "openai", "azure", "bedrock", "amazon", UPSTREAM_MODEL, UPSTREAM_KEY)
+LEAKS = ("anthropic", "openai", "azure", "bedrock", "amazon", "gemini", "googleapis", UPSTREAM_MODEL, UPSTREAM_KEY)
 # The wire formats: Bedrock's body is the Messages API's.
 MESSAGES_FORMAT = ("anthropic", "bedrock")
 
@@ -62,7 +64,14 @@ def assert_azure_call(adapter: str, mock: MockUpstream) -> None:
 
 def assert_upstream_model(adapter: str, mock: MockUpstream) -> None:
     """The upstream's own model name went out: in the body, or for Bedrock in the path (escaped
-    as one segment), with a SigV4 signature the mock checked and the Messages body Bedrock takes."""
+    as one segment), with a SigV4 signature the mock checked and the Messages body Bedrock takes; for
+    Gemini in the path too, with the key in `x-goog-api-key`."""
+    if adapter == "gemini":
+        path, headers = mock.last_path(), mock.last_headers()
+        assert path == f"{GEMINI_PREFIX}{UPSTREAM_MODEL}:streamGenerateContent?alt=sse", path
+        assert headers["x-goog-api-key"] == UPSTREAM_KEY and "authorization" not in headers
+        assert "model" not in mock.last_body()
+        return
     if adapter != "bedrock":
         assert mock.last_body()["model"] == UPSTREAM_MODEL
         return
@@ -230,6 +239,10 @@ def test_the_anthropic_sdk_streams_a_tool_call_then_the_answer_through_each_adap
     assert_azure_call(adapter, mock)
     if adapter in MESSAGES_FORMAT:
         assert sent["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}
+    elif adapter == "gemini":
+        assert [c["role"] for c in sent["contents"]] == ["user", "model", "user"]
+        response = {"name": "get_weather", "response": {"content": "sunny"}}
+        assert sent["contents"][2]["parts"][0] == {"functionResponse": response}
     else:
         assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "tool"]
         assert sent["messages"][2] == {"role": "tool", "tool_call_id": call.id, "content": "sunny"}
@@ -310,6 +323,10 @@ def test_the_openai_sdk_streams_a_tool_call_then_the_answer_through_each_adapter
         assert sent["system"] == "Be brief."
         assert sent["messages"][1]["content"][0]["type"] == "tool_use"
         assert sent["messages"][2]["content"][0]["tool_use_id"] == call["id"]
+    elif adapter == "gemini":
+        assert sent["systemInstruction"] == {"parts": [{"text": "Be brief."}]}
+        assert sent["contents"][1]["parts"][0]["functionCall"] == {"name": "get_weather", "args": TOOL_INPUT}
+        assert sent["contents"][2]["parts"][0]["functionResponse"]["name"] == "get_weather"
     else:
         assert [m["role"] for m in sent["messages"]] == ["system", "user", "assistant", "tool"]
         assert sent["messages"][2]["tool_calls"][0]["id"] == call["id"]
@@ -334,7 +351,8 @@ def test_the_upstream_stops_at_the_max_tokens_it_is_sent_and_the_sdk_reads_max_t
         sent = mock.last_body()
         with client.messages.stream(model=MODEL, max_tokens=5, messages=messages) as stream:
             streamed = stream.get_final_message()
-    assert sent.get("max_completion_tokens", sent.get("max_tokens")) == 5, (adapter, sent)
+    gemini_max = sent.get("generationConfig", {}).get("maxOutputTokens")
+    assert sent.get("max_completion_tokens", sent.get("max_tokens", gemini_max)) == 5, (adapter, sent)
     for message in (answer, streamed):
         assert message.stop_reason == "max_tokens", (adapter, message)
         assert message.usage.output_tokens == 5

@@ -12,14 +12,17 @@ use serde_json::Value;
 /// Substrings that betray the upstream: provider kinds, the simulated upstream's model names,
 /// and the mock upstream's model name and API key. ("aws" is not one: three letters turn up
 /// by chance in random ids, case-insensitively; "bedrock" and "amazon" cover Bedrock's
-/// error bodies, its `x-amzn-` headers' values and its model ids.)
-pub const FORBIDDEN: [&str; 9] = [
+/// error bodies, its `x-amzn-` headers' values and its model ids; "gemini" and "googleapis"
+/// Gemini's error bodies and their detail types.)
+pub const FORBIDDEN: [&str; 11] = [
     "simulated",
     "anthropic",
     "openai",
     "azure",
     "bedrock",
     "amazon",
+    "gemini",
+    "googleapis",
     "sim-",
     crate::upstream::UPSTREAM_MODEL,
     "upstream-secret-key",

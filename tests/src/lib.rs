@@ -21,7 +21,8 @@
 //! - [`books`]: an account's books after a burst of turns (told = debited = balance decrease).
 //! - [`upstream`]: a mock upstream speaking the Anthropic and OpenAI wire formats, scripted
 //!   per test, and manifest folders that route every model to it; [`bedrock`]: what it does
-//!   as Amazon Bedrock (SigV4 checked, the AWS event stream).
+//!   as Amazon Bedrock (SigV4 checked, the AWS event stream); [`gemini`]: what it does as the
+//!   Gemini API (the key and the body's shape checked).
 //! - [`Scrape`]: the samples of a `/metrics` scrape.
 //! - [`tls`]: the CA and certificates of the TLS stores (`start_tls` of Postgres, Redis and
 //!   Redis Cluster).
@@ -46,6 +47,7 @@ pub mod cluster;
 pub mod contract;
 pub mod dns;
 pub mod gateway;
+pub mod gemini;
 pub mod helm;
 pub mod kube;
 pub mod leak;

@@ -9,10 +9,12 @@
 //! `openai` SDK's `AzureOpenAI` client); and Claude on Amazon Bedrock
 //! (`POST /model/{modelId}/invoke` and `/invoke-with-response-stream`), which checks the
 //! SigV4 signature and the body as Bedrock does and streams AWS event-stream frames
-//! (`crate::bedrock`). Both OpenAI wire formats also serve embeddings (`POST /v1/embeddings`,
-//! `/openai/deployments/{deployment}/embeddings`) as OpenAI does: one vector per input, of the
-//! request's `dimensions` (8 by default), float or base64 as its `encoding_format` asks, and
-//! [`MOCK_EMBEDDING_TOKENS_PER_INPUT`] prompt tokens per input.
+//! (`crate::bedrock`); and the Gemini API (`POST /v1beta/models/{model}:generateContent` and
+//! `:streamGenerateContent?alt=sse`), which checks the `x-goog-api-key` header and the body's
+//! shape as Google does (`crate::gemini`). Both OpenAI wire formats also serve embeddings
+//! (`POST /v1/embeddings`, `/openai/deployments/{deployment}/embeddings`) as OpenAI does: one
+//! vector per input, of the request's `dimensions` (8 by default), float or base64 as its
+//! `encoding_format` asks, and [`MOCK_EMBEDDING_TOKENS_PER_INPUT`] prompt tokens per input.
 //!
 //! Each test scripts it with a queue of [`Reply`]s, taken one per request in arrival order
 //! (an empty queue answers a short text): normal replies, tool calls, thinking, usage with
@@ -291,7 +293,11 @@ impl Unscripted {
                 let has_result = carries_tool_result(body);
                 let offers_tool = body["tools"].as_array().is_some_and(|tools| {
                     tools.iter().any(|t| {
-                        t["name"] == tool.as_str() || t["function"]["name"] == tool.as_str()
+                        t["name"] == tool.as_str()
+                            || t["function"]["name"] == tool.as_str()
+                            || t["functionDeclarations"]
+                                .as_array()
+                                .is_some_and(|f| f.iter().any(|d| d["name"] == tool.as_str()))
                     })
                 });
                 if offers_tool && !has_result {
@@ -321,16 +327,24 @@ impl Unscripted {
     }
 }
 
-/// Whether a request (either wire format) carries a tool result anywhere in its conversation.
+/// Whether a request (any wire format) carries a tool result anywhere in its conversation.
 pub fn carries_tool_result(body: &Value) -> bool {
-    body["messages"].as_array().is_some_and(|messages| {
-        messages.iter().any(|m| {
-            m["role"] == "tool"
-                || m["content"]
-                    .as_array()
-                    .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"))
+    let gemini = body["contents"].as_array().is_some_and(|contents| {
+        contents.iter().any(|c| {
+            c["parts"]
+                .as_array()
+                .is_some_and(|parts| parts.iter().any(|p| p.get("functionResponse").is_some()))
         })
-    })
+    });
+    gemini
+        || body["messages"].as_array().is_some_and(|messages| {
+            messages.iter().any(|m| {
+                m["role"] == "tool"
+                    || m["content"]
+                        .as_array()
+                        .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"))
+            })
+        })
 }
 
 struct Shared {
@@ -386,6 +400,8 @@ impl MockUpstream {
             .route("/openai/deployments/{deployment}/embeddings", post(answer))
             .route("/model/{model}/invoke", post(answer))
             .route("/model/{model}/invoke-with-response-stream", post(answer))
+            // `{model}:generateContent` and `{model}:streamGenerateContent`: one segment.
+            .route("/v1beta/models/{model_method}", post(answer))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -473,6 +489,10 @@ enum Wire {
     Bedrock {
         stream: bool,
     },
+    /// The Gemini API: `:generateContent` (JSON), or `:streamGenerateContent` (SSE).
+    Gemini {
+        stream: bool,
+    },
 }
 
 /// The Azure OpenAI data-plane version the mock serves; any other is refused, as Azure refuses
@@ -545,6 +565,10 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Wire::Anthropic
     } else if path.starts_with("/openai/deployments/") {
         Wire::Azure
+    } else if let Some(method) = crate::gemini::method(&path) {
+        Wire::Gemini {
+            stream: method == crate::gemini::Method::Stream,
+        }
     } else if path.starts_with("/model/") {
         Wire::Bedrock {
             stream: path.ends_with("/invoke-with-response-stream"),
@@ -556,6 +580,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let refusal = match wire {
         Wire::Azure => azure_refusal(&path, &query, &headers),
         Wire::Bedrock { .. } => crate::bedrock::refusal(&path, &query, &headers, &bytes, &body),
+        Wire::Gemini { .. } => crate::gemini::refusal(&path, &query, &headers, &body),
         _ => None,
     };
     if let Some(refusal) = refusal {
@@ -583,7 +608,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         _ => {}
     }
     let stream = match wire {
-        Wire::Bedrock { stream } => stream,
+        Wire::Bedrock { stream } | Wire::Gemini { stream } => stream,
         _ => body["stream"].as_bool().unwrap_or(false),
     };
     if !stream {
@@ -591,6 +616,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
             Wire::Anthropic | Wire::Bedrock { .. } => anthropic_json(&reply, &model),
             Wire::OpenAi => openai_json(&reply, &model),
             Wire::Azure => azure_json(&reply, &model),
+            Wire::Gemini { .. } => crate::gemini::json(&reply, &body),
         };
         let mut response = axum::Json(json).into_response();
         if matches!(wire, Wire::Bedrock { .. }) {
@@ -603,6 +629,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Wire::Anthropic => anthropic_events(&reply, &model),
         Wire::OpenAi => openai_events(&reply, &model, include_usage),
         Wire::Azure => azure_events(&reply, &model, include_usage),
+        Wire::Gemini { .. } => crate::gemini::events(&reply, &body),
         Wire::Bedrock { .. } => {
             let events = crate::bedrock::frames(&anthropic_events(&reply, &model), &reply.usage);
             let mut response = stream_response(events, &reply, shared, Framing::AwsEventStream);
@@ -672,12 +699,13 @@ fn embeddings_json(body: &Value) -> Response {
     .into_response()
 }
 
-/// The max_tokens a request sent, in either wire format (`max_completion_tokens` first, as
+/// The max_tokens a request sent, in any wire format (`max_completion_tokens` first, as
 /// OpenAI reads it).
 fn sent_max_tokens(body: &Value) -> Option<u64> {
     body["max_completion_tokens"]
         .as_u64()
         .or_else(|| body["max_tokens"].as_u64())
+        .or_else(|| body["generationConfig"]["maxOutputTokens"].as_u64())
 }
 
 fn error_response(wire: Wire, status: u16) -> Response {
@@ -699,6 +727,7 @@ fn error_response(wire: Wire, status: u16) -> Response {
         }
         Wire::Azure => json!({"error": {"code": status.to_string(), "message": message}}),
         Wire::Bedrock { .. } => return crate::bedrock::error_response(status, &message),
+        Wire::Gemini { .. } => return crate::gemini::error_response(status),
     };
     let mut response = (code, axum::Json(body)).into_response();
     if wire == Wire::Azure && status == 429 {
@@ -1111,6 +1140,8 @@ pub struct UpstreamDef {
     /// The Secret a `bedrock` upstream's `awsCredentialsSecretRef` names; `None`: the
     /// gateway's environment.
     pub aws_credentials: Option<&'static str>,
+    /// The Secret `apiKeySecretRef` names (key `apiKey`), for the providers with a key.
+    pub api_key_secret: &'static str,
     pub weight: u32,
     pub first_byte_ms: u64,
     pub idle_ms: u64,
@@ -1127,6 +1158,7 @@ impl UpstreamDef {
             api_version: None,
             region: None,
             aws_credentials: None,
+            api_key_secret: MOCK_KEY_SECRET,
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
@@ -1161,6 +1193,20 @@ impl UpstreamDef {
             aws_credentials: Some(crate::bedrock::CREDENTIALS),
             ..UpstreamDef::anthropic(mock)
         }
+    }
+
+    /// The mock as the Gemini API, at the route's `baseUrl`.
+    pub fn gemini(mock: &MockUpstream) -> UpstreamDef {
+        UpstreamDef {
+            provider: "gemini",
+            ..UpstreamDef::anthropic(mock)
+        }
+    }
+
+    /// Another Secret for `apiKeySecretRef` (e.g. [`crate::gemini::WRONG_KEY_SECRET`]).
+    pub fn api_key_secret(mut self, secret: &'static str) -> UpstreamDef {
+        self.api_key_secret = secret;
+        self
     }
 
     /// Another Secret of AWS credentials ([`crate::bedrock::WRONG_CREDENTIALS`]), or none: the
@@ -1207,6 +1253,7 @@ impl UpstreamDef {
             api_version: None,
             region: None,
             aws_credentials: None,
+            api_key_secret: MOCK_KEY_SECRET,
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
@@ -1260,6 +1307,7 @@ impl AgentUpstream {
             "openai" => UpstreamDef::openai(&mock),
             "azure-openai" => UpstreamDef::azure(&mock),
             "bedrock" => UpstreamDef::bedrock(&mock),
+            "gemini" => UpstreamDef::gemini(&mock),
             other => panic!("no {other} adapter"),
         };
         let manifests = RoutedManifests::new(&[upstream]);
@@ -1326,6 +1374,9 @@ impl Drop for RoutedManifests {
 /// The upstream API key routes refer to; the mock records what the gateway sent.
 pub const UPSTREAM_API_KEY: &str = "upstream-secret-key-8812";
 
+/// The Secret of [`UPSTREAM_API_KEY`].
+pub const MOCK_KEY_SECRET: &str = "mock-upstream-key";
+
 const SECRET: &str = "apiVersion: v1
 kind: Secret
 metadata:
@@ -1333,6 +1384,14 @@ metadata:
 type: Opaque
 stringData:
   apiKey: upstream-secret-key-8812
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: mock-upstream-key-wrong
+type: Opaque
+stringData:
+  apiKey: upstream-secret-key-not-this-one
 ";
 
 /// Replaces every `upstreams:` list of the standalone routes with `upstreams`.
@@ -1359,8 +1418,10 @@ fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
             ),
             None => (
                 UPSTREAM_MODEL,
-                "      apiKeySecretRef:\n        name: mock-upstream-key\n        key: apiKey\n"
-                    .to_owned(),
+                format!(
+                    "      apiKeySecretRef:\n        name: {}\n        key: apiKey\n",
+                    u.api_key_secret
+                ),
             ),
         };
         list.push_str(&format!(

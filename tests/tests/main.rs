@@ -86,6 +86,7 @@ mod upstream_bedrock;
 mod upstream_claude_code;
 mod upstream_codex;
 mod upstream_failover;
+mod upstream_gemini;
 mod upstream_http2;
 mod upstream_node_clients;
 mod upstream_translation;

@@ -58,6 +58,7 @@ enum Adapter {
     OpenAi,
     AzureOpenAi,
     Bedrock,
+    Gemini,
 }
 
 /// One `claude -p` session through a gateway whose models are all served by a mock upstream
@@ -136,6 +137,7 @@ impl Session {
             Adapter::OpenAi => "openai",
             Adapter::AzureOpenAi => "azure-openai",
             Adapter::Bedrock => "bedrock",
+            Adapter::Gemini => "gemini",
         };
         let input = json!({"command": format!("touch {}", marker.display()),
             "description": "Create the marker file"});
@@ -214,6 +216,7 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
         Adapter::OpenAi,
         Adapter::AzureOpenAi,
         Adapter::Bedrock,
+        Adapter::Gemini,
     ] {
         let outcome = Session::on("svc/opus", adapter).large_project().run().await;
         let what = format!("svc/opus via {adapter:?}");
@@ -222,7 +225,16 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
         let largest = received.iter().map(|r| r.bytes).max().unwrap_or(0);
         let tools = received
             .iter()
-            .filter_map(|r| r.body["tools"].as_array().map(Vec::len))
+            .filter_map(|r| {
+                let tools = r.body["tools"].as_array()?;
+                // Gemini's are one list of function declarations.
+                Some(match tools[..] {
+                    [ref one] if one.get("functionDeclarations").is_some() => {
+                        one["functionDeclarations"].as_array().map_or(0, Vec::len)
+                    }
+                    _ => tools.len(),
+                })
+            })
             .max()
             .unwrap_or(0);
         eprintln!(
@@ -248,7 +260,7 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
                 "Claude Code's beta features reached the upstream"
             ),
             // Bedrock refuses betas it does not offer: none is sent.
-            Adapter::OpenAi | Adapter::AzureOpenAi | Adapter::Bedrock => {
+            Adapter::OpenAi | Adapter::AzureOpenAi | Adapter::Bedrock | Adapter::Gemini => {
                 assert!(betas.is_empty(), "{betas:?}")
             }
         }
@@ -258,6 +270,15 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
             assert!(
                 received.iter().any(|r| r.body.get("thinking").is_some()),
                 "Claude Code's thinking reached svc/opus's upstream: {}",
+                outcome.context()
+            );
+        }
+        if adapter == Adapter::Gemini {
+            assert!(
+                received
+                    .iter()
+                    .any(|r| r.body["generationConfig"].get("thinkingConfig").is_some()),
+                "Claude Code's thinking reached svc/opus's upstream as thinkingConfig: {}",
                 outcome.context()
             );
         }

@@ -190,7 +190,7 @@ fn sse_events(text: &str) -> Vec<SseEvent> {
 }
 
 /// The canonical events of one upstream stream, or where its decoder refused it.
-fn decode(decoder: &mut dyn Decoder, text: &str) -> Vec<String> {
+fn decode(mut decoder: impl Decoder, text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut push = |result: Result<Vec<ProviderEvent>, super::ProviderError>| match result {
         Ok(events) => out.extend(events.iter().map(|e| format!("{e:?}"))),
@@ -209,12 +209,11 @@ fn every_upstream_stream_decodes_to_the_canonical_events_as_reviewed() {
     for provider in UPSTREAMS {
         for (name, path) in fixtures(&golden().join("streams").join(provider), "sse") {
             let text = std::fs::read_to_string(&path).expect("a stream fixture");
-            let mut decoder: Box<dyn Decoder> = match provider {
-                "anthropic" => Box::<anthropic::Stream>::default(),
-                "openai" => Box::new(openai::Stream::new(Tokenizer::default(), 100)),
-                _ => Box::<bedrock::Stream>::default(),
+            let events = match provider {
+                "anthropic" => decode(anthropic::Stream::default(), &text),
+                "openai" => decode(openai::Stream::new(Tokenizer::default(), 100), &text),
+                _ => decode(bedrock::Stream::default(), &text),
             };
-            let events = decode(decoder.as_mut(), &text);
             assert!(!events.is_empty(), "{name}: no events");
             let snapshot = format!("stream__{provider}__{name}");
             settings().bind(|| insta::assert_debug_snapshot!(snapshot, events));

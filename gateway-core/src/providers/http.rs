@@ -88,8 +88,18 @@ fn build(upstream: &Upstream) -> Result<reqwest::Client, ProviderError> {
 
 /// Turns one upstream SSE event into canonical events; `end` is called when the body ends.
 pub trait Decoder: Send + 'static {
+    /// Whether an error answer's body is read and given to [`Decoder::error`]: for upstreams
+    /// whose body says more than the status (Google's throttles carry their wait there).
+    const READS_ERROR_BODY: bool = false;
+
     fn event(&mut self, event: SseEvent) -> Result<Vec<ProviderEvent>, ProviderError>;
     fn end(&mut self) -> Result<Vec<ProviderEvent>, ProviderError>;
+
+    /// The upstream's own reading of an error answer; `None` keeps the shared one
+    /// ([`status_error`], the wait from the headers).
+    fn error(&self, _status: StatusCode, _body: &[u8]) -> Option<ProviderError> {
+        None
+    }
 }
 
 /// How an upstream's response body is cut into events.
@@ -165,6 +175,26 @@ pub async fn open<D: Decoder>(
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status();
         if !status.is_success() {
+            let waited = retry_after(response.headers());
+            if D::READS_ERROR_BODY {
+                let body = response.bytes().await.unwrap_or_default();
+                if let Some(error) = decoder.error(status, &body) {
+                    return Err(match error {
+                        ProviderError::Overloaded { retry_after: None } => {
+                            ProviderError::Overloaded {
+                                retry_after: waited,
+                            }
+                        }
+                        error => error,
+                    });
+                }
+                return Err(match status_error(status) {
+                    ProviderError::Overloaded { .. } => ProviderError::Overloaded {
+                        retry_after: waited,
+                    },
+                    error => error,
+                });
+            }
             let error = status_error(match framing {
                 Framing::Sse => status,
                 Framing::AwsEventStream => eventstream::error_status(status, response.headers()),

@@ -3,15 +3,17 @@
 //! The `simulated` provider answers without any upstream account; `anthropic` speaks the
 //! Messages API and `openai` any OpenAI-compatible chat-completions upstream (`azure-openai`
 //! too: the same adapter, with Azure's paths and header); `bedrock` is the Messages API's
-//! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames. Embeddings
-//! are one whole call, not a stream ([`embeddings`]). Which upstream serves a turn, and what
-//! happens when it fails, is `routing::fallback`'s business.
+//! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames. `gemini`
+//! is the Gemini API's `generateContent` stream (`wire::gemini`). Embeddings are one whole
+//! call, not a stream ([`embeddings`]). Which upstream serves a turn, and what happens when it
+//! fails, is `routing::fallback`'s business.
 
 mod anthropic;
 mod bedrock;
 mod blocks;
 pub mod embeddings;
 mod eventstream;
+mod gemini;
 #[cfg(test)]
 mod golden;
 mod http;
@@ -29,6 +31,7 @@ use thiserror::Error;
 
 pub use anthropic::Anthropic;
 pub use bedrock::Bedrock;
+pub use gemini::Gemini;
 pub use openai::OpenAi;
 pub use simulated::Simulated;
 
@@ -132,6 +135,7 @@ pub struct Providers {
     simulated: Simulated,
     anthropic: Anthropic,
     bedrock: Bedrock,
+    gemini: Gemini,
     openai: OpenAi,
 }
 
@@ -141,6 +145,7 @@ impl Providers {
             simulated: Simulated::new(tokens),
             anthropic: Anthropic::default(),
             bedrock: Bedrock::default(),
+            gemini: Gemini::new(tokens),
             openai: OpenAi::new(tokens),
         }
     }
@@ -150,6 +155,7 @@ impl Providers {
             ProviderKind::Simulated => &self.simulated,
             ProviderKind::Anthropic => &self.anthropic,
             ProviderKind::Bedrock => &self.bedrock,
+            ProviderKind::Gemini => &self.gemini,
             ProviderKind::Openai | ProviderKind::AzureOpenai => &self.openai,
         }
     }
