@@ -270,9 +270,9 @@ def test_a_streamed_tool_loop_runs_through_each_adapter(routed):
     assert second.output_text == "Sunny in Oslo."
     assert second.model == MODEL
     sent = mock.last_body()
-    # Bedrock names the model in its path (test_upstream_adapters.py checks it).
+    # Bedrock and Vertex name the model in their paths (test_upstream_adapters.py checks it).
     assert sent.get("model", UPSTREAM_MODEL) == UPSTREAM_MODEL
-    if adapter in ("anthropic", "bedrock"):
+    if adapter in ("anthropic", "bedrock", "vertex"):
         assert sent["messages"][2]["content"][0]["tool_use_id"] == call.call_id
     else:
         assert sent["messages"][-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}

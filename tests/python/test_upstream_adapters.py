@@ -1,7 +1,7 @@
 """The official SDKs carry a multi-turn, tool-using, streamed conversation through each upstream
 adapter: a gateway whose models are all routed to a scripted mock upstream (`mock_upstream.py`)
-through the `anthropic`, the `openai`, the `azure-openai` or the `bedrock` adapter. The mock answers the first
-turn with a tool call and the second, after the tool result, with text.
+through the `anthropic`, the `openai`, the `azure-openai`, the `bedrock` or the `vertex` adapter.
+The mock answers the first turn with a tool call and the second, after the tool result, with text.
 
 Before that, the mocks themselves are checked with the provider's own client where the wire
 format is not the one the gateway serves: `openai`'s `AzureOpenAI` against both the Python
@@ -26,6 +26,10 @@ from mock_upstream import (
     AWS_ACCESS_KEY_ID,
     BEDROCK_PREFIX,
     UPSTREAM_KEY,
+    VERTEX_MODEL_ID,
+    VERTEX_PREFIX,
+    VERTEX_PROJECT,
+    VERTEX_REGION,
     UPSTREAM_MODEL,
     MockUpstream,
 )
@@ -34,9 +38,9 @@ from support import WEATHER_SCHEMA
 MODEL = "svc/sonnet"
 TOOL_INPUT = {"city": "Oslo", "days": 2, "metric": True}
 ANSWER = "Sunny in Oslo for two days."
-LEAKS = ("anthropic", "openai", "azure", "bedrock", "amazon", UPSTREAM_MODEL, UPSTREAM_KEY)
-# The wire formats: Bedrock's body is the Messages API's.
-MESSAGES_FORMAT = ("anthropic", "bedrock")
+LEAKS = ("anthropic", "openai", "azure", "bedrock", "amazon", "vertex", "google", UPSTREAM_MODEL, UPSTREAM_KEY)
+# The wire formats: Bedrock's and Vertex's bodies are the Messages API's.
+MESSAGES_FORMAT = ("anthropic", "bedrock", "vertex")
 
 
 def assert_clean(payload: str) -> None:
@@ -59,6 +63,13 @@ def assert_azure_call(adapter: str, mock: MockUpstream) -> None:
 def assert_upstream_model(adapter: str, mock: MockUpstream) -> None:
     """The upstream's own model name went out: in the body, or for Bedrock in the path (escaped
     as one segment), with a SigV4 signature the mock checked and the Messages body Bedrock takes."""
+    if adapter == "vertex":
+        path, headers, sent = mock.last_path(), mock.last_headers(), mock.last_body()
+        models = f"{VERTEX_PREFIX}{VERTEX_PROJECT}/locations/{VERTEX_REGION}/publishers/anthropic/models"
+        assert path == f"{models}/{VERTEX_MODEL_ID}:streamRawPredict", path
+        assert headers["authorization"].startswith("Bearer ya29.mock-key_file-")
+        assert sent["anthropic_version"] == "vertex-2023-10-16" and "model" not in sent and sent["stream"] is True
+        return
     if adapter != "bedrock":
         assert mock.last_body()["model"] == UPSTREAM_MODEL
         return

@@ -88,5 +88,6 @@ mod upstream_failover;
 mod upstream_http2;
 mod upstream_node_clients;
 mod upstream_translation;
+mod upstream_vertex;
 mod url_nul;
 mod usage_rollups;

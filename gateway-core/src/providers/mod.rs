@@ -3,16 +3,19 @@
 //! The `simulated` provider answers without any upstream account; `anthropic` speaks the
 //! Messages API and `openai` any OpenAI-compatible chat-completions upstream (`azure-openai`
 //! too: the same adapter, with Azure's paths and header); `bedrock` is the Messages API's
-//! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames. Which upstream
+//! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames; `vertex` the
+//! same body and events on Google Vertex AI, with a Google access token. Which upstream
 //! serves a turn, and what happens when it fails, is `routing::fallback`'s business.
 
 mod anthropic;
 mod bedrock;
 mod blocks;
 mod eventstream;
+mod google_auth;
 mod http;
 mod openai;
 mod simulated;
+mod vertex;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -27,6 +30,7 @@ pub use anthropic::Anthropic;
 pub use bedrock::Bedrock;
 pub use openai::OpenAi;
 pub use simulated::Simulated;
+pub use vertex::Vertex;
 
 use crate::conversation::{Delta, OutputBlock, Request};
 use crate::tokens::Tokenizer;
@@ -129,6 +133,7 @@ pub struct Providers {
     anthropic: Anthropic,
     bedrock: Bedrock,
     openai: OpenAi,
+    vertex: Vertex,
 }
 
 impl Providers {
@@ -138,6 +143,7 @@ impl Providers {
             anthropic: Anthropic::default(),
             bedrock: Bedrock::default(),
             openai: OpenAi::new(tokens),
+            vertex: Vertex::default(),
         }
     }
 
@@ -146,6 +152,7 @@ impl Providers {
             ProviderKind::Simulated => &self.simulated,
             ProviderKind::Anthropic => &self.anthropic,
             ProviderKind::Bedrock => &self.bedrock,
+            ProviderKind::Vertex => &self.vertex,
             ProviderKind::Openai | ProviderKind::AzureOpenai => &self.openai,
         }
     }
