@@ -58,6 +58,7 @@ enum Adapter {
     OpenAi,
     AzureOpenAi,
     Bedrock,
+    Vertex,
 }
 
 /// One `claude -p` session through a gateway whose models are all served by a mock upstream
@@ -136,6 +137,7 @@ impl Session {
             Adapter::OpenAi => "openai",
             Adapter::AzureOpenAi => "azure-openai",
             Adapter::Bedrock => "bedrock",
+            Adapter::Vertex => "vertex",
         };
         let input = json!({"command": format!("touch {}", marker.display()),
             "description": "Create the marker file"});
@@ -214,6 +216,7 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
         Adapter::OpenAi,
         Adapter::AzureOpenAi,
         Adapter::Bedrock,
+        Adapter::Vertex,
     ] {
         let outcome = Session::on("svc/opus", adapter).large_project().run().await;
         let what = format!("svc/opus via {adapter:?}");
@@ -247,12 +250,15 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
                 !betas.is_empty(),
                 "Claude Code's beta features reached the upstream"
             ),
-            // Bedrock refuses betas it does not offer: none is sent.
-            Adapter::OpenAi | Adapter::AzureOpenAi | Adapter::Bedrock => {
+            // Bedrock and Vertex refuse betas they do not offer: none is sent.
+            Adapter::OpenAi | Adapter::AzureOpenAi | Adapter::Bedrock | Adapter::Vertex => {
                 assert!(betas.is_empty(), "{betas:?}")
             }
         }
-        if matches!(adapter, Adapter::Anthropic | Adapter::Bedrock) {
+        if matches!(
+            adapter,
+            Adapter::Anthropic | Adapter::Bedrock | Adapter::Vertex
+        ) {
             // The thinking Claude Code asks for by default is applied where the model has it
             // (and so is what the other models' sessions have left out).
             assert!(
