@@ -438,6 +438,16 @@ impl MockUpstream {
         self.shared.grants.refused.load(Ordering::SeqCst)
     }
 
+    /// The lifetime the token endpoints report from now on (the tokens stay valid an hour).
+    pub fn report_token_lifetime(&self, secs: u64) {
+        *self
+            .shared
+            .grants
+            .reported_secs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(secs);
+    }
+
     /// Expires every access token granted so far: Vertex refuses them from now on.
     pub fn expire_tokens(&self) {
         self.shared.grants.expire_all();

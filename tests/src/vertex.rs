@@ -136,6 +136,9 @@ pub struct Grants {
     pub metadata_grants: AtomicUsize,
     /// Token requests refused (a bad signature, an expired assertion...).
     pub refused: AtomicUsize,
+    /// The `expires_in` the grants report, when a test sets one; the tokens stay valid an
+    /// hour all the same.
+    pub reported_secs: Mutex<Option<u64>>,
 }
 
 impl Grants {
@@ -147,7 +150,12 @@ impl Grants {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(token.clone(), now_secs() + TOKEN_SECS);
-        axum::Json(json!({"access_token": token, "expires_in": TOKEN_SECS,
+        let reported = self
+            .reported_secs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or(TOKEN_SECS);
+        axum::Json(json!({"access_token": token, "expires_in": reported,
             "token_type": "Bearer"}))
         .into_response()
     }

@@ -168,6 +168,40 @@ async fn concurrent_first_turns_share_one_token_request() {
 }
 
 #[tokio::test]
+async fn a_token_is_replaced_once_its_reported_lifetime_is_nearly_over() {
+    let mock = MockUpstream::start().await;
+    let manifests = RoutedManifests::new(&[UpstreamDef::vertex(&mock)]);
+    let gw = Gateway::builder().manifests(&manifests.path).start().await;
+    // A token said to expire at once is never reused: each turn asks for another.
+    mock.report_token_lifetime(0);
+    for _ in 0..2 {
+        gw.post_messages(&gw.key, &message("svc/haiku", "hello", 50))
+            .await
+            .expect_ok();
+    }
+    assert_eq!(mock.token_grants(), (2, 0));
+    // One that lives an hour serves the next turns.
+    mock.report_token_lifetime(3599);
+    for _ in 0..3 {
+        gw.post_messages(&gw.key, &message("svc/haiku", "hello", 50))
+            .await
+            .expect_ok();
+    }
+    assert_eq!(mock.token_grants(), (3, 0));
+    let tokens: Vec<_> = mock
+        .received()
+        .iter()
+        .map(|r| r.headers["authorization"].clone())
+        .collect();
+    assert_eq!(tokens.len(), 5);
+    assert_ne!(tokens[0], tokens[1], "the short-lived token was replaced");
+    assert!(
+        tokens[2..].iter().all(|t| *t == tokens[2]),
+        "the hour's token was kept"
+    );
+}
+
+#[tokio::test]
 async fn a_vertex_quota_or_overload_falls_back_to_the_next_upstream_and_is_a_529_when_none_is_left()
 {
     // RESOURCE_EXHAUSTED (whose retry-after keeps Vertex out of the plans a while: a gateway

@@ -137,11 +137,10 @@ impl Tokens {
                 tracing::warn!("the Google token request timed out");
                 ProviderError::Timeout
             })??;
-        let lifetime = Duration::from_secs(granted.expires_in);
         let token = Secret(granted.access_token);
         *slot.cached.lock().unwrap_or_else(|e| e.into_inner()) = Some(Cached {
             token: token.clone(),
-            replace_at: Instant::now() + lifetime - EARLY.min(lifetime / 2),
+            replace_at: Instant::now() + kept_for(Duration::from_secs(granted.expires_in)),
         });
         Ok(token)
     }
@@ -201,6 +200,13 @@ impl Tokens {
     }
 }
 
+/// How long a token given for `lifetime` is used: until 5 minutes before it expires, or for
+/// half its life when that is shorter (a metadata server may hand out a token it got a while
+/// ago).
+fn kept_for(lifetime: Duration) -> Duration {
+    lifetime - EARLY.min(lifetime / 2)
+}
+
 /// The token request of a service account's key file: its `token_uri`, and the form body
 /// carrying the signed assertion.
 fn assertion(file: &str) -> Result<(String, String), ProviderError> {
@@ -252,4 +258,18 @@ fn client(
         ProviderError::Unavailable
     })?;
     Ok(cell.get_or_init(|| client).clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_replaced_five_minutes_before_it_expires_or_half_way_when_it_lives_less() {
+        let secs = Duration::from_secs;
+        assert_eq!(kept_for(secs(3599)), secs(3299));
+        assert_eq!(kept_for(secs(600)), secs(300));
+        assert_eq!(kept_for(secs(200)), secs(100));
+        assert_eq!(kept_for(secs(0)), secs(0));
+    }
 }
