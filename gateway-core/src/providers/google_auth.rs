@@ -63,6 +63,35 @@ struct Slot {
     cached: Mutex<Option<Cached>>,
     /// Held while a token is fetched: the turns that come meanwhile wait for that one.
     refresh: tokio::sync::Mutex<()>,
+    /// When the last fetch failed, and how: the turns that waited for it fail the same way
+    /// instead of each trying again in turn (behind a token endpoint that is down, the last of
+    /// them would wait for all the others' timeouts).
+    failed: Mutex<Option<(Instant, Failure)>>,
+}
+
+#[derive(Clone, Copy)]
+enum Failure {
+    Timeout,
+    Unavailable,
+    Upstream,
+}
+
+impl Failure {
+    fn of(error: &ProviderError) -> Failure {
+        match error {
+            ProviderError::Timeout => Failure::Timeout,
+            ProviderError::Unavailable => Failure::Unavailable,
+            _ => Failure::Upstream,
+        }
+    }
+
+    fn error(self) -> ProviderError {
+        match self {
+            Failure::Timeout => ProviderError::Timeout,
+            Failure::Unavailable => ProviderError::Unavailable,
+            Failure::Upstream => ProviderError::Upstream,
+        }
+    }
 }
 
 struct Cached {
@@ -126,17 +155,27 @@ impl Tokens {
         if let Some(token) = slot.fresh() {
             return Ok(token);
         }
+        let asked = Instant::now();
         let _refreshing = slot.refresh.lock().await;
         if let Some(token) = slot.fresh() {
             return Ok(token);
         }
+        let failed = *slot.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, failure)) = failed.filter(|(at, _)| *at >= asked) {
+            tracing::debug!(ago = ?at.elapsed(), "the token request this turn waited for failed");
+            return Err(failure.error());
+        }
         let wait = Duration::from_millis(timeouts.first_byte_ms);
-        let granted = tokio::time::timeout(wait, self.fetch(&source.0))
+        let fetched = tokio::time::timeout(wait, self.fetch(&source.0))
             .await
-            .map_err(|_| {
+            .unwrap_or_else(|_| {
                 tracing::warn!("the Google token request timed out");
-                ProviderError::Timeout
-            })??;
+                Err(ProviderError::Timeout)
+            });
+        let granted = fetched.inspect_err(|e| {
+            *slot.failed.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((Instant::now(), Failure::of(e)));
+        })?;
         let token = Secret(granted.access_token);
         *slot.cached.lock().unwrap_or_else(|e| e.into_inner()) = Some(Cached {
             token: token.clone(),
@@ -263,6 +302,53 @@ fn client(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A metadata server that counts the requests it gets and refuses each, slowly.
+    async fn refusing_metadata_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let host = listener.local_addr().expect("an address").to_string();
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = asked.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = [0; 4096];
+                    let _ = socket.read(&mut request).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let _ = socket
+                        .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        (host, asked)
+    }
+
+    #[tokio::test]
+    async fn the_turns_waiting_for_a_token_request_that_fails_fail_with_it_without_asking_again() {
+        let (host, asked) = refusing_metadata_server().await;
+        // This test's process alone reads it (nextest runs each test in a process of its own).
+        std::env::set_var("GCE_METADATA_HOST", &host);
+        let tokens = Tokens::default();
+        let source = Source(Key::Metadata);
+        let turns = (0..5).map(|_| tokens.token(&source, Timeouts::default()));
+        let outcomes = futures::future::join_all(turns).await;
+        assert!(outcomes
+            .iter()
+            .all(|o| matches!(o, Err(ProviderError::Upstream))));
+        assert_eq!(
+            asked.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one request for five turns"
+        );
+        // A turn that comes after the failure asks again.
+        assert!(tokens.token(&source, Timeouts::default()).await.is_err());
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
 
     #[test]
     fn a_token_is_replaced_five_minutes_before_it_expires_or_half_way_when_it_lives_less() {
