@@ -527,6 +527,50 @@ fn is_aws_region(region: &str) -> bool {
         && last.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// The schema's rule for a `vertex` upstream's `region` (`us-east5`, `europe-west1`,
+/// `northamerica-northeast1`, `global`), re-checked for files no API server has seen.
+fn is_google_region(region: &str) -> bool {
+    if region == "global" {
+        return true;
+    }
+    let Some((area, place)) = region.split_once('-') else {
+        return false;
+    };
+    let digits = place.trim_start_matches(|c: char| c.is_ascii_lowercase());
+    !area.is_empty()
+        && area.bytes().all(|b| b.is_ascii_lowercase())
+        && digits.len() < place.len()
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The schema's pattern for `project`: a project id (6 to 30 lowercase letters, digits and
+/// hyphens, starting with a letter, not ending with a hyphen) or a project number.
+fn is_google_project(project: &str) -> bool {
+    let bytes = project.as_bytes();
+    let id = (6..=30).contains(&bytes.len())
+        && bytes[0].is_ascii_lowercase()
+        && bytes[bytes.len() - 1] != b'-'
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    let number = (6..=20).contains(&bytes.len()) && bytes.iter().all(u8::is_ascii_digit);
+    id || number
+}
+
+/// Whether `text` is a service account's JSON key file with what signing a token request
+/// takes; the key itself is parsed by the gateway, which refuses the upstream if it cannot.
+fn is_service_account_key(text: &str) -> bool {
+    let Ok(serde_json::Value::Object(file)) = serde_json::from_str(text) else {
+        return false;
+    };
+    let has = |name: &str| file.get(name).and_then(|v| v.as_str()).is_some();
+    file.get("type").and_then(|v| v.as_str()) == Some("service_account")
+        && has("client_email")
+        && has("private_key")
+        && has("token_uri")
+}
+
 /// A route's batch price ratio in millionths, which must be more than 0 and at most 1.
 fn batch_price_per_million(resource: &ResourceRef, ratio: f64, problems: &mut Problems) -> u32 {
     const MILLION: f64 = 1_000_000.0;
@@ -556,27 +600,67 @@ fn compile_upstream(
         Provider::Anthropic => (ProviderKind::Anthropic, Some("anthropic")),
         Provider::Openai => (ProviderKind::Openai, Some("openai")),
         Provider::AzureOpenai => (ProviderKind::AzureOpenai, Some("azure-openai")),
-        // Its endpoint defaults to the region's.
+        // Their endpoints default to the region's.
         Provider::Bedrock => (ProviderKind::Bedrock, None),
         // Its endpoint defaults to Google's (`providers::gemini`).
         Provider::Gemini => (ProviderKind::Gemini, None),
+        Provider::Vertex => (ProviderKind::Vertex, None),
         Provider::Simulated => (ProviderKind::Simulated, None),
     };
     let bedrock = provider == ProviderKind::Bedrock;
+    let vertex = provider == ProviderKind::Vertex;
     match &upstream.region {
-        None if bedrock => problems.add(
+        None if bedrock || vertex => problems.add(
             resource,
-            format!("{field}: region is required for the bedrock provider"),
+            format!(
+                "{field}: region is required for the {} provider",
+                provider.as_str()
+            ),
         ),
-        Some(_) if !bedrock => problems.add(
+        Some(_) if !bedrock && !vertex => problems.add(
             resource,
-            format!("{field}: region is only for the bedrock provider"),
+            format!("{field}: region is only for the bedrock and vertex providers"),
         ),
-        Some(region) if !is_aws_region(region) => problems.add(
+        Some(region) if bedrock && !is_aws_region(region) => problems.add(
             resource,
             format!("{field}: region {region:?} must be an AWS region such as us-east-1"),
         ),
+        Some(region) if vertex && !is_google_region(region) => problems.add(
+            resource,
+            format!(
+                "{field}: region {region:?} must be a Google Cloud region such as us-east5, or global"
+            ),
+        ),
         _ => {}
+    }
+    match &upstream.project {
+        None if vertex => problems.add(
+            resource,
+            format!("{field}: project is required for the vertex provider"),
+        ),
+        Some(_) if !vertex => problems.add(
+            resource,
+            format!("{field}: project is only for the vertex provider"),
+        ),
+        Some(project) if !is_google_project(project) => problems.add(
+            resource,
+            format!("{field}: project {project:?} must be a Google Cloud project id or number"),
+        ),
+        _ => {}
+    }
+    if !vertex && upstream.google_credentials_secret_ref.is_some() {
+        problems.add(
+            resource,
+            format!("{field}: googleCredentialsSecretRef is only for the vertex provider"),
+        );
+    }
+    if vertex && upstream.api_key_secret_ref.is_some() {
+        problems.add(
+            resource,
+            format!(
+                "{field}: apiKeySecretRef is not for the vertex provider: use googleCredentialsSecretRef"
+            ),
+        );
     }
     if !bedrock && upstream.aws_credentials_secret_ref.is_some() {
         problems.add(
@@ -658,6 +742,30 @@ fn compile_upstream(
             session_token,
         })
     });
+    let google_credentials = upstream
+        .google_credentials_secret_ref
+        .as_ref()
+        .and_then(|r| {
+            secrets
+                .resolve(namespace, r)
+                .and_then(|key| {
+                    if is_service_account_key(key.expose()) {
+                        return Ok(key);
+                    }
+                    Err(format!(
+                        "the key {} of Secret {} is not a service account's JSON key file \
+                     (type service_account, client_email, private_key, token_uri)",
+                        r.key, r.name
+                    ))
+                })
+                .map_err(|reason| {
+                    problems.add(
+                        resource,
+                        format!("{field}: googleCredentialsSecretRef: {reason}"),
+                    )
+                })
+                .ok()
+        });
     let defaults = Timeouts::default();
     let TimeoutsSpec {
         connect_ms,
@@ -676,6 +784,8 @@ fn compile_upstream(
         api_version: upstream.api_version.clone(),
         region: upstream.region.clone(),
         aws_credentials,
+        project: upstream.project.clone(),
+        google_credentials,
         api_key,
         weight: problems.at_least_one(resource, &format!("{field}: weight"), upstream.weight),
         timeouts: Timeouts {

@@ -142,12 +142,20 @@ pub struct Upstream {
     /// The `api-version` an `azure-openai` upstream is called with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_version: Option<String>,
-    /// The AWS region a `bedrock` upstream is signed for (and whose endpoint is the default).
+    /// The AWS region a `bedrock` upstream is signed for, or the Google Cloud region a
+    /// `vertex` upstream is served in (whose endpoint is the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
     /// A `bedrock` upstream's credentials; `None`: the gateway's environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws_credentials: Option<AwsCredentials>,
+    /// The Google Cloud project a `vertex` upstream's calls are made in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// A `vertex` upstream's service-account key file (JSON); `None`: the metadata server's
+    /// token (GKE Workload Identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub google_credentials: Option<Secret>,
     pub api_key: Option<Secret>,
     pub weight: u32,
     pub timeouts: Timeouts,
@@ -167,6 +175,7 @@ pub enum ProviderKind {
     AzureOpenai,
     Bedrock,
     Gemini,
+    Vertex,
     Simulated,
 }
 
@@ -179,6 +188,7 @@ impl ProviderKind {
             Self::AzureOpenai => "azure-openai",
             Self::Bedrock => "bedrock",
             Self::Gemini => "gemini",
+            Self::Vertex => "vertex",
             Self::Simulated => "simulated",
         }
     }

@@ -285,8 +285,8 @@ pub struct PricingSpec {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "self.provider in ['simulated', 'bedrock', 'gemini'] || has(self.baseUrl)",
-        "message": "baseUrl is required for every provider but simulated, bedrock and gemini"
+        "rule": "self.provider in ['simulated', 'bedrock', 'gemini', 'vertex'] || has(self.baseUrl)",
+        "message": "baseUrl is required for every provider but simulated, bedrock, gemini and vertex"
     },
     {
         "rule": "self.provider != 'gemini' || has(self.apiKeySecretRef)",
@@ -297,8 +297,28 @@ pub struct PricingSpec {
         "message": "apiVersion is required for the azure-openai provider, and only for it"
     },
     {
-        "rule": "(self.provider == 'bedrock') == has(self.region)",
-        "message": "region is required for the bedrock provider, and only for it"
+        "rule": "(self.provider in ['bedrock', 'vertex']) == has(self.region)",
+        "message": "region is required for the bedrock and vertex providers, and only for them"
+    },
+    {
+        "rule": "self.provider != 'bedrock' || !has(self.region) || self.region.matches('^[a-z]{2}(-[a-z]+)+-[0-9]+$')",
+        "message": "region must be an AWS region such as us-east-1 for the bedrock provider"
+    },
+    {
+        "rule": "self.provider != 'vertex' || !has(self.region) || self.region.matches('^(global|[a-z]+-[a-z]+[0-9]+)$')",
+        "message": "region must be a Google Cloud region such as us-east5, or global, for the vertex provider"
+    },
+    {
+        "rule": "(self.provider == 'vertex') == has(self.project)",
+        "message": "project is required for the vertex provider, and only for it"
+    },
+    {
+        "rule": "self.provider == 'vertex' || !has(self.googleCredentialsSecretRef)",
+        "message": "googleCredentialsSecretRef is only for the vertex provider"
+    },
+    {
+        "rule": "self.provider != 'vertex' || !has(self.apiKeySecretRef)",
+        "message": "apiKeySecretRef is not for the vertex provider: use googleCredentialsSecretRef"
     },
     {
         "rule": "self.provider == 'bedrock' || !has(self.awsCredentialsSecretRef)",
@@ -323,9 +343,12 @@ pub struct UpstreamSpec {
     /// OpenAI resource's endpoint `https://RESOURCE.openai.azure.com`
     /// (+ `/openai/deployments/{model}/chat/completions`, `model` being the deployment name).
     /// Optional for `bedrock` (default `https://bedrock-runtime.{region}.amazonaws.com`; a VPC
-    /// endpoint, + `/model/{model}/invoke-with-response-stream`). Optional for `gemini`
+    /// endpoint, + `/model/{model}/invoke-with-response-stream`), `gemini`
     /// (default `https://generativelanguage.googleapis.com`,
-    /// + `/v1beta/models/{model}:streamGenerateContent`).
+    /// + `/v1beta/models/{model}:streamGenerateContent`) and `vertex` (default
+    /// `https://{region}-aiplatform.googleapis.com`, `https://aiplatform.googleapis.com` for
+    /// `global`; + `/v1/projects/{project}/locations/{region}/publishers/anthropic/models/
+    /// {model}:streamRawPredict`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^https?://"))]
     pub base_url: Option<String>,
@@ -334,11 +357,23 @@ pub struct UpstreamSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?$"))]
     pub api_version: Option<String>,
-    /// Required for `bedrock`, and only there: the AWS region the calls are signed for and
-    /// whose endpoint is the default, e.g. `us-east-1`.
+    /// Required for `bedrock` and `vertex`, and only there: the AWS region the calls are
+    /// signed for (e.g. `us-east-1`), or the Google Cloud region the model is served in (e.g.
+    /// `us-east5`, or `global`); its endpoint is the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"))]
+    #[schemars(regex(pattern = r"^[a-z0-9]+(-[a-z0-9]+)*$"), length(max = 64))]
     pub region: Option<String>,
+    /// Required for `vertex`, and only there: the Google Cloud project (its id, or its
+    /// number) whose Vertex AI quota and billing serve the calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{6,20})$"))]
+    pub project: Option<String>,
+    /// A `vertex` upstream's Google credentials: the key of a Secret holding a service
+    /// account's JSON key file (`{"type": "service_account", ...}`); the gateway signs a token
+    /// request with it at the file's `token_uri`. Without it the gateway takes its Pod's
+    /// service account from the metadata server (GKE Workload Identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub google_credentials_secret_ref: Option<SecretKeyRef>,
     /// A `bedrock` upstream's AWS credentials: a Secret with the keys `accessKeyId`,
     /// `secretAccessKey` and optionally `sessionToken`. Without it the gateway signs with the
     /// standard environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
@@ -387,6 +422,9 @@ pub enum Provider {
     /// The Gemini API (`generativelanguage.googleapis.com`): `streamGenerateContent` with the
     /// `x-goog-api-key` header, the conversation translated to Gemini's contents.
     Gemini,
+    /// Claude on Google Vertex AI: the Messages body through `:streamRawPredict`, with an
+    /// OAuth access token of a service account.
+    Vertex,
     Simulated,
 }
 

@@ -259,12 +259,69 @@ fn a_region_or_aws_credentials_are_refused_on_other_providers() {
     });
     let mut with_region = anthropic.clone();
     with_region["region"] = json!("us-east-1");
-    assert_refused(with_upstream(with_region), "only for it");
+    assert_refused(with_upstream(with_region), "only for them");
     let mut with_credentials = anthropic;
     with_credentials["awsCredentialsSecretRef"] = json!({"name": "aws"});
     assert_refused(
         with_upstream(with_credentials),
         "awsCredentialsSecretRef is only for the bedrock provider",
+    );
+}
+
+#[test]
+fn a_vertex_upstream_needs_its_project_and_region_and_no_api_key() {
+    let vertex = json!({
+        "name": "vertex", "provider": "vertex", "model": "claude-sonnet-4@20250514",
+        "project": "acme-llm", "region": "us-east5",
+        "googleCredentialsSecretRef": {"name": "sa", "key": "key.json"},
+    });
+    assert_eq!(
+        refusals(&with_upstream(vertex.clone())),
+        Vec::<String>::new()
+    );
+    let mut global = vertex.clone();
+    global["region"] = json!("global");
+    assert_eq!(refusals(&with_upstream(global)), Vec::<String>::new());
+    for (field, refusal) in [
+        ("project", "project is required"),
+        ("region", "region is required"),
+    ] {
+        let mut without = vertex.clone();
+        without.as_object_mut().map(|o| o.remove(field));
+        assert_refused(with_upstream(without), refusal);
+    }
+    let mut aws_region = vertex.clone();
+    aws_region["region"] = json!("us-east-1");
+    assert_refused(with_upstream(aws_region), "must be a Google Cloud region");
+    let mut with_key = vertex.clone();
+    with_key["apiKeySecretRef"] = json!({"name": "k", "key": "apiKey"});
+    assert_refused(with_upstream(with_key), "use googleCredentialsSecretRef");
+
+    // A Google region on bedrock is not an AWS one.
+    let bedrock = json!({
+        "name": "bedrock", "provider": "bedrock",
+        "model": "anthropic.claude-sonnet-4-20250514-v1:0", "region": "us-east5",
+    });
+    assert_refused(with_upstream(bedrock), "must be an AWS region");
+}
+
+#[test]
+fn a_project_or_google_credentials_are_refused_on_other_providers() {
+    let anthropic = json!({
+        "name": "a", "provider": "anthropic", "model": "claude",
+        "baseUrl": "https://api.anthropic.com",
+    });
+    let mut with_project = anthropic.clone();
+    with_project["project"] = json!("acme-llm");
+    assert_refused(
+        with_upstream(with_project),
+        "project is required for the vertex provider, and only for it",
+    );
+    let mut with_credentials = anthropic;
+    with_credentials["googleCredentialsSecretRef"] = json!({"name": "sa", "key": "key.json"});
+    assert_refused(
+        with_upstream(with_credentials),
+        "googleCredentialsSecretRef is only for the vertex provider",
     );
 }
 

@@ -441,8 +441,117 @@ fn a_bedrock_upstream_without_a_region_or_with_an_api_key_is_rejected_and_a_regi
     upstream.aws_credentials_secret_ref = Some(crds::resources::SecretRef { name: "aws".into() });
     let messages = rejections(&m);
     for needle in [
-        "region is only for the bedrock provider",
+        "region is only for the bedrock and vertex providers",
         "awsCredentialsSecretRef is only for the bedrock provider",
+    ] {
+        assert!(
+            messages.iter().any(|m| m.contains(needle)),
+            "{needle}: {messages:#?}"
+        );
+    }
+}
+
+fn kimi_on_vertex(m: &mut crds::manifests::Manifests) {
+    let upstream = &mut route(m, "svc/kimi").spec.upstreams[0];
+    upstream.provider = Provider::Vertex;
+    upstream.model = "claude-sonnet-4@20250514".into();
+    upstream.region = Some("europe-west1".into());
+    upstream.project = Some("acme-llm".into());
+    upstream.api_key_secret_ref = None;
+    upstream.base_url = None;
+    upstream.google_credentials_secret_ref = Some(crds::resources::SecretKeyRef {
+        name: "vertex-sa".into(),
+        key: "key.json".into(),
+    });
+}
+
+fn google_secret(key_file: &str) -> k8s_openapi::api::core::v1::Secret {
+    let mut secret = k8s_openapi::api::core::v1::Secret::default();
+    secret.metadata.name = Some("vertex-sa".into());
+    secret.string_data = Some([("key.json".to_owned(), key_file.to_owned())].into());
+    secret
+}
+
+const KEY_FILE: &str = r#"{"type": "service_account", "project_id": "acme-llm",
+    "private_key": "-----BEGIN PRIVATE KEY-----\nnot a real key\n-----END PRIVATE KEY-----\n",
+    "client_email": "gw@acme-llm.iam.gserviceaccount.com",
+    "token_uri": "https://oauth2.googleapis.com/token"}"#;
+
+#[test]
+fn a_vertex_upstream_compiles_with_its_project_region_and_key_file_and_needs_no_base_url() {
+    let mut m = standalone();
+    kimi_on_vertex(&mut m);
+    m.secrets.push(google_secret(KEY_FILE));
+    let config = compiles(&m);
+    let Route::Upstreams(upstreams) = &config.models["svc/kimi"].route else {
+        panic!("svc/kimi is not routed to upstreams");
+    };
+    let upstream = &upstreams[0];
+    assert_eq!(upstream.provider, ProviderKind::Vertex);
+    assert_eq!(
+        upstream.provider.as_str(),
+        "vertex",
+        "as the ledger spells it"
+    );
+    assert_eq!(upstream.project.as_deref(), Some("acme-llm"));
+    assert_eq!(upstream.region.as_deref(), Some("europe-west1"));
+    assert_eq!(upstream.base_url, None);
+    assert_eq!(
+        upstream.google_credentials.as_ref().map(|k| k.expose()),
+        Some(KEY_FILE)
+    );
+
+    // Without a key file: the metadata server's token.
+    route(&mut m, "svc/kimi").spec.upstreams[0].google_credentials_secret_ref = None;
+    let config = compiles(&m);
+    let Route::Upstreams(upstreams) = &config.models["svc/kimi"].route else {
+        panic!("svc/kimi is not routed to upstreams");
+    };
+    assert!(upstreams[0].google_credentials.is_none());
+}
+
+#[test]
+fn a_vertex_upstream_without_a_project_or_region_or_with_no_key_file_is_rejected() {
+    let mut m = standalone();
+    kimi_on_vertex(&mut m);
+    m.secrets.push(google_secret(KEY_FILE));
+    route(&mut m, "svc/kimi").spec.upstreams[0].project = None;
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "project is required for the vertex provider",
+    );
+    kimi_on_vertex(&mut m);
+    route(&mut m, "svc/kimi").spec.upstreams[0].region = None;
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "region is required for the vertex provider",
+    );
+    route(&mut m, "svc/kimi").spec.upstreams[0].region = Some("eu-west-3".into());
+    assert_rejected(&m, "ModelRoute svc-kimi:", "must be a Google Cloud region");
+
+    let mut m = standalone();
+    kimi_on_vertex(&mut m);
+    m.secrets
+        .push(google_secret(r#"{"type": "authorized_user"}"#));
+    assert_rejected(
+        &m,
+        "ModelRoute svc-kimi:",
+        "is not a service account's JSON key file",
+    );
+
+    let mut m = standalone();
+    let upstream = &mut route(&mut m, "svc/kimi").spec.upstreams[0];
+    upstream.project = Some("acme-llm".into());
+    upstream.google_credentials_secret_ref = Some(crds::resources::SecretKeyRef {
+        name: "vertex-sa".into(),
+        key: "key.json".into(),
+    });
+    let messages = rejections(&m);
+    for needle in [
+        "project is only for the vertex provider",
+        "googleCredentialsSecretRef is only for the vertex provider",
     ] {
         assert!(
             messages.iter().any(|m| m.contains(needle)),

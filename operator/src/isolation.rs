@@ -71,7 +71,11 @@ pub fn route_secrets(route: &ModelRoute) -> impl Iterator<Item = &str> {
             .aws_credentials_secret_ref
             .as_ref()
             .map(|r| r.name.as_str());
-        api_key.into_iter().chain(aws)
+        let google = upstream
+            .google_credentials_secret_ref
+            .as_ref()
+            .map(|r| r.name.as_str());
+        api_key.into_iter().chain(aws).chain(google)
     })
 }
 
@@ -328,6 +332,28 @@ mod tests {
         let outcome = run(&manifests, &LastGood::default());
         let haiku = &outcome.faults[&route_ref("svc-haiku")];
         assert_eq!(haiku.problems, [unreadable("bedrock-keys")], "{haiku:?}");
+    }
+
+    #[test]
+    fn a_vertex_routes_service_account_secret_is_one_the_operator_must_be_allowed_to_read() {
+        let mut manifests = standalone();
+        for route in &mut manifests.routes {
+            if route.metadata.name.as_deref() == Some("svc-haiku") {
+                let upstream = &mut route.spec.upstreams[0];
+                upstream.provider = crds::resources::Provider::Vertex;
+                upstream.region = Some("us-east5".into());
+                upstream.project = Some("acme-llm".into());
+                upstream.api_key_secret_ref = None;
+                upstream.google_credentials_secret_ref = Some(crds::resources::SecretKeyRef {
+                    name: "vertex-sa".into(),
+                    key: "key.json".into(),
+                });
+                assert_eq!(route_secrets(route).collect::<Vec<_>>(), ["vertex-sa"]);
+            }
+        }
+        let outcome = run(&manifests, &LastGood::default());
+        let haiku = &outcome.faults[&route_ref("svc-haiku")];
+        assert_eq!(haiku.problems, [unreadable("vertex-sa")], "{haiku:?}");
     }
 
     #[test]

@@ -241,7 +241,7 @@ def png_base64() -> str:
     return base64.b64encode(tiny_png()).decode("ascii")
 
 
-@pytest.fixture(scope="module", params=["anthropic", "openai", "azure-openai", "bedrock", "gemini"])
+@pytest.fixture(scope="module", params=["anthropic", "openai", "azure-openai", "bedrock", "gemini", "vertex"])
 def routed(request, tmp_path_factory) -> Iterator[tuple[str, str, MockUpstream]]:
     """(adapter, gateway URL, mock) for a gateway routing every model through `adapter` to a
     scripted mock upstream (`mock_upstream.py`); one per test module."""

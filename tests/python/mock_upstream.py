@@ -7,13 +7,20 @@ does (a mismatch gets Azure's 401 or 404), with Azure's content-filter results; 
 Amazon Bedrock (`POST /model/{modelId}/invoke`, JSON, and `/invoke-with-response-stream`, the AWS
 event stream with its prelude and message CRCs), which recomputes each request's SigV4 signature
 with botocore's `SigV4Auth` from the known test keys and refuses a mismatch with Bedrock's 403
-`InvalidSignatureException`, as `tests/src/bedrock.rs` does; and the Gemini API
+`InvalidSignatureException`, as `tests/src/bedrock.rs` does; the Gemini API
 (`POST /v1beta/models/{model}:generateContent`, JSON, and `:streamGenerateContent?alt=sse`), which
 checks the `x-goog-api-key` header (none: Google's 403 `PERMISSION_DENIED`; a wrong one: its 400
 `API_KEY_INVALID`), the model and the body's shape (unknown fields, roles, parts with one datum,
-schema types) and refuses a mismatch with Google's error JSON, as `tests/src/gemini.rs` does. Both OpenAI formats also serve
-embeddings (`POST /v1/embeddings`, `/openai/deployments/{deployment}/embeddings`) as OpenAI does:
-one vector per input of the request's `dimensions` (8 by default), float or base64, and
+schema types) and refuses a mismatch with Google's error JSON, as `tests/src/gemini.rs` does; and
+Claude on Google Vertex AI (`POST /v1/projects/{p}/locations/{r}/publishers/anthropic/models/
+{model}:streamRawPredict`, the Messages SSE, and `:rawPredict`, JSON) with Google's token
+endpoints, as `tests/src/vertex.rs`: `POST /token` verifies the service account's RS256 JWT
+(PyJWT on `cryptography`, against the public half of the key pair the mock generates when it
+starts), its audience, issuer, scope and expiry, and refuses a bad one with Google's 400
+`invalid_grant`; the metadata server's token wants `Metadata-Flavor: Google`; Vertex refuses a
+missing, unknown or expired bearer token with 401 `UNAUTHENTICATED`. Both OpenAI formats also
+serve embeddings (`POST /v1/embeddings`, `/openai/deployments/{deployment}/embeddings`) as OpenAI
+does: one vector per input of the request's `dimensions` (8 by default), float or base64, and
 `EMBEDDING_TOKENS_PER_INPUT` prompt tokens per input (as tests/src/upstream.rs).
 
 Each test queues replies (`push`); requests take them in arrival order and are recorded
@@ -26,9 +33,11 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import shutil
 import struct
 import threading
+import time
 import zlib
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +47,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import botocore.auth
 import botocore.awsrequest
 import botocore.credentials
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 UPSTREAM_MODEL = "upstream-model-zq7"
 UPSTREAM_KEY = "upstream-secret-key-8812"
@@ -78,6 +90,16 @@ def embeddings_json(body: dict) -> tuple[int, dict]:
     tokens = EMBEDDING_TOKENS_PER_INPUT * len(inputs)
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return 200, {"object": "list", "data": data, "model": body.get("model", UPSTREAM_MODEL), "usage": usage}
+# Vertex AI, as tests/src/vertex.rs.
+VERTEX_REGION = "us-east5"
+VERTEX_PROJECT = "mock-project-zq7"
+VERTEX_MODEL_ID = "upstream-model-zq7@20250101"
+VERTEX_VERSION = "vertex-2023-10-16"
+VERTEX_PREFIX = "/v1/projects/"
+GOOGLE_CLIENT_EMAIL = "gateway@mock-project-zq7.iam.gserviceaccount.com"
+GOOGLE_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+METADATA_TOKEN = "/computeMetadata/v1/instance/service-accounts/default/token"
 
 
 # The output tokens every reply counts, when max_tokens leaves room for them.
@@ -319,6 +341,18 @@ def gemini_events(blocks: list[tuple], max_tokens: int | None = None) -> list[by
     last["finishReason"] = candidate["finishReason"]
     out.append(_sse({"candidates": [last], "usageMetadata": whole["usageMetadata"], "modelVersion": UPSTREAM_MODEL}))
     return out
+def private_pem(key: rsa.RSAPrivateKey) -> str:
+    """A private key as a service account's key file holds it (PKCS#8 PEM)."""
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    return key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption()).decode()
+
+
+def _google_error(status: int, state: str, message: str) -> tuple[int, dict]:
+    return status, {"error": {"code": status, "status": state, "message": f"vertex (google): {message}"}}
+
+
+def _is_dated(version: str) -> bool:
+    return len(version) == 10 and all(c == "-" if i in (4, 7) else c.isdigit() for i, c in enumerate(version))
 
 
 def _frame(headers: dict[str, str], payload: bytes) -> bytes:
@@ -432,23 +466,96 @@ class MockUpstream:
         # The headers of each request, in the same order.
         self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
+        # The test service account's key pair, made for this mock (no key is kept in the repository).
+        self.google_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        # Access token -> expiry (epoch seconds); and the grants of each kind.
+        self.tokens: dict[str, float] = {}
+        self.token_grants = {"key_file": 0, "metadata": 0, "refused": 0}
         mock = self
+
+        def grant(kind: str) -> dict:
+            token = f"ya29.mock-{kind}-{secrets.token_hex(8)}"
+            with mock._lock:
+                mock.tokens[token] = time.time() + 3599
+                mock.token_grants[kind] += 1
+            return {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
+
+        def token_refusal(raw: bytes, host: str) -> dict | None:
+            """Google's checks of a service account's JWT bearer grant; `None` when it passes."""
+            form = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+            if form.get("grant_type") != JWT_BEARER:
+                return {"error": "unsupported_grant_type", "error_description": "google oauth2: Invalid grant_type"}
+            try:
+                claims = jwt.decode(
+                    form.get("assertion", ""),
+                    mock.google_key.public_key(),
+                    algorithms=["RS256"],
+                    audience=f"http://{host}/token",
+                    issuer=GOOGLE_CLIENT_EMAIL,
+                    options={"require": ["exp", "iat", "aud", "iss"]},
+                )
+            except jwt.InvalidTokenError as e:
+                description = f"google oauth2: Invalid JWT: {type(e).__name__}"
+                return {"error": "invalid_grant", "error_description": description}
+            if claims["exp"] - claims["iat"] > 3600 or GOOGLE_SCOPE not in str(claims.get("scope", "")).split():
+                return {"error": "invalid_grant", "error_description": "google oauth2: Invalid JWT claims"}
+            return None
+
+        def vertex_refusal(path: str, headers, body) -> tuple[int, dict] | None:
+            """Vertex's checks: the bearer token, the project and region, the model, the body."""
+            token = headers.get("authorization", "").removeprefix("Bearer ")
+            with mock._lock:
+                valid = mock.tokens.get(token, 0) > time.time()
+            if not valid:
+                return _google_error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")
+            parts = path.split("?")[0].strip("/").split("/")
+            if parts[2:3] != [VERTEX_PROJECT] or parts[4:5] != [VERTEX_REGION]:
+                return _google_error(403, "PERMISSION_DENIED", "Permission 'aiplatform.endpoints.predict' denied")
+            model = unquote(parts[-1].rpartition(":")[0])
+            if parts[5:7] != ["publishers", "anthropic"] or model != VERTEX_MODEL_ID:
+                return _google_error(404, "NOT_FOUND", "Publisher Model was not found")
+            if "model" in body:
+                return _google_error(400, "INVALID_ARGUMENT", "model: Extra inputs are not permitted")
+            version = body.get("anthropic_version", "")
+            if version != VERTEX_VERSION and not _is_dated(version):
+                return _google_error(400, "INVALID_ARGUMENT", f"anthropic_version: Input should be '{VERTEX_VERSION}'")
+            return None
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def do_GET(self) -> None:  # noqa: N802 (the http.server naming)
+                if self.path != METADATA_TOKEN or self.headers.get("metadata-flavor") != "Google":
+                    with mock._lock:
+                        mock.token_grants["refused"] += 1
+                    self._send(403, "text/plain", [b"google metadata: Missing required header: Metadata-Flavor"])
+                    return
+                self._send(200, "application/json", [json.dumps(grant("metadata")).encode()])
+
             def do_POST(self) -> None:  # noqa: N802 (the http.server naming)
                 raw = self.rfile.read(int(self.headers.get("content-length", "0")))
+                if self.path == "/token":
+                    refused = token_refusal(raw, self.headers.get("host", ""))
+                    if refused is not None:
+                        with mock._lock:
+                            mock.token_grants["refused"] += 1
+                        self._send(400, "application/json", [json.dumps(refused).encode()])
+                        return
+                    self._send(200, "application/json", [json.dumps(grant("key_file")).encode()])
+                    return
                 body = json.loads(raw or b"null")
                 with mock._lock:
                     mock.received.append((self.path, body))
                     mock.headers.append({k.lower(): v for k, v in self.headers.items()})
                 azure = self.path.startswith(AZURE_PREFIX)
                 bedrock = self.path.startswith(BEDROCK_PREFIX)
+                vertex = self.path.startswith(VERTEX_PREFIX)
                 refusal = azure_refusal(self.path, self.headers) if azure else None
                 gemini = self.path.startswith(GEMINI_PREFIX)
                 if gemini:
                     refusal = gemini_refusal(self.path, self.headers, body)
+                if vertex:
+                    refusal = vertex_refusal(self.path, self.headers, body)
                 if bedrock:
                     refused = bedrock_refusal(self.path, self.headers, raw, body)
                     if refused is not None:
@@ -482,7 +589,13 @@ class MockUpstream:
                 if gemini:
                     self._send(200, "text/event-stream", gemini_events(blocks, max_tokens))
                     return
-                if self.path.endswith("/messages"):
+                if vertex and self.path.endswith(":rawPredict"):
+                    answer = json.dumps(anthropic_json(blocks, UPSTREAM_MODEL, max_tokens)).encode()
+                    self._send(200, "application/json", [answer])
+                    return
+                if vertex:
+                    events = anthropic_events(blocks, UPSTREAM_MODEL, max_tokens)
+                elif self.path.endswith("/messages"):
                     events = anthropic_events(blocks, model, max_tokens)
                 elif azure and not body.get("stream"):
                     answer = azure_json(blocks, UPSTREAM_MODEL, max_tokens)
@@ -512,6 +625,18 @@ class MockUpstream:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def key_file(self, *, key: rsa.RSAPrivateKey | None = None) -> dict:
+        """A service account's JSON key file whose `token_uri` is this mock's (with its key, or another)."""
+        return {
+            "type": "service_account",
+            "project_id": VERTEX_PROJECT,
+            "private_key_id": "0123456789abcdef0123456789abcdef01234567",
+            "private_key": private_pem(key or self.google_key),
+            "client_email": GOOGLE_CLIENT_EMAIL,
+            "client_id": "100000000000000000001",
+            "token_uri": f"{self.url}/token",
+        }
 
     def push(self, *replies: list[tuple]) -> None:
         with self._lock:
@@ -545,6 +670,12 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
         model = f'"{BEDROCK_MODEL_ID}"'
         credentials = (
             f"      region: {BEDROCK_REGION}\n      awsCredentialsSecretRef:\n        name: mock-aws-credentials\n"
+        )
+    elif provider == "vertex":
+        model = f'"{VERTEX_MODEL_ID}"'
+        credentials = (
+            f"      region: {VERTEX_REGION}\n      project: {VERTEX_PROJECT}\n"
+            "      googleCredentialsSecretRef:\n        name: mock-google-sa\n        key: key.json\n"
         )
     else:
         model = UPSTREAM_MODEL
@@ -580,7 +711,12 @@ def routed_manifests(repo_root: Path, target: Path, provider: str, mock: MockUps
         f"  accessKeyId: {AWS_ACCESS_KEY_ID}\n  secretAccessKey: {AWS_SECRET_ACCESS_KEY}\n"
         f"  sessionToken: {AWS_SESSION_TOKEN}\n"
     )
-    (target / "secrets.yaml").write_text(secret + f"stringData:\n  apiKey: {UPSTREAM_KEY}\n" + aws)
+    # A key file is JSON, which YAML reads as a flow mapping: quoted whole, it stays a string.
+    google = (
+        "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: mock-google-sa\ntype: Opaque\nstringData:\n"
+        f"  key.json: '{json.dumps(mock.key_file())}'\n"
+    )
+    (target / "secrets.yaml").write_text(secret + f"stringData:\n  apiKey: {UPSTREAM_KEY}\n" + aws + google)
     return target
 
 

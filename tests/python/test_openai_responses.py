@@ -270,9 +270,9 @@ def test_a_streamed_tool_loop_runs_through_each_adapter(routed):
     assert second.output_text == "Sunny in Oslo."
     assert second.model == MODEL
     sent = mock.last_body()
-    # Bedrock and Gemini name the model in their paths (test_upstream_adapters.py checks it).
+    # Bedrock, Gemini and Vertex name the model in their paths (test_upstream_adapters.py checks it).
     assert sent.get("model", UPSTREAM_MODEL) == UPSTREAM_MODEL
-    if adapter in ("anthropic", "bedrock"):
+    if adapter in ("anthropic", "bedrock", "vertex"):
         assert sent["messages"][2]["content"][0]["tool_use_id"] == call.call_id
     elif adapter == "gemini":
         response = {"name": "get_weather", "response": {"content": "sunny"}}

@@ -1,8 +1,8 @@
 """The official SDKs carry a multi-turn, tool-using, streamed conversation through each upstream
 adapter: a gateway whose models are all routed to a scripted mock upstream (`mock_upstream.py`)
-through the `anthropic`, the `openai`, the `azure-openai`, the `bedrock` or the `gemini` adapter.
-The mock answers the first turn with a tool call and the second, after the tool result, with
-text.
+through the `anthropic`, the `openai`, the `azure-openai`, the `bedrock`, the `gemini` or the
+`vertex` adapter. The mock answers the first turn with a tool call and the second, after the tool
+result, with text.
 
 Before that, the mocks themselves are checked with the provider's own client where the wire
 format is not the one the gateway serves: `openai`'s `AzureOpenAI` against both the Python
@@ -32,6 +32,10 @@ from mock_upstream import (
     EMBEDDING_TOKENS_PER_INPUT,
     GEMINI_PREFIX,
     UPSTREAM_KEY,
+    VERTEX_MODEL_ID,
+    VERTEX_PREFIX,
+    VERTEX_PROJECT,
+    VERTEX_REGION,
     UPSTREAM_MODEL,
     MockUpstream,
 )
@@ -40,9 +44,9 @@ from support import WEATHER_SCHEMA
 MODEL = "svc/sonnet"
 TOOL_INPUT = {"city": "Oslo", "days": 2, "metric": True}
 ANSWER = "Sunny in Oslo for two days."
-LEAKS = ("anthropic", "openai", "azure", "bedrock", "amazon", "gemini", "googleapis", UPSTREAM_MODEL, UPSTREAM_KEY)
-# The wire formats: Bedrock's body is the Messages API's.
-MESSAGES_FORMAT = ("anthropic", "bedrock")
+LEAKS = ("anthropic", "openai", "azure", "bedrock", "amazon", "gemini", "vertex", "google", UPSTREAM_MODEL, UPSTREAM_KEY)
+# The wire formats: Bedrock's and Vertex's bodies are the Messages API's.
+MESSAGES_FORMAT = ("anthropic", "bedrock", "vertex")
 
 
 def assert_clean(payload: str) -> None:
@@ -65,12 +69,20 @@ def assert_azure_call(adapter: str, mock: MockUpstream) -> None:
 def assert_upstream_model(adapter: str, mock: MockUpstream) -> None:
     """The upstream's own model name went out: in the body, or for Bedrock in the path (escaped
     as one segment), with a SigV4 signature the mock checked and the Messages body Bedrock takes; for
-    Gemini in the path too, with the key in `x-goog-api-key`."""
+    Gemini in the path too, with the key in `x-goog-api-key`; for Vertex in the path with the
+    project and region, with a token from the mock's token endpoint."""
     if adapter == "gemini":
         path, headers = mock.last_path(), mock.last_headers()
         assert path == f"{GEMINI_PREFIX}{UPSTREAM_MODEL}:streamGenerateContent?alt=sse", path
         assert headers["x-goog-api-key"] == UPSTREAM_KEY and "authorization" not in headers
         assert "model" not in mock.last_body()
+        return
+    if adapter == "vertex":
+        path, headers, sent = mock.last_path(), mock.last_headers(), mock.last_body()
+        models = f"{VERTEX_PREFIX}{VERTEX_PROJECT}/locations/{VERTEX_REGION}/publishers/anthropic/models"
+        assert path == f"{models}/{VERTEX_MODEL_ID}:streamRawPredict", path
+        assert headers["authorization"].startswith("Bearer ya29.mock-key_file-")
+        assert sent["anthropic_version"] == "vertex-2023-10-16" and "model" not in sent and sent["stream"] is True
         return
     if adapter != "bedrock":
         assert mock.last_body()["model"] == UPSTREAM_MODEL

@@ -73,6 +73,7 @@ pub mod sse;
 pub mod stripe;
 pub mod tls;
 pub mod upstream;
+pub mod vertex;
 pub mod visitor;
 
 pub use bodies::*;

@@ -9,12 +9,15 @@
 //! `openai` SDK's `AzureOpenAI` client); and Claude on Amazon Bedrock
 //! (`POST /model/{modelId}/invoke` and `/invoke-with-response-stream`), which checks the
 //! SigV4 signature and the body as Bedrock does and streams AWS event-stream frames
-//! (`crate::bedrock`); and the Gemini API (`POST /v1beta/models/{model}:generateContent` and
+//! (`crate::bedrock`); the Gemini API (`POST /v1beta/models/{model}:generateContent` and
 //! `:streamGenerateContent?alt=sse`), which checks the `x-goog-api-key` header and the body's
-//! shape as Google does (`crate::gemini`). Both OpenAI wire formats also serve embeddings
-//! (`POST /v1/embeddings`, `/openai/deployments/{deployment}/embeddings`) as OpenAI does: one
-//! vector per input, of the request's `dimensions` (8 by default), float or base64 as its
-//! `encoding_format` asks, and [`MOCK_EMBEDDING_TOKENS_PER_INPUT`] prompt tokens per input.
+//! shape as Google does (`crate::gemini`); and Claude on Google Vertex AI (`:streamRawPredict`,
+//! `:rawPredict`) with Google's token endpoint and metadata server, which check the service
+//! account's JWT and the bearer token as Google does (`crate::vertex`). Both OpenAI wire formats
+//! also serve embeddings (`POST /v1/embeddings`, `/openai/deployments/{deployment}/embeddings`)
+//! as OpenAI does: one vector per input, of the request's `dimensions` (8 by default), float or
+//! base64 as its `encoding_format` asks, and [`MOCK_EMBEDDING_TOKENS_PER_INPUT`] prompt tokens
+//! per input.
 //!
 //! Each test scripts it with a queue of [`Reply`]s, taken one per request in arrival order
 //! (an empty queue answers a short text): normal replies, tool calls, thinking, usage with
@@ -36,7 +39,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -360,6 +363,8 @@ struct Shared {
     /// Streamed responses open now, and the most open at once.
     open: AtomicUsize,
     peak_open: AtomicUsize,
+    /// The Google access tokens granted (the Vertex AI endpoints take only those).
+    grants: crate::vertex::Grants,
 }
 
 /// The running mock, stopped when dropped.
@@ -388,6 +393,7 @@ impl MockUpstream {
             abandoned: AtomicUsize::new(0),
             open: AtomicUsize::new(0),
             peak_open: AtomicUsize::new(0),
+            grants: crate::vertex::Grants::default(),
         });
         let app = Router::new()
             .route("/v1/messages", post(answer))
@@ -402,6 +408,9 @@ impl MockUpstream {
             .route("/model/{model}/invoke-with-response-stream", post(answer))
             // `{model}:generateContent` and `{model}:streamGenerateContent`: one segment.
             .route("/v1beta/models/{model_method}", post(answer))
+            .route("/v1/projects/{*endpoint}", post(answer))
+            .route("/token", post(google_token))
+            .route(crate::vertex::METADATA_TOKEN, get(metadata_token))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -434,6 +443,36 @@ impl MockUpstream {
             .last()
             .map(|r| r.body.clone())
             .expect("the mock upstream received a request")
+    }
+
+    /// The Google access tokens granted: for a service account's key file (`/token`), and by
+    /// the metadata server.
+    pub fn token_grants(&self) -> (usize, usize) {
+        let grants = &self.shared.grants;
+        (
+            grants.key_file_grants.load(Ordering::SeqCst),
+            grants.metadata_grants.load(Ordering::SeqCst),
+        )
+    }
+
+    /// The token requests refused (a bad signature, an expired assertion...).
+    pub fn token_refusals(&self) -> usize {
+        self.shared.grants.refused.load(Ordering::SeqCst)
+    }
+
+    /// The lifetime the token endpoints report from now on (the tokens stay valid an hour).
+    pub fn report_token_lifetime(&self, secs: u64) {
+        *self
+            .shared
+            .grants
+            .reported_secs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(secs);
+    }
+
+    /// Expires every access token granted so far: Vertex refuses them from now on.
+    pub fn expire_tokens(&self) {
+        self.shared.grants.expire_all();
     }
 
     /// The most streamed responses that were open at once.
@@ -493,6 +532,10 @@ enum Wire {
     Gemini {
         stream: bool,
     },
+    /// Claude on Vertex AI: `:rawPredict` (JSON) or `:streamRawPredict` (the Messages SSE).
+    Vertex {
+        stream: bool,
+    },
 }
 
 /// The Azure OpenAI data-plane version the mock serves; any other is refused, as Azure refuses
@@ -542,6 +585,18 @@ fn azure_refusal(path: &str, query: &str, headers: &HeaderMap) -> Option<Respons
     None
 }
 
+async fn google_token(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    crate::vertex::token_endpoint(&shared.grants, &headers, &body)
+}
+
+async fn metadata_token(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    crate::vertex::metadata_endpoint(&shared.grants, &headers)
+}
+
 async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let version = request.version();
     let path = request.uri().path().to_owned();
@@ -561,7 +616,9 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
             bytes: bytes.len(),
         });
     }
-    let wire = if path.ends_with("/messages") {
+    let wire = if let Some(stream) = crate::vertex::wire(&path) {
+        Wire::Vertex { stream }
+    } else if path.ends_with("/messages") {
         Wire::Anthropic
     } else if path.starts_with("/openai/deployments/") {
         Wire::Azure
@@ -581,6 +638,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Wire::Azure => azure_refusal(&path, &query, &headers),
         Wire::Bedrock { .. } => crate::bedrock::refusal(&path, &query, &headers, &bytes, &body),
         Wire::Gemini { .. } => crate::gemini::refusal(&path, &query, &headers, &body),
+        Wire::Vertex { .. } => crate::vertex::refusal(&shared.grants, &path, &headers, &body),
         _ => None,
     };
     if let Some(refusal) = refusal {
@@ -608,12 +666,14 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
         _ => {}
     }
     let stream = match wire {
-        Wire::Bedrock { stream } | Wire::Gemini { stream } => stream,
+        Wire::Bedrock { stream } | Wire::Gemini { stream } | Wire::Vertex { stream } => stream,
         _ => body["stream"].as_bool().unwrap_or(false),
     };
     if !stream {
         let json = match wire {
-            Wire::Anthropic | Wire::Bedrock { .. } => anthropic_json(&reply, &model),
+            Wire::Anthropic | Wire::Bedrock { .. } | Wire::Vertex { .. } => {
+                anthropic_json(&reply, &model)
+            }
             Wire::OpenAi => openai_json(&reply, &model),
             Wire::Azure => azure_json(&reply, &model),
             Wire::Gemini { .. } => crate::gemini::json(&reply, &body),
@@ -626,7 +686,7 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
     }
     let include_usage = body["stream_options"]["include_usage"].as_bool() == Some(true);
     let events = match wire {
-        Wire::Anthropic => anthropic_events(&reply, &model),
+        Wire::Anthropic | Wire::Vertex { .. } => anthropic_events(&reply, &model),
         Wire::OpenAi => openai_events(&reply, &model, include_usage),
         Wire::Azure => azure_events(&reply, &model, include_usage),
         Wire::Gemini { .. } => crate::gemini::events(&reply, &body),
@@ -728,6 +788,7 @@ fn error_response(wire: Wire, status: u16) -> Response {
         Wire::Azure => json!({"error": {"code": status.to_string(), "message": message}}),
         Wire::Bedrock { .. } => return crate::bedrock::error_response(status, &message),
         Wire::Gemini { .. } => return crate::gemini::error_response(status),
+        Wire::Vertex { .. } => return crate::vertex::error_response(status, &message),
     };
     let mut response = (code, axum::Json(body)).into_response();
     if wire == Wire::Azure && status == 429 {
@@ -1142,6 +1203,11 @@ pub struct UpstreamDef {
     pub aws_credentials: Option<&'static str>,
     /// The Secret `apiKeySecretRef` names (key `apiKey`), for the providers with a key.
     pub api_key_secret: &'static str,
+    /// The `project` of a `vertex` upstream.
+    pub project: Option<String>,
+    /// The service account key file a `vertex` upstream's `googleCredentialsSecretRef` names
+    /// (in a Secret of its own); `None`: the metadata server.
+    pub google_key_file: Option<String>,
     pub weight: u32,
     pub first_byte_ms: u64,
     pub idle_ms: u64,
@@ -1159,6 +1225,8 @@ impl UpstreamDef {
             region: None,
             aws_credentials: None,
             api_key_secret: MOCK_KEY_SECRET,
+            project: None,
+            google_key_file: None,
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
@@ -1203,9 +1271,31 @@ impl UpstreamDef {
         }
     }
 
+    /// The mock as Vertex AI in [`crate::vertex::REGION`] of [`crate::vertex::PROJECT`], at
+    /// the route's `baseUrl`, with the test service account's key file, whose `token_uri` is
+    /// the mock's.
+    pub fn vertex(mock: &MockUpstream) -> UpstreamDef {
+        UpstreamDef {
+            provider: "vertex",
+            region: Some(crate::vertex::REGION.to_owned()),
+            project: Some(crate::vertex::PROJECT.to_owned()),
+            google_key_file: Some(crate::vertex::key_file(
+                &format!("{}/token", mock.url),
+                false,
+            )),
+            ..UpstreamDef::anthropic(mock)
+        }
+    }
+
     /// Another Secret for `apiKeySecretRef` (e.g. [`crate::gemini::WRONG_KEY_SECRET`]).
     pub fn api_key_secret(mut self, secret: &'static str) -> UpstreamDef {
         self.api_key_secret = secret;
+        self
+    }
+
+    /// Another key file (`Some(file)`), or none: the gateway asks the metadata server.
+    pub fn google_key_file(mut self, file: Option<String>) -> UpstreamDef {
+        self.google_key_file = file;
         self
     }
 
@@ -1254,6 +1344,8 @@ impl UpstreamDef {
             region: None,
             aws_credentials: None,
             api_key_secret: MOCK_KEY_SECRET,
+            project: None,
+            google_key_file: None,
             weight: 1,
             first_byte_ms: 10_000,
             idle_ms: 10_000,
@@ -1308,6 +1400,7 @@ impl AgentUpstream {
             "azure-openai" => UpstreamDef::azure(&mock),
             "bedrock" => UpstreamDef::bedrock(&mock),
             "gemini" => UpstreamDef::gemini(&mock),
+            "vertex" => UpstreamDef::vertex(&mock),
             other => panic!("no {other} adapter"),
         };
         let manifests = RoutedManifests::new(&[upstream]);
@@ -1348,7 +1441,13 @@ pub fn write_routed_manifests(path: &std::path::Path, upstreams: &[UpstreamDef])
         .expect("read the standalone models");
     std::fs::write(path.join("models.yaml"), reroute(&routes, upstreams))
         .expect("write models.yaml");
-    let secrets = format!("{SECRET}---\n{}", crate::bedrock::CREDENTIALS_SECRET);
+    let mut secrets = format!("{SECRET}---\n{}", crate::bedrock::CREDENTIALS_SECRET);
+    for u in upstreams {
+        if let Some(file) = &u.google_key_file {
+            secrets.push_str("---\n");
+            secrets.push_str(&crate::vertex::secret_yaml(&google_secret(u), file));
+        }
+    }
     std::fs::write(path.join("secrets.yaml"), secrets).expect("write secrets.yaml");
 }
 
@@ -1394,6 +1493,11 @@ stringData:
   apiKey: upstream-secret-key-not-this-one
 ";
 
+/// The Secret holding a vertex upstream's key file.
+fn google_secret(upstream: &UpstreamDef) -> String {
+    format!("mock-google-{}", upstream.name)
+}
+
 /// Replaces every `upstreams:` list of the standalone routes with `upstreams`.
 fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
     let mut list = String::from("  upstreams:\n");
@@ -1403,9 +1507,23 @@ fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
             .as_deref()
             .map(|v| format!("      apiVersion: \"{v}\"\n"))
             .unwrap_or_default();
-        // Bedrock signs with AWS credentials, and names its models `provider.name-vN:M`.
-        let (model, credentials) = match &u.region {
-            Some(region) => (
+        // Bedrock signs with AWS credentials, and names its models `provider.name-vN:M`;
+        // Vertex takes a Google token, and names them `name@version`.
+        let (model, credentials) = match (&u.region, &u.project) {
+            (Some(region), Some(project)) => (
+                crate::vertex::MODEL_ID,
+                format!(
+                    "      region: {region}\n      project: {project}\n{}",
+                    u.google_key_file
+                        .as_ref()
+                        .map(|_| format!(
+                            "      googleCredentialsSecretRef:\n        name: {}\n        key: key.json\n",
+                            google_secret(u)
+                        ))
+                        .unwrap_or_default()
+                ),
+            ),
+            (Some(region), None) => (
                 crate::bedrock::MODEL_ID,
                 format!(
                     "      region: {region}\n{}",
@@ -1416,7 +1534,7 @@ fn reroute(routes: &str, upstreams: &[UpstreamDef]) -> String {
                         .unwrap_or_default()
                 ),
             ),
-            None => (
+            (None, _) => (
                 UPSTREAM_MODEL,
                 format!(
                     "      apiKeySecretRef:\n        name: {}\n        key: apiKey\n",

@@ -90,5 +90,6 @@ mod upstream_gemini;
 mod upstream_http2;
 mod upstream_node_clients;
 mod upstream_translation;
+mod upstream_vertex;
 mod url_nul;
 mod usage_rollups;

@@ -59,6 +59,7 @@ enum Adapter {
     AzureOpenAi,
     Bedrock,
     Gemini,
+    Vertex,
 }
 
 /// One `claude -p` session through a gateway whose models are all served by a mock upstream
@@ -138,6 +139,7 @@ impl Session {
             Adapter::AzureOpenAi => "azure-openai",
             Adapter::Bedrock => "bedrock",
             Adapter::Gemini => "gemini",
+            Adapter::Vertex => "vertex",
         };
         let input = json!({"command": format!("touch {}", marker.display()),
             "description": "Create the marker file"});
@@ -217,6 +219,7 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
         Adapter::AzureOpenAi,
         Adapter::Bedrock,
         Adapter::Gemini,
+        Adapter::Vertex,
     ] {
         let outcome = Session::on("svc/opus", adapter).large_project().run().await;
         let what = format!("svc/opus via {adapter:?}");
@@ -259,12 +262,19 @@ async fn claude_code_on_opus_runs_a_tool_and_gets_its_answer_through_each_adapte
                 !betas.is_empty(),
                 "Claude Code's beta features reached the upstream"
             ),
-            // Bedrock refuses betas it does not offer: none is sent.
-            Adapter::OpenAi | Adapter::AzureOpenAi | Adapter::Bedrock | Adapter::Gemini => {
+            // Bedrock and Vertex refuse betas they do not offer: none is sent.
+            Adapter::OpenAi
+            | Adapter::AzureOpenAi
+            | Adapter::Bedrock
+            | Adapter::Gemini
+            | Adapter::Vertex => {
                 assert!(betas.is_empty(), "{betas:?}")
             }
         }
-        if matches!(adapter, Adapter::Anthropic | Adapter::Bedrock) {
+        if matches!(
+            adapter,
+            Adapter::Anthropic | Adapter::Bedrock | Adapter::Vertex
+        ) {
             // The thinking Claude Code asks for by default is applied where the model has it
             // (and so is what the other models' sessions have left out).
             assert!(

@@ -90,7 +90,14 @@ async fn codex_exec(work: &Path, gw: &Gateway) -> std::process::Output {
 
 #[tokio::test]
 async fn codex_runs_its_shell_tool_and_gets_its_answer_through_each_adapter() {
-    for provider in ["anthropic", "openai", "azure-openai", "bedrock", "gemini"] {
+    for provider in [
+        "anthropic",
+        "openai",
+        "azure-openai",
+        "bedrock",
+        "gemini",
+        "vertex",
+    ] {
         let work = std::env::temp_dir().join(unique_name("e2e-codex"));
         let marker = work.join("project").join("marker");
         let command = format!("touch {} && printf 'made %s\\n' marker", marker.display());

@@ -298,13 +298,21 @@ async fn failures_after_the_first_byte_count_toward_the_breaker_without_falling_
 #[tokio::test]
 async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_call_and_pays_what_was_generated(
 ) {
-    for provider in ["anthropic", "openai", "azure-openai", "bedrock", "gemini"] {
+    for provider in [
+        "anthropic",
+        "openai",
+        "azure-openai",
+        "bedrock",
+        "gemini",
+        "vertex",
+    ] {
         let mock = MockUpstream::start().await;
         let upstream = match provider {
             "anthropic" => UpstreamDef::anthropic(&mock),
             "openai" => UpstreamDef::openai(&mock),
             "bedrock" => UpstreamDef::bedrock(&mock),
             "gemini" => UpstreamDef::gemini(&mock),
+            "vertex" => UpstreamDef::vertex(&mock),
             _ => UpstreamDef::azure(&mock),
         };
         let rig = start(&[upstream], &[]).await;

@@ -76,7 +76,14 @@ async fn node(gw: &Gateway, client: &str, args: &[&str]) -> Value {
 #[tokio::test]
 async fn the_official_sdks_make_a_tool_round_trip_and_raise_their_own_errors_through_each_adapter()
 {
-    for provider in ["anthropic", "openai", "azure-openai", "bedrock", "gemini"] {
+    for provider in [
+        "anthropic",
+        "openai",
+        "azure-openai",
+        "bedrock",
+        "gemini",
+        "vertex",
+    ] {
         let AgentUpstream { mock, gw, .. } = &weather_agent(provider).await;
         for api in INTERFACES {
             let seen = mock.received().len();
@@ -129,7 +136,14 @@ async fn weather_agent(provider: &str) -> AgentUpstream {
 
 #[tokio::test]
 async fn the_ai_sdk_runs_a_tool_loop_on_every_interface_and_mode_through_each_adapter() {
-    for provider in ["anthropic", "openai", "azure-openai", "bedrock", "gemini"] {
+    for provider in [
+        "anthropic",
+        "openai",
+        "azure-openai",
+        "bedrock",
+        "gemini",
+        "vertex",
+    ] {
         let AgentUpstream { mock, gw, .. } = &weather_agent(provider).await;
         for api in INTERFACES {
             for mode in ["generate", "stream"] {

@@ -1,5 +1,6 @@
 //! Real upstreams behind both endpoints: every model routed to the mock upstream through the
-//! `anthropic`, the `openai`, the `azure-openai` or the `bedrock` adapter, each endpoint in JSON and in SSE;
+//! `anthropic`, the `openai`, the `azure-openai`, the `bedrock` or the `vertex` adapter, each endpoint
+//! in JSON and in SSE;
 //! tool calls streamed whole, tool results and images in the upstream's format, thinking with
 //! its signature, cache tokens in usage, the client's beta features for an Anthropic upstream
 //! only, no provider name, upstream model or upstream key in any response, an empty reply as
@@ -20,13 +21,17 @@ enum Adapter {
     /// The Messages format on Amazon Bedrock, SigV4-signed (`upstream_bedrock.rs` has the
     /// rest).
     Bedrock,
+    /// The Messages format on Google Vertex AI, with a Google token (`upstream_vertex.rs` has
+    /// the rest).
+    Vertex,
 }
 
-const ADAPTERS: [Adapter; 4] = [
+const ADAPTERS: [Adapter; 5] = [
     Adapter::Anthropic,
     Adapter::OpenAi,
     Adapter::AzureOpenAi,
     Adapter::Bedrock,
+    Adapter::Vertex,
 ];
 
 /// A gateway whose every model is served by one mock upstream through `adapter`.
@@ -44,6 +49,7 @@ impl Rig {
             Adapter::OpenAi => UpstreamDef::openai(&mock),
             Adapter::AzureOpenAi => UpstreamDef::azure(&mock),
             Adapter::Bedrock => UpstreamDef::bedrock(&mock),
+            Adapter::Vertex => UpstreamDef::vertex(&mock),
         };
         let manifests = RoutedManifests::new(&[upstream]);
         let gw = Gateway::builder().manifests(&manifests.path).start().await;
@@ -159,6 +165,23 @@ async fn both_endpoints_answer_through_each_adapter_in_json_and_in_streams() {
                 );
                 continue;
             }
+            if adapter == Adapter::Vertex {
+                // The model is in the path; the token is the mock's own.
+                assert!(
+                    request.path.ends_with(&format!(
+                        "/publishers/anthropic/models/{}:streamRawPredict",
+                        vertex::MODEL_ID
+                    )),
+                    "{}",
+                    request.path
+                );
+                assert!(request.body.get("model").is_none(), "{}", request.body);
+                assert_eq!(request.body["stream"], true, "adapters always stream");
+                assert_eq!(request.body["anthropic_version"], vertex::ANTHROPIC_VERSION);
+                let authorization = request.headers["authorization"].to_str().unwrap();
+                assert!(authorization.starts_with("Bearer ya29."), "{authorization}");
+                continue;
+            }
             assert_eq!(
                 request.body["model"], UPSTREAM_MODEL,
                 "the upstream's own model name"
@@ -187,7 +210,7 @@ async fn both_endpoints_answer_through_each_adapter_in_json_and_in_streams() {
                     assert!(request.headers.get("authorization").is_none());
                     assert_eq!(request.body["stream_options"]["include_usage"], true);
                 }
-                Adapter::Bedrock => unreachable!("checked above"),
+                Adapter::Bedrock | Adapter::Vertex => unreachable!("checked above"),
             }
         }
         assert_eq!(
@@ -364,7 +387,7 @@ async fn a_tool_result_round_trip_reaches_the_upstream_in_its_own_format() {
 
         let sent = rig.mock.last_body();
         match adapter {
-            Adapter::Anthropic | Adapter::Bedrock => {
+            Adapter::Anthropic | Adapter::Bedrock | Adapter::Vertex => {
                 assert_eq!(sent["system"], "You are terse.");
                 assert_eq!(sent["messages"][1]["content"][0]["type"], "tool_use");
                 assert_eq!(
@@ -456,7 +479,7 @@ async fn chat_tool_calls_carry_call_ids_and_any_id_sent_back_reaches_the_upstrea
 
             let sent = rig.mock.last_body();
             let (call_id, result_id) = match adapter {
-                Adapter::Anthropic | Adapter::Bedrock => (
+                Adapter::Anthropic | Adapter::Bedrock | Adapter::Vertex => (
                     sent["messages"][1]["content"][0]["id"].clone(),
                     sent["messages"][2]["content"][0]["tool_use_id"].clone(),
                 ),
@@ -542,7 +565,7 @@ async fn an_omitted_temperature_reaches_a_chat_upstream_as_the_specs_1_and_an_an
         let rig = Rig::start(adapter).await;
         // The spec's default: sent where the upstream's own default may differ.
         let default = match adapter {
-            Adapter::Anthropic | Adapter::Bedrock => Value::Null,
+            Adapter::Anthropic | Adapter::Bedrock | Adapter::Vertex => Value::Null,
             Adapter::OpenAi | Adapter::AzureOpenAi => json!(1.0),
         };
         let mut top_p_only = message("svc/sonnet", "hi", 50);
@@ -606,7 +629,7 @@ async fn images_reach_the_upstream_in_its_own_format() {
         let sent = rig.mock.last_body();
         let part = &sent["messages"][0]["content"][0];
         match adapter {
-            Adapter::Anthropic | Adapter::Bedrock => {
+            Adapter::Anthropic | Adapter::Bedrock | Adapter::Vertex => {
                 assert_eq!(part["type"], "image");
                 assert_eq!(part["source"]["data"], PNG);
             }
@@ -635,7 +658,7 @@ async fn thinking_on_opus_streams_before_the_answer_with_the_upstreams_signature
         assert_eq!(stream.blocks[0].thinking, "Six times seven.");
         assert_eq!(stream.text(), "42.");
         match adapter {
-            Adapter::Anthropic | Adapter::Bedrock => {
+            Adapter::Anthropic | Adapter::Bedrock | Adapter::Vertex => {
                 assert_eq!(stream.blocks[0].signature, "sig-abc123");
                 assert_eq!(rig.mock.last_body()["thinking"]["budget_tokens"], 1024);
             }
@@ -757,7 +780,7 @@ async fn claude_codes_mid_conversation_system_messages_are_folded_for_the_upstre
             .map(|m| m["role"].as_str().unwrap())
             .collect();
         let folded = match adapter {
-            Adapter::Anthropic | Adapter::Bedrock => {
+            Adapter::Anthropic | Adapter::Bedrock | Adapter::Vertex => {
                 assert_eq!(roles, ["user", "assistant", "user"], "{sent}");
                 messages[2]["content"][0]["text"].clone()
             }
@@ -812,8 +835,9 @@ async fn the_clients_anthropic_beta_features_reach_an_anthropic_upstream_and_no_
                     );
                 }
                 Adapter::OpenAi | Adapter::AzureOpenAi => assert!(betas.is_empty(), "{betas:?}"),
-                // Bedrock refuses betas it does not offer: none is sent, in headers or body.
-                Adapter::Bedrock => {
+                // Bedrock and Vertex refuse betas they do not offer: none is sent, in headers
+                // or body.
+                Adapter::Bedrock | Adapter::Vertex => {
                     assert!(betas.is_empty(), "{betas:?}");
                     assert!(request.body.get("anthropic_beta").is_none());
                 }

@@ -47,7 +47,10 @@ impl Providers {
             ProviderKind::Simulated => Ok(simulated(call)),
             // The compiler refuses these on an embeddings route; a config that slipped past it
             // is ours to fix, never the client's.
-            ProviderKind::Anthropic | ProviderKind::Bedrock | ProviderKind::Gemini => {
+            ProviderKind::Anthropic
+            | ProviderKind::Bedrock
+            | ProviderKind::Gemini
+            | ProviderKind::Vertex => {
                 tracing::error!(upstream = %upstream.name, provider = upstream.provider.as_str(), "embeddings on a provider without them");
                 Err(ProviderError::Unavailable)
             }

@@ -80,17 +80,7 @@ impl Provider for Gemini {
         if let Some(key) = &upstream.api_key {
             request = request.header("x-goog-api-key", key.expose());
         }
-        let stream = Stream {
-            blocks: Blocks::default(),
-            tokens: self.tokens,
-            input_tokens: call.input_tokens,
-            open: None,
-            keys: 0,
-            called: false,
-            finish: None,
-            usage: None,
-            generated: String::new(),
-        };
+        let stream = Stream::new(self.tokens, call.input_tokens);
         http::open(
             request,
             upstream_call,
@@ -108,7 +98,7 @@ enum Open {
     Text,
 }
 
-struct Stream {
+pub(super) struct Stream {
     blocks: Blocks,
     tokens: Tokenizer,
     input_tokens: u32,
@@ -125,6 +115,20 @@ struct Stream {
 }
 
 impl Stream {
+    pub(super) fn new(tokens: Tokenizer, input_tokens: u32) -> Self {
+        Self {
+            blocks: Blocks::default(),
+            tokens,
+            input_tokens,
+            open: None,
+            keys: 0,
+            called: false,
+            finish: None,
+            usage: None,
+            generated: String::new(),
+        }
+    }
+
     /// Makes `kind` the open block, closing another one first; returns its key.
     fn switch_to(&mut self, kind: Open, out: &mut Vec<ProviderEvent>) -> usize {
         if let Some((open, key)) = self.open {
@@ -281,17 +285,7 @@ mod tests {
     use super::*;
 
     fn stream() -> Stream {
-        Stream {
-            blocks: Blocks::default(),
-            tokens: Tokenizer::default(),
-            input_tokens: 9,
-            open: None,
-            keys: 0,
-            called: false,
-            finish: None,
-            usage: None,
-            generated: String::new(),
-        }
+        Stream::new(Tokenizer::default(), 9)
     }
 
     fn feed(stream: &mut Stream, events: &[&str]) -> Vec<ProviderEvent> {

@@ -14,19 +14,23 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::http::{Decoder, SseEvent};
-use super::{anthropic, bedrock, openai, ProviderCall, ProviderEvent};
+use super::{anthropic, bedrock, gemini, openai, vertex, ProviderCall, ProviderEvent};
 use crate::conversation::Request;
 use crate::seal::Sealer;
 use crate::tokens::Tokenizer;
 use crate::wire::anthropic::translate::request_from_messages;
 use crate::wire::anthropic::MessagesRequest;
+use crate::wire::gemini::translate::request_to_gemini;
 use crate::wire::openai::translate::request_from_chat;
 use crate::wire::responses::translate::{labeled_input, translate};
 use crate::wire::responses::ResponsesRequest;
 use crds::config::Upstream;
 
 const CLIENT_FORMATS: [&str; 3] = ["messages", "chat", "responses"];
-const UPSTREAMS: [&str; 3] = ["anthropic", "openai", "bedrock"];
+const UPSTREAMS: [&str; 5] = ["anthropic", "openai", "bedrock", "gemini", "vertex"];
+/// The upstreams with a stream decoder of their own: Vertex streams the Messages API's events,
+/// which the anthropic decoder reads.
+const DECODERS: [&str; 4] = ["anthropic", "openai", "bedrock", "gemini"];
 
 fn golden() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -104,14 +108,22 @@ fn call(provider: &str, request: Request) -> ProviderCall {
     let model = match provider {
         "anthropic" => "claude-opus-4-1",
         "openai" => "gpt-5",
+        "gemini" => "gemini-2.5-pro",
+        "vertex" => "claude-opus-4-1@20250805",
         _ => "anthropic.claude-opus-4-1-v1:0",
+    };
+    let region = match provider {
+        "bedrock" => Some("us-east-1"),
+        "vertex" => Some("us-east5"),
+        _ => None,
     };
     let upstream: Upstream = serde_json::from_value(json!({
         "name": format!("golden-{provider}"),
         "provider": provider,
         "model": model,
         "baseUrl": null,
-        "region": (provider == "bedrock").then_some("us-east-1"),
+        "region": region,
+        "project": (provider == "vertex").then_some("golden-project"),
         "apiKey": null,
         "weight": 1,
         "timeouts": {"connectMs": 5000, "firstByteMs": 60000, "idleMs": 60000},
@@ -132,10 +144,12 @@ fn upstream_body(provider: &str, call: &ProviderCall) -> Value {
     let value = match provider {
         "anthropic" => serde_json::to_value(anthropic::body(call)),
         "openai" => serde_json::to_value(openai::body(call)),
-        "bedrock" => {
-            let bytes = bedrock::body(call).expect("a Bedrock body");
-            serde_json::from_slice(&bytes)
-        }
+        "bedrock" => serde_json::from_slice(&bedrock::body(call).expect("a Bedrock body")),
+        "vertex" => serde_json::from_slice(&vertex::body(call).expect("a Vertex body")),
+        "gemini" => match request_to_gemini(&call.request) {
+            Ok(body) => serde_json::to_value(body),
+            Err(refused) => Ok(json!({ "refused": refused.0 })),
+        },
         other => unreachable!("no upstream {other}"),
     };
     value.expect("an upstream body is JSON")
@@ -170,8 +184,8 @@ fn every_client_request_translates_to_each_upstreams_body_as_reviewed() {
             }
         }
     }
-    // Three formats, at least three fixtures each, three upstreams.
-    assert!(translated >= 27, "only {translated} translations checked");
+    // Three formats, at least three fixtures each, five upstreams.
+    assert!(translated >= 45, "only {translated} translations checked");
 }
 
 /// The `data:` of each server-sent event in `text`.
@@ -189,11 +203,36 @@ fn sse_events(text: &str) -> Vec<SseEvent> {
         .collect()
 }
 
+/// `text` with each id the gateway generated (`toolu_` and 24 random characters, for a call an
+/// upstream left unnamed) written as `toolu_GENERATED`, so a snapshot is the same every run.
+fn generated_ids_named(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("toolu_") {
+        out.push_str(&rest[..at + "toolu_".len()]);
+        rest = &rest[at + "toolu_".len()..];
+        let id_len = rest
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .unwrap_or(rest.len());
+        // The gateway's ids are 24 characters; an upstream's own (`toolu_01`) stays.
+        if id_len >= 20 {
+            out.push_str("GENERATED");
+            rest = &rest[id_len..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The canonical events of one upstream stream, or where its decoder refused it.
 fn decode(mut decoder: impl Decoder, text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut push = |result: Result<Vec<ProviderEvent>, super::ProviderError>| match result {
-        Ok(events) => out.extend(events.iter().map(|e| format!("{e:?}"))),
+        Ok(events) => out.extend(
+            events
+                .iter()
+                .map(|e| generated_ids_named(&format!("{e:?}"))),
+        ),
         Err(e) => out.push(format!("refused: {e:?}")),
     };
     for event in sse_events(text) {
@@ -206,12 +245,13 @@ fn decode(mut decoder: impl Decoder, text: &str) -> Vec<String> {
 #[test]
 fn every_upstream_stream_decodes_to_the_canonical_events_as_reviewed() {
     let mut decoded = 0;
-    for provider in UPSTREAMS {
+    for provider in DECODERS {
         for (name, path) in fixtures(&golden().join("streams").join(provider), "sse") {
             let text = std::fs::read_to_string(&path).expect("a stream fixture");
             let events = match provider {
                 "anthropic" => decode(anthropic::Stream::default(), &text),
                 "openai" => decode(openai::Stream::new(Tokenizer::default(), 100), &text),
+                "gemini" => decode(gemini::Stream::new(Tokenizer::default(), 100), &text),
                 _ => decode(bedrock::Stream::default(), &text),
             };
             assert!(!events.is_empty(), "{name}: no events");
@@ -220,5 +260,5 @@ fn every_upstream_stream_decodes_to_the_canonical_events_as_reviewed() {
             decoded += 1;
         }
     }
-    assert!(decoded >= 6, "only {decoded} streams checked");
+    assert!(decoded >= 8, "only {decoded} streams checked");
 }

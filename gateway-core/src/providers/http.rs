@@ -167,7 +167,21 @@ pub async fn open<D: Decoder>(
     call: Call,
     timeouts: Timeouts,
     framing: Framing,
+    decoder: D,
+) -> Result<EventStream, ProviderError> {
+    open_mapping(request, call, timeouts, framing, decoder, |status| status).await
+}
+
+/// [`open`], with an upstream's error status first told to `statuses`, which may note it and
+/// gives the status of the same meaning `status_error` reads (Vertex AI's 503 is its
+/// overload, as a 529 is the Messages API's).
+pub async fn open_mapping<D: Decoder>(
+    request: reqwest::RequestBuilder,
+    call: Call,
+    timeouts: Timeouts,
+    framing: Framing,
     mut decoder: D,
+    statuses: impl FnOnce(StatusCode) -> StatusCode + Send,
 ) -> Result<EventStream, ProviderError> {
     let first_byte = Duration::from_millis(timeouts.first_byte_ms);
     let idle = Duration::from_millis(timeouts.idle_ms);
@@ -196,7 +210,7 @@ pub async fn open<D: Decoder>(
                 });
             }
             let error = status_error(match framing {
-                Framing::Sse => status,
+                Framing::Sse => statuses(status),
                 Framing::AwsEventStream => eventstream::error_status(status, response.headers()),
             });
             return Err(match error {
@@ -330,7 +344,7 @@ pub fn status_error(status: StatusCode) -> ProviderError {
     }
 }
 
-fn transport_error(e: reqwest::Error) -> ProviderError {
+pub fn transport_error(e: reqwest::Error) -> ProviderError {
     tracing::warn!(error = %e, "upstream request failed");
     if e.is_timeout() {
         ProviderError::Timeout

@@ -7,6 +7,9 @@
 //! is the Gemini API's `generateContent` stream (`wire::gemini`). Embeddings are one whole
 //! call, not a stream ([`embeddings`]). Which upstream serves a turn, and what happens when it
 //! fails, is `routing::fallback`'s business.
+//! body and events on Amazon Bedrock, SigV4-signed, in AWS event-stream frames; `vertex` the
+//! same body and events on Google Vertex AI, with a Google access token. Which upstream
+//! serves a turn, and what happens when it fails, is `routing::fallback`'s business.
 
 mod anthropic;
 mod bedrock;
@@ -16,9 +19,11 @@ mod eventstream;
 mod gemini;
 #[cfg(test)]
 mod golden;
+mod google_auth;
 mod http;
 mod openai;
 mod simulated;
+mod vertex;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,6 +39,7 @@ pub use bedrock::Bedrock;
 pub use gemini::Gemini;
 pub use openai::OpenAi;
 pub use simulated::Simulated;
+pub use vertex::Vertex;
 
 use crate::conversation::{Delta, OutputBlock, Request};
 use crate::tokens::Tokenizer;
@@ -137,6 +143,7 @@ pub struct Providers {
     bedrock: Bedrock,
     gemini: Gemini,
     openai: OpenAi,
+    vertex: Vertex,
 }
 
 impl Providers {
@@ -147,6 +154,7 @@ impl Providers {
             bedrock: Bedrock::default(),
             gemini: Gemini::new(tokens),
             openai: OpenAi::new(tokens),
+            vertex: Vertex::default(),
         }
     }
 
@@ -156,6 +164,7 @@ impl Providers {
             ProviderKind::Anthropic => &self.anthropic,
             ProviderKind::Bedrock => &self.bedrock,
             ProviderKind::Gemini => &self.gemini,
+            ProviderKind::Vertex => &self.vertex,
             ProviderKind::Openai | ProviderKind::AzureOpenai => &self.openai,
         }
     }

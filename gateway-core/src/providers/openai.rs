@@ -450,6 +450,8 @@ mod tests {
             api_version: Some("2024-10-21".into()),
             region: None,
             aws_credentials: None,
+            project: None,
+            google_credentials: None,
             api_key: Some(Secret("k-1".into())),
             weight: 1,
             timeouts: crds::config::Timeouts::default(),

@@ -127,6 +127,8 @@ mod tests {
             api_version: None,
             region: None,
             aws_credentials: None,
+            project: None,
+            google_credentials: None,
             api_key: None,
             weight,
             timeouts: Timeouts::default(),

@@ -2,7 +2,7 @@
 //! same short text (both wire formats, JSON or SSE) and keeps no record of them.
 //!
 //! usage: mock-upstream [--listen ADDR] [--chunk-delay-ms N]
-//!                      [--manifests-out DIR --provider anthropic|openai|azure-openai|bedrock|gemini [--http2 true]]
+//!                      [--manifests-out DIR --provider anthropic|openai|azure-openai|bedrock|gemini|vertex [--http2 true]]
 //!
 //! Prints `ready url=http://ADDR` once it listens (HTTP/1.1, and HTTP/2 with prior knowledge).
 //! With `--manifests-out`, it first writes a manifest folder there routing every model to
@@ -46,6 +46,7 @@ async fn main() -> Result<()> {
             "azure-openai" => UpstreamDef::azure(&mock),
             "bedrock" => UpstreamDef::bedrock(&mock),
             "gemini" => UpstreamDef::gemini(&mock),
+            "vertex" => UpstreamDef::vertex(&mock),
             other => bail!("unknown provider {other}"),
         };
         let upstream = upstream.timeouts(60_000, 60_000);
