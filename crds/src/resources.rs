@@ -343,12 +343,12 @@ pub struct UpstreamSpec {
     /// OpenAI resource's endpoint `https://RESOURCE.openai.azure.com`
     /// (+ `/openai/deployments/{model}/chat/completions`, `model` being the deployment name).
     /// Optional for `bedrock` (default `https://bedrock-runtime.{region}.amazonaws.com`; a VPC
-    /// endpoint, + `/model/{model}/invoke-with-response-stream`), `gemini`
-    /// (default `https://generativelanguage.googleapis.com`,
-    /// + `/v1beta/models/{model}:streamGenerateContent`) and `vertex` (default
+    /// endpoint, + `/model/{model}/invoke-with-response-stream`), `gemini` (default
+    /// `https://generativelanguage.googleapis.com`, with
+    /// `/v1beta/models/{model}:streamGenerateContent` appended) and `vertex` (default
     /// `https://{region}-aiplatform.googleapis.com`, `https://aiplatform.googleapis.com` for
-    /// `global`; + `/v1/projects/{project}/locations/{region}/publishers/anthropic/models/
-    /// {model}:streamRawPredict`).
+    /// `global`, with `/v1/projects/{project}/locations/{region}/publishers/anthropic/models/
+    /// {model}:streamRawPredict` appended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^https?://"))]
     pub base_url: Option<String>,

@@ -7,6 +7,8 @@
 //!
 //! A fixture the translation refuses is snapshotted as its refusal.
 
+#![cfg(test)]
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -17,7 +17,6 @@ mod blocks;
 pub mod embeddings;
 mod eventstream;
 mod gemini;
-#[cfg(test)]
 mod golden;
 mod google_auth;
 mod http;

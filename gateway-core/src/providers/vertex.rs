@@ -21,8 +21,6 @@ use super::anthropic;
 use super::google_auth::Tokens;
 use super::http::{self, Clients, Framing};
 use super::{EventStream, Provider, ProviderCall, ProviderError};
-use crate::wire::anthropic::translate::request_to_messages;
-use crate::wire::anthropic::MessagesRequest;
 use crds::config::Upstream;
 
 /// The Messages API version Vertex AI's Claude models take, in the body.
@@ -111,7 +109,7 @@ fn statuses(status: StatusCode, forget: impl FnOnce()) -> StatusCode {
 /// `anthropic-beta` features are not sent: Vertex refuses a beta it does not offer, which
 /// would fail turns the Messages API serves.
 pub(super) fn body(call: &ProviderCall) -> Result<Vec<u8>, ProviderError> {
-    let mut body = match serde_json::to_value(super::anthropic::body(call)) {
+    let mut body = match serde_json::to_value(anthropic::body(call)) {
         Ok(Value::Object(body)) => body,
         other => {
             tracing::error!(?other, "the Messages body is not an object");
