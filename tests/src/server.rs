@@ -18,6 +18,25 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// Where [`free_port_for_later`] picks: below Linux's ephemeral range (32768 and up), where
+/// [`free_port`] and every outgoing connection take their ports.
+const FOR_LATER: std::ops::Range<u16> = 20_000..32_768;
+
+/// A free port for a process that binds it only later and cannot try another (a rendered
+/// chart's containers, told their ports by the chart): picked outside the range [`free_port`]
+/// and outgoing connections draw from, so no other test takes it meanwhile. A free port from
+/// [`free_port`] was taken by another test between the rendering and the container's start
+/// (`Address already in use`) on a CI machine busy with the suite.
+pub fn free_port_for_later() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    let span = u64::from(FOR_LATER.end - FOR_LATER.start);
+    let start = RandomState::new().hash_one(std::process::id()) % span;
+    (0..span)
+        .map(|i| FOR_LATER.start + u16::try_from((start + i * 7_919) % span).unwrap_or(0))
+        .find(|&port| std::net::TcpListener::bind(("0.0.0.0", port)).is_ok())
+        .expect("a free port below the ephemeral range")
+}
+
 /// Starts a server on a free loopback port: `launch(port)` tries one, up to five times, since a
 /// port free when asked may be taken before the server binds it. The error lists every
 /// attempt's. A caller builds its server (whose drop cleans its folder up) only once a launch

@@ -27,7 +27,7 @@ use e2e::gateway::{gateway_bin, unique_name};
 use e2e::helm;
 use e2e::kube::{operator_bin, Identity, KubeApi, NAMESPACE};
 use e2e::podman::{app_version, default_image};
-use e2e::server::free_port;
+use e2e::server::free_port_for_later;
 use e2e::{
     message, MockUpstream, PostgresServer, RedisServer, Resp, RoutedManifests, Scrape, UpstreamDef,
 };
@@ -109,7 +109,7 @@ impl Chart {
             "gateway.metricsPort",
             "operator.metricsPort",
         ]
-        .map(|value| format!("{value}={}", free_port()));
+        .map(|value| format!("{value}={}", free_port_for_later()));
         let mut args = vec![RELEASE, "charts/gateway", "--namespace", NAMESPACE];
         for port in &ports {
             args.extend(["--set", port]);

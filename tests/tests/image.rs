@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use e2e::kube::{Identity, KubeApi};
 use e2e::podman::{self, Container};
-use e2e::server::free_port;
+use e2e::server::free_port_for_later;
 use e2e::{
     message, poll_until, Gateway, MockUpstream, PostgresServer, RoutedManifests, Scrape,
     UpstreamDef, DEV_KEY,
@@ -177,7 +177,7 @@ async fn the_operator_in_the_image_is_not_ready_while_its_sweep_fails_and_stops_
     pg.gateway_cli(&["migrate"]).await.expect("migrate");
     let kubeconfig = api.kubeconfig(Identity::Operator);
     let kubeconfig_path = kubeconfig.to_str().expect("a UTF-8 path");
-    let metrics = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port_for_later());
     let (container, line) = Container::run_command(
         &[("KUBECONFIG", kubeconfig_path)],
         &[Path::new(kubeconfig_path)],

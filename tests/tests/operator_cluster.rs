@@ -570,7 +570,7 @@ async fn each_change_an_api_key_resource_grants_is_one_audit_row_by_the_operator
 async fn a_pod_waiting_for_its_first_config_is_live_but_not_ready_then_ready_on_the_same_port() {
     let Some(api) = cluster().await else { return };
     let redis = RedisServer::start().await;
-    let admin = format!("http://127.0.0.1:{}", e2e::server::free_port());
+    let admin = format!("http://127.0.0.1:{}", e2e::server::free_port_for_later());
     let mut cmd = tokio::process::Command::new(e2e::gateway::gateway_bin());
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin-listen"])
         .arg(admin.trim_start_matches("http://"))
@@ -700,8 +700,8 @@ async fn under_the_charts_rbac_the_scaler_follows_the_pods_streams_and_failing_o
     let api = &trial.api;
     api.apply_path("deploy/standalone/");
     loopback_gateway_pod(api);
-    let admin_port = e2e::server::free_port().to_string();
-    let metrics = format!("127.0.0.1:{}", e2e::server::free_port());
+    let admin_port = e2e::server::free_port_for_later().to_string();
+    let metrics = format!("127.0.0.1:{}", e2e::server::free_port_for_later());
     let _operator = Operator::start(
         api,
         "operator-0",

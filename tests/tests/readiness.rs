@@ -96,7 +96,7 @@ async fn failing_open_a_pod_stays_ready_and_serving_through_a_redis_outage() {
 
 #[tokio::test]
 async fn the_metrics_listener_serves_the_scrape_and_the_probes_but_never_the_admin_api() {
-    let metrics = format!("http://127.0.0.1:{}", server::free_port());
+    let metrics = format!("http://127.0.0.1:{}", server::free_port_for_later());
     let gw = Gateway::builder()
         .arg("--metrics-listen")
         .arg(metrics.trim_start_matches("http://"))
