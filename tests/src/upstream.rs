@@ -1187,6 +1187,17 @@ fn azure_events(reply: &Reply, model: &str, include_usage: bool) -> Vec<String> 
         .collect()
 }
 
+/// Every upstream provider with an adapter, as a ModelRoute names it: the tests that run a
+/// client through each adapter loop over these.
+pub const PROVIDERS: [&str; 6] = [
+    "anthropic",
+    "openai",
+    "azure-openai",
+    "bedrock",
+    "gemini",
+    "vertex",
+];
+
 /// One upstream of a generated ModelRoute.
 #[derive(Clone, Debug)]
 pub struct UpstreamDef {
@@ -1260,6 +1271,19 @@ impl UpstreamDef {
             region: Some(crate::bedrock::REGION.to_owned()),
             aws_credentials: Some(crate::bedrock::CREDENTIALS),
             ..UpstreamDef::anthropic(mock)
+        }
+    }
+
+    /// The mock as the adapter `provider` (one of [`PROVIDERS`]) calls it.
+    pub fn of(provider: &str, mock: &MockUpstream) -> UpstreamDef {
+        match provider {
+            "anthropic" => UpstreamDef::anthropic(mock),
+            "openai" => UpstreamDef::openai(mock),
+            "azure-openai" => UpstreamDef::azure(mock),
+            "bedrock" => UpstreamDef::bedrock(mock),
+            "gemini" => UpstreamDef::gemini(mock),
+            "vertex" => UpstreamDef::vertex(mock),
+            other => panic!("no {other} adapter"),
         }
     }
 
@@ -1394,16 +1418,7 @@ impl AgentUpstream {
             answer: answer.to_owned(),
         };
         let mock = MockUpstream::serve("127.0.0.1:0", agent, true).await;
-        let upstream = match provider {
-            "anthropic" => UpstreamDef::anthropic(&mock),
-            "openai" => UpstreamDef::openai(&mock),
-            "azure-openai" => UpstreamDef::azure(&mock),
-            "bedrock" => UpstreamDef::bedrock(&mock),
-            "gemini" => UpstreamDef::gemini(&mock),
-            "vertex" => UpstreamDef::vertex(&mock),
-            other => panic!("no {other} adapter"),
-        };
-        let manifests = RoutedManifests::new(&[upstream]);
+        let manifests = RoutedManifests::new(&[UpstreamDef::of(provider, &mock)]);
         let gw = crate::gateway::Gateway::builder()
             .manifests(&manifests.path)
             .start()

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use e2e::gateway::{unique_name, workspace_root};
-use e2e::upstream::carries_tool_result;
+use e2e::upstream::{carries_tool_result, PROVIDERS};
 use e2e::*;
 use serde_json::json;
 
@@ -90,14 +90,7 @@ async fn codex_exec(work: &Path, gw: &Gateway) -> std::process::Output {
 
 #[tokio::test]
 async fn codex_runs_its_shell_tool_and_gets_its_answer_through_each_adapter() {
-    for provider in [
-        "anthropic",
-        "openai",
-        "azure-openai",
-        "bedrock",
-        "gemini",
-        "vertex",
-    ] {
+    for provider in PROVIDERS {
         let work = std::env::temp_dir().join(unique_name("e2e-codex"));
         let marker = work.join("project").join("marker");
         let command = format!("touch {} && printf 'made %s\\n' marker", marker.display());

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use e2e::books::{output_tokens, received_text, RoutePrice};
+use e2e::upstream::PROVIDERS;
 use e2e::*;
 use serde_json::Value;
 
@@ -298,24 +299,9 @@ async fn failures_after_the_first_byte_count_toward_the_breaker_without_falling_
 #[tokio::test]
 async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_call_and_pays_what_was_generated(
 ) {
-    for provider in [
-        "anthropic",
-        "openai",
-        "azure-openai",
-        "bedrock",
-        "gemini",
-        "vertex",
-    ] {
+    for provider in PROVIDERS {
         let mock = MockUpstream::start().await;
-        let upstream = match provider {
-            "anthropic" => UpstreamDef::anthropic(&mock),
-            "openai" => UpstreamDef::openai(&mock),
-            "bedrock" => UpstreamDef::bedrock(&mock),
-            "gemini" => UpstreamDef::gemini(&mock),
-            "vertex" => UpstreamDef::vertex(&mock),
-            _ => UpstreamDef::azure(&mock),
-        };
-        let rig = start(&[upstream], &[]).await;
+        let rig = start(&[UpstreamDef::of(provider, &mock)], &[]).await;
         let gw = &rig.gw;
         let usage = MockUsage {
             input: 10,

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use e2e::gateway::workspace_root;
-use e2e::upstream::carries_tool_result;
+use e2e::upstream::{carries_tool_result, PROVIDERS};
 use e2e::*;
 use serde_json::{json, Value};
 
@@ -76,14 +76,7 @@ async fn node(gw: &Gateway, client: &str, args: &[&str]) -> Value {
 #[tokio::test]
 async fn the_official_sdks_make_a_tool_round_trip_and_raise_their_own_errors_through_each_adapter()
 {
-    for provider in [
-        "anthropic",
-        "openai",
-        "azure-openai",
-        "bedrock",
-        "gemini",
-        "vertex",
-    ] {
+    for provider in PROVIDERS {
         let AgentUpstream { mock, gw, .. } = &weather_agent(provider).await;
         for api in INTERFACES {
             let seen = mock.received().len();
@@ -136,14 +129,7 @@ async fn weather_agent(provider: &str) -> AgentUpstream {
 
 #[tokio::test]
 async fn the_ai_sdk_runs_a_tool_loop_on_every_interface_and_mode_through_each_adapter() {
-    for provider in [
-        "anthropic",
-        "openai",
-        "azure-openai",
-        "bedrock",
-        "gemini",
-        "vertex",
-    ] {
+    for provider in PROVIDERS {
         let AgentUpstream { mock, gw, .. } = &weather_agent(provider).await;
         for api in INTERFACES {
             for mode in ["generate", "stream"] {

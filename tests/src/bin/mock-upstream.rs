@@ -11,7 +11,9 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use e2e::upstream::{write_routed_manifests, MockUpstream, Reply, Unscripted, UpstreamDef};
+use e2e::upstream::{
+    write_routed_manifests, MockUpstream, Reply, Unscripted, UpstreamDef, PROVIDERS,
+};
 
 /// The benchmark reply: about as long as the simulated provider's answer to "ping".
 const TEXT: &str = "This is a reply from the mock upstream to ping.";
@@ -40,16 +42,10 @@ async fn main() -> Result<()> {
     let reply = Reply::text(TEXT).chunk_delay(Duration::from_millis(delay));
     let mock = MockUpstream::serve(&listen, Unscripted::Always(reply), false).await;
     if let Some(dir) = manifests {
-        let upstream = match provider.as_str() {
-            "anthropic" => UpstreamDef::anthropic(&mock),
-            "openai" => UpstreamDef::openai(&mock),
-            "azure-openai" => UpstreamDef::azure(&mock),
-            "bedrock" => UpstreamDef::bedrock(&mock),
-            "gemini" => UpstreamDef::gemini(&mock),
-            "vertex" => UpstreamDef::vertex(&mock),
-            other => bail!("unknown provider {other}"),
-        };
-        let upstream = upstream.timeouts(60_000, 60_000);
+        if !PROVIDERS.contains(&provider.as_str()) {
+            bail!("unknown provider {provider}");
+        }
+        let upstream = UpstreamDef::of(&provider, &mock).timeouts(60_000, 60_000);
         let upstream = if http2 { upstream.http2() } else { upstream };
         write_routed_manifests(&dir, &[upstream]);
     }
